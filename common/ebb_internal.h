@@ -1,0 +1,58 @@
+/* ebb_internal.h: what every ebb module shares inside the library and nothing outside it:
+ * the failure helper, assertions in levels, branch hints and the module-to-module live counter.
+ * Not installed; never included by public headers.
+ */
+#ifndef EBB_INTERNAL_H
+#define EBB_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ebb/status.h"
+
+#if defined(__GNUC__)
+#define EBB_LIKELY(x) __builtin_expect(!!(x), 1)
+#define EBB_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define EBB_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define EBB_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define EBB_LIKELY(x) (x)
+#define EBB_UNLIKELY(x) (x)
+#define EBB_PRINTF(f, a)
+#define EBB_HIDDEN
+#endif
+
+/* Debug levels (STYLE.md 6): 0 release, 1 EBB_ASSERT on, 2 EBB_ASSERT_EXPENSIVE on too
+ * (the asan and tsan presets build with 2). */
+#ifndef EBB_DEBUG
+#ifdef NDEBUG
+#define EBB_DEBUG 0
+#else
+#define EBB_DEBUG 1
+#endif
+#endif
+
+/* Internal invariant broken: print where and abort. Caller errors never come here. */
+_Noreturn EBB_HIDDEN void ebb__assert_fail(const char *expr, const char *file, int line);
+#if EBB_DEBUG >= 1
+#define EBB_ASSERT(x) ((x) ? (void)0 : ebb__assert_fail(#x, __FILE__, __LINE__))
+#else
+#define EBB_ASSERT(x) ((void)0)
+#endif
+#if EBB_DEBUG >= 2
+#define EBB_ASSERT_EXPENSIVE(x) EBB_ASSERT(x)
+#else
+#define EBB_ASSERT_EXPENSIVE(x) ((void)0)
+#endif
+
+/* Stores the formatted message as this thread's last error, calls the error hook, and returns
+ * `status`, so failures read `return ebb__fail(EBB_EINVAL, "ebb_x: ...", ...);`. */
+EBB_HIDDEN ebb_status ebb__fail(ebb_status status, const char *fmt, ...) EBB_PRINTF(2, 3);
+
+/* Monotonic clock in nanoseconds. */
+EBB_HIDDEN uint64_t ebb__now_ns(void);
+
+#define EBB_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif /* EBB_INTERNAL_H */

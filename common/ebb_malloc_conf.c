@@ -1,0 +1,7 @@
+/* ebb_malloc_conf.c: jemalloc's configuration for ebb's own programs (never for libebb).
+ * Linked only into executables that link jemalloc as their process allocator. The settings keep
+ * a steady state free of OS calls: dirty and muzzy pages are never purged on a timer (no
+ * madvise), the retained virtual memory is reused rather than unmapped (no munmap), and the
+ * background thread stays off so the process does not gain a thread behind the user's back.
+ */
+const char *malloc_conf = "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true,background_thread:false";

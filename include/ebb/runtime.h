@@ -1,0 +1,223 @@
+/* ebb/runtime.h: initialisation, the driver in use, devices, topology, kernels, and the driver
+ * seam the other modules are built on.
+ *
+ * ebb talks to GPUs through the CUDA Driver API only, loaded with dlopen: the real libcuda.so.1
+ * when a GPU answers cuInit, else ebb's emulated driver (libebb_simdrv.so), which runs the same
+ * API on CPU threads. Code above this header sees capabilities (ebb_dev_caps), never which driver
+ * it is talking to.
+ *
+ * Threading: every function here is thread-safe. The current device is per thread.
+ * Driver handles appear as the Driver API's own opaque struct pointers (struct CUstream_st * is
+ * cuda.h's CUstream), so this header needs no cuda.h and interoperates with code that has it.
+ */
+#ifndef EBB_RUNTIME_H
+#define EBB_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ebb/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUstream_st; /* cuda.h's CUstream */
+struct CUevent_st;  /* cuda.h's CUevent */
+
+#define EBB_MAX_DEVICES 16
+
+/* ---- initialisation --------------------------------------------------------------------------
+ * ebb_init loads the driver chosen by EBB_DRIVER (auto|cuda|sim|/path/to/lib.so, default auto:
+ * libcuda.so.1 if it loads and cuInit finds a device, else the emulated driver) and retains each
+ * device's primary context. Reference-counted: each successful ebb_init needs one ebb_shutdown.
+ * Every other call made before ebb_init returns EBB_ENOTINIT.
+ * Fails with EBB_ENOTFOUND when no driver could be loaded, EBB_EDRIVER when the chosen one failed
+ * to initialise, EBB_EINVAL for a malformed EBB_DRIVER. */
+EBB_API ebb_status ebb_init(void);
+/* Drops one reference; the last one synchronises every device and unloads the driver. Streams,
+ * events and memory must be released first: modules above register shutdown callbacks. Returns
+ * EBB_ENOTINIT when ebb is not initialised. */
+EBB_API ebb_status ebb_shutdown(void);
+EBB_API bool ebb_is_initialized(void);
+
+/* Hooks run by the last ebb_shutdown, most recent first, before the driver is unloaded.
+ * For ebb's own modules (streams, alloc) to release their pools. */
+typedef void (*ebb_shutdown_fn)(void *user);
+EBB_API ebb_status ebb_at_shutdown(ebb_shutdown_fn fn, void *user);
+
+typedef enum ebb_driver_kind { EBB_DRIVER_CUDA = 0, EBB_DRIVER_EMULATED = 1, EBB_DRIVER_CUSTOM = 2 } ebb_driver_kind;
+
+typedef struct ebb_driver_info {
+  ebb_driver_kind kind;
+  char name[32];     /* "cuda" or "simdrv" or the custom library's file name */
+  char path[512];    /* the library dlopen'ed */
+  char reason[256];  /* why this driver: "EBB_DRIVER=sim", "auto: cuInit failed: ..." */
+  int version;       /* cuDriverGetVersion, e.g. 13000 */
+  int device_count;
+} ebb_driver_info;
+
+EBB_API ebb_status ebb_driver_get_info(ebb_driver_info *out);
+
+/* ---- devices -------------------------------------------------------------------------------- */
+
+typedef struct ebb_dev_caps {
+  int ordinal;
+  char name[128];
+  size_t total_mem;
+  int cc_major, cc_minor;       /* compute capability; 0.0 on the emulated driver */
+  bool emulated;                /* the device runs on CPU threads (no compute capability) */
+  int multiprocessors;
+  int async_engines;            /* copy engines that overlap compute */
+  int prio_least, prio_greatest;/* stream priority range: least (e.g. 0) .. greatest (e.g. -5) */
+  bool unified_addressing;      /* pointers tell their device (cuPointerGetAttribute) */
+  bool concurrent_kernels;
+  bool vmm;                     /* cuMemAddressReserve/cuMemCreate/cuMemMap */
+  bool host_register;           /* cuMemHostRegister */
+  bool host_alloc;              /* cuMemHostAlloc */
+  bool host_func;               /* cuLaunchHostFunc */
+  bool peer;                    /* can access at least one other device's memory */
+  bool cpu_kernels;             /* kernels may be CPU functions (emulated driver) */
+  char pci_bus_id[32];          /* "" when unknown */
+} ebb_dev_caps;
+
+EBB_API ebb_status ebb_dev_count(int *count);
+EBB_API ebb_status ebb_dev_get_caps(int device, ebb_dev_caps *out);
+/* Per-thread current device (default 0). */
+EBB_API ebb_status ebb_dev_set_current(int device);
+EBB_API ebb_status ebb_dev_get_current(int *device);
+/* Scoped switch of the current device: enter saves the previous one, exit restores it.
+ * Nest them like braces on one thread. */
+typedef struct ebb_dev_guard {
+  int prev;
+  int device;
+  uint32_t magic;
+} ebb_dev_guard;
+EBB_API ebb_status ebb_dev_guard_enter(ebb_dev_guard *g, int device);
+EBB_API ebb_status ebb_dev_guard_exit(ebb_dev_guard *g);
+/* Waits for all work on the device (host-blocking; tests and teardown, never the hot path). */
+EBB_API ebb_status ebb_dev_synchronize(int device);
+EBB_API ebb_status ebb_dev_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
+EBB_API ebb_status ebb_dev_can_access_peer(int device, int peer, bool *can);
+/* Lets `device` access `peer`'s memory. Idempotent: a second call is success. */
+EBB_API ebb_status ebb_dev_enable_peer(int device, int peer);
+
+/* ---- topology (hwloc) ----------------------------------------------------------------------- */
+
+typedef struct ebb_topo {
+  int numa_node;       /* nearest NUMA node (logical index), -1 when unknown */
+  int numa_nodes;      /* NUMA nodes of the machine */
+  int ncores;          /* cores in `cpus` */
+  char cpus[256];      /* the node's cpuset as a list, e.g. "0-15,32-47" */
+  bool from_pci;       /* true when located through the device's PCI bus id; false: spread */
+} ebb_topo;
+
+EBB_API ebb_status ebb_dev_get_topo(int device, ebb_topo *out);
+/* Binds the calling thread to the cores nearest `device`. EBB_ENOTSUP when binding is refused
+ * by the OS (containers); the thread is then left as it was. */
+EBB_API ebb_status ebb_thread_bind_device(int device);
+
+/* ---- kernels -------------------------------------------------------------------------------
+ * A kernel is declared once: a name, the byte size of its argument struct, the CPU function that
+ * runs it on the emulated driver (or NULL), and the name of its CUDA function in ebb's embedded
+ * fatbin (or NULL). It is launched on a stream with the buffers it reads and writes. Arguments are
+ * one struct, copied at launch (callers may reuse theirs at once). */
+typedef void (*ebb_kernel_cpu_fn)(void *args);
+typedef struct ebb_kernel ebb_kernel_t;
+
+typedef struct ebb_buf {
+  const void *ptr;
+  size_t bytes;
+} ebb_buf;
+
+typedef struct ebb_launch_cfg {
+  unsigned grid[3];     /* zeros mean 1 */
+  unsigned block[3];    /* zeros mean 1 */
+  unsigned shared_bytes;
+  const ebb_buf *reads;  int nreads;
+  const ebb_buf *writes; int nwrites;
+} ebb_launch_cfg;
+
+/* Declares (or finds, when the same name, size and functions were declared before) a kernel.
+ * The handle lives until the last ebb_shutdown. EBB_EINVAL: NULL or empty name, arg_bytes 0 or
+ * above 4096, neither function given, or the name declared before with other parameters. */
+EBB_API ebb_status ebb_kernel_declare(const char *name, size_t arg_bytes, ebb_kernel_cpu_fn cpu_fn,
+                                      const char *cuda_name, const ebb_kernel_t **out);
+/* The module image (a fatbin) GPU kernels come from; ops/ hands over ebb's embedded one. Must be
+ * set before the first launch on a GPU (EBB_ESTATE after). Unused by drivers with CPU kernels. */
+EBB_API ebb_status ebb_kernel_set_image(const void *image);
+EBB_API ebb_status ebb_kernel_find(const char *name, const ebb_kernel_t **out);
+EBB_API const char *ebb_kernel_name(const ebb_kernel_t *k);
+/* Enqueues `k` on the driver stream `stream` of `device`; returns without waiting.
+ * `args` points to arg_bytes bytes. `cfg` may be NULL (1x1x1, no buffers declared). Declared
+ * buffers are checked when EBB_CHECK_LAUNCH=1: each must be memory `device` can reach.
+ * EBB_ENOTSUP when the kernel has no function for this driver (no CPU function on the emulated
+ * driver, no CUDA function or no fatbin on a GPU). */
+EBB_API ebb_status ebb_kernel_launch(const ebb_kernel_t *k, int device, struct CUstream_st *stream,
+                                     const void *args, const ebb_launch_cfg *cfg);
+
+/* ---- the driver seam -----------------------------------------------------------------------
+ * Thin wrappers over the loaded driver for ebb's own modules (and for users who need raw driver
+ * objects). Each checks its arguments, makes the device's primary context current where the
+ * driver needs one, and turns a CUresult into an ebb_status with a message naming the call.
+ * Device pointers are the driver's CUdeviceptr values carried as uint64_t. */
+
+typedef enum ebb_mem_type {
+  EBB_MEMTYPE_PAGEABLE = 0, /* host memory the driver does not know */
+  EBB_MEMTYPE_PINNED = 1,   /* host memory allocated or registered through the driver */
+  EBB_MEMTYPE_DEVICE = 2
+} ebb_mem_type;
+
+typedef struct ebb_ptr_info {
+  ebb_mem_type type;
+  int device;   /* owning device for EBB_MEMTYPE_DEVICE, else -1 */
+} ebb_ptr_info;
+
+EBB_API ebb_status ebb_drv_ptr_info(const void *ptr, ebb_ptr_info *out);
+
+EBB_API ebb_status ebb_drv_stream_create(int device, int priority, struct CUstream_st **out);
+EBB_API ebb_status ebb_drv_stream_destroy(struct CUstream_st *s);
+EBB_API ebb_status ebb_drv_stream_synchronize(struct CUstream_st *s);
+EBB_API ebb_status ebb_drv_stream_query(struct CUstream_st *s, bool *idle);
+EBB_API ebb_status ebb_drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e);
+
+EBB_API ebb_status ebb_drv_event_create(int device, bool timing, struct CUevent_st **out);
+EBB_API ebb_status ebb_drv_event_destroy(struct CUevent_st *e);
+EBB_API ebb_status ebb_drv_event_record(struct CUevent_st *e, struct CUstream_st *s);
+EBB_API ebb_status ebb_drv_event_query(struct CUevent_st *e, bool *done);
+EBB_API ebb_status ebb_drv_event_synchronize(struct CUevent_st *e);
+EBB_API ebb_status ebb_drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms);
+
+typedef void (*ebb_host_fn)(void *user);
+EBB_API ebb_status ebb_drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user);
+
+EBB_API ebb_status ebb_drv_mem_alloc(int device, size_t bytes, uint64_t *dptr);
+EBB_API ebb_status ebb_drv_mem_free(int device, uint64_t dptr);
+EBB_API ebb_status ebb_drv_host_alloc(int device, size_t bytes, void **out);
+EBB_API ebb_status ebb_drv_host_free(void *p);
+EBB_API ebb_status ebb_drv_host_register(void *p, size_t bytes);
+EBB_API ebb_status ebb_drv_host_unregister(void *p);
+/* dst and src may be any mix of host and device pointers (unified addressing). */
+EBB_API ebb_status ebb_drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s);
+EBB_API ebb_status ebb_drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s);
+
+/* VMM: reserve an address range, create physical chunks on a device, map, grant access, unmap. */
+EBB_API ebb_status ebb_drv_vmm_granularity(int device, size_t *granularity);
+EBB_API ebb_status ebb_drv_vmm_reserve(int device, size_t bytes, uint64_t *va);
+EBB_API ebb_status ebb_drv_vmm_free(uint64_t va, size_t bytes);
+EBB_API ebb_status ebb_drv_vmm_create(int device, size_t bytes, uint64_t *handle);
+EBB_API ebb_status ebb_drv_vmm_release(uint64_t handle);
+EBB_API ebb_status ebb_drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device);
+EBB_API ebb_status ebb_drv_vmm_unmap(uint64_t va, size_t bytes);
+
+/* ---- counters ------------------------------------------------------------------------------ */
+/* Handles ebb holds for the caller (streams, events, kernels' modules...). Modules above add
+ * theirs through ebb_debug_live_add. A test ends with ebb_debug_live_handles() == 0. */
+EBB_API long ebb_debug_live_handles(void);
+EBB_API void ebb_debug_live_add(long delta);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_RUNTIME_H */

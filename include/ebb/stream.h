@@ -1,0 +1,127 @@
+/* ebb/stream.h: streams, events and asynchronous copies.
+ *
+ * Per device ebb keeps a default stream (created non-blocking; the legacy NULL stream is never
+ * used) and, per priority, a pool of streams handed out round-robin. Each thread has a current
+ * stream per device (the default stream until set). Events come from a per-device pool and are
+ * recycled. Cross-stream ordering is always an event: a stream waits on an event, never the host.
+ *
+ * Handles: pool and default streams are owned by ebb and need no release; streams from
+ * ebb_stream_create and events from ebb_event_create are owned by the caller and released once.
+ * A released handle passed to any call returns EBB_EFREED (handles live in type-stable slots
+ * reused last-in-last-out, so a stale handle is reported unless thousands of newer ones reused
+ * its slot).
+ * Threading: every function is thread-safe; a stream or event may be used from any thread.
+ */
+#ifndef EBB_STREAM_H
+#define EBB_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ebb/runtime.h"
+#include "ebb/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_stream ebb_stream_t;
+typedef struct ebb_event ebb_event_t;
+
+typedef enum ebb_stream_prio { EBB_PRIO_LOW = 0, EBB_PRIO_HIGH = 1 } ebb_stream_prio;
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+/* The device's default stream (borrowed, immortal). */
+EBB_API ebb_status ebb_stream_default(int device, ebb_stream_t **out);
+/* The next stream of the device's pool for `prio`, round-robin (borrowed, immortal).
+ * EBB_STREAM_POOL_SIZE streams per priority (default 8, from the environment at init). */
+EBB_API ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_stream_t **out);
+/* A stream owned by the caller; release it with ebb_stream_release. Pending work is finished
+ * before the driver stream is destroyed (release does not wait: the slot is reclaimed later). */
+EBB_API ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **out);
+EBB_API ebb_status ebb_stream_release(ebb_stream_t *s);
+
+/* The calling thread's current stream on `device` (the default stream until set). */
+EBB_API ebb_status ebb_stream_current(int device, ebb_stream_t **out);
+/* Makes `s` current on its device for the calling thread. */
+EBB_API ebb_status ebb_stream_set_current(ebb_stream_t *s);
+
+/* Scoped: makes `s` current on its device and its device current; exit restores both. */
+typedef struct ebb_stream_guard {
+  ebb_stream_t *prev_stream;
+  ebb_stream_t *stream;
+  int prev_device;
+  uint32_t magic;
+} ebb_stream_guard;
+EBB_API ebb_status ebb_stream_guard_enter(ebb_stream_guard *g, ebb_stream_t *s);
+EBB_API ebb_status ebb_stream_guard_exit(ebb_stream_guard *g);
+
+EBB_API ebb_status ebb_stream_device(const ebb_stream_t *s, int *device);
+EBB_API ebb_status ebb_stream_priority(const ebb_stream_t *s, ebb_stream_prio *prio);
+/* A process-unique id (never reused), for messages and traces. */
+EBB_API ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id);
+/* The driver's stream (cuda.h's CUstream), for interop and for ebb_kernel_launch. */
+EBB_API ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out);
+/* Host-blocking wait for all work issued to `s` (spins briefly, then parks). */
+EBB_API ebb_status ebb_stream_synchronize(ebb_stream_t *s);
+EBB_API ebb_status ebb_stream_query(ebb_stream_t *s, bool *idle);
+/* Launches a kernel on `s` (ebb_kernel_launch on the stream's device). */
+EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, const void *args,
+                                     const ebb_launch_cfg *cfg);
+/* Runs fn(user) on a driver thread once all earlier work on `s` is done. */
+EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
+/* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far. */
+EBB_API ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s);
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+typedef enum ebb_event_flags { EBB_EVENT_DEFAULT = 0, EBB_EVENT_TIMING = 1 } ebb_event_flags;
+
+/* An event of `device` from its pool (created on first use, recycled on release). */
+EBB_API ebb_status ebb_event_create(int device, unsigned flags, ebb_event_t **out);
+EBB_API ebb_status ebb_event_release(ebb_event_t *e);
+/* Captures the work issued to `s` so far. `s` must be on the event's device (EBB_EDEVICE). */
+EBB_API ebb_status ebb_event_record(ebb_event_t *e, ebb_stream_t *s);
+/* Makes `s` wait for the last record of `e`. Any device may wait on any device's event.
+ * An event never recorded is complete: waiting on it does nothing (as CUDA). */
+EBB_API ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s);
+EBB_API ebb_status ebb_event_query(ebb_event_t *e, bool *done);
+/* Host-blocking wait (spins briefly, then parks). */
+EBB_API ebb_status ebb_event_synchronize(ebb_event_t *e);
+/* Milliseconds between two recorded timing events of one device. EBB_EINVAL when either lacks
+ * EBB_EVENT_TIMING, EBB_EDEVICE across devices, EBB_ESTATE when either is not recorded or not
+ * complete yet. */
+EBB_API ebb_status ebb_event_elapsed(ebb_event_t *start, ebb_event_t *end, float *ms);
+EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
+
+/* ---- copies ------------------------------------------------------------------------------- */
+
+/* Copies `bytes` from src to dst in the order of `s`, without blocking the host. The direction
+ * comes from the pointers (host pageable, host pinned, device of any ordinal):
+ *  - pageable host source: copied into pinned staging chunks at call time, then to the device, so
+ *    the caller may reuse src when the call returns;
+ *  - pageable host destination: staged device -> pinned, then copied into dst by a host function
+ *    in stream order; dst must stay valid until `s` reaches that point;
+ *  - peer copy (devices differ): `s` must belong to one of the two devices; the other device's
+ *    current stream is made to wait before (its writes) and after (its reuse of the memory),
+ *    each with an event.
+ * bytes == 0 is a no-op success. Overlapping src and dst ranges are EBB_EINVAL; host to host is
+ * EBB_EINVAL (use memcpy). */
+EBB_API ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s);
+
+/* Counters for tests and benchmarks. */
+typedef struct ebb_stream_stats {
+  uint64_t streams_created;   /* driver streams created */
+  uint64_t events_created;    /* driver events created (pool misses) */
+  uint64_t event_pool_hits;
+  uint64_t staged_bytes;      /* bytes copied through pinned staging */
+  uint64_t staging_waits;     /* times a staging chunk had to be waited for */
+} ebb_stream_stats;
+EBB_API ebb_status ebb_stream_get_stats(ebb_stream_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_STREAM_H */

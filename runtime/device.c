@@ -1,0 +1,235 @@
+/* device.c: devices, their primary contexts and capabilities, the per-thread current device.
+ *
+ * ebb_init retains every device's primary context and reads its capabilities once from
+ * cuDeviceGetAttribute; layers above see only ebb_dev_caps. Each thread has a current device
+ * (default 0) and a cache of the context it made current, so most calls make no driver call to
+ * switch contexts. The cache is keyed by an init generation: after a shutdown and a new init,
+ * stale cached contexts are never trusted.
+ *
+ * Threading: the device array is written by ebb_init only (runtime lock) and read freely after.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime_impl.h"
+
+static atomic_uint ebb__init_gen = 1;
+static _Thread_local int ebb__tl_cur_dev;            /* this thread's current device */
+static _Thread_local unsigned ebb__tl_ctx_gen;       /* generation of ebb__tl_ctx_dev */
+static _Thread_local int ebb__tl_ctx_dev = -1;       /* device whose context we made current */
+
+ebb_status ebb__check_dev(const char *fn, int device) {
+  ebb_status st = ebb__check_init(fn);
+  if (st) return st;
+  if (EBB_UNLIKELY(device < 0 || device >= ebb__rt.ndev))
+    return ebb__fail(EBB_EDEVICE, "%s: device %d does not exist; expected 0..%d (%d device(s) on the %s driver)", fn,
+                     device, ebb__rt.ndev - 1, ebb__rt.ndev, ebb__rt.info.name);
+  return EBB_OK;
+}
+
+ebb_status ebb__dev_activate(const char *fn, int device) {
+  unsigned gen = atomic_load_explicit(&ebb__init_gen, memory_order_relaxed);
+  if (EBB_LIKELY(ebb__tl_ctx_dev == device && ebb__tl_ctx_gen == gen)) return EBB_OK;
+  CUresult r = ebb__rt.drv.CtxSetCurrent(ebb__rt.dev[device].ctx);
+  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, fn, "cuCtxSetCurrent");
+  ebb__tl_ctx_dev = device;
+  ebb__tl_ctx_gen = gen;
+  return EBB_OK;
+}
+
+static int ebb__attr(CUdevice d, CUdevice_attribute a) {
+  int v = 0;
+  if (ebb__rt.drv.DeviceGetAttribute(&v, a, d) != CUDA_SUCCESS) v = 0;
+  return v;
+}
+
+static ebb_status ebb__dev_read_caps(int i) {
+  ebb_device *dv = &ebb__rt.dev[i];
+  ebb_dev_caps *c = &dv->caps;
+  const ebb_drv *d = &ebb__rt.drv;
+  memset(c, 0, sizeof *c);
+  c->ordinal = i;
+  if (d->DeviceGetName(c->name, (int)sizeof c->name, dv->cu) != CUDA_SUCCESS) snprintf(c->name, sizeof c->name, "device %d", i);
+  CUresult r = d->DeviceTotalMem(&c->total_mem, dv->cu);
+  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_init", "cuDeviceTotalMem");
+  c->cc_major = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  c->cc_minor = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  c->multiprocessors = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  c->async_engines = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
+  c->unified_addressing = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING) != 0;
+  c->concurrent_kernels = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS) != 0;
+  c->vmm = d->MemAddressReserve && d->MemCreate && d->MemMap && d->MemSetAccess && d->MemUnmap &&
+           ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
+  c->host_register = d->MemHostRegister && d->MemHostUnregister &&
+                     ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED) != 0;
+  c->host_alloc = d->MemHostAlloc && d->MemFreeHost;
+  c->host_func = d->LaunchHostFunc != NULL;
+  c->cpu_kernels = d->RegisterKernel != NULL;
+  /* No compute capability means no streaming multiprocessors: the device runs on CPU threads. */
+  c->emulated = c->cc_major == 0;
+  if (d->DeviceGetPCIBusId && d->DeviceGetPCIBusId(c->pci_bus_id, (int)sizeof c->pci_bus_id, dv->cu) != CUDA_SUCCESS)
+    c->pci_bus_id[0] = '\0';
+  c->prio_least = c->prio_greatest = 0;
+  if (d->CtxGetStreamPriorityRange && ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED)) {
+    ebb_status st = ebb__dev_activate("ebb_init", i);
+    if (st) return st;
+    d->CtxGetStreamPriorityRange(&c->prio_least, &c->prio_greatest);
+  }
+  return EBB_OK;
+}
+
+ebb_status ebb__devices_init(void) {
+  const ebb_drv *d = &ebb__rt.drv;
+  int n = ebb__rt.info.device_count;
+  /* A new generation invalidates every thread's cached current context. */
+  atomic_fetch_add_explicit(&ebb__init_gen, 1, memory_order_relaxed);
+  ebb__rt.ndev = 0;
+  for (int i = 0; i < n; i++) {
+    ebb_device *dv = &ebb__rt.dev[i];
+    memset(dv, 0, sizeof *dv);
+    CUresult r = d->DeviceGet(&dv->cu, i);
+    if (r == CUDA_SUCCESS) r = d->DevicePrimaryCtxRetain(&dv->ctx, dv->cu);
+    if (r != CUDA_SUCCESS) {
+      ebb__devices_fini();
+      return ebb__cu_fail(r, "ebb_init", "cuDevicePrimaryCtxRetain");
+    }
+    ebb__rt.ndev = i + 1;
+  }
+  for (int i = 0; i < n; i++) {
+    ebb_status st = ebb__dev_read_caps(i);
+    if (st) {
+      ebb__devices_fini();
+      return st;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    for (int j = 0; j < n && d->DeviceCanAccessPeer; j++) {
+      int can = 0;
+      if (i != j && d->DeviceCanAccessPeer(&can, ebb__rt.dev[i].cu, ebb__rt.dev[j].cu) == CUDA_SUCCESS && can)
+        ebb__rt.dev[i].caps.peer = true;
+    }
+  }
+  return EBB_OK;
+}
+
+void ebb__devices_fini(void) {
+  for (int i = 0; i < ebb__rt.ndev; i++) {
+    if (ebb__rt.drv.CtxSetCurrent(ebb__rt.dev[i].ctx) == CUDA_SUCCESS) ebb__rt.drv.CtxSynchronize();
+    ebb__rt.drv.DevicePrimaryCtxRelease(ebb__rt.dev[i].cu);
+  }
+  ebb__rt.drv.CtxSetCurrent(NULL);
+  ebb__tl_ctx_dev = -1;
+  ebb__rt.ndev = 0;
+}
+
+ebb_status ebb_dev_count(int *count) {
+  ebb_status st = ebb__check_init("ebb_dev_count");
+  if (st) return st;
+  if (!count) return ebb__fail(EBB_EINVAL, "ebb_dev_count: count is NULL; expected an int to fill");
+  *count = ebb__rt.ndev;
+  return EBB_OK;
+}
+
+ebb_status ebb_dev_get_caps(int device, ebb_dev_caps *out) {
+  ebb_status st = ebb__check_dev("ebb_dev_get_caps", device);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_dev_get_caps: out is NULL; expected a struct to fill");
+  *out = ebb__rt.dev[device].caps;
+  return EBB_OK;
+}
+
+ebb_status ebb_dev_set_current(int device) {
+  ebb_status st = ebb__check_dev("ebb_dev_set_current", device);
+  if (st) return st;
+  st = ebb__dev_activate("ebb_dev_set_current", device);
+  if (st) return st;
+  ebb__tl_cur_dev = device;
+  return EBB_OK;
+}
+
+ebb_status ebb_dev_get_current(int *device) {
+  ebb_status st = ebb__check_init("ebb_dev_get_current");
+  if (st) return st;
+  if (!device) return ebb__fail(EBB_EINVAL, "ebb_dev_get_current: device is NULL; expected an int to fill");
+  /* A thread's device chosen under an earlier init with more devices falls back to 0. */
+  *device = ebb__tl_cur_dev < ebb__rt.ndev ? ebb__tl_cur_dev : 0;
+  return EBB_OK;
+}
+
+#define EBB_GUARD_LIVE 0x65626764u /* "ebgd" */
+
+ebb_status ebb_dev_guard_enter(ebb_dev_guard *g, int device) {
+  if (!g) return ebb__fail(EBB_EINVAL, "ebb_dev_guard_enter: guard is NULL; expected a guard on the caller's stack");
+  int prev = 0;
+  ebb_status st = ebb_dev_get_current(&prev);
+  if (st) return st;
+  st = ebb_dev_set_current(device);
+  if (st) return st;
+  g->prev = prev;
+  g->device = device;
+  g->magic = EBB_GUARD_LIVE;
+  return EBB_OK;
+}
+
+ebb_status ebb_dev_guard_exit(ebb_dev_guard *g) {
+  if (!g) return ebb__fail(EBB_EINVAL, "ebb_dev_guard_exit: guard is NULL");
+  if (g->magic != EBB_GUARD_LIVE)
+    return ebb__fail(EBB_ESTATE, "ebb_dev_guard_exit: guard was not entered or was already exited");
+  ebb_status st = ebb_dev_set_current(g->prev);
+  if (st) return st;
+  g->magic = 0;
+  return EBB_OK;
+}
+
+ebb_status ebb_dev_synchronize(int device) {
+  ebb_status st = ebb__check_dev("ebb_dev_synchronize", device);
+  if (st) return st;
+  st = ebb__dev_activate("ebb_dev_synchronize", device);
+  if (st) return st;
+  CUresult r = ebb__rt.drv.CtxSynchronize();
+  return r == CUDA_SUCCESS ? EBB_OK : ebb__cu_fail(r, "ebb_dev_synchronize", "cuCtxSynchronize");
+}
+
+ebb_status ebb_dev_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
+  ebb_status st = ebb__check_dev("ebb_dev_mem_info", device);
+  if (st) return st;
+  if (!free_bytes || !total_bytes)
+    return ebb__fail(EBB_EINVAL, "ebb_dev_mem_info: free_bytes and total_bytes must both be non-NULL");
+  st = ebb__dev_activate("ebb_dev_mem_info", device);
+  if (st) return st;
+  size_t f = 0, t = 0;
+  CUresult r = ebb__rt.drv.MemGetInfo(&f, &t);
+  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_dev_mem_info", "cuMemGetInfo");
+  *free_bytes = f;
+  *total_bytes = t;
+  return EBB_OK;
+}
+
+ebb_status ebb_dev_can_access_peer(int device, int peer, bool *can) {
+  ebb_status st = ebb__check_dev("ebb_dev_can_access_peer", device);
+  if (!st) st = ebb__check_dev("ebb_dev_can_access_peer (peer)", peer);
+  if (st) return st;
+  if (!can) return ebb__fail(EBB_EINVAL, "ebb_dev_can_access_peer: can is NULL; expected a bool to fill");
+  int v = 0;
+  if (device != peer && ebb__rt.drv.DeviceCanAccessPeer) {
+    CUresult r = ebb__rt.drv.DeviceCanAccessPeer(&v, ebb__rt.dev[device].cu, ebb__rt.dev[peer].cu);
+    if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_dev_can_access_peer", "cuDeviceCanAccessPeer");
+  }
+  *can = v != 0;
+  return EBB_OK;
+}
+
+ebb_status ebb_dev_enable_peer(int device, int peer) {
+  ebb_status st = ebb__check_dev("ebb_dev_enable_peer", device);
+  if (!st) st = ebb__check_dev("ebb_dev_enable_peer (peer)", peer);
+  if (st) return st;
+  if (device == peer)
+    return ebb__fail(EBB_EINVAL, "ebb_dev_enable_peer: device %d and peer %d are the same; expected two devices", device, peer);
+  if (!ebb__rt.drv.CtxEnablePeerAccess)
+    return ebb__fail(EBB_ENOTSUP, "ebb_dev_enable_peer: the %s driver has no cuCtxEnablePeerAccess", ebb__rt.info.name);
+  st = ebb__dev_activate("ebb_dev_enable_peer", device);
+  if (st) return st;
+  CUresult r = ebb__rt.drv.CtxEnablePeerAccess(ebb__rt.dev[peer].ctx, 0);
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return EBB_OK;
+  return ebb__cu_fail(r, "ebb_dev_enable_peer", "cuCtxEnablePeerAccess");
+}

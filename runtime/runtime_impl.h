@@ -1,0 +1,122 @@
+/* runtime_impl.h: the runtime's implementer-only structures. Never included outside runtime/.
+ *
+ * The driver table (STYLE.md 7): one struct of Driver API function pointers, filled once by
+ * dlsym from libcuda.so.1 or libebb_simdrv.so by the versioned names in EBB_DRV_ENTRIES
+ * (common/ebb_cuda.h). Optional entries may be NULL, meaning "unsupported": the wrappers in
+ * seam.c answer EBB_ENOTSUP for them. The table is written during ebb_init under the runtime
+ * lock and read without locks afterwards (ebb_init's release store of `ebb__rt.ready` publishes
+ * it; see driver.c).
+ */
+#ifndef EBB_RUNTIME_IMPL_H
+#define EBB_RUNTIME_IMPL_H
+
+#include <stdatomic.h>
+
+#include "ebb/runtime.h"
+#include "ebb_cuda.h"
+#include "ebb_internal.h"
+#include "ebb_sync.h"
+
+#define EBB_DRV_ABI 1
+
+typedef struct ebb_drv {
+  uint32_t abi_version; /* EBB_DRV_ABI */
+  const char *name;     /* "cuda" or "simdrv" or the custom file name, for messages */
+  CUresult (CUDAAPI *Init)(unsigned int Flags);
+  CUresult (CUDAAPI *DriverGetVersion)(int *driverVersion);
+  CUresult (CUDAAPI *GetErrorName)(CUresult error, const char **pStr);
+  CUresult (CUDAAPI *GetErrorString)(CUresult error, const char **pStr);
+  CUresult (CUDAAPI *DeviceGetCount)(int *count);
+  CUresult (CUDAAPI *DeviceGet)(CUdevice *device, int ordinal);
+  CUresult (CUDAAPI *DeviceGetName)(char *name, int len, CUdevice dev);
+  CUresult (CUDAAPI *DeviceTotalMem)(size_t *bytes, CUdevice dev);
+  CUresult (CUDAAPI *DeviceGetAttribute)(int *pi, CUdevice_attribute attrib, CUdevice dev);
+  CUresult (CUDAAPI *DeviceGetPCIBusId)(char *pciBusId, int len, CUdevice dev);
+  CUresult (CUDAAPI *DeviceCanAccessPeer)(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+  CUresult (CUDAAPI *DevicePrimaryCtxRetain)(CUcontext *pctx, CUdevice dev);
+  CUresult (CUDAAPI *DevicePrimaryCtxRelease)(CUdevice dev);
+  CUresult (CUDAAPI *CtxSetCurrent)(CUcontext ctx);
+  CUresult (CUDAAPI *CtxGetCurrent)(CUcontext *pctx);
+  CUresult (CUDAAPI *CtxSynchronize)(void);
+  CUresult (CUDAAPI *CtxGetStreamPriorityRange)(int *leastPriority, int *greatestPriority);
+  CUresult (CUDAAPI *CtxEnablePeerAccess)(CUcontext peerContext, unsigned int Flags);
+  CUresult (CUDAAPI *MemGetInfo)(size_t *free, size_t *total);
+  CUresult (CUDAAPI *MemAlloc)(CUdeviceptr *dptr, size_t bytesize);
+  CUresult (CUDAAPI *MemFree)(CUdeviceptr dptr);
+  CUresult (CUDAAPI *MemHostAlloc)(void **pp, size_t bytesize, unsigned int Flags);
+  CUresult (CUDAAPI *MemFreeHost)(void *p);
+  CUresult (CUDAAPI *MemHostRegister)(void *p, size_t bytesize, unsigned int Flags);
+  CUresult (CUDAAPI *MemHostUnregister)(void *p);
+  CUresult (CUDAAPI *PointerGetAttribute)(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+  CUresult (CUDAAPI *MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+  CUresult (CUDAAPI *MemcpyPeerAsync)(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream);
+  CUresult (CUDAAPI *MemsetD8Async)(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+  CUresult (CUDAAPI *StreamCreateWithPriority)(CUstream *phStream, unsigned int flags, int priority);
+  CUresult (CUDAAPI *StreamDestroy)(CUstream hStream);
+  CUresult (CUDAAPI *StreamSynchronize)(CUstream hStream);
+  CUresult (CUDAAPI *StreamQuery)(CUstream hStream);
+  CUresult (CUDAAPI *StreamWaitEvent)(CUstream hStream, CUevent hEvent, unsigned int Flags);
+  CUresult (CUDAAPI *LaunchHostFunc)(CUstream hStream, CUhostFn fn, void *userData);
+  CUresult (CUDAAPI *EventCreate)(CUevent *phEvent, unsigned int Flags);
+  CUresult (CUDAAPI *EventDestroy)(CUevent hEvent);
+  CUresult (CUDAAPI *EventRecord)(CUevent hEvent, CUstream hStream);
+  CUresult (CUDAAPI *EventQuery)(CUevent hEvent);
+  CUresult (CUDAAPI *EventSynchronize)(CUevent hEvent);
+  CUresult (CUDAAPI *EventElapsedTime)(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+  CUresult (CUDAAPI *ModuleLoadData)(CUmodule *module, const void *image);
+  CUresult (CUDAAPI *ModuleUnload)(CUmodule hmod);
+  CUresult (CUDAAPI *ModuleGetFunction)(CUfunction *hfunc, CUmodule hmod, const char *name);
+  CUresult (CUDAAPI *LaunchKernel)(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
+  CUresult (CUDAAPI *MemAddressReserve)(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags);
+  CUresult (CUDAAPI *MemAddressFree)(CUdeviceptr ptr, size_t size);
+  CUresult (CUDAAPI *MemCreate)(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags);
+  CUresult (CUDAAPI *MemRelease)(CUmemGenericAllocationHandle handle);
+  CUresult (CUDAAPI *MemMap)(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags);
+  CUresult (CUDAAPI *MemUnmap)(CUdeviceptr ptr, size_t size);
+  CUresult (CUDAAPI *MemSetAccess)(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+  CUresult (CUDAAPI *MemGetAllocationGranularity)(size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option);
+  ebbsim_register_kernel_fn RegisterKernel; /* emulated driver only */
+} ebb_drv;
+
+typedef struct ebb_device {
+  CUdevice cu;
+  CUcontext ctx;        /* retained primary context */
+  ebb_dev_caps caps;
+  ebb_topo topo;
+  CUmodule module;      /* kernels: the fatbin on a GPU, a name space on the emulated driver */
+  bool module_tried;
+} ebb_device;
+
+typedef struct ebb_runtime {
+  ebb_mutex lock;              /* init/shutdown and lazy per-device state (rank RUNTIME) */
+  atomic_int ready;            /* 1 while initialised; acquire-load before using the table */
+  int refs;                    /* ebb_init calls not yet matched by ebb_shutdown */
+  void *dl;                    /* dlopen handle of the driver */
+  ebb_drv drv;
+  ebb_driver_info info;
+  int ndev;
+  ebb_device dev[EBB_MAX_DEVICES];
+} ebb_runtime;
+
+EBB_HIDDEN extern ebb_runtime ebb__rt;
+
+/* EBB_ENOTINIT with a message naming `fn` unless ebb is initialised. */
+EBB_HIDDEN ebb_status ebb__check_init(const char *fn);
+/* ebb__check_init plus a device range check (EBB_EDEVICE naming the device and the range). */
+EBB_HIDDEN ebb_status ebb__check_dev(const char *fn, int device);
+/* Makes `device`'s primary context current on this thread (cached per thread). */
+EBB_HIDDEN ebb_status ebb__dev_activate(const char *fn, int device);
+/* Maps a CUresult to an ebb_status and a message "fn: <driver call> failed: NAME (text)". */
+EBB_HIDDEN ebb_status ebb__cu_fail(CUresult r, const char *fn, const char *call);
+EBB_HIDDEN ebb_status ebb__cu_status(CUresult r);
+
+/* Parts of init/shutdown that live in other files of the runtime. */
+EBB_HIDDEN ebb_status ebb__devices_init(void);
+EBB_HIDDEN void ebb__devices_fini(void);
+EBB_HIDDEN void ebb__topo_init(void);
+EBB_HIDDEN void ebb__topo_fini(void);
+EBB_HIDDEN void ebb__kernels_fini(void);
+EBB_HIDDEN void ebb__trace_init_from_env(void);
+EBB_HIDDEN void ebb__trace_fini(void);
+
+#endif /* EBB_RUNTIME_IMPL_H */

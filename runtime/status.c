@@ -1,0 +1,119 @@
+/* status.c: ebb_status names and texts from the one table, the thread-local last-error message,
+ * the error hook, and the single place where a CUresult becomes an ebb_status.
+ *
+ * Threading: the message buffer is per thread (_Thread_local), written only by failing calls on
+ * that thread. The error hook sits under a mutex taken only on failures.
+ */
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "runtime_impl.h"
+
+const char *ebb_status_name(ebb_status s) {
+  switch (s) {
+#define EBB_STATUS_NAME_(name, value, text) \
+  case EBB_##name:                          \
+    return "EBB_" #name;
+    EBB_STATUS_MAP(EBB_STATUS_NAME_)
+#undef EBB_STATUS_NAME_
+  }
+  return "EBB_UNKNOWN";
+}
+
+const char *ebb_status_str(ebb_status s) {
+  switch (s) {
+#define EBB_STATUS_STR_(name, value, text) \
+  case EBB_##name:                         \
+    return text;
+    EBB_STATUS_MAP(EBB_STATUS_STR_)
+#undef EBB_STATUS_STR_
+  }
+  return "unknown status";
+}
+
+static _Thread_local char ebb__errbuf[512];
+
+const char *ebb_last_error(void) { return ebb__errbuf; }
+void ebb_clear_error(void) { ebb__errbuf[0] = '\0'; }
+
+/* The hook and its argument change together, so both sit under one small lock. Failures are
+ * not a hot path; the lock is taken only there and in ebb_set_error_hook. */
+static pthread_mutex_t ebb__hook_lock = PTHREAD_MUTEX_INITIALIZER;
+static ebb_error_hook_fn ebb__hook_fn;
+static void *ebb__hook_user;
+
+void ebb_set_error_hook(ebb_error_hook_fn fn, void *user) {
+  pthread_mutex_lock(&ebb__hook_lock);
+  ebb__hook_fn = fn;
+  ebb__hook_user = user;
+  pthread_mutex_unlock(&ebb__hook_lock);
+}
+
+ebb_status ebb__fail(ebb_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ebb__errbuf, sizeof ebb__errbuf, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&ebb__hook_lock);
+  ebb_error_hook_fn fn = ebb__hook_fn;
+  void *user = ebb__hook_user;
+  pthread_mutex_unlock(&ebb__hook_lock);
+  if (fn) fn(status, ebb__errbuf, user); /* called unlocked: a hook may take its own locks */
+  return status;
+}
+
+void ebb__assert_fail(const char *expr, const char *file, int line) {
+  fprintf(stderr, "ebb: internal invariant broken: %s (%s:%d)\n", expr, file, line);
+  abort();
+}
+
+uint64_t ebb__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Every CUresult ebb can meet, mapped once. Errors not listed are EBB_EDRIVER. */
+ebb_status ebb__cu_status(CUresult r) {
+  switch (r) {
+  case CUDA_SUCCESS: return EBB_OK;
+  case CUDA_ERROR_INVALID_VALUE:
+  case CUDA_ERROR_INVALID_HANDLE: /* a handle the driver does not (or no longer) accept */
+    return EBB_EINVAL;
+  case CUDA_ERROR_OUT_OF_MEMORY: return EBB_ENOMEM;
+  case CUDA_ERROR_NOT_INITIALIZED:
+  case CUDA_ERROR_DEINITIALIZED: return EBB_ENOTINIT;
+  case CUDA_ERROR_NO_DEVICE:
+  case CUDA_ERROR_INVALID_DEVICE:
+  case CUDA_ERROR_INVALID_CONTEXT:
+  case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+  case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
+  case CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: return EBB_EDEVICE;
+  case CUDA_ERROR_NOT_FOUND: return EBB_ENOTFOUND;
+  case CUDA_ERROR_NOT_READY:
+  case CUDA_ERROR_ILLEGAL_STATE:
+  case CUDA_ERROR_ALREADY_MAPPED:
+  case CUDA_ERROR_NOT_MAPPED:
+  case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+  case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+  case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED:
+  case CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: return EBB_ESTATE;
+  case CUDA_ERROR_NOT_SUPPORTED:
+  case CUDA_ERROR_NOT_PERMITTED:
+  case CUDA_ERROR_STUB_LIBRARY: return EBB_ENOTSUP;
+  case CUDA_ERROR_OPERATING_SYSTEM: return EBB_EIO;
+  default: return EBB_EDRIVER;
+  }
+}
+
+ebb_status ebb__cu_fail(CUresult r, const char *fn, const char *call) {
+  const char *name = NULL, *text = NULL;
+  if (ebb__rt.drv.GetErrorName) ebb__rt.drv.GetErrorName(r, &name);
+  if (ebb__rt.drv.GetErrorString) ebb__rt.drv.GetErrorString(r, &text);
+  return ebb__fail(ebb__cu_status(r), "%s: %s failed on the %s driver: %s (%d: %s)", fn, call,
+                   ebb__rt.drv.name ? ebb__rt.drv.name : "unloaded", name ? name : "CUDA_ERROR_?", (int)r,
+                   text ? text : "no description");
+}

@@ -1,0 +1,135 @@
+// The kernel registry: declare, find, launch on driver streams, stream order, bad input.
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ebb/runtime.h"
+#include "ebb_test_util.hpp"
+
+namespace {
+struct AppendArgs {
+  int *buf;   // device memory (host-addressable on the emulated driver)
+  int *count; // next index
+  int value;
+};
+void append_kernel(void *a) {
+  auto *p = static_cast<AppendArgs *>(a);
+  p->buf[(*p->count)++] = p->value;
+}
+struct FillArgs {
+  float *dst;
+  size_t n;
+  float v;
+};
+void fill_kernel(void *a) {
+  auto *p = static_cast<FillArgs *>(a);
+  for (size_t i = 0; i < p->n; i++) p->dst[i] = p->v;
+}
+} // namespace
+
+TEST_CASE("kernels: declare, redeclare, find, bad declarations", "[runtime][kernel]") {
+  EbbSession s;
+  const ebb_kernel_t *k = nullptr, *k2 = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_declare("test.fill", sizeof(FillArgs), fill_kernel, "ebb_fill_f32", &k));
+  CHECK(std::string(ebb_kernel_name(k)) == "test.fill");
+  EBB_REQUIRE_OK(ebb_kernel_declare("test.fill", sizeof(FillArgs), fill_kernel, "ebb_fill_f32", &k2));
+  CHECK(k == k2);
+  EBB_CHECK_FAILS(ebb_kernel_declare("test.fill", sizeof(FillArgs) + 4, fill_kernel, "ebb_fill_f32", &k2), EBB_EINVAL,
+                  "declared before");
+  EBB_REQUIRE_OK(ebb_kernel_find("test.fill", &k2));
+  CHECK(k == k2);
+  EBB_CHECK_FAILS(ebb_kernel_find("test.nope", &k2), EBB_ENOTFOUND, "test.nope");
+  EBB_CHECK_FAILS(ebb_kernel_declare(nullptr, 4, fill_kernel, nullptr, &k2), EBB_EINVAL, "NULL");
+  EBB_CHECK_FAILS(ebb_kernel_declare("", 4, fill_kernel, nullptr, &k2), EBB_EINVAL, "empty");
+  EBB_CHECK_FAILS(ebb_kernel_declare("x", 0, fill_kernel, nullptr, &k2), EBB_EINVAL, "arg_bytes 0");
+  EBB_CHECK_FAILS(ebb_kernel_declare("x", 1 << 20, fill_kernel, nullptr, &k2), EBB_EINVAL, "arg_bytes");
+  EBB_CHECK_FAILS(ebb_kernel_declare("x", 4, nullptr, nullptr, &k2), EBB_EINVAL, "neither");
+  EBB_CHECK_FAILS(ebb_kernel_declare("x", 4, fill_kernel, nullptr, nullptr), EBB_EINVAL, "NULL");
+  CHECK(std::string(ebb_kernel_name(nullptr)) == "(invalid kernel)");
+}
+
+TEST_CASE("kernels run in stream order and arguments are copied at launch", "[runtime][kernel]") {
+  EbbSession s;
+  ebb_dev_caps caps;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.cpu_kernels) EBB_SKIP("device 0 has no CPU kernels (a GPU): covered by the ops suites");
+  const ebb_kernel_t *k = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_declare("test.append", sizeof(AppendArgs), append_kernel, nullptr, &k));
+  uint64_t dbuf = 0, dcount = 0;
+  EBB_REQUIRE_OK(ebb_drv_mem_alloc(0, 1000 * sizeof(int), &dbuf));
+  EBB_REQUIRE_OK(ebb_drv_mem_alloc(0, sizeof(int), &dcount));
+  CUstream_st *st = nullptr;
+  EBB_REQUIRE_OK(ebb_drv_stream_create(0, 0, &st));
+  EBB_REQUIRE_OK(ebb_drv_memset_async((void *)dcount, 0, sizeof(int), st));
+  AppendArgs a{(int *)dbuf, (int *)dcount, 0};
+  for (int i = 0; i < 1000; i++) {
+    a.value = i; // reused at once: the launch must have copied it
+    EBB_REQUIRE_OK(ebb_kernel_launch(k, 0, st, &a, nullptr));
+  }
+  EBB_REQUIRE_OK(ebb_drv_stream_synchronize(st));
+  int count = 0;
+  std::vector<int> out(1000);
+  std::memcpy(&count, (void *)dcount, sizeof count);
+  std::memcpy(out.data(), (void *)dbuf, out.size() * sizeof(int));
+  REQUIRE(count == 1000);
+  for (int i = 0; i < 1000; i++) REQUIRE(out[i] == i);
+  EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb_drv_mem_free(0, dbuf));
+  EBB_REQUIRE_OK(ebb_drv_mem_free(0, dcount));
+}
+
+TEST_CASE("kernel launch: bad input", "[runtime][kernel]") {
+  EbbSession s;
+  const ebb_kernel_t *k = nullptr, *gpu_only = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_declare("test.fill2", sizeof(FillArgs), fill_kernel, nullptr, &k));
+  EBB_REQUIRE_OK(ebb_kernel_declare("test.gpu_only", sizeof(FillArgs), nullptr, "ebb_gpu_only", &gpu_only));
+  CUstream_st *st = nullptr;
+  EBB_REQUIRE_OK(ebb_drv_stream_create(0, 0, &st));
+  FillArgs a{nullptr, 0, 1.0f};
+  EBB_CHECK_FAILS(ebb_kernel_launch(nullptr, 0, st, &a, nullptr), EBB_EINVAL, "NULL");
+  EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, st, nullptr, nullptr), EBB_EINVAL, "test.fill2");
+  EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, nullptr, &a, nullptr), EBB_EINVAL, "stream is NULL");
+  EBB_CHECK_FAILS(ebb_kernel_launch(k, 7, st, &a, nullptr), EBB_EDEVICE, "device 7");
+  int junk = 0;
+  EBB_CHECK_FAILS(ebb_kernel_launch((const ebb_kernel_t *)&junk, 0, st, &a, nullptr), EBB_EINVAL, "not a kernel");
+  ebb_dev_caps caps;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (caps.cpu_kernels) {
+    EBB_CHECK_FAILS(ebb_kernel_launch(gpu_only, 0, st, &a, nullptr), EBB_ENOTSUP, "no CPU function");
+  } else {
+    EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, st, &a, nullptr), EBB_ENOTSUP, "no CUDA function");
+  }
+  EBB_REQUIRE_OK(ebb_drv_stream_synchronize(st));
+  EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
+}
+
+TEST_CASE("kernel launch: declared buffers are checked with EBB_CHECK_LAUNCH=1", "[runtime][kernel]") {
+  ScopedEnv check("EBB_CHECK_LAUNCH", "1");
+  EbbSession s;
+  ebb_dev_caps caps;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.cpu_kernels) EBB_SKIP("needs CPU kernels");
+  const ebb_kernel_t *k = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_declare("test.fill3", sizeof(FillArgs), fill_kernel, nullptr, &k));
+  CUstream_st *st = nullptr;
+  EBB_REQUIRE_OK(ebb_drv_stream_create(0, 0, &st));
+  uint64_t d = 0;
+  EBB_REQUIRE_OK(ebb_drv_mem_alloc(0, 64 * sizeof(float), &d));
+  FillArgs a{(float *)d, 64, 2.0f};
+  ebb_buf w{(void *)d, 64 * sizeof(float)};
+  ebb_launch_cfg cfg{};
+  cfg.writes = &w;
+  cfg.nwrites = 1;
+  EBB_REQUIRE_OK(ebb_kernel_launch(k, 0, st, &a, &cfg));
+  std::vector<float> host(64);
+  ebb_buf bad{host.data(), host.size() * sizeof(float)};
+  cfg.writes = &bad;
+  EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, st, &a, &cfg), EBB_EDEVICE, "pageable");
+  cfg.writes = nullptr;
+  EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, st, &a, &cfg), EBB_EINVAL, "NULL");
+  EBB_REQUIRE_OK(ebb_drv_stream_synchronize(st));
+  CHECK(((float *)d)[63] == 2.0f);
+  EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb_drv_mem_free(0, d));
+}
