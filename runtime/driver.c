@@ -214,6 +214,16 @@ ebb_status ebb_init(void) {
   ebb_status st = ebb__load_driver();
   if (st == EBB_OK) st = ebb__devices_init();
   if (st == EBB_OK) {
+    /* ready is needed by the public declare call; published for good below. */
+    atomic_store_explicit(&ebb__rt.ready, 1, memory_order_release);
+    st = ebb__kernels_builtin_init();
+    if (st) {
+      ebb__kernels_fini();
+      ebb__devices_fini();
+      atomic_store_explicit(&ebb__rt.ready, 0, memory_order_release);
+    }
+  }
+  if (st == EBB_OK) {
     ebb__topo_init();
     ebb__trace_init_from_env();
     ebb__rt.refs = 1;

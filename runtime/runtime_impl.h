@@ -115,6 +115,8 @@ EBB_HIDDEN ebb_status ebb__devices_init(void);
 EBB_HIDDEN void ebb__devices_fini(void);
 EBB_HIDDEN void ebb__topo_init(void);
 EBB_HIDDEN void ebb__topo_fini(void);
+EBB_HIDDEN ebb_status ebb__kernels_builtin_init(void);
+EBB_HIDDEN void ebb__kernels_set_builtin_image(void);
 EBB_HIDDEN void ebb__kernels_fini(void);
 EBB_HIDDEN void ebb__trace_init_from_env(void);
 EBB_HIDDEN void ebb__trace_fini(void);

@@ -157,6 +157,19 @@ EBB_API const char *ebb_kernel_name(const ebb_kernel_t *k);
 EBB_API ebb_status ebb_kernel_launch(const ebb_kernel_t *k, int device, struct CUstream_st *stream,
                                      const void *args, const ebb_launch_cfg *cfg);
 
+/* Kernels every driver has, declared by ebb_init (find them with ebb_kernel_find):
+ *   "ebb.noop"     does nothing (the launch benchmark's kernel), args ebb_noop_args;
+ *   "ebb.fill_u32" dst[i] = value for i < n, args ebb_fill_u32_args.
+ * On a GPU they come from ebb's embedded fatbin (built when nvcc was found). */
+typedef struct ebb_noop_args {
+  uint64_t unused;
+} ebb_noop_args;
+typedef struct ebb_fill_u32_args {
+  uint32_t *dst;
+  uint64_t n;
+  uint32_t value;
+} ebb_fill_u32_args;
+
 /* ---- the driver seam -----------------------------------------------------------------------
  * Thin wrappers over the loaded driver for ebb's own modules (and for users who need raw driver
  * objects). Each checks its arguments, makes the device's primary context current where the

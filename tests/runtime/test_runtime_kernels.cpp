@@ -133,3 +133,36 @@ TEST_CASE("kernel launch: declared buffers are checked with EBB_CHECK_LAUNCH=1",
   EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
   EBB_REQUIRE_OK(ebb_drv_mem_free(0, d));
 }
+
+TEST_CASE("built-in kernels exist on every driver and run", "[runtime][kernel]") {
+  EbbSession s;
+  const ebb_kernel_t *noop = nullptr, *fill = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_find("ebb.noop", &noop));
+  EBB_REQUIRE_OK(ebb_kernel_find("ebb.fill_u32", &fill));
+  int n = 0;
+  EBB_REQUIRE_OK(ebb_dev_count(&n));
+  for (int d = 0; d < n; d++) {
+    CUstream_st *st = nullptr;
+    EBB_REQUIRE_OK(ebb_drv_stream_create(d, 0, &st));
+    const uint64_t count = 4096;
+    uint64_t dbuf = 0;
+    EBB_REQUIRE_OK(ebb_drv_mem_alloc(d, count * sizeof(uint32_t), &dbuf));
+    ebb_noop_args na{0};
+    EBB_REQUIRE_OK(ebb_kernel_launch(noop, d, st, &na, nullptr));
+    ebb_fill_u32_args fa{(uint32_t *)dbuf, count, 0xabcd0000u + (uint32_t)d};
+    ebb_launch_cfg cfg{};
+    cfg.grid[0] = 16;
+    cfg.block[0] = 256;
+    EBB_REQUIRE_OK(ebb_kernel_launch(fill, d, st, &fa, &cfg));
+    std::vector<uint32_t> host(count);
+    void *pinned = nullptr;
+    EBB_REQUIRE_OK(ebb_drv_host_alloc(d, count * sizeof(uint32_t), &pinned));
+    EBB_REQUIRE_OK(ebb_drv_memcpy_async(pinned, (void *)dbuf, count * sizeof(uint32_t), st));
+    EBB_REQUIRE_OK(ebb_drv_stream_synchronize(st));
+    std::memcpy(host.data(), pinned, count * sizeof(uint32_t));
+    for (uint64_t i = 0; i < count; i++) REQUIRE(host[i] == 0xabcd0000u + (uint32_t)d);
+    EBB_REQUIRE_OK(ebb_drv_host_free(pinned));
+    EBB_REQUIRE_OK(ebb_drv_mem_free(d, dbuf));
+    EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
+  }
+}
