@@ -59,8 +59,11 @@ void ebb__topo_init(void) {
     ebb__topo = NULL;
     return;
   }
-  /* PCI objects are needed to place GPUs; bridges and OS devices are not. */
-  hwloc_topology_set_io_types_filter(ebb__topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  /* PCI objects are needed to place real GPUs (bridges and OS devices are not). Emulated devices
+   * have no PCI location, so the PCI scan, its plugins and their cost are skipped for them. */
+  bool any_pci = false;
+  for (int i = 0; i < ebb__rt.ndev; i++) any_pci |= !ebb__rt.dev[i].caps.emulated && ebb__rt.dev[i].caps.pci_bus_id[0];
+  if (any_pci) hwloc_topology_set_io_types_filter(ebb__topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   if (hwloc_topology_load(ebb__topo) != 0) {
     hwloc_topology_destroy(ebb__topo);
     ebb__topo = NULL;

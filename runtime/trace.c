@@ -73,12 +73,14 @@ void ebb_trace_span_add(const char *name, int device, uint64_t stream, uint64_t 
   /* Invalidate first so an exporter never takes a half-written slot as complete. */
   atomic_store_explicit(&sl->seq, 0, memory_order_relaxed);
   atomic_thread_fence(memory_order_release);
-  sl->span.name = name ? name : "?";
-  sl->span.start_ns = start_ns;
-  sl->span.end_ns = end_ns;
-  sl->span.tid = ebb__tid;
-  sl->span.device = device;
-  sl->span.stream = stream;
+  /* Fields are stored atomically (relaxed): after a wrap-around two writers may fill the same
+   * slot at once; the seq check below and in the exporter discards such a slot. */
+  __atomic_store_n(&sl->span.name, name ? name : "?", __ATOMIC_RELAXED);
+  __atomic_store_n(&sl->span.start_ns, start_ns, __ATOMIC_RELAXED);
+  __atomic_store_n(&sl->span.end_ns, end_ns, __ATOMIC_RELAXED);
+  __atomic_store_n(&sl->span.tid, ebb__tid, __ATOMIC_RELAXED);
+  __atomic_store_n(&sl->span.device, device, __ATOMIC_RELAXED);
+  __atomic_store_n(&sl->span.stream, stream, __ATOMIC_RELAXED);
   /* release: the exporter's acquire load of seq sees the span fields written above. */
   atomic_store_explicit(&sl->seq, t + 1, memory_order_release);
 }
@@ -113,7 +115,13 @@ static size_t ebb__trace_copy(ebb_trace_span *out, size_t max) {
     ebb__slot *sl = &ebb__ring[t & ebb__mask];
     /* acquire: pairs with the writer's release store of seq. */
     if (atomic_load_explicit(&sl->seq, memory_order_acquire) != t + 1) continue;
-    ebb_trace_span sp = sl->span;
+    ebb_trace_span sp;
+    sp.name = __atomic_load_n(&sl->span.name, __ATOMIC_RELAXED);
+    sp.start_ns = __atomic_load_n(&sl->span.start_ns, __ATOMIC_RELAXED);
+    sp.end_ns = __atomic_load_n(&sl->span.end_ns, __ATOMIC_RELAXED);
+    sp.tid = __atomic_load_n(&sl->span.tid, __ATOMIC_RELAXED);
+    sp.device = __atomic_load_n(&sl->span.device, __ATOMIC_RELAXED);
+    sp.stream = __atomic_load_n(&sl->span.stream, __ATOMIC_RELAXED);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&sl->seq, memory_order_relaxed) != t + 1) continue; /* overwritten meanwhile */
     out[n++] = sp;
