@@ -88,7 +88,7 @@ static bool ebb__try_driver(const char *path, ebb_driver_kind kind, char *err, s
   CUresult r = d.Init(0);
   if (r != CUDA_SUCCESS) {
     const char *name = NULL;
-    d.GetErrorName(r, &name);
+    if (d.GetErrorName(r, &name) != CUDA_SUCCESS || !name) name = ebb__cu_name(r);
     snprintf(err, errlen, "cuInit failed with %s (%d)%s", name ? name : "an unknown error", (int)r,
              r == CUDA_ERROR_STUB_LIBRARY || r == CUDA_ERROR_NO_DEVICE ? ": no GPU here" : "");
     return false;

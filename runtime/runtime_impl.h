@@ -109,6 +109,7 @@ EBB_HIDDEN ebb_status ebb__dev_activate(const char *fn, int device);
 /* Maps a CUresult to an ebb_status and a message "fn: <driver call> failed: NAME (text)". */
 EBB_HIDDEN ebb_status ebb__cu_fail(CUresult r, const char *fn, const char *call);
 EBB_HIDDEN ebb_status ebb__cu_status(CUresult r);
+EBB_HIDDEN const char *ebb__cu_name(CUresult r);
 
 /* Parts of init/shutdown that live in other files of the runtime. */
 EBB_HIDDEN ebb_status ebb__devices_init(void);

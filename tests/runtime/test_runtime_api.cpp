@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <unistd.h>
 
 #include "ebb/runtime.h"
 #include "ebb/status.h"
@@ -121,6 +122,14 @@ TEST_CASE("EBB_DRIVER chooses the driver and reports why", "[runtime][driver]") 
     if (info.kind == EBB_DRIVER_EMULATED) {
       // No GPU here: the reason says what happened to libcuda.so.1.
       CHECK(std::string(info.reason).find("libcuda.so.1") != std::string::npos);
+    }
+  }
+  {
+    // The CUDA toolkit's stub libcuda loads but its cuInit fails: that must read as "no GPU".
+    const char *stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
+    if (access(stub, R_OK) == 0) {
+      ScopedEnv e("EBB_DRIVER", stub);
+      EBB_CHECK_FAILS(ebb_init(), EBB_EDRIVER, "CUDA_ERROR_STUB_LIBRARY (34): no GPU here");
     }
   }
   {

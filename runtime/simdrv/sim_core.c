@@ -1,0 +1,511 @@
+/* sim_core.c: initialisation, devices, primary contexts, peer access, error names and the
+ * type-stable handle tables of the emulated driver.
+ *
+ * Owns: the process-wide `sim` state (device table and settings read from the environment once,
+ * in cuInit), each device's primary context and its refcount and peer mask, the thread-local
+ * current context, the capacity counters and the handle tables' slot allocator.
+ *
+ * Threading: cuInit runs its body once (pthread_once) and publishes `sim.ready` with a release
+ * store; every other entry point first checks it with an acquire load, after which the device
+ * table is read-only. Context refcounts and peer masks change under ctx_lock. Capacity is an
+ * atomic counter updated with a compare-and-swap loop. The current context is thread-local, as
+ * in CUDA. Handle tables take their own mutex only to hand out or take back slots; lookups are
+ * lock-free (see sim_table_get).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim_internal.h"
+
+struct sim_globals sim;
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local struct sim_device *tls_current;
+
+/* ---------------------------------------------------------------- handle tables */
+
+uint64_t sim_handle(uint32_t tag, uint32_t gen, uint32_t index) {
+  return ((uint64_t)tag << 56) | ((uint64_t)(gen & SIM_GEN_MASK) << 32) | index;
+}
+
+void *sim_table_alloc(struct sim_table *t, uint64_t *handle) {
+  pthread_mutex_lock(&t->lock);
+  struct sim_slot *s = t->free_head;
+  if (s) {
+    t->free_head = s->next_free;
+  } else {
+    uint32_t chunk = t->nslots / SIM_TABLE_CHUNK, within = t->nslots % SIM_TABLE_CHUNK;
+    if (chunk >= SIM_TABLE_MAX_CHUNKS) goto fail_unlock;
+    char *c = atomic_load_explicit(&t->chunks[chunk], memory_order_relaxed); /* only we write it */
+    if (!c) {
+      c = calloc(SIM_TABLE_CHUNK, t->obj_size);
+      if (!c) goto fail_unlock;
+      /* release: pairs with the acquire in sim_table_get, so a lookup that finds the chunk also
+       * sees its zeroed slots */
+      atomic_store_explicit(&t->chunks[chunk], c, memory_order_release);
+    }
+    s = (struct sim_slot *)(void *)(c + (size_t)within * t->obj_size);
+    s->index = t->nslots++;
+  }
+  s->next_free = NULL;
+  uint32_t g = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1; /* even -> odd: live */
+  /* release: a lookup that sees the new generation sees the index written above */
+  atomic_store_explicit(&s->gen, g, memory_order_release);
+  pthread_mutex_unlock(&t->lock);
+  *handle = sim_handle(t->tag, g, s->index);
+  return s;
+fail_unlock:
+  pthread_mutex_unlock(&t->lock);
+  return NULL;
+}
+
+void *sim_table_get(struct sim_table *t, uint64_t handle, uint32_t *gen) {
+  if ((uint32_t)(handle >> 56) != t->tag) return NULL;
+  uint32_t index = (uint32_t)handle, hgen = (uint32_t)(handle >> 32) & SIM_GEN_MASK;
+  if (index / SIM_TABLE_CHUNK >= SIM_TABLE_MAX_CHUNKS) return NULL;
+  /* acquire: pairs with the release that published the chunk */
+  char *c = atomic_load_explicit(&t->chunks[index / SIM_TABLE_CHUNK], memory_order_acquire);
+  if (!c) return NULL;
+  struct sim_slot *s = (struct sim_slot *)(void *)(c + (size_t)(index % SIM_TABLE_CHUNK) * t->obj_size);
+  /* acquire: pairs with the release in sim_table_alloc (new life) or sim_table_kill */
+  uint32_t g = atomic_load_explicit(&s->gen, memory_order_acquire);
+  if (!(g & 1u) || (g & SIM_GEN_MASK) != hgen) return NULL;
+  if (gen) *gen = g;
+  return s;
+}
+
+bool sim_table_kill(struct sim_slot *s, uint32_t gen) {
+  /* acq_rel: the winner of a destroy race alone tears the object down, and later lookups see
+   * the slot dead */
+  return atomic_compare_exchange_strong_explicit(&s->gen, &gen, gen + 1, memory_order_acq_rel,
+                                                 memory_order_relaxed);
+}
+
+void sim_table_free(struct sim_table *t, struct sim_slot *s) {
+  pthread_mutex_lock(&t->lock);
+  s->next_free = t->free_head;
+  t->free_head = s;
+  pthread_mutex_unlock(&t->lock);
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+uint64_t sim_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+bool sim_charge(struct sim_device *d, size_t bytes) {
+  /* relaxed: `used` is a counter that guards no other data; the CAS alone keeps it exact */
+  size_t cur = atomic_load_explicit(&d->used, memory_order_relaxed);
+  do {
+    if (bytes > d->capacity || cur > d->capacity - bytes) return false;
+  } while (!atomic_compare_exchange_weak_explicit(&d->used, &cur, cur + bytes, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  return true;
+}
+
+void sim_uncharge(struct sim_device *d, size_t bytes) {
+  atomic_fetch_sub_explicit(&d->used, bytes, memory_order_relaxed);
+}
+
+struct sim_device *sim_device_get(CUdevice d) {
+  if (d < 0 || d >= sim.ndev) return NULL;
+  return &sim.dev[d];
+}
+
+struct sim_device *sim_device_of_ctx(CUcontext c) {
+  /* Compare addresses only: a bogus context pointer is never dereferenced. */
+  for (int i = 0; i < sim.ndev; i++)
+    if (c == sim_ctx_handle(&sim.dev[i])) return &sim.dev[i];
+  return NULL;
+}
+
+struct sim_device *sim_current_device(void) { return tls_current; }
+
+/* ---------------------------------------------------------------- environment and cuInit */
+
+/* EBB_SIM_DEVICES: an integer in 1..16. */
+static bool parse_devices(const char *s, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < 1 || v > SIM_MAX_DEVICES) return false;
+  *out = (int)v;
+  return true;
+}
+
+/* EBB_SIM_MEM: bytes, optionally with a binary suffix K, M, G or T (and an optional "B"/"iB"). */
+static bool parse_bytes(const char *s, size_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || s[0] == '-') return false;
+  unsigned shift = 0;
+  switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    case 't': case 'T': shift = 40; end++; break;
+    default: break;
+  }
+  if (shift && *end == 'i') end++;
+  if (*end == 'B') end++;
+  if (*end || v == 0 || v > (SIZE_MAX >> shift)) return false;
+  *out = (size_t)v << shift;
+  return true;
+}
+
+/* EBB_SIM_COPY_GBPS, EBB_SIM_LAUNCH_US: a finite number >= 0. */
+static bool parse_nonneg(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v) || v < 0) return false;
+  *out = v;
+  return true;
+}
+
+static void init_body(void) {
+  const char *e;
+  int ndev = 2;
+  size_t mem = (size_t)8 << 30;
+  double gbps = 0, launch_us = 0;
+  /* A bad setting fails cuInit loudly rather than silently simulating something else. */
+  if ((e = getenv("EBB_SIM_DEVICES")) && !parse_devices(e, &ndev)) {
+    fprintf(stderr, "ebb simdrv: EBB_SIM_DEVICES='%s' is not an integer in 1..%d\n", e, SIM_MAX_DEVICES);
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
+  if ((e = getenv("EBB_SIM_MEM")) && !parse_bytes(e, &mem)) {
+    fprintf(stderr, "ebb simdrv: EBB_SIM_MEM='%s' is not a positive byte count (suffix K, M, G, T)\n", e);
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
+  if ((e = getenv("EBB_SIM_COPY_GBPS")) && !parse_nonneg(e, &gbps)) {
+    fprintf(stderr, "ebb simdrv: EBB_SIM_COPY_GBPS='%s' is not a number >= 0\n", e);
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
+  if ((e = getenv("EBB_SIM_LAUNCH_US")) && !parse_nonneg(e, &launch_us)) {
+    fprintf(stderr, "ebb simdrv: EBB_SIM_LAUNCH_US='%s' is not a number >= 0\n", e);
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  sim.ndev = ndev;
+  sim.mem_capacity = mem;
+  sim.copy_gbps = gbps;
+  sim.launch_ns = (int64_t)(launch_us * 1000.0);
+  sim.ncores = cores > 0 ? (int)cores : 1;
+  for (int i = 0; i < ndev; i++) {
+    struct sim_device *d = &sim.dev[i];
+    d->ordinal = i;
+    d->ctx.ordinal = i;
+    d->capacity = mem;
+    atomic_init(&d->used, 0);
+    sim_exec_init_device(d);
+    if (!sim_exec_create_null_stream(d)) {
+      init_result = CUDA_ERROR_OUT_OF_MEMORY;
+      return;
+    }
+  }
+  init_result = CUDA_SUCCESS;
+  /* release: pairs with the acquire in sim_initialized; publishes everything above */
+  atomic_store_explicit(&sim.ready, 1, memory_order_release);
+}
+
+SIM_API CUresult CUDAAPI cuInit(unsigned int Flags) {
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  pthread_once(&init_once, init_body);
+  return init_result;
+}
+
+SIM_API CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
+  if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
+  *driverVersion = 13000;
+  return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- errors */
+
+#define SIM_ERRORS(X)                                                                              \
+  X(CUDA_SUCCESS, "no error")                                                                      \
+  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                  \
+  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                     \
+  X(CUDA_ERROR_NOT_INITIALIZED, "driver not initialized: call cuInit(0) first")                    \
+  X(CUDA_ERROR_DEINITIALIZED, "driver is shutting down")                                           \
+  X(CUDA_ERROR_STUB_LIBRARY, "stub driver library loaded instead of a real driver")                \
+  X(CUDA_ERROR_NO_DEVICE, "no device found")                                                       \
+  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                           \
+  X(CUDA_ERROR_INVALID_IMAGE, "invalid module image")                                              \
+  X(CUDA_ERROR_INVALID_CONTEXT, "invalid or missing current context")                              \
+  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                                 \
+  X(CUDA_ERROR_ALREADY_MAPPED, "address range already mapped")                                     \
+  X(CUDA_ERROR_NOT_MAPPED, "address range not mapped")                                             \
+  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "resource not mapped as a pointer")                          \
+  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access not supported between these devices")         \
+  X(CUDA_ERROR_INVALID_PTX, "invalid PTX")                                                         \
+  X(CUDA_ERROR_INVALID_SOURCE, "invalid kernel source")                                            \
+  X(CUDA_ERROR_OPERATING_SYSTEM, "an operating system call failed")                                \
+  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle (bogus or destroyed)")                     \
+  X(CUDA_ERROR_ILLEGAL_STATE, "operation not valid in the current state")                          \
+  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                                \
+  X(CUDA_ERROR_NOT_READY, "work not complete yet")                                                 \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, "illegal memory address")                                          \
+  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")                 \
+  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access already enabled")                         \
+  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access not enabled")                                 \
+  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context already active")                           \
+  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context destroyed")                                          \
+  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "host memory range already registered")             \
+  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "host memory range not registered")                     \
+  X(CUDA_ERROR_LAUNCH_FAILED, "kernel launch failed")                                              \
+  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                           \
+  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                           \
+  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "driver and kernel module versions differ")                 \
+  X(CUDA_ERROR_UNKNOWN, "unknown error")
+
+SIM_API CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define SIM_ERR_NAME(code, text) \
+  case code: *pStr = #code; return CUDA_SUCCESS;
+    SIM_ERRORS(SIM_ERR_NAME)
+#undef SIM_ERR_NAME
+    default: break;
+  }
+  *pStr = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_API CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define SIM_ERR_TEXT(code, text) \
+  case code: *pStr = text; return CUDA_SUCCESS;
+    SIM_ERRORS(SIM_ERR_TEXT)
+#undef SIM_ERR_TEXT
+    default: break;
+  }
+  *pStr = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---------------------------------------------------------------- devices */
+
+SIM_API CUresult CUDAAPI cuDeviceGetCount(int *count) {
+  SIM_CHECK_INIT();
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  *count = sim.ndev;
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
+  SIM_CHECK_INIT();
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (!sim_device_get(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
+  SIM_CHECK_INIT();
+  if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!sim_device_get(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "ebb simdrv device %d", dev); /* truncates like CUDA */
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
+  SIM_CHECK_INIT();
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  struct sim_device *d = sim_device_get(dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = d->capacity;
+  return CUDA_SUCCESS;
+}
+
+/* What the emulated device reports. Compute capability is 0.0 on purpose: code that picks a
+ * code path by architecture must not mistake a CPU for a GPU generation; everything else is the
+ * capability a CUDA program checks before using a feature. */
+SIM_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+  SIM_CHECK_INIT();
+  if (!pi) return CUDA_ERROR_INVALID_VALUE;
+  if (!sim_device_get(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  int v;
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1000000; break;            /* kHz */
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = sim.ncores; break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x100 + dev; break;         /* past any real bus */
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: v = 1000000; break;      /* kHz */
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 64; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 1 << 20; break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 2; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; break;       /* no cuMemAllocAsync */
+    case CU_DEVICE_ATTRIBUTE_NUMA_ID: v = -1; break;                     /* not a NUMA node */
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = -1; break;                /* topology is the runtime's */
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  *pi = v;
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
+  SIM_CHECK_INIT();
+  if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!sim_device_get(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  /* Bus 0x100 + ordinal: well-formed, and never a real PCI device (buses end at 0xff). */
+  snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", 0x100 + dev);
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  SIM_CHECK_INIT();
+  if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+  if (!sim_device_get(dev) || !sim_device_get(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
+  *canAccessPeer = dev != peerDev;
+  return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- primary contexts */
+
+SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  SIM_CHECK_INIT();
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  struct sim_device *d = sim_device_get(dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&ctx_lock);
+  d->ctx.refcount++;
+  pthread_mutex_unlock(&ctx_lock);
+  *pctx = sim_ctx_handle(d);
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+  SIM_CHECK_INIT();
+  struct sim_device *d = sim_device_get(dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&ctx_lock);
+  if (d->ctx.refcount == 0)
+    r = CUDA_ERROR_INVALID_CONTEXT; /* released more often than retained */
+  else
+    d->ctx.refcount--;
+  pthread_mutex_unlock(&ctx_lock);
+  return r;
+}
+
+/* Waits for the device's work and drops every retain. Unlike CUDA, allocations, streams and
+ * events stay valid: the emulated context is never torn down. */
+SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
+  SIM_CHECK_INIT();
+  struct sim_device *d = sim_device_get(dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  sim_exec_sync_device(d);
+  pthread_mutex_lock(&ctx_lock);
+  d->ctx.refcount = 0;
+  d->ctx.peer_mask = 0;
+  pthread_mutex_unlock(&ctx_lock);
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+  SIM_CHECK_INIT();
+  if (!ctx) {
+    tls_current = NULL;
+    return CUDA_SUCCESS;
+  }
+  struct sim_device *d = sim_device_of_ctx(ctx);
+  if (!d) return CUDA_ERROR_INVALID_CONTEXT;
+  tls_current = d;
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
+  SIM_CHECK_INIT();
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = tls_current ? sim_ctx_handle(tls_current) : NULL;
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
+  SIM_CHECK_INIT();
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (!tls_current) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = tls_current->ordinal;
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuCtxSynchronize(void) {
+  SIM_CHECK_INIT();
+  if (!tls_current) return CUDA_ERROR_INVALID_CONTEXT;
+  sim_exec_sync_device(tls_current);
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+  SIM_CHECK_INIT();
+  /* Either pointer may be NULL, as in CUDA. */
+  if (leastPriority) *leastPriority = SIM_PRIO_LEAST;
+  if (greatestPriority) *greatestPriority = SIM_PRIO_GREATEST;
+  return CUDA_SUCCESS;
+}
+
+/* Peer access is bookkeeping only: peer copies work either way, staged as on PCIe systems
+ * without NVLink, so enabling it changes no behaviour a program could observe except these
+ * return codes. */
+SIM_API CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  SIM_CHECK_INIT();
+  struct sim_device *self = tls_current;
+  if (!self) return CUDA_ERROR_INVALID_CONTEXT;
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  struct sim_device *peer = sim_device_of_ctx(peerContext);
+  if (!peer) return CUDA_ERROR_INVALID_CONTEXT;
+  if (peer == self) return CUDA_ERROR_INVALID_DEVICE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&ctx_lock);
+  if (self->ctx.peer_mask & (1u << peer->ordinal))
+    r = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  else
+    self->ctx.peer_mask |= 1u << peer->ordinal;
+  pthread_mutex_unlock(&ctx_lock);
+  return r;
+}
+
+SIM_API CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peerContext) {
+  SIM_CHECK_INIT();
+  struct sim_device *self = tls_current;
+  if (!self) return CUDA_ERROR_INVALID_CONTEXT;
+  struct sim_device *peer = sim_device_of_ctx(peerContext);
+  if (!peer) return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&ctx_lock);
+  if (!(self->ctx.peer_mask & (1u << peer->ordinal)))
+    r = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+  else
+    self->ctx.peer_mask &= ~(1u << peer->ordinal);
+  pthread_mutex_unlock(&ctx_lock);
+  return r;
+}

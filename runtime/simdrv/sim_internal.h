@@ -1,0 +1,176 @@
+/* sim_internal.h: the emulated CUDA driver's private types, shared by its four source files.
+ *
+ * simdrv is a standalone MODULE library: it includes ebb_cuda.h for the Driver API types and
+ * ebb_list.h for intrusive lists, and nothing else from ebb. Every exported entry point is defined
+ * with its cuda.h name and marked SIM_API, so ebb_cuda.h's (or cuda.h's) #define redirections give
+ * the versioned symbol (cuMemAlloc -> cuMemAlloc_v2).
+ *
+ * Who owns what:
+ *   sim_core.c   init and environment, devices and attributes, primary contexts, peer access,
+ *                error names, the handle tables (struct sim_table)
+ *   sim_mem.c    the range registry, device/host/VMM memory, pointer attributes
+ *   sim_exec.c   streams, engine threads, commands, events, copies, memset, host functions, launch
+ *   sim_kernel.c the kernel registry (ebbsim_register_kernel), modules and function handles
+ *
+ * Lock order (a thread holds locks only in this order): vmm lock -> sched lock -> range registry
+ * rwlock -> table locks / kernel registry lock -> ctx lock. No lock is held while user code (kernels, host
+ * functions) runs.
+ */
+#ifndef EBB_SIM_INTERNAL_H
+#define EBB_SIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ebb_cuda.h"
+#include "ebb_list.h"
+
+/* Exported Driver API symbols; everything else stays hidden (-fvisibility=hidden). */
+#define SIM_API __attribute__((visibility("default")))
+
+#define SIM_MAX_DEVICES 16
+#define SIM_ALIGN 256u                   /* cuMemAlloc alignment, as CUDA guarantees */
+#define SIM_GRANULE ((size_t)2 << 20)    /* VMM granularity: 2 MiB minimum and recommended */
+#define SIM_PRIO_LEAST 0                 /* cuCtxGetStreamPriorityRange, H100-like */
+#define SIM_PRIO_GREATEST (-5)
+#define SIM_NPRIO (SIM_PRIO_LEAST - SIM_PRIO_GREATEST + 1)
+
+_Static_assert(sizeof(void *) == 8, "simdrv encodes handles in 64-bit pointers");
+
+/* ---- handle tables (sim_core.c) ----
+ * Streams, events, modules and VMM allocations live in type-stable slots that are never freed,
+ * and a handle is {tag, generation, index} packed into 64 bits, not a pointer. A bogus handle
+ * fails the tag or index check; a destroyed one fails the generation check, even after its slot
+ * was reused. `gen` is odd while the object is live and even while the slot is free. */
+#define SIM_TAG_STREAM 0xE1u
+#define SIM_TAG_EVENT 0xE2u
+#define SIM_TAG_MODULE 0xE3u
+#define SIM_TAG_FUNCTION 0xE4u
+#define SIM_TAG_VMM 0xE5u
+#define SIM_TABLE_CHUNK 64u
+#define SIM_TABLE_MAX_CHUNKS 4096u
+#define SIM_GEN_MASK 0xFFFFFFu /* generation bits carried in a handle */
+
+struct sim_slot {
+  _Atomic uint32_t gen;
+  uint32_t index;
+  struct sim_slot *next_free; /* table lock */
+};
+
+struct sim_table {
+  pthread_mutex_t lock;
+  uint32_t tag;
+  size_t obj_size;                                   /* each object starts with a sim_slot */
+  _Atomic(char *) chunks[SIM_TABLE_MAX_CHUNKS];      /* SIM_TABLE_CHUNK objects each */
+  uint32_t nslots;                                   /* slots ever handed out (table lock) */
+  struct sim_slot *free_head;                        /* table lock */
+};
+#define SIM_TABLE_INIT(tagv, type) \
+  { .lock = PTHREAD_MUTEX_INITIALIZER, .tag = (tagv), .obj_size = sizeof(type) }
+
+/* A live slot with a fresh generation, its handle in *handle; NULL when the table is full or
+ * out of memory. The caller initialises the object before publishing the handle. */
+void *sim_table_alloc(struct sim_table *t, uint64_t *handle);
+/* The live object `handle` names, its generation in *gen; NULL for bogus or dead handles. */
+void *sim_table_get(struct sim_table *t, uint64_t handle, uint32_t *gen);
+/* Ends the life that started with generation `gen`; false when someone else ended it first. */
+bool sim_table_kill(struct sim_slot *s, uint32_t gen);
+/* Returns a killed slot for reuse. */
+void sim_table_free(struct sim_table *t, struct sim_slot *s);
+uint64_t sim_handle(uint32_t tag, uint32_t gen, uint32_t index);
+
+/* ---- execution state of one device (sim_exec.c) ---- */
+enum sim_engine_kind {
+  SIM_ENG_COMPUTE, /* kernels, memset */
+  SIM_ENG_COPY0,   /* H2D, D2D within the device, H2H */
+  SIM_ENG_COPY1,   /* D2H, peer */
+  SIM_ENG_HOST,    /* cuLaunchHostFunc */
+  SIM_NENGINES
+};
+
+struct sim_stream;
+
+struct sim_engine {
+  struct sim_device *dev;
+  int kind;
+  bool started;                          /* sched lock */
+  bool parked;                           /* sched lock: waiting on cv */
+  pthread_cond_t cv;
+  _Atomic uint32_t kick;                 /* bumped per ready stream; read while spinning */
+  struct ebb_list ready[SIM_NPRIO];      /* streams whose head is ours; [0] = lowest priority */
+};
+
+/* ---- the primary context (sim_core.c) ---- */
+struct sim_ctx {
+  int ordinal;
+  int refcount;        /* ctx lock */
+  uint32_t peer_mask;  /* ctx lock: peers enabled with cuCtxEnablePeerAccess */
+};
+
+struct sim_device {
+  int ordinal;
+  struct sim_ctx ctx;          /* CUcontext is &ctx; validated by address, never dereferenced blind */
+  size_t capacity;             /* EBB_SIM_MEM */
+  _Atomic size_t used;         /* bytes charged against capacity */
+  /* execution, all under the sched lock unless atomic */
+  struct sim_engine engines[SIM_NENGINES];
+  pthread_cond_t done_cv;      /* host threads waiting for this device's work */
+  int host_waiters;            /* how many wait on done_cv: engines broadcast only when > 0 */
+  _Atomic uint64_t pending;    /* commands queued on this device's streams, not yet retired */
+  struct sim_stream *null_stream;
+};
+
+struct sim_globals {
+  _Atomic int ready;           /* cuInit succeeded; release-stored once the fields below are set */
+  int ndev;
+  size_t mem_capacity;
+  double copy_gbps;            /* 0: copies take only their real time */
+  int64_t launch_ns;           /* 0: kernels take only their real time */
+  int ncores;
+  struct sim_device dev[SIM_MAX_DEVICES];
+};
+extern struct sim_globals sim;
+
+static inline bool sim_initialized(void) {
+  /* acquire: pairs with the release store at the end of cuInit, so the device table and the
+   * timing settings written before it are visible to every caller that sees ready == 1 */
+  return atomic_load_explicit(&sim.ready, memory_order_acquire) != 0;
+}
+#define SIM_CHECK_INIT()                                   \
+  do {                                                     \
+    if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
+  } while (0)
+
+/* sim_core.c */
+struct sim_device *sim_current_device(void);            /* NULL when no context is current */
+struct sim_device *sim_device_of_ctx(CUcontext c);      /* NULL when c is not a simdrv context */
+struct sim_device *sim_device_get(CUdevice d);          /* NULL when out of range */
+static inline CUcontext sim_ctx_handle(struct sim_device *d) { return (CUcontext)(void *)&d->ctx; }
+uint64_t sim_now_ns(void);                               /* CLOCK_MONOTONIC */
+bool sim_charge(struct sim_device *d, size_t bytes);     /* false: past capacity */
+void sim_uncharge(struct sim_device *d, size_t bytes);
+
+/* sim_mem.c: what a pointer range is, for copies and memset. */
+enum sim_mem_kind { SIM_MEM_NONE, SIM_MEM_DEVICE, SIM_MEM_VMM, SIM_MEM_HOST_ALLOC, SIM_MEM_HOST_REG };
+struct sim_ptr {
+  int kind;    /* SIM_MEM_NONE: not registered (pageable host memory) */
+  int ordinal;
+};
+/* Classifies [p, p+n). Inside a registered range the whole span must be covered (contiguous VMM
+ * mappings may be crossed) and accessible, else CUDA_ERROR_INVALID_VALUE. */
+CUresult sim_mem_span(uintptr_t p, size_t n, struct sim_ptr *out);
+static inline bool sim_is_device_mem(int kind) { return kind == SIM_MEM_DEVICE || kind == SIM_MEM_VMM; }
+
+/* sim_exec.c */
+void sim_exec_init_device(struct sim_device *d);       /* at cuInit, before ready */
+bool sim_exec_create_null_stream(struct sim_device *d);
+void sim_exec_sync_device(struct sim_device *d);       /* waits until the device has no pending work */
+void sim_exec_drain_all(void);                          /* every device, for frees and unmaps */
+
+/* sim_kernel.c: the registered kernel and module device a function handle names. */
+CUresult sim_kernel_resolve(CUfunction f, ebbsim_kernel_fn *fn, size_t *arg_bytes, struct sim_device **dev);
+
+#endif /* EBB_SIM_INTERNAL_H */
