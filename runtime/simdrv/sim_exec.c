@@ -28,8 +28,8 @@ enum sim_cmd_kind { SIM_CMD_KERNEL, SIM_CMD_MEMSET, SIM_CMD_COPY, SIM_CMD_HOSTFN
 
 #define SIM_INLINE_ARGS 192u  /* kernel argument structs up to this size need no heap */
 #define SIM_CMD_CHUNK 64u
-#define SIM_SPIN_HOST 4000    /* host waits: pauses before parking (a few µs) */
-#define SIM_SPIN_ENGINE 256   /* idle engines: pauses before parking */
+#define SIM_SPIN_NS 5000      /* host waits and idle engines spin this long before parking */
+#define SIM_LOCK_SPIN 200     /* trylock attempts on the scheduler lock before blocking */
 #define SIM_COPY_PIECES 16    /* a modelled copy lands in this many pieces ... */
 #define SIM_COPY_MIN_PIECE ((size_t)64 << 10) /* ... of at least 64 KiB */
 
@@ -92,10 +92,35 @@ static void cpu_relax(void) {
 #endif
 }
 
+/* Spin-then-park helper: call with i = 0, 1, 2, ... between polls; returns false once
+ * SIM_SPIN_NS have passed (the clock is read every 64 polls, through the vDSO: no system call). */
+static bool spin_more(unsigned i, uint64_t *deadline) {
+  if (i % 64 == 0) {
+    uint64_t now = sim_now_ns();
+    if (i == 0)
+      *deadline = now + SIM_SPIN_NS;
+    else if (now >= *deadline)
+      return false;
+  }
+  cpu_relax();
+  return true;
+}
+
 static void sleep_until(uint64_t deadline_ns) {
   struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u), .tv_nsec = (long)(deadline_ns % 1000000000u)};
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
   }
+}
+
+/* Takes the scheduler lock, spinning briefly first: critical sections are a few list moves, so
+ * a launch that meets an engine inside one waits a few hundred nanoseconds in user space rather
+ * than sleeping in the kernel (a plain pthread_mutex_lock would futex-wait on every collision). */
+static void sched_lock(void) {
+  for (int i = 0; i < SIM_LOCK_SPIN; i++) {
+    if (pthread_mutex_trylock(&sched) == 0) return;
+    cpu_relax();
+  }
+  pthread_mutex_lock(&sched);
 }
 
 /* ---------------------------------------------------------------- commands */
@@ -257,16 +282,17 @@ static void cmd_run(struct sim_cmd *c) {
 
 static void *engine_main(void *arg) {
   struct sim_engine *e = arg;
-  pthread_mutex_lock(&sched);
+  sched_lock();
   for (;;) {
     struct sim_stream *s = engine_pick(e);
     if (!s) {
       /* Spin a little outside the lock before parking, so back-to-back launches need no futex. */
       uint32_t k = atomic_load_explicit(&e->kick, memory_order_relaxed);
+      uint64_t deadline;
       pthread_mutex_unlock(&sched);
-      for (int i = 0; i < SIM_SPIN_ENGINE && atomic_load_explicit(&e->kick, memory_order_relaxed) == k; i++)
-        cpu_relax();
-      pthread_mutex_lock(&sched);
+      for (unsigned i = 0; atomic_load_explicit(&e->kick, memory_order_relaxed) == k && spin_more(i, &deadline); i++) {
+      }
+      sched_lock();
       s = engine_pick(e);
       if (!s) {
         e->parked = true;
@@ -279,7 +305,7 @@ static void *engine_main(void *arg) {
     s->running = true;
     pthread_mutex_unlock(&sched);
     cmd_run(c);
-    pthread_mutex_lock(&sched);
+    sched_lock();
     s->running = false;
     stream_retire(s, c);
     stream_schedule(s);
@@ -308,12 +334,11 @@ void sim_exec_init_device(struct sim_device *d) {
 /* `d` is the stream's device, read under sched by the caller: once the stream drains, its slot
  * may be reused on another device, but `done` only grows, so the wait still ends. */
 static void wait_stream_seq(struct sim_device *d, struct sim_stream *s, uint64_t seq) {
+  uint64_t deadline;
   /* acquire: pairs with the release in stream_retire; the waited-for work's writes are visible */
-  for (int i = 0; i < SIM_SPIN_HOST; i++) {
+  for (unsigned i = 0; spin_more(i, &deadline); i++)
     if (atomic_load_explicit(&s->done, memory_order_acquire) >= seq) return;
-    cpu_relax();
-  }
-  pthread_mutex_lock(&sched);
+  sched_lock();
   d->host_waiters++;
   while (atomic_load_explicit(&s->done, memory_order_relaxed) < seq) pthread_cond_wait(&d->done_cv, &sched);
   d->host_waiters--;
@@ -321,12 +346,11 @@ static void wait_stream_seq(struct sim_device *d, struct sim_stream *s, uint64_t
 }
 
 void sim_exec_sync_device(struct sim_device *d) {
+  uint64_t deadline;
   /* acquire: pairs with the release decrement in stream_retire */
-  for (int i = 0; i < SIM_SPIN_HOST; i++) {
+  for (unsigned i = 0; spin_more(i, &deadline); i++)
     if (atomic_load_explicit(&d->pending, memory_order_acquire) == 0) return;
-    cpu_relax();
-  }
-  pthread_mutex_lock(&sched);
+  sched_lock();
   d->host_waiters++;
   while (atomic_load_explicit(&d->pending, memory_order_relaxed) != 0) pthread_cond_wait(&d->done_cv, &sched);
   d->host_waiters--;
@@ -356,7 +380,7 @@ bool sim_exec_create_null_stream(struct sim_device *d) {
   uint64_t h;
   struct sim_stream *s = sim_table_alloc(&stream_table, &h);
   if (!s) return false;
-  pthread_mutex_lock(&sched);
+  sched_lock();
   stream_init(s, d, 0, CU_STREAM_DEFAULT);
   d->null_stream = s;
   pthread_mutex_unlock(&sched);
@@ -382,7 +406,7 @@ static CUresult stream_resolve(CUstream h, struct sim_stream **out, uint32_t *ge
 
 /* Takes sched and checks the stream is still alive. */
 static CUresult stream_lock(struct sim_stream *s, uint32_t gen) {
-  pthread_mutex_lock(&sched);
+  sched_lock();
   /* relaxed: destroy changes the generation under sched, which we hold now */
   if (atomic_load_explicit(&s->slot.gen, memory_order_relaxed) != gen) {
     pthread_mutex_unlock(&sched);
@@ -422,7 +446,7 @@ SIM_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned
   uint64_t h;
   struct sim_stream *s = sim_table_alloc(&stream_table, &h);
   if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&sched);
+  sched_lock();
   stream_init(s, d, clamp_prio(priority), flags);
   pthread_mutex_unlock(&sched);
   *phStream = (CUstream)(uintptr_t)h;
@@ -437,7 +461,7 @@ SIM_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
   uint32_t gen;
   CUresult r = stream_resolve(hStream, &s, &gen);
   if (r != CUDA_SUCCESS) return r;
-  pthread_mutex_lock(&sched);
+  sched_lock();
   if (!sim_table_kill(&s->slot, gen)) {
     pthread_mutex_unlock(&sched);
     return CUDA_ERROR_INVALID_HANDLE;
@@ -497,7 +521,7 @@ SIM_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
   uint64_t h;
   struct sim_event *ev = sim_table_alloc(&event_table, &h);
   if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&sched); /* record commands of the slot's previous life read these fields */
+  sched_lock(); /* record commands of the slot's previous life read these fields */
   ev->dev = d;
   ev->flags = Flags;
   ev->stream = NULL;
@@ -514,7 +538,7 @@ SIM_API CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
   struct sim_event *ev = sim_table_get(&event_table, (uintptr_t)hEvent, &gen);
   if (!ev) return CUDA_ERROR_INVALID_HANDLE;
   /* Under sched so a pending record command sees either the old generation or the new one. */
-  pthread_mutex_lock(&sched);
+  sched_lock();
   bool killed = sim_table_kill(&ev->slot, gen);
   pthread_mutex_unlock(&sched);
   if (!killed) return CUDA_ERROR_INVALID_HANDLE;
@@ -527,7 +551,7 @@ static CUresult event_lock(CUevent h, struct sim_event **out) {
   uint32_t gen;
   struct sim_event *ev = sim_table_get(&event_table, (uintptr_t)h, &gen);
   if (!ev) return CUDA_ERROR_INVALID_HANDLE;
-  pthread_mutex_lock(&sched);
+  sched_lock();
   if (atomic_load_explicit(&ev->slot.gen, memory_order_relaxed) != gen) { /* stable under sched */
     pthread_mutex_unlock(&sched);
     return CUDA_ERROR_INVALID_HANDLE;
@@ -604,7 +628,7 @@ SIM_API CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart
   struct sim_event *b = sim_table_get(&event_table, (uintptr_t)hEnd, &g1);
   if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
   CUresult r = CUDA_SUCCESS;
-  pthread_mutex_lock(&sched);
+  sched_lock();
   if (atomic_load_explicit(&a->slot.gen, memory_order_relaxed) != g0 ||
       atomic_load_explicit(&b->slot.gen, memory_order_relaxed) != g1 ||
       (a->flags & CU_EVENT_DISABLE_TIMING) || (b->flags & CU_EVENT_DISABLE_TIMING) || !a->stream || !b->stream)

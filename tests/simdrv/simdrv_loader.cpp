@@ -1,0 +1,134 @@
+// simdrv_loader.cpp: see simdrv_loader.hpp.
+#include "simdrv_loader.hpp"
+
+#include <dirent.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include <catch2/catch.hpp>
+
+CUcontext g_ctx[16];
+
+namespace {
+
+void *must_sym(void *h, const char *name) {
+  void *p = dlsym(h, name);
+  INFO("dlsym(" << name << "): " << (p ? "ok" : dlerror()));
+  REQUIRE(p != nullptr);
+  return p;
+}
+
+SimDrv load() {
+  const char *path = std::getenv("EBB_SIMDRV_PATH");
+  INFO("EBB_SIMDRV_PATH must name the built libebb_simdrv.so");
+  REQUIRE(path != nullptr);
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  INFO("dlopen: " << (h ? "ok" : dlerror()));
+  REQUIRE(h != nullptr);
+  SimDrv d{};
+#define SIMDRV_LOAD(field, symbol, required) \
+  d.field = reinterpret_cast<decltype(d.field)>(must_sym(h, symbol));
+  EBB_DRV_ENTRIES(SIMDRV_LOAD)
+#undef SIMDRV_LOAD
+  d.MemcpyHtoDAsync = reinterpret_cast<decltype(d.MemcpyHtoDAsync)>(must_sym(h, "cuMemcpyHtoDAsync_v2"));
+  d.MemcpyDtoHAsync = reinterpret_cast<decltype(d.MemcpyDtoHAsync)>(must_sym(h, "cuMemcpyDtoHAsync_v2"));
+  d.MemcpyDtoDAsync = reinterpret_cast<decltype(d.MemcpyDtoDAsync)>(must_sym(h, "cuMemcpyDtoDAsync_v2"));
+  d.CtxGetDevice = reinterpret_cast<decltype(d.CtxGetDevice)>(must_sym(h, "cuCtxGetDevice"));
+  d.CtxDisablePeerAccess = reinterpret_cast<decltype(d.CtxDisablePeerAccess)>(must_sym(h, "cuCtxDisablePeerAccess"));
+  d.DevicePrimaryCtxReset =
+      reinterpret_cast<decltype(d.DevicePrimaryCtxReset)>(must_sym(h, "cuDevicePrimaryCtxReset_v2"));
+  d.StreamGetPriority = reinterpret_cast<decltype(d.StreamGetPriority)>(must_sym(h, "cuStreamGetPriority"));
+  d.RegisterKernel = reinterpret_cast<ebbsim_register_kernel_fn>(must_sym(h, EBBSIM_REGISTER_KERNEL_SYMBOL));
+  return d;
+}
+
+void k_append(void *p) {
+  auto *a = static_cast<AppendArgs *>(p);
+  int n = a->buf[0];
+  a->buf[1 + n] = a->value;
+  a->buf[0] = n + 1;
+}
+void k_fill(void *p) {
+  auto *a = static_cast<FillArgs *>(p);
+  std::memset(a->p, a->value, a->n);
+}
+void k_peek(void *p) {
+  auto *a = static_cast<PeekArgs *>(p);
+  *a->out = *a->in;
+}
+void k_gate(void *p) {
+  auto *a = static_cast<GateArgs *>(p);
+  // The flag is a plain int the test thread sets with __atomic_store_n; the acquire load keeps
+  // the spin race-free.
+  while (__atomic_load_n(a->flag, __ATOMIC_ACQUIRE) == 0) {
+  }
+}
+void k_big(void *p) {
+  auto *a = static_cast<BigArgs *>(p);
+  long s = 0;
+  for (long w : a->words) s += w;
+  *a->out = s;
+}
+
+}  // namespace
+
+const SimDrv &drv() {
+  static SimDrv d = load();
+  return d;
+}
+
+std::string cu_name(CUresult r) {
+  const char *s = nullptr;
+  if (drv().GetErrorName(r, &s) == CUDA_SUCCESS && s) return s;
+  return "CUresult " + std::to_string(static_cast<int>(r));
+}
+
+int sim_setup() {
+  const SimDrv &d = drv();
+  CU_OK(d.Init(0));
+  int n = 0;
+  CU_OK(d.DeviceGetCount(&n));
+  REQUIRE(n >= 1);
+  for (int i = 0; i < n; i++) CU_OK(d.DevicePrimaryCtxRetain(&g_ctx[i], i));
+  CU_OK(d.CtxSetCurrent(g_ctx[0]));
+  CU_OK(d.RegisterKernel("append", k_append, sizeof(AppendArgs)));
+  CU_OK(d.RegisterKernel("fill", k_fill, sizeof(FillArgs)));
+  CU_OK(d.RegisterKernel("peek", k_peek, sizeof(PeekArgs)));
+  CU_OK(d.RegisterKernel("gate", k_gate, sizeof(GateArgs)));
+  CU_OK(d.RegisterKernel("big", k_big, sizeof(BigArgs)));
+  return n;
+}
+
+CUfunction get_kernel(const char *name, CUmodule *mod_out) {
+  static const char image[] = "simdrv ignores module images";
+  CUmodule mod;
+  CU_OK(drv().ModuleLoadData(&mod, image));
+  CUfunction f;
+  CU_OK(drv().ModuleGetFunction(&f, mod, name));
+  if (mod_out) *mod_out = mod;
+  return f;
+}
+
+CUresult launch(CUfunction f, CUstream s, void *args) {
+  void *params[] = {args};
+  return drv().LaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
+}
+
+int thread_count() {
+  DIR *d = opendir("/proc/self/task");
+  REQUIRE(d != nullptr);
+  int n = 0;
+  while (struct dirent *e = readdir(d))
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
