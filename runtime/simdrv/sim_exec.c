@@ -28,6 +28,8 @@ enum sim_cmd_kind { SIM_CMD_KERNEL, SIM_CMD_MEMSET, SIM_CMD_COPY, SIM_CMD_HOSTFN
 
 #define SIM_INLINE_ARGS 192u  /* kernel argument structs up to this size need no heap */
 #define SIM_CMD_CHUNK 64u
+#define SIM_STREAM_DEPTH 1024u /* commands a stream may hold before issuing blocks, as CUDA's
+                                  pushbuffer does; it also bounds the command pool once warm */
 #define SIM_SPIN_NS 5000      /* host waits and idle engines spin this long before parking */
 #define SIM_LOCK_SPIN 200     /* trylock attempts on the scheduler lock before blocking */
 #define SIM_COPY_PIECES 16    /* a modelled copy lands in this many pieces ... */
@@ -415,6 +417,23 @@ static CUresult stream_lock(struct sim_stream *s, uint32_t gen) {
   return CUDA_SUCCESS;
 }
 
+/* stream_lock for calls that add a command: while `s` already holds SIM_STREAM_DEPTH commands,
+ * waits (spin, then park) until half of them retired, as a real driver blocks on a full
+ * pushbuffer. Without the bound a host issuing faster than the engines drain would grow the
+ * command pool (and the process's memory) without limit. */
+static CUresult stream_lock_push(struct sim_stream *s, uint32_t gen) {
+  for (;;) {
+    CUresult r = stream_lock(s, gen);
+    if (r != CUDA_SUCCESS) return r;
+    /* relaxed: sched is held, and stream_retire stores done under sched */
+    uint64_t done = atomic_load_explicit(&s->done, memory_order_relaxed);
+    if (s->issued - done < SIM_STREAM_DEPTH) return CUDA_SUCCESS;
+    uint64_t target = s->issued - SIM_STREAM_DEPTH / 2;
+    pthread_mutex_unlock(&sched);
+    wait_stream_seq(s->dev, s, target); /* the slot is type-stable: `s` stays readable */
+  }
+}
+
 /* Appends a filled command to `s` and moves the stream. Caller holds sched. */
 static CUresult stream_push(struct sim_stream *s, struct sim_cmd *c) {
   if (c->kind != SIM_CMD_RECORD && c->kind != SIM_CMD_WAIT) {
@@ -571,7 +590,7 @@ SIM_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
   if (!ev) return CUDA_ERROR_INVALID_HANDLE;
   struct sim_stream *s;
   CUresult r = stream_resolve(hStream, &s, &sgen);
-  if (r != CUDA_SUCCESS || (r = stream_lock(s, sgen)) != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS || (r = stream_lock_push(s, sgen)) != CUDA_SUCCESS) return r;
   if (atomic_load_explicit(&ev->slot.gen, memory_order_relaxed) != egen) {
     r = CUDA_ERROR_INVALID_HANDLE;
     goto out_unlock;
@@ -651,7 +670,7 @@ SIM_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, uns
   if (!ev) return CUDA_ERROR_INVALID_HANDLE;
   struct sim_stream *s;
   CUresult r = stream_resolve(hStream, &s, &sgen);
-  if (r != CUDA_SUCCESS || (r = stream_lock(s, sgen)) != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS || (r = stream_lock_push(s, sgen)) != CUDA_SUCCESS) return r;
   if (atomic_load_explicit(&ev->slot.gen, memory_order_relaxed) != egen) {
     r = CUDA_ERROR_INVALID_HANDLE;
   } else if (!event_done(ev)) {
@@ -677,7 +696,7 @@ static CUresult enqueue_copy(CUstream hStream, void *dst, const void *src, size_
   CUresult r = stream_resolve(hStream, &s, &gen);
   if (r != CUDA_SUCCESS) return r;
   if (n == 0) return CUDA_SUCCESS;
-  if ((r = stream_lock(s, gen)) != CUDA_SUCCESS) return r;
+  if ((r = stream_lock_push(s, gen)) != CUDA_SUCCESS) return r;
   struct sim_cmd *c = cmd_alloc();
   if (!c) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -767,7 +786,7 @@ SIM_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc
   CUresult r = stream_resolve(hStream, &s, &gen);
   if (r != CUDA_SUCCESS) return r;
   if (N == 0) return CUDA_SUCCESS;
-  if ((r = stream_lock(s, gen)) != CUDA_SUCCESS) return r;
+  if ((r = stream_lock_push(s, gen)) != CUDA_SUCCESS) return r;
   struct sim_cmd *c = cmd_alloc();
   if (!c) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -791,7 +810,7 @@ SIM_API CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *u
   struct sim_stream *s;
   uint32_t gen;
   CUresult r = stream_resolve(hStream, &s, &gen);
-  if (r != CUDA_SUCCESS || (r = stream_lock(s, gen)) != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS || (r = stream_lock_push(s, gen)) != CUDA_SUCCESS) return r;
   struct sim_cmd *c = cmd_alloc();
   if (!c) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -826,7 +845,7 @@ SIM_API CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, uns
   struct sim_stream *s;
   uint32_t gen;
   if ((r = stream_resolve(hStream, &s, &gen)) != CUDA_SUCCESS) return r;
-  if ((r = stream_lock(s, gen)) != CUDA_SUCCESS) return r;
+  if ((r = stream_lock_push(s, gen)) != CUDA_SUCCESS) return r;
   if (s->dev != fdev) { /* the function's module was loaded in another context */
     r = CUDA_ERROR_INVALID_CONTEXT;
     goto out_unlock;
