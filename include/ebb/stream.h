@@ -8,9 +8,14 @@
  * Handles: pool and default streams are owned by ebb and need no release; streams from
  * ebb_stream_create and events from ebb_event_create are owned by the caller and released once.
  * A released handle passed to any call returns EBB_EFREED (handles live in type-stable slots
- * reused last-in-last-out, so a stale handle is reported unless thousands of newer ones reused
- * its slot).
+ * reused first-in-first-out: a slot is not reused before 1024 more handles of its kind and device
+ * have been released after it, so a stale handle is reported until then). Handles do not outlive
+ * the last ebb_shutdown, which destroys every stream and event still alive.
  * Threading: every function is thread-safe; a stream or event may be used from any thread.
+ * Configuration, read by the first streams call after ebb_init (a malformed value makes that call
+ * fail with EBB_EINVAL naming the variable): EBB_STREAM_POOL_SIZE (streams per pool, 1..64,
+ * default 8), EBB_STAGING_CHUNK (bytes per pinned staging chunk, 4096..2^30, default 4 MiB),
+ * EBB_STAGING_CHUNKS (chunks per device, 1..64, default 4).
  */
 #ifndef EBB_STREAM_H
 #define EBB_STREAM_H
@@ -38,17 +43,20 @@ EBB_API ebb_status ebb_stream_default(int device, ebb_stream_t **out);
 /* The next stream of the device's pool for `prio`, round-robin (borrowed, immortal).
  * EBB_STREAM_POOL_SIZE streams per priority (default 8, from the environment at init). */
 EBB_API ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_stream_t **out);
-/* A stream owned by the caller; release it with ebb_stream_release. Pending work is finished
- * before the driver stream is destroyed (release does not wait: the slot is reclaimed later). */
+/* A stream owned by the caller; release it with ebb_stream_release, which does not wait: the
+ * driver finishes the work already issued to the stream, then frees it (CUDA semantics).
+ * Releasing a pool or default stream is EBB_EINVAL; releasing twice is EBB_EFREED. */
 EBB_API ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **out);
 EBB_API ebb_status ebb_stream_release(ebb_stream_t *s);
 
-/* The calling thread's current stream on `device` (the default stream until set). */
+/* The calling thread's current stream on `device`: the default stream until set, and again
+ * after the stream that was set is released. */
 EBB_API ebb_status ebb_stream_current(int device, ebb_stream_t **out);
 /* Makes `s` current on its device for the calling thread. */
 EBB_API ebb_status ebb_stream_set_current(ebb_stream_t *s);
 
-/* Scoped: makes `s` current on its device and its device current; exit restores both. */
+/* Scoped: makes `s` current on its device and its device current; exit restores both. Nest them
+ * like braces on one thread. Exiting a guard not entered (or twice) is EBB_ESTATE. */
 typedef struct ebb_stream_guard {
   ebb_stream_t *prev_stream;
   ebb_stream_t *stream;
@@ -72,7 +80,8 @@ EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, con
                                      const ebb_launch_cfg *cfg);
 /* Runs fn(user) on a driver thread once all earlier work on `s` is done. */
 EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
-/* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far. */
+/* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far.
+ * Any two devices; waiter == s is a no-op. Uses a pooled event, returned at once. */
 EBB_API ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s);
 
 /* ---- events ------------------------------------------------------------------------------- */
@@ -104,17 +113,21 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  *    the caller may reuse src when the call returns;
  *  - pageable host destination: staged device -> pinned, then copied into dst by a host function
  *    in stream order; dst must stay valid until `s` reaches that point;
- *  - peer copy (devices differ): `s` must belong to one of the two devices; the other device's
- *    current stream is made to wait before (its writes) and after (its reuse of the memory),
- *    each with an event.
- * bytes == 0 is a no-op success. Overlapping src and dst ranges are EBB_EINVAL; host to host is
- * EBB_EINVAL (use memcpy). */
+ *  - peer copy (devices differ): `s` must belong to one of the two devices (else EBB_EDEVICE);
+ *    `s` first waits for the other device's current stream (its pending writes to src or uses
+ *    of dst), and that stream then waits for the copy, each through a pooled event;
+ *  - any other copy involves one device, and `s` must belong to it (else EBB_EDEVICE), so the
+ *    copy is ordered with that device's work.
+ * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
+ * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
+ * EBB_EINVAL; a released stream is EBB_EFREED. */
 EBB_API ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s);
 
-/* Counters for tests and benchmarks. */
+/* Counters for tests and benchmarks, summed over devices, counted from the first streams call
+ * after ebb_init (they restart after the last ebb_shutdown). */
 typedef struct ebb_stream_stats {
   uint64_t streams_created;   /* driver streams created */
-  uint64_t events_created;    /* driver events created (pool misses) */
+  uint64_t events_created;    /* driver events created for the event pools (pool misses) */
   uint64_t event_pool_hits;
   uint64_t staged_bytes;      /* bytes copied through pinned staging */
   uint64_t staging_waits;     /* times a staging chunk had to be waited for */

@@ -51,7 +51,7 @@ TEST_CASE("calls before ebb_init fail with ENOTINIT and say what to do", "[runti
   EBB_CHECK_FAILS(ebb_at_shutdown([](void *) {}, nullptr), EBB_ENOTINIT, "ebb_init");
 }
 
-TEST_CASE("error hook sees every failure; last error is per thread", "[runtime][status]") {
+TEST_CASE("error hook sees every failure - last error is per thread", "[runtime][status]") {
   ebb_set_error_hook(hook, &g_hook_calls);
   g_hook_calls = 0;
   int n;
@@ -70,7 +70,7 @@ TEST_CASE("error hook sees every failure; last error is per thread", "[runtime][
   CHECK(std::string(ebb_last_error()).empty());
 }
 
-TEST_CASE("init is reference-counted; shutdown runs hooks most recent first", "[runtime][init]") {
+TEST_CASE("init is reference-counted - shutdown runs hooks most recent first", "[runtime][init]") {
   EBB_REQUIRE_OK(ebb_init());
   EBB_REQUIRE_OK(ebb_init());
   static std::vector<int> order;
@@ -172,7 +172,7 @@ TEST_CASE("devices: count, capabilities, bad ordinals", "[runtime][device]") {
   EBB_CHECK_FAILS(ebb_dev_synchronize(n), EBB_EDEVICE, "does not exist");
 }
 
-TEST_CASE("current device is per thread; guards nest and restore", "[runtime][device]") {
+TEST_CASE("current device is per thread - guards nest and restore", "[runtime][device]") {
   EbbSession s;
   int n = 0;
   EBB_REQUIRE_OK(ebb_dev_count(&n));
@@ -222,7 +222,7 @@ TEST_CASE("peer access between devices", "[runtime][device]") {
   }
 }
 
-TEST_CASE("topology: nearest NUMA node and cores; binding", "[runtime][topo]") {
+TEST_CASE("topology: nearest NUMA node and cores - binding", "[runtime][topo]") {
   EbbSession s;
   int n = 0;
   EBB_REQUIRE_OK(ebb_dev_count(&n));

@@ -36,7 +36,7 @@ CUstream make_stream() {
 
 }  // namespace
 
-TEST_CASE("timing: copy and kernel durations follow the model; elapsed time sees them", "[simdrv][timing]") {
+TEST_CASE("timing: copy and kernel durations follow the model - elapsed time sees them", "[simdrv][timing]") {
   const SimDrv &d = drv();
   sim_setup();
   const size_t n = 256 << 10;  // 26 ms modelled

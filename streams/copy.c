@@ -1,0 +1,188 @@
+/* copy.c: ebb_copy_async and the pinned staging rings behind pageable copies.
+ *
+ * The direction of a copy comes from ebb_drv_ptr_info on both pointers. Device and pinned memory
+ * are copied by one driver call. Pageable host memory goes through the device's staging ring:
+ * EBB_STAGING_CHUNKS pinned chunks of EBB_STAGING_CHUNK bytes (allocated on first use), each
+ * followed by an event recorded after its last use, so a chunk is refilled only once the device
+ * is done with it. Host-to-device copies fill a chunk on the calling thread; device-to-host ones
+ * drain it into the caller's buffer from a host function in stream order, whose small record
+ * comes from a free list. Peer copies order themselves against the other device's current
+ * stream with pooled events.
+ *
+ * Threading: a chunk's mutex is held for the whole of one use (wait for the previous one, fill,
+ * enqueue, record), so two threads never share a chunk; the ring cursor is a relaxed atomic. The
+ * record free list has a leaf lock, also taken by host functions on driver threads.
+ */
+#include <string.h>
+
+#include "streams_impl.h"
+
+void ebb__copy_start(struct ebb__dev *d) {
+  for (unsigned i = 0; i < ebb__st.nchunks; i++) ebb__mutex_init(&d->chunks[i].mu, "streams.staging", EBB_RANK_STAGING);
+  ebb__mutex_init(&d->rec_mu, "streams.host_copy", EBB_RANK_LEAF);
+  ebb__slot_pool_init(&d->host_copies, sizeof(struct ebb__host_copy), 0);
+}
+
+/* Runs after the module synchronised every device: no chunk or record is in flight. */
+void ebb__copy_teardown(struct ebb__dev *d) {
+  for (unsigned i = 0; i < ebb__st.nchunks; i++) {
+    struct ebb__chunk *c = &d->chunks[i];
+    if (c->mem) ebb_drv_host_free(c->mem);
+    if (c->ev) ebb_drv_event_destroy(c->ev);
+    c->mem = NULL;
+    c->ev = NULL;
+    c->used = false;
+    ebb__mutex_destroy(&c->mu);
+  }
+  ebb__slot_pool_fini(&d->host_copies);
+  ebb__mutex_destroy(&d->rec_mu);
+}
+
+/* ---- staging ------------------------------------------------------------------------------- */
+
+/* Takes the next chunk of the ring, locked and free: allocated if new, else its previous use
+ * complete (waiting for it when not, which stats count). */
+static ebb_status ebb__chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) {
+  uint32_t i = atomic_fetch_add_explicit(&d->chunk_next, 1, memory_order_relaxed) % ebb__st.nchunks;
+  struct ebb__chunk *c = &d->chunks[i];
+  ebb__mutex_lock(&c->mu);
+  ebb_status st = EBB_OK;
+  if (!c->mem) st = ebb_drv_host_alloc(d->ordinal, ebb__st.chunk_bytes, &c->mem);
+  if (!st && !c->ev) st = ebb_drv_event_create(d->ordinal, false, &c->ev);
+  if (!st && c->used) {
+    bool done = false;
+    st = ebb_drv_event_query(c->ev, &done);
+    if (!st && !done) {
+      atomic_fetch_add_explicit(&d->stats.staging_waits, 1, memory_order_relaxed);
+      st = ebb_drv_event_synchronize(c->ev);
+    }
+  }
+  if (st) {
+    ebb__mutex_unlock(&c->mu);
+    return st;
+  }
+  *out = c;
+  return EBB_OK;
+}
+
+/* Ends a use of `c` on stream `s` whose enqueue returned `st`: records the chunk's event after
+ * whatever was enqueued and unlocks. If the record fails the chunk's state is unknown, so the
+ * stream is drained before anyone may reuse it. */
+static ebb_status ebb__chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_stream_t *s, size_t bytes, ebb_status st) {
+  ebb_status rs = ebb_drv_event_record(c->ev, s->cu);
+  if (rs == EBB_OK)
+    c->used = true;
+  else
+    ebb_drv_stream_synchronize(s->cu);
+  ebb__mutex_unlock(&c->mu);
+  if (!st && !rs) atomic_fetch_add_explicit(&d->stats.staged_bytes, bytes, memory_order_relaxed);
+  return st ? st : rs;
+}
+
+/* Host function of a staged device-to-pageable copy: the chunk holds the data by now. */
+static void ebb__host_copy_run(void *user) {
+  struct ebb__host_copy *r = user;
+  struct ebb__dev *d = r->dev;
+  memcpy(r->dst, r->src, r->bytes);
+  ebb__mutex_lock(&d->rec_mu);
+  ebb__slot_give(&d->host_copies, r);
+  ebb__mutex_unlock(&d->rec_mu);
+}
+
+/* Enqueues chunk -> dst as a host function on `s`. On failure the record is returned and the
+ * function never runs (STYLE.md 17). */
+static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const void *chunk, size_t n, ebb_stream_t *s) {
+  ebb__mutex_lock(&d->rec_mu);
+  struct ebb__host_copy *r = ebb__slot_take(&d->host_copies);
+  ebb__mutex_unlock(&d->rec_mu);
+  if (!r)
+    return ebb__fail(EBB_ENOMEM, "ebb_copy_async: out of host memory for a staging record on stream %llu (device %d)",
+                     (unsigned long long)s->id, s->device);
+  r->dst = dst;
+  r->src = chunk;
+  r->bytes = n;
+  r->dev = d;
+  ebb_status st = ebb_drv_launch_host_func(s->cu, ebb__host_copy_run, r);
+  if (st) {
+    ebb__mutex_lock(&d->rec_mu);
+    ebb__slot_give(&d->host_copies, r);
+    ebb__mutex_unlock(&d->rec_mu);
+  }
+  return st;
+}
+
+/* Copies through the ring chunk by chunk. To the device: fill the chunk here, then chunk ->
+ * dst on `s`. From the device: src -> chunk on `s`, then a host function drains it into dst. */
+static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, size_t bytes, bool to_device, ebb_stream_t *s) {
+  for (size_t off = 0; off < bytes;) {
+    size_t n = bytes - off < ebb__st.chunk_bytes ? bytes - off : ebb__st.chunk_bytes;
+    struct ebb__chunk *c = NULL;
+    ebb_status st = ebb__chunk_claim(d, &c);
+    if (st) return st;
+    if (to_device) {
+      memcpy(c->mem, src + off, n);
+      st = ebb_drv_memcpy_async(dst + off, c->mem, n, s->cu);
+    } else {
+      st = ebb_drv_memcpy_async(c->mem, src + off, n, s->cu);
+      if (!st) st = ebb__enqueue_host_copy(d, dst + off, c->mem, n, s);
+    }
+    st = ebb__chunk_finish(d, c, s, n, st);
+    if (st) return st;
+    off += n;
+  }
+  return EBB_OK;
+}
+
+/* ---- ebb_copy_async ------------------------------------------------------------------------ */
+
+static const char *ebb__memtype_name(ebb_mem_type t) {
+  return t == EBB_MEMTYPE_DEVICE ? "device" : t == EBB_MEMTYPE_PINNED ? "pinned host" : "pageable host";
+}
+
+/* Device A -> device B on a stream of A or B. The other device's current stream may still be
+ * writing src or reading dst: `s` waits for it first, and it waits for the copy after. */
+static ebb_status ebb__copy_peer(void *dst, const void *src, size_t bytes, int dd, int sd, ebb_stream_t *s) {
+  static const char fn[] = "ebb_copy_async";
+  if (s->device != sd && s->device != dd)
+    return ebb__fail(EBB_EDEVICE, "%s: peer copy from device %d to device %d on stream %llu of device %d; expected a stream of device %d or %d",
+                     fn, sd, dd, (unsigned long long)s->id, s->device, sd, dd);
+  ebb_stream_t *other = NULL;
+  ebb_status st = ebb__stream_current_of(fn, s->device == sd ? dd : sd, &other);
+  if (!st) st = ebb__stream_order(s, other);
+  if (!st) st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+  if (!st) st = ebb__stream_order(other, s);
+  return st;
+}
+
+ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s) {
+  static const char fn[] = "ebb_copy_async";
+  ebb_status st = ebb__check_stream(fn, s);
+  if (st) return st;
+  if (bytes == 0) return EBB_OK; /* empty tensors may carry NULL data pointers */
+  if (!dst || !src)
+    return ebb__fail(EBB_EINVAL, "%s: %s is NULL for a copy of %zu bytes; expected host or device memory", fn, !dst ? "dst" : "src", bytes);
+  uintptr_t d0 = (uintptr_t)dst, s0 = (uintptr_t)src;
+  if (d0 + bytes < d0 || s0 + bytes < s0)
+    return ebb__fail(EBB_EINVAL, "%s: %zu bytes from %p or to %p run past the end of the address space", fn, bytes, src, dst);
+  if (d0 < s0 + bytes && s0 < d0 + bytes)
+    return ebb__fail(EBB_EINVAL, "%s: dst [%p, %p) and src [%p, %p) overlap; expected disjoint ranges (copy through a temporary)", fn,
+                     dst, (void *)(d0 + bytes), src, (void *)(s0 + bytes));
+  ebb_ptr_info di, si;
+  st = ebb_drv_ptr_info(dst, &di);
+  if (!st) st = ebb_drv_ptr_info(src, &si);
+  if (st) return st;
+  if (di.type != EBB_MEMTYPE_DEVICE && si.type != EBB_MEMTYPE_DEVICE)
+    return ebb__fail(EBB_EINVAL, "%s: %zu bytes from %s memory %p to %s memory %p is a host to host copy; use memcpy", fn, bytes,
+                     ebb__memtype_name(si.type), src, ebb__memtype_name(di.type), dst);
+  if (di.type == EBB_MEMTYPE_DEVICE && si.type == EBB_MEMTYPE_DEVICE && di.device != si.device)
+    return ebb__copy_peer(dst, src, bytes, di.device, si.device, s);
+  /* One device is involved; the copy runs on its stream so it orders with the device's work. */
+  int dev = di.type == EBB_MEMTYPE_DEVICE ? di.device : si.device;
+  if (s->device != dev)
+    return ebb__fail(EBB_EDEVICE, "%s: copy from %s memory %p to %s memory %p involves device %d but stream %llu is on device %d; use a stream of device %d",
+                     fn, ebb__memtype_name(si.type), src, ebb__memtype_name(di.type), dst, dev, (unsigned long long)s->id, s->device, dev);
+  struct ebb__dev *d = &ebb__st.dev[dev];
+  if (si.type == EBB_MEMTYPE_PAGEABLE || di.type == EBB_MEMTYPE_PAGEABLE)
+    return ebb__stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
+  return ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+}

@@ -1,0 +1,548 @@
+/* stream.c: streams of ebb/stream.h, the module's lifecycle and the slot pools under every handle.
+ *
+ * Owns: the module state ebb__st (started by the first call after ebb_init, torn down by the
+ * ebb_at_shutdown hook of the last ebb_shutdown), per device the default stream, the stream
+ * pools (EBB_STREAM_POOL_SIZE per priority, created lazily, handed out round-robin), the slots of
+ * caller-owned streams, and each thread's current stream per device.
+ *
+ * Threading: immortal streams are published once by compare-and-swap and read lock-free; slot
+ * pools are guarded by their device's stream_mu, taken only around free-list operations (never
+ * around a driver call). The current stream is thread-local and validated by the slot
+ * generation and the module epoch, so a released stream or one from an earlier ebb_init is never
+ * handed back.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "streams_impl.h"
+
+struct ebb__streams ebb__st;
+
+/* Ids of streams and events: process-unique, never reset, so messages and traces across
+ * ebb_init cycles never confuse two handles. */
+static _Atomic uint64_t ebb__next_id = 1;
+/* Bumped by every teardown; a thread-local current stream set under another epoch is stale. */
+static _Atomic uint64_t ebb__epoch = 1;
+
+uint64_t ebb__new_id(void) { return atomic_fetch_add_explicit(&ebb__next_id, 1, memory_order_relaxed); }
+
+/* ---- slot pools ---------------------------------------------------------------------------- */
+
+void ebb__slot_pool_init(struct ebb__slot_pool *p, size_t obj_size, size_t quarantine) {
+  ebb_list_init(&p->free);
+  p->nfree = 0;
+  p->quarantine = quarantine;
+  p->obj_size = obj_size;
+  p->slabs = NULL;
+}
+
+void *ebb__slot_take(struct ebb__slot_pool *p) {
+  struct ebb__slot *s;
+  if (p->nfree > p->quarantine) {
+    /* FIFO: the slot released longest ago, so a recent stale handle still reads as released. */
+    s = ebb_container_of(ebb_list_pop_head(&p->free), struct ebb__slot, node);
+    p->nfree--;
+    atomic_fetch_add_explicit(&s->gen, 1, memory_order_relaxed);
+    return s;
+  }
+  struct ebb__slab *sl = p->slabs;
+  if (!sl || sl->used == EBB__SLAB_OBJECTS) {
+    sl = malloc(sizeof *sl + p->obj_size * EBB__SLAB_OBJECTS);
+    if (!sl) return NULL;
+    sl->next = p->slabs;
+    sl->used = 0;
+    p->slabs = sl;
+  }
+  s = (struct ebb__slot *)(void *)(sl->mem + p->obj_size * sl->used++);
+  memset(s, 0, p->obj_size);
+  ebb_list_init(&s->node);
+  atomic_store_explicit(&s->gen, 1, memory_order_relaxed);
+  return s;
+}
+
+/* The magic is set here too, so internal callers that never published the slot (a failed
+ * creation, a lost publication race) leave it in the same state as a released handle. */
+void ebb__slot_give(struct ebb__slot_pool *p, void *slot) {
+  struct ebb__slot *s = slot;
+  atomic_store_explicit(&s->magic, EBB__SLOT_FREED, memory_order_relaxed);
+  ebb_list_insert_tail(&p->free, &s->node);
+  p->nfree++;
+}
+
+/* Visits slabs newest first and every carved slot in each, free or live: teardown decides by
+ * the magic what still owns a driver object. */
+void ebb__slot_pool_each(struct ebb__slot_pool *p, void (*fn)(void *slot, void *ctx), void *ctx) {
+  for (struct ebb__slab *sl = p->slabs; sl; sl = sl->next)
+    for (size_t i = 0; i < sl->used; i++) fn(sl->mem + p->obj_size * i, ctx);
+}
+
+void ebb__slot_pool_fini(struct ebb__slot_pool *p) {
+  struct ebb__slab *sl = p->slabs;
+  while (sl) {
+    struct ebb__slab *next = sl->next;
+    free(sl);
+    sl = next;
+  }
+  ebb__slot_pool_init(p, p->obj_size, p->quarantine);
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------------- */
+
+/* Reads an integer environment variable in [lo, hi]; unset or empty gives `def`. */
+static ebb_status ebb__env_size(const char *fn, const char *name, size_t def, size_t lo, size_t hi, size_t *out) {
+  const char *v = getenv(name);
+  if (!v || !*v) {
+    *out = def;
+    return EBB_OK;
+  }
+  char *end = NULL;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno || *end || v[0] == '-' || x < lo || x > hi)
+    return ebb__fail(EBB_EINVAL, "%s: %s='%s' is not valid; expected an integer in [%zu, %zu] (unset: %zu)", fn, name, v,
+                     lo, hi, def);
+  *out = (size_t)x;
+  return EBB_OK;
+}
+
+static void ebb__streams_teardown(void *user);
+
+static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *caps) {
+  memset(d, 0, sizeof *d);
+  d->ordinal = ordinal;
+  d->prio_value[EBB_PRIO_LOW] = caps->prio_least;
+  d->prio_value[EBB_PRIO_HIGH] = caps->prio_greatest;
+  ebb__mutex_init(&d->stream_mu, "streams.slots", EBB_RANK_STREAM_POOL);
+  ebb__slot_pool_init(&d->stream_slots, sizeof(struct ebb_stream), EBB__SLOT_QUARANTINE);
+  ebb__events_start(d);
+  ebb__copy_start(d);
+}
+
+/* Reads the configuration, the devices and their priority ranges, and registers the teardown.
+ * Runs with phase == STARTING, owned by this thread, and no lock held: ebb_at_shutdown takes
+ * the runtime lock, which ranks below every streams lock. */
+static ebb_status ebb__streams_start(const char *fn) {
+  size_t pool = 0, chunk = 0, nchunks = 0;
+  ebb_status st = ebb__env_size(fn, "EBB_STREAM_POOL_SIZE", EBB__POOL_SIZE_DEFAULT, 1, EBB__POOL_SIZE_MAX, &pool);
+  if (!st) st = ebb__env_size(fn, "EBB_STAGING_CHUNK", EBB__STAGING_CHUNK_DEFAULT, EBB__STAGING_CHUNK_MIN, EBB__STAGING_CHUNK_MAX, &chunk);
+  if (!st) st = ebb__env_size(fn, "EBB_STAGING_CHUNKS", EBB__STAGING_CHUNKS_DEFAULT, 1, EBB__STAGING_CHUNKS_MAX, &nchunks);
+  int ndev = 0;
+  if (!st) st = ebb_dev_count(&ndev);
+  if (st) return st;
+  ebb_dev_caps caps[EBB_MAX_DEVICES];
+  for (int i = 0; i < ndev; i++) {
+    st = ebb_dev_get_caps(i, &caps[i]);
+    if (st) return st;
+  }
+  ebb__st.ndev = ndev;
+  ebb__st.pool_size = (unsigned)pool;
+  ebb__st.chunk_bytes = chunk;
+  ebb__st.nchunks = (unsigned)nchunks;
+  for (int i = 0; i < ndev; i++) ebb__dev_start(&ebb__st.dev[i], i, &caps[i]);
+  st = ebb_at_shutdown(ebb__streams_teardown, NULL);
+  if (st) ebb__streams_teardown(NULL);
+  return st;
+}
+
+ebb_status ebb__streams_enter(const char *fn) {
+  if (EBB_UNLIKELY(!ebb_is_initialized()))
+    return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init first", fn);
+  /* acquire: pairs with the release store of EBB__UP below, so the device state is visible. */
+  if (EBB_LIKELY(atomic_load_explicit(&ebb__st.phase, memory_order_acquire) == EBB__UP)) return EBB_OK;
+  for (;;) {
+    int ph = EBB__DOWN;
+    /* acquire on success: pairs with the teardown's release store of EBB__DOWN, so this start
+     * sees the state the last teardown left; on failure, with the release store of EBB__UP. */
+    if (atomic_compare_exchange_strong_explicit(&ebb__st.phase, &ph, EBB__STARTING, memory_order_acquire,
+                                                memory_order_acquire))
+      break;
+    if (ph == EBB__UP) return EBB_OK;
+    ebb__cpu_relax(); /* another thread is starting the module: a few microseconds */
+  }
+  ebb_status st = ebb__streams_start(fn);
+  /* release: publishes the started state (or the undone one) to the acquires above. */
+  atomic_store_explicit(&ebb__st.phase, st ? EBB__DOWN : EBB__UP, memory_order_release);
+  return st;
+}
+
+static void ebb__stream_slot_destroy(void *slot, void *ctx) {
+  (void)ctx;
+  struct ebb_stream *s = slot;
+  if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb_drv_stream_destroy(s->cu);
+}
+
+/* The at_shutdown hook: waits for every device, then destroys every driver object the module
+ * made (leaked caller handles included) and frees the slabs. The driver is still loaded. */
+static void ebb__streams_teardown(void *user) {
+  (void)user;
+  for (int i = 0; i < ebb__st.ndev; i++) ebb_dev_synchronize(i);
+  for (int i = 0; i < ebb__st.ndev; i++) {
+    struct ebb__dev *d = &ebb__st.dev[i];
+    ebb__copy_teardown(d);
+    ebb__events_teardown(d);
+    ebb__slot_pool_each(&d->stream_slots, ebb__stream_slot_destroy, NULL);
+    ebb__slot_pool_fini(&d->stream_slots);
+    ebb__mutex_destroy(&d->stream_mu);
+  }
+  ebb__st.ndev = 0;
+  atomic_fetch_add_explicit(&ebb__epoch, 1, memory_order_relaxed);
+  /* release: pairs with the acquire CAS of the next start (see ebb__streams_enter). */
+  atomic_store_explicit(&ebb__st.phase, EBB__DOWN, memory_order_release);
+}
+
+/* ---- checks -------------------------------------------------------------------------------- */
+
+/* ndev is read plainly: it is published with the module's start (the acquire in
+ * ebb__streams_enter) and fixed until teardown. */
+ebb_status ebb__check_device(const char *fn, int device) {
+  if (EBB_UNLIKELY(device < 0 || device >= ebb__st.ndev))
+    return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__st.ndev);
+  return EBB_OK;
+}
+
+ebb_status ebb__check_stream(const char *fn, const ebb_stream_t *s) {
+  ebb_status st = ebb__streams_enter(fn);
+  if (EBB_UNLIKELY(st)) return st;
+  if (EBB_UNLIKELY(!s))
+    return ebb__fail(EBB_EINVAL, "%s: stream is NULL; expected one from ebb_stream_default, ebb_stream_from_pool or ebb_stream_create", fn);
+  /* acquire: pairs with the release store of EBB__STREAM_LIVE in ebb__stream_new, so the
+   * fields are those of the stream the magic announces. */
+  uint32_t m = atomic_load_explicit(&s->slot.magic, memory_order_acquire);
+  if (EBB_LIKELY(m == EBB__STREAM_LIVE)) return EBB_OK;
+  if (m == EBB__SLOT_FREED)
+    return ebb__fail(EBB_EFREED, "%s: stream %llu (device %d) was released by ebb_stream_release; expected a live stream", fn,
+                     (unsigned long long)s->id, s->device);
+  return ebb__fail(EBB_EINVAL, "%s: %p is %s; expected a stream handle", fn, (const void *)s,
+                   m == EBB__EVENT_LIVE ? "an event, not a stream" : "not a stream handle");
+}
+
+static ebb_status ebb__check_out(const char *fn, const void *out, const char *what) {
+  if (EBB_UNLIKELY(!out)) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a pointer to %s to fill", fn, what);
+  return EBB_OK;
+}
+
+static ebb_status ebb__check_prio(const char *fn, ebb_stream_prio prio) {
+  if (EBB_UNLIKELY(prio != EBB_PRIO_LOW && prio != EBB_PRIO_HIGH))
+    return ebb__fail(EBB_EINVAL, "%s: priority %d is not valid; expected EBB_PRIO_LOW (0) or EBB_PRIO_HIGH (1)", fn, (int)prio);
+  return EBB_OK;
+}
+
+/* The common prologue of calls taking (device, out). */
+static ebb_status ebb__enter_dev(const char *fn, int device, const void *out) {
+  ebb_status st = ebb__streams_enter(fn);
+  if (!st) st = ebb__check_device(fn, device);
+  if (!st) st = ebb__check_out(fn, out, "an ebb_stream_t *");
+  return st;
+}
+
+/* ---- creation ------------------------------------------------------------------------------ */
+
+/* Creates the driver stream first, with no lock held, then takes a slot for it. */
+static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio prio, enum ebb__stream_kind kind,
+                                  ebb_stream_t **out) {
+  struct CUstream_st *cu = NULL;
+  ebb_status st = ebb_drv_stream_create(d->ordinal, d->prio_value[prio], &cu);
+  if (st) return st;
+  atomic_fetch_add_explicit(&d->stats.streams_created, 1, memory_order_relaxed);
+  ebb__mutex_lock(&d->stream_mu);
+  struct ebb_stream *s = ebb__slot_take(&d->stream_slots);
+  ebb__mutex_unlock(&d->stream_mu);
+  if (!s) {
+    ebb_drv_stream_destroy(cu);
+    return ebb__fail(EBB_ENOMEM, "%s: out of host memory for a stream slot of device %d", fn, d->ordinal);
+  }
+  s->id = ebb__new_id();
+  s->device = d->ordinal;
+  s->prio = prio;
+  s->kind = kind;
+  s->cu = cu;
+  /* release: pairs with the acquire in ebb__check_stream (fields before the live magic). */
+  atomic_store_explicit(&s->slot.magic, EBB__STREAM_LIVE, memory_order_release);
+  *out = s;
+  return EBB_OK;
+}
+
+/* Destroys the driver stream (the driver finishes its pending work first) and returns the slot,
+ * whose magic the caller has already turned to EBB__SLOT_FREED. */
+static ebb_status ebb__stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
+  ebb_status st = ebb_drv_stream_destroy(s->cu);
+  s->cu = NULL;
+  ebb__mutex_lock(&d->stream_mu);
+  ebb__slot_give(&d->stream_slots, s);
+  ebb__mutex_unlock(&d->stream_mu);
+  return st;
+}
+
+/* An immortal stream held in `cell`, created on first use. Two threads racing both create one;
+ * the loser of the compare-and-swap retires its own. */
+static ebb_status ebb__stream_lazy(const char *fn, struct ebb__dev *d, _Atomic(ebb_stream_t *) *cell, ebb_stream_prio prio,
+                                   enum ebb__stream_kind kind, ebb_stream_t **out) {
+  /* acquire: pairs with the release half of the CAS below (a published stream is complete). */
+  ebb_stream_t *s = atomic_load_explicit(cell, memory_order_acquire);
+  if (EBB_LIKELY(s)) {
+    *out = s;
+    return EBB_OK;
+  }
+  ebb_stream_t *mine = NULL;
+  ebb_status st = ebb__stream_new(fn, d, prio, kind, &mine);
+  if (st) return st;
+  /* acq_rel: release publishes `mine`; acquire (also on failure) pairs with the winner's. */
+  if (atomic_compare_exchange_strong_explicit(cell, &s, mine, memory_order_acq_rel, memory_order_acquire)) {
+    s = mine;
+  } else {
+    atomic_store_explicit(&mine->slot.magic, EBB__SLOT_FREED, memory_order_relaxed);
+    ebb__stream_retire(d, mine);
+  }
+  *out = s;
+  return EBB_OK;
+}
+
+static ebb_status ebb__stream_default_of(const char *fn, int device, ebb_stream_t **out) {
+  struct ebb__dev *d = &ebb__st.dev[device];
+  return ebb__stream_lazy(fn, d, &d->default_stream, EBB_PRIO_LOW, EBB__STREAM_DEFAULT, out);
+}
+
+/* The default stream has the low priority and, like every ebb stream, is created non-blocking by
+ * the seam: it never serialises with the legacy NULL stream other libraries may still use. */
+ebb_status ebb_stream_default(int device, ebb_stream_t **out) {
+  ebb_status st = ebb__enter_dev("ebb_stream_default", device, out);
+  if (st) return st;
+  return ebb__stream_default_of("ebb_stream_default", device, out);
+}
+
+ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_stream_t **out) {
+  ebb_status st = ebb__enter_dev("ebb_stream_from_pool", device, out);
+  if (!st) st = ebb__check_prio("ebb_stream_from_pool", prio);
+  if (st) return st;
+  struct ebb__dev *d = &ebb__st.dev[device];
+  /* The cursor only spreads work over the pool: two threads handed the same stream is harmless,
+   * so a relaxed increment is enough and the hot path takes no lock. */
+  uint32_t i = atomic_fetch_add_explicit(&d->pool_next[prio], 1, memory_order_relaxed) % ebb__st.pool_size;
+  return ebb__stream_lazy("ebb_stream_from_pool", d, &d->pool[prio][i], prio, EBB__STREAM_POOL, out);
+}
+
+/* Caller-owned streams count as live handles until released, so a test can prove none leaked. */
+ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **out) {
+  ebb_status st = ebb__enter_dev("ebb_stream_create", device, out);
+  if (!st) st = ebb__check_prio("ebb_stream_create", prio);
+  if (!st) st = ebb__stream_new("ebb_stream_create", &ebb__st.dev[device], prio, EBB__STREAM_USER, out);
+  if (!st) ebb_debug_live_add(1);
+  return st;
+}
+
+ebb_status ebb_stream_release(ebb_stream_t *s) {
+  ebb_status st = ebb__check_stream("ebb_stream_release", s);
+  if (st) return st;
+  /* Pool and default streams are shared by every caller of the device: releasing one would pull
+   * it from under the others, so it is refused rather than ignored. */
+  if (s->kind != EBB__STREAM_USER)
+    return ebb__fail(EBB_EINVAL, "ebb_stream_release: %s stream %llu of device %d is owned by ebb; only streams from ebb_stream_create are released",
+                     s->kind == EBB__STREAM_POOL ? "pool" : "default", (unsigned long long)s->id, s->device);
+  uint32_t live = EBB__STREAM_LIVE;
+  /* relaxed: the CAS only elects one releaser among racing calls; the slot's hand-over to its
+   * next user is ordered by stream_mu and the release store in ebb__stream_new. */
+  if (!atomic_compare_exchange_strong_explicit(&s->slot.magic, &live, EBB__SLOT_FREED, memory_order_relaxed,
+                                               memory_order_relaxed))
+    return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was released by ebb_stream_release; expected a live stream",
+                     (unsigned long long)s->id, s->device);
+  ebb_debug_live_add(-1);
+  return ebb__stream_retire(&ebb__st.dev[s->device], s);
+}
+
+/* ---- current stream and guards ------------------------------------------------------------- */
+
+struct ebb__tls_current {
+  ebb_stream_t *s;
+  uint32_t gen;
+  uint64_t epoch;
+};
+/* NULL means "the default stream". Never dereferenced before the epoch matches, since slots of
+ * an earlier epoch have been freed. */
+static _Thread_local struct ebb__tls_current ebb__tls_cur[EBB_MAX_DEVICES];
+
+static void ebb__tls_set(int device, ebb_stream_t *s) {
+  struct ebb__tls_current *c = &ebb__tls_cur[device];
+  c->s = s;
+  c->gen = s ? atomic_load_explicit(&s->slot.gen, memory_order_relaxed) : 0;
+  c->epoch = atomic_load_explicit(&ebb__epoch, memory_order_relaxed);
+}
+
+/* Whether `s`, remembered with generation `gen`, is still the same live stream. */
+static bool ebb__stream_same(const ebb_stream_t *s, uint32_t gen) {
+  return atomic_load_explicit(&s->slot.magic, memory_order_acquire) == EBB__STREAM_LIVE && /* pairs as in ebb__check_stream */
+         atomic_load_explicit(&s->slot.gen, memory_order_relaxed) == gen;
+}
+
+/* The epoch is compared before the slot is touched (its slab may be gone); then magic and
+ * generation tell whether the slot still holds the stream that was set. */
+ebb_status ebb__stream_current_of(const char *fn, int device, ebb_stream_t **out) {
+  const struct ebb__tls_current *c = &ebb__tls_cur[device];
+  if (c->s && c->epoch == atomic_load_explicit(&ebb__epoch, memory_order_relaxed) && ebb__stream_same(c->s, c->gen)) {
+    *out = c->s;
+    return EBB_OK;
+  }
+  return ebb__stream_default_of(fn, device, out);
+}
+
+ebb_status ebb_stream_current(int device, ebb_stream_t **out) {
+  ebb_status st = ebb__enter_dev("ebb_stream_current", device, out);
+  if (st) return st;
+  return ebb__stream_current_of("ebb_stream_current", device, out);
+}
+
+ebb_status ebb_stream_set_current(ebb_stream_t *s) {
+  ebb_status st = ebb__check_stream("ebb_stream_set_current", s);
+  if (st) return st;
+  ebb__tls_set(s->device, s);
+  return EBB_OK;
+}
+
+#define EBB__GUARD_LIVE 0x65627367u /* "ebsg" */
+
+ebb_status ebb_stream_guard_enter(ebb_stream_guard *g, ebb_stream_t *s) {
+  static const char fn[] = "ebb_stream_guard_enter";
+  ebb_status st = ebb__check_stream(fn, s);
+  if (st) return st;
+  if (!g) return ebb__fail(EBB_EINVAL, "%s: guard is NULL; expected a guard on the caller's stack", fn);
+  /* The previous stream is resolved (the default one when none was set), so exit restores
+   * exactly what the caller saw; the device switch comes last so a failure changes nothing. */
+  int prev_device = 0;
+  ebb_stream_t *prev = NULL;
+  st = ebb_dev_get_current(&prev_device);
+  if (!st) st = ebb__stream_current_of(fn, s->device, &prev);
+  if (!st) st = ebb_dev_set_current(s->device);
+  if (st) return st;
+  ebb__tls_set(s->device, s);
+  g->prev_stream = prev;
+  g->stream = s;
+  g->prev_device = prev_device;
+  g->magic = EBB__GUARD_LIVE;
+  return EBB_OK;
+}
+
+ebb_status ebb_stream_guard_exit(ebb_stream_guard *g) {
+  static const char fn[] = "ebb_stream_guard_exit";
+  ebb_status st = ebb__streams_enter(fn);
+  if (st) return st;
+  if (!g) return ebb__fail(EBB_EINVAL, "%s: guard is NULL; expected a guard filled by ebb_stream_guard_enter", fn);
+  if (g->magic != EBB__GUARD_LIVE)
+    return ebb__fail(EBB_ESTATE, "%s: guard %p was not entered or was already exited", fn, (void *)g);
+  st = ebb_dev_set_current(g->prev_device);
+  if (st) return st;
+  /* A slot keeps its device for life, so g->stream->device is right even if the stream was
+   * released inside the guard; a previous stream released since then restores the default. */
+  ebb_stream_t *prev = g->prev_stream;
+  ebb__tls_set(g->stream->device, prev && atomic_load_explicit(&prev->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE ? prev : NULL);
+  g->magic = 0;
+  return EBB_OK;
+}
+
+/* ---- queries and work ---------------------------------------------------------------------- */
+
+ebb_status ebb_stream_device(const ebb_stream_t *s, int *device) {
+  ebb_status st = ebb__check_stream("ebb_stream_device", s);
+  if (!st) st = ebb__check_out("ebb_stream_device", device, "an int");
+  if (!st) *device = s->device;
+  return st;
+}
+
+ebb_status ebb_stream_priority(const ebb_stream_t *s, ebb_stream_prio *prio) {
+  ebb_status st = ebb__check_stream("ebb_stream_priority", s);
+  if (!st) st = ebb__check_out("ebb_stream_priority", prio, "an ebb_stream_prio");
+  if (!st) *prio = s->prio;
+  return st;
+}
+
+ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id) {
+  ebb_status st = ebb__check_stream("ebb_stream_id", s);
+  if (!st) st = ebb__check_out("ebb_stream_id", id, "a uint64_t");
+  if (!st) *id = s->id;
+  return st;
+}
+
+ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out) {
+  ebb_status st = ebb__check_stream("ebb_stream_cu", s);
+  if (!st) st = ebb__check_out("ebb_stream_cu", out, "a CUstream");
+  if (!st) *out = s->cu;
+  return st;
+}
+
+/* Spin budget before parking: about the latency of a short kernel, far below a scheduler tick. */
+#define EBB__SPIN_NS 20000u
+#define EBB__SPIN_POLLS 256u
+#define EBB__RELAX_PER_POLL 32u
+
+ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park) {
+  uint64_t deadline = ebb__now_ns() + EBB__SPIN_NS;
+  for (unsigned i = 0; i < EBB__SPIN_POLLS; i++) {
+    bool done = false;
+    ebb_status st = query(obj, &done);
+    if (st || done) return st;
+    for (unsigned k = 0; k < EBB__RELAX_PER_POLL; k++) ebb__cpu_relax();
+    if (ebb__now_ns() >= deadline) break;
+  }
+  return park(obj);
+}
+
+/* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
+static ebb_status ebb__stream_query_cb(void *obj, bool *done) { return ebb_drv_stream_query(obj, done); }
+static ebb_status ebb__stream_park_cb(void *obj) { return ebb_drv_stream_synchronize(obj); }
+
+ebb_status ebb_stream_synchronize(ebb_stream_t *s) {
+  ebb_status st = ebb__check_stream("ebb_stream_synchronize", s);
+  if (st) return st;
+  return ebb__spin_then_park(s->cu, ebb__stream_query_cb, ebb__stream_park_cb);
+}
+
+ebb_status ebb_stream_query(ebb_stream_t *s, bool *idle) {
+  ebb_status st = ebb__check_stream("ebb_stream_query", s);
+  if (!st) st = ebb__check_out("ebb_stream_query", idle, "a bool");
+  if (st) return st;
+  return ebb_drv_stream_query(s->cu, idle);
+}
+
+/* The kernel registry checks the kernel, its arguments and declared buffers; the stream only
+ * supplies its device and driver stream. */
+ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, const void *args, const ebb_launch_cfg *cfg) {
+  ebb_status st = ebb__check_stream("ebb_stream_launch", s);
+  if (st) return st;
+  return ebb_kernel_launch(k, s->device, s->cu, args, cfg);
+}
+
+ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
+  ebb_status st = ebb__check_stream("ebb_stream_host_func", s);
+  if (st) return st;
+  if (!fn)
+    return ebb__fail(EBB_EINVAL, "ebb_stream_host_func: fn is NULL; expected a function to run on stream %llu (device %d)",
+                     (unsigned long long)s->id, s->device);
+  return ebb_drv_launch_host_func(s->cu, fn, user);
+}
+
+ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {
+  ebb_status st = ebb__check_stream("ebb_stream_wait_stream", waiter);
+  if (!st) st = ebb__check_stream("ebb_stream_wait_stream", s);
+  if (st) return st;
+  if (waiter == s) return EBB_OK; /* a stream already runs after its own earlier work */
+  return ebb__stream_order(waiter, s);
+}
+
+/* ---- statistics ---------------------------------------------------------------------------- */
+
+ebb_status ebb_stream_get_stats(ebb_stream_stats *out) {
+  ebb_status st = ebb__streams_enter("ebb_stream_get_stats");
+  if (!st) st = ebb__check_out("ebb_stream_get_stats", out, "an ebb_stream_stats");
+  if (st) return st;
+  /* No lock: each counter is exact on its own, the sum is a snapshot that may straddle a call. */
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < ebb__st.ndev; i++) {
+    const struct ebb__dev_stats *c = &ebb__st.dev[i].stats;
+    out->streams_created += atomic_load_explicit(&c->streams_created, memory_order_relaxed);
+    out->events_created += atomic_load_explicit(&c->events_created, memory_order_relaxed);
+    out->event_pool_hits += atomic_load_explicit(&c->event_pool_hits, memory_order_relaxed);
+    out->staged_bytes += atomic_load_explicit(&c->staged_bytes, memory_order_relaxed);
+    out->staging_waits += atomic_load_explicit(&c->staging_waits, memory_order_relaxed);
+  }
+  return EBB_OK;
+}

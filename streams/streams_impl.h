@@ -1,0 +1,201 @@
+/* streams_impl.h: what stream.c, event.c and copy.c share, and nothing outside streams/.
+ *
+ * The module state is one static struct, started lazily by the first streams call after ebb_init
+ * and torn down by the ebb_at_shutdown hook of the last ebb_shutdown. Handles are type-stable
+ * slots carved from slabs: a slot's memory stays valid until that teardown, so a stale handle can
+ * always be read and reported as EBB_EFREED instead of crashing.
+ *
+ * Lock ranks (common/ebb_sync.h): stream slots EBB_RANK_STREAM_POOL, event slots and driver-event
+ * pool EBB_RANK_EVENT_POOL, each staging chunk EBB_RANK_STAGING, the host-copy record free list
+ * EBB_RANK_LEAF. None of the first three is ever held across a call into runtime/ that could take
+ * the runtime's own locks (ebb_at_shutdown, kernel launch); staging chunks are held across seam
+ * calls (ebb_drv_*), which take no ebb lock.
+ */
+#ifndef EBB_STREAMS_IMPL_H
+#define EBB_STREAMS_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ebb/runtime.h"
+#include "ebb/stream.h"
+#include "ebb_internal.h"
+#include "ebb_list.h"
+#include "ebb_sync.h"
+
+/* ---- limits and defaults ------------------------------------------------------------------- */
+
+#define EBB__POOL_SIZE_DEFAULT 8u
+#define EBB__POOL_SIZE_MAX 64u
+#define EBB__STAGING_CHUNK_DEFAULT ((size_t)4 << 20)
+#define EBB__STAGING_CHUNK_MIN ((size_t)4 << 10)
+#define EBB__STAGING_CHUNK_MAX ((size_t)1 << 30)
+#define EBB__STAGING_CHUNKS_DEFAULT 4u
+#define EBB__STAGING_CHUNKS_MAX 64u
+/* A released handle's slot is reused only once this many other released slots wait ahead of it,
+ * so a stale handle stays detectable for at least this many later releases. */
+#define EBB__SLOT_QUARANTINE 1024u
+#define EBB__SLAB_OBJECTS 64u
+#define EBB__CACHE_LINE 64
+
+/* Slot magics: live handles, released ones, and everything else (not a handle of this kind). */
+#define EBB__STREAM_LIVE 0x65627374u /* "ebst" */
+#define EBB__EVENT_LIVE 0x65626576u  /* "ebev" */
+#define EBB__SLOT_FREED 0x64656164u  /* "dead" */
+
+/* ---- slabs and slots ----------------------------------------------------------------------- */
+
+/* Fixed-size objects carved from malloc'ed slabs and never returned before teardown. */
+struct ebb__slab {
+  struct ebb__slab *next;
+  size_t used;
+  _Alignas(EBB__CACHE_LINE) unsigned char mem[];
+};
+
+/* A slot pool: a FIFO free list (released slots at the tail, reuse from the head) over slabs.
+ * Not thread-safe: its owner's mutex protects it. */
+struct ebb__slot_pool {
+  struct ebb_list free;
+  size_t nfree;
+  size_t quarantine; /* minimum free slots kept before one is reused */
+  size_t obj_size;
+  struct ebb__slab *slabs;
+};
+
+/* The header every slot starts with. `magic` and `gen` are atomics because a stale handle may be
+ * read by one thread while another reuses its slot; the other fields are owned by whoever holds
+ * the handle. */
+struct ebb__slot {
+  _Atomic uint32_t magic;
+  _Atomic uint32_t gen; /* bumped at every reuse of the slot */
+  struct ebb_list node; /* in the owner's free list while released */
+};
+
+EBB_HIDDEN void ebb__slot_pool_init(struct ebb__slot_pool *p, size_t obj_size, size_t quarantine);
+/* A zeroed (fresh) or previously released slot, its gen bumped; NULL when out of memory. */
+EBB_HIDDEN void *ebb__slot_take(struct ebb__slot_pool *p);
+EBB_HIDDEN void ebb__slot_give(struct ebb__slot_pool *p, void *slot);
+/* Calls fn on every slot ever carved (live and free); teardown only. */
+EBB_HIDDEN void ebb__slot_pool_each(struct ebb__slot_pool *p, void (*fn)(void *slot, void *ctx), void *ctx);
+EBB_HIDDEN void ebb__slot_pool_fini(struct ebb__slot_pool *p);
+
+/* ---- objects ------------------------------------------------------------------------------- */
+
+enum ebb__stream_kind { EBB__STREAM_DEFAULT = 0, EBB__STREAM_POOL = 1, EBB__STREAM_USER = 2 };
+
+struct ebb_stream {
+  struct ebb__slot slot;
+  uint64_t id;          /* process-unique, never reused */
+  int device;           /* fixed for the slot's whole life: slots are per device */
+  ebb_stream_prio prio;
+  enum ebb__stream_kind kind;
+  struct CUstream_st *cu;
+};
+
+struct ebb_event {
+  struct ebb__slot slot;
+  uint64_t id;
+  int device;           /* fixed for the slot's whole life, as for streams */
+  unsigned flags;
+  _Atomic bool recorded;
+  struct CUevent_st *cu; /* borrowed from the device's driver-event pool while the handle lives */
+};
+
+/* One pinned staging chunk of a device's ring. `mu` is held for the whole use of the chunk:
+ * waiting for its previous use, filling it and enqueueing the copy and the event record. */
+struct ebb__chunk {
+  ebb_mutex mu;
+  void *mem;            /* ebb_drv_host_alloc'ed lazily */
+  struct CUevent_st *ev;/* recorded after each use; complete means the chunk is free */
+  bool used;            /* ev has been recorded at least once */
+};
+
+/* The record a staged device-to-pageable copy hands to its host function. */
+struct ebb__host_copy {
+  struct ebb__slot slot;
+  void *dst;
+  const void *src;
+  size_t bytes;
+  struct ebb__dev *dev; /* whose free list it returns to */
+};
+
+/* Counters of one device; each device's set sits on its own cache line. */
+struct ebb__dev_stats {
+  _Atomic uint64_t streams_created;
+  _Atomic uint64_t events_created;
+  _Atomic uint64_t event_pool_hits;
+  _Atomic uint64_t staged_bytes;
+  _Atomic uint64_t staging_waits;
+};
+
+struct ebb__dev {
+  int ordinal;
+  int prio_value[2]; /* driver priority of EBB_PRIO_LOW, EBB_PRIO_HIGH */
+
+  /* Immortal streams, created on first use and published by compare-and-swap. */
+  _Atomic(ebb_stream_t *) default_stream;
+  _Atomic(ebb_stream_t *) pool[2][EBB__POOL_SIZE_MAX];
+  _Alignas(EBB__CACHE_LINE) _Atomic uint32_t pool_next[2]; /* round-robin cursors */
+
+  _Alignas(EBB__CACHE_LINE) ebb_mutex stream_mu; /* protects stream_slots */
+  struct ebb__slot_pool stream_slots;
+
+  _Alignas(EBB__CACHE_LINE) ebb_mutex event_mu;  /* protects event_slots and drv_events */
+  struct ebb__slot_pool event_slots;
+  struct CUevent_st **drv_events[2];             /* [timing]: idle driver events, a stack */
+  size_t drv_nevents[2], drv_cap[2];
+
+  _Alignas(EBB__CACHE_LINE) _Atomic uint32_t chunk_next; /* staging ring cursor */
+  struct ebb__chunk chunks[EBB__STAGING_CHUNKS_MAX];
+  ebb_mutex rec_mu;                              /* protects host_copies */
+  struct ebb__slot_pool host_copies;
+
+  _Alignas(EBB__CACHE_LINE) struct ebb__dev_stats stats;
+};
+
+/* ---- module state -------------------------------------------------------------------------- */
+
+enum ebb__phase { EBB__DOWN = 0, EBB__STARTING = 1, EBB__UP = 2 };
+
+struct ebb__streams {
+  _Atomic int phase;
+  int ndev;
+  unsigned pool_size;
+  size_t chunk_bytes;
+  unsigned nchunks;
+  struct ebb__dev dev[EBB_MAX_DEVICES];
+};
+
+EBB_HIDDEN extern struct ebb__streams ebb__st;
+
+/* Entry check of every public call: ebb initialised (EBB_ENOTINIT naming `fn` otherwise) and the
+ * module started (lazily, reading EBB_STREAM_POOL_SIZE, EBB_STAGING_CHUNK, EBB_STAGING_CHUNKS). */
+EBB_HIDDEN ebb_status ebb__streams_enter(const char *fn);
+/* A process-unique id for a new stream or event (never reused, not reset by ebb_shutdown). */
+EBB_HIDDEN uint64_t ebb__new_id(void);
+EBB_HIDDEN ebb_status ebb__check_device(const char *fn, int device);
+/* `s` non-NULL, a stream, live: EBB_EINVAL / EBB_EFREED with a message naming `fn` and the id. */
+EBB_HIDDEN ebb_status ebb__check_stream(const char *fn, const ebb_stream_t *s);
+EBB_HIDDEN ebb_status ebb__check_event(const char *fn, const ebb_event_t *e);
+/* The calling thread's current stream on `device` (creating the default stream if needed). */
+EBB_HIDDEN ebb_status ebb__stream_current_of(const char *fn, int device, ebb_stream_t **out);
+
+/* Polls `query` for about EBB__SPIN_NS, relaxing the CPU between polls, then calls the driver's
+ * blocking `park`. Used by stream and event synchronize. */
+typedef ebb_status (*ebb__query_fn)(void *obj, bool *done);
+typedef ebb_status (*ebb__park_fn)(void *obj);
+EBB_HIDDEN ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park);
+
+/* Records a pooled driver event on `s` and makes `waiter` wait on it: waiter runs after the
+ * work issued to `s` so far. */
+EBB_HIDDEN ebb_status ebb__stream_order(ebb_stream_t *waiter, ebb_stream_t *s);
+
+/* Per-device start and teardown of each file's part of struct ebb__dev. */
+EBB_HIDDEN void ebb__events_start(struct ebb__dev *d);
+EBB_HIDDEN void ebb__events_teardown(struct ebb__dev *d);
+EBB_HIDDEN void ebb__copy_start(struct ebb__dev *d);
+EBB_HIDDEN void ebb__copy_teardown(struct ebb__dev *d);
+
+#endif /* EBB_STREAMS_IMPL_H */
