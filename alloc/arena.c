@@ -1,0 +1,1225 @@
+/* arena.c: the arena engine. Blocks carved from upstream segments, size classes, split and
+ * merge, a per-stream free index, stream-ordered reuse through events, the OOM retry chain,
+ * expandable segments and the counters, written once for every memory kind (arena_impl.h).
+ *
+ * Owns: everything hanging off a struct ebb__arena. The upstream owns the memory itself.
+ *
+ * Threading: one mutex per arena (rank EBB_RANK_ARENA) protects all of it. The lock is dropped
+ * around upstream obtain/release (a driver allocation can take milliseconds and may synchronise
+ * the device: PyTorch's release_lock_on_cudamalloc) and around event creation and host waits;
+ * each such window says what keeps the state consistent while the lock is down. The one
+ * exception is expandable growth and shrink: VMM map/unmap runs under the lock because the
+ * mapped tail of the reservation is the shared state being changed.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena_impl.h"
+
+#define EBB__SLAB_BLOCKS 256
+#define EBB__SCAN_LIMIT 16 /* blocks looked at in one bin: best fit, but O(1) */
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (n < 1024) {
+    snprintf(buf, cap, "%" PRIu64 " B", n);
+    return buf;
+  }
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    u++;
+  }
+  snprintf(buf, cap, "%.2f %s", v, unit[u]);
+  return buf;
+}
+
+static inline size_t ebb__round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+static inline void ebb__stat_add(ebb_arena_stat *st, uint64_t n) {
+  st->current += n;
+  if (st->current > st->peak) st->peak = st->current;
+}
+
+static inline void ebb__stat_sub(ebb_arena_stat *st, uint64_t n) {
+  EBB_ASSERT(st->current >= n);
+  st->current -= n;
+}
+
+/* The size a new segment gets for a rounded request (allocators.md 1.2 get_allocation_size). */
+static size_t ebb__segment_size(size_t r) {
+  if (r <= EBB__SMALL_SIZE) return EBB__SMALL_SEGMENT;
+  if (r < EBB__MIN_LARGE_ALLOC) return EBB__LARGE_SEGMENT;
+  return ebb__round_up(r, EBB__ROUND_LARGE);
+}
+
+/* ---- block records ------------------------------------------------------------------------- */
+
+/* Records come from slabs and go back to a spare list, never to malloc before teardown: a
+ * pointer found in the ptrmap may be read after another thread freed the block, and must still
+ * point at a block record of the same arena (checked under the lock before use). */
+static struct ebb__block *ebb__block_new(struct ebb__arena *a) {
+  struct ebb_list *n = ebb_list_pop_head(&a->block_spare);
+  if (!n) {
+    if (a->nslabs == a->capslabs) {
+      size_t nc = a->capslabs ? a->capslabs * 2 : 16;
+      void **ns = realloc(a->slabs, nc * sizeof *ns);
+      if (!ns) return NULL;
+      a->slabs = ns;
+      a->capslabs = nc;
+    }
+    struct ebb__block *slab = calloc(EBB__SLAB_BLOCKS, sizeof *slab);
+    if (!slab) return NULL;
+    a->slabs[a->nslabs++] = slab;
+    for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
+      slab[i].arena = a;
+      slab[i].state = EBB__B_DEAD;
+      ebb_list_insert_tail(&a->block_spare, &slab[i].node);
+    }
+    n = ebb_list_pop_head(&a->block_spare);
+  }
+  struct ebb__block *b = ebb_container_of(n, struct ebb__block, node);
+  /* Keep the overflow use array for the next user of the record. */
+  struct ebb__stream_ref *x = b->xuses;
+  uint32_t xcap = b->xcap;
+  memset(b, 0, sizeof *b);
+  b->xuses = x;
+  b->xcap = xcap;
+  b->arena = a;
+  b->kind = (uint8_t)a->up->kind;
+  ebb_list_init(&b->node);
+  return b;
+}
+
+static void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b) {
+  b->state = EBB__B_DEAD;
+  b->addr = 0;
+  b->seg = NULL;
+  b->nuses = 0;
+  ebb_list_insert_tail(&a->block_spare, &b->node);
+}
+
+static inline struct ebb__stream_ref *ebb__use_at(struct ebb__block *b, uint32_t i) {
+  return i < EBB__INLINE_USES ? &b->uses[i] : &b->xuses[i - EBB__INLINE_USES];
+}
+
+/* ---- segments and inactive_split ----------------------------------------------------------- */
+
+/* A segment's share of inactive_split: its free pieces when it is split into several blocks.
+ * Expandable segments are left out, as PyTorch does: their free pieces are unmappable. */
+static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment *g, bool add) {
+  if (g->expandable || g->nblocks < 2) return;
+  if (add) {
+    ebb__stat_add(&a->c.s.inactive_split, g->nfree);
+    ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
+  } else {
+    ebb__stat_sub(&a->c.s.inactive_split, g->nfree);
+    ebb__stat_sub(&a->c.s.inactive_split_bytes, g->free_bytes);
+  }
+}
+
+/* ---- free index ---------------------------------------------------------------------------- */
+
+static inline int ebb__fls(size_t x) { return 63 - __builtin_clzll((unsigned long long)x); }
+
+/* Bin of a block of `size` (size >= 512): first level log2, second level the next 3 bits. */
+static inline unsigned ebb__bin_of(size_t size) {
+  int f = ebb__fls(size);
+  unsigned s = (unsigned)(size >> (f - EBB__SL_BITS)) & (EBB__SL_COUNT - 1);
+  int fi = f - EBB__FL_MIN;
+  if (fi >= EBB__FL_COUNT) return EBB__NBINS - 1;
+  return (unsigned)fi * EBB__SL_COUNT + s;
+}
+
+/* Smallest size a block of bin i can have. */
+static inline size_t ebb__bin_min(unsigned i) {
+  unsigned f = i / EBB__SL_COUNT + EBB__FL_MIN, s = i % EBB__SL_COUNT;
+  return ((size_t)1 << f) + ((size_t)s << (f - EBB__SL_BITS));
+}
+
+static void ebb__bins_init(struct ebb__bins *x) {
+  memset(x, 0, sizeof *x);
+  for (int i = 0; i < EBB__NBINS; i++) ebb_list_init(&x->bin[i]);
+}
+
+static void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
+  (void)a;
+  struct ebb__bins *x = &b->spool->pools[b->pool];
+  unsigned i = ebb__bin_of(b->size);
+  b->bin = (uint16_t)i;
+  ebb_list_insert_head(&x->bin[i], &b->node);
+  x->slmap[i / EBB__SL_COUNT] |= (uint8_t)(1u << (i % EBB__SL_COUNT));
+  x->flmap |= 1ull << (i / EBB__SL_COUNT);
+  x->count++;
+  x->bytes += b->size;
+}
+
+static void ebb__index_remove(struct ebb__block *b) {
+  struct ebb__bins *x = &b->spool->pools[b->pool];
+  unsigned i = b->bin;
+  ebb_list_remove(&b->node);
+  if (ebb_list_empty(&x->bin[i])) {
+    unsigned f = i / EBB__SL_COUNT;
+    x->slmap[f] &= (uint8_t) ~(1u << (i % EBB__SL_COUNT));
+    if (!x->slmap[f]) x->flmap &= ~(1ull << f);
+  }
+  x->count--;
+  x->bytes -= b->size;
+}
+
+/* First non-empty bin with index >= i, or -1. Two bitmap scans. */
+static int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
+  if (i >= EBB__NBINS) return -1;
+  unsigned f = i / EBB__SL_COUNT, s = i % EBB__SL_COUNT;
+  unsigned sl = x->slmap[f] & (unsigned)(0xffu << s);
+  if (sl) return (int)(f * EBB__SL_COUNT + (unsigned)__builtin_ctz(sl));
+  uint64_t fl = f + 1 < 64 ? x->flmap & (~0ull << (f + 1)) : 0;
+  if (!fl) return -1;
+  f = (unsigned)__builtin_ctzll(fl);
+  return (int)(f * EBB__SL_COUNT + (unsigned)__builtin_ctz(x->slmap[f]));
+}
+
+/* Whether free block size `bs` may serve rounded request `r` (allocators.md 1.4): oversize
+ * blocks (>= max_split) only serve oversize requests, and only within the slack. */
+static inline bool ebb__fits(const struct ebb__arena *a, size_t bs, size_t r) {
+  if (bs < r) return false;
+  size_t ms = a->conf.max_split;
+  if (r < ms && bs >= ms) return false;
+  if (r >= ms && bs >= r + EBB__OVERSIZE_SLACK) return false;
+  return true;
+}
+
+/* Best fit for r among the free blocks of one stream and pool; the block is removed from the
+ * index (still FREE). The request's own bin is scanned (bounded) for the smallest fitting
+ * block; every block of a higher bin fits, so the first non-empty one gives the rest. */
+static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins *x, size_t r) {
+  if (!x->count) return NULL;
+  unsigned i0 = ebb__bin_of(r);
+  for (int i = ebb__bins_next(x, i0); i >= 0; i = ebb__bins_next(x, (unsigned)i + 1)) {
+    size_t lo = ebb__bin_min((unsigned)i);
+    /* Every block from here on is at least `lo`: stop when even that breaks the oversize rules. */
+    if ((unsigned)i > i0 && !ebb__fits(a, lo < r ? r : lo, r)) return NULL;
+    struct ebb__block *best = NULL;
+    int seen = 0;
+    for (struct ebb_list *n = x->bin[i].next; n != &x->bin[i] && seen < EBB__SCAN_LIMIT; n = n->next, seen++) {
+      struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
+      if (ebb__fits(a, c->size, r) && (!best || c->size < best->size)) {
+        best = c;
+        if (c->size == r) break;
+      }
+    }
+    if (best) {
+      ebb__index_remove(best);
+      return best;
+    }
+  }
+  return NULL;
+}
+
+static size_t ebb__bins_largest(const struct ebb__bins *x) {
+  if (!x->count) return 0;
+  unsigned f = (unsigned)ebb__fls((size_t)x->flmap);
+  unsigned s = (unsigned)ebb__fls(x->slmap[f]);
+  size_t best = 0;
+  const struct ebb_list *h = &x->bin[f * EBB__SL_COUNT + s];
+  for (const struct ebb_list *n = h->next; n != h; n = n->next) {
+    const struct ebb__block *c = ebb_container_of(n, const struct ebb__block, node);
+    if (c->size > best) best = c->size;
+  }
+  return best;
+}
+
+/* ---- spools (per allocation stream) -------------------------------------------------------- */
+
+static struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
+  if (EBB_LIKELY(a->last_spool && a->last_spool->stream.id == s->id)) return a->last_spool;
+  for (size_t i = 0; i < a->nspools; i++)
+    if (a->spools[i]->stream.id == s->id) return a->last_spool = a->spools[i];
+  if (a->nspools == a->capspools) {
+    size_t nc = a->capspools ? a->capspools * 2 : 8;
+    struct ebb__spool **ns = realloc(a->spools, nc * sizeof *ns);
+    if (!ns) return NULL;
+    a->spools = ns;
+    a->capspools = nc;
+  }
+  struct ebb__spool *sp = malloc(sizeof *sp);
+  if (!sp) return NULL;
+  sp->stream = *s;
+  for (int p = 0; p < EBB__NPOOLS; p++) ebb__bins_init(&sp->pools[p]);
+  a->spools[a->nspools++] = sp;
+  return a->last_spool = sp;
+}
+
+/* ---- free and merge ------------------------------------------------------------------------ */
+
+static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__block *n) {
+  return n && n->state == EBB__B_FREE && n->spool == b->spool && n->pool == b->pool;
+}
+
+/* Returns a block whose uses are over to its stream's free index, merged with free neighbours
+ * of the same stream and pool. Stats: allocated was dropped at the free request; active now. */
+static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
+  struct ebb__segment *g = b->seg;
+  ebb__stat_sub(&a->c.s.active_bytes, b->size);
+  ebb__seg_split_stat(a, g, false);
+  b->state = EBB__B_FREE;
+  b->nuses = 0;
+  g->nfree++;
+  g->free_bytes += b->size;
+  struct ebb__block *p = b->prev, *n = b->next;
+  if (ebb__mergeable(b, p)) {
+    ebb__index_remove(p);
+    p->size += b->size;
+    p->next = n;
+    if (n) n->prev = p;
+    g->nblocks--;
+    g->nfree--;
+    ebb__block_dead(a, b);
+    b = p;
+  }
+  n = b->next;
+  if (ebb__mergeable(b, n)) {
+    ebb__index_remove(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    g->nblocks--;
+    g->nfree--;
+    ebb__block_dead(a, n);
+  }
+  ebb__index_insert(a, b);
+  ebb__seg_split_stat(a, g, true);
+}
+
+/* ---- events: cache and pending queues ------------------------------------------------------ */
+
+static ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device) {
+  struct ebb__evcache *c = &a->evcache[device];
+  return c->n ? c->ev[--c->n] : NULL;
+}
+
+/* false when the cache cannot grow: the caller releases the event after dropping the lock. */
+static bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e) {
+  struct ebb__evcache *c = &a->evcache[device];
+  if (c->n == c->cap) {
+    size_t nc = c->cap ? c->cap * 2 : 16;
+    ebb_event_t **ne = realloc(c->ev, nc * sizeof *ne);
+    if (!ne) return false;
+    c->ev = ne;
+    c->cap = nc;
+  }
+  c->ev[c->n++] = e;
+  return true;
+}
+
+/* An event for the arena's internal use. Its live-handle count is given back at once: it is
+ * not a caller's handle, and tests check that callers release theirs (runtime.h counters).
+ * Called without the arena lock (creation takes the event pool's lock, ranked below ours). */
+static ebb_status ebb__ev_create(int device, ebb_event_t **out) {
+  ebb_status st = ebb_event_create(device, EBB_EVENT_DEFAULT, out);
+  if (!st) ebb_debug_live_add(-1);
+  return st;
+}
+
+static void ebb__ev_destroy(ebb_event_t *e) {
+  ebb_debug_live_add(1); /* the count ebb__ev_create gave back */
+  ebb_event_release(e);
+}
+
+static struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id) {
+  for (size_t i = 0; i < a->nevqs; i++)
+    if (a->evqs[i].stream_id == stream_id) return &a->evqs[i];
+  if (a->nevqs == a->capevqs) {
+    size_t nc = a->capevqs ? a->capevqs * 2 : 8;
+    struct ebb__evq *nq = malloc(nc * sizeof *nq);
+    if (!nq) return NULL;
+    /* The queues' sentinels move: rebuild each list around its new head. */
+    for (size_t i = 0; i < a->nevqs; i++) {
+      nq[i].stream_id = a->evqs[i].stream_id;
+      if (ebb_list_empty(&a->evqs[i].q)) {
+        ebb_list_init(&nq[i].q);
+      } else {
+        nq[i].q = a->evqs[i].q;
+        nq[i].q.next->prev = &nq[i].q;
+        nq[i].q.prev->next = &nq[i].q;
+      }
+    }
+    free(a->evqs);
+    a->evqs = nq;
+    a->capevqs = nc;
+  }
+  struct ebb__evq *q = &a->evqs[a->nevqs++];
+  q->stream_id = stream_id;
+  ebb_list_init(&q->q);
+  return q;
+}
+
+/* One pend entry done: its event goes back to the cache, its block to the free index when it
+ * was the last. Returns an event the cache could not take (to release with the lock dropped). */
+static ebb_event_t *ebb__pend_done(struct ebb__arena *a, struct ebb__pend *p) {
+  ebb_list_remove(&p->node);
+  a->npending--;
+  struct ebb__block *b = p->b;
+  ebb_event_t *orphan = ebb__ev_push(a, p->ev_device, p->ev) ? NULL : p->ev;
+  ebb_list_insert_tail(&a->pend_spare, &p->node);
+  EBB_ASSERT(b->state == EBB__B_PENDING && b->event_count > 0);
+  if (--b->event_count == 0) ebb__block_release(a, b);
+  return orphan;
+}
+
+/* Polls every stream's queue from its oldest entry up to the first incomplete event. No host
+ * wait: ebb_event_query only asks. Lock held. */
+static void ebb__poll_pending(struct ebb__arena *a) {
+  for (size_t i = 0; i < a->nevqs && a->npending; i++) {
+    for (;;) {
+      /* Re-read each time: the queue array may move while the lock is dropped below. */
+      struct ebb_list *h = &a->evqs[i].q;
+      if (ebb_list_empty(h)) break;
+      struct ebb__pend *p = ebb_container_of(h->next, struct ebb__pend, node);
+      bool done = false;
+      /* A query that fails (event of a device gone wrong) counts as incomplete: the block stays
+       * pending until a release path synchronises it, which reports the error. */
+      if (ebb_event_query(p->ev, &done) != EBB_OK || !done) break;
+      ebb_event_t *orphan = ebb__pend_done(a, p);
+      if (orphan) {
+        /* Cache growth failed: release it outside the lock (rank order). */
+        ebb__mutex_unlock(&a->mu);
+        ebb__ev_destroy(orphan);
+        ebb__mutex_lock(&a->mu);
+      }
+    }
+  }
+}
+
+/* Host-waits for every pending event, then polls them all in. Lock held on entry and exit and
+ * dropped for the waits: the pend entries stay queued, so a concurrent poll may complete some
+ * first; waiting on an event that was recycled meanwhile only waits for newer work. */
+static void ebb__sync_pending(struct ebb__arena *a) {
+  while (a->npending) {
+    ebb_event_t *wait[32];
+    size_t n = 0;
+    for (size_t i = 0; i < a->nevqs && n < EBB_ARRAY_LEN(wait); i++) {
+      struct ebb_list *h = &a->evqs[i].q;
+      if (!ebb_list_empty(h)) wait[n++] = ebb_container_of(h->prev, struct ebb__pend, node)->ev;
+    }
+    ebb__mutex_unlock(&a->mu);
+    /* The newest event of a stream's queue covers the older ones (stream order). */
+    for (size_t i = 0; i < n; i++) ebb_event_synchronize(wait[i]);
+    ebb__mutex_lock(&a->mu);
+    a->c.s.num_syncs += n;
+    size_t before = a->npending;
+    ebb__poll_pending(a);
+    if (a->npending == before && n) {
+      /* No progress: some event failed to complete (its device is lost). Leave it pending. */
+      break;
+    }
+  }
+}
+
+/* ---- segments ------------------------------------------------------------------------------ */
+
+static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
+                                             struct ebb__spool *sp, struct ebb__block **first) {
+  struct ebb__segment *g = calloc(1, sizeof *g);
+  struct ebb__block *b = g ? ebb__block_new(a) : NULL;
+  if (!b) {
+    free(g);
+    return NULL;
+  }
+  g->base = base;
+  g->size = size;
+  g->pool = (uint8_t)pool;
+  g->first = b;
+  g->nblocks = 1;
+  b->addr = base;
+  b->size = size;
+  b->seg = g;
+  b->spool = sp;
+  b->pool = (uint8_t)pool;
+  b->state = EBB__B_FREE; /* not indexed: handed to the caller */
+  g->nfree = 1;
+  g->free_bytes = size;
+  ebb_list_insert_tail(&a->segments, &g->node);
+  ebb__stat_add(&a->c.s.reserved_bytes, size);
+  ebb__stat_add(&a->c.s.segments, 1);
+  *first = b;
+  return g;
+}
+
+/* Detaches every classic segment whose blocks are all free (any stream) and returns them to
+ * the upstream with the lock dropped. Free blocks need no wait: their streams' later work is
+ * ordered by the driver's free (cuMemFree synchronises). Lock held on entry and exit. */
+static size_t ebb__release_free_segments(struct ebb__arena *a) {
+  struct ebb_list gone;
+  ebb_list_init(&gone);
+  size_t released = 0;
+  for (struct ebb_list *n = a->segments.next, *nx; n != &a->segments; n = nx) {
+    nx = n->next;
+    struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    if (g->expandable || g->nfree != g->nblocks) continue;
+    ebb__seg_split_stat(a, g, false);
+    for (struct ebb__block *b = g->first, *bn; b; b = bn) {
+      bn = b->next;
+      ebb__index_remove(b);
+      ebb__block_dead(a, b);
+    }
+    ebb_list_remove(&g->node);
+    ebb_list_insert_tail(&gone, &g->node);
+    ebb__stat_sub(&a->c.s.reserved_bytes, g->size);
+    ebb__stat_sub(&a->c.s.segments, 1);
+    released += g->size;
+  }
+  if (ebb_list_empty(&gone)) return 0;
+  ebb__mutex_unlock(&a->mu);
+  size_t nfreed = 0;
+  struct ebb_list *n;
+  while ((n = ebb_list_pop_head(&gone))) {
+    struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    /* A failing release leaks the range rather than risk handing it out twice. */
+    if (a->up->release(a, g->base, g->size) == EBB_OK) nfreed++;
+    free(g);
+  }
+  ebb__mutex_lock(&a->mu);
+  a->c.s.num_device_free += nfreed;
+  return released;
+}
+
+/* ---- expandable segments ------------------------------------------------------------------- */
+
+/* Maps granules at the end of the reservation so that the tail offers `r` bytes to stream
+ * `sp`, pool `pool`. Lock held throughout (see the file comment). */
+static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r) {
+  if (!a->xva) {
+    size_t gran = 0;
+    ebb_status st = a->up->granularity(a, &gran);
+    if (st) return st;
+    size_t want = ebb__round_up(a->total_mem + a->total_mem / 8, gran);
+    st = a->up->reserve(a, want, &a->xva);
+    if (st) return st;
+    a->xhandles = calloc(want / gran, sizeof *a->xhandles);
+    if (!a->xhandles) {
+      a->up->unreserve(a, a->xva, want);
+      a->xva = 0;
+      return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for the granule table of device %d", a->device);
+    }
+    a->xva_size = want;
+    a->xgran = gran;
+  }
+  struct ebb__segment *g = a->xseg;
+  size_t mapped = g ? g->size : 0;
+  struct ebb__block *tail = NULL;
+  if (g)
+    for (tail = g->first; tail->next; tail = tail->next) {}
+  size_t have = tail && tail->state == EBB__B_FREE && tail->spool == sp && tail->pool == pool ? tail->size : 0;
+  /* Grow by whole granules, at least a segment's worth of the pool, as PyTorch's pages. */
+  size_t step = pool == EBB__POOL_SMALL ? EBB__SMALL_SEGMENT : EBB__LARGE_SEGMENT;
+  size_t grow = ebb__round_up(r - have > step ? r - have : step, a->xgran);
+  if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "expandable reservation of device %d is full", a->device);
+  if (a->limit && a->c.s.reserved_bytes.current + a->inflight + grow > a->limit)
+    return ebb__fail(EBB_ENOMEM, "limit of device %d reached", a->device);
+  size_t done = 0;
+  ebb_status st = EBB_OK;
+  for (; done < grow; done += a->xgran) {
+    uint64_t h = 0;
+    st = a->up->map(a, a->xva + mapped + done, a->xgran, &h);
+    if (st) break;
+    a->xhandles[(mapped + done) / a->xgran] = h;
+  }
+  if (st) {
+    /* Undo the partial growth: map all or nothing keeps the tail simple. */
+    for (size_t k = 0; k < done; k += a->xgran)
+      a->up->unmap(a, a->xva + mapped + k, a->xgran, a->xhandles[(mapped + k) / a->xgran]);
+    return st;
+  }
+  a->c.s.num_device_alloc += grow / a->xgran;
+  if (!g) {
+    struct ebb__block *b;
+    g = ebb__segment_add(a, a->xva, grow, pool, sp, &b); /* counts reserved and segments */
+    if (!g) {
+      for (size_t k = 0; k < grow; k += a->xgran) {
+        a->up->unmap(a, a->xva + k, a->xgran, a->xhandles[k / a->xgran]);
+        a->xhandles[k / a->xgran] = 0;
+      }
+      return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a segment record");
+    }
+    g->expandable = true;
+    a->xseg = g;
+    ebb__index_insert(a, b);
+    return EBB_OK;
+  }
+  ebb__stat_add(&a->c.s.reserved_bytes, grow);
+  g->size += grow;
+  if (have) {
+    ebb__index_remove(tail);
+    tail->size += grow;
+    g->free_bytes += grow;
+    ebb__index_insert(a, tail);
+    return EBB_OK;
+  }
+  struct ebb__block *b = ebb__block_new(a);
+  if (!b) return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a block record");
+  b->addr = a->xva + mapped;
+  b->size = grow;
+  b->seg = g;
+  b->spool = sp;
+  b->pool = (uint8_t)pool;
+  b->state = EBB__B_FREE;
+  b->prev = tail;
+  tail->next = b;
+  g->nblocks++;
+  g->nfree++;
+  g->free_bytes += grow;
+  ebb__index_insert(a, b);
+  return EBB_OK;
+}
+
+/* Unmaps the free granules at the end of the expandable segment. Only the tail shrinks, so the
+ * mapped range stays one piece [xva, xva + size). Lock held. The caller synchronised pending
+ * events; unmapping also waits for queued work on the driver (as cuMemFree). */
+static size_t ebb__x_shrink(struct ebb__arena *a) {
+  struct ebb__segment *g = a->xseg;
+  if (!g) return 0;
+  size_t released = 0;
+  for (;;) {
+    struct ebb__block *tail;
+    for (tail = g->first; tail->next; tail = tail->next) {}
+    if (tail->state != EBB__B_FREE) break;
+    uint64_t cut = a->xva + ebb__round_up(tail->addr - a->xva, a->xgran);
+    uint64_t end = a->xva + g->size;
+    if (cut >= end) break;
+    for (uint64_t va = cut; va < end; va += a->xgran) {
+      uint64_t *h = &a->xhandles[(va - a->xva) / a->xgran];
+      if (a->up->unmap(a, va, a->xgran, *h) == EBB_OK) a->c.s.num_device_free++;
+      *h = 0;
+    }
+    size_t cutn = end - cut;
+    ebb__index_remove(tail);
+    g->size -= cutn;
+    g->free_bytes -= cutn;
+    ebb__stat_sub(&a->c.s.reserved_bytes, cutn);
+    released += cutn;
+    tail->size -= cutn;
+    if (tail->size) {
+      ebb__index_insert(a, tail);
+      break;
+    }
+    g->nfree--;
+    g->nblocks--;
+    if (tail->prev) {
+      tail->prev->next = NULL;
+      ebb__block_dead(a, tail);
+      continue; /* the new tail may be a free block of another stream */
+    }
+    /* Nothing mapped any more: drop the segment (the reservation stays for the next growth). */
+    ebb__block_dead(a, tail);
+    ebb_list_remove(&g->node);
+    free(g);
+    a->xseg = NULL;
+    ebb__stat_sub(&a->c.s.segments, 1);
+    break;
+  }
+  return released;
+}
+
+/* ---- allocation ---------------------------------------------------------------------------- */
+
+/* Another stream's free block for a request that missed its own stream (allocators.md 8.1:
+ * memory should not stay stranded per stream). The caller orders the new stream after the old
+ * one with an event before handing the block out. Lock held. */
+static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r) {
+  for (size_t i = 0; i < a->nspools; i++) {
+    struct ebb__spool *sp = a->spools[i];
+    if (sp == own || !sp->pools[pool].count) continue;
+    struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
+    if (b) return b;
+  }
+  return NULL;
+}
+
+/* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
+ * splits off the remainder when the pool's rule allows (allocators.md 1.5). Lock held. */
+static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes) {
+  struct ebb__segment *g = b->seg;
+  size_t rest = b->size - r;
+  bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
+                                                            : rest > EBB__SMALL_SIZE && r < a->conf.max_split;
+  ebb__seg_split_stat(a, g, false);
+  if (split) {
+    struct ebb__block *nb = ebb__block_new(a);
+    if (nb) { /* no host memory for a record: hand out the whole block instead */
+      nb->addr = b->addr + r;
+      nb->size = rest;
+      nb->seg = g;
+      nb->spool = b->spool; /* the remainder stays with the stream that freed it */
+      nb->pool = b->pool;
+      nb->state = EBB__B_FREE;
+      nb->prev = b;
+      nb->next = b->next;
+      if (b->next) b->next->prev = nb;
+      b->next = nb;
+      b->size = r;
+      g->nblocks++;
+      g->nfree++; /* free_bytes already counts the remainder: it was part of b */
+      ebb__index_insert(a, nb);
+    }
+  }
+  g->nfree--;
+  g->free_bytes -= b->size;
+  ebb__seg_split_stat(a, g, true);
+  b->spool = sp;
+  b->state = EBB__B_ALLOC;
+  b->requested = bytes;
+  b->nuses = 0;
+  ebb__stat_add(&a->c.s.allocated_bytes, b->size);
+  ebb__stat_add(&a->c.s.active_bytes, b->size);
+  ebb__stat_add(&a->c.s.requested_bytes, bytes);
+  a->c.s.alloc_count++;
+}
+
+static size_t ebb__largest_free(const struct ebb__arena *a) {
+  size_t best = 0;
+  for (size_t i = 0; i < a->nspools; i++)
+    for (int p = 0; p < EBB__NPOOLS; p++) {
+      size_t l = ebb__bins_largest(&a->spools[i]->pools[p]);
+      if (l > best) best = l;
+    }
+  return best;
+}
+
+/* The OOM report. Lock held: the driver's free memory is asked through the seam, which takes no
+ * ebb lock. */
+static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s) {
+  a->c.s.num_ooms++;
+  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "";
+  size_t dfree = 0, dtotal = 0;
+  if (a->up->mem_info(a, &dfree, &dtotal) != EBB_OK) dfree = 0;
+  if (a->limit) {
+    char l[24];
+    snprintf(lim, sizeof lim, ", limit %s", ebb__fmt_bytes(l, sizeof l, a->limit));
+  }
+  return ebb__fail(EBB_ENOMEM,
+                   "ebb_arena_alloc: device %d out of memory: requested %s (rounded %s) on stream %" PRIu64
+                   "; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s",
+                   a->device, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), s->id,
+                   ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
+                   ebb__fmt_bytes(res, sizeof res, a->c.s.reserved_bytes.current),
+                   ebb__fmt_bytes(al, sizeof al, a->c.s.allocated_bytes.current),
+                   ebb__fmt_bytes(lg, sizeof lg, ebb__largest_free(a)), lim);
+}
+
+/* Gets a new segment (or expandable growth) big enough for r. Lock held on entry and exit;
+ * dropped around the upstream call, with the bytes counted in `inflight` so concurrent
+ * allocations see them against the limit. On success *out is a FREE block not in the index. */
+static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out) {
+  if (a->conf.expandable && a->up->map) {
+    ebb_status st = ebb__x_grow(a, sp, pool, r);
+    if (st) return st;
+    *out = ebb__bins_take(a, &sp->pools[pool], r);
+    return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "ebb_arena_alloc: device %d grew but found no block", a->device);
+  }
+  size_t seg = ebb__segment_size(r);
+  if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
+    return ebb__fail(EBB_ENOMEM, "limit of device %d reached", a->device);
+  a->inflight += seg;
+  ebb__mutex_unlock(&a->mu);
+  uint64_t base = 0;
+  ebb_status st = a->up->obtain(a, seg, &base);
+  ebb__mutex_lock(&a->mu);
+  a->inflight -= seg;
+  if (st) return st;
+  a->c.s.num_device_alloc++;
+  if (!ebb__segment_add(a, base, seg, pool, sp, out)) {
+    ebb__mutex_unlock(&a->mu);
+    a->up->release(a, base, seg);
+    ebb__mutex_lock(&a->mu);
+    return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a segment record");
+  }
+  return EBB_OK;
+}
+
+/* The miss path: another stream's block, then the upstream, then the release-and-retry chain
+ * (allocators.md 1.8, with the re-search after syncing that PyTorch misses, #189504). */
+static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
+                                  const struct ebb__stream_ref *s, struct ebb__block **out, bool *stolen) {
+  for (int attempt = 0;; attempt++) {
+    struct ebb__block *b = ebb__steal(a, sp, pool, r);
+    if (b) {
+      *stolen = true;
+      *out = b;
+      return EBB_OK;
+    }
+    if (ebb__grow(a, sp, pool, r, out) == EBB_OK) return EBB_OK;
+    if (attempt) break;
+    /* (1) completed pending frees, (2) wait for the rest and re-search, (3) give back every
+     * fully free segment, then try once more. */
+    ebb__poll_pending(a);
+    if ((b = ebb__bins_take(a, &sp->pools[pool], r))) {
+      *out = b;
+      return EBB_OK;
+    }
+    ebb__sync_pending(a);
+    if ((b = ebb__bins_take(a, &sp->pools[pool], r))) {
+      *out = b;
+      return EBB_OK;
+    }
+    if (a->xseg) {
+      a->c.s.num_syncs++;
+      ebb_dev_synchronize(a->device); /* unmapping must not race queued work (allocators.md 1.11) */
+      ebb__x_shrink(a);
+    }
+    ebb__release_free_segments(a);
+    a->c.s.num_alloc_retries++;
+  }
+  return ebb__oom(a, bytes, r, s);
+}
+
+ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
+  if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
+    ebb__mutex_lock(&a->mu);
+    ebb_status st = ebb__oom(a, bytes, bytes, s);
+    ebb__mutex_unlock(&a->mu);
+    return st;
+  }
+  size_t r = bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK);
+  int pool = r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
+  ebb__mutex_lock(&a->mu);
+  if (a->npending) ebb__poll_pending(a);
+  struct ebb__spool *sp = ebb__spool_get(a, s);
+  if (EBB_UNLIKELY(!sp)) {
+    ebb__mutex_unlock(&a->mu);
+    return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for the free index of stream %" PRIu64, s->id);
+  }
+  struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
+  bool stolen = false;
+  struct ebb__stream_ref from = {0};
+  ebb_event_t *ev = NULL;
+  if (EBB_LIKELY(b)) {
+    a->c.s.cache_hits++;
+  } else {
+    ebb_status st = ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
+    if (st) {
+      ebb__mutex_unlock(&a->mu);
+      return st;
+    }
+    if (stolen) {
+      from = b->spool->stream;
+      ev = ebb__ev_pop(a, from.device);
+      a->c.steals++;
+      a->c.s.cache_hits++;
+    }
+  }
+  ebb__carve(a, b, sp, r, bytes);
+  if (EBB_UNLIKELY(!ebb__ptrmap_insert(b))) {
+    ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
+    ebb__stat_sub(&a->c.s.requested_bytes, bytes);
+    ebb__block_release(a, b);
+    ebb__mutex_unlock(&a->mu);
+    if (ev) ebb__ev_destroy(ev);
+    return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for the pointer map");
+  }
+  ebb__mutex_unlock(&a->mu);
+  if (stolen) {
+    /* The block's last users ran on `from`: make the new stream wait for them on the device.
+     * The block is ours (ALLOC, not yet returned), so the lock may stay dropped. */
+    ebb_status st = ev ? EBB_OK : ebb__ev_create(from.device, &ev);
+    if (!st) st = ebb_event_record(ev, from.s);
+    if (!st) st = ebb_event_wait(ev, s->s);
+    if (st) {
+      /* `from` was released (or its device failed): no event can order after it, so wait for
+       * the device on the host instead. Rare; counted as a sync. */
+      ebb_dev_synchronize(from.device);
+      ebb__mutex_lock(&a->mu);
+      a->c.s.num_syncs++;
+      ebb__mutex_unlock(&a->mu);
+    }
+    if (ev) {
+      ebb__mutex_lock(&a->mu);
+      bool kept = ebb__ev_push(a, from.device, ev);
+      ebb__mutex_unlock(&a->mu);
+      if (!kept) ebb__ev_destroy(ev);
+    }
+  }
+  *out = (void *)(uintptr_t)b->addr;
+  return EBB_OK;
+}
+
+/* ---- free and record_stream ---------------------------------------------------------------- */
+
+static struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t addr) {
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    if (addr < g->base || addr >= g->base + g->size) continue;
+    for (struct ebb__block *b = g->first; b; b = b->next)
+      if (addr >= b->addr && addr < b->addr + b->size) return b;
+  }
+  return NULL;
+}
+
+/* Why `ptr` is not a live block: searched in every arena's segments (an error path). */
+static ebb_status ebb__explain(const char *fn, void *ptr) {
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  for (int i = 0;; i++) {
+    struct ebb__arena *a = ebb__arena_nth(i);
+    if (!a) break;
+    ebb__mutex_lock(&a->mu);
+    struct ebb__block *b = ebb__find_containing(a, addr);
+    if (!b) {
+      ebb__mutex_unlock(&a->mu);
+      continue;
+    }
+    int state = b->state;
+    uint64_t base = b->addr, sid = b->spool->stream.id;
+    size_t size = b->size;
+    ebb__mutex_unlock(&a->mu);
+    if (state == EBB__B_ALLOC && addr != base)
+      return ebb__fail(EBB_EINVAL,
+                       "%s: pointer %p is inside the block at 0x%" PRIx64 " (%zu bytes, device %d, stream %" PRIu64
+                       "); expected the start of a block from ebb_arena_alloc",
+                       fn, ptr, base, size, i, sid);
+    return ebb__fail(EBB_EFREED,
+                     "%s: pointer %p (device %d) was already freed (it lies in free memory of the arena); expected a "
+                     "live block from ebb_arena_alloc",
+                     fn, ptr, i);
+  }
+  return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by ebb_arena_alloc (no arena segment holds it)", fn, ptr);
+}
+
+ebb_status ebb__arena_free(const char *fn, void *ptr) {
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  /* Taking the entry out elects this call as the block's one free: a racing second free of the
+   * same pointer finds nothing and reports the block freed. */
+  struct ebb__block *b = ebb__ptrmap_take(addr);
+  if (EBB_UNLIKELY(!b)) return ebb__explain(fn, ptr);
+  struct ebb__arena *a = b->arena;
+  ebb__mutex_lock(&a->mu);
+  EBB_ASSERT(b->addr == addr && b->state == EBB__B_ALLOC);
+  ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
+  ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
+  a->c.s.free_count++;
+  if (EBB_LIKELY(!b->nuses)) {
+    ebb__block_release(a, b);
+    ebb__mutex_unlock(&a->mu);
+    return EBB_OK;
+  }
+  /* Used on other streams: one event on each, recorded now; the block waits for all of them.
+   * FREEING keeps everyone off the block while the lock is dropped (it is in neither the ptrmap
+   * nor the index, so only this thread reaches it). */
+  b->state = EBB__B_FREEING;
+  uint32_t n = b->nuses;
+  ebb_event_t *small[EBB__INLINE_USES * 2], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
+  if (!evs) {
+    /* No host memory to track events: wait for the device instead, correct if slow. */
+    ebb__mutex_unlock(&a->mu);
+    ebb_dev_synchronize(a->device);
+    ebb__mutex_lock(&a->mu);
+    a->c.s.num_syncs++;
+    ebb__block_release(a, b);
+    ebb__mutex_unlock(&a->mu);
+    return EBB_OK;
+  }
+  for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, ebb__use_at(b, i)->device);
+  ebb__mutex_unlock(&a->mu);
+  uint32_t syncs = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const struct ebb__stream_ref *u = ebb__use_at(b, i);
+    ebb_status st = evs[i] ? EBB_OK : ebb__ev_create(u->device, &evs[i]);
+    if (!st) st = ebb_event_record(evs[i], u->s);
+    if (st) {
+      /* The using stream was released (or its event could not be made): its work cannot be
+       * captured by an event any more, so wait for its device now. */
+      ebb_dev_synchronize(u->device);
+      syncs++;
+      if (evs[i]) {
+        ebb__ev_destroy(evs[i]);
+        evs[i] = NULL;
+      }
+    }
+  }
+  ebb__mutex_lock(&a->mu);
+  a->c.s.num_syncs += syncs;
+  b->state = EBB__B_PENDING;
+  b->event_count = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (!evs[i]) continue;
+    const struct ebb__stream_ref *u = ebb__use_at(b, i);
+    struct ebb__evq *q = ebb__evq_get(a, u->id);
+    struct ebb_list *pn = ebb_list_pop_head(&a->pend_spare);
+    struct ebb__pend *p = pn ? ebb_container_of(pn, struct ebb__pend, node) : malloc(sizeof *p);
+    if (!q || !p) {
+      /* No host memory for the queue: synchronise this one event instead. */
+      free(pn ? NULL : p);
+      if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
+      ebb__mutex_unlock(&a->mu);
+      ebb_event_synchronize(evs[i]);
+      ebb__mutex_lock(&a->mu);
+      a->c.s.num_syncs++;
+      if (!ebb__ev_push(a, u->device, evs[i])) {
+        ebb__mutex_unlock(&a->mu);
+        ebb__ev_destroy(evs[i]);
+        ebb__mutex_lock(&a->mu);
+      }
+      continue;
+    }
+    p->ev = evs[i];
+    p->ev_device = u->device;
+    p->b = b;
+    ebb_list_insert_tail(&q->q, &p->node);
+    a->npending++;
+    b->event_count++;
+  }
+  b->nuses = 0;
+  if (!b->event_count) ebb__block_release(a, b);
+  ebb__mutex_unlock(&a->mu);
+  if (evs != small) free(evs);
+  return EBB_OK;
+}
+
+ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s) {
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  struct ebb__block *b = ebb__ptrmap_find(addr);
+  if (!b) return ebb__explain(fn, ptr);
+  struct ebb__arena *a = b->arena;
+  ebb__mutex_lock(&a->mu);
+  /* Freed (and perhaps reused) since the lookup: the record is still a block of this arena. */
+  if (b->addr != addr || b->state != EBB__B_ALLOC) {
+    ebb__mutex_unlock(&a->mu);
+    return ebb__fail(EBB_EFREED, "%s: pointer %p was freed while its use was being recorded", fn, ptr);
+  }
+  if (s->id == b->spool->stream.id) {
+    ebb__mutex_unlock(&a->mu);
+    return EBB_OK;
+  }
+  for (uint32_t i = 0; i < b->nuses; i++)
+    if (ebb__use_at(b, i)->id == s->id) {
+      ebb__mutex_unlock(&a->mu);
+      return EBB_OK;
+    }
+  if (b->nuses >= EBB__INLINE_USES && b->nuses - EBB__INLINE_USES == b->xcap) {
+    uint32_t nc = b->xcap ? b->xcap * 2 : 4;
+    struct ebb__stream_ref *nx = realloc(b->xuses, nc * sizeof *nx);
+    if (!nx) {
+      ebb__mutex_unlock(&a->mu);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id, ptr);
+    }
+    b->xuses = nx;
+    b->xcap = nc;
+  }
+  *ebb__use_at(b, b->nuses++) = *s;
+  ebb__mutex_unlock(&a->mu);
+  return EBB_OK;
+}
+
+/* ---- release paths, limits, stats ---------------------------------------------------------- */
+
+ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
+  ebb__mutex_lock(&a->mu);
+  ebb__poll_pending(a);
+  ebb__sync_pending(a);
+  if (a->xseg) {
+    ebb__mutex_unlock(&a->mu);
+    /* Unmapping does not synchronise on every driver (allocators.md 1.11, #196258): wait for
+     * this arena's device (not the caller's current one) first. */
+    ebb_dev_synchronize(a->device);
+    ebb__mutex_lock(&a->mu);
+    a->c.s.num_syncs++;
+    ebb__x_shrink(a);
+  }
+  ebb__release_free_segments(a);
+  ebb__mutex_unlock(&a->mu);
+  return EBB_OK;
+}
+
+void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes) {
+  ebb__mutex_lock(&a->mu);
+  a->limit = bytes;
+  ebb__mutex_unlock(&a->mu);
+}
+
+void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out) {
+  ebb__mutex_lock(&a->mu);
+  *out = a->c.s;
+  out->limit = a->limit;
+  out->num_steals = a->c.steals;
+  ebb__mutex_unlock(&a->mu);
+}
+
+void ebb__arena_reset_peak(struct ebb__arena *a) {
+  ebb__mutex_lock(&a->mu);
+  ebb_arena_stat *all[] = {&a->c.s.allocated_bytes, &a->c.s.reserved_bytes, &a->c.s.active_bytes, &a->c.s.requested_bytes,
+                           &a->c.s.segments, &a->c.s.inactive_split, &a->c.s.inactive_split_bytes};
+  for (size_t i = 0; i < EBB_ARRAY_LEN(all); i++) all[i]->peak = all[i]->current;
+  ebb__mutex_unlock(&a->mu);
+}
+
+/* ---- invariants ---------------------------------------------------------------------------- */
+
+#define EBB__CHECK(cond, ...)                                              \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      st = ebb__fail(EBB_EINTERNAL, __VA_ARGS__);                          \
+      goto done;                                                           \
+    }                                                                      \
+  } while (0)
+
+ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
+  ebb_status st = EBB_OK;
+  ebb__mutex_lock(&a->mu);
+  uint64_t alloc = 0, active = 0, reserved = 0, nseg = 0, isplit = 0, isplit_b = 0, requested = 0;
+  size_t nfree = 0, nlive = 0, npend_blocks = 0, pend_events = 0;
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    nseg++;
+    reserved += g->size;
+    uint64_t at = g->base;
+    size_t nb = 0, nf = 0, fb = 0;
+    EBB__CHECK(g->first && !g->first->prev, "%s: device %d: segment 0x%" PRIx64 " has no first block", fn, a->device, g->base);
+    for (struct ebb__block *b = g->first; b; b = b->next) {
+      nb++;
+      EBB__CHECK(b->addr == at, "%s: device %d: block 0x%" PRIx64 " should start at 0x%" PRIx64 " (blocks must tile their segment)",
+                 fn, a->device, b->addr, at);
+      EBB__CHECK(b->seg == g && b->arena == a, "%s: device %d: block 0x%" PRIx64 " points at the wrong segment", fn, a->device, b->addr);
+      EBB__CHECK(!b->next || b->next->prev == b, "%s: device %d: block 0x%" PRIx64 " has a broken next link", fn, a->device, b->addr);
+      EBB__CHECK(b->size >= EBB__MIN_BLOCK && b->size % EBB__MIN_BLOCK == 0, "%s: device %d: block 0x%" PRIx64 " has size %zu",
+                 fn, a->device, b->addr, b->size);
+      at += b->size;
+      switch (b->state) {
+      case EBB__B_FREE:
+        nf++;
+        fb += b->size;
+        nfree++;
+        EBB__CHECK(!ebb__mergeable(b, b->next), "%s: device %d: free blocks 0x%" PRIx64 " and 0x%" PRIx64 " of one stream were not merged",
+                   fn, a->device, b->addr, b->next->addr);
+        EBB__CHECK(b->bin == ebb__bin_of(b->size), "%s: device %d: free block 0x%" PRIx64 " is in the wrong bin", fn, a->device, b->addr);
+        EBB__CHECK(ebb__ptrmap_find(b->addr) != b, "%s: device %d: free block 0x%" PRIx64 " is still in the pointer map", fn, a->device, b->addr);
+        break;
+      case EBB__B_ALLOC:
+        nlive++;
+        alloc += b->size;
+        active += b->size;
+        requested += b->requested;
+        EBB__CHECK(ebb__ptrmap_find(b->addr) == b, "%s: device %d: live block 0x%" PRIx64 " is missing from the pointer map", fn,
+                   a->device, b->addr);
+        break;
+      case EBB__B_PENDING:
+      case EBB__B_FREEING:
+        npend_blocks++;
+        active += b->size;
+        pend_events += b->event_count;
+        break;
+      default:
+        EBB__CHECK(0, "%s: device %d: block 0x%" PRIx64 " has state %d", fn, a->device, b->addr, b->state);
+      }
+    }
+    EBB__CHECK(at == g->base + g->size, "%s: device %d: segment 0x%" PRIx64 " blocks end at 0x%" PRIx64 ", expected 0x%" PRIx64, fn,
+               a->device, g->base, at, g->base + g->size);
+    EBB__CHECK(nb == g->nblocks && nf == g->nfree && fb == g->free_bytes, "%s: device %d: segment 0x%" PRIx64 " counts are stale", fn,
+               a->device, g->base);
+    if (!g->expandable && nb > 1) {
+      isplit += nf;
+      isplit_b += fb;
+    }
+  }
+  size_t indexed = 0;
+  for (size_t i = 0; i < a->nspools; i++)
+    for (int p = 0; p < EBB__NPOOLS; p++) {
+      const struct ebb__bins *x = &a->spools[i]->pools[p];
+      size_t c = 0;
+      for (unsigned k = 0; k < EBB__NBINS; k++) {
+        bool bit = (x->slmap[k / EBB__SL_COUNT] >> (k % EBB__SL_COUNT)) & 1;
+        EBB__CHECK(bit == !ebb_list_empty(&x->bin[k]), "%s: device %d: bin bitmap out of date", fn, a->device);
+        for (const struct ebb_list *n = x->bin[k].next; n != &x->bin[k]; n = n->next) {
+          const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
+          EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p,
+                     "%s: device %d: indexed block 0x%" PRIx64 " is not a free block of its stream and pool", fn, a->device, b->addr);
+          c++;
+        }
+      }
+      EBB__CHECK(c == x->count, "%s: device %d: index count %zu, found %zu", fn, a->device, x->count, c);
+      indexed += c;
+    }
+  EBB__CHECK(indexed == nfree, "%s: device %d: %zu free blocks but %zu indexed", fn, a->device, nfree, indexed);
+  EBB__CHECK(pend_events == a->npending, "%s: device %d: %zu pending events, blocks expect %zu", fn, a->device, a->npending, pend_events);
+  const ebb_arena_stats *s = &a->c.s;
+  EBB__CHECK(s->allocated_bytes.current == alloc && s->active_bytes.current == active && s->requested_bytes.current == requested,
+             "%s: device %d: stats allocated %" PRIu64 "/active %" PRIu64 "/requested %" PRIu64 ", walk found %" PRIu64 "/%" PRIu64
+             "/%" PRIu64,
+             fn, a->device, s->allocated_bytes.current, s->active_bytes.current, s->requested_bytes.current, alloc, active, requested);
+  EBB__CHECK(s->reserved_bytes.current == reserved && s->segments.current == nseg,
+             "%s: device %d: stats reserved %" PRIu64 " in %" PRIu64 " segments, walk found %" PRIu64 " in %" PRIu64, fn, a->device,
+             s->reserved_bytes.current, s->segments.current, reserved, nseg);
+  EBB__CHECK(s->inactive_split.current == isplit && s->inactive_split_bytes.current == isplit_b,
+             "%s: device %d: stats inactive_split %" PRIu64 " (%" PRIu64 " B), walk found %" PRIu64 " (%" PRIu64 " B)", fn, a->device,
+             s->inactive_split.current, s->inactive_split_bytes.current, isplit, isplit_b);
+  (void)npend_blocks;
+done:
+  ebb__mutex_unlock(&a->mu);
+  return st;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------------- */
+
+void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device, const struct ebb__conf *conf,
+                     size_t total_mem) {
+  memset(a, 0, sizeof *a);
+  ebb__mutex_init(&a->mu, "arena", EBB_RANK_ARENA);
+  a->up = up;
+  a->device = device;
+  a->conf = *conf;
+  a->total_mem = total_mem;
+  ebb_list_init(&a->segments);
+  ebb_list_init(&a->pend_spare);
+  ebb_list_init(&a->block_spare);
+  a->started = true;
+}
+
+void ebb__arena_fini(struct ebb__arena *a) {
+  if (!a->started) return;
+  /* The shutdown hooks run before the runtime synchronises the devices: wait for pending
+   * events so that no segment goes back to the driver under queued work. */
+  for (size_t i = 0; i < a->nevqs; i++) {
+    struct ebb_list *n;
+    while ((n = ebb_list_pop_head(&a->evqs[i].q))) {
+      struct ebb__pend *p = ebb_container_of(n, struct ebb__pend, node);
+      ebb_event_synchronize(p->ev);
+      ebb__ev_destroy(p->ev);
+      free(p);
+    }
+  }
+  struct ebb_list *n;
+  while ((n = ebb_list_pop_head(&a->pend_spare))) free(ebb_container_of(n, struct ebb__pend, node));
+  for (int d = 0; d < EBB_MAX_DEVICES; d++) {
+    for (size_t i = 0; i < a->evcache[d].n; i++) ebb__ev_destroy(a->evcache[d].ev[i]);
+    free(a->evcache[d].ev);
+  }
+  /* Leaked blocks go back with their segments, silently (the caller's leak, not ours). */
+  while ((n = ebb_list_pop_head(&a->segments))) {
+    struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    if (!g->expandable) a->up->release(a, g->base, g->size);
+    free(g);
+  }
+  if (a->xva) {
+    size_t mapped = 0;
+    for (size_t k = 0; k < a->xva_size / a->xgran; k++)
+      if (a->xhandles[k]) mapped = (k + 1) * a->xgran;
+    for (size_t off = 0; off < mapped; off += a->xgran)
+      if (a->xhandles[off / a->xgran]) a->up->unmap(a, a->xva + off, a->xgran, a->xhandles[off / a->xgran]);
+    a->up->unreserve(a, a->xva, a->xva_size);
+    free(a->xhandles);
+  }
+  for (size_t i = 0; i < a->nslabs; i++) {
+    struct ebb__block *slab = a->slabs[i];
+    for (int k = 0; k < EBB__SLAB_BLOCKS; k++) free(slab[k].xuses);
+    free(slab);
+  }
+  free(a->slabs);
+  for (size_t i = 0; i < a->nspools; i++) free(a->spools[i]);
+  free(a->spools);
+  free(a->evqs);
+  ebb__mutex_destroy(&a->mu);
+  memset(a, 0, sizeof *a);
+}

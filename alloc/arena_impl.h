@@ -1,0 +1,236 @@
+/* arena_impl.h: the arena engine's structures, shared by the files of alloc/ and nothing else.
+ *
+ * One engine (arena.c) carves blocks out of segments that an upstream provides; the memory kind
+ * lives only in the upstream table (STYLE.md 14): device memory through the driver (device.c),
+ * later pinned and plain host memory through their own tables. The engine never touches the
+ * memory it hands out, so it works for memory the host cannot even read.
+ *
+ * Ownership: an arena owns its segments, its block records (carved from slabs, recycled, freed
+ * only at teardown, so a stale block pointer always points at a block record), its per-stream
+ * free indexes, its pending-free queues and an event cache. Pointer -> block lookup is one
+ * process-wide sharded hash (ptrmap.c) shared by every arena, holding live (allocated) blocks.
+ *
+ * Threading: every field of struct ebb__arena and of its blocks and segments is protected by the
+ * arena's `mu` (rank EBB_RANK_ARENA). A ptrmap shard lock is a leaf spin lock, taken with or
+ * without `mu` held, never the other way round. Events are created and released (which takes
+ * the streams module's event-pool lock, ranked below the arena) only with `mu` dropped; recording,
+ * waiting and querying take no ebb lock and are done under `mu`.
+ */
+#ifndef EBB_ARENA_IMPL_H
+#define EBB_ARENA_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ebb/alloc.h"
+#include "ebb/runtime.h"
+#include "ebb/stream.h"
+#include "ebb_internal.h"
+#include "ebb_list.h"
+#include "ebb_sync.h"
+
+/* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
+
+#define EBB__MIN_BLOCK ((size_t)512)             /* every size is rounded up to this */
+#define EBB__SMALL_SIZE ((size_t)1 << 20)        /* largest request of the small pool */
+#define EBB__SMALL_SEGMENT ((size_t)2 << 20)     /* segment of the small pool */
+#define EBB__MIN_LARGE_ALLOC ((size_t)10 << 20)  /* below this a large request gets ... */
+#define EBB__LARGE_SEGMENT ((size_t)20 << 20)    /* ... a 20 MiB segment */
+#define EBB__ROUND_LARGE ((size_t)2 << 20)       /* larger segments are rounded to 2 MiB */
+#define EBB__OVERSIZE_SLACK ((size_t)20 << 20)   /* an oversize block serves requests this close */
+
+enum ebb__pool { EBB__POOL_SMALL = 0, EBB__POOL_LARGE = 1, EBB__NPOOLS = 2 };
+
+/* Where a block's memory comes from (STYLE.md 13): free routes by it, history reports it. */
+enum ebb__memkind { EBB__MEM_DEVICE_ARENA = 1, EBB__MEM_PINNED_POOL = 2, EBB__MEM_HOST_POOL = 3 };
+
+enum ebb__bstate {
+  EBB__B_FREE = 0,    /* in its stream's free index */
+  EBB__B_ALLOC = 1,   /* handed out; in the ptrmap */
+  EBB__B_FREEING = 2, /* free requested, events being recorded with the lock dropped */
+  EBB__B_PENDING = 3, /* free requested, waiting for events on the streams that used it */
+  EBB__B_DEAD = 4     /* record on the arena's spare list */
+};
+
+/* ---- free index: size-segregated bins (two-level, as TLSF) ---------------------------------
+ * First level: floor(log2(size)) from 2^9 (512 B) up; second level: 8 linear steps inside each
+ * power of two. A bitmap per level finds the first non-empty bin at or above a size in O(1),
+ * so the cost does not grow with the number of free blocks. */
+#define EBB__FL_MIN 9
+#define EBB__FL_COUNT 40 /* 512 B .. 2^49 B */
+#define EBB__SL_BITS 3
+#define EBB__SL_COUNT (1 << EBB__SL_BITS)
+#define EBB__NBINS (EBB__FL_COUNT * EBB__SL_COUNT)
+
+struct ebb__bins {
+  uint64_t flmap;                   /* bit f: some bin of first level f is non-empty */
+  uint8_t slmap[EBB__FL_COUNT];     /* bit s: bin (f, s) non-empty */
+  size_t count, bytes;              /* free blocks and their bytes */
+  struct ebb_list bin[EBB__NBINS];  /* blocks, most recently freed first */
+};
+
+struct ebb__stream_ref {
+  ebb_stream_t *s; /* borrowed: stream slots outlive the arena (streams tear down after us) */
+  uint64_t id;
+  int device;
+};
+
+/* The free blocks of one allocation stream, per pool. Created at the stream's first allocation
+ * on the arena and kept until teardown (a few per stream: small). */
+struct ebb__spool {
+  struct ebb__stream_ref stream;
+  struct ebb__bins pools[EBB__NPOOLS];
+};
+
+struct ebb__segment;
+
+#define EBB__INLINE_USES 4
+
+struct ebb__block {
+  uint64_t addr;
+  size_t size;                     /* rounded size: the block's share of its segment */
+  size_t requested;                /* what the caller asked for (ALLOC only) */
+  struct ebb__block *prev, *next;  /* address neighbours in the segment */
+  struct ebb__segment *seg;
+  struct ebb__arena *arena;        /* fixed for the record's whole life */
+  struct ebb__spool *spool;        /* allocation stream's pool (owner of the block when free) */
+  struct ebb_list node;            /* bin list while FREE; spare list while DEAD */
+  uint8_t state;                   /* enum ebb__bstate */
+  uint8_t pool;                    /* enum ebb__pool */
+  uint8_t kind;                    /* enum ebb__memkind */
+  uint16_t bin;                    /* bin index while FREE */
+  uint32_t event_count;            /* PENDING: events still to complete */
+  uint32_t nuses, xcap;            /* streams other than the allocation stream that used it */
+  struct ebb__stream_ref uses[EBB__INLINE_USES];
+  struct ebb__stream_ref *xuses;   /* uses beyond the inline ones (malloc'ed, kept for reuse) */
+};
+
+struct ebb__segment {
+  struct ebb_list node;       /* in the arena's segment list */
+  uint64_t base;
+  size_t size;                /* bytes held from the upstream (mapped bytes if expandable) */
+  struct ebb__block *first;   /* lowest block; blocks tile [base, base + size) */
+  uint8_t pool;               /* pool it was made for (classic segments) */
+  bool expandable;
+  size_t nblocks, nfree, free_bytes; /* for inactive_split without walking */
+};
+
+/* A freed block's event on one of the streams that used it. Queued per stream in record order,
+ * so polling a queue stops at its first incomplete event (no head-of-line blocking across
+ * streams, as PyTorch's per-stream deques). */
+struct ebb__pend {
+  struct ebb_list node;
+  ebb_event_t *ev;
+  int ev_device;
+  struct ebb__block *b;
+};
+
+struct ebb__evq {
+  uint64_t stream_id;
+  struct ebb_list q;
+};
+
+struct ebb__evcache {
+  ebb_event_t **ev;
+  size_t n, cap;
+};
+
+struct ebb__arena;
+
+/* The memory kind behind an arena (STYLE.md 8, 14). obtain/release are required; the VMM entries
+ * (reserve, map, unmap, unreserve) may be NULL, and then expandable segments are unsupported.
+ * Every entry is called with the arena's lock dropped, except map/unmap of expandable growth
+ * (see arena.c). */
+struct ebb__upstream {
+  const char *name; /* "device": messages */
+  enum ebb__memkind kind;
+  ebb_status (*obtain)(struct ebb__arena *a, size_t bytes, uint64_t *addr);
+  ebb_status (*release)(struct ebb__arena *a, uint64_t addr, size_t bytes);
+  ebb_status (*mem_info)(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes);
+  ebb_status (*granularity)(struct ebb__arena *a, size_t *gran);
+  ebb_status (*reserve)(struct ebb__arena *a, size_t bytes, uint64_t *va);
+  ebb_status (*unreserve)(struct ebb__arena *a, uint64_t va, size_t bytes);
+  ebb_status (*map)(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t *handle);
+  ebb_status (*unmap)(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle);
+};
+
+struct ebb__conf {
+  size_t max_split;  /* blocks of this size or more are never split (SIZE_MAX: no limit) */
+  bool expandable;
+};
+
+/* Counters behind ebb_arena_stats, kept as its fields (current and peak). */
+struct ebb__counters {
+  ebb_arena_stats s;
+  uint64_t steals; /* allocations served from another stream's free block after an event wait */
+};
+
+struct ebb__arena {
+  ebb_mutex mu;
+  int device;
+  bool started;
+  const struct ebb__upstream *up;
+  struct ebb__conf conf;
+  size_t total_mem;        /* the device's memory (capacity in reports) */
+  size_t limit;            /* 0: none */
+  size_t inflight;         /* bytes being obtained with the lock dropped (counted against limit) */
+
+  struct ebb_list segments;
+  struct ebb__spool **spools;
+  size_t nspools, capspools;
+  struct ebb__spool *last_spool; /* the spool of the last allocation: the common case */
+
+  struct ebb__evq *evqs;   /* pending frees per use stream */
+  size_t nevqs, capevqs;
+  size_t npending;         /* pend entries queued */
+  struct ebb_list pend_spare;
+  struct ebb__evcache evcache[EBB_MAX_DEVICES]; /* idle events by their device */
+
+  struct ebb_list block_spare; /* DEAD block records */
+  void **slabs;                /* block slabs, freed at teardown */
+  size_t nslabs, capslabs;
+
+  /* Expandable segments: one VMM reservation, mapped granule by granule from its start. */
+  struct ebb__segment *xseg;   /* NULL until first growth */
+  uint64_t xva;
+  size_t xva_size, xgran;
+  uint64_t *xhandles;          /* one physical handle per mapped granule */
+
+  struct ebb__counters c;
+};
+
+/* ---- engine (arena.c) ---------------------------------------------------------------------- */
+
+EBB_HIDDEN void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device,
+                                const struct ebb__conf *conf, size_t total_mem);
+/* Releases every segment (leaked blocks included) and every structure. No lock may be held. */
+EBB_HIDDEN void ebb__arena_fini(struct ebb__arena *a);
+EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
+                                       void **out);
+/* Free / record_stream of a pointer of any arena, found through the ptrmap. `fn` names the
+ * public call for messages. */
+EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr);
+EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s);
+EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
+EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
+EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
+EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
+EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
+/* Arenas to search when a pointer is not in the ptrmap (messages only); set by device.c. */
+EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
+
+/* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
+EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
+
+/* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
+
+EBB_HIDDEN bool ebb__ptrmap_insert(struct ebb__block *b); /* false: out of host memory */
+/* The block starting at addr, removed from the map (take) or left there (find); NULL if none. */
+EBB_HIDDEN struct ebb__block *ebb__ptrmap_take(uint64_t addr);
+EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
+EBB_HIDDEN size_t ebb__ptrmap_count(void);
+EBB_HIDDEN void ebb__ptrmap_clear(void);
+
+#endif /* EBB_ARENA_IMPL_H */

@@ -1,0 +1,315 @@
+/* device.c: the device arena: the driver upstream behind the arena engine, the module state
+ * (one arena per device), EBB_ALLOC_CONF, and the public ebb_arena_* calls of ebb/alloc.h.
+ *
+ * Owns: the per-device struct ebb__arena array and the parsed configuration. The state starts
+ * lazily at the first ebb_arena_* call after ebb_init (it starts the streams module first, so
+ * that our shutdown hook, registered later, runs earlier: arenas release their events and
+ * segments while streams and the driver are still up) and is torn down by that hook.
+ *
+ * Threading: every public call is thread-safe. Start-up is elected by a compare-and-swap on
+ * `phase`; after it each arena serialises itself (arena.c).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena_impl.h"
+
+/* ---- the device upstream ------------------------------------------------------------------- */
+
+static ebb_status ebb__dev_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
+  return ebb_drv_mem_alloc(a->device, bytes, addr);
+}
+
+static ebb_status ebb__dev_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
+  (void)bytes;
+  return ebb_drv_mem_free(a->device, addr);
+}
+
+static ebb_status ebb__dev_mem_info(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes) {
+  return ebb_dev_mem_info(a->device, free_bytes, total_bytes);
+}
+
+static ebb_status ebb__dev_granularity(struct ebb__arena *a, size_t *gran) {
+  return ebb_drv_vmm_granularity(a->device, gran);
+}
+
+static ebb_status ebb__dev_reserve(struct ebb__arena *a, size_t bytes, uint64_t *va) {
+  return ebb_drv_vmm_reserve(a->device, bytes, va);
+}
+
+static ebb_status ebb__dev_unreserve(struct ebb__arena *a, uint64_t va, size_t bytes) {
+  (void)a;
+  return ebb_drv_vmm_free(va, bytes);
+}
+
+/* One physical chunk per granule, mapped at `va` for the owning device. */
+static ebb_status ebb__dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t *handle) {
+  uint64_t h = 0;
+  ebb_status st = ebb_drv_vmm_create(a->device, bytes, &h);
+  if (st) return st;
+  st = ebb_drv_vmm_map(va, bytes, h, a->device);
+  if (st) {
+    ebb_drv_vmm_release(h);
+    return st;
+  }
+  *handle = h;
+  return EBB_OK;
+}
+
+static ebb_status ebb__dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle) {
+  (void)a;
+  ebb_status st = ebb_drv_vmm_unmap(va, bytes);
+  ebb_status st2 = ebb_drv_vmm_release(handle);
+  return st ? st : st2;
+}
+
+static const struct ebb__upstream ebb__device_upstream = {
+    .name = "device",
+    .kind = EBB__MEM_DEVICE_ARENA,
+    .obtain = ebb__dev_obtain,
+    .release = ebb__dev_release,
+    .mem_info = ebb__dev_mem_info,
+    .granularity = ebb__dev_granularity,
+    .reserve = ebb__dev_reserve,
+    .unreserve = ebb__dev_unreserve,
+    .map = ebb__dev_map,
+    .unmap = ebb__dev_unmap,
+};
+
+/* ---- module state -------------------------------------------------------------------------- */
+
+enum { EBB__AL_DOWN = 0, EBB__AL_STARTING = 1, EBB__AL_UP = 2 };
+
+static struct {
+  _Atomic int phase;
+  int ndev;
+  struct ebb__conf conf;
+  struct ebb__arena dev[EBB_MAX_DEVICES];
+} ebb__al;
+
+struct ebb__arena *ebb__arena_nth(int i) {
+  return i >= 0 && i < ebb__al.ndev ? &ebb__al.dev[i] : NULL;
+}
+
+/* EBB_ALLOC_CONF: "key:value,key:value". Keys of later slices (pinned_max_bytes, oom_snapshot)
+ * are accepted here and read by their owners; an unknown key or a bad value is reported on
+ * stderr and ignored, so a typo never stops a training job (the setting just does not apply). */
+static void ebb__conf_parse(struct ebb__conf *c) {
+  c->max_split = SIZE_MAX;
+  c->expandable = false;
+  const char *env = getenv("EBB_ALLOC_CONF");
+  if (!env || !*env) return;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", env);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    while (*tok == ' ') tok++;
+    char *colon = strchr(tok, ':');
+    if (!colon) {
+      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: '%s' has no value; expected key:value", tok);
+      fprintf(stderr, "ebb: %s (ignored)\n", ebb_last_error());
+      continue;
+    }
+    *colon = '\0';
+    const char *key = tok, *val = colon + 1;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(val, &end, 10);
+    bool num_ok = !errno && end != val && *end == '\0' && val[0] != '-';
+    if (!strcmp(key, "max_split_size_mb")) {
+      /* PyTorch's minimum is 20 MiB, the oversize slack: below it nothing could be reused. */
+      if (num_ok && v >= 20 && v < ((size_t)1 << 40)) {
+        c->max_split = (size_t)v << 20;
+        continue;
+      }
+      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: max_split_size_mb:%s is not valid; expected a whole number of MiB >= 20", val);
+    } else if (!strcmp(key, "expandable_segments")) {
+      if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "True")) {
+        c->expandable = true;
+        continue;
+      }
+      if (!strcmp(val, "0") || !strcmp(val, "false") || !strcmp(val, "False")) continue;
+      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: expandable_segments:%s is not valid; expected 0 or 1", val);
+    } else if (!strcmp(key, "pinned_max_bytes") || !strcmp(key, "oom_snapshot")) {
+      continue;
+    } else {
+      ebb__fail(EBB_EINVAL,
+                "EBB_ALLOC_CONF: unknown key '%s'; expected max_split_size_mb, expandable_segments, pinned_max_bytes or "
+                "oom_snapshot",
+                key);
+    }
+    fprintf(stderr, "ebb: %s (ignored)\n", ebb_last_error());
+  }
+}
+
+static void ebb__alloc_teardown(void *user) {
+  (void)user;
+  for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
+  ebb__ptrmap_clear();
+  ebb__al.ndev = 0;
+  /* release: pairs with the acquire CAS of the next start in ebb__alloc_enter. */
+  atomic_store_explicit(&ebb__al.phase, EBB__AL_DOWN, memory_order_release);
+}
+
+/* Runs with phase == STARTING owned by this thread and no lock held (ebb_at_shutdown takes the
+ * runtime's lock, which ranks below ours). */
+static ebb_status ebb__alloc_start(const char *fn) {
+  /* Start streams first: its shutdown hook is then registered before ours and runs after it. */
+  ebb_stream_stats ss;
+  ebb_status st = ebb_stream_get_stats(&ss);
+  int ndev = 0;
+  if (!st) st = ebb_dev_count(&ndev);
+  if (st) return st;
+  size_t total[EBB_MAX_DEVICES];
+  for (int i = 0; i < ndev; i++) {
+    size_t fr = 0;
+    st = ebb_dev_mem_info(i, &fr, &total[i]);
+    if (st) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", ebb_last_error());
+      return ebb__fail(st, "%s: cannot read the memory size of device %d: %s", fn, i, why);
+    }
+  }
+  ebb__conf_parse(&ebb__al.conf);
+  for (int i = 0; i < ndev; i++) ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &ebb__al.conf, total[i]);
+  ebb__al.ndev = ndev;
+  st = ebb_at_shutdown(ebb__alloc_teardown, NULL);
+  if (st) {
+    for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
+    ebb__al.ndev = 0;
+  }
+  return st;
+}
+
+/* Entry check of every public call: ebb initialised, the module started. */
+static ebb_status ebb__alloc_enter(const char *fn) {
+  if (EBB_UNLIKELY(!ebb_is_initialized()))
+    return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init first", fn);
+  /* acquire: pairs with the release store of EBB__AL_UP below: the arenas are initialised. */
+  if (EBB_LIKELY(atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP)) return EBB_OK;
+  for (;;) {
+    int ph = EBB__AL_DOWN;
+    /* acquire on success: pairs with the teardown's release store of DOWN; on failure with the
+     * release store of UP. */
+    if (atomic_compare_exchange_strong_explicit(&ebb__al.phase, &ph, EBB__AL_STARTING, memory_order_acquire,
+                                                memory_order_acquire))
+      break;
+    if (ph == EBB__AL_UP) return EBB_OK;
+    ebb__cpu_relax(); /* another thread is starting the module */
+  }
+  ebb_status st = ebb__alloc_start(fn);
+  /* release: publishes the started (or undone) state to the acquires above. */
+  atomic_store_explicit(&ebb__al.phase, st ? EBB__AL_DOWN : EBB__AL_UP, memory_order_release);
+  return st;
+}
+
+static ebb_status ebb__enter_dev(const char *fn, int device) {
+  ebb_status st = ebb__alloc_enter(fn);
+  if (st) return st;
+  if (EBB_UNLIKELY(device < 0 || device >= ebb__al.ndev))
+    return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__al.ndev);
+  return EBB_OK;
+}
+
+/* The stream an allocation or a use is for, validated, with its id and device. */
+static ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
+  ebb_status st = ebb_stream_device(s, &out->device);
+  if (!st) st = ebb_stream_id(s, &out->id);
+  if (st) {
+    char why[512]; /* the message is rewritten below: copy it out of the buffer first */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: %s", fn, why);
+  }
+  out->s = s;
+  return EBB_OK;
+}
+
+/* ---- public API ---------------------------------------------------------------------------- */
+
+ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
+  static const char fn[] = "ebb_arena_alloc";
+  ebb_status st = ebb__enter_dev(fn, device);
+  if (st) return st;
+  if (EBB_UNLIKELY(!ptr)) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected a void * to fill", fn);
+  struct ebb__stream_ref s;
+  if (!stream && (st = ebb_stream_current(device, &stream))) return st;
+  if ((st = ebb__stream_ref(fn, stream, &s))) return st;
+  if (EBB_UNLIKELY(s.device != device))
+    return ebb__fail(EBB_EDEVICE, "%s: stream %" PRIu64 " belongs to device %d; expected a stream of device %d", fn, s.id,
+                     s.device, device);
+  if (bytes == 0) {
+    *ptr = NULL;
+    return EBB_OK;
+  }
+  return ebb__arena_alloc(&ebb__al.dev[device], bytes, &s, ptr);
+}
+
+ebb_status ebb_arena_free(void *ptr) {
+  static const char fn[] = "ebb_arena_free";
+  ebb_status st = ebb__alloc_enter(fn);
+  if (st) return st;
+  if (!ptr) return EBB_OK;
+  return ebb__arena_free(fn, ptr);
+}
+
+ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream) {
+  static const char fn[] = "ebb_arena_record_stream";
+  ebb_status st = ebb__alloc_enter(fn);
+  if (st) return st;
+  if (!ptr) return ebb__fail(EBB_EINVAL, "%s: pointer is NULL; expected a block from ebb_arena_alloc", fn);
+  struct ebb__stream_ref s;
+  if ((st = ebb__stream_ref(fn, stream, &s))) return st;
+  return ebb__arena_record(fn, ptr, &s);
+}
+
+ebb_status ebb_arena_empty_cache(int device) {
+  ebb_status st = ebb__enter_dev("ebb_arena_empty_cache", device);
+  if (st) return st;
+  return ebb__arena_empty_cache(&ebb__al.dev[device]);
+}
+
+ebb_status ebb_arena_set_limit(int device, size_t bytes) {
+  ebb_status st = ebb__enter_dev("ebb_arena_set_limit", device);
+  if (st) return st;
+  ebb__arena_set_limit(&ebb__al.dev[device], bytes);
+  return EBB_OK;
+}
+
+ebb_status ebb_arena_set_limit_fraction(int device, double fraction) {
+  static const char fn[] = "ebb_arena_set_limit_fraction";
+  ebb_status st = ebb__enter_dev(fn, device);
+  if (st) return st;
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    return ebb__fail(EBB_EINVAL, "%s: fraction %g is not valid; expected 0 < fraction <= 1", fn, fraction);
+  struct ebb__arena *a = &ebb__al.dev[device];
+  size_t bytes = (size_t)((double)a->total_mem * fraction);
+  ebb__arena_set_limit(a, bytes ? bytes : 1);
+  return EBB_OK;
+}
+
+ebb_status ebb_arena_get_stats(int device, ebb_arena_stats *out) {
+  static const char fn[] = "ebb_arena_get_stats";
+  ebb_status st = ebb__enter_dev(fn, device);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected an ebb_arena_stats to fill", fn);
+  ebb__arena_get_stats(&ebb__al.dev[device], out);
+  return EBB_OK;
+}
+
+ebb_status ebb_arena_reset_peak(int device) {
+  ebb_status st = ebb__enter_dev("ebb_arena_reset_peak", device);
+  if (st) return st;
+  ebb__arena_reset_peak(&ebb__al.dev[device]);
+  return EBB_OK;
+}
+
+ebb_status ebb_arena_debug_check(int device) {
+  static const char fn[] = "ebb_arena_debug_check";
+  ebb_status st = ebb__enter_dev(fn, device);
+  if (st) return st;
+  return ebb__arena_check(&ebb__al.dev[device], fn);
+}
+

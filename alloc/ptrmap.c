@@ -1,0 +1,168 @@
+/* ptrmap.c: the process-wide map from a live block's address to its block record.
+ *
+ * ebb_arena_free gets a bare pointer; this map finds its block (and so its arena and device)
+ * without a driver call. 64 shards, each an open-addressing table (linear probing, deletion by
+ * backward shift, so no tombstones) behind its own spin lock; the shard comes from a hash of the
+ * address, so threads freeing on different devices rarely meet (PyTorch shards its map the same
+ * way, allocators.md 1.1). A table grows by doubling when half full; nothing is allocated per
+ * operation otherwise.
+ *
+ * Threading: a shard's lock is a leaf: it may be taken with an arena lock held and never holds
+ * another lock. Hold times are a few probes, so spinning beats parking.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena_impl.h"
+
+#define EBB__SHARDS 64
+#define EBB__SHARD_MIN_CAP 64
+
+struct ebb__pm_entry {
+  uint64_t key; /* 0: empty (0 is never a block address) */
+  struct ebb__block *b;
+};
+
+struct ebb__pm_shard {
+  _Alignas(64) _Atomic int lock;
+  size_t count, cap; /* cap: a power of two, or 0 before the first insert */
+  struct ebb__pm_entry *e;
+};
+
+static struct ebb__pm_shard ebb__pm[EBB__SHARDS];
+
+/* Murmur3's finaliser: block addresses are 512-byte multiples, so the low bits carry nothing
+ * until they are mixed. */
+static inline uint64_t ebb__pm_hash(uint64_t k) {
+  k >>= 9;
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  k ^= k >> 33;
+  return k;
+}
+
+static inline void ebb__pm_lock(struct ebb__pm_shard *s) {
+  for (;;) {
+    /* acquire: pairs with the release store in ebb__pm_unlock of the previous holder. */
+    if (!atomic_exchange_explicit(&s->lock, 1, memory_order_acquire)) return;
+    while (atomic_load_explicit(&s->lock, memory_order_relaxed)) ebb__cpu_relax();
+  }
+}
+
+static inline void ebb__pm_unlock(struct ebb__pm_shard *s) {
+  /* release: publishes the table changes to the next acquirer in ebb__pm_lock. */
+  atomic_store_explicit(&s->lock, 0, memory_order_release);
+}
+
+static inline struct ebb__pm_shard *ebb__pm_shard_of(uint64_t h) { return &ebb__pm[h & (EBB__SHARDS - 1)]; }
+
+static inline size_t ebb__pm_slot(const struct ebb__pm_shard *s, uint64_t h) { return (size_t)(h >> 6) & (s->cap - 1); }
+
+static bool ebb__pm_grow(struct ebb__pm_shard *s) {
+  size_t ncap = s->cap ? s->cap * 2 : EBB__SHARD_MIN_CAP;
+  struct ebb__pm_entry *ne = calloc(ncap, sizeof *ne);
+  if (!ne) return false;
+  struct ebb__pm_entry *old = s->e;
+  size_t ocap = s->cap;
+  s->e = ne;
+  s->cap = ncap;
+  for (size_t i = 0; i < ocap; i++) {
+    if (!old[i].key) continue;
+    size_t j = ebb__pm_slot(s, ebb__pm_hash(old[i].key));
+    while (ne[j].key) j = (j + 1) & (ncap - 1);
+    ne[j] = old[i];
+  }
+  free(old);
+  return true;
+}
+
+bool ebb__ptrmap_insert(struct ebb__block *b) {
+  uint64_t h = ebb__pm_hash(b->addr);
+  struct ebb__pm_shard *s = ebb__pm_shard_of(h);
+  ebb__pm_lock(s);
+  if ((s->count + 1) * 2 > s->cap && !ebb__pm_grow(s)) {
+    ebb__pm_unlock(s);
+    return false;
+  }
+  size_t j = ebb__pm_slot(s, h);
+  while (s->e[j].key) {
+    EBB_ASSERT(s->e[j].key != b->addr); /* a live address is in the map once */
+    j = (j + 1) & (s->cap - 1);
+  }
+  s->e[j].key = b->addr;
+  s->e[j].b = b;
+  s->count++;
+  ebb__pm_unlock(s);
+  return true;
+}
+
+/* Index of `addr` in the shard, or SIZE_MAX. Shard locked by the caller. */
+static size_t ebb__pm_index(const struct ebb__pm_shard *s, uint64_t h, uint64_t addr) {
+  if (!s->cap) return SIZE_MAX;
+  for (size_t j = ebb__pm_slot(s, h);; j = (j + 1) & (s->cap - 1)) {
+    if (s->e[j].key == addr) return j;
+    if (!s->e[j].key) return SIZE_MAX;
+  }
+}
+
+struct ebb__block *ebb__ptrmap_find(uint64_t addr) {
+  uint64_t h = ebb__pm_hash(addr);
+  struct ebb__pm_shard *s = ebb__pm_shard_of(h);
+  ebb__pm_lock(s);
+  size_t j = ebb__pm_index(s, h, addr);
+  struct ebb__block *b = j == SIZE_MAX ? NULL : s->e[j].b;
+  ebb__pm_unlock(s);
+  return b;
+}
+
+struct ebb__block *ebb__ptrmap_take(uint64_t addr) {
+  uint64_t h = ebb__pm_hash(addr);
+  struct ebb__pm_shard *s = ebb__pm_shard_of(h);
+  ebb__pm_lock(s);
+  size_t j = ebb__pm_index(s, h, addr);
+  if (j == SIZE_MAX) {
+    ebb__pm_unlock(s);
+    return NULL;
+  }
+  struct ebb__block *b = s->e[j].b;
+  /* Backward-shift deletion: pull later entries of the probe run into the hole so every
+   * remaining key stays reachable from its home slot without tombstones. */
+  size_t mask = s->cap - 1, hole = j;
+  for (size_t k = (j + 1) & mask; s->e[k].key; k = (k + 1) & mask) {
+    size_t home = ebb__pm_slot(s, ebb__pm_hash(s->e[k].key));
+    /* Move e[k] into the hole unless its home lies cyclically in (hole, k]. */
+    bool stays = hole <= k ? (home > hole && home <= k) : (home > hole || home <= k);
+    if (!stays) {
+      s->e[hole] = s->e[k];
+      hole = k;
+    }
+  }
+  s->e[hole].key = 0;
+  s->e[hole].b = NULL;
+  s->count--;
+  ebb__pm_unlock(s);
+  return b;
+}
+
+size_t ebb__ptrmap_count(void) {
+  size_t n = 0;
+  for (int i = 0; i < EBB__SHARDS; i++) {
+    ebb__pm_lock(&ebb__pm[i]);
+    n += ebb__pm[i].count;
+    ebb__pm_unlock(&ebb__pm[i]);
+  }
+  return n;
+}
+
+void ebb__ptrmap_clear(void) {
+  for (int i = 0; i < EBB__SHARDS; i++) {
+    struct ebb__pm_shard *s = &ebb__pm[i];
+    ebb__pm_lock(s);
+    free(s->e);
+    s->e = NULL;
+    s->cap = s->count = 0;
+    ebb__pm_unlock(s);
+  }
+}

@@ -1,0 +1,191 @@
+/* bench_arena.c: the device arena's fast path (cache hit, one stream) against host allocators.
+ *
+ * One sequence of alloc+free pairs in random order is generated up front and replayed, timed, on
+ * ebb_arena_alloc/free and on glibc, jemalloc and mimalloc, so every allocator sees the same
+ * sizes in the same order. The live set is filled first; each pair then frees a random live
+ * block and allocates a new size in its place. Two settings:
+ *   dist=tensor  sizes log-uniform 512 B .. 64 MiB (512 B multiples), 1000 live blocks;
+ *   dist=small   sizes log-uniform 512 B .. 64 KiB, 100000 live blocks.
+ * Host allocators get the same sizes: they touch no memory (neither does the arena), so the
+ * figures compare bookkeeping. The emulated device memory is never touched (mmap'ed lazily), so
+ * EBB_SIM_MEM is raised to 64 GiB per device for the ~9 GiB tensor working set.
+ * glibc is reached through __libc_malloc/__libc_free (this program's malloc is jemalloc).
+ * Output: `bench=arena_fastpath impl=... dist=... live=... ns_per_pair=...` and the number of
+ * driver allocations the arena made after warm-up (the target is 0).
+ */
+#define _GNU_SOURCE /* dlopen/dlsym of jemalloc's mallocx when it is not the process allocator */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mimalloc.h>
+
+#include "bench.h"
+#include "ebb/alloc.h"
+#include "ebb/runtime.h"
+#include "ebb/stream.h"
+
+extern void *__libc_malloc(size_t);
+extern void __libc_free(void *);
+
+struct seq {
+  size_t live;       /* blocks kept live */
+  size_t pairs;      /* timed free+alloc pairs */
+  size_t *fill;      /* sizes of the initial live set */
+  size_t *size;      /* size of pair i's allocation */
+  uint32_t *victim;  /* which live slot pair i frees */
+};
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng_next(void) { /* xorshift64*: reproducible, no libc state */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return rng_state * 2685821657736338717ull;
+}
+
+static size_t log_uniform(double lo, double hi) {
+  double u = (double)(rng_next() >> 11) / 9007199254740992.0;
+  size_t s = (size_t)exp2(log2(lo) + u * (log2(hi) - log2(lo)));
+  return (s + 511) / 512 * 512;
+}
+
+static void seq_make(struct seq *q, size_t live, size_t pairs, double lo, double hi) {
+  q->live = live;
+  q->pairs = pairs;
+  q->fill = malloc(live * sizeof *q->fill);
+  q->size = malloc(pairs * sizeof *q->size);
+  q->victim = malloc(pairs * sizeof *q->victim);
+  if (!q->fill || !q->size || !q->victim) exit(1);
+  for (size_t i = 0; i < live; i++) q->fill[i] = log_uniform(lo, hi);
+  for (size_t i = 0; i < pairs; i++) {
+    q->size[i] = log_uniform(lo, hi);
+    q->victim[i] = (uint32_t)(rng_next() % live);
+  }
+}
+
+/* One allocator as two function pointers over an opaque context. */
+struct impl {
+  const char *name;
+  void *(*alloc)(size_t);
+  void (*free)(void *);
+};
+
+static ebb_stream_t *g_stream;
+static int g_device;
+
+static void *ebb_alloc_fn(size_t n) {
+  void *p = NULL;
+  BENCH_CHECK(ebb_arena_alloc(g_device, n, g_stream, &p));
+  return p;
+}
+static void ebb_free_fn(void *p) { BENCH_CHECK(ebb_arena_free(p)); }
+static void *glibc_alloc(size_t n) { return __libc_malloc(n); }
+static void glibc_free(void *p) { __libc_free(p); }
+static void *mi_alloc(size_t n) { return mi_malloc(n); }
+static void mi_free_fn(void *p) { mi_free(p); }
+
+static void *(*je_mallocx)(size_t, int);
+static void (*je_dallocx)(void *, int);
+static void *je_alloc(size_t n) { return je_mallocx(n, 0); }
+static void je_free(void *p) { je_dallocx(p, 0); }
+
+static uint64_t ebb_driver_allocs(void) {
+  ebb_arena_stats s;
+  BENCH_CHECK(ebb_arena_get_stats(g_device, &s));
+  return s.num_device_alloc;
+}
+
+/* Replays the sequence: fill, warm-up pass (not timed), timed pass; ns per pair. For the arena,
+ * *drv gets the driver allocations made during the timed pass. */
+static double run(const struct impl *im, const struct seq *q, void **slots, bool is_ebb, uint64_t *drv) {
+  for (size_t i = 0; i < q->live; i++) {
+    slots[i] = im->alloc(q->fill[i]);
+    if (!slots[i]) exit(1);
+  }
+  size_t warm = q->pairs / 4;
+  for (size_t i = 0; i < warm; i++) {
+    uint32_t v = q->victim[i];
+    im->free(slots[v]);
+    slots[v] = im->alloc(q->size[i]);
+  }
+  uint64_t d0 = is_ebb ? ebb_driver_allocs() : 0;
+  uint64_t t0 = bench_now_ns();
+  for (size_t i = warm; i < q->pairs; i++) {
+    uint32_t v = q->victim[i];
+    im->free(slots[v]);
+    slots[v] = im->alloc(q->size[i]);
+  }
+  uint64_t t1 = bench_now_ns();
+  if (is_ebb) *drv = ebb_driver_allocs() - d0;
+  for (size_t i = 0; i < q->live; i++) im->free(slots[i]);
+  return (double)(t1 - t0) / (double)(q->pairs - warm);
+}
+
+static void bench(const char *dist, size_t live, size_t pairs, double lo, double hi, const struct impl *ims, int nimpl) {
+  struct seq q;
+  seq_make(&q, live, pairs, lo, hi);
+  void **slots = calloc(live, sizeof *slots);
+  if (!slots) exit(1);
+  for (int k = 0; k < nimpl; k++) {
+    const struct impl *im = &ims[k];
+    bool is_ebb = !strcmp(im->name, "ebb");
+    double best = 1e30;
+    uint64_t drv_after_warm = 0;
+    for (int rep = 0; rep < 3; rep++) {
+      /* A slow allocator (glibc maps and unmaps every large block) gets one timed pass. */
+      if (rep > 0 && best > 20000.0) break;
+      /* Warm-up is the fill plus the first quarter of the pairs; the timed pass follows. */
+      uint64_t drv = 0;
+      double ns = run(im, &q, slots, is_ebb, &drv);
+      drv_after_warm += drv;
+      if (ns < best) best = ns;
+    }
+    printf("bench=arena_fastpath impl=%s dist=%s live=%zu ns_per_pair=%.1f\n", im->name, dist, live, best);
+    if (is_ebb)
+      printf("bench=arena_fastpath impl=ebb dist=%s driver_allocs_after_warmup=%llu\n", dist,
+             (unsigned long long)drv_after_warm);
+    fflush(stdout);
+  }
+  free(slots);
+  free(q.fill);
+  free(q.size);
+  free(q.victim);
+}
+
+int main(void) {
+  /* The emulated devices' memory is mmap'ed lazily and never touched here. */
+  setenv("EBB_SIM_MEM", "64G", 0);
+  setenv("EBB_SIM_DEVICES", "2", 0);
+  BENCH_CHECK(ebb_init());
+  BENCH_CHECK(ebb_stream_default(g_device, &g_stream));
+
+  struct impl ims[4];
+  int n = 0;
+  ims[n++] = (struct impl){"ebb", ebb_alloc_fn, ebb_free_fn};
+  ims[n++] = (struct impl){"glibc", glibc_alloc, glibc_free};
+  /* jemalloc: the process allocator when linked (RTLD_DEFAULT finds mallocx), else dlopen'ed. */
+  je_mallocx = (void *(*)(size_t, int))dlsym(RTLD_DEFAULT, "mallocx");
+  je_dallocx = (void (*)(void *, int))dlsym(RTLD_DEFAULT, "dallocx");
+  if (!je_mallocx || !je_dallocx) {
+    void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      je_mallocx = (void *(*)(size_t, int))dlsym(h, "mallocx");
+      je_dallocx = (void (*)(void *, int))dlsym(h, "dallocx");
+    }
+  }
+  if (je_mallocx && je_dallocx) ims[n++] = (struct impl){"jemalloc", je_alloc, je_free};
+  else fprintf(stderr, "bench_arena: jemalloc not found; its lines are left out\n");
+  ims[n++] = (struct impl){"mimalloc", mi_alloc, mi_free_fn};
+
+  bench("tensor", 1000, 200000, 512.0, 64.0 * 1024 * 1024, ims, n);
+  BENCH_CHECK(ebb_arena_empty_cache(g_device));
+  bench("small", 100000, 2000000, 512.0, 64.0 * 1024, ims, n);
+  BENCH_CHECK(ebb_arena_empty_cache(g_device));
+  BENCH_CHECK(ebb_shutdown());
+  return 0;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# run.sh: runs every ebb benchmark and prints their `bench=` lines (diagnostics go to stderr).
+# usage: perf/run.sh [bin_dir]   (default: this script's directory if it holds the programs,
+#        else build/default/bin; build them with `cmake --build --preset default`)
+# The figures are for the driver ebb_init picks (EBB_DRIVER); perf/RESULTS.md records how each
+# published figure was produced.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ $# -ge 1 ]]; then
+  bin="$1"
+elif [[ -x "$here/ebb-bench-launch" ]]; then
+  bin="$here"
+else
+  bin="$here/../build/default/bin"
+fi
+
+status=0
+for b in launch event copy; do
+  if ! "$bin/ebb-bench-$b" | grep '^bench='; then
+    echo "run.sh: ebb-bench-$b failed" >&2
+    status=1
+  fi
+done
+if ! "$here/syscalls.sh" "$bin"; then
+  echo "run.sh: syscalls.sh failed" >&2
+  status=1
+fi
+exit $status

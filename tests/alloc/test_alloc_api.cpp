@@ -1,0 +1,395 @@
+// The device arena through ebb/alloc.h on the emulated driver (2 devices, default timing):
+// size classes, split and merge under random sequences, stream-ordered reuse, record_stream,
+// the steal-with-event path, limits, empty_cache, misuse, and threads.
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "alloc_test_util.hpp"
+
+using namespace alloc_test;
+
+TEST_CASE("size classes: small, medium and large requests get PyTorch's segments", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *a = nullptr, *b = nullptr, *c = nullptr, *d0 = nullptr, *d = nullptr, *e = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &a));
+  CHECK(reinterpret_cast<uintptr_t>(a) % 512 == 0);
+  CHECK(stats(0).reserved_bytes.current == 2 * MiB);
+  CHECK(stats(0).allocated_bytes.current == 1024);  // rounded to 512 B steps
+  CHECK(stats(0).requested_bytes.current == 1000);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 5 * MiB, s, &b));  // 1..10 MiB: a 20 MiB segment
+  CHECK(stats(0).reserved_bytes.current == 22 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 100 * MiB, s, &c));  // large: exactly its size in 2 MiB
+  CHECK(stats(0).reserved_bytes.current == 122 * MiB);
+  CHECK(stats(0).segments.current == 3);
+  // 1 MiB fits in the first small segment; the next 1 MiB never lands in the 20 MiB segment's
+  // 15 MiB of free space but gets a small segment of its own...
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &d0));
+  CHECK(stats(0).reserved_bytes.current == 122 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &d));
+  CHECK(stats(0).reserved_bytes.current == 124 * MiB);
+  // ...but a large one does.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB + 512, s, &e));
+  CHECK(stats(0).reserved_bytes.current == 124 * MiB);
+  CHECK(reinterpret_cast<uintptr_t>(e) == reinterpret_cast<uintptr_t>(b) + 5 * MiB);
+  CHECK(stats(0).num_device_alloc == 4);
+  ARENA_CHECK();
+  for (void *p : {a, b, c, d0, d, e}) EBB_REQUIRE_OK(ebb_arena_free(p));
+  ebb_arena_stats st = stats(0);
+  CHECK(st.allocated_bytes.current == 0);
+  CHECK(st.allocated_bytes.peak >= 106 * MiB);
+  CHECK(st.reserved_bytes.current == 124 * MiB);  // cached
+  CHECK(st.inactive_split.current == 0);           // every segment merged back to one block
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  CHECK(stats(0).num_device_free == 4);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("split rules: small pool splits >= 512 B, large only > 1 MiB of slack", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &a));  // exactly a 12 MiB segment, no split
+  EBB_REQUIRE_OK(ebb_arena_free(a));
+  // An 11.5 MiB request may take the 12 MiB block whole: 0.5 MiB of slack is not split off.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 11 * MiB + 512 * KiB, s, &b));
+  CHECK(b == a);
+  CHECK(stats(0).allocated_bytes.current == 12 * MiB);
+  CHECK(stats(0).inactive_split.current == 0);
+  EBB_REQUIRE_OK(ebb_arena_free(b));
+  // A 10 MiB request leaves 2 MiB: split, and the piece counts as inactive_split.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 10 * MiB, s, &c));
+  CHECK(c == a);
+  CHECK(stats(0).allocated_bytes.current == 10 * MiB);
+  CHECK(stats(0).inactive_split.current == 1);
+  CHECK(stats(0).inactive_split_bytes.current == 2 * MiB);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(c));
+  CHECK(stats(0).inactive_split.current == 0);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("random alloc/free sequences keep every invariant (seeded)", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *ss[3] = {default_stream(0), nullptr, nullptr};
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &ss[1]));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_HIGH, &ss[2]));
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> logsz(6.0, 25.0);  // 64 B .. 32 MiB
+    std::vector<void *> live;
+    for (int op = 0; op < 3000; op++) {
+      if (live.empty() || rng() % 100 < 55) {
+        size_t bytes = static_cast<size_t>(std::exp2(logsz(rng)));
+        void *p = nullptr;
+        EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, ss[rng() % 3], &p));
+        live.push_back(p);
+      } else {
+        size_t i = rng() % live.size();
+        EBB_REQUIRE_OK(ebb_arena_free(live[i]));
+        live[i] = live.back();
+        live.pop_back();
+      }
+      if (op % 250 == 0) ARENA_CHECK();
+    }
+    ARENA_CHECK();
+    std::shuffle(live.begin(), live.end(), rng);
+    for (void *p : live) EBB_REQUIRE_OK(ebb_arena_free(p));
+    ARENA_CHECK();
+    CHECK(stats(0).allocated_bytes.current == 0);
+    CHECK(stats(0).active_bytes.current == 0);
+    CHECK(stats(0).requested_bytes.current == 0);
+    EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+    CHECK(stats(0).reserved_bytes.current == 0);
+    CHECK(stats(0).segments.current == 0);
+    ARENA_CHECK();
+  }
+  EBB_REQUIRE_OK(ebb_stream_release(ss[1]));
+  EBB_REQUIRE_OK(ebb_stream_release(ss[2]));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("stream-ordered reuse: a block freed on S comes back on S at once", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = pool_stream(0);
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4000, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4000, s, &q));
+  CHECK(q == p);
+  CHECK(stats(0).num_device_alloc == 1);
+  CHECK(stats(0).cache_hits == 1);
+  // The current stream is used when none is given.
+  ebb_stream_guard g;
+  EBB_REQUIRE_OK(ebb_stream_guard_enter(&g, s));
+  void *r = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4000, nullptr, &r));
+  CHECK(r == p);
+  EBB_REQUIRE_OK(ebb_stream_guard_exit(&g));
+  EBB_REQUIRE_OK(ebb_arena_free(r));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("record_stream from several streams: the block waits for all of them", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = nullptr, *c = nullptr, *other = default_stream(1);
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &c));
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &p));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, a));  // the allocation stream: nothing to do
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, c));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));      // twice: recorded once
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, other));  // a peer device's stream
+  busy(b);
+  busy(c);
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  ebb_arena_stats st = stats(0);
+  CHECK(st.allocated_bytes.current == 0);
+  CHECK(st.free_count == 1);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(c));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(other));
+  // The next allocation polls the events and gets the block back: no new segment.
+  void *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &q));
+  CHECK(q == p);
+  CHECK(stats(0).num_device_alloc == 1);
+  CHECK(stats(0).active_bytes.current == 12 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  // Many streams: the inline use array overflows.
+  std::vector<ebb_stream_t *> many(9);
+  for (auto &m : many) EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &m));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &q));
+  for (auto *m : many) EBB_REQUIRE_OK(ebb_arena_record_stream(q, m));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));  // waits for the events and releases everything
+  CHECK(stats(0).active_bytes.current == 0);
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  for (auto *m : many) EBB_REQUIRE_OK(ebb_stream_release(m));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  EBB_REQUIRE_OK(ebb_stream_release(c));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("a stream's miss takes another stream's free block after an event wait", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, t, &q));
+  CHECK(q == p);
+  CHECK(stats(0).num_device_alloc == 1);
+  CHECK(stats(0).num_steals == 1);
+  ARENA_CHECK();
+  // Freed on t, it is now t's block: t reuses it without another steal.
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, t, &q));
+  CHECK(q == p);
+  CHECK(stats(0).num_steals == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  // A small block split off s's segment: the remainder stays with s, never merged across streams.
+  void *x = nullptr, *y = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, s, &x));
+  EBB_REQUIRE_OK(ebb_arena_free(x));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, t, &y));
+  CHECK(y == x);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(y));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("limits: a cap on reserved bytes, as bytes or a fraction", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, 30 * MiB));
+  CHECK(stats(0).limit == 30 * MiB);
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &a));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &b));
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 12 * MiB, s, &c), EBB_ENOMEM, "limit 30.00 MiB");
+  CHECK(stats(0).num_ooms == 1);
+  CHECK(stats(0).num_alloc_retries == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(b));  // cached: the same size fits again under the cap
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &c));
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, 0));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &b));
+  EBB_CHECK_FAILS(ebb_arena_set_limit_fraction(0, 0.0), EBB_EINVAL, "0 < fraction <= 1");
+  EBB_CHECK_FAILS(ebb_arena_set_limit_fraction(0, 1.5), EBB_EINVAL, "0 < fraction <= 1");
+  size_t fr = 0, total = 0;
+  EBB_REQUIRE_OK(ebb_dev_mem_info(0, &fr, &total));
+  EBB_REQUIRE_OK(ebb_arena_set_limit_fraction(0, 0.5));
+  CHECK(stats(0).limit == total / 2);
+  for (void *p : {a, b, c}) EBB_REQUIRE_OK(ebb_arena_free(p));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("empty_cache gives cached segments back to the driver", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(1);
+  size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
+  EBB_REQUIRE_OK(ebb_dev_mem_info(1, &free0, &total));
+  void *p = nullptr, *keep = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(1, 100 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(1, 1000, s, &keep));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_dev_mem_info(1, &free1, &total));
+  CHECK(free1 + 102 * MiB <= free0);  // cached, still held from the driver
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(1));
+  EBB_REQUIRE_OK(ebb_dev_mem_info(1, &free2, &total));
+  CHECK(free2 >= free1 + 100 * MiB);
+  ebb_arena_stats st = stats(1);
+  CHECK(st.reserved_bytes.current == 2 * MiB);  // the segment with a live block stays
+  CHECK(st.reserved_bytes.peak == 102 * MiB);
+  CHECK(st.num_device_free == 1);
+  EBB_REQUIRE_OK(ebb_arena_reset_peak(1));
+  CHECK(stats(1).reserved_bytes.peak == 2 * MiB);
+  CHECK(stats(0).reserved_bytes.current == 0);  // device 0 untouched
+  EBB_REQUIRE_OK(ebb_arena_free(keep));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("misuse: unknown, interior and double frees, bad devices and streams", "[alloc]") {
+  {
+    void *p = nullptr;
+    EBB_CHECK_FAILS(ebb_arena_alloc(0, 16, nullptr, &p), EBB_ENOTINIT, "ebb_init");
+  }
+  EbbSession session;
+  ebb_stream_t *s0 = default_stream(0), *s1 = default_stream(1);
+  void *p = nullptr, *z = reinterpret_cast<void *>(1);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 0, s0, &z));  // zero bytes: NULL and OK
+  CHECK(z == nullptr);
+  EBB_REQUIRE_OK(ebb_arena_free(nullptr));
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 16, s0, nullptr), EBB_EINVAL, "ptr is NULL");
+  EBB_CHECK_FAILS(ebb_arena_alloc(7, 16, s0, &p), EBB_EDEVICE, "device 7 is out of range");
+  EBB_CHECK_FAILS(ebb_arena_alloc(-1, 16, nullptr, &p), EBB_EDEVICE, "device -1");
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 16, s1, &p), EBB_EDEVICE, "belongs to device 1");
+  ebb_stream_t *gone = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &gone));
+  EBB_REQUIRE_OK(ebb_stream_release(gone));
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 16, gone, &p), EBB_EFREED, "ebb_arena_alloc");
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8192, s0, &p));
+  int on_stack = 0;
+  EBB_CHECK_FAILS(ebb_arena_free(&on_stack), EBB_EINVAL, "was not allocated by ebb_arena_alloc");
+  EBB_CHECK_FAILS(ebb_arena_free(static_cast<char *>(p) + 512), EBB_EINVAL, "is inside the block");
+  EBB_CHECK_FAILS(ebb_arena_record_stream(static_cast<char *>(p) + 512, s0), EBB_EINVAL, "is inside the block");
+  EBB_CHECK_FAILS(ebb_arena_record_stream(p, nullptr), EBB_EINVAL, "stream is NULL");
+  EBB_CHECK_FAILS(ebb_arena_record_stream(nullptr, s0), EBB_EINVAL, "pointer is NULL");
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "already freed");
+  EBB_CHECK_FAILS(ebb_arena_record_stream(p, s0), EBB_EFREED, "already freed");
+  EBB_CHECK_FAILS(ebb_arena_empty_cache(2), EBB_EDEVICE, "ebb_arena_empty_cache");
+  EBB_CHECK_FAILS(ebb_arena_get_stats(0, nullptr), EBB_EINVAL, "out is NULL");
+  ARENA_CHECK();  // nothing above disturbed the pool
+  void *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8192, s0, &q));
+  CHECK(q == p);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("8 threads allocate, record and free across streams and devices", "[alloc][threads]") {
+  EbbSession session;
+  constexpr int kThreads = 8;
+  std::vector<ebb_stream_t *> streams(kThreads);
+  for (int t = 0; t < kThreads; t++) EBB_REQUIRE_OK(ebb_stream_create(t % 2, EBB_PRIO_LOW, &streams[t]));
+  std::mutex mbox_mu;
+  std::vector<void *> mbox;  // blocks handed to another thread to free
+  std::atomic<int> failures{0};
+  auto worker = [&](int t) {
+    std::mt19937 rng(100 + t);
+    int dev = t % 2;
+    ebb_stream_t *mine = streams[t], *peer = streams[(t + 2) % kThreads];  // same device
+    std::vector<void *> live;
+    for (int op = 0; op < 1500; op++) {
+      unsigned r = rng() % 100;
+      if (r < 50 || live.empty()) {
+        size_t bytes = static_cast<size_t>(std::exp2(9.0 + (rng() % 1300) / 100.0));  // 512 B .. 4 MiB
+        void *p = nullptr;
+        if (ebb_arena_alloc(dev, bytes, mine, &p) != EBB_OK) failures++;
+        else live.push_back(p);
+      } else if (r < 60) {
+        if (ebb_arena_record_stream(live.back(), peer) != EBB_OK) failures++;
+      } else if (r < 70) {
+        std::lock_guard<std::mutex> lk(mbox_mu);
+        mbox.push_back(live.back());
+        live.pop_back();
+      } else {
+        void *p = live.back();
+        live.pop_back();
+        {
+          std::lock_guard<std::mutex> lk(mbox_mu);
+          if (!mbox.empty()) {
+            live.push_back(p);
+            p = mbox.back();
+            mbox.pop_back();
+          }
+        }
+        if (ebb_arena_free(p) != EBB_OK) failures++;
+      }
+    }
+    for (void *p : live)
+      if (ebb_arena_free(p) != EBB_OK) failures++;
+  };
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; t++) th.emplace_back(worker, t);
+  for (auto &x : th) x.join();
+  CHECK(failures.load() == 0);
+  for (void *p : mbox) EBB_REQUIRE_OK(ebb_arena_free(p));
+  ARENA_CHECK();
+  for (int d = 0; d < 2; d++) {
+    EBB_REQUIRE_OK(ebb_arena_empty_cache(d));
+    ebb_arena_stats st = stats(d);
+    CHECK(st.allocated_bytes.current == 0);
+    CHECK(st.active_bytes.current == 0);
+    CHECK(st.reserved_bytes.current == 0);
+    CHECK(st.alloc_count == st.free_count);
+  }
+  ARENA_CHECK();
+  for (auto *s : streams) EBB_REQUIRE_OK(ebb_stream_release(s));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("shutdown releases leaked blocks and a later init starts clean", "[alloc]") {
+  size_t free_before = 0, total = 0;
+  {
+    EbbSession session;
+    EBB_REQUIRE_OK(ebb_dev_mem_info(0, &free_before, &total));
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, nullptr, &p));  // leaked on purpose
+    REQUIRE(ebb_debug_live_handles() == 0);
+  }
+  EbbSession session;
+  ebb_arena_stats st = stats(0);
+  CHECK(st.reserved_bytes.current == 0);
+  CHECK(st.alloc_count == 0);
+  size_t fr = 0;
+  EBB_REQUIRE_OK(ebb_dev_mem_info(0, &fr, &total));
+  CHECK(fr == free_before);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
