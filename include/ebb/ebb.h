@@ -1,0 +1,11 @@
+/* ebb/ebb.h: every public ebb header. Modules not built yet have no header here. */
+#ifndef EBB_EBB_H
+#define EBB_EBB_H
+
+#include "ebb/status.h"
+#include "ebb/runtime.h"
+#include "ebb/trace.h"
+#include "ebb/stream.h"
+#include "ebb/alloc.h"
+
+#endif /* EBB_EBB_H */
