@@ -16,7 +16,7 @@ else
 fi
 
 status=0
-for b in launch event copy; do
+for b in launch event copy arena_fastpath; do
   if ! "$bin/ebb-bench-$b" | grep '^bench='; then
     echo "run.sh: ebb-bench-$b failed" >&2
     status=1
@@ -24,6 +24,10 @@ for b in launch event copy; do
 done
 if ! "$here/syscalls.sh" "$bin"; then
   echo "run.sh: syscalls.sh failed" >&2
+  status=1
+fi
+if ! "$here/frag.sh" "$bin"; then
+  echo "run.sh: frag.sh failed" >&2
   status=1
 fi
 exit $status
