@@ -1,6 +1,7 @@
 /* arena.c: the arena engine. Blocks carved from upstream segments, size classes, split and
  * merge, a per-stream free index, stream-ordered reuse through events, the OOM retry chain,
- * expandable segments and the counters, written once for every memory kind (arena_impl.h).
+ * expandable segments, the counters and the history actions (history.c keeps the ring), written
+ * once for every memory kind (arena_impl.h).
  *
  * Owns: everything hanging off a struct ebb__arena. The upstream owns the memory itself.
  *
@@ -265,6 +266,10 @@ static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now. */
 static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
+  ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
+  /* A free block belongs to nobody; snapshots show its owner only while it is active. */
+  b->owner = "";
+  b->owner_cat = EBB_OWNER_OTHER;
   ebb__stat_sub(&a->c.s.active_bytes, b->size);
   ebb__seg_split_stat(a, g, false);
   b->state = EBB__B_FREE;
@@ -463,6 +468,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     if (g->expandable || g->nfree != g->nblocks) continue;
     ebb__seg_split_stat(a, g, false);
+    ebb__hist_rec(a, EBB_ACT_SEGMENT_FREE, g->base, g->size, 0, g->first->spool->stream.id, EBB_OWNER_OTHER, "");
     for (struct ebb__block *b = g->first, *bn; b; b = bn) {
       bn = b->next;
       ebb__index_remove(b);
@@ -537,10 +543,15 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
     return st;
   }
   a->c.s.num_device_alloc += grow / a->xgran;
+  uint8_t ocat;
+  const char *oname;
+  ebb__owner_current(&ocat, &oname);
+  ebb__hist_rec(a, EBB_ACT_SEGMENT_MAP, a->xva + mapped, grow, 0, sp->stream.id, ocat, oname);
   if (!g) {
     struct ebb__block *b;
     g = ebb__segment_add(a, a->xva, grow, pool, sp, &b); /* counts reserved and segments */
     if (!g) {
+      ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, a->xva, grow, 0, sp->stream.id, ocat, oname);
       for (size_t k = 0; k < grow; k += a->xgran) {
         a->up->unmap(a, a->xva + k, a->xgran, a->xhandles[k / a->xgran]);
         a->xhandles[k / a->xgran] = 0;
@@ -592,6 +603,7 @@ static size_t ebb__x_shrink(struct ebb__arena *a) {
     uint64_t cut = a->xva + ebb__round_up(tail->addr - a->xva, a->xgran);
     uint64_t end = a->xva + g->size;
     if (cut >= end) break;
+    ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, cut, end - cut, 0, tail->spool->stream.id, EBB_OWNER_OTHER, "");
     for (uint64_t va = cut; va < end; va += a->xgran) {
       uint64_t *h = &a->xhandles[(va - a->xva) / a->xgran];
       if (a->up->unmap(a, va, a->xgran, *h) == EBB_OK) a->c.s.num_device_free++;
@@ -675,6 +687,8 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   b->state = EBB__B_ALLOC;
   b->requested = bytes;
   b->nuses = 0;
+  ebb__owner_current(&b->owner_cat, &b->owner);
+  ebb__hist_rec(a, EBB_ACT_ALLOC, b->addr, b->size, bytes, sp->stream.id, b->owner_cat, b->owner);
   ebb__stat_add(&a->c.s.allocated_bytes, b->size);
   ebb__stat_add(&a->c.s.active_bytes, b->size);
   ebb__stat_add(&a->c.s.requested_bytes, bytes);
@@ -695,21 +709,27 @@ static size_t ebb__largest_free(const struct ebb__arena *a) {
  * ebb lock. */
 static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s) {
   a->c.s.num_ooms++;
-  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "";
+  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[256];
   size_t dfree = 0, dtotal = 0;
   if (a->up->mem_info(a, &dfree, &dtotal) != EBB_OK) dfree = 0;
+  uint8_t ocat;
+  const char *oname;
+  ebb__owner_current(&ocat, &oname);
+  /* As PyTorch's trace: the driver's free bytes where an address would be, the request as size. */
+  ebb__hist_rec(a, EBB_ACT_OOM, dfree, bytes, bytes, s->id, ocat, oname);
+  ebb__top_owners(a, top, sizeof top);
   if (a->limit) {
     char l[24];
     snprintf(lim, sizeof lim, ", limit %s", ebb__fmt_bytes(l, sizeof l, a->limit));
   }
   return ebb__fail(EBB_ENOMEM,
                    "ebb_arena_alloc: device %d out of memory: requested %s (rounded %s) on stream %" PRIu64
-                   "; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s",
+                   "; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s%s",
                    a->device, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), s->id,
                    ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
                    ebb__fmt_bytes(res, sizeof res, a->c.s.reserved_bytes.current),
                    ebb__fmt_bytes(al, sizeof al, a->c.s.allocated_bytes.current),
-                   ebb__fmt_bytes(lg, sizeof lg, ebb__largest_free(a)), lim);
+                   ebb__fmt_bytes(lg, sizeof lg, ebb__largest_free(a)), lim, top);
 }
 
 /* Gets a new segment (or expandable growth) big enough for r. Lock held on entry and exit;
@@ -739,6 +759,10 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
     ebb__mutex_lock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a segment record");
   }
+  uint8_t ocat;
+  const char *oname;
+  ebb__owner_current(&ocat, &oname);
+  ebb__hist_rec(a, EBB_ACT_SEGMENT_ALLOC, base, seg, 0, sp->stream.id, ocat, oname);
   return EBB_OK;
 }
 
@@ -778,12 +802,26 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
   return ebb__oom(a, bytes, r, s);
 }
 
+/* The oom_snapshot setting: after the report is composed and the lock dropped (the snapshot
+ * takes every arena's lock in turn, as PyTorch calls its OOM observers unlocked). The report
+ * stays this thread's last error; a snapshot that cannot be written is noted on stderr. */
+static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
+  if (st != EBB_ENOMEM || !a->conf.oom_snapshot) return st;
+  char report[512];
+  snprintf(report, sizeof report, "%s", ebb_last_error());
+  if (ebb__snapshot_write("oom_snapshot", a->conf.oom_snapshot) != EBB_OK) {
+    fprintf(stderr, "ebb: %s\n", ebb_last_error());
+    return ebb__fail(st, "%s", report);
+  }
+  return st;
+}
+
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
     ebb__mutex_lock(&a->mu);
     ebb_status st = ebb__oom(a, bytes, bytes, s);
     ebb__mutex_unlock(&a->mu);
-    return st;
+    return ebb__oom_snapshot(a, st);
   }
   size_t r = bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK);
   int pool = r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
@@ -804,7 +842,7 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
     ebb_status st = ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
     if (st) {
       ebb__mutex_unlock(&a->mu);
-      return st;
+      return ebb__oom_snapshot(a, st);
     }
     if (stolen) {
       from = b->spool->stream;
@@ -901,6 +939,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr) {
   ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
   ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
   a->c.s.free_count++;
+  ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   if (EBB_LIKELY(!b->nuses)) {
     ebb__block_release(a, b);
     ebb__mutex_unlock(&a->mu);
@@ -1174,6 +1213,7 @@ void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int d
   ebb_list_init(&a->segments);
   ebb_list_init(&a->pend_spare);
   ebb_list_init(&a->block_spare);
+  ebb__hist_init(a);
   a->started = true;
 }
 
@@ -1220,6 +1260,7 @@ void ebb__arena_fini(struct ebb__arena *a) {
   for (size_t i = 0; i < a->nspools; i++) free(a->spools[i]);
   free(a->spools);
   free(a->evqs);
+  ebb__hist_fini(a);
   ebb__mutex_destroy(&a->mu);
   memset(a, 0, sizeof *a);
 }

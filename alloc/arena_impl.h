@@ -105,6 +105,8 @@ struct ebb__block {
   uint32_t nuses, xcap;            /* streams other than the allocation stream that used it */
   struct ebb__stream_ref uses[EBB__INLINE_USES];
   struct ebb__stream_ref *xuses;   /* uses beyond the inline ones (malloc'ed, kept for reuse) */
+  const char *owner;               /* interned owner name of the allocation ("" when none) */
+  uint8_t owner_cat;               /* enum ebb_owner_cat */
 };
 
 struct ebb__segment {
@@ -159,6 +161,24 @@ struct ebb__upstream {
 struct ebb__conf {
   size_t max_split;  /* blocks of this size or more are never split (SIZE_MAX: no limit) */
   bool expandable;
+  size_t history;            /* history ring entries per arena (0: off) */
+  const char *oom_snapshot;  /* snapshot path on EBB_ENOMEM (NULL: none); module-owned text */
+  const char *env;           /* EBB_ALLOC_CONF as read (snapshot settings); module-owned text */
+};
+
+/* One history entry: a fixed-size record in a preallocated ring, so recording never allocates. */
+struct ebb__hist_entry {
+  uint64_t time_ns, addr, size, requested, stream;
+  const char *owner; /* interned */
+  uint8_t action;    /* enum ebb_alloc_action */
+  uint8_t owner_cat; /* enum ebb_owner_cat */
+};
+
+struct ebb__hist {
+  struct ebb__hist_entry *ring; /* NULL when the history is off */
+  size_t cap;                   /* entries in ring; 0: off */
+  size_t head;                  /* next slot written */
+  uint64_t total;               /* entries ever recorded (held: min(total, cap)) */
 };
 
 /* Counters behind ebb_arena_stats, kept as its fields (current and peak). */
@@ -199,6 +219,7 @@ struct ebb__arena {
   uint64_t *xhandles;          /* one physical handle per mapped granule */
 
   struct ebb__counters c;
+  struct ebb__hist hist;
 };
 
 /* ---- engine (arena.c) ---------------------------------------------------------------------- */
@@ -223,6 +244,42 @@ EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
 
 /* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
 EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
+
+/* ---- owners, history and snapshots (history.c) --------------------------------------------- */
+
+/* The calling thread's innermost owner scope ({EBB_OWNER_OTHER, ""} outside any). */
+EBB_HIDDEN void ebb__owner_current(uint8_t *cat, const char **name);
+/* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
+ * note on stderr) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
+EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
+EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
+/* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes
+ * each arena's lock in turn: no arena lock may be held. */
+EBB_HIDDEN ebb_status ebb__snapshot_write(const char *fn, const char *path);
+/* The top owners by allocated bytes of the arena, as ", top owners: parameter/w1 1.00 GiB, ..."
+ * into buf ("" when nothing is allocated or no host memory is left). Lock held. */
+EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
+EBB_HIDDEN ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
+                                    uint64_t *total);
+
+/* Records one action. Lock held. With the history off this is one predictable branch; on, a
+ * clock read and a 56-byte store into the ring (the oldest entry is overwritten when full). */
+static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
+                                 uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
+  struct ebb__hist *h = &a->hist;
+  if (!h->cap) return;
+  struct ebb__hist_entry *e = &h->ring[h->head];
+  if (++h->head == h->cap) h->head = 0;
+  h->total++;
+  e->time_ns = ebb__now_ns();
+  e->addr = addr;
+  e->size = size;
+  e->requested = requested;
+  e->stream = stream;
+  e->owner = owner;
+  e->action = (uint8_t)act;
+  e->owner_cat = owner_cat;
+}
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
 

@@ -87,21 +87,31 @@ static struct {
   _Atomic int phase;
   int ndev;
   struct ebb__conf conf;
+  char oom_path[512]; /* conf.oom_snapshot points here */
+  char env[512];      /* conf.env points here */
   struct ebb__arena dev[EBB_MAX_DEVICES];
 } ebb__al;
+
+#define EBB__HISTORY_DEFAULT ((size_t)65536)
+#define EBB__HISTORY_MAX ((size_t)1 << 26) /* 3.5 GiB of ring per device: surely a typo beyond */
 
 struct ebb__arena *ebb__arena_nth(int i) {
   return i >= 0 && i < ebb__al.ndev ? &ebb__al.dev[i] : NULL;
 }
 
-/* EBB_ALLOC_CONF: "key:value,key:value". Keys of later slices (pinned_max_bytes, oom_snapshot)
- * are accepted here and read by their owners; an unknown key or a bad value is reported on
- * stderr and ignored, so a typo never stops a training job (the setting just does not apply). */
+/* EBB_ALLOC_CONF: "key:value,key:value". Keys of later slices (pinned_max_bytes) are accepted
+ * here and read by their owners; an unknown key or a bad value is reported on stderr and
+ * ignored, so a typo never stops a training job (the setting just does not apply). */
 static void ebb__conf_parse(struct ebb__conf *c) {
   c->max_split = SIZE_MAX;
   c->expandable = false;
+  c->history = EBB__HISTORY_DEFAULT;
+  c->oom_snapshot = NULL;
+  ebb__al.env[0] = '\0';
+  c->env = ebb__al.env;
   const char *env = getenv("EBB_ALLOC_CONF");
   if (!env || !*env) return;
+  snprintf(ebb__al.env, sizeof ebb__al.env, "%s", env);
   char buf[512];
   snprintf(buf, sizeof buf, "%s", env);
   char *save = NULL;
@@ -133,12 +143,26 @@ static void ebb__conf_parse(struct ebb__conf *c) {
       }
       if (!strcmp(val, "0") || !strcmp(val, "false") || !strcmp(val, "False")) continue;
       ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: expandable_segments:%s is not valid; expected 0 or 1", val);
-    } else if (!strcmp(key, "pinned_max_bytes") || !strcmp(key, "oom_snapshot")) {
+    } else if (!strcmp(key, "history")) {
+      if (num_ok && v <= EBB__HISTORY_MAX) {
+        c->history = (size_t)v;
+        continue;
+      }
+      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: history:%s is not valid; expected a number of entries in [0, %zu]", val,
+                EBB__HISTORY_MAX);
+    } else if (!strcmp(key, "oom_snapshot")) {
+      if (*val) {
+        snprintf(ebb__al.oom_path, sizeof ebb__al.oom_path, "%s", val);
+        c->oom_snapshot = ebb__al.oom_path;
+        continue;
+      }
+      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: oom_snapshot has an empty path; expected oom_snapshot:PATH");
+    } else if (!strcmp(key, "pinned_max_bytes")) {
       continue;
     } else {
       ebb__fail(EBB_EINVAL,
-                "EBB_ALLOC_CONF: unknown key '%s'; expected max_split_size_mb, expandable_segments, pinned_max_bytes or "
-                "oom_snapshot",
+                "EBB_ALLOC_CONF: unknown key '%s'; expected max_split_size_mb, expandable_segments, pinned_max_bytes, "
+                "oom_snapshot or history",
                 key);
     }
     fprintf(stderr, "ebb: %s (ignored)\n", ebb_last_error());
@@ -313,3 +337,20 @@ ebb_status ebb_arena_debug_check(int device) {
   return ebb__arena_check(&ebb__al.dev[device], fn);
 }
 
+
+ebb_status ebb_alloc_history_get(int device, ebb_alloc_trace_entry *out, size_t cap, size_t *count, uint64_t *total) {
+  static const char fn[] = "ebb_alloc_history_get";
+  ebb_status st = ebb__enter_dev(fn, device);
+  if (st) return st;
+  if (!count) return ebb__fail(EBB_EINVAL, "%s: count is NULL; expected a size_t to fill", fn);
+  if (!out && cap) return ebb__fail(EBB_EINVAL, "%s: out is NULL with cap %zu; expected an array of cap entries", fn, cap);
+  return ebb__hist_get(&ebb__al.dev[device], out, cap, count, total);
+}
+
+ebb_status ebb_memory_snapshot_json(const char *path) {
+  static const char fn[] = "ebb_memory_snapshot_json";
+  ebb_status st = ebb__alloc_enter(fn);
+  if (st) return st;
+  if (!path) return ebb__fail(EBB_EINVAL, "%s: path is NULL; expected a file name to write", fn);
+  return ebb__snapshot_write(fn, path);
+}

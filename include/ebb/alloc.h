@@ -15,7 +15,10 @@
  *   max_split_size_mb:N      blocks of N MiB or more are never split (default: no limit)
  *   expandable_segments:0|1  grow one VMM reservation per device instead of separate segments
  *   pinned_max_bytes:N       cap on pinned bytes held (default: no cap)
- *   oom_snapshot:PATH        write a memory snapshot when an allocation fails
+ *   oom_snapshot:PATH        write a memory snapshot (ebb_memory_snapshot_json) to PATH when an
+ *                            allocation fails with EBB_ENOMEM
+ *   history:N                keep the newest N allocator actions per device (default 65536;
+ *                            0 turns the history off)
  *
  * Threading: every function is thread-safe. Pointers may be freed from any thread.
  */
@@ -39,7 +42,9 @@ extern "C" {
  * stream of `device`). The block is 512-byte aligned. bytes == 0 is defined: *ptr = NULL and
  * EBB_OK (freeing NULL is a no-op). EBB_EDEVICE for a missing device, EBB_EDEVICE when `stream`
  * belongs to another device, EBB_ENOMEM with a report in ebb_last_error() when the device (or
- * the arena's limit) cannot hold the request after releasing cached memory. */
+ * the arena's limit) cannot hold the request after releasing cached memory; the report ends
+ * with the five owners holding the most allocated bytes on the device. The block is recorded as
+ * owned by the calling thread's innermost owner scope (ebb_alloc_owner_push). */
 EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr);
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
  * once the uses declared with ebb_arena_record_stream have completed. NULL is a no-op.
@@ -89,6 +94,103 @@ EBB_API ebb_status ebb_arena_reset_peak(int device);
  * no two adjacent free blocks left unmerged, the free index matches the blocks, stats match the
  * walk). EBB_EINTERNAL with the first broken invariant in the message. For tests. */
 EBB_API ebb_status ebb_arena_debug_check(int device);
+
+/* ---- owners, history, snapshots ------------------------------------------------------------
+ * Every block records who asked for it: the innermost owner scope of the allocating thread
+ * (category + name), or EBB_OWNER_OTHER with the name "" outside any scope. Each device keeps a
+ * bounded ring of allocator actions (PyTorch's _record_memory_history, allocators.md 1.16) and
+ * a snapshot writes segments, blocks and those rings as JSON in the layout of PyTorch's
+ * torch.cuda.memory._snapshot() (allocators.md 1.15), with the owner added to blocks and
+ * actions. */
+
+typedef enum ebb_owner_cat {
+  EBB_OWNER_OTHER = 0,
+  EBB_OWNER_PARAMETER,
+  EBB_OWNER_GRADIENT,
+  EBB_OWNER_SAVED,      /* tensors saved for backward */
+  EBB_OWNER_ACTIVATION,
+  EBB_OWNER_OPTIMIZER,  /* optimizer state */
+  EBB_OWNER_STAGING     /* copy and transfer buffers */
+} ebb_owner_cat;
+
+#define EBB_OWNER_CAT_COUNT 7
+#define EBB_OWNER_MAX_DEPTH 32      /* owner scopes one thread may nest */
+#define EBB_OWNER_NAME_MAX 127      /* bytes of an owner name, without the terminating NUL */
+
+/* "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging"; "unknown"
+ * for a value outside the enum. Static strings; thread-safe. */
+EBB_API const char *ebb_owner_cat_name(ebb_owner_cat cat);
+
+/* Opens an owner scope on the calling thread: blocks this thread allocates until the matching
+ * ebb_alloc_owner_pop are recorded as owned by (cat, name). Scopes nest; the innermost wins.
+ * `name` is borrowed: it is copied into a process-wide table of interned names (deduplicated,
+ * never freed, so blocks and history entries keep a pointer to it), and the caller may reuse
+ * its buffer at once. Needs no ebb_init; the scope stack is per thread and outlives
+ * ebb_shutdown. Thread-safe.
+ * Failures (the stack is unchanged): EBB_EINVAL for a `cat` outside ebb_owner_cat, a NULL
+ * `name` or one longer than EBB_OWNER_NAME_MAX bytes; EBB_ELIMIT when the thread already holds
+ * EBB_OWNER_MAX_DEPTH scopes or the table of distinct names is full (65536 names); EBB_ENOMEM
+ * when no host memory is left for the name. */
+EBB_API ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name);
+/* Closes the calling thread's innermost owner scope. EBB_ESTATE when it has none open. */
+EBB_API ebb_status ebb_alloc_owner_pop(void);
+
+typedef enum ebb_alloc_action {
+  EBB_ACT_ALLOC = 0,          /* a block handed out */
+  EBB_ACT_FREE_REQUESTED,     /* ebb_arena_free called */
+  EBB_ACT_FREE_COMPLETED,     /* the block is reusable (after the events of other streams) */
+  EBB_ACT_SEGMENT_ALLOC,      /* a segment obtained from the driver */
+  EBB_ACT_SEGMENT_FREE,       /* a segment returned to the driver */
+  EBB_ACT_SEGMENT_MAP,        /* expandable segment grown by mapping */
+  EBB_ACT_SEGMENT_UNMAP,      /* expandable segment shrunk by unmapping */
+  EBB_ACT_OOM                 /* an allocation failed: addr = driver free bytes, size = request */
+} ebb_alloc_action;
+
+/* PyTorch's trace action names: "alloc", "free_requested", "free_completed", "segment_alloc",
+ * "segment_free", "segment_map", "segment_unmap", "oom"; "unknown" otherwise. Static strings. */
+EBB_API const char *ebb_alloc_action_name(ebb_alloc_action action);
+
+/* One recorded action. */
+typedef struct ebb_alloc_trace_entry {
+  uint64_t time_ns;       /* monotonic clock (the clock of ebb_trace_now_ns) */
+  uint64_t addr;          /* block or segment address; driver free bytes for EBB_ACT_OOM */
+  uint64_t size;          /* block or segment bytes (rounded); requested bytes for EBB_ACT_OOM */
+  uint64_t requested;     /* bytes the caller asked for (block actions; 0 for segments) */
+  uint64_t stream;        /* stream id (ebb_stream_id) the block or segment was made for */
+  int device;
+  ebb_alloc_action action;
+  ebb_owner_cat owner_cat;
+  const char *owner_name; /* interned, never freed; "" when no scope was open */
+} ebb_alloc_trace_entry;
+
+/* Copies the newest min(cap, held) entries of `device`'s history into out[], oldest first, and
+ * their number into *count; *total (may be NULL) receives the number of actions recorded on the
+ * device since the arena started, so total - held actions were overwritten. With out == NULL
+ * and cap == 0, *count receives the number of entries held. The history is cleared at
+ * ebb_shutdown. Thread-safe (takes the device's arena lock).
+ * Failures: EBB_ENOTINIT before ebb_init; EBB_EDEVICE for a missing device; EBB_EINVAL for a
+ * NULL `count` or out == NULL with cap > 0. */
+EBB_API ebb_status ebb_alloc_history_get(int device, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
+                                         uint64_t *total);
+
+/* Writes a snapshot of every device arena to the file `path` (created or truncated) as JSON:
+ *   {"segments": [{"device", "address", "total_size", "allocated_size", "active_size",
+ *     "requested_size", "stream", "segment_type": "small"|"large", "segment_pool_id",
+ *     "is_expandable", "frames": [], "blocks": [{"address", "size", "requested_size", "stream",
+ *     "state": "active_allocated"|"active_pending_free"|"inactive", "frames": [],
+ *     "owner": {"category", "name"}}]}],
+ *    "device_traces": [[{"action", "addr", "size", "requested_size", "stream", "time_us",
+ *     "device", "frames": [], "owner": {"category", "name"}}], ...one list per device, oldest
+ *     first; oom entries carry the driver's free bytes in "device_free" as well],
+ *    "allocator_settings": {"EBB_ALLOC_CONF", "max_split_size", "expandable_segments",
+ *     "history", "oom_snapshot"}}
+ * Addresses, sizes and stream ids are JSON integers. Each device's segments and trace are read
+ * in one hold of its lock (consistent per device, not across devices); the file is written with
+ * no lock held. Thread-safe.
+ * Failures: EBB_ENOTINIT before ebb_init; EBB_EINVAL for a NULL `path`; EBB_EIO when the file
+ * cannot be written (the message names the path and the system error); EBB_ENOMEM when no host
+ * memory is left for the text. */
+EBB_API ebb_status ebb_memory_snapshot_json(const char *path);
 
 #ifdef __cplusplus
 }

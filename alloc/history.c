@@ -1,0 +1,489 @@
+/* history.c: who owns the memory and what the allocator did. Owner scopes (a per-thread stack
+ * of category + interned name), the per-arena ring of allocator actions, the top-owners line of
+ * the OOM report and the JSON snapshot in PyTorch's layout (allocators.md 1.15, 1.16).
+ *
+ * Owns: the process-wide table of interned owner names and the chunks holding their text
+ * (never freed: blocks, history entries and other threads keep pointers to them, also across
+ * ebb_shutdown; reachable from static pointers, so leak checkers stay quiet), each thread's
+ * owner stack, and each arena's history ring (allocated at arena start, freed at its end).
+ *
+ * Threading: the name table has one leaf lock (EBB_RANK_LEAF), taken only by
+ * ebb_alloc_owner_push and never with another lock held. The owner stack is thread-local. A
+ * history ring is part of its arena and written and read under the arena's `mu`; the snapshot
+ * holds one arena's lock at a time and writes the file with no lock held.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena_impl.h"
+
+/* ---- interned owner names ------------------------------------------------------------------ */
+
+#define EBB__NAMES_MAX ((size_t)1 << 16)       /* distinct names; the table never shrinks */
+#define EBB__NAME_CHUNK ((size_t)64 << 10)     /* name text is bump-allocated from chunks */
+
+static struct {
+  ebb_mutex mu;
+  const char **slot; /* open addressing, power-of-two size, NULL: empty */
+  size_t cap, count;
+  char *chunk;       /* current chunk; its first word links to the previous one */
+  size_t used;
+} ebb__names = {.mu = {PTHREAD_MUTEX_INITIALIZER, "owner-names", EBB_RANK_LEAF}};
+
+static uint64_t ebb__hash(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Copies n bytes + NUL into chunk memory. Lock held. NULL when out of host memory. */
+static const char *ebb__name_store(const char *s, size_t n) {
+  if (!ebb__names.chunk || ebb__names.used + n + 1 > EBB__NAME_CHUNK) {
+    char *c = malloc(EBB__NAME_CHUNK);
+    if (!c) return NULL;
+    memcpy(c, &ebb__names.chunk, sizeof(char *));
+    ebb__names.chunk = c;
+    ebb__names.used = sizeof(char *);
+  }
+  char *d = ebb__names.chunk + ebb__names.used;
+  memcpy(d, s, n);
+  d[n] = '\0';
+  ebb__names.used += n + 1;
+  return d;
+}
+
+/* Lock held. Doubles the table (load factor <= 1/2). */
+static bool ebb__names_grow(void) {
+  size_t nc = ebb__names.cap ? ebb__names.cap * 2 : 256;
+  const char **ns = calloc(nc, sizeof *ns);
+  if (!ns) return false;
+  for (size_t i = 0; i < ebb__names.cap; i++) {
+    const char *e = ebb__names.slot[i];
+    if (!e) continue;
+    size_t j = ebb__hash(e, strlen(e)) & (nc - 1);
+    while (ns[j]) j = (j + 1) & (nc - 1);
+    ns[j] = e;
+  }
+  free(ebb__names.slot);
+  ebb__names.slot = ns;
+  ebb__names.cap = nc;
+  return true;
+}
+
+static ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **out) {
+  if (n == 0) {
+    *out = ""; /* the unnamed owner needs no table entry */
+    return EBB_OK;
+  }
+  uint64_t h = ebb__hash(name, n);
+  ebb__mutex_lock(&ebb__names.mu);
+  if (ebb__names.cap) {
+    for (size_t j = h & (ebb__names.cap - 1);; j = (j + 1) & (ebb__names.cap - 1)) {
+      const char *e = ebb__names.slot[j];
+      if (!e) break;
+      if (!strncmp(e, name, n) && e[n] == '\0') {
+        ebb__mutex_unlock(&ebb__names.mu);
+        *out = e;
+        return EBB_OK;
+      }
+    }
+  }
+  if (ebb__names.count == EBB__NAMES_MAX) {
+    ebb__mutex_unlock(&ebb__names.mu);
+    return ebb__fail(EBB_ELIMIT,
+                     "%s: %zu distinct owner names are interned (the maximum; names are never freed); expected names "
+                     "reused across steps, not one per allocation",
+                     fn, EBB__NAMES_MAX);
+  }
+  const char *d = NULL;
+  if ((ebb__names.count + 1) * 2 <= ebb__names.cap || ebb__names_grow()) d = ebb__name_store(name, n);
+  if (!d) {
+    ebb__mutex_unlock(&ebb__names.mu);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory to intern the owner name '%.*s'", fn, (int)n, name);
+  }
+  size_t j = h & (ebb__names.cap - 1);
+  while (ebb__names.slot[j]) j = (j + 1) & (ebb__names.cap - 1);
+  ebb__names.slot[j] = d;
+  ebb__names.count++;
+  ebb__mutex_unlock(&ebb__names.mu);
+  *out = d;
+  return EBB_OK;
+}
+
+/* ---- owner scopes -------------------------------------------------------------------------- */
+
+struct ebb__owner {
+  const char *name;
+  uint8_t cat;
+};
+
+static _Thread_local struct ebb__owner ebb__ostack[EBB_OWNER_MAX_DEPTH];
+static _Thread_local int ebb__odepth;
+
+static const char *const ebb__cat_names[EBB_OWNER_CAT_COUNT] = {
+    "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging",
+};
+
+const char *ebb_owner_cat_name(ebb_owner_cat cat) {
+  return (unsigned)cat < EBB_OWNER_CAT_COUNT ? ebb__cat_names[cat] : "unknown";
+}
+
+ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name) {
+  static const char fn[] = "ebb_alloc_owner_push";
+  if ((unsigned)cat >= EBB_OWNER_CAT_COUNT)
+    return ebb__fail(EBB_EINVAL, "%s: category %d is not an ebb_owner_cat; expected 0 <= cat < %d", fn, (int)cat,
+                     EBB_OWNER_CAT_COUNT);
+  if (!name) return ebb__fail(EBB_EINVAL, "%s: name is NULL; expected a string (\"\" for no name)", fn);
+  size_t n = strnlen(name, EBB_OWNER_NAME_MAX + 1);
+  if (n > EBB_OWNER_NAME_MAX)
+    return ebb__fail(EBB_EINVAL, "%s: name '%.32s...' is longer than %d bytes; expected a shorter name", fn, name,
+                     EBB_OWNER_NAME_MAX);
+  if (ebb__odepth == EBB_OWNER_MAX_DEPTH)
+    return ebb__fail(EBB_ELIMIT, "%s: this thread already holds %d owner scopes (the maximum), innermost %s/%s; expected "
+                     "an ebb_alloc_owner_pop for every push",
+                     fn, EBB_OWNER_MAX_DEPTH, ebb__cat_names[ebb__ostack[ebb__odepth - 1].cat],
+                     ebb__ostack[ebb__odepth - 1].name);
+  const char *in = NULL;
+  ebb_status st = ebb__intern(fn, name, n, &in);
+  if (st) return st;
+  ebb__ostack[ebb__odepth].name = in;
+  ebb__ostack[ebb__odepth].cat = (uint8_t)cat;
+  ebb__odepth++;
+  return EBB_OK;
+}
+
+ebb_status ebb_alloc_owner_pop(void) {
+  if (ebb__odepth == 0)
+    return ebb__fail(EBB_ESTATE, "ebb_alloc_owner_pop: this thread has no owner scope open; expected a matching "
+                                 "ebb_alloc_owner_push before");
+  ebb__odepth--;
+  return EBB_OK;
+}
+
+void ebb__owner_current(uint8_t *cat, const char **name) {
+  if (ebb__odepth == 0) {
+    *cat = EBB_OWNER_OTHER;
+    *name = "";
+    return;
+  }
+  *cat = ebb__ostack[ebb__odepth - 1].cat;
+  *name = ebb__ostack[ebb__odepth - 1].name;
+}
+
+/* ---- history ring -------------------------------------------------------------------------- */
+
+static const char *const ebb__act_names[] = {
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom",
+};
+
+const char *ebb_alloc_action_name(ebb_alloc_action action) {
+  return (unsigned)action < EBB_ARRAY_LEN(ebb__act_names) ? ebb__act_names[action] : "unknown";
+}
+
+void ebb__hist_init(struct ebb__arena *a) {
+  memset(&a->hist, 0, sizeof a->hist);
+  if (!a->conf.history) return;
+  /* calloc: the pages are committed as the ring fills, so a big default costs little until used. */
+  a->hist.ring = calloc(a->conf.history, sizeof *a->hist.ring);
+  if (!a->hist.ring) {
+    fprintf(stderr, "ebb: no host memory for %zu history entries of device %d; history off\n", a->conf.history,
+            a->device);
+    return;
+  }
+  a->hist.cap = a->conf.history;
+}
+
+void ebb__hist_fini(struct ebb__arena *a) {
+  free(a->hist.ring);
+  memset(&a->hist, 0, sizeof a->hist);
+}
+
+/* Copies the newest min(cap, held) entries, oldest first. Lock held. */
+static size_t ebb__hist_copy(const struct ebb__arena *a, struct ebb__hist_entry *out, size_t cap) {
+  const struct ebb__hist *h = &a->hist;
+  size_t held = h->total < h->cap ? (size_t)h->total : h->cap;
+  size_t n = held < cap ? held : cap;
+  /* The newest entry is at head - 1; the n newest start n slots before head, wrapping. */
+  size_t start = (h->head + h->cap - n) % (h->cap ? h->cap : 1);
+  for (size_t i = 0; i < n; i++) out[i] = h->ring[(start + i) % h->cap];
+  return n;
+}
+
+ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
+                         uint64_t *total) {
+  ebb__mutex_lock(&a->mu);
+  size_t held = a->hist.total < a->hist.cap ? (size_t)a->hist.total : a->hist.cap;
+  uint64_t tot = a->hist.total;
+  if (!out) {
+    ebb__mutex_unlock(&a->mu);
+    *count = held;
+    if (total) *total = tot;
+    return EBB_OK;
+  }
+  size_t n = held < cap ? held : cap;
+  size_t start = a->hist.cap ? (a->hist.head + a->hist.cap - n) % a->hist.cap : 0;
+  for (size_t i = 0; i < n; i++) {
+    const struct ebb__hist_entry *e = &a->hist.ring[(start + i) % a->hist.cap];
+    out[i] = (ebb_alloc_trace_entry){.time_ns = e->time_ns,
+                                     .addr = e->addr,
+                                     .size = e->size,
+                                     .requested = e->requested,
+                                     .stream = e->stream,
+                                     .device = a->device,
+                                     .action = (ebb_alloc_action)e->action,
+                                     .owner_cat = (ebb_owner_cat)e->owner_cat,
+                                     .owner_name = e->owner ? e->owner : ""};
+  }
+  ebb__mutex_unlock(&a->mu);
+  *count = n;
+  if (total) *total = tot;
+  return EBB_OK;
+}
+
+/* ---- top owners (OOM report) --------------------------------------------------------------- */
+
+struct ebb__oagg {
+  const char *name;
+  uint64_t bytes;
+  uint8_t cat;
+  bool used;
+};
+
+void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap) {
+  buf[0] = '\0';
+  size_t live = 0;
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next)
+    for (struct ebb__block *b = ebb_container_of(n, struct ebb__segment, node)->first; b; b = b->next)
+      live += b->state == EBB__B_ALLOC;
+  if (!live) return;
+  /* Interned names make (pointer, category) the key: no string compares. */
+  size_t tcap = 16;
+  while (tcap < live * 2) tcap *= 2;
+  struct ebb__oagg *t = calloc(tcap, sizeof *t);
+  if (!t) return; /* the report goes out without this line rather than not at all */
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next)
+    for (struct ebb__block *b = ebb_container_of(n, struct ebb__segment, node)->first; b; b = b->next) {
+      if (b->state != EBB__B_ALLOC) continue;
+      const char *nm = b->owner ? b->owner : "";
+      size_t j = (size_t)(((uintptr_t)nm >> 3) * 31 + b->owner_cat) & (tcap - 1);
+      while (t[j].used && (t[j].name != nm || t[j].cat != b->owner_cat)) j = (j + 1) & (tcap - 1);
+      t[j].used = true;
+      t[j].name = nm;
+      t[j].cat = b->owner_cat;
+      t[j].bytes += b->size;
+    }
+  size_t at = (size_t)snprintf(buf, cap, ", top owners:");
+  for (int k = 0; k < 5 && at < cap; k++) {
+    struct ebb__oagg *best = NULL;
+    for (size_t j = 0; j < tcap; j++)
+      if (t[j].used && t[j].bytes && (!best || t[j].bytes > best->bytes)) best = &t[j];
+    if (!best) break;
+    char sz[24];
+    /* Names are clipped: the whole report must fit the 512-byte error message. */
+    at += (size_t)snprintf(buf + at, cap - at, "%s %s/%.24s %s", k ? "," : "", ebb_owner_cat_name(best->cat),
+                           *best->name ? best->name : "(none)", ebb__fmt_bytes(sz, sizeof sz, best->bytes));
+    best->bytes = 0;
+  }
+  free(t);
+}
+
+/* ---- JSON snapshot ------------------------------------------------------------------------- */
+
+/* A growing text buffer; `bad` latches the first allocation failure so callers check once. */
+struct ebb__sbuf {
+  char *p;
+  size_t n, cap;
+  bool bad;
+};
+
+static void ebb__sb_reserve(struct ebb__sbuf *b, size_t more) {
+  if (b->bad || b->n + more + 1 <= b->cap) return;
+  size_t nc = b->cap ? b->cap : 4096;
+  while (nc < b->n + more + 1) nc *= 2;
+  char *np = realloc(b->p, nc);
+  if (!np) {
+    b->bad = true;
+    return;
+  }
+  b->p = np;
+  b->cap = nc;
+}
+
+static void ebb__sb_printf(struct ebb__sbuf *b, const char *fmt, ...) EBB_PRINTF(2, 3);
+static void ebb__sb_printf(struct ebb__sbuf *b, const char *fmt, ...) {
+  if (b->bad) return;
+  va_list ap;
+  va_start(ap, fmt);
+  char tmp[256];
+  int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (k < 0) {
+    b->bad = true;
+    return;
+  }
+  ebb__sb_reserve(b, (size_t)k);
+  if (b->bad) return;
+  if ((size_t)k < sizeof tmp) {
+    memcpy(b->p + b->n, tmp, (size_t)k + 1);
+  } else {
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+  }
+  b->n += (size_t)k;
+}
+
+static void ebb__sb_put(struct ebb__sbuf *b, const char *s, size_t n) {
+  ebb__sb_reserve(b, n);
+  if (b->bad) return;
+  memcpy(b->p + b->n, s, n);
+  b->n += n;
+  b->p[b->n] = '\0';
+}
+
+/* A JSON string: owner names and paths are caller text and may hold quotes or controls. */
+static void ebb__sb_str(struct ebb__sbuf *b, const char *s) {
+  ebb__sb_put(b, "\"", 1);
+  for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
+    if (*c == '"' || *c == '\\') {
+      char e[2] = {'\\', (char)*c};
+      ebb__sb_put(b, e, 2);
+    } else if (*c < 0x20) {
+      ebb__sb_printf(b, "\\u%04x", *c);
+    } else {
+      ebb__sb_put(b, (const char *)c, 1);
+    }
+  }
+  ebb__sb_put(b, "\"", 1);
+}
+
+static void ebb__sb_owner(struct ebb__sbuf *b, uint8_t cat, const char *name) {
+  ebb__sb_printf(b, ",\"owner\":{\"category\":\"%s\",\"name\":", ebb_owner_cat_name((ebb_owner_cat)cat));
+  ebb__sb_str(b, name);
+  ebb__sb_put(b, "}", 1);
+}
+
+static const char *ebb__block_state(const struct ebb__block *b) {
+  switch (b->state) {
+  case EBB__B_ALLOC: return "active_allocated";
+  case EBB__B_PENDING:
+  case EBB__B_FREEING: return "active_pending_free";
+  default: return "inactive";
+  }
+}
+
+/* Appends the arena's segments (each preceded by a comma when *first is false) to `segs`. Lock
+ * held. */
+static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, bool *first) {
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    const struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    uint64_t alloc = 0, active = 0, req = 0;
+    for (const struct ebb__block *b = g->first; b; b = b->next) {
+      if (b->state == EBB__B_ALLOC) {
+        alloc += b->size;
+        req += b->requested;
+      }
+      if (b->state == EBB__B_ALLOC || b->state == EBB__B_PENDING || b->state == EBB__B_FREEING) active += b->size;
+    }
+    ebb__sb_printf(segs,
+                   "%s{\"device\":%d,\"address\":%" PRIu64 ",\"total_size\":%zu,\"allocated_size\":%" PRIu64
+                   ",\"active_size\":%" PRIu64 ",\"requested_size\":%" PRIu64 ",\"stream\":%" PRIu64,
+                   *first ? "" : ",", a->device, g->base, g->size, alloc, active, req, g->first->spool->stream.id);
+    ebb__sb_printf(segs, ",\"segment_type\":\"%s\",\"segment_pool_id\":[0,0],\"is_expandable\":%s,\"frames\":[],\"blocks\":[",
+                   g->pool == EBB__POOL_SMALL ? "small" : "large", g->expandable ? "true" : "false");
+    *first = false;
+    for (const struct ebb__block *b = g->first; b; b = b->next) {
+      bool act = b->state != EBB__B_FREE;
+      ebb__sb_printf(segs,
+                     "%s{\"address\":%" PRIu64 ",\"size\":%zu,\"requested_size\":%zu,\"stream\":%" PRIu64
+                     ",\"state\":\"%s\",\"frames\":[]",
+                     b == g->first ? "" : ",", b->addr, b->size, act ? b->requested : 0, b->spool->stream.id,
+                     ebb__block_state(b));
+      ebb__sb_owner(segs, act ? b->owner_cat : EBB_OWNER_OTHER, act ? b->owner : "");
+      ebb__sb_put(segs, "}", 1);
+    }
+    ebb__sb_put(segs, "]}", 2);
+  }
+}
+
+static void ebb__snap_trace(const struct ebb__arena *a, const struct ebb__hist_entry *e, size_t n,
+                            struct ebb__sbuf *tr) {
+  ebb__sb_put(tr, "[", 1);
+  for (size_t i = 0; i < n; i++, e++) {
+    const char *act = ebb_alloc_action_name((ebb_alloc_action)e->action);
+    ebb__sb_printf(tr,
+                   "%s{\"action\":\"%s\",\"addr\":%" PRIu64 ",\"size\":%" PRIu64 ",\"requested_size\":%" PRIu64
+                   ",\"stream\":%" PRIu64 ",\"time_us\":%" PRIu64 ",\"device\":%d,\"frames\":[]",
+                   i ? "," : "", act, e->addr, e->size, e->requested, e->stream, e->time_ns / 1000, a->device);
+    /* PyTorch's viewer reads an oom's free bytes from "device_free"; "addr" stays for tools. */
+    if (e->action == EBB_ACT_OOM) ebb__sb_printf(tr, ",\"device_free\":%" PRIu64, e->addr);
+    ebb__sb_owner(tr, e->owner_cat, e->owner ? e->owner : "");
+    ebb__sb_put(tr, "}", 1);
+  }
+  ebb__sb_put(tr, "]", 1);
+}
+
+ebb_status ebb__snapshot_write(const char *fn, const char *path) {
+  struct ebb__sbuf segs = {0}, traces = {0}, out = {0};
+  struct ebb__hist_entry *copy = NULL;
+  ebb_status st = EBB_OK;
+  bool first_seg = true;
+  const struct ebb__conf *conf = NULL;
+  for (int i = 0;; i++) {
+    struct ebb__arena *a = ebb__arena_nth(i);
+    if (!a) break;
+    conf = &a->conf;
+    /* The ring is copied under the lock and formatted after it: the lock is held for a
+     * memcpy-sized moment, not for 65536 printf calls. The copy is sized before locking (the
+     * ring's capacity is fixed while the arena lives). */
+    size_t cap = a->hist.cap;
+    if (cap && !copy) copy = malloc(cap * sizeof *copy);
+    if (cap && !copy) {
+      st = ebb__fail(EBB_ENOMEM, "%s: no host memory to copy %zu history entries", fn, cap);
+      goto done;
+    }
+    ebb__mutex_lock(&a->mu);
+    ebb__snap_segments(a, &segs, &first_seg);
+    size_t n = cap ? ebb__hist_copy(a, copy, cap) : 0;
+    ebb__mutex_unlock(&a->mu);
+    if (i) ebb__sb_put(&traces, ",", 1);
+    ebb__snap_trace(a, copy, n, &traces);
+  }
+  ebb__sb_put(&out, "{\"segments\":[", 13);
+  if (segs.n) ebb__sb_put(&out, segs.p, segs.n);
+  ebb__sb_put(&out, "],\"device_traces\":[", 19);
+  if (traces.n) ebb__sb_put(&out, traces.p, traces.n);
+  ebb__sb_put(&out, "],\"allocator_settings\":{\"EBB_ALLOC_CONF\":", 41);
+  ebb__sb_str(&out, conf ? conf->env : "");
+  if (conf && conf->max_split != SIZE_MAX)
+    ebb__sb_printf(&out, ",\"max_split_size\":%zu", conf->max_split);
+  else
+    ebb__sb_put(&out, ",\"max_split_size\":-1", 20); /* PyTorch's value for "no limit" */
+  ebb__sb_printf(&out, ",\"expandable_segments\":%s,\"history\":%zu,\"oom_snapshot\":",
+                 conf && conf->expandable ? "true" : "false", conf ? conf->history : 0);
+  ebb__sb_str(&out, conf && conf->oom_snapshot ? conf->oom_snapshot : "");
+  ebb__sb_put(&out, "}}\n", 3);
+  if (segs.bad || traces.bad || out.bad) {
+    st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the snapshot text", fn);
+    goto done;
+  }
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    st = ebb__fail(EBB_EIO, "%s: cannot open '%s' for writing: %s", fn, path, strerror(errno));
+    goto done;
+  }
+  size_t w = fwrite(out.p, 1, out.n, f);
+  int e = w == out.n ? 0 : errno;
+  if (fclose(f) != 0 && !e) e = errno;
+  if (w != out.n || e) st = ebb__fail(EBB_EIO, "%s: writing '%s' failed: %s", fn, path, strerror(e ? e : EIO));
+done:
+  free(copy);
+  free(segs.p);
+  free(traces.p);
+  free(out.p);
+  return st;
+}

@@ -1,0 +1,578 @@
+// Owners, history and snapshots through ebb/alloc.h: owner scopes and their misuse, the actions
+// the engine records with their owners, the snapshot JSON checked against ebb_arena_get_stats,
+// the ring keeping the newest N, history:0, and the oom_snapshot file with the OOM report's top
+// owners. The history settings are read once per process, so this file builds four executables
+// (see CMakeLists.txt); EBB_HIST_MODE picks the cases each one holds.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "alloc_test_util.hpp"
+
+using namespace alloc_test;
+
+#define EBB_HIST_DEFAULT 0 /* default settings: scopes, actions, snapshot */
+#define EBB_HIST_WRAP 1    /* EBB_ALLOC_CONF=history:64 */
+#define EBB_HIST_OFF 2     /* EBB_ALLOC_CONF=history:0 */
+#define EBB_HIST_OOM 3     /* EBB_SIM_MEM=128M, EBB_ALLOC_CONF=oom_snapshot:EBB_HIST_OOM_PATH */
+#ifndef EBB_HIST_MODE
+#define EBB_HIST_MODE EBB_HIST_DEFAULT
+#endif
+
+namespace {
+// [[maybe_unused]] below: each EBB_HIST_MODE build uses a different subset of these helpers.
+
+// ---- a small JSON reader: enough to check the snapshot is well formed and to walk it ----------
+
+struct Json {
+  enum Kind { Null, Bool, Num, Str, Arr, Obj } kind = Null;
+  bool b = false;
+  bool neg = false;  // numbers: sign and magnitude (addresses need all 64 bits)
+  unsigned long long u = 0;
+  std::string s;
+  std::vector<Json> arr;
+  std::map<std::string, Json> obj;
+  const Json &operator[](const std::string &k) const {
+    static const Json none;
+    auto it = obj.find(k);
+    return it == obj.end() ? none : it->second;
+  }
+  bool has(const std::string &k) const { return obj.count(k) != 0; }
+};
+
+struct JsonReader {
+  const std::string &t;
+  size_t i = 0;
+  std::string err;
+  explicit JsonReader(const std::string &text) : t(text) {}
+  void ws() {
+    while (i < t.size() && (t[i] == ' ' || t[i] == '\n' || t[i] == '\t' || t[i] == '\r')) i++;
+  }
+  bool fail(const char *what) {
+    if (err.empty()) err = std::string(what) + " at offset " + std::to_string(i);
+    return false;
+  }
+  bool lit(const char *w) {
+    size_t n = strlen(w);
+    if (t.compare(i, n, w) != 0) return fail("bad literal");
+    i += n;
+    return true;
+  }
+  bool str(std::string &out) {
+    if (i >= t.size() || t[i] != '"') return fail("expected string");
+    for (i++; i < t.size() && t[i] != '"'; i++) {
+      unsigned char c = (unsigned char)t[i];
+      if (c < 0x20) return fail("control character in string");
+      if (c == '\\') {
+        if (++i >= t.size()) return fail("unterminated escape");
+        char e = t[i];
+        if (e == 'u') {
+          if (i + 4 >= t.size()) return fail("short \\u escape");
+          out += (char)std::stoi(t.substr(i + 1, 4), nullptr, 16);
+          i += 4;
+        } else if (strchr("\"\\/bfnrt", e)) {
+          out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+        } else {
+          return fail("bad escape");
+        }
+      } else {
+        out += (char)c;
+      }
+    }
+    if (i >= t.size()) return fail("unterminated string");
+    i++;
+    return true;
+  }
+  bool value(Json &v) {
+    ws();
+    if (i >= t.size()) return fail("unexpected end");
+    char c = t[i];
+    if (c == '{') {
+      v.kind = Json::Obj;
+      i++;
+      ws();
+      if (i < t.size() && t[i] == '}') return ++i, true;
+      for (;;) {
+        ws();
+        std::string k;
+        if (!str(k)) return false;
+        ws();
+        if (i >= t.size() || t[i++] != ':') return fail("expected ':'");
+        if (!value(v.obj[k])) return false;
+        ws();
+        if (i < t.size() && t[i] == ',') {
+          i++;
+          continue;
+        }
+        if (i < t.size() && t[i] == '}') return ++i, true;
+        return fail("expected ',' or '}'");
+      }
+    }
+    if (c == '[') {
+      v.kind = Json::Arr;
+      i++;
+      ws();
+      if (i < t.size() && t[i] == ']') return ++i, true;
+      for (;;) {
+        v.arr.emplace_back();
+        if (!value(v.arr.back())) return false;
+        ws();
+        if (i < t.size() && t[i] == ',') {
+          i++;
+          continue;
+        }
+        if (i < t.size() && t[i] == ']') return ++i, true;
+        return fail("expected ',' or ']'");
+      }
+    }
+    if (c == '"') {
+      v.kind = Json::Str;
+      return str(v.s);
+    }
+    if (c == 't') return v.kind = Json::Bool, v.b = true, lit("true");
+    if (c == 'f') return v.kind = Json::Bool, lit("false");
+    if (c == 'n') return lit("null");
+    if (c == '-' || (c >= '0' && c <= '9')) {
+      v.kind = Json::Num;
+      if (c == '-') v.neg = true, i++;
+      size_t s = i;
+      while (i < t.size() && t[i] >= '0' && t[i] <= '9') i++;
+      if (s == i) return fail("bad number");
+      v.u = std::stoull(t.substr(s, i - s));
+      if (i < t.size() && (t[i] == '.' || t[i] == 'e' || t[i] == 'E')) return fail("the snapshot has only integers");
+      return true;
+    }
+    return fail("unexpected character");
+  }
+  bool document(Json &v) {
+    if (!value(v)) return false;
+    ws();
+    return i == t.size() || fail("trailing text");
+  }
+};
+
+[[maybe_unused]] std::string slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+[[maybe_unused]] Json parse_file(const std::string &path) {
+  std::string text = slurp(path);
+  REQUIRE(!text.empty());
+  Json v;
+  JsonReader r(text);
+  bool ok = r.document(v);
+  INFO(path << ": " << r.err);
+  REQUIRE(ok);
+  // A second opinion when Python is around (it is optional on build machines).
+  if (std::system("python3 -c 'pass' >/dev/null 2>&1") == 0)
+    CHECK(std::system(("python3 -m json.tool '" + path + "' >/dev/null").c_str()) == 0);
+  return v;
+}
+
+[[maybe_unused]] std::string tmp_path(const char *name) {
+  return std::string(EBB_HIST_TMPDIR) + "/" + name + "-" + std::to_string(getpid()) + ".json";
+}
+
+[[maybe_unused]] std::vector<ebb_alloc_trace_entry> history(int dev, uint64_t *total = nullptr) {
+  size_t n = 0;
+  EBB_REQUIRE_OK(ebb_alloc_history_get(dev, nullptr, 0, &n, total));
+  std::vector<ebb_alloc_trace_entry> v(n);
+  size_t got = 0;
+  EBB_REQUIRE_OK(ebb_alloc_history_get(dev, v.data(), v.size(), &got, total));
+  REQUIRE(got == n);
+  return v;
+}
+
+// Segments' and blocks' totals of one device in a snapshot, to hold against the stats.
+struct SnapTotals {
+  uint64_t reserved = 0, allocated = 0, active = 0, requested = 0, segments = 0;
+};
+
+[[maybe_unused]] SnapTotals totals(const Json &snap, int dev) {
+  SnapTotals t;
+  for (const Json &g : snap["segments"].arr) {
+    if ((int)g["device"].u != dev) continue;
+    t.segments++;
+    t.reserved += g["total_size"].u;
+    uint64_t seg_alloc = 0, sum = 0;
+    for (const Json &b : g["blocks"].arr) {
+      sum += b["size"].u;
+      if (b["state"].s == "active_allocated") {
+        t.allocated += b["size"].u;
+        t.requested += b["requested_size"].u;
+        seg_alloc += b["size"].u;
+      }
+      if (b["state"].s != "inactive") t.active += b["size"].u;
+    }
+    CHECK(sum == g["total_size"].u);  // blocks tile their segment
+    CHECK(seg_alloc == g["allocated_size"].u);
+  }
+  return t;
+}
+
+}  // namespace
+
+#if EBB_HIST_MODE == EBB_HIST_DEFAULT
+
+TEST_CASE("owner scopes nest, and misuse is reported without changing the stack", "[alloc][history]") {
+  CHECK(std::string(ebb_owner_cat_name(EBB_OWNER_OTHER)) == "other");
+  CHECK(std::string(ebb_owner_cat_name(EBB_OWNER_PARAMETER)) == "parameter");
+  CHECK(std::string(ebb_owner_cat_name(EBB_OWNER_STAGING)) == "staging");
+  CHECK(std::string(ebb_owner_cat_name((ebb_owner_cat)99)) == "unknown");
+  CHECK(std::string(ebb_alloc_action_name(EBB_ACT_FREE_COMPLETED)) == "free_completed");
+  CHECK(std::string(ebb_alloc_action_name((ebb_alloc_action)99)) == "unknown");
+
+  EBB_CHECK_FAILS(ebb_alloc_owner_pop(), EBB_ESTATE, "no owner scope open");
+  EBB_CHECK_FAILS(ebb_alloc_owner_push((ebb_owner_cat)7, "x"), EBB_EINVAL, "category 7");
+  EBB_CHECK_FAILS(ebb_alloc_owner_push((ebb_owner_cat)-1, "x"), EBB_EINVAL, "category -1");
+  EBB_CHECK_FAILS(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, nullptr), EBB_EINVAL, "name is NULL");
+  std::string longname(EBB_OWNER_NAME_MAX + 1, 'n');
+  EBB_CHECK_FAILS(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, longname.c_str()), EBB_EINVAL, "longer than 127 bytes");
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, longname.substr(1).c_str()));  // exactly the limit
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  // Scopes work without ebb_init (the stack is the thread's own).
+  for (int i = 0; i < EBB_OWNER_MAX_DEPTH; i++) EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "deep"));
+  EBB_CHECK_FAILS(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "one too many"), EBB_ELIMIT, "32 owner scopes");
+  for (int i = 0; i < EBB_OWNER_MAX_DEPTH; i++) EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_CHECK_FAILS(ebb_alloc_owner_pop(), EBB_ESTATE, "no owner scope open");
+
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *p[4] = {};
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &p[0]));  // no scope: other/""
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, "w1"));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &p[1]));
+  {
+    std::string tmp = "grad/";  // a caller buffer reused after the push: names are copied
+    tmp += "w1";
+    EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_GRADIENT, tmp.c_str()));
+    tmp.assign("clobbered");
+  }
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &p[2]));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, "w1"));  // same text, same interned name
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &p[3]));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  std::vector<ebb_alloc_trace_entry> allocs;
+  for (const auto &e : history(0))
+    if (e.action == EBB_ACT_ALLOC) allocs.push_back(e);
+  REQUIRE(allocs.size() == 4);
+  CHECK(allocs[0].owner_cat == EBB_OWNER_OTHER);
+  CHECK(std::string(allocs[0].owner_name) == "");
+  CHECK(allocs[1].owner_cat == EBB_OWNER_PARAMETER);
+  CHECK(std::string(allocs[1].owner_name) == "w1");
+  CHECK(allocs[2].owner_cat == EBB_OWNER_GRADIENT);
+  CHECK(std::string(allocs[2].owner_name) == "grad/w1");
+  CHECK(allocs[3].owner_cat == EBB_OWNER_PARAMETER);
+  CHECK(allocs[3].owner_name == allocs[1].owner_name);  // interned: one pointer per text
+  // Other threads have their own stacks: a scope here does not leak into them.
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_OPTIMIZER, "adam"));
+  void *q = nullptr;
+  std::thread th([&] { EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, nullptr, &q)); });
+  th.join();
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  CHECK(history(0).back().owner_cat == EBB_OWNER_OTHER);
+  for (void *x : p) EBB_REQUIRE_OK(ebb_arena_free(x));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("history records alloc, free and segment actions with their owners", "[alloc][history]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  uint64_t sid = 0;
+  EBB_REQUIRE_OK(ebb_stream_id(s, &sid));
+  uint64_t total = 99;
+  CHECK(history(0, &total).empty());  // each ebb_init starts a fresh history
+  CHECK(total == 0);
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, "w1"));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &p));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  auto h = history(0, &total);
+  REQUIRE(h.size() == 5);
+  CHECK(total == 5);
+  const ebb_alloc_action want[] = {EBB_ACT_SEGMENT_ALLOC, EBB_ACT_ALLOC, EBB_ACT_FREE_REQUESTED, EBB_ACT_FREE_COMPLETED,
+                                   EBB_ACT_SEGMENT_FREE};
+  for (size_t i = 0; i < h.size(); i++) {
+    INFO("entry " << i << ": " << ebb_alloc_action_name(h[i].action));
+    CHECK(h[i].action == want[i]);
+    CHECK(h[i].device == 0);
+    CHECK(h[i].stream == sid);
+    if (i) CHECK(h[i].time_ns >= h[i - 1].time_ns);
+  }
+  CHECK(h[0].size == 2 * MiB);  // the small pool's segment, made for w1's request
+  CHECK(h[0].owner_cat == EBB_OWNER_PARAMETER);
+  for (int i = 1; i <= 3; i++) {
+    CHECK(h[i].addr == reinterpret_cast<uintptr_t>(p));
+    CHECK(h[i].size == 1024);
+    CHECK(h[i].requested == 1000);
+    CHECK(h[i].owner_cat == EBB_OWNER_PARAMETER);
+    CHECK(std::string(h[i].owner_name) == "w1");
+  }
+  CHECK(h[4].addr == h[0].addr);
+  CHECK(h[4].size == 2 * MiB);
+  CHECK(history(1).empty());  // per device
+
+  // A block used on another stream: the free is requested now, completed after its event.
+  ebb_stream_t *s2 = pool_stream(0);
+  const size_t mark = history(0).size();  // the address may repeat: look only at what follows
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "x"));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, s, &p));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, s2));
+  busy(s2, 4);
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  h = history(0);
+  bool requested = false;
+  for (const auto &e : std::vector<ebb_alloc_trace_entry>(h.begin() + mark, h.end()))
+    if (e.action == EBB_ACT_FREE_REQUESTED && e.addr == reinterpret_cast<uintptr_t>(p)) requested = true;
+  CHECK(requested);
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));  // waits for the event, completes the free
+  h = history(0);
+  size_t completed = 0;
+  for (const auto &e : std::vector<ebb_alloc_trace_entry>(h.begin() + mark, h.end()))
+    if (e.action == EBB_ACT_FREE_COMPLETED && e.addr == reinterpret_cast<uintptr_t>(p)) {
+      completed++;
+      CHECK(e.owner_cat == EBB_OWNER_ACTIVATION);
+      CHECK(std::string(e.owner_name) == "x");
+    }
+  CHECK(completed == 1);
+  CHECK(h.back().action == EBB_ACT_SEGMENT_FREE);
+  ebb_stream_release(s2);
+  size_t n = 0;
+  EBB_CHECK_FAILS(ebb_alloc_history_get(2, nullptr, 0, &n, nullptr), EBB_EDEVICE, "device 2 is out of range");
+  EBB_CHECK_FAILS(ebb_alloc_history_get(0, nullptr, 0, nullptr, nullptr), EBB_EINVAL, "count is NULL");
+  EBB_CHECK_FAILS(ebb_alloc_history_get(0, nullptr, 4, &n, nullptr), EBB_EINVAL, "out is NULL with cap 4");
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("the snapshot is valid JSON in PyTorch's layout and its totals match the stats", "[alloc][history]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  ebb_stream_t *s1 = default_stream(1);
+  std::vector<void *> live, dead;
+  struct Want {
+    int dev;
+    ebb_owner_cat cat;
+    const char *name;
+    size_t bytes;
+  } plan[] = {
+      {0, EBB_OWNER_PARAMETER, "layer0/\"w\"", 3 * MiB}, {0, EBB_OWNER_GRADIENT, "layer0/w", 3 * MiB},
+      {0, EBB_OWNER_ACTIVATION, "x0", 700 * KiB},       {0, EBB_OWNER_SAVED, "x0", 1000},
+      {1, EBB_OWNER_OPTIMIZER, "adam/m", 12 * MiB},     {1, EBB_OWNER_STAGING, "h2d", 5000},
+      {0, EBB_OWNER_ACTIVATION, "tmp", 40 * MiB},       {0, EBB_OWNER_OTHER, "", 64 * KiB},
+  };
+  int k = 0;
+  for (const Want &w : plan) {
+    EBB_REQUIRE_OK(ebb_alloc_owner_push(w.cat, w.name));
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(w.dev, w.bytes, w.dev ? s1 : s, &p));
+    EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+    (k++ % 3 == 2 ? dead : live).push_back(p);
+  }
+  for (void *p : dead) EBB_REQUIRE_OK(ebb_arena_free(p));
+  // One block waiting for another stream's work: active_pending_free while the kernels run.
+  ebb_stream_t *s2 = pool_stream(0);
+  void *pend = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * KiB, s, &pend));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(pend, s2));
+  EBB_REQUIRE_OK(ebb_arena_free(pend));
+
+  std::string path = tmp_path("ebb-snapshot");
+  EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
+  Json snap = parse_file(path);
+  std::remove(path.c_str());
+  REQUIRE(snap.kind == Json::Obj);
+  REQUIRE(snap["segments"].kind == Json::Arr);
+  REQUIRE(snap["device_traces"].kind == Json::Arr);
+  REQUIRE(snap["device_traces"].arr.size() == 2);  // one list per device
+  REQUIRE(snap["allocator_settings"].kind == Json::Obj);
+  CHECK(snap["allocator_settings"]["history"].u == 65536);
+  CHECK(snap["allocator_settings"]["expandable_segments"].kind == Json::Bool);
+  for (int dev = 0; dev < 2; dev++) {
+    INFO("device " << dev);
+    ebb_arena_stats st = stats(dev);
+    SnapTotals t = totals(snap, dev);
+    CHECK(t.reserved == st.reserved_bytes.current);
+    CHECK(t.allocated == st.allocated_bytes.current);
+    CHECK(t.requested == st.requested_bytes.current);
+    CHECK(t.segments == st.segments.current);
+    // Work on s2 may finish before the snapshot; active is between allocated and stats' active.
+    CHECK(t.active >= t.allocated);
+    CHECK(t.active <= st.allocated_bytes.current + 8 * KiB);
+  }
+  // Every segment and block carries PyTorch's keys, and blocks the owner that allocated them.
+  std::map<uint64_t, std::pair<std::string, std::string>> owners;
+  for (const Json &g : snap["segments"].arr) {
+    for (const char *key : {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+                            "segment_type", "is_expandable", "blocks", "frames"})
+      CHECK(g.has(key));
+    CHECK((g["segment_type"].s == "small" || g["segment_type"].s == "large"));
+    for (const Json &b : g["blocks"].arr) {
+      for (const char *key : {"address", "size", "requested_size", "state", "owner"}) CHECK(b.has(key));
+      if (b["state"].s == "active_allocated") owners[b["address"].u] = {b["owner"]["category"].s, b["owner"]["name"].s};
+    }
+  }
+  REQUIRE(owners.size() == live.size());
+  CHECK(owners[reinterpret_cast<uintptr_t>(live[0])] == std::make_pair(std::string("parameter"), std::string("layer0/\"w\"")));
+  CHECK(owners[reinterpret_cast<uintptr_t>(live[1])] == std::make_pair(std::string("gradient"), std::string("layer0/w")));
+  CHECK(owners[reinterpret_cast<uintptr_t>(live[2])] == std::make_pair(std::string("saved"), std::string("x0")));
+  CHECK(owners[reinterpret_cast<uintptr_t>(live[3])] == std::make_pair(std::string("optimizer"), std::string("adam/m")));
+  // The traces: device 0 holds its own actions, oldest first, with PyTorch's keys and names.
+  const Json &tr0 = snap["device_traces"].arr[0];
+  REQUIRE(tr0.arr.size() == history(0).size());
+  uint64_t last = 0;
+  std::map<std::string, int> actions;
+  for (const Json &e : tr0.arr) {
+    for (const char *key : {"action", "addr", "size", "requested_size", "stream", "time_us", "device", "owner"})
+      CHECK(e.has(key));
+    CHECK(e["device"].u == 0);
+    CHECK(e["time_us"].u >= last);
+    last = e["time_us"].u;
+    actions[e["action"].s]++;
+  }
+  CHECK(actions["segment_alloc"] >= 3);
+  CHECK(actions["alloc"] == 7);
+  CHECK(actions["free_requested"] == 2);
+  CHECK(snap["device_traces"].arr[1].arr.size() == history(1).size());
+  EBB_CHECK_FAILS(ebb_memory_snapshot_json(nullptr), EBB_EINVAL, "path is NULL");
+  EBB_CHECK_FAILS(ebb_memory_snapshot_json("/nonexistent-dir/x.json"), EBB_EIO, "/nonexistent-dir/x.json");
+  for (void *p : live) EBB_REQUIRE_OK(ebb_arena_free(p));
+  ebb_stream_release(s2);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("snapshot and history calls need ebb_init", "[alloc][history]") {
+  size_t n = 0;
+  EBB_CHECK_FAILS(ebb_memory_snapshot_json("/tmp/never.json"), EBB_ENOTINIT, "ebb_init");
+  EBB_CHECK_FAILS(ebb_alloc_history_get(0, nullptr, 0, &n, nullptr), EBB_ENOTINIT, "ebb_init");
+}
+
+#elif EBB_HIST_MODE == EBB_HIST_WRAP
+
+TEST_CASE("the ring keeps the newest N actions, oldest first", "[alloc][history]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  // Action k: 0 is the segment, then per round i: alloc, free_requested, free_completed.
+  const int rounds = 100;
+  for (int i = 0; i < rounds; i++) {
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000 + i, s, &p));
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+  }
+  uint64_t total = 0;
+  auto h = history(0, &total);
+  REQUIRE(total == 1 + 3 * rounds);
+  REQUIRE(h.size() == 64);
+  for (size_t j = 0; j < h.size(); j++) {
+    uint64_t k = total - h.size() + j;  // this entry's position in the whole sequence
+    int round = (int)((k - 1) / 3), step = (int)((k - 1) % 3);
+    INFO("entry " << j << " (action " << k << ")");
+    CHECK(h[j].action == (step == 0 ? EBB_ACT_ALLOC : step == 1 ? EBB_ACT_FREE_REQUESTED : EBB_ACT_FREE_COMPLETED));
+    CHECK(h[j].requested == (uint64_t)(1000 + round));
+  }
+  // A smaller copy gets the newest ones.
+  ebb_alloc_trace_entry few[5];
+  size_t n = 0;
+  EBB_REQUIRE_OK(ebb_alloc_history_get(0, few, 5, &n, nullptr));
+  REQUIRE(n == 5);
+  for (int j = 0; j < 5; j++) CHECK(few[j].time_ns == h[59 + j].time_ns);
+  CHECK(few[4].action == EBB_ACT_FREE_COMPLETED);
+  CHECK(few[4].requested == 1000 + rounds - 1);
+  std::string path = tmp_path("ebb-snapshot-wrap");
+  EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
+  Json snap = parse_file(path);
+  std::remove(path.c_str());
+  CHECK(snap["device_traces"].arr[0].arr.size() == 64);
+  CHECK(snap["allocator_settings"]["history"].u == 64);
+  CHECK(snap["allocator_settings"]["EBB_ALLOC_CONF"].s == "history:64");
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+#elif EBB_HIST_MODE == EBB_HIST_OFF
+
+TEST_CASE("history:0 records nothing and the snapshot still has the segments", "[alloc][history]") {
+  EbbSession session;
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, nullptr, &p));
+  uint64_t total = 1;
+  CHECK(history(0, &total).empty());
+  CHECK(total == 0);
+  std::string path = tmp_path("ebb-snapshot-off");
+  EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
+  Json snap = parse_file(path);
+  std::remove(path.c_str());
+  CHECK(snap["segments"].arr.size() == 1);
+  CHECK(snap["device_traces"].arr.size() == 2);
+  CHECK(snap["device_traces"].arr[0].arr.empty());
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+#elif EBB_HIST_MODE == EBB_HIST_OOM
+
+static const bool kEnvSet = setenv("EBB_SIM_MEM", "128M", 0) == 0;
+
+TEST_CASE("an allocation failing with EBB_ENOMEM writes oom_snapshot and names the top owners", "[alloc][history][oom]") {
+  std::remove(EBB_HIST_OOM_PATH);
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *w = nullptr, *x = nullptr, *y = nullptr, *u = nullptr, *p = nullptr;
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, "w1"));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 60 * MiB, s, &w));
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "x"));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 30 * MiB, s, &x));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 10 * MiB, s, &y));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &u));
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_GRADIENT, "w1"));
+  ebb_clear_error();
+  ebb_status st = ebb_arena_alloc(0, 50 * MiB, s, &p);
+  std::string msg = ebb_last_error();
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  INFO(msg);
+  REQUIRE(st == EBB_ENOMEM);
+  CHECK(msg.find("device 0 out of memory: requested 50.00 MiB") != std::string::npos);
+  CHECK(msg.find(", top owners: parameter/w1 60.00 MiB, activation/x 40.00 MiB, other/(none) 12.00 MiB") !=
+        std::string::npos);
+
+  Json snap = parse_file(EBB_HIST_OOM_PATH);
+  CHECK(snap["allocator_settings"]["oom_snapshot"].s == EBB_HIST_OOM_PATH);
+  const Json &tr = snap["device_traces"].arr.at(0);
+  REQUIRE(!tr.arr.empty());
+  const Json &oom = tr.arr.back();  // the failure is the newest action
+  CHECK(oom["action"].s == "oom");
+  CHECK(oom["size"].u == 50 * MiB);
+  CHECK(oom.has("device_free"));
+  CHECK(oom["owner"]["category"].s == "gradient");
+  CHECK(oom["owner"]["name"].s == "w1");
+  ebb_arena_stats stt = stats(0);
+  SnapTotals t = totals(snap, 0);
+  CHECK(t.allocated == stt.allocated_bytes.current);
+  CHECK(t.reserved == stt.reserved_bytes.current);
+  std::remove(EBB_HIST_OOM_PATH);
+  for (void *q : {w, x, y, u}) EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+#endif
