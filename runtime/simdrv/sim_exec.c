@@ -690,7 +690,10 @@ SIM_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, uns
 
 /* ---------------------------------------------------------------- copies and memset */
 
-static CUresult enqueue_copy(CUstream hStream, void *dst, const void *src, size_t n, int engine) {
+/* Issues the command `tmpl` (kind, engine and payload filled in) on hStream: resolves the stream,
+ * waits for room, takes a pooled command, fills in the template's payload and pushes it. `n == 0` work is
+ * accepted and skipped after the stream check, as the driver does. */
+static CUresult enqueue_cmd(CUstream hStream, size_t n, const struct sim_cmd *tmpl) {
   struct sim_stream *s;
   uint32_t gen;
   CUresult r = stream_resolve(hStream, &s, &gen);
@@ -701,15 +704,22 @@ static CUresult enqueue_copy(CUstream hStream, void *dst, const void *src, size_
   if (!c) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
-    c->kind = SIM_CMD_COPY;
-    c->engine = engine;
-    c->u.copy.dst = dst;
-    c->u.copy.src = src;
-    c->u.copy.n = n;
+    /* Only the payload: a pooled command keeps its list link and its grown argument buffer. */
+    c->kind = tmpl->kind;
+    c->engine = tmpl->engine;
+    c->u = tmpl->u;
     r = stream_push(s, c);
   }
   pthread_mutex_unlock(&sched);
   return r;
+}
+
+static CUresult enqueue_copy(CUstream hStream, void *dst, const void *src, size_t n, int engine) {
+  struct sim_cmd t = {.kind = SIM_CMD_COPY, .engine = engine};
+  t.u.copy.dst = dst;
+  t.u.copy.src = src;
+  t.u.copy.n = n;
+  return enqueue_cmd(hStream, n, &t);
 }
 
 /* Which copy engine serves a copy between memory of these kinds. */
@@ -781,25 +791,11 @@ SIM_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc
   struct sim_ptr pd;
   if (!dstDevice || sim_mem_span((uintptr_t)dstDevice, N, &pd) != CUDA_SUCCESS || pd.kind == SIM_MEM_NONE)
     return CUDA_ERROR_INVALID_VALUE;
-  struct sim_stream *s;
-  uint32_t gen;
-  CUresult r = stream_resolve(hStream, &s, &gen);
-  if (r != CUDA_SUCCESS) return r;
-  if (N == 0) return CUDA_SUCCESS;
-  if ((r = stream_lock_push(s, gen)) != CUDA_SUCCESS) return r;
-  struct sim_cmd *c = cmd_alloc();
-  if (!c) {
-    r = CUDA_ERROR_OUT_OF_MEMORY;
-  } else {
-    c->kind = SIM_CMD_MEMSET;
-    c->engine = SIM_ENG_COMPUTE;
-    c->u.memset.dst = (void *)(uintptr_t)dstDevice;
-    c->u.memset.n = N;
-    c->u.memset.value = uc;
-    r = stream_push(s, c);
-  }
-  pthread_mutex_unlock(&sched);
-  return r;
+  struct sim_cmd t = {.kind = SIM_CMD_MEMSET, .engine = SIM_ENG_COMPUTE};
+  t.u.memset.dst = (void *)(uintptr_t)dstDevice;
+  t.u.memset.n = N;
+  t.u.memset.value = uc;
+  return enqueue_cmd(hStream, N, &t);
 }
 
 /* ---------------------------------------------------------------- host functions and kernels */
