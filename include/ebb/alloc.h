@@ -95,6 +95,51 @@ EBB_API ebb_status ebb_arena_reset_peak(int device);
  * walk). EBB_EINTERNAL with the first broken invariant in the message. For tests. */
 EBB_API ebb_status ebb_arena_debug_check(int device);
 
+/* ---- pinned host pool ----------------------------------------------------------------------
+ * The same engine over page-locked host memory (cuMemHostAlloc, or host pages bound to the NUMA
+ * node nearest `device_hint` through hwloc and then registered with cuMemHostRegister). Pinned
+ * blocks have no allocation stream: every stream that reads or writes one is declared with
+ * ebb_pinned_record_stream, and a freed block becomes reusable when the events recorded on those
+ * streams at free time complete (checked when memory is next needed; never a host wait on the
+ * allocation path). Requests up to 1 MiB come from 2 MiB segments, larger ones get a segment of
+ * exactly their size rounded to 2 MiB (no power-of-two doubling). EBB_ALLOC_CONF's
+ * pinned_max_bytes:N caps the bytes held from the driver. Driver calls are never made under a
+ * lock. Thread-safe; a block may be freed from any thread. */
+
+/* Allocates `bytes` of pinned host memory, 512-byte aligned, placed on the NUMA node nearest
+ * `device_hint` (-1: no preference). bytes == 0: *ptr = NULL and EBB_OK.
+ * Failures: EBB_ENOTINIT; EBB_EDEVICE for a device_hint that is neither -1 nor a device;
+ * EBB_EINVAL for a NULL ptr; EBB_ELIMIT when the request would take the pool past
+ * pinned_max_bytes (the message gives the cap, what is held and what was asked); EBB_ENOMEM when
+ * the driver cannot pin more. */
+EBB_API ebb_status ebb_pinned_alloc(size_t bytes, int device_hint, void **ptr);
+/* Returns a pinned block to the pool; reusable once the uses recorded with
+ * ebb_pinned_record_stream have completed. NULL is a no-op. EBB_EINVAL for a pointer the pool
+ * did not hand out (a device or host-pool pointer is named as such), EBB_EFREED for a block
+ * already freed. */
+EBB_API ebb_status ebb_pinned_free(void *ptr);
+/* Declares that work on `stream` uses the pinned block at `ptr` (a copy from or into it).
+ * EBB_EFREED on a freed block, EBB_EINVAL for a NULL or foreign pointer or a NULL stream. */
+EBB_API ebb_status ebb_pinned_record_stream(void *ptr, ebb_stream_t *stream);
+/* Returns every fully free pinned segment to the driver (waiting for the events of blocks whose
+ * uses are still pending). */
+EBB_API ebb_status ebb_pinned_empty_cache(void);
+/* Counters of the pinned pool (the fields of ebb_arena_stats; `limit` is pinned_max_bytes). */
+EBB_API ebb_status ebb_pinned_get_stats(ebb_arena_stats *out);
+
+/* ---- host memory -----------------------------------------------------------------------------
+ * The same engine over plain host pages (mmap'ed segments): the memory of CPU tensors, cached,
+ * owner-tagged and recorded in the history like device memory. Never malloc: libebb leaves its
+ * host program's allocator alone. Blocks are 512-byte aligned. Thread-safe. */
+
+/* bytes == 0: *ptr = NULL and EBB_OK. EBB_EINVAL for a NULL ptr, EBB_ENOMEM when the system has
+ * no memory left. */
+EBB_API ebb_status ebb_host_alloc(size_t bytes, void **ptr);
+/* NULL is a no-op; EBB_EINVAL for a foreign pointer, EBB_EFREED for a double free. */
+EBB_API ebb_status ebb_host_free(void *ptr);
+EBB_API ebb_status ebb_host_empty_cache(void);
+EBB_API ebb_status ebb_host_get_stats(ebb_arena_stats *out);
+
 /* ---- owners, history, snapshots ------------------------------------------------------------
  * Every block records who asked for it: the innermost owner scope of the allocating thread
  * (category + name), or EBB_OWNER_OTHER with the name "" outside any scope. Each device keeps a
