@@ -52,8 +52,10 @@ static inline void ebb__stat_sub(ebb_arena_stat *st, uint64_t n) {
   st->current -= n;
 }
 
-/* The size a new segment gets for a rounded request (allocators.md 1.2 get_allocation_size). */
-static size_t ebb__segment_size(size_t r) {
+/* The size a new segment gets for a rounded request (allocators.md 1.2 get_allocation_size),
+ * unless the upstream has its own policy (the pinned pool's exact sizes). */
+static size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
+  if (a->up->segment_size) return a->up->segment_size(r);
   if (r <= EBB__SMALL_SIZE) return EBB__SMALL_SEGMENT;
   if (r < EBB__MIN_LARGE_ALLOC) return EBB__LARGE_SEGMENT;
   return ebb__round_up(r, EBB__ROUND_LARGE);
@@ -511,7 +513,7 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
     if (!a->xhandles) {
       a->up->unreserve(a, a->xva, want);
       a->xva = 0;
-      return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for the granule table of device %d", a->device);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory for the granule table of %s", a->up->alloc_fn, a->label);
     }
     a->xva_size = want;
     a->xgran = gran;
@@ -723,9 +725,9 @@ static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const s
     snprintf(lim, sizeof lim, ", limit %s", ebb__fmt_bytes(l, sizeof l, a->limit));
   }
   return ebb__fail(EBB_ENOMEM,
-                   "ebb_arena_alloc: device %d out of memory: requested %s (rounded %s) on stream %" PRIu64
+                   "%s: %s out of memory: requested %s (rounded %s) on stream %" PRIu64
                    "; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s%s",
-                   a->device, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), s->id,
+                   a->up->alloc_fn, a->label, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), s->id,
                    ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
                    ebb__fmt_bytes(res, sizeof res, a->c.s.reserved_bytes.current),
                    ebb__fmt_bytes(al, sizeof al, a->c.s.allocated_bytes.current),
@@ -740,11 +742,11 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
     ebb_status st = ebb__x_grow(a, sp, pool, r);
     if (st) return st;
     *out = ebb__bins_take(a, &sp->pools[pool], r);
-    return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "ebb_arena_alloc: device %d grew but found no block", a->device);
+    return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
   }
-  size_t seg = ebb__segment_size(r);
+  size_t seg = ebb__segment_size(a, r);
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
-    return ebb__fail(EBB_ENOMEM, "limit of device %d reached", a->device);
+    return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;
   ebb__mutex_unlock(&a->mu);
   uint64_t base = 0;
@@ -757,7 +759,7 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
     ebb__mutex_unlock(&a->mu);
     a->up->release(a, base, seg);
     ebb__mutex_lock(&a->mu);
-    return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a segment record");
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for a segment record", a->up->alloc_fn);
   }
   uint8_t ocat;
   const char *oname;
@@ -770,6 +772,7 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
  * (allocators.md 1.8, with the re-search after syncing that PyTorch misses, #189504). */
 static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
                                   const struct ebb__stream_ref *s, struct ebb__block **out, bool *stolen) {
+  ebb_status gst = EBB_OK;
   for (int attempt = 0;; attempt++) {
     struct ebb__block *b = ebb__steal(a, sp, pool, r);
     if (b) {
@@ -777,7 +780,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
       *out = b;
       return EBB_OK;
     }
-    if (ebb__grow(a, sp, pool, r, out) == EBB_OK) return EBB_OK;
+    if ((gst = ebb__grow(a, sp, pool, r, out)) == EBB_OK) return EBB_OK;
     if (attempt) break;
     /* (1) completed pending frees, (2) wait for the rest and re-search, (3) give back every
      * fully free segment, then try once more. */
@@ -798,6 +801,12 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     }
     ebb__release_free_segments(a);
     a->c.s.num_alloc_retries++;
+  }
+  /* A configured cap of the upstream (pinned_max_bytes), not exhausted memory: its own code,
+   * and the upstream's message says which cap, what is held and what was asked. */
+  if (gst == EBB_ELIMIT) {
+    a->c.s.num_ooms++;
+    return gst;
   }
   return ebb__oom(a, bytes, r, s);
 }
@@ -830,7 +839,7 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
   struct ebb__spool *sp = ebb__spool_get(a, s);
   if (EBB_UNLIKELY(!sp)) {
     ebb__mutex_unlock(&a->mu);
-    return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for the free index of stream %" PRIu64, s->id);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
   }
   struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
   bool stolen = false;
@@ -858,7 +867,7 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
     ebb__block_release(a, b);
     ebb__mutex_unlock(&a->mu);
     if (ev) ebb__ev_destroy(ev);
-    return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for the pointer map");
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
   }
   ebb__mutex_unlock(&a->mu);
   if (stolen) {
@@ -898,11 +907,22 @@ static struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t ad
   return NULL;
 }
 
-/* Why `ptr` is not a live block: searched in every arena's segments (an error path). */
-static ebb_status ebb__explain(const char *fn, void *ptr) {
+/* The public call that hands out blocks of `kind` (messages). */
+static const char *ebb__kind_alloc_fn(enum ebb__memkind kind) {
+  switch (kind) {
+  case EBB__MEM_PINNED_POOL: return "ebb_pinned_alloc";
+  case EBB__MEM_HOST_POOL: return "ebb_host_alloc";
+  default: return "ebb_arena_alloc";
+  }
+}
+
+/* Why `ptr` is not a live block of `kind`: searched in every arena's segments (an error path).
+ * A live block of another kind is named as such: a pinned pointer given to ebb_arena_free. */
+static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  const char *want = ebb__kind_alloc_fn(kind);
   for (int i = 0;; i++) {
-    struct ebb__arena *a = ebb__arena_nth(i);
+    struct ebb__arena *a = ebb__arena_any(i);
     if (!a) break;
     ebb__mutex_lock(&a->mu);
     struct ebb__block *b = ebb__find_containing(a, addr);
@@ -914,25 +934,38 @@ static ebb_status ebb__explain(const char *fn, void *ptr) {
     uint64_t base = b->addr, sid = b->spool->stream.id;
     size_t size = b->size;
     ebb__mutex_unlock(&a->mu);
+    if (a->up->kind != kind)
+      return ebb__fail(EBB_EINVAL, "%s: pointer %p belongs to the %s (a block from %s); expected a block from %s", fn, ptr,
+                       a->label, a->up->alloc_fn, want);
     if (state == EBB__B_ALLOC && addr != base)
       return ebb__fail(EBB_EINVAL,
-                       "%s: pointer %p is inside the block at 0x%" PRIx64 " (%zu bytes, device %d, stream %" PRIu64
-                       "); expected the start of a block from ebb_arena_alloc",
-                       fn, ptr, base, size, i, sid);
+                       "%s: pointer %p is inside the block at 0x%" PRIx64 " (%zu bytes, %s, stream %" PRIu64
+                       "); expected the start of a block from %s",
+                       fn, ptr, base, size, a->label, sid, want);
     return ebb__fail(EBB_EFREED,
-                     "%s: pointer %p (device %d) was already freed (it lies in free memory of the arena); expected a "
-                     "live block from ebb_arena_alloc",
-                     fn, ptr, i);
+                     "%s: pointer %p (%s) was already freed (it lies in free memory of the pool); expected a live block "
+                     "from %s",
+                     fn, ptr, a->label, want);
   }
-  return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by ebb_arena_alloc (no arena segment holds it)", fn, ptr);
+  return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
 
-ebb_status ebb__arena_free(const char *fn, void *ptr) {
+ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   /* Taking the entry out elects this call as the block's one free: a racing second free of the
    * same pointer finds nothing and reports the block freed. */
   struct ebb__block *b = ebb__ptrmap_take(addr);
-  if (EBB_UNLIKELY(!b)) return ebb__explain(fn, ptr);
+  if (EBB_UNLIKELY(!b)) return ebb__explain(fn, ptr, kind);
+  if (EBB_UNLIKELY(b->kind != kind)) {
+    /* Another pool's live block: put it back untouched (its owner may still free it). The map
+     * just gave up this entry, so re-inserting it needs no new host memory in practice; if it
+     * did and failed, the block would leak rather than be freed by the wrong call. */
+    const struct ebb__arena *o = b->arena;
+    bool back = ebb__ptrmap_insert(b);
+    return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s%s", fn, ptr,
+                     o->label, o->up->alloc_fn, ebb__kind_alloc_fn(kind),
+                     back ? "" : " (and no host memory was left to keep it tracked: it is leaked)");
+  }
   struct ebb__arena *a = b->arena;
   ebb__mutex_lock(&a->mu);
   EBB_ASSERT(b->addr == addr && b->state == EBB__B_ALLOC);
@@ -952,11 +985,12 @@ ebb_status ebb__arena_free(const char *fn, void *ptr) {
   uint32_t n = b->nuses;
   ebb_event_t *small[EBB__INLINE_USES * 2], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
   if (!evs) {
-    /* No host memory to track events: wait for the device instead, correct if slow. */
+    /* No host memory to track events: wait for the devices of the using streams instead,
+     * correct if slow. */
     ebb__mutex_unlock(&a->mu);
-    ebb_dev_synchronize(a->device);
+    for (uint32_t i = 0; i < n; i++) ebb_dev_synchronize(ebb__use_at(b, i)->device);
     ebb__mutex_lock(&a->mu);
-    a->c.s.num_syncs++;
+    a->c.s.num_syncs += n;
     ebb__block_release(a, b);
     ebb__mutex_unlock(&a->mu);
     return EBB_OK;
@@ -1018,16 +1052,20 @@ ebb_status ebb__arena_free(const char *fn, void *ptr) {
   return EBB_OK;
 }
 
-ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s) {
+ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   struct ebb__block *b = ebb__ptrmap_find(addr);
-  if (!b) return ebb__explain(fn, ptr);
+  if (!b) return ebb__explain(fn, ptr, kind);
   struct ebb__arena *a = b->arena;
   ebb__mutex_lock(&a->mu);
   /* Freed (and perhaps reused) since the lookup: the record is still a block of this arena. */
   if (b->addr != addr || b->state != EBB__B_ALLOC) {
     ebb__mutex_unlock(&a->mu);
     return ebb__fail(EBB_EFREED, "%s: pointer %p was freed while its use was being recorded", fn, ptr);
+  }
+  if (EBB_UNLIKELY(a->up->kind != kind)) {
+    ebb__mutex_unlock(&a->mu);
+    return ebb__explain(fn, ptr, kind);
   }
   if (s->id == b->spool->stream.id) {
     ebb__mutex_unlock(&a->mu);
@@ -1116,33 +1154,33 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
     reserved += g->size;
     uint64_t at = g->base;
     size_t nb = 0, nf = 0, fb = 0;
-    EBB__CHECK(g->first && !g->first->prev, "%s: device %d: segment 0x%" PRIx64 " has no first block", fn, a->device, g->base);
+    EBB__CHECK(g->first && !g->first->prev, "%s: %s: segment 0x%" PRIx64 " has no first block", fn, a->label, g->base);
     for (struct ebb__block *b = g->first; b; b = b->next) {
       nb++;
-      EBB__CHECK(b->addr == at, "%s: device %d: block 0x%" PRIx64 " should start at 0x%" PRIx64 " (blocks must tile their segment)",
-                 fn, a->device, b->addr, at);
-      EBB__CHECK(b->seg == g && b->arena == a, "%s: device %d: block 0x%" PRIx64 " points at the wrong segment", fn, a->device, b->addr);
-      EBB__CHECK(!b->next || b->next->prev == b, "%s: device %d: block 0x%" PRIx64 " has a broken next link", fn, a->device, b->addr);
-      EBB__CHECK(b->size >= EBB__MIN_BLOCK && b->size % EBB__MIN_BLOCK == 0, "%s: device %d: block 0x%" PRIx64 " has size %zu",
-                 fn, a->device, b->addr, b->size);
+      EBB__CHECK(b->addr == at, "%s: %s: block 0x%" PRIx64 " should start at 0x%" PRIx64 " (blocks must tile their segment)",
+                 fn, a->label, b->addr, at);
+      EBB__CHECK(b->seg == g && b->arena == a, "%s: %s: block 0x%" PRIx64 " points at the wrong segment", fn, a->label, b->addr);
+      EBB__CHECK(!b->next || b->next->prev == b, "%s: %s: block 0x%" PRIx64 " has a broken next link", fn, a->label, b->addr);
+      EBB__CHECK(b->size >= EBB__MIN_BLOCK && b->size % EBB__MIN_BLOCK == 0, "%s: %s: block 0x%" PRIx64 " has size %zu",
+                 fn, a->label, b->addr, b->size);
       at += b->size;
       switch (b->state) {
       case EBB__B_FREE:
         nf++;
         fb += b->size;
         nfree++;
-        EBB__CHECK(!ebb__mergeable(b, b->next), "%s: device %d: free blocks 0x%" PRIx64 " and 0x%" PRIx64 " of one stream were not merged",
-                   fn, a->device, b->addr, b->next->addr);
-        EBB__CHECK(b->bin == ebb__bin_of(b->size), "%s: device %d: free block 0x%" PRIx64 " is in the wrong bin", fn, a->device, b->addr);
-        EBB__CHECK(ebb__ptrmap_find(b->addr) != b, "%s: device %d: free block 0x%" PRIx64 " is still in the pointer map", fn, a->device, b->addr);
+        EBB__CHECK(!ebb__mergeable(b, b->next), "%s: %s: free blocks 0x%" PRIx64 " and 0x%" PRIx64 " of one stream were not merged",
+                   fn, a->label, b->addr, b->next->addr);
+        EBB__CHECK(b->bin == ebb__bin_of(b->size), "%s: %s: free block 0x%" PRIx64 " is in the wrong bin", fn, a->label, b->addr);
+        EBB__CHECK(ebb__ptrmap_find(b->addr) != b, "%s: %s: free block 0x%" PRIx64 " is still in the pointer map", fn, a->label, b->addr);
         break;
       case EBB__B_ALLOC:
         nlive++;
         alloc += b->size;
         active += b->size;
         requested += b->requested;
-        EBB__CHECK(ebb__ptrmap_find(b->addr) == b, "%s: device %d: live block 0x%" PRIx64 " is missing from the pointer map", fn,
-                   a->device, b->addr);
+        EBB__CHECK(ebb__ptrmap_find(b->addr) == b, "%s: %s: live block 0x%" PRIx64 " is missing from the pointer map", fn,
+                   a->label, b->addr);
         break;
       case EBB__B_PENDING:
       case EBB__B_FREEING:
@@ -1151,13 +1189,13 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
         pend_events += b->event_count;
         break;
       default:
-        EBB__CHECK(0, "%s: device %d: block 0x%" PRIx64 " has state %d", fn, a->device, b->addr, b->state);
+        EBB__CHECK(0, "%s: %s: block 0x%" PRIx64 " has state %d", fn, a->label, b->addr, b->state);
       }
     }
-    EBB__CHECK(at == g->base + g->size, "%s: device %d: segment 0x%" PRIx64 " blocks end at 0x%" PRIx64 ", expected 0x%" PRIx64, fn,
-               a->device, g->base, at, g->base + g->size);
-    EBB__CHECK(nb == g->nblocks && nf == g->nfree && fb == g->free_bytes, "%s: device %d: segment 0x%" PRIx64 " counts are stale", fn,
-               a->device, g->base);
+    EBB__CHECK(at == g->base + g->size, "%s: %s: segment 0x%" PRIx64 " blocks end at 0x%" PRIx64 ", expected 0x%" PRIx64, fn,
+               a->label, g->base, at, g->base + g->size);
+    EBB__CHECK(nb == g->nblocks && nf == g->nfree && fb == g->free_bytes, "%s: %s: segment 0x%" PRIx64 " counts are stale", fn,
+               a->label, g->base);
     if (!g->expandable && nb > 1) {
       isplit += nf;
       isplit_b += fb;
@@ -1170,29 +1208,29 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
       size_t c = 0;
       for (unsigned k = 0; k < EBB__NBINS; k++) {
         bool bit = (x->slmap[k / EBB__SL_COUNT] >> (k % EBB__SL_COUNT)) & 1;
-        EBB__CHECK(bit == !ebb_list_empty(&x->bin[k]), "%s: device %d: bin bitmap out of date", fn, a->device);
+        EBB__CHECK(bit == !ebb_list_empty(&x->bin[k]), "%s: %s: bin bitmap out of date", fn, a->label);
         for (const struct ebb_list *n = x->bin[k].next; n != &x->bin[k]; n = n->next) {
           const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
           EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p,
-                     "%s: device %d: indexed block 0x%" PRIx64 " is not a free block of its stream and pool", fn, a->device, b->addr);
+                     "%s: %s: indexed block 0x%" PRIx64 " is not a free block of its stream and pool", fn, a->label, b->addr);
           c++;
         }
       }
-      EBB__CHECK(c == x->count, "%s: device %d: index count %zu, found %zu", fn, a->device, x->count, c);
+      EBB__CHECK(c == x->count, "%s: %s: index count %zu, found %zu", fn, a->label, x->count, c);
       indexed += c;
     }
-  EBB__CHECK(indexed == nfree, "%s: device %d: %zu free blocks but %zu indexed", fn, a->device, nfree, indexed);
-  EBB__CHECK(pend_events == a->npending, "%s: device %d: %zu pending events, blocks expect %zu", fn, a->device, a->npending, pend_events);
+  EBB__CHECK(indexed == nfree, "%s: %s: %zu free blocks but %zu indexed", fn, a->label, nfree, indexed);
+  EBB__CHECK(pend_events == a->npending, "%s: %s: %zu pending events, blocks expect %zu", fn, a->label, a->npending, pend_events);
   const ebb_arena_stats *s = &a->c.s;
   EBB__CHECK(s->allocated_bytes.current == alloc && s->active_bytes.current == active && s->requested_bytes.current == requested,
-             "%s: device %d: stats allocated %" PRIu64 "/active %" PRIu64 "/requested %" PRIu64 ", walk found %" PRIu64 "/%" PRIu64
+             "%s: %s: stats allocated %" PRIu64 "/active %" PRIu64 "/requested %" PRIu64 ", walk found %" PRIu64 "/%" PRIu64
              "/%" PRIu64,
-             fn, a->device, s->allocated_bytes.current, s->active_bytes.current, s->requested_bytes.current, alloc, active, requested);
+             fn, a->label, s->allocated_bytes.current, s->active_bytes.current, s->requested_bytes.current, alloc, active, requested);
   EBB__CHECK(s->reserved_bytes.current == reserved && s->segments.current == nseg,
-             "%s: device %d: stats reserved %" PRIu64 " in %" PRIu64 " segments, walk found %" PRIu64 " in %" PRIu64, fn, a->device,
+             "%s: %s: stats reserved %" PRIu64 " in %" PRIu64 " segments, walk found %" PRIu64 " in %" PRIu64, fn, a->label,
              s->reserved_bytes.current, s->segments.current, reserved, nseg);
   EBB__CHECK(s->inactive_split.current == isplit && s->inactive_split_bytes.current == isplit_b,
-             "%s: device %d: stats inactive_split %" PRIu64 " (%" PRIu64 " B), walk found %" PRIu64 " (%" PRIu64 " B)", fn, a->device,
+             "%s: %s: stats inactive_split %" PRIu64 " (%" PRIu64 " B), walk found %" PRIu64 " (%" PRIu64 " B)", fn, a->label,
              s->inactive_split.current, s->inactive_split_bytes.current, isplit, isplit_b);
   (void)npend_blocks;
 done:
@@ -1208,6 +1246,8 @@ void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int d
   ebb__mutex_init(&a->mu, "arena", EBB_RANK_ARENA);
   a->up = up;
   a->device = device;
+  a->numa_node = -1;
+  snprintf(a->label, sizeof a->label, "device %d", device);
   a->conf = *conf;
   a->total_mem = total_mem;
   ebb_list_init(&a->segments);

@@ -146,8 +146,13 @@ struct ebb__arena;
  * Every entry is called with the arena's lock dropped, except map/unmap of expandable growth
  * (see arena.c). */
 struct ebb__upstream {
-  const char *name; /* "device": messages */
+  const char *name;     /* "device", "pinned", "host": messages */
+  const char *alloc_fn; /* the public call that allocates from it: messages */
+  const char *free_fn;  /* the public call that frees its blocks: messages */
   enum ebb__memkind kind;
+  /* The segment size for a rounded request r; NULL: the device policy (2 MiB segments for
+   * requests up to 1 MiB, 20 MiB below 10 MiB, larger ones rounded to 2 MiB). */
+  size_t (*segment_size)(size_t r);
   ebb_status (*obtain)(struct ebb__arena *a, size_t bytes, uint64_t *addr);
   ebb_status (*release)(struct ebb__arena *a, uint64_t addr, size_t bytes);
   ebb_status (*mem_info)(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes);
@@ -163,6 +168,7 @@ struct ebb__conf {
   bool expandable;
   size_t history;            /* history ring entries per arena (0: off) */
   const char *oom_snapshot;  /* snapshot path on EBB_ENOMEM (NULL: none); module-owned text */
+  size_t pinned_max;         /* cap on pinned bytes held from the driver (0: none) */
   const char *env;           /* EBB_ALLOC_CONF as read (snapshot settings); module-owned text */
 };
 
@@ -189,7 +195,10 @@ struct ebb__counters {
 
 struct ebb__arena {
   ebb_mutex mu;
-  int device;
+  int device;              /* device arena: its device; pinned pool: the device whose NUMA node it
+                              serves (-1: driver-placed); host pool: -1 */
+  int numa_node;           /* pinned pool: its NUMA node (-1: any); otherwise -1 */
+  char label[48];          /* "device 0", "pinned pool (NUMA node 0)", "host pool": messages */
   bool started;
   const struct ebb__upstream *up;
   struct ebb__conf conf;
@@ -232,15 +241,30 @@ EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const
                                        void **out);
 /* Free / record_stream of a pointer of any arena, found through the ptrmap. `fn` names the
  * public call for messages. */
-EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr);
-EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s);
+EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
+EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
+                                        enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
 EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
 EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
 EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
 EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
-/* Arenas to search when a pointer is not in the ptrmap (messages only); set by device.c. */
+/* The device arenas, i in [0, device count), NULL past them (snapshots, messages); device.c. */
 EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
+/* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
+ * when a pointer is not in the ptrmap (messages only); device.c. */
+EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+
+/* ---- module state shared by device.c and host.c -------------------------------------------- */
+
+/* Entry check of every public call of the module: ebb initialised, the module started. */
+EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
+/* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
+ * (start: no lock held, after the configuration is parsed). */
+EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
+EBB_HIDDEN void ebb__hostpools_fini(void);
+/* The pinned pools then the host pool, NULL past the last. */
+EBB_HIDDEN struct ebb__arena *ebb__hostpool_nth(int i);
 
 /* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
 EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);

@@ -68,6 +68,8 @@ static ebb_status ebb__dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes
 
 static const struct ebb__upstream ebb__device_upstream = {
     .name = "device",
+    .alloc_fn = "ebb_arena_alloc",
+    .free_fn = "ebb_arena_free",
     .kind = EBB__MEM_DEVICE_ARENA,
     .obtain = ebb__dev_obtain,
     .release = ebb__dev_release,
@@ -99,14 +101,39 @@ struct ebb__arena *ebb__arena_nth(int i) {
   return i >= 0 && i < ebb__al.ndev ? &ebb__al.dev[i] : NULL;
 }
 
-/* EBB_ALLOC_CONF: "key:value,key:value". Keys of later slices (pinned_max_bytes) are accepted
- * here and read by their owners; an unknown key or a bad value is reported on stderr and
+struct ebb__arena *ebb__arena_any(int i) {
+  if (i < 0) return NULL;
+  return i < ebb__al.ndev ? &ebb__al.dev[i] : ebb__hostpool_nth(i - ebb__al.ndev);
+}
+
+/* "1073741824", "512M", "4G": bytes with an optional K/M/G/T suffix (powers of 1024). */
+static bool ebb__parse_bytes(const char *val, size_t *out) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(val, &end, 10);
+  if (errno || end == val || val[0] == '-') return false;
+  unsigned shift = 0;
+  switch (*end) {
+  case '\0': break;
+  case 'K': case 'k': shift = 10; end++; break;
+  case 'M': case 'm': shift = 20; end++; break;
+  case 'G': case 'g': shift = 30; end++; break;
+  case 'T': case 't': shift = 40; end++; break;
+  default: return false;
+  }
+  if (*end || v > (SIZE_MAX >> shift)) return false;
+  *out = (size_t)v << shift;
+  return true;
+}
+
+/* EBB_ALLOC_CONF: "key:value,key:value". An unknown key or a bad value is reported on stderr and
  * ignored, so a typo never stops a training job (the setting just does not apply). */
 static void ebb__conf_parse(struct ebb__conf *c) {
   c->max_split = SIZE_MAX;
   c->expandable = false;
   c->history = EBB__HISTORY_DEFAULT;
   c->oom_snapshot = NULL;
+  c->pinned_max = 0;
   ebb__al.env[0] = '\0';
   c->env = ebb__al.env;
   const char *env = getenv("EBB_ALLOC_CONF");
@@ -158,7 +185,9 @@ static void ebb__conf_parse(struct ebb__conf *c) {
       }
       ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: oom_snapshot has an empty path; expected oom_snapshot:PATH");
     } else if (!strcmp(key, "pinned_max_bytes")) {
-      continue;
+      if (ebb__parse_bytes(val, &c->pinned_max)) continue;
+      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: pinned_max_bytes:%s is not valid; expected bytes with an optional K/M/G/T suffix (0: no cap)",
+                val);
     } else {
       ebb__fail(EBB_EINVAL,
                 "EBB_ALLOC_CONF: unknown key '%s'; expected max_split_size_mb, expandable_segments, pinned_max_bytes, "
@@ -172,6 +201,7 @@ static void ebb__conf_parse(struct ebb__conf *c) {
 static void ebb__alloc_teardown(void *user) {
   (void)user;
   for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
+  ebb__hostpools_fini();
   ebb__ptrmap_clear();
   ebb__al.ndev = 0;
   /* release: pairs with the acquire CAS of the next start in ebb__alloc_enter. */
@@ -200,16 +230,18 @@ static ebb_status ebb__alloc_start(const char *fn) {
   ebb__conf_parse(&ebb__al.conf);
   for (int i = 0; i < ndev; i++) ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &ebb__al.conf, total[i]);
   ebb__al.ndev = ndev;
-  st = ebb_at_shutdown(ebb__alloc_teardown, NULL);
+  st = ebb__hostpools_start(&ebb__al.conf, ndev);
+  if (!st) st = ebb_at_shutdown(ebb__alloc_teardown, NULL);
   if (st) {
     for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
+    ebb__hostpools_fini();
     ebb__al.ndev = 0;
   }
   return st;
 }
 
 /* Entry check of every public call: ebb initialised, the module started. */
-static ebb_status ebb__alloc_enter(const char *fn) {
+ebb_status ebb__alloc_enter(const char *fn) {
   if (EBB_UNLIKELY(!ebb_is_initialized()))
     return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init first", fn);
   /* acquire: pairs with the release store of EBB__AL_UP below: the arenas are initialised. */
@@ -276,7 +308,7 @@ ebb_status ebb_arena_free(void *ptr) {
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   if (!ptr) return EBB_OK;
-  return ebb__arena_free(fn, ptr);
+  return ebb__arena_free(fn, ptr, EBB__MEM_DEVICE_ARENA);
 }
 
 ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream) {
@@ -286,7 +318,7 @@ ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream) {
   if (!ptr) return ebb__fail(EBB_EINVAL, "%s: pointer is NULL; expected a block from ebb_arena_alloc", fn);
   struct ebb__stream_ref s;
   if ((st = ebb__stream_ref(fn, stream, &s))) return st;
-  return ebb__arena_record(fn, ptr, &s);
+  return ebb__arena_record(fn, ptr, &s, EBB__MEM_DEVICE_ARENA);
 }
 
 ebb_status ebb_arena_empty_cache(int device) {

@@ -427,8 +427,30 @@ static void ebb__snap_trace(const struct ebb__arena *a, const struct ebb__hist_e
   ebb__sb_put(tr, "]", 1);
 }
 
+/* One arena's segments and trace, copied under its lock and formatted after it. The ring is
+ * copied, not printed, under the lock: the lock is held for a memcpy-sized moment, not for
+ * 65536 printf calls. `*copy` is grown to the ring's capacity (fixed while the arena lives)
+ * before locking. */
+static ebb_status ebb__snap_arena(const char *fn, struct ebb__arena *a, struct ebb__sbuf *segs, bool *first_seg,
+                                  struct ebb__sbuf *trace, struct ebb__hist_entry **copy, size_t *copy_cap) {
+  size_t cap = a->hist.cap;
+  if (cap > *copy_cap) {
+    struct ebb__hist_entry *nc = realloc(*copy, cap * sizeof *nc);
+    if (!nc) return ebb__fail(EBB_ENOMEM, "%s: no host memory to copy %zu history entries", fn, cap);
+    *copy = nc;
+    *copy_cap = cap;
+  }
+  ebb__mutex_lock(&a->mu);
+  ebb__snap_segments(a, segs, first_seg);
+  size_t n = cap ? ebb__hist_copy(a, *copy, cap) : 0;
+  ebb__mutex_unlock(&a->mu);
+  ebb__snap_trace(a, *copy, n, trace);
+  return EBB_OK;
+}
+
 ebb_status ebb__snapshot_write(const char *fn, const char *path) {
-  struct ebb__sbuf segs = {0}, traces = {0}, out = {0};
+  struct ebb__sbuf segs = {0}, traces = {0}, out = {0}, pools = {0};
+  size_t copy_cap = 0;
   struct ebb__hist_entry *copy = NULL;
   ebb_status st = EBB_OK;
   bool first_seg = true;
@@ -437,26 +459,33 @@ ebb_status ebb__snapshot_write(const char *fn, const char *path) {
     struct ebb__arena *a = ebb__arena_nth(i);
     if (!a) break;
     conf = &a->conf;
-    /* The ring is copied under the lock and formatted after it: the lock is held for a
-     * memcpy-sized moment, not for 65536 printf calls. The copy is sized before locking (the
-     * ring's capacity is fixed while the arena lives). */
-    size_t cap = a->hist.cap;
-    if (cap && !copy) copy = malloc(cap * sizeof *copy);
-    if (cap && !copy) {
-      st = ebb__fail(EBB_ENOMEM, "%s: no host memory to copy %zu history entries", fn, cap);
-      goto done;
-    }
-    ebb__mutex_lock(&a->mu);
-    ebb__snap_segments(a, &segs, &first_seg);
-    size_t n = cap ? ebb__hist_copy(a, copy, cap) : 0;
-    ebb__mutex_unlock(&a->mu);
     if (i) ebb__sb_put(&traces, ",", 1);
-    ebb__snap_trace(a, copy, n, &traces);
+    if ((st = ebb__snap_arena(fn, a, &segs, &first_seg, &traces, &copy, &copy_cap))) goto done;
+  }
+  /* The pinned and host pools: the same engine, so the same records, kept apart from the
+   * device lists PyTorch's viewers read. */
+  for (int i = 0;; i++) {
+    struct ebb__arena *a = ebb__hostpool_nth(i);
+    if (!a) break;
+    ebb__sb_printf(&pools, "%s{\"pool\":\"%s\",\"label\":", i ? "," : "", a->up->name);
+    ebb__sb_str(&pools, a->label);
+    ebb__sb_printf(&pools, ",\"numa_node\":%d,\"segments\":[", a->numa_node);
+    bool first = true;
+    struct ebb__sbuf trace = {0};
+    st = ebb__snap_arena(fn, a, &pools, &first, &trace, &copy, &copy_cap);
+    ebb__sb_put(&pools, "],\"trace\":", 10);
+    if (trace.n) ebb__sb_put(&pools, trace.p, trace.n);
+    ebb__sb_put(&pools, "}", 1);
+    pools.bad |= trace.bad;
+    free(trace.p);
+    if (st) goto done;
   }
   ebb__sb_put(&out, "{\"segments\":[", 13);
   if (segs.n) ebb__sb_put(&out, segs.p, segs.n);
   ebb__sb_put(&out, "],\"device_traces\":[", 19);
   if (traces.n) ebb__sb_put(&out, traces.p, traces.n);
+  ebb__sb_put(&out, "],\"host_pools\":[", 16);
+  if (pools.n) ebb__sb_put(&out, pools.p, pools.n);
   ebb__sb_put(&out, "],\"allocator_settings\":{\"EBB_ALLOC_CONF\":", 41);
   ebb__sb_str(&out, conf ? conf->env : "");
   if (conf && conf->max_split != SIZE_MAX)
@@ -467,7 +496,7 @@ ebb_status ebb__snapshot_write(const char *fn, const char *path) {
                  conf && conf->expandable ? "true" : "false", conf ? conf->history : 0);
   ebb__sb_str(&out, conf && conf->oom_snapshot ? conf->oom_snapshot : "");
   ebb__sb_put(&out, "}}\n", 3);
-  if (segs.bad || traces.bad || out.bad) {
+  if (segs.bad || traces.bad || out.bad || pools.bad) {
     st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the snapshot text", fn);
     goto done;
   }
@@ -484,6 +513,7 @@ done:
   free(copy);
   free(segs.p);
   free(traces.p);
+  free(pools.p);
   free(out.p);
   return st;
 }

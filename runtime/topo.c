@@ -10,9 +10,12 @@
  * under the runtime lock; in between it is only read (hwloc allows concurrent readers), and
  * binding works on the calling thread only.
  */
+#include <errno.h>
 #include <hwloc.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "runtime_impl.h"
 
@@ -99,4 +102,67 @@ ebb_status ebb_thread_bind_device(int device) {
     return ebb__fail(EBB_ENOTSUP, "ebb_thread_bind_device: the OS refused to bind this thread to cores %s of device %d",
                      ebb__rt.dev[device].topo.cpus, device);
   return EBB_OK;
+}
+
+/* ---- NUMA-placed host memory ---------------------------------------------------------------
+ * The pages are mapped here and hwloc asks the kernel (mbind) to place them on the node's
+ * memory; the kernel honours it at first touch. Where binding is refused the pages are still usable, only
+ * unplaced, and the caller is told so through *bound. */
+
+static hwloc_obj_t ebb__numa_obj(int device) {
+  if (!ebb__topo) return NULL;
+  int node = ebb__rt.dev[device].topo.numa_node;
+  return node < 0 ? NULL : hwloc_get_obj_by_type(ebb__topo, HWLOC_OBJ_NUMANODE, (unsigned)node);
+}
+
+static size_t ebb__page_round(size_t bytes) {
+  long pg = sysconf(_SC_PAGESIZE);
+  size_t p = pg > 0 ? (size_t)pg : 4096;
+  return (bytes + p - 1) / p * p;
+}
+
+ebb_status ebb_host_numa_alloc(int device, size_t bytes, void **out, bool *bound) {
+  static const char fn[] = "ebb_host_numa_alloc";
+  ebb_status st = ebb__check_dev(fn, device);
+  if (st) return st;
+  if (!out || !bound) return ebb__fail(EBB_EINVAL, "%s: out or bound is NULL; expected pointers to fill", fn);
+  if (!bytes) return ebb__fail(EBB_EINVAL, "%s: bytes is 0; expected a size of at least one byte", fn);
+  size_t len = ebb__page_round(bytes);
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return ebb__fail(EBB_ENOMEM, "%s: the system has no %zu bytes of host memory left for device %d: %s", fn, len, device,
+                     strerror(errno));
+  /* STRICT: report a refused binding instead of silently leaving the pages unplaced. */
+  hwloc_obj_t node = ebb__numa_obj(device);
+  *bound = node && node->nodeset &&
+           hwloc_set_area_membind(ebb__topo, p, len, node->nodeset, HWLOC_MEMBIND_BIND,
+                                  HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT) == 0;
+  *out = p;
+  return EBB_OK;
+}
+
+ebb_status ebb_host_numa_free(void *p, size_t bytes) {
+  if (!p) return EBB_OK;
+  if (munmap(p, ebb__page_round(bytes)) != 0)
+    return ebb__fail(EBB_EINVAL, "ebb_host_numa_free: munmap of %p (%zu bytes) failed: %s", p, bytes, strerror(errno));
+  return EBB_OK;
+}
+
+ebb_status ebb_host_numa_node(const void *p, size_t bytes, int *node) {
+  static const char fn[] = "ebb_host_numa_node";
+  if (!p || !node) return ebb__fail(EBB_EINVAL, "%s: p or node is NULL; expected a host range and an int to fill", fn);
+  if (!ebb__topo) return ebb__fail(EBB_ENOTSUP, "%s: hwloc did not load the machine's topology", fn);
+  hwloc_nodeset_t set = hwloc_bitmap_alloc();
+  if (!set) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a node set", fn);
+  ebb_status st = EBB_OK;
+  if (hwloc_get_area_memlocation(ebb__topo, p, bytes, set, HWLOC_MEMBIND_BYNODESET) != 0 || hwloc_bitmap_iszero(set)) {
+    st = ebb__fail(EBB_ENOTSUP, "%s: the OS cannot tell where the pages of %p (%zu bytes) are", fn, p, bytes);
+  } else if (hwloc_bitmap_weight(set) != 1) {
+    *node = -1;
+  } else {
+    hwloc_obj_t o = hwloc_get_numanode_obj_by_os_index(ebb__topo, (unsigned)hwloc_bitmap_first(set));
+    *node = o ? (int)o->logical_index : -1;
+  }
+  hwloc_bitmap_free(set);
+  return st;
 }

@@ -126,6 +126,8 @@ EBB_API ebb_status ebb_pinned_record_stream(void *ptr, ebb_stream_t *stream);
 EBB_API ebb_status ebb_pinned_empty_cache(void);
 /* Counters of the pinned pool (the fields of ebb_arena_stats; `limit` is pinned_max_bytes). */
 EBB_API ebb_status ebb_pinned_get_stats(ebb_arena_stats *out);
+/* ebb_arena_debug_check for every pinned arena. For tests. */
+EBB_API ebb_status ebb_pinned_debug_check(void);
 
 /* ---- host memory -----------------------------------------------------------------------------
  * The same engine over plain host pages (mmap'ed segments): the memory of CPU tensors, cached,
@@ -139,6 +141,8 @@ EBB_API ebb_status ebb_host_alloc(size_t bytes, void **ptr);
 EBB_API ebb_status ebb_host_free(void *ptr);
 EBB_API ebb_status ebb_host_empty_cache(void);
 EBB_API ebb_status ebb_host_get_stats(ebb_arena_stats *out);
+/* ebb_arena_debug_check for the host pool. For tests. */
+EBB_API ebb_status ebb_host_debug_check(void);
 
 /* ---- owners, history, snapshots ------------------------------------------------------------
  * Every block records who asked for it: the innermost owner scope of the allocating thread

@@ -117,6 +117,18 @@ EBB_API ebb_status ebb_dev_get_topo(int device, ebb_topo *out);
 /* Binds the calling thread to the cores nearest `device`. EBB_ENOTSUP when binding is refused
  * by the OS (containers); the thread is then left as it was. */
 EBB_API ebb_status ebb_thread_bind_device(int device);
+/* Maps `bytes` (rounded up to whole pages) of host memory whose pages are bound to the NUMA node
+ * nearest `device` (ebb_dev_get_topo), for the pinned pool to register with the driver.
+ * *bound says whether the OS accepted the binding (false: plain pages, e.g. where a container
+ * refuses mbind, or hwloc did not load). Pages are not touched. Free with ebb_host_numa_free
+ * and the same byte count. EBB_EDEVICE for a missing device, EBB_EINVAL for NULL out/bound or
+ * bytes == 0, EBB_ENOMEM when the system has no memory left. */
+EBB_API ebb_status ebb_host_numa_alloc(int device, size_t bytes, void **out, bool *bound);
+EBB_API ebb_status ebb_host_numa_free(void *p, size_t bytes);
+/* The NUMA node (logical index) holding the touched pages of [p, p + bytes): *node = -1 when
+ * they span several nodes. EBB_ENOTSUP where the OS or hwloc cannot tell; EBB_EINVAL for NULL
+ * arguments. */
+EBB_API ebb_status ebb_host_numa_node(const void *p, size_t bytes, int *node);
 
 /* ---- kernels -------------------------------------------------------------------------------
  * A kernel is declared once: a name, the byte size of its argument struct, the CPU function that
