@@ -263,6 +263,8 @@ EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
 
 /* Entry check of every public call of the module: ebb initialised, the module started. */
 EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
+/* `s` validated into *out (its id and device); the message names `fn` on failure. */
+EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
 /* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
  * (start: no lock held, after the configuration is parsed). */
 EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
