@@ -54,19 +54,25 @@ enum ebb__bstate {
   EBB__B_DEAD = 4     /* record on the arena's spare list */
 };
 
-/* ---- free index: size-segregated bins (two-level, as TLSF) ---------------------------------
- * First level: floor(log2(size)) from 2^9 (512 B) up; second level: 8 linear steps inside each
- * power of two. A bitmap per level finds the first non-empty bin at or above a size in O(1),
- * so the cost does not grow with the number of free blocks. */
-#define EBB__FL_MIN 9
-#define EBB__FL_COUNT 40 /* 512 B .. 2^49 B */
+/* ---- free index: size-segregated bins -------------------------------------------------------
+ * Below 1 MiB one bin per 512-byte size (sizes are 512-byte multiples), so every block of a bin
+ * has the same size and the first block of the first non-empty bin at or above a request is its
+ * best fit: no list is walked. From 1 MiB up, two levels as TLSF: floor(log2(size)), then 8
+ * linear steps inside each power of two, scanned (bounded) for the best fit. One bit per bin in
+ * `words`, one bit per word in `summary`: the first non-empty bin at or above a size is two
+ * count-trailing-zeros, so the cost does not grow with the number of free blocks. */
+#define EBB__LIN_BINS 2048 /* exact bins: 512 B .. 1 MiB - 512 B */
+#define EBB__LIN_LIMIT ((size_t)EBB__LIN_BINS * 512)
+#define EBB__FL_MIN 20   /* log2(EBB__LIN_LIMIT) */
+#define EBB__FL_COUNT 30 /* 1 MiB .. 2^50 B */
 #define EBB__SL_BITS 3
 #define EBB__SL_COUNT (1 << EBB__SL_BITS)
-#define EBB__NBINS (EBB__FL_COUNT * EBB__SL_COUNT)
+#define EBB__NBINS (EBB__LIN_BINS + EBB__FL_COUNT * EBB__SL_COUNT)
+#define EBB__BIN_WORDS ((EBB__NBINS + 63) / 64) /* <= 64: one summary word */
 
 struct ebb__bins {
-  uint64_t flmap;                   /* bit f: some bin of first level f is non-empty */
-  uint8_t slmap[EBB__FL_COUNT];     /* bit s: bin (f, s) non-empty */
+  uint64_t summary;                 /* bit w: words[w] != 0 */
+  uint64_t words[EBB__BIN_WORDS];   /* bit i % 64 of word i / 64: bin i non-empty */
   size_t count, bytes;              /* free blocks and their bytes */
   struct ebb_list bin[EBB__NBINS];  /* blocks, most recently freed first */
 };
@@ -86,27 +92,31 @@ struct ebb__spool {
 
 struct ebb__segment;
 
-#define EBB__INLINE_USES 4
-
+/* A block record is two cache lines, aligned: the first holds what the free index, merging and
+ * the neighbour checks of other blocks touch (a free of one block reads its address neighbours
+ * and their bin lists, so those reads should cost one line each); the second what only the
+ * block's own alloc and free read. Streams recorded with ebb_arena_record_stream live in a
+ * separate array, allocated at the first record and kept with the record for reuse. */
 struct ebb__block {
+  /* line 1: the free index and the neighbours' view */
   uint64_t addr;
   size_t size;                     /* rounded size: the block's share of its segment */
-  size_t requested;                /* what the caller asked for (ALLOC only) */
   struct ebb__block *prev, *next;  /* address neighbours in the segment */
-  struct ebb__segment *seg;
-  struct ebb__arena *arena;        /* fixed for the record's whole life */
-  struct ebb__spool *spool;        /* allocation stream's pool (owner of the block when free) */
   struct ebb_list node;            /* bin list while FREE; spare list while DEAD */
+  struct ebb__spool *spool;        /* allocation stream's pool (owner of the block when free) */
   uint8_t state;                   /* enum ebb__bstate */
   uint8_t pool;                    /* enum ebb__pool */
   uint8_t kind;                    /* enum ebb__memkind */
-  uint16_t bin;                    /* bin index while FREE */
-  uint32_t event_count;            /* PENDING: events still to complete */
-  uint32_t nuses, xcap;            /* streams other than the allocation stream that used it */
-  struct ebb__stream_ref uses[EBB__INLINE_USES];
-  struct ebb__stream_ref *xuses;   /* uses beyond the inline ones (malloc'ed, kept for reuse) */
-  const char *owner;               /* interned owner name of the allocation ("" when none) */
   uint8_t owner_cat;               /* enum ebb_owner_cat */
+  uint16_t bin;                    /* bin index while FREE */
+  /* line 2: the block's own state */
+  _Alignas(64) struct ebb__segment *seg;
+  struct ebb__arena *arena;        /* fixed for the record's whole life */
+  size_t requested;                /* what the caller asked for (ALLOC only) */
+  const char *owner;               /* interned owner name of the allocation ("" when none) */
+  struct ebb__stream_ref *uses;    /* streams other than the allocation stream that used it */
+  uint32_t nuses, ucap;            /* (malloc'ed at the first record_stream, kept for reuse) */
+  uint32_t event_count;            /* PENDING: events still to complete */
 };
 
 struct ebb__segment {

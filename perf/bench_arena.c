@@ -12,6 +12,8 @@
  * glibc is reached through __libc_malloc/__libc_free (this program's malloc is jemalloc).
  * Output: `bench=arena_fastpath impl=... dist=... live=... ns_per_pair=...` and the number of
  * driver allocations the arena made after warm-up (the target is 0).
+ * Optional filters, for profiling one case: EBB_BENCH_IMPL=ebb (or glibc, jemalloc, mimalloc)
+ * and EBB_BENCH_DIST=small (or tensor) run only the named implementation / distribution.
  */
 #define _GNU_SOURCE /* dlopen/dlsym of jemalloc's mallocx when it is not the process allocator */
 #include <dlfcn.h>
@@ -113,7 +115,13 @@ static double run(const struct impl *im, const struct seq *q, void **slots, bool
     im->free(slots[v]);
     slots[v] = im->alloc(q->size[i]);
   }
-  uint64_t d0 = is_ebb ? ebb_driver_allocs() : 0;
+  uint64_t d0 = 0;
+  ebb_arena_stats sw;
+  if (is_ebb) {
+    BENCH_CHECK(ebb_arena_get_stats(g_device, &sw));
+    d0 = sw.num_device_alloc;
+    BENCH_CHECK(ebb_arena_reset_peak(g_device));
+  }
   uint64_t t0 = bench_now_ns();
   for (size_t i = warm; i < q->pairs; i++) {
     uint32_t v = q->victim[i];
@@ -121,18 +129,34 @@ static double run(const struct impl *im, const struct seq *q, void **slots, bool
     slots[v] = im->alloc(q->size[i]);
   }
   uint64_t t1 = bench_now_ns();
-  if (is_ebb) *drv = ebb_driver_allocs() - d0;
+  if (is_ebb) {
+    *drv = ebb_driver_allocs() - d0;
+    ebb_arena_stats st;
+    BENCH_CHECK(ebb_arena_get_stats(g_device, &st));
+    if (getenv("EBB_BENCH_VERBOSE"))
+      fprintf(stderr, "warm: alloc peak %llu reserved %llu | timed: alloc peak %llu reserved peak %llu drv %llu\n",
+              (unsigned long long)sw.allocated_bytes.peak, (unsigned long long)sw.reserved_bytes.current,
+              (unsigned long long)st.allocated_bytes.peak, (unsigned long long)st.reserved_bytes.peak, (unsigned long long)*drv);
+  }
   for (size_t i = 0; i < q->live; i++) im->free(slots[i]);
   return (double)(t1 - t0) / (double)(q->pairs - warm);
 }
 
+/* Whether the filter variable `var` is unset or names `what`. */
+static bool selected(const char *var, const char *what) {
+  const char *v = getenv(var);
+  return !v || !*v || !strcmp(v, what);
+}
+
 static void bench(const char *dist, size_t live, size_t pairs, double lo, double hi, const struct impl *ims, int nimpl) {
+  if (!selected("EBB_BENCH_DIST", dist)) return;
   struct seq q;
   seq_make(&q, live, pairs, lo, hi);
   void **slots = calloc(live, sizeof *slots);
   if (!slots) exit(1);
   for (int k = 0; k < nimpl; k++) {
     const struct impl *im = &ims[k];
+    if (!selected("EBB_BENCH_IMPL", im->name)) continue;
     bool is_ebb = !strcmp(im->name, "ebb");
     double best = 1e30;
     uint64_t drv_after_warm = 0;
