@@ -285,9 +285,12 @@ static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__
 
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now. */
-static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
+static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
   struct ebb__segment *g = b->seg;
-  ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
+  if (same_time)
+    ebb__hist_rec_same(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
+  else
+    ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   /* A free block belongs to nobody; snapshots show its owner only while it is active. */
   b->owner = "";
   b->owner_cat = EBB_OWNER_OTHER;
@@ -321,6 +324,8 @@ static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
   ebb__index_insert(a, b);
   ebb__seg_split_stat(a, g, true);
 }
+
+static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb__block_release_t(a, b, false); }
 
 /* ---- events: cache and pending queues ------------------------------------------------------ */
 
@@ -966,7 +971,8 @@ ebb_status ebb__arena_free(const char *fn, void *ptr) {
   a->c.s.free_count++;
   ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   if (EBB_LIKELY(!b->nuses)) {
-    ebb__block_release(a, b);
+    /* No other stream used it: the free completes now, at the time just recorded. */
+    ebb__block_release_t(a, b, true);
     ebb__mutex_unlock(&a->mu);
     return EBB_OK;
   }

@@ -184,11 +184,29 @@ struct ebb__hist_entry {
   uint8_t owner_cat; /* enum ebb_owner_cat */
 };
 
+/* The history's clock. Entries carry CLOCK_MONOTONIC nanoseconds (the clock of
+ * ebb_trace_now_ns), but reading that clock costs 25-50 ns (the vDSO, more in a VM) and an
+ * alloc+free pair records three entries. So, where the CPU has a constant time-stamp counter
+ * (x86-64), the clock is read only every `span` ticks and the times in between are the last
+ * reading plus the elapsed ticks times the rate measured between the last two readings. `span`
+ * starts at a few microseconds (the first times are near-exact) and doubles to ~50 ms; the error
+ * is that of the rate over one span (microseconds at most). Times never go back along the ring:
+ * each is at least the one before (`last`), also across a re-read that finds the interpolation
+ * ran ahead. Elsewhere every entry reads the clock. Per arena, under its lock. */
+struct ebb__hclock {
+  uint64_t tsc_a;     /* counter at the last clock reading */
+  uint64_t ns_a;      /* the clock at tsc_a */
+  uint64_t last;      /* newest time handed out */
+  uint64_t span;      /* ticks after tsc_a at which the clock is read again (0: read now) */
+  double ns_per_tick; /* 0 until two readings gave a rate */
+};
+
 struct ebb__hist {
   struct ebb__hist_entry *ring; /* NULL when the history is off */
   size_t cap;                   /* entries in ring; 0: off */
   size_t head;                  /* next slot written */
   uint64_t total;               /* entries ever recorded (held: min(total, cap)) */
+  struct ebb__hclock clk;
 };
 
 /* Counters behind ebb_arena_stats, kept as its fields (current and peak). */
@@ -272,16 +290,31 @@ EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
 EBB_HIDDEN ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                                     uint64_t *total);
 
-/* Records one action. Lock held. With the history off this is one predictable branch; on, a
- * clock read and a 56-byte store into the ring (the oldest entry is overwritten when full). */
-static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
-                                 uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
-  struct ebb__hist *h = &a->hist;
-  if (!h->cap) return;
+/* Reads the clock, re-measures the counter's rate and returns the time for counter value t
+ * (the slow path of ebb__hist_now). Lock held. */
+EBB_HIDDEN uint64_t ebb__hist_clock_read(struct ebb__hclock *c, uint64_t t);
+
+/* The time of a history entry (struct ebb__hclock). Lock held. */
+static inline uint64_t ebb__hist_now(struct ebb__hclock *c) {
+#if defined(__x86_64__)
+  uint64_t t = __builtin_ia32_rdtsc();
+  uint64_t d = t - c->tsc_a; /* huge after a counter step back (migration): re-read */
+  if (EBB_UNLIKELY(d >= c->span)) return ebb__hist_clock_read(c, t);
+  uint64_t ns = c->ns_a + (uint64_t)((double)d * c->ns_per_tick);
+  if (ns < c->last) ns = c->last;
+  return c->last = ns;
+#else
+  return ebb__hist_clock_read(c, 0);
+#endif
+}
+
+/* Records one action at time t. Lock held. */
+static inline void ebb__hist_rec_at(struct ebb__hist *h, uint64_t t, ebb_alloc_action act, uint64_t addr, uint64_t size,
+                                    uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
   struct ebb__hist_entry *e = &h->ring[h->head];
   if (++h->head == h->cap) h->head = 0;
   h->total++;
-  e->time_ns = ebb__now_ns();
+  e->time_ns = t;
   e->addr = addr;
   e->size = size;
   e->requested = requested;
@@ -289,6 +322,25 @@ static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uin
   e->owner = owner;
   e->action = (uint8_t)act;
   e->owner_cat = owner_cat;
+}
+
+/* Records one action. Lock held. With the history off this is one predictable branch; on, a
+ * counter read (ebb__hist_now) and a 56-byte store into the ring (the oldest entry is
+ * overwritten when full). */
+static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
+                                 uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
+  struct ebb__hist *h = &a->hist;
+  if (!h->cap) return;
+  ebb__hist_rec_at(h, ebb__hist_now(&h->clk), act, addr, size, requested, stream, owner_cat, owner);
+}
+
+/* Records an action that happened with the previous one (a free that completes in the call that
+ * requested it): same time, no clock read. Lock held. */
+static inline void ebb__hist_rec_same(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
+                                      uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
+  struct ebb__hist *h = &a->hist;
+  if (!h->cap) return;
+  ebb__hist_rec_at(h, h->clk.last, act, addr, size, requested, stream, owner_cat, owner);
 }
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
