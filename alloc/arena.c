@@ -959,12 +959,13 @@ ebb_status ebb__arena_free(const char *fn, void *ptr) {
    * same pointer finds nothing and reports the block freed. */
   struct ebb__block *b = ebb__ptrmap_take(addr);
   if (EBB_UNLIKELY(!b)) return ebb__explain(fn, ptr);
-  /* The merge below reads both address neighbours: start both misses now, overlapping each
-   * other and the lock (the block is ours, so its links are stable until we release it). */
-  __builtin_prefetch(b->prev);
-  __builtin_prefetch(b->next);
   struct ebb__arena *a = b->arena;
   ebb__mutex_lock(&a->mu);
+  /* The merge below reads both address neighbours: start both misses now, overlapping each
+   * other and the bookkeeping before the merge. Under the lock: a neighbour's split or merge
+   * rewrites these links, so reading them unlocked would race. */
+  __builtin_prefetch(b->prev);
+  __builtin_prefetch(b->next);
   EBB_ASSERT(b->addr == addr && b->state == EBB__B_ALLOC);
   ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
   ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
