@@ -283,38 +283,6 @@ static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__
   return n && n->state == EBB__B_FREE && n->spool == b->spool && n->pool == b->pool;
 }
 
-/* The free-unit map of a segment (struct ebb__segment.fmap): marks or clears the units of
- * [addr, addr + size). */
-static void ebb__fmap_mark(struct ebb__segment *g, uint64_t addr, size_t size, bool free_) {
-  if (!g->fmap) return;
-  size_t u = (size_t)(addr - g->base) / EBB__MIN_BLOCK, n = size / EBB__MIN_BLOCK;
-  while (n) {
-    size_t w = u / 64, off = u % 64, k = 64 - off < n ? 64 - off : n;
-    uint64_t m = (k == 64 ? ~0ull : ((1ull << k) - 1)) << off;
-    if (free_) g->fmap[w] |= m;
-    else g->fmap[w] &= ~m;
-    u += k;
-    n -= k;
-  }
-}
-
-static inline bool ebb__fmap_bit(const struct ebb__segment *g, uint64_t addr) {
-  size_t u = (size_t)(addr - g->base) / EBB__MIN_BLOCK;
-  return (g->fmap[u / 64] >> (u % 64)) & 1;
-}
-
-/* Whether b's address neighbours may be free (false: certainly not FREE, so there is no need
- * to load the record). Without a map, both may be. */
-static inline void ebb__nbr_maybe_free(const struct ebb__block *b, bool *prev, bool *next) {
-  const struct ebb__segment *g = b->seg;
-  if (!g->fmap) {
-    *prev = *next = true;
-    return;
-  }
-  *prev = b->addr > g->base && ebb__fmap_bit(g, b->addr - EBB__MIN_BLOCK);
-  *next = b->addr + b->size < g->base + g->size && ebb__fmap_bit(g, b->addr + b->size);
-}
-
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now. */
 static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
@@ -332,11 +300,8 @@ static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, boo
   b->nuses = 0;
   g->nfree++;
   g->free_bytes += b->size;
-  bool pf, nf;
-  ebb__nbr_maybe_free(b, &pf, &nf);
-  ebb__fmap_mark(g, b->addr, b->size, true);
   struct ebb__block *p = b->prev, *n = b->next;
-  if (pf && ebb__mergeable(b, p)) {
+  if (ebb__mergeable(b, p)) {
     ebb__index_remove(p);
     p->size += b->size;
     p->next = n;
@@ -347,7 +312,7 @@ static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, boo
     b = p;
   }
   n = b->next;
-  if (nf && ebb__mergeable(b, n)) {
+  if (ebb__mergeable(b, n)) {
     ebb__index_remove(n);
     b->size += n->size;
     b->next = n->next;
@@ -491,9 +456,7 @@ static void ebb__sync_pending(struct ebb__arena *a) {
 
 static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
                                              struct ebb__spool *sp, struct ebb__block **first) {
-  /* The free-unit map, when the segment gets one, lives right after its record. */
-  size_t mapw = size <= EBB__FMAP_MAX_SEG ? (size / EBB__MIN_BLOCK + 63) / 64 : 0;
-  struct ebb__segment *g = calloc(1, sizeof *g + mapw * sizeof(uint64_t));
+  struct ebb__segment *g = calloc(1, sizeof *g);
   struct ebb__block *b = g ? ebb__block_new(a) : NULL;
   if (!b) {
     free(g);
@@ -512,10 +475,6 @@ static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base
   b->state = EBB__B_FREE; /* not indexed: handed to the caller */
   g->nfree = 1;
   g->free_bytes = size;
-  if (mapw) {
-    g->fmap = (uint64_t *)(g + 1);
-    ebb__fmap_mark(g, base, size, true);
-  }
   ebb_list_insert_tail(&a->segments, &g->node);
   ebb__stat_add(&a->c.s.reserved_bytes, size);
   ebb__stat_add(&a->c.s.segments, 1);
@@ -626,7 +585,6 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
       return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a segment record");
     }
     g->expandable = true;
-    g->fmap = NULL; /* it grows past any map made for its first size */
     a->xseg = g;
     ebb__index_insert(a, b);
     return EBB_OK;
@@ -750,7 +708,6 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   }
   g->nfree--;
   g->free_bytes -= b->size;
-  ebb__fmap_mark(g, b->addr, b->size, false);
   ebb__seg_split_stat(a, g, true);
   b->spool = sp;
   b->state = EBB__B_ALLOC;
@@ -1007,10 +964,8 @@ ebb_status ebb__arena_free(const char *fn, void *ptr) {
   /* The merge below reads both address neighbours: start both misses now, overlapping each
    * other and the bookkeeping before the merge. Under the lock: a neighbour's split or merge
    * rewrites these links, so reading them unlocked would race. */
-  bool pf, nf;
-  ebb__nbr_maybe_free(b, &pf, &nf);
-  if (pf) __builtin_prefetch(b->prev);
-  if (nf) __builtin_prefetch(b->next);
+  __builtin_prefetch(b->prev);
+  __builtin_prefetch(b->next);
   EBB_ASSERT(b->addr == addr && b->state == EBB__B_ALLOC);
   ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
   ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
@@ -1202,11 +1157,6 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
       EBB__CHECK(!b->next || b->next->prev == b, "%s: device %d: block 0x%" PRIx64 " has a broken next link", fn, a->device, b->addr);
       EBB__CHECK(b->size >= EBB__MIN_BLOCK && b->size % EBB__MIN_BLOCK == 0, "%s: device %d: block 0x%" PRIx64 " has size %zu",
                  fn, a->device, b->addr, b->size);
-      if (g->fmap)
-        for (uint64_t u = b->addr; u < b->addr + b->size; u += EBB__MIN_BLOCK)
-          EBB__CHECK(ebb__fmap_bit(g, u) == (b->state == EBB__B_FREE),
-                     "%s: device %d: free-unit map of segment 0x%" PRIx64 " wrong at 0x%" PRIx64 " (block 0x%" PRIx64 ", state %d)", fn,
-                     a->device, g->base, u, b->addr, b->state);
       at += b->size;
       switch (b->state) {
       case EBB__B_FREE:

@@ -127,15 +127,7 @@ struct ebb__segment {
   uint8_t pool;               /* pool it was made for (classic segments) */
   bool expandable;
   size_t nblocks, nfree, free_bytes; /* for inactive_split without walking */
-  /* Classic segments of at most EBB__FMAP_MAX_SEG bytes (the small pool's): bit u set iff the
-   * 512-byte unit u lies in a FREE block. A free then learns whether its address neighbours
-   * are free from this map, next to the segment record, instead of loading both neighbour
-   * records (two cache misses per free with 10^5 blocks; most neighbours are allocated).
-   * NULL for larger and expandable segments, whose neighbours are read directly. */
-  uint64_t *fmap;
 };
-
-#define EBB__FMAP_MAX_SEG EBB__SMALL_SEGMENT
 
 /* A freed block's event on one of the streams that used it. Queued per stream in record order,
  * so polling a queue stops at its first incomplete event (no head-of-line blocking across
