@@ -113,7 +113,6 @@ static void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b) {
 }
 
 static inline struct ebb__stream_ref *ebb__use_at(struct ebb__block *b, uint32_t i) {
-  (void)b;
   return &b->uses[i];
 }
 
