@@ -20,6 +20,10 @@
 #include "arena_impl.h"
 
 #define EBB__SLAB_BLOCKS 256
+#define EBB__SMALL_EVS 8   /* events of a free recorded without a heap array */
+
+_Static_assert(sizeof(struct ebb__block) == 128 && offsetof(struct ebb__block, seg) == 64,
+               "a block record is two cache lines, the free-index fields in the first");
 #define EBB__SCAN_LIMIT 16 /* blocks looked at in one bin: best fit, but O(1) */
 
 /* ---- small helpers ------------------------------------------------------------------------- */
@@ -65,7 +69,9 @@ static size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
 
 /* Records come from slabs and go back to a spare list, never to malloc before teardown: a
  * pointer found in the ptrmap may be read after another thread freed the block, and must still
- * point at a block record of the same arena (checked under the lock before use). */
+ * point at a block record of the same arena (checked under the lock before use). The spare list
+ * is LIFO: the record reused next is the one retired last, still in cache. Slabs are aligned to
+ * a cache line so each record is exactly its two lines. */
 static struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->block_spare);
   if (!n) {
@@ -76,25 +82,36 @@ static struct ebb__block *ebb__block_new(struct ebb__arena *a) {
       a->slabs = ns;
       a->capslabs = nc;
     }
-    struct ebb__block *slab = calloc(EBB__SLAB_BLOCKS, sizeof *slab);
+    struct ebb__block *slab = aligned_alloc(64, EBB__SLAB_BLOCKS * sizeof *slab);
     if (!slab) return NULL;
+    memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
     a->slabs[a->nslabs++] = slab;
     for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
       slab[i].arena = a;
+      slab[i].kind = (uint8_t)a->up->kind;
       slab[i].state = EBB__B_DEAD;
       ebb_list_insert_tail(&a->block_spare, &slab[i].node);
     }
     n = ebb_list_pop_head(&a->block_spare);
   }
   struct ebb__block *b = ebb_container_of(n, struct ebb__block, node);
-  /* Keep the overflow use array for the next user of the record. */
-  struct ebb__stream_ref *x = b->xuses;
-  uint32_t xcap = b->xcap;
-  memset(b, 0, sizeof *b);
-  b->xuses = x;
-  b->xcap = xcap;
-  b->arena = a;
-  b->kind = (uint8_t)a->up->kind;
+  /* Field by field, not memset: `arena` and `kind` are written once, when the slab is made,
+   * because ebb__arena_record reads a record found in the ptrmap before taking its arena's lock
+   * (the record may have been freed and reused meanwhile; it is still a record of that arena).
+   * The use array stays with the record for its next user. */
+  b->addr = 0;
+  b->size = 0;
+  b->prev = b->next = NULL;
+  b->spool = NULL;
+  b->state = EBB__B_FREE;
+  b->pool = 0;
+  b->owner_cat = EBB_OWNER_OTHER;
+  b->bin = 0;
+  b->seg = NULL;
+  b->requested = 0;
+  b->owner = NULL;
+  b->nuses = 0;
+  b->event_count = 0;
   ebb_list_init(&b->node);
   return b;
 }
@@ -104,11 +121,11 @@ static void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b) {
   b->addr = 0;
   b->seg = NULL;
   b->nuses = 0;
-  ebb_list_insert_tail(&a->block_spare, &b->node);
+  ebb_list_insert_head(&a->block_spare, &b->node);
 }
 
 static inline struct ebb__stream_ref *ebb__use_at(struct ebb__block *b, uint32_t i) {
-  return i < EBB__INLINE_USES ? &b->uses[i] : &b->xuses[i - EBB__INLINE_USES];
+  return &b->uses[i];
 }
 
 /* ---- segments and inactive_split ----------------------------------------------------------- */
@@ -130,20 +147,26 @@ static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment 
 
 static inline int ebb__fls(size_t x) { return 63 - __builtin_clzll((unsigned long long)x); }
 
-/* Bin of a block of `size` (size >= 512): first level log2, second level the next 3 bits. */
+/* Bin of a block of `size` (size >= 512, a multiple of 512): exact below 1 MiB, then log2 and
+ * the next 3 bits. */
 static inline unsigned ebb__bin_of(size_t size) {
+  if (size < EBB__LIN_LIMIT) return (unsigned)(size / EBB__MIN_BLOCK) - 1;
   int f = ebb__fls(size);
   unsigned s = (unsigned)(size >> (f - EBB__SL_BITS)) & (EBB__SL_COUNT - 1);
   int fi = f - EBB__FL_MIN;
   if (fi >= EBB__FL_COUNT) return EBB__NBINS - 1;
-  return (unsigned)fi * EBB__SL_COUNT + s;
+  return EBB__LIN_BINS + (unsigned)fi * EBB__SL_COUNT + s;
 }
 
-/* Smallest size a block of bin i can have. */
+/* Smallest size a block of bin i can have (the size of every block of an exact bin). */
 static inline size_t ebb__bin_min(unsigned i) {
+  if (i < EBB__LIN_BINS) return (size_t)(i + 1) * EBB__MIN_BLOCK;
+  i -= EBB__LIN_BINS;
   unsigned f = i / EBB__SL_COUNT + EBB__FL_MIN, s = i % EBB__SL_COUNT;
   return ((size_t)1 << f) + ((size_t)s << (f - EBB__SL_BITS));
 }
+
+static inline bool ebb__bin_bit(const struct ebb__bins *x, unsigned i) { return (x->words[i / 64] >> (i % 64)) & 1; }
 
 static void ebb__bins_init(struct ebb__bins *x) {
   memset(x, 0, sizeof *x);
@@ -156,8 +179,8 @@ static void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   unsigned i = ebb__bin_of(b->size);
   b->bin = (uint16_t)i;
   ebb_list_insert_head(&x->bin[i], &b->node);
-  x->slmap[i / EBB__SL_COUNT] |= (uint8_t)(1u << (i % EBB__SL_COUNT));
-  x->flmap |= 1ull << (i / EBB__SL_COUNT);
+  x->words[i / 64] |= 1ull << (i % 64);
+  x->summary |= 1ull << (i / 64);
   x->count++;
   x->bytes += b->size;
 }
@@ -167,9 +190,9 @@ static void ebb__index_remove(struct ebb__block *b) {
   unsigned i = b->bin;
   ebb_list_remove(&b->node);
   if (ebb_list_empty(&x->bin[i])) {
-    unsigned f = i / EBB__SL_COUNT;
-    x->slmap[f] &= (uint8_t) ~(1u << (i % EBB__SL_COUNT));
-    if (!x->slmap[f]) x->flmap &= ~(1ull << f);
+    unsigned w = i / 64;
+    x->words[w] &= ~(1ull << (i % 64));
+    if (!x->words[w]) x->summary &= ~(1ull << w);
   }
   x->count--;
   x->bytes -= b->size;
@@ -178,13 +201,13 @@ static void ebb__index_remove(struct ebb__block *b) {
 /* First non-empty bin with index >= i, or -1. Two bitmap scans. */
 static int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
   if (i >= EBB__NBINS) return -1;
-  unsigned f = i / EBB__SL_COUNT, s = i % EBB__SL_COUNT;
-  unsigned sl = x->slmap[f] & (unsigned)(0xffu << s);
-  if (sl) return (int)(f * EBB__SL_COUNT + (unsigned)__builtin_ctz(sl));
-  uint64_t fl = f + 1 < 64 ? x->flmap & (~0ull << (f + 1)) : 0;
-  if (!fl) return -1;
-  f = (unsigned)__builtin_ctzll(fl);
-  return (int)(f * EBB__SL_COUNT + (unsigned)__builtin_ctz(x->slmap[f]));
+  unsigned w = i / 64;
+  uint64_t m = x->words[w] & (~0ull << (i % 64));
+  if (m) return (int)(w * 64 + (unsigned)__builtin_ctzll(m));
+  uint64_t sm = w + 1 < 64 ? x->summary & (~0ull << (w + 1)) : 0;
+  if (!sm) return -1;
+  w = (unsigned)__builtin_ctzll(sm);
+  return (int)(w * 64 + (unsigned)__builtin_ctzll(x->words[w]));
 }
 
 /* Whether free block size `bs` may serve rounded request `r` (allocators.md 1.4): oversize
@@ -208,6 +231,13 @@ static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins 
     /* Every block from here on is at least `lo`: stop when even that breaks the oversize rules. */
     if ((unsigned)i > i0 && !ebb__fits(a, lo < r ? r : lo, r)) return NULL;
     struct ebb__block *best = NULL;
+    if ((unsigned)i < EBB__LIN_BINS) {
+      /* An exact bin: its first block is as good as any (all have size `lo`). */
+      best = ebb_container_of(x->bin[i].next, struct ebb__block, node);
+      if (!ebb__fits(a, best->size, r)) continue;
+      ebb__index_remove(best);
+      return best;
+    }
     int seen = 0;
     for (struct ebb_list *n = x->bin[i].next; n != &x->bin[i] && seen < EBB__SCAN_LIMIT; n = n->next, seen++) {
       struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
@@ -226,10 +256,10 @@ static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins 
 
 static size_t ebb__bins_largest(const struct ebb__bins *x) {
   if (!x->count) return 0;
-  unsigned f = (unsigned)ebb__fls((size_t)x->flmap);
-  unsigned s = (unsigned)ebb__fls(x->slmap[f]);
+  unsigned w = (unsigned)ebb__fls((size_t)x->summary);
+  unsigned i = w * 64 + (unsigned)ebb__fls((size_t)x->words[w]);
   size_t best = 0;
-  const struct ebb_list *h = &x->bin[f * EBB__SL_COUNT + s];
+  const struct ebb_list *h = &x->bin[i];
   for (const struct ebb_list *n = h->next; n != h; n = n->next) {
     const struct ebb__block *c = ebb_container_of(n, const struct ebb__block, node);
     if (c->size > best) best = c->size;
@@ -293,10 +323,14 @@ static void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
 }
 
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
- * of the same stream and pool. Stats: allocated was dropped at the free request; active now. */
-static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
+ * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
+ * same_time: the completion is recorded at the time of the free request just recorded. */
+static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
   struct ebb__segment *g = b->seg;
-  ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
+  if (same_time)
+    ebb__hist_rec_same(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
+  else
+    ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   /* A free block belongs to nobody; snapshots show its owner only while it is active. */
   b->owner = "";
   b->owner_cat = EBB_OWNER_OTHER;
@@ -309,6 +343,8 @@ static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
   ebb__merge_insert(a, b);
   ebb__seg_split_stat(a, g, true);
 }
+
+static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb__block_release_t(a, b, false); }
 
 /* ---- events: cache and pending queues ------------------------------------------------------ */
 
@@ -1124,13 +1160,19 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   }
   struct ebb__arena *a = b->arena;
   ebb__mutex_lock(&a->mu);
+  /* The merge below reads both address neighbours: start both misses now, overlapping each
+   * other and the bookkeeping before the merge. Under the lock: a neighbour's split or merge
+   * rewrites these links, so reading them unlocked would race. */
+  __builtin_prefetch(b->prev);
+  __builtin_prefetch(b->next);
   EBB_ASSERT(b->addr == addr && b->state == EBB__B_ALLOC);
   ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
   ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
   a->c.s.free_count++;
   ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   if (EBB_LIKELY(!b->nuses)) {
-    ebb__block_release(a, b);
+    /* No other stream used it: the free completes now, at the time just recorded. */
+    ebb__block_release_t(a, b, true);
     ebb__mutex_unlock(&a->mu);
     return EBB_OK;
   }
@@ -1139,7 +1181,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
    * nor the index, so only this thread reaches it). */
   b->state = EBB__B_FREEING;
   uint32_t n = b->nuses;
-  ebb_event_t *small[EBB__INLINE_USES * 2], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
+  ebb_event_t *small[EBB__SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
   if (!evs) {
     /* No host memory to track events: wait for the devices of the using streams instead,
      * correct if slow. */
@@ -1232,15 +1274,15 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
       ebb__mutex_unlock(&a->mu);
       return EBB_OK;
     }
-  if (b->nuses >= EBB__INLINE_USES && b->nuses - EBB__INLINE_USES == b->xcap) {
-    uint32_t nc = b->xcap ? b->xcap * 2 : 4;
-    struct ebb__stream_ref *nx = realloc(b->xuses, nc * sizeof *nx);
+  if (b->nuses == b->ucap) {
+    uint32_t nc = b->ucap ? b->ucap * 2 : 4;
+    struct ebb__stream_ref *nx = realloc(b->uses, nc * sizeof *nx);
     if (!nx) {
       ebb__mutex_unlock(&a->mu);
       return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id, ptr);
     }
-    b->xuses = nx;
-    b->xcap = nc;
+    b->uses = nx;
+    b->ucap = nc;
   }
   *ebb__use_at(b, b->nuses++) = *s;
   ebb__mutex_unlock(&a->mu);
@@ -1377,8 +1419,10 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
     for (int p = 0; p < EBB__NPOOLS; p++) {
       const struct ebb__bins *x = &a->spools[i]->pools[p];
       size_t c = 0;
+      for (unsigned w = 0; w < EBB__BIN_WORDS; w++)
+        EBB__CHECK(((x->summary >> w) & 1) == (x->words[w] != 0), "%s: %s: bin summary word out of date", fn, a->label);
       for (unsigned k = 0; k < EBB__NBINS; k++) {
-        bool bit = (x->slmap[k / EBB__SL_COUNT] >> (k % EBB__SL_COUNT)) & 1;
+        bool bit = ebb__bin_bit(x, k);
         EBB__CHECK(bit == !ebb_list_empty(&x->bin[k]), "%s: %s: bin bitmap out of date", fn, a->label);
         for (const struct ebb_list *n = x->bin[k].next; n != &x->bin[k]; n = n->next) {
           const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
@@ -1464,7 +1508,7 @@ void ebb__arena_fini(struct ebb__arena *a) {
   }
   for (size_t i = 0; i < a->nslabs; i++) {
     struct ebb__block *slab = a->slabs[i];
-    for (int k = 0; k < EBB__SLAB_BLOCKS; k++) free(slab[k].xuses);
+    for (int k = 0; k < EBB__SLAB_BLOCKS; k++) free(slab[k].uses);
     free(slab);
   }
   free(a->slabs);

@@ -56,19 +56,25 @@ enum ebb__bstate {
                          by empty_cache; in no index, not reserved; mapped again on growth */
 };
 
-/* ---- free index: size-segregated bins (two-level, as TLSF) ---------------------------------
- * First level: floor(log2(size)) from 2^9 (512 B) up; second level: 8 linear steps inside each
- * power of two. A bitmap per level finds the first non-empty bin at or above a size in O(1),
- * so the cost does not grow with the number of free blocks. */
-#define EBB__FL_MIN 9
-#define EBB__FL_COUNT 40 /* 512 B .. 2^49 B */
+/* ---- free index: size-segregated bins -------------------------------------------------------
+ * Below 1 MiB one bin per 512-byte size (sizes are 512-byte multiples), so every block of a bin
+ * has the same size and the first block of the first non-empty bin at or above a request is its
+ * best fit: no list is walked. From 1 MiB up, two levels as TLSF: floor(log2(size)), then 8
+ * linear steps inside each power of two, scanned (bounded) for the best fit. One bit per bin in
+ * `words`, one bit per word in `summary`: the first non-empty bin at or above a size is two
+ * count-trailing-zeros, so the cost does not grow with the number of free blocks. */
+#define EBB__LIN_BINS 2048 /* exact bins: 512 B .. 1 MiB - 512 B */
+#define EBB__LIN_LIMIT ((size_t)EBB__LIN_BINS * 512)
+#define EBB__FL_MIN 20   /* log2(EBB__LIN_LIMIT) */
+#define EBB__FL_COUNT 30 /* 1 MiB .. 2^50 B */
 #define EBB__SL_BITS 3
 #define EBB__SL_COUNT (1 << EBB__SL_BITS)
-#define EBB__NBINS (EBB__FL_COUNT * EBB__SL_COUNT)
+#define EBB__NBINS (EBB__LIN_BINS + EBB__FL_COUNT * EBB__SL_COUNT)
+#define EBB__BIN_WORDS ((EBB__NBINS + 63) / 64) /* <= 64: one summary word */
 
 struct ebb__bins {
-  uint64_t flmap;                   /* bit f: some bin of first level f is non-empty */
-  uint8_t slmap[EBB__FL_COUNT];     /* bit s: bin (f, s) non-empty */
+  uint64_t summary;                 /* bit w: words[w] != 0 */
+  uint64_t words[EBB__BIN_WORDS];   /* bit i % 64 of word i / 64: bin i non-empty */
   size_t count, bytes;              /* free blocks and their bytes */
   struct ebb_list bin[EBB__NBINS];  /* blocks, most recently freed first */
 };
@@ -88,27 +94,31 @@ struct ebb__spool {
 
 struct ebb__segment;
 
-#define EBB__INLINE_USES 4
-
+/* A block record is two cache lines, aligned: the first holds what the free index, merging and
+ * the neighbour checks of other blocks touch (a free of one block reads its address neighbours
+ * and their bin lists, so those reads should cost one line each); the second what only the
+ * block's own alloc and free read. Streams recorded with ebb_arena_record_stream live in a
+ * separate array, allocated at the first record and kept with the record for reuse. */
 struct ebb__block {
+  /* line 1: the free index and the neighbours' view */
   uint64_t addr;
   size_t size;                     /* rounded size: the block's share of its segment */
-  size_t requested;                /* what the caller asked for (ALLOC only) */
   struct ebb__block *prev, *next;  /* address neighbours in the segment */
-  struct ebb__segment *seg;
-  struct ebb__arena *arena;        /* fixed for the record's whole life */
-  struct ebb__spool *spool;        /* allocation stream's pool (owner of the block when free) */
   struct ebb_list node;            /* bin list while FREE; spare list while DEAD */
+  struct ebb__spool *spool;        /* allocation stream's pool (owner of the block when free) */
   uint8_t state;                   /* enum ebb__bstate */
   uint8_t pool;                    /* enum ebb__pool */
   uint8_t kind;                    /* enum ebb__memkind */
-  uint16_t bin;                    /* bin index while FREE */
-  uint32_t event_count;            /* PENDING: events still to complete */
-  uint32_t nuses, xcap;            /* streams other than the allocation stream that used it */
-  struct ebb__stream_ref uses[EBB__INLINE_USES];
-  struct ebb__stream_ref *xuses;   /* uses beyond the inline ones (malloc'ed, kept for reuse) */
-  const char *owner;               /* interned owner name of the allocation ("" when none) */
   uint8_t owner_cat;               /* enum ebb_owner_cat */
+  uint16_t bin;                    /* bin index while FREE */
+  /* line 2: the block's own state */
+  _Alignas(64) struct ebb__segment *seg;
+  struct ebb__arena *arena;        /* fixed for the record's whole life */
+  size_t requested;                /* what the caller asked for (ALLOC only) */
+  const char *owner;               /* interned owner name of the allocation ("" when none) */
+  struct ebb__stream_ref *uses;    /* streams other than the allocation stream that used it */
+  uint32_t nuses, ucap;            /* (malloc'ed at the first record_stream, kept for reuse) */
+  uint32_t event_count;            /* PENDING: events still to complete */
 };
 
 struct ebb__segment {
@@ -184,11 +194,29 @@ struct ebb__hist_entry {
   uint8_t owner_cat; /* enum ebb_owner_cat */
 };
 
+/* The history's clock. Entries carry CLOCK_MONOTONIC nanoseconds (the clock of
+ * ebb_trace_now_ns), but reading that clock costs 25-50 ns (the vDSO, more in a VM) and an
+ * alloc+free pair records three entries. So, where the CPU has a constant time-stamp counter
+ * (x86-64), the clock is read only every `span` ticks and the times in between are the last
+ * reading plus the elapsed ticks times the rate measured between the last two readings. `span`
+ * starts at a few microseconds (the first times are near-exact) and doubles to ~50 ms; the error
+ * is that of the rate over one span (microseconds at most). Times never go back along the ring:
+ * each is at least the one before (`last`), also across a re-read that finds the interpolation
+ * ran ahead. Elsewhere every entry reads the clock. Per arena, under its lock. */
+struct ebb__hclock {
+  uint64_t tsc_a;     /* counter at the last clock reading */
+  uint64_t ns_a;      /* the clock at tsc_a */
+  uint64_t last;      /* newest time handed out */
+  uint64_t span;      /* ticks after tsc_a at which the clock is read again (0: read now) */
+  double ns_per_tick; /* 0 until two readings gave a rate */
+};
+
 struct ebb__hist {
   struct ebb__hist_entry *ring; /* NULL when the history is off */
   size_t cap;                   /* entries in ring; 0: off */
   size_t head;                  /* next slot written */
   uint64_t total;               /* entries ever recorded (held: min(total, cap)) */
+  struct ebb__hclock clk;
 };
 
 /* Counters behind ebb_arena_stats, kept as its fields (current and peak). */
@@ -292,16 +320,31 @@ EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
 EBB_HIDDEN ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                                     uint64_t *total);
 
-/* Records one action. Lock held. With the history off this is one predictable branch; on, a
- * clock read and a 56-byte store into the ring (the oldest entry is overwritten when full). */
-static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
-                                 uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
-  struct ebb__hist *h = &a->hist;
-  if (!h->cap) return;
+/* Reads the clock, re-measures the counter's rate and returns the time for counter value t
+ * (the slow path of ebb__hist_now). Lock held. */
+EBB_HIDDEN uint64_t ebb__hist_clock_read(struct ebb__hclock *c, uint64_t t);
+
+/* The time of a history entry (struct ebb__hclock). Lock held. */
+static inline uint64_t ebb__hist_now(struct ebb__hclock *c) {
+#if defined(__x86_64__)
+  uint64_t t = __builtin_ia32_rdtsc();
+  uint64_t d = t - c->tsc_a; /* huge after a counter step back (migration): re-read */
+  if (EBB_UNLIKELY(d >= c->span)) return ebb__hist_clock_read(c, t);
+  uint64_t ns = c->ns_a + (uint64_t)((double)d * c->ns_per_tick);
+  if (ns < c->last) ns = c->last;
+  return c->last = ns;
+#else
+  return ebb__hist_clock_read(c, 0);
+#endif
+}
+
+/* Records one action at time t. Lock held. */
+static inline void ebb__hist_rec_at(struct ebb__hist *h, uint64_t t, ebb_alloc_action act, uint64_t addr, uint64_t size,
+                                    uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
   struct ebb__hist_entry *e = &h->ring[h->head];
   if (++h->head == h->cap) h->head = 0;
   h->total++;
-  e->time_ns = ebb__now_ns();
+  e->time_ns = t;
   e->addr = addr;
   e->size = size;
   e->requested = requested;
@@ -309,6 +352,25 @@ static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uin
   e->owner = owner;
   e->action = (uint8_t)act;
   e->owner_cat = owner_cat;
+}
+
+/* Records one action. Lock held. With the history off this is one predictable branch; on, a
+ * counter read (ebb__hist_now) and a 56-byte store into the ring (the oldest entry is
+ * overwritten when full). */
+static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
+                                 uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
+  struct ebb__hist *h = &a->hist;
+  if (!h->cap) return;
+  ebb__hist_rec_at(h, ebb__hist_now(&h->clk), act, addr, size, requested, stream, owner_cat, owner);
+}
+
+/* Records an action that happened with the previous one (a free that completes in the call that
+ * requested it): same time, no clock read. Lock held. */
+static inline void ebb__hist_rec_same(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
+                                      uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
+  struct ebb__hist *h = &a->hist;
+  if (!h->cap) return;
+  ebb__hist_rec_at(h, h->clk.last, act, addr, size, requested, stream, owner_cat, owner);
 }
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */

@@ -197,6 +197,43 @@ void ebb__hist_init(struct ebb__arena *a) {
   a->hist.cap = a->conf.history;
 }
 
+#define EBB__HCLOCK_SPAN_MIN ((uint64_t)1 << 13) /* ~3 us at 2.5 GHz */
+#define EBB__HCLOCK_SPAN_MAX ((uint64_t)1 << 27) /* ~50 ms */
+
+uint64_t ebb__hist_clock_read(struct ebb__hclock *c, uint64_t t) {
+  uint64_t ns = ebb__now_ns();
+#if defined(__x86_64__)
+  /* A pair (counter, clock) is only as good as the gap between its two reads: a thread
+   * preempted in between would skew the next rate. Re-read (a few times at most) until the
+   * clock read sits within EBB__HCLOCK_SPAN_MIN ticks of a counter read, and pair it with the
+   * middle of the two counter reads. */
+  for (int tries = 0;; tries++) {
+    uint64_t t1 = __builtin_ia32_rdtsc();
+    if (t1 - t < EBB__HCLOCK_SPAN_MIN || tries == 3) {
+      t += (t1 - t) / 2;
+      break;
+    }
+    t = t1;
+    ns = ebb__now_ns();
+  }
+  /* The rate over the interval since the last reading; a longer interval gives a better one.
+   * Nonsense (a counter that stepped back, an interval too short to measure) keeps the old. */
+  if (c->span && t > c->tsc_a && ns > c->ns_a && t - c->tsc_a >= EBB__HCLOCK_SPAN_MIN) {
+    double r = (double)(ns - c->ns_a) / (double)(t - c->tsc_a);
+    if (r > 0.01 && r < 100.0) c->ns_per_tick = r;
+  }
+  c->tsc_a = t;
+  c->ns_a = ns;
+  /* Until a rate is known every entry reads the clock; then the span doubles to its cap. */
+  if (c->ns_per_tick == 0.0) c->span = EBB__HCLOCK_SPAN_MIN;
+  else c->span = c->span * 2 < EBB__HCLOCK_SPAN_MAX ? c->span * 2 : EBB__HCLOCK_SPAN_MAX;
+#else
+  (void)t;
+#endif
+  if (ns < c->last) ns = c->last;
+  return c->last = ns;
+}
+
 void ebb__hist_fini(struct ebb__arena *a) {
   free(a->hist.ring);
   memset(&a->hist, 0, sizeof a->hist);

@@ -10,8 +10,13 @@
  * figures compare bookkeeping. The emulated device memory is never touched (mmap'ed lazily), so
  * EBB_SIM_MEM is raised to 64 GiB per device for the ~9 GiB tensor working set.
  * glibc is reached through __libc_malloc/__libc_free (this program's malloc is jemalloc).
- * Output: `bench=arena_fastpath impl=... dist=... live=... ns_per_pair=...` and the number of
- * driver allocations the arena made after warm-up (the target is 0).
+ * Output: `bench=arena_fastpath impl=... dist=... live=... ns_per_pair=... cpu_ns_per_pair=...` and
+ * the number of driver allocations the arena made after warm-up (the target is 0), summed over
+ * the three passes and per pass (passes 2 and 3 replay the sequence pass 1 ran). ns_per_pair
+ * is wall time; cpu_ns_per_pair is the thread's CPU time over the same pass, which leaves out
+ * the time the thread waited for a core (the machine is shared: compare both).
+ * Optional filters, for profiling one case: EBB_BENCH_IMPL=ebb (or glibc, jemalloc, mimalloc)
+ * and EBB_BENCH_DIST=small (or tensor) run only the named implementation / distribution.
  */
 #define _GNU_SOURCE /* dlopen/dlsym of jemalloc's mallocx when it is not the process allocator */
 #include <dlfcn.h>
@@ -102,7 +107,13 @@ static uint64_t ebb_driver_allocs(void) {
 
 /* Replays the sequence: fill, warm-up pass (not timed), timed pass; ns per pair. For the arena,
  * *drv gets the driver allocations made during the timed pass. */
-static double run(const struct impl *im, const struct seq *q, void **slots, bool is_ebb, uint64_t *drv) {
+static uint64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static double run(const struct impl *im, const struct seq *q, void **slots, bool is_ebb, uint64_t *drv, double *cpu) {
   for (size_t i = 0; i < q->live; i++) {
     slots[i] = im->alloc(q->fill[i]);
     if (!slots[i]) exit(1);
@@ -113,7 +124,14 @@ static double run(const struct impl *im, const struct seq *q, void **slots, bool
     im->free(slots[v]);
     slots[v] = im->alloc(q->size[i]);
   }
-  uint64_t d0 = is_ebb ? ebb_driver_allocs() : 0;
+  uint64_t d0 = 0;
+  ebb_arena_stats sw;
+  if (is_ebb) {
+    BENCH_CHECK(ebb_arena_get_stats(g_device, &sw));
+    d0 = sw.num_device_alloc;
+    BENCH_CHECK(ebb_arena_reset_peak(g_device));
+  }
+  uint64_t c0 = thread_cpu_ns();
   uint64_t t0 = bench_now_ns();
   for (size_t i = warm; i < q->pairs; i++) {
     uint32_t v = q->victim[i];
@@ -121,34 +139,57 @@ static double run(const struct impl *im, const struct seq *q, void **slots, bool
     slots[v] = im->alloc(q->size[i]);
   }
   uint64_t t1 = bench_now_ns();
-  if (is_ebb) *drv = ebb_driver_allocs() - d0;
+  uint64_t c1 = thread_cpu_ns();
+  *cpu = (double)(c1 - c0) / (double)(q->pairs - warm);
+  if (is_ebb) {
+    *drv = ebb_driver_allocs() - d0;
+    ebb_arena_stats st;
+    BENCH_CHECK(ebb_arena_get_stats(g_device, &st));
+    if (getenv("EBB_BENCH_VERBOSE"))
+      fprintf(stderr, "warm: alloc peak %llu reserved %llu | timed: alloc peak %llu reserved peak %llu drv %llu\n",
+              (unsigned long long)sw.allocated_bytes.peak, (unsigned long long)sw.reserved_bytes.current,
+              (unsigned long long)st.allocated_bytes.peak, (unsigned long long)st.reserved_bytes.peak, (unsigned long long)*drv);
+  }
   for (size_t i = 0; i < q->live; i++) im->free(slots[i]);
   return (double)(t1 - t0) / (double)(q->pairs - warm);
 }
 
+/* Whether the filter variable `var` is unset or names `what`. */
+static bool selected(const char *var, const char *what) {
+  const char *v = getenv(var);
+  return !v || !*v || !strcmp(v, what);
+}
+
 static void bench(const char *dist, size_t live, size_t pairs, double lo, double hi, const struct impl *ims, int nimpl) {
+  if (!selected("EBB_BENCH_DIST", dist)) return;
   struct seq q;
   seq_make(&q, live, pairs, lo, hi);
   void **slots = calloc(live, sizeof *slots);
   if (!slots) exit(1);
   for (int k = 0; k < nimpl; k++) {
     const struct impl *im = &ims[k];
+    if (!selected("EBB_BENCH_IMPL", im->name)) continue;
     bool is_ebb = !strcmp(im->name, "ebb");
-    double best = 1e30;
-    uint64_t drv_after_warm = 0;
+    double best = 1e30, best_cpu = 1e30;
+    uint64_t drv_after_warm = 0, drv_pass[3] = {0, 0, 0};
     for (int rep = 0; rep < 3; rep++) {
       /* A slow allocator (glibc maps and unmaps every large block) gets one timed pass. */
       if (rep > 0 && best > 20000.0) break;
       /* Warm-up is the fill plus the first quarter of the pairs; the timed pass follows. */
       uint64_t drv = 0;
-      double ns = run(im, &q, slots, is_ebb, &drv);
+      double cpu = 0;
+      double ns = run(im, &q, slots, is_ebb, &drv, &cpu);
       drv_after_warm += drv;
+      drv_pass[rep] = drv;
       if (ns < best) best = ns;
+      if (cpu < best_cpu) best_cpu = cpu;
     }
-    printf("bench=arena_fastpath impl=%s dist=%s live=%zu ns_per_pair=%.1f\n", im->name, dist, live, best);
+    printf("bench=arena_fastpath impl=%s dist=%s live=%zu ns_per_pair=%.1f cpu_ns_per_pair=%.1f\n", im->name, dist, live,
+           best, best_cpu);
     if (is_ebb)
-      printf("bench=arena_fastpath impl=ebb dist=%s driver_allocs_after_warmup=%llu\n", dist,
-             (unsigned long long)drv_after_warm);
+      printf("bench=arena_fastpath impl=ebb dist=%s driver_allocs_after_warmup=%llu by_pass=%llu,%llu,%llu\n", dist,
+             (unsigned long long)drv_after_warm, (unsigned long long)drv_pass[0], (unsigned long long)drv_pass[1],
+             (unsigned long long)drv_pass[2]);
     fflush(stdout);
   }
   free(slots);

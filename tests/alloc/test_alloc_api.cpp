@@ -78,6 +78,44 @@ TEST_CASE("split rules: small pool splits >= 512 B, large only > 1 MiB of slack"
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("below 1 MiB the free index gives the best fit, however many blocks are near it", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  // 40 free blocks of 100 KiB + 512 B, then one of exactly 100 KiB freed first (the oldest, so
+  // last in any most-recently-freed list): a request of 100 KiB must get that one. Live
+  // separators keep the free blocks from merging.
+  const size_t exact = 100 * 1024, near = exact + 512;
+  std::vector<void *> sep, loose;
+  void *want = nullptr, *p = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, exact, s, &want));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 512, s, &p));
+  sep.push_back(p);
+  for (int i = 0; i < 40; i++) {
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, near, s, &p));
+    loose.push_back(p);
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 512, s, &p));
+    sep.push_back(p);
+  }
+  EBB_REQUIRE_OK(ebb_arena_free(want));
+  for (void *q : loose) EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  uint64_t dev = stats(0).num_device_alloc;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, exact, s, &p));
+  CHECK(p == want);
+  CHECK(stats(0).num_device_alloc == dev);
+  // A size that rounds up to the next 512 B step takes a block of exactly that step.
+  void *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, near - 100, s, &q));
+  CHECK(std::find(loose.begin(), loose.end(), q) != loose.end());
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  for (void *x : sep) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  CHECK(stats(0).inactive_split.current == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("random alloc/free sequences keep every invariant (seeded)", "[alloc]") {
   EbbSession session;
   ebb_stream_t *ss[3] = {default_stream(0), nullptr, nullptr};

@@ -5,6 +5,7 @@
 // (see CMakeLists.txt); EBB_HIST_MODE picks the cases each one holds.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "alloc_test_util.hpp"
+#include "ebb/trace.h"
 
 using namespace alloc_test;
 
@@ -285,6 +287,38 @@ TEST_CASE("owner scopes nest, and misuse is reported without changing the stack"
   CHECK(history(0).back().owner_cat == EBB_OWNER_OTHER);
   for (void *x : p) EBB_REQUIRE_OK(ebb_arena_free(x));
   EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("history times are the monotonic clock's and never go back, over many actions", "[alloc][history]") {
+  // The ring's times come from a counter interpolated between clock reads (arena_impl.h,
+  // struct ebb__hclock): check the scale and the order, with a tolerance (1 s) far above any
+  // interpolation error, so that load cannot make this fail; no duration is asserted.
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  uint64_t before = ebb_trace_now_ns();
+  std::vector<void *> live;
+  for (int round = 0; round < 20; round++) {
+    for (int i = 0; i < 200; i++) {
+      void *p = nullptr;
+      EBB_REQUIRE_OK(ebb_arena_alloc(0, 512 * (1 + i % 7), s, &p));
+      live.push_back(p);
+    }
+    for (void *p : live) EBB_REQUIRE_OK(ebb_arena_free(p));
+    live.clear();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // spans several re-reads
+  }
+  uint64_t after = ebb_trace_now_ns();
+  auto h = history(0);
+  REQUIRE(h.size() > 8000);
+  const uint64_t tol = 1000000000ull;
+  for (size_t i = 0; i < h.size(); i++) {
+    INFO("entry " << i);
+    CHECK(h[i].time_ns + tol >= before);
+    CHECK(h[i].time_ns <= after + tol);
+    if (i) CHECK(h[i].time_ns >= h[i - 1].time_ns);
+  }
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
