@@ -331,7 +331,7 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
                      b->st->device);
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
-  if (!ebb_dtype_is_float(dt))
+  if (!ebb_dtype_is_float(a->dtype) || !ebb_dtype_is_float(b->dtype))
     return ebb__fail(EBB_EINVAL, "%s: a has dtype %s and b %s; expected floating dtypes", fn, ebb_dtype_name(a->dtype), ebb_dtype_name(b->dtype));
   const int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
   if (b->shape[b->ndim - 2] != k)
@@ -408,7 +408,7 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   if (st) return st;
   if (!ga && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
   if (a->ndim < 2 || b->ndim < 2 || grad->ndim < 2 || grad->shape[grad->ndim - 2] != a->shape[a->ndim - 2] ||
-      grad->shape[grad->ndim - 1] != b->shape[b->ndim - 1]) {
+      grad->shape[grad->ndim - 1] != b->shape[b->ndim - 1] || a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) {
     char x[128], y[128], z[128];
     return ebb__fail(EBB_EINVAL, "%s: grad %s does not match a %s @ b %s; expected grad of shape [..., m, n]", fn, EBB__SHAPE(grad, x),
                      EBB__SHAPE(a, y), EBB__SHAPE(b, z));
