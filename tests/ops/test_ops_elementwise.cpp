@@ -333,6 +333,20 @@ TEST_CASE("elementwise: gradcheck of every unary, scalar and where backward", "[
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("elementwise: gradcheck reports a wrong backward formula", "[ops][elementwise][gradcheck]") {
+  EbbSession session;
+  std::vector<GcInput> in{{{2, 2}, values(4, 5, 0.5, 2)}, {{2, 2}, values(4, 6, 0.5, 2)}};
+  // mul's forward with add's backward: the gradients are wrong and must be reported
+  GcResult r = gradcheck(
+      0, in, [](const GcInputs &x, ebb_tensor_t **o) { return ebb_op_mul(x[0], x[1], o); },
+      [](const ebb_tensor_t *g, const GcInputs &x, const ebb_tensor_t *, std::vector<ebb_tensor_t *> &gr) {
+        return ebb_op_add_backward(g, x[0], x[1], &gr[0], &gr[1]);
+      });
+  CHECK(!r.ok);
+  CHECK(r.report.find("analytic") != std::string::npos);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("elementwise: bad inputs name the op, the argument and the shapes", "[ops][elementwise][errors]") {
   EbbSession session;
   Tensor a = make(0, EBB_F32, {2, 3}, values(6, 1)), b = make(0, EBB_F32, {4}, values(4, 2)), c = make(1, EBB_F32, {2, 3}, values(6, 3));
