@@ -12,8 +12,10 @@
  * Execution: work on CPU tensors runs on the calling thread and is finished when the call
  * returns. Work on device tensors is enqueued on the device's current stream (for the calling
  * thread) and the call returns at once; reading values back is an explicit copy
- * (ebb_tensor_to_host). A storage used on a stream other than its allocation stream is declared
- * to the arena (ebb_arena_record_stream), so releasing a tensor never races with queued work.
+ * (ebb_tensor_to_host). Work is ordered within a stream only: a tensor written on one stream
+ * and read on another needs the reader to wait first (ebb_stream_wait_stream or an event), as
+ * in CUDA. A storage used on a stream other than its allocation stream is declared to the arena
+ * (ebb_arena_record_stream), so releasing a tensor never races with queued work.
  *
  * Handles: every call returning a tensor hands the caller one reference, released with
  * ebb_tensor_release. Arguments are borrowed. A released tensor passed to any call is EBB_EFREED
@@ -99,8 +101,9 @@ EBB_API ebb_status ebb_tensor_rand(int device, ebb_dtype dt, int ndim, const int
 EBB_API ebb_status ebb_tensor_randn(int device, ebb_dtype dt, int ndim, const int64_t *shape, uint64_t seed,
                                     uint64_t offset, ebb_tensor_t **out);
 /* A tensor holding a copy of `src`: numel elements of dt, row-major, `bytes` must equal
- * numel * ebb_dtype_size(dt). The caller may reuse src when the call returns (device copies
- * of pageable memory are staged at call time). */
+ * numel * ebb_dtype_size(dt). Pageable src may be reused when the call returns (device copies
+ * of pageable memory are staged at call time); pinned src must stay unchanged until the
+ * device's current stream has run the copy (as with ebb_copy_async). */
 EBB_API ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_t *shape, const void *src,
                                         size_t bytes, ebb_tensor_t **out);
 

@@ -340,6 +340,11 @@ TEST_CASE("tensor: ops follow the current stream, and a storage used on another 
   auto v = values(1 << 16, 9);
   {
     Tensor a = make(0, EBB_F32, {1 << 16}, v), b;
+    // a was written on the default stream: the side stream waits for it (ordering across
+    // streams is the caller's, as in CUDA)
+    ebb_stream_t *dflt = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_current(0, &dflt));
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(side, dflt));
     ebb_stream_guard g;
     EBB_REQUIRE_OK(ebb_stream_guard_enter(&g, side));
     EBB_REQUIRE_OK(ebb_tensor_clone(a, b.out())); // reads a on the side stream
