@@ -113,72 +113,9 @@ static inline void ebb__sti(char *p, int dt, int64_t v) {
   else ebb__st(p, dt, (double)v);
 }
 
-/* ---- kernels ---------------------------------------------------------------------------------
- * One strided elementwise kernel ("ebb.ops.ew") serves creation (fill, arange, rand), copies and
- * casts, unary, scalar, binary, comparison and where ops: `op` picks the function. Operands are
- * given after broadcasting (stride 0 along broadcast dims) and dim coalescing. */
-enum ebb__ew_op {
-  EBB__EW_FILL = 0, EBB__EW_ARANGE, EBB__EW_RAND, EBB__EW_RANDN, EBB__EW_COPY,
-  /* unary: out = f(in0), parameters s0, s1 */
-  EBB__EW_NEG, EBB__EW_ABS, EBB__EW_EXP, EBB__EW_LOG, EBB__EW_SQRT, EBB__EW_SIN, EBB__EW_COS, EBB__EW_TANH,
-  EBB__EW_SIGMOID, EBB__EW_RELU, EBB__EW_GELU, EBB__EW_POWS, EBB__EW_CLAMP, EBB__EW_ADDS, EBB__EW_MULS,
-  EBB__EW_RSUBS, EBB__EW_DIVS, EBB__EW_RDIVS, EBB__EW_SIGN, EBB__EW_GELU_GRAD, EBB__EW_CLAMP_MASK,
-  EBB__EW_LT_S, EBB__EW_GT_S, EBB__EW_SQUARE,
-  /* binary: out = in0 op in1 */
-  EBB__EW_ADD, EBB__EW_SUB, EBB__EW_MUL, EBB__EW_DIV, EBB__EW_EQ, EBB__EW_NE, EBB__EW_LT, EBB__EW_LE, EBB__EW_GT,
-  EBB__EW_GE, EBB__EW_MAXIMUM,
-  /* ternary: out = in0 ? in1 : in2 */
-  EBB__EW_WHERE,
-  EBB__EW_COUNT
-};
+#include "ops_kernels.h"
 
-typedef struct ebb__ew_args {
-  int32_t op;
-  int32_t ndim;                /* 0: one element */
-  int32_t nin;
-  int32_t dt_out;
-  int32_t dt_in[3];
-  int32_t pad_;
-  int64_t shape[EBB_TENSOR_MAX_DIMS];
-  int64_t st_out[EBB_TENSOR_MAX_DIMS]; /* element strides */
-  int64_t st_in[3][EBB_TENSOR_MAX_DIMS];
-  void *out;                   /* element 0 of each operand */
-  const void *in[3];
-  double s0, s1;               /* scalar parameters */
-  uint64_t seed, offset;       /* generator key and first counter (rand, randn) */
-} ebb__ew_args;
-
-/* Reductions ("ebb.ops.reduce"): for each output element (outer dims), combine the inner dims of
- * the input. `idx` (i64, may be NULL) receives the inner linear index of the max. */
-enum ebb__red_op { EBB__RED_SUM = 0, EBB__RED_MEAN, EBB__RED_MAX };
-
-typedef struct ebb__red_args {
-  int32_t op;
-  int32_t dt_in, dt_out;
-  int32_t nouter, ninner;
-  int32_t pad_;
-  int64_t oshape[EBB_TENSOR_MAX_DIMS];
-  int64_t ost_in[EBB_TENSOR_MAX_DIMS];  /* input strides of the outer dims */
-  int64_t ost_out[EBB_TENSOR_MAX_DIMS]; /* output strides of the outer dims */
-  int64_t ishape[EBB_TENSOR_MAX_DIMS];
-  int64_t ist_in[EBB_TENSOR_MAX_DIMS];
-  const void *in;
-  void *out;
-  int64_t *idx;                         /* strided like out, or NULL */
-} ebb__red_args;
-
-/* Batched matmul ("ebb.ops.matmul"): C[b] = A[b] @ B[b], f32 or f64, each matrix with a row
- * stride (lda etc.) and unit column stride, or transposed (trans flags). */
-typedef struct ebb__mm_args {
-  int32_t dtype;
-  int32_t trans_a, trans_b;
-  int32_t pad_;
-  int64_t batch, m, n, k;
-  int64_t lda, ldb, ldc;
-  int64_t sa, sb, sc;                   /* batch strides in elements */
-  const void *a, *b;
-  void *c;
-} ebb__mm_args;
+_Static_assert(EBB__KMAX_DIMS == EBB_TENSOR_MAX_DIMS, "kernel structs hold EBB_TENSOR_MAX_DIMS dims");
 
 enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_COUNT };
 
@@ -195,9 +132,10 @@ typedef struct ebb__operand {
 
 /* Runs kernel `kid` on `device`: the CPU function on the calling thread for EBB_DEVICE_CPU,
  * else enqueued on the device's current stream with the operands' storages declared as reads
- * and writes. */
+ * and writes. `work` is the number of GPU threads the kernel wants (one per output element);
+ * the CUDA kernels loop over whatever the grid does not cover. */
 EBB_HIDDEN ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops,
-                                  int nops);
+                                  int nops, int64_t work);
 
 /* Fills the geometry of an elementwise launch from `out` and up to 3 inputs already broadcast to
  * out's shape (strides given per input), coalescing dims. */

@@ -81,7 +81,7 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
   a.idx = ix ? ebb__tensor_ptr(ix) : NULL;
   if (ebb__numel(shape, nd) > 0) {
     ebb__operand ops[3] = {{r, true}, {t, false}, {ix, true}};
-    st = ebb__launch(fn, EBB__K_REDUCE, t->st->device, &a, ops, ix ? 3 : 2);
+    st = ebb__launch(fn, EBB__K_REDUCE, t->st->device, &a, ops, ix ? 3 : 2, ebb__numel(shape, nd));
     if (st) {
       ebb__tensor_put(r);
       ebb__tensor_put(ix);
@@ -376,7 +376,7 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
       g.b = ebb__tensor_ptr(ub);
       g.c = ebb__tensor_ptr(r);
       ebb__operand ops[3] = {{r, true}, {ua, false}, {ub, false}};
-      st = ebb__launch(fn, EBB__K_MATMUL, a->st->device, &g, ops, 3);
+      st = ebb__launch(fn, EBB__K_MATMUL, a->st->device, &g, ops, 3, batch * m * n);
       if (st) goto done;
     }
   }

@@ -330,7 +330,7 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   return EBB_OK;
 }
 
-ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops, int nops) {
+ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops, int nops, int64_t work) {
   if (device == EBB_DEVICE_CPU) {
     ebb__kernel_defs[kid].fn((void *)(uintptr_t)args);
     return EBB_OK;
@@ -358,6 +358,10 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
   cfg.nreads = nr;
   cfg.writes = writes;
   cfg.nwrites = nw;
+  /* 256 threads per block, at most 65535 blocks: grid-stride loops cover the rest */
+  int64_t blocks = (work + 255) / 256;
+  cfg.block[0] = 256;
+  cfg.grid[0] = (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
   st = ebb_stream_launch(s, k, args, &cfg);
   if (st) return ebb__fail(st, "%s: launching kernel '%s' on device %d failed: %s", fn, ebb_kernel_name(k), device, ebb_last_error());
   return EBB_OK;
@@ -448,7 +452,7 @@ ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const
   ebb__ew_geometry(&a, out, nin, in, (const int64_t(*)[EBB_TENSOR_MAX_DIMS])bst);
   ebb__operand ops[4] = {{out, true}};
   for (int k = 0; k < nin; k++) ops[k + 1] = (ebb__operand){in[k], false};
-  return ebb__launch(fn, EBB__K_EW, out->st->device, &a, ops, nin + 1);
+  return ebb__launch(fn, EBB__K_EW, out->st->device, &a, ops, nin + 1, ebb__numel(out->shape, out->ndim));
 }
 
 /* ---- creation ------------------------------------------------------------------------------- */
@@ -469,7 +473,7 @@ static ebb_status ebb__create_fill(const char *fn, int device, ebb_dtype dt, int
     a.offset = offset;
     ebb__ew_geometry(&a, t, 0, NULL, NULL);
     ebb__operand o = {t, true};
-    st = ebb__launch(fn, EBB__K_EW, device, &a, &o, 1);
+    st = ebb__launch(fn, EBB__K_EW, device, &a, &o, 1, ebb__numel(t->shape, t->ndim));
     if (st) {
       ebb__tensor_put(t);
       return st;
