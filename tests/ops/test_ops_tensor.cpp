@@ -353,6 +353,7 @@ TEST_CASE("tensor: ops follow the current stream, and a storage used on another 
     int64_t n = 1 << 16;
     EBB_REQUIRE_OK(ebb_tensor_zeros(0, EBB_F32, 1, &n, c.out()));
     EBB_REQUIRE_OK(ebb_stream_guard_exit(&g));
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(dflt, side)); // b was written on the side stream
     auto bv = read(b);
     for (size_t i = 0; i < v.size(); i++) REQUIRE(bv[i] == (double)(float)v[i]);
   }
