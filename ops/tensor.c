@@ -158,9 +158,10 @@ static ebb_status ebb__check_shape(const char *fn, int ndim, const int64_t *shap
 /* ---- storage -------------------------------------------------------------------------------- */
 
 static void ebb__storage_put(struct ebb__storage *s) {
-  /* release: pairs with the acquire fence below, so the last owner sees every earlier write */
-  if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_release) != 1) return;
-  atomic_thread_fence(memory_order_acquire);
+  /* acq_rel: the release half publishes this owner's writes; the acquire half lets the last
+   * owner see every other owner's before it frees (an acquire fence would do, but TSan does not
+   * model fences) */
+  if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1) return;
   if (s->data) {
     /* Frees are stream-ordered: the arena reuses the block on its allocation stream after the
      * work already queued there, and on recorded streams after their events. */
@@ -262,9 +263,8 @@ ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *sha
 
 void ebb__tensor_put(ebb_tensor_t *t) {
   if (!t) return;
-  /* release: pairs with the acquire fence, as in ebb__storage_put */
-  if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_release) != 1) return;
-  atomic_thread_fence(memory_order_acquire);
+  /* acq_rel: as in ebb__storage_put */
+  if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1) return;
   struct ebb__storage *s = t->st;
   ebb__record_put(t);
   ebb__storage_put(s);
