@@ -137,6 +137,13 @@ typedef struct ebb__operand {
 EBB_HIDDEN ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops,
                                   int nops, int64_t work);
 
+/* Declares to the arena the operands' use on `stream` (ebb_arena_record_stream where the stream
+ * is not their allocation stream), for work enqueued without ebb__launch. */
+EBB_HIDDEN ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream);
+/* GPU matmul through cuBLAS (blas_gpu.c) on stream `s` of `device`: EBB_ENOTSUP when cuBLAS is
+ * not available (the caller then launches the plain CUDA kernel). */
+EBB_HIDDEN ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb__mm_args *g);
+
 /* Fills the geometry of an elementwise launch from `out` and up to 3 inputs already broadcast to
  * out's shape (strides given per input), coalescing dims. */
 EBB_HIDDEN void ebb__ew_geometry(ebb__ew_args *a, const ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,

@@ -317,6 +317,21 @@ copy:;
   return EBB_OK;
 }
 
+/* On a GPU (a device without CPU kernels), cuBLAS on the current stream; EBB_ENOTSUP on the
+ * CPU, on the emulated driver, and where cuBLAS cannot be loaded. */
+static ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops) {
+  if (device == EBB_DEVICE_CPU) return EBB_ENOTSUP;
+  ebb_dev_caps caps;
+  ebb_status st = ebb_dev_get_caps(device, &caps);
+  if (st) return st;
+  if (caps.cpu_kernels) return EBB_ENOTSUP;
+  ebb_stream_t *s;
+  st = ebb_stream_current(device, &s);
+  if (!st) st = ebb__operands_use(ops, 3, s);
+  if (!st) st = ebb__gpu_gemm(fn, device, s, g);
+  return st;
+}
+
 static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
@@ -376,7 +391,8 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
       g.b = ebb__tensor_ptr(ub);
       g.c = ebb__tensor_ptr(r);
       ebb__operand ops[3] = {{r, true}, {ua, false}, {ub, false}};
-      st = ebb__launch(fn, EBB__K_MATMUL, a->st->device, &g, ops, 3, batch * m * n);
+      st = ebb__mm_gpu(fn, a->st->device, &g, ops);
+      if (st == EBB_ENOTSUP) st = ebb__launch(fn, EBB__K_MATMUL, a->st->device, &g, ops, 3, batch * m * n);
       if (st) goto done;
     }
   }

@@ -330,6 +330,14 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   return EBB_OK;
 }
 
+ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream) {
+  for (int i = 0; i < nops; i++) {
+    ebb_status st = ebb__storage_use(ops[i].t->st, stream);
+    if (st) return st;
+  }
+  return EBB_OK;
+}
+
 ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops, int nops, int64_t work) {
   if (device == EBB_DEVICE_CPU) {
     ebb__kernel_defs[kid].fn((void *)(uintptr_t)args);

@@ -4,8 +4,8 @@
 // arithmetic: elementwise results in f64 rounded once, i64 ops exact, bf16/f16 converted by the
 // same bit manipulation, Philox 4x32-10 counted by element index, so a GPU draws the numbers the
 // CPU and the emulated driver draw. Each thread handles output elements in a grid-stride loop.
-// ebb_ops_matmul is a plain one-thread-per-output kernel: correct, not fast (cuBLAS is not
-// wired in yet). Compiled only; no GPU has run these yet.
+// ebb_ops_matmul is a plain one-thread-per-output kernel, correct but not fast: the fallback
+// when cuBLAS (ops/blas_gpu.c) cannot be loaded. Compiled only; no GPU has run these yet.
 #include <stdint.h>
 
 #include "../ops_kernels.h"
