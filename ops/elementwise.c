@@ -94,24 +94,7 @@ static ebb_status ebb__unary(const char *fn, int op, int kind, const ebb_tensor_
   return ebb__ew_new(fn, op, 1, &a, dt, s0, s1, out);
 }
 
-/* ---- backward plumbing --------------------------------------------------------------------------
- * A backward function holds its temporaries in a small list released at the end. */
-
-typedef struct ebb__tmp {
-  ebb_tensor_t *t[8];
-  int n;
-} ebb__tmp;
-
-static ebb_tensor_t *ebb__keep(ebb__tmp *k, ebb_tensor_t *t) {
-  EBB_ASSERT(k->n < 8);
-  k->t[k->n++] = t;
-  return t;
-}
-
-static void ebb__tmp_free(ebb__tmp *k) {
-  for (int i = 0; i < k->n; i++) ebb__tensor_put(k->t[i]);
-  k->n = 0;
-}
+/* ---- backward plumbing ---------------------------------------------------------------------- */
 
 /* Checks grad against the output shape the forward would have produced from `x` (for unary
  * ops: x's shape) and that x is floating. */
@@ -131,7 +114,11 @@ static ebb_status ebb__bw_check(const char *fn, const ebb_tensor_t *grad, const 
 static ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb_tensor_t *x, ebb_tensor_t **out) {
   ebb_tensor_t *s;
   ebb_status st = ebb_op_sum_to_shape(g, x->ndim, x->shape, &s);
-  if (st) return ebb__fail(st, "%s: the gradient cannot be reduced to the input's shape: %s", fn, ebb_last_error());
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: the gradient cannot be reduced to the input's shape: %s", fn, why);
+  }
   if (s->dtype == x->dtype) {
     *out = s;
     return EBB_OK;
@@ -163,6 +150,32 @@ ebb_status ebb_op_div(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t
  * local product (mode) and sums it to the input's shape. */
 enum ebb__bin_bw { EBB__BW_ADD, EBB__BW_SUB, EBB__BW_MUL, EBB__BW_DIV };
 
+/* The local products before summing to the input's shape (new references). For a: grad (add,
+ * sub), grad * b (mul), grad / b (div). For b: grad (add), -grad (sub), grad * a (mul),
+ * -(grad / b) * (a / b) = -grad * a / b^2 (div). */
+static ebb_status ebb__local_a(int mode, const ebb_tensor_t *grad, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  if (mode == EBB__BW_MUL) return ebb_op_mul(grad, b, out);
+  if (mode == EBB__BW_DIV) return ebb_op_div(grad, b, out);
+  atomic_fetch_add_explicit(&((ebb_tensor_t *)grad)->refs, 1, memory_order_relaxed);
+  *out = (ebb_tensor_t *)grad;
+  return EBB_OK;
+}
+
+static ebb_status ebb__local_b(int mode, const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  if (mode == EBB__BW_SUB) return ebb_op_neg(grad, out);
+  if (mode == EBB__BW_MUL) return ebb_op_mul(grad, a, out);
+  if (mode == EBB__BW_ADD) return ebb__local_a(mode, grad, b, out);
+  ebb_tensor_t *gb = NULL, *ab = NULL, *p = NULL;
+  ebb_status st = ebb_op_div(grad, b, &gb);
+  if (!st) st = ebb_op_div(a, b, &ab);
+  if (!st) st = ebb_op_mul(gb, ab, &p);
+  if (!st) st = ebb_op_neg(p, out);
+  ebb__tensor_put(gb);
+  ebb__tensor_put(ab);
+  ebb__tensor_put(p);
+  return st;
+}
+
 static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tensor_t *grad, const ebb_tensor_t *a,
                                        const ebb_tensor_t *b, ebb_tensor_t **ga, ebb_tensor_t **gb) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
@@ -181,41 +194,20 @@ static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tenso
     return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the forward output's shape %s", fn, EBB__SHAPE(grad, x),
                      ebb__shape_str(shape, nd, y, sizeof y));
   }
-  ebb__tmp k = {.n = 0};
-  ebb_tensor_t *ra = NULL, *rb = NULL, *t = NULL, *u = NULL;
-  if (ga) {
-    const ebb_tensor_t *la = grad;
-    if (mode == EBB__BW_MUL) st = ebb_op_mul(grad, b, &t), la = t;
-    else if (mode == EBB__BW_DIV) st = ebb_op_div(grad, b, &t), la = t;
-    if (t) ebb__keep(&k, t);
-    if (!st) st = ebb__grad_for(fn, la, a, &ra);
-    if (st) goto fail;
+  ebb_tensor_t *la = NULL, *lb = NULL, *ra = NULL, *rb = NULL;
+  if (ga) st = ebb__local_a(mode, grad, b, &la);
+  if (!st && ga) st = ebb__grad_for(fn, la, a, &ra);
+  if (!st && gb) st = ebb__local_b(mode, grad, a, b, &lb);
+  if (!st && gb) st = ebb__grad_for(fn, lb, b, &rb);
+  ebb__tensor_put(la);
+  ebb__tensor_put(lb);
+  if (st) {
+    ebb__tensor_put(ra);
+    return st;
   }
-  if (gb) {
-    const ebb_tensor_t *lb = grad;
-    t = NULL;
-    if (mode == EBB__BW_SUB) st = ebb_op_neg(grad, &t), lb = t;
-    else if (mode == EBB__BW_MUL) st = ebb_op_mul(grad, a, &t), lb = t;
-    else if (mode == EBB__BW_DIV) {
-      /* -grad * a / b^2 = -(grad / b) * (a / b) */
-      st = ebb_op_div(grad, b, &t);
-      if (!st) ebb__keep(&k, t), st = ebb_op_div(a, b, &u);
-      if (!st) ebb__keep(&k, u), t = NULL, st = ebb_op_mul(k.t[k.n - 2], u, &t);
-      if (!st) ebb__keep(&k, t), u = t, t = NULL, st = ebb_op_neg(u, &t);
-      lb = t;
-    }
-    if (t) ebb__keep(&k, t);
-    if (!st) st = ebb__grad_for(fn, lb, b, &rb);
-    if (st) goto fail;
-  }
-  ebb__tmp_free(&k);
   if (ga) *ga = ra;
   if (gb) *gb = rb;
   return EBB_OK;
-fail:
-  ebb__tmp_free(&k);
-  ebb__tensor_put(ra);
-  return st;
 }
 
 ebb_status ebb_op_add_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,

@@ -7,6 +7,7 @@
  * batched operands, are made contiguous first. Threading: no state of its own.
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "ops_impl.h"
 
@@ -305,7 +306,11 @@ copy:;
   shape[nb + 1] = cols;
   ebb_tensor_t *e;
   ebb_status st = ebb_tensor_expand(t, nb + 2, shape, &e);
-  if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: %s", fn, why);
+  }
   ebb_tensor_t *c;
   st = ebb_tensor_clone(e, &c);
   ebb__tensor_put(e);

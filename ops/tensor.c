@@ -371,7 +371,11 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
   cfg.block[0] = 256;
   cfg.grid[0] = (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
   st = ebb_stream_launch(s, k, args, &cfg);
-  if (st) return ebb__fail(st, "%s: launching kernel '%s' on device %d failed: %s", fn, ebb_kernel_name(k), device, ebb_last_error());
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: launching kernel '%s' on device %d failed: %s", fn, ebb_kernel_name(k), device, why);
+  }
   return EBB_OK;
 }
 
