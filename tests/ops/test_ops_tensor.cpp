@@ -4,6 +4,7 @@
 // the allocation history, and the refused inputs.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -449,5 +450,89 @@ TEST_CASE("tensor: calls before ebb_init fail with EBB_ENOTINIT", "[ops][tensor]
   ebb_tensor_t *t = nullptr;
   EBB_CHECK_FAILS(ebb_tensor_zeros(0, EBB_F32, 1, shape, &t), EBB_ENOTINIT, "not initialised");
   CHECK(t == nullptr);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("tensor: every call refuses NULL and released tensors with a message naming it", "[ops][tensor][errors]") {
+  EbbSession session;
+  ebb_tensor_t *dead = nullptr;
+  int64_t shape[2] = {2, 2};
+  EBB_REQUIRE_OK(ebb_tensor_ones(0, EBB_F32, 2, shape, &dead));
+  EBB_REQUIRE_OK(ebb_tensor_release(dead));
+  ebb_tensor_t *o = nullptr;
+  ebb_tensor_info info;
+  int nd, dev;
+  int64_t sh[EBB_TENSOR_MAX_DIMS], n;
+  ebb_dtype dt;
+  bool b;
+  uint64_t v;
+  void *p;
+  char name[16];
+  int perm[2] = {1, 0};
+  struct Case {
+    const char *fn;
+    std::function<ebb_status(ebb_tensor_t *)> call;
+  } cases[] = {
+      {"ebb_tensor_get_info", [&](ebb_tensor_t *t) { return ebb_tensor_get_info(t, &info); }},
+      {"ebb_tensor_shape", [&](ebb_tensor_t *t) { return ebb_tensor_shape(t, &nd, sh); }},
+      {"ebb_tensor_strides", [&](ebb_tensor_t *t) { return ebb_tensor_strides(t, sh); }},
+      {"ebb_tensor_dtype", [&](ebb_tensor_t *t) { return ebb_tensor_dtype(t, &dt); }},
+      {"ebb_tensor_device", [&](ebb_tensor_t *t) { return ebb_tensor_device(t, &dev); }},
+      {"ebb_tensor_numel", [&](ebb_tensor_t *t) { return ebb_tensor_numel(t, &n); }},
+      {"ebb_tensor_is_contiguous", [&](ebb_tensor_t *t) { return ebb_tensor_is_contiguous(t, &b); }},
+      {"ebb_tensor_version", [&](ebb_tensor_t *t) { return ebb_tensor_version(t, &v); }},
+      {"ebb_tensor_same_storage", [&](ebb_tensor_t *t) { return ebb_tensor_same_storage(t, t, &b); }},
+      {"ebb_tensor_data", [&](ebb_tensor_t *t) { return ebb_tensor_data(t, &p); }},
+      {"ebb_tensor_name", [&](ebb_tensor_t *t) { return ebb_tensor_name(t, name, sizeof name); }},
+      {"ebb_tensor_set_name", [&](ebb_tensor_t *t) { return ebb_tensor_set_name(t, "x"); }},
+      {"ebb_tensor_autograd_slot", [&](ebb_tensor_t *t) { return ebb_tensor_autograd_slot(t, &p); }},
+      {"ebb_tensor_set_autograd_slot", [&](ebb_tensor_t *t) { return ebb_tensor_set_autograd_slot(t, nullptr); }},
+      {"ebb_tensor_bump_version", [&](ebb_tensor_t *t) { return ebb_tensor_bump_version(t); }},
+      {"ebb_tensor_view", [&](ebb_tensor_t *t) { return ebb_tensor_view(t, 2, shape, &o); }},
+      {"ebb_tensor_reshape", [&](ebb_tensor_t *t) { return ebb_tensor_reshape(t, 2, shape, &o); }},
+      {"ebb_tensor_transpose", [&](ebb_tensor_t *t) { return ebb_tensor_transpose(t, 0, 1, &o); }},
+      {"ebb_tensor_permute", [&](ebb_tensor_t *t) { return ebb_tensor_permute(t, perm, 2, &o); }},
+      {"ebb_tensor_slice", [&](ebb_tensor_t *t) { return ebb_tensor_slice(t, 0, 0, 1, 1, &o); }},
+      {"ebb_tensor_narrow", [&](ebb_tensor_t *t) { return ebb_tensor_narrow(t, 0, 0, 1, &o); }},
+      {"ebb_tensor_select", [&](ebb_tensor_t *t) { return ebb_tensor_select(t, 0, 0, &o); }},
+      {"ebb_tensor_expand", [&](ebb_tensor_t *t) { return ebb_tensor_expand(t, 2, shape, &o); }},
+      {"ebb_tensor_squeeze", [&](ebb_tensor_t *t) { return ebb_tensor_squeeze(t, 0, &o); }},
+      {"ebb_tensor_unsqueeze", [&](ebb_tensor_t *t) { return ebb_tensor_unsqueeze(t, 0, &o); }},
+      {"ebb_tensor_contiguous", [&](ebb_tensor_t *t) { return ebb_tensor_contiguous(t, &o); }},
+      {"ebb_tensor_clone", [&](ebb_tensor_t *t) { return ebb_tensor_clone(t, &o); }},
+      {"ebb_tensor_to_device", [&](ebb_tensor_t *t) { return ebb_tensor_to_device(t, 1, &o); }},
+      {"ebb_tensor_to_dtype", [&](ebb_tensor_t *t) { return ebb_tensor_to_dtype(t, EBB_F64, &o); }},
+      {"ebb_tensor_fill_", [&](ebb_tensor_t *t) { return ebb_tensor_fill_(t, 1.0); }},
+      {"ebb_tensor_zero_", [&](ebb_tensor_t *t) { return ebb_tensor_zero_(t); }},
+      {"ebb_tensor_copy_", [&](ebb_tensor_t *t) { return ebb_tensor_copy_(t, t); }},
+      {"ebb_tensor_to_host", [&](ebb_tensor_t *t) { return ebb_tensor_to_host(t, sh, 16); }},
+      {"ebb_tensor_retain", [&](ebb_tensor_t *t) { return ebb_tensor_retain(t); }},
+  };
+  for (auto &c : cases) {
+    INFO(c.fn);
+    EBB_CHECK_FAILS(c.call(nullptr), EBB_EINVAL, c.fn);
+    EBB_CHECK_FAILS(c.call(dead), EBB_EFREED, c.fn);
+    CHECK(o == nullptr);
+  }
+  // the remaining out-parameter and name checks
+  Tensor t;
+  EBB_REQUIRE_OK(ebb_tensor_ones(EBB_DEVICE_CPU, EBB_F32, 2, shape, t.out()));
+  EBB_CHECK_FAILS(ebb_tensor_get_info(t, nullptr), EBB_EINVAL, "out is NULL");
+  EBB_CHECK_FAILS(ebb_tensor_name(t, nullptr, 4), EBB_EINVAL, "buf is NULL");
+  EBB_CHECK_FAILS(ebb_tensor_to_dtype(t, (ebb_dtype)9, &o), EBB_EINVAL, "dtype 9");
+  EBB_CHECK_FAILS(ebb_tensor_to_device(t, 7, &o), EBB_EDEVICE, "device 7");
+  EBB_CHECK_FAILS(ebb_tensor_empty_named(0, EBB_F32, 2, shape, EBB_OWNER_PARAMETER, nullptr, &o), EBB_EINVAL, "name is NULL");
+  EBB_CHECK_FAILS(ebb_tensor_empty_named(0, EBB_F32, 2, shape, (ebb_owner_cat)99, "w", &o), EBB_EINVAL, "");
+  EBB_CHECK_FAILS(ebb_tensor_randn(0, EBB_BOOL, 2, shape, 1, 0, &o), EBB_EINVAL, "ebb_tensor_randn: dtype bool");
+  CHECK(o == nullptr);
+  // bump_version counts, and live_count follows creation and release
+  uint64_t v0 = 0, v1 = 0;
+  EBB_REQUIRE_OK(ebb_tensor_version(t, &v0));
+  EBB_REQUIRE_OK(ebb_tensor_bump_version(t));
+  EBB_REQUIRE_OK(ebb_tensor_version(t, &v1));
+  CHECK(v1 == v0 + 1);
+  long live = ebb_tensor_live_count();
+  t.reset();
+  CHECK(ebb_tensor_live_count() == live - 1);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
