@@ -264,20 +264,10 @@ static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__
   return n && n->state == EBB__B_FREE && n->spool == b->spool && n->pool == b->pool;
 }
 
-/* Returns a block whose uses are over to its stream's free index, merged with free neighbours
- * of the same stream and pool. Stats: allocated was dropped at the free request; active now. */
-static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
+/* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
+ * free neighbours of the same stream and pool, and indexes the result. Lock held. */
+static void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
-  ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
-  /* A free block belongs to nobody; snapshots show its owner only while it is active. */
-  b->owner = "";
-  b->owner_cat = EBB_OWNER_OTHER;
-  ebb__stat_sub(&a->c.s.active_bytes, b->size);
-  ebb__seg_split_stat(a, g, false);
-  b->state = EBB__B_FREE;
-  b->nuses = 0;
-  g->nfree++;
-  g->free_bytes += b->size;
   struct ebb__block *p = b->prev, *n = b->next;
   if (ebb__mergeable(b, p)) {
     ebb__index_remove(p);
@@ -300,6 +290,23 @@ static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
     ebb__block_dead(a, n);
   }
   ebb__index_insert(a, b);
+}
+
+/* Returns a block whose uses are over to its stream's free index, merged with free neighbours
+ * of the same stream and pool. Stats: allocated was dropped at the free request; active now. */
+static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) {
+  struct ebb__segment *g = b->seg;
+  ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
+  /* A free block belongs to nobody; snapshots show its owner only while it is active. */
+  b->owner = "";
+  b->owner_cat = EBB_OWNER_OTHER;
+  ebb__stat_sub(&a->c.s.active_bytes, b->size);
+  ebb__seg_split_stat(a, g, false);
+  b->state = EBB__B_FREE;
+  b->nuses = 0;
+  g->nfree++;
+  g->free_bytes += b->size;
+  ebb__merge_insert(a, b);
   ebb__seg_split_stat(a, g, true);
 }
 
@@ -499,8 +506,87 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
 
 /* ---- expandable segments ------------------------------------------------------------------- */
 
+/* Maps granules [va, va + bytes) of the reservation, all or nothing. Lock held. */
+static ebb_status ebb__x_map(struct ebb__arena *a, uint64_t va, size_t bytes) {
+  size_t done = 0;
+  ebb_status st = EBB_OK;
+  for (; done < bytes; done += a->xgran) {
+    uint64_t h = 0;
+    if ((st = a->up->map(a, va + done, a->xgran, &h))) break;
+    a->xhandles[(va + done - a->xva) / a->xgran] = h;
+  }
+  if (!st) {
+    a->c.s.num_device_alloc += bytes / a->xgran;
+    return EBB_OK;
+  }
+  for (size_t k = 0; k < done; k += a->xgran) {
+    uint64_t *h = &a->xhandles[(va + k - a->xva) / a->xgran];
+    a->up->unmap(a, va + k, a->xgran, *h);
+    *h = 0;
+  }
+  return st;
+}
+
+/* Unmaps granules [va, va + bytes) of the reservation. Lock held. */
+static void ebb__x_unmap(struct ebb__arena *a, uint64_t va, size_t bytes) {
+  for (uint64_t at = va; at < va + bytes; at += a->xgran) {
+    uint64_t *h = &a->xhandles[(at - a->xva) / a->xgran];
+    if (a->up->unmap(a, at, a->xgran, *h) == EBB_OK) a->c.s.num_device_free++;
+    *h = 0;
+  }
+}
+
+/* Growth into a hole: maps the first UNMAPPED hole that holds `r` (in whole granules) from its
+ * start and hands the mapped piece to stream `sp`, pool `pool`, merged with its free
+ * neighbours. EBB_ENOTFOUND when no hole is big enough (the caller grows the tail). First fit
+ * by address keeps the mapped range dense at the start of the reservation. Lock held. */
+static ebb_status ebb__x_fill_hole(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r) {
+  struct ebb__segment *g = a->xseg;
+  size_t need = ebb__round_up(r, a->xgran);
+  struct ebb__block *h = g->first;
+  while (h && !(h->state == EBB__B_UNMAPPED && h->size >= need)) h = h->next;
+  if (!h) return EBB_ENOTFOUND;
+  if (a->limit && a->c.s.reserved_bytes.current + a->inflight + need > a->limit)
+    return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
+  struct ebb__block *m = h;
+  if (h->size > need && !(m = ebb__block_new(a)))
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for a block record", a->up->alloc_fn);
+  ebb_status st = ebb__x_map(a, h->addr, need);
+  if (st) {
+    if (m != h) ebb__block_dead(a, m);
+    return st;
+  }
+  if (m != h) { /* m takes the front of the hole; h keeps the rest, still unmapped */
+    m->addr = h->addr;
+    m->size = need;
+    m->seg = g;
+    m->prev = h->prev;
+    m->next = h;
+    if (h->prev) h->prev->next = m;
+    else g->first = m;
+    h->prev = m;
+    h->addr += need;
+    h->size -= need;
+    g->nblocks++;
+  }
+  uint8_t ocat;
+  const char *oname;
+  ebb__owner_current(&ocat, &oname);
+  ebb__hist_rec(a, EBB_ACT_SEGMENT_MAP, m->addr, need, 0, sp->stream.id, ocat, oname);
+  m->state = EBB__B_FREE;
+  m->spool = sp;
+  m->pool = (uint8_t)pool;
+  g->unmapped -= need;
+  g->nfree++;
+  g->free_bytes += need;
+  ebb__stat_add(&a->c.s.reserved_bytes, need);
+  ebb__merge_insert(a, m);
+  return EBB_OK;
+}
+
 /* Maps granules at the end of the reservation so that the tail offers `r` bytes to stream
- * `sp`, pool `pool`. Lock held throughout (see the file comment). */
+ * `sp`, pool `pool`, after trying the holes left by empty_cache. Lock held throughout (see the
+ * file comment). */
 static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r) {
   if (!a->xva) {
     size_t gran = 0;
@@ -519,6 +605,10 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
     a->xgran = gran;
   }
   struct ebb__segment *g = a->xseg;
+  if (g && g->unmapped) {
+    ebb_status st = ebb__x_fill_hole(a, sp, pool, r);
+    if (st != EBB_ENOTFOUND) return st;
+  }
   size_t mapped = g ? g->size : 0;
   struct ebb__block *tail = NULL;
   if (g)
@@ -527,24 +617,12 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
   /* Grow by whole granules, at least a segment's worth of the pool, as PyTorch's pages. */
   size_t step = pool == EBB__POOL_SMALL ? EBB__SMALL_SEGMENT : EBB__LARGE_SEGMENT;
   size_t grow = ebb__round_up(r - have > step ? r - have : step, a->xgran);
-  if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "expandable reservation of device %d is full", a->device);
+  if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "the expandable reservation of %s is full", a->label);
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + grow > a->limit)
-    return ebb__fail(EBB_ENOMEM, "limit of device %d reached", a->device);
-  size_t done = 0;
-  ebb_status st = EBB_OK;
-  for (; done < grow; done += a->xgran) {
-    uint64_t h = 0;
-    st = a->up->map(a, a->xva + mapped + done, a->xgran, &h);
-    if (st) break;
-    a->xhandles[(mapped + done) / a->xgran] = h;
-  }
-  if (st) {
-    /* Undo the partial growth: map all or nothing keeps the tail simple. */
-    for (size_t k = 0; k < done; k += a->xgran)
-      a->up->unmap(a, a->xva + mapped + k, a->xgran, a->xhandles[(mapped + k) / a->xgran]);
-    return st;
-  }
-  a->c.s.num_device_alloc += grow / a->xgran;
+    return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
+  /* All or nothing keeps the tail simple. */
+  ebb_status st = ebb__x_map(a, a->xva + mapped, grow);
+  if (st) return st;
   uint8_t ocat;
   const char *oname;
   ebb__owner_current(&ocat, &oname);
@@ -554,11 +632,8 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
     g = ebb__segment_add(a, a->xva, grow, pool, sp, &b); /* counts reserved and segments */
     if (!g) {
       ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, a->xva, grow, 0, sp->stream.id, ocat, oname);
-      for (size_t k = 0; k < grow; k += a->xgran) {
-        a->up->unmap(a, a->xva + k, a->xgran, a->xhandles[k / a->xgran]);
-        a->xhandles[k / a->xgran] = 0;
-      }
-      return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a segment record");
+      ebb__x_unmap(a, a->xva, grow);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory for a segment record", a->up->alloc_fn);
     }
     g->expandable = true;
     a->xseg = g;
@@ -575,7 +650,7 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
     return EBB_OK;
   }
   struct ebb__block *b = ebb__block_new(a);
-  if (!b) return ebb__fail(EBB_ENOMEM, "ebb_arena_alloc: no host memory for a block record");
+  if (!b) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a block record", a->up->alloc_fn);
   b->addr = a->xva + mapped;
   b->size = grow;
   b->seg = g;
@@ -591,9 +666,84 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
   return EBB_OK;
 }
 
-/* Unmaps the free granules at the end of the expandable segment. Only the tail shrinks, so the
- * mapped range stays one piece [xva, xva + size). Lock held. The caller synchronised pending
- * events; unmapping also waits for queued work on the driver (as cuMemFree). */
+/* Makes the granule-aligned inside of FREE block b a hole: unmaps it and splits b into a free
+ * head, the UNMAPPED hole and a free tail (either piece may be empty), merging the hole with
+ * neighbouring holes. Returns the bytes unmapped (0 when b holds no whole granule or no block
+ * record is left for the pieces) and, when some were, points *bp at the (merged) hole. Lock
+ * held; the caller synchronised the device. */
+static size_t ebb__x_hole(struct ebb__arena *a, struct ebb__segment *g, struct ebb__block **bp) {
+  struct ebb__block *b = *bp;
+  uint64_t lo = a->xva + ebb__round_up(b->addr - a->xva, a->xgran);
+  uint64_t hi = a->xva + (b->addr + b->size - a->xva) / a->xgran * a->xgran;
+  if (hi <= lo) return 0;
+  size_t head = (size_t)(lo - b->addr), tail = (size_t)(b->addr + b->size - hi), hole = (size_t)(hi - lo);
+  struct ebb__block *nh = head ? ebb__block_new(a) : NULL, *nt = tail ? ebb__block_new(a) : NULL;
+  if ((head && !nh) || (tail && !nt)) { /* no host memory for the pieces: keep the block mapped */
+    if (nh) ebb__block_dead(a, nh);
+    if (nt) ebb__block_dead(a, nt);
+    return 0;
+  }
+  ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, lo, hole, 0, b->spool->stream.id, EBB_OWNER_OTHER, "");
+  ebb__x_unmap(a, lo, hole);
+  ebb__index_remove(b);
+  struct ebb__block *pieces[2] = {nh, nt};
+  for (int k = 0; k < 2; k++) {
+    struct ebb__block *x = pieces[k];
+    if (!x) continue;
+    x->addr = k ? hi : b->addr;
+    x->size = k ? tail : head;
+    x->seg = g;
+    x->spool = b->spool;
+    x->pool = b->pool;
+    x->state = EBB__B_FREE;
+    if (k) { /* after b */
+      x->prev = b;
+      x->next = b->next;
+      if (b->next) b->next->prev = x;
+      b->next = x;
+    } else { /* before b */
+      x->next = b;
+      x->prev = b->prev;
+      if (b->prev) b->prev->next = x;
+      else g->first = x;
+      b->prev = x;
+    }
+    g->nblocks++;
+    ebb__index_insert(a, x);
+  }
+  b->addr = lo;
+  b->size = hole;
+  b->state = EBB__B_UNMAPPED;
+  g->nfree += (nh != NULL) + (nt != NULL) - 1; /* b left the free blocks, its pieces joined */
+  g->free_bytes -= hole;
+  g->unmapped += hole;
+  ebb__stat_sub(&a->c.s.reserved_bytes, hole);
+  /* Adjacent holes become one, so a later growth finds the whole gap. */
+  struct ebb__block *p = b->prev, *n = b->next;
+  if (p && p->state == EBB__B_UNMAPPED) {
+    p->size += b->size;
+    p->next = n;
+    if (n) n->prev = p;
+    g->nblocks--;
+    ebb__block_dead(a, b);
+    b = p;
+  }
+  n = b->next;
+  if (n && n->state == EBB__B_UNMAPPED) {
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    g->nblocks--;
+    ebb__block_dead(a, n);
+  }
+  *bp = b;
+  return hole;
+}
+
+/* Gives the expandable segment's fully free granules back to the driver: the free tail is cut
+ * (the span shrinks), then every whole granule inside a free block becomes a hole that later
+ * growth maps again (ebb__x_fill_hole). Lock held. The caller synchronised pending events and
+ * the device: unmapping must not race queued work (allocators.md 1.11). */
 static size_t ebb__x_shrink(struct ebb__arena *a) {
   struct ebb__segment *g = a->xseg;
   if (!g) return 0;
@@ -601,33 +751,35 @@ static size_t ebb__x_shrink(struct ebb__arena *a) {
   for (;;) {
     struct ebb__block *tail;
     for (tail = g->first; tail->next; tail = tail->next) {}
-    if (tail->state != EBB__B_FREE) break;
-    uint64_t cut = a->xva + ebb__round_up(tail->addr - a->xva, a->xgran);
-    uint64_t end = a->xva + g->size;
-    if (cut >= end) break;
-    ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, cut, end - cut, 0, tail->spool->stream.id, EBB_OWNER_OTHER, "");
-    for (uint64_t va = cut; va < end; va += a->xgran) {
-      uint64_t *h = &a->xhandles[(va - a->xva) / a->xgran];
-      if (a->up->unmap(a, va, a->xgran, *h) == EBB_OK) a->c.s.num_device_free++;
-      *h = 0;
+    if (tail->state == EBB__B_UNMAPPED) {
+      /* A hole at the end (its mapped successor was cut): the span just ends before it. */
+      g->size -= tail->size;
+      g->unmapped -= tail->size;
+    } else {
+      if (tail->state != EBB__B_FREE) break;
+      uint64_t cut = a->xva + ebb__round_up(tail->addr - a->xva, a->xgran);
+      uint64_t end = a->xva + g->size;
+      if (cut >= end) break;
+      ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, cut, end - cut, 0, tail->spool->stream.id, EBB_OWNER_OTHER, "");
+      ebb__x_unmap(a, cut, end - cut);
+      size_t cutn = end - cut;
+      ebb__index_remove(tail);
+      g->size -= cutn;
+      g->free_bytes -= cutn;
+      ebb__stat_sub(&a->c.s.reserved_bytes, cutn);
+      released += cutn;
+      tail->size -= cutn;
+      if (tail->size) {
+        ebb__index_insert(a, tail);
+        break;
+      }
+      g->nfree--;
     }
-    size_t cutn = end - cut;
-    ebb__index_remove(tail);
-    g->size -= cutn;
-    g->free_bytes -= cutn;
-    ebb__stat_sub(&a->c.s.reserved_bytes, cutn);
-    released += cutn;
-    tail->size -= cutn;
-    if (tail->size) {
-      ebb__index_insert(a, tail);
-      break;
-    }
-    g->nfree--;
     g->nblocks--;
     if (tail->prev) {
       tail->prev->next = NULL;
       ebb__block_dead(a, tail);
-      continue; /* the new tail may be a free block of another stream */
+      continue; /* the new tail may be a free block of another stream, or a hole */
     }
     /* Nothing mapped any more: drop the segment (the reservation stays for the next growth). */
     ebb__block_dead(a, tail);
@@ -635,7 +787,11 @@ static size_t ebb__x_shrink(struct ebb__arena *a) {
     free(g);
     a->xseg = NULL;
     ebb__stat_sub(&a->c.s.segments, 1);
-    break;
+    return released;
+  }
+  for (struct ebb__block *b = g->first; b; b = b->next) {
+    if (b->state != EBB__B_FREE) continue;
+    released += ebb__x_hole(a, g, &b); /* b: the hole now, when one was made; resume after it */
   }
   return released;
 }
@@ -1151,7 +1307,8 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     nseg++;
-    reserved += g->size;
+    reserved += g->size - g->unmapped;
+    size_t holes = 0;
     uint64_t at = g->base;
     size_t nb = 0, nf = 0, fb = 0;
     EBB__CHECK(g->first && !g->first->prev, "%s: %s: segment 0x%" PRIx64 " has no first block", fn, a->label, g->base);
@@ -1182,6 +1339,18 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
         EBB__CHECK(ebb__ptrmap_find(b->addr) == b, "%s: %s: live block 0x%" PRIx64 " is missing from the pointer map", fn,
                    a->label, b->addr);
         break;
+      case EBB__B_UNMAPPED:
+        holes += b->size;
+        EBB__CHECK(g->expandable && (b->addr - a->xva) % a->xgran == 0 && b->size % a->xgran == 0,
+                   "%s: %s: hole 0x%" PRIx64 " (%zu bytes) is not whole granules of the expandable segment", fn, a->label,
+                   b->addr, b->size);
+        EBB__CHECK(!b->next || b->next->state != EBB__B_UNMAPPED, "%s: %s: adjacent holes at 0x%" PRIx64 " were not merged",
+                   fn, a->label, b->addr);
+        EBB__CHECK(b->next, "%s: %s: the expandable segment ends in a hole at 0x%" PRIx64, fn, a->label, b->addr);
+        for (uint64_t va = b->addr; va < b->addr + b->size; va += a->xgran)
+          EBB__CHECK(!a->xhandles[(va - a->xva) / a->xgran], "%s: %s: granule 0x%" PRIx64 " of a hole is still mapped", fn,
+                     a->label, va);
+        break;
       case EBB__B_PENDING:
       case EBB__B_FREEING:
         npend_blocks++;
@@ -1194,6 +1363,8 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
     }
     EBB__CHECK(at == g->base + g->size, "%s: %s: segment 0x%" PRIx64 " blocks end at 0x%" PRIx64 ", expected 0x%" PRIx64, fn,
                a->label, g->base, at, g->base + g->size);
+    EBB__CHECK(holes == g->unmapped, "%s: %s: segment 0x%" PRIx64 " has %zu bytes of holes, counted %zu", fn, a->label,
+               g->base, holes, g->unmapped);
     EBB__CHECK(nb == g->nblocks && nf == g->nfree && fb == g->free_bytes, "%s: %s: segment 0x%" PRIx64 " counts are stale", fn,
                a->label, g->base);
     if (!g->expandable && nb > 1) {

@@ -51,7 +51,9 @@ enum ebb__bstate {
   EBB__B_ALLOC = 1,   /* handed out; in the ptrmap */
   EBB__B_FREEING = 2, /* free requested, events being recorded with the lock dropped */
   EBB__B_PENDING = 3, /* free requested, waiting for events on the streams that used it */
-  EBB__B_DEAD = 4     /* record on the arena's spare list */
+  EBB__B_DEAD = 4,    /* record on the arena's spare list */
+  EBB__B_UNMAPPED = 5 /* a hole of an expandable segment: whole granules given back to the driver
+                         by empty_cache; in no index, not reserved; mapped again on growth */
 };
 
 /* ---- free index: size-segregated bins (two-level, as TLSF) ---------------------------------
@@ -112,7 +114,9 @@ struct ebb__block {
 struct ebb__segment {
   struct ebb_list node;       /* in the arena's segment list */
   uint64_t base;
-  size_t size;                /* bytes held from the upstream (mapped bytes if expandable) */
+  size_t size;                /* bytes held from the upstream; expandable: the span from base to
+                                 the end of the mapped tail, holes included */
+  size_t unmapped;            /* expandable: bytes of UNMAPPED holes inside the span */
   struct ebb__block *first;   /* lowest block; blocks tile [base, base + size) */
   uint8_t pool;               /* pool it was made for (classic segments) */
   bool expandable;
@@ -259,6 +263,8 @@ EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
 
 /* Entry check of every public call of the module: ebb initialised, the module started. */
 EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
+/* `s` validated into *out (its id and device); the message names `fn` on failure. */
+EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
 /* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
  * (start: no lock held, after the configuration is parsed). */
 EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);

@@ -271,7 +271,7 @@ static ebb_status ebb__enter_dev(const char *fn, int device) {
 }
 
 /* The stream an allocation or a use is for, validated, with its id and device. */
-static ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
+ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
   ebb_status st = ebb_stream_device(s, &out->device);
   if (!st) st = ebb_stream_id(s, &out->id);
   if (st) {

@@ -392,17 +392,22 @@ static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, boo
     ebb__sb_printf(segs,
                    "%s{\"device\":%d,\"address\":%" PRIu64 ",\"total_size\":%zu,\"allocated_size\":%" PRIu64
                    ",\"active_size\":%" PRIu64 ",\"requested_size\":%" PRIu64 ",\"stream\":%" PRIu64,
-                   *first ? "" : ",", a->device, g->base, g->size, alloc, active, req, g->first->spool->stream.id);
+                   *first ? "" : ",", a->device, g->base, g->size - g->unmapped, alloc, active, req,
+                   g->first->spool->stream.id);
     ebb__sb_printf(segs, ",\"segment_type\":\"%s\",\"segment_pool_id\":[0,0],\"is_expandable\":%s,\"frames\":[],\"blocks\":[",
                    g->pool == EBB__POOL_SMALL ? "small" : "large", g->expandable ? "true" : "false");
     *first = false;
+    bool bfirst = true;
     for (const struct ebb__block *b = g->first; b; b = b->next) {
+      /* Holes of an expandable segment hold no memory: left out, as from total_size. */
+      if (b->state == EBB__B_UNMAPPED) continue;
       bool act = b->state != EBB__B_FREE;
       ebb__sb_printf(segs,
                      "%s{\"address\":%" PRIu64 ",\"size\":%zu,\"requested_size\":%zu,\"stream\":%" PRIu64
                      ",\"state\":\"%s\",\"frames\":[]",
-                     b == g->first ? "" : ",", b->addr, b->size, act ? b->requested : 0, b->spool->stream.id,
+                     bfirst ? "" : ",", b->addr, b->size, act ? b->requested : 0, b->spool->stream.id,
                      ebb__block_state(b));
+      bfirst = false;
       ebb__sb_owner(segs, act ? b->owner_cat : EBB_OWNER_OTHER, act ? b->owner : "");
       ebb__sb_put(segs, "}", 1);
     }

@@ -265,14 +265,8 @@ ebb_status ebb_pinned_record_stream(void *ptr, ebb_stream_t *stream) {
   if (st) return st;
   if (!ptr) return ebb__fail(EBB_EINVAL, "%s: pointer is NULL; expected a block from ebb_pinned_alloc", fn);
   if (!stream) return ebb__fail(EBB_EINVAL, "%s: stream is NULL; expected the stream that uses the block", fn);
-  struct ebb__stream_ref s = {.s = stream};
-  st = ebb_stream_device(stream, &s.device);
-  if (!st) st = ebb_stream_id(stream, &s.id);
-  if (st) {
-    char why[400];
-    snprintf(why, sizeof why, "%s", ebb_last_error());
-    return ebb__fail(st, "%s: %s", fn, why);
-  }
+  struct ebb__stream_ref s;
+  if ((st = ebb__stream_ref(fn, stream, &s))) return st;
   return ebb__arena_record(fn, ptr, &s, EBB__MEM_PINNED_POOL);
 }
 
