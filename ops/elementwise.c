@@ -12,6 +12,9 @@
 
 #include "ops_impl.h"
 
+/* The rule of ops.h: a lattice bool < i64 < floating, and among floating dtypes the wider
+ * one, with bf16 + f16 going to f32 since neither holds the other (bf16 has the range, f16
+ * the precision). */
 ebb_status ebb_op_promote(ebb_dtype a, ebb_dtype b, ebb_dtype *out) {
   if ((unsigned)a >= EBB_DTYPE_COUNT || (unsigned)b >= EBB_DTYPE_COUNT || !out)
     return ebb__fail(EBB_EINVAL, "ebb_op_promote: dtypes %d and %d (or a NULL out); expected two ebb_dtype values", (int)a, (int)b);
@@ -37,6 +40,9 @@ static ebb_status ebb__check_out(const char *fn, ebb_tensor_t **out) {
 }
 
 /* out = op(in...) with the shape of in broadcast together and dtype dt. */
+/* Every forward op ends here: broadcast the input shapes pairwise (so a three-input where
+ * gets the same rule and message as a binary op), allocate the result, run one kernel. The
+ * kernel converts each input's dtype as it loads, so mixed dtypes never need cast copies. */
 static ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_t *const *in, ebb_dtype dt, double s0, double s1,
                               ebb_tensor_t **out) {
   int ndim = in[0]->ndim;
@@ -273,6 +279,8 @@ ebb_status ebb_op_clamp(const ebb_tensor_t *a, double lo, double hi, ebb_tensor_
 
 /* grad_x = f(grad, x) for ops whose local derivative is one elementwise kernel of x (mode
  * `op`, scalars s0, s1) multiplied by grad; op < 0: grad * s0 without reading x. */
+/* Most unary backward formulas are grad * f'(x) with f' one more elementwise kernel (e.g.
+ * cos for sin, 1/x for log, the mask x > 0 for relu), hence this one helper. */
 static ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int op, double s0, double s1,
                                       ebb_tensor_t **gx) {
   ebb_status st = ebb__bw_check(fn, grad, "x", x);
@@ -401,6 +409,8 @@ ebb_status ebb_op_cos_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, 
 
 /* Backward functions that read the forward output y: grad * f(y), with f one kernel of y. The
  * shape and dtype checks are those of x (y has x's shape and a floating dtype). */
+/* exp, sqrt, tanh and sigmoid have derivatives cheaper in their output: y, 1/(2y), 1 - y^2 and
+ * y (1 - y). Reading y instead of x saves recomputing the function (autograd saves y). */
 static ebb_status ebb__y_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, int mode,
                                   ebb_tensor_t **gx) {
   ebb_status st = ebb__tensor_check(y, fn, "y");
@@ -511,6 +521,9 @@ ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *c
 
 /* ---- in place --------------------------------------------------------------------------------------- */
 
+/* dst op= src is dst = dst op src with dst as the output: allowed only when that result has
+ * dst's shape and dtype, and dst has no stride-0 dims (two output positions sharing one
+ * element would make the result depend on the order of the writes). */
 static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src) {
   ebb_status st = ebb__tensor_check(dst, fn, "dst");
   if (!st) st = ebb__tensor_check(src, fn, "src");

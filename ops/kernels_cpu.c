@@ -225,6 +225,10 @@ static bool ebb__ew_fast(const ebb__ew_args *a) {
   return false;
 }
 
+/* The generic loop: rows of the innermost dim, each row's base found from the outer index
+ * (recomputed per row, not per element), then pointers stepped by byte strides along the row.
+ * The op and dtype switches sit inside the row loop; the contiguous common cases take the
+ * fast path above instead. */
 void ebb__ew_cpu(void *args) {
   const ebb__ew_args *a = args;
   if (ebb__ew_fast(a)) return;
@@ -303,6 +307,9 @@ void ebb__ew_cpu(void *args) {
 
 /* ---- reductions --------------------------------------------------------------------------- */
 
+/* One output element per outer iteration, its inner elements visited in row-major order of
+ * the reduced dims, accumulated in f64. For max the first maximum wins ties (its inner index
+ * is reported) and the first NaN wins over everything. */
 void ebb__reduce_cpu(void *args) {
   const ebb__red_args *a = args;
   int64_t outer = 1, inner = 1;
@@ -351,6 +358,8 @@ void ebb__reduce_cpu(void *args) {
 
 /* ---- matmul -------------------------------------------------------------------------------- */
 
+/* One gemm per batch entry, in row-major form; batch strides of 0 reuse one operand. OpenBLAS
+ * runs its own threads inside each call. */
 void ebb__matmul_cpu(void *args) {
   const ebb__mm_args *a = args;
   const enum CBLAS_TRANSPOSE ta = a->trans_a ? CblasTrans : CblasNoTrans, tb = a->trans_b ? CblasTrans : CblasNoTrans;

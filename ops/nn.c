@@ -31,6 +31,10 @@ static ebb_status ebb__need_out(const char *fn, const char *arg, ebb_tensor_t **
 
 /* ---- softmax and log_softmax ----------------------------------------------------------------------- */
 
+/* y = exp(x - m) / sum(exp(x - m)) with m = max(x) along dim: subtracting m changes nothing
+ * mathematically (it cancels in the ratio) but keeps exp from overflowing for large logits.
+ * log_softmax is (x - m) - log(sum(exp(x - m))), computed without forming y, so it stays finite
+ * where y would underflow to 0. */
 static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, bool logarithm, ebb_tensor_t **out) {
   ebb_status st = ebb__float_input(fn, "t", t);
   if (!st) st = ebb__need_out(fn, "out", out);
@@ -67,6 +71,8 @@ static ebb_status ebb__softmax_bw_check(const char *fn, const ebb_tensor_t *grad
   return EBB_OK;
 }
 
+/* dy_i/dx_j = y_i (delta_ij - y_j), so grad_x_j = sum_i grad_i y_i (delta_ij - y_j)
+ * = y_j (grad_j - sum_i grad_i y_i): one product, one reduction along dim, no Jacobian. */
 ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx) {
   const char *fn = "ebb_op_softmax_backward";
   int d;
@@ -82,6 +88,8 @@ ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   return st;
 }
 
+/* d(log y_i)/dx_j = delta_ij - softmax_j, so grad_x_j = grad_j - softmax_j sum_i grad_i, and
+ * softmax is exp of the saved output y (no second pass over x). */
 ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx) {
   const char *fn = "ebb_op_log_softmax_backward";
   int d;
@@ -126,6 +134,9 @@ static ebb_status ebb__onehot(const ebb_tensor_t *logits, const ebb_tensor_t *ta
   return st;
 }
 
+/* loss = -(1/N) sum_i log_softmax(logits)[i, t_i]. The target column is picked with a one-hot
+ * mask and where() instead of a gather kernel: one more elementwise pass over [N, C], but the
+ * same kernels run on every device, and a target outside [0, C) simply matches no column. */
 ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
   const char *fn = "ebb_op_cross_entropy";
   ebb_status st = ebb__ce_check(fn, logits, target);
@@ -143,6 +154,7 @@ ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *
   return st;
 }
 
+/* d loss / d logits[i, c] = (softmax[i, c] - onehot[i, c]) / N, times the incoming scalar. */
 ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_tensor_t *logits, const ebb_tensor_t *target,
                                          ebb_tensor_t **gx) {
   const char *fn = "ebb_op_cross_entropy_backward";
@@ -192,6 +204,7 @@ ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_ten
   return st;
 }
 
+/* loss = (1/n) sum (a - b)^2: d/da = 2 (a - b) / n, d/db = -d/da. */
 ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
                                     ebb_tensor_t **gb) {
   const char *fn = "ebb_op_mse_loss_backward";
@@ -288,6 +301,12 @@ ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_
   return EBB_OK;
 }
 
+/* With xhat = (x - mu) rstd over the normalised dims (n elements each), y = xhat w + b:
+ *   grad_b = sum over the leading dims of grad, grad_w = the same of grad * xhat;
+ *   with g = grad * w, grad_x = rstd (g - mean(g) - xhat mean(g xhat)), the usual result of
+ *   differentiating through mu and the biased variance (both depend on every x of the row).
+ * The statistics are recomputed from x rather than saved: ops has no saved state, and autograd
+ * may keep them later by calling the forward pieces itself. */
 ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b,
                                       double eps, ebb_tensor_t **gx, ebb_tensor_t **gw, ebb_tensor_t **gb) {
   const char *fn = "ebb_op_layer_norm_backward";
@@ -342,6 +361,8 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
 
 /* ---- cat and stack ------------------------------------------------------------------------------------ */
 
+/* The result is allocated once and each input copied into its narrow() view of it, so cat is
+ * n copy kernels and no temporary. Inputs may be any views (the copy kernel takes strides). */
 ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
   const char *fn = "ebb_op_cat";
   if (!ts || n < 1) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected at least one", fn, n, ts ? "given" : "NULL");
@@ -409,6 +430,8 @@ ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tenso
   return st;
 }
 
+/* The gradient of a slice is the matching slice of grad: a view, no copy. Its offset along
+ * dim is the sum of the extents of the inputs before it, hence the walk over ts[0..i). */
 ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tensor_t *const *ts, int n, int dim, int i, ebb_tensor_t **gi) {
   const char *fn = "ebb_op_cat_backward";
   ebb_status st = ebb__tensor_check(grad, fn, "grad");

@@ -37,6 +37,10 @@ static int ebb__reduced_shape(const ebb_tensor_t *t, const bool *mask, bool keep
   return n;
 }
 
+/* One kernel for every reduction: the input's reduced dims become the kernel's inner loop and
+ * its kept dims the outer loop, each with the input's own strides, so transposed or sliced
+ * inputs reduce in place without a contiguous copy. The result is contiguous; keepdim only
+ * changes its shape (extent-1 dims), not the loop. */
 static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_dtype dt,
                               ebb_tensor_t **out, ebb_tensor_t **idx) {
   ebb_status st = ebb__tensor_check(t, fn, "t");
@@ -117,6 +121,9 @@ ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tens
 
 /* ---- sum to shape ------------------------------------------------------------------------------ */
 
+/* Broadcasting in the forward repeats an input along leading dims and along its extent-1
+ * dims; the adjoint of a repetition is a sum, so the gradient is summed over exactly those
+ * dims (keepdim, so the extent-1 dims stay) and then viewed as the input's shape. */
 ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   const char *fn = "ebb_op_sum_to_shape";
   ebb_status st = ebb__tensor_check(t, fn, "t");
@@ -222,6 +229,9 @@ ebb_status ebb_op_mean_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
   return st;
 }
 
+/* amax has no unique derivative at ties; the gradient is split evenly among the elements
+ * equal to the maximum (mask / count), which is what a subgradient average gives and keeps
+ * the sum of the gradient equal to grad. */
 ebb_status ebb_op_amax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, const int *dims, int ndims,
                                 bool keepdim, ebb_tensor_t **gx) {
   const char *fn = "ebb_op_amax_backward";
@@ -242,6 +252,9 @@ ebb_status ebb_op_amax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
   return st;
 }
 
+/* max along a dim returns the index of its first maximum: the gradient goes to that element
+ * only. The index is compared with an arange laid along dim (broadcast against the indices in
+ * keepdim form), which gives the one-hot mask without a scatter kernel. */
 ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *indices, int dim, bool keepdim,
                                    ebb_tensor_t **gx) {
   const char *fn = "ebb_op_max_dim_backward";
@@ -282,6 +295,10 @@ ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
 
 /* A matrix operand for gemm: row-major (unit column stride) or transposed row-major, with one
  * batch stride. Sets *use to t itself (retained) or a contiguous copy expanded to the batch. */
+/* gemm reads a matrix as row-major with a leading dimension, or as the transpose of one: a
+ * transpose() view of a contiguous matrix therefore needs no copy (trans flag, ld = its row
+ * stride). Other layouts, and operands with batch dims, are copied once to a contiguous
+ * [batch..., rows, cols]; a 2-D operand shared by every batch entry keeps batch stride 0. */
 static ebb_status ebb__mm_operand(const char *fn, const ebb_tensor_t *t, int nb, const int64_t *bshape, int64_t rows, int64_t cols,
                                   ebb_tensor_t **use, int32_t *trans, int64_t *ld, int64_t *bstride) {
   const int n = t->ndim;
@@ -420,6 +437,9 @@ done:
 
 ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) { return ebb__matmul("ebb_op_matmul", a, b, out); }
 
+/* C = A B gives dA = dC B^T and dB = A^T dC per batch entry; an operand broadcast over the
+ * batch receives the sum over the batch (sum_to_shape). The transposes are views, which the
+ * gemm operand rule above takes without copying in the 2-D case. */
 ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
                                   ebb_tensor_t **gb) {
   const char *fn = "ebb_op_matmul_backward";

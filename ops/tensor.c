@@ -34,6 +34,10 @@ static struct ebb_list ebb__pool_free = {&ebb__pool_free, &ebb__pool_free};
 static size_t ebb__pool_nfree;
 static _Atomic long ebb__live_tensors;
 
+/* Records come from the FIFO only once more than EBB__TENSOR_QUARANTINE are waiting, so a
+ * released record is reused at the earliest 4096 releases later: until then a stale handle
+ * still points at a record whose magic is 0, and every call reports EBB_EFREED instead of
+ * acting on someone else's tensor. The cost is at most that many idle records (~0.6 MiB). */
 static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
   ebb__mutex_lock(&ebb__pool_lock);
   if (ebb__pool_nfree <= EBB__TENSOR_QUARANTINE) {
@@ -78,6 +82,8 @@ long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensor
 
 /* ---- checks and formatting ---------------------------------------------------------------- */
 
+/* Reading the magic of a released record is defined (records are never freed); a pointer that
+ * never was a tensor is the caller's undefined behaviour, as for any C handle. */
 ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg) {
   if (EBB_UNLIKELY(!t)) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected a tensor", fn, arg);
   if (EBB_UNLIKELY(atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) != EBB__TENSOR_MAGIC))
@@ -113,6 +119,8 @@ int64_t ebb__numel(const int64_t *shape, int ndim) {
   return n;
 }
 
+/* Row-major with no gaps. Extents of 1 are skipped (their stride is never used to address an
+ * element), and an empty tensor is contiguous whatever its strides say. */
 bool ebb__is_contiguous(const ebb_tensor_t *t) {
   int64_t expect = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
@@ -171,6 +179,8 @@ static void ebb__storage_put(struct ebb__storage *s) {
   free(s);
 }
 
+/* Device storage is allocated on the calling thread's current stream of the device and
+ * remembers it: that is the stream the arena orders its reuse on. */
 static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
   ebb_stream_t *stream = NULL;
   if (device != EBB_DEVICE_CPU) {
@@ -286,6 +296,9 @@ ebb_status ebb_tensor_release(ebb_tensor_t *t) {
 
 /* ---- kernels and the launch path -------------------------------------------------------------- */
 
+/* The kernels of ops, by id: one name for the registry and the emulated driver, the CUDA
+ * function in the fatbin, the argument struct, and the CPU function (CPU tensors call it
+ * directly; the emulated driver runs it on a device engine thread). */
 static const struct {
   const char *name, *cuda_name;
   size_t arg_bytes;
@@ -338,6 +351,10 @@ ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *st
   return EBB_OK;
 }
 
+/* CPU tensors run the kernel here and now: there is no stream to order against, and the
+ * contract is that CPU results are ready on return. Device launches declare whole storages as
+ * read or written (ebb_launch_cfg, checked with EBB_CHECK_LAUNCH=1): a view's bytes lie inside
+ * them, and the declaration is about reachability, not exact extents. */
 ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops, int nops, int64_t work) {
   if (device == EBB_DEVICE_CPU) {
     ebb__kernel_defs[kid].fn((void *)(uintptr_t)args);
@@ -412,6 +429,8 @@ ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const ebb
   return EBB_OK;
 }
 
+/* Coalescing matters for speed, not correctness: a contiguous tensor of any shape becomes one
+ * dim, which is what the kernels' fast paths (and the inner loop's pointer stepping) need. */
 void ebb__ew_geometry(ebb__ew_args *a, const ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
                       const int64_t (*in_strides)[EBB_TENSOR_MAX_DIMS]) {
   /* Keep dims of extent > 1, then merge neighbours whose strides chain for every operand. */
@@ -619,6 +638,10 @@ ebb_status ebb_tensor_to_dtype(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t
 }
 
 /* A contiguous copy of t (any device) on `device`. */
+/* Copies move bytes, so a strided source is first made contiguous on its own device (one
+ * kernel there), then one ebb_copy_async moves it. Which stream carries the copy decides the
+ * ordering: the destination's current stream for anything arriving on a device; the source's
+ * for device to CPU, followed by a host wait, since a CPU tensor must be ready on return. */
 static ebb_status ebb__to_device(const char *fn, const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
   int from = t->st->device;
   if (from == device) return ebb__copy_as(fn, t, t->dtype, out);
@@ -837,6 +860,8 @@ ebb_status ebb_tensor_bump_version(ebb_tensor_t *t) {
 /* Strides for viewing (oshape, ostrides) as nshape without copying, or false. Dims of the old
  * shape are grouped into runs that are contiguous among themselves; each run must be covered
  * by a run of new dims with the same element count. */
+/* Example: a [2,3,4] tensor transposed to [4,3,2] has strides [1,4,12]; no run of its dims is
+ * contiguous, so viewing it as [24] fails, while [4,6] fails too and [4,3,2,1] succeeds. */
 static bool ebb__view_strides(int od, const int64_t *oshape, const int64_t *ostrides, int nd, const int64_t *nshape, int64_t *nstrides) {
   if (ebb__numel(oshape, od) == 0 || od == 0) {
     ebb__contig_strides(nd, nshape, nstrides);
@@ -1092,6 +1117,8 @@ ebb_status ebb_tensor_zero_(ebb_tensor_t *t) {
   return ebb_tensor_fill_(t, 0.0);
 }
 
+/* src may live on another device: it is first brought to dst's device (contiguous, through
+ * ebb_copy_async), then the copy kernel broadcasts and converts it into dst's layout. */
 ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
   const char *fn = "ebb_tensor_copy_";
   ebb_status st = ebb__tensor_check(dst, fn, "dst");
