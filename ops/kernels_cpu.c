@@ -261,8 +261,8 @@ void ebb__ew_cpu(void *args) {
     const char *pi[3] = {NULL, NULL, NULL};
     for (int k = 0; k < nin; k++) pi[k] = (const char *)a->in[k] + io[k] * (int64_t)ei[k];
     switch (op) {
-    case EBB__EW_FILL:
-      if (ebb__is_int(dto))
+    case EBB__EW_FILL: /* i64 takes the truncated value exactly; bool, like every dtype, v != 0 */
+      if (dto == EBB_I64)
         for (int64_t i = 0; i < inner; i++, po += so) ebb__sti(po, dto, is0);
       else
         for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, a->s0);

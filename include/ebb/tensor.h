@@ -87,7 +87,8 @@ EBB_API ebb_status ebb_tensor_empty_named(int device, ebb_dtype dt, int ndim, co
                                           const char *name, ebb_tensor_t **out);
 EBB_API ebb_status ebb_tensor_zeros(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out);
 EBB_API ebb_status ebb_tensor_ones(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out);
-/* Every element = value converted to dt (as ebb_tensor_to_dtype converts). */
+/* Every element = value converted to dt as ebb_tensor_to_dtype converts (i64: truncated toward
+ * zero; bool: value != 0). */
 EBB_API ebb_status ebb_tensor_full(int device, ebb_dtype dt, int ndim, const int64_t *shape, double value,
                                    ebb_tensor_t **out);
 /* 1-D: element i = start + i * step, for i < n. */

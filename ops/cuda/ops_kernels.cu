@@ -218,7 +218,7 @@ extern "C" __global__ void ebb_ops_ew(ebb__ew_args a) {
     for (int k = 0; k < nin; k++) pi[k] = (const char *)a.in[k] + io[k] * dt_size[a.dt_in[k]];
     switch (op) {
     case EBB__EW_FILL:
-      if (is_int(dto)) sti(po, dto, is0);
+      if (dto == DT_I64) sti(po, dto, is0);
       else st(po, dto, a.s0);
       break;
     case EBB__EW_ARANGE: st(po, dto, a.s0 + (double)i * a.s1); break;

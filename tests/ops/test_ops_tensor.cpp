@@ -86,10 +86,16 @@ TEST_CASE("tensor: creation and getters on every device", "[ops][tensor]") {
       CHECK(c);
     }
     Tensor a, s, e;
+    int64_t n_two = 2;
     EBB_REQUIRE_OK(ebb_tensor_arange(dev, EBB_F32, 1.5, 0.5, 5, a.out()));
     CHECK(read(a) == std::vector<double>{1.5, 2.0, 2.5, 3.0, 3.5});
     EBB_REQUIRE_OK(ebb_tensor_arange(dev, EBB_I64, 10, -3, 4, a.out()));
     CHECK(read(a) == std::vector<double>{10, 7, 4, 1});
+    Tensor bf, bi;
+    EBB_REQUIRE_OK(ebb_tensor_full(dev, EBB_BOOL, 1, &n_two, 0.5, bf.out())); // bool: v != 0
+    EBB_REQUIRE_OK(ebb_tensor_full(dev, EBB_I64, 1, &n_two, -2.75, bi.out())); // i64: truncated
+    CHECK(read(bf) == std::vector<double>{1, 1});
+    CHECK(read(bi) == std::vector<double>{-2, -2});
     EBB_REQUIRE_OK(ebb_tensor_full(dev, EBB_F64, 0, nullptr, -2.25, s.out())); // a scalar
     CHECK(shape_of(s).empty());
     CHECK(read(s) == std::vector<double>{-2.25});
