@@ -2,8 +2,11 @@
 // broadcasting (contiguous and strided inputs), unary and scalar ops, comparisons and where,
 // type promotion, in-place variants and version counters, every backward formula through
 // gradcheck, and the refused inputs.
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -330,6 +333,46 @@ TEST_CASE("elementwise: gradcheck of every unary, scalar and where backward", "[
           return ebb_op_where_backward(g, x[0], x[1], x[2], &gr[1], &gr[2]);
         });
   }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+namespace {
+struct Gate {
+  std::atomic<int> *open;
+  std::atomic<int> *passed;
+};
+// Holds its stream until *open (10 s at most, so a broken test fails instead of hanging).
+void gate_kernel(void *p) {
+  auto *g = static_cast<Gate *>(p);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!g->open->load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  g->passed->store(1, std::memory_order_release);
+}
+} // namespace
+
+TEST_CASE("elementwise: device ops enqueue on the current stream and return without waiting for it", "[ops][elementwise][streams]") {
+  EbbSession session;
+  ebb_dev_caps caps;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.cpu_kernels) EBB_SKIP("the gate kernel is a CPU function");
+  const ebb_kernel_t *k = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_declare("ops_test.gate", sizeof(Gate), gate_kernel, nullptr, &k));
+  Tensor a = make(0, EBB_F32, {1000}, values(1000, 1)), b = make(0, EBB_F32, {1000}, values(1000, 2)), c, d;
+  std::atomic<int> open{0}, passed{0};
+  Gate g{&open, &passed};
+  ebb_stream_t *s = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_current(0, &s));
+  EBB_REQUIRE_OK(ebb_stream_launch(s, k, &g, nullptr));
+  // The stream is held: the ops below can only be enqueued behind the gate.
+  EBB_REQUIRE_OK(ebb_op_mul(a, b, c.out()));
+  EBB_REQUIRE_OK(ebb_op_exp(c, d.out()));
+  CHECK(passed.load(std::memory_order_acquire) == 0); // returned while the gate was still closed
+  open.store(1, std::memory_order_release);
+  auto av = read(a), bv = read(b), dv = read(d);
+  CHECK(passed.load() == 1);
+  for (size_t i = 0; i < av.size(); i++) CHECK(std::fabs(dv[i] - std::exp((double)(float)(av[i] * bv[i]))) < 1e-5);
+  a.reset(), b.reset(), c.reset(), d.reset();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
