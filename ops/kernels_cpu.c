@@ -225,10 +225,71 @@ static bool ebb__ew_fast(const ebb__ew_args *a) {
   return false;
 }
 
+#define EBB__CHUNK 256 /* elements per chunk of the generic loops (3 x 2 KiB of f64 on the stack) */
+
+/* n elements of dtype dt, `stride` bytes apart, into f64. */
+static void ebb__load_row(double *dst, const char *p, int64_t stride, int64_t n, int dt) {
+  switch (dt) {
+  case EBB_F32:
+    for (int64_t i = 0; i < n; i++, p += stride) {
+      float v;
+      memcpy(&v, p, 4);
+      dst[i] = v;
+    }
+    break;
+  case EBB_F64:
+    for (int64_t i = 0; i < n; i++, p += stride) memcpy(&dst[i], p, 8);
+    break;
+  default:
+    for (int64_t i = 0; i < n; i++, p += stride) dst[i] = ebb__ld(p, dt);
+    break;
+  }
+}
+
+static void ebb__store_row(char *p, int64_t stride, const double *src, int64_t n, int dt) {
+  switch (dt) {
+  case EBB_F32:
+    for (int64_t i = 0; i < n; i++, p += stride) {
+      float v = (float)src[i];
+      memcpy(p, &v, 4);
+    }
+    break;
+  case EBB_F64:
+    for (int64_t i = 0; i < n; i++, p += stride) memcpy(p, &src[i], 8);
+    break;
+  default:
+    for (int64_t i = 0; i < n; i++, p += stride) ebb__st(p, dt, src[i]);
+    break;
+  }
+}
+
+/* x[i] = op(x[i], y[i], z[i]) for a chunk: the frequent ops get a loop of their own (no switch
+ * per element); the rest go through ebb__ew_f. Results are identical either way. */
+static void ebb__op_row(int op, double *restrict x, const double *restrict y, const double *restrict z, int64_t n, double s0,
+                        double s1) {
+  switch (op) {
+  case EBB__EW_COPY: return;
+  case EBB__EW_ADD: for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i]; return;
+  case EBB__EW_SUB: for (int64_t i = 0; i < n; i++) x[i] = x[i] - y[i]; return;
+  case EBB__EW_MUL: for (int64_t i = 0; i < n; i++) x[i] = x[i] * y[i]; return;
+  case EBB__EW_DIV: for (int64_t i = 0; i < n; i++) x[i] = x[i] / y[i]; return;
+  case EBB__EW_ADDS: for (int64_t i = 0; i < n; i++) x[i] = x[i] + s0; return;
+  case EBB__EW_MULS: for (int64_t i = 0; i < n; i++) x[i] = x[i] * s0; return;
+  case EBB__EW_NEG: for (int64_t i = 0; i < n; i++) x[i] = -x[i]; return;
+  case EBB__EW_SQUARE: for (int64_t i = 0; i < n; i++) x[i] = x[i] * x[i]; return;
+  case EBB__EW_EXP: for (int64_t i = 0; i < n; i++) x[i] = exp(x[i]); return;
+  case EBB__EW_LOG: for (int64_t i = 0; i < n; i++) x[i] = log(x[i]); return;
+  default:
+    for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(op, x[i], y ? y[i] : 0, z ? z[i] : 0, s0, s1);
+    return;
+  }
+}
+
 /* The generic loop: rows of the innermost dim, each row's base found from the outer index
  * (recomputed per row, not per element), then pointers stepped by byte strides along the row.
- * The op and dtype switches sit inside the row loop; the contiguous common cases take the
- * fast path above instead. */
+ * Floating results go through f64 chunks (load, op, store, each with its switch outside the
+ * element loop); i64 results stay per element in i64; the contiguous same-dtype f32 binary
+ * ops take the fast path above. */
 void ebb__ew_cpu(void *args) {
   const ebb__ew_args *a = args;
   if (ebb__ew_fast(a)) return;
@@ -288,11 +349,18 @@ void ebb__ew_cpu(void *args) {
           for (int k = 0; k < nin; k++) pi[k] += si[k];
         }
       } else {
-        for (int64_t i = 0; i < inner; i++, po += so) {
-          double x = nin > 0 ? ebb__ld(pi[0], a->dt_in[0]) : 0, y = nin > 1 ? ebb__ld(pi[1], a->dt_in[1]) : 0;
-          double z = nin > 2 ? ebb__ld(pi[2], a->dt_in[2]) : 0;
-          ebb__st(po, dto, ebb__ew_f(op, x, y, z, a->s0, a->s1));
-          for (int k = 0; k < nin; k++) pi[k] += si[k];
+        /* chunks: load every input's piece as f64, apply the op with its switch outside the
+         * loop, store; all loads of a chunk precede its stores, so in-place ops are safe */
+        double buf[3][EBB__CHUNK];
+        for (int64_t i0 = 0; i0 < inner; i0 += EBB__CHUNK) {
+          const int64_t m = inner - i0 < EBB__CHUNK ? inner - i0 : EBB__CHUNK;
+          for (int k = 0; k < nin; k++) {
+            ebb__load_row(buf[k], pi[k], si[k], m, a->dt_in[k]);
+            pi[k] += si[k] * m;
+          }
+          ebb__op_row(op, buf[0], nin > 1 ? buf[1] : NULL, nin > 2 ? buf[2] : NULL, m, a->s0, a->s1);
+          ebb__store_row(po, so, buf[0], m, dto);
+          po += so * m;
         }
       }
       break;
@@ -310,12 +378,88 @@ void ebb__ew_cpu(void *args) {
 /* One output element per outer iteration, its inner elements visited in row-major order of
  * the reduced dims, accumulated in f64. For max the first maximum wins ties (its inner index
  * is reported) and the first NaN wins over everything. */
+/* Reductions whose kept innermost dim lies closer in memory than the reduced ones (a sum over
+ * rows of a row-major matrix, say): a chunk of neighbouring outputs is accumulated at once,
+ * each inner element j loading one contiguous-ish piece for all of them. Every output still
+ * sees its inner elements in row-major order j = 0, 1, ..., so results match the other loop. */
+static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner) {
+  const size_t ei = ebb__dtype_size[a->dt_in], eo = ebb__dtype_size[a->dt_out];
+  const int no = a->nouter, ni = a->ninner;
+  const int64_t olast = a->oshape[no - 1], ostride = a->ost_in[no - 1] * (int64_t)ei;
+  const int64_t orows = olast ? outer / olast : 0;
+  double buf[EBB__CHUNK], acc[EBB__CHUNK];
+  int64_t best[EBB__CHUNK];
+  bool nan[EBB__CHUNK];
+  int64_t oidx[EBB_TENSOR_MAX_DIMS] = {0};
+  for (int64_t orow = 0; orow < orows; orow++) {
+    int64_t ibase = 0, obase = 0;
+    for (int d = 0; d + 1 < no; d++) {
+      ibase += oidx[d] * a->ost_in[d];
+      obase += oidx[d] * a->ost_out[d];
+    }
+    for (int64_t k0 = 0; k0 < olast; k0 += EBB__CHUNK) {
+      const int64_t m = olast - k0 < EBB__CHUNK ? olast - k0 : EBB__CHUNK;
+      for (int64_t k = 0; k < m; k++) {
+        acc[k] = a->op == EBB__RED_MAX ? -INFINITY : 0.0;
+        best[k] = 0;
+        nan[k] = false;
+      }
+      int64_t iidx[EBB_TENSOR_MAX_DIMS] = {0};
+      for (int64_t j = 0; j < inner; j++) {
+        int64_t off = ibase + k0 * a->ost_in[no - 1];
+        for (int d = 0; d < ni; d++) off += iidx[d] * a->ist_in[d];
+        ebb__load_row(buf, (const char *)a->in + off * (int64_t)ei, ostride, m, a->dt_in);
+        if (a->op == EBB__RED_MAX) {
+          for (int64_t k = 0; k < m; k++)
+            if (!nan[k] && (buf[k] != buf[k] || buf[k] > acc[k] || j == 0)) {
+              acc[k] = buf[k];
+              best[k] = j;
+              nan[k] = buf[k] != buf[k];
+            }
+        } else {
+          for (int64_t k = 0; k < m; k++) acc[k] += buf[k];
+        }
+        for (int d = ni - 1; d >= 0; d--) {
+          if (++iidx[d] < a->ishape[d]) break;
+          iidx[d] = 0;
+        }
+      }
+      for (int64_t k = 0; k < m; k++) {
+        double v = a->op == EBB__RED_MEAN ? (inner ? acc[k] / (double)inner : NAN) : acc[k];
+        int64_t o = obase + (k0 + k) * a->ost_out[no - 1];
+        ebb__st((char *)a->out + o * (int64_t)eo, a->dt_out, v);
+        if (a->idx) a->idx[o] = best[k];
+      }
+    }
+    for (int d = no - 2; d >= 0; d--) {
+      if (++oidx[d] < a->oshape[d]) break;
+      oidx[d] = 0;
+    }
+  }
+}
+
+static int64_t ebb__abs64(int64_t x) { return x < 0 ? -x : x; }
+
 void ebb__reduce_cpu(void *args) {
   const ebb__red_args *a = args;
+  if (a->nouter > 0 && a->ninner > 0 && a->oshape[a->nouter - 1] > 1 &&
+      ebb__abs64(a->ost_in[a->nouter - 1]) < ebb__abs64(a->ist_in[a->ninner - 1])) {
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < a->nouter; d++) outer *= a->oshape[d];
+    for (int d = 0; d < a->ninner; d++) inner *= a->ishape[d];
+    ebb__reduce_columns(a, outer, inner);
+    return;
+  }
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < a->nouter; d++) outer *= a->oshape[d];
   for (int d = 0; d < a->ninner; d++) inner *= a->ishape[d];
   const size_t ei = ebb__dtype_size[a->dt_in], eo = ebb__dtype_size[a->dt_out];
+  /* the last reduced dim is walked in chunks (load as f64, then accumulate); the others index
+   * the start of each such run */
+  const int ni = a->ninner;
+  const int64_t last = ni ? a->ishape[ni - 1] : 1, lstride = ni ? a->ist_in[ni - 1] * (int64_t)ei : 0;
+  const int64_t runs = last ? inner / last : 0;
+  double buf[EBB__CHUNK];
   int64_t oidx[EBB_TENSOR_MAX_DIMS] = {0};
   for (int64_t r = 0; r < outer; r++) {
     int64_t ibase = 0, obase = 0;
@@ -327,21 +471,29 @@ void ebb__reduce_cpu(void *args) {
     double acc = a->op == EBB__RED_MAX ? -INFINITY : 0.0;
     int64_t best = 0;
     bool nan = false;
-    for (int64_t j = 0; j < inner; j++) {
+    for (int64_t run = 0; run < runs; run++) {
       int64_t off = ibase;
-      for (int d = 0; d < a->ninner; d++) off += iidx[d] * a->ist_in[d];
-      double v = ebb__ld((const char *)a->in + off * (int64_t)ei, a->dt_in);
-      if (a->op == EBB__RED_MAX) {
-        /* NaN wins and stays (the first one), as max of anything with NaN is NaN */
-        if (!nan && (v != v || v > acc || j == 0)) {
-          acc = v;
-          best = j;
-          nan = v != v;
+      for (int d = 0; d + 1 < ni; d++) off += iidx[d] * a->ist_in[d];
+      const char *p = (const char *)a->in + off * (int64_t)ei;
+      for (int64_t k0 = 0; k0 < last; k0 += EBB__CHUNK) {
+        const int64_t m = last - k0 < EBB__CHUNK ? last - k0 : EBB__CHUNK;
+        ebb__load_row(buf, p + k0 * lstride, lstride, m, a->dt_in);
+        if (a->op == EBB__RED_MAX) {
+          for (int64_t k = 0; k < m; k++) {
+            const double v = buf[k];
+            const int64_t j = run * last + k0 + k;
+            /* NaN wins and stays (the first one), as max of anything with NaN is NaN */
+            if (!nan && (v != v || v > acc || j == 0)) {
+              acc = v;
+              best = j;
+              nan = v != v;
+            }
+          }
+        } else {
+          for (int64_t k = 0; k < m; k++) acc += buf[k]; /* row-major order: the same sum every time */
         }
-      } else {
-        acc += v;
       }
-      for (int d = a->ninner - 1; d >= 0; d--) {
+      for (int d = ni - 2; d >= 0; d--) {
         if (++iidx[d] < a->ishape[d]) break;
         iidx[d] = 0;
       }

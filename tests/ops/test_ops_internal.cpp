@@ -90,6 +90,36 @@ TEST_CASE("internal: the reduction kernel keeps the first maximum and lets NaN w
   CHECK(idx[1] == 1);
 }
 
+TEST_CASE("internal: the column-wise reduction loop keeps the same tie, NaN and order rules", "[ops][internal]") {
+  // max and sum over dim 0 of a row-major [3, 2]: the kept dim is the inner one in memory
+  double in[6] = {1, 2, 5, NAN, 5, 9};
+  double out[2] = {0, 0};
+  int64_t idx[2] = {-1, -1};
+  ebb__red_args r;
+  std::memset(&r, 0, sizeof r);
+  r.op = EBB__RED_MAX;
+  r.dt_in = r.dt_out = 1;
+  r.nouter = 1, r.ninner = 1;
+  r.oshape[0] = 2, r.ost_in[0] = 1, r.ost_out[0] = 1;
+  r.ishape[0] = 3, r.ist_in[0] = 2;
+  r.in = in;
+  r.out = out;
+  r.idx = idx;
+  ebb__reduce_cpu(&r);
+  CHECK(out[0] == 5);
+  CHECK(idx[0] == 1); // the first of the tied maxima
+  CHECK(std::isnan(out[1]));
+  CHECK(idx[1] == 1);
+  double vals[6] = {0.1, 1e16, 0.2, 1.0, -0.1, -1e16}, sums[2];
+  r.op = EBB__RED_SUM;
+  r.in = vals;
+  r.out = sums;
+  r.idx = nullptr;
+  ebb__reduce_cpu(&r);
+  CHECK(sums[0] == (0.1 + 0.2) + -0.1); // row-major order, exactly as the row loop adds
+  CHECK(sums[1] == (1e16 + 1.0) + -1e16);
+}
+
 TEST_CASE("internal: argument structs fit the driver's launch limit", "[ops][internal]") {
   CHECK(sizeof(ebb__ew_args) <= 4096);
   CHECK(sizeof(ebb__red_args) <= 4096);
