@@ -126,7 +126,7 @@ TEST_CASE("nn: cat and stack join along any dim", "[ops][nn][cat]") {
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("nn: gradcheck of softmax, log_softmax, cross_entropy, mse_loss, layer_norm and cat", "[ops][nn][gradcheck]") {
+TEST_CASE("nn: gradcheck of softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat and stack", "[ops][nn][gradcheck]") {
   EbbSession session;
   for (int dev : {EBB_DEVICE_CPU, 1}) {
     INFO(dev_name(dev));
@@ -172,6 +172,18 @@ TEST_CASE("nn: gradcheck of softmax, log_softmax, cross_entropy, mse_loss, layer
           const ebb_tensor_t *ts[2] = {i[0], i[1]};
           ebb_status st = ebb_op_cat_backward(g, ts, 2, 1, 0, &gr[0]);
           return st ? st : ebb_op_cat_backward(g, ts, 2, 1, 1, &gr[1]);
+        });
+    std::vector<GcInput> stk{{{2, 3}, values(6, 100)}, {{2, 3}, values(6, 101)}, {{2, 3}, values(6, 102)}};
+    EBB_CHECK_GRADCHECK(
+        dev, stk,
+        [](const GcInputs &i, ebb_tensor_t **o) {
+          const ebb_tensor_t *ts[3] = {i[0], i[1], i[2]};
+          return ebb_op_stack(ts, 3, -1, o);
+        },
+        [](const ebb_tensor_t *g, const GcInputs &, const ebb_tensor_t *, std::vector<ebb_tensor_t *> &gr) {
+          ebb_status st = EBB_OK;
+          for (int k = 0; k < 3 && !st; k++) st = ebb_op_stack_backward(g, 3, -1, k, &gr[(size_t)k]);
+          return st;
         });
   }
   REQUIRE(ebb_debug_live_handles() == 0);
