@@ -95,6 +95,89 @@ TEST_CASE("elementwise: binary ops with broadcasting match the f64 reference", "
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("elementwise: random shapes, broadcasts, transposes and slices match the reference", "[ops][elementwise][random]") {
+  EbbSession session;
+  uint64_t rng = 12345;
+  auto next = [&](int n) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int)((rng >> 33) % (uint64_t)n);
+  };
+  for (int dev : {EBB_DEVICE_CPU, 0})
+    for (int iter = 0; iter < 150; iter++) {
+      // an output shape of 0..4 dims, each input taking a suffix of it with some extents set to 1
+      int nd = next(5);
+      std::vector<int64_t> out;
+      for (int d = 0; d < nd; d++) out.push_back(1 + next(4));
+      auto input_shape = [&]() {
+        size_t keep = (size_t)next(nd + 1);
+        std::vector<int64_t> sh(out.end() - (long)keep, out.end());
+        for (auto &e : sh)
+          if (next(3) == 0) e = 1;
+        return sh;
+      };
+      std::vector<int64_t> sa = input_shape(), sb = input_shape();
+      ebb_dtype dts[3] = {EBB_F32, EBB_F64, EBB_I64};
+      ebb_dtype da = dts[next(3)], db = dts[next(3)];
+      const Bin &op = kBinary[next(3)]; // add, sub, mul
+      INFO(dev_name(dev) << " iter " << iter << " " << op.name << " " << ebb_dtype_name(da) << " x " << ebb_dtype_name(db));
+      // make each input non-contiguous at random: built transposed and transposed back, or
+      // sliced out of a wider tensor
+      auto build = [&](const std::vector<int64_t> &sh, ebb_dtype dt, unsigned seed) {
+        auto v = values(numel_of(sh), seed, -3, 3);
+        if (dt == EBB_I64)
+          for (auto &x : v) x = std::floor(x * 10);
+        int mode = sh.size() >= 2 ? next(3) : 0;
+        if (mode == 1) { // transpose of a transpose: the values of v, strides swapped
+          std::vector<int64_t> ts(sh);
+          std::swap(ts[0], ts[1]);
+          std::vector<double> tv(v.size());
+          int64_t inner = numel_of(sh) / (sh[0] * sh[1]);
+          for (int64_t i = 0; i < sh[0]; i++)
+            for (int64_t j = 0; j < sh[1]; j++)
+              for (int64_t r = 0; r < inner; r++) tv[(size_t)((j * sh[0] + i) * inner + r)] = v[(size_t)((i * sh[1] + j) * inner + r)];
+          Tensor base = make(dev, dt, ts, tv), t;
+          EBB_REQUIRE_OK(ebb_tensor_transpose(base, 0, 1, t.out()));
+          return std::make_pair(std::move(t), v);
+        }
+        if (mode == 2) { // every other column of a tensor twice as wide
+          std::vector<int64_t> ws(sh);
+          ws.back() *= 2;
+          std::vector<double> wv((size_t)numel_of(ws), 99.0);
+          int64_t last = sh.back();
+          for (int64_t i = 0; i < numel_of(sh); i++) wv[(size_t)((i / last) * 2 * last + (i % last) * 2)] = v[(size_t)i];
+          Tensor base = make(dev, dt, ws, wv), t;
+          EBB_REQUIRE_OK(ebb_tensor_slice(base, -1, 0, ws.back(), 2, t.out()));
+          return std::make_pair(std::move(t), v);
+        }
+        return std::make_pair(make(dev, dt, sh, v), v);
+      };
+      auto A = build(sa, da, 1000u + (unsigned)iter), B = build(sb, db, 2000u + (unsigned)iter);
+      Tensor r;
+      EBB_REQUIRE_OK(op.fn(A.first, B.first, r.out()));
+      auto oshape = broadcast_shape(sa, sb);
+      REQUIRE(shape_of(r) == oshape);
+      ebb_dtype want_dt;
+      EBB_REQUIRE_OK(ebb_op_promote(da, db, &want_dt));
+      CHECK(dtype_of(r) == want_dt);
+      auto av = read(A.first), bv = read(B.first);
+      // the views hold the intended values (checks the test's construction and the copy path)
+      auto rounded = [](std::vector<double> v, ebb_dtype dt) {
+        if (dt == EBB_F32)
+          for (auto &x : v) x = (double)(float)x;
+        return v;
+      };
+      CHECK(av == rounded(A.second, da));
+      CHECK(bv == rounded(B.second, db));
+      std::vector<double> want((size_t)numel_of(oshape));
+      for (size_t i = 0; i < want.size(); i++)
+        want[i] = op.ref(av[(size_t)broadcast_index((int64_t)i, oshape, sa)], bv[(size_t)broadcast_index((int64_t)i, oshape, sb)]);
+      if (want_dt == EBB_F32)
+        for (auto &w : want) w = (double)(float)w;
+      EBB_CHECK_CLOSE(read(r), want, 0.0, 0.0);
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("elementwise: strided and broadcast views as inputs and the large contiguous f32 path", "[ops][elementwise]") {
   EbbSession session;
   for (int dev : devices()) {
