@@ -91,6 +91,62 @@ TEST_CASE("reduce: sum, mean and amax over dims with and without keepdim", "[ops
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("reduce: random permuted inputs and dim subsets match the reference", "[ops][reduce][random]") {
+  EbbSession session;
+  uint64_t rng = 777;
+  auto next = [&](int n) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int)((rng >> 33) % (uint64_t)n);
+  };
+  for (int dev : {EBB_DEVICE_CPU, 1})
+    for (int iter = 0; iter < 120; iter++) {
+      int nd = 1 + next(4);
+      std::vector<int64_t> shape;
+      for (int d = 0; d < nd; d++) shape.push_back(1 + next(5));
+      std::vector<int> perm(nd);
+      for (int d = 0; d < nd; d++) perm[(size_t)d] = d;
+      for (int d = nd - 1; d > 0; d--) std::swap(perm[(size_t)d], perm[(size_t)next(d + 1)]);
+      Tensor base = make(dev, EBB_F64, shape, values(numel_of(shape), 300u + (unsigned)iter, -5, 5)), t;
+      EBB_REQUIRE_OK(ebb_tensor_permute(base, perm.data(), nd, t.out()));
+      auto ts = shape_of(t);
+      auto tv = read(t); // row-major values of the permuted view
+      std::vector<int> dims;
+      std::vector<bool> red((size_t)nd, false);
+      for (int d = 0; d < nd; d++)
+        if (next(2)) dims.push_back(d), red[(size_t)d] = true;
+      if (dims.empty()) red.assign((size_t)nd, true);
+      bool keep = next(2) == 1;
+      int op = next(3); // sum, mean, amax
+      INFO(dev_name(dev) << " iter " << iter << " op " << op << " keepdim " << keep);
+      Tensor r;
+      if (op == 0) EBB_REQUIRE_OK(ebb_op_sum(t, dims.data(), (int)dims.size(), keep, r.out()));
+      else if (op == 1) EBB_REQUIRE_OK(ebb_op_mean(t, dims.data(), (int)dims.size(), keep, r.out()));
+      else EBB_REQUIRE_OK(ebb_op_amax(t, dims.data(), (int)dims.size(), keep, r.out()));
+      // reference: row-major walk of the view, accumulated in the same order as the kernels
+      std::vector<int64_t> os;
+      for (int d = 0; d < nd; d++) os.push_back(red[(size_t)d] ? 1 : ts[(size_t)d]);
+      std::vector<double> want((size_t)numel_of(os), op == 2 ? -INFINITY : 0.0);
+      auto tstr = contiguous_strides(ts), ostr = contiguous_strides(os);
+      int64_t count = numel_of(ts) / numel_of(os);
+      for (int64_t i = 0; i < numel_of(ts); i++) {
+        int64_t o = 0;
+        for (int d = 0; d < nd; d++)
+          if (!red[(size_t)d]) o += ((i / tstr[(size_t)d]) % ts[(size_t)d]) * ostr[(size_t)d];
+        if (op == 2) want[(size_t)o] = std::max(want[(size_t)o], tv[(size_t)i]);
+        else want[(size_t)o] += tv[(size_t)i];
+      }
+      if (op == 1)
+        for (auto &w : want) w /= (double)count;
+      std::vector<int64_t> rs;
+      for (int d = 0; d < nd; d++)
+        if (!red[(size_t)d]) rs.push_back(ts[(size_t)d]);
+        else if (keep) rs.push_back(1);
+      CHECK(shape_of(r) == rs);
+      EBB_CHECK_CLOSE(read(r), want, 1e-12, 1e-12);
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("reduce: max_dim gives the first index of the maximum, NaN wins, integers sum to i64", "[ops][reduce]") {
   EbbSession session;
   for (int dev : devices()) {
