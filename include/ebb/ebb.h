@@ -7,5 +7,7 @@
 #include "ebb/trace.h"
 #include "ebb/stream.h"
 #include "ebb/alloc.h"
+#include "ebb/tensor.h"
+#include "ebb/ops.h"
 
 #endif /* EBB_EBB_H */

@@ -1,0 +1,217 @@
+/* ebb/ops.h: raw ops on tensors (forward) and their backward math (vector-Jacobian products).
+ *
+ * Every op returns a new contiguous tensor through `out` (one reference for the caller) on the
+ * device of its inputs; inputs must share a device (EBB_EDEVICE otherwise: copy first with
+ * ebb_tensor_to_device). Ops on CPU tensors finish before they return; ops on device tensors are
+ * enqueued on the device's current stream and return at once (see tensor.h).
+ *
+ * Broadcasting: two shapes are aligned at their last dims; each pair of extents must be equal or
+ * one of them 1 (a missing leading dim counts as 1); the result takes the larger extent.
+ *
+ * Type promotion (binary ops and where): the same dtype gives itself; bool with anything gives
+ * the other dtype; i64 with a floating dtype gives the floating dtype; two floating dtypes give
+ * the wider one (f64 > f32 > bf16, f16), except that bf16 with f16 gives f32. Then, per op:
+ *  - add, sub, mul: the promoted dtype; bool with bool is EBB_EINVAL (no arithmetic on bool);
+ *  - div (true division) and the floating functions (exp, log, sqrt, sin, cos, tanh, sigmoid,
+ *    gelu, pow_scalar): an integer or bool result dtype becomes f32;
+ *  - neg, abs, relu, clamp: the input's dtype (neg and abs of bool are EBB_EINVAL);
+ *  - scalar ops (add/sub/mul_scalar): a floating tensor keeps its dtype; an i64 or bool tensor
+ *    gives i64 when the scalar is an integer value and f32 otherwise; div_scalar as div;
+ *  - comparisons give bool; where(cond, a, b) needs a bool cond and gives promote(a, b).
+ * Arithmetic: values are computed in f64 on the CPU and emulated devices and rounded once to
+ * the result dtype (bf16 and f16 therefore accumulate in at least f32); i64 add, sub, mul, neg,
+ * abs, clamp and comparisons are exact (overflow wraps).
+ *
+ * Backward: each differentiable op has ebb_op_<name>_backward beside it. Given the gradient of
+ * the loss with respect to the op's output (`grad`, the output's shape), it returns the gradient
+ * with respect to each requested input (pass NULL for those not wanted), with that input's
+ * shape and dtype: broadcast dims are summed back (ebb_op_sum_to_shape). Only floating inputs
+ * have gradients (EBB_EINVAL when one of another dtype is requested). Unary backward functions
+ * take the forward input x and output y; each says which it reads (the other may be NULL).
+ *
+ * Failures: EBB_EINVAL (NULL, shapes that do not broadcast, dtypes that do not promote, dims out
+ * of range), EBB_EDEVICE (inputs on different devices), EBB_EFREED (a released tensor),
+ * EBB_ENOMEM; the message names the op, the argument and the shapes.
+ * Threading: every function is thread-safe.
+ */
+#ifndef EBB_OPS_H
+#define EBB_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ebb/status.h"
+#include "ebb/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The dtype of a binary op's result before the per-op rule (see above). EBB_EINVAL for a dtype
+ * outside the enum. */
+EBB_API ebb_status ebb_op_promote(ebb_dtype a, ebb_dtype b, ebb_dtype *out);
+
+/* ---- binary, with broadcasting -------------------------------------------------------------- */
+EBB_API ebb_status ebb_op_add(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_sub(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_mul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_div(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+/* grad_a = sum_to(a) grad; grad_b = sum_to(b) grad (sub: -grad). */
+EBB_API ebb_status ebb_op_add_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                       ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+EBB_API ebb_status ebb_op_sub_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                       ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+/* grad_a = sum_to(a) grad * b; grad_b = sum_to(b) grad * a. */
+EBB_API ebb_status ebb_op_mul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                       ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+/* grad_a = sum_to(a) grad / b; grad_b = sum_to(b) -grad * a / b^2. */
+EBB_API ebb_status ebb_op_div_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                       ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+
+/* ---- with a scalar -------------------------------------------------------------------------- */
+EBB_API ebb_status ebb_op_add_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_sub_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_mul_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_div_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out);
+/* x^p elementwise. */
+EBB_API ebb_status ebb_op_pow_scalar(const ebb_tensor_t *a, double p, ebb_tensor_t **out);
+/* min(max(x, lo), hi); NaN stays NaN. EBB_EINVAL when lo > hi. */
+EBB_API ebb_status ebb_op_clamp(const ebb_tensor_t *a, double lo, double hi, ebb_tensor_t **out);
+/* add/sub_scalar: grad_a = grad; mul_scalar: grad * s; div_scalar: grad / s. */
+EBB_API ebb_status ebb_op_add_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, double s, ebb_tensor_t **grad_a);
+EBB_API ebb_status ebb_op_mul_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, double s, ebb_tensor_t **grad_a);
+EBB_API ebb_status ebb_op_div_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, double s, ebb_tensor_t **grad_a);
+/* grad * p * x^(p-1) (reads x). */
+EBB_API ebb_status ebb_op_pow_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, double p, ebb_tensor_t **grad_x);
+/* grad where lo <= x <= hi, else 0 (reads x). */
+EBB_API ebb_status ebb_op_clamp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, double lo, double hi,
+                                         ebb_tensor_t **grad_x);
+
+/* ---- unary ---------------------------------------------------------------------------------- */
+EBB_API ebb_status ebb_op_neg(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_abs(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_exp(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_log(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_sqrt(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_sin(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_cos(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_tanh(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_sigmoid(const ebb_tensor_t *a, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_relu(const ebb_tensor_t *a, ebb_tensor_t **out);
+/* The exact GELU: x * Phi(x), Phi the standard normal CDF (through erf). */
+EBB_API ebb_status ebb_op_gelu(const ebb_tensor_t *a, ebb_tensor_t **out);
+/* Reads: neg none; abs x (sign); exp y; log x; sqrt y; sin x; cos x; tanh y; sigmoid y;
+ * relu x (grad where x > 0); gelu x. */
+EBB_API ebb_status ebb_op_neg_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_abs_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_exp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_log_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_sqrt_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_sin_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_cos_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_tanh_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_sigmoid_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y,
+                                           ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_relu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_gelu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **grad_x);
+
+/* ---- comparisons (bool results) and where ----------------------------------------------------- */
+EBB_API ebb_status ebb_op_eq(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_ne(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_lt(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_le(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_gt(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_ge(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+/* cond ? a : b, all three broadcast together. */
+EBB_API ebb_status ebb_op_where(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+/* grad_a = sum_to(a) where(cond, grad, 0); grad_b = sum_to(b) where(cond, 0, grad). */
+EBB_API ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *cond, const ebb_tensor_t *a,
+                                         const ebb_tensor_t *b, ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+
+/* ---- in place: dst op= src (src broadcast to dst's shape); bump dst's version once ---------- */
+/* EBB_EINVAL when src does not broadcast to dst's shape (the result would need another shape),
+ * when dst is expanded (stride 0), or when the promoted dtype is not dst's (e.g. f32 into i64). */
+EBB_API ebb_status ebb_op_add_(ebb_tensor_t *dst, const ebb_tensor_t *src);
+EBB_API ebb_status ebb_op_mul_(ebb_tensor_t *dst, const ebb_tensor_t *src);
+
+/* ---- shape helpers for gradients ---------------------------------------------------------------- */
+/* Sums t down to `shape` (to which t's shape must broadcast): leading dims and dims where shape
+ * has 1 are summed. Returns a contiguous tensor of t's dtype. */
+EBB_API ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out);
+
+/* ---- reductions ------------------------------------------------------------------------------
+ * Over the `ndims` dims listed in `dims` (negative allowed, no repeats); ndims == 0 reduces
+ * every dim to a scalar. keepdim keeps the reduced dims with extent 1. Accumulation is in f64.
+ * sum: a floating input keeps its dtype, i64 and bool give i64; mean: floating (i64 -> f32),
+ * an empty reduction gives NaN; amax: the input's dtype, NaN if any element is NaN; EBB_EINVAL
+ * on an empty reduced dim. */
+EBB_API ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
+/* Max along one dim with the index (i64) of the first maximum. */
+EBB_API ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices);
+/* grad broadcast back over the reduced dims (mean: divided by the count). x gives the shape. */
+EBB_API ebb_status ebb_op_sum_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims, bool keepdim,
+                                       ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_mean_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims, bool keepdim,
+                                        ebb_tensor_t **grad_x);
+/* grad shared evenly among the elements equal to the maximum (reads x and y = amax(x)). */
+EBB_API ebb_status ebb_op_amax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, const int *dims,
+                                        int ndims, bool keepdim, ebb_tensor_t **grad_x);
+/* grad placed at the index of the maximum (reads x's shape and the indices of the forward). */
+EBB_API ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *indices, int dim,
+                                           bool keepdim, ebb_tensor_t **grad_x);
+
+/* ---- matmul ----------------------------------------------------------------------------------
+ * a [..., m, k] @ b [..., k, n] -> [..., m, n]; both need >= 2 dims (unsqueeze a vector);
+ * batch dims broadcast. f32 and f64 run as sgemm/dgemm: OpenBLAS on the CPU and the emulated
+ * driver; on a GPU cuBLAS (loaded with dlopen) or, where it cannot be loaded, a plain CUDA
+ * kernel (the GPU paths have not run on a GPU yet). bf16 and f16 are computed in f32 and
+ * rounded; i64 and bool are EBB_EINVAL. */
+EBB_API ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+/* grad_a = grad @ b^T, grad_b = a^T @ grad, each summed to its input's shape. */
+EBB_API ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                          ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+
+/* ---- activations and losses -------------------------------------------------------------------- */
+/* Along dim, computed stably (the max is subtracted first). Floating inputs only. */
+EBB_API ebb_status ebb_op_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_log_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out);
+/* softmax: grad_x = y * (grad - sum(grad * y, dim)); log_softmax: grad - exp(y) * sum(grad, dim).
+ * Both read y, the forward output. */
+EBB_API ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **grad_x);
+EBB_API ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **grad_x);
+/* Mean over the batch of -log_softmax(logits)[i, target[i]]: logits [N, C] floating, target
+ * [N] i64 with values in [0, C) (a value out of range contributes 0: checking it would need a
+ * copy back from the device). Result: a scalar of logits' dtype. */
+EBB_API ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out);
+/* grad (a scalar) * (softmax(logits) - onehot(target)) / N. */
+EBB_API ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_tensor_t *logits, const ebb_tensor_t *target,
+                                                 ebb_tensor_t **grad_logits);
+/* mean((a - b)^2) over all elements, a and b of one shape; a scalar. */
+EBB_API ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
+/* grad_a = grad * 2 (a - b) / numel, grad_b = -grad_a. */
+EBB_API ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                            ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+/* Normalises over the last `nnorm` dims: (x - mean) / sqrt(var + eps) * weight + bias, var the
+ * biased variance; weight and bias (may be NULL) have the shape of those dims. */
+EBB_API ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *weight, const ebb_tensor_t *bias,
+                                     double eps, ebb_tensor_t **out);
+EBB_API ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *weight,
+                                              const ebb_tensor_t *bias, double eps, ebb_tensor_t **grad_x,
+                                              ebb_tensor_t **grad_weight, ebb_tensor_t **grad_bias);
+
+/* ---- joining ---------------------------------------------------------------------------------- */
+/* n tensors of one dtype and device whose shapes agree except along dim. */
+EBB_API ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out);
+/* n tensors of one shape, joined along a new dim. */
+EBB_API ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out);
+/* The slice of grad belonging to input i (a view of grad: cat -> narrow, stack -> select). */
+EBB_API ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tensor_t *const *ts, int n, int dim, int i,
+                                       ebb_tensor_t **grad_i);
+EBB_API ebb_status ebb_op_stack_backward(const ebb_tensor_t *grad, int n, int dim, int i, ebb_tensor_t **grad_i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_OPS_H */

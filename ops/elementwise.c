@@ -1,0 +1,559 @@
+/* elementwise.c: broadcasting elementwise ops (binary, scalar, unary, comparisons, where, in
+ * place) and, beside each, its backward math.
+ *
+ * Every forward op checks its arguments, settles the result dtype by the promotion rules of
+ * ops.h, allocates the result on the inputs' device and runs the "ebb.ops.ew" kernel once
+ * (ebb__ew_run). Backward functions are compositions of forward ops; their temporaries are
+ * released before they return, and gradients are summed back to each input's shape.
+ * Threading: no state of its own; thread-safe as the tensor calls it makes.
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "ops_impl.h"
+
+/* The rule of ops.h: a lattice bool < i64 < floating, and among floating dtypes the wider
+ * one, with bf16 + f16 going to f32 since neither holds the other (bf16 has the range, f16
+ * the precision). */
+ebb_status ebb_op_promote(ebb_dtype a, ebb_dtype b, ebb_dtype *out) {
+  if ((unsigned)a >= EBB_DTYPE_COUNT || (unsigned)b >= EBB_DTYPE_COUNT || !out)
+    return ebb__fail(EBB_EINVAL, "ebb_op_promote: dtypes %d and %d (or a NULL out); expected two ebb_dtype values", (int)a, (int)b);
+  ebb_dtype r;
+  if (a == b) r = a;
+  else if (a == EBB_BOOL) r = b;
+  else if (b == EBB_BOOL) r = a;
+  else if (a == EBB_I64) r = b;
+  else if (b == EBB_I64) r = a;
+  else if (a == EBB_F64 || b == EBB_F64) r = EBB_F64;
+  else r = EBB_F32; /* f32 with bf16/f16, or bf16 with f16 */
+  *out = r;
+  return EBB_OK;
+}
+
+static ebb_dtype ebb__float_of(ebb_dtype dt) { return ebb_dtype_is_float(dt) ? dt : EBB_F32; }
+
+/* ---- forward plumbing -------------------------------------------------------------------------- */
+
+static ebb_status ebb__check_out(const char *fn, ebb_tensor_t **out) {
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
+  return EBB_OK;
+}
+
+/* out = op(in...) with the shape of in broadcast together and dtype dt. */
+/* Every forward op ends here: broadcast the input shapes pairwise (so a three-input where
+ * gets the same rule and message as a binary op), allocate the result, run one kernel. The
+ * kernel converts each input's dtype as it loads, so mixed dtypes never need cast copies. */
+static ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_t *const *in, ebb_dtype dt, double s0, double s1,
+                              ebb_tensor_t **out) {
+  int ndim = in[0]->ndim;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  memcpy(shape, in[0]->shape, sizeof shape);
+  for (int k = 1; k < nin; k++) {
+    if (in[k]->st->device != in[0]->st->device) {
+      static const char *const names[3] = {"a", "b", "c"};
+      return ebb__fail(EBB_EDEVICE, "%s: argument %s is on device %d but argument a is on device %d (-1 is the CPU); expected one device",
+                       fn, names[k], in[k]->st->device, in[0]->st->device);
+    }
+    /* a stand-in with the running shape, to reuse the pairwise rule and its message */
+    ebb_tensor_t cur;
+    cur.ndim = ndim;
+    memcpy(cur.shape, shape, sizeof shape);
+    ebb_status st = ebb__broadcast_shape(fn, k == 1 ? in[0] : &cur, in[k], &ndim, shape);
+    if (st) return st;
+  }
+  ebb_tensor_t *r;
+  ebb_status st = ebb__tensor_new(fn, in[0]->st->device, dt, ndim, shape, &r);
+  if (st) return st;
+  st = ebb__ew_run(fn, op, r, nin, in, s0, s1);
+  if (st) {
+    ebb__tensor_put(r);
+    return st;
+  }
+  *out = r;
+  return EBB_OK;
+}
+
+enum ebb__bin_kind { EBB__ARITH, EBB__DIVIDE, EBB__COMPARE };
+
+static ebb_status ebb__binary(const char *fn, int op, int kind, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (!st) st = ebb__check_out(fn, out);
+  if (st) return st;
+  ebb_dtype dt;
+  ebb_op_promote(a->dtype, b->dtype, &dt);
+  if (kind == EBB__ARITH && dt == EBB_BOOL)
+    return ebb__fail(EBB_EINVAL, "%s: a and b are both bool; arithmetic needs a numeric operand (convert with ebb_tensor_to_dtype)", fn);
+  if (kind == EBB__DIVIDE) dt = ebb__float_of(dt);
+  if (kind == EBB__COMPARE) dt = EBB_BOOL;
+  const ebb_tensor_t *in[2] = {a, b};
+  return ebb__ew_new(fn, op, 2, in, dt, 0, 0, out);
+}
+
+enum ebb__un_kind { EBB__KEEP, EBB__FLOAT };
+
+static ebb_status ebb__unary(const char *fn, int op, int kind, const ebb_tensor_t *a, double s0, double s1, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__check_out(fn, out);
+  if (st) return st;
+  ebb_dtype dt = kind == EBB__FLOAT ? ebb__float_of(a->dtype) : a->dtype;
+  return ebb__ew_new(fn, op, 1, &a, dt, s0, s1, out);
+}
+
+/* ---- backward plumbing ---------------------------------------------------------------------- */
+
+/* Checks grad against the output shape the forward would have produced from `x` (for unary
+ * ops: x's shape) and that x is floating. */
+static ebb_status ebb__bw_check(const char *fn, const ebb_tensor_t *grad, const char *xname, const ebb_tensor_t *x) {
+  ebb_status st = ebb__tensor_check(grad, fn, "grad");
+  if (!st) st = ebb__tensor_check(x, fn, xname);
+  if (st) return st;
+  if (!ebb_dtype_is_float(x->dtype))
+    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s, which has no gradient; expected a floating input", fn, xname, ebb_dtype_name(x->dtype));
+  if (grad->st->device != x->st->device)
+    return ebb__fail(EBB_EDEVICE, "%s: grad is on device %d but %s is on device %d (-1 is the CPU)", fn, grad->st->device, xname,
+                     x->st->device);
+  return EBB_OK;
+}
+
+/* g summed to x's shape and converted to x's dtype (a new reference). */
+static ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb_tensor_t *x, ebb_tensor_t **out) {
+  ebb_tensor_t *s;
+  ebb_status st = ebb_op_sum_to_shape(g, x->ndim, x->shape, &s);
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: the gradient cannot be reduced to the input's shape: %s", fn, why);
+  }
+  if (s->dtype == x->dtype) {
+    *out = s;
+    return EBB_OK;
+  }
+  st = ebb_tensor_to_dtype(s, x->dtype, out);
+  ebb__tensor_put(s);
+  return st;
+}
+
+/* ---- add, sub, mul, div --------------------------------------------------------------------------- */
+
+ebb_status ebb_op_add(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__binary("ebb_op_add", EBB__EW_ADD, EBB__ARITH, a, b, out);
+}
+
+ebb_status ebb_op_sub(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__binary("ebb_op_sub", EBB__EW_SUB, EBB__ARITH, a, b, out);
+}
+
+ebb_status ebb_op_mul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__binary("ebb_op_mul", EBB__EW_MUL, EBB__ARITH, a, b, out);
+}
+
+ebb_status ebb_op_div(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__binary("ebb_op_div", EBB__EW_DIV, EBB__DIVIDE, a, b, out);
+}
+
+/* Shared by the four binary backward functions: checks, then per requested input computes the
+ * local product (mode) and sums it to the input's shape. */
+enum ebb__bin_bw { EBB__BW_ADD, EBB__BW_SUB, EBB__BW_MUL, EBB__BW_DIV };
+
+/* The local products before summing to the input's shape (new references). For a: grad (add,
+ * sub), grad * b (mul), grad / b (div). For b: grad (add), -grad (sub), grad * a (mul),
+ * -(grad / b) * (a / b) = -grad * a / b^2 (div). */
+static ebb_status ebb__local_a(int mode, const ebb_tensor_t *grad, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  if (mode == EBB__BW_MUL) return ebb_op_mul(grad, b, out);
+  if (mode == EBB__BW_DIV) return ebb_op_div(grad, b, out);
+  atomic_fetch_add_explicit(&((ebb_tensor_t *)grad)->refs, 1, memory_order_relaxed);
+  *out = (ebb_tensor_t *)grad;
+  return EBB_OK;
+}
+
+static ebb_status ebb__local_b(int mode, const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  if (mode == EBB__BW_SUB) return ebb_op_neg(grad, out);
+  if (mode == EBB__BW_MUL) return ebb_op_mul(grad, a, out);
+  if (mode == EBB__BW_ADD) return ebb__local_a(mode, grad, b, out);
+  ebb_tensor_t *gb = NULL, *ab = NULL, *p = NULL;
+  ebb_status st = ebb_op_div(grad, b, &gb);
+  if (!st) st = ebb_op_div(a, b, &ab);
+  if (!st) st = ebb_op_mul(gb, ab, &p);
+  if (!st) st = ebb_op_neg(p, out);
+  ebb__tensor_put(gb);
+  ebb__tensor_put(ab);
+  ebb__tensor_put(p);
+  return st;
+}
+
+static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tensor_t *grad, const ebb_tensor_t *a,
+                                       const ebb_tensor_t *b, ebb_tensor_t **ga, ebb_tensor_t **gb) {
+  ebb_status st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (!st && ga) st = ebb__bw_check(fn, grad, "a", a);
+  if (!st && gb) st = ebb__bw_check(fn, grad, "b", b);
+  if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
+  if (!st && !ga) st = ebb__tensor_check(grad, fn, "grad");
+  if (st) return st;
+  int nd;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  st = ebb__broadcast_shape(fn, a, b, &nd, shape);
+  if (st) return st;
+  if (nd != grad->ndim || memcmp(shape, grad->shape, sizeof(int64_t) * (size_t)nd) != 0) {
+    char x[128], y[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the forward output's shape %s", fn, EBB__SHAPE(grad, x),
+                     ebb__shape_str(shape, nd, y, sizeof y));
+  }
+  ebb_tensor_t *la = NULL, *lb = NULL, *ra = NULL, *rb = NULL;
+  if (ga) st = ebb__local_a(mode, grad, b, &la);
+  if (!st && ga) st = ebb__grad_for(fn, la, a, &ra);
+  if (!st && gb) st = ebb__local_b(mode, grad, a, b, &lb);
+  if (!st && gb) st = ebb__grad_for(fn, lb, b, &rb);
+  ebb__tensor_put(la);
+  ebb__tensor_put(lb);
+  if (st) {
+    ebb__tensor_put(ra);
+    return st;
+  }
+  if (ga) *ga = ra;
+  if (gb) *gb = rb;
+  return EBB_OK;
+}
+
+ebb_status ebb_op_add_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
+                               ebb_tensor_t **gb) {
+  return ebb__binary_backward("ebb_op_add_backward", EBB__BW_ADD, grad, a, b, ga, gb);
+}
+
+ebb_status ebb_op_sub_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
+                               ebb_tensor_t **gb) {
+  return ebb__binary_backward("ebb_op_sub_backward", EBB__BW_SUB, grad, a, b, ga, gb);
+}
+
+ebb_status ebb_op_mul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
+                               ebb_tensor_t **gb) {
+  return ebb__binary_backward("ebb_op_mul_backward", EBB__BW_MUL, grad, a, b, ga, gb);
+}
+
+ebb_status ebb_op_div_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
+                               ebb_tensor_t **gb) {
+  return ebb__binary_backward("ebb_op_div_backward", EBB__BW_DIV, grad, a, b, ga, gb);
+}
+
+/* ---- scalar ops -------------------------------------------------------------------------------------- */
+
+static ebb_dtype ebb__scalar_dtype(ebb_dtype dt, double s) {
+  if (ebb_dtype_is_float(dt)) return dt;
+  return s == floor(s) && fabs(s) < 9.2e18 ? EBB_I64 : EBB_F32;
+}
+
+static ebb_status ebb__scalar_op(const char *fn, int op, const ebb_tensor_t *a, double s, bool divide, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__check_out(fn, out);
+  if (st) return st;
+  ebb_dtype dt = divide ? ebb__float_of(a->dtype) : ebb__scalar_dtype(a->dtype, s);
+  return ebb__ew_new(fn, op, 1, &a, dt, s, 0, out);
+}
+
+ebb_status ebb_op_add_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
+  return ebb__scalar_op("ebb_op_add_scalar", EBB__EW_ADDS, a, s, false, out);
+}
+
+ebb_status ebb_op_sub_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
+  return ebb__scalar_op("ebb_op_sub_scalar", EBB__EW_ADDS, a, -s, false, out);
+}
+
+ebb_status ebb_op_mul_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
+  return ebb__scalar_op("ebb_op_mul_scalar", EBB__EW_MULS, a, s, false, out);
+}
+
+ebb_status ebb_op_div_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
+  return ebb__scalar_op("ebb_op_div_scalar", EBB__EW_DIVS, a, s, true, out);
+}
+
+ebb_status ebb_op_pow_scalar(const ebb_tensor_t *a, double p, ebb_tensor_t **out) {
+  return ebb__unary("ebb_op_pow_scalar", EBB__EW_POWS, EBB__FLOAT, a, p, 0, out);
+}
+
+ebb_status ebb_op_clamp(const ebb_tensor_t *a, double lo, double hi, ebb_tensor_t **out) {
+  if (lo > hi || lo != lo || hi != hi)
+    return ebb__fail(EBB_EINVAL, "ebb_op_clamp: lo %g and hi %g; expected lo <= hi", lo, hi);
+  return ebb__unary("ebb_op_clamp", EBB__EW_CLAMP, EBB__KEEP, a, lo, hi, out);
+}
+
+/* grad_x = f(grad, x) for ops whose local derivative is one elementwise kernel of x (mode
+ * `op`, scalars s0, s1) multiplied by grad; op < 0: grad * s0 without reading x. */
+/* Most unary backward formulas are grad * f'(x) with f' one more elementwise kernel (e.g.
+ * cos for sin, 1/x for log, the mask x > 0 for relu), hence this one helper. */
+static ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int op, double s0, double s1,
+                                      ebb_tensor_t **gx) {
+  ebb_status st = ebb__bw_check(fn, grad, "x", x);
+  if (!st && !gx) st = ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
+  if (st) return st;
+  if (grad->ndim != x->ndim || memcmp(grad->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
+    char a[128], b[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the input's shape %s", fn, EBB__SHAPE(grad, a), EBB__SHAPE(x, b));
+  }
+  ebb_tensor_t *d = NULL, *p = NULL;
+  if (op < 0) {
+    st = ebb_op_mul_scalar(grad, s0, &p);
+  } else {
+    st = ebb__ew_new(fn, op, 1, &x, x->dtype, s0, s1, &d);
+    if (!st) st = ebb_op_mul(grad, d, &p);
+  }
+  ebb__tensor_put(d);
+  if (st) return st;
+  if (p->dtype != x->dtype) {
+    ebb_tensor_t *c;
+    st = ebb_tensor_to_dtype(p, x->dtype, &c);
+    ebb__tensor_put(p);
+    if (st) return st;
+    p = c;
+  }
+  *gx = p;
+  return EBB_OK;
+}
+
+ebb_status ebb_op_add_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, double s, ebb_tensor_t **ga) {
+  (void)s;
+  return ebb__local_backward("ebb_op_add_scalar_backward", grad, a, -1, 1.0, 0, ga);
+}
+
+ebb_status ebb_op_mul_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, double s, ebb_tensor_t **ga) {
+  return ebb__local_backward("ebb_op_mul_scalar_backward", grad, a, -1, s, 0, ga);
+}
+
+ebb_status ebb_op_div_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, double s, ebb_tensor_t **ga) {
+  return ebb__local_backward("ebb_op_div_scalar_backward", grad, a, -1, 1.0 / s, 0, ga);
+}
+
+ebb_status ebb_op_pow_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, double p, ebb_tensor_t **gx) {
+  /* d/dx x^p = p x^(p-1): the kernel computes x^(p-1), then the scalar p is applied */
+  const char *fn = "ebb_op_pow_scalar_backward";
+  ebb_tensor_t *t = NULL;
+  ebb_status st = ebb__local_backward(fn, grad, x, EBB__EW_POWS, p - 1.0, 0, &t);
+  if (st) return st;
+  st = ebb__ew_new(fn, EBB__EW_MULS, 1, (const ebb_tensor_t *const *)&t, t->dtype, p, 0, gx);
+  ebb__tensor_put(t);
+  return st;
+}
+
+ebb_status ebb_op_clamp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, double lo, double hi, ebb_tensor_t **gx) {
+  return ebb__local_backward("ebb_op_clamp_backward", grad, x, EBB__EW_CLAMP_MASK, lo, hi, gx);
+}
+
+/* ---- unary ----------------------------------------------------------------------------------------- */
+
+ebb_status ebb_op_neg(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_neg", "a") == EBB_OK)
+    return ebb__fail(EBB_EINVAL, "ebb_op_neg: a has dtype bool; expected a numeric dtype");
+  return ebb__unary("ebb_op_neg", EBB__EW_NEG, EBB__KEEP, a, 0, 0, out);
+}
+
+ebb_status ebb_op_abs(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_abs", "a") == EBB_OK)
+    return ebb__fail(EBB_EINVAL, "ebb_op_abs: a has dtype bool; expected a numeric dtype");
+  return ebb__unary("ebb_op_abs", EBB__EW_ABS, EBB__KEEP, a, 0, 0, out);
+}
+
+#define EBB__UNARY(name, op, kind) \
+  ebb_status ebb_op_##name(const ebb_tensor_t *a, ebb_tensor_t **out) { return ebb__unary("ebb_op_" #name, op, kind, a, 0, 0, out); }
+EBB__UNARY(exp, EBB__EW_EXP, EBB__FLOAT)
+EBB__UNARY(log, EBB__EW_LOG, EBB__FLOAT)
+EBB__UNARY(sqrt, EBB__EW_SQRT, EBB__FLOAT)
+EBB__UNARY(sin, EBB__EW_SIN, EBB__FLOAT)
+EBB__UNARY(cos, EBB__EW_COS, EBB__FLOAT)
+EBB__UNARY(tanh, EBB__EW_TANH, EBB__FLOAT)
+EBB__UNARY(sigmoid, EBB__EW_SIGMOID, EBB__FLOAT)
+EBB__UNARY(relu, EBB__EW_RELU, EBB__KEEP)
+EBB__UNARY(gelu, EBB__EW_GELU, EBB__FLOAT)
+#undef EBB__UNARY
+
+ebb_status ebb_op_neg_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  (void)y;
+  return ebb__local_backward("ebb_op_neg_backward", grad, x, -1, -1.0, 0, gx);
+}
+
+ebb_status ebb_op_abs_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  (void)y;
+  return ebb__local_backward("ebb_op_abs_backward", grad, x, EBB__EW_SIGN, 0, 0, gx);
+}
+
+ebb_status ebb_op_log_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  (void)y;
+  return ebb__local_backward("ebb_op_log_backward", grad, x, EBB__EW_RDIVS, 1.0, 0, gx);
+}
+
+ebb_status ebb_op_sin_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  (void)y;
+  return ebb__local_backward("ebb_op_sin_backward", grad, x, EBB__EW_COS, 0, 0, gx);
+}
+
+ebb_status ebb_op_relu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  (void)y;
+  return ebb__local_backward("ebb_op_relu_backward", grad, x, EBB__EW_GT_S, 0, 0, gx);
+}
+
+ebb_status ebb_op_gelu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  (void)y;
+  return ebb__local_backward("ebb_op_gelu_backward", grad, x, EBB__EW_GELU_GRAD, 0, 0, gx);
+}
+
+ebb_status ebb_op_cos_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  (void)y;
+  /* -sin(x) * grad */
+  const char *fn = "ebb_op_cos_backward";
+  ebb_tensor_t *t = NULL;
+  ebb_status st = ebb__local_backward(fn, grad, x, EBB__EW_SIN, 0, 0, &t);
+  if (st) return st;
+  st = ebb__ew_new(fn, EBB__EW_NEG, 1, (const ebb_tensor_t *const *)&t, t->dtype, 0, 0, gx);
+  ebb__tensor_put(t);
+  return st;
+}
+
+/* Backward functions that read the forward output y: grad * f(y), with f one kernel of y. The
+ * shape and dtype checks are those of x (y has x's shape and a floating dtype). */
+/* exp, sqrt, tanh and sigmoid have derivatives cheaper in their output: y, 1/(2y), 1 - y^2 and
+ * y (1 - y). Reading y instead of x saves recomputing the function (autograd saves y). */
+static ebb_status ebb__y_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, int mode,
+                                  ebb_tensor_t **gx) {
+  ebb_status st = ebb__tensor_check(y, fn, "y");
+  if (st) return st;
+  if (x) {
+    st = ebb__tensor_check(x, fn, "x");
+    if (st) return st;
+    if (x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)y->ndim) != 0) {
+      char a[128], b[128];
+      return ebb__fail(EBB_EINVAL, "%s: y has shape %s but x has %s; expected the forward output of x", fn, EBB__SHAPE(y, a), EBB__SHAPE(x, b));
+    }
+  }
+  ebb_tensor_t *d = NULL, *e = NULL, *g = NULL;
+  switch (mode) {
+  case EBB__EW_EXP: /* grad * y */
+    return ebb__local_backward(fn, grad, y, EBB__EW_COPY, 0, 0, gx);
+  case EBB__EW_SQRT: /* grad * 0.5 / y */
+    return ebb__local_backward(fn, grad, y, EBB__EW_RDIVS, 0.5, 0, gx);
+  case EBB__EW_TANH: /* grad * (1 - y^2) */
+    st = ebb__ew_new(fn, EBB__EW_SQUARE, 1, &y, y->dtype, 0, 0, &d);
+    if (!st) st = ebb__local_backward(fn, grad, d, EBB__EW_RSUBS, 1.0, 0, gx);
+    ebb__tensor_put(d);
+    return st;
+  default: /* sigmoid: grad * y * (1 - y) */
+    st = ebb__ew_new(fn, EBB__EW_RSUBS, 1, &y, y->dtype, 1.0, 0, &d);
+    if (!st) st = ebb_op_mul(d, y, &e);
+    if (!st) st = ebb__local_backward(fn, grad, e, EBB__EW_COPY, 0, 0, &g);
+    ebb__tensor_put(d);
+    ebb__tensor_put(e);
+    if (!st) *gx = g;
+    return st;
+  }
+}
+
+ebb_status ebb_op_exp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  return ebb__y_backward("ebb_op_exp_backward", grad, x, y, EBB__EW_EXP, gx);
+}
+
+ebb_status ebb_op_sqrt_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  return ebb__y_backward("ebb_op_sqrt_backward", grad, x, y, EBB__EW_SQRT, gx);
+}
+
+ebb_status ebb_op_tanh_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  return ebb__y_backward("ebb_op_tanh_backward", grad, x, y, EBB__EW_TANH, gx);
+}
+
+ebb_status ebb_op_sigmoid_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
+  return ebb__y_backward("ebb_op_sigmoid_backward", grad, x, y, EBB__EW_SIGMOID, gx);
+}
+
+/* ---- comparisons and where --------------------------------------------------------------------------- */
+
+#define EBB__CMP(name, op) \
+  ebb_status ebb_op_##name(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) { \
+    return ebb__binary("ebb_op_" #name, op, EBB__COMPARE, a, b, out);                           \
+  }
+EBB__CMP(eq, EBB__EW_EQ)
+EBB__CMP(ne, EBB__EW_NE)
+EBB__CMP(lt, EBB__EW_LT)
+EBB__CMP(le, EBB__EW_LE)
+EBB__CMP(gt, EBB__EW_GT)
+EBB__CMP(ge, EBB__EW_GE)
+#undef EBB__CMP
+
+ebb_status ebb_op_where(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_where";
+  ebb_status st = ebb__tensor_check(cond, fn, "cond");
+  if (!st) st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (!st) st = ebb__check_out(fn, out);
+  if (st) return st;
+  if (cond->dtype != EBB_BOOL)
+    return ebb__fail(EBB_EINVAL, "%s: cond has dtype %s; expected bool (from a comparison)", fn, ebb_dtype_name(cond->dtype));
+  ebb_dtype dt;
+  ebb_op_promote(a->dtype, b->dtype, &dt);
+  const ebb_tensor_t *in[3] = {cond, a, b};
+  return ebb__ew_new(fn, EBB__EW_WHERE, 3, in, dt, 0, 0, out);
+}
+
+ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                 ebb_tensor_t **ga, ebb_tensor_t **gb) {
+  const char *fn = "ebb_op_where_backward";
+  ebb_status st = ebb__tensor_check(cond, fn, "cond");
+  if (!st) st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (!st && ga) st = ebb__bw_check(fn, grad, "a", a);
+  if (!st && gb) st = ebb__bw_check(fn, grad, "b", b);
+  if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
+  if (st) return st;
+  ebb_tensor_t *zero = NULL, *ta = NULL, *tb = NULL, *ra = NULL, *rb = NULL;
+  st = ebb_tensor_zeros(grad->st->device, grad->dtype, 0, NULL, &zero);
+  if (!st && ga) st = ebb_op_where(cond, grad, zero, &ta);
+  if (!st && ga) st = ebb__grad_for(fn, ta, a, &ra);
+  if (!st && gb) st = ebb_op_where(cond, zero, grad, &tb);
+  if (!st && gb) st = ebb__grad_for(fn, tb, b, &rb);
+  ebb__tensor_put(zero);
+  ebb__tensor_put(ta);
+  ebb__tensor_put(tb);
+  if (st) {
+    ebb__tensor_put(ra);
+    ebb__tensor_put(rb);
+    return st;
+  }
+  if (ga) *ga = ra;
+  if (gb) *gb = rb;
+  return EBB_OK;
+}
+
+/* ---- in place --------------------------------------------------------------------------------------- */
+
+/* dst op= src is dst = dst op src with dst as the output: allowed only when that result has
+ * dst's shape and dtype, and dst has no stride-0 dims (two output positions sharing one
+ * element would make the result depend on the order of the writes). */
+static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src) {
+  ebb_status st = ebb__tensor_check(dst, fn, "dst");
+  if (!st) st = ebb__tensor_check(src, fn, "src");
+  if (st) return st;
+  ebb_dtype dt;
+  ebb_op_promote(dst->dtype, src->dtype, &dt);
+  if (dt != dst->dtype || dt == EBB_BOOL)
+    return ebb__fail(EBB_EINVAL, "%s: dst has dtype %s and src %s: the result (%s) cannot be stored in dst in place", fn,
+                     ebb_dtype_name(dst->dtype), ebb_dtype_name(src->dtype), ebb_dtype_name(dt));
+  for (int d = 0; d < dst->ndim; d++)
+    if (dst->strides[d] == 0 && dst->shape[d] > 1) {
+      char a[128];
+      return ebb__fail(EBB_EINVAL, "%s: dst of shape %s is expanded along dim %d (stride 0); expected a writable tensor", fn,
+                       EBB__SHAPE(dst, a), d);
+    }
+  int nd;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  st = ebb__broadcast_shape(fn, dst, src, &nd, shape);
+  if (st) return st;
+  if (nd != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * (size_t)nd) != 0) {
+    char a[128], b[128], c[128];
+    return ebb__fail(EBB_EINVAL, "%s: dst has shape %s and src %s: the result would have shape %s; an in-place op cannot change dst's shape", fn,
+                     EBB__SHAPE(dst, a), EBB__SHAPE(src, b), ebb__shape_str(shape, nd, c, sizeof c));
+  }
+  const ebb_tensor_t *in[2] = {dst, src};
+  st = ebb__ew_run(fn, op, dst, 2, in, 0, 0);
+  if (st) return st;
+  atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
+  return EBB_OK;
+}
+
+ebb_status ebb_op_add_(ebb_tensor_t *dst, const ebb_tensor_t *src) { return ebb__inplace("ebb_op_add_", EBB__EW_ADD, dst, src); }
+ebb_status ebb_op_mul_(ebb_tensor_t *dst, const ebb_tensor_t *src) { return ebb__inplace("ebb_op_mul_", EBB__EW_MUL, dst, src); }

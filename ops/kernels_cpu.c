@@ -1,0 +1,528 @@
+/* kernels_cpu.c: ops' CPU kernels and element conversions.
+ *
+ * The kernels serve two callers with one function each: CPU tensors (called directly on the
+ * calling thread by ebb__launch) and the emulated driver (registered through ebb_kernel_declare
+ * and run by a device's compute engine thread, with the argument struct copied at launch). They
+ * read only their argument struct and the memory it points to, so they are reentrant.
+ * Arithmetic: elementwise results are computed in f64 and rounded once to the result dtype
+ * (integers: exact in i64 where the op allows it); reductions accumulate in f64; matmul is
+ * OpenBLAS's sgemm/dgemm. bf16 and f16 are converted by bit manipulation, rounding to nearest
+ * even. The random kernels are Philox 4x32-10 keyed by the seed and counted by element index,
+ * so every device and the CPU produce the same numbers.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "ops_impl.h"
+
+/* ---- bf16 and f16 ------------------------------------------------------------------------- */
+
+uint16_t ebb_f32_to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);                                          /* nearest even */
+  return (uint16_t)(u >> 16);
+}
+
+float ebb_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t ebb_f32_to_f16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+  if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds past 65504: infinity */
+  if (a < 0x38800000u) {                       /* below 2^-14: subnormal or zero */
+    if (a < 0x33000000u) return sign;          /* at most 2^-25: ties to zero */
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e; /* value / 2^-24 = m >> shift */
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+  }
+  a -= 0x38000000u; /* rebias the exponent from 127 to 15 */
+  return (uint16_t)(sign | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));
+}
+
+float ebb_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0) {
+    float f = ldexpf((float)m, -24); /* zero or subnormal: exact */
+    return sign ? -f : f;
+  }
+  if (e == 31) u = sign | 0x7f800000u | (m << 13);
+  else u = sign | ((e + 112u) << 23) | (m << 13);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* ---- Philox 4x32-10 ------------------------------------------------------------------------ */
+
+void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]) {
+  uint32_t x0 = c[0], x1 = c[1], x2 = c[2], x3 = c[3];
+  for (int r = 0; r < 10; r++) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
+    uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0, y1 = (uint32_t)p1;
+    uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1, y3 = (uint32_t)p0;
+    x0 = y0, x1 = y1, x2 = y2, x3 = y3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  out[0] = x0, out[1] = x1, out[2] = x2, out[3] = x3;
+}
+
+/* Uniform [0, 1) with as many bits as dt holds below 1, so rounding never reaches 1. */
+static double ebb__uniform(const uint32_t w[4], int dt) {
+  switch (dt) {
+  case EBB_F64: return (double)(((uint64_t)(w[0] >> 5) << 26) | (w[1] >> 6)) * 0x1p-53;
+  case EBB_BF16: return (double)(w[0] >> 24) * 0x1p-8;
+  case EBB_F16: return (double)(w[0] >> 21) * 0x1p-11;
+  default: return (double)(w[0] >> 8) * 0x1p-24;
+  }
+}
+
+static double ebb__normal(const uint32_t w[4]) {
+  double u1 = ((double)w[0] + 1.0) * 0x1p-32; /* (0, 1]: log is finite */
+  double u2 = (double)w[1] * 0x1p-32;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+}
+
+/* ---- the elementwise kernel ----------------------------------------------------------------- */
+
+static double ebb__gelu(double x) { return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440)); }
+static double ebb__gelu_grad(double x) {
+  return 0.5 * (1.0 + erf(x * 0.70710678118654752440)) + x * exp(-0.5 * x * x) * 0.39894228040143267794;
+}
+
+/* One element in f64. x, y, z are the inputs; s0, s1 the op's scalars. */
+static inline double ebb__ew_f(int op, double x, double y, double z, double s0, double s1) {
+  switch (op) {
+  case EBB__EW_COPY: return x;
+  case EBB__EW_NEG: return -x;
+  case EBB__EW_ABS: return fabs(x);
+  case EBB__EW_EXP: return exp(x);
+  case EBB__EW_LOG: return log(x);
+  case EBB__EW_SQRT: return sqrt(x);
+  case EBB__EW_SIN: return sin(x);
+  case EBB__EW_COS: return cos(x);
+  case EBB__EW_TANH: return tanh(x);
+  case EBB__EW_SIGMOID: return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+  case EBB__EW_RELU: return x > 0 ? x : 0.0;
+  case EBB__EW_GELU: return ebb__gelu(x);
+  case EBB__EW_POWS: return pow(x, s0);
+  case EBB__EW_CLAMP: return x != x ? x : x < s0 ? s0 : x > s1 ? s1 : x;
+  case EBB__EW_ADDS: return x + s0;
+  case EBB__EW_MULS: return x * s0;
+  case EBB__EW_RSUBS: return s0 - x;
+  case EBB__EW_DIVS: return x / s0;
+  case EBB__EW_RDIVS: return s0 / x;
+  case EBB__EW_SIGN: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+  case EBB__EW_GELU_GRAD: return ebb__gelu_grad(x);
+  case EBB__EW_CLAMP_MASK: return x >= s0 && x <= s1 ? 1.0 : 0.0;
+  case EBB__EW_LT_S: return x < s0 ? 1.0 : 0.0;
+  case EBB__EW_GT_S: return x > s0 ? 1.0 : 0.0;
+  case EBB__EW_SQUARE: return x * x;
+  case EBB__EW_ADD: return x + y;
+  case EBB__EW_SUB: return x - y;
+  case EBB__EW_MUL: return x * y;
+  case EBB__EW_DIV: return x / y;
+  case EBB__EW_EQ: return x == y;
+  case EBB__EW_NE: return x != y;
+  case EBB__EW_LT: return x < y;
+  case EBB__EW_LE: return x <= y;
+  case EBB__EW_GT: return x > y;
+  case EBB__EW_GE: return x >= y;
+  case EBB__EW_MAXIMUM: return x != x || x > y ? x : y;
+  case EBB__EW_WHERE: return x != 0 ? y : z;
+  default: return 0.0;
+  }
+}
+
+/* The same in i64, for the ops that stay exact on integers (the op layer only sends those). */
+static inline int64_t ebb__ew_i(int op, int64_t x, int64_t y, int64_t z, int64_t s0, int64_t s1) {
+  /* unsigned arithmetic: i64 overflow wraps (as on a GPU) instead of being undefined */
+  switch (op) {
+  case EBB__EW_COPY: return x;
+  case EBB__EW_NEG: return (int64_t)(0u - (uint64_t)x);
+  case EBB__EW_ABS: return x < 0 ? (int64_t)(0u - (uint64_t)x) : x;
+  case EBB__EW_RELU: return x > 0 ? x : 0;
+  case EBB__EW_CLAMP: return x < s0 ? s0 : x > s1 ? s1 : x;
+  case EBB__EW_ADDS: return (int64_t)((uint64_t)x + (uint64_t)s0);
+  case EBB__EW_MULS: return (int64_t)((uint64_t)x * (uint64_t)s0);
+  case EBB__EW_RSUBS: return (int64_t)((uint64_t)s0 - (uint64_t)x);
+  case EBB__EW_SIGN: return (x > 0) - (x < 0);
+  case EBB__EW_SQUARE: return (int64_t)((uint64_t)x * (uint64_t)x);
+  case EBB__EW_CLAMP_MASK: return x >= s0 && x <= s1;
+  case EBB__EW_LT_S: return x < s0;
+  case EBB__EW_GT_S: return x > s0;
+  case EBB__EW_ADD: return (int64_t)((uint64_t)x + (uint64_t)y);
+  case EBB__EW_SUB: return (int64_t)((uint64_t)x - (uint64_t)y);
+  case EBB__EW_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
+  case EBB__EW_EQ: return x == y;
+  case EBB__EW_NE: return x != y;
+  case EBB__EW_LT: return x < y;
+  case EBB__EW_LE: return x <= y;
+  case EBB__EW_GT: return x > y;
+  case EBB__EW_GE: return x >= y;
+  case EBB__EW_MAXIMUM: return x > y ? x : y;
+  case EBB__EW_WHERE: return x ? y : z;
+  default: return 0;
+  }
+}
+
+static bool ebb__ew_int_op(int op) {
+  switch (op) {
+  case EBB__EW_COPY: case EBB__EW_NEG: case EBB__EW_ABS: case EBB__EW_RELU: case EBB__EW_CLAMP:
+  case EBB__EW_ADDS: case EBB__EW_MULS: case EBB__EW_RSUBS: case EBB__EW_SIGN: case EBB__EW_SQUARE:
+  case EBB__EW_CLAMP_MASK: case EBB__EW_LT_S: case EBB__EW_GT_S: case EBB__EW_ADD: case EBB__EW_SUB:
+  case EBB__EW_MUL: case EBB__EW_EQ: case EBB__EW_NE: case EBB__EW_LT: case EBB__EW_LE: case EBB__EW_GT:
+  case EBB__EW_GE: case EBB__EW_MAXIMUM: case EBB__EW_WHERE:
+    return true;
+  default:
+    return false;
+  }
+}
+
+static bool ebb__is_int(int dt) { return dt == EBB_I64 || dt == EBB_BOOL; }
+
+/* Contiguous f32 (and f64) binary ops and same-dtype copies: the loops the compiler vectorises.
+ * Returns false when the launch is not of that shape. */
+static bool ebb__ew_fast(const ebb__ew_args *a) {
+  if (a->ndim != 1 || a->st_out[0] != 1) return false;
+  const int64_t n = a->shape[0];
+  for (int k = 0; k < a->nin; k++)
+    if (a->st_in[k][0] != 1 || a->dt_in[k] != a->dt_out) return false;
+  if (a->op == EBB__EW_COPY) {
+    memmove(a->out, a->in[0], (size_t)n * ebb__dtype_size[a->dt_out]);
+    return true;
+  }
+  if (a->dt_out == EBB_F32 && a->nin == 2) {
+    float *restrict o = a->out;
+    const float *restrict x = a->in[0], *restrict y = a->in[1];
+    if (o == x || o == y) return false; /* in place: the generic loop handles aliasing */
+    switch (a->op) {
+    case EBB__EW_ADD: for (int64_t i = 0; i < n; i++) o[i] = x[i] + y[i]; return true;
+    case EBB__EW_SUB: for (int64_t i = 0; i < n; i++) o[i] = x[i] - y[i]; return true;
+    case EBB__EW_MUL: for (int64_t i = 0; i < n; i++) o[i] = x[i] * y[i]; return true;
+    case EBB__EW_DIV: for (int64_t i = 0; i < n; i++) o[i] = x[i] / y[i]; return true;
+    default: return false;
+    }
+  }
+  if (a->dt_out == EBB_F32 && a->nin == 0 && a->op == EBB__EW_FILL) {
+    float *o = a->out, v = (float)a->s0;
+    for (int64_t i = 0; i < n; i++) o[i] = v;
+    return true;
+  }
+  return false;
+}
+
+#define EBB__CHUNK 256 /* elements per chunk of the generic loops (3 x 2 KiB of f64 on the stack) */
+
+/* n elements of dtype dt, `stride` bytes apart, into f64. */
+static void ebb__load_row(double *dst, const char *p, int64_t stride, int64_t n, int dt) {
+  switch (dt) {
+  case EBB_F32:
+    for (int64_t i = 0; i < n; i++, p += stride) {
+      float v;
+      memcpy(&v, p, 4);
+      dst[i] = v;
+    }
+    break;
+  case EBB_F64:
+    for (int64_t i = 0; i < n; i++, p += stride) memcpy(&dst[i], p, 8);
+    break;
+  default:
+    for (int64_t i = 0; i < n; i++, p += stride) dst[i] = ebb__ld(p, dt);
+    break;
+  }
+}
+
+static void ebb__store_row(char *p, int64_t stride, const double *src, int64_t n, int dt) {
+  switch (dt) {
+  case EBB_F32:
+    for (int64_t i = 0; i < n; i++, p += stride) {
+      float v = (float)src[i];
+      memcpy(p, &v, 4);
+    }
+    break;
+  case EBB_F64:
+    for (int64_t i = 0; i < n; i++, p += stride) memcpy(p, &src[i], 8);
+    break;
+  default:
+    for (int64_t i = 0; i < n; i++, p += stride) ebb__st(p, dt, src[i]);
+    break;
+  }
+}
+
+/* x[i] = op(x[i], y[i], z[i]) for a chunk: the frequent ops get a loop of their own (no switch
+ * per element); the rest go through ebb__ew_f. Results are identical either way. */
+static void ebb__op_row(int op, double *restrict x, const double *restrict y, const double *restrict z, int64_t n, double s0,
+                        double s1) {
+  switch (op) {
+  case EBB__EW_COPY: return;
+  case EBB__EW_ADD: for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i]; return;
+  case EBB__EW_SUB: for (int64_t i = 0; i < n; i++) x[i] = x[i] - y[i]; return;
+  case EBB__EW_MUL: for (int64_t i = 0; i < n; i++) x[i] = x[i] * y[i]; return;
+  case EBB__EW_DIV: for (int64_t i = 0; i < n; i++) x[i] = x[i] / y[i]; return;
+  case EBB__EW_ADDS: for (int64_t i = 0; i < n; i++) x[i] = x[i] + s0; return;
+  case EBB__EW_MULS: for (int64_t i = 0; i < n; i++) x[i] = x[i] * s0; return;
+  case EBB__EW_NEG: for (int64_t i = 0; i < n; i++) x[i] = -x[i]; return;
+  case EBB__EW_SQUARE: for (int64_t i = 0; i < n; i++) x[i] = x[i] * x[i]; return;
+  case EBB__EW_EXP: for (int64_t i = 0; i < n; i++) x[i] = exp(x[i]); return;
+  case EBB__EW_LOG: for (int64_t i = 0; i < n; i++) x[i] = log(x[i]); return;
+  default:
+    for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(op, x[i], y ? y[i] : 0, z ? z[i] : 0, s0, s1);
+    return;
+  }
+}
+
+/* The generic loop: rows of the innermost dim, each row's base found from the outer index
+ * (recomputed per row, not per element), then pointers stepped by byte strides along the row.
+ * Floating results go through f64 chunks (load, op, store, each with its switch outside the
+ * element loop); i64 results stay per element in i64; the contiguous same-dtype f32 binary
+ * ops take the fast path above. */
+void ebb__ew_cpu(void *args) {
+  const ebb__ew_args *a = args;
+  if (ebb__ew_fast(a)) return;
+  const int nd = a->ndim, nin = a->nin, op = a->op, dto = a->dt_out;
+  const int64_t inner = nd ? a->shape[nd - 1] : 1;
+  int64_t outer = 1;
+  for (int d = 0; d + 1 < nd; d++) outer *= a->shape[d];
+  const size_t eo = ebb__dtype_size[dto];
+  size_t ei[3] = {0, 0, 0};
+  for (int k = 0; k < nin; k++) ei[k] = ebb__dtype_size[a->dt_in[k]];
+  bool ints = ebb__ew_int_op(op);
+  if (op >= EBB__EW_EQ && op <= EBB__EW_GE) ints = true; /* comparisons: exact when the inputs are integers */
+  else ints = ints && ebb__is_int(dto);
+  for (int k = 0; k < nin && ints; k++) ints = ebb__is_int(a->dt_in[k]);
+  if (op == EBB__EW_WHERE) ints = ebb__is_int(dto) && ebb__is_int(a->dt_in[1]) && ebb__is_int(a->dt_in[2]);
+  const int64_t is0 = ebb__d2i(a->s0), is1 = ebb__d2i(a->s1);
+  const int64_t so = nd ? a->st_out[nd - 1] * (int64_t)eo : 0;
+  int64_t si[3] = {0, 0, 0};
+  for (int k = 0; k < nin; k++) si[k] = nd ? a->st_in[k][nd - 1] * (int64_t)ei[k] : 0;
+
+  int64_t idx[EBB_TENSOR_MAX_DIMS] = {0};
+  uint64_t lin = 0; /* row-major index of the output element: the counter of rand/arange */
+  for (int64_t r = 0; r < outer; r++) {
+    int64_t oo = 0, io[3] = {0, 0, 0};
+    for (int d = 0; d + 1 < nd; d++) {
+      oo += idx[d] * a->st_out[d];
+      for (int k = 0; k < nin; k++) io[k] += idx[d] * a->st_in[k][d];
+    }
+    char *po = (char *)a->out + oo * (int64_t)eo;
+    const char *pi[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < nin; k++) pi[k] = (const char *)a->in[k] + io[k] * (int64_t)ei[k];
+    switch (op) {
+    case EBB__EW_FILL: /* i64 takes the truncated value exactly; bool, like every dtype, v != 0 */
+      if (dto == EBB_I64)
+        for (int64_t i = 0; i < inner; i++, po += so) ebb__sti(po, dto, is0);
+      else
+        for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, a->s0);
+      break;
+    case EBB__EW_ARANGE:
+      for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, a->s0 + (double)(lin + (uint64_t)i) * a->s1);
+      break;
+    case EBB__EW_RAND:
+    case EBB__EW_RANDN:
+      for (int64_t i = 0; i < inner; i++, po += so) {
+        uint64_t ctr = a->offset + lin + (uint64_t)i;
+        uint32_t c[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), 0, 0}, w[4];
+        ebb__philox(c, (uint32_t)a->seed, (uint32_t)(a->seed >> 32), w);
+        ebb__st(po, dto, op == EBB__EW_RAND ? ebb__uniform(w, dto) : ebb__normal(w));
+      }
+      break;
+    default:
+      if (ints) {
+        for (int64_t i = 0; i < inner; i++, po += so) {
+          int64_t x = nin > 0 ? ebb__ldi(pi[0], a->dt_in[0]) : 0, y = nin > 1 ? ebb__ldi(pi[1], a->dt_in[1]) : 0;
+          int64_t z = nin > 2 ? ebb__ldi(pi[2], a->dt_in[2]) : 0;
+          ebb__sti(po, dto, ebb__ew_i(op, x, y, z, is0, is1));
+          for (int k = 0; k < nin; k++) pi[k] += si[k];
+        }
+      } else {
+        /* chunks: load every input's piece as f64, apply the op with its switch outside the
+         * loop, store; all loads of a chunk precede its stores, so in-place ops are safe */
+        double buf[3][EBB__CHUNK];
+        for (int64_t i0 = 0; i0 < inner; i0 += EBB__CHUNK) {
+          const int64_t m = inner - i0 < EBB__CHUNK ? inner - i0 : EBB__CHUNK;
+          for (int k = 0; k < nin; k++) {
+            ebb__load_row(buf[k], pi[k], si[k], m, a->dt_in[k]);
+            pi[k] += si[k] * m;
+          }
+          ebb__op_row(op, buf[0], nin > 1 ? buf[1] : NULL, nin > 2 ? buf[2] : NULL, m, a->s0, a->s1);
+          ebb__store_row(po, so, buf[0], m, dto);
+          po += so * m;
+        }
+      }
+      break;
+    }
+    lin += (uint64_t)inner;
+    for (int d = nd - 2; d >= 0; d--) { /* next row */
+      if (++idx[d] < a->shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+/* ---- reductions --------------------------------------------------------------------------- */
+
+/* One output element per outer iteration, its inner elements visited in row-major order of
+ * the reduced dims, accumulated in f64. For max the first maximum wins ties (its inner index
+ * is reported) and the first NaN wins over everything. */
+/* Reductions whose kept innermost dim lies closer in memory than the reduced ones (a sum over
+ * rows of a row-major matrix, say): a chunk of neighbouring outputs is accumulated at once,
+ * each inner element j loading one contiguous-ish piece for all of them. Every output still
+ * sees its inner elements in row-major order j = 0, 1, ..., so results match the other loop. */
+static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner) {
+  const size_t ei = ebb__dtype_size[a->dt_in], eo = ebb__dtype_size[a->dt_out];
+  const int no = a->nouter, ni = a->ninner;
+  const int64_t olast = a->oshape[no - 1], ostride = a->ost_in[no - 1] * (int64_t)ei;
+  const int64_t orows = olast ? outer / olast : 0;
+  double buf[EBB__CHUNK], acc[EBB__CHUNK];
+  int64_t best[EBB__CHUNK];
+  bool nan[EBB__CHUNK];
+  int64_t oidx[EBB_TENSOR_MAX_DIMS] = {0};
+  for (int64_t orow = 0; orow < orows; orow++) {
+    int64_t ibase = 0, obase = 0;
+    for (int d = 0; d + 1 < no; d++) {
+      ibase += oidx[d] * a->ost_in[d];
+      obase += oidx[d] * a->ost_out[d];
+    }
+    for (int64_t k0 = 0; k0 < olast; k0 += EBB__CHUNK) {
+      const int64_t m = olast - k0 < EBB__CHUNK ? olast - k0 : EBB__CHUNK;
+      for (int64_t k = 0; k < m; k++) {
+        acc[k] = a->op == EBB__RED_MAX ? -INFINITY : 0.0;
+        best[k] = 0;
+        nan[k] = false;
+      }
+      int64_t iidx[EBB_TENSOR_MAX_DIMS] = {0};
+      for (int64_t j = 0; j < inner; j++) {
+        int64_t off = ibase + k0 * a->ost_in[no - 1];
+        for (int d = 0; d < ni; d++) off += iidx[d] * a->ist_in[d];
+        ebb__load_row(buf, (const char *)a->in + off * (int64_t)ei, ostride, m, a->dt_in);
+        if (a->op == EBB__RED_MAX) {
+          for (int64_t k = 0; k < m; k++)
+            if (!nan[k] && (buf[k] != buf[k] || buf[k] > acc[k] || j == 0)) {
+              acc[k] = buf[k];
+              best[k] = j;
+              nan[k] = buf[k] != buf[k];
+            }
+        } else {
+          for (int64_t k = 0; k < m; k++) acc[k] += buf[k];
+        }
+        for (int d = ni - 1; d >= 0; d--) {
+          if (++iidx[d] < a->ishape[d]) break;
+          iidx[d] = 0;
+        }
+      }
+      for (int64_t k = 0; k < m; k++) {
+        double v = a->op == EBB__RED_MEAN ? (inner ? acc[k] / (double)inner : NAN) : acc[k];
+        int64_t o = obase + (k0 + k) * a->ost_out[no - 1];
+        ebb__st((char *)a->out + o * (int64_t)eo, a->dt_out, v);
+        if (a->idx) a->idx[o] = best[k];
+      }
+    }
+    for (int d = no - 2; d >= 0; d--) {
+      if (++oidx[d] < a->oshape[d]) break;
+      oidx[d] = 0;
+    }
+  }
+}
+
+static int64_t ebb__abs64(int64_t x) { return x < 0 ? -x : x; }
+
+void ebb__reduce_cpu(void *args) {
+  const ebb__red_args *a = args;
+  if (a->nouter > 0 && a->ninner > 0 && a->oshape[a->nouter - 1] > 1 &&
+      ebb__abs64(a->ost_in[a->nouter - 1]) < ebb__abs64(a->ist_in[a->ninner - 1])) {
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < a->nouter; d++) outer *= a->oshape[d];
+    for (int d = 0; d < a->ninner; d++) inner *= a->ishape[d];
+    ebb__reduce_columns(a, outer, inner);
+    return;
+  }
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < a->nouter; d++) outer *= a->oshape[d];
+  for (int d = 0; d < a->ninner; d++) inner *= a->ishape[d];
+  const size_t ei = ebb__dtype_size[a->dt_in], eo = ebb__dtype_size[a->dt_out];
+  /* the last reduced dim is walked in chunks (load as f64, then accumulate); the others index
+   * the start of each such run */
+  const int ni = a->ninner;
+  const int64_t last = ni ? a->ishape[ni - 1] : 1, lstride = ni ? a->ist_in[ni - 1] * (int64_t)ei : 0;
+  const int64_t runs = last ? inner / last : 0;
+  double buf[EBB__CHUNK];
+  int64_t oidx[EBB_TENSOR_MAX_DIMS] = {0};
+  for (int64_t r = 0; r < outer; r++) {
+    int64_t ibase = 0, obase = 0;
+    for (int d = 0; d < a->nouter; d++) {
+      ibase += oidx[d] * a->ost_in[d];
+      obase += oidx[d] * a->ost_out[d];
+    }
+    int64_t iidx[EBB_TENSOR_MAX_DIMS] = {0};
+    double acc = a->op == EBB__RED_MAX ? -INFINITY : 0.0;
+    int64_t best = 0;
+    bool nan = false;
+    for (int64_t run = 0; run < runs; run++) {
+      int64_t off = ibase;
+      for (int d = 0; d + 1 < ni; d++) off += iidx[d] * a->ist_in[d];
+      const char *p = (const char *)a->in + off * (int64_t)ei;
+      for (int64_t k0 = 0; k0 < last; k0 += EBB__CHUNK) {
+        const int64_t m = last - k0 < EBB__CHUNK ? last - k0 : EBB__CHUNK;
+        ebb__load_row(buf, p + k0 * lstride, lstride, m, a->dt_in);
+        if (a->op == EBB__RED_MAX) {
+          for (int64_t k = 0; k < m; k++) {
+            const double v = buf[k];
+            const int64_t j = run * last + k0 + k;
+            /* NaN wins and stays (the first one), as max of anything with NaN is NaN */
+            if (!nan && (v != v || v > acc || j == 0)) {
+              acc = v;
+              best = j;
+              nan = v != v;
+            }
+          }
+        } else {
+          for (int64_t k = 0; k < m; k++) acc += buf[k]; /* row-major order: the same sum every time */
+        }
+      }
+      for (int d = ni - 2; d >= 0; d--) {
+        if (++iidx[d] < a->ishape[d]) break;
+        iidx[d] = 0;
+      }
+    }
+    if (a->op == EBB__RED_MEAN) acc = inner ? acc / (double)inner : NAN;
+    ebb__st((char *)a->out + obase * (int64_t)eo, a->dt_out, acc);
+    if (a->idx) a->idx[obase] = best;
+    for (int d = a->nouter - 1; d >= 0; d--) {
+      if (++oidx[d] < a->oshape[d]) break;
+      oidx[d] = 0;
+    }
+  }
+}
+
+/* ---- matmul -------------------------------------------------------------------------------- */
+
+/* One gemm per batch entry, in row-major form; batch strides of 0 reuse one operand. OpenBLAS
+ * runs its own threads inside each call. */
+void ebb__matmul_cpu(void *args) {
+  const ebb__mm_args *a = args;
+  const enum CBLAS_TRANSPOSE ta = a->trans_a ? CblasTrans : CblasNoTrans, tb = a->trans_b ? CblasTrans : CblasNoTrans;
+  for (int64_t b = 0; b < a->batch; b++) {
+    if (a->dtype == EBB_F64)
+      cblas_dgemm(CblasRowMajor, ta, tb, (int)a->m, (int)a->n, (int)a->k, 1.0, (const double *)a->a + b * a->sa,
+                  (int)a->lda, (const double *)a->b + b * a->sb, (int)a->ldb, 0.0, (double *)a->c + b * a->sc,
+                  (int)a->ldc);
+    else
+      cblas_sgemm(CblasRowMajor, ta, tb, (int)a->m, (int)a->n, (int)a->k, 1.0f, (const float *)a->a + b * a->sa,
+                  (int)a->lda, (const float *)a->b + b * a->sb, (int)a->ldb, 0.0f, (float *)a->c + b * a->sc,
+                  (int)a->ldc);
+  }
+}

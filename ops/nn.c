@@ -1,0 +1,472 @@
+/* nn.c: softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat and stack, each with its
+ * backward math beside it.
+ *
+ * These are compositions of the elementwise, reduction and view ops (no kernels of their own),
+ * so they run wherever those run and enqueue the same way. Each function gathers its
+ * temporaries in a local array and releases them before returning, on success and on failure.
+ * Threading: no state of its own.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops_impl.h"
+
+#define EBB__PUT_ALL(arr)                                                     \
+  do {                                                                        \
+    for (size_t i_ = 0; i_ < EBB_ARRAY_LEN(arr); i_++) ebb__tensor_put(arr[i_]); \
+  } while (0)
+
+static ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_tensor_t *t) {
+  ebb_status st = ebb__tensor_check(t, fn, arg);
+  if (st) return st;
+  if (!ebb_dtype_is_float(t->dtype))
+    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected a floating dtype", fn, arg, ebb_dtype_name(t->dtype));
+  return EBB_OK;
+}
+
+static ebb_status ebb__need_out(const char *fn, const char *arg, ebb_tensor_t **out) {
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected a tensor handle to fill", fn, arg);
+  return EBB_OK;
+}
+
+/* ---- softmax and log_softmax ----------------------------------------------------------------------- */
+
+/* y = exp(x - m) / sum(exp(x - m)) with m = max(x) along dim: subtracting m changes nothing
+ * mathematically (it cancels in the ratio) but keeps exp from overflowing for large logits.
+ * log_softmax is (x - m) - log(sum(exp(x - m))), computed without forming y, so it stays finite
+ * where y would underflow to 0. */
+static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, bool logarithm, ebb_tensor_t **out) {
+  ebb_status st = ebb__float_input(fn, "t", t);
+  if (!st) st = ebb__need_out(fn, "out", out);
+  int d;
+  if (!st) st = ebb__dim(fn, "dim", dim, t->ndim, &d);
+  if (st) return st;
+  ebb_tensor_t *m = NULL, *s = NULL, *e = NULL, *z = NULL, *lz = NULL;
+  st = ebb_op_amax(t, &d, 1, true, &m);
+  if (!st) st = ebb_op_sub(t, m, &s);
+  if (!st) st = ebb_op_exp(s, &e);
+  if (!st) st = ebb_op_sum(e, &d, 1, true, &z);
+  if (!st && logarithm) st = ebb_op_log(z, &lz);
+  if (!st) st = logarithm ? ebb_op_sub(s, lz, out) : ebb_op_div(e, z, out);
+  ebb_tensor_t *tmp[] = {m, s, e, z, lz};
+  EBB__PUT_ALL(tmp);
+  return st;
+}
+
+ebb_status ebb_op_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) { return ebb__softmax("ebb_op_softmax", t, dim, false, out); }
+ebb_status ebb_op_log_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+  return ebb__softmax("ebb_op_log_softmax", t, dim, true, out);
+}
+
+static ebb_status ebb__softmax_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx, int *d) {
+  ebb_status st = ebb__float_input(fn, "grad", grad);
+  if (!st) st = ebb__float_input(fn, "y", y);
+  if (!st) st = ebb__need_out(fn, "grad_x", gx);
+  if (!st) st = ebb__dim(fn, "dim", dim, y->ndim, d);
+  if (st) return st;
+  if (grad->ndim != y->ndim || memcmp(grad->shape, y->shape, sizeof(int64_t) * (size_t)y->ndim) != 0) {
+    char a[128], b[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s but y %s; expected the forward output's shape", fn, EBB__SHAPE(grad, a), EBB__SHAPE(y, b));
+  }
+  return EBB_OK;
+}
+
+/* dy_i/dx_j = y_i (delta_ij - y_j), so grad_x_j = sum_i grad_i y_i (delta_ij - y_j)
+ * = y_j (grad_j - sum_i grad_i y_i): one product, one reduction along dim, no Jacobian. */
+ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx) {
+  const char *fn = "ebb_op_softmax_backward";
+  int d;
+  ebb_status st = ebb__softmax_bw_check(fn, grad, y, dim, gx, &d);
+  if (st) return st;
+  ebb_tensor_t *gy = NULL, *sg = NULL, *df = NULL;
+  st = ebb_op_mul(grad, y, &gy);
+  if (!st) st = ebb_op_sum(gy, &d, 1, true, &sg);
+  if (!st) st = ebb_op_sub(grad, sg, &df);
+  if (!st) st = ebb_op_mul(y, df, gx);
+  ebb_tensor_t *tmp[] = {gy, sg, df};
+  EBB__PUT_ALL(tmp);
+  return st;
+}
+
+/* d(log y_i)/dx_j = delta_ij - softmax_j, so grad_x_j = grad_j - softmax_j sum_i grad_i, and
+ * softmax is exp of the saved output y (no second pass over x). */
+ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx) {
+  const char *fn = "ebb_op_log_softmax_backward";
+  int d;
+  ebb_status st = ebb__softmax_bw_check(fn, grad, y, dim, gx, &d);
+  if (st) return st;
+  ebb_tensor_t *sg = NULL, *e = NULL, *p = NULL;
+  st = ebb_op_sum(grad, &d, 1, true, &sg);
+  if (!st) st = ebb_op_exp(y, &e);
+  if (!st) st = ebb_op_mul(e, sg, &p);
+  if (!st) st = ebb_op_sub(grad, p, gx);
+  ebb_tensor_t *tmp[] = {sg, e, p};
+  EBB__PUT_ALL(tmp);
+  return st;
+}
+
+/* ---- cross entropy -------------------------------------------------------------------------------- */
+
+static ebb_status ebb__ce_check(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target) {
+  ebb_status st = ebb__float_input(fn, "logits", logits);
+  if (!st) st = ebb__tensor_check(target, fn, "target");
+  if (st) return st;
+  char a[128], b[128];
+  if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0])
+    return ebb__fail(EBB_EINVAL, "%s: logits has shape %s and target %s; expected logits [N, C] and target [N]", fn, EBB__SHAPE(logits, a),
+                     EBB__SHAPE(target, b));
+  if (target->dtype != EBB_I64)
+    return ebb__fail(EBB_EINVAL, "%s: target has dtype %s; expected i64 class indices", fn, ebb_dtype_name(target->dtype));
+  if (target->st->device != logits->st->device)
+    return ebb__fail(EBB_EDEVICE, "%s: target is on device %d but logits on device %d (-1 is the CPU)", fn, target->st->device,
+                     logits->st->device);
+  return EBB_OK;
+}
+
+/* onehot[i, c] = (target[i] == c), as a bool [N, C]. */
+static ebb_status ebb__onehot(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
+  ebb_tensor_t *ar = NULL, *tc = NULL;
+  ebb_status st = ebb_tensor_arange(logits->st->device, EBB_I64, 0, 1, logits->shape[1], &ar);
+  if (!st) st = ebb_tensor_unsqueeze(target, 1, &tc);
+  if (!st) st = ebb_op_eq(tc, ar, out);
+  ebb__tensor_put(ar);
+  ebb__tensor_put(tc);
+  return st;
+}
+
+/* loss = -(1/N) sum_i log_softmax(logits)[i, t_i]. The target column is picked with a one-hot
+ * mask and where() instead of a gather kernel: one more elementwise pass over [N, C], but the
+ * same kernels run on every device, and a target outside [0, C) simply matches no column. */
+ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_cross_entropy";
+  ebb_status st = ebb__ce_check(fn, logits, target);
+  if (!st) st = ebb__need_out(fn, "out", out);
+  if (st) return st;
+  ebb_tensor_t *ls = NULL, *oh = NULL, *zero = NULL, *picked = NULL, *total = NULL;
+  st = ebb_op_log_softmax(logits, 1, &ls);
+  if (!st) st = ebb__onehot(logits, target, &oh);
+  if (!st) st = ebb_tensor_zeros(logits->st->device, logits->dtype, 0, NULL, &zero);
+  if (!st) st = ebb_op_where(oh, ls, zero, &picked);
+  if (!st) st = ebb_op_sum(picked, NULL, 0, false, &total);
+  if (!st) st = ebb_op_mul_scalar(total, logits->shape[0] ? -1.0 / (double)logits->shape[0] : NAN, out);
+  ebb_tensor_t *tmp[] = {ls, oh, zero, picked, total};
+  EBB__PUT_ALL(tmp);
+  return st;
+}
+
+/* d loss / d logits[i, c] = (softmax[i, c] - onehot[i, c]) / N, times the incoming scalar. */
+ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_tensor_t *logits, const ebb_tensor_t *target,
+                                         ebb_tensor_t **gx) {
+  const char *fn = "ebb_op_cross_entropy_backward";
+  ebb_status st = ebb__ce_check(fn, logits, target);
+  if (!st) st = ebb__float_input(fn, "grad", grad);
+  if (!st) st = ebb__need_out(fn, "grad_logits", gx);
+  if (st) return st;
+  if (grad->ndim != 0) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected a scalar (the loss is one)", fn, EBB__SHAPE(grad, a));
+  }
+  ebb_tensor_t *p = NULL, *oh = NULL, *d = NULL, *g = NULL;
+  st = ebb_op_softmax(logits, 1, &p);
+  if (!st) st = ebb__onehot(logits, target, &oh);
+  if (!st) st = ebb_op_sub(p, oh, &d);
+  if (!st) st = ebb_op_mul(d, grad, &g);
+  if (!st) st = ebb_op_mul_scalar(g, logits->shape[0] ? 1.0 / (double)logits->shape[0] : NAN, gx);
+  ebb_tensor_t *tmp[] = {p, oh, d, g};
+  EBB__PUT_ALL(tmp);
+  return st;
+}
+
+/* ---- mse ------------------------------------------------------------------------------------------ */
+
+static ebb_status ebb__mse_check(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b) {
+  ebb_status st = ebb__float_input(fn, "a", a);
+  if (!st) st = ebb__float_input(fn, "b", b);
+  if (st) return st;
+  if (a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) != 0) {
+    char x[128], y[128];
+    return ebb__fail(EBB_EINVAL, "%s: a has shape %s and b %s; expected one shape", fn, EBB__SHAPE(a, x), EBB__SHAPE(b, y));
+  }
+  return EBB_OK;
+}
+
+ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_mse_loss";
+  ebb_status st = ebb__mse_check(fn, a, b);
+  if (!st) st = ebb__need_out(fn, "out", out);
+  if (st) return st;
+  ebb_tensor_t *d = NULL, *sq = NULL;
+  st = ebb_op_sub(a, b, &d);
+  if (!st) st = ebb_op_mul(d, d, &sq);
+  if (!st) st = ebb_op_mean(sq, NULL, 0, false, out);
+  ebb__tensor_put(d);
+  ebb__tensor_put(sq);
+  return st;
+}
+
+/* loss = (1/n) sum (a - b)^2: d/da = 2 (a - b) / n, d/db = -d/da. */
+ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
+                                    ebb_tensor_t **gb) {
+  const char *fn = "ebb_op_mse_loss_backward";
+  ebb_status st = ebb__mse_check(fn, a, b);
+  if (!st) st = ebb__float_input(fn, "grad", grad);
+  if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
+  if (st) return st;
+  if (grad->ndim != 0) {
+    char x[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected a scalar (the loss is one)", fn, EBB__SHAPE(grad, x));
+  }
+  int64_t n = ebb__numel(a->shape, a->ndim);
+  ebb_tensor_t *d = NULL, *g = NULL, *r = NULL;
+  st = ebb_op_sub(a, b, &d);
+  if (!st) st = ebb_op_mul(d, grad, &g);
+  if (!st) st = ebb_op_mul_scalar(g, n ? 2.0 / (double)n : NAN, &r);
+  if (!st && gb) st = ebb_op_neg(r, gb);
+  ebb__tensor_put(d);
+  ebb__tensor_put(g);
+  if (st) {
+    ebb__tensor_put(r);
+    return st;
+  }
+  if (ga) *ga = r;
+  else ebb__tensor_put(r);
+  return EBB_OK;
+}
+
+/* ---- layer norm ------------------------------------------------------------------------------------ */
+
+static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b,
+                                int *dims) {
+  ebb_status st = ebb__float_input(fn, "x", x);
+  if (st) return st;
+  char s1[128], s2[128];
+  if (nnorm < 1 || nnorm > x->ndim)
+    return ebb__fail(EBB_EINVAL, "%s: nnorm %d for x of shape %s; expected 1..%d", fn, nnorm, EBB__SHAPE(x, s1), x->ndim);
+  const ebb_tensor_t *p[2] = {w, b};
+  static const char *const names[2] = {"weight", "bias"};
+  for (int i = 0; i < 2; i++) {
+    if (!p[i]) continue;
+    st = ebb__float_input(fn, names[i], p[i]);
+    if (st) return st;
+    if (p[i]->ndim != nnorm || memcmp(p[i]->shape, x->shape + x->ndim - nnorm, sizeof(int64_t) * (size_t)nnorm) != 0)
+      return ebb__fail(EBB_EINVAL, "%s: %s has shape %s; expected the last %d dims of x's shape %s", fn, names[i], EBB__SHAPE(p[i], s1), nnorm,
+                       EBB__SHAPE(x, s2));
+  }
+  for (int i = 0; i < nnorm; i++) dims[i] = x->ndim - nnorm + i;
+  return EBB_OK;
+}
+
+/* xhat = (x - mean) * rstd, with rstd = (var + eps)^-1/2 (keepdim form). */
+static ebb_status ebb__ln_normalise(const ebb_tensor_t *x, const int *dims, int nnorm, double eps, ebb_tensor_t **xhat, ebb_tensor_t **rstd) {
+  ebb_tensor_t *mu = NULL, *xc = NULL, *sq = NULL, *var = NULL, *ve = NULL;
+  ebb_status st = ebb_op_mean(x, dims, nnorm, true, &mu);
+  if (!st) st = ebb_op_sub(x, mu, &xc);
+  if (!st) st = ebb_op_mul(xc, xc, &sq);
+  if (!st) st = ebb_op_mean(sq, dims, nnorm, true, &var);
+  if (!st) st = ebb_op_add_scalar(var, eps, &ve);
+  if (!st) st = ebb_op_pow_scalar(ve, -0.5, rstd);
+  if (!st) {
+    st = ebb_op_mul(xc, *rstd, xhat);
+    if (st) ebb__tensor_put(*rstd);
+  }
+  ebb_tensor_t *tmp[] = {mu, xc, sq, var, ve};
+  EBB__PUT_ALL(tmp);
+  return st;
+}
+
+ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_layer_norm";
+  int dims[EBB_TENSOR_MAX_DIMS];
+  ebb_status st = ebb__ln_check(fn, x, nnorm, w, b, dims);
+  if (!st) st = ebb__need_out(fn, "out", out);
+  if (st) return st;
+  ebb_tensor_t *xhat = NULL, *rstd = NULL, *y = NULL;
+  st = ebb__ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
+  if (st) return st;
+  ebb_tensor_t *cur = xhat;
+  xhat = NULL;
+  if (w) {
+    st = ebb_op_mul(cur, w, &y);
+    ebb__tensor_put(cur);
+    cur = st ? NULL : y;
+  }
+  if (!st && b) {
+    st = ebb_op_add(cur, b, &y);
+    ebb__tensor_put(cur);
+    cur = st ? NULL : y;
+  }
+  ebb__tensor_put(rstd);
+  if (st) return st;
+  *out = cur;
+  return EBB_OK;
+}
+
+/* With xhat = (x - mu) rstd over the normalised dims (n elements each), y = xhat w + b:
+ *   grad_b = sum over the leading dims of grad, grad_w = the same of grad * xhat;
+ *   with g = grad * w, grad_x = rstd (g - mean(g) - xhat mean(g xhat)), the usual result of
+ *   differentiating through mu and the biased variance (both depend on every x of the row).
+ * The statistics are recomputed from x rather than saved: ops has no saved state, and autograd
+ * may keep them later by calling the forward pieces itself. */
+ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b,
+                                      double eps, ebb_tensor_t **gx, ebb_tensor_t **gw, ebb_tensor_t **gb) {
+  const char *fn = "ebb_op_layer_norm_backward";
+  int dims[EBB_TENSOR_MAX_DIMS];
+  ebb_status st = ebb__ln_check(fn, x, nnorm, w, b, dims);
+  if (!st) st = ebb__float_input(fn, "grad", grad);
+  if (st) return st;
+  if (!gx && !gw && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_x, grad_weight and grad_bias are all NULL; expected one to fill", fn);
+  if ((gw && !w) || (gb && !b)) return ebb__fail(EBB_EINVAL, "%s: a gradient was asked for a NULL weight or bias", fn);
+  if (grad->ndim != x->ndim || memcmp(grad->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
+    char s1[128], s2[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected x's shape %s", fn, EBB__SHAPE(grad, s1), EBB__SHAPE(x, s2));
+  }
+  ebb_tensor_t *xhat = NULL, *rstd = NULL, *gxh = NULL, *m1 = NULL, *p = NULL, *m2 = NULL, *q = NULL, *r1 = NULL, *r2 = NULL, *gp = NULL;
+  ebb_tensor_t *rx = NULL, *rw = NULL, *rb = NULL;
+  st = ebb__ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
+  if (st) return st;
+  /* dL/dxhat = grad * w; dL/dx = rstd * (gxh - mean(gxh) - xhat * mean(gxh * xhat)) */
+  if (w) {
+    st = ebb_op_mul(grad, w, &gxh);
+  } else {
+    atomic_fetch_add_explicit(&((ebb_tensor_t *)grad)->refs, 1, memory_order_relaxed);
+    gxh = (ebb_tensor_t *)grad;
+  }
+  if (!st && gx) {
+    st = ebb_op_mean(gxh, dims, nnorm, true, &m1);
+    if (!st) st = ebb_op_mul(gxh, xhat, &p);
+    if (!st) st = ebb_op_mean(p, dims, nnorm, true, &m2);
+    if (!st) st = ebb_op_mul(xhat, m2, &q);
+    if (!st) st = ebb_op_sub(gxh, m1, &r1);
+    if (!st) st = ebb_op_sub(r1, q, &r2);
+    if (!st) st = ebb_op_mul(r2, rstd, &rx);
+  }
+  if (!st && gw) {
+    st = ebb_op_mul(grad, xhat, &gp);
+    if (!st) st = ebb_op_sum_to_shape(gp, w->ndim, w->shape, &rw);
+  }
+  if (!st && gb) st = ebb_op_sum_to_shape(grad, b->ndim, b->shape, &rb);
+  ebb_tensor_t *tmp[] = {xhat, rstd, gxh, m1, p, m2, q, r1, r2, gp};
+  EBB__PUT_ALL(tmp);
+  if (st) {
+    ebb__tensor_put(rx);
+    ebb__tensor_put(rw);
+    ebb__tensor_put(rb);
+    return st;
+  }
+  if (gx) *gx = rx;
+  if (gw) *gw = rw;
+  if (gb) *gb = rb;
+  return EBB_OK;
+}
+
+/* ---- cat and stack ------------------------------------------------------------------------------------ */
+
+/* The result is allocated once and each input copied into its narrow() view of it, so cat is
+ * n copy kernels and no temporary. Inputs may be any views (the copy kernel takes strides). */
+ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_cat";
+  if (!ts || n < 1) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected at least one", fn, n, ts ? "given" : "NULL");
+  ebb_status st = ebb__need_out(fn, "out", out);
+  for (int i = 0; i < n && !st; i++) st = ebb__tensor_check(ts[i], fn, "ts[i]");
+  if (st) return st;
+  const ebb_tensor_t *t0 = ts[0];
+  int d;
+  if (t0->ndim == 0) return ebb__fail(EBB_EINVAL, "%s: ts[0] is a scalar; expected tensors of at least 1 dim (use ebb_op_stack)", fn);
+  st = ebb__dim(fn, "dim", dim, t0->ndim, &d);
+  if (st) return st;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  memcpy(shape, t0->shape, sizeof shape);
+  shape[d] = 0;
+  for (int i = 0; i < n; i++) {
+    const ebb_tensor_t *t = ts[i];
+    char a[128], b[128];
+    if (t->dtype != t0->dtype || t->st->device != t0->st->device)
+      return ebb__fail(EBB_EINVAL, "%s: ts[%d] is %s on device %d but ts[0] is %s on device %d; expected one dtype and device", fn, i,
+                       ebb_dtype_name(t->dtype), t->st->device, ebb_dtype_name(t0->dtype), t0->st->device);
+    bool ok = t->ndim == t0->ndim;
+    for (int k = 0; ok && k < t->ndim; k++) ok = k == d || t->shape[k] == t0->shape[k];
+    if (!ok)
+      return ebb__fail(EBB_EINVAL, "%s: ts[%d] has shape %s and ts[0] %s; expected equal extents except along dim %d", fn, i, EBB__SHAPE(t, a),
+                       EBB__SHAPE(t0, b), d);
+    shape[d] += t->shape[d];
+  }
+  ebb_tensor_t *r;
+  st = ebb__tensor_new(fn, t0->st->device, t0->dtype, t0->ndim, shape, &r);
+  if (st) return st;
+  int64_t at = 0;
+  for (int i = 0; i < n && !st; i++) {
+    ebb_tensor_t *v;
+    st = ebb_tensor_narrow(r, d, at, ts[i]->shape[d], &v);
+    if (st) break;
+    st = ebb__ew_run(fn, EBB__EW_COPY, v, 1, &ts[i], 0, 0);
+    ebb__tensor_put(v);
+    at += ts[i]->shape[d];
+  }
+  if (st) {
+    ebb__tensor_put(r);
+    return st;
+  }
+  *out = r;
+  return EBB_OK;
+}
+
+ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_stack";
+  if (!ts || n < 1 || n > 4096) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected 1..4096", fn, n, ts ? "given" : "NULL");
+  ebb_status st = ebb__need_out(fn, "out", out);
+  for (int i = 0; i < n && !st; i++) st = ebb__tensor_check(ts[i], fn, "ts[i]");
+  if (st) return st;
+  for (int i = 1; i < n; i++)
+    if (ts[i]->ndim != ts[0]->ndim || memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)ts[0]->ndim) != 0) {
+      char a[128], b[128];
+      return ebb__fail(EBB_EINVAL, "%s: ts[%d] has shape %s and ts[0] %s; expected one shape", fn, i, EBB__SHAPE(ts[i], a), EBB__SHAPE(ts[0], b));
+    }
+  ebb_tensor_t **u = calloc((size_t)n, sizeof *u);
+  if (!u) return ebb__fail(EBB_ENOMEM, "%s: no host memory for %d views", fn, n);
+  for (int i = 0; i < n && !st; i++) st = ebb_tensor_unsqueeze(ts[i], dim, &u[i]);
+  if (!st) st = ebb_op_cat((const ebb_tensor_t *const *)u, n, dim, out);
+  for (int i = 0; i < n; i++) ebb__tensor_put(u[i]);
+  free(u);
+  return st;
+}
+
+/* The gradient of a slice is the matching slice of grad: a view, no copy. Its offset along
+ * dim is the sum of the extents of the inputs before it, hence the walk over ts[0..i). */
+ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tensor_t *const *ts, int n, int dim, int i, ebb_tensor_t **gi) {
+  const char *fn = "ebb_op_cat_backward";
+  ebb_status st = ebb__tensor_check(grad, fn, "grad");
+  if (!st) st = ebb__need_out(fn, "grad_i", gi);
+  if (st) return st;
+  if (!ts || i < 0 || i >= n) return ebb__fail(EBB_EINVAL, "%s: input %d of %d (array %s); expected 0 <= i < n", fn, i, n, ts ? "given" : "NULL");
+  int d;
+  st = ebb__dim(fn, "dim", dim, grad->ndim, &d);
+  if (st) return st;
+  int64_t at = 0;
+  for (int k = 0; k < i; k++) {
+    st = ebb__tensor_check(ts[k], fn, "ts[k]");
+    if (st) return st;
+    if (ts[k]->ndim != grad->ndim) return ebb__fail(EBB_EINVAL, "%s: ts[%d] has %d dims but grad %d", fn, k, ts[k]->ndim, grad->ndim);
+    at += ts[k]->shape[d];
+  }
+  st = ebb__tensor_check(ts[i], fn, "ts[i]");
+  if (!st && ts[i]->ndim != grad->ndim) st = ebb__fail(EBB_EINVAL, "%s: ts[%d] has %d dims but grad %d", fn, i, ts[i]->ndim, grad->ndim);
+  if (st) return st;
+  return ebb_tensor_narrow(grad, d, at, ts[i]->shape[d], gi);
+}
+
+ebb_status ebb_op_stack_backward(const ebb_tensor_t *grad, int n, int dim, int i, ebb_tensor_t **gi) {
+  const char *fn = "ebb_op_stack_backward";
+  ebb_status st = ebb__tensor_check(grad, fn, "grad");
+  if (!st) st = ebb__need_out(fn, "grad_i", gi);
+  if (st) return st;
+  if (i < 0 || i >= n) return ebb__fail(EBB_EINVAL, "%s: input %d of %d; expected 0 <= i < n", fn, i, n);
+  int d;
+  st = ebb__dim(fn, "dim", dim, grad->ndim, &d);
+  if (st) return st;
+  if (grad->shape[d] != n) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad of shape %s has %lld entries along dim %d; expected n = %d", fn, EBB__SHAPE(grad, a),
+                     (long long)grad->shape[d], d, n);
+  }
+  return ebb_tensor_select(grad, d, i, gi);
+}

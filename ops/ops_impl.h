@@ -1,0 +1,166 @@
+/* ops_impl.h: what the files of ops/ share and nothing outside them: the tensor and storage
+ * records, the kernel argument structs (the same layout serves the CPU kernels and the CUDA
+ * kernels of the same names), element loads and stores, and the launch helper that runs a
+ * kernel on the CPU or enqueues it on a device's current stream.
+ */
+#ifndef EBB_OPS_IMPL_H
+#define EBB_OPS_IMPL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ebb/tensor.h"
+#include "ebb_internal.h"
+#include "ebb_list.h"
+#include "ebb/ops.h"
+
+#define EBB__TENSOR_MAGIC 0x65627473u /* "ebts" */
+#define EBB__STORAGE_USED 4           /* streams remembered per storage before record_stream */
+
+/* Refcounted storage shared by a tensor and all its views. */
+struct ebb__storage {
+  _Atomic uint32_t refs;
+  int device;                /* EBB_DEVICE_CPU or a device ordinal */
+  void *data;                /* arena or host-pool block; NULL for 0 bytes */
+  size_t bytes;
+  ebb_stream_t *stream;      /* allocation stream (device storage), NULL on the CPU */
+  _Atomic uint64_t version;
+  /* Other streams already declared to the arena with ebb_arena_record_stream. */
+  _Atomic(ebb_stream_t *) used[EBB__STORAGE_USED];
+};
+
+struct ebb_tensor {
+  _Atomic uint32_t magic;    /* EBB__TENSOR_MAGIC while alive, 0 once released */
+  _Atomic uint32_t refs;
+  struct ebb_list free_link; /* in the pool's FIFO of released records */
+  struct ebb__storage *st;
+  int64_t offset;            /* elements */
+  int ndim;
+  ebb_dtype dtype;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  int64_t strides[EBB_TENSOR_MAX_DIMS];
+  void *autograd;
+  char name[EBB_TENSOR_NAME_MAX + 1];
+};
+
+/* ---- checking handles and formatting shapes ------------------------------------------------ */
+
+/* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, naming `fn` and `arg`. */
+EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
+/* "[2,3,4]" into buf (cap >= 16); returns buf. */
+EBB_HIDDEN const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap);
+#define EBB__SHAPE(t, buf) ebb__shape_str((t)->shape, (t)->ndim, (buf), sizeof(buf))
+/* Normalises a possibly negative dim against ndim (range [-ndim, ndim)); EBB_EINVAL otherwise. */
+EBB_HIDDEN ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out);
+EBB_HIDDEN int64_t ebb__numel(const int64_t *shape, int ndim);
+EBB_HIDDEN bool ebb__is_contiguous(const ebb_tensor_t *t);
+EBB_HIDDEN void *ebb__tensor_ptr(const ebb_tensor_t *t);
+
+/* ---- creating handles (no reference checks; internal callers hold valid tensors) ------------ */
+
+/* A new contiguous tensor with fresh storage (values undefined). */
+EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape,
+                                      ebb_tensor_t **out);
+/* A new handle on t's storage (one more storage reference) with the given geometry. */
+EBB_HIDDEN ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
+                                        int64_t offset, ebb_tensor_t **out);
+EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
+
+/* ---- elements ------------------------------------------------------------------------------ */
+
+EBB_HIDDEN extern const size_t ebb__dtype_size[EBB_DTYPE_COUNT];
+
+static inline double ebb__ld(const char *p, int dt) {
+  switch (dt) {
+  case EBB_F32: { float v; memcpy(&v, p, 4); return v; }
+  case EBB_F64: { double v; memcpy(&v, p, 8); return v; }
+  case EBB_BF16: { uint16_t h; memcpy(&h, p, 2); return ebb_bf16_to_f32(h); }
+  case EBB_F16: { uint16_t h; memcpy(&h, p, 2); return ebb_f16_to_f32(h); }
+  case EBB_I64: { int64_t v; memcpy(&v, p, 8); return (double)v; }
+  default: return *(const unsigned char *)p ? 1.0 : 0.0;
+  }
+}
+
+/* Double to int64: truncation toward zero, NaN -> 0, saturating (a C cast is undefined there). */
+static inline int64_t ebb__d2i(double v) {
+  if (v != v) return 0;
+  if (v >= 9223372036854775807.0) return INT64_MAX;
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)v;
+}
+
+static inline void ebb__st(char *p, int dt, double v) {
+  switch (dt) {
+  case EBB_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
+  case EBB_F64: memcpy(p, &v, 8); break;
+  case EBB_BF16: { uint16_t h = ebb_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
+  case EBB_F16: { uint16_t h = ebb_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
+  case EBB_I64: { int64_t i = ebb__d2i(v); memcpy(p, &i, 8); break; }
+  default: *(unsigned char *)p = v != 0.0; break;
+  }
+}
+
+static inline int64_t ebb__ldi(const char *p, int dt) {
+  if (dt == EBB_I64) { int64_t v; memcpy(&v, p, 8); return v; }
+  if (dt == EBB_BOOL) return *(const unsigned char *)p != 0;
+  return ebb__d2i(ebb__ld(p, dt));
+}
+
+static inline void ebb__sti(char *p, int dt, int64_t v) {
+  if (dt == EBB_I64) memcpy(p, &v, 8);
+  else if (dt == EBB_BOOL) *(unsigned char *)p = v != 0;
+  else ebb__st(p, dt, (double)v);
+}
+
+#include "ops_kernels.h"
+
+_Static_assert(EBB__KMAX_DIMS == EBB_TENSOR_MAX_DIMS, "kernel structs hold EBB_TENSOR_MAX_DIMS dims");
+
+enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_COUNT };
+
+EBB_HIDDEN void ebb__ew_cpu(void *args);
+EBB_HIDDEN void ebb__reduce_cpu(void *args);
+EBB_HIDDEN void ebb__matmul_cpu(void *args);
+
+/* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
+ * is not its allocation stream. */
+typedef struct ebb__operand {
+  const ebb_tensor_t *t;
+  bool write;
+} ebb__operand;
+
+/* Runs kernel `kid` on `device`: the CPU function on the calling thread for EBB_DEVICE_CPU,
+ * else enqueued on the device's current stream with the operands' storages declared as reads
+ * and writes. `work` is the number of GPU threads the kernel wants (one per output element);
+ * the CUDA kernels loop over whatever the grid does not cover. */
+EBB_HIDDEN ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops,
+                                  int nops, int64_t work);
+
+/* Declares to the arena the operands' use on `stream` (ebb_arena_record_stream where the stream
+ * is not their allocation stream), for work enqueued without ebb__launch. */
+EBB_HIDDEN ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream);
+/* GPU matmul through cuBLAS (blas_gpu.c) on stream `s` of `device`: EBB_ENOTSUP when cuBLAS is
+ * not available (the caller then launches the plain CUDA kernel). */
+EBB_HIDDEN ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb__mm_args *g);
+
+/* Fills the geometry of an elementwise launch from `out` and up to 3 inputs already broadcast to
+ * out's shape (strides given per input), coalescing dims. */
+EBB_HIDDEN void ebb__ew_geometry(ebb__ew_args *a, const ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
+                                 const int64_t (*in_strides)[EBB_TENSOR_MAX_DIMS]);
+/* Runs one elementwise op writing `out` (already allocated) from inputs broadcast to out's
+ * shape. Checks the devices: every input must be on out's device. */
+EBB_HIDDEN ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
+                                  double s0, double s1);
+/* Strides of `t` broadcast to (ndim, shape) (0 along broadcast dims); EBB_EINVAL when it does
+ * not broadcast, naming fn and arg. */
+EBB_HIDDEN ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_tensor_t *t, int ndim,
+                                             const int64_t *shape, int64_t *strides);
+/* The broadcast shape of a and b; EBB_EINVAL naming both shapes. */
+EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, int *ndim,
+                                           int64_t *shape);
+
+/* Philox 4x32-10 of counter (c0..c3) and key (k0, k1); out receives 4 words. */
+EBB_HIDDEN void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]);
+
+#endif /* EBB_OPS_IMPL_H */

@@ -1,0 +1,492 @@
+/* reduce.c: reductions (sum, mean, amax, max along a dim), sum-to-shape for broadcast gradients,
+ * and matmul, each with its backward math beside it.
+ *
+ * Reductions run the "ebb.ops.reduce" kernel: the reduced dims of the input become the inner
+ * loop, the kept dims the outer one, accumulation in f64. Matmul runs "ebb.ops.matmul" (sgemm or
+ * dgemm per batch entry); operands that are neither row-major nor transposed row-major, and
+ * batched operands, are made contiguous first. Threading: no state of its own.
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "ops_impl.h"
+
+/* Which dims of an ndim tensor `dims` names (all when ndims == 0). */
+static ebb_status ebb__dims_mask(const char *fn, const int *dims, int ndims, int ndim, bool *mask) {
+  for (int d = 0; d < EBB_TENSOR_MAX_DIMS; d++) mask[d] = ndims == 0 && d < ndim;
+  if (ndims < 0 || ndims > ndim || (ndims && !dims))
+    return ebb__fail(EBB_EINVAL, "%s: %d dims listed for a tensor of %d dims; expected 0..%d and a dims array", fn, ndims, ndim, ndim);
+  for (int i = 0; i < ndims; i++) {
+    int d;
+    ebb_status st = ebb__dim(fn, "dims[i]", dims[i], ndim, &d);
+    if (st) return st;
+    if (ndim == 0) continue; /* dim 0 or -1 of a scalar: nothing to reduce */
+    if (mask[d]) return ebb__fail(EBB_EINVAL, "%s: dim %d is listed twice; expected distinct dims", fn, d);
+    mask[d] = true;
+  }
+  return EBB_OK;
+}
+
+/* Shape of the reduction's result. */
+static int ebb__reduced_shape(const ebb_tensor_t *t, const bool *mask, bool keepdim, int64_t *shape) {
+  int n = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (!mask[d]) shape[n++] = t->shape[d];
+    else if (keepdim) shape[n++] = 1;
+  }
+  return n;
+}
+
+/* One kernel for every reduction: the input's reduced dims become the kernel's inner loop and
+ * its kept dims the outer loop, each with the input's own strides, so transposed or sliced
+ * inputs reduce in place without a contiguous copy. The result is contiguous; keepdim only
+ * changes its shape (extent-1 dims), not the loop. */
+static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_dtype dt,
+                              ebb_tensor_t **out, ebb_tensor_t **idx) {
+  ebb_status st = ebb__tensor_check(t, fn, "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
+  bool mask[EBB_TENSOR_MAX_DIMS];
+  st = ebb__dims_mask(fn, dims, ndims, t->ndim, mask);
+  if (st) return st;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  int nd = ebb__reduced_shape(t, mask, keepdim, shape);
+  ebb__red_args a;
+  memset(&a, 0, sizeof a);
+  a.op = op;
+  a.dt_in = t->dtype;
+  a.dt_out = dt;
+  int64_t inner = 1;
+  for (int d = 0; d < t->ndim; d++)
+    if (mask[d]) inner *= t->shape[d];
+  if (op == EBB__RED_MAX && inner == 0) {
+    char b[128];
+    return ebb__fail(EBB_EINVAL, "%s: t of shape %s has an empty reduced dim; a maximum of no elements is undefined", fn, EBB__SHAPE(t, b));
+  }
+  ebb_tensor_t *r = NULL, *ix = NULL;
+  st = ebb__tensor_new(fn, t->st->device, dt, nd, shape, &r);
+  if (!st && idx) st = ebb__tensor_new(fn, t->st->device, EBB_I64, nd, shape, &ix);
+  if (st) {
+    ebb__tensor_put(r);
+    return st;
+  }
+  for (int d = 0, o = 0; d < t->ndim; d++) {
+    if (mask[d]) {
+      a.ishape[a.ninner] = t->shape[d];
+      a.ist_in[a.ninner++] = t->strides[d];
+      if (keepdim) o++;
+    } else {
+      a.oshape[a.nouter] = t->shape[d];
+      a.ost_in[a.nouter] = t->strides[d];
+      a.ost_out[a.nouter++] = r->strides[o++];
+    }
+  }
+  a.in = ebb__tensor_ptr(t);
+  a.out = ebb__tensor_ptr(r);
+  a.idx = ix ? ebb__tensor_ptr(ix) : NULL;
+  if (ebb__numel(shape, nd) > 0) {
+    ebb__operand ops[3] = {{r, true}, {t, false}, {ix, true}};
+    st = ebb__launch(fn, EBB__K_REDUCE, t->st->device, &a, ops, ix ? 3 : 2, ebb__numel(shape, nd));
+    if (st) {
+      ebb__tensor_put(r);
+      ebb__tensor_put(ix);
+      return st;
+    }
+  }
+  *out = r;
+  if (idx) *idx = ix;
+  return EBB_OK;
+}
+
+ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+  ebb_dtype dt = t && ebb_dtype_is_float(t->dtype) ? t->dtype : EBB_I64;
+  return ebb__reduce("ebb_op_sum", EBB__RED_SUM, t, dims, ndims, keepdim, dt, out, NULL);
+}
+
+ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+  ebb_dtype dt = t && ebb_dtype_is_float(t->dtype) ? t->dtype : EBB_F32;
+  return ebb__reduce("ebb_op_mean", EBB__RED_MEAN, t, dims, ndims, keepdim, dt, out, NULL);
+}
+
+ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+  ebb_dtype dt = t ? t->dtype : EBB_F32;
+  return ebb__reduce("ebb_op_amax", EBB__RED_MAX, t, dims, ndims, keepdim, dt, out, NULL);
+}
+
+ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
+  if (!indices) return ebb__fail(EBB_EINVAL, "ebb_op_max_dim: indices is NULL; expected a tensor handle to fill");
+  ebb_dtype dt = t ? t->dtype : EBB_F32;
+  return ebb__reduce("ebb_op_max_dim", EBB__RED_MAX, t, &dim, 1, keepdim, dt, values, indices);
+}
+
+/* ---- sum to shape ------------------------------------------------------------------------------ */
+
+/* Broadcasting in the forward repeats an input along leading dims and along its extent-1
+ * dims; the adjoint of a repetition is a sum, so the gradient is summed over exactly those
+ * dims (keepdim, so the extent-1 dims stay) and then viewed as the input's shape. */
+ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_sum_to_shape";
+  ebb_status st = ebb__tensor_check(t, fn, "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL", fn);
+  if (ndim < 0 || ndim > t->ndim || (ndim && !shape)) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "%s: target of %d dims for t of shape %s; expected at most t's dims and a shape", fn, ndim, EBB__SHAPE(t, a));
+  }
+  int dims[EBB_TENSOR_MAX_DIMS], n = 0, lead = t->ndim - ndim;
+  for (int d = 0; d < t->ndim; d++) {
+    if (d < lead) {
+      dims[n++] = d;
+    } else if (shape[d - lead] != t->shape[d]) {
+      if (shape[d - lead] != 1) {
+        char a[128], b[128];
+        return ebb__fail(EBB_EINVAL, "%s: t of shape %s cannot be summed to %s (dim %d); expected a shape t broadcasts from", fn,
+                         EBB__SHAPE(t, a), ebb__shape_str(shape, ndim, b, sizeof b), d - lead);
+      }
+      dims[n++] = d;
+    }
+  }
+  if (n == 0) return ebb_tensor_contiguous(t, out);
+  ebb_tensor_t *s;
+  st = ebb__reduce(fn, EBB__RED_SUM, t, dims, n, true, t->dtype == EBB_BOOL ? EBB_I64 : t->dtype, &s, NULL);
+  if (st) return st;
+  st = ebb_tensor_view(s, ndim, shape, out);
+  ebb__tensor_put(s);
+  return st;
+}
+
+/* ---- reduction backward ------------------------------------------------------------------------ */
+
+/* grad of a reduction, reshaped to keepdim form (extent 1 at the reduced dims): a view. */
+static ebb_status ebb__grad_keepdim(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const bool *mask, bool keepdim,
+                                    ebb_tensor_t **out) {
+  int64_t want[EBB_TENSOR_MAX_DIMS], kshape[EBB_TENSOR_MAX_DIMS];
+  int nw = ebb__reduced_shape(x, mask, keepdim, want);
+  int nk = ebb__reduced_shape(x, mask, true, kshape);
+  if (grad->ndim != nw || memcmp(grad->shape, want, sizeof(int64_t) * (size_t)nw) != 0) {
+    char a[128], b[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the forward output's shape %s", fn, EBB__SHAPE(grad, a),
+                     ebb__shape_str(want, nw, b, sizeof b));
+  }
+  return ebb_tensor_reshape(grad, nk, kshape, out);
+}
+
+static ebb_status ebb__reduce_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims,
+                                       ebb_tensor_t **gx, bool *mask) {
+  ebb_status st = ebb__tensor_check(grad, fn, "grad");
+  if (!st) st = ebb__tensor_check(x, fn, "x");
+  if (st) return st;
+  if (!gx) return ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
+  if (!ebb_dtype_is_float(x->dtype))
+    return ebb__fail(EBB_EINVAL, "%s: x has dtype %s, which has no gradient; expected a floating input", fn, ebb_dtype_name(x->dtype));
+  if (grad->st->device != x->st->device)
+    return ebb__fail(EBB_EDEVICE, "%s: grad is on device %d but x on device %d (-1 is the CPU)", fn, grad->st->device, x->st->device);
+  return ebb__dims_mask(fn, dims, ndims, x->ndim, mask);
+}
+
+/* grad (keepdim form) times `scale`, broadcast to x's shape, as x's dtype. */
+static ebb_status ebb__expand_grad(const char *fn, const ebb_tensor_t *gk, const ebb_tensor_t *x, double scale, ebb_tensor_t **gx) {
+  ebb_tensor_t *r;
+  ebb_status st = ebb__tensor_new(fn, x->st->device, x->dtype, x->ndim, x->shape, &r);
+  if (st) return st;
+  st = ebb__ew_run(fn, EBB__EW_MULS, r, 1, &gk, scale, 0);
+  if (st) {
+    ebb__tensor_put(r);
+    return st;
+  }
+  *gx = r;
+  return EBB_OK;
+}
+
+ebb_status ebb_op_sum_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims, bool keepdim,
+                               ebb_tensor_t **gx) {
+  const char *fn = "ebb_op_sum_backward";
+  bool mask[EBB_TENSOR_MAX_DIMS];
+  ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
+  if (st) return st;
+  ebb_tensor_t *gk;
+  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  if (st) return st;
+  st = ebb__expand_grad(fn, gk, x, 1.0, gx);
+  ebb__tensor_put(gk);
+  return st;
+}
+
+ebb_status ebb_op_mean_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims, bool keepdim,
+                                ebb_tensor_t **gx) {
+  const char *fn = "ebb_op_mean_backward";
+  bool mask[EBB_TENSOR_MAX_DIMS];
+  ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
+  if (st) return st;
+  int64_t count = 1;
+  for (int d = 0; d < x->ndim; d++)
+    if (mask[d]) count *= x->shape[d];
+  ebb_tensor_t *gk;
+  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  if (st) return st;
+  st = ebb__expand_grad(fn, gk, x, count ? 1.0 / (double)count : NAN, gx);
+  ebb__tensor_put(gk);
+  return st;
+}
+
+/* amax has no unique derivative at ties; the gradient is split evenly among the elements
+ * equal to the maximum (mask / count), which is what a subgradient average gives and keeps
+ * the sum of the gradient equal to grad. */
+ebb_status ebb_op_amax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, const int *dims, int ndims,
+                                bool keepdim, ebb_tensor_t **gx) {
+  const char *fn = "ebb_op_amax_backward";
+  bool mask[EBB_TENSOR_MAX_DIMS];
+  ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
+  if (!st) st = ebb__tensor_check(y, fn, "y");
+  if (st) return st;
+  ebb_tensor_t *gk = NULL, *yk = NULL, *eq = NULL, *m = NULL, *cnt = NULL, *share = NULL;
+  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  if (!st) st = ebb__grad_keepdim(fn, y, x, mask, keepdim, &yk);
+  if (!st) st = ebb_op_eq(x, yk, &eq);
+  if (!st) st = ebb_tensor_to_dtype(eq, x->dtype, &m);
+  if (!st) st = ebb__reduce(fn, EBB__RED_SUM, m, dims, ndims, true, x->dtype, &cnt, NULL);
+  if (!st) st = ebb_op_div(gk, cnt, &share);
+  if (!st) st = ebb_op_mul(m, share, gx);
+  ebb_tensor_t *tmp[] = {gk, yk, eq, m, cnt, share};
+  for (size_t i = 0; i < EBB_ARRAY_LEN(tmp); i++) ebb__tensor_put(tmp[i]);
+  return st;
+}
+
+/* max along a dim returns the index of its first maximum: the gradient goes to that element
+ * only. The index is compared with an arange laid along dim (broadcast against the indices in
+ * keepdim form), which gives the one-hot mask without a scatter kernel. */
+ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *indices, int dim, bool keepdim,
+                                   ebb_tensor_t **gx) {
+  const char *fn = "ebb_op_max_dim_backward";
+  bool mask[EBB_TENSOR_MAX_DIMS];
+  ebb_status st = ebb__reduce_bw_check(fn, grad, x, &dim, 1, gx, mask);
+  if (!st) st = ebb__tensor_check(indices, fn, "indices");
+  if (st) return st;
+  if (indices->dtype != EBB_I64)
+    return ebb__fail(EBB_EINVAL, "%s: indices has dtype %s; expected i64 (from ebb_op_max_dim)", fn, ebb_dtype_name(indices->dtype));
+  int d = 0;
+  for (int k = 0; k < x->ndim; k++)
+    if (mask[k]) d = k;
+  ebb_tensor_t *gk = NULL, *ik = NULL, *ar = NULL, *arv = NULL, *hit = NULL, *zero = NULL;
+  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  if (!st) st = ebb__grad_keepdim(fn, indices, x, mask, keepdim, &ik);
+  if (!st) st = ebb_tensor_arange(x->st->device, EBB_I64, 0, 1, x->ndim ? x->shape[d] : 1, &ar);
+  if (!st) {
+    int64_t shape[EBB_TENSOR_MAX_DIMS];
+    for (int k = 0; k < x->ndim; k++) shape[k] = k == d ? x->shape[d] : 1;
+    st = ebb_tensor_view(ar, x->ndim, shape, &arv);
+  }
+  if (!st) st = ebb_op_eq(arv, ik, &hit);
+  if (!st) st = ebb_tensor_zeros(x->st->device, x->dtype, 0, NULL, &zero);
+  ebb_tensor_t *w = NULL;
+  if (!st) st = ebb_op_where(hit, gk, zero, &w);
+  if (!st && w->dtype != x->dtype) {
+    st = ebb_tensor_to_dtype(w, x->dtype, gx);
+    ebb__tensor_put(w);
+  } else if (!st) {
+    *gx = w;
+  }
+  ebb_tensor_t *tmp[] = {gk, ik, ar, arv, hit, zero};
+  for (size_t i = 0; i < EBB_ARRAY_LEN(tmp); i++) ebb__tensor_put(tmp[i]);
+  return st;
+}
+
+/* ---- matmul ---------------------------------------------------------------------------------------- */
+
+/* A matrix operand for gemm: row-major (unit column stride) or transposed row-major, with one
+ * batch stride. Sets *use to t itself (retained) or a contiguous copy expanded to the batch. */
+/* gemm reads a matrix as row-major with a leading dimension, or as the transpose of one: a
+ * transpose() view of a contiguous matrix therefore needs no copy (trans flag, ld = its row
+ * stride). Other layouts, and operands with batch dims, are copied once to a contiguous
+ * [batch..., rows, cols]; a 2-D operand shared by every batch entry keeps batch stride 0. */
+static ebb_status ebb__mm_operand(const char *fn, const ebb_tensor_t *t, int nb, const int64_t *bshape, int64_t rows, int64_t cols,
+                                  ebb_tensor_t **use, int32_t *trans, int64_t *ld, int64_t *bstride) {
+  const int n = t->ndim;
+  const int64_t rs = t->strides[n - 2], cs = t->strides[n - 1];
+  if (n == 2) {
+    if (cs == 1 && rs >= (cols > 1 ? cols : 1)) {
+      *trans = 0, *ld = rs > 0 ? rs : 1;
+    } else if (rs == 1 && cs >= (rows > 1 ? rows : 1)) {
+      *trans = 1, *ld = cs;
+    } else {
+      goto copy;
+    }
+    atomic_fetch_add_explicit(&((ebb_tensor_t *)t)->refs, 1, memory_order_relaxed);
+    *use = (ebb_tensor_t *)t;
+    *bstride = 0; /* one matrix serves every batch entry */
+    return EBB_OK;
+  }
+copy:;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  for (int d = 0; d < nb; d++) shape[d] = bshape[d];
+  shape[nb] = rows;
+  shape[nb + 1] = cols;
+  ebb_tensor_t *e;
+  ebb_status st = ebb_tensor_expand(t, nb + 2, shape, &e);
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: %s", fn, why);
+  }
+  ebb_tensor_t *c;
+  st = ebb_tensor_clone(e, &c);
+  ebb__tensor_put(e);
+  if (st) return st;
+  *use = c;
+  *trans = 0;
+  *ld = cols > 1 ? cols : 1;
+  *bstride = rows * cols;
+  return EBB_OK;
+}
+
+/* On a GPU (a device without CPU kernels), cuBLAS on the current stream; EBB_ENOTSUP on the
+ * CPU, on the emulated driver, and where cuBLAS cannot be loaded. */
+static ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops) {
+  if (device == EBB_DEVICE_CPU) return EBB_ENOTSUP;
+  ebb_dev_caps caps;
+  ebb_status st = ebb_dev_get_caps(device, &caps);
+  if (st) return st;
+  if (caps.cpu_kernels) return EBB_ENOTSUP;
+  ebb_stream_t *s;
+  st = ebb_stream_current(device, &s);
+  if (!st) st = ebb__operands_use(ops, 3, s);
+  if (!st) st = ebb__gpu_gemm(fn, device, s, g);
+  return st;
+}
+
+static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
+  char sa[128], sb[128];
+  if (a->ndim < 2 || b->ndim < 2)
+    return ebb__fail(EBB_EINVAL, "%s: a has shape %s and b %s; expected at least 2 dims each (unsqueeze a vector)", fn, EBB__SHAPE(a, sa),
+                     EBB__SHAPE(b, sb));
+  if (a->st->device != b->st->device)
+    return ebb__fail(EBB_EDEVICE, "%s: a is on device %d and b on device %d (-1 is the CPU); expected one device", fn, a->st->device,
+                     b->st->device);
+  ebb_dtype dt;
+  ebb_op_promote(a->dtype, b->dtype, &dt);
+  if (!ebb_dtype_is_float(a->dtype) || !ebb_dtype_is_float(b->dtype))
+    return ebb__fail(EBB_EINVAL, "%s: a has dtype %s and b %s; expected floating dtypes", fn, ebb_dtype_name(a->dtype), ebb_dtype_name(b->dtype));
+  const int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
+  if (b->shape[b->ndim - 2] != k)
+    return ebb__fail(EBB_EINVAL, "%s: a has shape %s and b %s: inner dims %lld and %lld differ; expected a [..., m, k] and b [..., k, n]", fn,
+                     EBB__SHAPE(a, sa), EBB__SHAPE(b, sb), (long long)k, (long long)b->shape[b->ndim - 2]);
+  /* batch dims broadcast like elementwise shapes */
+  ebb_tensor_t ba, bb;
+  ba.ndim = a->ndim - 2;
+  bb.ndim = b->ndim - 2;
+  memcpy(ba.shape, a->shape, sizeof ba.shape);
+  memcpy(bb.shape, b->shape, sizeof bb.shape);
+  int nb;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  st = ebb__broadcast_shape(fn, &ba, &bb, &nb, shape);
+  if (st) return st;
+  shape[nb] = m;
+  shape[nb + 1] = n;
+  int64_t batch = ebb__numel(shape, nb);
+  /* gemm runs in f32 or f64: other floating dtypes go through f32 copies */
+  const ebb_dtype ct = dt == EBB_F64 ? EBB_F64 : EBB_F32;
+  ebb_tensor_t *ca = NULL, *cb = NULL, *ua = NULL, *ub = NULL, *r = NULL, *res = NULL;
+  if (a->dtype != ct) st = ebb_tensor_to_dtype(a, ct, &ca);
+  if (!st && b->dtype != ct) st = ebb_tensor_to_dtype(b, ct, &cb);
+  if (!st) st = ebb__tensor_new(fn, a->st->device, ct, nb + 2, shape, &r);
+  if (st) goto done;
+  if (batch * m * n > 0) {
+    if (k == 0) {
+      st = ebb__ew_run(fn, EBB__EW_FILL, r, 0, NULL, 0, 0);
+      if (st) goto done;
+    } else {
+      ebb__mm_args g;
+      memset(&g, 0, sizeof g);
+      st = ebb__mm_operand(fn, ca ? ca : a, nb, shape, m, k, &ua, &g.trans_a, &g.lda, &g.sa);
+      if (!st) st = ebb__mm_operand(fn, cb ? cb : b, nb, shape, k, n, &ub, &g.trans_b, &g.ldb, &g.sb);
+      if (st) goto done;
+      g.dtype = ct;
+      g.batch = batch;
+      g.m = m, g.n = n, g.k = k;
+      g.ldc = n;
+      g.sc = m * n;
+      g.a = ebb__tensor_ptr(ua);
+      g.b = ebb__tensor_ptr(ub);
+      g.c = ebb__tensor_ptr(r);
+      ebb__operand ops[3] = {{r, true}, {ua, false}, {ub, false}};
+      st = ebb__mm_gpu(fn, a->st->device, &g, ops);
+      if (st == EBB_ENOTSUP) st = ebb__launch(fn, EBB__K_MATMUL, a->st->device, &g, ops, 3, batch * m * n);
+      if (st) goto done;
+    }
+  }
+  if (ct != dt) {
+    st = ebb_tensor_to_dtype(r, dt, &res);
+    if (st) goto done;
+  } else {
+    res = r;
+    r = NULL;
+  }
+  *out = res;
+done:
+  ebb__tensor_put(ca);
+  ebb__tensor_put(cb);
+  ebb__tensor_put(ua);
+  ebb__tensor_put(ub);
+  ebb__tensor_put(r);
+  return st;
+}
+
+ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) { return ebb__matmul("ebb_op_matmul", a, b, out); }
+
+/* C = A B gives dA = dC B^T and dB = A^T dC per batch entry; an operand broadcast over the
+ * batch receives the sum over the batch (sum_to_shape). The transposes are views, which the
+ * gemm operand rule above takes without copying in the 2-D case. */
+ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
+                                  ebb_tensor_t **gb) {
+  const char *fn = "ebb_op_matmul_backward";
+  ebb_status st = ebb__tensor_check(grad, fn, "grad");
+  if (!st) st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (st) return st;
+  if (!ga && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
+  if (a->ndim < 2 || b->ndim < 2 || grad->ndim < 2 || grad->shape[grad->ndim - 2] != a->shape[a->ndim - 2] ||
+      grad->shape[grad->ndim - 1] != b->shape[b->ndim - 1] || a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) {
+    char x[128], y[128], z[128];
+    return ebb__fail(EBB_EINVAL, "%s: grad %s does not match a %s @ b %s; expected grad of shape [..., m, n]", fn, EBB__SHAPE(grad, x),
+                     EBB__SHAPE(a, y), EBB__SHAPE(b, z));
+  }
+  ebb_tensor_t *bt = NULL, *at = NULL, *pa = NULL, *pb = NULL, *ra = NULL, *rb = NULL;
+  if (ga) {
+    st = ebb_tensor_transpose(b, -1, -2, &bt);
+    if (!st) st = ebb__matmul(fn, grad, bt, &pa);
+    if (!st) st = ebb_op_sum_to_shape(pa, a->ndim, a->shape, &ra);
+    if (!st && ra->dtype != a->dtype) {
+      ebb_tensor_t *c;
+      st = ebb_tensor_to_dtype(ra, a->dtype, &c);
+      ebb__tensor_put(ra);
+      ra = st ? NULL : c;
+    }
+  }
+  if (!st && gb) {
+    st = ebb_tensor_transpose(a, -1, -2, &at);
+    if (!st) st = ebb__matmul(fn, at, grad, &pb);
+    if (!st) st = ebb_op_sum_to_shape(pb, b->ndim, b->shape, &rb);
+    if (!st && rb->dtype != b->dtype) {
+      ebb_tensor_t *c;
+      st = ebb_tensor_to_dtype(rb, b->dtype, &c);
+      ebb__tensor_put(rb);
+      rb = st ? NULL : c;
+    }
+  }
+  ebb__tensor_put(bt);
+  ebb__tensor_put(at);
+  ebb__tensor_put(pa);
+  ebb__tensor_put(pb);
+  if (st) {
+    ebb__tensor_put(ra);
+    ebb__tensor_put(rb);
+    return st;
+  }
+  if (ga) *ga = ra;
+  if (gb) *gb = rb;
+  return EBB_OK;
+}

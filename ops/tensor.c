@@ -1,0 +1,1142 @@
+/* tensor.c: tensor handles, storage, creation, views, copies between devices, version counters,
+ * and the launch path every op goes through.
+ *
+ * Owns: the pool of tensor records (type-stable: chunks are never freed, released records wait
+ * in a FIFO and are reused only after EBB__TENSOR_QUARANTINE more releases, so a stale handle
+ * reads a cleared magic and is reported as EBB_EFREED instead of touching freed memory), the
+ * refcounted storages (device arena blocks or host-pool blocks), and the cache of ops' kernel
+ * handles (declared at first use after each ebb_init, dropped by an ebb_at_shutdown hook).
+ * Threading: handle refcounts are atomic (STYLE.md 9); the pool lock is a leaf lock that guards
+ * only the free FIFO and chunk growth. Storage release is stream-ordered by the arena: freeing
+ * a block right after enqueuing its last use is safe on its allocation stream, and other
+ * streams are declared with ebb_arena_record_stream when an op first uses them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ebb_sync.h"
+#include "ops_impl.h"
+
+#define EBB__TENSOR_CHUNK 256
+#define EBB__TENSOR_QUARANTINE 4096
+
+const size_t ebb__dtype_size[EBB_DTYPE_COUNT] = {4, 8, 2, 2, 8, 1};
+static const char *const ebb__dtype_names[EBB_DTYPE_COUNT] = {"f32", "f64", "bf16", "f16", "i64", "bool"};
+
+const char *ebb_dtype_name(ebb_dtype dt) { return (unsigned)dt < EBB_DTYPE_COUNT ? ebb__dtype_names[dt] : "unknown"; }
+size_t ebb_dtype_size(ebb_dtype dt) { return (unsigned)dt < EBB_DTYPE_COUNT ? ebb__dtype_size[dt] : 0; }
+bool ebb_dtype_is_float(ebb_dtype dt) { return dt == EBB_F32 || dt == EBB_F64 || dt == EBB_BF16 || dt == EBB_F16; }
+
+/* ---- the record pool ------------------------------------------------------------------------ */
+
+static ebb_mutex ebb__pool_lock = {PTHREAD_MUTEX_INITIALIZER, "tensor pool", EBB_RANK_LEAF};
+static struct ebb_list ebb__pool_free = {&ebb__pool_free, &ebb__pool_free};
+static size_t ebb__pool_nfree;
+static _Atomic long ebb__live_tensors;
+
+/* Records come from the FIFO only once more than EBB__TENSOR_QUARANTINE are waiting, so a
+ * released record is reused at the earliest 4096 releases later: until then a stale handle
+ * still points at a record whose magic is 0, and every call reports EBB_EFREED instead of
+ * acting on someone else's tensor. The cost is at most that many idle records (~0.6 MiB). */
+static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
+  ebb__mutex_lock(&ebb__pool_lock);
+  if (ebb__pool_nfree <= EBB__TENSOR_QUARANTINE) {
+    /* Chunks are never freed: a released record stays readable (magic 0) for stale handles.
+     * They stay reachable through the free list, so leak checkers do not report them. */
+    ebb_tensor_t *chunk = calloc(EBB__TENSOR_CHUNK, sizeof *chunk);
+    if (!chunk) {
+      ebb__mutex_unlock(&ebb__pool_lock);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory for tensor handles", fn);
+    }
+    for (int i = 0; i < EBB__TENSOR_CHUNK; i++) ebb_list_insert_tail(&ebb__pool_free, &chunk[i].free_link);
+    ebb__pool_nfree += EBB__TENSOR_CHUNK;
+  }
+  struct ebb_list *n = ebb_list_pop_head(&ebb__pool_free);
+  ebb__pool_nfree--;
+  ebb__mutex_unlock(&ebb__pool_lock);
+  ebb_tensor_t *t = ebb_container_of(n, ebb_tensor_t, free_link);
+  t->st = NULL;
+  t->offset = 0;
+  t->ndim = 0;
+  t->autograd = NULL;
+  t->name[0] = 0;
+  atomic_store_explicit(&t->refs, 1, memory_order_relaxed);
+  atomic_store_explicit(&t->magic, EBB__TENSOR_MAGIC, memory_order_relaxed);
+  atomic_fetch_add_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
+  ebb_debug_live_add(1);
+  *out = t;
+  return EBB_OK;
+}
+
+static void ebb__record_put(ebb_tensor_t *t) {
+  atomic_store_explicit(&t->magic, 0, memory_order_relaxed);
+  ebb__mutex_lock(&ebb__pool_lock);
+  ebb_list_insert_tail(&ebb__pool_free, &t->free_link);
+  ebb__pool_nfree++;
+  ebb__mutex_unlock(&ebb__pool_lock);
+  atomic_fetch_sub_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
+  ebb_debug_live_add(-1);
+}
+
+long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed); }
+
+/* ---- checks and formatting ---------------------------------------------------------------- */
+
+/* Reading the magic of a released record is defined (records are never freed); a pointer that
+ * never was a tensor is the caller's undefined behaviour, as for any C handle. */
+ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg) {
+  if (EBB_UNLIKELY(!t)) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected a tensor", fn, arg);
+  if (EBB_UNLIKELY(atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) != EBB__TENSOR_MAGIC))
+    return ebb__fail(EBB_EFREED, "%s: %s (%p) is a released tensor", fn, arg, (const void *)t);
+  return EBB_OK;
+}
+
+const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
+  size_t n = 0;
+  n += (size_t)snprintf(buf + n, cap - n, "[");
+  for (int d = 0; d < ndim && n < cap; d++) n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)shape[d]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+  return buf;
+}
+
+static const char *ebb__dev_str(int device, char *buf, size_t cap) {
+  if (device == EBB_DEVICE_CPU) snprintf(buf, cap, "cpu");
+  else snprintf(buf, cap, "device %d", device);
+  return buf;
+}
+
+ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out) {
+  int lo = ndim ? -ndim : -1, hi = ndim ? ndim - 1 : 0;
+  if (dim < lo || dim > hi)
+    return ebb__fail(EBB_EINVAL, "%s: %s %d is out of range for a tensor of %d dims; expected [%d, %d]", fn, arg, dim, ndim, lo, hi);
+  *out = dim < 0 ? dim + (ndim ? ndim : 1) : dim;
+  return EBB_OK;
+}
+
+int64_t ebb__numel(const int64_t *shape, int ndim) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  return n;
+}
+
+/* Row-major with no gaps. Extents of 1 are skipped (their stride is never used to address an
+ * element), and an empty tensor is contiguous whatever its strides say. */
+bool ebb__is_contiguous(const ebb_tensor_t *t) {
+  int64_t expect = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] == 0) return true;
+    if (t->shape[d] != 1 && t->strides[d] != expect) return false;
+    expect *= t->shape[d];
+  }
+  return true;
+}
+
+void *ebb__tensor_ptr(const ebb_tensor_t *t) {
+  return t->st->data ? (char *)t->st->data + t->offset * (int64_t)ebb__dtype_size[t->dtype] : NULL;
+}
+
+static void ebb__contig_strides(int ndim, const int64_t *shape, int64_t *strides) {
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = s;
+    s *= shape[d] > 1 ? shape[d] : 1;
+  }
+}
+
+static ebb_status ebb__check_shape(const char *fn, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > EBB_TENSOR_MAX_DIMS)
+    return ebb__fail(EBB_EINVAL, "%s: ndim %d is out of range; expected 0..%d", fn, ndim, EBB_TENSOR_MAX_DIMS);
+  if (ndim > 0 && !shape) return ebb__fail(EBB_EINVAL, "%s: shape is NULL with ndim %d; expected %d extents", fn, ndim, ndim);
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0) {
+      char b[128];
+      return ebb__fail(EBB_EINVAL, "%s: shape %s has a negative extent at dim %d; expected extents >= 0", fn,
+                       ebb__shape_str(shape, ndim, b, sizeof b), d);
+    }
+    if (shape[d] && n > (INT64_MAX >> 4) / shape[d]) {
+      char b[128];
+      return ebb__fail(EBB_EINVAL, "%s: shape %s has too many elements", fn, ebb__shape_str(shape, ndim, b, sizeof b));
+    }
+    n *= shape[d];
+  }
+  return EBB_OK;
+}
+
+/* ---- storage -------------------------------------------------------------------------------- */
+
+static void ebb__storage_put(struct ebb__storage *s) {
+  /* acq_rel: the release half publishes this owner's writes; the acquire half lets the last
+   * owner see every other owner's before it frees (an acquire fence would do, but TSan does not
+   * model fences) */
+  if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1) return;
+  if (s->data) {
+    /* Frees are stream-ordered: the arena reuses the block on its allocation stream after the
+     * work already queued there, and on recorded streams after their events. */
+    if (s->device == EBB_DEVICE_CPU) ebb_host_free(s->data);
+    else ebb_arena_free(s->data);
+  }
+  free(s);
+}
+
+/* Device storage is allocated on the calling thread's current stream of the device and
+ * remembers it: that is the stream the arena orders its reuse on. */
+static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
+  ebb_stream_t *stream = NULL;
+  if (device != EBB_DEVICE_CPU) {
+    int n = 0;
+    ebb_status st = ebb_dev_count(&n);
+    if (st) return st;
+    if (device < 0 || device >= n)
+      return ebb__fail(EBB_EDEVICE, "%s: device %d does not exist; expected EBB_DEVICE_CPU (-1) or 0..%d", fn, device, n - 1);
+    st = ebb_stream_current(device, &stream);
+    if (st) return st;
+  }
+  struct ebb__storage *s = calloc(1, sizeof *s);
+  if (!s) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a storage record", fn);
+  void *p = NULL;
+  ebb_status st = device == EBB_DEVICE_CPU ? ebb_host_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
+  if (st) {
+    free(s);
+    return st;
+  }
+  atomic_store_explicit(&s->refs, 1, memory_order_relaxed);
+  s->device = device;
+  s->data = p;
+  s->bytes = bytes;
+  s->stream = stream;
+  *out = s;
+  return EBB_OK;
+}
+
+/* Declares `stream` to the arena as a user of s's block, once per stream (up to
+ * EBB__STORAGE_USED streams remembered; beyond that every use is declared again). */
+static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream) {
+  if (s->device == EBB_DEVICE_CPU || !s->data || stream == s->stream) return EBB_OK;
+  for (int i = 0; i < EBB__STORAGE_USED; i++) {
+    ebb_stream_t *u = atomic_load_explicit(&s->used[i], memory_order_relaxed);
+    if (u == stream) return EBB_OK;
+    if (!u) {
+      ebb_status st = ebb_arena_record_stream(s->data, stream);
+      if (st) return st;
+      ebb_stream_t *expected = NULL;
+      atomic_compare_exchange_strong_explicit(&s->used[i], &expected, stream, memory_order_relaxed, memory_order_relaxed);
+      return EBB_OK;
+    }
+  }
+  return ebb_arena_record_stream(s->data, stream);
+}
+
+/* ---- handles -------------------------------------------------------------------------------- */
+
+ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
+  if ((unsigned)dt >= EBB_DTYPE_COUNT) return ebb__fail(EBB_EINVAL, "%s: dtype %d is not an ebb_dtype", fn, (int)dt);
+  ebb_status st = ebb__check_shape(fn, ndim, shape);
+  if (st) return st;
+  size_t bytes = (size_t)ebb__numel(shape, ndim) * ebb__dtype_size[dt];
+  struct ebb__storage *s = NULL;
+  st = ebb__storage_new(fn, device, bytes, &s);
+  if (st) return st;
+  ebb_tensor_t *t;
+  st = ebb__record_get(fn, &t);
+  if (st) {
+    ebb__storage_put(s);
+    return st;
+  }
+  t->st = s;
+  t->dtype = dt;
+  t->ndim = ndim;
+  for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+  ebb__contig_strides(ndim, t->shape, t->strides);
+  *out = t;
+  return EBB_OK;
+}
+
+ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
+                             ebb_tensor_t **out) {
+  ebb_tensor_t *v;
+  ebb_status st = ebb__record_get("ebb_tensor_view", &v);
+  if (st) return st;
+  atomic_fetch_add_explicit(&t->st->refs, 1, memory_order_relaxed);
+  v->st = t->st;
+  v->dtype = t->dtype;
+  v->ndim = ndim;
+  v->offset = offset;
+  for (int d = 0; d < ndim; d++) {
+    v->shape[d] = shape[d];
+    v->strides[d] = strides[d];
+  }
+  *out = v;
+  return EBB_OK;
+}
+
+void ebb__tensor_put(ebb_tensor_t *t) {
+  if (!t) return;
+  /* acq_rel: as in ebb__storage_put */
+  if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1) return;
+  struct ebb__storage *s = t->st;
+  ebb__record_put(t);
+  ebb__storage_put(s);
+}
+
+ebb_status ebb_tensor_retain(ebb_tensor_t *t) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_retain", "t");
+  if (st) return st;
+  atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_release(ebb_tensor_t *t) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_release", "t");
+  if (st) return st;
+  ebb__tensor_put(t);
+  return EBB_OK;
+}
+
+/* ---- kernels and the launch path -------------------------------------------------------------- */
+
+/* The kernels of ops, by id: one name for the registry and the emulated driver, the CUDA
+ * function in the fatbin, the argument struct, and the CPU function (CPU tensors call it
+ * directly; the emulated driver runs it on a device engine thread). */
+static const struct {
+  const char *name, *cuda_name;
+  size_t arg_bytes;
+  ebb_kernel_cpu_fn fn;
+} ebb__kernel_defs[EBB__K_COUNT] = {
+    [EBB__K_EW] = {"ebb.ops.ew", "ebb_ops_ew", sizeof(ebb__ew_args), ebb__ew_cpu},
+    [EBB__K_REDUCE] = {"ebb.ops.reduce", "ebb_ops_reduce", sizeof(ebb__red_args), ebb__reduce_cpu},
+    [EBB__K_MATMUL] = {"ebb.ops.matmul", "ebb_ops_matmul", sizeof(ebb__mm_args), ebb__matmul_cpu},
+};
+
+static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];
+static atomic_int ebb__kernels_hooked;
+
+/* The runtime forgets declared kernels at the last ebb_shutdown; so does this cache. */
+static void ebb__kernels_forget(void *user) {
+  (void)user;
+  for (int i = 0; i < EBB__K_COUNT; i++) atomic_store_explicit(&ebb__kernels[i], NULL, memory_order_relaxed);
+  atomic_store_explicit(&ebb__kernels_hooked, 0, memory_order_relaxed);
+}
+
+static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
+  /* acquire: pairs with the release store below (the record is fully written) */
+  const ebb_kernel_t *k = atomic_load_explicit(&ebb__kernels[kid], memory_order_acquire);
+  if (EBB_LIKELY(k)) {
+    *out = k;
+    return EBB_OK;
+  }
+  /* Declaring twice with the same parameters returns the same handle, so racing threads agree
+   * without a lock of ours (which would rank below the runtime's locks taken inside). */
+  ebb_status st = ebb_kernel_declare(ebb__kernel_defs[kid].name, ebb__kernel_defs[kid].arg_bytes, ebb__kernel_defs[kid].fn,
+                                     ebb__kernel_defs[kid].cuda_name, &k);
+  if (st) return st;
+  if (atomic_exchange_explicit(&ebb__kernels_hooked, 1, memory_order_relaxed) == 0) {
+    st = ebb_at_shutdown(ebb__kernels_forget, NULL);
+    if (st) {
+      atomic_store_explicit(&ebb__kernels_hooked, 0, memory_order_relaxed);
+      return st;
+    }
+  }
+  atomic_store_explicit(&ebb__kernels[kid], k, memory_order_release);
+  *out = k;
+  return EBB_OK;
+}
+
+ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream) {
+  for (int i = 0; i < nops; i++) {
+    ebb_status st = ebb__storage_use(ops[i].t->st, stream);
+    if (st) return st;
+  }
+  return EBB_OK;
+}
+
+/* CPU tensors run the kernel here and now: there is no stream to order against, and the
+ * contract is that CPU results are ready on return. Device launches declare whole storages as
+ * read or written (ebb_launch_cfg, checked with EBB_CHECK_LAUNCH=1): a view's bytes lie inside
+ * them, and the declaration is about reachability, not exact extents. */
+ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops, int nops, int64_t work) {
+  if (device == EBB_DEVICE_CPU) {
+    ebb__kernel_defs[kid].fn((void *)(uintptr_t)args);
+    return EBB_OK;
+  }
+  const ebb_kernel_t *k;
+  ebb_status st = ebb__kernel(kid, &k);
+  if (st) return st;
+  ebb_stream_t *s;
+  st = ebb_stream_current(device, &s);
+  if (st) return st;
+  ebb_buf reads[8], writes[4];
+  int nr = 0, nw = 0;
+  for (int i = 0; i < nops; i++) {
+    struct ebb__storage *sg = ops[i].t->st;
+    if (!sg->data) continue;
+    st = ebb__storage_use(sg, s);
+    if (st) return st;
+    ebb_buf b = {sg->data, sg->bytes};
+    if (ops[i].write && nw < 4) writes[nw++] = b;
+    else if (!ops[i].write && nr < 8) reads[nr++] = b;
+  }
+  ebb_launch_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.reads = reads;
+  cfg.nreads = nr;
+  cfg.writes = writes;
+  cfg.nwrites = nw;
+  /* 256 threads per block, at most 65535 blocks: grid-stride loops cover the rest */
+  int64_t blocks = (work + 255) / 256;
+  cfg.block[0] = 256;
+  cfg.grid[0] = (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
+  st = ebb_stream_launch(s, k, args, &cfg);
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: launching kernel '%s' on device %d failed: %s", fn, ebb_kernel_name(k), device, why);
+  }
+  return EBB_OK;
+}
+
+/* ---- elementwise plumbing (shared with ops.c) ------------------------------------------------ */
+
+ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_tensor_t *t, int ndim, const int64_t *shape,
+                                  int64_t *strides) {
+  if (t->ndim > ndim) goto fail;
+  for (int d = ndim - 1, j = t->ndim - 1; d >= 0; d--, j--) {
+    if (j < 0) strides[d] = 0;
+    else if (t->shape[j] == shape[d]) strides[d] = shape[d] == 1 ? 0 : t->strides[j];
+    else if (t->shape[j] == 1) strides[d] = 0;
+    else goto fail;
+  }
+  return EBB_OK;
+fail:;
+  char a[128], b[128];
+  return ebb__fail(EBB_EINVAL, "%s: %s has shape %s, which does not broadcast to %s", fn, arg, EBB__SHAPE(t, a),
+                   ebb__shape_str(shape, ndim, b, sizeof b));
+}
+
+ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, int *ndim, int64_t *shape) {
+  int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+  for (int d = n - 1, i = a->ndim - 1, j = b->ndim - 1; d >= 0; d--, i--, j--) {
+    int64_t x = i >= 0 ? a->shape[i] : 1, y = j >= 0 ? b->shape[j] : 1;
+    if (x != y && x != 1 && y != 1) {
+      char sa[128], sb[128];
+      return ebb__fail(EBB_EINVAL, "%s: shapes %s (a) and %s (b) do not broadcast: dim %d has %lld and %lld; expected equal extents or 1",
+                       fn, EBB__SHAPE(a, sa), EBB__SHAPE(b, sb), d, (long long)x, (long long)y);
+    }
+    shape[d] = x == 1 ? y : x;
+  }
+  *ndim = n;
+  return EBB_OK;
+}
+
+/* Coalescing matters for speed, not correctness: a contiguous tensor of any shape becomes one
+ * dim, which is what the kernels' fast paths (and the inner loop's pointer stepping) need. */
+void ebb__ew_geometry(ebb__ew_args *a, const ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
+                      const int64_t (*in_strides)[EBB_TENSOR_MAX_DIMS]) {
+  /* Keep dims of extent > 1, then merge neighbours whose strides chain for every operand. */
+  int nd = 0;
+  for (int d = 0; d < out->ndim; d++) {
+    if (out->shape[d] == 1) continue;
+    a->shape[nd] = out->shape[d];
+    a->st_out[nd] = out->strides[d];
+    for (int k = 0; k < nin; k++) a->st_in[k][nd] = in_strides[k][d];
+    if (nd > 0) {
+      bool chain = a->st_out[nd - 1] == a->st_out[nd] * a->shape[nd];
+      for (int k = 0; k < nin; k++) chain = chain && a->st_in[k][nd - 1] == a->st_in[k][nd] * a->shape[nd];
+      if (chain) {
+        a->shape[nd - 1] *= a->shape[nd];
+        a->st_out[nd - 1] = a->st_out[nd];
+        for (int k = 0; k < nin; k++) a->st_in[k][nd - 1] = a->st_in[k][nd];
+        continue;
+      }
+    }
+    nd++;
+  }
+  a->ndim = nd;
+  a->nin = nin;
+  a->dt_out = out->dtype;
+  a->out = ebb__tensor_ptr(out);
+  for (int k = 0; k < nin; k++) {
+    a->dt_in[k] = in[k]->dtype;
+    a->in[k] = ebb__tensor_ptr(in[k]);
+  }
+}
+
+ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in, double s0, double s1) {
+  static const char *const names[3] = {"a", "b", "c"};
+  int64_t bst[3][EBB_TENSOR_MAX_DIMS];
+  for (int k = 0; k < nin; k++) {
+    if (in[k]->st->device != out->st->device) {
+      char x[32], y[32];
+      return ebb__fail(EBB_EDEVICE, "%s: argument %s is on %s but the result is on %s; expected one device (copy with ebb_tensor_to_device)",
+                       fn, names[k], ebb__dev_str(in[k]->st->device, x, sizeof x), ebb__dev_str(out->st->device, y, sizeof y));
+    }
+    ebb_status st = ebb__broadcast_strides(fn, names[k], in[k], out->ndim, out->shape, bst[k]);
+    if (st) return st;
+  }
+  if (ebb__numel(out->shape, out->ndim) == 0) return EBB_OK;
+  ebb__ew_args a;
+  memset(&a, 0, sizeof a);
+  a.op = op;
+  a.s0 = s0;
+  a.s1 = s1;
+  ebb__ew_geometry(&a, out, nin, in, (const int64_t(*)[EBB_TENSOR_MAX_DIMS])bst);
+  ebb__operand ops[4] = {{out, true}};
+  for (int k = 0; k < nin; k++) ops[k + 1] = (ebb__operand){in[k], false};
+  return ebb__launch(fn, EBB__K_EW, out->st->device, &a, ops, nin + 1, ebb__numel(out->shape, out->ndim));
+}
+
+/* ---- creation ------------------------------------------------------------------------------- */
+
+static ebb_status ebb__create_fill(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, int op, double s0,
+                                   double s1, uint64_t seed, uint64_t offset, ebb_tensor_t **out) {
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
+  ebb_tensor_t *t;
+  ebb_status st = ebb__tensor_new(fn, device, dt, ndim, shape, &t);
+  if (st) return st;
+  if (ebb__numel(t->shape, t->ndim) > 0) {
+    ebb__ew_args a;
+    memset(&a, 0, sizeof a);
+    a.op = op;
+    a.s0 = s0;
+    a.s1 = s1;
+    a.seed = seed;
+    a.offset = offset;
+    ebb__ew_geometry(&a, t, 0, NULL, NULL);
+    ebb__operand o = {t, true};
+    st = ebb__launch(fn, EBB__K_EW, device, &a, &o, 1, ebb__numel(t->shape, t->ndim));
+    if (st) {
+      ebb__tensor_put(t);
+      return st;
+    }
+  }
+  *out = t;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_empty(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  return ebb__tensor_new("ebb_tensor_empty", device, dt, ndim, shape, out);
+}
+
+ebb_status ebb_tensor_empty_named(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_owner_cat cat, const char *name,
+                                  ebb_tensor_t **out) {
+  if (!name) return ebb__fail(EBB_EINVAL, "ebb_tensor_empty_named: name is NULL; expected the owner's name");
+  if (strlen(name) > EBB_TENSOR_NAME_MAX)
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_empty_named: name '%.32s...' is longer than %d bytes", name, EBB_TENSOR_NAME_MAX);
+  ebb_status st = ebb_alloc_owner_push(cat, name);
+  if (st) return st;
+  ebb_tensor_t *t = NULL;
+  st = ebb__tensor_new("ebb_tensor_empty_named", device, dt, ndim, shape, &t);
+  ebb_alloc_owner_pop();
+  if (st) return st;
+  snprintf(t->name, sizeof t->name, "%s", name);
+  *out = t;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_full(int device, ebb_dtype dt, int ndim, const int64_t *shape, double value, ebb_tensor_t **out) {
+  return ebb__create_fill("ebb_tensor_full", device, dt, ndim, shape, EBB__EW_FILL, value, 0, 0, 0, out);
+}
+
+ebb_status ebb_tensor_zeros(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  return ebb__create_fill("ebb_tensor_zeros", device, dt, ndim, shape, EBB__EW_FILL, 0.0, 0, 0, 0, out);
+}
+
+ebb_status ebb_tensor_ones(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  return ebb__create_fill("ebb_tensor_ones", device, dt, ndim, shape, EBB__EW_FILL, 1.0, 0, 0, 0, out);
+}
+
+ebb_status ebb_tensor_arange(int device, ebb_dtype dt, double start, double step, int64_t n, ebb_tensor_t **out) {
+  if (n < 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_arange: n is %lld; expected n >= 0", (long long)n);
+  if (dt == EBB_BOOL) return ebb__fail(EBB_EINVAL, "ebb_tensor_arange: dtype bool; expected a numeric dtype");
+  return ebb__create_fill("ebb_tensor_arange", device, dt, 1, &n, EBB__EW_ARANGE, start, step, 0, 0, out);
+}
+
+ebb_status ebb_tensor_rand(int device, ebb_dtype dt, int ndim, const int64_t *shape, uint64_t seed, uint64_t offset,
+                           ebb_tensor_t **out) {
+  if ((unsigned)dt < EBB_DTYPE_COUNT && !ebb_dtype_is_float(dt))
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_rand: dtype %s; expected f32, f64, bf16 or f16", ebb_dtype_name(dt));
+  return ebb__create_fill("ebb_tensor_rand", device, dt, ndim, shape, EBB__EW_RAND, 0, 0, seed, offset, out);
+}
+
+ebb_status ebb_tensor_randn(int device, ebb_dtype dt, int ndim, const int64_t *shape, uint64_t seed, uint64_t offset,
+                            ebb_tensor_t **out) {
+  if ((unsigned)dt < EBB_DTYPE_COUNT && !ebb_dtype_is_float(dt))
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_randn: dtype %s; expected f32, f64, bf16 or f16", ebb_dtype_name(dt));
+  return ebb__create_fill("ebb_tensor_randn", device, dt, ndim, shape, EBB__EW_RANDN, 0, 0, seed, offset, out);
+}
+
+ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_t *shape, const void *src, size_t bytes,
+                                ebb_tensor_t **out) {
+  const char *fn = "ebb_tensor_from_host";
+  ebb_tensor_t *t;
+  ebb_status st = ebb__tensor_new(fn, device, dt, ndim, shape, &t);
+  if (st) return st;
+  if (bytes != t->st->bytes || (!src && bytes)) {
+    char b[128];
+    size_t want = t->st->bytes;
+    ebb__tensor_put(t);
+    return ebb__fail(EBB_EINVAL, "%s: src is %s with %zu bytes for shape %s of %s; expected %zu bytes", fn, src ? "given" : "NULL",
+                     bytes, ebb__shape_str(shape, ndim, b, sizeof b), ebb_dtype_name(dt), want);
+  }
+  if (bytes) {
+    if (device == EBB_DEVICE_CPU) {
+      memcpy(t->st->data, src, bytes);
+    } else {
+      st = ebb_copy_async(t->st->data, src, bytes, t->st->stream);
+      if (st) {
+        ebb__tensor_put(t);
+        return st;
+      }
+    }
+  }
+  *out = t;
+  return EBB_OK;
+}
+
+/* ---- copies ---------------------------------------------------------------------------------- */
+
+/* A contiguous copy of t on its own device, converted to dt. */
+static ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
+  ebb_tensor_t *c;
+  ebb_status st = ebb__tensor_new(fn, t->st->device, dt, t->ndim, t->shape, &c);
+  if (st) return st;
+  st = ebb__ew_run(fn, EBB__EW_COPY, c, 1, &t, 0, 0);
+  if (st) {
+    ebb__tensor_put(c);
+    return st;
+  }
+  *out = c;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_contiguous(const ebb_tensor_t *t, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_contiguous", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_contiguous: out is NULL");
+  if (ebb__is_contiguous(t)) {
+    atomic_fetch_add_explicit(&((ebb_tensor_t *)t)->refs, 1, memory_order_relaxed);
+    *out = (ebb_tensor_t *)t;
+    return EBB_OK;
+  }
+  return ebb__copy_as("ebb_tensor_contiguous", t, t->dtype, out);
+}
+
+ebb_status ebb_tensor_clone(const ebb_tensor_t *t, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_clone", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_clone: out is NULL");
+  return ebb__copy_as("ebb_tensor_clone", t, t->dtype, out);
+}
+
+ebb_status ebb_tensor_to_dtype(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_to_dtype", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_dtype: out is NULL");
+  if ((unsigned)dt >= EBB_DTYPE_COUNT) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_dtype: dtype %d is not an ebb_dtype", (int)dt);
+  return ebb__copy_as("ebb_tensor_to_dtype", t, dt, out);
+}
+
+/* A contiguous copy of t (any device) on `device`. */
+/* Copies move bytes, so a strided source is first made contiguous on its own device (one
+ * kernel there), then one ebb_copy_async moves it. Which stream carries the copy decides the
+ * ordering: the destination's current stream for anything arriving on a device; the source's
+ * for device to CPU, followed by a host wait, since a CPU tensor must be ready on return. */
+static ebb_status ebb__to_device(const char *fn, const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
+  int from = t->st->device;
+  if (from == device) return ebb__copy_as(fn, t, t->dtype, out);
+  ebb_tensor_t *c = NULL, *r = NULL;
+  ebb_status st = EBB_OK;
+  if (ebb__is_contiguous(t)) {
+    atomic_fetch_add_explicit(&((ebb_tensor_t *)t)->refs, 1, memory_order_relaxed);
+    c = (ebb_tensor_t *)t;
+  } else {
+    st = ebb__copy_as(fn, t, t->dtype, &c);
+    if (st) return st;
+  }
+  st = ebb__tensor_new(fn, device, t->dtype, t->ndim, t->shape, &r);
+  if (st) goto fail_src;
+  size_t bytes = r->st->bytes;
+  if (bytes) {
+    ebb_stream_t *s;
+    if (device != EBB_DEVICE_CPU) {
+      /* onto a device: ordered on the destination's current stream; a device source is read
+       * there too (the copy waits for the source device's current stream, which then waits for
+       * the copy), so the source's stream is declared to its arena */
+      st = ebb_stream_current(device, &s);
+      if (st) goto fail_dst;
+      if (from != EBB_DEVICE_CPU) {
+        ebb_stream_t *fs;
+        st = ebb_stream_current(from, &fs);
+        if (!st) st = ebb__storage_use(c->st, fs);
+        if (st) goto fail_dst;
+      }
+      st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
+      if (st) goto fail_dst;
+    } else {
+      /* onto the CPU: a CPU tensor is always ready, so wait for the copy */
+      st = ebb_stream_current(from, &s);
+      if (!st) st = ebb__storage_use(c->st, s);
+      if (!st) st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
+      if (!st) st = ebb_stream_synchronize(s);
+      if (st) goto fail_dst;
+    }
+  }
+  ebb__tensor_put(c);
+  *out = r;
+  return EBB_OK;
+fail_dst:
+  ebb__tensor_put(r);
+fail_src:
+  ebb__tensor_put(c);
+  return st;
+}
+
+ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_to_device", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_device: out is NULL");
+  return ebb__to_device("ebb_tensor_to_device", t, device, out);
+}
+
+ebb_status ebb_tensor_to_host(const ebb_tensor_t *t, void *dst, size_t bytes) {
+  const char *fn = "ebb_tensor_to_host";
+  ebb_status st = ebb__tensor_check(t, fn, "t");
+  if (st) return st;
+  size_t want = (size_t)ebb__numel(t->shape, t->ndim) * ebb__dtype_size[t->dtype];
+  if (bytes != want || (!dst && bytes)) {
+    char b[128];
+    return ebb__fail(EBB_EINVAL, "%s: dst is %s with %zu bytes for a tensor of shape %s and dtype %s; expected %zu bytes", fn,
+                     dst ? "given" : "NULL", bytes, EBB__SHAPE(t, b), ebb_dtype_name(t->dtype), want);
+  }
+  if (!bytes) return EBB_OK;
+  ebb_tensor_t *c;
+  st = ebb__to_device(fn, t, EBB_DEVICE_CPU, &c);
+  if (st) return st;
+  memcpy(dst, c->st->data, bytes);
+  ebb__tensor_put(c);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t bytes, ebb_event_t *done) {
+  const char *fn = "ebb_tensor_to_host_async";
+  ebb_status st = ebb__tensor_check(t, fn, "t");
+  if (st) return st;
+  size_t want = (size_t)ebb__numel(t->shape, t->ndim) * ebb__dtype_size[t->dtype];
+  if (bytes != want || (!dst && bytes)) {
+    char b[128];
+    return ebb__fail(EBB_EINVAL, "%s: dst is %s with %zu bytes for a tensor of shape %s and dtype %s; expected %zu bytes", fn,
+                     dst ? "given" : "NULL", bytes, EBB__SHAPE(t, b), ebb_dtype_name(t->dtype), want);
+  }
+  if (!done) return ebb__fail(EBB_EINVAL, "%s: done is NULL; expected an event to record after the copy", fn);
+  if (t->st->device == EBB_DEVICE_CPU) return ebb_tensor_to_host(t, dst, bytes);
+  if (!bytes) return ebb__fail(EBB_EINVAL, "%s: the tensor is empty; nothing to copy (use ebb_tensor_to_host)", fn);
+  ebb_ptr_info pi;
+  st = ebb_drv_ptr_info(dst, &pi);
+  if (st) return st;
+  if (pi.type != EBB_MEMTYPE_PINNED)
+    return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,
+                     pi.type == EBB_MEMTYPE_DEVICE ? "device" : "pageable host");
+  int edev;
+  st = ebb_event_device(done, &edev);
+  if (st) return st;
+  if (edev != t->st->device)
+    return ebb__fail(EBB_EDEVICE, "%s: event done belongs to device %d but the tensor is on device %d", fn, edev, t->st->device);
+  ebb_tensor_t *c;
+  st = ebb_tensor_contiguous(t, &c);
+  if (st) return st;
+  ebb_stream_t *s;
+  st = ebb_stream_current(t->st->device, &s);
+  if (!st) st = ebb__storage_use(c->st, s);
+  if (!st) st = ebb_copy_async(dst, ebb__tensor_ptr(c), bytes, s);
+  if (!st) st = ebb_event_record(done, s);
+  ebb__tensor_put(c);
+  return st;
+}
+
+/* ---- getters --------------------------------------------------------------------------------- */
+
+ebb_status ebb_tensor_get_info(const ebb_tensor_t *t, ebb_tensor_info *out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_get_info", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_get_info: out is NULL");
+  memset(out, 0, sizeof *out);
+  out->device = t->st->device;
+  out->dtype = t->dtype;
+  out->ndim = t->ndim;
+  for (int d = 0; d < t->ndim; d++) {
+    out->shape[d] = t->shape[d];
+    out->strides[d] = t->strides[d];
+  }
+  out->offset = t->offset;
+  out->numel = ebb__numel(t->shape, t->ndim);
+  out->contiguous = ebb__is_contiguous(t);
+  out->version = atomic_load_explicit(&t->st->version, memory_order_relaxed);
+  return EBB_OK;
+}
+
+#define EBB__GETTER(fname, type, expr)                                               \
+  ebb_status fname(const ebb_tensor_t *t, type *out) {                               \
+    ebb_status st = ebb__tensor_check(t, #fname, "t");                               \
+    if (st) return st;                                                               \
+    if (!out) return ebb__fail(EBB_EINVAL, #fname ": out is NULL; expected a place for the result"); \
+    *out = (expr);                                                                   \
+    return EBB_OK;                                                                   \
+  }
+EBB__GETTER(ebb_tensor_dtype, ebb_dtype, t->dtype)
+EBB__GETTER(ebb_tensor_device, int, t->st->device)
+EBB__GETTER(ebb_tensor_numel, int64_t, ebb__numel(t->shape, t->ndim))
+EBB__GETTER(ebb_tensor_is_contiguous, bool, ebb__is_contiguous(t))
+EBB__GETTER(ebb_tensor_version, uint64_t, atomic_load_explicit(&t->st->version, memory_order_relaxed))
+EBB__GETTER(ebb_tensor_data, void *, ebb__tensor_ptr(t))
+EBB__GETTER(ebb_tensor_autograd_slot, void *, t->autograd)
+#undef EBB__GETTER
+
+ebb_status ebb_tensor_shape(const ebb_tensor_t *t, int *ndim, int64_t shape[EBB_TENSOR_MAX_DIMS]) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_shape", "t");
+  if (st) return st;
+  if (!ndim || !shape) return ebb__fail(EBB_EINVAL, "ebb_tensor_shape: ndim and shape must be non-NULL");
+  *ndim = t->ndim;
+  for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_strides(const ebb_tensor_t *t, int64_t strides[EBB_TENSOR_MAX_DIMS]) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_strides", "t");
+  if (st) return st;
+  if (!strides) return ebb__fail(EBB_EINVAL, "ebb_tensor_strides: strides is NULL");
+  for (int d = 0; d < t->ndim; d++) strides[d] = t->strides[d];
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_same_storage(const ebb_tensor_t *a, const ebb_tensor_t *b, bool *out) {
+  ebb_status st = ebb__tensor_check(a, "ebb_tensor_same_storage", "a");
+  if (!st) st = ebb__tensor_check(b, "ebb_tensor_same_storage", "b");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_same_storage: out is NULL");
+  *out = a->st == b->st;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_name(const ebb_tensor_t *t, char *buf, size_t cap) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_name", "t");
+  if (st) return st;
+  if (!buf || !cap) return ebb__fail(EBB_EINVAL, "ebb_tensor_name: buf is NULL or cap is 0; expected room for the name");
+  snprintf(buf, cap, "%s", t->name);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_set_name(ebb_tensor_t *t, const char *name) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_set_name", "t");
+  if (st) return st;
+  if (!name) return ebb__fail(EBB_EINVAL, "ebb_tensor_set_name: name is NULL");
+  if (strlen(name) > EBB_TENSOR_NAME_MAX)
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_set_name: name '%.32s...' is longer than %d bytes", name, EBB_TENSOR_NAME_MAX);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_set_autograd_slot(ebb_tensor_t *t, void *slot) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_set_autograd_slot", "t");
+  if (st) return st;
+  t->autograd = slot;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_bump_version(ebb_tensor_t *t) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_bump_version", "t");
+  if (st) return st;
+  atomic_fetch_add_explicit(&t->st->version, 1, memory_order_relaxed);
+  return EBB_OK;
+}
+
+/* ---- views ----------------------------------------------------------------------------------- */
+
+#define EBB__VIEW_PROLOGUE(fn)                                         \
+  ebb_status st = ebb__tensor_check(t, fn, "t");                       \
+  if (st) return st;                                                   \
+  if (!out) return ebb__fail(EBB_EINVAL, fn ": out is NULL; expected a tensor handle to fill")
+
+/* Strides for viewing (oshape, ostrides) as nshape without copying, or false. Dims of the old
+ * shape are grouped into runs that are contiguous among themselves; each run must be covered
+ * by a run of new dims with the same element count. */
+/* Example: a [2,3,4] tensor transposed to [4,3,2] has strides [1,4,12]; no run of its dims is
+ * contiguous, so viewing it as [24] fails, while [4,6] fails too and [4,3,2,1] succeeds. */
+static bool ebb__view_strides(int od, const int64_t *oshape, const int64_t *ostrides, int nd, const int64_t *nshape, int64_t *nstrides) {
+  if (ebb__numel(oshape, od) == 0 || od == 0) {
+    ebb__contig_strides(nd, nshape, nstrides);
+    return true;
+  }
+  int vd = nd - 1;
+  int64_t base = ostrides[od - 1], tnum = 1, vnum = 1;
+  for (int td = od - 1; td >= 0; td--) {
+    tnum *= oshape[td];
+    if (td == 0 || (oshape[td - 1] != 1 && ostrides[td - 1] != tnum * base)) {
+      while (vd >= 0 && (vnum < tnum || nshape[vd] == 1)) {
+        nstrides[vd] = vnum * base;
+        vnum *= nshape[vd];
+        vd--;
+      }
+      if (vnum != tnum) return false;
+      if (td > 0) {
+        base = ostrides[td - 1];
+        tnum = 1;
+        vnum = 1;
+      }
+    }
+  }
+  return vd == -1;
+}
+
+/* Resolves one -1 in shape against numel; EBB_EINVAL when impossible. */
+static ebb_status ebb__infer_shape(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, int64_t *res) {
+  if (ndim < 0 || ndim > EBB_TENSOR_MAX_DIMS || (ndim && !shape))
+    return ebb__fail(EBB_EINVAL, "%s: ndim %d with shape %s; expected 0..%d dims", fn, ndim, shape ? "given" : "NULL", EBB_TENSOR_MAX_DIMS);
+  int64_t n = ebb__numel(t->shape, t->ndim), known = 1;
+  int infer = -1;
+  for (int d = 0; d < ndim; d++) {
+    res[d] = shape[d];
+    if (shape[d] == -1 && infer < 0) infer = d;
+    else if (shape[d] < 0) goto bad;
+    else known *= shape[d];
+  }
+  if (infer >= 0) {
+    if (known == 0 || n % known) goto bad;
+    res[infer] = n / known;
+  } else if (known != n) {
+    goto bad;
+  }
+  return EBB_OK;
+bad:;
+  char a[128], b[128];
+  return ebb__fail(EBB_EINVAL, "%s: cannot view a tensor of shape %s (%lld elements) as %s", fn, EBB__SHAPE(t, a), (long long)n,
+                   ebb__shape_str(shape, ndim, b, sizeof b));
+}
+
+ebb_status ebb_tensor_view(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_view");
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  st = ebb__infer_shape("ebb_tensor_view", t, ndim, shape, ns);
+  if (st) return st;
+  if (!ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) {
+    char a[128], b[128], c[128];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_view: a tensor of shape %s and strides %s cannot be viewed as %s without a copy; use ebb_tensor_reshape",
+                     EBB__SHAPE(t, a), ebb__shape_str(t->strides, t->ndim, b, sizeof b), ebb__shape_str(ns, ndim, c, sizeof c));
+  }
+  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+}
+
+ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_reshape");
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  st = ebb__infer_shape("ebb_tensor_reshape", t, ndim, shape, ns);
+  if (st) return st;
+  if (ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  ebb_tensor_t *c;
+  st = ebb__copy_as("ebb_tensor_reshape", t, t->dtype, &c);
+  if (st) return st;
+  ebb__contig_strides(ndim, ns, nst);
+  st = ebb__tensor_alias(c, ndim, ns, nst, 0, out);
+  ebb__tensor_put(c);
+  return st;
+}
+
+ebb_status ebb_tensor_permute(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_permute");
+  if (ndim != t->ndim || (ndim && !dims)) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_permute: %d dims given for a tensor of shape %s; expected a permutation of its %d dims", ndim,
+                     EBB__SHAPE(t, a), t->ndim);
+  }
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  bool seen[EBB_TENSOR_MAX_DIMS] = {false};
+  for (int i = 0; i < ndim; i++) {
+    int d;
+    st = ebb__dim("ebb_tensor_permute", "dims[i]", dims[i], ndim, &d);
+    if (st) return st;
+    if (seen[d]) return ebb__fail(EBB_EINVAL, "ebb_tensor_permute: dim %d appears twice in dims; expected a permutation", d);
+    seen[d] = true;
+    ns[i] = t->shape[d];
+    nst[i] = t->strides[d];
+  }
+  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+}
+
+ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_transpose");
+  int a, b;
+  st = ebb__dim("ebb_tensor_transpose", "dim0", dim0, t->ndim, &a);
+  if (!st) st = ebb__dim("ebb_tensor_transpose", "dim1", dim1, t->ndim, &b);
+  if (st) return st;
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  for (int d = 0; d < t->ndim; d++) {
+    int s = d == a ? b : d == b ? a : d;
+    ns[d] = t->shape[s];
+    nst[d] = t->strides[s];
+  }
+  return ebb__tensor_alias(t, t->ndim, ns, nst, t->offset, out);
+}
+
+ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_slice");
+  int d;
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: t is a scalar (0 dims); expected at least 1 dim");
+  st = ebb__dim("ebb_tensor_slice", "dim", dim, t->ndim, &d);
+  if (st) return st;
+  if (step < 1) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: step is %lld; expected step >= 1", (long long)step);
+  int64_t size = t->shape[d];
+  if (start < 0) start += size;
+  if (end < 0) end += size;
+  start = start < 0 ? 0 : start > size ? size : start;
+  end = end < start ? start : end > size ? size : end;
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  memcpy(ns, t->shape, sizeof ns);
+  memcpy(nst, t->strides, sizeof nst);
+  ns[d] = (end - start + step - 1) / step;
+  nst[d] = t->strides[d] * step;
+  return ebb__tensor_alias(t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
+}
+
+ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_narrow");
+  int d;
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: t is a scalar (0 dims); expected at least 1 dim");
+  st = ebb__dim("ebb_tensor_narrow", "dim", dim, t->ndim, &d);
+  if (st) return st;
+  if (start < 0 || length < 0 || start + length > t->shape[d]) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: start %lld and length %lld do not fit dim %d of shape %s", (long long)start,
+                     (long long)length, d, EBB__SHAPE(t, a));
+  }
+  return ebb_tensor_slice(t, d, start, start + length, 1, out);
+}
+
+ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_select");
+  int d;
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_select: t is a scalar (0 dims); expected at least 1 dim");
+  st = ebb__dim("ebb_tensor_select", "dim", dim, t->ndim, &d);
+  if (st) return st;
+  int64_t i = index < 0 ? index + t->shape[d] : index;
+  if (i < 0 || i >= t->shape[d]) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_select: index %lld is out of range for dim %d of shape %s", (long long)index, d, EBB__SHAPE(t, a));
+  }
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  for (int k = 0, j = 0; k < t->ndim; k++) {
+    if (k == d) continue;
+    ns[j] = t->shape[k];
+    nst[j++] = t->strides[k];
+  }
+  return ebb__tensor_alias(t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
+}
+
+ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_expand");
+  if (ndim < t->ndim || ndim > EBB_TENSOR_MAX_DIMS || !shape) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_expand: %d target dims for a tensor of shape %s; expected %d..%d dims and a shape", ndim,
+                     EBB__SHAPE(t, a), t->ndim, EBB_TENSOR_MAX_DIMS);
+  }
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  for (int d = ndim - 1, j = t->ndim - 1; d >= 0; d--, j--) {
+    if (j >= 0 && (shape[d] == -1 || shape[d] == t->shape[j])) {
+      ns[d] = t->shape[j];
+      nst[d] = t->strides[j];
+    } else if ((j < 0 || t->shape[j] == 1) && shape[d] >= 0) {
+      ns[d] = shape[d];
+      nst[d] = 0;
+    } else {
+      char a[128], b[128];
+      return ebb__fail(EBB_EINVAL, "ebb_tensor_expand: shape %s cannot be expanded to %s (dim %d); expected equal extents or 1",
+                       EBB__SHAPE(t, a), ebb__shape_str(shape, ndim, b, sizeof b), d);
+    }
+  }
+  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+}
+
+ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_squeeze");
+  int d;
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: t is a scalar (0 dims); nothing to squeeze");
+  st = ebb__dim("ebb_tensor_squeeze", "dim", dim, t->ndim, &d);
+  if (st) return st;
+  if (t->shape[d] != 1) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: dim %d of shape %s has extent %lld; expected 1", d, EBB__SHAPE(t, a),
+                     (long long)t->shape[d]);
+  }
+  return ebb_tensor_select(t, d, 0, out);
+}
+
+ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_unsqueeze");
+  if (t->ndim == EBB_TENSOR_MAX_DIMS)
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_unsqueeze: t has %d dims already (the maximum)", EBB_TENSOR_MAX_DIMS);
+  if (dim < -t->ndim - 1 || dim > t->ndim)
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_unsqueeze: dim %d is out of range; expected [%d, %d]", dim, -t->ndim - 1, t->ndim);
+  int d = dim < 0 ? dim + t->ndim + 1 : dim;
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  for (int k = 0, j = 0; k <= t->ndim; k++) {
+    if (k == d) {
+      ns[k] = 1;
+      nst[k] = j < t->ndim ? t->strides[j] * t->shape[j] : 1;
+    } else {
+      ns[k] = t->shape[j];
+      nst[k] = t->strides[j++];
+    }
+  }
+  return ebb__tensor_alias(t, t->ndim + 1, ns, nst, t->offset, out);
+}
+
+/* ---- in place --------------------------------------------------------------------------------- */
+
+static ebb_status ebb__check_writable(const char *fn, const ebb_tensor_t *t) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->strides[d] == 0 && t->shape[d] > 1) {
+      char a[128];
+      return ebb__fail(EBB_EINVAL, "%s: dst of shape %s is expanded along dim %d (stride 0): its elements alias; expected a writable tensor",
+                       fn, EBB__SHAPE(t, a), d);
+    }
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) {
+  const char *fn = "ebb_tensor_fill_";
+  ebb_status st = ebb__tensor_check(t, fn, "dst");
+  if (!st) st = ebb__check_writable(fn, t);
+  if (!st) st = ebb__ew_run(fn, EBB__EW_FILL, t, 0, NULL, value, 0);
+  if (st) return st;
+  atomic_fetch_add_explicit(&t->st->version, 1, memory_order_relaxed);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_zero_(ebb_tensor_t *t) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_zero_", "dst");
+  if (st) return st;
+  return ebb_tensor_fill_(t, 0.0);
+}
+
+/* src may live on another device: it is first brought to dst's device (contiguous, through
+ * ebb_copy_async), then the copy kernel broadcasts and converts it into dst's layout. */
+ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
+  const char *fn = "ebb_tensor_copy_";
+  ebb_status st = ebb__tensor_check(dst, fn, "dst");
+  if (!st) st = ebb__tensor_check(src, fn, "src");
+  if (!st) st = ebb__check_writable(fn, dst);
+  if (st) return st;
+  int64_t bst[EBB_TENSOR_MAX_DIMS];
+  st = ebb__broadcast_strides(fn, "src", src, dst->ndim, dst->shape, bst);
+  if (st) return st;
+  ebb_tensor_t *moved = NULL;
+  if (src->st->device != dst->st->device) {
+    st = ebb__to_device(fn, src, dst->st->device, &moved);
+    if (st) return st;
+    src = moved;
+  }
+  st = ebb__ew_run(fn, EBB__EW_COPY, dst, 1, &src, 0, 0);
+  ebb__tensor_put(moved);
+  if (st) return st;
+  atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
+  return EBB_OK;
+}

@@ -1,0 +1,220 @@
+// softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat and stack against f64
+// references on the CPU and both emulated devices, gradcheck of each backward, refused inputs.
+#include <cmath>
+#include <vector>
+
+#include "gradcheck.hpp"
+
+using namespace ebb_test;
+
+namespace {
+
+// softmax over the last dim of rows x cols.
+std::vector<double> ref_softmax(const std::vector<double> &v, int64_t rows, int64_t cols, bool logarithm) {
+  std::vector<double> r(v.size());
+  for (int64_t i = 0; i < rows; i++) {
+    double m = -INFINITY, z = 0;
+    for (int64_t j = 0; j < cols; j++) m = std::max(m, v[(size_t)(i * cols + j)]);
+    for (int64_t j = 0; j < cols; j++) z += std::exp(v[(size_t)(i * cols + j)] - m);
+    for (int64_t j = 0; j < cols; j++) {
+      double x = v[(size_t)(i * cols + j)] - m;
+      r[(size_t)(i * cols + j)] = logarithm ? x - std::log(z) : std::exp(x) / z;
+    }
+  }
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("nn: softmax, log_softmax and the losses match the reference", "[ops][nn]") {
+  EbbSession session;
+  for (int dev : devices())
+    for (ebb_dtype dt : {EBB_F64, EBB_F32}) {
+      INFO(dev_name(dev) << " " << ebb_dtype_name(dt));
+      double tol = dt == EBB_F64 ? 1e-12 : 1e-5;
+      auto v = values(12, 71, -30, 30); // large logits: needs the max subtracted
+      Tensor x = make(dev, dt, {3, 4}, v), sm, lsm, xt, smt;
+      auto xv = read(x);
+      EBB_REQUIRE_OK(ebb_op_softmax(x, -1, sm.out()));
+      EBB_REQUIRE_OK(ebb_op_log_softmax(x, 1, lsm.out()));
+      EBB_CHECK_CLOSE(read(sm), ref_softmax(xv, 3, 4, false), tol, tol);
+      EBB_CHECK_CLOSE(read(lsm), ref_softmax(xv, 3, 4, true), tol, tol);
+      // along dim 0: the same as the transpose along its last dim
+      EBB_REQUIRE_OK(ebb_tensor_transpose(x, 0, 1, xt.out()));
+      EBB_REQUIRE_OK(ebb_op_softmax(xt, 0, smt.out()));
+      auto st = read(smt);
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++) {
+          // softmax over dim 0 of xt [4,3]: column j of xt is row j of x
+          double m = -INFINITY, z = 0;
+          for (int k = 0; k < 4; k++) m = std::max(m, xv[(size_t)(j * 4 + k)]);
+          for (int k = 0; k < 4; k++) z += std::exp(xv[(size_t)(j * 4 + k)] - m);
+          CHECK(std::fabs(st[(size_t)(i * 3 + j)] - std::exp(xv[(size_t)(j * 4 + i)] - m) / z) <= tol);
+        }
+      // cross entropy with class indices
+      Tensor tgt = make(dev, EBB_I64, {3}, {2, 0, 3}), ce;
+      EBB_REQUIRE_OK(ebb_op_cross_entropy(x, tgt, ce.out()));
+      CHECK(shape_of(ce).empty());
+      auto ls = ref_softmax(xv, 3, 4, true);
+      double want_ce = -(ls[2] + ls[4] + ls[11]) / 3;
+      CHECK(std::fabs(read(ce)[0] - want_ce) <= tol * std::max(1.0, std::fabs(want_ce)));
+      // mse
+      Tensor y = make(dev, dt, {3, 4}, values(12, 72)), mse;
+      EBB_REQUIRE_OK(ebb_op_mse_loss(x, y, mse.out()));
+      auto yv = read(y);
+      double acc = 0;
+      for (size_t i = 0; i < 12; i++) acc += (xv[i] - yv[i]) * (xv[i] - yv[i]);
+      CHECK(std::fabs(read(mse)[0] - acc / 12) <= tol * acc);
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("nn: layer_norm over the last dims, with and without weight and bias", "[ops][nn]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    auto v = values(24, 81, -2, 5);
+    Tensor x = make(dev, EBB_F64, {2, 3, 4}, v), w = make(dev, EBB_F64, {3, 4}, values(12, 82)), b = make(dev, EBB_F64, {3, 4}, values(12, 83));
+    Tensor y, y0;
+    EBB_REQUIRE_OK(ebb_op_layer_norm(x, 2, w, b, 1e-5, y.out()));
+    EBB_REQUIRE_OK(ebb_op_layer_norm(x, 1, nullptr, nullptr, 1e-5, y0.out()));
+    auto wv = read(w), bv = read(b), yv = read(y), y0v = read(y0);
+    for (int i = 0; i < 2; i++) {
+      double mu = 0, var = 0;
+      for (int j = 0; j < 12; j++) mu += v[(size_t)(i * 12 + j)];
+      mu /= 12;
+      for (int j = 0; j < 12; j++) var += (v[(size_t)(i * 12 + j)] - mu) * (v[(size_t)(i * 12 + j)] - mu);
+      var /= 12;
+      for (int j = 0; j < 12; j++) {
+        double want = (v[(size_t)(i * 12 + j)] - mu) / std::sqrt(var + 1e-5) * wv[(size_t)j] + bv[(size_t)j];
+        CHECK(std::fabs(yv[(size_t)(i * 12 + j)] - want) < 1e-12);
+      }
+    }
+    for (int r = 0; r < 6; r++) {
+      double mu = 0, var = 0;
+      for (int j = 0; j < 4; j++) mu += v[(size_t)(r * 4 + j)];
+      mu /= 4;
+      for (int j = 0; j < 4; j++) var += (v[(size_t)(r * 4 + j)] - mu) * (v[(size_t)(r * 4 + j)] - mu);
+      var /= 4;
+      for (int j = 0; j < 4; j++) CHECK(std::fabs(y0v[(size_t)(r * 4 + j)] - (v[(size_t)(r * 4 + j)] - mu) / std::sqrt(var + 1e-5)) < 1e-12);
+    }
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("nn: cat and stack join along any dim", "[ops][nn][cat]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    Tensor a = make(dev, EBB_F32, {2, 2}, {1, 2, 3, 4}), b = make(dev, EBB_F32, {2, 3}, {5, 6, 7, 8, 9, 10}), c, s, s0;
+    const ebb_tensor_t *ab[2] = {a, b};
+    EBB_REQUIRE_OK(ebb_op_cat(ab, 2, -1, c.out()));
+    CHECK(shape_of(c) == std::vector<int64_t>{2, 5});
+    CHECK(read(c) == std::vector<double>{1, 2, 5, 6, 7, 3, 4, 8, 9, 10});
+    const ebb_tensor_t *aa[3] = {a, a, a};
+    EBB_REQUIRE_OK(ebb_op_stack(aa, 3, 1, s.out()));
+    CHECK(shape_of(s) == std::vector<int64_t>{2, 3, 2});
+    CHECK(read(s) == std::vector<double>{1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4});
+    EBB_REQUIRE_OK(ebb_op_stack(aa, 2, 0, s0.out()));
+    CHECK(shape_of(s0) == std::vector<int64_t>{2, 2, 2});
+    Tensor g0, g1;
+    EBB_REQUIRE_OK(ebb_op_cat_backward(c, ab, 2, 1, 1, g1.out()));
+    CHECK(read(g1) == read(b));
+    EBB_REQUIRE_OK(ebb_op_stack_backward(s, 3, 1, 2, g0.out()));
+    CHECK(read(g0) == read(a));
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("nn: gradcheck of softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat and stack", "[ops][nn][gradcheck]") {
+  EbbSession session;
+  for (int dev : {EBB_DEVICE_CPU, 1}) {
+    INFO(dev_name(dev));
+    std::vector<GcInput> x{{{3, 4}, values(12, 91, -2, 2)}};
+    for (int dim : {0, -1}) {
+      EBB_CHECK_GRADCHECK(
+          dev, x, [dim](const GcInputs &i, ebb_tensor_t **o) { return ebb_op_softmax(i[0], dim, o); },
+          [dim](const ebb_tensor_t *g, const GcInputs &, const ebb_tensor_t *y, std::vector<ebb_tensor_t *> &gr) {
+            return ebb_op_softmax_backward(g, y, dim, &gr[0]);
+          });
+      EBB_CHECK_GRADCHECK(
+          dev, x, [dim](const GcInputs &i, ebb_tensor_t **o) { return ebb_op_log_softmax(i[0], dim, o); },
+          [dim](const ebb_tensor_t *g, const GcInputs &, const ebb_tensor_t *y, std::vector<ebb_tensor_t *> &gr) {
+            return ebb_op_log_softmax_backward(g, y, dim, &gr[0]);
+          });
+    }
+    std::vector<GcInput> ce{{{3, 4}, values(12, 92, -2, 2)}, {{3}, {1, 3, 0}, EBB_I64, false}};
+    EBB_CHECK_GRADCHECK(
+        dev, ce, [](const GcInputs &i, ebb_tensor_t **o) { return ebb_op_cross_entropy(i[0], i[1], o); },
+        [](const ebb_tensor_t *g, const GcInputs &i, const ebb_tensor_t *, std::vector<ebb_tensor_t *> &gr) {
+          return ebb_op_cross_entropy_backward(g, i[0], i[1], &gr[0]);
+        });
+    std::vector<GcInput> mse{{{2, 3}, values(6, 93)}, {{2, 3}, values(6, 94)}};
+    EBB_CHECK_GRADCHECK(
+        dev, mse, [](const GcInputs &i, ebb_tensor_t **o) { return ebb_op_mse_loss(i[0], i[1], o); },
+        [](const ebb_tensor_t *g, const GcInputs &i, const ebb_tensor_t *, std::vector<ebb_tensor_t *> &gr) {
+          return ebb_op_mse_loss_backward(g, i[0], i[1], &gr[0], &gr[1]);
+        });
+    std::vector<GcInput> ln{{{2, 2, 3}, values(12, 95, -2, 2)}, {{2, 3}, values(6, 96, 0.5, 1.5)}, {{2, 3}, values(6, 97)}};
+    EBB_CHECK_GRADCHECK(
+        dev, ln, [](const GcInputs &i, ebb_tensor_t **o) { return ebb_op_layer_norm(i[0], 2, i[1], i[2], 1e-5, o); },
+        [](const ebb_tensor_t *g, const GcInputs &i, const ebb_tensor_t *, std::vector<ebb_tensor_t *> &gr) {
+          return ebb_op_layer_norm_backward(g, i[0], 2, i[1], i[2], 1e-5, &gr[0], &gr[1], &gr[2]);
+        });
+    std::vector<GcInput> cat{{{2, 2}, values(4, 98)}, {{2, 3}, values(6, 99)}};
+    EBB_CHECK_GRADCHECK(
+        dev, cat,
+        [](const GcInputs &i, ebb_tensor_t **o) {
+          const ebb_tensor_t *ts[2] = {i[0], i[1]};
+          return ebb_op_cat(ts, 2, 1, o);
+        },
+        [](const ebb_tensor_t *g, const GcInputs &i, const ebb_tensor_t *, std::vector<ebb_tensor_t *> &gr) {
+          const ebb_tensor_t *ts[2] = {i[0], i[1]};
+          ebb_status st = ebb_op_cat_backward(g, ts, 2, 1, 0, &gr[0]);
+          return st ? st : ebb_op_cat_backward(g, ts, 2, 1, 1, &gr[1]);
+        });
+    std::vector<GcInput> stk{{{2, 3}, values(6, 100)}, {{2, 3}, values(6, 101)}, {{2, 3}, values(6, 102)}};
+    EBB_CHECK_GRADCHECK(
+        dev, stk,
+        [](const GcInputs &i, ebb_tensor_t **o) {
+          const ebb_tensor_t *ts[3] = {i[0], i[1], i[2]};
+          return ebb_op_stack(ts, 3, -1, o);
+        },
+        [](const ebb_tensor_t *g, const GcInputs &, const ebb_tensor_t *, std::vector<ebb_tensor_t *> &gr) {
+          ebb_status st = EBB_OK;
+          for (int k = 0; k < 3 && !st; k++) st = ebb_op_stack_backward(g, 3, -1, k, &gr[(size_t)k]);
+          return st;
+        });
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("nn: bad inputs name the op, the argument and the shapes", "[ops][nn][errors]") {
+  EbbSession session;
+  {
+    Tensor x = make(0, EBB_F32, {3, 4}, values(12, 1)), i = make(0, EBB_I64, {3, 4}, std::vector<double>(12, 1)), o;
+    Tensor t_bad = make(0, EBB_I64, {4}, {0, 1, 2, 3}), t_f = make(0, EBB_F32, {3}, {0, 1, 2}), t_cpu = make(EBB_DEVICE_CPU, EBB_I64, {3}, {0, 1, 2});
+    EBB_CHECK_FAILS(ebb_op_softmax(i, 0, o.out()), EBB_EINVAL, "ebb_op_softmax: t has dtype i64");
+    EBB_CHECK_FAILS(ebb_op_log_softmax(x, 2, o.out()), EBB_EINVAL, "dim 2 is out of range");
+    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_bad, o.out()), EBB_EINVAL, "logits has shape [3,4] and target [4]");
+    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_f, o.out()), EBB_EINVAL, "target has dtype f32");
+    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_cpu, o.out()), EBB_EDEVICE, "target is on device -1");
+    Tensor y = make(0, EBB_F32, {4, 3}, values(12, 2));
+    EBB_CHECK_FAILS(ebb_op_mse_loss(x, y, o.out()), EBB_EINVAL, "a has shape [3,4] and b [4,3]");
+    Tensor w = make(0, EBB_F32, {3}, values(3, 3));
+    EBB_CHECK_FAILS(ebb_op_layer_norm(x, 1, w, nullptr, 1e-5, o.out()), EBB_EINVAL, "weight has shape [3]");
+    EBB_CHECK_FAILS(ebb_op_layer_norm(x, 3, nullptr, nullptr, 1e-5, o.out()), EBB_EINVAL, "nnorm 3");
+    const ebb_tensor_t *bad[2] = {x, y};
+    EBB_CHECK_FAILS(ebb_op_cat(bad, 2, 0, o.out()), EBB_EINVAL, "ts[1] has shape [4,3] and ts[0] [3,4]");
+    EBB_CHECK_FAILS(ebb_op_stack(bad, 2, 0, o.out()), EBB_EINVAL, "expected one shape");
+    const ebb_tensor_t *mixed[2] = {x, i};
+    EBB_CHECK_FAILS(ebb_op_cat(mixed, 2, 0, o.out()), EBB_EINVAL, "expected one dtype and device");
+    EBB_CHECK_FAILS(ebb_op_cat(nullptr, 0, 0, o.out()), EBB_EINVAL, "expected at least one");
+    Tensor g = make(0, EBB_F32, {3}, values(3, 4)), gx;
+    EBB_CHECK_FAILS(ebb_op_mse_loss_backward(g, x, x, gx.out(), nullptr), EBB_EINVAL, "expected a scalar");
+    EBB_CHECK_FAILS(ebb_op_softmax_backward(g, x, 0, gx.out()), EBB_EINVAL, "grad has shape [3] but y [3,4]");
+    EBB_CHECK_FAILS(ebb_op_stack_backward(x, 2, 0, 0, gx.out()), EBB_EINVAL, "expected n = 2");
+    REQUIRE(o.get() == nullptr);
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
