@@ -16,7 +16,9 @@
  * is wall time; cpu_ns_per_pair is the thread's CPU time over the same pass, which leaves out
  * the time the thread waited for a core (the machine is shared: compare both).
  * Optional filters, for profiling one case: EBB_BENCH_IMPL=ebb (or glibc, jemalloc, mimalloc)
- * and EBB_BENCH_DIST=small (or tensor) run only the named implementation / distribution.
+ * and EBB_BENCH_DIST=small (or tensor) run only the named implementation / distribution;
+ * EBB_BENCH_SMALL_LIVE and EBB_BENCH_SMALL_PAIRS change dist=small's live blocks and pairs (the
+ * free index's cost at 10^3 against 10^5 live blocks, or a short run under callgrind).
  */
 #define _GNU_SOURCE /* dlopen/dlsym of jemalloc's mallocx when it is not the process allocator */
 #include <dlfcn.h>
@@ -225,7 +227,10 @@ int main(void) {
 
   bench("tensor", 1000, 200000, 512.0, 64.0 * 1024 * 1024, ims, n);
   BENCH_CHECK(ebb_arena_empty_cache(g_device));
-  bench("small", 100000, 2000000, 512.0, 64.0 * 1024, ims, n);
+  const char *lv = getenv("EBB_BENCH_SMALL_LIVE"), *pv = getenv("EBB_BENCH_SMALL_PAIRS");
+  size_t small_live = lv && atoll(lv) > 0 ? (size_t)atoll(lv) : 100000;
+  size_t small_pairs = pv && atoll(pv) > 0 ? (size_t)atoll(pv) : 2000000;
+  bench("small", small_live, small_pairs, 512.0, 64.0 * 1024, ims, n);
   BENCH_CHECK(ebb_arena_empty_cache(g_device));
   BENCH_CHECK(ebb_shutdown());
   return 0;
