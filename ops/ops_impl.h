@@ -66,6 +66,10 @@ EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, 
 EBB_HIDDEN ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
                                         int64_t offset, ebb_tensor_t **out);
 EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
+/* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its
+ * out-pointer is non-NULL; ra and rb are NULL where it is NULL) and returns EBB_OK; on failure
+ * releases both (NULL allowed) and returns st. */
+EBB_HIDDEN ebb_status ebb__grads_out(ebb_status st, ebb_tensor_t *ra, ebb_tensor_t **ga, ebb_tensor_t *rb, ebb_tensor_t **gb);
 
 /* ---- elements ------------------------------------------------------------------------------ */
 
