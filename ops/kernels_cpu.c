@@ -173,7 +173,9 @@ void ebb__ew_cpu(void *args) {
         for (int64_t i = 0; i < inner; i++, po += so) {
           int64_t x = nin > 0 ? ebb__ldi(pi[0], a->dt_in[0]) : 0, y = nin > 1 ? ebb__ldi(pi[1], a->dt_in[1]) : 0;
           int64_t z = nin > 2 ? ebb__ldi(pi[2], a->dt_in[2]) : 0;
-          ebb__sti(po, dto, ebb__ew_i(op, x, y, z, is0, is1));
+          int64_t r = 0; /* the op is one of ebb__ew_i's: ints says so */
+          ebb__ew_i(op, x, y, z, is0, is1, &r);
+          ebb__sti(po, dto, r);
           for (int k = 0; k < nin; k++) pi[k] += si[k];
         }
       } else {

@@ -240,52 +240,49 @@ static inline EBB__HD double ebb__ew_f(int op, double x, double y, double z, dou
   }
 }
 
-/* The same in i64, for the ops that stay exact on integers (ebb__ew_exact_int picks them). */
-static inline EBB__HD int64_t ebb__ew_i(int op, int64_t x, int64_t y, int64_t z, int64_t s0, int64_t s1) {
+/* The same in i64 into *out, for the ops that stay exact on integers; false (*out untouched)
+ * for an op without an exact integer form. This switch is the list of those ops: ebb__ew_int_op
+ * asks it, so the two cannot disagree. */
+static inline EBB__HD bool ebb__ew_i(int op, int64_t x, int64_t y, int64_t z, int64_t s0, int64_t s1, int64_t *out) {
   /* unsigned arithmetic: i64 overflow wraps (as on a GPU) instead of being undefined */
+  int64_t r;
   switch (op) {
-  case EBB__EW_COPY: return x;
-  case EBB__EW_NEG: return (int64_t)(0u - (uint64_t)x);
-  case EBB__EW_ABS: return x < 0 ? (int64_t)(0u - (uint64_t)x) : x;
-  case EBB__EW_RELU: return x > 0 ? x : 0;
-  case EBB__EW_CLAMP: return x < s0 ? s0 : x > s1 ? s1 : x;
-  case EBB__EW_ADDS: return (int64_t)((uint64_t)x + (uint64_t)s0);
-  case EBB__EW_MULS: return (int64_t)((uint64_t)x * (uint64_t)s0);
-  case EBB__EW_RSUBS: return (int64_t)((uint64_t)s0 - (uint64_t)x);
-  case EBB__EW_SIGN: return (x > 0) - (x < 0);
-  case EBB__EW_SQUARE: return (int64_t)((uint64_t)x * (uint64_t)x);
-  case EBB__EW_CLAMP_MASK: return x >= s0 && x <= s1;
-  case EBB__EW_LT_S: return x < s0;
-  case EBB__EW_GT_S: return x > s0;
-  case EBB__EW_ADD: return (int64_t)((uint64_t)x + (uint64_t)y);
-  case EBB__EW_SUB: return (int64_t)((uint64_t)x - (uint64_t)y);
-  case EBB__EW_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
-  case EBB__EW_EQ: return x == y;
-  case EBB__EW_NE: return x != y;
-  case EBB__EW_LT: return x < y;
-  case EBB__EW_LE: return x <= y;
-  case EBB__EW_GT: return x > y;
-  case EBB__EW_GE: return x >= y;
-  case EBB__EW_MAXIMUM: return x > y ? x : y;
-  case EBB__EW_WHERE: return x ? y : z;
-  default: return 0;
+  case EBB__EW_COPY: r = x; break;
+  case EBB__EW_NEG: r = (int64_t)(0u - (uint64_t)x); break;
+  case EBB__EW_ABS: r = x < 0 ? (int64_t)(0u - (uint64_t)x) : x; break;
+  case EBB__EW_RELU: r = x > 0 ? x : 0; break;
+  case EBB__EW_CLAMP: r = x < s0 ? s0 : x > s1 ? s1 : x; break;
+  case EBB__EW_ADDS: r = (int64_t)((uint64_t)x + (uint64_t)s0); break;
+  case EBB__EW_MULS: r = (int64_t)((uint64_t)x * (uint64_t)s0); break;
+  case EBB__EW_RSUBS: r = (int64_t)((uint64_t)s0 - (uint64_t)x); break;
+  case EBB__EW_SIGN: r = (x > 0) - (x < 0); break;
+  case EBB__EW_SQUARE: r = (int64_t)((uint64_t)x * (uint64_t)x); break;
+  case EBB__EW_CLAMP_MASK: r = x >= s0 && x <= s1; break;
+  case EBB__EW_LT_S: r = x < s0; break;
+  case EBB__EW_GT_S: r = x > s0; break;
+  case EBB__EW_ADD: r = (int64_t)((uint64_t)x + (uint64_t)y); break;
+  case EBB__EW_SUB: r = (int64_t)((uint64_t)x - (uint64_t)y); break;
+  case EBB__EW_MUL: r = (int64_t)((uint64_t)x * (uint64_t)y); break;
+  case EBB__EW_EQ: r = x == y; break;
+  case EBB__EW_NE: r = x != y; break;
+  case EBB__EW_LT: r = x < y; break;
+  case EBB__EW_LE: r = x <= y; break;
+  case EBB__EW_GT: r = x > y; break;
+  case EBB__EW_GE: r = x >= y; break;
+  case EBB__EW_MAXIMUM: r = x > y ? x : y; break;
+  case EBB__EW_WHERE: r = x ? y : z; break;
+  default: return false;
   }
+  *out = r;
+  return true;
 }
 
 static inline EBB__HD bool ebb__kdt_is_int(int dt) { return dt == EBB__KDT_I64 || dt == EBB__KDT_BOOL; }
 
-/* Whether ebb__ew_i has the op. */
+/* Whether ebb__ew_i has the op (asked on zeros: every i64 op is defined there). */
 static inline EBB__HD bool ebb__ew_int_op(int op) {
-  switch (op) {
-  case EBB__EW_COPY: case EBB__EW_NEG: case EBB__EW_ABS: case EBB__EW_RELU: case EBB__EW_CLAMP:
-  case EBB__EW_ADDS: case EBB__EW_MULS: case EBB__EW_RSUBS: case EBB__EW_SIGN: case EBB__EW_SQUARE:
-  case EBB__EW_CLAMP_MASK: case EBB__EW_LT_S: case EBB__EW_GT_S: case EBB__EW_ADD: case EBB__EW_SUB:
-  case EBB__EW_MUL: case EBB__EW_EQ: case EBB__EW_NE: case EBB__EW_LT: case EBB__EW_LE: case EBB__EW_GT:
-  case EBB__EW_GE: case EBB__EW_MAXIMUM: case EBB__EW_WHERE:
-    return true;
-  default:
-    return false;
-  }
+  int64_t r;
+  return ebb__ew_i(op, 0, 0, 0, 0, 0, &r);
 }
 
 /* Whether a launch computes in i64 (ebb__ew_i) rather than f64: integer ops on integer
