@@ -207,13 +207,7 @@ static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tenso
   if (!st && gb) st = ebb__grad_for(fn, lb, b, &rb);
   ebb__tensor_put(la);
   ebb__tensor_put(lb);
-  if (st) {
-    ebb__tensor_put(ra);
-    return st;
-  }
-  if (ga) *ga = ra;
-  if (gb) *gb = rb;
-  return EBB_OK;
+  return ebb__grads_out(st, ra, ga, rb, gb);
 }
 
 ebb_status ebb_op_add_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
@@ -509,14 +503,7 @@ ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *c
   ebb__tensor_put(zero);
   ebb__tensor_put(ta);
   ebb__tensor_put(tb);
-  if (st) {
-    ebb__tensor_put(ra);
-    ebb__tensor_put(rb);
-    return st;
-  }
-  if (ga) *ga = ra;
-  if (gb) *gb = rb;
-  return EBB_OK;
+  return ebb__grads_out(st, ra, ga, rb, gb);
 }
 
 /* ---- in place --------------------------------------------------------------------------------------- */

@@ -8,7 +8,9 @@
  * (integers: exact in i64 where the op allows it); reductions accumulate in f64; matmul is
  * OpenBLAS's sgemm/dgemm. bf16 and f16 are converted by bit manipulation, rounding to nearest
  * even. The random kernels are Philox 4x32-10 keyed by the seed and counted by element index,
- * so every device and the CPU produce the same numbers.
+ * so every device and the CPU produce the same numbers. That element math (conversions, loads
+ * and stores, Philox, the op switches, the reduction combiners) is ops_math.h's, the one text
+ * the CUDA twins (cuda/ops_kernels.cu) compile too; this file owns the loops around it.
  */
 #include <cblas.h>
 #include <math.h>
@@ -16,183 +18,16 @@
 
 #include "ops_impl.h"
 
-/* ---- bf16 and f16 ------------------------------------------------------------------------- */
+/* ---- the public conversions and the Philox entry the tests call: the math is ops_math.h's -- */
 
-uint16_t ebb_f32_to_bf16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);                                          /* nearest even */
-  return (uint16_t)(u >> 16);
-}
+uint16_t ebb_f32_to_bf16(float x) { return ebb__f32_to_bf16(x); }
+float ebb_bf16_to_f32(uint16_t h) { return ebb__bf16_to_f32(h); }
+uint16_t ebb_f32_to_f16(float x) { return ebb__f32_to_f16(x); }
+float ebb_f16_to_f32(uint16_t h) { return ebb__f16_to_f32(h); }
 
-float ebb_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t ebb_f32_to_f16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
-  if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds past 65504: infinity */
-  if (a < 0x38800000u) {                       /* below 2^-14: subnormal or zero */
-    if (a < 0x33000000u) return sign;          /* at most 2^-25: ties to zero */
-    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - e; /* value / 2^-24 = m >> shift */
-    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-  }
-  a -= 0x38000000u; /* rebias the exponent from 127 to 15 */
-  return (uint16_t)(sign | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));
-}
-
-float ebb_f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-  if (e == 0) {
-    float f = ldexpf((float)m, -24); /* zero or subnormal: exact */
-    return sign ? -f : f;
-  }
-  if (e == 31) u = sign | 0x7f800000u | (m << 13);
-  else u = sign | ((e + 112u) << 23) | (m << 13);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-/* ---- Philox 4x32-10 ------------------------------------------------------------------------ */
-
-void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]) {
-  uint32_t x0 = c[0], x1 = c[1], x2 = c[2], x3 = c[3];
-  for (int r = 0; r < 10; r++) {
-    uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
-    uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0, y1 = (uint32_t)p1;
-    uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1, y3 = (uint32_t)p0;
-    x0 = y0, x1 = y1, x2 = y2, x3 = y3;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  out[0] = x0, out[1] = x1, out[2] = x2, out[3] = x3;
-}
-
-/* Uniform [0, 1) with as many bits as dt holds below 1, so rounding never reaches 1. */
-static double ebb__uniform(const uint32_t w[4], int dt) {
-  switch (dt) {
-  case EBB_F64: return (double)(((uint64_t)(w[0] >> 5) << 26) | (w[1] >> 6)) * 0x1p-53;
-  case EBB_BF16: return (double)(w[0] >> 24) * 0x1p-8;
-  case EBB_F16: return (double)(w[0] >> 21) * 0x1p-11;
-  default: return (double)(w[0] >> 8) * 0x1p-24;
-  }
-}
-
-static double ebb__normal(const uint32_t w[4]) {
-  double u1 = ((double)w[0] + 1.0) * 0x1p-32; /* (0, 1]: log is finite */
-  double u2 = (double)w[1] * 0x1p-32;
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
-}
+void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]) { ebb__philox4x32(c, k0, k1, out); }
 
 /* ---- the elementwise kernel ----------------------------------------------------------------- */
-
-static double ebb__gelu(double x) { return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440)); }
-static double ebb__gelu_grad(double x) {
-  return 0.5 * (1.0 + erf(x * 0.70710678118654752440)) + x * exp(-0.5 * x * x) * 0.39894228040143267794;
-}
-
-/* One element in f64. x, y, z are the inputs; s0, s1 the op's scalars. */
-static inline double ebb__ew_f(int op, double x, double y, double z, double s0, double s1) {
-  switch (op) {
-  case EBB__EW_COPY: return x;
-  case EBB__EW_NEG: return -x;
-  case EBB__EW_ABS: return fabs(x);
-  case EBB__EW_EXP: return exp(x);
-  case EBB__EW_LOG: return log(x);
-  case EBB__EW_SQRT: return sqrt(x);
-  case EBB__EW_SIN: return sin(x);
-  case EBB__EW_COS: return cos(x);
-  case EBB__EW_TANH: return tanh(x);
-  case EBB__EW_SIGMOID: return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
-  case EBB__EW_RELU: return x > 0 ? x : 0.0;
-  case EBB__EW_GELU: return ebb__gelu(x);
-  case EBB__EW_POWS: return pow(x, s0);
-  case EBB__EW_CLAMP: return x != x ? x : x < s0 ? s0 : x > s1 ? s1 : x;
-  case EBB__EW_ADDS: return x + s0;
-  case EBB__EW_MULS: return x * s0;
-  case EBB__EW_RSUBS: return s0 - x;
-  case EBB__EW_DIVS: return x / s0;
-  case EBB__EW_RDIVS: return s0 / x;
-  case EBB__EW_SIGN: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
-  case EBB__EW_GELU_GRAD: return ebb__gelu_grad(x);
-  case EBB__EW_CLAMP_MASK: return x >= s0 && x <= s1 ? 1.0 : 0.0;
-  case EBB__EW_LT_S: return x < s0 ? 1.0 : 0.0;
-  case EBB__EW_GT_S: return x > s0 ? 1.0 : 0.0;
-  case EBB__EW_SQUARE: return x * x;
-  case EBB__EW_ADD: return x + y;
-  case EBB__EW_SUB: return x - y;
-  case EBB__EW_MUL: return x * y;
-  case EBB__EW_DIV: return x / y;
-  case EBB__EW_EQ: return x == y;
-  case EBB__EW_NE: return x != y;
-  case EBB__EW_LT: return x < y;
-  case EBB__EW_LE: return x <= y;
-  case EBB__EW_GT: return x > y;
-  case EBB__EW_GE: return x >= y;
-  case EBB__EW_MAXIMUM: return x != x || x > y ? x : y;
-  case EBB__EW_WHERE: return x != 0 ? y : z;
-  default: return 0.0;
-  }
-}
-
-/* The same in i64, for the ops that stay exact on integers (the op layer only sends those). */
-static inline int64_t ebb__ew_i(int op, int64_t x, int64_t y, int64_t z, int64_t s0, int64_t s1) {
-  /* unsigned arithmetic: i64 overflow wraps (as on a GPU) instead of being undefined */
-  switch (op) {
-  case EBB__EW_COPY: return x;
-  case EBB__EW_NEG: return (int64_t)(0u - (uint64_t)x);
-  case EBB__EW_ABS: return x < 0 ? (int64_t)(0u - (uint64_t)x) : x;
-  case EBB__EW_RELU: return x > 0 ? x : 0;
-  case EBB__EW_CLAMP: return x < s0 ? s0 : x > s1 ? s1 : x;
-  case EBB__EW_ADDS: return (int64_t)((uint64_t)x + (uint64_t)s0);
-  case EBB__EW_MULS: return (int64_t)((uint64_t)x * (uint64_t)s0);
-  case EBB__EW_RSUBS: return (int64_t)((uint64_t)s0 - (uint64_t)x);
-  case EBB__EW_SIGN: return (x > 0) - (x < 0);
-  case EBB__EW_SQUARE: return (int64_t)((uint64_t)x * (uint64_t)x);
-  case EBB__EW_CLAMP_MASK: return x >= s0 && x <= s1;
-  case EBB__EW_LT_S: return x < s0;
-  case EBB__EW_GT_S: return x > s0;
-  case EBB__EW_ADD: return (int64_t)((uint64_t)x + (uint64_t)y);
-  case EBB__EW_SUB: return (int64_t)((uint64_t)x - (uint64_t)y);
-  case EBB__EW_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
-  case EBB__EW_EQ: return x == y;
-  case EBB__EW_NE: return x != y;
-  case EBB__EW_LT: return x < y;
-  case EBB__EW_LE: return x <= y;
-  case EBB__EW_GT: return x > y;
-  case EBB__EW_GE: return x >= y;
-  case EBB__EW_MAXIMUM: return x > y ? x : y;
-  case EBB__EW_WHERE: return x ? y : z;
-  default: return 0;
-  }
-}
-
-static bool ebb__ew_int_op(int op) {
-  switch (op) {
-  case EBB__EW_COPY: case EBB__EW_NEG: case EBB__EW_ABS: case EBB__EW_RELU: case EBB__EW_CLAMP:
-  case EBB__EW_ADDS: case EBB__EW_MULS: case EBB__EW_RSUBS: case EBB__EW_SIGN: case EBB__EW_SQUARE:
-  case EBB__EW_CLAMP_MASK: case EBB__EW_LT_S: case EBB__EW_GT_S: case EBB__EW_ADD: case EBB__EW_SUB:
-  case EBB__EW_MUL: case EBB__EW_EQ: case EBB__EW_NE: case EBB__EW_LT: case EBB__EW_LE: case EBB__EW_GT:
-  case EBB__EW_GE: case EBB__EW_MAXIMUM: case EBB__EW_WHERE:
-    return true;
-  default:
-    return false;
-  }
-}
-
-static bool ebb__is_int(int dt) { return dt == EBB_I64 || dt == EBB_BOOL; }
 
 /* Contiguous f32 (and f64) binary ops and same-dtype copies: the loops the compiler vectorises.
  * Returns false when the launch is not of that shape. */
@@ -263,22 +98,23 @@ static void ebb__store_row(char *p, int64_t stride, const double *src, int64_t n
   }
 }
 
-/* x[i] = op(x[i], y[i], z[i]) for a chunk: the frequent ops get a loop of their own (no switch
- * per element); the rest go through ebb__ew_f. Results are identical either way. */
+/* x[i] = op(x[i], y[i], z[i]) for a chunk: the frequent ops get a loop of their own, in which
+ * ebb__ew_f's switch folds away on the constant op (no switch per element, and the loop
+ * vectorises); the rest go through ebb__ew_f's switch per element. One formula either way. */
 static void ebb__op_row(int op, double *restrict x, const double *restrict y, const double *restrict z, int64_t n, double s0,
                         double s1) {
   switch (op) {
   case EBB__EW_COPY: return;
-  case EBB__EW_ADD: for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i]; return;
-  case EBB__EW_SUB: for (int64_t i = 0; i < n; i++) x[i] = x[i] - y[i]; return;
-  case EBB__EW_MUL: for (int64_t i = 0; i < n; i++) x[i] = x[i] * y[i]; return;
-  case EBB__EW_DIV: for (int64_t i = 0; i < n; i++) x[i] = x[i] / y[i]; return;
-  case EBB__EW_ADDS: for (int64_t i = 0; i < n; i++) x[i] = x[i] + s0; return;
-  case EBB__EW_MULS: for (int64_t i = 0; i < n; i++) x[i] = x[i] * s0; return;
-  case EBB__EW_NEG: for (int64_t i = 0; i < n; i++) x[i] = -x[i]; return;
-  case EBB__EW_SQUARE: for (int64_t i = 0; i < n; i++) x[i] = x[i] * x[i]; return;
-  case EBB__EW_EXP: for (int64_t i = 0; i < n; i++) x[i] = exp(x[i]); return;
-  case EBB__EW_LOG: for (int64_t i = 0; i < n; i++) x[i] = log(x[i]); return;
+  case EBB__EW_ADD: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_ADD, x[i], y[i], 0, s0, s1); return;
+  case EBB__EW_SUB: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_SUB, x[i], y[i], 0, s0, s1); return;
+  case EBB__EW_MUL: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_MUL, x[i], y[i], 0, s0, s1); return;
+  case EBB__EW_DIV: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_DIV, x[i], y[i], 0, s0, s1); return;
+  case EBB__EW_ADDS: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_ADDS, x[i], 0, 0, s0, s1); return;
+  case EBB__EW_MULS: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_MULS, x[i], 0, 0, s0, s1); return;
+  case EBB__EW_NEG: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_NEG, x[i], 0, 0, s0, s1); return;
+  case EBB__EW_SQUARE: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_SQUARE, x[i], 0, 0, s0, s1); return;
+  case EBB__EW_EXP: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_EXP, x[i], 0, 0, s0, s1); return;
+  case EBB__EW_LOG: for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(EBB__EW_LOG, x[i], 0, 0, s0, s1); return;
   default:
     for (int64_t i = 0; i < n; i++) x[i] = ebb__ew_f(op, x[i], y ? y[i] : 0, z ? z[i] : 0, s0, s1);
     return;
@@ -300,11 +136,7 @@ void ebb__ew_cpu(void *args) {
   const size_t eo = ebb__dtype_size[dto];
   size_t ei[3] = {0, 0, 0};
   for (int k = 0; k < nin; k++) ei[k] = ebb__dtype_size[a->dt_in[k]];
-  bool ints = ebb__ew_int_op(op);
-  if (op >= EBB__EW_EQ && op <= EBB__EW_GE) ints = true; /* comparisons: exact when the inputs are integers */
-  else ints = ints && ebb__is_int(dto);
-  for (int k = 0; k < nin && ints; k++) ints = ebb__is_int(a->dt_in[k]);
-  if (op == EBB__EW_WHERE) ints = ebb__is_int(dto) && ebb__is_int(a->dt_in[1]) && ebb__is_int(a->dt_in[2]);
+  const bool ints = ebb__ew_exact_int(a);
   const int64_t is0 = ebb__d2i(a->s0), is1 = ebb__d2i(a->s1);
   const int64_t so = nd ? a->st_out[nd - 1] * (int64_t)eo : 0;
   int64_t si[3] = {0, 0, 0};
@@ -329,23 +161,21 @@ void ebb__ew_cpu(void *args) {
         for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, a->s0);
       break;
     case EBB__EW_ARANGE:
-      for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, a->s0 + (double)(lin + (uint64_t)i) * a->s1);
+      for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, ebb__arange_at(a->s0, a->s1, lin + (uint64_t)i));
       break;
     case EBB__EW_RAND:
     case EBB__EW_RANDN:
-      for (int64_t i = 0; i < inner; i++, po += so) {
-        uint64_t ctr = a->offset + lin + (uint64_t)i;
-        uint32_t c[4] = {(uint32_t)ctr, (uint32_t)(ctr >> 32), 0, 0}, w[4];
-        ebb__philox(c, (uint32_t)a->seed, (uint32_t)(a->seed >> 32), w);
-        ebb__st(po, dto, op == EBB__EW_RAND ? ebb__uniform(w, dto) : ebb__normal(w));
-      }
+      for (int64_t i = 0; i < inner; i++, po += so)
+        ebb__st(po, dto, ebb__random_at(op, dto, a->seed, a->offset + lin + (uint64_t)i));
       break;
     default:
       if (ints) {
         for (int64_t i = 0; i < inner; i++, po += so) {
           int64_t x = nin > 0 ? ebb__ldi(pi[0], a->dt_in[0]) : 0, y = nin > 1 ? ebb__ldi(pi[1], a->dt_in[1]) : 0;
           int64_t z = nin > 2 ? ebb__ldi(pi[2], a->dt_in[2]) : 0;
-          ebb__sti(po, dto, ebb__ew_i(op, x, y, z, is0, is1));
+          int64_t r = 0; /* the op is one of ebb__ew_i's: ints says so */
+          ebb__ew_i(op, x, y, z, is0, is1, &r);
+          ebb__sti(po, dto, r);
           for (int k = 0; k < nin; k++) pi[k] += si[k];
         }
       } else {
@@ -400,7 +230,7 @@ static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t i
     for (int64_t k0 = 0; k0 < olast; k0 += EBB__CHUNK) {
       const int64_t m = olast - k0 < EBB__CHUNK ? olast - k0 : EBB__CHUNK;
       for (int64_t k = 0; k < m; k++) {
-        acc[k] = a->op == EBB__RED_MAX ? -INFINITY : 0.0;
+        acc[k] = ebb__red_init(a->op);
         best[k] = 0;
         nan[k] = false;
       }
@@ -410,12 +240,7 @@ static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t i
         for (int d = 0; d < ni; d++) off += iidx[d] * a->ist_in[d];
         ebb__load_row(buf, (const char *)a->in + off * (int64_t)ei, ostride, m, a->dt_in);
         if (a->op == EBB__RED_MAX) {
-          for (int64_t k = 0; k < m; k++)
-            if (!nan[k] && (buf[k] != buf[k] || buf[k] > acc[k] || j == 0)) {
-              acc[k] = buf[k];
-              best[k] = j;
-              nan[k] = buf[k] != buf[k];
-            }
+          for (int64_t k = 0; k < m; k++) ebb__red_max_step(&acc[k], &best[k], &nan[k], buf[k], j);
         } else {
           for (int64_t k = 0; k < m; k++) acc[k] += buf[k];
         }
@@ -425,7 +250,7 @@ static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t i
         }
       }
       for (int64_t k = 0; k < m; k++) {
-        double v = a->op == EBB__RED_MEAN ? (inner ? acc[k] / (double)inner : NAN) : acc[k];
+        double v = ebb__red_finish(a->op, acc[k], inner);
         int64_t o = obase + (k0 + k) * a->ost_out[no - 1];
         ebb__st((char *)a->out + o * (int64_t)eo, a->dt_out, v);
         if (a->idx) a->idx[o] = best[k];
@@ -468,7 +293,7 @@ void ebb__reduce_cpu(void *args) {
       obase += oidx[d] * a->ost_out[d];
     }
     int64_t iidx[EBB_TENSOR_MAX_DIMS] = {0};
-    double acc = a->op == EBB__RED_MAX ? -INFINITY : 0.0;
+    double acc = ebb__red_init(a->op);
     int64_t best = 0;
     bool nan = false;
     for (int64_t run = 0; run < runs; run++) {
@@ -479,16 +304,7 @@ void ebb__reduce_cpu(void *args) {
         const int64_t m = last - k0 < EBB__CHUNK ? last - k0 : EBB__CHUNK;
         ebb__load_row(buf, p + k0 * lstride, lstride, m, a->dt_in);
         if (a->op == EBB__RED_MAX) {
-          for (int64_t k = 0; k < m; k++) {
-            const double v = buf[k];
-            const int64_t j = run * last + k0 + k;
-            /* NaN wins and stays (the first one), as max of anything with NaN is NaN */
-            if (!nan && (v != v || v > acc || j == 0)) {
-              acc = v;
-              best = j;
-              nan = v != v;
-            }
-          }
+          for (int64_t k = 0; k < m; k++) ebb__red_max_step(&acc, &best, &nan, buf[k], run * last + k0 + k);
         } else {
           for (int64_t k = 0; k < m; k++) acc += buf[k]; /* row-major order: the same sum every time */
         }
@@ -498,7 +314,7 @@ void ebb__reduce_cpu(void *args) {
         iidx[d] = 0;
       }
     }
-    if (a->op == EBB__RED_MEAN) acc = inner ? acc / (double)inner : NAN;
+    acc = ebb__red_finish(a->op, acc, inner);
     ebb__st((char *)a->out + obase * (int64_t)eo, a->dt_out, acc);
     if (a->idx) a->idx[obase] = best;
     for (int d = a->nouter - 1; d >= 0; d--) {

@@ -66,56 +66,23 @@ EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, 
 EBB_HIDDEN ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
                                         int64_t offset, ebb_tensor_t **out);
 EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
+/* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its
+ * out-pointer is non-NULL; ra and rb are NULL where it is NULL) and returns EBB_OK; on failure
+ * releases both (NULL allowed) and returns st. */
+EBB_HIDDEN ebb_status ebb__grads_out(ebb_status st, ebb_tensor_t *ra, ebb_tensor_t **ga, ebb_tensor_t *rb, ebb_tensor_t **gb);
 
 /* ---- elements ------------------------------------------------------------------------------ */
 
 EBB_HIDDEN extern const size_t ebb__dtype_size[EBB_DTYPE_COUNT];
 
-static inline double ebb__ld(const char *p, int dt) {
-  switch (dt) {
-  case EBB_F32: { float v; memcpy(&v, p, 4); return v; }
-  case EBB_F64: { double v; memcpy(&v, p, 8); return v; }
-  case EBB_BF16: { uint16_t h; memcpy(&h, p, 2); return ebb_bf16_to_f32(h); }
-  case EBB_F16: { uint16_t h; memcpy(&h, p, 2); return ebb_f16_to_f32(h); }
-  case EBB_I64: { int64_t v; memcpy(&v, p, 8); return (double)v; }
-  default: return *(const unsigned char *)p ? 1.0 : 0.0;
-  }
-}
-
-/* Double to int64: truncation toward zero, NaN -> 0, saturating (a C cast is undefined there). */
-static inline int64_t ebb__d2i(double v) {
-  if (v != v) return 0;
-  if (v >= 9223372036854775807.0) return INT64_MAX;
-  if (v <= -9223372036854775808.0) return INT64_MIN;
-  return (int64_t)v;
-}
-
-static inline void ebb__st(char *p, int dt, double v) {
-  switch (dt) {
-  case EBB_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
-  case EBB_F64: memcpy(p, &v, 8); break;
-  case EBB_BF16: { uint16_t h = ebb_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
-  case EBB_F16: { uint16_t h = ebb_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-  case EBB_I64: { int64_t i = ebb__d2i(v); memcpy(p, &i, 8); break; }
-  default: *(unsigned char *)p = v != 0.0; break;
-  }
-}
-
-static inline int64_t ebb__ldi(const char *p, int dt) {
-  if (dt == EBB_I64) { int64_t v; memcpy(&v, p, 8); return v; }
-  if (dt == EBB_BOOL) return *(const unsigned char *)p != 0;
-  return ebb__d2i(ebb__ld(p, dt));
-}
-
-static inline void ebb__sti(char *p, int dt, int64_t v) {
-  if (dt == EBB_I64) memcpy(p, &v, 8);
-  else if (dt == EBB_BOOL) *(unsigned char *)p = v != 0;
-  else ebb__st(p, dt, (double)v);
-}
-
-#include "ops_kernels.h"
+/* Element loads and stores by dtype, bf16/f16 conversions and the rest of the element math:
+ * one text for the CPU kernels and the CUDA ones. */
+#include "ops_math.h"
 
 _Static_assert(EBB__KMAX_DIMS == EBB_TENSOR_MAX_DIMS, "kernel structs hold EBB_TENSOR_MAX_DIMS dims");
+_Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && EBB__KDT_BF16 == (int)EBB_BF16 &&
+                   EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
+               "kernel dtype codes are ebb_dtype's");
 
 enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_COUNT };
 

@@ -10,6 +10,10 @@
 
 #define EBB__KMAX_DIMS 8 /* EBB_TENSOR_MAX_DIMS */
 
+/* Element types as the kernels see them: the codes of ebb_dtype (ebb/tensor.h, which the CUDA
+ * side does not include; ops_impl.h asserts that the two agree). */
+enum ebb__kdtype { EBB__KDT_F32 = 0, EBB__KDT_F64, EBB__KDT_BF16, EBB__KDT_F16, EBB__KDT_I64, EBB__KDT_BOOL };
+
 /* ---- kernels ---------------------------------------------------------------------------------
  * One strided elementwise kernel ("ebb.ops.ew") serves creation (fill, arange, rand), copies and
  * casts, unary, scalar, binary, comparison and where ops: `op` picks the function. Operands are

@@ -481,12 +481,5 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   ebb__tensor_put(at);
   ebb__tensor_put(pa);
   ebb__tensor_put(pb);
-  if (st) {
-    ebb__tensor_put(ra);
-    ebb__tensor_put(rb);
-    return st;
-  }
-  if (ga) *ga = ra;
-  if (gb) *gb = rb;
-  return EBB_OK;
+  return ebb__grads_out(st, ra, ga, rb, gb);
 }

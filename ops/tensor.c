@@ -280,6 +280,17 @@ void ebb__tensor_put(ebb_tensor_t *t) {
   ebb__storage_put(s);
 }
 
+ebb_status ebb__grads_out(ebb_status st, ebb_tensor_t *ra, ebb_tensor_t **ga, ebb_tensor_t *rb, ebb_tensor_t **gb) {
+  if (st) {
+    ebb__tensor_put(ra);
+    ebb__tensor_put(rb);
+    return st;
+  }
+  if (ga) *ga = ra;
+  if (gb) *gb = rb;
+  return EBB_OK;
+}
+
 ebb_status ebb_tensor_retain(ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_retain", "t");
   if (st) return st;
@@ -699,16 +710,21 @@ ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t 
   return ebb__to_device("ebb_tensor_to_device", t, device, out);
 }
 
+/* EBB_EINVAL unless dst (non-NULL where bytes > 0) holds exactly t's elements, packed. */
+static ebb_status ebb__check_host_dst(const char *fn, const ebb_tensor_t *t, const void *dst, size_t bytes) {
+  size_t want = (size_t)ebb__numel(t->shape, t->ndim) * ebb__dtype_size[t->dtype];
+  if (bytes == want && (dst || !bytes)) return EBB_OK;
+  char b[128];
+  return ebb__fail(EBB_EINVAL, "%s: dst is %s with %zu bytes for a tensor of shape %s and dtype %s; expected %zu bytes", fn,
+                   dst ? "given" : "NULL", bytes, EBB__SHAPE(t, b), ebb_dtype_name(t->dtype), want);
+}
+
 ebb_status ebb_tensor_to_host(const ebb_tensor_t *t, void *dst, size_t bytes) {
   const char *fn = "ebb_tensor_to_host";
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
-  size_t want = (size_t)ebb__numel(t->shape, t->ndim) * ebb__dtype_size[t->dtype];
-  if (bytes != want || (!dst && bytes)) {
-    char b[128];
-    return ebb__fail(EBB_EINVAL, "%s: dst is %s with %zu bytes for a tensor of shape %s and dtype %s; expected %zu bytes", fn,
-                     dst ? "given" : "NULL", bytes, EBB__SHAPE(t, b), ebb_dtype_name(t->dtype), want);
-  }
+  st = ebb__check_host_dst(fn, t, dst, bytes);
+  if (st) return st;
   if (!bytes) return EBB_OK;
   ebb_tensor_t *c;
   st = ebb__to_device(fn, t, EBB_DEVICE_CPU, &c);
@@ -722,12 +738,8 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   const char *fn = "ebb_tensor_to_host_async";
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
-  size_t want = (size_t)ebb__numel(t->shape, t->ndim) * ebb__dtype_size[t->dtype];
-  if (bytes != want || (!dst && bytes)) {
-    char b[128];
-    return ebb__fail(EBB_EINVAL, "%s: dst is %s with %zu bytes for a tensor of shape %s and dtype %s; expected %zu bytes", fn,
-                     dst ? "given" : "NULL", bytes, EBB__SHAPE(t, b), ebb_dtype_name(t->dtype), want);
-  }
+  st = ebb__check_host_dst(fn, t, dst, bytes);
+  if (st) return st;
   if (!done) return ebb__fail(EBB_EINVAL, "%s: done is NULL; expected an event to record after the copy", fn);
   if (t->st->device == EBB_DEVICE_CPU) return ebb_tensor_to_host(t, dst, bytes);
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: the tensor is empty; nothing to copy (use ebb_tensor_to_host)", fn);

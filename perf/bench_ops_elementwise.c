@@ -13,9 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
-#include "ebb/ops.h"
-#include "ebb/stream.h"
+#include "bench_ops.h"
 
 #define N ((int64_t)4 << 20) /* 16 MiB of f32 */
 
@@ -40,6 +38,11 @@ static double memcpy_gbps(int reps, int count) {
   return m;
 }
 
+static ebb_status add(const void *ctx, ebb_tensor_t **out) {
+  ebb_tensor_t *const *ab = ctx;
+  return ebb_op_add(ab[0], ab[1], out);
+}
+
 static double add_gbps(int device, int reps, int count) {
   int64_t n = N;
   ebb_tensor_t *a, *b;
@@ -48,17 +51,9 @@ static double add_gbps(int device, int reps, int count) {
   ebb_stream_t *s = NULL;
   if (device >= 0) BENCH_CHECK(ebb_stream_current(device, &s));
   double *v = calloc((size_t)reps, sizeof *v);
-  for (int r = -1; r < reps; r++) { /* r = -1 warms the caches of the pools */
-    if (s) BENCH_CHECK(ebb_stream_synchronize(s));
-    uint64_t t0 = bench_now_ns();
-    for (int i = 0; i < count; i++) {
-      ebb_tensor_t *c;
-      BENCH_CHECK(ebb_op_add(a, b, &c));
-      BENCH_CHECK(ebb_tensor_release(c));
-    }
-    if (s) BENCH_CHECK(ebb_stream_synchronize(s));
-    if (r >= 0) v[r] = 3.0 * (double)N * 4 * count / (double)(bench_now_ns() - t0);
-  }
+  ebb_tensor_t *ab[2] = {a, b};
+  bench_op_runs(add, ab, s, reps, count, v);
+  for (int r = 0; r < reps; r++) v[r] = 3.0 * (double)N * 4 * count / v[r];
   double m = bench_median(v, (size_t)reps);
   free(v);
   BENCH_CHECK(ebb_tensor_release(a));

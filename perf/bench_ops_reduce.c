@@ -11,16 +11,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "bench.h"
-#include "ebb/ops.h"
-#include "ebb/stream.h"
+#include "bench_ops.h"
 
 enum { OP_SUM_LAST, OP_SUM_FIRST, OP_EXP, OP_SOFTMAX };
 static const char *const names[] = {"sum_last", "sum_first", "exp", "softmax"};
 
-static ebb_status run(int op, const ebb_tensor_t *x, ebb_tensor_t **o) {
+struct job {
+  int op;
+  const ebb_tensor_t *x;
+};
+
+static ebb_status run(const void *ctx, ebb_tensor_t **o) {
+  const struct job *j = ctx;
+  const ebb_tensor_t *x = j->x;
   int last = 1, first = 0;
-  switch (op) {
+  switch (j->op) {
   case OP_SUM_LAST: return ebb_op_sum(x, &last, 1, false, o);
   case OP_SUM_FIRST: return ebb_op_sum(x, &first, 1, false, o);
   case OP_EXP: return ebb_op_exp(x, o);
@@ -46,17 +51,9 @@ int main(int argc, char **argv) {
     ebb_stream_t *s = NULL;
     if (dev >= 0) BENCH_CHECK(ebb_stream_current(dev, &s));
     for (int op = 0; op < 4; op++) {
-      for (int r = -1; r < reps; r++) {
-        if (s) BENCH_CHECK(ebb_stream_synchronize(s));
-        uint64_t t0 = bench_now_ns();
-        for (int i = 0; i < count; i++) {
-          ebb_tensor_t *o;
-          BENCH_CHECK(run(op, x, &o));
-          BENCH_CHECK(ebb_tensor_release(o));
-        }
-        if (s) BENCH_CHECK(ebb_stream_synchronize(s));
-        if (r >= 0) v[r] = (double)(bench_now_ns() - t0) / count / 1e6;
-      }
+      struct job j = {op, x};
+      bench_op_runs(run, &j, s, reps, count, v);
+      for (int r = 0; r < reps; r++) v[r] = v[r] / count / 1e6;
       double ms = bench_median(v, (size_t)reps);
       printf("bench=ops_reduce device=%s op=%s ms=%.2f gbps=%.2f\n", dev < 0 ? "cpu" : "0", names[op], ms, bytes / (ms * 1e6));
     }

@@ -1,7 +1,8 @@
 // White-box tests of ops' kernels through their argument structs (ops/ops_kernels.h): Philox
 // against the Random123 known-answer vectors, the CPU elementwise kernel on hand-built strided
 // and broadcast geometry, the reduction kernel's NaN and index rules, and the struct sizes the
-// driver's 4096-byte argument limit allows.
+// driver's 4096-byte argument limit allows; and ops_math.h, the element math shared with the
+// CUDA kernels, compiled as C++ against the library's C build of it.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,11 +11,18 @@
 #include <catch2/catch.hpp>
 
 #include "ops_kernels.h"
+// The element math the CPU kernels and the CUDA kernels share, compiled here as C++: the
+// language nvcc compiles it in, so a C/C++ difference in that text would show below.
+#include "ops_math.h"
 
 extern "C" {
 void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]);
 void ebb__ew_cpu(void *args);
 void ebb__reduce_cpu(void *args);
+uint16_t ebb_f32_to_bf16(float x);
+float ebb_bf16_to_f32(uint16_t h);
+uint16_t ebb_f32_to_f16(float x);
+float ebb_f16_to_f32(uint16_t h);
 }
 
 TEST_CASE("internal: Philox 4x32-10 matches the Random123 known-answer vectors", "[ops][internal]") {
@@ -124,4 +132,69 @@ TEST_CASE("internal: argument structs fit the driver's launch limit", "[ops][int
   CHECK(sizeof(ebb__ew_args) <= 4096);
   CHECK(sizeof(ebb__red_args) <= 4096);
   CHECK(sizeof(ebb__mm_args) <= 4096);
+}
+
+static uint64_t bits_of(double v) {
+  uint64_t u;
+  std::memcpy(&u, &v, 8);
+  return u;
+}
+
+TEST_CASE("internal: ops_math.h compiled as C++ agrees bit for bit with the library's C kernels", "[ops][internal]") {
+  // conversions: every bf16 and f16, and a sweep of f32 bit patterns (a prime step over 2^32)
+  for (uint32_t h = 0; h < 0x10000u; h++) {
+    float a = ebb__bf16_to_f32((uint16_t)h), b = ebb_bf16_to_f32((uint16_t)h);
+    float c = ebb__f16_to_f32((uint16_t)h), d = ebb_f16_to_f32((uint16_t)h);
+    REQUIRE(std::memcmp(&a, &b, 4) == 0);
+    REQUIRE(std::memcmp(&c, &d, 4) == 0);
+  }
+  for (uint64_t u = 0; u < (uint64_t)1 << 32; u += 4099) {
+    float f = ebb__f32_from_bits((uint32_t)u);
+    REQUIRE(ebb__f32_to_bf16(f) == ebb_f32_to_bf16(f));
+    REQUIRE(ebb__f32_to_f16(f) == ebb_f32_to_f16(f));
+  }
+  // Philox
+  for (uint32_t i = 0; i < 64; i++) {
+    uint32_t c[4] = {i * 0x9E3779B9u, i, ~i, 7}, x[4], y[4];
+    ebb__philox4x32(c, i * 3u, ~i, x);
+    ebb__philox(c, i * 3u, ~i, y);
+    for (int k = 0; k < 4; k++) CHECK(x[k] == y[k]);
+  }
+  // every f64 op and every i64 op, one element through the CPU kernel against the C++ text
+  const double xs[] = {-2.5, -0.5, 0.0, 0.7, 3.0, NAN}, y = 1.25, z = -4.0, s0 = 0.5, s1 = 2.0;
+  const int64_t is[] = {-7, 0, 1, 5, INT64_MAX};
+  for (int op = EBB__EW_COPY; op < EBB__EW_COUNT; op++) {
+    for (double x : xs) {
+      double in[3] = {x, y, z}, out = 0;
+      ebb__ew_args g;
+      std::memset(&g, 0, sizeof g);
+      g.op = op;
+      g.nin = op >= EBB__EW_WHERE ? 3 : op >= EBB__EW_ADD ? 2 : 1;
+      g.dt_out = EBB__KDT_F64;
+      for (int k = 0; k < 3; k++) g.dt_in[k] = EBB__KDT_F64, g.in[k] = &in[k];
+      g.out = &out;
+      g.s0 = s0, g.s1 = s1;
+      ebb__ew_cpu(&g);
+      double want = ebb__ew_f(op, x, y, z, s0, s1);
+      INFO("op " << op << " x " << x);
+      CHECK((bits_of(out) == bits_of(want) || (out != out && want != want)));
+    }
+    int64_t r = 0;
+    if (!ebb__ew_i(op, 0, 0, 0, 0, 0, &r)) continue;
+    for (int64_t x : is) {
+      int64_t in[3] = {x, 3, -2}, out = 0, want = 0;
+      ebb__ew_args g;
+      std::memset(&g, 0, sizeof g);
+      g.op = op;
+      g.nin = op >= EBB__EW_WHERE ? 3 : op >= EBB__EW_ADD ? 2 : 1;
+      g.dt_out = EBB__KDT_I64;
+      for (int k = 0; k < 3; k++) g.dt_in[k] = EBB__KDT_I64, g.in[k] = &in[k];
+      g.out = &out;
+      g.s0 = -3, g.s1 = 4;
+      ebb__ew_cpu(&g);
+      ebb__ew_i(op, x, 3, -2, -3, 4, &want);
+      INFO("i64 op " << op << " x " << x);
+      CHECK(out == want);
+    }
+  }
 }
