@@ -272,14 +272,16 @@ static ebb_status ebb__enter_dev(const char *fn, int device) {
 
 /* The stream an allocation or a use is for, validated, with its id and device. */
 ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
-  ebb_status st = ebb_stream_device(s, &out->device);
-  if (!st) st = ebb_stream_id(s, &out->id);
+  ebb_stream_info info;
+  ebb_status st = ebb_stream_get_info(s, &info);
   if (st) {
     char why[512]; /* the message is rewritten below: copy it out of the buffer first */
     snprintf(why, sizeof why, "%s", ebb_last_error());
     return ebb__fail(st, "%s: %s", fn, why);
   }
   out->s = s;
+  out->id = info.id;
+  out->device = info.device;
   return EBB_OK;
 }
 

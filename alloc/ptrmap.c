@@ -26,22 +26,17 @@ struct ebb__pm_entry {
 struct ebb__pm_shard {
   _Alignas(64) _Atomic int lock;
   size_t count, cap; /* cap: a power of two, or 0 before the first insert */
+  unsigned shift;    /* 64 - log2(cap): a slot is the top bits of the hash below the shard's */
   struct ebb__pm_entry *e;
 };
 
 static struct ebb__pm_shard ebb__pm[EBB__SHARDS];
 
-/* Murmur3's finaliser: block addresses are 512-byte multiples, so the low bits carry nothing
- * until they are mixed. */
-static inline uint64_t ebb__pm_hash(uint64_t k) {
-  k >>= 9;
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdull;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ull;
-  k ^= k >> 33;
-  return k;
-}
+/* Fibonacci hashing: block addresses are 512-byte multiples, so the address in 512-byte units
+ * times 2^64 / golden ratio; its top 6 bits pick the shard, the next ones the slot. Consecutive
+ * blocks land far apart, and the hash is one multiply: a free re-hashes every entry its
+ * backward shift moves, so a finaliser's extra rounds were a visible share of the pair. */
+static inline uint64_t ebb__pm_hash(uint64_t k) { return (k >> 9) * 0x9e3779b97f4a7c15ull; }
 
 static inline void ebb__pm_lock(struct ebb__pm_shard *s) {
   for (;;) {
@@ -56,9 +51,9 @@ static inline void ebb__pm_unlock(struct ebb__pm_shard *s) {
   atomic_store_explicit(&s->lock, 0, memory_order_release);
 }
 
-static inline struct ebb__pm_shard *ebb__pm_shard_of(uint64_t h) { return &ebb__pm[h & (EBB__SHARDS - 1)]; }
+static inline struct ebb__pm_shard *ebb__pm_shard_of(uint64_t h) { return &ebb__pm[h >> 58]; }
 
-static inline size_t ebb__pm_slot(const struct ebb__pm_shard *s, uint64_t h) { return (size_t)(h >> 6) & (s->cap - 1); }
+static inline size_t ebb__pm_slot(const struct ebb__pm_shard *s, uint64_t h) { return (size_t)((h << 6) >> s->shift); }
 
 static bool ebb__pm_grow(struct ebb__pm_shard *s) {
   size_t ncap = s->cap ? s->cap * 2 : EBB__SHARD_MIN_CAP;
@@ -68,6 +63,7 @@ static bool ebb__pm_grow(struct ebb__pm_shard *s) {
   size_t ocap = s->cap;
   s->e = ne;
   s->cap = ncap;
+  s->shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)ncap);
   for (size_t i = 0; i < ocap; i++) {
     if (!old[i].key) continue;
     size_t j = ebb__pm_slot(s, ebb__pm_hash(old[i].key));
@@ -163,6 +159,7 @@ void ebb__ptrmap_clear(void) {
     free(s->e);
     s->e = NULL;
     s->cap = s->count = 0;
+    s->shift = 0;
     ebb__pm_unlock(s);
   }
 }

@@ -462,6 +462,13 @@ ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id) {
   return st;
 }
 
+ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out) {
+  ebb_status st = ebb__check_stream("ebb_stream_get_info", s);
+  if (!st) st = ebb__check_out("ebb_stream_get_info", out, "an ebb_stream_info");
+  if (!st) *out = (ebb_stream_info){.device = s->device, .prio = s->prio, .id = s->id};
+  return st;
+}
+
 ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out) {
   ebb_status st = ebb__check_stream("ebb_stream_cu", s);
   if (!st) st = ebb__check_out("ebb_stream_cu", out, "a CUstream");

@@ -70,6 +70,16 @@ EBB_API ebb_status ebb_stream_device(const ebb_stream_t *s, int *device);
 EBB_API ebb_status ebb_stream_priority(const ebb_stream_t *s, ebb_stream_prio *prio);
 /* A process-unique id (never reused), for messages and traces. */
 EBB_API ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id);
+
+/* Device, priority and id of a stream in one checked call (the allocator's hot path asks for
+ * two of them per allocation). EBB_EINVAL for a NULL stream or out, EBB_EFREED for a released
+ * stream; *out is written only on success. */
+typedef struct ebb_stream_info {
+  int device;
+  ebb_stream_prio prio;
+  uint64_t id;
+} ebb_stream_info;
+EBB_API ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out);
 /* The driver's stream (cuda.h's CUstream), for interop and for ebb_kernel_launch. */
 EBB_API ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out);
 /* Host-blocking wait for all work issued to `s` (spins briefly, then parks). */

@@ -188,8 +188,18 @@ TEST_CASE("created streams: release, double release, use after release", "[strea
   uint64_t id = 0;
   EBB_REQUIRE_OK(ebb_stream_id(s, &id));
   const std::string sid = "stream " + std::to_string(id);
+  ebb_stream_info info{};
+  EBB_REQUIRE_OK(ebb_stream_get_info(s, &info));  // the three getters in one call
+  CHECK(info.device == 0);
+  CHECK(info.prio == EBB_PRIO_HIGH);
+  CHECK(info.id == id);
+  EBB_CHECK_FAILS(ebb_stream_get_info(s, nullptr), EBB_EINVAL, "out is NULL");
+  EBB_CHECK_FAILS(ebb_stream_get_info(nullptr, &info), EBB_EINVAL, "stream is NULL");
   EBB_REQUIRE_OK(ebb_stream_release(s));
   CHECK(ebb_debug_live_handles() == 0);
+  info.id = 12345;
+  EBB_CHECK_FAILS(ebb_stream_get_info(s, &info), EBB_EFREED, sid);
+  CHECK(info.id == 12345);  // written only on success
   EBB_CHECK_FAILS(ebb_stream_release(s), EBB_EFREED, sid);
   EBB_CHECK_FAILS(ebb_stream_release(s), EBB_EFREED, "released");
   EBB_CHECK_FAILS(ebb_stream_synchronize(s), EBB_EFREED, sid);
