@@ -1462,7 +1462,9 @@ void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int d
   a->up = up;
   a->device = device;
   a->numa_node = -1;
-  snprintf(a->label, sizeof a->label, "device %d", device);
+  /* The pools' own names; host.c adds the NUMA node of a pinned arena once it is known. */
+  if (up->kind == EBB__MEM_DEVICE_ARENA) snprintf(a->label, sizeof a->label, "device %d", device);
+  else snprintf(a->label, sizeof a->label, "%s pool", up->name);
   a->conf = *conf;
   a->total_mem = total_mem;
   ebb_list_init(&a->segments);

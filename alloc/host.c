@@ -38,7 +38,9 @@ static struct {
   struct ebb__arena host;
 } ebb__hp;
 
-/* The request that made the upstream fail with EBB_ELIMIT is named by the public call. */
+/* The allocation "stream" of pinned and host blocks: none. Every pinned block is in this one
+ * stream pool of its arena, so a free with no recorded uses makes it reusable at once and one
+ * with uses waits for their events (ebb_pinned_record_stream). */
 static const struct ebb__stream_ref ebb__nostream = {.s = NULL, .id = 0, .device = -1};
 
 /* ---- the pinned upstream -------------------------------------------------------------------- */
@@ -162,7 +164,6 @@ ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev) {
   ebb__hp.ndev = ndev;
   /* [0]: driver-placed, made through device 0's context (cuMemHostAlloc PORTABLE: any device). */
   ebb__arena_init(&ebb__hp.pin[0], &ebb__pinned_upstream, 0, conf, ram);
-  snprintf(ebb__hp.pin[0].label, sizeof ebb__hp.pin[0].label, "pinned pool");
   int npin = 1;
   for (int d = 0; d < ndev; d++) {
     ebb_topo t;
@@ -182,7 +183,6 @@ ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev) {
   }
   ebb__hp.npin = npin;
   ebb__arena_init(&ebb__hp.host, &ebb__host_upstream, -1, conf, ram);
-  snprintf(ebb__hp.host.label, sizeof ebb__hp.host.label, "host pool");
   ebb__hp.host_up = true;
   return EBB_OK;
 }
