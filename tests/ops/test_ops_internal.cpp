@@ -77,21 +77,28 @@ TEST_CASE("internal: the CPU elementwise kernel follows strides, stride 0 and mi
   CHECK(z[0] == (int64_t(1) << 53) + 2);
 }
 
-TEST_CASE("internal: the reduction kernel keeps the first maximum and lets NaN win", "[ops][internal]") {
-  double in[8] = {3, 7, 7, 1, 2, NAN, 9, 4};
-  double out[2] = {0, 0};
-  int64_t idx[2] = {-1, -1};
+// f64 max with indices into 2 outputs over one reduced dim of `ishape` elements: output k starts
+// at in[k * ost_in], reduced elements are ist_in apart. Returns the arguments it ran with.
+static ebb__red_args max_of_two_rows(double *in, double *out, int64_t *idx, int64_t ost_in, int64_t ishape, int64_t ist_in) {
   ebb__red_args r;
   std::memset(&r, 0, sizeof r);
   r.op = EBB__RED_MAX;
   r.dt_in = r.dt_out = 1;
   r.nouter = 1, r.ninner = 1;
-  r.oshape[0] = 2, r.ost_in[0] = 4, r.ost_out[0] = 1;
-  r.ishape[0] = 4, r.ist_in[0] = 1;
+  r.oshape[0] = 2, r.ost_in[0] = ost_in, r.ost_out[0] = 1;
+  r.ishape[0] = ishape, r.ist_in[0] = ist_in;
   r.in = in;
   r.out = out;
   r.idx = idx;
   ebb__reduce_cpu(&r);
+  return r;
+}
+
+TEST_CASE("internal: the reduction kernel keeps the first maximum and lets NaN win", "[ops][internal]") {
+  double in[8] = {3, 7, 7, 1, 2, NAN, 9, 4};
+  double out[2] = {0, 0};
+  int64_t idx[2] = {-1, -1};
+  max_of_two_rows(in, out, idx, /*ost_in=*/4, /*ishape=*/4, /*ist_in=*/1);
   CHECK(out[0] == 7);
   CHECK(idx[0] == 1);
   CHECK(std::isnan(out[1]));
@@ -103,17 +110,7 @@ TEST_CASE("internal: the column-wise reduction loop keeps the same tie, NaN and 
   double in[6] = {1, 2, 5, NAN, 5, 9};
   double out[2] = {0, 0};
   int64_t idx[2] = {-1, -1};
-  ebb__red_args r;
-  std::memset(&r, 0, sizeof r);
-  r.op = EBB__RED_MAX;
-  r.dt_in = r.dt_out = 1;
-  r.nouter = 1, r.ninner = 1;
-  r.oshape[0] = 2, r.ost_in[0] = 1, r.ost_out[0] = 1;
-  r.ishape[0] = 3, r.ist_in[0] = 2;
-  r.in = in;
-  r.out = out;
-  r.idx = idx;
-  ebb__reduce_cpu(&r);
+  ebb__red_args r = max_of_two_rows(in, out, idx, /*ost_in=*/1, /*ishape=*/3, /*ist_in=*/2);
   CHECK(out[0] == 5);
   CHECK(idx[0] == 1); // the first of the tied maxima
   CHECK(std::isnan(out[1]));
