@@ -10,11 +10,18 @@
  * figures compare bookkeeping. The emulated device memory is never touched (mmap'ed lazily), so
  * EBB_SIM_MEM is raised to 64 GiB per device for the ~9 GiB tensor working set.
  * glibc is reached through __libc_malloc/__libc_free (this program's malloc is jemalloc).
- * Output: `bench=arena_fastpath impl=... dist=... live=... ns_per_pair=... cpu_ns_per_pair=...` and
- * the number of driver allocations the arena made after warm-up (the target is 0), summed over
- * the three passes and per pass (passes 2 and 3 replay the sequence pass 1 ran). ns_per_pair
- * is wall time; cpu_ns_per_pair is the thread's CPU time over the same pass, which leaves out
- * the time the thread waited for a core (the machine is shared: compare both).
+ * Each allocator replays the whole sequence (fill, pairs, free all) once untimed - the warm-up,
+ * as the first step of a training loop - then three times more, each pass timing its pairs
+ * after the fill and a first quarter. A training loop repeats its step's sequence, so after the
+ * first replay an arena has met the sequence's demand peak; a driver allocation in a later
+ * replay is fragmentation the arena did not absorb.
+ * Output: `bench=arena_fastpath impl=... dist=... live=... ns_per_pair=... cpu_ns_per_pair=...`
+ * (the best of the three timed passes) and, for ebb, the driver allocations of the three passes
+ * after the warm-up replay (the target is 0), summed and per pass, with the allocated bytes'
+ * peak of the warm-up and of the later passes and the configuration (classic or expandable
+ * segments: EBB_ALLOC_CONF). ns_per_pair is wall time; cpu_ns_per_pair is the thread's CPU time
+ * over the same pass, which leaves out the time the thread waited for a core (the machine is
+ * shared: compare both).
  * Optional filters, for profiling one case: EBB_BENCH_IMPL=ebb (or glibc, jemalloc, mimalloc)
  * and EBB_BENCH_DIST=small (or tensor) run only the named implementation / distribution;
  * EBB_BENCH_SMALL_LIVE and EBB_BENCH_SMALL_PAIRS change dist=small's live blocks and pairs (the
@@ -101,21 +108,22 @@ static void (*je_dallocx)(void *, int);
 static void *je_alloc(size_t n) { return je_mallocx(n, 0); }
 static void je_free(void *p) { je_dallocx(p, 0); }
 
-static uint64_t ebb_driver_allocs(void) {
-  ebb_arena_stats s;
-  BENCH_CHECK(ebb_arena_get_stats(g_device, &s));
-  return s.num_device_alloc;
-}
-
-/* Replays the sequence: fill, warm-up pass (not timed), timed pass; ns per pair. For the arena,
- * *drv gets the driver allocations made during the timed pass. */
 static uint64_t thread_cpu_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static double run(const struct impl *im, const struct seq *q, void **slots, bool is_ebb, uint64_t *drv, double *cpu) {
+/* Replays the sequence once: fill, a first quarter of the pairs, the timed rest, free all; ns per
+ * timed pair. For the arena, *drv gets the driver allocations of the whole replay and *peak the
+ * allocated bytes' peak over it. */
+static double run(const struct impl *im, const struct seq *q, void **slots, bool is_ebb, uint64_t *drv, uint64_t *peak,
+                  double *cpu) {
+  ebb_arena_stats s0;
+  if (is_ebb) {
+    BENCH_CHECK(ebb_arena_reset_peak(g_device));
+    BENCH_CHECK(ebb_arena_get_stats(g_device, &s0));
+  }
   for (size_t i = 0; i < q->live; i++) {
     slots[i] = im->alloc(q->fill[i]);
     if (!slots[i]) exit(1);
@@ -125,13 +133,6 @@ static double run(const struct impl *im, const struct seq *q, void **slots, bool
     uint32_t v = q->victim[i];
     im->free(slots[v]);
     slots[v] = im->alloc(q->size[i]);
-  }
-  uint64_t d0 = 0;
-  ebb_arena_stats sw;
-  if (is_ebb) {
-    BENCH_CHECK(ebb_arena_get_stats(g_device, &sw));
-    d0 = sw.num_device_alloc;
-    BENCH_CHECK(ebb_arena_reset_peak(g_device));
   }
   uint64_t c0 = thread_cpu_ns();
   uint64_t t0 = bench_now_ns();
@@ -143,16 +144,13 @@ static double run(const struct impl *im, const struct seq *q, void **slots, bool
   uint64_t t1 = bench_now_ns();
   uint64_t c1 = thread_cpu_ns();
   *cpu = (double)(c1 - c0) / (double)(q->pairs - warm);
-  if (is_ebb) {
-    *drv = ebb_driver_allocs() - d0;
-    ebb_arena_stats st;
-    BENCH_CHECK(ebb_arena_get_stats(g_device, &st));
-    if (getenv("EBB_BENCH_VERBOSE"))
-      fprintf(stderr, "warm: alloc peak %llu reserved %llu | timed: alloc peak %llu reserved peak %llu drv %llu\n",
-              (unsigned long long)sw.allocated_bytes.peak, (unsigned long long)sw.reserved_bytes.current,
-              (unsigned long long)st.allocated_bytes.peak, (unsigned long long)st.reserved_bytes.peak, (unsigned long long)*drv);
-  }
   for (size_t i = 0; i < q->live; i++) im->free(slots[i]);
+  if (is_ebb) {
+    ebb_arena_stats s1;
+    BENCH_CHECK(ebb_arena_get_stats(g_device, &s1));
+    *drv = s1.num_device_alloc - s0.num_device_alloc;
+    *peak = s1.allocated_bytes.peak;
+  }
   return (double)(t1 - t0) / (double)(q->pairs - warm);
 }
 
@@ -173,25 +171,30 @@ static void bench(const char *dist, size_t live, size_t pairs, double lo, double
     if (!selected("EBB_BENCH_IMPL", im->name)) continue;
     bool is_ebb = !strcmp(im->name, "ebb");
     double best = 1e30, best_cpu = 1e30;
-    uint64_t drv_after_warm = 0, drv_pass[3] = {0, 0, 0};
+    uint64_t drv_warm = 0, peak_warm = 0, drv_pass[3] = {0, 0, 0}, peak_after = 0;
+    double cpu = 0;
+    /* The warm-up replay: untimed. */
+    run(im, &q, slots, is_ebb, &drv_warm, &peak_warm, &cpu);
     for (int rep = 0; rep < 3; rep++) {
       /* A slow allocator (glibc maps and unmaps every large block) gets one timed pass. */
       if (rep > 0 && best > 20000.0) break;
-      /* Warm-up is the fill plus the first quarter of the pairs; the timed pass follows. */
-      uint64_t drv = 0;
-      double cpu = 0;
-      double ns = run(im, &q, slots, is_ebb, &drv, &cpu);
-      drv_after_warm += drv;
-      drv_pass[rep] = drv;
+      uint64_t peak = 0;
+      double ns = run(im, &q, slots, is_ebb, &drv_pass[rep], &peak, &cpu);
+      if (peak > peak_after) peak_after = peak;
       if (ns < best) best = ns;
       if (cpu < best_cpu) best_cpu = cpu;
     }
     printf("bench=arena_fastpath impl=%s dist=%s live=%zu ns_per_pair=%.1f cpu_ns_per_pair=%.1f\n", im->name, dist, live,
            best, best_cpu);
-    if (is_ebb)
-      printf("bench=arena_fastpath impl=ebb dist=%s driver_allocs_after_warmup=%llu by_pass=%llu,%llu,%llu\n", dist,
-             (unsigned long long)drv_after_warm, (unsigned long long)drv_pass[0], (unsigned long long)drv_pass[1],
-             (unsigned long long)drv_pass[2]);
+    if (is_ebb) {
+      const char *conf = getenv("EBB_ALLOC_CONF");
+      printf("bench=arena_fastpath impl=ebb dist=%s driver_allocs_after_warmup=%llu by_pass=%llu,%llu,%llu "
+             "warmup_driver_allocs=%llu warmup_alloc_peak=%llu alloc_peak_after=%llu segments=%s\n",
+             dist, (unsigned long long)(drv_pass[0] + drv_pass[1] + drv_pass[2]), (unsigned long long)drv_pass[0],
+             (unsigned long long)drv_pass[1], (unsigned long long)drv_pass[2], (unsigned long long)drv_warm,
+             (unsigned long long)peak_warm, (unsigned long long)peak_after,
+             conf && strstr(conf, "expandable_segments:1") ? "expandable" : "classic");
+    }
     fflush(stdout);
   }
   free(slots);
