@@ -26,6 +26,9 @@
  * and EBB_BENCH_DIST=small (or tensor) run only the named implementation / distribution;
  * EBB_BENCH_SMALL_LIVE and EBB_BENCH_SMALL_PAIRS change dist=small's live blocks and pairs (the
  * free index's cost at 10^3 against 10^5 live blocks, or a short run under callgrind).
+ * Before dist=small a `probe=cache_miss` line gives the machine's cost of one dependent load
+ * into 1, 16 and 64 MiB (pointer chase): at 10^5 live blocks the metadata of any allocator is
+ * megabytes, so the pair's cost is mostly such misses (EBB_BENCH_IMPL=probe runs only it).
  */
 #define _GNU_SOURCE /* dlopen/dlsym of jemalloc's mallocx when it is not the process allocator */
 #include <dlfcn.h>
@@ -203,6 +206,32 @@ static void bench(const char *dist, size_t live, size_t pairs, double lo, double
   free(q.victim);
 }
 
+/* The machine's cost of one cache miss: a dependent pointer chase over `mb` MiB in random order
+ * (one load per 64-byte line), ns per load. dist=small's arena metadata is ~18 MB at 10^5 live
+ * blocks, so this says how many misses per pair the figures leave room for. */
+static double chase_ns_per_load(size_t mb) {
+  size_t n = mb * 1024 * 1024 / 64, loads = 4000000;
+  size_t *line = aligned_alloc(64, n * 64), *order = malloc(n * sizeof *order);
+  if (!line || !order) exit(1);
+  for (size_t i = 0; i < n; i++) order[i] = i;
+  for (size_t i = n - 1; i > 0; i--) {
+    size_t j = (size_t)(rng_next() % (i + 1)), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  for (size_t i = 0; i < n; i++) line[order[i] * 8] = order[(i + 1) % n] * 8;
+  volatile size_t sink;
+  size_t x = 0;
+  uint64_t t0 = bench_now_ns();
+  for (size_t i = 0; i < loads; i++) x = line[x];
+  uint64_t t1 = bench_now_ns();
+  sink = x;
+  (void)sink;
+  free(line);
+  free(order);
+  return (double)(t1 - t0) / (double)loads;
+}
+
 int main(void) {
   /* The emulated devices' memory is mmap'ed lazily and never touched here. */
   setenv("EBB_SIM_MEM", "64G", 0);
@@ -233,6 +262,9 @@ int main(void) {
   const char *lv = getenv("EBB_BENCH_SMALL_LIVE"), *pv = getenv("EBB_BENCH_SMALL_PAIRS");
   size_t small_live = lv && atoll(lv) > 0 ? (size_t)atoll(lv) : 100000;
   size_t small_pairs = pv && atoll(pv) > 0 ? (size_t)atoll(pv) : 2000000;
+  if (selected("EBB_BENCH_DIST", "small") && selected("EBB_BENCH_IMPL", "probe"))
+    printf("bench=arena_fastpath probe=cache_miss ns_per_load_1mb=%.1f ns_per_load_16mb=%.1f ns_per_load_64mb=%.1f\n",
+           chase_ns_per_load(1), chase_ns_per_load(16), chase_ns_per_load(64));
   bench("small", small_live, small_pairs, 512.0, 64.0 * 1024, ims, n);
   BENCH_CHECK(ebb_arena_empty_cache(g_device));
   BENCH_CHECK(ebb_shutdown());
