@@ -132,8 +132,10 @@ static inline struct ebb__stream_ref *ebb__use_at(struct ebb__block *b, uint32_t
 
 /* A segment's share of inactive_split: its free pieces when it is split into several blocks.
  * Expandable segments are left out, as PyTorch does: their free pieces are unmappable. */
+static inline bool ebb__seg_is_split(const struct ebb__segment *g) { return !g->expandable && g->nblocks >= 2; }
+
 static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment *g, bool add) {
-  if (g->expandable || g->nblocks < 2) return;
+  if (!ebb__seg_is_split(g)) return;
   if (add) {
     ebb__stat_add(&a->c.s.inactive_split, g->nfree);
     ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
@@ -141,6 +143,30 @@ static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment 
     ebb__stat_sub(&a->c.s.inactive_split, g->nfree);
     ebb__stat_sub(&a->c.s.inactive_split_bytes, g->free_bytes);
   }
+}
+
+/* A segment's share before a change to its blocks, for ebb__seg_split_update. */
+struct ebb__split_share {
+  uint64_t n, bytes;
+};
+
+static inline struct ebb__split_share ebb__seg_share(const struct ebb__segment *g) {
+  bool in = ebb__seg_is_split(g);
+  return (struct ebb__split_share){in ? g->nfree : 0, in ? g->free_bytes : 0};
+}
+
+static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to) {
+  if (to >= from) ebb__stat_add(st, to - from);
+  else ebb__stat_sub(st, from - to);
+}
+
+/* Moves inactive_split from the segment's share `was` (taken before the change) to its share
+ * now. One net update per alloc or free instead of taking the old share out and adding the new
+ * one: current ends the same, and so does peak (peak >= current, so a net decrease leaves it). */
+static inline void ebb__seg_split_update(struct ebb__arena *a, const struct ebb__segment *g, struct ebb__split_share was) {
+  struct ebb__split_share now = ebb__seg_share(g);
+  ebb__stat_move(&a->c.s.inactive_split, was.n, now.n);
+  ebb__stat_move(&a->c.s.inactive_split_bytes, was.bytes, now.bytes);
 }
 
 /* ---- free index ---------------------------------------------------------------------------- */
@@ -335,13 +361,13 @@ static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, boo
   b->owner = "";
   b->owner_cat = EBB_OWNER_OTHER;
   ebb__stat_sub(&a->c.s.active_bytes, b->size);
-  ebb__seg_split_stat(a, g, false);
+  struct ebb__split_share was = ebb__seg_share(g);
   b->state = EBB__B_FREE;
   b->nuses = 0;
   g->nfree++;
   g->free_bytes += b->size;
   ebb__merge_insert(a, b);
-  ebb__seg_split_stat(a, g, true);
+  ebb__seg_split_update(a, g, was);
 }
 
 static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb__block_release_t(a, b, false); }
@@ -438,9 +464,9 @@ static void ebb__poll_pending(struct ebb__arena *a) {
       ebb_event_t *orphan = ebb__pend_done(a, p);
       if (orphan) {
         /* Cache growth failed: release it outside the lock (rank order). */
-        ebb__mutex_unlock(&a->mu);
+        ebb__unlock(&a->mu);
         ebb__ev_destroy(orphan);
-        ebb__mutex_lock(&a->mu);
+        ebb__lock(&a->mu);
       }
     }
   }
@@ -457,10 +483,10 @@ static void ebb__sync_pending(struct ebb__arena *a) {
       struct ebb_list *h = &a->evqs[i].q;
       if (!ebb_list_empty(h)) wait[n++] = ebb_container_of(h->prev, struct ebb__pend, node)->ev;
     }
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     /* The newest event of a stream's queue covers the older ones (stream order). */
     for (size_t i = 0; i < n; i++) ebb_event_synchronize(wait[i]);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     a->c.s.num_syncs += n;
     size_t before = a->npending;
     ebb__poll_pending(a);
@@ -526,7 +552,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
     released += g->size;
   }
   if (ebb_list_empty(&gone)) return 0;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   size_t nfreed = 0;
   struct ebb_list *n;
   while ((n = ebb_list_pop_head(&gone))) {
@@ -535,7 +561,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
     if (a->up->release(a, g->base, g->size) == EBB_OK) nfreed++;
     free(g);
   }
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->c.s.num_device_free += nfreed;
   return released;
 }
@@ -854,7 +880,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
                                                             : rest > EBB__SMALL_SIZE && r < a->conf.max_split;
-  ebb__seg_split_stat(a, g, false);
+  struct ebb__split_share was = ebb__seg_share(g);
   if (split) {
     struct ebb__block *nb = ebb__block_new(a);
     if (nb) { /* no host memory for a record: hand out the whole block instead */
@@ -876,7 +902,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   }
   g->nfree--;
   g->free_bytes -= b->size;
-  ebb__seg_split_stat(a, g, true);
+  ebb__seg_split_update(a, g, was);
   b->spool = sp;
   b->state = EBB__B_ALLOC;
   b->requested = bytes;
@@ -940,17 +966,17 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   uint64_t base = 0;
   ebb_status st = a->up->obtain(a, seg, &base);
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->inflight -= seg;
   if (st) return st;
   a->c.s.num_device_alloc++;
   if (!ebb__segment_add(a, base, seg, pool, sp, out)) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     a->up->release(a, base, seg);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for a segment record", a->up->alloc_fn);
   }
   uint8_t ocat;
@@ -1019,18 +1045,18 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
 
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     ebb_status st = ebb__oom(a, bytes, bytes, s);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__oom_snapshot(a, st);
   }
   size_t r = bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK);
   int pool = r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   if (a->npending) ebb__poll_pending(a);
   struct ebb__spool *sp = ebb__spool_get(a, s);
   if (EBB_UNLIKELY(!sp)) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
   }
   struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
@@ -1042,7 +1068,7 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
   } else {
     ebb_status st = ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
     if (st) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       return ebb__oom_snapshot(a, st);
     }
     if (stolen) {
@@ -1057,11 +1083,11 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
     ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
     ebb__stat_sub(&a->c.s.requested_bytes, bytes);
     ebb__block_release(a, b);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     if (ev) ebb__ev_destroy(ev);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
   }
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   if (stolen) {
     /* The block's last users ran on `from`: make the new stream wait for them on the device.
      * The block is ours (ALLOC, not yet returned), so the lock may stay dropped. */
@@ -1072,14 +1098,14 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
       /* `from` was released (or its device failed): no event can order after it, so wait for
        * the device on the host instead. Rare; counted as a sync. */
       ebb_dev_synchronize(from.device);
-      ebb__mutex_lock(&a->mu);
+      ebb__lock(&a->mu);
       a->c.s.num_syncs++;
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
     }
     if (ev) {
-      ebb__mutex_lock(&a->mu);
+      ebb__lock(&a->mu);
       bool kept = ebb__ev_push(a, from.device, ev);
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       if (!kept) ebb__ev_destroy(ev);
     }
   }
@@ -1116,16 +1142,16 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
   for (int i = 0;; i++) {
     struct ebb__arena *a = ebb__arena_any(i);
     if (!a) break;
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     struct ebb__block *b = ebb__find_containing(a, addr);
     if (!b) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       continue;
     }
     int state = b->state;
     uint64_t base = b->addr, sid = b->spool->stream.id;
     size_t size = b->size;
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     if (a->up->kind != kind)
       return ebb__fail(EBB_EINVAL, "%s: pointer %p belongs to the %s (a block from %s); expected a block from %s", fn, ptr,
                        a->label, a->up->alloc_fn, want);
@@ -1159,7 +1185,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
                      back ? "" : " (and no host memory was left to keep it tracked: it is leaked)");
   }
   struct ebb__arena *a = b->arena;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   /* The merge below reads both address neighbours: start both misses now, overlapping each
    * other and the bookkeeping before the merge. Under the lock: a neighbour's split or merge
    * rewrites these links, so reading them unlocked would race. */
@@ -1173,7 +1199,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   if (EBB_LIKELY(!b->nuses)) {
     /* No other stream used it: the free completes now, at the time just recorded. */
     ebb__block_release_t(a, b, true);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return EBB_OK;
   }
   /* Used on other streams: one event on each, recorded now; the block waits for all of them.
@@ -1185,16 +1211,16 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   if (!evs) {
     /* No host memory to track events: wait for the devices of the using streams instead,
      * correct if slow. */
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     for (uint32_t i = 0; i < n; i++) ebb_dev_synchronize(ebb__use_at(b, i)->device);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     a->c.s.num_syncs += n;
     ebb__block_release(a, b);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return EBB_OK;
   }
   for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, ebb__use_at(b, i)->device);
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   uint32_t syncs = 0;
   for (uint32_t i = 0; i < n; i++) {
     const struct ebb__stream_ref *u = ebb__use_at(b, i);
@@ -1211,7 +1237,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
       }
     }
   }
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->c.s.num_syncs += syncs;
   b->state = EBB__B_PENDING;
   b->event_count = 0;
@@ -1225,14 +1251,14 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
       /* No host memory for the queue: synchronise this one event instead. */
       free(pn ? NULL : p);
       if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       ebb_event_synchronize(evs[i]);
-      ebb__mutex_lock(&a->mu);
+      ebb__lock(&a->mu);
       a->c.s.num_syncs++;
       if (!ebb__ev_push(a, u->device, evs[i])) {
-        ebb__mutex_unlock(&a->mu);
+        ebb__unlock(&a->mu);
         ebb__ev_destroy(evs[i]);
-        ebb__mutex_lock(&a->mu);
+        ebb__lock(&a->mu);
       }
       continue;
     }
@@ -1245,7 +1271,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   }
   b->nuses = 0;
   if (!b->event_count) ebb__block_release(a, b);
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   if (evs != small) free(evs);
   return EBB_OK;
 }
@@ -1255,80 +1281,80 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
   struct ebb__block *b = ebb__ptrmap_find(addr);
   if (!b) return ebb__explain(fn, ptr, kind);
   struct ebb__arena *a = b->arena;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   /* Freed (and perhaps reused) since the lookup: the record is still a block of this arena. */
   if (b->addr != addr || b->state != EBB__B_ALLOC) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__fail(EBB_EFREED, "%s: pointer %p was freed while its use was being recorded", fn, ptr);
   }
   if (EBB_UNLIKELY(a->up->kind != kind)) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__explain(fn, ptr, kind);
   }
   if (s->id == b->spool->stream.id) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return EBB_OK;
   }
   for (uint32_t i = 0; i < b->nuses; i++)
     if (ebb__use_at(b, i)->id == s->id) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       return EBB_OK;
     }
   if (b->nuses == b->ucap) {
     uint32_t nc = b->ucap ? b->ucap * 2 : 4;
     struct ebb__stream_ref *nx = realloc(b->uses, nc * sizeof *nx);
     if (!nx) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id, ptr);
     }
     b->uses = nx;
     b->ucap = nc;
   }
   *ebb__use_at(b, b->nuses++) = *s;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   return EBB_OK;
 }
 
 /* ---- release paths, limits, stats ---------------------------------------------------------- */
 
 ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   ebb__poll_pending(a);
   ebb__sync_pending(a);
   if (a->xseg) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     /* Unmapping does not synchronise on every driver (allocators.md 1.11, #196258): wait for
      * this arena's device (not the caller's current one) first. */
     ebb_dev_synchronize(a->device);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     a->c.s.num_syncs++;
     ebb__x_shrink(a);
   }
   ebb__release_free_segments(a);
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   return EBB_OK;
 }
 
 void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->limit = bytes;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
 }
 
 void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   *out = a->c.s;
   out->limit = a->limit;
   out->num_steals = a->c.steals;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
 }
 
 void ebb__arena_reset_peak(struct ebb__arena *a) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   ebb_arena_stat *all[] = {&a->c.s.allocated_bytes, &a->c.s.reserved_bytes, &a->c.s.active_bytes, &a->c.s.requested_bytes,
                            &a->c.s.segments, &a->c.s.inactive_split, &a->c.s.inactive_split_bytes};
   for (size_t i = 0; i < EBB_ARRAY_LEN(all); i++) all[i]->peak = all[i]->current;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
 }
 
 /* ---- invariants ---------------------------------------------------------------------------- */
@@ -1343,7 +1369,7 @@ void ebb__arena_reset_peak(struct ebb__arena *a) {
 
 ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   ebb_status st = EBB_OK;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   uint64_t alloc = 0, active = 0, reserved = 0, nseg = 0, isplit = 0, isplit_b = 0, requested = 0;
   size_t nfree = 0, nlive = 0, npend_blocks = 0, pend_events = 0;
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
@@ -1449,7 +1475,7 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
              s->inactive_split.current, s->inactive_split_bytes.current, isplit, isplit_b);
   (void)npend_blocks;
 done:
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   return st;
 }
 
@@ -1458,7 +1484,7 @@ done:
 void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device, const struct ebb__conf *conf,
                      size_t total_mem) {
   memset(a, 0, sizeof *a);
-  ebb__mutex_init(&a->mu, "arena", EBB_RANK_ARENA);
+  ebb__lock_init(&a->mu, "arena", EBB_RANK_ARENA);
   a->up = up;
   a->device = device;
   a->numa_node = -1;
@@ -1518,6 +1544,5 @@ void ebb__arena_fini(struct ebb__arena *a) {
   free(a->spools);
   free(a->evqs);
   ebb__hist_fini(a);
-  ebb__mutex_destroy(&a->mu);
   memset(a, 0, sizeof *a);
 }

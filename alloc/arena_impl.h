@@ -226,7 +226,7 @@ struct ebb__counters {
 };
 
 struct ebb__arena {
-  ebb_mutex mu;
+  ebb_lock mu; /* a futex lock: the alloc/free path takes it twice per pair (ebb_sync.h) */
   int device;              /* device arena: its device; pinned pool: the device whose NUMA node it
                               serves (-1: driver-placed); host pool: -1 */
   int numa_node;           /* pinned pool: its NUMA node (-1: any); otherwise -1 */

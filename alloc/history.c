@@ -252,11 +252,11 @@ static size_t ebb__hist_copy(const struct ebb__arena *a, struct ebb__hist_entry 
 
 ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                          uint64_t *total) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   size_t held = a->hist.total < a->hist.cap ? (size_t)a->hist.total : a->hist.cap;
   uint64_t tot = a->hist.total;
   if (!out) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     *count = held;
     if (total) *total = tot;
     return EBB_OK;
@@ -275,7 +275,7 @@ ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_
                                      .owner_cat = (ebb_owner_cat)e->owner_cat,
                                      .owner_name = e->owner ? e->owner : ""};
   }
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   *count = n;
   if (total) *total = tot;
   return EBB_OK;
@@ -482,10 +482,10 @@ static ebb_status ebb__snap_arena(const char *fn, struct ebb__arena *a, struct e
     *copy = nc;
     *copy_cap = cap;
   }
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   ebb__snap_segments(a, segs, first_seg);
   size_t n = cap ? ebb__hist_copy(a, *copy, cap) : 0;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   ebb__snap_trace(a, *copy, n, trace);
   return EBB_OK;
 }
