@@ -252,7 +252,16 @@ static inline bool ebb__fits(const struct ebb__arena *a, size_t bs, size_t r) {
 static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins *x, size_t r) {
   if (!x->count) return NULL;
   unsigned i0 = ebb__bin_of(r);
-  for (int i = ebb__bins_next(x, i0); i >= 0; i = ebb__bins_next(x, (unsigned)i + 1)) {
+  int i = ebb__bins_next(x, i0);
+  if (EBB_LIKELY(i >= 0 && (unsigned)i < EBB__LIN_BINS)) {
+    /* An exact bin (the common case below 1 MiB): its blocks all have the bin's size, at
+     * least r and below max_split (>= 20 MiB), so its first block is as good as any. */
+    struct ebb__block *b = ebb_container_of(x->bin[i].next, struct ebb__block, node);
+    EBB_ASSERT(b->size >= r && ebb__fits(a, b->size, r));
+    ebb__index_remove(b);
+    return b;
+  }
+  for (; i >= 0; i = ebb__bins_next(x, (unsigned)i + 1)) {
     size_t lo = ebb__bin_min((unsigned)i);
     /* Every block from here on is at least `lo`: stop when even that breaks the oversize rules. */
     if ((unsigned)i > i0 && !ebb__fits(a, lo < r ? r : lo, r)) return NULL;
@@ -350,11 +359,11 @@ static void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
 
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
- * same_time: the completion is recorded at the time of the free request just recorded. */
+ * same_time: the block's FREE_REQUESTED entry was just recorded; the completion repeats it. */
 static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
   struct ebb__segment *g = b->seg;
-  if (same_time)
-    ebb__hist_rec_same(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
+  if (same_time) /* the FREE_REQUESTED entry of this block was the last one recorded */
+    ebb__hist_rec_again(a, EBB_ACT_FREE_COMPLETED);
   else
     ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   /* A free block belongs to nobody; snapshots show its owner only while it is active. */

@@ -280,7 +280,7 @@ static inline ebb_status ebb__enter(const char *fn) {
   return ebb__alloc_enter_slow(fn);
 }
 
-static ebb_status ebb__enter_dev(const char *fn, int device) {
+static inline ebb_status ebb__enter_dev(const char *fn, int device) {
   ebb_status st = ebb__enter(fn);
   if (st) return st;
   if (EBB_UNLIKELY(device < 0 || device >= ebb__al.ndev))
