@@ -25,6 +25,10 @@
 _Static_assert(sizeof(struct ebb__block) == 128 && offsetof(struct ebb__block, seg) == 64,
                "a block record is two cache lines, the free-index fields in the first");
 #define EBB__SCAN_LIMIT 16 /* blocks looked at in one bin: best fit, but O(1) */
+/* The pieces of the alloc/free hit path: inlined into it even where they have other callers,
+ * so a pair is one straight run with the block's fields in registers, not a dozen calls each
+ * reloading them (GCC's size heuristics left most of them out of line). */
+#define EBB__HOT static inline __attribute__((always_inline))
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -72,26 +76,32 @@ static size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
  * point at a block record of the same arena (checked under the lock before use). The spare list
  * is LIFO: the record reused next is the one retired last, still in cache. Slabs are aligned to
  * a cache line so each record is exactly its two lines. */
-static struct ebb__block *ebb__block_new(struct ebb__arena *a) {
+/* A new slab of records onto the spare list; false when out of host memory. */
+static bool ebb__block_slab(struct ebb__arena *a) {
+  if (a->nslabs == a->capslabs) {
+    size_t nc = a->capslabs ? a->capslabs * 2 : 16;
+    void **ns = realloc(a->slabs, nc * sizeof *ns);
+    if (!ns) return false;
+    a->slabs = ns;
+    a->capslabs = nc;
+  }
+  struct ebb__block *slab = aligned_alloc(64, EBB__SLAB_BLOCKS * sizeof *slab);
+  if (!slab) return false;
+  memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
+  a->slabs[a->nslabs++] = slab;
+  for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
+    slab[i].arena = a;
+    slab[i].kind = (uint8_t)a->up->kind;
+    slab[i].state = EBB__B_DEAD;
+    ebb_list_insert_tail(&a->block_spare, &slab[i].node);
+  }
+  return true;
+}
+
+EBB__HOT struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->block_spare);
-  if (!n) {
-    if (a->nslabs == a->capslabs) {
-      size_t nc = a->capslabs ? a->capslabs * 2 : 16;
-      void **ns = realloc(a->slabs, nc * sizeof *ns);
-      if (!ns) return NULL;
-      a->slabs = ns;
-      a->capslabs = nc;
-    }
-    struct ebb__block *slab = aligned_alloc(64, EBB__SLAB_BLOCKS * sizeof *slab);
-    if (!slab) return NULL;
-    memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
-    a->slabs[a->nslabs++] = slab;
-    for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
-      slab[i].arena = a;
-      slab[i].kind = (uint8_t)a->up->kind;
-      slab[i].state = EBB__B_DEAD;
-      ebb_list_insert_tail(&a->block_spare, &slab[i].node);
-    }
+  if (EBB_UNLIKELY(!n)) {
+    if (!ebb__block_slab(a)) return NULL;
     n = ebb_list_pop_head(&a->block_spare);
   }
   struct ebb__block *b = ebb_container_of(n, struct ebb__block, node);
@@ -199,7 +209,7 @@ static void ebb__bins_init(struct ebb__bins *x) {
   for (int i = 0; i < EBB__NBINS; i++) ebb_list_init(&x->bin[i]);
 }
 
-static void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
+EBB__HOT void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   (void)a;
   struct ebb__bins *x = &b->spool->pools[b->pool];
   unsigned i = ebb__bin_of(b->size);
@@ -208,10 +218,9 @@ static void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   x->words[i / 64] |= 1ull << (i % 64);
   x->summary |= 1ull << (i / 64);
   x->count++;
-  x->bytes += b->size;
 }
 
-static void ebb__index_remove(struct ebb__block *b) {
+EBB__HOT void ebb__index_remove(struct ebb__block *b) {
   struct ebb__bins *x = &b->spool->pools[b->pool];
   unsigned i = b->bin;
   ebb_list_remove(&b->node);
@@ -221,11 +230,10 @@ static void ebb__index_remove(struct ebb__block *b) {
     if (!x->words[w]) x->summary &= ~(1ull << w);
   }
   x->count--;
-  x->bytes -= b->size;
 }
 
 /* First non-empty bin with index >= i, or -1. Two bitmap scans. */
-static int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
+EBB__HOT int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
   if (i >= EBB__NBINS) return -1;
   unsigned w = i / 64;
   uint64_t m = x->words[w] & (~0ull << (i % 64));
@@ -249,7 +257,9 @@ static inline bool ebb__fits(const struct ebb__arena *a, size_t bs, size_t r) {
 /* Best fit for r among the free blocks of one stream and pool; the block is removed from the
  * index (still FREE). The request's own bin is scanned (bounded) for the smallest fitting
  * block; every block of a higher bin fits, so the first non-empty one gives the rest. */
-static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins *x, size_t r) {
+static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins *x, size_t r, unsigned i0, int i);
+
+EBB__HOT struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins *x, size_t r) {
   if (!x->count) return NULL;
   unsigned i0 = ebb__bin_of(r);
   int i = ebb__bins_next(x, i0);
@@ -261,6 +271,12 @@ static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins 
     ebb__index_remove(b);
     return b;
   }
+  return i < 0 ? NULL : ebb__bins_scan(a, x, r, i0, i);
+}
+
+/* The rest of ebb__bins_take, from non-empty bin i on: a size-range bin scanned for the best
+ * fit, the oversize rules checked. Out of line: the hit path inlines only the exact case. */
+static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins *x, size_t r, unsigned i0, int i) {
   for (; i >= 0; i = ebb__bins_next(x, (unsigned)i + 1)) {
     size_t lo = ebb__bin_min((unsigned)i);
     /* Every block from here on is at least `lo`: stop when even that breaks the oversize rules. */
@@ -331,7 +347,7 @@ static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__
 
 /* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
  * free neighbours of the same stream and pool, and indexes the result. Lock held. */
-static void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
+EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
   struct ebb__block *p = b->prev, *n = b->next;
   if (ebb__mergeable(b, p)) {
@@ -360,7 +376,7 @@ static void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
  * same_time: the block's FREE_REQUESTED entry was just recorded; the completion repeats it. */
-static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
+EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
   struct ebb__segment *g = b->seg;
   if (same_time) /* the FREE_REQUESTED entry of this block was the last one recorded */
     ebb__hist_rec_again(a, EBB_ACT_FREE_COMPLETED);

@@ -75,7 +75,7 @@ enum ebb__bstate {
 struct ebb__bins {
   uint64_t summary;                 /* bit w: words[w] != 0 */
   uint64_t words[EBB__BIN_WORDS];   /* bit i % 64 of word i / 64: bin i non-empty */
-  size_t count, bytes;              /* free blocks and their bytes */
+  size_t count;                     /* free blocks */
   struct ebb_list bin[EBB__NBINS];  /* blocks, most recently freed first */
 };
 
