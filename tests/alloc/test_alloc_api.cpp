@@ -331,6 +331,29 @@ TEST_CASE("misuse: unknown, interior and double frees, bad devices and streams",
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &gone));
   EBB_REQUIRE_OK(ebb_stream_release(gone));
   EBB_CHECK_FAILS(ebb_arena_alloc(0, 16, gone, &p), EBB_EFREED, "ebb_arena_alloc");
+  {
+    // The entry checks' fast path (one peek at the handle) falls back to the public check for
+    // every bad stream: the messages name the call, then ebb_stream_get_info's reason, whole.
+    std::string want_gone = "ebb_arena_alloc: ebb_stream_get_info: stream ";
+    ebb_clear_error();
+    CHECK(ebb_arena_alloc(0, 16, gone, &p) == EBB_EFREED);
+    CHECK(std::string(ebb_last_error()).rfind(want_gone, 0) == 0);
+    CHECK(std::string(ebb_last_error()).find("was released by ebb_stream_release; expected a live stream") !=
+          std::string::npos);
+    ebb_event_t *ev = nullptr;
+    EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &ev));
+    ebb_clear_error();
+    CHECK(ebb_arena_alloc(0, 16, reinterpret_cast<ebb_stream_t *>(ev), &p) == EBB_EINVAL);
+    CHECK(std::string(ebb_last_error()).find("ebb_arena_alloc: ebb_stream_get_info: ") == 0);
+    CHECK(std::string(ebb_last_error()).find("is an event, not a stream; expected a stream handle") != std::string::npos);
+    ebb_clear_error();
+    CHECK(ebb_arena_record_stream(reinterpret_cast<void *>(4096), reinterpret_cast<ebb_stream_t *>(ev)) == EBB_EINVAL);
+    CHECK(std::string(ebb_last_error()).find("ebb_arena_record_stream: ebb_stream_get_info: ") == 0);
+    EBB_REQUIRE_OK(ebb_event_release(ev));
+    ebb_clear_error();
+    CHECK(ebb_arena_record_stream(reinterpret_cast<void *>(4096), gone) == EBB_EFREED);
+    CHECK(std::string(ebb_last_error()).find("ebb_arena_record_stream: ebb_stream_get_info: stream ") == 0);
+  }
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 8192, s0, &p));
   int on_stack = 0;
   EBB_CHECK_FAILS(ebb_arena_free(&on_stack), EBB_EINVAL, "was not allocated by ebb_arena_alloc");
