@@ -165,9 +165,12 @@ static inline struct ebb__split_share ebb__seg_share(const struct ebb__segment *
   return (struct ebb__split_share){in ? g->nfree : 0, in ? g->free_bytes : 0};
 }
 
+/* current - from + to in one step (modular: a decrease wraps the addend, not the result); the
+ * peak test is that of ebb__stat_add, and a decrease never passes it (peak >= current). */
 static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to) {
-  if (to >= from) ebb__stat_add(st, to - from);
-  else ebb__stat_sub(st, from - to);
+  EBB_ASSERT(to >= from || st->current >= from - to);
+  st->current += to - from;
+  if (st->current > st->peak) st->peak = st->current;
 }
 
 /* Moves inactive_split from the segment's share `was` (taken before the change) to its share
@@ -289,12 +292,17 @@ static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins 
       ebb__index_remove(best);
       return best;
     }
+    /* ebb__fits(a, bs, r) is r <= bs < hi: one unsigned compare per block. */
+    size_t ms = a->conf.max_split, hi = r < ms ? ms : r + EBB__OVERSIZE_SLACK, best_size = SIZE_MAX;
     int seen = 0;
     for (struct ebb_list *n = x->bin[i].next; n != &x->bin[i] && seen < EBB__SCAN_LIMIT; n = n->next, seen++) {
       struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
-      if (ebb__fits(a, c->size, r) && (!best || c->size < best->size)) {
+      size_t bs = c->size;
+      if (bs - r < hi - r && bs < best_size) {
+        EBB_ASSERT(ebb__fits(a, bs, r));
         best = c;
-        if (c->size == r) break;
+        best_size = bs;
+        if (bs == r) break;
       }
     }
     if (best) {
