@@ -178,7 +178,9 @@ static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to
  * one: current ends the same, and so does peak (peak >= current, so a net decrease leaves it). */
 static inline void ebb__seg_split_update(struct ebb__arena *a, const struct ebb__segment *g, struct ebb__split_share was) {
   struct ebb__split_share now = ebb__seg_share(g);
-  ebb__stat_move(&a->c.s.inactive_split, was.n, now.n);
+  /* The count often stays (a split replaces the block it carved from; a free merged once
+   * replaces the neighbour it joined); the bytes rarely do. */
+  if (now.n != was.n) ebb__stat_move(&a->c.s.inactive_split, was.n, now.n);
   ebb__stat_move(&a->c.s.inactive_split_bytes, was.bytes, now.bytes);
 }
 
