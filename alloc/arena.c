@@ -385,12 +385,10 @@ EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
 
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
- * same_time: the block's FREE_REQUESTED entry was just recorded; the completion repeats it. */
-EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
+ * recorded: the caller recorded FREE_COMPLETED with the request (ebb__hist_rec_pair). */
+EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool recorded) {
   struct ebb__segment *g = b->seg;
-  if (same_time) /* the FREE_REQUESTED entry of this block was the last one recorded */
-    ebb__hist_rec_again(a, EBB_ACT_FREE_COMPLETED);
-  else
+  if (!recorded)
     ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   /* A free block belongs to nobody; snapshots show its owner only while it is active. */
   b->owner = "";
@@ -1230,13 +1228,16 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
   ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
   a->c.s.free_count++;
-  ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   if (EBB_LIKELY(!b->nuses)) {
-    /* No other stream used it: the free completes now, at the time just recorded. */
+    /* No other stream used it: the free completes now. Both entries at once, one clock read
+     * and the fields gathered once (the completion repeats the request). */
+    ebb__hist_rec_pair(a, EBB_ACT_FREE_REQUESTED, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested,
+                       b->spool->stream.id, b->owner_cat, b->owner);
     ebb__block_release_t(a, b, true);
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
+  ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   /* Used on other streams: one event on each, recorded now; the block waits for all of them.
    * FREEING keeps everyone off the block while the lock is dropped (it is in neither the ptrmap
    * nor the index, so only this thread reaches it). */

@@ -307,8 +307,28 @@ EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
 /* ---- owners, history and snapshots (history.c) --------------------------------------------- */
 
+/* The calling thread's owner scopes (ebb_alloc_owner_push/pop), kept by history.c; `top` is the
+ * innermost ({EBB_OWNER_OTHER, ""} outside any), mirrored so that every allocation reads it in
+ * two loads. alloc/ is built with TLS descriptors (CMakeLists.txt): the access is an indirect
+ * call of two instructions, not __tls_get_addr, and libebb stays dlopen-able. */
+struct ebb__owner {
+  const char *name;
+  uint8_t cat;
+};
+
+struct ebb__owner_tls {
+  int depth;
+  struct ebb__owner top;
+  struct ebb__owner stack[EBB_OWNER_MAX_DEPTH];
+};
+
+EBB_HIDDEN extern _Thread_local struct ebb__owner_tls ebb__os;
+
 /* The calling thread's innermost owner scope ({EBB_OWNER_OTHER, ""} outside any). */
-EBB_HIDDEN void ebb__owner_current(uint8_t *cat, const char **name);
+static inline void ebb__owner_current(uint8_t *cat, const char **name) {
+  *cat = ebb__os.top.cat;
+  *name = ebb__os.top.name;
+}
 /* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
  * note on stderr) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
 EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
@@ -368,18 +388,17 @@ static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uin
   ebb__hist_rec_at(h, ebb__hist_now(&h->clk), act, addr, size, requested, stream, owner_cat, owner);
 }
 
-/* Records the newest entry again under another action: a free that completes in the call that
- * requested it (same block, fields and time). A copy of the entry just written, in cache, rather
- * than its fields gathered again from the block. Lock held, and no other entry recorded since. */
-static inline void ebb__hist_rec_again(struct ebb__arena *a, ebb_alloc_action act) {
+/* Records two actions of one block at one time: a free that completes in the call that
+ * requested it (FREE_REQUESTED, then FREE_COMPLETED with the same fields). One clock read, the
+ * fields gathered once. Lock held. */
+static inline void ebb__hist_rec_pair(struct ebb__arena *a, ebb_alloc_action act1, ebb_alloc_action act2, uint64_t addr,
+                                      uint64_t size, uint64_t requested, uint64_t stream, uint8_t owner_cat,
+                                      const char *owner) {
   struct ebb__hist *h = &a->hist;
   if (!h->cap) return;
-  const struct ebb__hist_entry *prev = &h->ring[h->head ? h->head - 1 : h->cap - 1];
-  struct ebb__hist_entry *e = &h->ring[h->head];
-  if (++h->head == h->cap) h->head = 0;
-  h->total++;
-  *e = *prev;
-  e->action = (uint8_t)act;
+  uint64_t t = ebb__hist_now(&h->clk);
+  ebb__hist_rec_at(h, t, act1, addr, size, requested, stream, owner_cat, owner);
+  ebb__hist_rec_at(h, t, act2, addr, size, requested, stream, owner_cat, owner);
 }
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */

@@ -316,15 +316,16 @@ ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_r
 
 /* ---- public API ---------------------------------------------------------------------------- */
 
-ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
+/* ebb_arena_alloc's checks one by one, in their order, each with its message; also the path of
+ * a NULL stream (the current one) and of zero bytes. */
+static ebb_status ebb__arena_alloc_entry(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
   static const char fn[] = "ebb_arena_alloc";
   ebb_status st = ebb__enter_dev(fn, device);
   if (EBB_UNLIKELY(st)) return st;
   if (EBB_UNLIKELY(!ptr)) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected a void * to fill", fn);
   struct ebb__stream_ref s;
   if (!stream && (st = ebb_stream_current(device, &stream))) return st;
-  if (EBB_LIKELY(ebb__stream_peek(stream, &s.id, &s.device))) s.s = stream;
-  else if ((st = ebb__stream_ref_slow(fn, stream, &s))) return st;
+  if ((st = ebb__stream_ref(fn, stream, &s))) return st;
   if (EBB_UNLIKELY(s.device != device))
     return ebb__fail(EBB_EDEVICE, "%s: stream %" PRIu64 " belongs to device %d; expected a stream of device %d", fn, s.id,
                      s.device, device);
@@ -333,6 +334,19 @@ ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void 
     return EBB_OK;
   }
   return ebb__arena_alloc(&ebb__al.dev[device], bytes, &s, ptr);
+}
+
+ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
+  /* Every check passing, tested together: the module up, the device in range, an out pointer,
+   * a live stream of that device, a size. Anything else takes the checks one by one for the
+   * message of the first that fails (or the NULL-stream and zero-byte paths). */
+  struct ebb__stream_ref s;
+  if (EBB_LIKELY(ebb__alloc_up() && (unsigned)device < (unsigned)ebb__al.ndev && ptr && bytes &&
+                 ebb__stream_peek(stream, &s.id, &s.device) && s.device == device)) {
+    s.s = stream;
+    return ebb__arena_alloc(&ebb__al.dev[device], bytes, &s, ptr);
+  }
+  return ebb__arena_alloc_entry(device, bytes, stream, ptr);
 }
 
 ebb_status ebb_arena_free(void *ptr) {

@@ -116,20 +116,10 @@ static ebb_status ebb__intern(const char *fn, const char *name, size_t n, const 
 
 /* ---- owner scopes -------------------------------------------------------------------------- */
 
-struct ebb__owner {
-  const char *name;
-  uint8_t cat;
-};
-
-/* One thread-local object, not two: each reaches the thread's TLS block through its own
- * __tls_get_addr call (libebb may be dlopen'ed: no initial-exec model), and every allocation
- * reads the innermost scope. `top` mirrors stack[depth - 1] ({OTHER, ""} at depth 0) so that
- * read is two loads. */
-static _Thread_local struct {
-  int depth;
-  struct ebb__owner top;
-  struct ebb__owner stack[EBB_OWNER_MAX_DEPTH];
-} ebb__os = {0, {"", EBB_OWNER_OTHER}, {{NULL, 0}}};
+/* The owner stack (arena_impl.h): one thread-local object, not two, since each reaches the
+ * thread's TLS block through its own descriptor call (libebb may be dlopen'ed: no initial-exec
+ * model); `top` mirrors stack[depth - 1] ({OTHER, ""} at depth 0) for ebb__owner_current. */
+_Thread_local struct ebb__owner_tls ebb__os = {0, {"", EBB_OWNER_OTHER}, {{NULL, 0}}};
 
 static const char *const ebb__cat_names[EBB_OWNER_CAT_COUNT] = {
     "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging",
@@ -173,10 +163,6 @@ ebb_status ebb_alloc_owner_pop(void) {
   return EBB_OK;
 }
 
-void ebb__owner_current(uint8_t *cat, const char **name) {
-  *cat = ebb__os.top.cat;
-  *name = ebb__os.top.name;
-}
 
 /* ---- history ring -------------------------------------------------------------------------- */
 
