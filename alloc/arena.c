@@ -155,33 +155,12 @@ static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment 
   }
 }
 
-/* A segment's share before a change to its blocks, for ebb__seg_split_update. */
-struct ebb__split_share {
-  uint64_t n, bytes;
-};
-
-static inline struct ebb__split_share ebb__seg_share(const struct ebb__segment *g) {
-  bool in = ebb__seg_is_split(g);
-  return (struct ebb__split_share){in ? g->nfree : 0, in ? g->free_bytes : 0};
-}
-
 /* current - from + to in one step (modular: a decrease wraps the addend, not the result); the
  * peak test is that of ebb__stat_add, and a decrease never passes it (peak >= current). */
 static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to) {
   EBB_ASSERT(to >= from || st->current >= from - to);
   st->current += to - from;
   if (st->current > st->peak) st->peak = st->current;
-}
-
-/* Moves inactive_split from the segment's share `was` (taken before the change) to its share
- * now. One net update per alloc or free instead of taking the old share out and adding the new
- * one: current ends the same, and so does peak (peak >= current, so a net decrease leaves it). */
-static inline void ebb__seg_split_update(struct ebb__arena *a, const struct ebb__segment *g, struct ebb__split_share was) {
-  struct ebb__split_share now = ebb__seg_share(g);
-  /* The count often stays (a split replaces the block it carved from; a free merged once
-   * replaces the neighbour it joined); the bytes rarely do. */
-  if (now.n != was.n) ebb__stat_move(&a->c.s.inactive_split, was.n, now.n);
-  ebb__stat_move(&a->c.s.inactive_split_bytes, was.bytes, now.bytes);
 }
 
 /* ---- free index ---------------------------------------------------------------------------- */
@@ -394,13 +373,26 @@ EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, b
   b->owner = "";
   b->owner_cat = EBB_OWNER_OTHER;
   ebb__stat_sub(&a->c.s.active_bytes, b->size);
-  struct ebb__split_share was = ebb__seg_share(g);
+  bool counted = ebb__seg_is_split(g);
+  size_t nf0 = g->nfree, fb0 = g->free_bytes;
   b->state = EBB__B_FREE;
   b->nuses = 0;
   g->nfree++;
   g->free_bytes += b->size;
   ebb__merge_insert(a, b);
-  ebb__seg_split_update(a, g, was);
+  /* inactive_split by the change just made, not by re-adding the segment's whole share (a
+   * segment of one block never counted and cannot merge). */
+  if (EBB_LIKELY(counted)) {
+    if (EBB_LIKELY(ebb__seg_is_split(g))) {
+      /* Still split: one more free piece, less those it merged with; the freed bytes. */
+      if (g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
+      ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes - fb0);
+    } else {
+      /* Merged back into one block: the segment's pieces stop counting. */
+      ebb__stat_sub(&a->c.s.inactive_split, nf0);
+      ebb__stat_sub(&a->c.s.inactive_split_bytes, fb0);
+    }
+  }
 }
 
 static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb__block_release_t(a, b, false); }
@@ -913,7 +905,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
                                                             : rest > EBB__SMALL_SIZE && r < a->conf.max_split;
-  struct ebb__split_share was = ebb__seg_share(g);
+  bool counted = ebb__seg_is_split(g), did_split = false;
   if (split) {
     struct ebb__block *nb = ebb__block_new(a);
     if (nb) { /* no host memory for a record: hand out the whole block instead */
@@ -931,11 +923,22 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
       g->nblocks++;
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
       ebb__index_insert(a, nb);
+      did_split = true;
     }
   }
   g->nfree--;
   g->free_bytes -= b->size;
-  ebb__seg_split_update(a, g, was);
+  /* inactive_split by the change just made (see ebb__block_release_t). */
+  if (EBB_LIKELY(counted)) {
+    /* Still split: the block handed out leaves the free pieces (its remainder, if split off,
+     * takes its place). */
+    if (!did_split) ebb__stat_sub(&a->c.s.inactive_split, 1);
+    ebb__stat_sub(&a->c.s.inactive_split_bytes, b->size);
+  } else if (ebb__seg_is_split(g)) {
+    /* The segment's first split: its free pieces start to count. */
+    ebb__stat_add(&a->c.s.inactive_split, g->nfree);
+    ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
+  }
   b->spool = sp;
   b->state = EBB__B_ALLOC;
   b->requested = bytes;
