@@ -397,8 +397,18 @@ static inline void ebb__hist_rec_pair(struct ebb__arena *a, ebb_alloc_action act
   struct ebb__hist *h = &a->hist;
   if (!h->cap) return;
   uint64_t t = ebb__hist_now(&h->clk);
-  ebb__hist_rec_at(h, t, act1, addr, size, requested, stream, owner_cat, owner);
-  ebb__hist_rec_at(h, t, act2, addr, size, requested, stream, owner_cat, owner);
+  if (EBB_UNLIKELY(h->cap - h->head < 2)) { /* the pair straddles the ring's end */
+    ebb__hist_rec_at(h, t, act1, addr, size, requested, stream, owner_cat, owner);
+    ebb__hist_rec_at(h, t, act2, addr, size, requested, stream, owner_cat, owner);
+    return;
+  }
+  struct ebb__hist_entry *e = &h->ring[h->head];
+  h->head += 2;
+  if (h->head == h->cap) h->head = 0;
+  h->total += 2;
+  e[0] = (struct ebb__hist_entry){t, addr, size, requested, stream, owner, (uint8_t)act1, owner_cat};
+  e[1] = e[0];
+  e[1].action = (uint8_t)act2;
 }
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
