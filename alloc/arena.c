@@ -25,6 +25,10 @@
 _Static_assert(sizeof(struct ebb__block) == 128 && offsetof(struct ebb__block, seg) == 64,
                "a block record is two cache lines, the free-index fields in the first");
 #define EBB__SCAN_LIMIT 16 /* blocks looked at in one bin: best fit, but O(1) */
+/* The pieces of the alloc/free hit path: inlined into it even where they have other callers,
+ * so a pair is one straight run with the block's fields in registers, not a dozen calls each
+ * reloading them (GCC's size heuristics left most of them out of line). */
+#define EBB__HOT static inline __attribute__((always_inline))
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -72,26 +76,32 @@ static size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
  * point at a block record of the same arena (checked under the lock before use). The spare list
  * is LIFO: the record reused next is the one retired last, still in cache. Slabs are aligned to
  * a cache line so each record is exactly its two lines. */
-static struct ebb__block *ebb__block_new(struct ebb__arena *a) {
+/* A new slab of records onto the spare list; false when out of host memory. */
+static bool ebb__block_slab(struct ebb__arena *a) {
+  if (a->nslabs == a->capslabs) {
+    size_t nc = a->capslabs ? a->capslabs * 2 : 16;
+    void **ns = realloc(a->slabs, nc * sizeof *ns);
+    if (!ns) return false;
+    a->slabs = ns;
+    a->capslabs = nc;
+  }
+  struct ebb__block *slab = aligned_alloc(64, EBB__SLAB_BLOCKS * sizeof *slab);
+  if (!slab) return false;
+  memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
+  a->slabs[a->nslabs++] = slab;
+  for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
+    slab[i].arena = a;
+    slab[i].kind = (uint8_t)a->up->kind;
+    slab[i].state = EBB__B_DEAD;
+    ebb_list_insert_tail(&a->block_spare, &slab[i].node);
+  }
+  return true;
+}
+
+EBB__HOT struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->block_spare);
-  if (!n) {
-    if (a->nslabs == a->capslabs) {
-      size_t nc = a->capslabs ? a->capslabs * 2 : 16;
-      void **ns = realloc(a->slabs, nc * sizeof *ns);
-      if (!ns) return NULL;
-      a->slabs = ns;
-      a->capslabs = nc;
-    }
-    struct ebb__block *slab = aligned_alloc(64, EBB__SLAB_BLOCKS * sizeof *slab);
-    if (!slab) return NULL;
-    memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
-    a->slabs[a->nslabs++] = slab;
-    for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
-      slab[i].arena = a;
-      slab[i].kind = (uint8_t)a->up->kind;
-      slab[i].state = EBB__B_DEAD;
-      ebb_list_insert_tail(&a->block_spare, &slab[i].node);
-    }
+  if (EBB_UNLIKELY(!n)) {
+    if (!ebb__block_slab(a)) return NULL;
     n = ebb_list_pop_head(&a->block_spare);
   }
   struct ebb__block *b = ebb_container_of(n, struct ebb__block, node);
@@ -132,8 +142,10 @@ static inline struct ebb__stream_ref *ebb__use_at(struct ebb__block *b, uint32_t
 
 /* A segment's share of inactive_split: its free pieces when it is split into several blocks.
  * Expandable segments are left out, as PyTorch does: their free pieces are unmappable. */
+static inline bool ebb__seg_is_split(const struct ebb__segment *g) { return !g->expandable && g->nblocks >= 2; }
+
 static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment *g, bool add) {
-  if (g->expandable || g->nblocks < 2) return;
+  if (!ebb__seg_is_split(g)) return;
   if (add) {
     ebb__stat_add(&a->c.s.inactive_split, g->nfree);
     ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
@@ -141,6 +153,14 @@ static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment 
     ebb__stat_sub(&a->c.s.inactive_split, g->nfree);
     ebb__stat_sub(&a->c.s.inactive_split_bytes, g->free_bytes);
   }
+}
+
+/* current - from + to in one step (modular: a decrease wraps the addend, not the result); the
+ * peak test is that of ebb__stat_add, and a decrease never passes it (peak >= current). */
+static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to) {
+  EBB_ASSERT(to >= from || st->current >= from - to);
+  st->current += to - from;
+  if (st->current > st->peak) st->peak = st->current;
 }
 
 /* ---- free index ---------------------------------------------------------------------------- */
@@ -173,7 +193,7 @@ static void ebb__bins_init(struct ebb__bins *x) {
   for (int i = 0; i < EBB__NBINS; i++) ebb_list_init(&x->bin[i]);
 }
 
-static void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
+EBB__HOT void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   (void)a;
   struct ebb__bins *x = &b->spool->pools[b->pool];
   unsigned i = ebb__bin_of(b->size);
@@ -182,10 +202,9 @@ static void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   x->words[i / 64] |= 1ull << (i % 64);
   x->summary |= 1ull << (i / 64);
   x->count++;
-  x->bytes += b->size;
 }
 
-static void ebb__index_remove(struct ebb__block *b) {
+EBB__HOT void ebb__index_remove(struct ebb__block *b) {
   struct ebb__bins *x = &b->spool->pools[b->pool];
   unsigned i = b->bin;
   ebb_list_remove(&b->node);
@@ -195,11 +214,10 @@ static void ebb__index_remove(struct ebb__block *b) {
     if (!x->words[w]) x->summary &= ~(1ull << w);
   }
   x->count--;
-  x->bytes -= b->size;
 }
 
 /* First non-empty bin with index >= i, or -1. Two bitmap scans. */
-static int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
+EBB__HOT int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
   if (i >= EBB__NBINS) return -1;
   unsigned w = i / 64;
   uint64_t m = x->words[w] & (~0ull << (i % 64));
@@ -223,10 +241,27 @@ static inline bool ebb__fits(const struct ebb__arena *a, size_t bs, size_t r) {
 /* Best fit for r among the free blocks of one stream and pool; the block is removed from the
  * index (still FREE). The request's own bin is scanned (bounded) for the smallest fitting
  * block; every block of a higher bin fits, so the first non-empty one gives the rest. */
-static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins *x, size_t r) {
+static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins *x, size_t r, unsigned i0, int i);
+
+EBB__HOT struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins *x, size_t r) {
   if (!x->count) return NULL;
   unsigned i0 = ebb__bin_of(r);
-  for (int i = ebb__bins_next(x, i0); i >= 0; i = ebb__bins_next(x, (unsigned)i + 1)) {
+  int i = ebb__bins_next(x, i0);
+  if (EBB_LIKELY(i >= 0 && (unsigned)i < EBB__LIN_BINS)) {
+    /* An exact bin (the common case below 1 MiB): its blocks all have the bin's size, at
+     * least r and below max_split (>= 20 MiB), so its first block is as good as any. */
+    struct ebb__block *b = ebb_container_of(x->bin[i].next, struct ebb__block, node);
+    EBB_ASSERT(b->size >= r && ebb__fits(a, b->size, r));
+    ebb__index_remove(b);
+    return b;
+  }
+  return i < 0 ? NULL : ebb__bins_scan(a, x, r, i0, i);
+}
+
+/* The rest of ebb__bins_take, from non-empty bin i on: a size-range bin scanned for the best
+ * fit, the oversize rules checked. Out of line: the hit path inlines only the exact case. */
+static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins *x, size_t r, unsigned i0, int i) {
+  for (; i >= 0; i = ebb__bins_next(x, (unsigned)i + 1)) {
     size_t lo = ebb__bin_min((unsigned)i);
     /* Every block from here on is at least `lo`: stop when even that breaks the oversize rules. */
     if ((unsigned)i > i0 && !ebb__fits(a, lo < r ? r : lo, r)) return NULL;
@@ -238,12 +273,17 @@ static struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins 
       ebb__index_remove(best);
       return best;
     }
+    /* ebb__fits(a, bs, r) is r <= bs < hi: one unsigned compare per block. */
+    size_t ms = a->conf.max_split, hi = r < ms ? ms : r + EBB__OVERSIZE_SLACK, best_size = SIZE_MAX;
     int seen = 0;
     for (struct ebb_list *n = x->bin[i].next; n != &x->bin[i] && seen < EBB__SCAN_LIMIT; n = n->next, seen++) {
       struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
-      if (ebb__fits(a, c->size, r) && (!best || c->size < best->size)) {
+      size_t bs = c->size;
+      if (bs - r < hi - r && bs < best_size) {
+        EBB_ASSERT(ebb__fits(a, bs, r));
         best = c;
-        if (c->size == r) break;
+        best_size = bs;
+        if (bs == r) break;
       }
     }
     if (best) {
@@ -296,7 +336,7 @@ static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__
 
 /* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
  * free neighbours of the same stream and pool, and indexes the result. Lock held. */
-static void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
+EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
   struct ebb__block *p = b->prev, *n = b->next;
   if (ebb__mergeable(b, p)) {
@@ -324,24 +364,35 @@ static void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
 
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
- * same_time: the completion is recorded at the time of the free request just recorded. */
-static void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool same_time) {
+ * recorded: the caller recorded FREE_COMPLETED with the request (ebb__hist_rec_pair). */
+EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool recorded) {
   struct ebb__segment *g = b->seg;
-  if (same_time)
-    ebb__hist_rec_same(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
-  else
+  if (!recorded)
     ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   /* A free block belongs to nobody; snapshots show its owner only while it is active. */
   b->owner = "";
   b->owner_cat = EBB_OWNER_OTHER;
   ebb__stat_sub(&a->c.s.active_bytes, b->size);
-  ebb__seg_split_stat(a, g, false);
+  bool counted = ebb__seg_is_split(g);
+  size_t nf0 = g->nfree, fb0 = g->free_bytes;
   b->state = EBB__B_FREE;
   b->nuses = 0;
   g->nfree++;
   g->free_bytes += b->size;
   ebb__merge_insert(a, b);
-  ebb__seg_split_stat(a, g, true);
+  /* inactive_split by the change just made, not by re-adding the segment's whole share (a
+   * segment of one block never counted and cannot merge). */
+  if (EBB_LIKELY(counted)) {
+    if (EBB_LIKELY(ebb__seg_is_split(g))) {
+      /* Still split: one more free piece, less those it merged with; the freed bytes. */
+      if (g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
+      ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes - fb0);
+    } else {
+      /* Merged back into one block: the segment's pieces stop counting. */
+      ebb__stat_sub(&a->c.s.inactive_split, nf0);
+      ebb__stat_sub(&a->c.s.inactive_split_bytes, fb0);
+    }
+  }
 }
 
 static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb__block_release_t(a, b, false); }
@@ -438,9 +489,9 @@ static void ebb__poll_pending(struct ebb__arena *a) {
       ebb_event_t *orphan = ebb__pend_done(a, p);
       if (orphan) {
         /* Cache growth failed: release it outside the lock (rank order). */
-        ebb__mutex_unlock(&a->mu);
+        ebb__unlock(&a->mu);
         ebb__ev_destroy(orphan);
-        ebb__mutex_lock(&a->mu);
+        ebb__lock(&a->mu);
       }
     }
   }
@@ -457,10 +508,10 @@ static void ebb__sync_pending(struct ebb__arena *a) {
       struct ebb_list *h = &a->evqs[i].q;
       if (!ebb_list_empty(h)) wait[n++] = ebb_container_of(h->prev, struct ebb__pend, node)->ev;
     }
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     /* The newest event of a stream's queue covers the older ones (stream order). */
     for (size_t i = 0; i < n; i++) ebb_event_synchronize(wait[i]);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     a->c.s.num_syncs += n;
     size_t before = a->npending;
     ebb__poll_pending(a);
@@ -526,7 +577,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
     released += g->size;
   }
   if (ebb_list_empty(&gone)) return 0;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   size_t nfreed = 0;
   struct ebb_list *n;
   while ((n = ebb_list_pop_head(&gone))) {
@@ -535,7 +586,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
     if (a->up->release(a, g->base, g->size) == EBB_OK) nfreed++;
     free(g);
   }
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->c.s.num_device_free += nfreed;
   return released;
 }
@@ -854,7 +905,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
                                                             : rest > EBB__SMALL_SIZE && r < a->conf.max_split;
-  ebb__seg_split_stat(a, g, false);
+  bool counted = ebb__seg_is_split(g), did_split = false;
   if (split) {
     struct ebb__block *nb = ebb__block_new(a);
     if (nb) { /* no host memory for a record: hand out the whole block instead */
@@ -872,11 +923,22 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
       g->nblocks++;
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
       ebb__index_insert(a, nb);
+      did_split = true;
     }
   }
   g->nfree--;
   g->free_bytes -= b->size;
-  ebb__seg_split_stat(a, g, true);
+  /* inactive_split by the change just made (see ebb__block_release_t). */
+  if (EBB_LIKELY(counted)) {
+    /* Still split: the block handed out leaves the free pieces (its remainder, if split off,
+     * takes its place). */
+    if (!did_split) ebb__stat_sub(&a->c.s.inactive_split, 1);
+    ebb__stat_sub(&a->c.s.inactive_split_bytes, b->size);
+  } else if (ebb__seg_is_split(g)) {
+    /* The segment's first split: its free pieces start to count. */
+    ebb__stat_add(&a->c.s.inactive_split, g->nfree);
+    ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
+  }
   b->spool = sp;
   b->state = EBB__B_ALLOC;
   b->requested = bytes;
@@ -940,17 +1002,17 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   uint64_t base = 0;
   ebb_status st = a->up->obtain(a, seg, &base);
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->inflight -= seg;
   if (st) return st;
   a->c.s.num_device_alloc++;
   if (!ebb__segment_add(a, base, seg, pool, sp, out)) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     a->up->release(a, base, seg);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for a segment record", a->up->alloc_fn);
   }
   uint8_t ocat;
@@ -1019,18 +1081,18 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
 
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     ebb_status st = ebb__oom(a, bytes, bytes, s);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__oom_snapshot(a, st);
   }
   size_t r = bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK);
   int pool = r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   if (a->npending) ebb__poll_pending(a);
   struct ebb__spool *sp = ebb__spool_get(a, s);
   if (EBB_UNLIKELY(!sp)) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
   }
   struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
@@ -1042,7 +1104,7 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
   } else {
     ebb_status st = ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
     if (st) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       return ebb__oom_snapshot(a, st);
     }
     if (stolen) {
@@ -1057,11 +1119,11 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
     ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
     ebb__stat_sub(&a->c.s.requested_bytes, bytes);
     ebb__block_release(a, b);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     if (ev) ebb__ev_destroy(ev);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
   }
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   if (stolen) {
     /* The block's last users ran on `from`: make the new stream wait for them on the device.
      * The block is ours (ALLOC, not yet returned), so the lock may stay dropped. */
@@ -1072,14 +1134,14 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
       /* `from` was released (or its device failed): no event can order after it, so wait for
        * the device on the host instead. Rare; counted as a sync. */
       ebb_dev_synchronize(from.device);
-      ebb__mutex_lock(&a->mu);
+      ebb__lock(&a->mu);
       a->c.s.num_syncs++;
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
     }
     if (ev) {
-      ebb__mutex_lock(&a->mu);
+      ebb__lock(&a->mu);
       bool kept = ebb__ev_push(a, from.device, ev);
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       if (!kept) ebb__ev_destroy(ev);
     }
   }
@@ -1116,16 +1178,16 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
   for (int i = 0;; i++) {
     struct ebb__arena *a = ebb__arena_any(i);
     if (!a) break;
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     struct ebb__block *b = ebb__find_containing(a, addr);
     if (!b) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       continue;
     }
     int state = b->state;
     uint64_t base = b->addr, sid = b->spool->stream.id;
     size_t size = b->size;
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     if (a->up->kind != kind)
       return ebb__fail(EBB_EINVAL, "%s: pointer %p belongs to the %s (a block from %s); expected a block from %s", fn, ptr,
                        a->label, a->up->alloc_fn, want);
@@ -1159,7 +1221,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
                      back ? "" : " (and no host memory was left to keep it tracked: it is leaked)");
   }
   struct ebb__arena *a = b->arena;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   /* The merge below reads both address neighbours: start both misses now, overlapping each
    * other and the bookkeeping before the merge. Under the lock: a neighbour's split or merge
    * rewrites these links, so reading them unlocked would race. */
@@ -1169,13 +1231,16 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
   ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
   a->c.s.free_count++;
-  ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   if (EBB_LIKELY(!b->nuses)) {
-    /* No other stream used it: the free completes now, at the time just recorded. */
+    /* No other stream used it: the free completes now. Both entries at once, one clock read
+     * and the fields gathered once (the completion repeats the request). */
+    ebb__hist_rec_pair(a, EBB_ACT_FREE_REQUESTED, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested,
+                       b->spool->stream.id, b->owner_cat, b->owner);
     ebb__block_release_t(a, b, true);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return EBB_OK;
   }
+  ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
   /* Used on other streams: one event on each, recorded now; the block waits for all of them.
    * FREEING keeps everyone off the block while the lock is dropped (it is in neither the ptrmap
    * nor the index, so only this thread reaches it). */
@@ -1185,16 +1250,16 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   if (!evs) {
     /* No host memory to track events: wait for the devices of the using streams instead,
      * correct if slow. */
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     for (uint32_t i = 0; i < n; i++) ebb_dev_synchronize(ebb__use_at(b, i)->device);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     a->c.s.num_syncs += n;
     ebb__block_release(a, b);
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return EBB_OK;
   }
   for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, ebb__use_at(b, i)->device);
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   uint32_t syncs = 0;
   for (uint32_t i = 0; i < n; i++) {
     const struct ebb__stream_ref *u = ebb__use_at(b, i);
@@ -1211,7 +1276,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
       }
     }
   }
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->c.s.num_syncs += syncs;
   b->state = EBB__B_PENDING;
   b->event_count = 0;
@@ -1225,14 +1290,14 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
       /* No host memory for the queue: synchronise this one event instead. */
       free(pn ? NULL : p);
       if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       ebb_event_synchronize(evs[i]);
-      ebb__mutex_lock(&a->mu);
+      ebb__lock(&a->mu);
       a->c.s.num_syncs++;
       if (!ebb__ev_push(a, u->device, evs[i])) {
-        ebb__mutex_unlock(&a->mu);
+        ebb__unlock(&a->mu);
         ebb__ev_destroy(evs[i]);
-        ebb__mutex_lock(&a->mu);
+        ebb__lock(&a->mu);
       }
       continue;
     }
@@ -1245,7 +1310,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   }
   b->nuses = 0;
   if (!b->event_count) ebb__block_release(a, b);
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   if (evs != small) free(evs);
   return EBB_OK;
 }
@@ -1255,80 +1320,80 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
   struct ebb__block *b = ebb__ptrmap_find(addr);
   if (!b) return ebb__explain(fn, ptr, kind);
   struct ebb__arena *a = b->arena;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   /* Freed (and perhaps reused) since the lookup: the record is still a block of this arena. */
   if (b->addr != addr || b->state != EBB__B_ALLOC) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__fail(EBB_EFREED, "%s: pointer %p was freed while its use was being recorded", fn, ptr);
   }
   if (EBB_UNLIKELY(a->up->kind != kind)) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return ebb__explain(fn, ptr, kind);
   }
   if (s->id == b->spool->stream.id) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     return EBB_OK;
   }
   for (uint32_t i = 0; i < b->nuses; i++)
     if (ebb__use_at(b, i)->id == s->id) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       return EBB_OK;
     }
   if (b->nuses == b->ucap) {
     uint32_t nc = b->ucap ? b->ucap * 2 : 4;
     struct ebb__stream_ref *nx = realloc(b->uses, nc * sizeof *nx);
     if (!nx) {
-      ebb__mutex_unlock(&a->mu);
+      ebb__unlock(&a->mu);
       return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id, ptr);
     }
     b->uses = nx;
     b->ucap = nc;
   }
   *ebb__use_at(b, b->nuses++) = *s;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   return EBB_OK;
 }
 
 /* ---- release paths, limits, stats ---------------------------------------------------------- */
 
 ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   ebb__poll_pending(a);
   ebb__sync_pending(a);
   if (a->xseg) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     /* Unmapping does not synchronise on every driver (allocators.md 1.11, #196258): wait for
      * this arena's device (not the caller's current one) first. */
     ebb_dev_synchronize(a->device);
-    ebb__mutex_lock(&a->mu);
+    ebb__lock(&a->mu);
     a->c.s.num_syncs++;
     ebb__x_shrink(a);
   }
   ebb__release_free_segments(a);
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   return EBB_OK;
 }
 
 void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   a->limit = bytes;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
 }
 
 void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   *out = a->c.s;
   out->limit = a->limit;
   out->num_steals = a->c.steals;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
 }
 
 void ebb__arena_reset_peak(struct ebb__arena *a) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   ebb_arena_stat *all[] = {&a->c.s.allocated_bytes, &a->c.s.reserved_bytes, &a->c.s.active_bytes, &a->c.s.requested_bytes,
                            &a->c.s.segments, &a->c.s.inactive_split, &a->c.s.inactive_split_bytes};
   for (size_t i = 0; i < EBB_ARRAY_LEN(all); i++) all[i]->peak = all[i]->current;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
 }
 
 /* ---- invariants ---------------------------------------------------------------------------- */
@@ -1343,7 +1408,7 @@ void ebb__arena_reset_peak(struct ebb__arena *a) {
 
 ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   ebb_status st = EBB_OK;
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   uint64_t alloc = 0, active = 0, reserved = 0, nseg = 0, isplit = 0, isplit_b = 0, requested = 0;
   size_t nfree = 0, nlive = 0, npend_blocks = 0, pend_events = 0;
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
@@ -1449,7 +1514,7 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
              s->inactive_split.current, s->inactive_split_bytes.current, isplit, isplit_b);
   (void)npend_blocks;
 done:
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   return st;
 }
 
@@ -1458,7 +1523,7 @@ done:
 void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device, const struct ebb__conf *conf,
                      size_t total_mem) {
   memset(a, 0, sizeof *a);
-  ebb__mutex_init(&a->mu, "arena", EBB_RANK_ARENA);
+  ebb__lock_init(&a->mu, "arena", EBB_RANK_ARENA);
   a->up = up;
   a->device = device;
   a->numa_node = -1;
@@ -1518,6 +1583,5 @@ void ebb__arena_fini(struct ebb__arena *a) {
   free(a->spools);
   free(a->evqs);
   ebb__hist_fini(a);
-  ebb__mutex_destroy(&a->mu);
   memset(a, 0, sizeof *a);
 }

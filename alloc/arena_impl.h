@@ -75,7 +75,7 @@ enum ebb__bstate {
 struct ebb__bins {
   uint64_t summary;                 /* bit w: words[w] != 0 */
   uint64_t words[EBB__BIN_WORDS];   /* bit i % 64 of word i / 64: bin i non-empty */
-  size_t count, bytes;              /* free blocks and their bytes */
+  size_t count;                     /* free blocks */
   struct ebb_list bin[EBB__NBINS];  /* blocks, most recently freed first */
 };
 
@@ -209,6 +209,8 @@ struct ebb__hclock {
   uint64_t last;      /* newest time handed out */
   uint64_t span;      /* ticks after tsc_a at which the clock is read again (0: read now) */
   double ns_per_tick; /* 0 until two readings gave a rate */
+  uint64_t rate_q32;  /* ns_per_tick in 32.32 fixed point: the interpolation is one integer
+                         multiply (a double's conversions from and to uint64_t cost ~10 Ir) */
 };
 
 struct ebb__hist {
@@ -226,7 +228,7 @@ struct ebb__counters {
 };
 
 struct ebb__arena {
-  ebb_mutex mu;
+  ebb_lock mu; /* a futex lock: the alloc/free path takes it twice per pair (ebb_sync.h) */
   int device;              /* device arena: its device; pinned pool: the device whose NUMA node it
                               serves (-1: driver-placed); host pool: -1 */
   int numa_node;           /* pinned pool: its NUMA node (-1: any); otherwise -1 */
@@ -305,8 +307,28 @@ EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
 /* ---- owners, history and snapshots (history.c) --------------------------------------------- */
 
+/* The calling thread's owner scopes (ebb_alloc_owner_push/pop), kept by history.c; `top` is the
+ * innermost ({EBB_OWNER_OTHER, ""} outside any), mirrored so that every allocation reads it in
+ * two loads. alloc/ is built with TLS descriptors (CMakeLists.txt): the access is an indirect
+ * call of two instructions, not __tls_get_addr, and libebb stays dlopen-able. */
+struct ebb__owner {
+  const char *name;
+  uint8_t cat;
+};
+
+struct ebb__owner_tls {
+  int depth;
+  struct ebb__owner top;
+  struct ebb__owner stack[EBB_OWNER_MAX_DEPTH];
+};
+
+EBB_HIDDEN extern _Thread_local struct ebb__owner_tls ebb__os;
+
 /* The calling thread's innermost owner scope ({EBB_OWNER_OTHER, ""} outside any). */
-EBB_HIDDEN void ebb__owner_current(uint8_t *cat, const char **name);
+static inline void ebb__owner_current(uint8_t *cat, const char **name) {
+  *cat = ebb__os.top.cat;
+  *name = ebb__os.top.name;
+}
 /* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
  * note on stderr) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
 EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
@@ -330,7 +352,9 @@ static inline uint64_t ebb__hist_now(struct ebb__hclock *c) {
   uint64_t t = __builtin_ia32_rdtsc();
   uint64_t d = t - c->tsc_a; /* huge after a counter step back (migration): re-read */
   if (EBB_UNLIKELY(d >= c->span)) return ebb__hist_clock_read(c, t);
-  uint64_t ns = c->ns_a + (uint64_t)((double)d * c->ns_per_tick);
+  /* d < span <= 2^27 and rate_q32 < 100 * 2^32: the product needs 128 bits; off by < 0.1 ns
+   * from the exact d * ns_per_tick. */
+  uint64_t ns = c->ns_a + (uint64_t)(((unsigned __int128)d * c->rate_q32) >> 32);
   if (ns < c->last) ns = c->last;
   return c->last = ns;
 #else
@@ -364,13 +388,27 @@ static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uin
   ebb__hist_rec_at(h, ebb__hist_now(&h->clk), act, addr, size, requested, stream, owner_cat, owner);
 }
 
-/* Records an action that happened with the previous one (a free that completes in the call that
- * requested it): same time, no clock read. Lock held. */
-static inline void ebb__hist_rec_same(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
-                                      uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
+/* Records two actions of one block at one time: a free that completes in the call that
+ * requested it (FREE_REQUESTED, then FREE_COMPLETED with the same fields). One clock read, the
+ * fields gathered once. Lock held. */
+static inline void ebb__hist_rec_pair(struct ebb__arena *a, ebb_alloc_action act1, ebb_alloc_action act2, uint64_t addr,
+                                      uint64_t size, uint64_t requested, uint64_t stream, uint8_t owner_cat,
+                                      const char *owner) {
   struct ebb__hist *h = &a->hist;
   if (!h->cap) return;
-  ebb__hist_rec_at(h, h->clk.last, act, addr, size, requested, stream, owner_cat, owner);
+  uint64_t t = ebb__hist_now(&h->clk);
+  if (EBB_UNLIKELY(h->cap - h->head < 2)) { /* the pair straddles the ring's end */
+    ebb__hist_rec_at(h, t, act1, addr, size, requested, stream, owner_cat, owner);
+    ebb__hist_rec_at(h, t, act2, addr, size, requested, stream, owner_cat, owner);
+    return;
+  }
+  struct ebb__hist_entry *e = &h->ring[h->head];
+  h->head += 2;
+  if (h->head == h->cap) h->head = 0;
+  h->total += 2;
+  e[0] = (struct ebb__hist_entry){t, addr, size, requested, stream, owner, (uint8_t)act1, owner_cat};
+  e[1] = e[0];
+  e[1].action = (uint8_t)act2;
 }
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "arena_impl.h"
+#include "streams_export.h"
 
 /* ---- the device upstream ------------------------------------------------------------------- */
 
@@ -240,12 +241,18 @@ static ebb_status ebb__alloc_start(const char *fn) {
   return st;
 }
 
-/* Entry check of every public call: ebb initialised, the module started. */
-ebb_status ebb__alloc_enter(const char *fn) {
+/* The module started: one acquire load, the whole entry check of every call once it is up.
+ * UP implies ebb is initialised: the teardown hook stores DOWN while `ready` is still set. */
+static inline bool ebb__alloc_up(void) {
+  /* acquire: pairs with the release store of EBB__AL_UP below: the arenas are initialised. */
+  return atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP;
+}
+
+/* The rest of the entry check, out of line: not initialised, or the module to start. */
+static ebb_status ebb__alloc_enter_slow(const char *fn) {
   if (EBB_UNLIKELY(!ebb_is_initialized()))
     return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init first", fn);
-  /* acquire: pairs with the release store of EBB__AL_UP below: the arenas are initialised. */
-  if (EBB_LIKELY(atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP)) return EBB_OK;
+  if (ebb__alloc_up()) return EBB_OK;
   for (;;) {
     int ph = EBB__AL_DOWN;
     /* acquire on success: pairs with the teardown's release store of DOWN; on failure with the
@@ -262,16 +269,28 @@ ebb_status ebb__alloc_enter(const char *fn) {
   return st;
 }
 
-static ebb_status ebb__enter_dev(const char *fn, int device) {
-  ebb_status st = ebb__alloc_enter(fn);
+/* Entry check of every public call: ebb initialised, the module started. */
+ebb_status ebb__alloc_enter(const char *fn) {
+  if (EBB_LIKELY(ebb__alloc_up())) return EBB_OK;
+  return ebb__alloc_enter_slow(fn);
+}
+
+static inline ebb_status ebb__enter(const char *fn) {
+  if (EBB_LIKELY(ebb__alloc_up())) return EBB_OK;
+  return ebb__alloc_enter_slow(fn);
+}
+
+static inline ebb_status ebb__enter_dev(const char *fn, int device) {
+  ebb_status st = ebb__enter(fn);
   if (st) return st;
   if (EBB_UNLIKELY(device < 0 || device >= ebb__al.ndev))
     return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__al.ndev);
   return EBB_OK;
 }
 
-/* The stream an allocation or a use is for, validated, with its id and device. */
-ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
+/* The stream an allocation or a use is for, validated, with its id and device: the message of
+ * a bad one is that of ebb_stream_get_info, prefixed with `fn`. */
+static ebb_status ebb__stream_ref_slow(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
   ebb_stream_info info;
   ebb_status st = ebb_stream_get_info(s, &info);
   if (st) {
@@ -285,12 +304,24 @@ ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_r
   return EBB_OK;
 }
 
+ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
+  /* A live stream is one lock-free check (streams_export.h); anything else takes the public
+   * call for its message. */
+  if (EBB_LIKELY(ebb__stream_peek(s, &out->id, &out->device))) {
+    out->s = s;
+    return EBB_OK;
+  }
+  return ebb__stream_ref_slow(fn, s, out);
+}
+
 /* ---- public API ---------------------------------------------------------------------------- */
 
-ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
+/* ebb_arena_alloc's checks one by one, in their order, each with its message; also the path of
+ * a NULL stream (the current one) and of zero bytes. */
+static ebb_status ebb__arena_alloc_entry(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
   static const char fn[] = "ebb_arena_alloc";
   ebb_status st = ebb__enter_dev(fn, device);
-  if (st) return st;
+  if (EBB_UNLIKELY(st)) return st;
   if (EBB_UNLIKELY(!ptr)) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected a void * to fill", fn);
   struct ebb__stream_ref s;
   if (!stream && (st = ebb_stream_current(device, &stream))) return st;
@@ -305,10 +336,23 @@ ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void 
   return ebb__arena_alloc(&ebb__al.dev[device], bytes, &s, ptr);
 }
 
+ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
+  /* Every check passing, tested together: the module up, the device in range, an out pointer,
+   * a live stream of that device, a size. Anything else takes the checks one by one for the
+   * message of the first that fails (or the NULL-stream and zero-byte paths). */
+  struct ebb__stream_ref s;
+  if (EBB_LIKELY(ebb__alloc_up() && (unsigned)device < (unsigned)ebb__al.ndev && ptr && bytes &&
+                 ebb__stream_peek(stream, &s.id, &s.device) && s.device == device)) {
+    s.s = stream;
+    return ebb__arena_alloc(&ebb__al.dev[device], bytes, &s, ptr);
+  }
+  return ebb__arena_alloc_entry(device, bytes, stream, ptr);
+}
+
 ebb_status ebb_arena_free(void *ptr) {
   static const char fn[] = "ebb_arena_free";
-  ebb_status st = ebb__alloc_enter(fn);
-  if (st) return st;
+  ebb_status st = ebb__enter(fn);
+  if (EBB_UNLIKELY(st)) return st;
   if (!ptr) return EBB_OK;
   return ebb__arena_free(fn, ptr, EBB__MEM_DEVICE_ARENA);
 }

@@ -116,13 +116,10 @@ static ebb_status ebb__intern(const char *fn, const char *name, size_t n, const 
 
 /* ---- owner scopes -------------------------------------------------------------------------- */
 
-struct ebb__owner {
-  const char *name;
-  uint8_t cat;
-};
-
-static _Thread_local struct ebb__owner ebb__ostack[EBB_OWNER_MAX_DEPTH];
-static _Thread_local int ebb__odepth;
+/* The owner stack (arena_impl.h): one thread-local object, not two, since each reaches the
+ * thread's TLS block through its own descriptor call (libebb may be dlopen'ed: no initial-exec
+ * model); `top` mirrors stack[depth - 1] ({OTHER, ""} at depth 0) for ebb__owner_current. */
+_Thread_local struct ebb__owner_tls ebb__os = {0, {"", EBB_OWNER_OTHER}, {{NULL, 0}}};
 
 static const char *const ebb__cat_names[EBB_OWNER_CAT_COUNT] = {
     "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging",
@@ -142,37 +139,30 @@ ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name) {
   if (n > EBB_OWNER_NAME_MAX)
     return ebb__fail(EBB_EINVAL, "%s: name '%.32s...' is longer than %d bytes; expected a shorter name", fn, name,
                      EBB_OWNER_NAME_MAX);
-  if (ebb__odepth == EBB_OWNER_MAX_DEPTH)
+  if (ebb__os.depth == EBB_OWNER_MAX_DEPTH)
     return ebb__fail(EBB_ELIMIT, "%s: this thread already holds %d owner scopes (the maximum), innermost %s/%s; expected "
                      "an ebb_alloc_owner_pop for every push",
-                     fn, EBB_OWNER_MAX_DEPTH, ebb__cat_names[ebb__ostack[ebb__odepth - 1].cat],
-                     ebb__ostack[ebb__odepth - 1].name);
+                     fn, EBB_OWNER_MAX_DEPTH, ebb__cat_names[ebb__os.stack[ebb__os.depth - 1].cat],
+                     ebb__os.stack[ebb__os.depth - 1].name);
   const char *in = NULL;
   ebb_status st = ebb__intern(fn, name, n, &in);
   if (st) return st;
-  ebb__ostack[ebb__odepth].name = in;
-  ebb__ostack[ebb__odepth].cat = (uint8_t)cat;
-  ebb__odepth++;
+  ebb__os.stack[ebb__os.depth].name = in;
+  ebb__os.stack[ebb__os.depth].cat = (uint8_t)cat;
+  ebb__os.top = ebb__os.stack[ebb__os.depth];
+  ebb__os.depth++;
   return EBB_OK;
 }
 
 ebb_status ebb_alloc_owner_pop(void) {
-  if (ebb__odepth == 0)
+  if (ebb__os.depth == 0)
     return ebb__fail(EBB_ESTATE, "ebb_alloc_owner_pop: this thread has no owner scope open; expected a matching "
                                  "ebb_alloc_owner_push before");
-  ebb__odepth--;
+  ebb__os.depth--;
+  ebb__os.top = ebb__os.depth ? ebb__os.stack[ebb__os.depth - 1] : (struct ebb__owner){"", EBB_OWNER_OTHER};
   return EBB_OK;
 }
 
-void ebb__owner_current(uint8_t *cat, const char **name) {
-  if (ebb__odepth == 0) {
-    *cat = EBB_OWNER_OTHER;
-    *name = "";
-    return;
-  }
-  *cat = ebb__ostack[ebb__odepth - 1].cat;
-  *name = ebb__ostack[ebb__odepth - 1].name;
-}
 
 /* ---- history ring -------------------------------------------------------------------------- */
 
@@ -220,7 +210,10 @@ uint64_t ebb__hist_clock_read(struct ebb__hclock *c, uint64_t t) {
    * Nonsense (a counter that stepped back, an interval too short to measure) keeps the old. */
   if (c->span && t > c->tsc_a && ns > c->ns_a && t - c->tsc_a >= EBB__HCLOCK_SPAN_MIN) {
     double r = (double)(ns - c->ns_a) / (double)(t - c->tsc_a);
-    if (r > 0.01 && r < 100.0) c->ns_per_tick = r;
+    if (r > 0.01 && r < 100.0) {
+      c->ns_per_tick = r;
+      c->rate_q32 = (uint64_t)(r * 4294967296.0);
+    }
   }
   c->tsc_a = t;
   c->ns_a = ns;
@@ -252,11 +245,11 @@ static size_t ebb__hist_copy(const struct ebb__arena *a, struct ebb__hist_entry 
 
 ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                          uint64_t *total) {
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   size_t held = a->hist.total < a->hist.cap ? (size_t)a->hist.total : a->hist.cap;
   uint64_t tot = a->hist.total;
   if (!out) {
-    ebb__mutex_unlock(&a->mu);
+    ebb__unlock(&a->mu);
     *count = held;
     if (total) *total = tot;
     return EBB_OK;
@@ -275,7 +268,7 @@ ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_
                                      .owner_cat = (ebb_owner_cat)e->owner_cat,
                                      .owner_name = e->owner ? e->owner : ""};
   }
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   *count = n;
   if (total) *total = tot;
   return EBB_OK;
@@ -482,10 +475,10 @@ static ebb_status ebb__snap_arena(const char *fn, struct ebb__arena *a, struct e
     *copy = nc;
     *copy_cap = cap;
   }
-  ebb__mutex_lock(&a->mu);
+  ebb__lock(&a->mu);
   ebb__snap_segments(a, segs, first_seg);
   size_t n = cap ? ebb__hist_copy(a, *copy, cap) : 0;
-  ebb__mutex_unlock(&a->mu);
+  ebb__unlock(&a->mu);
   ebb__snap_trace(a, *copy, n, trace);
   return EBB_OK;
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "streams_export.h"
 #include "streams_impl.h"
 
 struct ebb__streams ebb__st;
@@ -460,6 +461,16 @@ ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id) {
   if (!st) st = ebb__check_out("ebb_stream_id", id, "a uint64_t");
   if (!st) *id = s->id;
   return st;
+}
+
+bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device) {
+  /* acquire: as in ebb__streams_enter; a module that is not UP is left to the public check. */
+  if (EBB_UNLIKELY(atomic_load_explicit(&ebb__st.phase, memory_order_acquire) != EBB__UP || !s)) return false;
+  /* acquire: as in ebb__check_stream (the fields are those of the stream the magic announces). */
+  if (EBB_UNLIKELY(atomic_load_explicit(&s->slot.magic, memory_order_acquire) != EBB__STREAM_LIVE)) return false;
+  *id = s->id;
+  *device = s->device;
+  return true;
 }
 
 ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out) {

@@ -125,6 +125,12 @@ TEST_CASE("random alloc/free sequences keep every invariant (seeded)", "[alloc]"
     std::mt19937 rng(seed);
     std::uniform_real_distribution<double> logsz(6.0, 25.0);  // 64 B .. 32 MiB
     std::vector<void *> live;
+    // Every peak is the largest current seen after a call: the counters move by net updates
+    // (inactive_split by the change of one segment), never past their value at the call's end.
+    EBB_REQUIRE_OK(ebb_arena_reset_peak(0));
+    ebb_arena_stats s0 = stats(0);
+    uint64_t mx_split = s0.inactive_split.current, mx_split_b = s0.inactive_split_bytes.current;
+    uint64_t mx_alloc = s0.allocated_bytes.current, mx_active = s0.active_bytes.current;
     for (int op = 0; op < 3000; op++) {
       if (live.empty() || rng() % 100 < 55) {
         size_t bytes = static_cast<size_t>(std::exp2(logsz(rng)));
@@ -137,8 +143,18 @@ TEST_CASE("random alloc/free sequences keep every invariant (seeded)", "[alloc]"
         live[i] = live.back();
         live.pop_back();
       }
+      ebb_arena_stats st = stats(0);
+      mx_split = std::max(mx_split, st.inactive_split.current);
+      mx_split_b = std::max(mx_split_b, st.inactive_split_bytes.current);
+      mx_alloc = std::max(mx_alloc, st.allocated_bytes.current);
+      mx_active = std::max(mx_active, st.active_bytes.current);
       if (op % 250 == 0) ARENA_CHECK();
     }
+    ebb_arena_stats sp = stats(0);
+    CHECK(sp.inactive_split.peak == mx_split);
+    CHECK(sp.inactive_split_bytes.peak == mx_split_b);
+    CHECK(sp.allocated_bytes.peak == mx_alloc);
+    CHECK(sp.active_bytes.peak == mx_active);
     ARENA_CHECK();
     std::shuffle(live.begin(), live.end(), rng);
     for (void *p : live) EBB_REQUIRE_OK(ebb_arena_free(p));
@@ -331,6 +347,29 @@ TEST_CASE("misuse: unknown, interior and double frees, bad devices and streams",
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &gone));
   EBB_REQUIRE_OK(ebb_stream_release(gone));
   EBB_CHECK_FAILS(ebb_arena_alloc(0, 16, gone, &p), EBB_EFREED, "ebb_arena_alloc");
+  {
+    // The entry checks' fast path (one peek at the handle) falls back to the public check for
+    // every bad stream: the messages name the call, then ebb_stream_get_info's reason, whole.
+    std::string want_gone = "ebb_arena_alloc: ebb_stream_get_info: stream ";
+    ebb_clear_error();
+    CHECK(ebb_arena_alloc(0, 16, gone, &p) == EBB_EFREED);
+    CHECK(std::string(ebb_last_error()).rfind(want_gone, 0) == 0);
+    CHECK(std::string(ebb_last_error()).find("was released by ebb_stream_release; expected a live stream") !=
+          std::string::npos);
+    ebb_event_t *ev = nullptr;
+    EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &ev));
+    ebb_clear_error();
+    CHECK(ebb_arena_alloc(0, 16, reinterpret_cast<ebb_stream_t *>(ev), &p) == EBB_EINVAL);
+    CHECK(std::string(ebb_last_error()).find("ebb_arena_alloc: ebb_stream_get_info: ") == 0);
+    CHECK(std::string(ebb_last_error()).find("is an event, not a stream; expected a stream handle") != std::string::npos);
+    ebb_clear_error();
+    CHECK(ebb_arena_record_stream(reinterpret_cast<void *>(4096), reinterpret_cast<ebb_stream_t *>(ev)) == EBB_EINVAL);
+    CHECK(std::string(ebb_last_error()).find("ebb_arena_record_stream: ebb_stream_get_info: ") == 0);
+    EBB_REQUIRE_OK(ebb_event_release(ev));
+    ebb_clear_error();
+    CHECK(ebb_arena_record_stream(reinterpret_cast<void *>(4096), gone) == EBB_EFREED);
+    CHECK(std::string(ebb_last_error()).find("ebb_arena_record_stream: ebb_stream_get_info: stream ") == 0);
+  }
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 8192, s0, &p));
   int on_stack = 0;
   EBB_CHECK_FAILS(ebb_arena_free(&on_stack), EBB_EINVAL, "was not allocated by ebb_arena_alloc");

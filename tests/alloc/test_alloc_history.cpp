@@ -285,6 +285,40 @@ TEST_CASE("owner scopes nest, and misuse is reported without changing the stack"
   th.join();
   EBB_REQUIRE_OK(ebb_alloc_owner_pop());
   CHECK(history(0).back().owner_cat == EBB_OWNER_OTHER);
+  {
+    // A pop makes the outer scope current again (the innermost scope is mirrored for the
+    // allocation path), and a refused push leaves the innermost as it was.
+    EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, "w1"));
+    EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_GRADIENT, "g"));
+    EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+    void *outer = nullptr, *after_fail = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &outer));
+    ebb_alloc_trace_entry last = history(0).back();
+    CHECK(last.owner_cat == EBB_OWNER_PARAMETER);
+    CHECK(std::string(last.owner_name) == "w1");
+    EBB_CHECK_FAILS(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, nullptr), EBB_EINVAL, "name is NULL");
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &after_fail));
+    last = history(0).back();
+    CHECK(last.owner_cat == EBB_OWNER_PARAMETER);
+    CHECK(std::string(last.owner_name) == "w1");
+    EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+    EBB_REQUIRE_OK(ebb_arena_free(outer));
+    EBB_REQUIRE_OK(ebb_arena_free(after_fail));
+    // The frees completed at once: each FREE_COMPLETED repeats its FREE_REQUESTED whole.
+    auto h = history(0);
+    REQUIRE(h.size() >= 4);
+    for (size_t k : {h.size() - 3, h.size() - 1}) {
+      CHECK(h[k].action == EBB_ACT_FREE_COMPLETED);
+      CHECK(h[k - 1].action == EBB_ACT_FREE_REQUESTED);
+      CHECK(h[k].addr == h[k - 1].addr);
+      CHECK(h[k].size == h[k - 1].size);
+      CHECK(h[k].requested == h[k - 1].requested);
+      CHECK(h[k].stream == h[k - 1].stream);
+      CHECK(h[k].time_ns == h[k - 1].time_ns);
+      CHECK(h[k].owner_cat == EBB_OWNER_PARAMETER);
+      CHECK(h[k].owner_name == h[k - 1].owner_name);
+    }
+  }
   for (void *x : p) EBB_REQUIRE_OK(ebb_arena_free(x));
   EBB_REQUIRE_OK(ebb_arena_free(q));
   ARENA_CHECK();
@@ -521,6 +555,14 @@ TEST_CASE("the ring keeps the newest N actions, oldest first", "[alloc][history]
     INFO("entry " << j << " (action " << k << ")");
     CHECK(h[j].action == (step == 0 ? EBB_ACT_ALLOC : step == 1 ? EBB_ACT_FREE_REQUESTED : EBB_ACT_FREE_COMPLETED));
     CHECK(h[j].requested == (uint64_t)(1000 + round));
+    // A completion repeats its request entry, also across the ring's wrap (slot 0 copies slot
+    // 63: action 192 is a completion written at slot 0).
+    if (step == 2 && j > 0) {
+      CHECK(h[j].addr == h[j - 1].addr);
+      CHECK(h[j].size == h[j - 1].size);
+      CHECK(h[j].time_ns == h[j - 1].time_ns);
+      CHECK(h[j].stream == h[j - 1].stream);
+    }
   }
   // A smaller copy gets the newest ones.
   ebb_alloc_trace_entry few[5];

@@ -1,0 +1,24 @@
+/* streams_export.h: what the streams module offers the modules built on it (alloc, ops) beyond
+ * its public header: fast checks for their hot paths. Not installed, not part of the API.
+ *
+ * The public checks (ebb_stream_get_info and friends) build a message naming the call on every
+ * failure and are paid for on every success as two or three calls deep; an allocator entry that
+ * only needs "is this a live stream, and which id and device" asks here in one call, and goes to
+ * the public call only when the answer is no, for its message.
+ */
+#ifndef EBB_STREAMS_EXPORT_H
+#define EBB_STREAMS_EXPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ebb/stream.h"
+#include "ebb_internal.h"
+
+/* Whether `s` is a live stream of a started module; if so its id and device in *id, *device.
+ * False says nothing about why (ebb not initialised, module not started yet, NULL, released,
+ * not a stream): the caller then calls the public check, which starts the module when it can
+ * and names the reason. Lock-free: an acquire load of the module phase and of the slot's magic. */
+EBB_HIDDEN bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device);
+
+#endif /* EBB_STREAMS_EXPORT_H */
