@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "arena_impl.h"
 
@@ -42,12 +43,28 @@ static _Atomic(struct ebb__smap_ent *) ebb__smap[(size_t)1 << EBB__SMAP_TOP];
 _Static_assert(EBB__SLAB_TARGET >= 2 * ((size_t)1 << EBB__SMAP_GRAN),
                "every slab must span more than one granule of the address map");
 
+/* A leaf in one transparent huge page where the kernel gives one: lookups land anywhere in it,
+ * and a TLB miss per free costs as much as the entry's own cache miss. */
+#define EBB__SMAP_LEAF_BYTES (((size_t)1 << EBB__SMAP_LEAF) * sizeof(struct ebb__smap_ent))
+#define EBB__HUGE ((size_t)2 << 20)
+
+static struct ebb__smap_ent *ebb__smap_leaf_alloc(void) {
+  size_t bytes = EBB__SMAP_LEAF_BYTES < EBB__HUGE ? EBB__HUGE : EBB__SMAP_LEAF_BYTES;
+  void *p = aligned_alloc(EBB__HUGE, bytes);
+  if (!p) return NULL;
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice only: no huge page is still correct */
+#endif
+  memset(p, 0, EBB__SMAP_LEAF_BYTES);
+  return p;
+}
+
 static struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
   _Atomic(struct ebb__smap_ent *) *top = &ebb__smap[g >> EBB__SMAP_LEAF];
   /* acquire: pairs with the release CAS that published the zeroed leaf. */
   struct ebb__smap_ent *leaf = atomic_load_explicit(top, memory_order_acquire);
   if (leaf || !make) return leaf;
-  struct ebb__smap_ent *nl = calloc((size_t)1 << EBB__SMAP_LEAF, sizeof *nl);
+  struct ebb__smap_ent *nl = ebb__smap_leaf_alloc();
   if (!nl) return NULL;
   /* release: the zeroed leaf is visible before its pointer. Two arenas may race to make it. */
   if (atomic_compare_exchange_strong_explicit(top, &leaf, nl, memory_order_release, memory_order_acquire)) return nl;
