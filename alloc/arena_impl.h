@@ -155,22 +155,30 @@ struct ebb__pend {
  * class. A slot alloc or free is a bitmap bit and a slot record: no split, no merge, no ptrmap
  * entry; a slot pointer is found through a process-wide map from 64 KiB address granules to
  * slabs (slab.c). */
-#define EBB__SLAB_MAX_SLOTS 256
+#define EBB__SLAB_MAX_SLOTS 1024
 #define EBB__SLAB_WORDS (EBB__SLAB_MAX_SLOTS / 64)
 #define EBB__SLAB_CLASSES 128 /* slot sizes 512 B .. 64 KiB: the largest slab_max */
 #define EBB__SLAB_MAX_LIMIT ((size_t)64 << 10) /* largest slab_max_bytes */
 #define EBB__SLAB_MAX_DEFAULT ((size_t)64 << 10)
-#define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a slab holds max(2, TARGET / slot) slots: every
-                                                  slab spans more than 64 KiB (slab.c's map) */
+#define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a class's first slab holds max(2, TARGET / slot)
+                                                  slots: every slab spans more than 64 KiB (slab.c's
+                                                  map); later ones 2x and 4x that while the stream
+                                                  holds 1 and 2+ slabs of the class */
 #define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class */
 
-/* One slot's own state, in the slab's out-of-band array (the slot's memory is never touched). */
+/* One slot's own state, in the slab's out-of-band array (the slot's memory is never touched):
+ * 16 bytes, so 10^5 live slots are 1.6 MB of records, what a free reads at random. */
 struct ebb__slot {
-  const char *owner;            /* interned owner name while active */
-  struct ebb__stream_ref *uses; /* record_stream uses (malloc'ed at the first, kept for reuse) */
-  uint32_t requested;           /* bytes asked for (ALLOC, FREEING, PENDING) */
-  uint8_t state;                /* EBB__B_FREE, _ALLOC, _FREEING or _PENDING */
+  const char *owner;  /* interned owner name while active */
+  uint32_t requested; /* bytes asked for (ALLOC, FREEING, PENDING) */
+  uint8_t state;      /* EBB__B_FREE, _ALLOC, _FREEING or _PENDING */
   uint8_t owner_cat;
+};
+
+/* A slot's record_stream state, in a per-slab array made at the first record_stream of one of
+ * its slots (rare: most slots never meet another stream) and kept with the slab record. */
+struct ebb__slot_ext {
+  struct ebb__stream_ref *uses; /* malloc'ed at the slot's first use, kept for reuse */
   uint16_t nuses, ucap;
   uint16_t event_count;         /* PENDING: events still to complete */
 };
@@ -178,17 +186,21 @@ struct ebb__slot {
 /* A slab record. Records are recycled, never freed before teardown (as block records): the
  * address map may hand a stale record to a racing bad free, which validates it under the lock. */
 struct ebb__slab {
+  /* line 1: what a slot free reads before its slot record */
   struct ebb__arena *arena;  /* fixed for the record's whole life */
   uint64_t addr;             /* first slot; slot i at addr + i * slot */
+  uint64_t inv;              /* 2^32 / (slot / 512), rounded up: the index without a division */
   uint32_t slot;             /* slot size (bytes, a 512-byte multiple) */
   uint16_t nslots, nfree;    /* nfree: FREE slots (their bits are set in `bits`) */
   uint16_t npend;            /* slots FREEING or PENDING */
   uint8_t live;              /* serving slots; 0 on the spare list */
   uint8_t cls;               /* size class: slot / 512 - 1 */
   struct ebb__spool *spool;  /* allocation stream */
-  struct ebb_list node;      /* class list while it has a free slot; spare list while not live */
-  struct ebb__block *b;      /* its block in the segment (state EBB__B_SLAB) */
   struct ebb__slot *slots;   /* nslots records (capacity `cap`) */
+  struct ebb__slot_ext *ext; /* NULL until a slot is recorded on another stream; `cap` entries */
+  struct ebb_list node;      /* class list while it has a free slot; spare list while not live */
+  /* line 2 on */
+  struct ebb__block *b;      /* its block in the segment (state EBB__B_SLAB) */
   uint32_t cap;
   uint64_t bits[EBB__SLAB_WORDS]; /* bit i: slot i is FREE */
 };
@@ -198,6 +210,7 @@ struct ebb__slab {
 struct ebb__slab_cls {
   struct ebb_list slabs;
   uint32_t nempty;
+  uint32_t nslabs; /* live slabs of the class: a new one is larger the more there are */
 };
 
 struct ebb__evq {

@@ -201,12 +201,22 @@ static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
 
 static struct ebb__slab_cls *ebb__cls_of(struct ebb__slab *sl) { return &sl->spool->slab_cls[sl->cls]; }
 
-/* Slots per slab for slot size r: about EBB__SLAB_TARGET bytes, at least 2 slots. */
-static uint32_t ebb__slab_nslots(size_t r) {
+/* Slots per slab for slot size r when the stream holds `have` slabs of the class: about
+ * EBB__SLAB_TARGET bytes (at least 2 slots) for the first, twice that for the second, four times
+ * from the third on. A size used a little costs one small slab; a size used a lot gets few
+ * large slabs, so their records (what a free reads) stay few: 10^5 live slots of 13 KiB are
+ * ~3 000 slab records rather than ~10 000. */
+static uint32_t ebb__slab_nslots(size_t r, uint32_t have) {
   size_t n = EBB__SLAB_TARGET / r;
   if (n < 2) n = 2;
+  n <<= have < 2 ? have : 2;
   if (n > EBB__SLAB_MAX_SLOTS) n = EBB__SLAB_MAX_SLOTS;
   return (uint32_t)n;
+}
+
+/* The slot of sl holding addr (sl->addr <= addr < its end). */
+static inline unsigned ebb__slot_index(const struct ebb__slab *sl, uint64_t addr) {
+  return (unsigned)((((addr - sl->addr) >> 9) * sl->inv) >> 32);
 }
 
 /* Makes block b (state EBB__B_SLAB) a live slab of n slots of r bytes on spool sp, entered in
@@ -217,8 +227,11 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
   struct ebb__slab *sl = ebb__slab_rec_new(a);
   if (!sl) return NULL;
   if (sl->cap < n) {
-    /* The old slot records' use arrays go with them. */
-    for (uint32_t i = 0; i < sl->cap; i++) free(sl->slots[i].uses);
+    /* The old slot records go, with their use arrays. */
+    if (sl->ext)
+      for (uint32_t i = 0; i < sl->cap; i++) free(sl->ext[i].uses);
+    free(sl->ext);
+    sl->ext = NULL;
     free(sl->slots);
     sl->cap = 0;
     sl->slots = calloc(n, sizeof *sl->slots);
@@ -230,6 +243,7 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
   }
   sl->addr = b->addr;
   sl->slot = (uint32_t)r;
+  sl->inv = (((uint64_t)1 << 32) + r / EBB__MIN_BLOCK - 1) / (r / EBB__MIN_BLOCK);
   sl->nslots = (uint16_t)n;
   sl->nfree = (uint16_t)n;
   sl->npend = 0;
@@ -243,9 +257,7 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
     t->state = EBB__B_FREE;
     t->owner = "";
     t->owner_cat = EBB_OWNER_OTHER;
-    t->nuses = 0;
     t->requested = 0;
-    t->event_count = 0;
   }
   if (!ebb__smap_set(sl, true)) {
     ebb_list_insert_head(&a->slab_spare, &sl->node);
@@ -258,6 +270,7 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
   struct ebb__slab_cls *k = ebb__cls_of(sl);
   ebb_list_insert_tail(&k->slabs, &sl->node);
   k->nempty++;
+  k->nslabs++;
   return sl;
 }
 
@@ -268,6 +281,7 @@ static void ebb__slab_drop(struct ebb__arena *a, struct ebb__slab *sl) {
   ebb__stat_sub_slab(&a->c.s, sl->nslots, ebb__slab_bytes(sl));
   ebb__smap_set(sl, false);
   sl->live = 0;
+  ebb__cls_of(sl)->nslabs--;
   ebb__arena_put_slab_block(a, sl->b);
   sl->b = NULL;
   ebb_list_insert_head(&a->slab_spare, &sl->node);
@@ -309,7 +323,6 @@ static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_
   struct ebb__slot *t = &sl->slots[i];
   t->state = EBB__B_ALLOC;
   t->requested = (uint32_t)bytes;
-  t->nuses = 0;
   ebb__owner_current(&t->owner_cat, &t->owner);
   uint64_t addr = sl->addr + (uint64_t)i * sl->slot;
   ebb__hist_rec(a, EBB_ACT_ALLOC, addr, sl->slot, bytes, sl->spool->stream.id, t->owner_cat, t->owner);
@@ -332,7 +345,6 @@ static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsign
   t->owner = "";
   t->owner_cat = EBB_OWNER_OTHER;
   t->state = EBB__B_FREE;
-  t->nuses = 0;
   t->requested = 0;
   ebb__sstat_sub(&a->c.s.active_bytes, sl->slot);
   ebb__stat_add_slab(&a->c.s, 1, sl->slot);
@@ -353,9 +365,8 @@ static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsign
 }
 
 void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t slot) {
-  struct ebb__slot *t = &sl->slots[slot];
-  EBB_ASSERT(t->state == EBB__B_PENDING && t->event_count > 0);
-  if (--t->event_count) return;
+  EBB_ASSERT(sl->slots[slot].state == EBB__B_PENDING && sl->ext && sl->ext[slot].event_count > 0);
+  if (--sl->ext[slot].event_count) return;
   sl->npend--;
   ebb__slot_release(a, sl, slot, false);
 }
@@ -377,6 +388,7 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     for (unsigned c = 0; c < EBB__SLAB_CLASSES; c++) {
       ebb_list_init(&sp->slab_cls[c].slabs);
       sp->slab_cls[c].nempty = 0;
+      sp->slab_cls[c].nslabs = 0;
     }
   }
   struct ebb__slab_cls *k = &sp->slab_cls[r / EBB__MIN_BLOCK - 1];
@@ -403,7 +415,7 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
   ebb__mutex_unlock(&a->mu);
   /* A new slab: the engine carves its block with the lock its own (it may drop it to grow or to
    * order a stolen block); the block is ours alone until it is entered in the map. */
-  uint32_t n = ebb__slab_nslots(r);
+  uint32_t n = ebb__slab_nslots(r, k->nslabs);
   struct ebb__block *b = NULL;
   if (ebb__arena_alloc_slab_block(a, (size_t)n * r, s, &b) != EBB_OK) return ebb__arena_alloc_block(a, bytes, s, out);
   ebb__mutex_lock(&a->mu);
@@ -457,8 +469,9 @@ static ebb_status ebb__slot_bad(const char *fn, struct ebb__slab *sl, unsigned i
  * it meanwhile (a second free finds it not ALLOC; its slab cannot empty). Lock held on entry,
  * dropped on return. */
 static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, unsigned i) {
-  struct ebb__slot *t = &sl->slots[i];
-  t->state = EBB__B_FREEING;
+  struct ebb__slot *st = &sl->slots[i];
+  struct ebb__slot_ext *t = &sl->ext[i];
+  st->state = EBB__B_FREEING;
   sl->npend++;
   uint32_t n = t->nuses;
   ebb_event_t *small[EBB__SLOT_SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
@@ -468,6 +481,7 @@ static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, un
     ebb__mutex_lock(&a->mu);
     a->c.s.num_syncs += n;
     sl->npend--;
+    t->nuses = 0;
     ebb__slot_release(a, sl, i, false);
     ebb__mutex_unlock(&a->mu);
     return EBB_OK;
@@ -491,7 +505,7 @@ static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, un
   }
   ebb__mutex_lock(&a->mu);
   a->c.s.num_syncs += syncs;
-  t->state = EBB__B_PENDING;
+  st->state = EBB__B_PENDING;
   t->event_count = 0;
   for (uint32_t u = 0; u < n; u++) {
     if (!evs[u]) continue;
@@ -534,7 +548,7 @@ static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, un
 
 ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind) {
   struct ebb__arena *a = sl->arena;
-  unsigned i = (unsigned)((addr - sl->addr) / sl->slot);
+  unsigned i = ebb__slot_index(sl, addr);
   struct ebb__slot *t = &sl->slots[i];
   if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
     return ebb__slot_bad(fn, sl, i, addr, kind, true);
@@ -543,7 +557,7 @@ ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, e
   ebb__sstat_sub(&s->requested_bytes, t->requested);
   s->free_count++;
   ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, addr, sl->slot, t->requested, sl->spool->stream.id, t->owner_cat, t->owner);
-  if (EBB_LIKELY(!t->nuses)) {
+  if (EBB_LIKELY(!sl->ext || !sl->ext[i].nuses)) {
     ebb__slot_release(a, sl, i, true);
     ebb__mutex_unlock(&a->mu);
     return EBB_OK;
@@ -554,14 +568,19 @@ ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, e
 ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr, const struct ebb__stream_ref *s,
                             enum ebb__memkind kind) {
   struct ebb__arena *a = sl->arena;
-  unsigned i = (unsigned)((addr - sl->addr) / sl->slot);
-  struct ebb__slot *t = &sl->slots[i];
-  if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
+  unsigned i = ebb__slot_index(sl, addr);
+  if (EBB_UNLIKELY(sl->slots[i].state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
     return ebb__slot_bad(fn, sl, i, addr, kind, false);
   if (s->id == sl->spool->stream.id) {
     ebb__mutex_unlock(&a->mu);
     return EBB_OK;
   }
+  if (!sl->ext && !(sl->ext = calloc(sl->cap, sizeof *sl->ext))) {
+    ebb__mutex_unlock(&a->mu);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id,
+                     (void *)(uintptr_t)addr);
+  }
+  struct ebb__slot_ext *t = &sl->ext[i];
   for (uint32_t u = 0; u < t->nuses; u++)
     if (t->uses[u].id == s->id) {
       ebb__mutex_unlock(&a->mu);
@@ -630,7 +649,7 @@ ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, con
     case EBB__B_PENDING:
       npend++;
       *active += sl->slot;
-      *pend_events += t->event_count;
+      if (sl->ext) *pend_events += sl->ext[i].event_count;
       break;
     default: EBB__SCHECK(0, "%s: %s: slot 0x%" PRIx64 " has state %d", fn, a->label, at, t->state);
     }
@@ -681,7 +700,9 @@ void ebb__slab_fini(struct ebb__arena *a) {
     for (int i = 0; i < EBB__SLAB_CHUNK; i++) {
       struct ebb__slab *sl = &chunk[i];
       if (sl->live) ebb__smap_set(sl, false);
-      for (uint32_t k = 0; k < sl->cap; k++) free(sl->slots[k].uses);
+      if (sl->ext)
+        for (uint32_t k = 0; k < sl->cap; k++) free(sl->ext[k].uses);
+      free(sl->ext);
       free(sl->slots);
     }
     free(chunk);
