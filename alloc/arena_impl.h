@@ -186,8 +186,9 @@ struct ebb__slot_ext {
 /* A slab record. Records are recycled, never freed before teardown (as block records): the
  * address map may hand a stale record to a racing bad free, which validates it under the lock. */
 struct ebb__slab {
-  /* line 1: what a slot free reads before its slot record */
-  struct ebb__arena *arena;  /* fixed for the record's whole life */
+  /* line 1: what a slot free reads before its slot record. 128-byte aligned: the address map
+   * keeps 7 bits of its own in the low bits of a record's address (slab.c). */
+  _Alignas(128) struct ebb__arena *arena; /* fixed for the record's whole life */
   uint64_t addr;             /* first slot; slot i at addr + i * slot */
   uint64_t inv;              /* 2^32 / (slot / 512), rounded up: the index without a division */
   uint32_t slot;             /* slot size (bytes, a 512-byte multiple) */

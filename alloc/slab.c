@@ -26,17 +26,23 @@
  * 48-bit addresses in 64 KiB granules: a top table of 2^18 leaves, a leaf of 2^14 granules
  * (1 GiB, 512 KiB of entries, made at first use). A granule can meet two slabs at most, because
  * every slab is longer than a granule (EBB__SLAB_TARGET): `lo` covers the granule's first byte,
- * up to lo_end; `hi` starts inside it, at hi_start. So a lookup is two loads and no record read
- * but the one it returns. 10^5 live 13 KiB slots span ~20 000 granules: 640 KiB of entries,
+ * up to its end; `hi` starts inside it. Each is one word: the slab record's address (records
+ * are 128-byte aligned) with, in its low 7 bits, the boundary inside the granule in 512-byte
+ * units (lo: where it ends, 0 when it covers the whole granule; hi: where it starts, 1..127).
+ * So a lookup is two loads and no record read but the one it returns, and one word is written
+ * whole (no torn pair). 10^5 live 13 KiB slots span ~20 000 granules: 320 KiB of entries,
  * against ~18 MB of block records and ptrmap for the same blocks. */
 #define EBB__SMAP_GRAN 16
 #define EBB__SMAP_LEAF 14
 #define EBB__SMAP_TOP (48 - EBB__SMAP_GRAN - EBB__SMAP_LEAF)
 
 struct ebb__smap_ent {
-  _Atomic(struct ebb__slab *) lo, hi;
-  _Atomic uint64_t lo_end, hi_start;
+  _Atomic uintptr_t lo, hi;
 };
+
+#define EBB__SMAP_UNITS ((uintptr_t)127) /* low bits of an entry: 512-byte units in a granule */
+_Static_assert(((size_t)1 << EBB__SMAP_GRAN) / EBB__MIN_BLOCK == EBB__SMAP_UNITS + 1, "units of a granule fit 7 bits");
+_Static_assert(_Alignof(struct ebb__slab) >= EBB__SMAP_UNITS + 1, "slab records leave 7 low bits free");
 
 static _Atomic(struct ebb__smap_ent *) ebb__smap[(size_t)1 << EBB__SMAP_TOP];
 
@@ -79,12 +85,13 @@ static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
   struct ebb__smap_ent *leaf = ebb__smap_leaf(g, false);
   if (!leaf) return NULL;
   struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
-  /* acquire (both): pair with the release stores of ebb__smap_set, so the record's fixed
-   * `arena` is seen. The bounds are relaxed: a stale pair is caught by the locked check. */
-  struct ebb__slab *hi = atomic_load_explicit(&e->hi, memory_order_acquire);
-  if (hi && addr >= atomic_load_explicit(&e->hi_start, memory_order_relaxed)) return hi;
-  struct ebb__slab *lo = atomic_load_explicit(&e->lo, memory_order_acquire);
-  if (lo && addr < atomic_load_explicit(&e->lo_end, memory_order_relaxed)) return lo;
+  uintptr_t unit = (uintptr_t)(addr >> 9) & EBB__SMAP_UNITS;
+  /* acquire (both): pair with the release stores of ebb__smap_put, so the record's fixed
+   * `arena` is seen. */
+  uintptr_t hi = atomic_load_explicit(&e->hi, memory_order_acquire);
+  if (hi && unit >= (hi & EBB__SMAP_UNITS)) return (struct ebb__slab *)(hi & ~EBB__SMAP_UNITS);
+  uintptr_t lo = atomic_load_explicit(&e->lo, memory_order_acquire);
+  if (lo && (!(lo & EBB__SMAP_UNITS) || unit < (lo & EBB__SMAP_UNITS))) return (struct ebb__slab *)(lo & ~EBB__SMAP_UNITS);
   return NULL;
 }
 
@@ -104,14 +111,13 @@ static bool ebb__smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g
       return false;
     }
     struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
-    if ((g << EBB__SMAP_GRAN) >= start) {
-      atomic_store_explicit(&e->lo_end, end, memory_order_relaxed);
-      /* release: pairs with the acquire in ebb__smap_find. */
-      atomic_store_explicit(&e->lo, on ? sl : NULL, memory_order_release);
-    } else {
-      atomic_store_explicit(&e->hi_start, start, memory_order_relaxed);
-      atomic_store_explicit(&e->hi, on ? sl : NULL, memory_order_release);
-    }
+    uint64_t gb = g << EBB__SMAP_GRAN, ge = gb + ((uint64_t)1 << EBB__SMAP_GRAN);
+    /* release: pairs with the acquire in ebb__smap_find. */
+    if (gb >= start)
+      atomic_store_explicit(&e->lo, on ? (uintptr_t)sl | (end >= ge ? 0 : (uintptr_t)((end - gb) >> 9)) : 0,
+                            memory_order_release);
+    else
+      atomic_store_explicit(&e->hi, on ? (uintptr_t)sl | (uintptr_t)((start - gb) >> 9) : 0, memory_order_release);
   }
   return true;
 }
@@ -187,8 +193,9 @@ static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
       a->slab_chunks = ns;
       a->capslab_chunks = nc;
     }
-    struct ebb__slab *c = calloc(EBB__SLAB_CHUNK, sizeof *c);
+    struct ebb__slab *c = aligned_alloc(_Alignof(struct ebb__slab), EBB__SLAB_CHUNK * sizeof *c);
     if (!c) return NULL;
+    memset(c, 0, EBB__SLAB_CHUNK * sizeof *c);
     a->slab_chunks[a->nslab_chunks++] = c;
     for (int i = 0; i < EBB__SLAB_CHUNK; i++) {
       c[i].arena = a; /* written once, before the record can reach the map */
@@ -223,7 +230,8 @@ static inline unsigned ebb__slot_index(const struct ebb__slab *sl, uint64_t addr
  * the map and its class list. NULL: no host memory (b untouched). Lock held. */
 static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool *sp, struct ebb__block *b, size_t r,
                                         uint32_t n) {
-  if (b->addr >> 48 || b->addr + b->size > ((uint64_t)1 << 48)) return NULL; /* outside the map */
+  if (b->addr >> 48 || b->addr + b->size > ((uint64_t)1 << 48) || b->addr % EBB__MIN_BLOCK)
+    return NULL; /* outside the map, or not in its 512-byte units (segments are page-aligned) */
   struct ebb__slab *sl = ebb__slab_rec_new(a);
   if (!sl) return NULL;
   if (sl->cap < n) {
