@@ -577,6 +577,7 @@ ebb_status ebb__snapshot_write(const char *fn, const char *path) {
   ebb__sb_printf(&out, ",\"expandable_segments\":%s,\"history\":%zu,\"oom_snapshot\":",
                  conf && conf->expandable ? "true" : "false", conf ? conf->history : 0);
   ebb__sb_str(&out, conf && conf->oom_snapshot ? conf->oom_snapshot : "");
+  ebb__sb_printf(&out, ",\"slab_max_bytes\":%zu", conf ? conf->slab_max : 0);
   ebb__sb_put(&out, "}}\n", 3);
   if (segs.bad || traces.bad || out.bad || pools.bad) {
     st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the snapshot text", fn);
