@@ -420,10 +420,10 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     ebb__slab_drop(a, e);
     break;
   }
+  uint32_t n = ebb__slab_nslots(r, k->nslabs); /* read under the lock: other threads make slabs too */
   ebb__mutex_unlock(&a->mu);
   /* A new slab: the engine carves its block with the lock its own (it may drop it to grow or to
    * order a stolen block); the block is ours alone until it is entered in the map. */
-  uint32_t n = ebb__slab_nslots(r, k->nslabs);
   struct ebb__block *b = NULL;
   if (ebb__arena_alloc_slab_block(a, (size_t)n * r, s, &b) != EBB_OK) return ebb__arena_alloc_block(a, bytes, s, out);
   ebb__mutex_lock(&a->mu);
