@@ -120,6 +120,7 @@ EBB__HOT struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   b->seg = NULL;
   b->requested = 0;
   b->owner = NULL;
+  b->slab = NULL;
   b->nuses = 0;
   b->event_count = 0;
   ebb_list_init(&b->node);
@@ -309,7 +310,7 @@ static size_t ebb__bins_largest(const struct ebb__bins *x) {
 
 /* ---- spools (per allocation stream) -------------------------------------------------------- */
 
-static struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
+struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
   if (EBB_LIKELY(a->last_spool && a->last_spool->stream.id == s->id)) return a->last_spool;
   for (size_t i = 0; i < a->nspools; i++)
     if (a->spools[i]->stream.id == s->id) return a->last_spool = a->spools[i];
@@ -324,6 +325,7 @@ static struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb_
   if (!sp) return NULL;
   sp->stream = *s;
   for (int p = 0; p < EBB__NPOOLS; p++) ebb__bins_init(&sp->pools[p]);
+  sp->slab_cls = NULL;
   a->spools[a->nspools++] = sp;
   return a->last_spool = sp;
 }
@@ -399,13 +401,13 @@ static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb
 
 /* ---- events: cache and pending queues ------------------------------------------------------ */
 
-static ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device) {
+ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device) {
   struct ebb__evcache *c = &a->evcache[device];
   return c->n ? c->ev[--c->n] : NULL;
 }
 
 /* false when the cache cannot grow: the caller releases the event after dropping the lock. */
-static bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e) {
+bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e) {
   struct ebb__evcache *c = &a->evcache[device];
   if (c->n == c->cap) {
     size_t nc = c->cap ? c->cap * 2 : 16;
@@ -421,18 +423,18 @@ static bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e) {
 /* An event for the arena's internal use. Its live-handle count is given back at once: it is
  * not a caller's handle, and tests check that callers release theirs (runtime.h counters).
  * Called without the arena lock (creation takes the event pool's lock, ranked below ours). */
-static ebb_status ebb__ev_create(int device, ebb_event_t **out) {
+ebb_status ebb__ev_create(int device, ebb_event_t **out) {
   ebb_status st = ebb_event_create(device, EBB_EVENT_DEFAULT, out);
   if (!st) ebb_debug_live_add(-1);
   return st;
 }
 
-static void ebb__ev_destroy(ebb_event_t *e) {
+void ebb__ev_destroy(ebb_event_t *e) {
   ebb_debug_live_add(1); /* the count ebb__ev_create gave back */
   ebb_event_release(e);
 }
 
-static struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id) {
+struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id) {
   for (size_t i = 0; i < a->nevqs; i++)
     if (a->evqs[i].stream_id == stream_id) return &a->evqs[i];
   if (a->nevqs == a->capevqs) {
@@ -468,6 +470,10 @@ static ebb_event_t *ebb__pend_done(struct ebb__arena *a, struct ebb__pend *p) {
   struct ebb__block *b = p->b;
   ebb_event_t *orphan = ebb__ev_push(a, p->ev_device, p->ev) ? NULL : p->ev;
   ebb_list_insert_tail(&a->pend_spare, &p->node);
+  if (p->slab) {
+    ebb__slab_pend_done(a, p->slab, p->slot);
+    return orphan;
+  }
   EBB_ASSERT(b->state == EBB__B_PENDING && b->event_count > 0);
   if (--b->event_count == 0) ebb__block_release(a, b);
   return orphan;
@@ -496,6 +502,8 @@ static void ebb__poll_pending(struct ebb__arena *a) {
     }
   }
 }
+
+void ebb__poll_pending_locked(struct ebb__arena *a) { ebb__poll_pending(a); }
 
 /* Host-waits for every pending event, then polls them all in. Lock held on entry and exit and
  * dropped for the waits: the pend entries stay queued, so a concurrent poll may complete some
@@ -900,7 +908,7 @@ static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *ow
 
 /* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
  * splits off the remainder when the pool's rule allows (allocators.md 1.5). Lock held. */
-static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes) {
+static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes, bool slab) {
   struct ebb__segment *g = b->seg;
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
@@ -940,6 +948,14 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
     ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
   }
   b->spool = sp;
+  if (slab) { /* slab.c counts and records the slots, not the slab */
+    b->state = EBB__B_SLAB;
+    b->requested = 0;
+    b->owner = "";
+    b->owner_cat = EBB_OWNER_OTHER;
+    b->nuses = 0;
+    return;
+  }
   b->state = EBB__B_ALLOC;
   b->requested = bytes;
   b->nuses = 0;
@@ -1053,6 +1069,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
       ebb_dev_synchronize(a->device); /* unmapping must not race queued work (allocators.md 1.11) */
       ebb__x_shrink(a);
     }
+    ebb__slab_release_empty(a);
     ebb__release_free_segments(a);
     a->c.s.num_alloc_retries++;
   }
@@ -1079,7 +1096,58 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
   return st;
 }
 
+/* The miss path of a slab's block: another stream's free block, then the upstream. No release
+ * chain: the caller falls back to a plain block, whose own miss path runs it (and reports an
+ * OOM with the caller's size). Lock held. */
+static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
+                                       bool *stolen) {
+  struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r);
+  if (b) {
+    *stolen = true;
+    *out = b;
+    return EBB_OK;
+  }
+  return ebb__grow(a, sp, EBB__POOL_SMALL, r, out);
+}
+
+static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
+                                  void **out, struct ebb__block **bout);
+
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
+  /* Small requests are slots of a slab (slab.c): no split, merge or ptrmap entry per request.
+   * slab_max is a 512-byte multiple, so this is "rounded size <= slab_max". */
+  if (bytes <= a->conf.slab_max)
+    return ebb__slab_alloc(a, bytes, bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK), s, out);
+  return ebb__alloc_impl(a, bytes, s, false, out, NULL);
+}
+
+ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
+  return ebb__alloc_impl(a, bytes, s, false, out, NULL);
+}
+
+ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
+                                       struct ebb__block **out) {
+  return ebb__alloc_impl(a, bytes, s, true, NULL, out);
+}
+
+/* A slab's block goes back as a free block: no stats of its own to drop (slab.c dropped its
+ * slots'), no history (the slots' frees were recorded). Lock held. */
+void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b) {
+  struct ebb__segment *g = b->seg;
+  EBB_ASSERT(b->state == EBB__B_SLAB);
+  b->slab = NULL;
+  ebb__seg_split_stat(a, g, false);
+  b->state = EBB__B_FREE;
+  g->nfree++;
+  g->free_bytes += b->size;
+  ebb__merge_insert(a, b);
+  ebb__seg_split_stat(a, g, true);
+}
+
+/* A plain block, or (slab) the block of a new slab: *bout, state EBB__B_SLAB, no ptrmap entry,
+ * no stats but the engine's own (cache hits, reserved, segments). */
+static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
+                                  void **out, struct ebb__block **bout) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
     ebb__lock(&a->mu);
     ebb_status st = ebb__oom(a, bytes, bytes, s);
@@ -1102,10 +1170,10 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
   if (EBB_LIKELY(b)) {
     a->c.s.cache_hits++;
   } else {
-    ebb_status st = ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
+    ebb_status st = slab ? ebb__alloc_slab_slow(a, sp, r, &b, &stolen) : ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
     if (st) {
       ebb__unlock(&a->mu);
-      return ebb__oom_snapshot(a, st);
+      return slab ? st : ebb__oom_snapshot(a, st);
     }
     if (stolen) {
       from = b->spool->stream;
@@ -1114,8 +1182,8 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
       a->c.s.cache_hits++;
     }
   }
-  ebb__carve(a, b, sp, r, bytes);
-  if (EBB_UNLIKELY(!ebb__ptrmap_insert(b))) {
+  ebb__carve(a, b, sp, r, bytes, slab);
+  if (EBB_UNLIKELY(!slab && !ebb__ptrmap_insert(b))) {
     ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
     ebb__stat_sub(&a->c.s.requested_bytes, bytes);
     ebb__block_release(a, b);
@@ -1145,7 +1213,8 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
       if (!kept) ebb__ev_destroy(ev);
     }
   }
-  *out = (void *)(uintptr_t)b->addr;
+  if (slab) *bout = b;
+  else *out = (void *)(uintptr_t)b->addr;
   return EBB_OK;
 }
 
@@ -1162,7 +1231,7 @@ static struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t ad
 }
 
 /* The public call that hands out blocks of `kind` (messages). */
-static const char *ebb__kind_alloc_fn(enum ebb__memkind kind) {
+const char *ebb__kind_alloc_fn(enum ebb__memkind kind) {
   switch (kind) {
   case EBB__MEM_PINNED_POOL: return "ebb_pinned_alloc";
   case EBB__MEM_HOST_POOL: return "ebb_host_alloc";
@@ -1206,6 +1275,8 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
 
 ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  struct ebb__slab *sl = ebb__slab_lookup_lock(addr); /* a slot: its slab, arena locked */
+  if (sl) return ebb__slab_free(fn, sl, addr, kind);
   /* Taking the entry out elects this call as the block's one free: a racing second free of the
    * same pointer finds nothing and reports the block freed. */
   struct ebb__block *b = ebb__ptrmap_take(addr);
@@ -1304,6 +1375,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
     p->ev = evs[i];
     p->ev_device = u->device;
     p->b = b;
+    p->slab = NULL;
     ebb_list_insert_tail(&q->q, &p->node);
     a->npending++;
     b->event_count++;
@@ -1317,6 +1389,8 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
 
 ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  struct ebb__slab *sl = ebb__slab_lookup_lock(addr);
+  if (sl) return ebb__slab_record(fn, sl, addr, s, kind);
   struct ebb__block *b = ebb__ptrmap_find(addr);
   if (!b) return ebb__explain(fn, ptr, kind);
   struct ebb__arena *a = b->arena;
@@ -1360,6 +1434,8 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
   ebb__lock(&a->mu);
   ebb__poll_pending(a);
   ebb__sync_pending(a);
+  /* Empty slabs first: their blocks merge back, so the segments below may become free. */
+  ebb__slab_release_empty(a);
   if (a->xseg) {
     ebb__unlock(&a->mu);
     /* Unmapping does not synchronise on every driver (allocators.md 1.11, #196258): wait for
@@ -1458,6 +1534,10 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
           EBB__CHECK(!a->xhandles[(va - a->xva) / a->xgran], "%s: %s: granule 0x%" PRIx64 " of a hole is still mapped", fn,
                      a->label, va);
         break;
+      case EBB__B_SLAB:
+        st = ebb__slab_check(a, b, fn, &alloc, &active, &requested, &isplit, &isplit_b, &pend_events);
+        if (st) goto done;
+        break;
       case EBB__B_PENDING:
       case EBB__B_FREEING:
         npend_blocks++;
@@ -1500,6 +1580,7 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
       indexed += c;
     }
   EBB__CHECK(indexed == nfree, "%s: %s: %zu free blocks but %zu indexed", fn, a->label, nfree, indexed);
+  if ((st = ebb__slab_check_classes(a, fn))) goto done;
   EBB__CHECK(pend_events == a->npending, "%s: %s: %zu pending events, blocks expect %zu", fn, a->label, a->npending, pend_events);
   const ebb_arena_stats *s = &a->c.s;
   EBB__CHECK(s->allocated_bytes.current == alloc && s->active_bytes.current == active && s->requested_bytes.current == requested,
@@ -1535,6 +1616,7 @@ void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int d
   ebb_list_init(&a->segments);
   ebb_list_init(&a->pend_spare);
   ebb_list_init(&a->block_spare);
+  ebb_list_init(&a->slab_spare);
   ebb__hist_init(a);
   a->started = true;
 }
@@ -1573,6 +1655,7 @@ void ebb__arena_fini(struct ebb__arena *a) {
     a->up->unreserve(a, a->xva, a->xva_size);
     free(a->xhandles);
   }
+  ebb__slab_fini(a);
   for (size_t i = 0; i < a->nslabs; i++) {
     struct ebb__block *slab = a->slabs[i];
     for (int k = 0; k < EBB__SLAB_BLOCKS; k++) free(slab[k].uses);

@@ -52,8 +52,10 @@ enum ebb__bstate {
   EBB__B_FREEING = 2, /* free requested, events being recorded with the lock dropped */
   EBB__B_PENDING = 3, /* free requested, waiting for events on the streams that used it */
   EBB__B_DEAD = 4,    /* record on the arena's spare list */
-  EBB__B_UNMAPPED = 5 /* a hole of an expandable segment: whole granules given back to the driver
-                         by empty_cache; in no index, not reserved; mapped again on growth */
+  EBB__B_UNMAPPED = 5, /* a hole of an expandable segment: whole granules given back to the driver
+                          by empty_cache; in no index, not reserved; mapped again on growth */
+  EBB__B_SLAB = 6      /* carved into slots of one size class (slab.c); in no index, not in the
+                          ptrmap; its slots carry their own state (struct ebb__slot) */
 };
 
 /* ---- free index: size-segregated bins -------------------------------------------------------
@@ -90,6 +92,7 @@ struct ebb__stream_ref {
 struct ebb__spool {
   struct ebb__stream_ref stream;
   struct ebb__bins pools[EBB__NPOOLS];
+  struct ebb__slab_cls *slab_cls; /* slab.c: per size class; NULL until the stream's first slot */
 };
 
 struct ebb__segment;
@@ -117,6 +120,7 @@ struct ebb__block {
   size_t requested;                /* what the caller asked for (ALLOC only) */
   const char *owner;               /* interned owner name of the allocation ("" when none) */
   struct ebb__stream_ref *uses;    /* streams other than the allocation stream that used it */
+  struct ebb__slab *slab;          /* EBB__B_SLAB: its slab record (slab.c) */
   uint32_t nuses, ucap;            /* (malloc'ed at the first record_stream, kept for reuse) */
   uint32_t event_count;            /* PENDING: events still to complete */
 };
@@ -140,7 +144,74 @@ struct ebb__pend {
   struct ebb_list node;
   ebb_event_t *ev;
   int ev_device;
-  struct ebb__block *b;
+  uint32_t slot;          /* slab != NULL: the slot of that slab waiting for the event */
+  struct ebb__block *b;   /* NULL for a slot */
+  struct ebb__slab *slab;
+};
+
+/* ---- slabs (slab.c) ----------------------------------------------------------------------------
+ * Requests up to conf.slab_max (rounded to 512 B as every request) are slots of a slab: one block
+ * the engine carves from its small pool for one allocation stream, cut into n slots of one size
+ * class. A slot alloc or free is a bitmap bit and a slot record: no split, no merge, no ptrmap
+ * entry; a slot pointer is found through a process-wide map from 64 KiB address granules to
+ * slabs (slab.c). */
+#define EBB__SLAB_MAX_SLOTS 1024
+#define EBB__SLAB_WORDS (EBB__SLAB_MAX_SLOTS / 64)
+#define EBB__SLAB_CLASSES 128 /* slot sizes 512 B .. 64 KiB: the largest slab_max */
+#define EBB__SLAB_MAX_LIMIT ((size_t)64 << 10) /* largest slab_max_bytes */
+#define EBB__SLAB_MAX_DEFAULT ((size_t)64 << 10)
+#define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a class's first slab holds max(2, TARGET / slot)
+                                                  slots: every slab spans more than 64 KiB (slab.c's
+                                                  map); later ones 2x and 4x that while the stream
+                                                  holds 1 and 2+ slabs of the class */
+#define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class */
+
+/* One slot's own state, in the slab's out-of-band array (the slot's memory is never touched):
+ * 16 bytes, so 10^5 live slots are 1.6 MB of records, what a free reads at random. */
+struct ebb__slot {
+  const char *owner;  /* interned owner name while active */
+  uint32_t requested; /* bytes asked for (ALLOC, FREEING, PENDING) */
+  uint8_t state;      /* EBB__B_FREE, _ALLOC, _FREEING or _PENDING */
+  uint8_t owner_cat;
+};
+
+/* A slot's record_stream state, in a per-slab array made at the first record_stream of one of
+ * its slots (rare: most slots never meet another stream) and kept with the slab record. */
+struct ebb__slot_ext {
+  struct ebb__stream_ref *uses; /* malloc'ed at the slot's first use, kept for reuse */
+  uint16_t nuses, ucap;
+  uint16_t event_count;         /* PENDING: events still to complete */
+};
+
+/* A slab record. Records are recycled, never freed before teardown (as block records): the
+ * address map may hand a stale record to a racing bad free, which validates it under the lock. */
+struct ebb__slab {
+  /* line 1: what a slot free reads before its slot record. 128-byte aligned: the address map
+   * keeps 7 bits of its own in the low bits of a record's address (slab.c). */
+  _Alignas(128) struct ebb__arena *arena; /* fixed for the record's whole life */
+  uint64_t addr;             /* first slot; slot i at addr + i * slot */
+  uint64_t inv;              /* 2^32 / (slot / 512), rounded up: the index without a division */
+  uint32_t slot;             /* slot size (bytes, a 512-byte multiple) */
+  uint16_t nslots, nfree;    /* nfree: FREE slots (their bits are set in `bits`) */
+  uint16_t npend;            /* slots FREEING or PENDING */
+  uint8_t live;              /* serving slots; 0 on the spare list */
+  uint8_t cls;               /* size class: slot / 512 - 1 */
+  struct ebb__spool *spool;  /* allocation stream */
+  struct ebb__slot *slots;   /* nslots records (capacity `cap`) */
+  struct ebb__slot_ext *ext; /* NULL until a slot is recorded on another stream; `cap` entries */
+  struct ebb_list node;      /* class list while it has a free slot; spare list while not live */
+  /* line 2 on */
+  struct ebb__block *b;      /* its block in the segment (state EBB__B_SLAB) */
+  uint32_t cap;
+  uint64_t bits[EBB__SLAB_WORDS]; /* bit i: slot i is FREE */
+};
+
+/* Per stream, per size class: slabs with a free slot, partly used ones first, empty ones at the
+ * tail; `nempty` empty slabs are kept (at most conf's cache) before one goes back to the engine. */
+struct ebb__slab_cls {
+  struct ebb_list slabs;
+  uint32_t nempty;
+  uint32_t nslabs; /* live slabs of the class: a new one is larger the more there are */
 };
 
 struct ebb__evq {
@@ -183,6 +254,7 @@ struct ebb__conf {
   size_t history;            /* history ring entries per arena (0: off) */
   const char *oom_snapshot;  /* snapshot path on EBB_ENOMEM (NULL: none); module-owned text */
   size_t pinned_max;         /* cap on pinned bytes held from the driver (0: none) */
+  size_t slab_max;           /* largest rounded request served by a slab slot (0: slabs off) */
   const char *env;           /* EBB_ALLOC_CONF as read (snapshot settings); module-owned text */
 };
 
@@ -252,6 +324,9 @@ struct ebb__arena {
   struct ebb__evcache evcache[EBB_MAX_DEVICES]; /* idle events by their device */
 
   struct ebb_list block_spare; /* DEAD block records */
+  struct ebb_list slab_spare;  /* slab records not live (slab.c) */
+  void **slab_chunks;          /* slab record chunks, freed at teardown */
+  size_t nslab_chunks, capslab_chunks;
   void **slabs;                /* block slabs, freed at teardown */
   size_t nslabs, capslabs;
 
@@ -288,6 +363,63 @@ EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
 /* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
  * when a pointer is not in the ptrmap (messages only); device.c. */
 EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+
+/* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
+
+/* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
+ * EBB__B_SLAB, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
+ * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
+ * chain and no OOM report: on failure the caller allocates the request as a plain block, which
+ * runs both with the caller's own size. */
+EBB_HIDDEN ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
+                                                  struct ebb__block **out);
+/* A plain block (never a slot): the engine's own path. */
+EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out);
+/* Gives an EBB__B_SLAB block back to its stream's free index (merged). Lock held. */
+EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
+/* The stream's free index (created at its first use); NULL: no host memory. Lock held. */
+EBB_HIDDEN struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s);
+EBB_HIDDEN void ebb__poll_pending_locked(struct ebb__arena *a);
+/* Events of the arena's cache and pending queues (arena.c). */
+EBB_HIDDEN ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device);
+EBB_HIDDEN bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e);
+EBB_HIDDEN ebb_status ebb__ev_create(int device, ebb_event_t **out);
+EBB_HIDDEN void ebb__ev_destroy(ebb_event_t *e);
+EBB_HIDDEN struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id);
+/* "device 0: ... / inactive" as for blocks: the public call of a kind (messages). */
+EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
+
+/* ---- slabs (slab.c) ------------------------------------------------------------------------- */
+
+/* A slot for `bytes` (rounded r <= conf.slab_max) on stream s; falls back to a plain block when
+ * no slab can be had. Lock not held. */
+EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
+                                      void **out);
+/* The live slab whose memory holds addr, its arena locked (*a), or NULL (nothing locked). */
+EBB_HIDDEN struct ebb__slab *ebb__slab_lookup_lock(uint64_t addr);
+/* Free / record_stream of addr inside slab sl (locked by ebb__slab_lookup_lock; unlocked on
+ * return). Same messages as for blocks. */
+EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
+EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
+                                       const struct ebb__stream_ref *s, enum ebb__memkind kind);
+/* A pend entry of a slot completed. Lock held. */
+EBB_HIDDEN void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t slot);
+/* Gives every empty slab of the arena back to the engine (empty_cache, OOM retry). Lock held. */
+EBB_HIDDEN void ebb__slab_release_empty(struct ebb__arena *a);
+/* Debug walk of one slab block: bitmap against counts and slot states; adds the slab's slot
+ * bytes and counts to the walk's totals. EBB_OK or EBB_EINTERNAL with a message. Lock held. */
+EBB_HIDDEN ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, const char *fn, uint64_t *alloc,
+                                      uint64_t *active, uint64_t *requested, uint64_t *isplit, uint64_t *isplit_b,
+                                      size_t *pend_events);
+/* The slab record of a block in state EBB__B_SLAB. Lock held. */
+EBB_HIDDEN struct ebb__slab *ebb__slab_of(const struct ebb__block *b);
+/* Class lists of every stream: live, partly used slabs before empty ones, nempty exact and
+ * within the cache. Lock held. */
+EBB_HIDDEN ebb_status ebb__slab_check_classes(struct ebb__arena *a, const char *fn);
+/* Frees the address map's leaves (module teardown, after every arena's fini). */
+EBB_HIDDEN void ebb__slab_map_clear(void);
+/* Frees every slab record of the arena and its address-map entries (teardown). */
+EBB_HIDDEN void ebb__slab_fini(struct ebb__arena *a);
 
 /* ---- module state shared by device.c and host.c -------------------------------------------- */
 

@@ -135,6 +135,7 @@ static void ebb__conf_parse(struct ebb__conf *c) {
   c->history = EBB__HISTORY_DEFAULT;
   c->oom_snapshot = NULL;
   c->pinned_max = 0;
+  c->slab_max = EBB__SLAB_MAX_DEFAULT;
   ebb__al.env[0] = '\0';
   c->env = ebb__al.env;
   const char *env = getenv("EBB_ALLOC_CONF");
@@ -189,10 +190,20 @@ static void ebb__conf_parse(struct ebb__conf *c) {
       if (ebb__parse_bytes(val, &c->pinned_max)) continue;
       ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: pinned_max_bytes:%s is not valid; expected bytes with an optional K/M/G/T suffix (0: no cap)",
                 val);
+    } else if (!strcmp(key, "slab_max_bytes")) {
+      /* Rounded down to 512 B (sizes are 512-byte multiples); 64 KiB at most: the slab address
+       * map relies on every slab spanning more than one 64 KiB granule (slab.c). */
+      size_t v2 = 0;
+      if (ebb__parse_bytes(val, &v2) && v2 <= EBB__SLAB_MAX_LIMIT) {
+        c->slab_max = v2 / EBB__MIN_BLOCK * EBB__MIN_BLOCK;
+        continue;
+      }
+      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: slab_max_bytes:%s is not valid; expected bytes in [0, 64K] with an optional K suffix (0: no slabs)",
+                val);
     } else {
       ebb__fail(EBB_EINVAL,
                 "EBB_ALLOC_CONF: unknown key '%s'; expected max_split_size_mb, expandable_segments, pinned_max_bytes, "
-                "oom_snapshot or history",
+                "slab_max_bytes, oom_snapshot or history",
                 key);
     }
     fprintf(stderr, "ebb: %s (ignored)\n", ebb_last_error());
@@ -204,6 +215,7 @@ static void ebb__alloc_teardown(void *user) {
   for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
   ebb__hostpools_fini();
   ebb__ptrmap_clear();
+  ebb__slab_map_clear();
   ebb__al.ndev = 0;
   /* release: pairs with the acquire CAS of the next start in ebb__alloc_enter. */
   atomic_store_explicit(&ebb__al.phase, EBB__AL_DOWN, memory_order_release);

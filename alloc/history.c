@@ -283,12 +283,24 @@ struct ebb__oagg {
   bool used;
 };
 
+static void ebb__oagg_add(struct ebb__oagg *t, size_t tcap, const char *owner, uint8_t cat, uint64_t bytes) {
+  const char *nm = owner ? owner : "";
+  size_t j = (size_t)(((uintptr_t)nm >> 3) * 31 + cat) & (tcap - 1);
+  while (t[j].used && (t[j].name != nm || t[j].cat != cat)) j = (j + 1) & (tcap - 1);
+  t[j].used = true;
+  t[j].name = nm;
+  t[j].cat = cat;
+  t[j].bytes += bytes;
+}
+
 void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap) {
   buf[0] = '\0';
   size_t live = 0;
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next)
-    for (struct ebb__block *b = ebb_container_of(n, struct ebb__segment, node)->first; b; b = b->next)
+    for (struct ebb__block *b = ebb_container_of(n, struct ebb__segment, node)->first; b; b = b->next) {
       live += b->state == EBB__B_ALLOC;
+      if (b->state == EBB__B_SLAB) live += ebb__slab_of(b)->nslots;
+    }
   if (!live) return;
   /* Interned names make (pointer, category) the key: no string compares. */
   size_t tcap = 16;
@@ -297,14 +309,14 @@ void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap) {
   if (!t) return; /* the report goes out without this line rather than not at all */
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next)
     for (struct ebb__block *b = ebb_container_of(n, struct ebb__segment, node)->first; b; b = b->next) {
+      if (b->state == EBB__B_SLAB) {
+        const struct ebb__slab *sl = ebb__slab_of(b);
+        for (unsigned i = 0; i < sl->nslots; i++)
+          if (sl->slots[i].state == EBB__B_ALLOC) ebb__oagg_add(t, tcap, sl->slots[i].owner, sl->slots[i].owner_cat, sl->slot);
+        continue;
+      }
       if (b->state != EBB__B_ALLOC) continue;
-      const char *nm = b->owner ? b->owner : "";
-      size_t j = (size_t)(((uintptr_t)nm >> 3) * 31 + b->owner_cat) & (tcap - 1);
-      while (t[j].used && (t[j].name != nm || t[j].cat != b->owner_cat)) j = (j + 1) & (tcap - 1);
-      t[j].used = true;
-      t[j].name = nm;
-      t[j].cat = b->owner_cat;
-      t[j].bytes += b->size;
+      ebb__oagg_add(t, tcap, b->owner, b->owner_cat, b->size);
     }
   size_t at = (size_t)snprintf(buf, cap, ", top owners:");
   for (int k = 0; k < 5 && at < cap; k++) {
@@ -397,13 +409,26 @@ static void ebb__sb_owner(struct ebb__sbuf *b, uint8_t cat, const char *name) {
   ebb__sb_put(b, "}", 1);
 }
 
-static const char *ebb__block_state(const struct ebb__block *b) {
-  switch (b->state) {
+static const char *ebb__state_name(int state) {
+  switch (state) {
   case EBB__B_ALLOC: return "active_allocated";
   case EBB__B_PENDING:
   case EBB__B_FREEING: return "active_pending_free";
   default: return "inactive";
   }
+}
+
+/* Appends one block (or slot) of a segment's list. */
+static void ebb__snap_block(struct ebb__sbuf *segs, bool *bfirst, uint64_t addr, uint64_t size, uint64_t requested,
+                            uint64_t stream, int state, uint8_t owner_cat, const char *owner) {
+  bool act = state != EBB__B_FREE;
+  ebb__sb_printf(segs,
+                 "%s{\"address\":%" PRIu64 ",\"size\":%" PRIu64 ",\"requested_size\":%" PRIu64 ",\"stream\":%" PRIu64
+                 ",\"state\":\"%s\",\"frames\":[]",
+                 *bfirst ? "" : ",", addr, size, act ? requested : 0, stream, ebb__state_name(state));
+  *bfirst = false;
+  ebb__sb_owner(segs, act ? owner_cat : EBB_OWNER_OTHER, act ? (owner ? owner : "") : "");
+  ebb__sb_put(segs, "}", 1);
 }
 
 /* Appends the arena's segments (each preceded by a comma when *first is false) to `segs`. Lock
@@ -413,6 +438,18 @@ static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, boo
     const struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     uint64_t alloc = 0, active = 0, req = 0;
     for (const struct ebb__block *b = g->first; b; b = b->next) {
+      if (b->state == EBB__B_SLAB) {
+        const struct ebb__slab *sl = ebb__slab_of(b);
+        for (unsigned i = 0; i < sl->nslots; i++) {
+          const struct ebb__slot *t = &sl->slots[i];
+          if (t->state == EBB__B_ALLOC) {
+            alloc += sl->slot;
+            req += t->requested;
+          }
+          if (t->state != EBB__B_FREE) active += sl->slot;
+        }
+        continue;
+      }
       if (b->state == EBB__B_ALLOC) {
         alloc += b->size;
         req += b->requested;
@@ -431,15 +468,18 @@ static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, boo
     for (const struct ebb__block *b = g->first; b; b = b->next) {
       /* Holes of an expandable segment hold no memory: left out, as from total_size. */
       if (b->state == EBB__B_UNMAPPED) continue;
-      bool act = b->state != EBB__B_FREE;
-      ebb__sb_printf(segs,
-                     "%s{\"address\":%" PRIu64 ",\"size\":%zu,\"requested_size\":%zu,\"stream\":%" PRIu64
-                     ",\"state\":\"%s\",\"frames\":[]",
-                     bfirst ? "" : ",", b->addr, b->size, act ? b->requested : 0, b->spool->stream.id,
-                     ebb__block_state(b));
-      bfirst = false;
-      ebb__sb_owner(segs, act ? b->owner_cat : EBB_OWNER_OTHER, act ? b->owner : "");
-      ebb__sb_put(segs, "}", 1);
+      if (b->state == EBB__B_SLAB) {
+        /* A slab's slots are the blocks of its span: they tile it, and the viewer sees each
+         * allocation at its own address. */
+        const struct ebb__slab *sl = ebb__slab_of(b);
+        for (unsigned i = 0; i < sl->nslots; i++) {
+          const struct ebb__slot *t = &sl->slots[i];
+          ebb__snap_block(segs, &bfirst, sl->addr + (uint64_t)i * sl->slot, sl->slot, t->requested, b->spool->stream.id,
+                          t->state, t->owner_cat, t->owner);
+        }
+        continue;
+      }
+      ebb__snap_block(segs, &bfirst, b->addr, b->size, b->requested, b->spool->stream.id, b->state, b->owner_cat, b->owner);
     }
     ebb__sb_put(segs, "]}", 2);
   }
@@ -530,6 +570,7 @@ ebb_status ebb__snapshot_write(const char *fn, const char *path) {
   ebb__sb_printf(&out, ",\"expandable_segments\":%s,\"history\":%zu,\"oom_snapshot\":",
                  conf && conf->expandable ? "true" : "false", conf ? conf->history : 0);
   ebb__sb_str(&out, conf && conf->oom_snapshot ? conf->oom_snapshot : "");
+  ebb__sb_printf(&out, ",\"slab_max_bytes\":%zu", conf ? conf->slab_max : 0);
   ebb__sb_put(&out, "}}\n", 3);
   if (segs.bad || traces.bad || out.bad || pools.bad) {
     st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the snapshot text", fn);

@@ -10,6 +10,13 @@
  * host sync. On exhaustion the arena releases its cached free segments (waiting only for the
  * events that must complete), retries, and then fails with EBB_ENOMEM and a report.
  *
+ * Small requests (rounded size <= slab_max_bytes, 64 KiB by default) are slots of slabs: a slab
+ * is one block of the small pool, on one allocation stream, cut into slots of one rounded size.
+ * A slot is freed, reused and stream-ordered as a block is (same sizes, same stats, same history
+ * actions at the slot's own address); a slab whose slots are all free goes back to the arena as a
+ * free block (one per stream and size is kept for reuse), and empty_cache gives every empty slab
+ * back first. The pinned and host pools use slabs too.
+ *
  * Configuration: EBB_ALLOC_CONF, comma-separated key:value pairs read at the arena's first use
  * after each ebb_init:
  *   max_split_size_mb:N      blocks of N MiB or more are never split (default: no limit)
@@ -19,6 +26,8 @@
  *                            allocation fails with EBB_ENOMEM
  *   history:N                keep the newest N allocator actions per device (default 65536;
  *                            0 turns the history off)
+ *   slab_max_bytes:N         largest rounded request served by a slab slot, at most 64K
+ *                            (default 64K; 0 turns slabs off), for every arena and pool
  *
  * Threading: every function is thread-safe. Pointers may be freed from any thread.
  */
@@ -73,7 +82,10 @@ typedef struct ebb_arena_stats {
   ebb_arena_stat active_bytes;    /* allocated, or freed but waiting for other streams */
   ebb_arena_stat requested_bytes; /* bytes callers asked for (before rounding) */
   ebb_arena_stat segments;        /* driver segments held */
-  ebb_arena_stat inactive_split;       /* free pieces of split segments (count) */
+  ebb_arena_stat inactive_split;       /* free pieces of split segments (count), and the free
+                                          slots of slabs (each a piece: free memory inside a
+                                          split block, unusable by other sizes until its slab
+                                          is empty and given back) */
   ebb_arena_stat inactive_split_bytes; /* and their bytes */
   uint64_t alloc_count, free_count;
   uint64_t cache_hits;          /* allocations served without a driver call */
@@ -227,12 +239,12 @@ EBB_API ebb_status ebb_alloc_history_get(int device, ebb_alloc_trace_entry *out,
  *     "requested_size", "stream", "segment_type": "small"|"large", "segment_pool_id",
  *     "is_expandable", "frames": [], "blocks": [{"address", "size", "requested_size", "stream",
  *     "state": "active_allocated"|"active_pending_free"|"inactive", "frames": [],
- *     "owner": {"category", "name"}}]}],
+ *     "owner": {"category", "name"}}]}] (a slab's slots are listed as the blocks of its span),
  *    "device_traces": [[{"action", "addr", "size", "requested_size", "stream", "time_us",
  *     "device", "frames": [], "owner": {"category", "name"}}], ...one list per device, oldest
  *     first; oom entries carry the driver's free bytes in "device_free" as well],
  *    "allocator_settings": {"EBB_ALLOC_CONF", "max_split_size", "expandable_segments",
- *     "history", "oom_snapshot"}}
+ *     "history", "oom_snapshot", "slab_max_bytes"}}
  * Addresses, sizes and stream ids are JSON integers. Each device's segments and trace are read
  * in one hold of its lock (consistent per device, not across devices); the file is written with
  * no lock held. Thread-safe.

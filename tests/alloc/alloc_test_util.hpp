@@ -2,6 +2,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "ebb/alloc.h"
@@ -17,6 +18,13 @@ inline ebb_arena_stats stats(int dev) {
   ebb_arena_stats s{};
   EBB_REQUIRE_OK(ebb_arena_get_stats(dev, &s));
   return s;
+}
+
+// Whether requests up to 64 KiB are slab slots: on unless EBB_ALLOC_CONF turns them off (the
+// *_noslab executables run the engine's own small-block behaviour).
+inline bool slabs_on() {
+  const char *c = std::getenv("EBB_ALLOC_CONF");
+  return !c || std::string(c).find("slab_max_bytes:0") == std::string::npos;
 }
 
 // The arena's own invariant walk, on both devices.

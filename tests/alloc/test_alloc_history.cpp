@@ -473,6 +473,7 @@ TEST_CASE("the snapshot is valid JSON in PyTorch's layout and its totals match t
   REQUIRE(snap["allocator_settings"].kind == Json::Obj);
   CHECK(snap["allocator_settings"]["history"].u == 65536);
   CHECK(snap["allocator_settings"]["expandable_segments"].kind == Json::Bool);
+  CHECK(snap["allocator_settings"]["slab_max_bytes"].u == 64 * KiB);
   for (int dev = 0; dev < 2; dev++) {
     INFO("device " << dev);
     ebb_arena_stats st = stats(dev);

@@ -40,6 +40,48 @@ TEST_CASE("a block used on stream B is not reused before B's work completes", "[
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("a slab slot used on stream B is not reused before B's work completes", "[alloc][timing][slab]") {
+  EbbSession session;
+  ebb_stream_t *a = nullptr, *b = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &a));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  void *p = nullptr, *q = nullptr, *r = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &p));
+  busy(b, 3);  // ~60 ms of work on B that reads p
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  bool idle = true;
+  EBB_REQUIRE_OK(ebb_stream_query(b, &idle));
+  REQUIRE_FALSE(idle);
+  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "already freed");  // pending is freed, for the caller
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &q));
+  CHECK(q != p);  // pending: not handed out, not even to its own stream
+  ebb_arena_stats st = stats(0);
+  CHECK(st.active_bytes.current == 8192);
+  CHECK(st.allocated_bytes.current == 4096);
+  CHECK(st.num_syncs == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &r));
+  CHECK(r == p);  // B is done: the allocation polled the event, the lowest free slot is p's
+  CHECK(stats(0).num_device_alloc == 1);
+  for (void *x : {q, r}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  // A pending slot keeps its slab from going back: empty_cache waits for it, then releases all.
+  void *u = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &u));
+  busy(b, 1);
+  EBB_REQUIRE_OK(ebb_arena_record_stream(u, b));
+  EBB_REQUIRE_OK(ebb_arena_free(u));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  CHECK(stats(0).active_bytes.current == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(a));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("a stolen block orders its new stream after the old one, without a host wait", "[alloc][timing]") {
   EbbSession session;
   ebb_stream_t *s = nullptr, *t = nullptr;

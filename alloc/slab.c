@@ -1,0 +1,722 @@
+/* slab.c: size-class slabs for small requests, over the arena engine.
+ *
+ * A request whose rounded size (512-byte multiples, as every request) is at most conf.slab_max
+ * is a slot of a slab: one block the engine carves from its small pool on the allocation stream
+ * (so segments, reserved bytes, limits, expandable segments, stealing across streams and the
+ * OOM chain stay the engine's), cut into n slots of one size. Split and merge per block cost
+ * ~10 dependent cache misses per alloc+free pair at 10^5 live blocks (records, ptrmap bucket,
+ * both neighbours, their bin lists); a slot costs a bitmap bit in its slab record and one slot
+ * record, and is found on free through a small address map instead of the ptrmap.
+ *
+ * Owns: slab records (recycled, freed at teardown: the map may hand a stale one to a racing bad
+ * free, validated under the arena lock), their slot arrays, the per-stream class lists, and the
+ * process-wide address map (64 KiB granules -> slabs; its leaves are freed at module teardown).
+ *
+ * Threading: everything but the map is under the arena's lock. Map entries are atomics, written
+ * under the lock of the arena whose slab covers them and read with no lock (then validated).
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "arena_impl.h"
+
+/* ---- address map ----------------------------------------------------------------------------
+ * 48-bit addresses in 64 KiB granules: a top table of 2^18 leaves, a leaf of 2^14 granules
+ * (1 GiB, 512 KiB of entries, made at first use). A granule can meet two slabs at most, because
+ * every slab is longer than a granule (EBB__SLAB_TARGET): `lo` covers the granule's first byte,
+ * up to its end; `hi` starts inside it. Each is one word: the slab record's address (records
+ * are 128-byte aligned) with, in its low 7 bits, the boundary inside the granule in 512-byte
+ * units (lo: where it ends, 0 when it covers the whole granule; hi: where it starts, 1..127).
+ * So a lookup is two loads and no record read but the one it returns, and one word is written
+ * whole (no torn pair). 10^5 live 13 KiB slots span ~20 000 granules: 320 KiB of entries,
+ * against ~18 MB of block records and ptrmap for the same blocks. */
+#define EBB__SMAP_GRAN 16
+#define EBB__SMAP_LEAF 14
+#define EBB__SMAP_TOP (48 - EBB__SMAP_GRAN - EBB__SMAP_LEAF)
+
+struct ebb__smap_ent {
+  _Atomic uintptr_t lo, hi;
+};
+
+#define EBB__SMAP_UNITS ((uintptr_t)127) /* low bits of an entry: 512-byte units in a granule */
+_Static_assert(((size_t)1 << EBB__SMAP_GRAN) / EBB__MIN_BLOCK == EBB__SMAP_UNITS + 1, "units of a granule fit 7 bits");
+_Static_assert(_Alignof(struct ebb__slab) >= EBB__SMAP_UNITS + 1, "slab records leave 7 low bits free");
+
+static _Atomic(struct ebb__smap_ent *) ebb__smap[(size_t)1 << EBB__SMAP_TOP];
+
+_Static_assert(EBB__SLAB_TARGET >= 2 * ((size_t)1 << EBB__SMAP_GRAN),
+               "every slab must span more than one granule of the address map");
+
+/* A leaf in one transparent huge page where the kernel gives one: lookups land anywhere in it,
+ * and a TLB miss per free costs as much as the entry's own cache miss. */
+#define EBB__SMAP_LEAF_BYTES (((size_t)1 << EBB__SMAP_LEAF) * sizeof(struct ebb__smap_ent))
+#define EBB__HUGE ((size_t)2 << 20)
+
+static struct ebb__smap_ent *ebb__smap_leaf_alloc(void) {
+  size_t bytes = EBB__SMAP_LEAF_BYTES < EBB__HUGE ? EBB__HUGE : EBB__SMAP_LEAF_BYTES;
+  void *p = aligned_alloc(EBB__HUGE, bytes);
+  if (!p) return NULL;
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice only: no huge page is still correct */
+#endif
+  memset(p, 0, EBB__SMAP_LEAF_BYTES);
+  return p;
+}
+
+static struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
+  _Atomic(struct ebb__smap_ent *) *top = &ebb__smap[g >> EBB__SMAP_LEAF];
+  /* acquire: pairs with the release CAS that published the zeroed leaf. */
+  struct ebb__smap_ent *leaf = atomic_load_explicit(top, memory_order_acquire);
+  if (leaf || !make) return leaf;
+  struct ebb__smap_ent *nl = ebb__smap_leaf_alloc();
+  if (!nl) return NULL;
+  /* release: the zeroed leaf is visible before its pointer. Two arenas may race to make it. */
+  if (atomic_compare_exchange_strong_explicit(top, &leaf, nl, memory_order_release, memory_order_acquire)) return nl;
+  free(nl);
+  return leaf;
+}
+
+/* The slab whose granule entry covers addr, unvalidated (NULL: none). */
+static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
+  if (EBB_UNLIKELY(addr >> 48)) return NULL;
+  uint64_t g = addr >> EBB__SMAP_GRAN;
+  struct ebb__smap_ent *leaf = ebb__smap_leaf(g, false);
+  if (!leaf) return NULL;
+  struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
+  uintptr_t unit = (uintptr_t)(addr >> 9) & EBB__SMAP_UNITS;
+  /* acquire (both): pair with the release stores of ebb__smap_put, so the record's fixed
+   * `arena` is seen. */
+  uintptr_t hi = atomic_load_explicit(&e->hi, memory_order_acquire);
+  if (hi && unit >= (hi & EBB__SMAP_UNITS)) return (struct ebb__slab *)(hi & ~EBB__SMAP_UNITS);
+  uintptr_t lo = atomic_load_explicit(&e->lo, memory_order_acquire);
+  if (lo && (!(lo & EBB__SMAP_UNITS) || unit < (lo & EBB__SMAP_UNITS))) return (struct ebb__slab *)(lo & ~EBB__SMAP_UNITS);
+  return NULL;
+}
+
+static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
+
+/* Writes slab sl's fields of granules [g0, g1) of its span: sl itself (on) or NULL. The fields
+ * a slab covers are its own while it is live (no other slab can cover the same granule start or
+ * start inside the same granule), so removal needs no compare. false: no host memory for a leaf
+ * (on only). Lock of sl's arena held. */
+static bool ebb__smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g1, uint64_t *failed_at) {
+  uint64_t start = sl->addr, end = start + ebb__slab_bytes(sl);
+  for (uint64_t g = g0; g < g1; g++) {
+    struct ebb__smap_ent *leaf = ebb__smap_leaf(g, on);
+    if (!leaf) {
+      if (!on) continue; /* never made: nothing of ours in it */
+      *failed_at = g;
+      return false;
+    }
+    struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
+    uint64_t gb = g << EBB__SMAP_GRAN, ge = gb + ((uint64_t)1 << EBB__SMAP_GRAN);
+    /* release: pairs with the acquire in ebb__smap_find. */
+    if (gb >= start)
+      atomic_store_explicit(&e->lo, on ? (uintptr_t)sl | (end >= ge ? 0 : (uintptr_t)((end - gb) >> 9)) : 0,
+                            memory_order_release);
+    else
+      atomic_store_explicit(&e->hi, on ? (uintptr_t)sl | (uintptr_t)((start - gb) >> 9) : 0, memory_order_release);
+  }
+  return true;
+}
+
+/* Enters (on) or removes slab sl in the map; false: no host memory (nothing left entered). */
+static bool ebb__smap_set(struct ebb__slab *sl, bool on) {
+  uint64_t g0 = sl->addr >> EBB__SMAP_GRAN, g1 = ((sl->addr + ebb__slab_bytes(sl) - 1) >> EBB__SMAP_GRAN) + 1, at = g1;
+  if (ebb__smap_put(sl, on, g0, g1, &at)) return true;
+  ebb__smap_put(sl, false, g0, at, &at);
+  return false;
+}
+
+void ebb__slab_map_clear(void) {
+  for (size_t i = 0; i < EBB_ARRAY_LEN(ebb__smap); i++) {
+    struct ebb__smap_ent *leaf = atomic_exchange_explicit(&ebb__smap[i], NULL, memory_order_acq_rel);
+    free(leaf);
+  }
+}
+
+struct ebb__slab *ebb__slab_lookup_lock(uint64_t addr) {
+  struct ebb__slab *sl = ebb__smap_find(addr);
+  if (!sl) return NULL;
+  struct ebb__arena *a = sl->arena;
+  ebb__lock(&a->mu);
+  /* The slab may have gone back to the engine (and its record to another slab) since the
+   * lookup: only a live slab holding addr is an answer. */
+  if (sl->live && addr >= sl->addr && addr < sl->addr + ebb__slab_bytes(sl)) return sl;
+  ebb__unlock(&a->mu);
+  return NULL;
+}
+
+/* ---- counters (as arena.c's: current and peak) ---------------------------------------------- */
+
+static inline void ebb__sstat_add(ebb_arena_stat *st, uint64_t n) {
+  st->current += n;
+  if (st->current > st->peak) st->peak = st->current;
+}
+
+static inline void ebb__sstat_sub(ebb_arena_stat *st, uint64_t n) {
+  EBB_ASSERT(st->current >= n);
+  st->current -= n;
+}
+
+/* Free slots are inactive_split: free memory inside a split piece (the slab), which no other
+ * size can use until the whole slab is empty and goes back to the engine. */
+static inline void ebb__stat_add_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
+  ebb__sstat_add(&s->inactive_split, n);
+  ebb__sstat_add(&s->inactive_split_bytes, bytes);
+}
+
+static inline void ebb__stat_sub_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
+  ebb__sstat_sub(&s->inactive_split, n);
+  ebb__sstat_sub(&s->inactive_split_bytes, bytes);
+}
+
+static inline void ebb__stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_t requested) {
+  ebb__sstat_add(&s->allocated_bytes, slot);
+  ebb__sstat_add(&s->active_bytes, slot);
+  ebb__sstat_add(&s->requested_bytes, requested);
+}
+
+/* ---- slab records -------------------------------------------------------------------------- */
+
+#define EBB__SLAB_CHUNK 64
+
+static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
+  struct ebb_list *n = ebb_list_pop_head(&a->slab_spare);
+  if (!n) {
+    if (a->nslab_chunks == a->capslab_chunks) {
+      size_t nc = a->capslab_chunks ? a->capslab_chunks * 2 : 8;
+      void **ns = realloc(a->slab_chunks, nc * sizeof *ns);
+      if (!ns) return NULL;
+      a->slab_chunks = ns;
+      a->capslab_chunks = nc;
+    }
+    struct ebb__slab *c = aligned_alloc(_Alignof(struct ebb__slab), EBB__SLAB_CHUNK * sizeof *c);
+    if (!c) return NULL;
+    memset(c, 0, EBB__SLAB_CHUNK * sizeof *c);
+    a->slab_chunks[a->nslab_chunks++] = c;
+    for (int i = 0; i < EBB__SLAB_CHUNK; i++) {
+      c[i].arena = a; /* written once, before the record can reach the map */
+      ebb_list_insert_tail(&a->slab_spare, &c[i].node);
+    }
+    n = ebb_list_pop_head(&a->slab_spare);
+  }
+  return ebb_container_of(n, struct ebb__slab, node);
+}
+
+static struct ebb__slab_cls *ebb__cls_of(struct ebb__slab *sl) { return &sl->spool->slab_cls[sl->cls]; }
+
+/* Slots per slab for slot size r when the stream holds `have` slabs of the class: about
+ * EBB__SLAB_TARGET bytes (at least 2 slots) for the first, twice that for the second, four times
+ * from the third on. A size used a little costs one small slab; a size used a lot gets few
+ * large slabs, so their records (what a free reads) stay few: 10^5 live slots of 13 KiB are
+ * ~3 000 slab records rather than ~10 000. */
+static uint32_t ebb__slab_nslots(size_t r, uint32_t have) {
+  size_t n = EBB__SLAB_TARGET / r;
+  if (n < 2) n = 2;
+  n <<= have < 2 ? have : 2;
+  if (n > EBB__SLAB_MAX_SLOTS) n = EBB__SLAB_MAX_SLOTS;
+  return (uint32_t)n;
+}
+
+/* The slot of sl holding addr (sl->addr <= addr < its end). */
+static inline unsigned ebb__slot_index(const struct ebb__slab *sl, uint64_t addr) {
+  return (unsigned)((((addr - sl->addr) >> 9) * sl->inv) >> 32);
+}
+
+/* Makes block b (state EBB__B_SLAB) a live slab of n slots of r bytes on spool sp, entered in
+ * the map and its class list. NULL: no host memory (b untouched). Lock held. */
+static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool *sp, struct ebb__block *b, size_t r,
+                                        uint32_t n) {
+  if (b->addr >> 48 || b->addr + b->size > ((uint64_t)1 << 48) || b->addr % EBB__MIN_BLOCK)
+    return NULL; /* outside the map, or not in its 512-byte units (segments are page-aligned) */
+  struct ebb__slab *sl = ebb__slab_rec_new(a);
+  if (!sl) return NULL;
+  if (sl->cap < n) {
+    /* The old slot records go, with their use arrays. */
+    if (sl->ext)
+      for (uint32_t i = 0; i < sl->cap; i++) free(sl->ext[i].uses);
+    free(sl->ext);
+    sl->ext = NULL;
+    free(sl->slots);
+    sl->cap = 0;
+    sl->slots = calloc(n, sizeof *sl->slots);
+    if (!sl->slots) {
+      ebb_list_insert_head(&a->slab_spare, &sl->node);
+      return NULL;
+    }
+    sl->cap = n;
+  }
+  sl->addr = b->addr;
+  sl->slot = (uint32_t)r;
+  sl->inv = (((uint64_t)1 << 32) + r / EBB__MIN_BLOCK - 1) / (r / EBB__MIN_BLOCK);
+  sl->nslots = (uint16_t)n;
+  sl->nfree = (uint16_t)n;
+  sl->npend = 0;
+  sl->cls = (uint8_t)(r / EBB__MIN_BLOCK - 1);
+  sl->spool = sp;
+  sl->b = b;
+  memset(sl->bits, 0, sizeof sl->bits);
+  for (uint32_t i = 0; i < n; i++) {
+    sl->bits[i / 64] |= 1ull << (i % 64);
+    struct ebb__slot *t = &sl->slots[i];
+    t->state = EBB__B_FREE;
+    t->owner = "";
+    t->owner_cat = EBB_OWNER_OTHER;
+    t->requested = 0;
+  }
+  if (!ebb__smap_set(sl, true)) {
+    ebb_list_insert_head(&a->slab_spare, &sl->node);
+    return NULL;
+  }
+  sl->live = 1;
+  b->slab = sl;
+  /* A new slab is empty: its slots are free memory held by a split piece (inactive_split). */
+  ebb__stat_add_slab(&a->c.s, n, (uint64_t)n * r);
+  struct ebb__slab_cls *k = ebb__cls_of(sl);
+  ebb_list_insert_tail(&k->slabs, &sl->node);
+  k->nempty++;
+  k->nslabs++;
+  return sl;
+}
+
+/* Empty slab sl (out of its class list) goes back to the engine; its record to the spare list.
+ * Lock held. */
+static void ebb__slab_drop(struct ebb__arena *a, struct ebb__slab *sl) {
+  EBB_ASSERT(sl->nfree == sl->nslots && !sl->npend);
+  ebb__stat_sub_slab(&a->c.s, sl->nslots, ebb__slab_bytes(sl));
+  ebb__smap_set(sl, false);
+  sl->live = 0;
+  ebb__cls_of(sl)->nslabs--;
+  ebb__arena_put_slab_block(a, sl->b);
+  sl->b = NULL;
+  ebb_list_insert_head(&a->slab_spare, &sl->node);
+}
+
+void ebb__slab_release_empty(struct ebb__arena *a) {
+  for (size_t i = 0; i < a->nspools; i++) {
+    struct ebb__spool *sp = a->spools[i];
+    if (!sp->slab_cls) continue;
+    for (unsigned c = 0; c < EBB__SLAB_CLASSES; c++) {
+      struct ebb__slab_cls *k = &sp->slab_cls[c];
+      /* Empty slabs sit at the tail of the list. */
+      while (k->nempty) {
+        struct ebb__slab *sl = ebb_container_of(k->slabs.prev, struct ebb__slab, node);
+        EBB_ASSERT(sl->nfree == sl->nslots);
+        ebb_list_remove(&sl->node);
+        k->nempty--;
+        ebb__slab_drop(a, sl);
+      }
+    }
+  }
+}
+
+/* ---- slots --------------------------------------------------------------------------------- */
+
+/* The lowest free slot of sl (which has one) for a request of `bytes`. Lock held. */
+static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_t bytes) {
+  unsigned w = 0;
+  while (!sl->bits[w]) w++;
+  unsigned i = w * 64 + (unsigned)__builtin_ctzll(sl->bits[w]);
+  sl->bits[w] &= sl->bits[w] - 1;
+  struct ebb__slab_cls *k = ebb__cls_of(sl);
+  if (sl->nfree-- == sl->nslots) k->nempty--;
+  if (!sl->nfree) {
+    /* Full: off the class list until a slot comes back. */
+    ebb_list_remove(&sl->node);
+    ebb_list_init(&sl->node);
+  }
+  struct ebb__slot *t = &sl->slots[i];
+  t->state = EBB__B_ALLOC;
+  t->requested = (uint32_t)bytes;
+  ebb__owner_current(&t->owner_cat, &t->owner);
+  uint64_t addr = sl->addr + (uint64_t)i * sl->slot;
+  ebb__hist_rec(a, EBB_ACT_ALLOC, addr, sl->slot, bytes, sl->spool->stream.id, t->owner_cat, t->owner);
+  ebb_arena_stats *s = &a->c.s;
+  ebb__stat_sub_slab(s, 1, sl->slot);
+  ebb__stat_add_live(s, sl->slot, bytes);
+  s->alloc_count++;
+  return addr;
+}
+
+/* Slot i's uses are over: it is free for its stream at once. An empty slab stays cached (at
+ * most EBB__SLAB_EMPTY_CACHE per stream and class) or goes back to the engine. recorded: the
+ * caller recorded FREE_COMPLETED with the request (ebb__hist_rec_pair). Lock held. */
+static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsigned i, bool recorded) {
+  struct ebb__slot *t = &sl->slots[i];
+  uint64_t addr = sl->addr + (uint64_t)i * sl->slot;
+  if (!recorded)
+    ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, addr, sl->slot, t->requested, sl->spool->stream.id, t->owner_cat, t->owner);
+  t->owner = "";
+  t->owner_cat = EBB_OWNER_OTHER;
+  t->state = EBB__B_FREE;
+  t->requested = 0;
+  ebb__sstat_sub(&a->c.s.active_bytes, sl->slot);
+  ebb__stat_add_slab(&a->c.s, 1, sl->slot);
+  sl->bits[i / 64] |= 1ull << (i % 64);
+  struct ebb__slab_cls *k = ebb__cls_of(sl);
+  /* Partly used slabs stay ahead of empty ones, so allocation fills them first and empties
+   * drain to the tail, where they are cached or given back. */
+  if (!sl->nfree++) ebb_list_insert_head(&k->slabs, &sl->node);
+  if (sl->nfree == sl->nslots && !sl->npend) {
+    ebb_list_remove(&sl->node);
+    if (k->nempty < EBB__SLAB_EMPTY_CACHE) {
+      ebb_list_insert_tail(&k->slabs, &sl->node);
+      k->nempty++;
+    } else {
+      ebb__slab_drop(a, sl);
+    }
+  }
+}
+
+void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t slot) {
+  EBB_ASSERT(sl->slots[slot].state == EBB__B_PENDING && sl->ext && sl->ext[slot].event_count > 0);
+  if (--sl->ext[slot].event_count) return;
+  sl->npend--;
+  ebb__slot_release(a, sl, slot, false);
+}
+
+ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s, void **out) {
+  ebb__lock(&a->mu);
+  if (a->npending) ebb__poll_pending_locked(a);
+  struct ebb__spool *sp = ebb__spool_get(a, s);
+  if (EBB_UNLIKELY(!sp)) {
+    ebb__unlock(&a->mu);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
+  }
+  if (EBB_UNLIKELY(!sp->slab_cls)) {
+    sp->slab_cls = malloc(EBB__SLAB_CLASSES * sizeof *sp->slab_cls);
+    if (!sp->slab_cls) { /* no host memory for slab lists: the engine serves it as a block */
+      ebb__unlock(&a->mu);
+      return ebb__arena_alloc_block(a, bytes, s, out);
+    }
+    for (unsigned c = 0; c < EBB__SLAB_CLASSES; c++) {
+      ebb_list_init(&sp->slab_cls[c].slabs);
+      sp->slab_cls[c].nempty = 0;
+      sp->slab_cls[c].nslabs = 0;
+    }
+  }
+  struct ebb__slab_cls *k = &sp->slab_cls[r / EBB__MIN_BLOCK - 1];
+  if (EBB_LIKELY(!ebb_list_empty(&k->slabs))) {
+    struct ebb__slab *sl = ebb_container_of(k->slabs.next, struct ebb__slab, node);
+    a->c.s.cache_hits++;
+    *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes);
+    ebb__unlock(&a->mu);
+    return EBB_OK;
+  }
+  /* Another stream's cached empty slab of this class goes back to the engine first: the
+   * engine's steal (ordered after that stream by an event) then reuses its memory rather than
+   * growing, as it would reuse a free block of that stream. */
+  for (size_t i = 0; i < a->nspools; i++) {
+    struct ebb__spool *o = a->spools[i];
+    struct ebb__slab_cls *ok = o != sp && o->slab_cls ? &o->slab_cls[r / EBB__MIN_BLOCK - 1] : NULL;
+    if (!ok || !ok->nempty) continue;
+    struct ebb__slab *e = ebb_container_of(ok->slabs.prev, struct ebb__slab, node);
+    ebb_list_remove(&e->node);
+    ok->nempty--;
+    ebb__slab_drop(a, e);
+    break;
+  }
+  uint32_t n = ebb__slab_nslots(r, k->nslabs); /* read under the lock: other threads make slabs too */
+  ebb__unlock(&a->mu);
+  /* A new slab: the engine carves its block with the lock its own (it may drop it to grow or to
+   * order a stolen block); the block is ours alone until it is entered in the map. */
+  struct ebb__block *b = NULL;
+  if (ebb__arena_alloc_slab_block(a, (size_t)n * r, s, &b) != EBB_OK) return ebb__arena_alloc_block(a, bytes, s, out);
+  ebb__lock(&a->mu);
+  struct ebb__slab *sl = ebb__slab_make(a, sp, b, r, n);
+  if (!sl) {
+    ebb__arena_put_slab_block(a, b);
+    ebb__unlock(&a->mu);
+    return ebb__arena_alloc_block(a, bytes, s, out);
+  }
+  *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes);
+  ebb__unlock(&a->mu);
+  return EBB_OK;
+}
+
+/* ---- free and record_stream ---------------------------------------------------------------- */
+
+/* Why addr in slot i of sl is not a live slot of `kind`, as ebb__arena_free words it for
+ * blocks. Unlocks. */
+static ebb_status ebb__slot_bad(const char *fn, struct ebb__slab *sl, unsigned i, uint64_t addr,
+                                enum ebb__memkind kind, bool is_free) {
+  struct ebb__arena *a = sl->arena;
+  const struct ebb__slot *t = &sl->slots[i];
+  uint64_t base = sl->addr + (uint64_t)i * sl->slot, sid = sl->spool->stream.id;
+  size_t size = sl->slot;
+  int state = t->state;
+  ebb__unlock(&a->mu);
+  void *ptr = (void *)(uintptr_t)addr;
+  const char *want = ebb__kind_alloc_fn(kind);
+  if (a->up->kind != kind) {
+    if (is_free && state == EBB__B_ALLOC && addr == base)
+      return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s", fn, ptr,
+                       a->label, a->up->alloc_fn, want);
+    return ebb__fail(EBB_EINVAL, "%s: pointer %p belongs to the %s (a block from %s); expected a block from %s", fn, ptr,
+                     a->label, a->up->alloc_fn, want);
+  }
+  if (state == EBB__B_ALLOC && addr != base)
+    return ebb__fail(EBB_EINVAL,
+                     "%s: pointer %p is inside the block at 0x%" PRIx64 " (%zu bytes, %s, stream %" PRIu64
+                     "); expected the start of a block from %s",
+                     fn, ptr, base, size, a->label, sid, want);
+  return ebb__fail(EBB_EFREED,
+                   "%s: pointer %p (%s) was already freed (it lies in free memory of the pool); expected a live block "
+                   "from %s",
+                   fn, ptr, a->label, want);
+}
+
+#define EBB__SLOT_SMALL_EVS 8
+
+/* Slot i was used on other streams: one event on each, recorded now with the lock dropped; the
+ * slot is PENDING until they complete (ebb__slab_pend_done). FREEING keeps every other call off
+ * it meanwhile (a second free finds it not ALLOC; its slab cannot empty). Lock held on entry,
+ * dropped on return. */
+static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, unsigned i) {
+  struct ebb__slot *st = &sl->slots[i];
+  struct ebb__slot_ext *t = &sl->ext[i];
+  st->state = EBB__B_FREEING;
+  sl->npend++;
+  uint32_t n = t->nuses;
+  ebb_event_t *small[EBB__SLOT_SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
+  if (!evs) { /* no host memory to track events: wait for the using devices, correct if slow */
+    ebb__unlock(&a->mu);
+    for (uint32_t u = 0; u < n; u++) ebb_dev_synchronize(t->uses[u].device);
+    ebb__lock(&a->mu);
+    a->c.s.num_syncs += n;
+    sl->npend--;
+    t->nuses = 0;
+    ebb__slot_release(a, sl, i, false);
+    ebb__unlock(&a->mu);
+    return EBB_OK;
+  }
+  for (uint32_t u = 0; u < n; u++) evs[u] = ebb__ev_pop(a, t->uses[u].device);
+  ebb__unlock(&a->mu);
+  /* The slot's use array is ours while FREEING: only its free reaches it. */
+  uint32_t syncs = 0;
+  for (uint32_t u = 0; u < n; u++) {
+    const struct ebb__stream_ref *us = &t->uses[u];
+    ebb_status st = evs[u] ? EBB_OK : ebb__ev_create(us->device, &evs[u]);
+    if (!st) st = ebb_event_record(evs[u], us->s);
+    if (st) { /* the using stream is gone: wait for its device instead */
+      ebb_dev_synchronize(us->device);
+      syncs++;
+      if (evs[u]) {
+        ebb__ev_destroy(evs[u]);
+        evs[u] = NULL;
+      }
+    }
+  }
+  ebb__lock(&a->mu);
+  a->c.s.num_syncs += syncs;
+  st->state = EBB__B_PENDING;
+  t->event_count = 0;
+  for (uint32_t u = 0; u < n; u++) {
+    if (!evs[u]) continue;
+    const struct ebb__stream_ref *us = &t->uses[u];
+    struct ebb__evq *q = ebb__evq_get(a, us->id);
+    struct ebb_list *pn = ebb_list_pop_head(&a->pend_spare);
+    struct ebb__pend *p = pn ? ebb_container_of(pn, struct ebb__pend, node) : malloc(sizeof *p);
+    if (!q || !p) { /* no host memory for the queue: synchronise this event instead */
+      if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
+      else free(p);
+      ebb__unlock(&a->mu);
+      ebb_event_synchronize(evs[u]);
+      ebb__lock(&a->mu);
+      a->c.s.num_syncs++;
+      if (!ebb__ev_push(a, us->device, evs[u])) {
+        ebb__unlock(&a->mu);
+        ebb__ev_destroy(evs[u]);
+        ebb__lock(&a->mu);
+      }
+      continue;
+    }
+    p->ev = evs[u];
+    p->ev_device = us->device;
+    p->b = NULL;
+    p->slab = sl;
+    p->slot = i;
+    ebb_list_insert_tail(&q->q, &p->node);
+    a->npending++;
+    t->event_count++;
+  }
+  t->nuses = 0;
+  if (!t->event_count) {
+    sl->npend--;
+    ebb__slot_release(a, sl, i, false);
+  }
+  ebb__unlock(&a->mu);
+  if (evs != small) free(evs);
+  return EBB_OK;
+}
+
+ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind) {
+  struct ebb__arena *a = sl->arena;
+  unsigned i = ebb__slot_index(sl, addr);
+  struct ebb__slot *t = &sl->slots[i];
+  if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
+    return ebb__slot_bad(fn, sl, i, addr, kind, true);
+  ebb_arena_stats *s = &a->c.s;
+  ebb__sstat_sub(&s->allocated_bytes, sl->slot);
+  ebb__sstat_sub(&s->requested_bytes, t->requested);
+  s->free_count++;
+  if (EBB_LIKELY(!sl->ext || !sl->ext[i].nuses)) {
+    /* No other stream used it: the free completes now, both entries at the request's time. */
+    ebb__hist_rec_pair(a, EBB_ACT_FREE_REQUESTED, EBB_ACT_FREE_COMPLETED, addr, sl->slot, t->requested,
+                       sl->spool->stream.id, t->owner_cat, t->owner);
+    ebb__slot_release(a, sl, i, true);
+    ebb__unlock(&a->mu);
+    return EBB_OK;
+  }
+  ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, addr, sl->slot, t->requested, sl->spool->stream.id, t->owner_cat, t->owner);
+  return ebb__slot_defer(a, sl, i);
+}
+
+ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr, const struct ebb__stream_ref *s,
+                            enum ebb__memkind kind) {
+  struct ebb__arena *a = sl->arena;
+  unsigned i = ebb__slot_index(sl, addr);
+  if (EBB_UNLIKELY(sl->slots[i].state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
+    return ebb__slot_bad(fn, sl, i, addr, kind, false);
+  if (s->id == sl->spool->stream.id) {
+    ebb__unlock(&a->mu);
+    return EBB_OK;
+  }
+  if (!sl->ext && !(sl->ext = calloc(sl->cap, sizeof *sl->ext))) {
+    ebb__unlock(&a->mu);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id,
+                     (void *)(uintptr_t)addr);
+  }
+  struct ebb__slot_ext *t = &sl->ext[i];
+  for (uint32_t u = 0; u < t->nuses; u++)
+    if (t->uses[u].id == s->id) {
+      ebb__unlock(&a->mu);
+      return EBB_OK;
+    }
+  if (t->nuses == t->ucap) {
+    uint32_t nc = t->ucap ? (uint32_t)t->ucap * 2 : 4;
+    struct ebb__stream_ref *nx = nc <= UINT16_MAX ? realloc(t->uses, nc * sizeof *nx) : NULL;
+    if (!nx) {
+      ebb__unlock(&a->mu);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id,
+                       (void *)(uintptr_t)addr);
+    }
+    t->uses = nx;
+    t->ucap = (uint16_t)nc;
+  }
+  t->uses[t->nuses++] = *s;
+  ebb__unlock(&a->mu);
+  return EBB_OK;
+}
+
+/* ---- walks --------------------------------------------------------------------------------- */
+
+struct ebb__slab *ebb__slab_of(const struct ebb__block *b) { return b->slab; }
+
+#define EBB__SCHECK(cond, ...)                   \
+  do {                                           \
+    if (!(cond)) return ebb__fail(EBB_EINTERNAL, __VA_ARGS__); \
+  } while (0)
+
+ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, const char *fn, uint64_t *alloc,
+                           uint64_t *active, uint64_t *requested, uint64_t *isplit, uint64_t *isplit_b,
+                           size_t *pend_events) {
+  const struct ebb__slab *sl = b->slab;
+  EBB__SCHECK(sl && sl->live && sl->b == b && sl->arena == a && sl->spool == b->spool,
+              "%s: %s: slab block 0x%" PRIx64 " has no live slab record of its own", fn, a->label, b->addr);
+  EBB__SCHECK(sl->addr == b->addr && ebb__slab_bytes(sl) == b->size && sl->slot % EBB__MIN_BLOCK == 0 &&
+                  sl->cls == sl->slot / EBB__MIN_BLOCK - 1 && sl->nslots >= 2 && sl->nslots <= EBB__SLAB_MAX_SLOTS &&
+                  sl->nslots <= sl->cap,
+              "%s: %s: slab 0x%" PRIx64 " (%" PRIu16 " slots of %" PRIu32 " B) does not tile its block of %zu B", fn,
+              a->label, sl->addr, sl->nslots, sl->slot, b->size);
+  unsigned nfree = 0, npend = 0, bitcount = 0;
+  for (unsigned w = 0; w < EBB__SLAB_WORDS; w++) bitcount += (unsigned)__builtin_popcountll(sl->bits[w]);
+  for (unsigned i = 0; i < sl->nslots; i++) {
+    const struct ebb__slot *t = &sl->slots[i];
+    bool bit = (sl->bits[i / 64] >> (i % 64)) & 1;
+    uint64_t at = sl->addr + (uint64_t)i * sl->slot;
+    EBB__SCHECK(bit == (t->state == EBB__B_FREE), "%s: %s: slot 0x%" PRIx64 " has state %d but free bit %d", fn, a->label,
+                at, t->state, bit);
+    EBB__SCHECK(ebb__smap_find(at) == sl && ebb__smap_find(at + sl->slot - 1) == sl,
+                "%s: %s: slot 0x%" PRIx64 " is not found through the slab address map", fn, a->label, at);
+    switch (t->state) {
+    case EBB__B_FREE:
+      nfree++;
+      *isplit += 1;
+      *isplit_b += sl->slot;
+      break;
+    case EBB__B_ALLOC:
+      EBB__SCHECK(t->requested <= sl->slot, "%s: %s: slot 0x%" PRIx64 " holds %" PRIu32 " requested bytes in %" PRIu32, fn,
+                  a->label, at, t->requested, sl->slot);
+      *alloc += sl->slot;
+      *active += sl->slot;
+      *requested += t->requested;
+      break;
+    case EBB__B_FREEING:
+    case EBB__B_PENDING:
+      npend++;
+      *active += sl->slot;
+      if (sl->ext) *pend_events += sl->ext[i].event_count;
+      break;
+    default: EBB__SCHECK(0, "%s: %s: slot 0x%" PRIx64 " has state %d", fn, a->label, at, t->state);
+    }
+  }
+  for (unsigned i = sl->nslots; i < EBB__SLAB_MAX_SLOTS; i++)
+    EBB__SCHECK(!((sl->bits[i / 64] >> (i % 64)) & 1), "%s: %s: slab 0x%" PRIx64 " has a free bit past its %" PRIu16 " slots",
+                fn, a->label, sl->addr, sl->nslots);
+  EBB__SCHECK(nfree == sl->nfree && bitcount == nfree && npend == sl->npend,
+              "%s: %s: slab 0x%" PRIx64 " counts %" PRIu16 " free and %" PRIu16 " pending slots, bitmap and walk found %u, "
+              "%u and %u",
+              fn, a->label, sl->addr, sl->nfree, sl->npend, bitcount, nfree, npend);
+  bool listed = sl->node.next != &sl->node;
+  EBB__SCHECK(listed == (nfree > 0), "%s: %s: slab 0x%" PRIx64 " with %u free slots is %s its class list", fn, a->label,
+              sl->addr, nfree, listed ? "on" : "off");
+  return EBB_OK;
+}
+
+ebb_status ebb__slab_check_classes(struct ebb__arena *a, const char *fn) {
+  for (size_t i = 0; i < a->nspools; i++) {
+    struct ebb__spool *sp = a->spools[i];
+    if (!sp->slab_cls) continue;
+    for (unsigned c = 0; c < EBB__SLAB_CLASSES; c++) {
+      const struct ebb__slab_cls *k = &sp->slab_cls[c];
+      uint32_t nempty = 0;
+      bool seen_empty = false;
+      for (const struct ebb_list *n = k->slabs.next; n != &k->slabs; n = n->next) {
+        const struct ebb__slab *sl = ebb_container_of(n, const struct ebb__slab, node);
+        EBB__SCHECK(sl->live && sl->spool == sp && sl->cls == c && sl->nfree > 0 && sl->b && sl->b->state == EBB__B_SLAB,
+                    "%s: %s: class list of %u-byte slots holds slab 0x%" PRIx64 ", not a live slab of it with a free slot",
+                    fn, a->label, (c + 1) * 512u, sl->addr);
+        bool empty = sl->nfree == sl->nslots && !sl->npend;
+        EBB__SCHECK(empty || !seen_empty, "%s: %s: partly used slab 0x%" PRIx64 " sits behind an empty one", fn, a->label,
+                    sl->addr);
+        seen_empty |= empty;
+        nempty += empty;
+      }
+      EBB__SCHECK(nempty == k->nempty && nempty <= EBB__SLAB_EMPTY_CACHE,
+                  "%s: %s: %u empty slabs of %u-byte slots, counted %" PRIu32 " (cache %d)", fn, a->label, nempty,
+                  (c + 1) * 512u, k->nempty, EBB__SLAB_EMPTY_CACHE);
+    }
+  }
+  return EBB_OK;
+}
+
+void ebb__slab_fini(struct ebb__arena *a) {
+  for (size_t c = 0; c < a->nslab_chunks; c++) {
+    struct ebb__slab *chunk = a->slab_chunks[c];
+    for (int i = 0; i < EBB__SLAB_CHUNK; i++) {
+      struct ebb__slab *sl = &chunk[i];
+      if (sl->live) ebb__smap_set(sl, false);
+      if (sl->ext)
+        for (uint32_t k = 0; k < sl->cap; k++) free(sl->ext[k].uses);
+      free(sl->ext);
+      free(sl->slots);
+    }
+    free(chunk);
+  }
+  free(a->slab_chunks);
+  for (size_t i = 0; i < a->nspools; i++) free(a->spools[i]->slab_cls);
+}
