@@ -433,6 +433,14 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     return ebb__arena_alloc_block(a, bytes, s, out);
   }
   *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes);
+  /* Partly used now: ahead of the empty slabs. Other threads may have added slabs of this class
+   * while the lock was dropped, so the tail where ebb__slab_make put it can be behind empty
+   * ones; there it would break the order that lets the empty-slab cache and empty_cache take
+   * empty slabs from the tail (and drop a slab with live slots). */
+  if (sl->nfree) {
+    ebb_list_remove(&sl->node);
+    ebb_list_insert_head(&ebb__cls_of(sl)->slabs, &sl->node);
+  }
   ebb__unlock(&a->mu);
   return EBB_OK;
 }
