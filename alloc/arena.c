@@ -1218,6 +1218,65 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
   return EBB_OK;
 }
 
+/* ---- deferred frees: events on the streams that used the memory ----------------------------- */
+
+void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs) {
+  for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, uses[i].device);
+  ebb__unlock(&a->mu);
+  uint32_t syncs = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const struct ebb__stream_ref *u = &uses[i];
+    ebb_status st = evs[i] ? EBB_OK : ebb__ev_create(u->device, &evs[i]);
+    if (!st) st = ebb_event_record(evs[i], u->s);
+    if (st) {
+      /* The using stream was released (or its event could not be made): its work cannot be
+       * captured by an event any more, so wait for its device now. */
+      ebb_dev_synchronize(u->device);
+      syncs++;
+      if (evs[i]) {
+        ebb__ev_destroy(evs[i]);
+        evs[i] = NULL;
+      }
+    }
+  }
+  ebb__lock(&a->mu);
+  a->c.s.num_syncs += syncs;
+}
+
+void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
+                     struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count) {
+  for (uint32_t i = 0; i < n; i++) {
+    if (!evs[i]) continue;
+    const struct ebb__stream_ref *u = &uses[i];
+    struct ebb__evq *q = ebb__evq_get(a, u->id);
+    struct ebb_list *pn = ebb_list_pop_head(&a->pend_spare);
+    struct ebb__pend *p = pn ? ebb_container_of(pn, struct ebb__pend, node) : malloc(sizeof *p);
+    if (!q || !p) {
+      /* No host memory for the queue: synchronise this one event instead. */
+      free(pn ? NULL : p);
+      if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
+      ebb__unlock(&a->mu);
+      ebb_event_synchronize(evs[i]);
+      ebb__lock(&a->mu);
+      a->c.s.num_syncs++;
+      if (!ebb__ev_push(a, u->device, evs[i])) {
+        ebb__unlock(&a->mu);
+        ebb__ev_destroy(evs[i]);
+        ebb__lock(&a->mu);
+      }
+      continue;
+    }
+    p->ev = evs[i];
+    p->ev_device = u->device;
+    p->b = b;
+    p->slab = sl;
+    p->slot = slot;
+    ebb_list_insert_tail(&q->q, &p->node);
+    a->npending++;
+    (*count)++;
+  }
+}
+
 /* ---- free and record_stream ---------------------------------------------------------------- */
 
 static struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t addr) {
@@ -1329,57 +1388,10 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
-  for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, ebb__use_at(b, i)->device);
-  ebb__unlock(&a->mu);
-  uint32_t syncs = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    const struct ebb__stream_ref *u = ebb__use_at(b, i);
-    ebb_status st = evs[i] ? EBB_OK : ebb__ev_create(u->device, &evs[i]);
-    if (!st) st = ebb_event_record(evs[i], u->s);
-    if (st) {
-      /* The using stream was released (or its event could not be made): its work cannot be
-       * captured by an event any more, so wait for its device now. */
-      ebb_dev_synchronize(u->device);
-      syncs++;
-      if (evs[i]) {
-        ebb__ev_destroy(evs[i]);
-        evs[i] = NULL;
-      }
-    }
-  }
-  ebb__lock(&a->mu);
-  a->c.s.num_syncs += syncs;
+  ebb__uses_record(a, b->uses, n, evs);
   b->state = EBB__B_PENDING;
   b->event_count = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    if (!evs[i]) continue;
-    const struct ebb__stream_ref *u = ebb__use_at(b, i);
-    struct ebb__evq *q = ebb__evq_get(a, u->id);
-    struct ebb_list *pn = ebb_list_pop_head(&a->pend_spare);
-    struct ebb__pend *p = pn ? ebb_container_of(pn, struct ebb__pend, node) : malloc(sizeof *p);
-    if (!q || !p) {
-      /* No host memory for the queue: synchronise this one event instead. */
-      free(pn ? NULL : p);
-      if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
-      ebb__unlock(&a->mu);
-      ebb_event_synchronize(evs[i]);
-      ebb__lock(&a->mu);
-      a->c.s.num_syncs++;
-      if (!ebb__ev_push(a, u->device, evs[i])) {
-        ebb__unlock(&a->mu);
-        ebb__ev_destroy(evs[i]);
-        ebb__lock(&a->mu);
-      }
-      continue;
-    }
-    p->ev = evs[i];
-    p->ev_device = u->device;
-    p->b = b;
-    p->slab = NULL;
-    ebb_list_insert_tail(&q->q, &p->node);
-    a->npending++;
-    b->event_count++;
-  }
+  ebb__uses_queue(a, b->uses, n, evs, b, NULL, 0, &b->event_count);
   b->nuses = 0;
   if (!b->event_count) ebb__block_release(a, b);
   ebb__unlock(&a->mu);

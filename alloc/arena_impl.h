@@ -180,7 +180,7 @@ struct ebb__slot {
 struct ebb__slot_ext {
   struct ebb__stream_ref *uses; /* malloc'ed at the slot's first use, kept for reuse */
   uint16_t nuses, ucap;
-  uint16_t event_count;         /* PENDING: events still to complete */
+  uint32_t event_count;         /* PENDING: events still to complete */
 };
 
 /* A slab record. Records are recycled, never freed before teardown (as block records): the
@@ -396,6 +396,17 @@ EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
                                       void **out);
 /* The live slab whose memory holds addr, its arena locked (*a), or NULL (nothing locked). */
+/* The deferred half of a free whose memory was used on other streams (a block's or a slot's
+ * `uses`, n of them), in two steps. ebb__uses_record: one event recorded on each using stream,
+ * into evs (taken from the event cache under the lock, recorded with the lock dropped; a stream
+ * whose event cannot be recorded is waited for on the host and its evs[i] is NULL). Lock held on
+ * entry and on return; the memory must be FREEING so no other call touches it meanwhile.
+ * ebb__uses_queue: each event queued on its stream's pending queue for block b, or for slot
+ * `slot` of slab sl, counting them in *count (no host memory for a queue entry: that event is
+ * waited for instead). Lock held (dropped only on that path). */
+EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs);
+EBB_HIDDEN void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
+                                struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count);
 EBB_HIDDEN struct ebb__slab *ebb__slab_lookup_lock(uint64_t addr);
 /* Free / record_stream of addr inside slab sl (locked by ebb__slab_lookup_lock; unlocked on
  * return). Same messages as for blocks. */

@@ -501,56 +501,10 @@ static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, un
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
-  for (uint32_t u = 0; u < n; u++) evs[u] = ebb__ev_pop(a, t->uses[u].device);
-  ebb__unlock(&a->mu);
-  /* The slot's use array is ours while FREEING: only its free reaches it. */
-  uint32_t syncs = 0;
-  for (uint32_t u = 0; u < n; u++) {
-    const struct ebb__stream_ref *us = &t->uses[u];
-    ebb_status st = evs[u] ? EBB_OK : ebb__ev_create(us->device, &evs[u]);
-    if (!st) st = ebb_event_record(evs[u], us->s);
-    if (st) { /* the using stream is gone: wait for its device instead */
-      ebb_dev_synchronize(us->device);
-      syncs++;
-      if (evs[u]) {
-        ebb__ev_destroy(evs[u]);
-        evs[u] = NULL;
-      }
-    }
-  }
-  ebb__lock(&a->mu);
-  a->c.s.num_syncs += syncs;
+  ebb__uses_record(a, t->uses, n, evs); /* the slot's use array is ours while FREEING */
   st->state = EBB__B_PENDING;
   t->event_count = 0;
-  for (uint32_t u = 0; u < n; u++) {
-    if (!evs[u]) continue;
-    const struct ebb__stream_ref *us = &t->uses[u];
-    struct ebb__evq *q = ebb__evq_get(a, us->id);
-    struct ebb_list *pn = ebb_list_pop_head(&a->pend_spare);
-    struct ebb__pend *p = pn ? ebb_container_of(pn, struct ebb__pend, node) : malloc(sizeof *p);
-    if (!q || !p) { /* no host memory for the queue: synchronise this event instead */
-      if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
-      else free(p);
-      ebb__unlock(&a->mu);
-      ebb_event_synchronize(evs[u]);
-      ebb__lock(&a->mu);
-      a->c.s.num_syncs++;
-      if (!ebb__ev_push(a, us->device, evs[u])) {
-        ebb__unlock(&a->mu);
-        ebb__ev_destroy(evs[u]);
-        ebb__lock(&a->mu);
-      }
-      continue;
-    }
-    p->ev = evs[u];
-    p->ev_device = us->device;
-    p->b = NULL;
-    p->slab = sl;
-    p->slot = i;
-    ebb_list_insert_tail(&q->q, &p->node);
-    a->npending++;
-    t->event_count++;
-  }
+  ebb__uses_queue(a, t->uses, n, evs, NULL, sl, i, &t->event_count);
   t->nuses = 0;
   if (!t->event_count) {
     sl->npend--;
