@@ -262,9 +262,15 @@ struct ebb__conf {
 struct ebb__hist_entry {
   uint64_t time_ns, addr, size, requested, stream;
   const char *owner; /* interned */
-  uint8_t action;    /* enum ebb_alloc_action */
+  uint8_t action;    /* enum ebb_alloc_action, or EBB__HIST_FREE_PAIR in the ring */
   uint8_t owner_cat; /* enum ebb_owner_cat */
 };
+
+/* The action of a ring slot that holds two actions: a free that completed in the call that
+ * requested it, FREE_REQUESTED then FREE_COMPLETED with the same fields and time. One slot, not
+ * two: a pair is the common free, and its second 56-byte store was a third of the ring lines an
+ * alloc+free pair touched. Never seen outside the ring: readers (history.c) expand it. */
+#define EBB__HIST_FREE_PAIR 0xffu
 
 /* The history's clock. Entries carry CLOCK_MONOTONIC nanoseconds (the clock of
  * ebb_trace_now_ns), but reading that clock costs 25-50 ns (the vDSO, more in a VM) and an
@@ -285,11 +291,15 @@ struct ebb__hclock {
                          multiply (a double's conversions from and to uint64_t cost ~10 Ir) */
 };
 
+/* Capacity counts actions, as before pairs shared a slot: the views (ebb__hist_get, the
+ * snapshot) show the newest min(total, cap) actions. The ring has cap slots, each one or two
+ * actions, so it always holds at least that many; readers drop the older rest, which may be the
+ * FREE_REQUESTED half of the oldest slot. */
 struct ebb__hist {
   struct ebb__hist_entry *ring; /* NULL when the history is off */
-  size_t cap;                   /* entries in ring; 0: off */
+  size_t cap;                   /* slots in ring, and actions shown; 0: off */
   size_t head;                  /* next slot written */
-  uint64_t total;               /* entries ever recorded (held: min(total, cap)) */
+  uint64_t total;               /* actions ever recorded (a pair slot counts two) */
   struct ebb__hclock clk;
 };
 
@@ -520,27 +530,16 @@ static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uin
   ebb__hist_rec_at(h, ebb__hist_now(&h->clk), act, addr, size, requested, stream, owner_cat, owner);
 }
 
-/* Records two actions of one block at one time: a free that completes in the call that
- * requested it (FREE_REQUESTED, then FREE_COMPLETED with the same fields). One clock read, the
- * fields gathered once. Lock held. */
-static inline void ebb__hist_rec_pair(struct ebb__arena *a, ebb_alloc_action act1, ebb_alloc_action act2, uint64_t addr,
-                                      uint64_t size, uint64_t requested, uint64_t stream, uint8_t owner_cat,
-                                      const char *owner) {
+/* Records a free that completes in the call that requested it: FREE_REQUESTED, then
+ * FREE_COMPLETED with the same fields and time, as one EBB__HIST_FREE_PAIR slot (the readers
+ * expand it). Lock held. */
+static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, uint64_t size, uint64_t requested,
+                                           uint64_t stream, uint8_t owner_cat, const char *owner) {
   struct ebb__hist *h = &a->hist;
   if (!h->cap) return;
-  uint64_t t = ebb__hist_now(&h->clk);
-  if (EBB_UNLIKELY(h->cap - h->head < 2)) { /* the pair straddles the ring's end */
-    ebb__hist_rec_at(h, t, act1, addr, size, requested, stream, owner_cat, owner);
-    ebb__hist_rec_at(h, t, act2, addr, size, requested, stream, owner_cat, owner);
-    return;
-  }
-  struct ebb__hist_entry *e = &h->ring[h->head];
-  h->head += 2;
-  if (h->head == h->cap) h->head = 0;
-  h->total += 2;
-  e[0] = (struct ebb__hist_entry){t, addr, size, requested, stream, owner, (uint8_t)act1, owner_cat};
-  e[1] = e[0];
-  e[1].action = (uint8_t)act2;
+  ebb__hist_rec_at(h, ebb__hist_now(&h->clk), (ebb_alloc_action)EBB__HIST_FREE_PAIR, addr, size, requested, stream,
+                   owner_cat, owner);
+  h->total++; /* the slot holds two actions */
 }
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
