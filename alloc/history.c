@@ -247,13 +247,14 @@ static void ebb__hist_expand(const struct ebb__hist *h, size_t n,
   size_t slot = h->head, got = 0;
   while (got < n) {
     slot = (slot ? slot : h->cap) - 1;
-    got += h->ring[slot].action == EBB__HIST_FREE_PAIR ? 2 : 1;
+    got += ebb__he_action(&h->ring[slot]) == EBB__HIST_FREE_PAIR ? 2 : 1;
   }
   bool skip = got > n;
   for (size_t k = 0; k < n; slot = slot + 1 == h->cap ? 0 : slot + 1) {
     const struct ebb__hist_entry *e = &h->ring[slot];
-    if (e->action != EBB__HIST_FREE_PAIR) {
-      emit(ctx, k++, e, e->action);
+    unsigned act = ebb__he_action(e);
+    if (act != EBB__HIST_FREE_PAIR) {
+      emit(ctx, k++, e, act);
       continue;
     }
     if (!skip) emit(ctx, k++, e, EBB_ACT_FREE_REQUESTED);
@@ -265,7 +266,7 @@ static void ebb__hist_expand(const struct ebb__hist *h, size_t n,
 static void ebb__hist_emit_entry(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action) {
   struct ebb__hist_entry *out = ctx;
   out[k] = *e;
-  out[k].action = action;
+  out[k].sac = ebb__he_sac(ebb__he_stream(e), action, ebb__he_cat(e));
 }
 
 struct ebb__hist_trace_out {
@@ -279,10 +280,10 @@ static void ebb__hist_emit_trace(void *ctx, size_t k, const struct ebb__hist_ent
                                       .addr = e->addr,
                                       .size = e->size,
                                       .requested = e->requested,
-                                      .stream = e->stream,
+                                      .stream = ebb__he_stream(e),
                                       .device = o->device,
                                       .action = (ebb_alloc_action)action,
-                                      .owner_cat = (ebb_owner_cat)e->owner_cat,
+                                      .owner_cat = (ebb_owner_cat)ebb__he_cat(e),
                                       .owner_name = e->owner ? e->owner : ""};
 }
 
@@ -529,14 +530,14 @@ static void ebb__snap_trace(const struct ebb__arena *a, const struct ebb__hist_e
                             struct ebb__sbuf *tr) {
   ebb__sb_put(tr, "[", 1);
   for (size_t i = 0; i < n; i++, e++) {
-    const char *act = ebb_alloc_action_name((ebb_alloc_action)e->action);
+    const char *act = ebb_alloc_action_name((ebb_alloc_action)ebb__he_action(e));
     ebb__sb_printf(tr,
                    "%s{\"action\":\"%s\",\"addr\":%" PRIu64 ",\"size\":%" PRIu64 ",\"requested_size\":%" PRIu64
                    ",\"stream\":%" PRIu64 ",\"time_us\":%" PRIu64 ",\"device\":%d,\"frames\":[]",
-                   i ? "," : "", act, e->addr, e->size, e->requested, e->stream, e->time_ns / 1000, a->device);
+                   i ? "," : "", act, e->addr, e->size, e->requested, ebb__he_stream(e), e->time_ns / 1000, a->device);
     /* PyTorch's viewer reads an oom's free bytes from "device_free"; "addr" stays for tools. */
-    if (e->action == EBB_ACT_OOM) ebb__sb_printf(tr, ",\"device_free\":%" PRIu64, e->addr);
-    ebb__sb_owner(tr, e->owner_cat, e->owner ? e->owner : "");
+    if (ebb__he_action(e) == EBB_ACT_OOM) ebb__sb_printf(tr, ",\"device_free\":%" PRIu64, e->addr);
+    ebb__sb_owner(tr, (uint8_t)ebb__he_cat(e), e->owner ? e->owner : "");
     ebb__sb_put(tr, "}", 1);
   }
   ebb__sb_put(tr, "]", 1);
