@@ -366,7 +366,7 @@ EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
 
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
- * recorded: the caller recorded FREE_COMPLETED with the request (ebb__hist_rec_pair). */
+ * recorded: the caller recorded FREE_COMPLETED with the request (ebb__hist_rec_free_pair). */
 EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool recorded) {
   struct ebb__segment *g = b->seg;
   if (!recorded)
@@ -1364,8 +1364,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   if (EBB_LIKELY(!b->nuses)) {
     /* No other stream used it: the free completes now. Both entries at once, one clock read
      * and the fields gathered once (the completion repeats the request). */
-    ebb__hist_rec_pair(a, EBB_ACT_FREE_REQUESTED, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested,
-                       b->spool->stream.id, b->owner_cat, b->owner);
+    ebb__hist_rec_free_pair(a, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
     ebb__block_release_t(a, b, true);
     ebb__unlock(&a->mu);
     return EBB_OK;

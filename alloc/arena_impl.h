@@ -258,13 +258,35 @@ struct ebb__conf {
   const char *env;           /* EBB_ALLOC_CONF as read (snapshot settings); module-owned text */
 };
 
-/* One history entry: a fixed-size record in a preallocated ring, so recording never allocates. */
+/* One history entry: a fixed-size record in a preallocated ring, so recording never allocates.
+ * 48 bytes, not 56: action and category share the stream id's word. Stream ids come from one
+ * 64-bit counter from 1 that streams and events share (ebb__new_id); 56 bits of it last ~2
+ * years at one id a nanosecond, so the top byte is free. */
 struct ebb__hist_entry {
-  uint64_t time_ns, addr, size, requested, stream;
+  uint64_t time_ns, addr, size, requested;
   const char *owner; /* interned */
-  uint8_t action;    /* enum ebb_alloc_action */
-  uint8_t owner_cat; /* enum ebb_owner_cat */
+  uint64_t sac;      /* stream id (bits 0-55), action (56-59: enum ebb_alloc_action, or
+                        EBB__HIST_FREE_PAIR in the ring), owner category (60-63). A plain word,
+                        not bit-fields: GCC wrote those by read-modify-write, a load that waits
+                        for the ring line where a plain store does not (callgrind: D1 read
+                        misses on the ring) */
 };
+
+static inline uint64_t ebb__he_sac(uint64_t stream, unsigned action, unsigned owner_cat) {
+  return stream | (uint64_t)action << 56 | (uint64_t)owner_cat << 60;
+}
+static inline uint64_t ebb__he_stream(const struct ebb__hist_entry *e) { return e->sac & (((uint64_t)1 << 56) - 1); }
+static inline unsigned ebb__he_action(const struct ebb__hist_entry *e) { return (unsigned)(e->sac >> 56) & 15u; }
+static inline unsigned ebb__he_cat(const struct ebb__hist_entry *e) { return (unsigned)(e->sac >> 60); }
+
+/* The action of a ring slot that holds two actions: a free that completed in the call that
+ * requested it, FREE_REQUESTED then FREE_COMPLETED with the same fields and time. One slot, not
+ * two: a pair is the common free, and its second store was a third of the ring lines an
+ * alloc+free pair touched. Never seen outside the ring: readers (history.c) expand it. */
+#define EBB__HIST_FREE_PAIR 15u
+_Static_assert(EBB_ACT_OOM < EBB__HIST_FREE_PAIR && EBB_OWNER_CAT_COUNT <= 16,
+               "struct ebb__hist_entry: action and owner_cat are 4 bits");
+_Static_assert(sizeof(struct ebb__hist_entry) == 48, "struct ebb__hist_entry: 48 bytes (see above)");
 
 /* The history's clock. Entries carry CLOCK_MONOTONIC nanoseconds (the clock of
  * ebb_trace_now_ns), but reading that clock costs 25-50 ns (the vDSO, more in a VM) and an
@@ -285,11 +307,15 @@ struct ebb__hclock {
                          multiply (a double's conversions from and to uint64_t cost ~10 Ir) */
 };
 
+/* Capacity counts actions, as before pairs shared a slot: the views (ebb__hist_get, the
+ * snapshot) show the newest min(total, cap) actions. The ring has cap slots, each one or two
+ * actions, so it always holds at least that many; readers drop the older rest, which may be the
+ * FREE_REQUESTED half of the oldest slot. */
 struct ebb__hist {
   struct ebb__hist_entry *ring; /* NULL when the history is off */
-  size_t cap;                   /* entries in ring; 0: off */
+  size_t cap;                   /* slots in ring, and actions shown; 0: off */
   size_t head;                  /* next slot written */
-  uint64_t total;               /* entries ever recorded (held: min(total, cap)) */
+  uint64_t total;               /* actions ever recorded (a pair slot counts two) */
   struct ebb__hclock clk;
 };
 
@@ -511,18 +537,12 @@ static inline void ebb__hist_rec_at(struct ebb__hist *h, uint64_t t, ebb_alloc_a
   struct ebb__hist_entry *e = &h->ring[h->head];
   if (++h->head == h->cap) h->head = 0;
   h->total++;
-  e->time_ns = t;
-  e->addr = addr;
-  e->size = size;
-  e->requested = requested;
-  e->stream = stream;
-  e->owner = owner;
-  e->action = (uint8_t)act;
-  e->owner_cat = owner_cat;
+  EBB_ASSERT(stream >> 56 == 0);
+  *e = (struct ebb__hist_entry){t, addr, size, requested, owner, ebb__he_sac(stream, (unsigned)act, owner_cat)};
 }
 
 /* Records one action. Lock held. With the history off this is one predictable branch; on, a
- * counter read (ebb__hist_now) and a 56-byte store into the ring (the oldest entry is
+ * counter read (ebb__hist_now) and a 48-byte store into the ring (the oldest entry is
  * overwritten when full). */
 static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
                                  uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
@@ -531,27 +551,16 @@ static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uin
   ebb__hist_rec_at(h, ebb__hist_now(&h->clk), act, addr, size, requested, stream, owner_cat, owner);
 }
 
-/* Records two actions of one block at one time: a free that completes in the call that
- * requested it (FREE_REQUESTED, then FREE_COMPLETED with the same fields). One clock read, the
- * fields gathered once. Lock held. */
-static inline void ebb__hist_rec_pair(struct ebb__arena *a, ebb_alloc_action act1, ebb_alloc_action act2, uint64_t addr,
-                                      uint64_t size, uint64_t requested, uint64_t stream, uint8_t owner_cat,
-                                      const char *owner) {
+/* Records a free that completes in the call that requested it: FREE_REQUESTED, then
+ * FREE_COMPLETED with the same fields and time, as one EBB__HIST_FREE_PAIR slot (the readers
+ * expand it). Lock held. */
+static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, uint64_t size, uint64_t requested,
+                                           uint64_t stream, uint8_t owner_cat, const char *owner) {
   struct ebb__hist *h = &a->hist;
   if (!h->cap) return;
-  uint64_t t = ebb__hist_now(&h->clk);
-  if (EBB_UNLIKELY(h->cap - h->head < 2)) { /* the pair straddles the ring's end */
-    ebb__hist_rec_at(h, t, act1, addr, size, requested, stream, owner_cat, owner);
-    ebb__hist_rec_at(h, t, act2, addr, size, requested, stream, owner_cat, owner);
-    return;
-  }
-  struct ebb__hist_entry *e = &h->ring[h->head];
-  h->head += 2;
-  if (h->head == h->cap) h->head = 0;
-  h->total += 2;
-  e[0] = (struct ebb__hist_entry){t, addr, size, requested, stream, owner, (uint8_t)act1, owner_cat};
-  e[1] = e[0];
-  e[1].action = (uint8_t)act2;
+  ebb__hist_rec_at(h, ebb__hist_now(&h->clk), (ebb_alloc_action)EBB__HIST_FREE_PAIR, addr, size, requested, stream,
+                   owner_cat, owner);
+  h->total++; /* the slot holds two actions */
 }
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */

@@ -232,21 +232,73 @@ void ebb__hist_fini(struct ebb__arena *a) {
   memset(&a->hist, 0, sizeof a->hist);
 }
 
-/* Copies the newest min(cap, held) entries, oldest first. Lock held. */
+/* The actions the views show: the newest min(total, cap) (struct ebb__hist). */
+static size_t ebb__hist_held(const struct ebb__hist *h) { return h->total < h->cap ? (size_t)h->total : h->cap; }
+
+/* Hands the newest n actions (n <= ebb__hist_held) to emit, oldest first: an
+ * EBB__HIST_FREE_PAIR slot becomes its FREE_REQUESTED and FREE_COMPLETED entries. Lock held. */
+static void ebb__hist_expand(const struct ebb__hist *h, size_t n,
+                             void (*emit)(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action),
+                             void *ctx) {
+  if (!n) return;
+  /* Back from the newest slot until n actions are covered; the oldest slot reached may hold
+   * one more than needed (the FREE_REQUESTED half of a pair), skipped. The ring holds at least
+   * ebb__hist_held actions, so this stops within cap slots. */
+  size_t slot = h->head, got = 0;
+  while (got < n) {
+    slot = (slot ? slot : h->cap) - 1;
+    got += ebb__he_action(&h->ring[slot]) == EBB__HIST_FREE_PAIR ? 2 : 1;
+  }
+  bool skip = got > n;
+  for (size_t k = 0; k < n; slot = slot + 1 == h->cap ? 0 : slot + 1) {
+    const struct ebb__hist_entry *e = &h->ring[slot];
+    unsigned act = ebb__he_action(e);
+    if (act != EBB__HIST_FREE_PAIR) {
+      emit(ctx, k++, e, act);
+      continue;
+    }
+    if (!skip) emit(ctx, k++, e, EBB_ACT_FREE_REQUESTED);
+    skip = false;
+    emit(ctx, k++, e, EBB_ACT_FREE_COMPLETED); /* k < n: got - n actions were skipped, at most 1 */
+  }
+}
+
+static void ebb__hist_emit_entry(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action) {
+  struct ebb__hist_entry *out = ctx;
+  out[k] = *e;
+  out[k].sac = ebb__he_sac(ebb__he_stream(e), action, ebb__he_cat(e));
+}
+
+struct ebb__hist_trace_out {
+  ebb_alloc_trace_entry *out;
+  int device;
+};
+
+static void ebb__hist_emit_trace(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action) {
+  const struct ebb__hist_trace_out *o = ctx;
+  o->out[k] = (ebb_alloc_trace_entry){.time_ns = e->time_ns,
+                                      .addr = e->addr,
+                                      .size = e->size,
+                                      .requested = e->requested,
+                                      .stream = ebb__he_stream(e),
+                                      .device = o->device,
+                                      .action = (ebb_alloc_action)action,
+                                      .owner_cat = (ebb_owner_cat)ebb__he_cat(e),
+                                      .owner_name = e->owner ? e->owner : ""};
+}
+
+/* Copies the newest min(cap, held) actions, oldest first. Lock held. */
 static size_t ebb__hist_copy(const struct ebb__arena *a, struct ebb__hist_entry *out, size_t cap) {
-  const struct ebb__hist *h = &a->hist;
-  size_t held = h->total < h->cap ? (size_t)h->total : h->cap;
+  size_t held = ebb__hist_held(&a->hist);
   size_t n = held < cap ? held : cap;
-  /* The newest entry is at head - 1; the n newest start n slots before head, wrapping. */
-  size_t start = (h->head + h->cap - n) % (h->cap ? h->cap : 1);
-  for (size_t i = 0; i < n; i++) out[i] = h->ring[(start + i) % h->cap];
+  ebb__hist_expand(&a->hist, n, ebb__hist_emit_entry, out);
   return n;
 }
 
 ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                          uint64_t *total) {
   ebb__lock(&a->mu);
-  size_t held = a->hist.total < a->hist.cap ? (size_t)a->hist.total : a->hist.cap;
+  size_t held = ebb__hist_held(&a->hist);
   uint64_t tot = a->hist.total;
   if (!out) {
     ebb__unlock(&a->mu);
@@ -255,19 +307,8 @@ ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_
     return EBB_OK;
   }
   size_t n = held < cap ? held : cap;
-  size_t start = a->hist.cap ? (a->hist.head + a->hist.cap - n) % a->hist.cap : 0;
-  for (size_t i = 0; i < n; i++) {
-    const struct ebb__hist_entry *e = &a->hist.ring[(start + i) % a->hist.cap];
-    out[i] = (ebb_alloc_trace_entry){.time_ns = e->time_ns,
-                                     .addr = e->addr,
-                                     .size = e->size,
-                                     .requested = e->requested,
-                                     .stream = e->stream,
-                                     .device = a->device,
-                                     .action = (ebb_alloc_action)e->action,
-                                     .owner_cat = (ebb_owner_cat)e->owner_cat,
-                                     .owner_name = e->owner ? e->owner : ""};
-  }
+  struct ebb__hist_trace_out o = {out, a->device};
+  ebb__hist_expand(&a->hist, n, ebb__hist_emit_trace, &o);
   ebb__unlock(&a->mu);
   *count = n;
   if (total) *total = tot;
@@ -489,14 +530,14 @@ static void ebb__snap_trace(const struct ebb__arena *a, const struct ebb__hist_e
                             struct ebb__sbuf *tr) {
   ebb__sb_put(tr, "[", 1);
   for (size_t i = 0; i < n; i++, e++) {
-    const char *act = ebb_alloc_action_name((ebb_alloc_action)e->action);
+    const char *act = ebb_alloc_action_name((ebb_alloc_action)ebb__he_action(e));
     ebb__sb_printf(tr,
                    "%s{\"action\":\"%s\",\"addr\":%" PRIu64 ",\"size\":%" PRIu64 ",\"requested_size\":%" PRIu64
                    ",\"stream\":%" PRIu64 ",\"time_us\":%" PRIu64 ",\"device\":%d,\"frames\":[]",
-                   i ? "," : "", act, e->addr, e->size, e->requested, e->stream, e->time_ns / 1000, a->device);
+                   i ? "," : "", act, e->addr, e->size, e->requested, ebb__he_stream(e), e->time_ns / 1000, a->device);
     /* PyTorch's viewer reads an oom's free bytes from "device_free"; "addr" stays for tools. */
-    if (e->action == EBB_ACT_OOM) ebb__sb_printf(tr, ",\"device_free\":%" PRIu64, e->addr);
-    ebb__sb_owner(tr, e->owner_cat, e->owner ? e->owner : "");
+    if (ebb__he_action(e) == EBB_ACT_OOM) ebb__sb_printf(tr, ",\"device_free\":%" PRIu64, e->addr);
+    ebb__sb_owner(tr, (uint8_t)ebb__he_cat(e), e->owner ? e->owner : "");
     ebb__sb_put(tr, "}", 1);
   }
   ebb__sb_put(tr, "]", 1);

@@ -343,7 +343,7 @@ static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_
 
 /* Slot i's uses are over: it is free for its stream at once. An empty slab stays cached (at
  * most EBB__SLAB_EMPTY_CACHE per stream and class) or goes back to the engine. recorded: the
- * caller recorded FREE_COMPLETED with the request (ebb__hist_rec_pair). Lock held. */
+ * caller recorded FREE_COMPLETED with the request (ebb__hist_rec_free_pair). Lock held. */
 static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsigned i, bool recorded) {
   struct ebb__slot *t = &sl->slots[i];
   uint64_t addr = sl->addr + (uint64_t)i * sl->slot;
@@ -527,8 +527,7 @@ ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, e
   s->free_count++;
   if (EBB_LIKELY(!sl->ext || !sl->ext[i].nuses)) {
     /* No other stream used it: the free completes now, both entries at the request's time. */
-    ebb__hist_rec_pair(a, EBB_ACT_FREE_REQUESTED, EBB_ACT_FREE_COMPLETED, addr, sl->slot, t->requested,
-                       sl->spool->stream.id, t->owner_cat, t->owner);
+    ebb__hist_rec_free_pair(a, addr, sl->slot, t->requested, sl->spool->stream.id, t->owner_cat, t->owner);
     ebb__slot_release(a, sl, i, true);
     ebb__unlock(&a->mu);
     return EBB_OK;

@@ -584,6 +584,84 @@ TEST_CASE("the ring keeps the newest N actions, oldest first", "[alloc][history]
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("a free completed at once reads back as two actions, at every cut of the wrapped ring", "[alloc][history]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  ebb_stream_t *s2 = pool_stream(0);
+  // Frees that complete at once (their two actions share a ring slot) mixed with frees another
+  // stream's use defers (request and completion recorded apart), past the ring's wrap.
+  const int rounds = 90;
+  for (int i = 0; i < rounds; i++) {
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000 + i, s, &p));
+    if (i % 3 == 0) EBB_REQUIRE_OK(ebb_arena_record_stream(p, s2));
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+  }
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));  // the deferred frees complete
+  uint64_t total = 0;
+  auto h = history(0, &total);
+  REQUIRE(total > 2 * 64);  // more than two actions per slot: the ring's slots have wrapped
+  REQUIRE(h.size() == 64);
+  int pairs = 0;
+  for (size_t j = 0; j < h.size(); j++) {
+    INFO("entry " << j << ": " << ebb_alloc_action_name(h[j].action));
+    CHECK(std::string(ebb_alloc_action_name(h[j].action)) != "unknown");  // no ring-internal action escapes
+    // Round i requested 1000 + i bytes; a round not used on s2 completed its free at once.
+    if (h[j].action == EBB_ACT_FREE_REQUESTED && (h[j].requested - 1000) % 3 != 0 && j + 1 < h.size()) {
+      pairs++;
+      CHECK(h[j + 1].action == EBB_ACT_FREE_COMPLETED);
+      CHECK(h[j + 1].time_ns == h[j].time_ns);
+      CHECK(h[j + 1].addr == h[j].addr);
+      CHECK(h[j + 1].size == h[j].size);
+      CHECK(h[j + 1].requested == h[j].requested);
+      CHECK(h[j + 1].stream == h[j].stream);
+      CHECK(h[j + 1].owner_cat == h[j].owner_cat);
+      CHECK(std::string(h[j + 1].owner_name) == h[j].owner_name);
+    }
+  }
+  CHECK(pairs >= 10);
+  // Every smaller copy is the newest part of the full one, whether its oldest entry is the
+  // first or the second half of a shared slot.
+  for (size_t n = 1; n <= h.size(); n++) {
+    std::vector<ebb_alloc_trace_entry> v(n);
+    size_t got = 0;
+    uint64_t t2 = 0;
+    EBB_REQUIRE_OK(ebb_alloc_history_get(0, v.data(), n, &got, &t2));
+    REQUIRE(got == n);
+    CHECK(t2 == total);
+    for (size_t j = 0; j < n; j++) {
+      const ebb_alloc_trace_entry &a = v[j], &b = h[h.size() - n + j];
+      INFO("copy of " << n << ", entry " << j);
+      CHECK(a.action == b.action);
+      CHECK(a.time_ns == b.time_ns);
+      CHECK(a.addr == b.addr);
+      CHECK(a.size == b.size);
+      CHECK(a.requested == b.requested);
+      CHECK(a.stream == b.stream);
+      CHECK(a.device == b.device);
+      CHECK(a.owner_cat == b.owner_cat);
+      CHECK(std::string(a.owner_name) == b.owner_name);
+    }
+  }
+  // The snapshot's trace is the same 64 actions.
+  std::string path = tmp_path("ebb-snapshot-pairs");
+  EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
+  Json snap = parse_file(path);
+  std::remove(path.c_str());
+  const Json &tr = snap["device_traces"].arr[0];
+  REQUIRE(tr.arr.size() == h.size());
+  for (size_t j = 0; j < h.size(); j++) {
+    INFO("trace entry " << j);
+    CHECK(tr.arr[j]["action"].s == ebb_alloc_action_name(h[j].action));
+    CHECK(tr.arr[j]["addr"].u == h[j].addr);
+    CHECK(tr.arr[j]["requested_size"].u == h[j].requested);
+    CHECK(tr.arr[j]["time_us"].u == h[j].time_ns / 1000);
+  }
+  ebb_stream_release(s2);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 #elif EBB_HIST_MODE == EBB_HIST_OFF
 
 TEST_CASE("history:0 records nothing and the snapshot still has the segments", "[alloc][history]") {
