@@ -20,7 +20,6 @@
 #include "arena_impl.h"
 
 #define EBB__SLAB_BLOCKS 256
-#define EBB__SMALL_EVS 8   /* events of a free recorded without a heap array */
 
 _Static_assert(sizeof(struct ebb__block) == 128 && offsetof(struct ebb__block, seg) == 64,
                "a block record is two cache lines, the free-index fields in the first");
@@ -1221,6 +1220,15 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
 /* ---- deferred frees: events on the streams that used the memory ----------------------------- */
 
 void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs) {
+  if (!evs) {
+    /* No host memory for the event array: wait for the devices of the using streams instead,
+     * correct if slow (ebb__uses_queue then queues nothing and the memory is free at once). */
+    ebb__unlock(&a->mu);
+    for (uint32_t i = 0; i < n; i++) ebb_dev_synchronize(uses[i].device);
+    ebb__lock(&a->mu);
+    a->c.s.num_syncs += n;
+    return;
+  }
   for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, uses[i].device);
   ebb__unlock(&a->mu);
   uint32_t syncs = 0;
@@ -1245,6 +1253,7 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
 
 void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
                      struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count) {
+  if (!evs) return;
   for (uint32_t i = 0; i < n; i++) {
     if (!evs[i]) continue;
     const struct ebb__stream_ref *u = &uses[i];
@@ -1300,6 +1309,23 @@ const char *ebb__kind_alloc_fn(enum ebb__memkind kind) {
 
 /* Why `ptr` is not a live block of `kind`: searched in every arena's segments (an error path).
  * A live block of another kind is named as such: a pinned pointer given to ebb_arena_free. */
+ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
+                           uint64_t base, size_t size, uint64_t sid) {
+  const char *want = ebb__kind_alloc_fn(kind);
+  if (a->up->kind != kind)
+    return ebb__fail(EBB_EINVAL, "%s: pointer %p belongs to the %s (a block from %s); expected a block from %s", fn, ptr,
+                     a->label, a->up->alloc_fn, want);
+  if (state == EBB__B_ALLOC && (uint64_t)(uintptr_t)ptr != base)
+    return ebb__fail(EBB_EINVAL,
+                     "%s: pointer %p is inside the block at 0x%" PRIx64 " (%zu bytes, %s, stream %" PRIu64
+                     "); expected the start of a block from %s",
+                     fn, ptr, base, size, a->label, sid, want);
+  return ebb__fail(EBB_EFREED,
+                   "%s: pointer %p (%s) was already freed (it lies in free memory of the pool); expected a live block "
+                   "from %s",
+                   fn, ptr, a->label, want);
+}
+
 static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   const char *want = ebb__kind_alloc_fn(kind);
@@ -1316,18 +1342,7 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
     uint64_t base = b->addr, sid = b->spool->stream.id;
     size_t size = b->size;
     ebb__unlock(&a->mu);
-    if (a->up->kind != kind)
-      return ebb__fail(EBB_EINVAL, "%s: pointer %p belongs to the %s (a block from %s); expected a block from %s", fn, ptr,
-                       a->label, a->up->alloc_fn, want);
-    if (state == EBB__B_ALLOC && addr != base)
-      return ebb__fail(EBB_EINVAL,
-                       "%s: pointer %p is inside the block at 0x%" PRIx64 " (%zu bytes, %s, stream %" PRIu64
-                       "); expected the start of a block from %s",
-                       fn, ptr, base, size, a->label, sid, want);
-    return ebb__fail(EBB_EFREED,
-                     "%s: pointer %p (%s) was already freed (it lies in free memory of the pool); expected a live block "
-                     "from %s",
-                     fn, ptr, a->label, want);
+    return ebb__explain_in(fn, ptr, kind, a, state, base, size, sid);
   }
   return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
@@ -1376,17 +1391,6 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   b->state = EBB__B_FREEING;
   uint32_t n = b->nuses;
   ebb_event_t *small[EBB__SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
-  if (!evs) {
-    /* No host memory to track events: wait for the devices of the using streams instead,
-     * correct if slow. */
-    ebb__unlock(&a->mu);
-    for (uint32_t i = 0; i < n; i++) ebb_dev_synchronize(ebb__use_at(b, i)->device);
-    ebb__lock(&a->mu);
-    a->c.s.num_syncs += n;
-    ebb__block_release(a, b);
-    ebb__unlock(&a->mu);
-    return EBB_OK;
-  }
   ebb__uses_record(a, b->uses, n, evs);
   b->state = EBB__B_PENDING;
   b->event_count = 0;

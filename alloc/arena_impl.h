@@ -414,6 +414,11 @@ EBB_HIDDEN void ebb__ev_destroy(ebb_event_t *e);
 EBB_HIDDEN struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id);
 /* "device 0: ... / inactive" as for blocks: the public call of a kind (messages). */
 EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
+/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
+ * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
+ * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
+EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
+                                      uint64_t base, size_t size, uint64_t sid);
 
 /* ---- slabs (slab.c) ------------------------------------------------------------------------- */
 
@@ -425,11 +430,13 @@ EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t
 /* The deferred half of a free whose memory was used on other streams (a block's or a slot's
  * `uses`, n of them), in two steps. ebb__uses_record: one event recorded on each using stream,
  * into evs (taken from the event cache under the lock, recorded with the lock dropped; a stream
- * whose event cannot be recorded is waited for on the host and its evs[i] is NULL). Lock held on
+ * whose event cannot be recorded is waited for on the host and its evs[i] is NULL; evs NULL, no
+ * host memory for the array: every using device is waited for). Lock held on
  * entry and on return; the memory must be FREEING so no other call touches it meanwhile.
  * ebb__uses_queue: each event queued on its stream's pending queue for block b, or for slot
  * `slot` of slab sl, counting them in *count (no host memory for a queue entry: that event is
- * waited for instead). Lock held (dropped only on that path). */
+ * waited for instead; evs NULL: nothing). Lock held (dropped only on that path). */
+#define EBB__SMALL_EVS 8 /* events of a deferred free recorded without a heap array */
 EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs);
 EBB_HIDDEN void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
                                 struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count);

@@ -458,26 +458,12 @@ static ebb_status ebb__slot_bad(const char *fn, struct ebb__slab *sl, unsigned i
   int state = t->state;
   ebb__unlock(&a->mu);
   void *ptr = (void *)(uintptr_t)addr;
-  const char *want = ebb__kind_alloc_fn(kind);
-  if (a->up->kind != kind) {
-    if (is_free && state == EBB__B_ALLOC && addr == base)
-      return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s", fn, ptr,
-                       a->label, a->up->alloc_fn, want);
-    return ebb__fail(EBB_EINVAL, "%s: pointer %p belongs to the %s (a block from %s); expected a block from %s", fn, ptr,
-                     a->label, a->up->alloc_fn, want);
-  }
-  if (state == EBB__B_ALLOC && addr != base)
-    return ebb__fail(EBB_EINVAL,
-                     "%s: pointer %p is inside the block at 0x%" PRIx64 " (%zu bytes, %s, stream %" PRIu64
-                     "); expected the start of a block from %s",
-                     fn, ptr, base, size, a->label, sid, want);
-  return ebb__fail(EBB_EFREED,
-                   "%s: pointer %p (%s) was already freed (it lies in free memory of the pool); expected a live block "
-                   "from %s",
-                   fn, ptr, a->label, want);
+  if (a->up->kind != kind && is_free && state == EBB__B_ALLOC && addr == base)
+    return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s", fn, ptr,
+                     a->label, a->up->alloc_fn, ebb__kind_alloc_fn(kind));
+  return ebb__explain_in(fn, ptr, kind, a, state, base, size, sid);
 }
 
-#define EBB__SLOT_SMALL_EVS 8
 
 /* Slot i was used on other streams: one event on each, recorded now with the lock dropped; the
  * slot is PENDING until they complete (ebb__slab_pend_done). FREEING keeps every other call off
@@ -489,18 +475,7 @@ static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, un
   st->state = EBB__B_FREEING;
   sl->npend++;
   uint32_t n = t->nuses;
-  ebb_event_t *small[EBB__SLOT_SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
-  if (!evs) { /* no host memory to track events: wait for the using devices, correct if slow */
-    ebb__unlock(&a->mu);
-    for (uint32_t u = 0; u < n; u++) ebb_dev_synchronize(t->uses[u].device);
-    ebb__lock(&a->mu);
-    a->c.s.num_syncs += n;
-    sl->npend--;
-    t->nuses = 0;
-    ebb__slot_release(a, sl, i, false);
-    ebb__unlock(&a->mu);
-    return EBB_OK;
-  }
+  ebb_event_t *small[EBB__SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
   ebb__uses_record(a, t->uses, n, evs); /* the slot's use array is ours while FREEING */
   st->state = EBB__B_PENDING;
   t->event_count = 0;
