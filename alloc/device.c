@@ -96,7 +96,7 @@ static struct {
 } ebb__al;
 
 #define EBB__HISTORY_DEFAULT ((size_t)65536)
-#define EBB__HISTORY_MAX ((size_t)1 << 26) /* 3.5 GiB of ring per device: surely a typo beyond */
+#define EBB__HISTORY_MAX ((size_t)1 << 26) /* 3 GiB of ring (48-byte slots) per device: surely a typo beyond */
 
 struct ebb__arena *ebb__arena_nth(int i) {
   return i >= 0 && i < ebb__al.ndev ? &ebb__al.dev[i] : NULL;
