@@ -11,12 +11,12 @@
  * EBB_SIM_MEM is raised to 64 GiB per device for the ~9 GiB tensor working set.
  * glibc is reached through __libc_malloc/__libc_free (this program's malloc is jemalloc).
  * Each allocator replays the whole sequence (fill, pairs, free all) once untimed - the warm-up,
- * as the first step of a training loop - then three times more, each pass timing its pairs
- * after the fill and a first quarter. A training loop repeats its step's sequence, so after the
+ * as the first step of a training loop - then three times more (EBB_BENCH_REPLAYS), each pass
+ * timing its pairs after the fill and a first quarter. A training loop repeats its step's sequence, so after the
  * first replay an arena has met the sequence's demand peak; a driver allocation in a later
  * replay is fragmentation the arena did not absorb.
  * Output: `bench=arena_fastpath impl=... dist=... live=... ns_per_pair=... cpu_ns_per_pair=...`
- * (the best of the three timed passes) and, for ebb, the driver allocations of the three passes
+ * (the best of the timed passes) and, for ebb, the driver allocations of the timed passes
  * after the warm-up replay (the target is 0), summed and per pass, with the allocated bytes'
  * peak of the warm-up and of the later passes and the configuration (classic or expandable
  * segments: EBB_ALLOC_CONF). ns_per_pair is wall time; cpu_ns_per_pair is the thread's CPU time
@@ -25,7 +25,10 @@
  * Optional filters, for profiling one case: EBB_BENCH_IMPL=ebb (or glibc, jemalloc, mimalloc)
  * and EBB_BENCH_DIST=small (or tensor) run only the named implementation / distribution;
  * EBB_BENCH_SMALL_LIVE and EBB_BENCH_SMALL_PAIRS change dist=small's live blocks and pairs (the
- * free index's cost at 10^3 against 10^5 live blocks, or a short run under callgrind).
+ * free index's cost at 10^3 against 10^5 live blocks, or a short run under callgrind);
+ * EBB_BENCH_SEED=N draws other sequences (each distribution's starts from the seed, so filters
+ * do not change it); EBB_BENCH_REPLAYS=N (1-64, default 3) times N replays after the warm-up,
+ * to see after how many replays the arena stops asking the driver for memory.
  * Before dist=small a `probe=cache_miss` line gives the machine's cost of one dependent load
  * into 1, 16 and 64 MiB (pointer chase): at 10^5 live blocks the metadata of any allocator is
  * megabytes, so the pair's cost is mostly such misses (EBB_BENCH_IMPL=probe runs only it).
@@ -71,7 +74,13 @@ static size_t log_uniform(double lo, double hi) {
   return (s + 511) / 512 * 512;
 }
 
+/* Each distribution's sequence starts from the same seed (EBB_BENCH_SEED, else fixed), whatever
+ * ran before it, so a filtered run replays the same sequence as the full one. */
 static void seq_make(struct seq *q, size_t live, size_t pairs, double lo, double hi) {
+  const char *sv = getenv("EBB_BENCH_SEED");
+  uint64_t seed = sv && *sv ? strtoull(sv, NULL, 0) : 0;
+  rng_state = 0x9e3779b97f4a7c15ull ^ (seed * 0xbf58476d1ce4e5b9ull);
+  if (!rng_state) rng_state = 1; /* xorshift's one fixed point */
   q->live = live;
   q->pairs = pairs;
   q->fill = malloc(live * sizeof *q->fill);
@@ -174,11 +183,14 @@ static void bench(const char *dist, size_t live, size_t pairs, double lo, double
     if (!selected("EBB_BENCH_IMPL", im->name)) continue;
     bool is_ebb = !strcmp(im->name, "ebb");
     double best = 1e30, best_cpu = 1e30;
-    uint64_t drv_warm = 0, peak_warm = 0, drv_pass[3] = {0, 0, 0}, peak_after = 0;
+    uint64_t drv_warm = 0, peak_warm = 0, drv_pass[64] = {0}, peak_after = 0;
+    const char *rv = getenv("EBB_BENCH_REPLAYS");
+    int reps = rv && atoi(rv) > 0 ? atoi(rv) : 3;
+    if (reps > 64) reps = 64;
     double cpu = 0;
     /* The warm-up replay: untimed. */
     run(im, &q, slots, is_ebb, &drv_warm, &peak_warm, &cpu);
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
       /* A slow allocator (glibc maps and unmaps every large block) gets one timed pass. */
       if (rep > 0 && best > 20000.0) break;
       uint64_t peak = 0;
@@ -191,10 +203,15 @@ static void bench(const char *dist, size_t live, size_t pairs, double lo, double
            best, best_cpu);
     if (is_ebb) {
       const char *conf = getenv("EBB_ALLOC_CONF");
-      printf("bench=arena_fastpath impl=ebb dist=%s driver_allocs_after_warmup=%llu by_pass=%llu,%llu,%llu "
+      char by[64 * 21] = "";
+      uint64_t sum = 0;
+      for (int r = 0, o = 0; r < reps; r++) {
+        sum += drv_pass[r];
+        o += snprintf(by + o, sizeof by - (size_t)o, "%s%llu", r ? "," : "", (unsigned long long)drv_pass[r]);
+      }
+      printf("bench=arena_fastpath impl=ebb dist=%s driver_allocs_after_warmup=%llu by_pass=%s "
              "warmup_driver_allocs=%llu warmup_alloc_peak=%llu alloc_peak_after=%llu segments=%s\n",
-             dist, (unsigned long long)(drv_pass[0] + drv_pass[1] + drv_pass[2]), (unsigned long long)drv_pass[0],
-             (unsigned long long)drv_pass[1], (unsigned long long)drv_pass[2], (unsigned long long)drv_warm,
+             dist, (unsigned long long)sum, by, (unsigned long long)drv_warm,
              (unsigned long long)peak_warm, (unsigned long long)peak_after,
              conf && strstr(conf, "expandable_segments:1") ? "expandable" : "classic");
     }
