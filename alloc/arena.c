@@ -71,10 +71,11 @@ static size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
 /* ---- block records ------------------------------------------------------------------------- */
 
 /* Records come from slabs and go back to a spare list, never to malloc before teardown: a
- * pointer found in the ptrmap may be read after another thread freed the block, and must still
- * point at a block record of the same arena (checked under the lock before use). The spare list
- * is LIFO: the record reused next is the one retired last, still in cache. Slabs are aligned to
- * a cache line so each record is exactly its two lines. */
+ * record found in the address map or the ptrmap may be read after another thread freed the
+ * block, and must still be a block record of the same arena (checked under the lock before
+ * use). The spare list is LIFO: the record reused next is the one retired last, still in cache.
+ * Slabs are 128-byte aligned, so each record is exactly its two lines and leaves the address
+ * map its 7 low bits. */
 /* A new slab of records onto the spare list; false when out of host memory. */
 static bool ebb__block_slab(struct ebb__arena *a) {
   if (a->nslabs == a->capslabs) {
@@ -84,7 +85,7 @@ static bool ebb__block_slab(struct ebb__arena *a) {
     a->slabs = ns;
     a->capslabs = nc;
   }
-  struct ebb__block *slab = aligned_alloc(64, EBB__SLAB_BLOCKS * sizeof *slab);
+  struct ebb__block *slab = aligned_alloc(_Alignof(struct ebb__block), EBB__SLAB_BLOCKS * sizeof *slab);
   if (!slab) return false;
   memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
   a->slabs[a->nslabs++] = slab;
@@ -105,7 +106,7 @@ EBB__HOT struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   }
   struct ebb__block *b = ebb_container_of(n, struct ebb__block, node);
   /* Field by field, not memset: `arena` and `kind` are written once, when the slab is made,
-   * because ebb__arena_record reads a record found in the ptrmap before taking its arena's lock
+   * because a free or record_stream reads a record found in a map before taking its arena's lock
    * (the record may have been freed and reused meanwhile; it is still a record of that arena).
    * The use array stays with the record for its next user. */
   b->addr = 0;
@@ -1182,7 +1183,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     }
   }
   ebb__carve(a, b, sp, r, bytes, slab);
-  if (EBB_UNLIKELY(!slab && !ebb__ptrmap_insert(b))) {
+  if (EBB_UNLIKELY(!slab && !(ebb__block_in_amap(b) ? ebb__amap_block_put(b) : ebb__ptrmap_insert(b)))) {
     ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
     ebb__stat_sub(&a->c.s.requested_bytes, bytes);
     ebb__block_release(a, b);
@@ -1347,26 +1348,43 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
   return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
 
+static ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind,
+                                  bool tracked) {
+  return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s%s", fn, ptr,
+                   o->label, o->up->alloc_fn, ebb__kind_alloc_fn(kind),
+                   tracked ? "" : " (and no host memory was left to keep it tracked: it is leaked)");
+}
+
 ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  struct ebb__slab *sl = ebb__slab_lookup_lock(addr); /* a slot: its slab, arena locked */
+  struct ebb__block *b;
+  /* A slot, or a large block taken out of the address map (which elects this call as its one
+   * free: a racing second free finds no entry, or after the lock a block no longer ALLOC at
+   * addr); arena locked. */
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, true, &b);
   if (sl) return ebb__slab_free(fn, sl, addr, kind);
-  /* Taking the entry out elects this call as the block's one free: a racing second free of the
-   * same pointer finds nothing and reports the block freed. */
-  struct ebb__block *b = ebb__ptrmap_take(addr);
-  if (EBB_UNLIKELY(!b)) return ebb__explain(fn, ptr, kind);
-  if (EBB_UNLIKELY(b->kind != kind)) {
-    /* Another pool's live block: put it back untouched (its owner may still free it). The map
-     * just gave up this entry, so re-inserting it needs no new host memory in practice; if it
-     * did and failed, the block would leak rather than be freed by the wrong call. */
-    const struct ebb__arena *o = b->arena;
-    bool back = ebb__ptrmap_insert(b);
-    return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s%s", fn, ptr,
-                     o->label, o->up->alloc_fn, ebb__kind_alloc_fn(kind),
-                     back ? "" : " (and no host memory was left to keep it tracked: it is leaked)");
+  struct ebb__arena *a;
+  if (EBB_LIKELY(b)) {
+    a = b->arena;
+    if (EBB_UNLIKELY(b->kind != kind)) {
+      /* Another pool's live block: back into the map untouched (its leaf exists: cannot fail). */
+      bool back = ebb__amap_block_put(b);
+      ebb__unlock(&a->mu);
+      return ebb__wrong_pool(fn, ptr, a, kind, back);
+    }
+  } else {
+    /* A smaller block, in the ptrmap: taking the entry out elects this call likewise. */
+    b = ebb__ptrmap_take(addr);
+    if (EBB_UNLIKELY(!b)) return ebb__explain(fn, ptr, kind);
+    if (EBB_UNLIKELY(b->kind != kind)) {
+      /* Another pool's live block: put it back untouched (its owner may still free it). The map
+       * just gave up this entry, so re-inserting it needs no new host memory in practice; if it
+       * did and failed, the block would leak rather than be freed by the wrong call. */
+      return ebb__wrong_pool(fn, ptr, b->arena, kind, ebb__ptrmap_insert(b));
+    }
+    a = b->arena;
+    ebb__lock(&a->mu);
   }
-  struct ebb__arena *a = b->arena;
-  ebb__lock(&a->mu);
   /* The merge below reads both address neighbours: start both misses now, overlapping each
    * other and the bookkeeping before the merge. Under the lock: a neighbour's split or merge
    * rewrites these links, so reading them unlocked would race. */
@@ -1404,17 +1422,20 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
 
 ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  struct ebb__slab *sl = ebb__slab_lookup_lock(addr);
+  struct ebb__block *b;
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, false, &b);
   if (sl) return ebb__slab_record(fn, sl, addr, s, kind);
-  struct ebb__block *b = ebb__ptrmap_find(addr);
-  if (!b) return ebb__explain(fn, ptr, kind);
-  struct ebb__arena *a = b->arena;
-  ebb__lock(&a->mu);
-  /* Freed (and perhaps reused) since the lookup: the record is still a block of this arena. */
-  if (b->addr != addr || b->state != EBB__B_ALLOC) {
-    ebb__unlock(&a->mu);
-    return ebb__fail(EBB_EFREED, "%s: pointer %p was freed while its use was being recorded", fn, ptr);
+  if (!b) {
+    b = ebb__ptrmap_find(addr);
+    if (!b) return ebb__explain(fn, ptr, kind);
+    ebb__lock(&b->arena->mu);
+    /* Freed (and perhaps reused) since the lookup: the record is still a block of this arena. */
+    if (b->addr != addr || b->state != EBB__B_ALLOC) {
+      ebb__unlock(&b->arena->mu);
+      return ebb__fail(EBB_EFREED, "%s: pointer %p was freed while its use was being recorded", fn, ptr);
+    }
   }
+  struct ebb__arena *a = b->arena;
   if (EBB_UNLIKELY(a->up->kind != kind)) {
     ebb__unlock(&a->mu);
     return ebb__explain(fn, ptr, kind);
@@ -1497,6 +1518,14 @@ void ebb__arena_reset_peak(struct ebb__arena *a) {
     }                                                                      \
   } while (0)
 
+/* Whether the index for b's size (address map or ptrmap) holds b at its address; and its name. */
+static bool ebb__block_indexed(const struct ebb__block *b) {
+  return (ebb__block_in_amap(b) ? ebb__amap_block_find(b->addr) : ebb__ptrmap_find(b->addr)) == b;
+}
+static const char *ebb__block_index_name(const struct ebb__block *b) {
+  return ebb__block_in_amap(b) ? "address map" : "pointer map";
+}
+
 ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   ebb_status st = EBB_OK;
   ebb__lock(&a->mu);
@@ -1527,15 +1556,16 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
         EBB__CHECK(!ebb__mergeable(b, b->next), "%s: %s: free blocks 0x%" PRIx64 " and 0x%" PRIx64 " of one stream were not merged",
                    fn, a->label, b->addr, b->next->addr);
         EBB__CHECK(b->bin == ebb__bin_of(b->size), "%s: %s: free block 0x%" PRIx64 " is in the wrong bin", fn, a->label, b->addr);
-        EBB__CHECK(ebb__ptrmap_find(b->addr) != b, "%s: %s: free block 0x%" PRIx64 " is still in the pointer map", fn, a->label, b->addr);
+        EBB__CHECK(!ebb__block_indexed(b), "%s: %s: free block 0x%" PRIx64 " is still in the %s", fn, a->label, b->addr,
+                   ebb__block_index_name(b));
         break;
       case EBB__B_ALLOC:
         nlive++;
         alloc += b->size;
         active += b->size;
         requested += b->requested;
-        EBB__CHECK(ebb__ptrmap_find(b->addr) == b, "%s: %s: live block 0x%" PRIx64 " is missing from the pointer map", fn,
-                   a->label, b->addr);
+        EBB__CHECK(ebb__block_indexed(b), "%s: %s: live block 0x%" PRIx64 " is missing from the %s", fn, a->label,
+                   b->addr, ebb__block_index_name(b));
         break;
       case EBB__B_UNMAPPED:
         holes += b->size;

@@ -7,8 +7,9 @@
  *
  * Ownership: an arena owns its segments, its block records (carved from slabs, recycled, freed
  * only at teardown, so a stale block pointer always points at a block record), its per-stream
- * free indexes, its pending-free queues and an event cache. Pointer -> block lookup is one
- * process-wide sharded hash (ptrmap.c) shared by every arena, holding live (allocated) blocks.
+ * free indexes, its pending-free queues and an event cache. Pointer -> block lookup is shared by
+ * every arena: live blocks larger than 64 KiB (every block, with the default slab_max) are in
+ * slab.c's process-wide address map beside the slabs, smaller ones in a sharded hash (ptrmap.c).
  *
  * Threading: every field of struct ebb__arena and of its blocks and segments is protected by the
  * arena's `mu` (rank EBB_RANK_ARENA). A ptrmap shard lock is a leaf spin lock, taken with or
@@ -48,7 +49,7 @@ enum ebb__memkind { EBB__MEM_DEVICE_ARENA = 1, EBB__MEM_PINNED_POOL = 2, EBB__ME
 
 enum ebb__bstate {
   EBB__B_FREE = 0,    /* in its stream's free index */
-  EBB__B_ALLOC = 1,   /* handed out; in the ptrmap */
+  EBB__B_ALLOC = 1,   /* handed out; in the address map or the ptrmap (by size) */
   EBB__B_FREEING = 2, /* free requested, events being recorded with the lock dropped */
   EBB__B_PENDING = 3, /* free requested, waiting for events on the streams that used it */
   EBB__B_DEAD = 4,    /* record on the arena's spare list */
@@ -103,8 +104,9 @@ struct ebb__segment;
  * block's own alloc and free read. Streams recorded with ebb_arena_record_stream live in a
  * separate array, allocated at the first record and kept with the record for reuse. */
 struct ebb__block {
-  /* line 1: the free index and the neighbours' view */
-  uint64_t addr;
+  /* line 1: the free index and the neighbours' view. 128-byte aligned: the address map keeps
+   * 7 bits of its own in the low bits of a record's address (slab.c). */
+  _Alignas(128) uint64_t addr;
   size_t size;                     /* rounded size: the block's share of its segment */
   struct ebb__block *prev, *next;  /* address neighbours in the segment */
   struct ebb_list node;            /* bin list while FREE; spare list while DEAD */
@@ -124,6 +126,7 @@ struct ebb__block {
   uint32_t nuses, ucap;            /* (malloc'ed at the first record_stream, kept for reuse) */
   uint32_t event_count;            /* PENDING: events still to complete */
 };
+_Static_assert(sizeof(struct ebb__block) == 128, "struct ebb__block: two cache lines (see above)");
 
 struct ebb__segment {
   struct ebb_list node;       /* in the arena's segment list */
@@ -374,8 +377,8 @@ EBB_HIDDEN void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream
 EBB_HIDDEN void ebb__arena_fini(struct ebb__arena *a);
 EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
                                        void **out);
-/* Free / record_stream of a pointer of any arena, found through the ptrmap. `fn` names the
- * public call for messages. */
+/* Free / record_stream of a pointer of any arena, found through the address map or the ptrmap.
+ * `fn` names the public call for messages. */
 EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
                                         enum ebb__memkind kind);
@@ -387,7 +390,7 @@ EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
 /* The device arenas, i in [0, device count), NULL past them (snapshots, messages); device.c. */
 EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
 /* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
- * when a pointer is not in the ptrmap (messages only); device.c. */
+ * when a pointer is in neither map (messages only); device.c. */
 EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
 
 /* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
@@ -440,8 +443,13 @@ EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t
 EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs);
 EBB_HIDDEN void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
                                 struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count);
-EBB_HIDDEN struct ebb__slab *ebb__slab_lookup_lock(uint64_t addr);
-/* Free / record_stream of addr inside slab sl (locked by ebb__slab_lookup_lock; unlocked on
+/* What a free or record_stream of addr is about, found through the address map: a slot (its
+ * slab returned) or a live block larger than a granule starting at addr (*bout; with `take`,
+ * its entry is cleared, which elects the caller as the block's one free); either with its
+ * arena locked. NULL and *bout NULL: neither (the pointer may be a smaller block, in the
+ * ptrmap, or bad), no lock held. */
+EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, bool take, struct ebb__block **bout);
+/* Free / record_stream of addr inside slab sl (locked by ebb__addr_lookup_lock; unlocked on
  * return). Same messages as for blocks. */
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
@@ -569,6 +577,16 @@ static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, 
                    owner_cat, owner);
   h->total++; /* the slot holds two actions */
 }
+
+/* ---- finding a live block from its address --------------------------------------------------
+ * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of slab.c's address map) is entered
+ * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
+ * small request served as a block when no slab could be made) in the ptrmap. Lock held for the
+ * writes; the finds are unlocked and unvalidated. */
+#define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
+static inline bool ebb__block_in_amap(const struct ebb__block *b) { return b->size > EBB__AMAP_BLOCK_MIN; }
+EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
 

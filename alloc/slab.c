@@ -24,20 +24,24 @@
 
 /* ---- address map ----------------------------------------------------------------------------
  * 48-bit addresses in 64 KiB granules: a top table of 2^18 leaves, a leaf of 2^14 granules
- * (1 GiB, 512 KiB of entries, made at first use). A granule can meet two slabs at most, because
+ * (1 GiB, 512 KiB of 32-byte entries, made at first use). A granule can meet two slabs at most, because
  * every slab is longer than a granule (EBB__SLAB_TARGET): `lo` covers the granule's first byte,
  * up to its end; `hi` starts inside it. Each is one word: the slab record's address (records
  * are 128-byte aligned) with, in its low 7 bits, the boundary inside the granule in 512-byte
  * units (lo: where it ends, 0 when it covers the whole granule; hi: where it starts, 1..127).
  * So a lookup is two loads and no record read but the one it returns, and one word is written
- * whole (no torn pair). 10^5 live 13 KiB slots span ~20 000 granules: 320 KiB of entries,
- * against ~18 MB of block records and ptrmap for the same blocks. */
+ * whole (no torn pair). 10^5 live 13 KiB slots span ~20 000 granules: 640 KiB of entries,
+ * against ~18 MB of block records and ptrmap for the same blocks. An entry's third word holds
+ * the live block larger than a granule that starts in it (see "live blocks in the map"). */
 #define EBB__SMAP_GRAN 16
 #define EBB__SMAP_LEAF 14
 #define EBB__SMAP_TOP (48 - EBB__SMAP_GRAN - EBB__SMAP_LEAF)
 
 struct ebb__smap_ent {
   _Atomic uintptr_t lo, hi;
+  _Atomic uintptr_t blk; /* the live block larger than a granule that starts in it (the block
+                            record, 128-byte aligned, with the start's unit in the low 7 bits) */
+  uintptr_t pad;         /* 32 bytes: an entry never straddles a cache line */
 };
 
 #define EBB__SMAP_UNITS ((uintptr_t)127) /* low bits of an entry: 512-byte units in a granule */
@@ -65,11 +69,8 @@ static struct ebb__smap_ent *ebb__smap_leaf_alloc(void) {
   return p;
 }
 
-static struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
-  _Atomic(struct ebb__smap_ent *) *top = &ebb__smap[g >> EBB__SMAP_LEAF];
-  /* acquire: pairs with the release CAS that published the zeroed leaf. */
-  struct ebb__smap_ent *leaf = atomic_load_explicit(top, memory_order_acquire);
-  if (leaf || !make) return leaf;
+__attribute__((noinline, cold)) static struct ebb__smap_ent *ebb__smap_leaf_make(_Atomic(struct ebb__smap_ent *) *top) {
+  struct ebb__smap_ent *leaf = NULL;
   struct ebb__smap_ent *nl = ebb__smap_leaf_alloc();
   if (!nl) return NULL;
   /* release: the zeroed leaf is visible before its pointer. Two arenas may race to make it. */
@@ -78,13 +79,24 @@ static struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
   return leaf;
 }
 
-/* The slab whose granule entry covers addr, unvalidated (NULL: none). */
-static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
+static inline struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
+  _Atomic(struct ebb__smap_ent *) *top = &ebb__smap[g >> EBB__SMAP_LEAF];
+  /* acquire: pairs with the release CAS that published the zeroed leaf. */
+  struct ebb__smap_ent *leaf = atomic_load_explicit(top, memory_order_acquire);
+  if (EBB_LIKELY(leaf) || !make) return leaf;
+  return ebb__smap_leaf_make(top);
+}
+
+/* The entry of addr's granule; NULL when its leaf was never made. */
+static inline struct ebb__smap_ent *ebb__smap_ent_of(uint64_t addr) {
   if (EBB_UNLIKELY(addr >> 48)) return NULL;
   uint64_t g = addr >> EBB__SMAP_GRAN;
   struct ebb__smap_ent *leaf = ebb__smap_leaf(g, false);
-  if (!leaf) return NULL;
-  struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
+  return leaf ? &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)] : NULL;
+}
+
+/* The slab whose entry e (addr's granule) covers addr, unvalidated (NULL: none). */
+static inline struct ebb__slab *ebb__smap_slab_in(const struct ebb__smap_ent *e, uint64_t addr) {
   uintptr_t unit = (uintptr_t)(addr >> 9) & EBB__SMAP_UNITS;
   /* acquire (both): pair with the release stores of ebb__smap_put, so the record's fixed
    * `arena` is seen. */
@@ -93,6 +105,46 @@ static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
   uintptr_t lo = atomic_load_explicit(&e->lo, memory_order_acquire);
   if (lo && (!(lo & EBB__SMAP_UNITS) || unit < (lo & EBB__SMAP_UNITS))) return (struct ebb__slab *)(lo & ~EBB__SMAP_UNITS);
   return NULL;
+}
+
+static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
+  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
+  return e ? ebb__smap_slab_in(e, addr) : NULL;
+}
+
+/* The live block entered at addr, unvalidated (NULL: none). */
+static inline struct ebb__block *ebb__smap_block_in(struct ebb__smap_ent *e, uint64_t addr) {
+  /* acquire: pairs with the release store of ebb__amap_block_put, so the record's fixed
+   * `arena` is seen. */
+  uintptr_t w = atomic_load_explicit(&e->blk, memory_order_acquire);
+  if (w && !(addr & (EBB__MIN_BLOCK - 1)) && (w & EBB__SMAP_UNITS) == ((uintptr_t)(addr >> 9) & EBB__SMAP_UNITS))
+    return (struct ebb__block *)(w & ~EBB__SMAP_UNITS);
+  return NULL;
+}
+
+/* ---- live blocks in the map -------------------------------------------------------------------
+ * A live block larger than a granule is entered in the `blk` word of the granule where it
+ * starts: two such blocks cannot start in one granule, so the word is theirs alone. With the
+ * default slab_max (64 KiB) every block the engine hands out is one, and a free finds slot and
+ * block alike with the one entry read, where the ptrmap cost a shard lock and a probe. */
+_Static_assert(_Alignof(struct ebb__block) >= EBB__SMAP_UNITS + 1, "block records leave 7 low bits free");
+_Static_assert(EBB__AMAP_BLOCK_MIN == ((size_t)1 << EBB__SMAP_GRAN), "blocks above one granule of the address map");
+
+bool ebb__amap_block_put(struct ebb__block *b) {
+  EBB_ASSERT(ebb__block_in_amap(b) && !(b->addr >> 48));
+  uint64_t g = b->addr >> EBB__SMAP_GRAN;
+  struct ebb__smap_ent *leaf = ebb__smap_leaf(g, true);
+  if (!leaf) return false;
+  struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
+  EBB_ASSERT(!atomic_load_explicit(&e->blk, memory_order_relaxed));
+  /* release: pairs with the acquire in ebb__smap_block_in. */
+  atomic_store_explicit(&e->blk, (uintptr_t)b | ((uintptr_t)(b->addr >> 9) & EBB__SMAP_UNITS), memory_order_release);
+  return true;
+}
+
+struct ebb__block *ebb__amap_block_find(uint64_t addr) {
+  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
+  return e ? ebb__smap_block_in(e, addr) : NULL;
 }
 
 static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
@@ -137,8 +189,24 @@ void ebb__slab_map_clear(void) {
   }
 }
 
-struct ebb__slab *ebb__slab_lookup_lock(uint64_t addr) {
-  struct ebb__slab *sl = ebb__smap_find(addr);
+struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, bool take, struct ebb__block **bout) {
+  *bout = NULL;
+  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
+  if (!e) return NULL;
+  struct ebb__block *b = ebb__smap_block_in(e, addr);
+  if (b) {
+    struct ebb__arena *a = b->arena; /* fixed for the record's whole life */
+    ebb__lock(&a->mu);
+    /* Freed (the record perhaps reused elsewhere) since the lookup: only a live block at addr
+     * is an answer. */
+    if (b->addr == addr && b->state == EBB__B_ALLOC) {
+      if (take) atomic_store_explicit(&e->blk, 0, memory_order_relaxed); /* written under the lock */
+      *bout = b;
+      return NULL;
+    }
+    ebb__unlock(&a->mu);
+  }
+  struct ebb__slab *sl = ebb__smap_slab_in(e, addr);
   if (!sl) return NULL;
   struct ebb__arena *a = sl->arena;
   ebb__lock(&a->mu);
