@@ -24,27 +24,27 @@
 
 /* ---- address map ----------------------------------------------------------------------------
  * 48-bit addresses in 64 KiB granules: a top table of 2^18 leaves, a leaf of 2^14 granules
- * (1 GiB, 512 KiB of 32-byte entries, made at first use). A granule can meet two slabs at most, because
+ * (1 GiB, 256 KiB of 16-byte entries, made at first use). A granule can meet two slabs at most, because
  * every slab is longer than a granule (EBB__SLAB_TARGET): `lo` covers the granule's first byte,
  * up to its end; `hi` starts inside it. Each is one word: the slab record's address (records
  * are 128-byte aligned) with, in its low 7 bits, the boundary inside the granule in 512-byte
  * units (lo: where it ends, 0 when it covers the whole granule; hi: where it starts, 1..127).
  * So a lookup is two loads and no record read but the one it returns, and one word is written
- * whole (no torn pair). 10^5 live 13 KiB slots span ~20 000 granules: 640 KiB of entries,
- * against ~18 MB of block records and ptrmap for the same blocks. An entry's third word holds
- * the live block larger than a granule that starts in it (see "live blocks in the map"). */
+ * whole (no torn pair). 10^5 live 13 KiB slots span ~20 000 granules: 320 KiB of entries,
+ * against ~18 MB of block records and ptrmap for the same blocks. `hi` may instead hold the
+ * live block larger than a granule that starts in it (see "live blocks in the map"). */
 #define EBB__SMAP_GRAN 16
 #define EBB__SMAP_LEAF 14
 #define EBB__SMAP_TOP (48 - EBB__SMAP_GRAN - EBB__SMAP_LEAF)
 
 struct ebb__smap_ent {
   _Atomic uintptr_t lo, hi;
-  _Atomic uintptr_t blk; /* the live block larger than a granule that starts in it (the block
-                            record, 128-byte aligned, with the start's unit in the low 7 bits) */
-  uintptr_t pad;         /* 32 bytes: an entry never straddles a cache line */
 };
 
 #define EBB__SMAP_UNITS ((uintptr_t)127) /* low bits of an entry: 512-byte units in a granule */
+/* Top bit of `hi`: the record is a live block's, not a slab's (see "live blocks in the map").
+ * User-space addresses never have it set (the lower half of the address space). */
+#define EBB__SMAP_BLOCK ((uintptr_t)1 << (sizeof(uintptr_t) * 8 - 1))
 _Static_assert(((size_t)1 << EBB__SMAP_GRAN) / EBB__MIN_BLOCK == EBB__SMAP_UNITS + 1, "units of a granule fit 7 bits");
 _Static_assert(_Alignof(struct ebb__slab) >= EBB__SMAP_UNITS + 1, "slab records leave 7 low bits free");
 
@@ -95,38 +95,46 @@ static inline struct ebb__smap_ent *ebb__smap_ent_of(uint64_t addr) {
   return leaf ? &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)] : NULL;
 }
 
-/* The slab whose entry e (addr's granule) covers addr, unvalidated (NULL: none). */
-static inline struct ebb__slab *ebb__smap_slab_in(const struct ebb__smap_ent *e, uint64_t addr) {
+/* The slab whose entry e (addr's granule, `hi` already loaded) covers addr, unvalidated (NULL:
+ * none). */
+static inline struct ebb__slab *ebb__smap_slab_in(const struct ebb__smap_ent *e, uintptr_t hi, uint64_t addr) {
   uintptr_t unit = (uintptr_t)(addr >> 9) & EBB__SMAP_UNITS;
-  /* acquire (both): pair with the release stores of ebb__smap_put, so the record's fixed
-   * `arena` is seen. */
-  uintptr_t hi = atomic_load_explicit(&e->hi, memory_order_acquire);
-  if (hi && unit >= (hi & EBB__SMAP_UNITS)) return (struct ebb__slab *)(hi & ~EBB__SMAP_UNITS);
+  /* acquire (hi's and lo's): pair with the release stores of ebb__smap_put, so the record's
+   * fixed `arena` is seen. */
+  if (hi && !(hi & EBB__SMAP_BLOCK) && unit >= (hi & EBB__SMAP_UNITS)) return (struct ebb__slab *)(hi & ~EBB__SMAP_UNITS);
+  /* (A block in `hi` starts after any slab that covers the granule's start: lo's bound below
+   * then rejects addresses inside the block.) */
   uintptr_t lo = atomic_load_explicit(&e->lo, memory_order_acquire);
   if (lo && (!(lo & EBB__SMAP_UNITS) || unit < (lo & EBB__SMAP_UNITS))) return (struct ebb__slab *)(lo & ~EBB__SMAP_UNITS);
   return NULL;
 }
 
-static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
-  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
-  return e ? ebb__smap_slab_in(e, addr) : NULL;
+static inline uintptr_t ebb__smap_hi(const struct ebb__smap_ent *e) {
+  return atomic_load_explicit(&e->hi, memory_order_acquire);
 }
 
-/* The live block entered at addr, unvalidated (NULL: none). */
-static inline struct ebb__block *ebb__smap_block_in(struct ebb__smap_ent *e, uint64_t addr) {
-  /* acquire: pairs with the release store of ebb__amap_block_put, so the record's fixed
-   * `arena` is seen. */
-  uintptr_t w = atomic_load_explicit(&e->blk, memory_order_acquire);
-  if (w && !(addr & (EBB__MIN_BLOCK - 1)) && (w & EBB__SMAP_UNITS) == ((uintptr_t)(addr >> 9) & EBB__SMAP_UNITS))
-    return (struct ebb__block *)(w & ~EBB__SMAP_UNITS);
+static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
+  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
+  return e ? ebb__smap_slab_in(e, ebb__smap_hi(e), addr) : NULL;
+}
+
+/* The live block entered at addr, from its granule's `hi` word w; unvalidated (NULL: none).
+ * (w's acquire load pairs with the release store of ebb__amap_block_put, so the record's fixed
+ * `arena` is seen.) */
+static inline struct ebb__block *ebb__smap_block_in(uintptr_t w, uint64_t addr) {
+  if ((w & EBB__SMAP_BLOCK) && !(addr & (EBB__MIN_BLOCK - 1)) &&
+      (w & EBB__SMAP_UNITS) == ((uintptr_t)(addr >> 9) & EBB__SMAP_UNITS))
+    return (struct ebb__block *)(w & ~(EBB__SMAP_BLOCK | EBB__SMAP_UNITS));
   return NULL;
 }
 
 /* ---- live blocks in the map -------------------------------------------------------------------
- * A live block larger than a granule is entered in the `blk` word of the granule where it
- * starts: two such blocks cannot start in one granule, so the word is theirs alone. With the
- * default slab_max (64 KiB) every block the engine hands out is one, and a free finds slot and
- * block alike with the one entry read, where the ptrmap cost a shard lock and a probe. */
+ * A live block larger than a granule is entered in the `hi` word of the granule where it starts
+ * (tagged EBB__SMAP_BLOCK, with its start's unit, 0..127): slabs and such blocks are all longer
+ * than a granule and never overlap, so at most one of them starts in any granule, and the word
+ * is its own while it lives. With the default slab_max (64 KiB) every block the engine hands out
+ * is one, and a free finds slot and block alike with the one entry read, where the ptrmap cost a
+ * shard lock and a probe. */
 _Static_assert(_Alignof(struct ebb__block) >= EBB__SMAP_UNITS + 1, "block records leave 7 low bits free");
 _Static_assert(EBB__AMAP_BLOCK_MIN == ((size_t)1 << EBB__SMAP_GRAN), "blocks above one granule of the address map");
 
@@ -136,15 +144,16 @@ bool ebb__amap_block_put(struct ebb__block *b) {
   struct ebb__smap_ent *leaf = ebb__smap_leaf(g, true);
   if (!leaf) return false;
   struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
-  EBB_ASSERT(!atomic_load_explicit(&e->blk, memory_order_relaxed));
+  EBB_ASSERT(!atomic_load_explicit(&e->hi, memory_order_relaxed) && !((uintptr_t)b & EBB__SMAP_BLOCK));
   /* release: pairs with the acquire in ebb__smap_block_in. */
-  atomic_store_explicit(&e->blk, (uintptr_t)b | ((uintptr_t)(b->addr >> 9) & EBB__SMAP_UNITS), memory_order_release);
+  atomic_store_explicit(&e->hi, (uintptr_t)b | EBB__SMAP_BLOCK | ((uintptr_t)(b->addr >> 9) & EBB__SMAP_UNITS),
+                        memory_order_release);
   return true;
 }
 
 struct ebb__block *ebb__amap_block_find(uint64_t addr) {
   struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
-  return e ? ebb__smap_block_in(e, addr) : NULL;
+  return e ? ebb__smap_block_in(ebb__smap_hi(e), addr) : NULL;
 }
 
 static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
@@ -193,20 +202,21 @@ struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, bool take, struct ebb__bl
   *bout = NULL;
   struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
   if (!e) return NULL;
-  struct ebb__block *b = ebb__smap_block_in(e, addr);
+  uintptr_t hi = ebb__smap_hi(e);
+  struct ebb__block *b = ebb__smap_block_in(hi, addr);
   if (b) {
     struct ebb__arena *a = b->arena; /* fixed for the record's whole life */
     ebb__lock(&a->mu);
     /* Freed (the record perhaps reused elsewhere) since the lookup: only a live block at addr
      * is an answer. */
     if (b->addr == addr && b->state == EBB__B_ALLOC) {
-      if (take) atomic_store_explicit(&e->blk, 0, memory_order_relaxed); /* written under the lock */
+      if (take) atomic_store_explicit(&e->hi, 0, memory_order_relaxed); /* written under the lock */
       *bout = b;
       return NULL;
     }
     ebb__unlock(&a->mu);
   }
-  struct ebb__slab *sl = ebb__smap_slab_in(e, addr);
+  struct ebb__slab *sl = ebb__smap_slab_in(e, hi, addr);
   if (!sl) return NULL;
   struct ebb__arena *a = sl->arena;
   ebb__lock(&a->mu);

@@ -28,7 +28,8 @@
  * free index's cost at 10^3 against 10^5 live blocks, or a short run under callgrind);
  * EBB_BENCH_SEED=N draws other sequences (each distribution's starts from the seed, so filters
  * do not change it); EBB_BENCH_REPLAYS=N (1-64, default 3) times N replays after the warm-up,
- * to see after how many replays the arena stops asking the driver for memory.
+ * to see after how many replays the arena stops asking the driver for memory (set, it also
+ * keeps a slow run - under valgrind - from being cut to one timed replay).
  * Before dist=small a `probe=cache_miss` line gives the machine's cost of one dependent load
  * into 1, 16 and 64 MiB (pointer chase): at 10^5 live blocks the metadata of any allocator is
  * megabytes, so the pair's cost is mostly such misses (EBB_BENCH_IMPL=probe runs only it).
@@ -191,8 +192,9 @@ static void bench(const char *dist, size_t live, size_t pairs, double lo, double
     /* The warm-up replay: untimed. */
     run(im, &q, slots, is_ebb, &drv_warm, &peak_warm, &cpu);
     for (int rep = 0; rep < reps; rep++) {
-      /* A slow allocator (glibc maps and unmaps every large block) gets one timed pass. */
-      if (rep > 0 && best > 20000.0) break;
+      /* A slow allocator (glibc maps and unmaps every large block) gets one timed pass, unless
+       * the replays were asked for (a run under valgrind is slow too, and must be complete). */
+      if (rep > 0 && best > 20000.0 && !rv) break;
       uint64_t peak = 0;
       double ns = run(im, &q, slots, is_ebb, &drv_pass[rep], &peak, &cpu);
       if (peak > peak_after) peak_after = peak;
