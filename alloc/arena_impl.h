@@ -581,10 +581,12 @@ static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, 
 /* ---- finding a live block from its address --------------------------------------------------
  * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of slab.c's address map) is entered
  * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
- * small request served as a block when no slab could be made) in the ptrmap. Lock held for the
- * writes; the finds are unlocked and unvalidated. */
+ * small request served as a block when no slab could be made, or one past the map's 48-bit
+ * addresses) in the ptrmap. Lock held for the writes; the finds are unlocked and unvalidated. */
 #define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
-static inline bool ebb__block_in_amap(const struct ebb__block *b) { return b->size > EBB__AMAP_BLOCK_MIN; }
+static inline bool ebb__block_in_amap(const struct ebb__block *b) {
+  return b->size > EBB__AMAP_BLOCK_MIN && !(b->addr >> 48);
+}
 EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
 EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
 

@@ -24,15 +24,16 @@
 
 /* ---- address map ----------------------------------------------------------------------------
  * 48-bit addresses in 64 KiB granules: a top table of 2^18 leaves, a leaf of 2^14 granules
- * (1 GiB, 256 KiB of 16-byte entries, made at first use). A granule can meet two slabs at most, because
- * every slab is longer than a granule (EBB__SLAB_TARGET): `lo` covers the granule's first byte,
- * up to its end; `hi` starts inside it. Each is one word: the slab record's address (records
- * are 128-byte aligned) with, in its low 7 bits, the boundary inside the granule in 512-byte
- * units (lo: where it ends, 0 when it covers the whole granule; hi: where it starts, 1..127).
- * So a lookup is two loads and no record read but the one it returns, and one word is written
- * whole (no torn pair). 10^5 live 13 KiB slots span ~20 000 granules: 320 KiB of entries,
- * against ~18 MB of block records and ptrmap for the same blocks. `hi` may instead hold the
- * live block larger than a granule that starts in it (see "live blocks in the map"). */
+ * (1 GiB, 256 KiB of 16-byte entries, made at first use). A granule can meet two slabs at
+ * most, because every slab is longer than a granule (EBB__SLAB_TARGET): `lo` covers the
+ * granule's first byte, up to its end; `hi` starts inside it. Each is one word: the slab
+ * record's address (records are 128-byte aligned) with, in its low 7 bits, the boundary inside
+ * the granule in 512-byte units (lo: where it ends, 0 when it covers the whole granule; hi:
+ * where it starts, 1..127). So a lookup is two loads and no record read but the one it
+ * returns, and one word is written whole (no torn pair). 10^5 live 13 KiB slots span ~20 000
+ * granules: 320 KiB of entries, against ~18 MB of block records and ptrmap for the same
+ * blocks. `hi` may instead hold the live block larger than a granule that starts in it (see
+ * "live blocks in the map"). */
 #define EBB__SMAP_GRAN 16
 #define EBB__SMAP_LEAF 14
 #define EBB__SMAP_TOP (48 - EBB__SMAP_GRAN - EBB__SMAP_LEAF)
@@ -139,7 +140,7 @@ _Static_assert(_Alignof(struct ebb__block) >= EBB__SMAP_UNITS + 1, "block record
 _Static_assert(EBB__AMAP_BLOCK_MIN == ((size_t)1 << EBB__SMAP_GRAN), "blocks above one granule of the address map");
 
 bool ebb__amap_block_put(struct ebb__block *b) {
-  EBB_ASSERT(ebb__block_in_amap(b) && !(b->addr >> 48));
+  EBB_ASSERT(ebb__block_in_amap(b));
   uint64_t g = b->addr >> EBB__SMAP_GRAN;
   struct ebb__smap_ent *leaf = ebb__smap_leaf(g, true);
   if (!leaf) return false;
@@ -208,8 +209,9 @@ struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, bool take, struct ebb__bl
     struct ebb__arena *a = b->arena; /* fixed for the record's whole life */
     ebb__lock(&a->mu);
     /* Freed (the record perhaps reused elsewhere) since the lookup: only a live block at addr
-     * is an answer. */
-    if (b->addr == addr && b->state == EBB__B_ALLOC) {
+     * that is in the map is an answer (a racing bad free can see an old entry whose record now
+     * holds a smaller block at the same address, which the ptrmap tracks). */
+    if (b->addr == addr && b->state == EBB__B_ALLOC && ebb__block_in_amap(b)) {
       if (take) atomic_store_explicit(&e->hi, 0, memory_order_relaxed); /* written under the lock */
       *bout = b;
       return NULL;
