@@ -893,34 +893,61 @@ static size_t ebb__x_shrink(struct ebb__arena *a) {
 
 /* ---- allocation ---------------------------------------------------------------------------- */
 
+/* The streams whose last work on a block's memory the allocation stream must be ordered after,
+ * one event each, before the block is handed out: the owner of a stolen block. Filled under the
+ * lock by the miss path; ebb__alloc_impl records and waits for the events. */
+#define EBB__ORDER_MAX 4 /* streams one allocation may be ordered after */
+struct ebb__order {
+  unsigned n;
+  struct ebb__stream_ref from[EBB__ORDER_MAX];
+  ebb_event_t *ev[EBB__ORDER_MAX];
+};
+
+/* Adds the stream of `sp` to o unless it is `own` or already there; false when o is full. */
+static bool ebb__order_add(struct ebb__order *o, const struct ebb__spool *sp, const struct ebb__spool *own) {
+  if (sp == own) return true;
+  for (unsigned i = 0; i < o->n; i++)
+    if (o->from[i].id == sp->stream.id) return true;
+  if (o->n == EBB__ORDER_MAX) return false;
+  o->from[o->n++] = sp->stream;
+  return true;
+}
+
 /* Another stream's free block for a request that missed its own stream (allocators.md 8.1:
- * memory should not stay stranded per stream). The caller orders the new stream after the old
- * one with an event before handing the block out. Lock held. */
-static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r) {
+ * memory should not stay stranded per stream). Its owner goes into o: the caller orders the new
+ * stream after it with an event before handing the block out. Lock held. */
+static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
+                                     struct ebb__order *o) {
   for (size_t i = 0; i < a->nspools; i++) {
     struct ebb__spool *sp = a->spools[i];
     if (sp == own || !sp->pools[pool].count) continue;
     struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
-    if (b) return b;
+    if (b) {
+      ebb__order_add(o, sp, own);
+      return b;
+    }
   }
   return NULL;
 }
 
 /* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
- * splits off the remainder when the pool's rule allows (allocators.md 1.5). Lock held. */
+ * splits off the remainder when the pool's rule allows (allocators.md 1.5). The remainder is
+ * b->spool's: the stream that freed b, or sp once ebb__alloc_impl ordered sp after that stream;
+ * in the second case it may meet a free block of sp after it and merges. Lock held. */
 static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes, bool slab) {
   struct ebb__segment *g = b->seg;
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
                                                             : rest > EBB__SMALL_SIZE && r < a->conf.max_split;
-  bool counted = ebb__seg_is_split(g), did_split = false;
+  bool counted = ebb__seg_is_split(g);
+  size_t nf0 = g->nfree;
   if (split) {
     struct ebb__block *nb = ebb__block_new(a);
     if (nb) { /* no host memory for a record: hand out the whole block instead */
       nb->addr = b->addr + r;
       nb->size = rest;
       nb->seg = g;
-      nb->spool = b->spool; /* the remainder stays with the stream that freed it */
+      nb->spool = b->spool;
       nb->pool = b->pool;
       nb->state = EBB__B_FREE;
       nb->prev = b;
@@ -930,8 +957,17 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
       b->size = r;
       g->nblocks++;
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
+      struct ebb__block *n = nb->next;
+      if (ebb__mergeable(nb, n)) { /* not ebb__merge_insert: b, before it, is still FREE */
+        ebb__index_remove(n);
+        nb->size += n->size;
+        nb->next = n->next;
+        if (n->next) n->next->prev = nb;
+        g->nblocks--;
+        g->nfree--;
+        ebb__block_dead(a, n);
+      }
       ebb__index_insert(a, nb);
-      did_split = true;
     }
   }
   g->nfree--;
@@ -939,8 +975,8 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   /* inactive_split by the change just made (see ebb__block_release_t). */
   if (EBB_LIKELY(counted)) {
     /* Still split: the block handed out leaves the free pieces (its remainder, if split off,
-     * takes its place). */
-    if (!did_split) ebb__stat_sub(&a->c.s.inactive_split, 1);
+     * takes its place, merged or not). */
+    if (g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
     ebb__stat_sub(&a->c.s.inactive_split_bytes, b->size);
   } else if (ebb__seg_is_split(g)) {
     /* The segment's first split: its free pieces start to count. */
@@ -1039,14 +1075,14 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
 }
 
 /* The miss path: another stream's block, then the upstream, then the release-and-retry chain
- * (allocators.md 1.8, with the re-search after syncing that PyTorch misses, #189504). */
+ * (allocators.md 1.8, with the re-search after syncing that PyTorch misses, #189504). The
+ * streams the block must be ordered after go into o. */
 static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
-                                  const struct ebb__stream_ref *s, struct ebb__block **out, bool *stolen) {
+                                  const struct ebb__stream_ref *s, struct ebb__block **out, struct ebb__order *o) {
   ebb_status gst = EBB_OK;
   for (int attempt = 0;; attempt++) {
-    struct ebb__block *b = ebb__steal(a, sp, pool, r);
+    struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
     if (b) {
-      *stolen = true;
       *out = b;
       return EBB_OK;
     }
@@ -1100,10 +1136,9 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
  * chain: the caller falls back to a plain block, whose own miss path runs it (and reports an
  * OOM with the caller's size). Lock held. */
 static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
-                                       bool *stolen) {
-  struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r);
+                                       struct ebb__order *o) {
+  struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r, o);
   if (b) {
-    *stolen = true;
     *out = b;
     return EBB_OK;
   }
@@ -1112,6 +1147,27 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
 
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout);
+
+/* Orders stream s after every stream of o now, under the lock: an event from the cache recorded
+ * on each and waited for on s (recording and waiting take no ebb lock). true: done, and the
+ * events are back in the cache (one it cannot take stays in o->ev, to be destroyed with the
+ * lock dropped). false: an event was missing from the cache (creating one needs the lock
+ * dropped) or could not be recorded or waited for; o->ev holds what was popped, and the caller
+ * orders s with the lock dropped, as before this path existed (waiting twice for one event is
+ * harmless). Like a launch, the record and the wait may block while a stream's queue is full;
+ * the lock is held across driver calls on the miss path already (VMM map, the retry chain's
+ * device synchronisation). Lock held. */
+static bool ebb__order_now(struct ebb__arena *a, struct ebb__order *o, const struct ebb__stream_ref *s) {
+  bool ok = true;
+  for (unsigned i = 0; i < o->n; i++)
+    if (!(o->ev[i] = ebb__ev_pop(a, o->from[i].device))) ok = false;
+  for (unsigned i = 0; ok && i < o->n; i++)
+    ok = !ebb_event_record(o->ev[i], o->from[i].s) && !ebb_event_wait(o->ev[i], s->s);
+  if (!ok) return false;
+  for (unsigned i = 0; i < o->n; i++)
+    if (ebb__ev_push(a, o->from[i].device, o->ev[i])) o->ev[i] = NULL;
+  return true;
+}
 
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
   /* Small requests are slots of a slab (slab.c): no split, merge or ptrmap entry per request.
@@ -1164,22 +1220,30 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
   }
   struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
-  bool stolen = false;
-  struct ebb__stream_ref from = {0};
-  ebb_event_t *ev = NULL;
+  struct ebb__order o;
+  o.n = 0;
+  bool ordered = false;
   if (EBB_LIKELY(b)) {
     a->c.s.cache_hits++;
   } else {
-    ebb_status st = slab ? ebb__alloc_slab_slow(a, sp, r, &b, &stolen) : ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
+    ebb_status st = slab ? ebb__alloc_slab_slow(a, sp, r, &b, &o) : ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &o);
     if (st) {
       ebb__unlock(&a->mu);
       return slab ? st : ebb__oom_snapshot(a, st);
     }
-    if (stolen) {
-      from = b->spool->stream;
-      ev = ebb__ev_pop(a, from.device);
+    if (o.n) {
       a->c.steals++;
       a->c.s.cache_hits++;
+      /* What the request leaves of a stolen block goes to this stream, not back to
+       * the streams it came from, when the events can be recorded and waited for here, under
+       * the lock, before the remainder is in this stream's index: a later allocation on s then
+       * finds it only after s is ordered behind them. Left with its old owner, a stream that
+       * asks for other sizes, the remainder was stranded: with three streams on one
+       * expandable segment (perf/traces/multistream.trace), 64 MiB requests of stream 0 cut
+       * 80 MiB blocks of stream 1, whose 16 MiB remainders no request of stream 1 fits, and
+       * 290 MB sat free in 34 pieces of three owners at the reserved peak. */
+      ordered = ebb__order_now(a, &o, s);
+      if (ordered) b->spool = sp;
     }
   }
   ebb__carve(a, b, sp, r, bytes, slab);
@@ -1188,27 +1252,34 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     ebb__stat_sub(&a->c.s.requested_bytes, bytes);
     ebb__block_release(a, b);
     ebb__unlock(&a->mu);
-    if (ev) ebb__ev_destroy(ev);
+    for (unsigned i = 0; i < o.n; i++)
+      if (o.ev[i]) ebb__ev_destroy(o.ev[i]);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
   }
   ebb__unlock(&a->mu);
-  if (stolen) {
+  for (unsigned i = 0; i < o.n; i++) {
+    ebb_event_t *ev = o.ev[i];
+    if (ordered) { /* already waited for; an event the cache could not take */
+      if (ev) ebb__ev_destroy(ev);
+      continue;
+    }
     /* The block's last users ran on `from`: make the new stream wait for them on the device.
      * The block is ours (ALLOC, not yet returned), so the lock may stay dropped. */
-    ebb_status st = ev ? EBB_OK : ebb__ev_create(from.device, &ev);
-    if (!st) st = ebb_event_record(ev, from.s);
+    const struct ebb__stream_ref *from = &o.from[i];
+    ebb_status st = ev ? EBB_OK : ebb__ev_create(from->device, &ev);
+    if (!st) st = ebb_event_record(ev, from->s);
     if (!st) st = ebb_event_wait(ev, s->s);
     if (st) {
       /* `from` was released (or its device failed): no event can order after it, so wait for
        * the device on the host instead. Rare; counted as a sync. */
-      ebb_dev_synchronize(from.device);
+      ebb_dev_synchronize(from->device);
       ebb__lock(&a->mu);
       a->c.s.num_syncs++;
       ebb__unlock(&a->mu);
     }
     if (ev) {
       ebb__lock(&a->mu);
-      bool kept = ebb__ev_push(a, from.device, ev);
+      bool kept = ebb__ev_push(a, from->device, ev);
       ebb__unlock(&a->mu);
       if (!kept) ebb__ev_destroy(ev);
     }

@@ -280,6 +280,45 @@ TEST_CASE("a stream's miss takes another stream's free block after an event wait
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("a steal whose event is cached gives the remainder to the stealing stream", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  // One 20 MiB segment of s: [0, 8), [8, 16) and [16, 20). t's first steal takes [16, 20)
+  // whole; its event is created with the lock dropped and kept in the arena's cache.
+  void *p = nullptr, *p2 = nullptr, *q = nullptr, *r = nullptr, *u = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p2));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, t, &q));
+  CHECK(reinterpret_cast<uintptr_t>(q) == reinterpret_cast<uintptr_t>(p) + 16 * MiB);
+  CHECK(stats(0).num_steals == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(q));  // [16, 20): t's
+  EBB_REQUIRE_OK(ebb_arena_free(p));  // [0, 16): s's
+  EBB_REQUIRE_OK(ebb_arena_free(p2));
+  ARENA_CHECK();
+  // t misses (4 MiB of its own) and steals s's 16 MiB for 13 MiB. With the cached event t is
+  // ordered after s under the lock, so the 3 MiB left over become t's and merge with t's
+  // [16, 20) into 7 MiB (ARENA_CHECK fails on unmerged free neighbours of one stream).
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 13 * MiB, t, &r));
+  CHECK(r == p);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_syncs == 0);
+  ARENA_CHECK();
+  // Left with s, the 3 MiB would have made this a third steal (or a new segment): t's own now.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 7 * MiB, t, &u));
+  CHECK(reinterpret_cast<uintptr_t>(u) == reinterpret_cast<uintptr_t>(p) + 13 * MiB);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_device_alloc == 1);
+  for (void *x : {r, u}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("limits: a cap on reserved bytes, as bytes or a fraction", "[alloc]") {
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
