@@ -894,8 +894,9 @@ static size_t ebb__x_shrink(struct ebb__arena *a) {
 /* ---- allocation ---------------------------------------------------------------------------- */
 
 /* The streams whose last work on a block's memory the allocation stream must be ordered after,
- * one event each, before the block is handed out: the owner of a stolen block. Filled under the
- * lock by the miss path; ebb__alloc_impl records and waits for the events. */
+ * one event each, before the block is handed out: the owner of a stolen block, or the owners of
+ * the pieces of a run (ebb__take_run). Filled under the lock by the miss path; ebb__alloc_impl
+ * records and waits for the events. */
 #define EBB__ORDER_MAX 4 /* streams one allocation may be ordered after */
 struct ebb__order {
   unsigned n;
@@ -928,6 +929,73 @@ static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *ow
     }
   }
   return NULL;
+}
+
+/* A run of address-adjacent free blocks of one pool that together hold r, merged into one free
+ * block (out of the index), when no single free block of any stream does. Free neighbours merge
+ * only within a stream (a block freed on S is S's until an event orders another stream after
+ * it), so with several streams a segment's free memory ends up in pieces of alternating owners
+ * that no stream can use alone. The run's other owners go into o, as for a steal (at most
+ * EBB__ORDER_MAX of them: else the caller grows instead). Best fit over the maximal runs (the
+ * smallest that holds r), taken from its start up to the piece that covers r; that last piece's
+ * owner owns the merged block, so ebb__carve leaves it the remainder, which lies inside its
+ * piece (or gives it to `own`, when ebb__alloc_impl could order `own` after every owner under
+ * the lock). Oversize blocks (max_split) are never part of a run. A walk over the blocks of the
+ * pool's segments, only on the miss path, just before the upstream is asked. Lock held. */
+static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
+                                        struct ebb__order *o) {
+  size_t ms = a->conf.max_split;
+  if (r >= ms) return NULL;
+  struct ebb__block *best = NULL;
+  size_t best_total = SIZE_MAX;
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    if ((!g->expandable && g->pool != pool) || g->nfree < 2 || g->free_bytes < r) continue;
+    struct ebb__block *start = NULL;
+    size_t total = 0;
+    for (struct ebb__block *b = g->first;; b = b->next) {
+      if (b && b->state == EBB__B_FREE && b->pool == pool && b->size < ms) {
+        if (!start) {
+          start = b;
+          total = 0;
+        }
+        total += b->size;
+        continue;
+      }
+      /* A run of one block is a block the free indexes already refused. */
+      if (start && start->next != b && total >= r && total < best_total) {
+        best = start;
+        best_total = total;
+      }
+      start = NULL;
+      if (!b) break;
+    }
+  }
+  if (!best) return NULL;
+  struct ebb__order w = *o;
+  struct ebb__block *last = best;
+  for (size_t sum = 0;; last = last->next) {
+    if (!ebb__order_add(&w, last->spool, own)) return NULL;
+    if ((sum += last->size) >= r) break;
+  }
+  *o = w;
+  struct ebb__segment *g = best->seg;
+  struct ebb__block *after = last->next;
+  ebb__seg_split_stat(a, g, false);
+  ebb__index_remove(best);
+  for (struct ebb__block *b = best->next, *bn; b != after; b = bn) {
+    bn = b->next;
+    ebb__index_remove(b);
+    best->size += b->size;
+    g->nblocks--;
+    g->nfree--;
+    ebb__block_dead(a, b);
+  }
+  best->next = after;
+  if (after) after->prev = best;
+  best->spool = last->spool;
+  ebb__seg_split_stat(a, g, true);
+  return best;
 }
 
 /* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
@@ -1074,14 +1142,15 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
   return EBB_OK;
 }
 
-/* The miss path: another stream's block, then the upstream, then the release-and-retry chain
- * (allocators.md 1.8, with the re-search after syncing that PyTorch misses, #189504). The
- * streams the block must be ordered after go into o. */
+/* The miss path: another stream's block, a run of free blocks of several streams, then the
+ * upstream, then the release-and-retry chain (allocators.md 1.8, with the re-search after syncing
+ * that PyTorch misses, #189504). The streams the block must be ordered after go into o. */
 static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
                                   const struct ebb__stream_ref *s, struct ebb__block **out, struct ebb__order *o) {
   ebb_status gst = EBB_OK;
   for (int attempt = 0;; attempt++) {
     struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
+    if (!b) b = ebb__take_run(a, sp, pool, r, o);
     if (b) {
       *out = b;
       return EBB_OK;
@@ -1132,12 +1201,13 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
   return st;
 }
 
-/* The miss path of a slab's block: another stream's free block, then the upstream. No release
+/* The miss path of a slab's block: another stream's free block or a run, then the upstream. No release
  * chain: the caller falls back to a plain block, whose own miss path runs it (and reports an
  * OOM with the caller's size). Lock held. */
 static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
                                        struct ebb__order *o) {
   struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r, o);
+  if (!b) b = ebb__take_run(a, sp, EBB__POOL_SMALL, r, o);
   if (b) {
     *out = b;
     return EBB_OK;
@@ -1234,7 +1304,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     if (o.n) {
       a->c.steals++;
       a->c.s.cache_hits++;
-      /* What the request leaves of a stolen block goes to this stream, not back to
+      /* What the request leaves of a stolen block (or run) goes to this stream, not back to
        * the streams it came from, when the events can be recorded and waited for here, under
        * the lock, before the remainder is in this stream's index: a later allocation on s then
        * finds it only after s is ordered behind them. Left with its old owner, a stream that
@@ -1263,8 +1333,9 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
       if (ev) ebb__ev_destroy(ev);
       continue;
     }
-    /* The block's last users ran on `from`: make the new stream wait for them on the device.
-     * The block is ours (ALLOC, not yet returned), so the lock may stay dropped. */
+    /* The last users of the block (or of a piece of its run) ran on `from`: make the new stream
+     * wait for them on the device. The block is ours (ALLOC, not yet returned), so the lock may
+     * stay dropped. */
     const struct ebb__stream_ref *from = &o.from[i];
     ebb_status st = ev ? EBB_OK : ebb__ev_create(from->device, &ev);
     if (!st) st = ebb_event_record(ev, from->s);

@@ -319,6 +319,48 @@ TEST_CASE("a steal whose event is cached gives the remainder to the stealing str
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("adjacent free blocks of several streams serve a request none of them holds alone", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  // One 20 MiB segment, [0, 8) free on t and [8, 20) free on s: neither block holds 14 MiB,
+  // and free blocks of two streams never merge on free.
+  void *p = nullptr, *q = nullptr, *r = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, t, &q));  // the first steal: [8, 20) stays s's
+  CHECK(q == p);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  // The run of both serves 14 MiB on t after an event on s: no new segment.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 14 * MiB, t, &r));
+  CHECK(r == p);
+  CHECK(stats(0).num_device_alloc == 1);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_syncs == 0);
+  ARENA_CHECK();
+  // The 6 MiB left over is t's (its event was cached): t reuses it without another steal.
+  void *u = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 6 * MiB, t, &u));
+  CHECK(reinterpret_cast<uintptr_t>(u) == reinterpret_cast<uintptr_t>(p) + 14 * MiB);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_device_alloc == 1);
+  for (void *x : {r, u}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  // Nothing fits even together: the arena grows as before.
+  void *v = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 24 * MiB, s, &v));
+  CHECK(stats(0).num_device_alloc == 2);
+  EBB_REQUIRE_OK(ebb_arena_free(v));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("limits: a cap on reserved bytes, as bytes or a fraction", "[alloc]") {
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
