@@ -612,6 +612,50 @@ TEST_CASE("8 threads allocate, record and free across streams and devices", "[al
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("4 threads on 4 streams steal each other's free blocks", "[alloc][threads]") {
+  EbbSession session;
+  constexpr int kThreads = 4;
+  std::vector<ebb_stream_t *> streams(kThreads);
+  for (auto &x : streams) EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &x));
+  std::atomic<int> failures{0};
+  // Large blocks of mixed sizes, freed in random order: each stream's misses steal the others'
+  // free blocks (~150 steals), their events recorded under the arena's lock (the remainder goes
+  // to the stealing stream) or, the first time, after it, while the other threads allocate and
+  // free.
+  auto worker = [&](int t) {
+    std::mt19937 rng(200 + t);
+    std::vector<void *> live;
+    for (int op = 0; op < 600; op++) {
+      if (rng() % 100 < 55 || live.empty()) {
+        size_t bytes = (1 + rng() % 30) * MiB + (rng() % 4) * 4096;
+        void *p = nullptr;
+        if (ebb_arena_alloc(0, bytes, streams[t], &p) != EBB_OK) failures++;
+        else live.push_back(p);
+      } else {
+        size_t i = rng() % live.size();
+        if (ebb_arena_free(live[i]) != EBB_OK) failures++;
+        live[i] = live.back();
+        live.pop_back();
+      }
+    }
+    for (void *p : live)
+      if (ebb_arena_free(p) != EBB_OK) failures++;
+  };
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; t++) th.emplace_back(worker, t);
+  for (auto &x : th) x.join();
+  CHECK(failures.load() == 0);
+  ebb_arena_stats st = stats(0);
+  CHECK(st.num_steals > 0);
+  CHECK(st.allocated_bytes.current == 0);
+  CHECK(st.active_bytes.current == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  for (auto *s : streams) EBB_REQUIRE_OK(ebb_stream_release(s));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("shutdown releases leaked blocks and a later init starts clean", "[alloc]") {
   size_t free_before = 0, total = 0;
   {
