@@ -560,17 +560,18 @@ static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base
   return g;
 }
 
-/* Detaches every classic segment whose blocks are all free (any stream) and returns them to
- * the upstream with the lock dropped. Free blocks need no wait: their streams' later work is
- * ordered by the driver's free (cuMemFree synchronises). Lock held on entry and exit. */
-static size_t ebb__release_free_segments(struct ebb__arena *a) {
+/* Detaches every classic segment of pool `pool` (-1: any) smaller than `below` bytes whose
+ * blocks are all free (any stream) and returns them to the upstream with the lock dropped. Free
+ * blocks need no wait: their streams' later work is ordered by the driver's free (cuMemFree
+ * synchronises). Lock held on entry and exit. */
+static size_t ebb__release_free_segments_below(struct ebb__arena *a, int pool, size_t below) {
   struct ebb_list gone;
   ebb_list_init(&gone);
   size_t released = 0;
   for (struct ebb_list *n = a->segments.next, *nx; n != &a->segments; n = nx) {
     nx = n->next;
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
-    if (g->expandable || g->nfree != g->nblocks) continue;
+    if (g->expandable || g->nfree != g->nblocks || g->size >= below || (pool >= 0 && g->pool != pool)) continue;
     ebb__seg_split_stat(a, g, false);
     ebb__hist_rec(a, EBB_ACT_SEGMENT_FREE, g->base, g->size, 0, g->first->spool->stream.id, EBB_OWNER_OTHER, "");
     for (struct ebb__block *b = g->first, *bn; b; b = bn) {
@@ -598,6 +599,9 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
   a->c.s.num_device_free += nfreed;
   return released;
 }
+
+/* Every fully free classic segment (empty_cache, the OOM retry chain). */
+static size_t ebb__release_free_segments(struct ebb__arena *a) { return ebb__release_free_segments_below(a, -1, SIZE_MAX); }
 
 /* ---- expandable segments ------------------------------------------------------------------- */
 
@@ -893,34 +897,129 @@ static size_t ebb__x_shrink(struct ebb__arena *a) {
 
 /* ---- allocation ---------------------------------------------------------------------------- */
 
+/* The streams whose last work on a block's memory the allocation stream must be ordered after,
+ * one event each, before the block is handed out: the owner of a stolen block, or the owners of
+ * the pieces of a run (ebb__take_run). Filled under the lock by the miss path; ebb__alloc_impl
+ * records and waits for the events. */
+#define EBB__ORDER_MAX 4 /* streams one allocation may be ordered after */
+struct ebb__order {
+  unsigned n;
+  struct ebb__stream_ref from[EBB__ORDER_MAX];
+  ebb_event_t *ev[EBB__ORDER_MAX];
+};
+
+/* Adds the stream of `sp` to o unless it is `own` or already there; false when o is full. */
+static bool ebb__order_add(struct ebb__order *o, const struct ebb__spool *sp, const struct ebb__spool *own) {
+  if (sp == own) return true;
+  for (unsigned i = 0; i < o->n; i++)
+    if (o->from[i].id == sp->stream.id) return true;
+  if (o->n == EBB__ORDER_MAX) return false;
+  o->from[o->n++] = sp->stream;
+  return true;
+}
+
 /* Another stream's free block for a request that missed its own stream (allocators.md 8.1:
- * memory should not stay stranded per stream). The caller orders the new stream after the old
- * one with an event before handing the block out. Lock held. */
-static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r) {
+ * memory should not stay stranded per stream). Its owner goes into o: the caller orders the new
+ * stream after it with an event before handing the block out. Lock held. */
+static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
+                                     struct ebb__order *o) {
   for (size_t i = 0; i < a->nspools; i++) {
     struct ebb__spool *sp = a->spools[i];
     if (sp == own || !sp->pools[pool].count) continue;
     struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
-    if (b) return b;
+    if (b) {
+      ebb__order_add(o, sp, own);
+      return b;
+    }
   }
   return NULL;
 }
 
+/* A run of address-adjacent free blocks of one pool that together hold r, merged into one free
+ * block (out of the index), when no single free block of any stream does. Free neighbours merge
+ * only within a stream (a block freed on S is S's until an event orders another stream after
+ * it), so with several streams a segment's free memory ends up in pieces of alternating owners
+ * that no stream can use alone. The run's other owners go into o, as for a steal (at most
+ * EBB__ORDER_MAX of them: else the caller grows instead). Best fit over the maximal runs (the
+ * smallest that holds r), taken from its start up to the piece that covers r; that last piece's
+ * owner owns the merged block, so ebb__carve leaves it the remainder, which lies inside its
+ * piece (or gives it to `own`, when ebb__alloc_impl could order `own` after every owner under
+ * the lock). Oversize blocks (max_split) are never part of a run. A walk over the blocks of the
+ * pool's segments, only on the miss path, just before the upstream is asked. Lock held. */
+static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
+                                        struct ebb__order *o) {
+  size_t ms = a->conf.max_split;
+  if (r >= ms) return NULL;
+  struct ebb__block *best = NULL;
+  size_t best_total = SIZE_MAX;
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
+    if ((!g->expandable && g->pool != pool) || g->nfree < 2 || g->free_bytes < r) continue;
+    struct ebb__block *start = NULL;
+    size_t total = 0;
+    for (struct ebb__block *b = g->first;; b = b->next) {
+      if (b && b->state == EBB__B_FREE && b->pool == pool && b->size < ms) {
+        if (!start) {
+          start = b;
+          total = 0;
+        }
+        total += b->size;
+        continue;
+      }
+      /* A run of one block is a block the free indexes already refused. */
+      if (start && start->next != b && total >= r && total < best_total) {
+        best = start;
+        best_total = total;
+      }
+      start = NULL;
+      if (!b) break;
+    }
+  }
+  if (!best) return NULL;
+  struct ebb__order w = *o;
+  struct ebb__block *last = best;
+  for (size_t sum = 0;; last = last->next) {
+    if (!ebb__order_add(&w, last->spool, own)) return NULL;
+    if ((sum += last->size) >= r) break;
+  }
+  *o = w;
+  struct ebb__segment *g = best->seg;
+  struct ebb__block *after = last->next;
+  ebb__seg_split_stat(a, g, false);
+  ebb__index_remove(best);
+  for (struct ebb__block *b = best->next, *bn; b != after; b = bn) {
+    bn = b->next;
+    ebb__index_remove(b);
+    best->size += b->size;
+    g->nblocks--;
+    g->nfree--;
+    ebb__block_dead(a, b);
+  }
+  best->next = after;
+  if (after) after->prev = best;
+  best->spool = last->spool;
+  ebb__seg_split_stat(a, g, true);
+  return best;
+}
+
 /* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
- * splits off the remainder when the pool's rule allows (allocators.md 1.5). Lock held. */
+ * splits off the remainder when the pool's rule allows (allocators.md 1.5). The remainder is
+ * b->spool's: the stream that freed b, or sp once ebb__alloc_impl ordered sp after that stream;
+ * in the second case it may meet a free block of sp after it and merges. Lock held. */
 static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes, bool slab) {
   struct ebb__segment *g = b->seg;
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
                                                             : rest > EBB__SMALL_SIZE && r < a->conf.max_split;
-  bool counted = ebb__seg_is_split(g), did_split = false;
+  bool counted = ebb__seg_is_split(g);
+  size_t nf0 = g->nfree;
   if (split) {
     struct ebb__block *nb = ebb__block_new(a);
     if (nb) { /* no host memory for a record: hand out the whole block instead */
       nb->addr = b->addr + r;
       nb->size = rest;
       nb->seg = g;
-      nb->spool = b->spool; /* the remainder stays with the stream that freed it */
+      nb->spool = b->spool;
       nb->pool = b->pool;
       nb->state = EBB__B_FREE;
       nb->prev = b;
@@ -930,8 +1029,17 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
       b->size = r;
       g->nblocks++;
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
+      struct ebb__block *n = nb->next;
+      if (ebb__mergeable(nb, n)) { /* not ebb__merge_insert: b, before it, is still FREE */
+        ebb__index_remove(n);
+        nb->size += n->size;
+        nb->next = n->next;
+        if (n->next) n->next->prev = nb;
+        g->nblocks--;
+        g->nfree--;
+        ebb__block_dead(a, n);
+      }
       ebb__index_insert(a, nb);
-      did_split = true;
     }
   }
   g->nfree--;
@@ -939,8 +1047,8 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   /* inactive_split by the change just made (see ebb__block_release_t). */
   if (EBB_LIKELY(counted)) {
     /* Still split: the block handed out leaves the free pieces (its remainder, if split off,
-     * takes its place). */
-    if (!did_split) ebb__stat_sub(&a->c.s.inactive_split, 1);
+     * takes its place, merged or not). */
+    if (g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
     ebb__stat_sub(&a->c.s.inactive_split_bytes, b->size);
   } else if (ebb__seg_is_split(g)) {
     /* The segment's first split: its free pieces start to count. */
@@ -1015,6 +1123,17 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
     return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
   }
   size_t seg = ebb__segment_size(a, r);
+  /* A fully free segment of the pool smaller than the new one could not serve this request
+   * (no single free block of any stream, no run, did) and, held on, only adds to the reserved
+   * peak: the device policy gives it back before the new one is obtained. Larger free
+   * segments are kept, and growth is the only time this runs, so a steady state that no longer
+   * grows makes no extra driver calls. mlp_fixed (one stream, 32 MiB and 36 MiB blocks in
+   * segments of their exact sizes, freed in turn) held free 32 MiB segments while obtaining
+   * 38 MiB ones: frag_ratio 1.149, now 1.043 with the same 17 driver allocations. Unlike
+   * PyTorch's garbage collection at threshold 0 (every fully free segment before every growth:
+   * 2-4x the driver calls on these traces), segments that fit later requests stay. The pinned
+   * pool (its own segment sizes and cap) keeps its segments. */
+  if (!a->up->segment_size) ebb__release_free_segments_below(a, pool, seg);
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;
@@ -1038,15 +1157,16 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
   return EBB_OK;
 }
 
-/* The miss path: another stream's block, then the upstream, then the release-and-retry chain
- * (allocators.md 1.8, with the re-search after syncing that PyTorch misses, #189504). */
+/* The miss path: another stream's block, a run of free blocks of several streams, then the
+ * upstream, then the release-and-retry chain (allocators.md 1.8, with the re-search after syncing
+ * that PyTorch misses, #189504). The streams the block must be ordered after go into o. */
 static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
-                                  const struct ebb__stream_ref *s, struct ebb__block **out, bool *stolen) {
+                                  const struct ebb__stream_ref *s, struct ebb__block **out, struct ebb__order *o) {
   ebb_status gst = EBB_OK;
   for (int attempt = 0;; attempt++) {
-    struct ebb__block *b = ebb__steal(a, sp, pool, r);
+    struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
+    if (!b) b = ebb__take_run(a, sp, pool, r, o);
     if (b) {
-      *stolen = true;
       *out = b;
       return EBB_OK;
     }
@@ -1096,14 +1216,14 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
   return st;
 }
 
-/* The miss path of a slab's block: another stream's free block, then the upstream. No release
+/* The miss path of a slab's block: another stream's free block or a run, then the upstream. No release
  * chain: the caller falls back to a plain block, whose own miss path runs it (and reports an
  * OOM with the caller's size). Lock held. */
 static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
-                                       bool *stolen) {
-  struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r);
+                                       struct ebb__order *o) {
+  struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r, o);
+  if (!b) b = ebb__take_run(a, sp, EBB__POOL_SMALL, r, o);
   if (b) {
-    *stolen = true;
     *out = b;
     return EBB_OK;
   }
@@ -1112,6 +1232,27 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
 
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout);
+
+/* Orders stream s after every stream of o now, under the lock: an event from the cache recorded
+ * on each and waited for on s (recording and waiting take no ebb lock). true: done, and the
+ * events are back in the cache (one it cannot take stays in o->ev, to be destroyed with the
+ * lock dropped). false: an event was missing from the cache (creating one needs the lock
+ * dropped) or could not be recorded or waited for; o->ev holds what was popped, and the caller
+ * orders s with the lock dropped, as before this path existed (waiting twice for one event is
+ * harmless). Like a launch, the record and the wait may block while a stream's queue is full;
+ * the lock is held across driver calls on the miss path already (VMM map, the retry chain's
+ * device synchronisation). Lock held. */
+static bool ebb__order_now(struct ebb__arena *a, struct ebb__order *o, const struct ebb__stream_ref *s) {
+  bool ok = true;
+  for (unsigned i = 0; i < o->n; i++)
+    if (!(o->ev[i] = ebb__ev_pop(a, o->from[i].device))) ok = false;
+  for (unsigned i = 0; ok && i < o->n; i++)
+    ok = !ebb_event_record(o->ev[i], o->from[i].s) && !ebb_event_wait(o->ev[i], s->s);
+  if (!ok) return false;
+  for (unsigned i = 0; i < o->n; i++)
+    if (ebb__ev_push(a, o->from[i].device, o->ev[i])) o->ev[i] = NULL;
+  return true;
+}
 
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
   /* Small requests are slots of a slab (slab.c): no split, merge or ptrmap entry per request.
@@ -1164,22 +1305,30 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
   }
   struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
-  bool stolen = false;
-  struct ebb__stream_ref from = {0};
-  ebb_event_t *ev = NULL;
+  struct ebb__order o;
+  o.n = 0;
+  bool ordered = false;
   if (EBB_LIKELY(b)) {
     a->c.s.cache_hits++;
   } else {
-    ebb_status st = slab ? ebb__alloc_slab_slow(a, sp, r, &b, &stolen) : ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &stolen);
+    ebb_status st = slab ? ebb__alloc_slab_slow(a, sp, r, &b, &o) : ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &o);
     if (st) {
       ebb__unlock(&a->mu);
       return slab ? st : ebb__oom_snapshot(a, st);
     }
-    if (stolen) {
-      from = b->spool->stream;
-      ev = ebb__ev_pop(a, from.device);
+    if (o.n) {
       a->c.steals++;
       a->c.s.cache_hits++;
+      /* What the request leaves of a stolen block (or run) goes to this stream, not back to
+       * the streams it came from, when the events can be recorded and waited for here, under
+       * the lock, before the remainder is in this stream's index: a later allocation on s then
+       * finds it only after s is ordered behind them. Left with its old owner, a stream that
+       * asks for other sizes, the remainder was stranded: with three streams on one
+       * expandable segment (perf/traces/multistream.trace), 64 MiB requests of stream 0 cut
+       * 80 MiB blocks of stream 1, whose 16 MiB remainders no request of stream 1 fits, and
+       * 290 MB sat free in 34 pieces of three owners at the reserved peak. */
+      ordered = ebb__order_now(a, &o, s);
+      if (ordered) b->spool = sp;
     }
   }
   ebb__carve(a, b, sp, r, bytes, slab);
@@ -1188,27 +1337,35 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     ebb__stat_sub(&a->c.s.requested_bytes, bytes);
     ebb__block_release(a, b);
     ebb__unlock(&a->mu);
-    if (ev) ebb__ev_destroy(ev);
+    for (unsigned i = 0; i < o.n; i++)
+      if (o.ev[i]) ebb__ev_destroy(o.ev[i]);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
   }
   ebb__unlock(&a->mu);
-  if (stolen) {
-    /* The block's last users ran on `from`: make the new stream wait for them on the device.
-     * The block is ours (ALLOC, not yet returned), so the lock may stay dropped. */
-    ebb_status st = ev ? EBB_OK : ebb__ev_create(from.device, &ev);
-    if (!st) st = ebb_event_record(ev, from.s);
+  for (unsigned i = 0; i < o.n; i++) {
+    ebb_event_t *ev = o.ev[i];
+    if (ordered) { /* already waited for; an event the cache could not take */
+      if (ev) ebb__ev_destroy(ev);
+      continue;
+    }
+    /* The last users of the block (or of a piece of its run) ran on `from`: make the new stream
+     * wait for them on the device. The block is ours (ALLOC, not yet returned), so the lock may
+     * stay dropped. */
+    const struct ebb__stream_ref *from = &o.from[i];
+    ebb_status st = ev ? EBB_OK : ebb__ev_create(from->device, &ev);
+    if (!st) st = ebb_event_record(ev, from->s);
     if (!st) st = ebb_event_wait(ev, s->s);
     if (st) {
       /* `from` was released (or its device failed): no event can order after it, so wait for
        * the device on the host instead. Rare; counted as a sync. */
-      ebb_dev_synchronize(from.device);
+      ebb_dev_synchronize(from->device);
       ebb__lock(&a->mu);
       a->c.s.num_syncs++;
       ebb__unlock(&a->mu);
     }
     if (ev) {
       ebb__lock(&a->mu);
-      bool kept = ebb__ev_push(a, from.device, ev);
+      bool kept = ebb__ev_push(a, from->device, ev);
       ebb__unlock(&a->mu);
       if (!kept) ebb__ev_destroy(ev);
     }

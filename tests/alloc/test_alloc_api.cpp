@@ -280,6 +280,122 @@ TEST_CASE("a stream's miss takes another stream's free block after an event wait
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("a steal whose event is cached gives the remainder to the stealing stream", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  // One 20 MiB segment of s: [0, 8), [8, 16) and [16, 20). t's first steal takes [16, 20)
+  // whole; its event is created with the lock dropped and kept in the arena's cache.
+  void *p = nullptr, *p2 = nullptr, *q = nullptr, *r = nullptr, *u = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p2));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, t, &q));
+  CHECK(reinterpret_cast<uintptr_t>(q) == reinterpret_cast<uintptr_t>(p) + 16 * MiB);
+  CHECK(stats(0).num_steals == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(q));  // [16, 20): t's
+  EBB_REQUIRE_OK(ebb_arena_free(p));  // [0, 16): s's
+  EBB_REQUIRE_OK(ebb_arena_free(p2));
+  ARENA_CHECK();
+  // t misses (4 MiB of its own) and steals s's 16 MiB for 13 MiB. With the cached event t is
+  // ordered after s under the lock, so the 3 MiB left over become t's and merge with t's
+  // [16, 20) into 7 MiB (ARENA_CHECK fails on unmerged free neighbours of one stream).
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 13 * MiB, t, &r));
+  CHECK(r == p);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_syncs == 0);
+  ARENA_CHECK();
+  // Left with s, the 3 MiB would have made this a third steal (or a new segment): t's own now.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 7 * MiB, t, &u));
+  CHECK(reinterpret_cast<uintptr_t>(u) == reinterpret_cast<uintptr_t>(p) + 13 * MiB);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_device_alloc == 1);
+  for (void *x : {r, u}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("adjacent free blocks of several streams serve a request none of them holds alone", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  // One 20 MiB segment, [0, 8) free on t and [8, 20) free on s: neither block holds 14 MiB,
+  // and free blocks of two streams never merge on free.
+  void *p = nullptr, *q = nullptr, *r = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, t, &q));  // the first steal: [8, 20) stays s's
+  CHECK(q == p);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  // The run of both serves 14 MiB on t after an event on s: no new segment.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 14 * MiB, t, &r));
+  CHECK(r == p);
+  CHECK(stats(0).num_device_alloc == 1);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_syncs == 0);
+  ARENA_CHECK();
+  // The 6 MiB left over is t's (its event was cached): t reuses it without another steal.
+  void *u = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 6 * MiB, t, &u));
+  CHECK(reinterpret_cast<uintptr_t>(u) == reinterpret_cast<uintptr_t>(p) + 14 * MiB);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_device_alloc == 1);
+  for (void *x : {r, u}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  // Nothing fits even together: the arena grows as before.
+  void *v = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 24 * MiB, s, &v));
+  CHECK(stats(0).num_device_alloc == 2);
+  EBB_REQUIRE_OK(ebb_arena_free(v));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("a growth gives back the fully free segments of its pool smaller than the new one", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *p = nullptr, *q = nullptr, *r = nullptr, *u = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));  // a 12 MiB segment
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  // 14 MiB does not fit the free 12 MiB segment, which goes back before a 14 MiB one comes.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 14 * MiB, s, &q));
+  ebb_arena_stats st = stats(0);
+  CHECK(st.reserved_bytes.current == 14 * MiB);
+  CHECK(st.reserved_bytes.peak == 14 * MiB);
+  CHECK(st.segments.current == 1);
+  CHECK(st.num_device_alloc == 2);
+  CHECK(st.num_device_free == 1);
+  // A free segment that holds the request serves it: no growth, nothing given back.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 30 * MiB, s, &r));
+  EBB_REQUIRE_OK(ebb_arena_free(r));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 24 * MiB, s, &u));
+  CHECK(u == r);
+  CHECK(stats(0).num_device_alloc == 3);
+  CHECK(stats(0).num_device_free == 1);
+  ARENA_CHECK();
+  // A live block keeps its segment: 14 MiB stays while 40 MiB is obtained.
+  EBB_REQUIRE_OK(ebb_arena_free(u));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 40 * MiB, s, &r));
+  st = stats(0);
+  CHECK(st.reserved_bytes.current == 54 * MiB);  // q's 14 MiB and 40 MiB; the free 30 MiB went back
+  CHECK(st.num_device_free == 2);
+  for (void *x : {q, r}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("limits: a cap on reserved bytes, as bytes or a fraction", "[alloc]") {
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
@@ -527,6 +643,50 @@ TEST_CASE("8 threads allocate, record and free across streams and devices", "[al
     CHECK(st.alloc_count == st.free_count);
   }
   ARENA_CHECK();
+  for (auto *s : streams) EBB_REQUIRE_OK(ebb_stream_release(s));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("4 threads on 4 streams steal each other's free blocks", "[alloc][threads]") {
+  EbbSession session;
+  constexpr int kThreads = 4;
+  std::vector<ebb_stream_t *> streams(kThreads);
+  for (auto &x : streams) EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &x));
+  std::atomic<int> failures{0};
+  // Large blocks of mixed sizes, freed in random order: each stream's misses steal the others'
+  // free blocks (~150 steals), their events recorded under the arena's lock (the remainder goes
+  // to the stealing stream) or, the first time, after it, while the other threads allocate and
+  // free.
+  auto worker = [&](int t) {
+    std::mt19937 rng(200 + t);
+    std::vector<void *> live;
+    for (int op = 0; op < 600; op++) {
+      if (rng() % 100 < 55 || live.empty()) {
+        size_t bytes = (1 + rng() % 30) * MiB + (rng() % 4) * 4096;
+        void *p = nullptr;
+        if (ebb_arena_alloc(0, bytes, streams[t], &p) != EBB_OK) failures++;
+        else live.push_back(p);
+      } else {
+        size_t i = rng() % live.size();
+        if (ebb_arena_free(live[i]) != EBB_OK) failures++;
+        live[i] = live.back();
+        live.pop_back();
+      }
+    }
+    for (void *p : live)
+      if (ebb_arena_free(p) != EBB_OK) failures++;
+  };
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; t++) th.emplace_back(worker, t);
+  for (auto &x : th) x.join();
+  CHECK(failures.load() == 0);
+  ebb_arena_stats st = stats(0);
+  CHECK(st.num_steals > 0);
+  CHECK(st.allocated_bytes.current == 0);
+  CHECK(st.active_bytes.current == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
   for (auto *s : streams) EBB_REQUIRE_OK(ebb_stream_release(s));
   REQUIRE(ebb_debug_live_handles() == 0);
 }

@@ -108,6 +108,47 @@ TEST_CASE("a stolen block orders its new stream after the old one, without a hos
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("a steal ordered under the lock hands its remainder to the new stream, still after the old one", "[alloc][timing]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  // A first steal puts an event into the arena's cache.
+  void *w = nullptr, *x = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 20 * MiB, s, &w));
+  EBB_REQUIRE_OK(ebb_arena_free(w));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 20 * MiB, t, &x));
+  CHECK(stats(0).num_steals == 1);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  // s works on p when it frees it; t steals it with the cached event, recorded and waited for
+  // under the lock, and keeps the remainder.
+  void *p = nullptr, *q = nullptr, *r = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
+  busy(s, 3);
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, t, &q));
+  CHECK(q == p);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_syncs == 0);
+  // The remainder is t's at once, without a steal of its own...
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, t, &r));
+  CHECK(reinterpret_cast<uintptr_t>(r) == reinterpret_cast<uintptr_t>(p) + 4 * MiB);
+  CHECK(stats(0).num_steals == 2);
+  CHECK(stats(0).num_device_alloc == 2);
+  // ...and t's work on it still waits for s's on the device.
+  bool idle = true;
+  EBB_REQUIRE_OK(ebb_stream_query(t, &idle));
+  CHECK_FALSE(idle);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  EBB_REQUIRE_OK(ebb_stream_query(s, &idle));
+  CHECK(idle);
+  for (void *y : {x, q, r}) EBB_REQUIRE_OK(ebb_arena_free(y));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("empty_cache waits for pending frees before releasing their segments", "[alloc][timing]") {
   EbbSession session;
   ebb_stream_t *a = default_stream(0), *b = nullptr;
