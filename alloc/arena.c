@@ -1004,9 +1004,10 @@ static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool 
 
 /* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
  * splits off the remainder when the pool's rule allows (allocators.md 1.5). The remainder is
- * b->spool's: the stream that freed b, or sp once ebb__alloc_impl ordered sp after that stream;
- * in the second case it may meet a free block of sp after it and merges. Lock held. */
-static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes, bool slab) {
+ * b->spool's (the stream that freed b) and goes into its index, or, with `aside` (b came from
+ * other streams), is set aside for ebb__aside_settle. Lock held. */
+static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes, bool slab,
+                       struct ebb__block **aside) {
   struct ebb__segment *g = b->seg;
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
@@ -1029,17 +1030,13 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
       b->size = r;
       g->nblocks++;
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
-      struct ebb__block *n = nb->next;
-      if (ebb__mergeable(nb, n)) { /* not ebb__merge_insert: b, before it, is still FREE */
-        ebb__index_remove(n);
-        nb->size += n->size;
-        nb->next = n->next;
-        if (n->next) n->next->prev = nb;
-        g->nblocks--;
-        g->nfree--;
-        ebb__block_dead(a, n);
+      if (EBB_UNLIKELY(aside)) {
+        /* Counted free, but in no index and merging with nothing until ebb__aside_settle. */
+        nb->state = EBB__B_FREEING;
+        *aside = nb;
+      } else {
+        ebb__index_insert(a, nb);
       }
-      ebb__index_insert(a, nb);
     }
   }
   g->nfree--;
@@ -1047,7 +1044,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   /* inactive_split by the change just made (see ebb__block_release_t). */
   if (EBB_LIKELY(counted)) {
     /* Still split: the block handed out leaves the free pieces (its remainder, if split off,
-     * takes its place, merged or not). */
+     * takes its place). */
     if (g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
     ebb__stat_sub(&a->c.s.inactive_split_bytes, b->size);
   } else if (ebb__seg_is_split(g)) {
@@ -1233,25 +1230,26 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout);
 
-/* Orders stream s after every stream of o now, under the lock: an event from the cache recorded
- * on each and waited for on s (recording and waiting take no ebb lock). true: done, and the
- * events are back in the cache (one it cannot take stays in o->ev, to be destroyed with the
- * lock dropped). false: an event was missing from the cache (creating one needs the lock
- * dropped) or could not be recorded or waited for; o->ev holds what was popped, and the caller
- * orders s with the lock dropped, as before this path existed (waiting twice for one event is
- * harmless). Like a launch, the record and the wait may block while a stream's queue is full;
- * the lock is held across driver calls on the miss path already (VMM map, the retry chain's
- * device synchronisation). Lock held. */
-static bool ebb__order_now(struct ebb__arena *a, struct ebb__order *o, const struct ebb__stream_ref *s) {
-  bool ok = true;
-  for (unsigned i = 0; i < o->n; i++)
-    if (!(o->ev[i] = ebb__ev_pop(a, o->from[i].device))) ok = false;
-  for (unsigned i = 0; ok && i < o->n; i++)
-    ok = !ebb_event_record(o->ev[i], o->from[i].s) && !ebb_event_wait(o->ev[i], s->s);
-  if (!ok) return false;
-  for (unsigned i = 0; i < o->n; i++)
-    if (ebb__ev_push(a, o->from[i].device, o->ev[i])) o->ev[i] = NULL;
-  return true;
+/* What a stolen block (or run) leaves after the request, set aside by ebb__carve while the lock
+ * is dropped to order the new stream after the old owners: then it becomes `sp`'s (the new
+ * stream's, once ordered) and merges with sp's free neighbours. Left with its old owner, a
+ * stream that asks for other sizes, such a remainder was stranded: with three streams on one
+ * expandable segment (perf/traces/multistream.trace), 64 MiB requests of stream 0 cut 80 MiB
+ * blocks of stream 1, whose 16 MiB remainders no request of stream 1 fits, and 290 MB sat free
+ * in 34 pieces of three owners at the reserved peak. Set aside rather than indexed at once, so
+ * no allocation on sp can take it before sp waits for the old owners, and no event is recorded
+ * or waited for under the lock (either can block on a full stream queue, which a host function
+ * that frees memory of this arena may be holding up). Lock held. */
+static void ebb__aside_settle(struct ebb__arena *a, struct ebb__block *nb, struct ebb__spool *sp) {
+  struct ebb__segment *g = nb->seg;
+  size_t nf0 = g->nfree;
+  EBB_ASSERT(nb->state == EBB__B_FREEING);
+  nb->state = EBB__B_FREE;
+  nb->spool = sp;
+  ebb__merge_insert(a, nb);
+  /* The block handed out shares the segment, so a counted segment stays split: fewer pieces,
+   * same bytes. */
+  if (ebb__seg_is_split(g) && g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
 }
 
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
@@ -1307,7 +1305,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
   struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
   struct ebb__order o;
   o.n = 0;
-  bool ordered = false;
+  struct ebb__block *aside = NULL;
   if (EBB_LIKELY(b)) {
     a->c.s.cache_hits++;
   } else {
@@ -1319,38 +1317,28 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     if (o.n) {
       a->c.steals++;
       a->c.s.cache_hits++;
-      /* What the request leaves of a stolen block (or run) goes to this stream, not back to
-       * the streams it came from, when the events can be recorded and waited for here, under
-       * the lock, before the remainder is in this stream's index: a later allocation on s then
-       * finds it only after s is ordered behind them. Left with its old owner, a stream that
-       * asks for other sizes, the remainder was stranded: with three streams on one
-       * expandable segment (perf/traces/multistream.trace), 64 MiB requests of stream 0 cut
-       * 80 MiB blocks of stream 1, whose 16 MiB remainders no request of stream 1 fits, and
-       * 290 MB sat free in 34 pieces of three owners at the reserved peak. */
-      ordered = ebb__order_now(a, &o, s);
-      if (ordered) b->spool = sp;
+      for (unsigned i = 0; i < o.n; i++) o.ev[i] = ebb__ev_pop(a, o.from[i].device);
     }
   }
-  ebb__carve(a, b, sp, r, bytes, slab);
-  if (EBB_UNLIKELY(!slab && !(ebb__block_in_amap(b) ? ebb__amap_block_put(b) : ebb__ptrmap_insert(b)))) {
+  ebb__carve(a, b, sp, r, bytes, slab, o.n ? &aside : NULL);
+  bool indexed = slab || (ebb__block_in_amap(b) ? ebb__amap_block_put(b) : ebb__ptrmap_insert(b));
+  if (EBB_UNLIKELY(!indexed)) {
     ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
     ebb__stat_sub(&a->c.s.requested_bytes, bytes);
-    ebb__block_release(a, b);
-    ebb__unlock(&a->mu);
-    for (unsigned i = 0; i < o.n; i++)
-      if (o.ev[i]) ebb__ev_destroy(o.ev[i]);
-    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
+    if (!o.n) {
+      ebb__block_release(a, b);
+      ebb__unlock(&a->mu);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
+    }
+    /* A stolen block is this stream's only once it waits for the old owners: released below,
+     * after the ordering (no map entry: nobody else can reach it meanwhile). */
   }
   ebb__unlock(&a->mu);
   for (unsigned i = 0; i < o.n; i++) {
     ebb_event_t *ev = o.ev[i];
-    if (ordered) { /* already waited for; an event the cache could not take */
-      if (ev) ebb__ev_destroy(ev);
-      continue;
-    }
     /* The last users of the block (or of a piece of its run) ran on `from`: make the new stream
-     * wait for them on the device. The block is ours (ALLOC, not yet returned), so the lock may
-     * stay dropped. */
+     * wait for them on the device. The block is ours (ALLOC, not yet returned) and its
+     * remainder is set aside, so the lock may stay dropped. */
     const struct ebb__stream_ref *from = &o.from[i];
     ebb_status st = ev ? EBB_OK : ebb__ev_create(from->device, &ev);
     if (!st) st = ebb_event_record(ev, from->s);
@@ -1369,6 +1357,13 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
       ebb__unlock(&a->mu);
       if (!kept) ebb__ev_destroy(ev);
     }
+  }
+  if (aside || !indexed) { /* s now waits for every old owner: the remainder is s's */
+    ebb__lock(&a->mu);
+    if (aside) ebb__aside_settle(a, aside, sp);
+    if (!indexed) ebb__block_release(a, b);
+    ebb__unlock(&a->mu);
+    if (!indexed) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
   }
   if (slab) *bout = b;
   else *out = (void *)(uintptr_t)b->addr;

@@ -108,20 +108,21 @@ TEST_CASE("a stolen block orders its new stream after the old one, without a hos
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("a steal ordered under the lock hands its remainder to the new stream, still after the old one", "[alloc][timing]") {
+TEST_CASE("a steal hands its remainder to the new stream, still after the old one", "[alloc][timing]") {
   EbbSession session;
   ebb_stream_t *s = nullptr, *t = nullptr;
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
-  // A first steal puts an event into the arena's cache.
+  // A first steal (whole block), so the second finds an event in the arena's cache.
   void *w = nullptr, *x = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 20 * MiB, s, &w));
   EBB_REQUIRE_OK(ebb_arena_free(w));
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 20 * MiB, t, &x));
   CHECK(stats(0).num_steals == 1);
   EBB_REQUIRE_OK(ebb_stream_synchronize(t));
-  // s works on p when it frees it; t steals it with the cached event, recorded and waited for
-  // under the lock, and keeps the remainder.
+  // s works on p when it frees it; t steals it and, once it waits for s (the event recorded
+  // and waited for with the lock dropped, the remainder set aside meanwhile), keeps the
+  // remainder.
   void *p = nullptr, *q = nullptr, *r = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
   busy(s, 3);
