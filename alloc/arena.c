@@ -560,18 +560,17 @@ static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base
   return g;
 }
 
-/* Detaches every classic segment of pool `pool` (-1: any) smaller than `below` bytes whose
- * blocks are all free (any stream) and returns them to the upstream with the lock dropped. Free
- * blocks need no wait: their streams' later work is ordered by the driver's free (cuMemFree
- * synchronises). Lock held on entry and exit. */
-static size_t ebb__release_free_segments_below(struct ebb__arena *a, int pool, size_t below) {
+/* Detaches every classic segment whose blocks are all free (any stream) and returns them to
+ * the upstream with the lock dropped. Free blocks need no wait: their streams' later work is
+ * ordered by the driver's free (cuMemFree synchronises). Lock held on entry and exit. */
+static size_t ebb__release_free_segments(struct ebb__arena *a) {
   struct ebb_list gone;
   ebb_list_init(&gone);
   size_t released = 0;
   for (struct ebb_list *n = a->segments.next, *nx; n != &a->segments; n = nx) {
     nx = n->next;
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
-    if (g->expandable || g->nfree != g->nblocks || g->size >= below || (pool >= 0 && g->pool != pool)) continue;
+    if (g->expandable || g->nfree != g->nblocks) continue;
     ebb__seg_split_stat(a, g, false);
     ebb__hist_rec(a, EBB_ACT_SEGMENT_FREE, g->base, g->size, 0, g->first->spool->stream.id, EBB_OWNER_OTHER, "");
     for (struct ebb__block *b = g->first, *bn; b; b = bn) {
@@ -599,9 +598,6 @@ static size_t ebb__release_free_segments_below(struct ebb__arena *a, int pool, s
   a->c.s.num_device_free += nfreed;
   return released;
 }
-
-/* Every fully free classic segment (empty_cache, the OOM retry chain). */
-static size_t ebb__release_free_segments(struct ebb__arena *a) { return ebb__release_free_segments_below(a, -1, SIZE_MAX); }
 
 /* ---- expandable segments ------------------------------------------------------------------- */
 
@@ -1120,17 +1116,6 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
     return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
   }
   size_t seg = ebb__segment_size(a, r);
-  /* A fully free segment of the pool smaller than the new one could not serve this request
-   * (no single free block of any stream, no run, did) and, held on, only adds to the reserved
-   * peak: the device policy gives it back before the new one is obtained. Larger free
-   * segments are kept, and growth is the only time this runs, so a steady state that no longer
-   * grows makes no extra driver calls. mlp_fixed (one stream, 32 MiB and 36 MiB blocks in
-   * segments of their exact sizes, freed in turn) held free 32 MiB segments while obtaining
-   * 38 MiB ones: frag_ratio 1.149, now 1.043 with the same 17 driver allocations. Unlike
-   * PyTorch's garbage collection at threshold 0 (every fully free segment before every growth:
-   * 2-4x the driver calls on these traces), segments that fit later requests stay. The pinned
-   * pool (its own segment sizes and cap) keeps its segments. */
-  if (!a->up->segment_size) ebb__release_free_segments_below(a, pool, seg);
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;

@@ -364,41 +364,6 @@ TEST_CASE("adjacent free blocks of several streams serve a request none of them 
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("a growth gives back the fully free segments of its pool smaller than the new one", "[alloc]") {
-  EbbSession session;
-  ebb_stream_t *s = default_stream(0);
-  void *p = nullptr, *q = nullptr, *r = nullptr, *u = nullptr;
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));  // a 12 MiB segment
-  EBB_REQUIRE_OK(ebb_arena_free(p));
-  // 14 MiB does not fit the free 12 MiB segment, which goes back before a 14 MiB one comes.
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 14 * MiB, s, &q));
-  ebb_arena_stats st = stats(0);
-  CHECK(st.reserved_bytes.current == 14 * MiB);
-  CHECK(st.reserved_bytes.peak == 14 * MiB);
-  CHECK(st.segments.current == 1);
-  CHECK(st.num_device_alloc == 2);
-  CHECK(st.num_device_free == 1);
-  // A free segment that holds the request serves it: no growth, nothing given back.
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 30 * MiB, s, &r));
-  EBB_REQUIRE_OK(ebb_arena_free(r));
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 24 * MiB, s, &u));
-  CHECK(u == r);
-  CHECK(stats(0).num_device_alloc == 3);
-  CHECK(stats(0).num_device_free == 1);
-  ARENA_CHECK();
-  // A live block keeps its segment: 14 MiB stays while 40 MiB is obtained.
-  EBB_REQUIRE_OK(ebb_arena_free(u));
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 40 * MiB, s, &r));
-  st = stats(0);
-  CHECK(st.reserved_bytes.current == 54 * MiB);  // q's 14 MiB and 40 MiB; the free 30 MiB went back
-  CHECK(st.num_device_free == 2);
-  for (void *x : {q, r}) EBB_REQUIRE_OK(ebb_arena_free(x));
-  ARENA_CHECK();
-  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
-  CHECK(stats(0).reserved_bytes.current == 0);
-  REQUIRE(ebb_debug_live_handles() == 0);
-}
-
 TEST_CASE("limits: a cap on reserved bytes, as bytes or a fraction", "[alloc]") {
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
