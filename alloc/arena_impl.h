@@ -14,8 +14,12 @@
  * Threading: every field of struct ebb__arena and of its blocks and segments is protected by the
  * arena's `mu` (rank EBB_RANK_ARENA). A ptrmap shard lock is a leaf spin lock, taken with or
  * without `mu` held, never the other way round. Events are created and released (which takes
- * the streams module's event-pool lock, ranked below the arena) only with `mu` dropped; recording,
- * waiting and querying take no ebb lock and are done under `mu`.
+ * the streams module's event-pool lock, ranked below the arena) only with `mu` dropped. They
+ * are recorded, waited for and synchronised with `mu` dropped too: a record or a wait blocks
+ * while its stream's queue is full, and a host function queued there that frees memory of this
+ * arena would wait for `mu` for ever. Querying never blocks and is done under `mu`. (Two rare
+ * paths still hold `mu` across a driver wait: the OOM retry chain's device synchronisation before
+ * it unmaps expandable granules, and VMM map/unmap.)
  */
 #ifndef EBB_ARENA_IMPL_H
 #define EBB_ARENA_IMPL_H
