@@ -1610,11 +1610,12 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
   /* Empty slabs first: their blocks merge back, so the segments below may become free. */
   ebb__slab_release_empty(a);
   if (a->xseg) {
-    ebb__unlock(&a->mu);
     /* Unmapping does not synchronise on every driver (allocators.md 1.11, #196258): wait for
-     * this arena's device (not the caller's current one) first. */
+     * this arena's device (not the caller's current one) first, with the lock held, as the OOM
+     * retry chain does (and PyTorch). With it dropped, another thread could free a block whose
+     * stream still has work queued on it after the synchronisation began; x_shrink would then
+     * unmap memory that work is using. */
     ebb_dev_synchronize(a->device);
-    ebb__lock(&a->mu);
     a->c.s.num_syncs++;
     ebb__x_shrink(a);
   }

@@ -64,7 +64,9 @@ EBB_API ebb_status ebb_arena_free(void *ptr);
  * before the free. Recording the allocation stream is a no-op. EBB_EFREED on a freed block. */
 EBB_API ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream);
 /* Returns every cached, fully free segment of `device` to the driver (and unmaps free granules of
- * expandable segments), waiting only for the events of blocks freed with pending uses. */
+ * expandable segments), waiting only for the events of blocks freed with pending uses; with
+ * expandable segments it first waits for the whole device, and allocations and frees of other
+ * threads on this device's arena wait with it. */
 EBB_API ebb_status ebb_arena_empty_cache(int device);
 /* Caps the bytes the arena may reserve on `device` (0: no cap beyond the device's memory). */
 EBB_API ebb_status ebb_arena_set_limit(int device, size_t bytes);
