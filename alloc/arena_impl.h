@@ -17,9 +17,11 @@
  * the streams module's event-pool lock, ranked below the arena) only with `mu` dropped. They
  * are recorded, waited for and synchronised with `mu` dropped too: a record or a wait blocks
  * while its stream's queue is full, and a host function queued there that frees memory of this
- * arena would wait for `mu` for ever. Querying never blocks and is done under `mu`. (Two rare
- * paths still hold `mu` across a driver wait: the OOM retry chain's device synchronisation before
- * it unmaps expandable granules, and VMM map/unmap.)
+ * arena would wait for `mu` for ever. Querying never blocks and is done under `mu`. The device
+ * synchronisation before expandable granules are unmapped (empty_cache, the OOM retry chain) is
+ * done with `mu` held, so that no block freed meanwhile is unmapped under queued work; host
+ * functions must therefore not call this module (include/ebb/stream.h says so). VMM map/unmap
+ * also run under `mu`.
  */
 #ifndef EBB_ARENA_IMPL_H
 #define EBB_ARENA_IMPL_H
