@@ -12,7 +12,10 @@
  * --work memory swaps the step for memory work: a device arena block (512 B .. 8 MiB), a host
  * pool block (64 B .. 64 KiB), a pinned block (4 KiB .. 1 MiB) recorded on the stream, and a
  * plain malloc of the program's own (16 B .. 512 KiB, first byte written), each kept in a ring
- * of 64 live blocks and freed 64 steps later. The same program is built twice: linked with
+ * of 64 live blocks and freed 64 steps later. The sizes repeat every MEM_PERIOD steps, as a
+ * training loop's steps do: a sequence that never repeats keeps reaching new demand peaks after
+ * any warm-up, and the arenas' growth (the emulated driver's cuMemAlloc is an mmap) then showed
+ * up among the process allocator's calls. The same program is built twice: linked with
  * jemalloc (ebb-bench-syscalls, as all ebb programs) and on glibc's malloc
  * (ebb-bench-syscalls-glibc), so the process allocator's share of the calls shows.
  * --warmup-only skips the loop (the markers still appear). The wall time it prints to stderr is
@@ -32,13 +35,16 @@
 #include "ebb/stream.h"
 
 #define RING 64
+#define MEM_PERIOD 512 /* steps after which the sizes repeat (a multiple of RING) */
+#define MEM_SEED 0x9e3779b97f4a7c15ull
+_Static_assert(MEM_PERIOD % RING == 0, "each period frees what it allocated");
 
 /* The memory step's live blocks, freed RING steps after their allocation. */
 static struct {
   void *dev[RING], *host[RING], *pin[RING], *plain[RING];
   uint64_t rng;
   long n;
-} mem = {.rng = 0x9e3779b97f4a7c15ull};
+} mem = {.rng = MEM_SEED};
 
 static size_t mem_size(size_t lo_log2, size_t hi_log2) {
   mem.rng ^= mem.rng >> 12; /* xorshift64* */
@@ -50,6 +56,7 @@ static size_t mem_size(size_t lo_log2, size_t hi_log2) {
 }
 
 static void mem_step(ebb_stream_t *a) {
+  if (mem.n % MEM_PERIOD == 0) mem.rng = MEM_SEED;
   int k = (int)(mem.n++ % RING);
   if (mem.dev[k]) {
     BENCH_CHECK(ebb_arena_free(mem.dev[k]));
