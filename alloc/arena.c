@@ -1001,7 +1001,7 @@ static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool 
 /* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
  * splits off the remainder when the pool's rule allows (allocators.md 1.5). The remainder is
  * b->spool's (the stream that freed b) and goes into its index, or, with `aside` (b came from
- * other streams), is set aside for ebb__aside_settle. Lock held. */
+ * other streams), is set aside (EBB__B_ASIDE) for ebb__aside_settle. Lock held. */
 static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes, bool slab,
                        struct ebb__block **aside) {
   struct ebb__segment *g = b->seg;
@@ -1028,7 +1028,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
       if (EBB_UNLIKELY(aside)) {
         /* Counted free, but in no index and merging with nothing until ebb__aside_settle. */
-        nb->state = EBB__B_FREEING;
+        nb->state = EBB__B_ASIDE;
         *aside = nb;
       } else {
         ebb__index_insert(a, nb);
@@ -1228,7 +1228,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
 static void ebb__aside_settle(struct ebb__arena *a, struct ebb__block *nb, struct ebb__spool *sp) {
   struct ebb__segment *g = nb->seg;
   size_t nf0 = g->nfree;
-  EBB_ASSERT(nb->state == EBB__B_FREEING);
+  EBB_ASSERT(nb->state == EBB__B_ASIDE);
   nb->state = EBB__B_FREE;
   nb->spool = sp;
   ebb__merge_insert(a, nb);
@@ -1726,6 +1726,10 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
         npend_blocks++;
         active += b->size;
         pend_events += b->event_count;
+        break;
+      case EBB__B_ASIDE: /* another thread's steal, mid-way: free, in no index */
+        nf++;
+        fb += b->size;
         break;
       default:
         EBB__CHECK(0, "%s: %s: block 0x%" PRIx64 " has state %d", fn, a->label, b->addr, b->state);

@@ -61,8 +61,11 @@ enum ebb__bstate {
   EBB__B_DEAD = 4,    /* record on the arena's spare list */
   EBB__B_UNMAPPED = 5, /* a hole of an expandable segment: whole granules given back to the driver
                           by empty_cache; in no index, not reserved; mapped again on growth */
-  EBB__B_SLAB = 6      /* carved into slots of one size class (slab.c); in no index, not in the
+  EBB__B_SLAB = 6,     /* carved into slots of one size class (slab.c); in no index, not in the
                           ptrmap; its slots carry their own state (struct ebb__slot) */
+  EBB__B_ASIDE = 7     /* free memory (counted in its segment's nfree and free_bytes, shown as
+                          inactive) in no index and merging with nothing: what a steal left, while
+                          the lock is dropped to order the stealing stream after the old owners */
 };
 
 /* ---- free index: size-segregated bins -------------------------------------------------------
