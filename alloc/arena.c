@@ -945,7 +945,8 @@ static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *ow
 static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
                                         struct ebb__order *o) {
   size_t ms = a->conf.max_split;
-  if (r >= ms) return NULL;
+  /* One stream's adjacent free blocks of one pool are always merged: no run without two. */
+  if (r >= ms || a->nspools < 2) return NULL;
   struct ebb__block *best = NULL;
   size_t best_total = SIZE_MAX;
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
