@@ -229,14 +229,23 @@ EBB__HOT int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
   return (int)(w * 64 + (unsigned)__builtin_ctzll(x->words[w]));
 }
 
-/* Whether free block size `bs` may serve rounded request `r` (allocators.md 1.4): oversize
- * blocks (>= max_split) only serve oversize requests, and only within the slack. */
-static inline bool ebb__fits(const struct ebb__arena *a, size_t bs, size_t r) {
-  if (bs < r) return false;
+/* The free block sizes that may serve rounded request r are [r, ebb__fit_limit) (allocators.md
+ * 1.4): oversize blocks (>= max_split) are never split; they serve oversize requests within the
+ * slack, and a smaller request only up to the size of the segment that request would get
+ * itself. PyTorch keeps oversize blocks from every smaller request, but a request just below
+ * max_split gets a segment rounded up to 2 MiB, which is then oversize: freed, it could serve no
+ * request of its own size, and each such request grew the arena again (the arena bench's tensor
+ * sequence with max_split_size_mb:64: ~500 driver allocations a replay, 64 GiB reserved before
+ * the OOM retry gave it back). */
+static inline size_t ebb__fit_limit(const struct ebb__arena *a, size_t r) {
   size_t ms = a->conf.max_split;
-  if (r < ms && bs >= ms) return false;
-  if (r >= ms && bs >= r + EBB__OVERSIZE_SLACK) return false;
-  return true;
+  if (r >= ms) return r + EBB__OVERSIZE_SLACK;
+  size_t seg = ebb__segment_size(a, r);
+  return seg >= ms ? seg + 1 : ms;
+}
+
+static inline bool ebb__fits(const struct ebb__arena *a, size_t bs, size_t r) {
+  return bs >= r && bs < ebb__fit_limit(a, r);
 }
 
 /* Best fit for r among the free blocks of one stream and pool; the block is removed from the
@@ -275,7 +284,7 @@ static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins 
       return best;
     }
     /* ebb__fits(a, bs, r) is r <= bs < hi: one unsigned compare per block. */
-    size_t ms = a->conf.max_split, hi = r < ms ? ms : r + EBB__OVERSIZE_SLACK, best_size = SIZE_MAX;
+    size_t hi = ebb__fit_limit(a, r), best_size = SIZE_MAX;
     int seen = 0;
     for (struct ebb_list *n = x->bin[i].next; n != &x->bin[i] && seen < EBB__SCAN_LIMIT; n = n->next, seen++) {
       struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
@@ -1008,7 +1017,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
   struct ebb__segment *g = b->seg;
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
-                                                            : rest > EBB__SMALL_SIZE && r < a->conf.max_split;
+                                                            : rest > EBB__SMALL_SIZE && b->size < a->conf.max_split;
   bool counted = ebb__seg_is_split(g);
   size_t nf0 = g->nfree;
   if (split) {
