@@ -21,7 +21,8 @@
  * after each ebb_init:
  *   max_split_size_mb:N      blocks of N MiB or more are never split (default: no limit; N >= 20);
  *                            such a block serves a request of N MiB or more within 20 MiB of
- *                            its size, or a smaller one whose own segment would be as large
+ *                            its size, or a smaller one whose own segment would be as large.
+ *                            No effect with expandable segments (their blocks are always split)
  *   expandable_segments:0|1  grow one VMM reservation per device instead of separate segments
  *   pinned_max_bytes:N       cap on pinned bytes held (default: no cap)
  *   oom_snapshot:PATH        write a memory snapshot (ebb_memory_snapshot_json) to PATH when an

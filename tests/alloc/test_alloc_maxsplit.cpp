@@ -1,11 +1,18 @@
 // The device arena with max_split_size_mb:64 (EBB_ALLOC_CONF, set by CMake): blocks of 64 MiB
 // or more are never split, serve oversize requests within the 20 MiB slack, and serve a smaller
-// request only when they are no larger than the segment that request would get.
+// request only when they are no larger than the segment that request would get. Built twice: the
+// second executable adds expandable_segments:1, where the setting has no effect.
 #include "alloc_test_util.hpp"
 
 using namespace alloc_test;
 
+static bool expandable() {
+  const char *c = std::getenv("EBB_ALLOC_CONF");
+  return c && std::string(c).find("expandable_segments:1") != std::string::npos;
+}
+
 TEST_CASE("max_split: an oversize block is reused whole within the slack, never split", "[alloc]") {
+  if (expandable()) return;  // classic segments only: see the last case
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
   void *p = nullptr, *q = nullptr, *r = nullptr;
@@ -37,6 +44,7 @@ TEST_CASE("max_split: an oversize block is reused whole within the slack, never 
 // the arena (the arena bench's tensor sequence with max_split_size_mb:64 made ~500 driver
 // allocations per replay and reserved 64 GiB before the OOM retry gave them back).
 TEST_CASE("max_split: a request just below it reuses the oversize segment it got", "[alloc]") {
+  if (expandable()) return;
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
   void *first = nullptr;
@@ -50,6 +58,31 @@ TEST_CASE("max_split: a request just below it reuses the oversize segment it got
   }
   CHECK(stats(0).num_device_alloc == 1);
   CHECK(stats(0).reserved_bytes.current == 64 * MiB);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// An expandable segment's blocks are always split and its free blocks merge far above
+// max_split: kept from smaller requests, they made the arena map granule after granule
+// (multistream.trace: frag_ratio 1.703). With expandable segments the setting has no effect.
+TEST_CASE("max_split: no effect with expandable segments, whose free blocks serve any request", "[alloc]") {
+  if (!expandable()) return;  // the classic cases above
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *p = nullptr, *q = nullptr, *r = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 100 * MiB, s, &p));
+  uint64_t mapped = stats(0).num_device_alloc;
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  // The 100 MiB free block serves 10 MiB, then 80 MiB, split: nothing more is mapped.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 10 * MiB, s, &q));
+  CHECK(q == p);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 80 * MiB, s, &r));
+  CHECK(reinterpret_cast<uintptr_t>(r) == reinterpret_cast<uintptr_t>(p) + 10 * MiB);
+  CHECK(stats(0).num_device_alloc == mapped);
+  CHECK(stats(0).allocated_bytes.current == 90 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_free(r));
   ARENA_CHECK();
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   REQUIRE(ebb_debug_live_handles() == 0);
