@@ -413,6 +413,8 @@ EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, b
       ebb__stat_sub(&a->c.s.inactive_split_bytes, fb0);
     }
   }
+  /* The segment's last live block: cached empty slabs pinning it go back (ebb__slab_unpin). */
+  ebb__seg_unpin_check(a, g);
 }
 
 static void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb__block_release_t(a, b, false); }
@@ -1694,7 +1696,7 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
     reserved += g->size - g->unmapped;
     size_t holes = 0;
     uint64_t at = g->base;
-    size_t nb = 0, nf = 0, fb = 0;
+    size_t nb = 0, nf = 0, fb = 0, ncached = 0;
     EBB__CHECK(g->first && !g->first->prev, "%s: %s: segment 0x%" PRIx64 " has no first block", fn, a->label, g->base);
     for (struct ebb__block *b = g->first; b; b = b->next) {
       nb++;
@@ -1739,6 +1741,7 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
       case EBB__B_SLAB:
         st = ebb__slab_check(a, b, fn, &alloc, &active, &requested, &isplit, &isplit_b, &pend_events);
         if (st) goto done;
+        ncached += b->slab->nfree == b->slab->nslots && !b->slab->npend;
         break;
       case EBB__B_PENDING:
       case EBB__B_FREEING:
@@ -1760,6 +1763,10 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
                g->base, holes, g->unmapped);
     EBB__CHECK(nb == g->nblocks && nf == g->nfree && fb == g->free_bytes, "%s: %s: segment 0x%" PRIx64 " counts are stale", fn,
                a->label, g->base);
+    EBB__CHECK(ncached == g->ncached, "%s: %s: segment 0x%" PRIx64 " holds %zu empty slabs, counted %zu", fn, a->label, g->base,
+               ncached, g->ncached);
+    EBB__CHECK(!ncached || nf + ncached < nb, "%s: %s: segment 0x%" PRIx64 " holds only free blocks and %zu empty slabs", fn,
+               a->label, g->base, ncached);
     if (!g->expandable && nb > 1) {
       isplit += nf;
       isplit_b += fb;

@@ -147,6 +147,7 @@ struct ebb__segment {
   uint8_t pool;               /* pool it was made for (classic segments) */
   bool expandable;
   size_t nblocks, nfree, free_bytes; /* for inactive_split without walking */
+  size_t ncached;             /* its slab blocks whose slab is empty and cached (slab.c) */
 };
 
 /* A freed block's event on one of the streams that used it. Queued per stream in record order,
@@ -465,6 +466,12 @@ EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uin
                                        const struct ebb__stream_ref *s, enum ebb__memkind kind);
 /* A pend entry of a slot completed. Lock held. */
 EBB_HIDDEN void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t slot);
+/* Segment g holds nothing but free blocks and cached empty slabs (g->ncached of them): the
+ * slabs go back to the engine and the segment is one free block again. Lock held. */
+EBB_HIDDEN void ebb__slab_unpin(struct ebb__arena *a, struct ebb__segment *g);
+static inline void ebb__seg_unpin_check(struct ebb__arena *a, struct ebb__segment *g) {
+  if (EBB_UNLIKELY(g->ncached) && g->nfree + g->ncached == g->nblocks) ebb__slab_unpin(a, g);
+}
 /* Gives every empty slab of the arena back to the engine (empty_cache, OOM retry). Lock held. */
 EBB_HIDDEN void ebb__slab_release_empty(struct ebb__arena *a);
 /* Debug walk of one slab block: bitmap against counts and slot states; adds the slab's slot

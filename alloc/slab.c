@@ -306,6 +306,17 @@ static inline unsigned ebb__slot_index(const struct ebb__slab *sl, uint64_t addr
   return (unsigned)((((addr - sl->addr) >> 9) * sl->inv) >> 32);
 }
 
+/* Slab sl enters or leaves its class's cached empty slabs (k->nempty), counted in its segment
+ * too (ebb__slab_unpin). Lock held. */
+static inline void ebb__cached_inc(struct ebb__slab_cls *k, struct ebb__slab *sl) {
+  k->nempty++;
+  sl->b->seg->ncached++;
+}
+static inline void ebb__cached_dec(struct ebb__slab_cls *k, struct ebb__slab *sl) {
+  k->nempty--;
+  sl->b->seg->ncached--;
+}
+
 /* Makes block b (state EBB__B_SLAB) a live slab of n slots of r bytes on spool sp, entered in
  * the map and its class list. NULL: no host memory (b untouched). Lock held. */
 static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool *sp, struct ebb__block *b, size_t r,
@@ -357,7 +368,7 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
   ebb__stat_add_slab(&a->c.s, n, (uint64_t)n * r);
   struct ebb__slab_cls *k = ebb__cls_of(sl);
   ebb_list_insert_tail(&k->slabs, &sl->node);
-  k->nempty++;
+  ebb__cached_inc(k, sl);
   k->nslabs++;
   return sl;
 }
@@ -386,7 +397,7 @@ void ebb__slab_release_empty(struct ebb__arena *a) {
         struct ebb__slab *sl = ebb_container_of(k->slabs.prev, struct ebb__slab, node);
         EBB_ASSERT(sl->nfree == sl->nslots);
         ebb_list_remove(&sl->node);
-        k->nempty--;
+        ebb__cached_dec(k, sl);
         ebb__slab_drop(a, sl);
       }
     }
@@ -402,7 +413,7 @@ static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_
   unsigned i = w * 64 + (unsigned)__builtin_ctzll(sl->bits[w]);
   sl->bits[w] &= sl->bits[w] - 1;
   struct ebb__slab_cls *k = ebb__cls_of(sl);
-  if (sl->nfree-- == sl->nslots) k->nempty--;
+  if (sl->nfree-- == sl->nslots) ebb__cached_dec(k, sl);
   if (!sl->nfree) {
     /* Full: off the class list until a slot comes back. */
     ebb_list_remove(&sl->node);
@@ -442,12 +453,26 @@ static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsign
   if (!sl->nfree++) ebb_list_insert_head(&k->slabs, &sl->node);
   if (sl->nfree == sl->nslots && !sl->npend) {
     ebb_list_remove(&sl->node);
+    struct ebb__segment *g = sl->b->seg;
     if (k->nempty < EBB__SLAB_EMPTY_CACHE) {
       ebb_list_insert_tail(&k->slabs, &sl->node);
-      k->nempty++;
+      ebb__cached_inc(k, sl);
     } else {
       ebb__slab_drop(a, sl);
     }
+    ebb__seg_unpin_check(a, g);
+  }
+}
+
+void ebb__slab_unpin(struct ebb__arena *a, struct ebb__segment *g) {
+  while (g->ncached && g->nfree + g->ncached == g->nblocks) {
+    struct ebb__block *b = g->first;
+    while (b && !(b->state == EBB__B_SLAB && b->slab->nfree == b->slab->nslots && !b->slab->npend)) b = b->next;
+    if (!b) break; /* (ncached counts exactly these: the debug walk checks it) */
+    struct ebb__slab *sl = b->slab;
+    ebb_list_remove(&sl->node);
+    ebb__cached_dec(ebb__cls_of(sl), sl);
+    ebb__slab_drop(a, sl);
   }
 }
 
@@ -495,8 +520,10 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     if (!ok || !ok->nempty) continue;
     struct ebb__slab *e = ebb_container_of(ok->slabs.prev, struct ebb__slab, node);
     ebb_list_remove(&e->node);
-    ok->nempty--;
+    ebb__cached_dec(ok, e);
+    struct ebb__segment *g = e->b->seg;
     ebb__slab_drop(a, e);
+    ebb__seg_unpin_check(a, g);
     break;
   }
   uint32_t n = ebb__slab_nslots(r, k->nslabs); /* read under the lock: other threads make slabs too */

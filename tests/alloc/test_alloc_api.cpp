@@ -44,9 +44,9 @@ TEST_CASE("size classes: small, medium and large requests get PyTorch's segments
   CHECK(st.allocated_bytes.current == 0);
   CHECK(st.allocated_bytes.peak >= 106 * MiB);
   CHECK(st.reserved_bytes.current == 124 * MiB);  // cached
-  // Every segment merged back to one block; with slabs, but for the 1 KiB slot's slab, kept
-  // empty for the next slot (128 free slots) with the rest of its segment free after it.
-  CHECK(st.inactive_split.current == (slabs_on() ? 128 + 1 : 0));
+  // Every segment merged back to one block; with slabs, the 1 KiB slot's slab (empty, cached for
+  // its class) too: it was all that was left in its segment.
+  CHECK(st.inactive_split.current == 0);
   ARENA_CHECK();
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   CHECK(stats(0).reserved_bytes.current == 0);
@@ -114,9 +114,9 @@ TEST_CASE("below 1 MiB the free index gives the best fit, however many blocks ar
   EBB_REQUIRE_OK(ebb_arena_free(q));
   for (void *x : sep) EBB_REQUIRE_OK(ebb_arena_free(x));
   ARENA_CHECK();
-  // With slabs the 512 B separators were slots of one slab, kept empty (256 free slots) between
-  // the free 100 KiB block before it and the free rest of the first segment after it.
-  CHECK(stats(0).inactive_split.current == (slabs_on() ? 256 + 2 : 0));
+  // Everything merged back: with slabs, the separators' slab (empty, cached for its class) was
+  // all that was left in its segment, so it went back to the engine too.
+  CHECK(stats(0).inactive_split.current == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 

@@ -100,9 +100,12 @@ TEST_CASE("slab: empty slabs go back to the engine, for other sizes and other st
   ebb_stream_t *s = nullptr, *t = nullptr;
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
-  // The largest slots (64 KiB: 2 per slab; 16 KiB under the 16K limit: 8): three slabs' worth
-  // fill three slabs of one segment, in address order.
+  // A plain block at the start of a segment keeps it in use. Then the largest slots (64 KiB: 2
+  // per slab; 16 KiB under the 16K limit: 8): three slabs' worth fill three slabs of the same
+  // segment, in address order.
   const size_t slot = limit_16k() ? 16 * KiB : 64 * KiB;
+  void *keep = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 256 * KiB, s, &keep));
   std::vector<void *> v(3 * slab_slots(slot));
   for (void *&p : v) EBB_REQUIRE_OK(ebb_arena_alloc(0, slot, s, &p));
   std::vector<void *> sorted = v;
@@ -141,6 +144,7 @@ TEST_CASE("slab: empty slabs go back to the engine, for other sizes and other st
   EBB_REQUIRE_OK(ebb_arena_free(y));
   ARENA_CHECK();
   // empty_cache gives every empty slab back, then every free segment.
+  EBB_REQUIRE_OK(ebb_arena_free(keep));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   ebb_arena_stats st = stats(0);
   CHECK(st.reserved_bytes.current == 0);
@@ -364,5 +368,37 @@ TEST_CASE("slab: 8 threads over 4 streams, freeing each other's slots", "[alloc]
   CHECK(stats(0).reserved_bytes.current == 0);
   ARENA_CHECK();
   for (ebb_stream_t *s : ss) EBB_REQUIRE_OK(ebb_stream_release(s));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A cached empty slab must not pin a segment that holds nothing else: at the end of a training
+// step that frees everything, slabs cached wherever they last emptied made the next step's
+// blocks fit differently and grow the arena (perf/RESULTS.md, the empty-slab cache).
+TEST_CASE("slab: a segment left with only cached empty slabs is whole again", "[alloc][slab]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *slot = nullptr, *blk = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3000, s, &slot));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 256 * KiB, s, &blk));
+  CHECK(stats(0).segments.current == 1);
+  // The slot's slab empties and stays cached: the block still uses the segment.
+  EBB_REQUIRE_OK(ebb_arena_free(slot));
+  CHECK(stats(0).inactive_split.current > 0);
+  ARENA_CHECK();
+  // The block goes: only the cached slab is left, so it goes back and the segment is whole.
+  EBB_REQUIRE_OK(ebb_arena_free(blk));
+  CHECK(stats(0).inactive_split.current == 0);
+  CHECK(stats(0).inactive_split_bytes.current == 0);
+  ARENA_CHECK();
+  // The whole 2 MiB segment serves a 1 MiB block from its start, without the driver.
+  void *big = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &big));
+  CHECK(stats(0).num_device_alloc == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(big));
+  // The class's next slot carves a new slab: the cache did its work while the segment was used.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3000, s, &slot));
+  CHECK(stats(0).num_device_alloc == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(slot));
+  ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
