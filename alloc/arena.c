@@ -78,17 +78,13 @@ static size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
  * map its 7 low bits. */
 /* A new slab of records onto the spare list; false when out of host memory. */
 static bool ebb__block_slab(struct ebb__arena *a) {
-  if (a->nslabs == a->capslabs) {
-    size_t nc = a->capslabs ? a->capslabs * 2 : 16;
-    void **ns = realloc(a->slabs, nc * sizeof *ns);
-    if (!ns) return false;
-    a->slabs = ns;
-    a->capslabs = nc;
-  }
   struct ebb__block *slab = aligned_alloc(_Alignof(struct ebb__block), EBB__SLAB_BLOCKS * sizeof *slab);
   if (!slab) return false;
+  if (!ebb__chunk_keep(&a->slabs, &a->nslabs, &a->capslabs, slab, 16)) {
+    free(slab);
+    return false;
+  }
   memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
-  a->slabs[a->nslabs++] = slab;
   for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
     slab[i].arena = a;
     slab[i].kind = (uint8_t)a->up->kind;

@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "ebb/alloc.h"
 #include "ebb/runtime.h"
@@ -605,6 +606,22 @@ static inline bool ebb__block_in_amap(const struct ebb__block *b) {
 }
 EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
 EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
+
+/* ---- record chunks ----------------------------------------------------------------------------
+ * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's
+ * pointer in a growable array (doubling from `first`). Keeps chunk p in (*v, *n, *cap); false
+ * when out of host memory (nothing kept: the caller frees p). Lock held. */
+static inline bool ebb__chunk_keep(void ***v, size_t *n, size_t *cap, void *p, size_t first) {
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : first;
+    void **nv = realloc(*v, nc * sizeof *nv);
+    if (!nv) return false;
+    *v = nv;
+    *cap = nc;
+  }
+  (*v)[(*n)++] = p;
+  return true;
+}
 
 /* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
 

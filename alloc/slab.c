@@ -266,17 +266,13 @@ static inline void ebb__stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_
 static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->slab_spare);
   if (!n) {
-    if (a->nslab_chunks == a->capslab_chunks) {
-      size_t nc = a->capslab_chunks ? a->capslab_chunks * 2 : 8;
-      void **ns = realloc(a->slab_chunks, nc * sizeof *ns);
-      if (!ns) return NULL;
-      a->slab_chunks = ns;
-      a->capslab_chunks = nc;
-    }
     struct ebb__slab *c = aligned_alloc(_Alignof(struct ebb__slab), EBB__SLAB_CHUNK * sizeof *c);
     if (!c) return NULL;
+    if (!ebb__chunk_keep(&a->slab_chunks, &a->nslab_chunks, &a->capslab_chunks, c, 8)) {
+      free(c);
+      return NULL;
+    }
     memset(c, 0, EBB__SLAB_CHUNK * sizeof *c);
-    a->slab_chunks[a->nslab_chunks++] = c;
     for (int i = 0; i < EBB__SLAB_CHUNK; i++) {
       c[i].arena = a; /* written once, before the record can reach the map */
       ebb_list_insert_tail(&a->slab_spare, &c[i].node);
