@@ -285,7 +285,7 @@ static uint64_t now_ns(void) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: " PROG " TRACE [--expandable] [--streams N] [--help]\n"
+          "usage: " PROG " TRACE [--expandable] [--streams N] [--peak-snapshot PATH] [--help]\n"
           "Replays an allocation trace on device 0's arena and prints one line:\n"
           "  peak_requested=B peak_reserved=B frag_ratio=R ns_per_op=T allocs=N driver_allocs=N\n"
           "Trace: one event per line; '#' starts a comment; blank lines and extra fields are ignored.\n"
@@ -294,6 +294,9 @@ static void usage(FILE *f) {
           "ids are whole numbers 0..2^63; an id may be reused once freed.\n"
           "  --expandable   EBB_ALLOC_CONF gains expandable_segments:1\n"
           "  --streams N    create N streams (1..%d, default 1) for the stream indices\n"
+          "  --peak-snapshot PATH  write a memory snapshot (ebb_memory_snapshot_json) to PATH each\n"
+          "                 time reserved bytes reach a new peak: the file left shows the arena at\n"
+          "                 its peak. Slow: ns_per_op then includes the stats calls and snapshots.\n"
           "  --help         this message\n"
           "frag_ratio is peak_reserved / peak_requested (0.000 when nothing was requested).\n"
           "EBB_SIM_MEM defaults to 64G here (the emulated device never touches the memory).\n"
@@ -301,10 +304,28 @@ static void usage(FILE *f) {
           MAX_STREAMS);
 }
 
-/* Runs the timed loop. Returns 0, or 1 after printing the failing call. ptrs[slot] holds every
+/* With --peak-snapshot: when device 0's reserved bytes exceed *peak, writes the snapshot again
+ * (the last one written shows the arena at its peak). Returns 0, or 1 after printing why. */
+static int write_if_peak(const char *path, uint64_t *peak) {
+  ebb_arena_stats s;
+  ebb_status st = ebb_arena_get_stats(0, &s);
+  if (st == EBB_OK && s.reserved_bytes.current > *peak) {
+    *peak = s.reserved_bytes.current;
+    st = ebb_memory_snapshot_json(path);
+  }
+  if (st != EBB_OK) {
+    fprintf(stderr, PROG ": --peak-snapshot %s: %s: %s\n", path, ebb_status_name(st), ebb_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+/* Runs the timed loop (timed only without --peak-snapshot). Returns 0, or 1 after printing the failing call. ptrs[slot] holds every
  * live block on return (NULL for freed ones), whatever happened. */
-static int replay(const char *path, const trace *t, ebb_stream_t **streams, void **ptrs, uint64_t *ns) {
+static int replay(const char *path, const trace *t, ebb_stream_t **streams, void **ptrs, uint64_t *ns,
+                  const char *peak_snapshot) {
   uint64_t t0 = now_ns();
+  uint64_t peak = 0;
   for (size_t i = 0; i < t->nev; i++) {
     const event *ev = &t->ev[i];
     ebb_status st;
@@ -323,6 +344,7 @@ static int replay(const char *path, const trace *t, ebb_stream_t **streams, void
                 ebb_last_error());
       return 1;
     }
+    if (peak_snapshot && ev->is_alloc && write_if_peak(peak_snapshot, &peak) != 0) return 1;
   }
   *ns = now_ns() - t0;
   return 0;
@@ -332,6 +354,7 @@ int main(int argc, char **argv) {
   const char *path = NULL;
   bool expandable = false;
   unsigned nstreams = 1;
+  const char *peak_snapshot = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
@@ -346,6 +369,12 @@ int main(int argc, char **argv) {
       }
       nstreams = (unsigned)n;
       i++;
+    } else if (strcmp(argv[i], "--peak-snapshot") == 0) {
+      if (i + 1 >= argc || argv[i + 1][0] == '\0') {
+        fprintf(stderr, PROG ": --peak-snapshot needs a file path\n");
+        return 2;
+      }
+      peak_snapshot = argv[++i];
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, PROG ": unknown argument '%s'\n", argv[i]);
       usage(stderr);
@@ -402,7 +431,7 @@ int main(int argc, char **argv) {
   }
 
   uint64_t ns = 0;
-  rc = replay(path, &t, streams, ptrs, &ns);
+  rc = replay(path, &t, streams, ptrs, &ns, peak_snapshot);
 
   ebb_arena_stats stats;
   if (rc == 0) {
