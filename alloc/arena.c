@@ -556,6 +556,7 @@ static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base
     free(g);
     return NULL;
   }
+  ebb_list_init(&g->unpin);
   g->base = base;
   g->size = size;
   g->pool = (uint8_t)pool;
@@ -595,6 +596,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
       ebb__block_dead(a, b);
     }
     ebb_list_remove(&g->node);
+    ebb_list_remove(&g->unpin);
     ebb_list_insert_tail(&gone, &g->node);
     ebb__stat_sub(&a->c.s.reserved_bytes, g->size);
     ebb__stat_sub(&a->c.s.segments, 1);
@@ -895,6 +897,7 @@ static size_t ebb__x_shrink(struct ebb__arena *a) {
     /* Nothing mapped any more: drop the segment (the reservation stays for the next growth). */
     ebb__block_dead(a, tail);
     ebb_list_remove(&g->node);
+    ebb_list_remove(&g->unpin);
     free(g);
     a->xseg = NULL;
     ebb__stat_sub(&a->c.s.segments, 1);
@@ -1299,6 +1302,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
   int pool = r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
   ebb__lock(&a->mu);
   if (a->npending) ebb__poll_pending(a);
+  if (EBB_UNLIKELY(!ebb_list_empty(&a->unpin_due))) ebb__unpin_due(a);
   struct ebb__spool *sp = ebb__spool_get(a, s);
   if (EBB_UNLIKELY(!sp)) {
     ebb__unlock(&a->mu);
@@ -1761,7 +1765,8 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
                a->label, g->base);
     EBB__CHECK(ncached == g->ncached, "%s: %s: segment 0x%" PRIx64 " holds %zu empty slabs, counted %zu", fn, a->label, g->base,
                ncached, g->ncached);
-    EBB__CHECK(!ncached || nf + ncached < nb, "%s: %s: segment 0x%" PRIx64 " holds only free blocks and %zu empty slabs", fn,
+    EBB__CHECK(!ncached || nf + ncached < nb || !ebb_list_empty(&g->unpin),
+               "%s: %s: segment 0x%" PRIx64 " holds only free blocks and %zu empty slabs, and is not due to give them back", fn,
                a->label, g->base, ncached);
     if (!g->expandable && nb > 1) {
       isplit += nf;
@@ -1823,6 +1828,8 @@ void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int d
   a->conf = *conf;
   a->total_mem = total_mem;
   ebb_list_init(&a->segments);
+  ebb_list_init(&a->unpin_due);
+  a->unpin_at = UINT64_MAX;
   ebb_list_init(&a->pend_spare);
   ebb_list_init(&a->block_spare);
   ebb_list_init(&a->slab_spare);

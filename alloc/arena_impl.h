@@ -149,6 +149,8 @@ struct ebb__segment {
   bool expandable;
   size_t nblocks, nfree, free_bytes; /* for inactive_split without walking */
   size_t ncached;             /* its slab blocks whose slab is empty and cached (slab.c) */
+  struct ebb_list unpin;      /* in the arena's unpin_due while it may hold nothing but free
+                                 blocks and cached empty slabs, one of them sticky (slab.c) */
 };
 
 /* A freed block's event on one of the streams that used it. Queued per stream in record order,
@@ -210,6 +212,7 @@ struct ebb__slab {
   uint16_t npend;            /* slots FREEING or PENDING */
   uint8_t live;              /* serving slots; 0 on the spare list */
   uint8_t cls;               /* size class: slot / 512 - 1 */
+  uint8_t sticky;            /* made again right after its class's slab was given back */
   struct ebb__spool *spool;  /* allocation stream */
   struct ebb__slot *slots;   /* nslots records (capacity `cap`) */
   struct ebb__slot_ext *ext; /* NULL until a slot is recorded on another stream; `cap` entries */
@@ -353,6 +356,11 @@ struct ebb__arena {
   size_t inflight;         /* bytes being obtained with the lock dropped (counted against limit) */
 
   struct ebb_list segments;
+  struct ebb_list unpin_due; /* segments left with only free blocks and a sticky slab: given
+                                back at the next allocation of anything else (slab.c) */
+  uint64_t unpin_at;         /* alloc_count when a slot's free last gave its slab back, ... */
+  struct ebb__spool *unpin_sp; /* ... the slab's stream ... */
+  uint8_t unpin_cls;         /* ... and its class (sticky slabs, slab.c) */
   struct ebb__spool **spools;
   size_t nspools, capspools;
   struct ebb__spool *last_spool; /* the spool of the last allocation: the common case */
@@ -470,9 +478,16 @@ EBB_HIDDEN void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, 
 /* Segment g holds nothing but free blocks and cached empty slabs (g->ncached of them): the
  * slabs go back to the engine and the segment is one free block again. Lock held. */
 EBB_HIDDEN void ebb__slab_unpin(struct ebb__arena *a, struct ebb__segment *g);
+/* A free may have left g with nothing but free blocks and cached empty slabs: they go back.
+ * Left where they last emptied, they make the next step's blocks fit around them differently
+ * from step to step (the arena bench's sequences needed new segments up to their fourth
+ * replay). Lock held. */
 static inline void ebb__seg_unpin_check(struct ebb__arena *a, struct ebb__segment *g) {
   if (EBB_UNLIKELY(g->ncached) && g->nfree + g->ncached == g->nblocks) ebb__slab_unpin(a, g);
 }
+/* Gives back the cached empty slabs of the segments in a->unpin_due (sticky slabs' segments,
+ * slab.c) that still hold nothing else. Lock held. */
+EBB_HIDDEN void ebb__unpin_due(struct ebb__arena *a);
 /* Gives every empty slab of the arena back to the engine (empty_cache, OOM retry). Lock held. */
 EBB_HIDDEN void ebb__slab_release_empty(struct ebb__arena *a);
 /* Debug walk of one slab block: bitmap against counts and slot states; adds the slab's slot

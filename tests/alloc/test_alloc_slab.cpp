@@ -371,6 +371,51 @@ TEST_CASE("slab: 8 threads over 4 streams, freeing each other's slots", "[alloc]
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// One slot allocated and freed in turn in an otherwise free segment (a staging buffer, a scalar)
+// must not make and drop its slab every time: the slab made right after its class's slab went
+// back is sticky and stays cached until an allocation of anything else.
+TEST_CASE("slab: a slot allocated and freed in turn keeps its slab until something else is allocated", "[alloc][slab]") {
+  REQUIRE(slabs_on());
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *p = nullptr, *q = nullptr;
+  // First round: the segment holds nothing else, so the emptied slab goes back at once.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3000, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  CHECK(stats(0).inactive_split.current == 0);
+  ARENA_CHECK();
+  // The next allocation is the same class at once: its new slab is sticky and stays cached.
+  for (int i = 0; i < 5; i++) {
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 3000, s, &q));
+    CHECK(q == p);
+    EBB_REQUIRE_OK(ebb_arena_free(q));
+    CHECK(stats(0).inactive_split.current == slab_slots(3072) + 1);  // its slots and the rest
+    ARENA_CHECK();
+  }
+  // Anything else allocated gives the slab back first: the block starts the whole segment.
+  void *blk = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 256 * KiB, s, &blk));
+  CHECK(blk == p);
+  CHECK(stats(0).num_device_alloc == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(blk));
+  CHECK(stats(0).inactive_split.current == 0);
+  ARENA_CHECK();
+  // A sticky slab's segment given back by empty_cache leaves nothing behind to give back later.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3000, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3000, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  CHECK(stats(0).inactive_split.current > 0);
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 256 * KiB, s, &blk));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3000, s, &p));
+  for (void *x : {blk, p}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 // A cached empty slab must not pin a segment that holds nothing else: at the end of a training
 // step that frees everything, slabs cached wherever they last emptied made the next step's
 // blocks fit differently and grow the arena (perf/RESULTS.md, the empty-slab cache).
