@@ -1,10 +1,13 @@
-# check_error.cmake: runs a program that must fail with exit code 2 and a message on stderr
-# matching ERR_REGEX (e.g. the trace's file and line).
-# cmake -DEXE=prog "-DARGS=a|b" -DERR_REGEX=re -P check_error.cmake   (ARGS separated by '|')
+# check_error.cmake: runs a program that must fail with exit code RC (default 2) and a message
+# on stderr matching ERR_REGEX (e.g. the trace's file and line).
+# cmake -DEXE=prog "-DARGS=a|b" -DERR_REGEX=re [-DRC=1] -P check_error.cmake   (ARGS separated by '|')
 string(REPLACE "|" ";" ARGS "${ARGS}")
+if(NOT DEFINED RC)
+  set(RC 2)
+endif()
 execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 2)
-  message(FATAL_ERROR "expected exit code 2, got '${rc}'\nstdout: ${out}\nstderr: ${err}")
+if(NOT rc EQUAL RC)
+  message(FATAL_ERROR "expected exit code ${RC}, got '${rc}'\nstdout: ${out}\nstderr: ${err}")
 endif()
 if(NOT err MATCHES "${ERR_REGEX}")
   message(FATAL_ERROR "stderr does not match '${ERR_REGEX}':\n${err}")
@@ -12,4 +15,4 @@ endif()
 if(NOT out STREQUAL "")
   message(FATAL_ERROR "expected nothing on stdout, got:\n${out}")
 endif()
-message(STATUS "ok: exit 2, ${err}")
+message(STATUS "ok: exit ${RC}, ${err}")
