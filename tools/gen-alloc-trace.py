@@ -173,6 +173,7 @@ def main():
             pending += n * FP32
 
         weight_grad(head)
+        t.free(x)  # the last layer's output: the head's input, saved for its weight gradient
         if a.streams >= 3:
             prefetch[L - 1] = t.alloc(sum(params[L - 1]) * BF16, pref_stream)
         for layer in reversed(range(L)):
