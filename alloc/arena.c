@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "arena_impl.h"
+#include "streams_export.h"
 
 #define EBB__SLAB_BLOCKS 256
 
@@ -1235,6 +1236,25 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout);
 
+/* Makes stream `to` wait on the device for the work issued so far to `from`: an event recorded
+ * on it while it is the live stream it was, else the event its release recorded (a stream
+ * released after using memory of this arena: a training step that makes a stream per call).
+ * The slot of a released stream can hold a newer stream, hence the id check. *ev: an event of
+ * from's device, or NULL (one is made when needed); left for the caller to recycle. Lock not
+ * held. */
+static ebb_status ebb__order_after(ebb_stream_t *to, const struct ebb__stream_ref *from, ebb_event_t **ev) {
+  uint64_t id = 0;
+  int dev = -1;
+  if (ebb__stream_peek(from->s, &id, &dev) && id == from->id) {
+    ebb_status st = *ev ? EBB_OK : ebb__ev_create(from->device, ev);
+    if (!st) st = ebb_event_record(*ev, from->s);
+    if (!st) st = ebb_event_wait(*ev, to);
+    if (st != EBB_EFREED) return st;
+    /* Released between the check and the record: its release event covers it. */
+  }
+  return ebb__stream_wait_released(to, from->device, from->id);
+}
+
 /* What a stolen block (or run) leaves after the request, set aside by ebb__carve while the lock
  * is dropped to order the new stream after the old owners: then it becomes `sp`'s (the new
  * stream's, once ordered) and merges with sp's free neighbours. Left with its old owner, a
@@ -1346,12 +1366,10 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
      * wait for them on the device. The block is ours (ALLOC, not yet returned) and its
      * remainder is set aside, so the lock may stay dropped. */
     const struct ebb__stream_ref *from = &o.from[i];
-    ebb_status st = ev ? EBB_OK : ebb__ev_create(from->device, &ev);
-    if (!st) st = ebb_event_record(ev, from->s);
-    if (!st) st = ebb_event_wait(ev, s->s);
+    ebb_status st = ebb__order_after(s->s, from, &ev);
     if (st) {
-      /* `from` was released (or its device failed): no event can order after it, so wait for
-       * the device on the host instead. Rare; counted as a sync. */
+      /* Neither an event nor the stream's release event could order s (no host memory, a failed
+       * device): wait for the device on the host instead. Counted as a sync. */
       ebb_dev_synchronize(from->device);
       ebb__lock(&a->mu);
       a->c.s.num_syncs++;

@@ -56,7 +56,7 @@ ebb_status ebb__check_event(const char *fn, const ebb_event_t *e) {
 
 /* An idle driver event of `d` from its stack, or a new one on a miss: the one place an event
  * costs a driver call, made without event_mu. */
-static ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct CUevent_st **out) {
+ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct CUevent_st **out) {
   const int t = timing ? 1 : 0;
   struct CUevent_st *cu = NULL;
   ebb__mutex_lock(&d->event_mu);
@@ -75,7 +75,7 @@ static ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct CUe
 
 /* Pushes `cu` back on its stack. The stack grows only while the number of events alive at once
  * is still rising, never when warm; with no memory to grow, the event goes back to the driver. */
-static void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu) {
+void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu) {
   const int t = timing ? 1 : 0;
   ebb__mutex_lock(&d->event_mu);
   if (d->drv_nevents[t] == d->drv_cap[t]) {

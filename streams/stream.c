@@ -116,6 +116,7 @@ static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *
   d->prio_value[EBB_PRIO_LOW] = caps->prio_least;
   d->prio_value[EBB_PRIO_HIGH] = caps->prio_greatest;
   ebb__mutex_init(&d->stream_mu, "streams.slots", EBB_RANK_STREAM_POOL);
+  ebb__mutex_init(&d->tomb_mu, "streams.tombs", EBB_RANK_LEAF);
   ebb__slot_pool_init(&d->stream_slots, sizeof(struct ebb_stream), EBB__SLOT_QUARANTINE);
   ebb__events_start(d);
   ebb__copy_start(d);
@@ -181,6 +182,10 @@ static void ebb__streams_teardown(void *user) {
   for (int i = 0; i < ebb__st.ndev; i++) ebb_dev_synchronize(i);
   for (int i = 0; i < ebb__st.ndev; i++) {
     struct ebb__dev *d = &ebb__st.dev[i];
+    /* The devices are idle: every tomb's work is done, its event goes back before the pools go. */
+    for (unsigned t = 0; t < d->ntombs; t++) ebb__drv_event_put(d, false, d->tombs[t].ev);
+    d->ntombs = 0;
+    ebb__mutex_destroy(&d->tomb_mu);
     ebb__copy_teardown(d);
     ebb__events_teardown(d);
     ebb__slot_pool_each(&d->stream_slots, ebb__stream_slot_destroy, NULL);
@@ -333,6 +338,58 @@ ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **ou
   return st;
 }
 
+/* ---- released streams' last work ----------------------------------------------------------- */
+
+/* ebb_stream_release does not wait: the driver finishes the stream's work after the handle is
+ * gone. A module that used the stream (the arena: blocks it used, free on its side) must still
+ * order later work after that work. Without a handle to record an event on, it could only wait
+ * for the whole device on the host. So release records a pooled event on the stream first and
+ * keeps it, with the stream's id, as a tomb; ebb__stream_wait_released makes a stream wait on
+ * it. Tombs are reaped (events back to the pool) when the table is full and their work is done;
+ * when EBB__TOMBS released streams all still have work in flight, the oldest is waited for. */
+
+/* Adds the tomb of stream `id`; events of reaped tombs go to done[] (returned to the pool by
+ * the caller, after tomb_mu). tomb_mu held. */
+static void ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *ev, struct CUevent_st **done,
+                                 unsigned *nd) {
+  if (d->ntombs == EBB__TOMBS) {
+    unsigned kept = 0;
+    for (unsigned i = 0; i < d->ntombs; i++) {
+      bool fin = false;
+      if (ebb_drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
+      else d->tombs[kept++] = d->tombs[i];
+    }
+    d->ntombs = kept;
+    if (kept == EBB__TOMBS) {
+      /* Every remembered stream still works: wait for the oldest (on the host, rarely). */
+      (void)ebb_drv_event_synchronize(d->tombs[0].ev);
+      done[(*nd)++] = d->tombs[0].ev;
+      memmove(d->tombs, d->tombs + 1, (EBB__TOMBS - 1) * sizeof *d->tombs);
+      d->ntombs--;
+    }
+  }
+  d->tombs[d->ntombs++] = (struct ebb__tomb){id, ev};
+}
+
+ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t id) {
+  ebb_status st = ebb__check_stream("ebb__stream_wait_released", waiter);
+  if (st) return st;
+  if ((unsigned)device >= (unsigned)ebb__st.ndev)
+    return ebb__fail(EBB_EDEVICE, "ebb__stream_wait_released: device %d of released stream %llu is out of range; expected 0..%d",
+                     device, (unsigned long long)id, ebb__st.ndev - 1);
+  struct ebb__dev *d = &ebb__st.dev[device];
+  /* The wait is enqueued under tomb_mu, so the event cannot be reaped and recorded again by
+   * another user in between (the driver captures the record at the wait call). */
+  ebb__mutex_lock(&d->tomb_mu);
+  for (unsigned i = 0; i < d->ntombs; i++) {
+    if (d->tombs[i].id != id) continue;
+    st = ebb_drv_stream_wait_event(waiter->cu, d->tombs[i].ev);
+    break;
+  }
+  ebb__mutex_unlock(&d->tomb_mu);
+  return st;
+}
+
 ebb_status ebb_stream_release(ebb_stream_t *s) {
   ebb_status st = ebb__check_stream("ebb_stream_release", s);
   if (st) return st;
@@ -341,15 +398,35 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
   if (s->kind != EBB__STREAM_USER)
     return ebb__fail(EBB_EINVAL, "ebb_stream_release: %s stream %llu of device %d is owned by ebb; only streams from ebb_stream_create are released",
                      s->kind == EBB__STREAM_POOL ? "pool" : "default", (unsigned long long)s->id, s->device);
+  struct ebb__dev *d = &ebb__st.dev[s->device];
+  /* The stream turns released and gets its tomb under tomb_mu, so whoever sees it released and
+   * then looks for its tomb (ebb__stream_wait_released) finds it. Only the releaser elected by
+   * the CAS touches the driver stream. Without an event (no host memory, a failing driver), its
+   * work is waited for here instead: then nothing is left to order after. */
+  struct CUevent_st *ev = NULL, *done[EBB__TOMBS + 1];
+  unsigned nd = 0;
+  if (ebb__drv_event_get(d, false, &ev) != EBB_OK) ev = NULL;
+  ebb__mutex_lock(&d->tomb_mu);
   uint32_t live = EBB__STREAM_LIVE;
   /* relaxed: the CAS only elects one releaser among racing calls; the slot's hand-over to its
    * next user is ordered by stream_mu and the release store in ebb__stream_new. */
   if (!atomic_compare_exchange_strong_explicit(&s->slot.magic, &live, EBB__SLOT_FREED, memory_order_relaxed,
-                                               memory_order_relaxed))
+                                               memory_order_relaxed)) {
+    ebb__mutex_unlock(&d->tomb_mu);
+    if (ev) ebb__drv_event_put(d, false, ev);
     return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was released by ebb_stream_release; expected a live stream",
                      (unsigned long long)s->id, s->device);
+  }
+  if (ev && ebb_drv_event_record(ev, s->cu) == EBB_OK) {
+    ebb__tomb_add_locked(d, s->id, ev, done, &nd);
+  } else {
+    (void)ebb_drv_stream_synchronize(s->cu);
+    if (ev) done[nd++] = ev;
+  }
+  ebb__mutex_unlock(&d->tomb_mu);
+  for (unsigned i = 0; i < nd; i++) ebb__drv_event_put(d, false, done[i]);
   ebb_debug_live_add(-1);
-  return ebb__stream_retire(&ebb__st.dev[s->device], s);
+  return ebb__stream_retire(d, s);
 }
 
 /* ---- current stream and guards ------------------------------------------------------------- */

@@ -38,6 +38,8 @@
  * so a stale handle stays detectable for at least this many later releases. */
 #define EBB__SLOT_QUARANTINE 1024u
 #define EBB__SLAB_OBJECTS 64u
+/* Released streams whose last work is remembered per device (struct ebb__tomb). */
+#define EBB__TOMBS 64u
 #define EBB__CACHE_LINE 64
 
 /* Slot magics: live handles, released ones, and everything else (not a handle of this kind). */
@@ -103,6 +105,13 @@ struct ebb_event {
   struct CUevent_st *cu; /* borrowed from the device's driver-event pool while the handle lives */
 };
 
+/* A released user stream's last work: the pooled driver event ebb_stream_release recorded on it
+ * before destroying it (the driver finishes the work, the handle is gone). */
+struct ebb__tomb {
+  uint64_t id;            /* the released stream's id */
+  struct CUevent_st *ev;  /* complete once all work issued to it has run */
+};
+
 /* One pinned staging chunk of a device's ring. `mu` is held for the whole use of the chunk:
  * waiting for its previous use, filling it and enqueueing the copy and the event record. */
 struct ebb__chunk {
@@ -141,6 +150,11 @@ struct ebb__dev {
 
   _Alignas(EBB__CACHE_LINE) ebb_mutex stream_mu; /* protects stream_slots */
   struct ebb__slot_pool stream_slots;
+
+  _Alignas(EBB__CACHE_LINE) ebb_mutex tomb_mu;   /* protects tombs (a leaf: held across seam
+                                                    calls only, which take no ebb lock) */
+  struct ebb__tomb tombs[EBB__TOMBS];            /* oldest first */
+  unsigned ntombs;
 
   _Alignas(EBB__CACHE_LINE) ebb_mutex event_mu;  /* protects event_slots and drv_events */
   struct ebb__slot_pool event_slots;
@@ -187,6 +201,10 @@ EBB_HIDDEN ebb_status ebb__stream_current_of(const char *fn, int device, ebb_str
 typedef ebb_status (*ebb__query_fn)(void *obj, bool *done);
 typedef ebb_status (*ebb__park_fn)(void *obj);
 EBB_HIDDEN ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park);
+
+/* An idle driver event of `d` from its pool (a driver call only on a miss), and its return. */
+EBB_HIDDEN ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct CUevent_st **out);
+EBB_HIDDEN void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu);
 
 /* Records a pooled driver event on `s` and makes `waiter` wait on it: waiter runs after the
  * work issued to `s` so far. */

@@ -44,8 +44,10 @@ EBB_API ebb_status ebb_stream_default(int device, ebb_stream_t **out);
  * EBB_STREAM_POOL_SIZE streams per priority (default 8, from the environment at init). */
 EBB_API ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_stream_t **out);
 /* A stream owned by the caller; release it with ebb_stream_release, which does not wait: the
- * driver finishes the work already issued to the stream, then frees it (CUDA semantics).
- * Releasing a pool or default stream is EBB_EINVAL; releasing twice is EBB_EFREED. */
+ * driver finishes the work already issued to the stream, then frees it (CUDA semantics). The
+ * release records an event of that last work, so arena memory the stream used is reused after
+ * it on the device, without a host wait. Releasing a pool or default stream is EBB_EINVAL;
+ * releasing twice is EBB_EFREED. */
 EBB_API ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **out);
 EBB_API ebb_status ebb_stream_release(ebb_stream_t *s);
 

@@ -21,4 +21,13 @@
  * and names the reason. Lock-free: an acquire load of the module phase and of the slot's magic. */
 EBB_HIDDEN bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device);
 
+/* Makes `waiter` wait, on the device and never the host, for all the work issued to the stream
+ * of `device` whose id was `id` and which has since been released (ebb_stream_release records an
+ * event on a stream before destroying it). For a module that kept a stream's id and must order
+ * after it once its handle is gone: the arena, for blocks a released stream used. EBB_OK also
+ * when there is nothing to wait for (that work is known complete); the caller vouches that `id`
+ * was a stream of `device` and is no longer live (a live one is ordered with an event of its
+ * own). An error status when `waiter` is not a live stream or `device` is out of range. */
+EBB_HIDDEN ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t id);
+
 #endif /* EBB_STREAMS_EXPORT_H */

@@ -280,6 +280,27 @@ TEST_CASE("a stream's miss takes another stream's free block after an event wait
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// A stream made per call and released after it (vLLM#52951: blocks cached per stream, 2 GiB
+// stranded a step): each call's block serves the next call's new stream, ordered on the device
+// after the released one's work (its release event), with neither growth nor a host wait.
+TEST_CASE("a stream made per call reuses the previous call's block, without a host wait", "[alloc]") {
+  EbbSession session;
+  for (int i = 0; i < 100; i++) {
+    ebb_stream_t *s = nullptr;
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, s, &p));
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+    EBB_REQUIRE_OK(ebb_stream_release(s));
+  }
+  ebb_arena_stats st = stats(0);
+  CHECK(st.num_device_alloc == 1);
+  CHECK(st.num_steals == 99);
+  CHECK(st.num_syncs == 0);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("a steal gives the remainder to the stealing stream", "[alloc]") {
   EbbSession session;
   ebb_stream_t *s = nullptr, *t = nullptr;

@@ -1,6 +1,10 @@
 // Stream-ordered reuse under the emulated driver's timing model (EBB_SIM_LAUNCH_US=20000: each
 // kernel takes 20 ms): a block used on another stream is not reused before that stream's work
 // completes, and is after; a stolen block's new stream waits for the old one on the device.
+#include <atomic>
+#include <set>
+#include <vector>
+
 #include "alloc_test_util.hpp"
 
 using namespace alloc_test;
@@ -169,5 +173,71 @@ TEST_CASE("empty_cache waits for pending frees before releasing their segments",
   CHECK(idle);
   ARENA_CHECK();
   EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A stream released after it used a block (a stream made per call, then dropped): ebb_stream_release
+// does not wait, so its work may still run. The block's next user, a steal from another stream,
+// waits on the device for the event the release recorded: no host wait, and never before that work.
+TEST_CASE("a block of a released stream is stolen after that stream's work, without a host wait", "[alloc][timing]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
+  busy(s, 3);  // ~60 ms of work on S that uses p
+  std::atomic<int> s_done{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(s, [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, &s_done));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_stream_release(s));  // does not wait: S's work goes on
+  CHECK(s_done.load() == 0);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, t, &q));
+  CHECK(q == p);
+  CHECK(stats(0).num_steals == 1);
+  CHECK(stats(0).num_syncs == 0);     // before: a wait for the whole device
+  CHECK(stats(0).num_device_alloc == 1);
+  bool idle = true;
+  EBB_REQUIRE_OK(ebb_stream_query(t, &idle));
+  CHECK_FALSE(idle);  // T waits on the device for the released stream's work
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  CHECK(s_done.load() == 1);  // so when T is done, S's work is done too
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// More released streams with work in flight than the streams module remembers (64 a device): the
+// oldest release's work is waited for when a newer one needs its place, so a block of any of them
+// is still reused only after its stream's work.
+TEST_CASE("blocks of many released streams, all still busy, are reused after their work", "[alloc][timing]") {
+  EbbSession session;
+  constexpr int n = 70;
+  std::vector<void *> ps(n);
+  std::vector<std::atomic<int>> done(n);
+  std::vector<ebb_stream_t *> ss(n);
+  for (int i = 0; i < n; i++) {
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &ss[i]));
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, ss[i], &ps[i]));
+  }
+  for (int i = 0; i < n; i++) {
+    busy(ss[i], 1);
+    EBB_REQUIRE_OK(ebb_stream_host_func(ss[i], [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, &done[i]));
+    EBB_REQUIRE_OK(ebb_arena_free(ps[i]));
+    EBB_REQUIRE_OK(ebb_stream_release(ss[i]));
+  }
+  ebb_stream_t *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  std::vector<void *> qs(n);
+  for (int i = 0; i < n; i++) EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, t, &qs[i]));
+  CHECK(std::set<void *>(qs.begin(), qs.end()) == std::set<void *>(ps.begin(), ps.end()));
+  CHECK(stats(0).num_device_alloc == n);
+  CHECK(stats(0).num_syncs == 0);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  for (int i = 0; i < n; i++) CHECK(done[i].load() == 1);
+  for (void *x : qs) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(t));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
