@@ -1396,6 +1396,18 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
 
 /* ---- deferred frees: events on the streams that used the memory ----------------------------- */
 
+/* Records ev after the work issued so far to the stream that used a block: on the stream while
+ * it is the live stream it was, else after the event its release recorded. Lock not held. */
+static ebb_status ebb__record_use(ebb_event_t *ev, const struct ebb__stream_ref *u) {
+  uint64_t id = 0;
+  int dev = -1;
+  if (ebb__stream_peek(u->s, &id, &dev) && id == u->id) {
+    ebb_status st = ebb_event_record(ev, u->s);
+    if (st != EBB_EFREED) return st;
+  }
+  return ebb__event_record_released(ev, u->device, u->id);
+}
+
 void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs) {
   if (!evs) {
     /* No host memory for the event array: wait for the devices of the using streams instead,
@@ -1412,10 +1424,10 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
   for (uint32_t i = 0; i < n; i++) {
     const struct ebb__stream_ref *u = &uses[i];
     ebb_status st = evs[i] ? EBB_OK : ebb__ev_create(u->device, &evs[i]);
-    if (!st) st = ebb_event_record(evs[i], u->s);
+    if (!st) st = ebb__record_use(evs[i], u);
     if (st) {
-      /* The using stream was released (or its event could not be made): its work cannot be
-       * captured by an event any more, so wait for its device now. */
+      /* No event could capture the using stream's work (no host memory, a failed device):
+       * wait for its device now. */
       ebb_dev_synchronize(u->device);
       syncs++;
       if (evs[i]) {

@@ -390,6 +390,29 @@ ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t 
   return st;
 }
 
+ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
+  static const char fn[] = "ebb__event_record_released";
+  ebb_status st = ebb__check_event(fn, e);
+  if (st) return st;
+  if ((unsigned)device >= (unsigned)ebb__st.ndev || e->device != device)
+    return ebb__fail(EBB_EDEVICE, "%s: released stream %llu of device %d with event %llu of device %d; expected the same device", fn,
+                     (unsigned long long)id, device, (unsigned long long)e->id, e->device);
+  struct ebb__dev *d = &ebb__st.dev[device];
+  ebb_stream_t *h = NULL;
+  st = ebb__stream_lazy(fn, d, &d->tomb_stream, EBB_PRIO_LOW, EBB__STREAM_POOL, &h);
+  if (st) return st;
+  /* The wait goes in under tomb_mu (the tomb's event is not reaped and re-recorded meanwhile);
+   * the record after it on the same stream completes after that work. */
+  ebb__mutex_lock(&d->tomb_mu);
+  for (unsigned i = 0; i < d->ntombs; i++) {
+    if (d->tombs[i].id != id) continue;
+    st = ebb_drv_stream_wait_event(h->cu, d->tombs[i].ev);
+    break;
+  }
+  ebb__mutex_unlock(&d->tomb_mu);
+  return st ? st : ebb_event_record(e, h);
+}
+
 ebb_status ebb_stream_release(ebb_stream_t *s) {
   ebb_status st = ebb__check_stream("ebb_stream_release", s);
   if (st) return st;

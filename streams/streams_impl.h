@@ -146,6 +146,9 @@ struct ebb__dev {
   /* Immortal streams, created on first use and published by compare-and-swap. */
   _Atomic(ebb_stream_t *) default_stream;
   _Atomic(ebb_stream_t *) pool[2][EBB__POOL_SIZE_MAX];
+  /* Internal, never handed out: it only waits on released streams' tombs and records events
+   * after them (ebb__event_record_released), so no caller's stream gains a dependency. */
+  _Atomic(ebb_stream_t *) tomb_stream;
   _Alignas(EBB__CACHE_LINE) _Atomic uint32_t pool_next[2]; /* round-robin cursors */
 
   _Alignas(EBB__CACHE_LINE) ebb_mutex stream_mu; /* protects stream_slots */

@@ -30,4 +30,12 @@ EBB_HIDDEN bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *devic
  * own). An error status when `waiter` is not a live stream or `device` is out of range. */
 EBB_HIDDEN ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t id);
 
+/* Records event `e` (of `device`) so that it completes after all the work issued to the
+ * released stream `id` of `device`: for a module that must poll for that work rather than order a
+ * stream after it (the arena, for a block a released stream used, freed after the release). The
+ * record is made on an internal stream of the device that waits on the release's event, so no
+ * caller's stream gains a dependency; with that work known complete, e completes at once. Same
+ * contract on `id` as ebb__stream_wait_released; errors for a bad event or device. */
+EBB_HIDDEN ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id);
+
 #endif /* EBB_STREAMS_EXPORT_H */

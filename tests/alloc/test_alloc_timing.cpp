@@ -241,3 +241,35 @@ TEST_CASE("blocks of many released streams, all still busy, are reused after the
   EBB_REQUIRE_OK(ebb_stream_release(t));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// record_stream on a stream that is released before the block's free: the free's event for that
+// use comes after the event the release recorded (on an internal stream), so the block stays
+// pending until the released stream's work is done, with no host wait at the free.
+TEST_CASE("a block used on a stream released before its free waits for that stream's work", "[alloc][timing]") {
+  EbbSession session;
+  ebb_stream_t *a = nullptr, *b = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &a));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  void *p = nullptr, *q = nullptr, *r = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &p));
+  busy(b, 3);  // ~60 ms of work on B that reads p
+  std::atomic<int> b_done{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(b, [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, &b_done));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));
+  EBB_REQUIRE_OK(ebb_stream_release(b));  // B's work goes on
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  CHECK(stats(0).num_syncs == 0);  // before: a wait for the whole device at this free
+  CHECK(b_done.load() == 0);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &q));
+  CHECK(q != p);  // pending behind the released stream's work
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  CHECK(b_done.load() == 1);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &r));
+  CHECK(r == p);  // that work is done: the next allocation polls the event and reuses the block
+  CHECK(stats(0).num_syncs == 0);
+  for (void *x : {q, r}) EBB_REQUIRE_OK(ebb_arena_free(x));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(a));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
