@@ -371,23 +371,28 @@ static void ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent
   d->tombs[d->ntombs++] = (struct ebb__tomb){id, ev};
 }
 
+/* Makes driver stream `cu` wait for the tomb of stream `id`, if it has one (none: its work is
+ * done). The wait is enqueued under tomb_mu, so the event cannot be reaped and recorded again by
+ * another user in between (the driver captures the record at the wait call). */
+static ebb_status ebb__tomb_wait(struct ebb__dev *d, uint64_t id, struct CUstream_st *cu) {
+  ebb_status st = EBB_OK;
+  ebb__mutex_lock(&d->tomb_mu);
+  for (unsigned i = 0; i < d->ntombs; i++) {
+    if (d->tombs[i].id != id) continue;
+    st = ebb_drv_stream_wait_event(cu, d->tombs[i].ev);
+    break;
+  }
+  ebb__mutex_unlock(&d->tomb_mu);
+  return st;
+}
+
 ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t id) {
   ebb_status st = ebb__check_stream("ebb__stream_wait_released", waiter);
   if (st) return st;
   if ((unsigned)device >= (unsigned)ebb__st.ndev)
     return ebb__fail(EBB_EDEVICE, "ebb__stream_wait_released: device %d of released stream %llu is out of range; expected 0..%d",
                      device, (unsigned long long)id, ebb__st.ndev - 1);
-  struct ebb__dev *d = &ebb__st.dev[device];
-  /* The wait is enqueued under tomb_mu, so the event cannot be reaped and recorded again by
-   * another user in between (the driver captures the record at the wait call). */
-  ebb__mutex_lock(&d->tomb_mu);
-  for (unsigned i = 0; i < d->ntombs; i++) {
-    if (d->tombs[i].id != id) continue;
-    st = ebb_drv_stream_wait_event(waiter->cu, d->tombs[i].ev);
-    break;
-  }
-  ebb__mutex_unlock(&d->tomb_mu);
-  return st;
+  return ebb__tomb_wait(&ebb__st.dev[device], id, waiter->cu);
 }
 
 ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
@@ -401,15 +406,8 @@ ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
   ebb_stream_t *h = NULL;
   st = ebb__stream_lazy(fn, d, &d->tomb_stream, EBB_PRIO_LOW, EBB__STREAM_POOL, &h);
   if (st) return st;
-  /* The wait goes in under tomb_mu (the tomb's event is not reaped and re-recorded meanwhile);
-   * the record after it on the same stream completes after that work. */
-  ebb__mutex_lock(&d->tomb_mu);
-  for (unsigned i = 0; i < d->ntombs; i++) {
-    if (d->tombs[i].id != id) continue;
-    st = ebb_drv_stream_wait_event(h->cu, d->tombs[i].ev);
-    break;
-  }
-  ebb__mutex_unlock(&d->tomb_mu);
+  /* The record after the wait on the same stream completes after that work. */
+  st = ebb__tomb_wait(d, id, h->cu);
   return st ? st : ebb_event_record(e, h);
 }
 

@@ -1,5 +1,6 @@
 // Helpers of the alloc suites: stats shorthands, the arena invariant check, a slow kernel.
 #pragma once
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -40,6 +41,11 @@ inline void busy(ebb_stream_t *s, int n = 1) {
   EBB_REQUIRE_OK(ebb_kernel_find("ebb.noop", &k));
   ebb_noop_args args{};
   for (int i = 0; i < n; i++) EBB_REQUIRE_OK(ebb_stream_launch(s, k, &args, nullptr));
+}
+
+// Queues a host function on `s` that sets *flag to 1: it runs once the work issued before it has.
+inline void flag_after(ebb_stream_t *s, std::atomic<int> *flag) {
+  EBB_REQUIRE_OK(ebb_stream_host_func(s, [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, flag));
 }
 
 inline ebb_stream_t *pool_stream(int dev, ebb_stream_prio prio = EBB_PRIO_LOW) {

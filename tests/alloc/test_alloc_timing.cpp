@@ -188,7 +188,7 @@ TEST_CASE("a block of a released stream is stolen after that stream's work, with
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
   busy(s, 3);  // ~60 ms of work on S that uses p
   std::atomic<int> s_done{0};
-  EBB_REQUIRE_OK(ebb_stream_host_func(s, [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, &s_done));
+  flag_after(s, &s_done);
   EBB_REQUIRE_OK(ebb_arena_free(p));
   EBB_REQUIRE_OK(ebb_stream_release(s));  // does not wait: S's work goes on
   CHECK(s_done.load() == 0);
@@ -223,7 +223,7 @@ TEST_CASE("blocks of many released streams, all still busy, are reused after the
   }
   for (int i = 0; i < n; i++) {
     busy(ss[i], 1);
-    EBB_REQUIRE_OK(ebb_stream_host_func(ss[i], [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, &done[i]));
+    flag_after(ss[i], &done[i]);
     EBB_REQUIRE_OK(ebb_arena_free(ps[i]));
     EBB_REQUIRE_OK(ebb_stream_release(ss[i]));
   }
@@ -254,7 +254,7 @@ TEST_CASE("a block used on a stream released before its free waits for that stre
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &p));
   busy(b, 3);  // ~60 ms of work on B that reads p
   std::atomic<int> b_done{0};
-  EBB_REQUIRE_OK(ebb_stream_host_func(b, [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, &b_done));
+  flag_after(b, &b_done);
   EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));
   EBB_REQUIRE_OK(ebb_stream_release(b));  // B's work goes on
   EBB_REQUIRE_OK(ebb_arena_free(p));
