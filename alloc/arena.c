@@ -325,8 +325,7 @@ static size_t ebb__bins_largest(const struct ebb__bins *x) {
 
 /* ---- spools (per allocation stream) -------------------------------------------------------- */
 
-struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
-  if (EBB_LIKELY(a->last_spool && a->last_spool->stream.id == s->id)) return a->last_spool;
+struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s) {
   for (size_t i = 0; i < a->nspools; i++)
     if (a->spools[i]->stream.id == s->id) return a->last_spool = a->spools[i];
   if (a->nspools == a->capspools) {

@@ -426,7 +426,12 @@ EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes,
 /* Gives an EBB__B_SLAB block back to its stream's free index (merged). Lock held. */
 EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
 /* The stream's free index (created at its first use); NULL: no host memory. Lock held. */
-EBB_HIDDEN struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s);
+EBB_HIDDEN struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s);
+/* The common case inline: the stream of the arena's last allocation. */
+static inline struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
+  struct ebb__spool *sp = a->last_spool;
+  return EBB_LIKELY(sp && sp->stream.id == s->id) ? sp : ebb__spool_get_slow(a, s);
+}
 EBB_HIDDEN void ebb__poll_pending_locked(struct ebb__arena *a);
 /* Events of the arena's cache and pending queues (arena.c). */
 EBB_HIDDEN ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device);
