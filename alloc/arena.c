@@ -1235,16 +1235,22 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout);
 
+/* Whether the stream the arena kept in r is still that live stream: after its release its slot
+ * can hold a newer stream, hence the id check. Lock-free (streams_export.h). */
+static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
+  uint64_t id = 0;
+  int dev = -1;
+  return ebb__stream_peek(r->s, &id, &dev) && id == r->id;
+}
+
 /* Makes stream `to` wait on the device for the work issued so far to `from`: an event recorded
  * on it while it is the live stream it was, else the event its release recorded (a stream
  * released after using memory of this arena: a training step that makes a stream per call).
- * The slot of a released stream can hold a newer stream, hence the id check. *ev: an event of
+ * *ev: an event of
  * from's device, or NULL (one is made when needed); left for the caller to recycle. Lock not
  * held. */
 static ebb_status ebb__order_after(ebb_stream_t *to, const struct ebb__stream_ref *from, ebb_event_t **ev) {
-  uint64_t id = 0;
-  int dev = -1;
-  if (ebb__stream_peek(from->s, &id, &dev) && id == from->id) {
+  if (ebb__ref_live(from)) {
     ebb_status st = *ev ? EBB_OK : ebb__ev_create(from->device, ev);
     if (!st) st = ebb_event_record(*ev, from->s);
     if (!st) st = ebb_event_wait(*ev, to);
@@ -1398,9 +1404,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
 /* Records ev after the work issued so far to the stream that used a block: on the stream while
  * it is the live stream it was, else after the event its release recorded. Lock not held. */
 static ebb_status ebb__record_use(ebb_event_t *ev, const struct ebb__stream_ref *u) {
-  uint64_t id = 0;
-  int dev = -1;
-  if (ebb__stream_peek(u->s, &id, &dev) && id == u->id) {
+  if (ebb__ref_live(u)) {
     ebb_status st = ebb_event_record(ev, u->s);
     if (st != EBB_EFREED) return st;
   }
