@@ -361,8 +361,6 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
   }
   sl->live = 1;
   b->slab = sl;
-  /* A new slab is empty: its slots are free memory held by a split piece (inactive_split). */
-  ebb__stat_add_slab(&a->c.s, n, (uint64_t)n * r);
   struct ebb__slab_cls *k = ebb__cls_of(sl);
   ebb_list_insert_tail(&k->slabs, &sl->node);
   ebb__cached_inc(k, sl);
@@ -403,8 +401,9 @@ void ebb__slab_release_empty(struct ebb__arena *a) {
 
 /* ---- slots --------------------------------------------------------------------------------- */
 
-/* The lowest free slot of sl (which has one) for a request of `bytes`. Lock held. */
-static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_t bytes) {
+/* The lowest free slot of sl (which has one) for a request of `bytes`; fresh: sl was just made,
+ * and its slots are not yet counted. Lock held. */
+static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_t bytes, bool fresh) {
   unsigned w = 0;
   while (!sl->bits[w]) w++;
   unsigned i = w * 64 + (unsigned)__builtin_ctzll(sl->bits[w]);
@@ -423,7 +422,10 @@ static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_
   uint64_t addr = sl->addr + (uint64_t)i * sl->slot;
   ebb__hist_rec(a, EBB_ACT_ALLOC, addr, sl->slot, bytes, sl->spool->stream.id, t->owner_cat, t->owner);
   ebb_arena_stats *s = &a->c.s;
-  ebb__stat_sub_slab(s, 1, sl->slot);
+  /* A new slab's other slots are free memory held by a split piece (inactive_split), counted
+   * net of the slot taken: no peak above the value this call leaves. */
+  if (EBB_UNLIKELY(fresh)) ebb__stat_add_slab(s, sl->nslots - 1u, (uint64_t)(sl->nslots - 1u) * sl->slot);
+  else ebb__stat_sub_slab(s, 1, sl->slot);
   ebb__stat_add_live(s, sl->slot, bytes);
   s->alloc_count++;
   return addr;
@@ -539,7 +541,7 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
       ebb__unpin_due(a);
     }
     a->c.s.cache_hits++;
-    *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes);
+    *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes, false);
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
@@ -571,7 +573,7 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     ebb__unlock(&a->mu);
     return ebb__arena_alloc_block(a, bytes, s, out);
   }
-  *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes);
+  *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes, true);
   /* Partly used now: ahead of the empty slabs. Other threads may have added slabs of this class
    * while the lock was dropped, so the tail where ebb__slab_make put it can be behind empty
    * ones; there it would break the order that lets the empty-slab cache and empty_cache take
