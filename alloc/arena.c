@@ -24,7 +24,6 @@
 
 _Static_assert(sizeof(struct ebb__block) == 128 && offsetof(struct ebb__block, seg) == 64,
                "a block record is two cache lines, the free-index fields in the first");
-#define EBB__SCAN_LIMIT 16 /* blocks looked at in one bin: best fit, but O(1) */
 /* The pieces of the alloc/free hit path: inlined into it even where they have other callers,
  * so a pair is one straight run with the block's fields in registers, not a dozen calls each
  * reloading them (GCC's size heuristics left most of them out of line). */
@@ -113,7 +112,8 @@ EBB__HOT struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   b->state = EBB__B_FREE;
   b->pool = 0;
   b->owner_cat = EBB_OWNER_OTHER;
-  b->bin = 0;
+  b->tmax = 0;
+  b->prio = 0;
   b->seg = NULL;
   b->requested = 0;
   b->owner = NULL;
@@ -163,69 +163,6 @@ static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to
 
 /* ---- free index ---------------------------------------------------------------------------- */
 
-static inline int ebb__fls(size_t x) { return 63 - __builtin_clzll((unsigned long long)x); }
-
-/* Bin of a block of `size` (size >= 512, a multiple of 512): exact below 1 MiB, then log2 and
- * the next 3 bits. */
-static inline unsigned ebb__bin_of(size_t size) {
-  if (size < EBB__LIN_LIMIT) return (unsigned)(size / EBB__MIN_BLOCK) - 1;
-  int f = ebb__fls(size);
-  unsigned s = (unsigned)(size >> (f - EBB__SL_BITS)) & (EBB__SL_COUNT - 1);
-  int fi = f - EBB__FL_MIN;
-  if (fi >= EBB__FL_COUNT) return EBB__NBINS - 1;
-  return EBB__LIN_BINS + (unsigned)fi * EBB__SL_COUNT + s;
-}
-
-/* Smallest size a block of bin i can have (the size of every block of an exact bin). */
-static inline size_t ebb__bin_min(unsigned i) {
-  if (i < EBB__LIN_BINS) return (size_t)(i + 1) * EBB__MIN_BLOCK;
-  i -= EBB__LIN_BINS;
-  unsigned f = i / EBB__SL_COUNT + EBB__FL_MIN, s = i % EBB__SL_COUNT;
-  return ((size_t)1 << f) + ((size_t)s << (f - EBB__SL_BITS));
-}
-
-static inline bool ebb__bin_bit(const struct ebb__bins *x, unsigned i) { return (x->words[i / 64] >> (i % 64)) & 1; }
-
-static void ebb__bins_init(struct ebb__bins *x) {
-  memset(x, 0, sizeof *x);
-  for (int i = 0; i < EBB__NBINS; i++) ebb_list_init(&x->bin[i]);
-}
-
-EBB__HOT void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
-  (void)a;
-  struct ebb__bins *x = &b->spool->pools[b->pool];
-  unsigned i = ebb__bin_of(b->size);
-  b->bin = (uint16_t)i;
-  ebb_list_insert_head(&x->bin[i], &b->node);
-  x->words[i / 64] |= 1ull << (i % 64);
-  x->summary |= 1ull << (i / 64);
-  x->count++;
-}
-
-EBB__HOT void ebb__index_remove(struct ebb__block *b) {
-  struct ebb__bins *x = &b->spool->pools[b->pool];
-  unsigned i = b->bin;
-  ebb_list_remove(&b->node);
-  if (ebb_list_empty(&x->bin[i])) {
-    unsigned w = i / 64;
-    x->words[w] &= ~(1ull << (i % 64));
-    if (!x->words[w]) x->summary &= ~(1ull << w);
-  }
-  x->count--;
-}
-
-/* First non-empty bin with index >= i, or -1. Two bitmap scans. */
-EBB__HOT int ebb__bins_next(const struct ebb__bins *x, unsigned i) {
-  if (i >= EBB__NBINS) return -1;
-  unsigned w = i / 64;
-  uint64_t m = x->words[w] & (~0ull << (i % 64));
-  if (m) return (int)(w * 64 + (unsigned)__builtin_ctzll(m));
-  uint64_t sm = w + 1 < 64 ? x->summary & (~0ull << (w + 1)) : 0;
-  if (!sm) return -1;
-  w = (unsigned)__builtin_ctzll(sm);
-  return (int)(w * 64 + (unsigned)__builtin_ctzll(x->words[w]));
-}
-
 /* The free block sizes that may serve rounded request r are [r, ebb__fit_limit) (allocators.md
  * 1.4): oversize blocks (>= max_split) are never split; they serve oversize requests within the
  * slack, and a smaller request only up to the size of the segment that request would get
@@ -254,69 +191,222 @@ static inline bool ebb__fits(const struct ebb__arena *a, size_t bs, size_t r) {
   return bs >= r && bs < ebb__fit_limit(a, r);
 }
 
-/* Best fit for r among the free blocks of one stream and pool; the block is removed from the
- * index (still FREE). The request's own bin is scanned (bounded) for the smallest fitting
- * block; every block of a higher bin fits, so the first non-empty one gives the rest. */
-static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins *x, size_t r, unsigned i0, int i);
+/* ---- the treap (arena_impl.h, "free index") ---- */
 
-EBB__HOT struct ebb__block *ebb__bins_take(struct ebb__arena *a, struct ebb__bins *x, size_t r) {
-  if (!x->count) return NULL;
-  unsigned i0 = ebb__bin_of(r);
-  int i = ebb__bins_next(x, i0);
-  if (EBB_LIKELY(i >= 0 && (unsigned)i < EBB__LIN_BINS)) {
-    /* An exact bin (the common case below 1 MiB): its blocks all have the bin's size, at
-     * least r and below max_split (>= 20 MiB), so its first block is as good as any. */
-    struct ebb__block *b = ebb_container_of(x->bin[i].next, struct ebb__block, node);
-    EBB_ASSERT(b->size >= r && ebb__fits(a, b->size, r));
+/* Size in 512-byte units, saturating: exact for every block below 2 TiB. */
+static inline uint32_t ebb__units(size_t size) {
+  size >>= 9;
+  return size > UINT32_MAX ? UINT32_MAX : (uint32_t)size;
+}
+
+static inline uint32_t ebb__tmax_of(const struct ebb__block *n) { return n ? n->tmax : 0; }
+
+static inline void ebb__tree_fix(struct ebb__block *n) {
+  uint32_t m = ebb__units(n->size), l = ebb__tmax_of(n->t.l), r = ebb__tmax_of(n->t.r);
+  if (l > m) m = l;
+  n->tmax = r > m ? r : m;
+}
+
+/* x comes before y in the index's order: older segment, then lower address. */
+static inline bool ebb__tree_before(const struct ebb__block *x, const struct ebb__block *y) {
+  return x->seg != y->seg ? x->seg->seq < y->seg->seq : x->addr < y->addr;
+}
+
+/* Rotates x above its parent, keeping the order. */
+static void ebb__tree_lift(struct ebb__block **root, struct ebb__block *x) {
+  struct ebb__block *p = x->up, *g = p->up;
+  if (p->t.l == x) {
+    p->t.l = x->t.r;
+    if (x->t.r) x->t.r->up = p;
+    x->t.r = p;
+  } else {
+    p->t.r = x->t.l;
+    if (x->t.l) x->t.l->up = p;
+    x->t.l = p;
+  }
+  p->up = x;
+  x->up = g;
+  if (!g) *root = x;
+  else if (g->t.l == p) g->t.l = x;
+  else g->t.r = x;
+  ebb__tree_fix(p);
+  ebb__tree_fix(x);
+}
+
+static void ebb__tree_insert(struct ebb__block **root, struct ebb__block *x) {
+  uint32_t u = ebb__units(x->size);
+  /* A hash of the record's address: records are recycled, so priorities stay spread. */
+  x->prio = (uint32_t)(((uint64_t)(uintptr_t)x * 0x9E3779B97F4A7C15ull) >> 32);
+  x->t.l = x->t.r = NULL;
+  x->tmax = u;
+  struct ebb__block *p = NULL, **link = root;
+  while (*link) {
+    p = *link;
+    if (p->tmax < u) p->tmax = u; /* x joins p's subtree */
+    link = ebb__tree_before(x, p) ? &p->t.l : &p->t.r;
+  }
+  *link = x;
+  x->up = p;
+  while (x->up && x->up->prio < x->prio) ebb__tree_lift(root, x);
+}
+
+/* The subtree maxima from n up, after a block below n shrank or left. */
+static void ebb__tree_refix(struct ebb__block *n) {
+  for (; n; n = n->up) {
+    uint32_t old = n->tmax;
+    ebb__tree_fix(n);
+    if (n->tmax == old) break; /* nothing above can change */
+  }
+}
+
+/* The maxima from n up, after a block at n grew to u units: a climb that stops where the max
+ * already holds, reading no children. */
+static inline void ebb__tree_raise(struct ebb__block *n, uint32_t u) {
+  for (; n && n->tmax < u; n = n->up) n->tmax = u;
+}
+
+static void ebb__tree_remove(struct ebb__block **root, struct ebb__block *x) {
+  /* Down to at most one child, the higher-priority child lifted each time. */
+  while (x->t.l && x->t.r) ebb__tree_lift(root, x->t.l->prio > x->t.r->prio ? x->t.l : x->t.r);
+  struct ebb__block *c = x->t.l ? x->t.l : x->t.r, *p = x->up;
+  if (c) c->up = p;
+  if (!p) *root = c;
+  else if (p->t.l == x) p->t.l = c;
+  else p->t.r = c;
+  ebb__tree_refix(p);
+}
+
+/* nw takes old's place in the treap (no block of the tree lies between the two in order: an
+ * address neighbour, or what is left of old after a split), with old's priority; the maxima
+ * above follow nw's size. Cheaper than a removal and an insertion, each a walk and rotations. */
+static void ebb__tree_replace(struct ebb__block **root, struct ebb__block *old, struct ebb__block *nw) {
+  struct ebb__block *p = old->up;
+  nw->t = old->t;
+  nw->up = p;
+  nw->prio = old->prio;
+  nw->tmax = old->tmax;
+  if (nw->t.l) nw->t.l->up = nw;
+  if (nw->t.r) nw->t.r->up = nw;
+  if (!p) *root = nw;
+  else if (p->t.l == old) p->t.l = nw;
+  else p->t.r = nw;
+  old->t.l = old->t.r = NULL;
+  old->up = NULL;
+  /* Larger than the subtree's max: a climb. Else the max may have been old's (a split): the
+   * maxima again from nw up, stopping where one holds. */
+  uint32_t u = ebb__units(nw->size);
+  if (u > nw->tmax) ebb__tree_raise(nw, u);
+  else ebb__tree_refix(nw);
+}
+
+/* The first block in order of at least u units under n (a subtree whose tmax is >= u). */
+static struct ebb__block *ebb__tree_first(struct ebb__block *n, uint32_t u) {
+  for (;;) {
+    /* The right child is the next line if the left fails: start its load with the left's. */
+    __builtin_prefetch(n->t.r);
+    if (ebb__tmax_of(n->t.l) >= u) n = n->t.l;
+    else if (ebb__units(n->size) >= u) return n;
+    else n = n->t.r; /* holds it: n's tmax is >= u and neither n nor its left does */
+  }
+}
+
+/* The first block in order of at least r bytes under n, for r of 2 TiB and up (beyond exact
+ * units): an in-order walk. */
+static struct ebb__block *ebb__tree_first_huge(struct ebb__block *n, size_t r) {
+  if (!n || n->tmax < UINT32_MAX) return NULL;
+  struct ebb__block *f = ebb__tree_first_huge(n->t.l, r);
+  if (f) return f;
+  if (n->size >= r) return n;
+  return ebb__tree_first_huge(n->t.r, r);
+}
+
+EBB__HOT void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
+  struct ebb__fidx *x = &b->spool->pools[b->pool];
+  EBB_ASSERT(b->size % EBB__MIN_BLOCK == 0);
+  x->count++;
+  if (EBB_UNLIKELY(b->size >= ebb__max_split(a))) {
+    b->tmax = 0;
+    ebb_list_insert_tail(&x->big, &b->node);
+    return;
+  }
+  ebb__tree_insert(&x->root, b);
+}
+
+EBB__HOT void ebb__index_remove(struct ebb__block *b) {
+  struct ebb__fidx *x = &b->spool->pools[b->pool];
+  x->count--;
+  if (EBB_UNLIKELY(!b->tmax)) {
+    ebb_list_remove(&b->node);
+    ebb_list_init(&b->node);
+    return;
+  }
+  ebb__tree_remove(&x->root, b);
+  b->t.l = b->t.r = NULL;
+  b->up = NULL;
+}
+
+/* Indexed block b (in the treap or the oversize list) grew to its current size. */
+static void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b) {
+  if (!b->tmax) return; /* oversize: stays so */
+  if (EBB_UNLIKELY(b->size >= ebb__max_split(a))) {
     ebb__index_remove(b);
-    return b;
+    ebb__index_insert(a, b);
+    return;
   }
-  return i < 0 ? NULL : ebb__bins_scan(a, x, r, i0, i);
+  ebb__tree_raise(b, ebb__units(b->size));
 }
 
-/* The rest of ebb__bins_take, from non-empty bin i on: a size-range bin scanned for the best
- * fit, the oversize rules checked. Out of line: the hit path inlines only the exact case. */
-static struct ebb__block *ebb__bins_scan(struct ebb__arena *a, struct ebb__bins *x, size_t r, unsigned i0, int i) {
-  for (; i >= 0; i = ebb__bins_next(x, (unsigned)i + 1)) {
-    size_t lo = ebb__bin_min((unsigned)i);
-    /* Every block from here on is at least `lo`: stop when even that breaks the oversize rules. */
-    if ((unsigned)i > i0 && !ebb__fits(a, lo < r ? r : lo, r)) return NULL;
-    struct ebb__block *best = NULL;
-    if ((unsigned)i < EBB__LIN_BINS) {
-      /* An exact bin: its first block is as good as any (all have size `lo`). */
-      best = ebb_container_of(x->bin[i].next, struct ebb__block, node);
-      if (!ebb__fits(a, best->size, r)) continue;
-      ebb__index_remove(best);
-      return best;
-    }
-    /* ebb__fits(a, bs, r) is r <= bs < hi: one unsigned compare per block. */
-    size_t hi = ebb__fit_limit(a, r), best_size = SIZE_MAX;
-    int seen = 0;
-    for (struct ebb_list *n = x->bin[i].next; n != &x->bin[i] && seen < EBB__SCAN_LIMIT; n = n->next, seen++) {
+/* Indexed block old leaves the index and FREE block nw, next to it in order and of the same
+ * stream and pool, comes in. */
+static void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb__block *nw) {
+  if (EBB_LIKELY(old->tmax && nw->size < ebb__max_split(a))) {
+    ebb__tree_replace(&old->spool->pools[old->pool].root, old, nw);
+    return;
+  }
+  ebb__index_remove(old);
+  ebb__index_insert(a, nw);
+}
+
+/* The first fitting free block (ebb__fits) of one stream and pool in (segment age, address)
+ * order, left in the index. NULL when none fits. */
+static struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r) {
+  if (!x->count) return NULL;
+  struct ebb__block *best = NULL;
+  if (EBB_LIKELY(r < ebb__max_split(a)) && x->root) {
+    /* Every block in the tree is below max_split, so at least r is all it takes. */
+    uint32_t u = ebb__units(r);
+    if (EBB_LIKELY(u < UINT32_MAX)) best = x->root->tmax >= u ? ebb__tree_first(x->root, u) : NULL;
+    else best = ebb__tree_first_huge(x->root, r);
+  }
+  if (EBB_UNLIKELY(!ebb_list_empty(&x->big))) {
+    /* Oversize blocks that may serve r, and come before the tree's answer. */
+    size_t hi = ebb__fit_limit(a, r);
+    for (struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
       struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
-      size_t bs = c->size;
-      if (bs - r < hi - r && bs < best_size) {
-        EBB_ASSERT(ebb__fits(a, bs, r));
-        best = c;
-        best_size = bs;
-        if (bs == r) break;
-      }
-    }
-    if (best) {
-      ebb__index_remove(best);
-      return best;
+      if (c->size - r < hi - r && (!best || ebb__tree_before(c, best))) best = c;
     }
   }
-  return NULL;
+  return best;
 }
 
-static size_t ebb__bins_largest(const struct ebb__bins *x) {
-  if (!x->count) return 0;
-  unsigned w = (unsigned)ebb__fls((size_t)x->summary);
-  unsigned i = w * 64 + (unsigned)ebb__fls((size_t)x->words[w]);
-  size_t best = 0;
-  const struct ebb_list *h = &x->bin[i];
-  for (const struct ebb_list *n = h->next; n != h; n = n->next) {
+/* ebb__fidx_find, the block taken out of the index (still FREE). */
+EBB__HOT struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, size_t r) {
+  struct ebb__block *b = ebb__fidx_find(a, x, r);
+  if (b) ebb__index_remove(b);
+  return b;
+}
+
+/* The largest size under n: its tmax, unless saturated (blocks of 2 TiB and up). */
+static size_t ebb__tree_largest(const struct ebb__block *n) {
+  if (!n) return 0;
+  if (n->tmax < UINT32_MAX) return (size_t)n->tmax << 9;
+  size_t l = ebb__tree_largest(n->t.l), r = ebb__tree_largest(n->t.r), m = n->size;
+  return l > m ? (l > r ? l : r) : (m > r ? m : r);
+}
+
+static size_t ebb__fidx_largest(const struct ebb__fidx *x) {
+  size_t best = ebb__tree_largest(x->root);
+  for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
     const struct ebb__block *c = ebb_container_of(n, const struct ebb__block, node);
     if (c->size > best) best = c->size;
   }
@@ -338,7 +428,11 @@ struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__s
   struct ebb__spool *sp = malloc(sizeof *sp);
   if (!sp) return NULL;
   sp->stream = *s;
-  for (int p = 0; p < EBB__NPOOLS; p++) ebb__bins_init(&sp->pools[p]);
+  for (int p = 0; p < EBB__NPOOLS; p++) {
+    sp->pools[p].root = NULL;
+    sp->pools[p].count = 0;
+    ebb_list_init(&sp->pools[p].big);
+  }
   sp->slab_cls = NULL;
   a->spools[a->nspools++] = sp;
   return a->last_spool = sp;
@@ -355,27 +449,31 @@ static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__
 EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
   struct ebb__block *p = b->prev, *n = b->next;
-  if (ebb__mergeable(b, p)) {
-    ebb__index_remove(p);
-    p->size += b->size;
-    p->next = n;
-    if (n) n->prev = p;
-    g->nblocks--;
-    g->nfree--;
-    ebb__block_dead(a, b);
-    b = p;
-  }
-  n = b->next;
-  if (ebb__mergeable(b, n)) {
-    ebb__index_remove(n);
+  bool left = ebb__mergeable(b, p), right = ebb__mergeable(b, n);
+  if (right) {
+    /* b absorbs n. With no free left neighbour b takes n's place in the index (b sits right
+     * before it in order); else n just leaves it. */
+    if (left) ebb__index_remove(n);
     b->size += n->size;
+    if (!left) ebb__index_replace(a, n, b);
     b->next = n->next;
     if (n->next) n->next->prev = b;
     g->nblocks--;
     g->nfree--;
     ebb__block_dead(a, n);
   }
-  ebb__index_insert(a, b);
+  if (left) {
+    /* p absorbs b and keeps its place in the index: only its size changes. */
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    g->nblocks--;
+    g->nfree--;
+    ebb__block_dead(a, b);
+    ebb__index_grown(a, p);
+  } else if (!right) {
+    ebb__index_insert(a, b);
+  }
 }
 
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
@@ -557,6 +655,7 @@ static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base
     return NULL;
   }
   ebb_list_init(&g->unpin);
+  g->seq = a->nsegs_made++;
   g->base = base;
   g->size = size;
   g->pool = (uint8_t)pool;
@@ -941,7 +1040,7 @@ static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *ow
   for (size_t i = 0; i < a->nspools; i++) {
     struct ebb__spool *sp = a->spools[i];
     if (sp == own || !sp->pools[pool].count) continue;
-    struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
+    struct ebb__block *b = ebb__fidx_take(a, &sp->pools[pool], r);
     if (b) {
       ebb__order_add(o, sp, own);
       return b;
@@ -1018,12 +1117,13 @@ static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool 
   return best;
 }
 
-/* Hands out free block b (already out of the index) for rounded request r on stream spool sp:
+/* Hands out free block b (still in its stream's index when `indexed`, else out of every index)
+ * for rounded request r on stream spool sp:
  * splits off the remainder when the pool's rule allows (allocators.md 1.5). The remainder is
  * b->spool's (the stream that freed b) and goes into its index, or, with `aside` (b came from
  * other streams), is set aside (EBB__B_ASIDE) for ebb__aside_settle. Lock held. */
-static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__spool *sp, size_t r, size_t bytes, bool slab,
-                       struct ebb__block **aside) {
+static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed, struct ebb__spool *sp, size_t r,
+                       size_t bytes, bool slab, struct ebb__block **aside) {
   struct ebb__segment *g = b->seg;
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
@@ -1050,11 +1150,15 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, struct ebb__s
         /* Counted free, but in no index and merging with nothing until ebb__aside_settle. */
         nb->state = EBB__B_ASIDE;
         *aside = nb;
+      } else if (indexed) {
+        ebb__index_replace(a, b, nb); /* nb follows b in order */
+        indexed = false;
       } else {
         ebb__index_insert(a, nb);
       }
     }
   }
+  if (indexed) ebb__index_remove(b);
   g->nfree--;
   g->free_bytes -= b->size;
   /* inactive_split by the change just made (see ebb__block_release_t). */
@@ -1092,7 +1196,7 @@ static size_t ebb__largest_free(const struct ebb__arena *a) {
   size_t best = 0;
   for (size_t i = 0; i < a->nspools; i++)
     for (int p = 0; p < EBB__NPOOLS; p++) {
-      size_t l = ebb__bins_largest(&a->spools[i]->pools[p]);
+      size_t l = ebb__fidx_largest(&a->spools[i]->pools[p]);
       if (l > best) best = l;
     }
   return best;
@@ -1132,7 +1236,7 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
   if (a->conf.expandable && a->up->map) {
     ebb_status st = ebb__x_grow(a, sp, pool, r);
     if (st) return st;
-    *out = ebb__bins_take(a, &sp->pools[pool], r);
+    *out = ebb__fidx_take(a, &sp->pools[pool], r);
     return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
   }
   size_t seg = ebb__segment_size(a, r);
@@ -1177,12 +1281,12 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     /* (1) completed pending frees, (2) wait for the rest and re-search, (3) give back every
      * fully free segment, then try once more. */
     ebb__poll_pending(a);
-    if ((b = ebb__bins_take(a, &sp->pools[pool], r))) {
+    if ((b = ebb__fidx_take(a, &sp->pools[pool], r))) {
       *out = b;
       return EBB_OK;
     }
     ebb__sync_pending(a);
-    if ((b = ebb__bins_take(a, &sp->pools[pool], r))) {
+    if ((b = ebb__fidx_take(a, &sp->pools[pool], r))) {
       *out = b;
       return EBB_OK;
     }
@@ -1333,7 +1437,9 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     ebb__unlock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
   }
-  struct ebb__block *b = ebb__bins_take(a, &sp->pools[pool], r);
+  /* Left in the index: ebb__carve puts what the request leaves of it in its place. */
+  struct ebb__block *b = ebb__fidx_find(a, &sp->pools[pool], r);
+  bool in_index = b != NULL;
   struct ebb__order o;
   o.n = 0;
   struct ebb__block *aside = NULL;
@@ -1351,7 +1457,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
       for (unsigned i = 0; i < o.n; i++) o.ev[i] = ebb__ev_pop(a, o.from[i].device);
     }
   }
-  ebb__carve(a, b, sp, r, bytes, slab, o.n ? &aside : NULL);
+  ebb__carve(a, b, in_index, sp, r, bytes, slab, o.n ? &aside : NULL);
   bool indexed = slab || (ebb__block_in_amap(b) ? ebb__amap_block_put(b) : ebb__ptrmap_insert(b));
   if (EBB_UNLIKELY(!indexed)) {
     ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
@@ -1641,14 +1747,14 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
       return EBB_OK;
     }
   if (b->nuses == b->ucap) {
-    uint32_t nc = b->ucap ? b->ucap * 2 : 4;
-    struct ebb__stream_ref *nx = realloc(b->uses, nc * sizeof *nx);
+    uint32_t nc = b->ucap ? (uint32_t)b->ucap * 2 : 4;
+    struct ebb__stream_ref *nx = nc <= UINT16_MAX ? realloc(b->uses, nc * sizeof *nx) : NULL;
     if (!nx) {
       ebb__unlock(&a->mu);
       return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id, ptr);
     }
     b->uses = nx;
-    b->ucap = nc;
+    b->ucap = (uint16_t)nc;
   }
   *ebb__use_at(b, b->nuses++) = *s;
   ebb__unlock(&a->mu);
@@ -1718,6 +1824,31 @@ static const char *ebb__block_index_name(const struct ebb__block *b) {
   return ebb__block_in_amap(b) ? "address map" : "pointer map";
 }
 
+/* The treap under n: every node a free block of stream sp and pool p below max_split, its
+ * parent link, the order (in-order after *prev), the heap (no child above its parent) and the
+ * subtree maxima; *count counts the nodes. */
+static ebb_status ebb__tree_check(struct ebb__arena *a, const struct ebb__block *n, const struct ebb__block *parent,
+                                  const struct ebb__spool *sp, int p, const struct ebb__block **prev, size_t *count,
+                                  const char *fn) {
+  ebb_status st = EBB_OK;
+  if (!n) return EBB_OK;
+  EBB__CHECK(n->state == EBB__B_FREE && n->spool == sp && n->pool == p && n->size < ebb__max_split(a),
+             "%s: %s: indexed block 0x%" PRIx64 " is not a free block of its stream and pool", fn, a->label, n->addr);
+  EBB__CHECK(n->up == parent && (!parent || parent->prio >= n->prio),
+             "%s: %s: free block 0x%" PRIx64 " has a wrong parent link or priority in the free index", fn, a->label, n->addr);
+  if ((st = ebb__tree_check(a, n->t.l, n, sp, p, prev, count, fn))) return st;
+  EBB__CHECK(!*prev || ebb__tree_before(*prev, n), "%s: %s: free block 0x%" PRIx64 " is out of (segment age, address) order",
+             fn, a->label, n->addr);
+  *prev = n;
+  ++*count;
+  if ((st = ebb__tree_check(a, n->t.r, n, sp, p, prev, count, fn))) return st;
+  uint32_t m = ebb__units(n->size), l = ebb__tmax_of(n->t.l), r = ebb__tmax_of(n->t.r);
+  EBB__CHECK(n->tmax == (l > m ? (l > r ? l : r) : (m > r ? m : r)),
+             "%s: %s: free block 0x%" PRIx64 " holds a wrong subtree maximum", fn, a->label, n->addr);
+done:
+  return st;
+}
+
 ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   ebb_status st = EBB_OK;
   ebb__lock(&a->mu);
@@ -1747,7 +1878,6 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
         nfree++;
         EBB__CHECK(!ebb__mergeable(b, b->next), "%s: %s: free blocks 0x%" PRIx64 " and 0x%" PRIx64 " of one stream were not merged",
                    fn, a->label, b->addr, b->next->addr);
-        EBB__CHECK(b->bin == ebb__bin_of(b->size), "%s: %s: free block 0x%" PRIx64 " is in the wrong bin", fn, a->label, b->addr);
         EBB__CHECK(!ebb__block_indexed(b), "%s: %s: free block 0x%" PRIx64 " is still in the %s", fn, a->label, b->addr,
                    ebb__block_index_name(b));
         break;
@@ -1809,19 +1939,17 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   size_t indexed = 0;
   for (size_t i = 0; i < a->nspools; i++)
     for (int p = 0; p < EBB__NPOOLS; p++) {
-      const struct ebb__bins *x = &a->spools[i]->pools[p];
+      const struct ebb__fidx *x = &a->spools[i]->pools[p];
       size_t c = 0;
-      for (unsigned w = 0; w < EBB__BIN_WORDS; w++)
-        EBB__CHECK(((x->summary >> w) & 1) == (x->words[w] != 0), "%s: %s: bin summary word out of date", fn, a->label);
-      for (unsigned k = 0; k < EBB__NBINS; k++) {
-        bool bit = ebb__bin_bit(x, k);
-        EBB__CHECK(bit == !ebb_list_empty(&x->bin[k]), "%s: %s: bin bitmap out of date", fn, a->label);
-        for (const struct ebb_list *n = x->bin[k].next; n != &x->bin[k]; n = n->next) {
-          const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
-          EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p,
-                     "%s: %s: indexed block 0x%" PRIx64 " is not a free block of its stream and pool", fn, a->label, b->addr);
-          c++;
-        }
+      const struct ebb__block *prev = NULL;
+      if ((st = ebb__tree_check(a, x->root, NULL, a->spools[i], p, &prev, &c, fn))) goto done;
+      for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
+        const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
+        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->tmax &&
+                       b->size >= ebb__max_split(a),
+                   "%s: %s: block 0x%" PRIx64 " in the oversize list is not an oversize free block of its stream and pool",
+                   fn, a->label, b->addr);
+        c++;
       }
       EBB__CHECK(c == x->count, "%s: %s: index count %zu, found %zu", fn, a->label, x->count, c);
       indexed += c;

@@ -69,27 +69,29 @@ enum ebb__bstate {
                           the lock is dropped to order the stealing stream after the old owners */
 };
 
-/* ---- free index: size-segregated bins -------------------------------------------------------
- * Below 1 MiB one bin per 512-byte size (sizes are 512-byte multiples), so every block of a bin
- * has the same size and the first block of the first non-empty bin at or above a request is its
- * best fit: no list is walked. From 1 MiB up, two levels as TLSF: floor(log2(size)), then 8
- * linear steps inside each power of two, scanned (bounded) for the best fit. One bit per bin in
- * `words`, one bit per word in `summary`: the first non-empty bin at or above a size is two
- * count-trailing-zeros, so the cost does not grow with the number of free blocks. */
-#define EBB__LIN_BINS 2048 /* exact bins: 512 B .. 1 MiB - 512 B */
-#define EBB__LIN_LIMIT ((size_t)EBB__LIN_BINS * 512)
-#define EBB__FL_MIN 20   /* log2(EBB__LIN_LIMIT) */
-#define EBB__FL_COUNT 30 /* 1 MiB .. 2^50 B */
-#define EBB__SL_BITS 3
-#define EBB__SL_COUNT (1 << EBB__SL_BITS)
-#define EBB__NBINS (EBB__LIN_BINS + EBB__FL_COUNT * EBB__SL_COUNT)
-#define EBB__BIN_WORDS ((EBB__NBINS + 63) / 64) /* <= 64: one summary word */
-
-struct ebb__bins {
-  uint64_t summary;                 /* bit w: words[w] != 0 */
-  uint64_t words[EBB__BIN_WORDS];   /* bit i % 64 of word i / 64: bin i non-empty */
-  size_t count;                     /* free blocks */
-  struct ebb_list bin[EBB__NBINS];  /* blocks, most recently freed first */
+/* ---- free index: oldest fit -------------------------------------------------------------------
+ * A request takes the first free block that holds it in (segment age, address) order: the
+ * oldest segment that can serve it, the lowest such block inside. That order makes a repeated
+ * sequence of requests reach a fixed point after one pass. In the pass that grows the arena, a
+ * request that fits nowhere gets a segment made for it, younger than every other; in the next
+ * pass the same request finds the older segments as the first pass left them (every earlier
+ * request made the same choice), none of which fits, and then that segment, whole and free:
+ * the same choice again, and no driver call. Best fit has no such property: with the younger
+ * segments there to choose from, it may split one made for a later request, which then grows
+ * the arena (the arena bench's tensor sequence: 22 driver allocations after the warm-up over 18
+ * seeds x 6 replays with best fit, 0 with the oldest fit). RMM's arena resource places by
+ * address-ordered first fit too, for its fragmentation (allocators.md 3.3).
+ *
+ * Per stream and pool, a treap ordered by (segment age, address) whose nodes also hold the
+ * largest size in their subtree (in 512-byte units, saturating): the first block of at least r
+ * is one walk down, O(log n) in the free blocks of that stream and pool. Classic blocks of
+ * max_split and up (max_split_size_mb) are never split and serve only requests near their
+ * size, so they stay out of the tree, in a list scanned in the same order (few: whole
+ * segments). */
+struct ebb__fidx {
+  struct ebb__block *root;
+  struct ebb_list big; /* free blocks >= max_split (classic segments only) */
+  size_t count;        /* free blocks, both */
 };
 
 struct ebb__stream_ref {
@@ -102,7 +104,7 @@ struct ebb__stream_ref {
  * on the arena and kept until teardown (a few per stream: small). */
 struct ebb__spool {
   struct ebb__stream_ref stream;
-  struct ebb__bins pools[EBB__NPOOLS];
+  struct ebb__fidx pools[EBB__NPOOLS];
   struct ebb__slab_cls *slab_cls; /* slab.c: per size class; NULL until the stream's first slot */
 };
 
@@ -116,25 +118,36 @@ struct ebb__segment;
 struct ebb__block {
   /* line 1: the free index and the neighbours' view. 128-byte aligned: the address map keeps
    * 7 bits of its own in the low bits of a record's address (slab.c). */
-  _Alignas(128) uint64_t addr;
-  size_t size;                     /* rounded size: the block's share of its segment */
+  _Alignas(128) size_t size;       /* rounded size: the block's share of its segment */
   struct ebb__block *prev, *next;  /* address neighbours in the segment */
-  struct ebb_list node;            /* bin list while FREE; spare list while DEAD */
+  union {
+    struct ebb_list node;          /* spare list while DEAD; the `big` list while FREE and oversize */
+    struct {
+      struct ebb__block *l, *r;    /* treap children while FREE (and not oversize) */
+    } t;
+  };
+  struct ebb__block *up;           /* FREE in the treap: parent */
   struct ebb__spool *spool;        /* allocation stream's pool (owner of the block when free) */
   uint8_t state;                   /* enum ebb__bstate */
   uint8_t pool;                    /* enum ebb__pool */
   uint8_t kind;                    /* enum ebb__memkind */
   uint8_t owner_cat;               /* enum ebb_owner_cat */
-  uint16_t bin;                    /* bin index while FREE */
-  /* line 2: the block's own state */
+  uint32_t tmax;                   /* FREE in the treap: largest size in its subtree, 512-byte
+                                      units (saturating); 0 in the oversize list */
+  /* line 2: the block's own state (and its address: the treap's walks up and down read line 1
+   * only, its insertion compares addresses) */
   _Alignas(64) struct ebb__segment *seg;
   struct ebb__arena *arena;        /* fixed for the record's whole life */
+  uint64_t addr;
   size_t requested;                /* what the caller asked for (ALLOC only) */
   const char *owner;               /* interned owner name of the allocation ("" when none) */
   struct ebb__stream_ref *uses;    /* streams other than the allocation stream that used it */
   struct ebb__slab *slab;          /* EBB__B_SLAB: its slab record (slab.c) */
-  uint32_t nuses, ucap;            /* (malloc'ed at the first record_stream, kept for reuse) */
-  uint32_t event_count;            /* PENDING: events still to complete */
+  uint16_t nuses, ucap;            /* (malloc'ed at the first record_stream, kept for reuse) */
+  union {
+    uint32_t event_count;          /* PENDING: events still to complete */
+    uint32_t prio;                 /* FREE in the treap: heap priority (a parent's is higher) */
+  };
 };
 _Static_assert(sizeof(struct ebb__block) == 128, "struct ebb__block: two cache lines (see above)");
 
@@ -149,6 +162,7 @@ struct ebb__segment {
   bool expandable;
   size_t nblocks, nfree, free_bytes; /* for inactive_split without walking */
   size_t ncached;             /* its slab blocks whose slab is empty and cached (slab.c) */
+  uint64_t seq;               /* age: the arena's segment count when it was made (free index) */
   struct ebb_list unpin;      /* in the arena's unpin_due while it may hold nothing but free
                                  blocks and cached empty slabs, one of them sticky (slab.c) */
 };
@@ -356,6 +370,7 @@ struct ebb__arena {
   size_t inflight;         /* bytes being obtained with the lock dropped (counted against limit) */
 
   struct ebb_list segments;
+  uint64_t nsegs_made;       /* segments made so far: the next one's age (ebb__segment.seq) */
   struct ebb_list unpin_due; /* segments left with only free blocks and a sticky slab: given
                                 back at the next allocation of anything else (slab.c) */
   uint64_t unpin_at;         /* alloc_count when a slot's free last gave its slab back, ... */

@@ -10,6 +10,11 @@
  * host sync. On exhaustion the arena releases its cached free segments (waiting only for the
  * events that must complete), retries, and then fails with EBB_ENOMEM and a report.
  *
+ * Placement is oldest fit: a request takes the first free block of its stream that holds it,
+ * in the oldest segment that has one, lowest address first. So a sequence of requests on one
+ * stream that repeats exactly (a training step of fixed shapes) makes driver calls in its first
+ * pass at most: every later pass makes the same choices in the segments the first one made.
+ *
  * Small requests (rounded size <= slab_max_bytes, 64 KiB by default) are slots of slabs: a slab
  * is one block of the small pool, on one allocation stream, cut into slots of one rounded size.
  * A slot is freed, reused and stream-ordered as a block is (same sizes, same stats, same history

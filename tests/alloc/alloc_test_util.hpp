@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "ebb/alloc.h"
 #include "ebb/runtime.h"
@@ -58,6 +60,48 @@ inline ebb_stream_t *default_stream(int dev) {
   ebb_stream_t *s = nullptr;
   EBB_REQUIRE_OK(ebb_stream_default(dev, &s));
   return s;
+}
+
+// A training step's worth of random traffic, replayed pass after pass as the arena bench does:
+// `live` blocks of sizes log-uniform in [lo, hi] bytes, then `ops` times a random one freed and a
+// new one allocated in its place, then everything freed. The sequence is drawn once from `seed`
+// and repeated exactly. Returns the driver allocations (num_device_alloc) of each pass.
+inline std::vector<uint64_t> replay_passes(int dev, ebb_stream_t *s, uint32_t seed, size_t live, size_t ops, double lo,
+                                           double hi, int passes) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> logsz(std::log2(lo), std::log2(hi));
+  std::vector<size_t> size(live + ops), victim(ops);
+  for (size_t &z : size) z = static_cast<size_t>(std::exp2(logsz(rng)));
+  for (size_t &v : victim) v = static_cast<size_t>(rng() % live);
+  std::vector<void *> slot(live);
+  std::vector<uint64_t> drv;
+  for (int p = 0; p < passes; p++) {
+    uint64_t d0 = stats(dev).num_device_alloc;
+    for (size_t i = 0; i < live; i++) EBB_REQUIRE_OK(ebb_arena_alloc(dev, size[i], s, &slot[i]));
+    for (size_t i = 0; i < ops; i++) {
+      EBB_REQUIRE_OK(ebb_arena_free(slot[victim[i]]));
+      EBB_REQUIRE_OK(ebb_arena_alloc(dev, size[live + i], s, &slot[victim[i]]));
+    }
+    for (void *q : slot) EBB_REQUIRE_OK(ebb_arena_free(q));
+    drv.push_back(stats(dev).num_device_alloc - d0);
+  }
+  return drv;
+}
+
+// Eight seeded sequences of 1 000 live blocks of 512 B .. 16 MiB on device 0, three passes each:
+// the first makes driver calls (allocations or, with expandable segments, granule maps), the
+// others none. Between seeds the arena gives everything back.
+inline void check_settles_after_one_pass(ebb_stream_t *s) {
+  for (uint32_t seed = 1; seed <= 8; seed++) {
+    std::vector<uint64_t> drv = replay_passes(0, s, seed, 1000, 20000, 512.0, 16.0 * MiB, 3);
+    INFO("seed " << seed << ": driver calls per pass " << drv[0] << ", " << drv[1] << ", " << drv[2]);
+    CHECK(drv[0] > 0);
+    CHECK(drv[1] == 0);
+    CHECK(drv[2] == 0);
+    ARENA_CHECK();
+    EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
 }
 
 }  // namespace alloc_test
