@@ -1517,6 +1517,18 @@ static ebb_status ebb__record_use(ebb_event_t *ev, const struct ebb__stream_ref 
   return ebb__event_record_released(ev, u->device, u->id);
 }
 
+ebb_status ebb__uses_grow(struct ebb__stream_ref **uses, uint16_t *ucap, const char *fn, uint64_t sid, void *ptr) {
+  uint32_t nc = *ucap ? (uint32_t)*ucap * 2 : 4;
+  if (nc > EBB__USES_MAX)
+    return ebb__fail(EBB_ELIMIT, "%s: pointer %p is already recorded on %u streams, the most one block keeps; "
+                     "expected stream %" PRIu64 " to be one of them, or fewer streams per block", fn, ptr, (unsigned)*ucap, sid);
+  struct ebb__stream_ref *nx = realloc(*uses, nc * sizeof *nx);
+  if (!nx) return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, sid, ptr);
+  *uses = nx;
+  *ucap = (uint16_t)nc;
+  return EBB_OK;
+}
+
 void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs) {
   if (!evs) {
     /* No host memory for the event array: wait for the devices of the using streams instead,
@@ -1747,14 +1759,11 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
       return EBB_OK;
     }
   if (b->nuses == b->ucap) {
-    uint32_t nc = b->ucap ? (uint32_t)b->ucap * 2 : 4;
-    struct ebb__stream_ref *nx = nc <= UINT16_MAX ? realloc(b->uses, nc * sizeof *nx) : NULL;
-    if (!nx) {
+    ebb_status st = ebb__uses_grow(&b->uses, &b->ucap, fn, s->id, ptr);
+    if (st) {
       ebb__unlock(&a->mu);
-      return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id, ptr);
+      return st;
     }
-    b->uses = nx;
-    b->ucap = (uint16_t)nc;
   }
   *ebb__use_at(b, b->nuses++) = *s;
   ebb__unlock(&a->mu);

@@ -469,6 +469,11 @@ EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memki
 EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
                                       void **out);
 /* The live slab whose memory holds addr, its arena locked (*a), or NULL (nothing locked). */
+/* One more slot in a use array (*uses of capacity *ucap, doubled): EBB_ELIMIT past
+ * EBB__USES_MAX streams on one pointer, EBB_ENOMEM without host memory; fn, sid and ptr for the
+ * message. */
+#define EBB__USES_MAX 4096 /* streams recorded on one block or slot: far past any real use */
+EBB_HIDDEN ebb_status ebb__uses_grow(struct ebb__stream_ref **uses, uint16_t *ucap, const char *fn, uint64_t sid, void *ptr);
 /* The deferred half of a free whose memory was used on other streams (a block's or a slot's
  * `uses`, n of them), in two steps. ebb__uses_record: one event recorded on each using stream,
  * into evs (taken from the event cache under the lock, recorded with the lock dropped; a stream

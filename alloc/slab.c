@@ -674,15 +674,11 @@ ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
       return EBB_OK;
     }
   if (t->nuses == t->ucap) {
-    uint32_t nc = t->ucap ? (uint32_t)t->ucap * 2 : 4;
-    struct ebb__stream_ref *nx = nc <= UINT16_MAX ? realloc(t->uses, nc * sizeof *nx) : NULL;
-    if (!nx) {
+    ebb_status st = ebb__uses_grow(&t->uses, &t->ucap, fn, s->id, (void *)(uintptr_t)addr);
+    if (st) {
       ebb__unlock(&a->mu);
-      return ebb__fail(EBB_ENOMEM, "%s: no host memory to record stream %" PRIu64 " on pointer %p", fn, s->id,
-                       (void *)(uintptr_t)addr);
+      return st;
     }
-    t->uses = nx;
-    t->ucap = (uint16_t)nc;
   }
   t->uses[t->nuses++] = *s;
   ebb__unlock(&a->mu);

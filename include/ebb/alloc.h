@@ -69,7 +69,9 @@ EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *strea
  * block already freed. */
 EBB_API ebb_status ebb_arena_free(void *ptr);
 /* Declares that `stream` uses the block at `ptr`; its reuse waits for that stream's work issued
- * before the free. Recording the allocation stream is a no-op. EBB_EFREED on a freed block. */
+ * before the free. Recording the allocation stream is a no-op. EBB_EFREED on a freed block;
+ * EBB_ELIMIT past 4 096 distinct streams on one block (a stream made and released per use
+ * counts anew each time). */
 EBB_API ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream);
 /* Returns every cached, fully free segment of `device` to the driver (and unmaps free granules of
  * expandable segments), waiting only for the events of blocks freed with pending uses; with
@@ -141,7 +143,8 @@ EBB_API ebb_status ebb_pinned_alloc(size_t bytes, int device_hint, void **ptr);
  * already freed. */
 EBB_API ebb_status ebb_pinned_free(void *ptr);
 /* Declares that work on `stream` uses the pinned block at `ptr` (a copy from or into it).
- * EBB_EFREED on a freed block, EBB_EINVAL for a NULL or foreign pointer or a NULL stream. */
+ * EBB_EFREED on a freed block, EBB_EINVAL for a NULL or foreign pointer or a NULL stream,
+ * EBB_ELIMIT past 4 096 distinct streams on one block (as ebb_arena_record_stream). */
 EBB_API ebb_status ebb_pinned_record_stream(void *ptr, ebb_stream_t *stream);
 /* Returns every fully free pinned segment to the driver (waiting for the events of blocks whose
  * uses are still pending). */

@@ -239,6 +239,34 @@ TEST_CASE("stream-ordered reuse: a block freed on S comes back on S at once", "[
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// One block keeps at most 4 096 recorded streams (streams made and released one after another
+// each count: their ids differ). Past that, record_stream says so, and the block is unharmed.
+TEST_CASE("record_stream past the most streams one block keeps is EBB_ELIMIT", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *s0 = default_stream(0);
+  for (size_t bytes : {size_t(4096), size_t(1) * MiB}) {  // a slab slot, a block
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, s0, &p));
+    for (int i = 0; i < 4096; i++) {
+      ebb_stream_t *t = nullptr;
+      EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+      EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
+      EBB_REQUIRE_OK(ebb_stream_release(t));
+    }
+    ebb_stream_t *t = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+    EBB_CHECK_FAILS(ebb_arena_record_stream(p, t), EBB_ELIMIT, "already recorded on 4096 streams");
+    EBB_REQUIRE_OK(ebb_stream_release(t));
+    ARENA_CHECK();
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+    EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+    EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+    ARENA_CHECK();
+    CHECK(stats(0).allocated_bytes.current == 0);
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("record_stream from several streams: the block waits for all of them", "[alloc]") {
   EbbSession session;
   ebb_stream_t *a = default_stream(0), *b = nullptr, *c = nullptr, *other = default_stream(1);
