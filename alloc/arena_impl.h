@@ -112,7 +112,7 @@ struct ebb__segment;
 
 /* A block record is two cache lines, aligned: the first holds what the free index, merging and
  * the neighbour checks of other blocks touch (a free of one block reads its address neighbours
- * and their bin lists, so those reads should cost one line each); the second what only the
+ * and their tree links, so those reads should cost one line each); the second what only the
  * block's own alloc and free read. Streams recorded with ebb_arena_record_stream live in a
  * separate array, allocated at the first record and kept with the record for reuse. */
 struct ebb__block {

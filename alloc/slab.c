@@ -5,7 +5,7 @@
  * (so segments, reserved bytes, limits, expandable segments, stealing across streams and the
  * OOM chain stay the engine's), cut into n slots of one size. Split and merge per block cost
  * ~10 dependent cache misses per alloc+free pair at 10^5 live blocks (records, ptrmap bucket,
- * both neighbours, their bin lists); a slot costs a bitmap bit in its slab record and one slot
+ * both neighbours, their places in the free index); a slot costs a bitmap bit in its slab record and one slot
  * record, and is found on free through a small address map instead of the ptrmap.
  *
  * Owns: slab records (recycled, freed at teardown: the map may hand a stale one to a racing bad
