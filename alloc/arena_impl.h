@@ -76,11 +76,13 @@ enum ebb__bstate {
  * request that fits nowhere gets a segment made for it, younger than every other; in the next
  * pass the same request finds the older segments as the first pass left them (every earlier
  * request made the same choice), none of which fits, and then that segment, whole and free:
- * the same choice again, and no driver call. Best fit has no such property: with the younger
- * segments there to choose from, it may split one made for a later request, which then grows
- * the arena (the arena bench's tensor sequence: 22 driver allocations after the warm-up over 18
- * seeds x 6 replays with best fit, 0 with the oldest fit). RMM's arena resource places by
- * address-ordered first fit too, for its fragmentation (allocators.md 3.3).
+ * the same choice again, and no driver call (exact for blocks on one stream; slabs left cached
+ * empty at a pass's end are the one difference, not seen to matter). Best fit has no such
+ * property: with the younger segments there to choose from, it may split one made for a later
+ * request, which then grows the arena (the arena bench's tensor sequence: 22 driver allocations
+ * after the warm-up over 18 seeds x 6 replays with best fit, 0 with the oldest fit). RMM's
+ * arena resource places by address-ordered first fit too, for its fragmentation (allocators.md
+ * 3.3).
  *
  * Per stream and pool, a treap ordered by (segment age, address) whose nodes also hold the
  * largest size in their subtree (in 512-byte units, saturating): the first block of at least r

@@ -12,8 +12,11 @@
  *
  * Placement is oldest fit: a request takes the first free block of its stream that holds it,
  * in the oldest segment that has one, lowest address first. So a sequence of requests on one
- * stream that repeats exactly (a training step of fixed shapes) makes driver calls in its first
- * pass at most: every later pass makes the same choices in the segments the first one made.
+ * stream that repeats exactly (a training step of fixed shapes) makes its driver calls in its
+ * first pass: every later pass makes the same choices in the segments the first one made. (Exact
+ * for blocks; an empty slab kept cached at the end of a pass is the one difference from the first
+ * pass's start, and has not made a later pass call the driver in any sequence tested. With
+ * several streams, stealing each other's free blocks, there is no such argument.)
  *
  * Small requests (rounded size <= slab_max_bytes, 64 KiB by default) are slots of slabs: a slab
  * is one block of the small pool, on one allocation stream, cut into slots of one rounded size.
