@@ -56,6 +56,13 @@ inline ebb_stream_t *pool_stream(int dev, ebb_stream_prio prio = EBB_PRIO_LOW) {
   return s;
 }
 
+// A stream of its own (released by the test).
+inline ebb_stream_t *new_stream(int dev, ebb_stream_prio prio = EBB_PRIO_LOW) {
+  ebb_stream_t *s = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(dev, prio, &s));
+  return s;
+}
+
 inline ebb_stream_t *default_stream(int dev) {
   ebb_stream_t *s = nullptr;
   EBB_REQUIRE_OK(ebb_stream_default(dev, &s));

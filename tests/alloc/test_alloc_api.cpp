@@ -315,9 +315,7 @@ TEST_CASE("record_stream from several streams: the block waits for all of them",
 
 TEST_CASE("a stream's miss takes another stream's free block after an event wait", "[alloc]") {
   EbbSession session;
-  ebb_stream_t *s = nullptr, *t = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_stream_t *s = new_stream(0), *t = new_stream(0);
   void *p = nullptr, *q = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
   EBB_REQUIRE_OK(ebb_arena_free(p));
@@ -371,9 +369,7 @@ TEST_CASE("a stream made per call reuses the previous call's block, without a ho
 
 TEST_CASE("a steal gives the remainder to the stealing stream", "[alloc]") {
   EbbSession session;
-  ebb_stream_t *s = nullptr, *t = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_stream_t *s = new_stream(0), *t = new_stream(0);
   // One 20 MiB segment of s: [0, 8), [8, 16) and [16, 20). t's first steal takes [16, 20)
   // whole (no remainder).
   void *p = nullptr, *p2 = nullptr, *q = nullptr, *r = nullptr, *u = nullptr;
@@ -410,9 +406,7 @@ TEST_CASE("a steal gives the remainder to the stealing stream", "[alloc]") {
 
 TEST_CASE("adjacent free blocks of several streams serve a request none of them holds alone", "[alloc]") {
   EbbSession session;
-  ebb_stream_t *s = nullptr, *t = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_stream_t *s = new_stream(0), *t = new_stream(0);
   // One 20 MiB segment, [0, 8) free on t and [8, 20) free on s: neither block holds 14 MiB,
   // and free blocks of two streams never merge on free.
   void *p = nullptr, *q = nullptr, *r = nullptr, *x = nullptr;

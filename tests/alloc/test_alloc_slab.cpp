@@ -97,9 +97,7 @@ TEST_CASE("slab: a freed slot is reused on its stream at once, with exact stats"
 
 TEST_CASE("slab: empty slabs go back to the engine, for other sizes and other streams", "[alloc][slab]") {
   EbbSession session;
-  ebb_stream_t *s = nullptr, *t = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_stream_t *s = new_stream(0), *t = new_stream(0);
   // A plain block at the start of a segment keeps it in use. Then the largest slots (64 KiB: 2
   // per slab; 16 KiB under the 16K limit: 8): three slabs' worth fill three slabs of the same
   // segment, in address order.
@@ -159,9 +157,7 @@ TEST_CASE("slab: empty slabs go back to the engine, for other sizes and other st
 
 TEST_CASE("slab: a slot used on another stream waits for its events", "[alloc][slab]") {
   EbbSession session;
-  ebb_stream_t *a = nullptr, *b = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &a));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   void *p = nullptr, *q = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &p));
   EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));

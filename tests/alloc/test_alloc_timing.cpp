@@ -15,9 +15,7 @@ static const bool kEnvSet = setenv("EBB_SIM_LAUNCH_US", "20000", 0) == 0;
 
 TEST_CASE("a block used on stream B is not reused before B's work completes", "[alloc][timing]") {
   EbbSession session;
-  ebb_stream_t *a = nullptr, *b = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &a));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   void *p = nullptr, *q = nullptr, *r = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &p));
   busy(b, 3);  // ~60 ms of work on B that (in a real program) reads p
@@ -46,9 +44,7 @@ TEST_CASE("a block used on stream B is not reused before B's work completes", "[
 
 TEST_CASE("a slab slot used on stream B is not reused before B's work completes", "[alloc][timing][slab]") {
   EbbSession session;
-  ebb_stream_t *a = nullptr, *b = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &a));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   void *p = nullptr, *q = nullptr, *r = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &p));
   busy(b, 3);  // ~60 ms of work on B that reads p
@@ -88,9 +84,7 @@ TEST_CASE("a slab slot used on stream B is not reused before B's work completes"
 
 TEST_CASE("a stolen block orders its new stream after the old one, without a host wait", "[alloc][timing]") {
   EbbSession session;
-  ebb_stream_t *s = nullptr, *t = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_stream_t *s = new_stream(0), *t = new_stream(0);
   void *p = nullptr, *q = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
   busy(s, 3);                         // S still works on p ...
@@ -114,9 +108,7 @@ TEST_CASE("a stolen block orders its new stream after the old one, without a hos
 
 TEST_CASE("a steal hands its remainder to the new stream, still after the old one", "[alloc][timing]") {
   EbbSession session;
-  ebb_stream_t *s = nullptr, *t = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_stream_t *s = new_stream(0), *t = new_stream(0);
   // A first steal (whole block), so the second finds an event in the arena's cache.
   void *w = nullptr, *x = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 20 * MiB, s, &w));
@@ -181,9 +173,7 @@ TEST_CASE("empty_cache waits for pending frees before releasing their segments",
 // waits on the device for the event the release recorded: no host wait, and never before that work.
 TEST_CASE("a block of a released stream is stolen after that stream's work, without a host wait", "[alloc][timing]") {
   EbbSession session;
-  ebb_stream_t *s = nullptr, *t = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_stream_t *s = new_stream(0), *t = new_stream(0);
   void *p = nullptr, *q = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &p));
   busy(s, 3);  // ~60 ms of work on S that uses p
@@ -247,9 +237,7 @@ TEST_CASE("blocks of many released streams, all still busy, are reused after the
 // pending until the released stream's work is done, with no host wait at the free.
 TEST_CASE("a block used on a stream released before its free waits for that stream's work", "[alloc][timing]") {
   EbbSession session;
-  ebb_stream_t *a = nullptr, *b = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &a));
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   void *p = nullptr, *q = nullptr, *r = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &p));
   busy(b, 3);  // ~60 ms of work on B that reads p
