@@ -84,15 +84,21 @@ enum ebb__bstate {
  * arena resource places by address-ordered first fit too, for its fragmentation (allocators.md
  * 3.3).
  *
- * Per stream and pool, a treap ordered by (segment age, address) whose nodes also hold the
- * largest size in their subtree (in 512-byte units, saturating): the first block of at least r
- * is one walk down, O(log n) in the free blocks of that stream and pool. Classic blocks of
- * max_split and up (max_split_size_mb) are never split and serve only requests near their
- * size, so they stay out of the tree, in a list scanned in the same order (few: whole
- * segments). */
+ * Per stream and pool, a B+-tree ordered by (segment age, address) (arena.c, "the free index"):
+ * nodes of 16 entries, each entry with its key and the largest size under it (512-byte units,
+ * saturating), so the first block of at least r is one walk down reading a node's sizes with
+ * sixteen compares at a time: two or three levels at the few hundred free blocks a stream and
+ * pool holds under the arena bench (a treap over the block records before 2026-11-23, about
+ * eight levels of dependent loads and a coin toss at each: 45 ns a pair slower). A split's
+ * remainder and a merge take their block's slot in place. Classic blocks of max_split and up
+ * (max_split_size_mb) are never split and serve only requests near their size, so they stay
+ * out of the tree, in a list scanned in the same order (few: whole segments); so does a block
+ * the tree found no host memory for a node for. */
+struct ebb__fxnode;
 struct ebb__fidx {
-  struct ebb__block *root;
-  struct ebb_list big; /* free blocks >= max_split (classic segments only) */
+  struct ebb__fxnode *root;
+  struct ebb_list big; /* free blocks >= max_split (classic segments only), and any block the
+                          tree had no node for */
   size_t count;        /* free blocks, both */
 };
 
@@ -112,32 +118,24 @@ struct ebb__spool {
 
 struct ebb__segment;
 
-/* A block record is two cache lines, aligned: the first holds what the free index, merging and
- * the neighbour checks of other blocks touch (a free of one block reads its address neighbours
- * and their tree links, so those reads should cost one line each); the second what only the
- * block's own alloc and free read. Streams recorded with ebb_arena_record_stream live in a
+/* A block record is two cache lines, aligned: the first holds what merging and the neighbour
+ * checks of other blocks touch (a free of one block reads its address neighbours' state, so
+ * those reads should cost one line each); the second what only the block's own alloc and free
+ * read. The free index's walks read its own nodes, not the records. Streams recorded with ebb_arena_record_stream live in a
  * separate array, allocated at the first record and kept with the record for reuse. */
 struct ebb__block {
   /* line 1: the free index and the neighbours' view. 128-byte aligned: the address map keeps
    * 7 bits of its own in the low bits of a record's address (slab.c). */
   _Alignas(128) size_t size;       /* rounded size: the block's share of its segment */
   struct ebb__block *prev, *next;  /* address neighbours in the segment */
-  union {
-    struct ebb_list node;          /* spare list while DEAD; the `big` list while FREE and oversize */
-    struct {
-      struct ebb__block *l, *r;    /* treap children while FREE (and not oversize) */
-    } t;
-  };
-  struct ebb__block *up;           /* FREE in the treap: parent */
+  struct ebb_list node;            /* spare list while DEAD; the index's list while FREE and listed */
+  struct ebb__fxnode *leaf;        /* FREE in the index's tree: its leaf (NULL otherwise) */
   struct ebb__spool *spool;        /* allocation stream's pool (owner of the block when free) */
   uint8_t state;                   /* enum ebb__bstate */
   uint8_t pool;                    /* enum ebb__pool */
   uint8_t kind;                    /* enum ebb__memkind */
   uint8_t owner_cat;               /* enum ebb_owner_cat */
-  uint32_t tmax;                   /* FREE in the treap: largest size in its subtree, 512-byte
-                                      units (saturating); 0 in the oversize list */
-  /* line 2: the block's own state (and its address: the treap's walks up and down read line 1
-   * only, its insertion compares addresses) */
+  /* line 2: the block's own state */
   _Alignas(64) struct ebb__segment *seg;
   struct ebb__arena *arena;        /* fixed for the record's whole life */
   uint64_t addr;
@@ -146,10 +144,7 @@ struct ebb__block {
   struct ebb__stream_ref *uses;    /* streams other than the allocation stream that used it */
   struct ebb__slab *slab;          /* EBB__B_SLAB: its slab record (slab.c) */
   uint16_t nuses, ucap;            /* (malloc'ed at the first record_stream, kept for reuse) */
-  union {
-    uint32_t event_count;          /* PENDING: events still to complete */
-    uint32_t prio;                 /* FREE in the treap: heap priority (a parent's is higher) */
-  };
+  uint32_t event_count;            /* PENDING: events still to complete */
 };
 _Static_assert(sizeof(struct ebb__block) == 128, "struct ebb__block: two cache lines (see above)");
 
@@ -394,6 +389,10 @@ struct ebb__arena {
   size_t nslab_chunks, capslab_chunks;
   void **slabs;                /* block slabs, freed at teardown */
   size_t nslabs, capslabs;
+  struct ebb__fxnode *fx_spare; /* free index nodes not in a tree (arena.c) */
+  size_t nfx_spare;
+  void **fx_chunks;             /* their chunks, freed at teardown */
+  size_t nfx_chunks, capfx_chunks;
 
   /* Expandable segments: one VMM reservation, mapped granule by granule from its start. */
   struct ebb__segment *xseg;   /* NULL until first growth */
