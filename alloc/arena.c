@@ -310,19 +310,36 @@ static inline int ebb__fx_first(const struct ebb__fxnode *n, uint32_t u) {
   return m ? __builtin_ctz(m) : -1;
 }
 
-/* How many keys of n are below k (at or below: le): a count, not a search, so no branch on the
- * data (keys past n are UINT64_MAX). */
+/* How many keys of n are below k (at or below: le): a binary search of four halvings and a
+ * last compare, each a conditional add, so no branch on the data (keys past n are UINT64_MAX). */
 static inline int ebb__fx_rank(const struct ebb__fxnode *n, uint64_t k, bool le) {
-  int c = 0;
-  for (int i = 0; i < EBB__FX_FAN; i++) c += le ? n->key[i] <= k : n->key[i] < k;
-  return c;
+  _Static_assert(EBB__FX_FAN == 16, "ebb__fx_rank halves 16 keys");
+  const uint64_t *y = n->key;
+  int c = (le ? y[7] <= k : y[7] < k) ? 8 : 0;
+  c += (le ? y[c + 3] <= k : y[c + 3] < k) ? 4 : 0;
+  c += (le ? y[c + 1] <= k : y[c + 1] < k) ? 2 : 0;
+  c += (le ? y[c] <= k : y[c] < k) ? 1 : 0;
+  return c + (le ? y[c] <= k : y[c] < k);
 }
 
 /* The slot of block b in leaf n (b is there). */
 static inline int ebb__fx_slot(const struct ebb__fxnode *n, const struct ebb__block *b) {
+#if defined(__SSE2__) && UINTPTR_MAX == UINT64_MAX
+  /* Sixteen pointer compares as 32 half compares packed into one mask, two bits a pointer: no
+   * branch on where b sits. */
+  const __m128i *v = (const __m128i *)n->ent;
+  __m128i t = _mm_set1_epi64x((long long)(uintptr_t)b);
+#define EBB__EQ(q) _mm_cmpeq_epi32(_mm_load_si128(v + (q)), t)
+  __m128i lo = _mm_packs_epi16(_mm_packs_epi32(EBB__EQ(0), EBB__EQ(1)), _mm_packs_epi32(EBB__EQ(2), EBB__EQ(3)));
+  __m128i hi = _mm_packs_epi16(_mm_packs_epi32(EBB__EQ(4), EBB__EQ(5)), _mm_packs_epi32(EBB__EQ(6), EBB__EQ(7)));
+#undef EBB__EQ
+  uint32_t m = (uint32_t)_mm_movemask_epi8(lo) | (uint32_t)_mm_movemask_epi8(hi) << 16;
+  return __builtin_ctz(m & m >> 1 & 0x55555555u) / 2;
+#else
   int i = 0;
   while (n->ent[i] != b) i++;
   return i;
+#endif
 }
 
 /* Entries i.. of n point back to n. */
@@ -363,12 +380,20 @@ static void ebb__fx_fix_all(struct ebb__fxnode *n) {
   }
 }
 
+/* Shifts of a few entries stay loops: GCC would make each array's loop a call of memmove. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define EBB__NO_MEMMOVE __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define EBB__NO_MEMMOVE
+#endif
+
 /* Puts entry (k, m, e) at slot i of n, which has room. */
-static void ebb__fx_place(struct ebb__fxnode *n, int i, uint64_t k, uint32_t m, void *e) {
-  size_t c = (size_t)(n->n - i);
-  memmove(&n->max[i + 1], &n->max[i], c * sizeof n->max[0]);
-  memmove(&n->key[i + 1], &n->key[i], c * sizeof n->key[0]);
-  memmove(&n->ent[i + 1], &n->ent[i], c * sizeof n->ent[0]);
+EBB__NO_MEMMOVE static void ebb__fx_place(struct ebb__fxnode *n, int i, uint64_t k, uint32_t m, void *e) {
+  for (int j = n->n; j > i; j--) {
+    n->max[j] = n->max[j - 1];
+    n->key[j] = n->key[j - 1];
+    n->ent[j] = n->ent[j - 1];
+  }
   n->max[i] = m;
   n->key[i] = k;
   n->ent[i] = e;
@@ -440,12 +465,13 @@ static bool ebb__fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb
 
 /* Takes entry i out of n; a node left empty leaves its parent (free at empty: no merging of
  * half-full siblings, which random deletions would mostly undo). */
-static void ebb__fx_drop(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__fxnode *n, int i) {
+EBB__NO_MEMMOVE static void ebb__fx_drop(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__fxnode *n, int i) {
   uint32_t o = n->max[i];
-  size_t c = (size_t)(n->n - i - 1);
-  memmove(&n->max[i], &n->max[i + 1], c * sizeof n->max[0]);
-  memmove(&n->key[i], &n->key[i + 1], c * sizeof n->key[0]);
-  memmove(&n->ent[i], &n->ent[i + 1], c * sizeof n->ent[0]);
+  for (int j = i + 1; j < n->n; j++) {
+    n->max[j - 1] = n->max[j];
+    n->key[j - 1] = n->key[j];
+    n->ent[j - 1] = n->ent[j];
+  }
   n->max[--n->n] = 0;
   n->key[n->n] = UINT64_MAX;
   if (n->n) {
