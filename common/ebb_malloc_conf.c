@@ -4,4 +4,10 @@
  * madvise), the retained virtual memory is reused rather than unmapped (no munmap), and the
  * background thread stays off so the process does not gain a thread behind the user's back.
  */
-const char *malloc_conf = "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true,background_thread:false";
+/* Default visibility, against the build's hidden default: libjemalloc defines a weak
+ * malloc_conf of its own, and only a definition the program exports takes its place (the linker
+ * exports it because that library defines it too). Hidden until 2026-11-23, so jemalloc ran on
+ * its defaults: dirty pages purged after 10 s, the stray MADV_DONTNEED calls of
+ * perf/RESULTS.md. ebb-info shows the settings in effect; tools.ebb_info_json checks them. */
+__attribute__((visibility("default"))) const char *malloc_conf =
+    "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true,background_thread:false";

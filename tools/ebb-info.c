@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "ebb/runtime.h"
 #include "ebb/status.h"
@@ -61,6 +62,11 @@ typedef struct info_alloc {
   const char *name;     /* "jemalloc", "glibc", "sanitizer" or "other" */
   char provider[512];   /* the shared object that defines malloc */
   char version[64];     /* jemalloc's version string, or glibc's */
+  /* jemalloc: the settings in effect (its own report, not our malloc_conf string), the ones
+   * ebb's programs set so that a steady state makes no system call. */
+  bool have_opts;
+  long long dirty_decay_ms, muzzy_decay_ms;
+  bool retain, background_thread;
 } info_alloc;
 
 typedef struct info {
@@ -93,6 +99,17 @@ static void gather_allocator(info_alloc *a) {
     a->name = "jemalloc";
     if (mallctl("version", &v, &len, NULL, 0) == 0 && v != NULL)
       snprintf(a->version, sizeof a->version, "%s", v);
+    ssize_t dirty = 0, muzzy = 0;
+    bool retain = false, bg = false;
+    size_t zs = sizeof dirty, bs = sizeof retain;
+    a->have_opts = mallctl("opt.dirty_decay_ms", &dirty, &zs, NULL, 0) == 0 &&
+                   mallctl("opt.muzzy_decay_ms", &muzzy, &zs, NULL, 0) == 0 &&
+                   mallctl("opt.retain", &retain, &bs, NULL, 0) == 0 &&
+                   mallctl("opt.background_thread", &bg, &bs, NULL, 0) == 0;
+    a->dirty_decay_ms = dirty;
+    a->muzzy_decay_ms = muzzy;
+    a->retain = retain;
+    a->background_thread = bg;
     return;
   }
   if (strstr(a->provider, "libasan") != NULL || strstr(a->provider, "libtsan") != NULL) {
@@ -212,6 +229,10 @@ static void print_text(const info *in) {
   printf("\nprocess allocator\n");
   printf("  malloc:   %s%s%s\n", in->alloc.name, in->alloc.version[0] ? " " : "", in->alloc.version);
   printf("  from:     %s\n", in->alloc.provider);
+  if (in->alloc.have_opts)
+    printf("  settings: dirty_decay_ms:%lld muzzy_decay_ms:%lld retain:%s background_thread:%s\n",
+           in->alloc.dirty_decay_ms, in->alloc.muzzy_decay_ms, in->alloc.retain ? "true" : "false",
+           in->alloc.background_thread ? "true" : "false");
 }
 
 /* ---- JSON ----------------------------------------------------------------------------------
@@ -353,6 +374,14 @@ static void print_json(const info *in) {
   j_string("name", in->alloc.name);
   j_string("version", in->alloc.version);
   j_string("provider", in->alloc.provider);
+  if (in->alloc.have_opts) {
+    j_open("settings", '{');
+    j_int("dirty_decay_ms", in->alloc.dirty_decay_ms);
+    j_int("muzzy_decay_ms", in->alloc.muzzy_decay_ms);
+    j_bool("retain", in->alloc.retain);
+    j_bool("background_thread", in->alloc.background_thread);
+    j_close('}');
+  }
   j_close('}');
   j_close('}');
   putchar('\n');

@@ -2,7 +2,8 @@
 
 Checks the shape (driver, devices, config, allocator), that the emulated driver shows
 EBB_SIM_DEVICES devices, and that the allocator ebb-info detects at run time is the one the build
-linked: jemalloc for ebb's programs, unless the build has no jemalloc (sanitizers, option off).
+linked: jemalloc for ebb's programs, unless the build has no jemalloc (sanitizers, option off),
+with the settings ebb's malloc_conf asks for in effect.
 usage: python3 check_ebb_info.py /path/to/ebb-info <expected allocator name>
 """
 import json
@@ -28,6 +29,12 @@ def main(prog: str, want_alloc: str) -> int:
     assert info["config"]["EBB_DRIVER"]["value"], info["config"]["EBB_DRIVER"]
     got = info["allocator"]["name"]
     assert got == want_alloc, f"allocator {got} ({info['allocator']['provider']}), expected {want_alloc}"
+    if got == "jemalloc" and "MALLOC_CONF" not in os.environ:
+        # The settings ebb's programs give jemalloc (common/ebb_malloc_conf.c) are the ones in
+        # effect: a malloc_conf the linker left hidden is silently ignored.
+        want_opts = {"dirty_decay_ms": -1, "muzzy_decay_ms": -1, "retain": True, "background_thread": False}
+        have = info["allocator"].get("settings")
+        assert have == want_opts, f"jemalloc runs with {have}, expected ebb's malloc_conf {want_opts}"
     print(f"ok: {drv['name']} with {len(info['devices'])} devices, allocator {got}")
     return 0
 
