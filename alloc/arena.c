@@ -234,10 +234,20 @@ struct ebb__fxnode {
 };
 #define EBB__FX_CHUNK 64 /* nodes a chunk */
 
+/* While positive, each node chunk asked for is refused as if host memory had run out, and the
+ * count drops: white-box tests (tests/alloc) drive the index's list path with it. */
+static atomic_int ebb__fx_refuse;
+EBB_HIDDEN void ebb__fx_refuse_chunks(int n);
+void ebb__fx_refuse_chunks(int n) { atomic_store_explicit(&ebb__fx_refuse, n, memory_order_relaxed); }
+
 /* Makes sure the arena holds `need` spare nodes, so that an insertion's splits cannot fail
  * half-way. False: out of host memory. Lock held. */
 static bool ebb__fx_reserve(struct ebb__arena *a, size_t need) {
   while (a->nfx_spare < need) {
+    if (EBB_UNLIKELY(atomic_load_explicit(&ebb__fx_refuse, memory_order_relaxed) > 0)) {
+      atomic_fetch_sub_explicit(&ebb__fx_refuse, 1, memory_order_relaxed);
+      return false;
+    }
     struct ebb__fxnode *c = aligned_alloc(_Alignof(struct ebb__fxnode), EBB__FX_CHUNK * sizeof *c);
     if (!c) return false;
     if (!ebb__chunk_keep(&a->fx_chunks, &a->nfx_chunks, &a->capfx_chunks, c, 8)) {

@@ -2,6 +2,7 @@
 // size classes, split and merge under random sequences, stream-ordered reuse, record_stream,
 // the steal-with-event path, limits, empty_cache, misuse, and threads.
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <mutex>
 #include <random>
@@ -151,17 +152,23 @@ TEST_CASE("below 1 MiB, the oldest fit among many blocks of nearby sizes", "[all
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// White-box (tests link the library statically): while n > 0, the free index's next n node
+// chunks are refused as if host memory had run out (alloc/arena.c).
+extern "C" void ebb__fx_refuse_chunks(int n);
+
 // The free index at the size of a training step's free list: 2 000 blocks of 80 KiB fill 2 MiB
 // segments one after the other, so (segment age, address) order is the order they were made
 // in. Half of them freed at random leave a few hundred free runs in one stream's tree, three
 // levels deep; then every request of k blocks must get the first free run of at least k in
 // that order (runs end where segments do), through splits, merges and nodes emptied, with the
-// debug walk checking the tree's links, order and maxima as it goes.
-TEST_CASE("the free index answers the oldest fit through thousands of splits and merges", "[alloc]") {
-  EbbSession session;
+// debug walk checking the tree's links, order and maxima as it goes. refuse_until: the index
+// gets no node memory until that operation (-1: never refused), so its blocks live in its list
+// first and then in both.
+static void check_oldest_fit_model(int refuse_until) {
   ebb_stream_t *s = default_stream(0);
   const size_t S = 80 * 1024;
   const int N = 2000;
+  if (refuse_until >= 0) ebb__fx_refuse_chunks(INT_MAX);
   std::vector<uintptr_t> addr(N);
   std::vector<int> seg(N);
   for (int i = 0; i < N; i++) {
@@ -185,6 +192,7 @@ TEST_CASE("the free index answers the oldest fit through thousands of splits and
   uint64_t dev = stats(0).num_device_alloc;
   int served = 0;
   for (int op = 0; op < 4000; op++) {
+    if (op == refuse_until) ebb__fx_refuse_chunks(0);
     if (rng() % 2) {
       int k = 1 + static_cast<int>(rng() % 12);
       int at = -1;
@@ -206,6 +214,7 @@ TEST_CASE("the free index answers the oldest fit through thousands of splits and
     }
     if (op % 97 == 0) ARENA_CHECK();
   }
+  ebb__fx_refuse_chunks(0);
   CHECK(served > 1000);
   CHECK(stats(0).num_device_alloc == dev);
   ARENA_CHECK();
@@ -214,6 +223,18 @@ TEST_CASE("the free index answers the oldest fit through thousands of splits and
   ARENA_CHECK();
   CHECK(stats(0).allocated_bytes.current == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("the free index answers the oldest fit through thousands of splits and merges", "[alloc]") {
+  EbbSession session;
+  check_oldest_fit_model(-1);
+}
+
+// Out of host memory for its nodes, the index keeps blocks in its list, searched in the same
+// order: the same answers, first from the list alone, then from the list and the tree.
+TEST_CASE("the free index keeps the oldest fit when its tree gets no node memory", "[alloc]") {
+  EbbSession session;
+  check_oldest_fit_model(2000);
 }
 
 // The arena bench's pattern at a test's scale (1 000 live blocks of 512 B .. 16 MiB). With best
