@@ -344,7 +344,9 @@ static inline int ebb__fx_slot(const struct ebb__fxnode *n, const struct ebb__bl
   __m128i hi = _mm_packs_epi16(_mm_packs_epi32(EBB__EQ(4), EBB__EQ(5)), _mm_packs_epi32(EBB__EQ(6), EBB__EQ(7)));
 #undef EBB__EQ
   uint32_t m = (uint32_t)_mm_movemask_epi8(lo) | (uint32_t)_mm_movemask_epi8(hi) << 16;
-  return __builtin_ctz(m & m >> 1 & 0x55555555u) / 2;
+  m &= m >> 1 & 0x55555555u;
+  EBB_ASSERT(m); /* b is in n: a broken index would otherwise count zeros of nothing */
+  return __builtin_ctz(m) / 2;
 #else
   int i = 0;
   while (n->ent[i] != b) i++;
@@ -2064,9 +2066,11 @@ static ebb_status ebb__fx_check(struct ebb__arena *a, const struct ebb__fxnode *
                                 int level, int *depth, const struct ebb__spool *sp, int p, const struct ebb__block **prev,
                                 size_t *count, const char *fn) {
   ebb_status st = EBB_OK;
-  EBB__CHECK(n->up == parent && (!parent || parent->ent[n->pslot] == n) && n->n >= 1 && n->n <= EBB__FX_FAN,
-             "%s: %s: a free index node at level %d has a wrong parent link or %d entries (expected 1..%d)", fn, a->label,
-             level, (int)n->n, EBB__FX_FAN);
+  EBB__CHECK(n->up == parent && (!parent || (n->pslot < parent->n && parent->ent[n->pslot] == n)) && n->n >= 1 &&
+                 n->n <= EBB__FX_FAN && (parent || n->leaf || n->n >= 2),
+             "%s: %s: a free index node at level %d has a wrong parent link or %d entries (expected 1..%d, 2.. at an "
+             "inner root)",
+             fn, a->label, level, (int)n->n, EBB__FX_FAN);
   for (int i = n->n; i < EBB__FX_FAN; i++)
     EBB__CHECK(!n->max[i] && n->key[i] == UINT64_MAX, "%s: %s: a free index node holds an entry past its %d", fn, a->label,
                (int)n->n);
@@ -2088,8 +2092,9 @@ static ebb_status ebb__fx_check(struct ebb__arena *a, const struct ebb__fxnode *
                b->addr);
     EBB__CHECK(n->key[i] == ebb__fx_key(b) && n->max[i] == ebb__units(b->size),
                "%s: %s: the free index holds a wrong key or size for block 0x%" PRIx64, fn, a->label, b->addr);
-    EBB__CHECK(!*prev || ebb__tree_before(*prev, b), "%s: %s: free block 0x%" PRIx64 " is out of (segment age, address) order",
-               fn, a->label, b->addr);
+    /* Not after its successor (keys tie only where ebb__fx_key saturates or wraps). */
+    EBB__CHECK(!*prev || !ebb__tree_before(b, *prev),
+               "%s: %s: free block 0x%" PRIx64 " is out of (segment age, address) order", fn, a->label, b->addr);
     *prev = b;
     ++*count;
   }
