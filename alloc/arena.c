@@ -546,7 +546,8 @@ static size_t ebb__fx_largest(const struct ebb__fxnode *n) {
   size_t best = 0;
   for (int i = 0; n && i < n->n; i++) {
     size_t s = (size_t)n->max[i] << 9;
-    if (n->max[i] == EBB__UNITS_MAX) s = n->leaf ? ((const struct ebb__block *)n->ent[i])->size : ebb__fx_largest(n->ent[i]);
+    if (n->max[i] == EBB__UNITS_MAX)
+      s = n->leaf ? ((const struct ebb__block *)n->ent[i])->size : ebb__fx_largest(n->ent[i]);
     if (s > best) best = s;
   }
   return best;

@@ -89,7 +89,7 @@ enum ebb__bstate {
  * saturating), so the first block of at least r is one walk down reading a node's sizes with
  * sixteen compares at a time: two or three levels at the few hundred free blocks a stream and
  * pool holds under the arena bench (a treap over the block records before 2026-11-23, about
- * eight levels of dependent loads and a coin toss at each: 45 ns a pair slower). A split's
+ * eight levels of dependent loads and a coin toss at each: about 40 ns a pair slower). A split's
  * remainder and a merge take their block's slot in place. Classic blocks of max_split and up
  * (max_split_size_mb) are never split and serve only requests near their size, so they stay
  * out of the tree, in a list scanned in the same order (few: whole segments); so does a block
@@ -121,8 +121,9 @@ struct ebb__segment;
 /* A block record is two cache lines, aligned: the first holds what merging and the neighbour
  * checks of other blocks touch (a free of one block reads its address neighbours' state, so
  * those reads should cost one line each); the second what only the block's own alloc and free
- * read. The free index's walks read its own nodes, not the records. Streams recorded with ebb_arena_record_stream live in a
- * separate array, allocated at the first record and kept with the record for reuse. */
+ * read. The free index's walks read its own nodes, not the records. Streams recorded with
+ * ebb_arena_record_stream live in a separate array, allocated at the first record and kept with
+ * the record for reuse. */
 struct ebb__block {
   /* line 1: the free index and the neighbours' view. 128-byte aligned: the address map keeps
    * 7 bits of its own in the low bits of a record's address (slab.c). */
