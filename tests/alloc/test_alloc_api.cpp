@@ -2,7 +2,6 @@
 // size classes, split and merge under random sequences, stream-ordered reuse, record_stream,
 // the steal-with-event path, limits, empty_cache, misuse, and threads.
 #include <algorithm>
-#include <climits>
 #include <atomic>
 #include <mutex>
 #include <random>
@@ -152,89 +151,11 @@ TEST_CASE("below 1 MiB, the oldest fit among many blocks of nearby sizes", "[all
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// White-box (tests link the library statically): while n > 0, the free index's next n node
-// chunks are refused as if host memory had run out (alloc/arena.c).
-extern "C" void ebb__fx_refuse_chunks(int n);
-
-// The free index at the size of a training step's free list: 2 000 blocks of 80 KiB fill 2 MiB
-// segments one after the other, so (segment age, address) order is the order they were made
-// in. Half of them freed at random leave a few hundred free runs in one stream's tree, three
-// levels deep; then every request of k blocks must get the first free run of at least k in
-// that order (runs end where segments do), through splits, merges and nodes emptied, with the
-// debug walk checking the tree's links, order and maxima as it goes. refuse_until: the index
-// gets no node memory until that operation (-1: never refused), so its blocks live in its list
-// first and then in both.
-static void check_oldest_fit_model(int refuse_until) {
-  ebb_stream_t *s = default_stream(0);
-  const size_t S = 80 * 1024;
-  const int N = 2000;
-  if (refuse_until >= 0) ebb__fx_refuse_chunks(INT_MAX);
-  std::vector<uintptr_t> addr(N);
-  std::vector<int> seg(N);
-  for (int i = 0; i < N; i++) {
-    void *p = nullptr;
-    EBB_REQUIRE_OK(ebb_arena_alloc(0, S, s, &p));
-    addr[i] = reinterpret_cast<uintptr_t>(p);
-    seg[i] = i && addr[i] == addr[i - 1] + S ? seg[i - 1] : (i ? seg[i - 1] + 1 : 0);
-  }
-  REQUIRE(seg[N - 1] >= 70);  // 25 a segment: the runs end at segment ends
-  // owner[i]: the first block of the allocation holding block i, or -1 while free.
-  std::vector<int> owner(N), len(N, 1);
-  for (int i = 0; i < N; i++) owner[i] = i;
-  std::mt19937 rng(9);
-  auto release = [&](int first) {
-    for (int j = first; j < first + len[first]; j++) owner[j] = -1;
-    EBB_REQUIRE_OK(ebb_arena_free(reinterpret_cast<void *>(addr[first])));
-  };
-  for (int i = 0; i < N; i++)
-    if (rng() % 2) release(i);
-  ARENA_CHECK();
-  uint64_t dev = stats(0).num_device_alloc;
-  int served = 0;
-  for (int op = 0; op < 4000; op++) {
-    if (op == refuse_until) ebb__fx_refuse_chunks(0);
-    if (rng() % 2) {
-      int k = 1 + static_cast<int>(rng() % 12);
-      int at = -1;
-      for (int i = 0, run = 0; i < N && at < 0; i++) {
-        run = owner[i] < 0 ? (i && owner[i - 1] < 0 && seg[i - 1] == seg[i] ? run + 1 : 1) : 0;
-        if (run == k) at = i - k + 1;
-      }
-      if (at < 0) continue;  // would grow the arena: the model knows no new segment
-      void *p = nullptr;
-      EBB_REQUIRE_OK(ebb_arena_alloc(0, k * S, s, &p));
-      INFO("op " << op << ": " << k << " blocks");
-      REQUIRE(reinterpret_cast<uintptr_t>(p) == addr[at]);
-      for (int j = at; j < at + k; j++) owner[j] = at;
-      len[at] = k;
-      served++;
-    } else {
-      int i = static_cast<int>(rng() % N);
-      if (owner[i] >= 0) release(owner[i]);
-    }
-    if (op % 97 == 0) ARENA_CHECK();
-  }
-  ebb__fx_refuse_chunks(0);
-  CHECK(served > 1000);
-  CHECK(stats(0).num_device_alloc == dev);
-  ARENA_CHECK();
-  for (int i = 0; i < N; i++)
-    if (owner[i] == i) release(i);
-  ARENA_CHECK();
-  CHECK(stats(0).allocated_bytes.current == 0);
-  REQUIRE(ebb_debug_live_handles() == 0);
-}
-
+// (alloc_test_util.hpp, check_oldest_fit_model; its node-memory twin is white-box, in
+// test_alloc_internal.cpp.)
 TEST_CASE("the free index answers the oldest fit through thousands of splits and merges", "[alloc]") {
   EbbSession session;
-  check_oldest_fit_model(-1);
-}
-
-// Out of host memory for its nodes, the index keeps blocks in its list, searched in the same
-// order: the same answers, first from the list alone, then from the list and the tree.
-TEST_CASE("the free index keeps the oldest fit when its tree gets no node memory", "[alloc]") {
-  EbbSession session;
-  check_oldest_fit_model(2000);
+  check_oldest_fit_model(nullptr, -1);
 }
 
 // The arena bench's pattern at a test's scale (1 000 live blocks of 512 B .. 16 MiB). With best
