@@ -1400,7 +1400,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed,
   }
   b->spool = sp;
   if (slab) { /* slab.c counts and records the slots, not the slab */
-    b->state = EBB__B_SLAB;
+    b->state = EBB__B_CARVED;
     b->requested = 0;
     b->owner = "";
     b->owner_cat = EBB_OWNER_OTHER;
@@ -1633,7 +1633,7 @@ ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const
  * slots'), no history (the slots' frees were recorded). Lock held. */
 void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
-  EBB_ASSERT(b->state == EBB__B_SLAB);
+  EBB_ASSERT(b->state == EBB__B_SLAB || b->state == EBB__B_CARVED);
   b->slab = NULL;
   ebb__seg_split_stat(a, g, false);
   b->state = EBB__B_FREE;
@@ -1643,7 +1643,7 @@ void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b) {
   ebb__seg_split_stat(a, g, true);
 }
 
-/* A plain block, or (slab) the block of a new slab: *bout, state EBB__B_SLAB, no ptrmap entry,
+/* A plain block, or (slab) the block of a new slab: *bout, state EBB__B_CARVED, no ptrmap entry,
  * no stats but the engine's own (cache hits, reserved, segments). */
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout) {
@@ -2169,6 +2169,8 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
       case EBB__B_ASIDE: /* another thread's steal, mid-way: free, in no index */
         nf++;
         fb += b->size;
+        break;
+      case EBB__B_CARVED: /* another thread's slab, mid-way: no record, no slots, no stats yet */
         break;
       default:
         EBB__CHECK(0, "%s: %s: block 0x%" PRIx64 " has state %d", fn, a->label, b->addr, b->state);

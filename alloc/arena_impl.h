@@ -64,9 +64,12 @@ enum ebb__bstate {
                           by empty_cache; in no index, not reserved; mapped again on growth */
   EBB__B_SLAB = 6,     /* carved into slots of one size class (slab.c); in no index, not in the
                           ptrmap; its slots carry their own state (struct ebb__slot) */
-  EBB__B_ASIDE = 7     /* free memory (counted in its segment's nfree and free_bytes, shown as
+  EBB__B_ASIDE = 7,    /* free memory (counted in its segment's nfree and free_bytes, shown as
                           inactive) in no index and merging with nothing: what a steal left, while
                           the lock is dropped to order the stealing stream after the old owners */
+  EBB__B_CARVED = 8    /* carved for a slab that slab.c is still making (the lock may be dropped
+                          meanwhile): no slab record yet, no slots, no stats; EBB__B_SLAB once
+                          ebb__slab_make attaches its record */
 };
 
 /* ---- free index: oldest fit -------------------------------------------------------------------
@@ -432,7 +435,7 @@ EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
 /* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
 
 /* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
- * EBB__B_SLAB, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
+ * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
  * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
  * chain and no OOM report: on failure the caller allocates the request as a plain block, which
  * runs both with the caller's own size. */
@@ -440,7 +443,8 @@ EBB_HIDDEN ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t b
                                                   struct ebb__block **out);
 /* A plain block (never a slot): the engine's own path. */
 EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out);
-/* Gives an EBB__B_SLAB block back to its stream's free index (merged). Lock held. */
+/* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
+ * held. */
 EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
 /* The stream's free index (created at its first use); NULL: no host memory. Lock held. */
 EBB_HIDDEN struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s);

@@ -313,7 +313,7 @@ static inline void ebb__cached_dec(struct ebb__slab_cls *k, struct ebb__slab *sl
   sl->b->seg->ncached--;
 }
 
-/* Makes block b (state EBB__B_SLAB) a live slab of n slots of r bytes on spool sp, entered in
+/* Makes block b (state EBB__B_CARVED) a live slab of n slots of r bytes on spool sp, entered in
  * the map and its class list. NULL: no host memory (b untouched). Lock held. */
 static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool *sp, struct ebb__block *b, size_t r,
                                         uint32_t n) {
@@ -361,6 +361,7 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
   }
   sl->live = 1;
   b->slab = sl;
+  b->state = EBB__B_SLAB;
   struct ebb__slab_cls *k = ebb__cls_of(sl);
   ebb_list_insert_tail(&k->slabs, &sl->node);
   ebb__cached_inc(k, sl);

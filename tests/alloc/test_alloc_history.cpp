@@ -528,6 +528,49 @@ TEST_CASE("the snapshot is valid JSON in PyTorch's layout and its totals match t
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// A new slab's block is carved with the arena lock dropped before its slab record exists. The
+// walks over every block (the OOM report's top owners, the snapshot, the debug walk) run on
+// another thread meanwhile and must see it as a slab in the making, not follow a missing record.
+TEST_CASE("the OOM report, the snapshot and the debug walk meet slabs being made on another thread",
+          "[alloc][history][threads]") {
+  EbbSession session;
+  std::atomic<int> done{0}, enough{0}, maker_bad{0}; // (Catch2's assertions are for the main thread)
+  std::thread maker([&] {
+    ebb_stream_t *s = nullptr;
+    if (ebb_stream_create(0, EBB_PRIO_LOW, &s) != EBB_OK) maker_bad++;
+    for (int i = 0; s && (i < 20000 || !enough.load()) && i < 2000000; i++) {
+      void *p = nullptr;
+      size_t n = static_cast<size_t>(1 + i % 128) * 512; // every size class in turn: mostly new slabs
+      if (ebb_arena_alloc(0, n, s, &p) != EBB_OK || ebb_arena_free(p) != EBB_OK) maker_bad++;
+      if (i % 128 == 127 && ebb_arena_empty_cache(0) != EBB_OK) maker_bad++;
+    }
+    if (s && (ebb_stream_synchronize(s) != EBB_OK || ebb_stream_release(s) != EBB_OK)) maker_bad++;
+    done = 1;
+  });
+  std::string path = tmp_path("slab-race");
+  int bad = 0, rounds = 0;
+  std::string first_bad;
+  while (!done.load()) {
+    void *p = nullptr;
+    ebb_status st = EBB_OK;
+    switch (rounds++ % 3) {
+    case 0: st = ebb_arena_alloc(0, size_t(1) << 51, nullptr, &p) == EBB_ENOMEM ? EBB_OK : EBB_EINTERNAL; break;
+    case 1: st = ebb_memory_snapshot_json(path.c_str()); break;
+    default: st = ebb_arena_debug_check(0); break;
+    }
+    if (st && !bad++) first_bad = ebb_last_error();
+    if (rounds == 1500) enough = 1; // 500 of each walk, at least
+  }
+  maker.join();
+  INFO(rounds << " rounds; first failure: " << first_bad);
+  CHECK(bad == 0);
+  CHECK(maker_bad == 0);
+  std::remove(path.c_str());
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("snapshot and history calls need ebb_init", "[alloc][history]") {
   size_t n = 0;
   EBB_CHECK_FAILS(ebb_memory_snapshot_json("/tmp/never.json"), EBB_ENOTINIT, "ebb_init");
