@@ -1883,11 +1883,9 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
   return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
 
-static ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind,
-                                  bool tracked) {
-  return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s%s", fn, ptr,
-                   o->label, o->up->alloc_fn, ebb__kind_alloc_fn(kind),
-                   tracked ? "" : " (and no host memory was left to keep it tracked: it is leaked)");
+static ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind) {
+  return ebb__fail(EBB_EINVAL, "%s: pointer %p is a live block of the %s (from %s); expected a block from %s", fn, ptr,
+                   o->label, o->up->alloc_fn, ebb__kind_alloc_fn(kind));
 }
 
 ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
@@ -1896,29 +1894,32 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   /* A slot, or a large block taken out of the address map (which elects this call as its one
    * free: a racing second free finds no entry, or after the lock a block no longer ALLOC at
    * addr); arena locked. */
-  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, true, &b);
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, kind, &b);
   if (sl) return ebb__slab_free(fn, sl, addr, kind);
   struct ebb__arena *a;
   if (EBB_LIKELY(b)) {
     a = b->arena;
-    if (EBB_UNLIKELY(b->kind != kind)) {
-      /* Another pool's live block: back into the map untouched (its leaf exists: cannot fail). */
-      bool back = ebb__amap_block_put(b);
+    if (EBB_UNLIKELY(b->kind != kind)) { /* another pool's live block: its entry stayed */
       ebb__unlock(&a->mu);
-      return ebb__wrong_pool(fn, ptr, a, kind, back);
+      return ebb__wrong_pool(fn, ptr, a, kind);
     }
   } else {
-    /* A smaller block, in the ptrmap: taking the entry out elects this call likewise. */
-    b = ebb__ptrmap_take(addr);
+    /* A smaller block, in the ptrmap: validated and taken out under its arena's lock, as the
+     * address map's entries are. Of two racing frees the second then finds it no longer ALLOC,
+     * a wrong-pool free leaves the entry for the owner's, and the debug walk (under the lock)
+     * never sees a live block without its entry. */
+    b = ebb__ptrmap_find(addr);
     if (EBB_UNLIKELY(!b)) return ebb__explain(fn, ptr, kind);
-    if (EBB_UNLIKELY(b->kind != kind)) {
-      /* Another pool's live block: put it back untouched (its owner may still free it). The map
-       * just gave up this entry, so re-inserting it needs no new host memory in practice; if it
-       * did and failed, the block would leak rather than be freed by the wrong call. */
-      return ebb__wrong_pool(fn, ptr, b->arena, kind, ebb__ptrmap_insert(b));
-    }
-    a = b->arena;
+    a = b->arena; /* kind and arena: fixed for the record's whole life */
+    if (EBB_UNLIKELY(b->kind != kind)) return ebb__wrong_pool(fn, ptr, a, kind);
     ebb__lock(&a->mu);
+    if (EBB_UNLIKELY(b->addr != addr || b->state != EBB__B_ALLOC || ebb__block_in_amap(b))) {
+      ebb__unlock(&a->mu); /* freed (the record perhaps reused) since the lookup */
+      return ebb__explain(fn, ptr, kind);
+    }
+    struct ebb__block *t = ebb__ptrmap_take(addr);
+    EBB_ASSERT(t == b);
+    (void)t;
   }
   /* The merge below reads both address neighbours: start both misses now, overlapping each
    * other and the bookkeeping before the merge. Under the lock: a neighbour's split or merge
@@ -1958,7 +1959,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
 ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   struct ebb__block *b;
-  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, false, &b);
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
   if (sl) return ebb__slab_record(fn, sl, addr, s, kind);
   if (!b) {
     b = ebb__ptrmap_find(addr);

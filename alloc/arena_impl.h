@@ -494,11 +494,13 @@ EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_
 EBB_HIDDEN void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
                                 struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count);
 /* What a free or record_stream of addr is about, found through the address map: a slot (its
- * slab returned) or a live block larger than a granule starting at addr (*bout; with `take`,
- * its entry is cleared, which elects the caller as the block's one free); either with its
- * arena locked. NULL and *bout NULL: neither (the pointer may be a smaller block, in the
- * ptrmap, or bad), no lock held. */
-EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, bool take, struct ebb__block **bout);
+ * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
+ * memory kind, a block of that kind has its entry cleared, which elects the caller as the
+ * block's one free, and a block of another kind keeps it: a free through the wrong pool's call
+ * must not hide the block from its owner's); either with its arena locked. NULL and *bout NULL:
+ * neither (the pointer may be a smaller block, in the ptrmap, or bad), no lock held. take 0:
+ * the entry stays (record_stream). */
+EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout);
 /* Free / record_stream of addr inside slab sl (locked by ebb__addr_lookup_lock; unlocked on
  * return). Same messages as for blocks. */
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);

@@ -199,7 +199,7 @@ void ebb__slab_map_clear(void) {
   }
 }
 
-struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, bool take, struct ebb__block **bout) {
+struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout) {
   *bout = NULL;
   struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
   if (!e) return NULL;
@@ -212,7 +212,7 @@ struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, bool take, struct ebb__bl
      * that is in the map is an answer (a racing bad free can see an old entry whose record now
      * holds a smaller block at the same address, which the ptrmap tracks). */
     if (b->addr == addr && b->state == EBB__B_ALLOC && ebb__block_in_amap(b)) {
-      if (take) atomic_store_explicit(&e->hi, 0, memory_order_relaxed); /* written under the lock */
+      if (take == b->kind) atomic_store_explicit(&e->hi, 0, memory_order_relaxed); /* written under the lock */
       *bout = b;
       return NULL;
     }
