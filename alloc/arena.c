@@ -1178,13 +1178,39 @@ static size_t ebb__x_hole(struct ebb__arena *a, struct ebb__segment *g, struct e
   return hole;
 }
 
-/* Gives the expandable segment's fully free granules back to the driver: the free tail is cut
- * (the span shrinks), then every whole granule inside a free block becomes a hole that later
- * growth maps again (ebb__x_fill_hole). Lock held. The caller synchronised pending events and
- * the device: unmapping must not race queued work (allocators.md 1.11). */
+/* Joins each run of adjacent free blocks of expandable segment g into one, whatever their
+ * streams and pools, owned by the run's first block's. Free blocks merge only within a stream
+ * and pool (stream order), so a granule that two streams' free pieces share lies whole inside
+ * neither, and could never be unmapped. After a wait for the whole device no stream has work
+ * left on free memory, so any stream may own it. Lock held; the caller synchronised the
+ * device. */
+static void ebb__x_join(struct ebb__arena *a, struct ebb__segment *g) {
+  for (struct ebb__block *b = g->first; b; b = b->next) {
+    struct ebb__block *n = b->next;
+    if (b->state != EBB__B_FREE || !n || n->state != EBB__B_FREE) continue;
+    ebb__index_remove(b);
+    do {
+      ebb__index_remove(n);
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      g->nblocks--;
+      g->nfree--;
+      ebb__block_dead(a, n);
+    } while ((n = b->next) && n->state == EBB__B_FREE);
+    ebb__index_insert(a, b);
+  }
+}
+
+/* Gives the expandable segment's fully free granules back to the driver: free runs are joined
+ * (ebb__x_join), the free tail is cut (the span shrinks), then every whole granule inside a
+ * free block becomes a hole that later growth maps again (ebb__x_fill_hole). Lock held. The
+ * caller synchronised pending events and the device: unmapping must not race queued work
+ * (allocators.md 1.11). */
 static size_t ebb__x_shrink(struct ebb__arena *a) {
   struct ebb__segment *g = a->xseg;
   if (!g) return 0;
+  ebb__x_join(a, g);
   size_t released = 0;
   for (;;) {
     struct ebb__block *tail;
@@ -1516,14 +1542,25 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
       *out = b;
       return EBB_OK;
     }
+    /* Empty slabs before unmapping, as empty_cache: their blocks merge back into the free
+     * indexes (this stream's too, hence the search) and may free whole granules or segments. */
+    ebb__slab_release_empty(a);
+    if ((b = ebb__fidx_take(a, &sp->pools[pool], r))) {
+      *out = b;
+      return EBB_OK;
+    }
     if (a->xseg) {
       a->c.s.num_syncs++;
       ebb_dev_synchronize(a->device); /* unmapping must not race queued work (allocators.md 1.11) */
       ebb__x_shrink(a);
     }
-    ebb__slab_release_empty(a);
     ebb__release_free_segments(a);
     a->c.s.num_alloc_retries++;
+    /* x_shrink joins free blocks of several streams: the join may be this stream's now. */
+    if ((b = ebb__fidx_take(a, &sp->pools[pool], r))) {
+      *out = b;
+      return EBB_OK;
+    }
   }
   /* A configured cap of the upstream (pinned_max_bytes), not exhausted memory: its own code,
    * and the upstream's message says which cap, what is held and what was asked. */

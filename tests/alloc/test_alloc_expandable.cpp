@@ -132,3 +132,79 @@ TEST_CASE("expandable segments: a repeated random sequence maps nothing after it
   if (!caps.vmm) EBB_SKIP("driver without VMM");
   check_settles_after_one_pass(default_stream(0));
 }
+
+// Free blocks merge only within one stream, so with several streams a granule can lie across
+// free pieces of two of them. After its wait for the device, empty_cache joins such pieces and
+// unmaps the granules: everything free and synchronised leaves nothing reserved.
+TEST_CASE("expandable segments: empty_cache unmaps granules that free blocks of several streams share",
+          "[alloc][expandable]") {
+  EbbSession session;
+  ebb_dev_caps caps{};
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  ebb_stream_t *s[2] = {new_stream(0), new_stream(0)};
+  void *p1 = nullptr, *p2 = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s[0], &p1));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s[1], &p2)); // takes stream 0's free remainder
+  CHECK(stats(0).num_steals == 1);
+  EBB_REQUIRE_OK(ebb_arena_free(p1));
+  EBB_REQUIRE_OK(ebb_arena_free(p2));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  CHECK(stats(0).reserved_bytes.current == 0);
+  // Sixteen blocks of 1.5 MiB on alternating streams: free pieces of two owners across granules.
+  std::vector<void *> live(16);
+  for (size_t i = 0; i < live.size(); i++) EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB / 2, s[i & 1], &live[i]));
+  for (void *p : live) EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  ebb_arena_stats st = stats(0);
+  CHECK(st.reserved_bytes.current == 0);
+  CHECK(st.allocated_bytes.current == 0);
+  // And the joined memory serves either stream again.
+  void *big = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 20 * MiB, s[1], &big));
+  EBB_REQUIRE_OK(ebb_arena_free(big));
+  ARENA_CHECK();
+  for (ebb_stream_t *x : s) EBB_REQUIRE_OK(ebb_stream_release(x));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The OOM retry chain gives cached empty slabs back before it unmaps (as empty_cache does), so
+// their granules can go back to the driver and be mapped again for the request.
+TEST_CASE("expandable segments: the retry chain unmaps what empty slabs held", "[alloc][expandable]") {
+  EbbSession session;
+  ebb_dev_caps caps{};
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  ebb_stream_t *s = default_stream(0);
+  void *x = nullptr, *y = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &x));
+  std::vector<void *> slots;
+  for (int i = 0; i < 32; i++) { // 32 size classes: 32 slabs, cached empty once freed
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * KiB - i * 512, s, &p));
+    slots.push_back(p);
+  }
+  for (void *p : slots) EBB_REQUIRE_OK(ebb_arena_free(p));
+  ebb_arena_stats before = stats(0);
+  size_t reserved = before.reserved_bytes.current;
+  REQUIRE(reserved >= 4 * MiB);
+  // A limit 2 MiB short of what the request needs on top: it fits only once at least one
+  // granule the slabs held is unmapped.
+  const size_t want = 24 * MiB;
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, reserved + want - 2 * MiB));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, want, s, &y));
+  ebb_arena_stats after = stats(0);
+  CHECK(after.num_ooms == before.num_ooms);
+  CHECK(after.num_alloc_retries == before.num_alloc_retries + 1);
+  CHECK(after.reserved_bytes.current <= reserved + want - 2 * MiB);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(x));
+  EBB_REQUIRE_OK(ebb_arena_free(y));
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, 0));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

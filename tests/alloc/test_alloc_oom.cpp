@@ -80,3 +80,34 @@ TEST_CASE("out of memory on one device leaves the other untouched", "[alloc][oom
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// The retry chain gives cached empty slabs back to the engine, where their blocks merge into
+// this stream's free index: the request must be searched for there again before the chain goes
+// on to grow (here against a limit at the reserved bytes, standing in for a full device).
+TEST_CASE("out of memory: the retry chain reuses what the empty slabs it gave back leave free", "[alloc][oom]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  std::vector<void *> slots;
+  for (int i = 0; i < 8; i++) { // eight size classes: eight slabs of two slots, 1 MiB in all
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * KiB - i * 512, s, &p));
+    slots.push_back(p);
+  }
+  void *x = nullptr, *y = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 700 * KiB, s, &x)); // keeps the 2 MiB segment in use
+  for (void *p : slots) EBB_REQUIRE_OK(ebb_arena_free(p)); // the slabs stay cached, empty
+  ebb_arena_stats before = stats(0);
+  REQUIRE(before.reserved_bytes.current == 2 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, before.reserved_bytes.current));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 900 * KiB, s, &y));
+  ebb_arena_stats after = stats(0);
+  CHECK(after.num_ooms == before.num_ooms);
+  CHECK(after.reserved_bytes.current == 2 * MiB);
+  CHECK(after.num_device_alloc == before.num_device_alloc);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(x));
+  EBB_REQUIRE_OK(ebb_arena_free(y));
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, 0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
