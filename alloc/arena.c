@@ -2057,6 +2057,14 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
   return EBB_OK;
 }
 
+size_t ebb__arena_trim(struct ebb__arena *a) {
+  ebb__lock(&a->mu);
+  ebb__slab_release_empty(a);
+  size_t n = ebb__release_free_segments(a);
+  ebb__unlock(&a->mu);
+  return n;
+}
+
 void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes) {
   ebb__lock(&a->mu);
   a->limit = bytes;

@@ -422,6 +422,10 @@ EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memki
 EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
                                         enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
+/* Gives back a's fully free classic segments (empty cached slabs first), waiting for nothing:
+ * what another arena under the same cap (the pinned pool's) can free at once. Bytes given back.
+ * Lock not held. */
+EBB_HIDDEN size_t ebb__arena_trim(struct ebb__arena *a);
 EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
 EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
 EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);

@@ -73,6 +73,15 @@ static void ebb__pin_uncharge(size_t bytes) {
 /* Node arenas: hwloc-placed pages, then registered. The driver-placed arena: cuMemHostAlloc. */
 static ebb_status ebb__pin_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
   ebb_status st = ebb__pin_charge(a, bytes);
+  if (st == EBB_ELIMIT) {
+    /* The cap is the pool's, the cached segments each arena's: what the other arenas hold
+     * free counts against this one's request until they give it back (a's own go in its
+     * retry chain). Their locks are free to take: a's is dropped around this call. */
+    size_t back = 0;
+    for (int i = 0; i < ebb__hp.npin; i++)
+      if (&ebb__hp.pin[i] != a) back += ebb__arena_trim(&ebb__hp.pin[i]);
+    if (back) st = ebb__pin_charge(a, bytes);
+  }
   if (st) return st;
   void *p = NULL;
   if (a->numa_node < 0) {

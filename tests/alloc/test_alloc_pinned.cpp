@@ -335,4 +335,25 @@ TEST_CASE("pinned: the pinned_max_bytes cap refuses with ELIMIT and a clear mess
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// The cap is the whole pinned pool's, and each arena (a NUMA node's, the driver-placed one)
+// caches its own free segments: what one holds free must make room for another's request.
+TEST_CASE("pinned: free segments cached by one pinned arena make room under the cap for another",
+          "[alloc][pinned][cap]") {
+  EbbSession session;
+  void *a = nullptr, *b = nullptr;
+  EBB_REQUIRE_OK(ebb_pinned_alloc(6 * MiB, 0, &a)); // device 0's NUMA node
+  EBB_REQUIRE_OK(ebb_pinned_free(a));               // cached there, still counted
+  CHECK(pstats().reserved_bytes.current == 6 * MiB);
+  EBB_REQUIRE_OK(ebb_pinned_alloc(6 * MiB, -1, &b)); // the driver-placed arena
+  CHECK(pstats().reserved_bytes.current == 6 * MiB);
+  CHECK(pstats().num_ooms == 0);
+  EBB_REQUIRE_OK(ebb_pinned_free(b));
+  EBB_REQUIRE_OK(ebb_pinned_alloc(6 * MiB, 1, &a)); // and back to a node's arena
+  EBB_REQUIRE_OK(ebb_pinned_free(a));
+  CHECK(pstats().num_ooms == 0);
+  EBB_REQUIRE_OK(ebb_pinned_debug_check());
+  EBB_REQUIRE_OK(ebb_pinned_empty_cache());
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 #endif
