@@ -641,9 +641,53 @@ static size_t ebb__fidx_largest(const struct ebb__fidx *x) {
 
 /* ---- spools (per allocation stream) -------------------------------------------------------- */
 
+/* Whether the stream the arena kept in r is still that live stream: after its release its slot
+ * can hold a newer stream, hence the id check. Lock-free (streams_export.h). */
+static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
+  uint64_t id = 0;
+  int dev = -1;
+  return ebb__stream_peek(r->s, &id, &dev) && id == r->id;
+}
+
+/* Frees the spools of released streams that hold nothing: no block in their free indexes, no
+ * block or slab of theirs in use. A program that makes a stream per step would otherwise keep
+ * one spool (~3 KiB with its slab lists) per stream it ever made, and every scan over them
+ * (stream lookups, steals) would grow with it. A released stream's free blocks and cached
+ * slabs keep its spool until other streams steal them or empty_cache gives them back. Lock
+ * held. */
+static void ebb__spool_reap(struct ebb__arena *a) {
+  for (size_t i = 0; i < a->nspools;) {
+    struct ebb__spool *sp = a->spools[i];
+    bool empty = !sp->nlive;
+    for (int p = 0; p < EBB__NPOOLS; p++) empty = empty && !sp->pools[p].count;
+    if (!empty || ebb__ref_live(&sp->stream)) {
+      i++;
+      continue;
+    }
+    if (a->last_spool == sp) a->last_spool = NULL;
+    if (a->unpin_sp == sp) a->unpin_sp = NULL;
+    free(sp->slab_cls);
+    free(sp);
+    a->spools[i] = a->spools[--a->nspools];
+  }
+}
+
+/* White-box (tests/alloc): the spools and pending-free queues device `device`'s arena holds. */
+EBB_HIDDEN void ebb__arena_debug_counts(int device, size_t *nspools, size_t *nevqs);
+void ebb__arena_debug_counts(int device, size_t *nspools, size_t *nevqs) {
+  struct ebb__arena *a = ebb__arena_nth(device);
+  *nspools = *nevqs = 0;
+  if (!a) return;
+  ebb__lock(&a->mu);
+  *nspools = a->nspools;
+  *nevqs = a->nevqs;
+  ebb__unlock(&a->mu);
+}
+
 struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s) {
   for (size_t i = 0; i < a->nspools; i++)
     if (a->spools[i]->stream.id == s->id) return a->last_spool = a->spools[i];
+  ebb__spool_reap(a); /* a new stream: the released ones' spools that hold nothing go first */
   if (a->nspools == a->capspools) {
     size_t nc = a->capspools ? a->capspools * 2 : 8;
     struct ebb__spool **ns = realloc(a->spools, nc * sizeof *ns);
@@ -660,6 +704,7 @@ struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__s
     ebb_list_init(&sp->pools[p].big);
   }
   sp->slab_cls = NULL;
+  sp->nlive = 0;
   a->spools[a->nspools++] = sp;
   return a->last_spool = sp;
 }
@@ -715,6 +760,7 @@ EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, b
   ebb__stat_sub(&a->c.s.active_bytes, b->size);
   bool counted = ebb__seg_is_split(g);
   size_t nf0 = g->nfree, fb0 = g->free_bytes;
+  b->spool->nlive--;
   b->state = EBB__B_FREE;
   b->nuses = 0;
   g->nfree++;
@@ -774,24 +820,37 @@ void ebb__ev_destroy(ebb_event_t *e) {
   ebb_event_release(e);
 }
 
+/* Moves queue *src to *dst: the list's sentinel moves, so its ends are pointed at the new one. */
+static void ebb__evq_move(struct ebb__evq *dst, const struct ebb__evq *src) {
+  dst->stream_id = src->stream_id;
+  if (ebb_list_empty(&src->q)) {
+    ebb_list_init(&dst->q);
+    return;
+  }
+  dst->q = src->q;
+  dst->q.next->prev = &dst->q;
+  dst->q.prev->next = &dst->q;
+}
+
 struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id) {
   for (size_t i = 0; i < a->nevqs; i++)
     if (a->evqs[i].stream_id == stream_id) return &a->evqs[i];
   if (a->nevqs == a->capevqs) {
+    /* Full: empty queues go first (a queue is only its stream's id when empty), so streams
+     * made per step and released leave no trace here. */
+    size_t k = 0;
+    for (size_t i = 0; i < a->nevqs; i++)
+      if (!ebb_list_empty(&a->evqs[i].q)) {
+        if (k != i) ebb__evq_move(&a->evqs[k], &a->evqs[i]);
+        k++;
+      }
+    a->nevqs = k;
+  }
+  if (a->nevqs == a->capevqs) {
     size_t nc = a->capevqs ? a->capevqs * 2 : 8;
     struct ebb__evq *nq = malloc(nc * sizeof *nq);
     if (!nq) return NULL;
-    /* The queues' sentinels move: rebuild each list around its new head. */
-    for (size_t i = 0; i < a->nevqs; i++) {
-      nq[i].stream_id = a->evqs[i].stream_id;
-      if (ebb_list_empty(&a->evqs[i].q)) {
-        ebb_list_init(&nq[i].q);
-      } else {
-        nq[i].q = a->evqs[i].q;
-        nq[i].q.next->prev = &nq[i].q;
-        nq[i].q.prev->next = &nq[i].q;
-      }
-    }
+    for (size_t i = 0; i < a->nevqs; i++) ebb__evq_move(&nq[i], &a->evqs[i]);
     free(a->evqs);
     a->evqs = nq;
     a->capevqs = nc;
@@ -1152,6 +1211,7 @@ static size_t ebb__x_hole(struct ebb__arena *a, struct ebb__segment *g, struct e
   b->addr = lo;
   b->size = hole;
   b->state = EBB__B_UNMAPPED;
+  b->spool = NULL; /* nobody's: a growth into it names its stream */
   g->nfree += (nh != NULL) + (nt != NULL) - 1; /* b left the free blocks, its pieces joined */
   g->free_bytes -= hole;
   g->unmapped += hole;
@@ -1399,8 +1459,10 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed,
       g->nblocks++;
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
       if (EBB_UNLIKELY(aside)) {
-        /* Counted free, but in no index and merging with nothing until ebb__aside_settle. */
+        /* Counted free, but in no index and merging with nothing until ebb__aside_settle; sp's
+         * already (the old owner's spool may go meanwhile: ebb__spool_reap). */
         nb->state = EBB__B_ASIDE;
+        nb->spool = sp;
         *aside = nb;
       } else if (indexed) {
         ebb__index_replace(a, b, nb); /* nb follows b in order */
@@ -1425,6 +1487,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed,
     ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
   }
   b->spool = sp;
+  sp->nlive++;
   if (slab) { /* slab.c counts and records the slots, not the slab */
     b->state = EBB__B_CARVED;
     b->requested = 0;
@@ -1602,14 +1665,6 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout);
 
-/* Whether the stream the arena kept in r is still that live stream: after its release its slot
- * can hold a newer stream, hence the id check. Lock-free (streams_export.h). */
-static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
-  uint64_t id = 0;
-  int dev = -1;
-  return ebb__stream_peek(r->s, &id, &dev) && id == r->id;
-}
-
 /* Makes stream `to` wait on the device for the work issued so far to `from`: an event recorded
  * on it while it is the live stream it was, else the event its release recorded (a stream
  * released after using memory of this arena: a training step that makes a stream per call).
@@ -1671,6 +1726,7 @@ ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const
 void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
   EBB_ASSERT(b->state == EBB__B_SLAB || b->state == EBB__B_CARVED);
+  b->spool->nlive--;
   b->slab = NULL;
   ebb__seg_split_stat(a, g, false);
   b->state = EBB__B_FREE;
@@ -1912,7 +1968,7 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
       continue;
     }
     int state = b->state;
-    uint64_t base = b->addr, sid = b->spool->stream.id;
+    uint64_t base = b->addr, sid = b->spool ? b->spool->stream.id : 0; /* (a hole is nobody's) */
     size_t size = b->size;
     ebb__unlock(&a->mu);
     return ebb__explain_in(fn, ptr, kind, a, state, base, size, sid);
@@ -2149,6 +2205,30 @@ done:
   return st;
 }
 
+/* Every block's spool is one the arena holds (a hole's is none), and each spool counts at least
+ * its blocks in use (ebb__spool_reap frees one only at zero; a slab being made on another thread
+ * counts one more while that thread has the lock dropped). Lock held. */
+static ebb_status ebb__spool_check(struct ebb__arena *a, const char *fn) {
+  size_t *inuse = calloc(a->nspools + 1, sizeof *inuse);
+  if (!inuse) return EBB_OK; /* no host memory for the tally: this part of the walk is skipped */
+  ebb_status st = EBB_OK;
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next)
+    for (const struct ebb__block *b = ebb_container_of(n, struct ebb__segment, node)->first; b; b = b->next) {
+      if (b->state == EBB__B_UNMAPPED) continue;
+      size_t i = 0;
+      while (i < a->nspools && a->spools[i] != b->spool) i++;
+      EBB__CHECK(i < a->nspools, "%s: %s: block 0x%" PRIx64 " (state %d) names a stream pool the arena no longer holds", fn,
+                 a->label, b->addr, b->state);
+      inuse[i] += b->state != EBB__B_FREE && b->state != EBB__B_ASIDE;
+    }
+  for (size_t i = 0; i < a->nspools; i++)
+    EBB__CHECK(a->spools[i]->nlive >= inuse[i], "%s: %s: stream %" PRIu64 "'s pool counts %zu blocks in use, the walk found %zu",
+               fn, a->label, a->spools[i]->stream.id, a->spools[i]->nlive, inuse[i]);
+done:
+  free(inuse);
+  return st;
+}
+
 ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   ebb_status st = EBB_OK;
   ebb__lock(&a->mu);
@@ -2257,6 +2337,7 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
       indexed += c;
     }
   EBB__CHECK(indexed == nfree, "%s: %s: %zu free blocks but %zu indexed", fn, a->label, nfree, indexed);
+  if ((st = ebb__spool_check(a, fn))) goto done;
   if ((st = ebb__slab_check_classes(a, fn))) goto done;
   EBB__CHECK(pend_events == a->npending, "%s: %s: %zu pending events, blocks expect %zu", fn, a->label, a->npending, pend_events);
   const ebb_arena_stats *s = &a->c.s;

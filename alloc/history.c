@@ -472,6 +472,13 @@ static void ebb__snap_block(struct ebb__sbuf *segs, bool *bfirst, uint64_t addr,
   ebb__sb_put(segs, "}", 1);
 }
 
+/* The stream a segment is shown under: its first mapped block's (a hole is nobody's). */
+static uint64_t ebb__seg_stream(const struct ebb__segment *g) {
+  for (const struct ebb__block *b = g->first; b; b = b->next)
+    if (b->spool) return b->spool->stream.id;
+  return 0;
+}
+
 /* Appends the arena's segments (each preceded by a comma when *first is false) to `segs`. Lock
  * held. */
 static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, bool *first) {
@@ -500,8 +507,7 @@ static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, boo
     ebb__sb_printf(segs,
                    "%s{\"device\":%d,\"address\":%" PRIu64 ",\"total_size\":%zu,\"allocated_size\":%" PRIu64
                    ",\"active_size\":%" PRIu64 ",\"requested_size\":%" PRIu64 ",\"stream\":%" PRIu64,
-                   *first ? "" : ",", a->device, g->base, g->size - g->unmapped, alloc, active, req,
-                   g->first->spool->stream.id);
+                   *first ? "" : ",", a->device, g->base, g->size - g->unmapped, alloc, active, req, ebb__seg_stream(g));
     ebb__sb_printf(segs, ",\"segment_type\":\"%s\",\"segment_pool_id\":[0,0],\"is_expandable\":%s,\"frames\":[],\"blocks\":[",
                    g->pool == EBB__POOL_SMALL ? "small" : "large", g->expandable ? "true" : "false");
     *first = false;
