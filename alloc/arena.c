@@ -1674,10 +1674,11 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
 static ebb_status ebb__order_after(ebb_stream_t *to, const struct ebb__stream_ref *from, ebb_event_t **ev) {
   if (ebb__ref_live(from)) {
     ebb_status st = *ev ? EBB_OK : ebb__ev_create(from->device, ev);
-    if (!st) st = ebb_event_record(*ev, from->s);
-    if (!st) st = ebb_event_wait(*ev, to);
+    /* Its owner may release it meanwhile: the record is made only while it is live, else
+     * EBB_EFREED, and its release event covers it. */
+    if (!st) st = ebb__event_record_live(*ev, from->s, from->id);
+    if (!st) return ebb_event_wait(*ev, to);
     if (st != EBB_EFREED) return st;
-    /* Released between the check and the record: its release event covers it. */
   }
   return ebb__stream_wait_released(to, from->device, from->id);
 }
@@ -1829,10 +1830,8 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
 /* Records ev after the work issued so far to the stream that used a block: on the stream while
  * it is the live stream it was, else after the event its release recorded. Lock not held. */
 static ebb_status ebb__record_use(ebb_event_t *ev, const struct ebb__stream_ref *u) {
-  if (ebb__ref_live(u)) {
-    ebb_status st = ebb_event_record(ev, u->s);
-    if (st != EBB_EFREED) return st;
-  }
+  ebb_status st = ebb__event_record_live(ev, u->s, u->id); /* (its owner may release it meanwhile) */
+  if (st != EBB_EFREED) return st;
   return ebb__event_record_released(ev, u->device, u->id);
 }
 

@@ -411,6 +411,31 @@ ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
   return st ? st : ebb_event_record(e, h);
 }
 
+ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_t id) {
+  static const char fn[] = "ebb__event_record_live";
+  ebb_status st = ebb__check_event(fn, e);
+  if (st) return st;
+  uint64_t sid = 0;
+  int dev = -1;
+  if (!ebb__stream_peek(s, &sid, &dev) || sid != id) return EBB_EFREED; /* (slots are reused, ids never) */
+  if (dev != e->device)
+    return ebb__fail(EBB_EDEVICE, "%s: event %llu belongs to device %d but stream %llu to device %d", fn,
+                     (unsigned long long)e->id, e->device, (unsigned long long)id, dev);
+  struct ebb__dev *d = &ebb__st.dev[dev];
+  /* A release turns the stream released under tomb_mu and destroys its driver stream only
+   * after: while tomb_mu is held and the stream is still live, s->cu is its driver stream. */
+  ebb__mutex_lock(&d->tomb_mu);
+  if (!ebb__stream_peek(s, &sid, &dev) || sid != id) {
+    ebb__mutex_unlock(&d->tomb_mu);
+    return EBB_EFREED;
+  }
+  st = ebb_drv_event_record(e->cu, s->cu);
+  ebb__mutex_unlock(&d->tomb_mu);
+  /* relaxed: as in ebb_event_record. */
+  if (!st) atomic_store_explicit(&e->recorded, true, memory_order_relaxed);
+  return st;
+}
+
 ebb_status ebb_stream_release(ebb_stream_t *s) {
   ebb_status st = ebb__check_stream("ebb_stream_release", s);
   if (st) return st;

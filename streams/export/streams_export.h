@@ -38,4 +38,13 @@ EBB_HIDDEN ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device
  * contract on `id` as ebb__stream_wait_released; errors for a bad event or device. */
 EBB_HIDDEN ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id);
 
+/* Records event `e` on `s` if `s` is still the live stream whose id is `id`; EBB_EFREED, with
+ * nothing recorded, once it has been released (then ebb__event_record_released or
+ * ebb__stream_wait_released order after its work). The check and the record are one step
+ * against ebb_stream_release, so a release on another thread is seen either before the check or
+ * after the record, never between them (when the driver stream could already be destroyed).
+ * For modules that keep another caller's stream handle and id (the arena: the streams that last
+ * used a block) while its owner may release it. Errors for a bad event or another device's. */
+EBB_HIDDEN ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_t id);
+
 #endif /* EBB_STREAMS_EXPORT_H */

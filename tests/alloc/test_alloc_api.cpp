@@ -791,6 +791,59 @@ TEST_CASE("4 threads on 4 streams steal each other's free blocks", "[alloc][thre
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// Streams made per call on two threads: each new stream's first allocation steals a block the
+// other thread's stream freed, while that thread releases its stream; and a block recorded on a
+// stream is freed while the stream's owner releases it. The arena records its events on those
+// streams only while they are live (else after their release events): under TSan the record
+// raced the release's destruction of the driver stream.
+TEST_CASE("steals and recorded uses race the release of the streams they order after", "[alloc][threads]") {
+  EbbSession session;
+  std::atomic<int> failures{0};
+  auto churn = [&](int t) {
+    std::mt19937 rng(300 + t);
+    for (int i = 0; i < 1500; i++) {
+      ebb_stream_t *s = nullptr;
+      void *p = nullptr;
+      if (ebb_stream_create(0, EBB_PRIO_LOW, &s) != EBB_OK) {
+        failures++;
+        continue;
+      }
+      size_t bytes = (1 + rng() % 8) * MiB;
+      if (ebb_arena_alloc(0, bytes, s, &p) != EBB_OK || ebb_arena_free(p) != EBB_OK) failures++;
+      if (ebb_stream_release(s) != EBB_OK) failures++;
+    }
+  };
+  std::thread a(churn, 0), b(churn, 1);
+  a.join();
+  b.join();
+  CHECK(failures.load() == 0);
+  CHECK(stats(0).num_steals > 0);
+  ebb_stream_t *main_s = default_stream(0);
+  for (int i = 0; i < 300; i++) {
+    ebb_stream_t *s = nullptr;
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 2 * MiB, main_s, &p));
+    EBB_REQUIRE_OK(ebb_arena_record_stream(p, s));
+    std::atomic<int> go{0};
+    ebb_status fst = EBB_OK, rst = EBB_OK;
+    std::thread f([&] {
+      while (!go.load()) {}
+      fst = ebb_arena_free(p); // records its event on s, or after s's release event
+    });
+    go = 1;
+    rst = ebb_stream_release(s);
+    f.join();
+    if (fst || rst) failures++;
+  }
+  CHECK(failures.load() == 0);
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).allocated_bytes.current == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("shutdown releases leaked blocks and a later init starts clean", "[alloc]") {
   size_t free_before = 0, total = 0;
   {
