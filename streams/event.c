@@ -204,6 +204,12 @@ ebb_status ebb_event_query(ebb_event_t *e, bool *done) {
   ebb_status st = ebb__check_event("ebb_event_query", e);
   if (st) return st;
   if (!done) return ebb__fail(EBB_EINVAL, "ebb_event_query: done is NULL; expected a bool to fill");
+  /* Never recorded: complete (as CUDA), whatever a pooled driver event's previous owner left
+   * pending on it. */
+  if (!atomic_load_explicit(&e->recorded, memory_order_relaxed)) {
+    *done = true;
+    return EBB_OK;
+  }
   return ebb_drv_event_query(e->cu, done);
 }
 
@@ -214,6 +220,7 @@ static ebb_status ebb__event_park_cb(void *obj) { return ebb_drv_event_synchroni
 ebb_status ebb_event_synchronize(ebb_event_t *e) {
   ebb_status st = ebb__check_event("ebb_event_synchronize", e);
   if (st) return st;
+  if (!atomic_load_explicit(&e->recorded, memory_order_relaxed)) return EBB_OK; /* as ebb_event_query */
   return ebb__spin_then_park(e->cu, ebb__event_query_cb, ebb__event_park_cb);
 }
 

@@ -406,6 +406,37 @@ TEST_CASE("events: record, query, synchronize, wait, and a never-recorded event 
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// A new event's driver event may come from the pool with a record of its previous owner still
+// pending. Never recorded by its new owner, it must read as complete all the same.
+TEST_CASE("events: a never-recorded event is complete even when its pooled driver event is busy", "[streams][event]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  std::atomic<int> open{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(s, gate_host_fn, &open)); // holds s until opened
+  bool done = true;
+  for (int i = 0; i < 4; i++) { // leave a few driver events in the pool with pending records
+    ebb_event_t *old = nullptr;
+    EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &old));
+    EBB_REQUIRE_OK(ebb_event_record(old, s));
+    EBB_REQUIRE_OK(ebb_event_query(old, &done));
+    CHECK_FALSE(done);
+    EBB_REQUIRE_OK(ebb_event_release(old));
+  }
+  ebb_event_t *e = nullptr;
+  EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &e));
+  done = false;
+  EBB_REQUIRE_OK(ebb_event_query(e, &done));
+  CHECK(done);
+  if (!done) open.store(1, std::memory_order_release); // (else the synchronize would wait for ever)
+  EBB_REQUIRE_OK(ebb_event_synchronize(e)); // returns at once: the gate is still closed
+  open.store(1, std::memory_order_release);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s));
+  EBB_REQUIRE_OK(ebb_event_release(e));
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("events across devices: record needs the event's device, wait works from any device", "[streams][event]") {
   EbbSession session;
   if (!cpu_kernels()) EBB_SKIP("no CPU kernels on this driver");
