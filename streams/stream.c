@@ -184,7 +184,9 @@ static void ebb__streams_teardown(void *user) {
     struct ebb__dev *d = &ebb__st.dev[i];
     /* The devices are idle: every tomb's work is done, its event goes back before the pools go. */
     for (unsigned t = 0; t < d->ntombs; t++) ebb__drv_event_put(d, false, d->tombs[t].ev);
-    d->ntombs = 0;
+    free(d->tombs);
+    d->tombs = NULL;
+    d->ntombs = d->captombs = 0;
     ebb__mutex_destroy(&d->tomb_mu);
     ebb__copy_teardown(d);
     ebb__events_teardown(d);
@@ -346,29 +348,34 @@ ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **ou
  * for the whole device on the host. So release records a pooled event on the stream first and
  * keeps it, with the stream's id, as a tomb; ebb__stream_wait_released makes a stream wait on
  * it. Tombs are reaped (events back to the pool) when the table is full and their work is done;
- * when EBB__TOMBS released streams all still have work in flight, the oldest is waited for. */
+ * when every remembered stream still has work in flight, the table grows. */
 
-/* Adds the tomb of stream `id`; events of reaped tombs go to done[] (returned to the pool by
- * the caller, after tomb_mu). tomb_mu held. */
-static void ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *ev, struct CUevent_st **done,
+/* Adds the tomb of stream `id`; events of reaped tombs go to done[] (at most EBB__TOMBS of them,
+ * returned to the pool by the caller after tomb_mu). When every tomb's work is still in flight
+ * the table grows: waiting here would hold tomb_mu across that work, and a host function in it
+ * that releases a stream needs tomb_mu (a deadlock a review found once 64 released streams were
+ * busy). False: no host memory for the table (the caller waits for the stream instead). tomb_mu
+ * held. */
+static bool ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *ev, struct CUevent_st **done,
                                  unsigned *nd) {
-  if (d->ntombs == EBB__TOMBS) {
+  if (d->ntombs == d->captombs) {
     unsigned kept = 0;
     for (unsigned i = 0; i < d->ntombs; i++) {
       bool fin = false;
-      if (ebb_drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
+      if (*nd < EBB__TOMBS && ebb_drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
       else d->tombs[kept++] = d->tombs[i];
     }
     d->ntombs = kept;
-    if (kept == EBB__TOMBS) {
-      /* Every remembered stream still works: wait for the oldest (on the host, rarely). */
-      (void)ebb_drv_event_synchronize(d->tombs[0].ev);
-      done[(*nd)++] = d->tombs[0].ev;
-      memmove(d->tombs, d->tombs + 1, (EBB__TOMBS - 1) * sizeof *d->tombs);
-      d->ntombs--;
-    }
+  }
+  if (d->ntombs == d->captombs) {
+    unsigned nc = d->captombs ? d->captombs * 2 : EBB__TOMBS;
+    struct ebb__tomb *nt = nc > d->captombs ? realloc(d->tombs, nc * sizeof *nt) : NULL;
+    if (!nt) return false;
+    d->tombs = nt;
+    d->captombs = nc;
   }
   d->tombs[d->ntombs++] = (struct ebb__tomb){id, ev};
+  return true;
 }
 
 /* Makes driver stream `cu` wait for the tomb of stream `id`, if it has one (none: its work is
@@ -463,9 +470,7 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
     return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was released by ebb_stream_release; expected a live stream",
                      (unsigned long long)s->id, s->device);
   }
-  if (ev && ebb_drv_event_record(ev, s->cu) == EBB_OK) {
-    ebb__tomb_add_locked(d, s->id, ev, done, &nd);
-  } else {
+  if (!ev || ebb_drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
     (void)ebb_drv_stream_synchronize(s->cu);
     if (ev) done[nd++] = ev;
   }

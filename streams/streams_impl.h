@@ -38,7 +38,8 @@
  * so a stale handle stays detectable for at least this many later releases. */
 #define EBB__SLOT_QUARANTINE 1024u
 #define EBB__SLAB_OBJECTS 64u
-/* Released streams whose last work is remembered per device (struct ebb__tomb). */
+/* Released streams remembered per device at first (struct ebb__tomb; the table grows), and the
+ * most tombs one release reaps. */
 #define EBB__TOMBS 64u
 #define EBB__CACHE_LINE 64
 
@@ -156,8 +157,8 @@ struct ebb__dev {
 
   _Alignas(EBB__CACHE_LINE) ebb_mutex tomb_mu;   /* protects tombs (a leaf: held across seam
                                                     calls only, which take no ebb lock) */
-  struct ebb__tomb tombs[EBB__TOMBS];            /* oldest first */
-  unsigned ntombs;
+  struct ebb__tomb *tombs;                       /* oldest first; grown when all are busy */
+  unsigned ntombs, captombs;
 
   _Alignas(EBB__CACHE_LINE) ebb_mutex event_mu;  /* protects event_slots and drv_events */
   struct ebb__slot_pool event_slots;

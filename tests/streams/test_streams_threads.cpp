@@ -91,3 +91,40 @@ TEST_CASE("threads: 8 threads create, use and release streams and events concurr
   CHECK(st.event_pool_hits > 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// More released streams still busy than the first tomb table holds (64), behind one gate, and a
+// host function in that very work that releases a stream. A release must never wait for other
+// released streams' work while holding what that host function needs (it did when the table was
+// full: the 65th release waited for the gated stream under the tomb lock, and the host function
+// waited for that lock).
+TEST_CASE("threads: releases past the tomb table while a host function in the pending work releases a stream",
+          "[streams][threads]") {
+  EbbSession session;
+  std::vector<ebb_stream_t *> ss(66);
+  for (auto &x : ss) EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &x));
+  struct RelArgs {
+    ebb_stream_t *s;
+    std::atomic<int> result;
+  };
+  RelArgs ra{nullptr, {0}};
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &ra.s));
+  std::atomic<int> open{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(ss[0], gate_host_fn, &open));
+  EBB_REQUIRE_OK(ebb_stream_host_func(
+      ss[0],
+      [](void *u) {
+        auto *r = static_cast<RelArgs *>(u);
+        r->result.store(ebb_stream_release(r->s) == EBB_OK ? 1 : 2);
+      },
+      &ra));
+  for (size_t i = 1; i < ss.size(); i++) EBB_REQUIRE_OK(ebb_stream_wait_stream(ss[i], ss[0]));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    open.store(1, std::memory_order_release);
+  });
+  for (auto *s : ss) EBB_REQUIRE_OK(ebb_stream_release(s)); // all busy behind the gate
+  opener.join();
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  CHECK(ra.result.load() == 1);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
