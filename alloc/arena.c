@@ -658,7 +658,7 @@ static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
 static void ebb__spool_reap(struct ebb__arena *a) {
   for (size_t i = 0; i < a->nspools;) {
     struct ebb__spool *sp = a->spools[i];
-    bool empty = !sp->nlive;
+    bool empty = !sp->nlive && !sp->nmaking;
     for (int p = 0; p < EBB__NPOOLS; p++) empty = empty && !sp->pools[p].count;
     if (!empty || ebb__ref_live(&sp->stream)) {
       i++;
@@ -704,7 +704,7 @@ struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__s
     ebb_list_init(&sp->pools[p].big);
   }
   sp->slab_cls = NULL;
-  sp->nlive = 0;
+  sp->nlive = sp->nmaking = 0;
   a->spools[a->nspools++] = sp;
   return a->last_spool = sp;
 }
@@ -2204,9 +2204,8 @@ done:
   return st;
 }
 
-/* Every block's spool is one the arena holds (a hole's is none), and each spool counts at least
- * its blocks in use (ebb__spool_reap frees one only at zero; a slab being made on another thread
- * counts one more while that thread has the lock dropped). Lock held. */
+/* Every block's spool is one the arena holds (a hole's is none), and each spool counts exactly
+ * its blocks in use (ebb__spool_reap frees one only at zero). Lock held. */
 static ebb_status ebb__spool_check(struct ebb__arena *a, const char *fn) {
   size_t *inuse = calloc(a->nspools + 1, sizeof *inuse);
   if (!inuse) return EBB_OK; /* no host memory for the tally: this part of the walk is skipped */
@@ -2221,7 +2220,7 @@ static ebb_status ebb__spool_check(struct ebb__arena *a, const char *fn) {
       inuse[i] += b->state != EBB__B_FREE && b->state != EBB__B_ASIDE;
     }
   for (size_t i = 0; i < a->nspools; i++)
-    EBB__CHECK(a->spools[i]->nlive >= inuse[i], "%s: %s: stream %" PRIu64 "'s pool counts %zu blocks in use, the walk found %zu",
+    EBB__CHECK(a->spools[i]->nlive == inuse[i], "%s: %s: stream %" PRIu64 "'s pool counts %zu blocks in use, the walk found %zu",
                fn, a->label, a->spools[i]->stream.id, a->spools[i]->nlive, inuse[i]);
 done:
   free(inuse);

@@ -117,8 +117,9 @@ struct ebb__spool {
   struct ebb__stream_ref stream;
   struct ebb__fidx pools[EBB__NPOOLS];
   struct ebb__slab_cls *slab_cls; /* slab.c: per size class; NULL until the stream's first slot */
-  size_t nlive; /* its blocks that are not free (handed out, pending, slabs), and slabs being
-                   made: while any is, or its indexes hold a block, the spool stays (ebb__spool_reap) */
+  size_t nlive;   /* its blocks that are not free (handed out, pending, slabs) */
+  size_t nmaking; /* slabs slab.c is making for it with the lock dropped (no block yet) */
+  /* While either count is not 0, or its indexes hold a block, the spool stays (ebb__spool_reap). */
 };
 
 struct ebb__segment;

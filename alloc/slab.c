@@ -562,14 +562,14 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     break;
   }
   uint32_t n = ebb__slab_nslots(r, k->nslabs); /* read under the lock: other threads make slabs too */
-  sp->nlive++; /* sp stays while the lock is dropped (ebb__spool_reap) */
+  sp->nmaking++; /* sp stays while the lock is dropped (ebb__spool_reap) */
   ebb__unlock(&a->mu);
   /* A new slab: the engine carves its block with the lock its own (it may drop it to grow or to
    * order a stolen block); the block is ours alone until it is entered in the map. */
   struct ebb__block *b = NULL;
   ebb_status bst = ebb__arena_alloc_slab_block(a, (size_t)n * r, s, &b);
   ebb__lock(&a->mu);
-  sp->nlive--;
+  sp->nmaking--;
   if (bst != EBB_OK) {
     ebb__unlock(&a->mu);
     return ebb__arena_alloc_block(a, bytes, s, out);
