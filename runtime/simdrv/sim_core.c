@@ -174,11 +174,23 @@ static bool parse_nonneg(const char *s, double *out) {
   return true;
 }
 
+/* EBB_SIM_PERTURB: a decimal seed, 0 (off) up to 2^64-1; no sign, no junk. */
+static bool parse_seed(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  if (s[0] < '0' || s[0] > '9') return false; /* strtoull would accept " -1" as 2^64-1 */
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end) return false;
+  *out = (uint64_t)v;
+  return true;
+}
+
 static void init_body(void) {
   const char *e;
   int ndev = 2;
   size_t mem = (size_t)8 << 30;
   double gbps = 0, launch_us = 0;
+  uint64_t perturb = 0;
   /* A bad setting fails cuInit loudly rather than silently simulating something else. */
   if ((e = getenv("EBB_SIM_DEVICES")) && !parse_devices(e, &ndev)) {
     fprintf(stderr, "ebb simdrv: EBB_SIM_DEVICES='%s' is not an integer in 1..%d\n", e, SIM_MAX_DEVICES);
@@ -200,11 +212,17 @@ static void init_body(void) {
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
+  if ((e = getenv("EBB_SIM_PERTURB")) && !parse_seed(e, &perturb)) {
+    fprintf(stderr, "ebb simdrv: EBB_SIM_PERTURB='%s' is not a seed (an integer in 0..2^64-1; 0 is off)\n", e);
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   sim.ndev = ndev;
   sim.mem_capacity = mem;
   sim.copy_gbps = gbps;
   sim.launch_ns = (int64_t)(launch_us * 1000.0);
+  sim.perturb_seed = perturb;
   sim.ncores = cores > 0 ? (int)cores : 1;
   for (int i = 0; i < ndev; i++) {
     struct sim_device *d = &sim.dev[i];

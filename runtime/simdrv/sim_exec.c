@@ -16,6 +16,14 @@
  * waits spin on them without the lock before parking on the device's condition variable. Commands
  * come from a free list (no malloc per launch once warm); engines are woken (a futex) only when
  * parked.
+ *
+ * Perturbation (EBB_SIM_PERTURB=<seed>): each engine command that reaches its stream's head
+ * becomes eligible only after a random delay (none for a quarter of them, else up to about 2 ms,
+ * log-uniform), and an engine picks at random among its eligible streams of the highest priority
+ * that has any. Work of one stream still runs in issue order and waits still order, so everything
+ * CUDA guarantees holds; what it leaves open (the order and timing of independent streams' work,
+ * copies of one device on one copy engine included) varies from run to run, and a missing event
+ * shows up as wrong data. The random state lives under sched and is seeded once at cuInit.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -34,6 +42,7 @@ enum sim_cmd_kind { SIM_CMD_KERNEL, SIM_CMD_MEMSET, SIM_CMD_COPY, SIM_CMD_HOSTFN
 #define SIM_LOCK_SPIN 200     /* trylock attempts on the scheduler lock before blocking */
 #define SIM_COPY_PIECES 16    /* a modelled copy lands in this many pieces ... */
 #define SIM_COPY_MIN_PIECE ((size_t)64 << 10) /* ... of at least 64 KiB */
+#define SIM_PERTURB_LOG2_MAX_US 11 /* perturbation delays reach 2^11 us (about 2 ms) at most */
 
 struct sim_event;
 
@@ -67,6 +76,7 @@ struct sim_stream {
   struct ebb_list wait_link;   /* in a target stream's waiters */
   bool running, in_ready, in_waiters;
   bool zombie;                 /* destroyed with work pending: freed when the queue drains */
+  uint64_t ready_at;           /* perturbation: the head may run from this time on (0: at once) */
   uint64_t issued;             /* seq of the newest command; never reset, even on slot reuse */
   _Atomic uint64_t done;       /* seq of the newest retired command; never reset either */
 };
@@ -85,6 +95,7 @@ static pthread_mutex_t sched = PTHREAD_MUTEX_INITIALIZER;
 static struct ebb_list cmd_free = {&cmd_free, &cmd_free}; /* sched */
 static struct sim_table stream_table = SIM_TABLE_INIT(SIM_TAG_STREAM, struct sim_stream);
 static struct sim_table event_table = SIM_TABLE_INIT(SIM_TAG_EVENT, struct sim_event);
+static uint64_t perturb_rng; /* sched: xorshift64* state, seeded from EBB_SIM_PERTURB */
 
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -114,6 +125,12 @@ static void sleep_until(uint64_t deadline_ns) {
   }
 }
 
+/* Waits on `cv` until signalled or CLOCK_MONOTONIC reaches deadline_ns (engine cvs use that clock). */
+static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t deadline_ns) {
+  struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u), .tv_nsec = (long)(deadline_ns % 1000000000u)};
+  pthread_cond_timedwait(cv, m, &ts); /* a timeout, a signal and a spurious wake all mean: look again */
+}
+
 /* Takes the scheduler lock, spinning briefly first: critical sections are a few list moves, so
  * a launch that meets an engine inside one waits a few hundred nanoseconds in user space rather
  * than sleeping in the kernel (a plain pthread_mutex_lock would futex-wait on every collision). */
@@ -141,6 +158,36 @@ static struct sim_cmd *cmd_alloc(void) {
 }
 
 static void cmd_free_one(struct sim_cmd *c) { ebb_list_insert_head(&cmd_free, &c->link); }
+
+/* ---------------------------------------------------------------- perturbation */
+
+/* splitmix64: spreads a small seed (1, 2, 3 ...) over the whole state, which xorshift needs
+ * non-zero. */
+static uint64_t perturb_seed_state(uint64_t seed) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15u;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
+/* The next random number (xorshift64*). Caller holds sched. */
+static uint64_t perturb_next(void) {
+  perturb_rng ^= perturb_rng >> 12;
+  perturb_rng ^= perturb_rng << 25;
+  perturb_rng ^= perturb_rng >> 27;
+  return perturb_rng * 0x2545F4914F6CDD1Du;
+}
+
+/* How long a command that just reached its stream's head waits before an engine may take it.
+ * Log-uniform: mostly microseconds, sometimes a few hundred, rarely 2 ms, so a race window of any
+ * width gets hit without making a test suite of thousands of commands slow. Caller holds sched. */
+static uint64_t perturb_delay_ns(void) {
+  uint64_t r = perturb_next();
+  if ((r & 3) == 0) return 0;
+  unsigned k = (unsigned)((r >> 2) % (SIM_PERTURB_LOG2_MAX_US + 1));
+  return (r >> 16) % ((uint64_t)1000 << k);
+}
 
 /* ---------------------------------------------------------------- engines and scheduling */
 
@@ -215,6 +262,7 @@ static void stream_schedule(struct sim_stream *s) {
       return;
     }
     struct sim_engine *e = &s->dev->engines[c->engine];
+    s->ready_at = sim.perturb_seed ? sim_now_ns() + perturb_delay_ns() : 0;
     ebb_list_insert_tail(&e->ready[-s->prio], &s->ready_link);
     s->in_ready = true;
     /* relaxed: a hint for a spinning engine, which re-checks under sched */
@@ -224,8 +272,41 @@ static void stream_schedule(struct sim_stream *s) {
   }
 }
 
-/* The ready stream an engine should serve next: highest priority first, FIFO within one. */
-static struct sim_stream *engine_pick(struct sim_engine *e) {
+/* Perturbed pick: a random stream among those whose head is eligible now, of the highest
+ * priority that has one. None eligible: NULL, and *wake_at = when the first becomes eligible
+ * (0 when the engine has no ready stream at all). Caller holds sched. */
+static struct sim_stream *engine_pick_perturbed(struct sim_engine *e, uint64_t *wake_at) {
+  uint64_t now = sim_now_ns(), first = UINT64_MAX;
+  for (int p = SIM_NPRIO - 1; p >= 0; p--) {
+    unsigned eligible = 0;
+    for (struct ebb_list *n = e->ready[p].next; n != &e->ready[p]; n = n->next) {
+      struct sim_stream *s = ebb_container_of(n, struct sim_stream, ready_link);
+      if (s->ready_at <= now)
+        eligible++;
+      else if (s->ready_at < first)
+        first = s->ready_at;
+    }
+    if (!eligible) continue;
+    unsigned k = (unsigned)(perturb_next() % eligible);
+    for (struct ebb_list *n = e->ready[p].next;; n = n->next) {
+      struct sim_stream *s = ebb_container_of(n, struct sim_stream, ready_link);
+      if (s->ready_at > now) continue;
+      if (k-- == 0) {
+        ebb_list_remove(n);
+        s->in_ready = false;
+        return s;
+      }
+    }
+  }
+  *wake_at = first == UINT64_MAX ? 0 : first;
+  return NULL;
+}
+
+/* The ready stream an engine should serve next: highest priority first, FIFO within one (or the
+ * perturbed choice). NULL when none may run now; *wake_at as for engine_pick_perturbed. */
+static struct sim_stream *engine_pick(struct sim_engine *e, uint64_t *wake_at) {
+  *wake_at = 0;
+  if (sim.perturb_seed) return engine_pick_perturbed(e, wake_at);
   for (int p = SIM_NPRIO - 1; p >= 0; p--) {
     struct ebb_list *n = ebb_list_pop_head(&e->ready[p]);
     if (n) {
@@ -286,8 +367,9 @@ static void *engine_main(void *arg) {
   struct sim_engine *e = arg;
   sched_lock();
   for (;;) {
-    struct sim_stream *s = engine_pick(e);
-    if (!s) {
+    uint64_t wake_at;
+    struct sim_stream *s = engine_pick(e, &wake_at);
+    if (!s && !wake_at) {
       /* Spin a little outside the lock before parking, so back-to-back launches need no futex. */
       uint32_t k = atomic_load_explicit(&e->kick, memory_order_relaxed);
       uint64_t deadline;
@@ -295,13 +377,18 @@ static void *engine_main(void *arg) {
       for (unsigned i = 0; atomic_load_explicit(&e->kick, memory_order_relaxed) == k && spin_more(i, &deadline); i++) {
       }
       sched_lock();
-      s = engine_pick(e);
-      if (!s) {
-        e->parked = true;
+      s = engine_pick(e, &wake_at);
+    }
+    if (!s) {
+      /* Parked until a stream becomes ready (stream_schedule signals) or, perturbed, until the
+       * first delayed head becomes eligible. */
+      e->parked = true;
+      if (wake_at)
+        cond_wait_until(&e->cv, &sched, wake_at);
+      else
         pthread_cond_wait(&e->cv, &sched);
-        e->parked = false;
-        continue;
-      }
+      e->parked = false;
+      continue;
     }
     struct sim_cmd *c = ebb_container_of(s->queue.next, struct sim_cmd, link);
     s->running = true;
@@ -316,6 +403,11 @@ static void *engine_main(void *arg) {
 }
 
 void sim_exec_init_device(struct sim_device *d) {
+  /* Every device sets the same state: cuInit runs once, before any stream exists. */
+  perturb_rng = perturb_seed_state(sim.perturb_seed);
+  pthread_condattr_t mono;
+  pthread_condattr_init(&mono);
+  pthread_condattr_setclock(&mono, CLOCK_MONOTONIC); /* cond_wait_until's deadlines are monotonic */
   pthread_cond_init(&d->done_cv, NULL);
   d->host_waiters = 0;
   atomic_init(&d->pending, 0);
@@ -324,10 +416,11 @@ void sim_exec_init_device(struct sim_device *d) {
     e->dev = d;
     e->kind = k;
     e->started = e->parked = false;
-    pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->cv, &mono);
     atomic_init(&e->kick, 0);
     for (int p = 0; p < SIM_NPRIO; p++) ebb_list_init(&e->ready[p]);
   }
+  pthread_condattr_destroy(&mono);
 }
 
 /* ---------------------------------------------------------------- host waits */

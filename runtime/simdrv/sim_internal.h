@@ -129,6 +129,7 @@ struct sim_globals {
   size_t mem_capacity;
   double copy_gbps;            /* 0: copies take only their real time */
   int64_t launch_ns;           /* 0: kernels take only their real time */
+  uint64_t perturb_seed;       /* EBB_SIM_PERTURB; 0: off (streams' work runs as soon as it may) */
   int ncores;
   struct sim_device dev[SIM_MAX_DEVICES];
 };

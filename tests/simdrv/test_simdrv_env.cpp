@@ -1,5 +1,6 @@
-// test_simdrv_env.cpp: settings read at cuInit. test_simdrv_env runs with EBB_SIM_DEVICES=3 and
-// EBB_SIM_MEM=1G; test_simdrv_badenv with EBB_SIM_DEVICES=0 (EBB_SIMDRV_EXPECT_BAD_ENV=1).
+// test_simdrv_env.cpp: settings read at cuInit. test_simdrv_env runs with EBB_SIM_DEVICES=3,
+// EBB_SIM_MEM=1G and the largest EBB_SIM_PERTURB seed; test_simdrv_badenv with EBB_SIM_DEVICES=0,
+// test_simdrv_badperturb(_junk) with EBB_SIM_PERTURB=-1 and =7x (EBB_SIMDRV_EXPECT_BAD_ENV=1).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
