@@ -15,6 +15,12 @@ else
   bin="$here/../build/default/bin"
 fi
 
+# The emulated driver's perturbation mode (on in the test presets) adds random delays to every
+# command: figures taken with it say nothing about ebb.
+if [[ -n "${EBB_SIM_PERTURB:-}" && "${EBB_SIM_PERTURB}" != 0 ]]; then
+  echo "run.sh: EBB_SIM_PERTURB=${EBB_SIM_PERTURB} adds random delays to emulated work; unset it for figures" >&2
+fi
+
 status=0
 for b in launch event copy arena_fastpath pinned host stream_churn ops_elementwise ops_matmul ops_dispatch ops_reduce; do
   if ! "$bin/ebb-bench-$b" | grep '^bench='; then

@@ -49,6 +49,7 @@ static const config_var k_config[] = {
     {"EBB_SIM_MEM", "8 GiB", "memory capacity of each emulated device"},
     {"EBB_SIM_COPY_GBPS", "(off: copies run at memcpy speed)", "emulated link bandwidth"},
     {"EBB_SIM_LAUNCH_US", "(off: no launch latency)", "emulated launch latency"},
+    {"EBB_SIM_PERTURB", "(off: work runs as soon as it may)", "perturbation seed: independent streams' work shuffled"},
     {"EBB_STREAM_POOL_SIZE", "8", "pool streams per device and priority"},
     {"EBB_STAGING_CHUNK", "4194304", "bytes per pinned staging chunk"},
     {"EBB_STAGING_CHUNKS", "4", "pinned staging chunks per device"},
