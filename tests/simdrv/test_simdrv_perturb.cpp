@@ -45,20 +45,30 @@ void host_append(void *p) {
 
 TEST_CASE("perturbed: stream order and event order still hold", "[simdrv][perturb][order]") {
   const SimDrv &d = drv();
-  sim_setup();
-  CUfunction append = get_kernel("append");
-  constexpr int kStreams = 4, kBatch = 40;
+  int ndev = sim_setup();
+  constexpr int kStreams = 4, kBatch = 40, kEventsPerStream = 2;
   const int rounds = 2000 / kScale;
-  // A chain of rounds hops from stream to stream (of mixed priorities), each round waiting for
-  // the previous round's event and then appending to one shared log with a kernel (compute
-  // engine), a host function (host engine) or a D2D copy of the log's count (copy engine). Only
-  // the events order the shared log, so any reordering the mode allows beyond CUDA's shows up
-  // as a log out of order or a copy that saw the wrong count. Each stream also appends to its own
-  // log, with no waits between streams, for stream order.
+  // A chain of rounds hops from stream to stream (of mixed priorities, half of them on device 1
+  // when there is one), each round waiting for the previous round's event and then appending to
+  // one shared log with a kernel (compute engine), a host function (host engine) or a copy of the
+  // log's count (a copy engine). Only the events order the shared log, so any reordering beyond
+  // what CUDA allows shows up as a log out of order or a copy that saw the wrong count. Each
+  // stream also appends to its own log, with no waits between streams, for stream order.
   std::vector<CUstream> ss;
-  for (int i = 0; i < kStreams; i++) ss.push_back(make_stream(-(i % 3)));
-  std::vector<CUevent> evs(kStreams + 1);
-  for (CUevent &e : evs) CU_OK(d.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  std::vector<CUfunction> fn;  // the append kernel of each stream's device
+  std::vector<CUevent> evs;    // kEventsPerStream per stream, created in the stream's context
+  for (int i = 0; i < kStreams; i++) {
+    int dev = ndev > 1 ? i * 2 / kStreams : 0;
+    CU_OK(d.CtxSetCurrent(g_ctx[dev]));
+    ss.push_back(make_stream(-(i % 3)));
+    fn.push_back(get_kernel("append"));
+    for (int k = 0; k < kEventsPerStream; k++) {
+      CUevent e;
+      CU_OK(d.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+      evs.push_back(e);
+    }
+  }
+  CU_OK(d.CtxSetCurrent(g_ctx[0]));
   int *log = dev_ints(1 + rounds);
   int *marks = dev_ints(rounds);
   std::vector<int *> own;
@@ -66,37 +76,40 @@ TEST_CASE("perturbed: stream order and event order still hold", "[simdrv][pertur
   std::vector<AppendArgs> host_args(rounds);  // host functions read their argument when they run
   std::vector<int> want_marks(rounds, -1);
   int appended = 0;
+  CUevent prev = nullptr;
   for (int r = 0; r < rounds; r++) {
-    CUstream s = ss[r % kStreams];
-    AppendArgs mine{own[r % kStreams], r};
-    CU_OK(launch(append, s, &mine));
-    if (r > 0) CU_OK(d.StreamWaitEvent(s, evs[(r - 1) % evs.size()], 0));
+    int i = r % kStreams;
+    CUstream s = ss[i];
+    AppendArgs mine{own[i], r};
+    CU_OK(launch(fn[i], s, &mine));
+    if (prev) CU_OK(d.StreamWaitEvent(s, prev, 0));
     if (r % 3 == 0) {
       AppendArgs a{log, r};
-      CU_OK(launch(append, s, &a));
+      CU_OK(launch(fn[i], s, &a));
       appended++;
     } else if (r % 3 == 1) {
       host_args[r] = AppendArgs{log, r};
       CU_OK(d.LaunchHostFunc(s, host_append, &host_args[r]));
       appended++;
     } else {
-      want_marks[r] = appended;
-      CU_OK(d.MemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(marks + r), reinterpret_cast<CUdeviceptr>(log), sizeof(int), s));
+      want_marks[r] = appended;  // a peer copy when s is on device 1
+      CU_OK(d.MemcpyAsync(reinterpret_cast<CUdeviceptr>(marks + r), reinterpret_cast<CUdeviceptr>(log), sizeof(int), s));
     }
-    CU_OK(d.EventRecord(evs[r % evs.size()], s));
+    prev = evs[i * kEventsPerStream + (r / kStreams) % kEventsPerStream];
+    CU_OK(d.EventRecord(prev, s));
     if (r % kBatch == kBatch - 1) {
-      // The event completes after all the work before it, and the chain put every earlier round
-      // before it: synchronizing on it alone must leave the shared log complete.
-      CU_OK(d.EventSynchronize(evs[r % evs.size()]));
+      // The event completes after all the work before it on its stream, and the chain put every
+      // earlier round before that: synchronizing on it alone must leave the shared log complete.
+      CU_OK(d.EventSynchronize(prev));
       REQUIRE(__atomic_load_n(&log[0], __ATOMIC_ACQUIRE) == appended);
     }
   }
   for (CUstream s : ss) CU_OK(d.StreamSynchronize(s));
   REQUIRE(log[0] == appended);
-  int prev = -1, bad_log = 0;
-  for (int i = 0; i < appended; i++) {
-    if (log[1 + i] <= prev) bad_log++;
-    prev = log[1 + i];
+  int last = -1, bad_log = 0;
+  for (int k = 0; k < appended; k++) {
+    if (log[1 + k] <= last) bad_log++;
+    last = log[1 + k];
   }
   CHECK(bad_log == 0);
   int bad_marks = 0;
