@@ -25,9 +25,12 @@ struct ebb__storage {
   void *data;                /* arena or host-pool block; NULL for 0 bytes */
   size_t bytes;
   ebb_stream_t *stream;      /* allocation stream (device storage), NULL on the CPU */
+  uint64_t stream_id;        /* its id (0 on the CPU) */
   _Atomic uint64_t version;
-  /* Other streams already declared to the arena with ebb_arena_record_stream. */
-  _Atomic(ebb_stream_t *) used[EBB__STORAGE_USED];
+  /* Ids of other streams already declared to the arena with ebb_arena_record_stream; 0 is an
+   * empty entry (ids start at 1). Ids, not handles: a released stream's handle is reused by a
+   * later stream, which the arena has never heard of. */
+  _Atomic uint64_t used[EBB__STORAGE_USED];
 };
 
 struct ebb_tensor {

@@ -16,6 +16,7 @@
 
 #include "ebb_sync.h"
 #include "ops_impl.h"
+#include "streams_export.h"
 
 #define EBB__TENSOR_CHUNK 256
 #define EBB__TENSOR_QUARANTINE 4096
@@ -179,10 +180,27 @@ static void ebb__storage_put(struct ebb__storage *s) {
   free(s);
 }
 
+/* The id of the live stream `s`: one lock-free check (streams_export.h); anything else takes the
+ * public call for its message, prefixed with `fn`. Ids are never reused, handles are. */
+static ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id) {
+  int dev;
+  if (EBB_LIKELY(ebb__stream_peek(s, id, &dev))) return EBB_OK;
+  ebb_stream_info info;
+  ebb_status st = ebb_stream_get_info(s, &info);
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: %s", fn, why);
+  }
+  *id = info.id;
+  return EBB_OK;
+}
+
 /* Device storage is allocated on the calling thread's current stream of the device and
- * remembers it: that is the stream the arena orders its reuse on. */
+ * remembers it (handle and id): that is the stream the arena orders its reuse on. */
 static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
   ebb_stream_t *stream = NULL;
+  uint64_t sid = 0;
   if (device != EBB_DEVICE_CPU) {
     int n = 0;
     ebb_status st = ebb_dev_count(&n);
@@ -190,6 +208,7 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
     if (device < 0 || device >= n)
       return ebb__fail(EBB_EDEVICE, "%s: device %d does not exist; expected EBB_DEVICE_CPU (-1) or 0..%d", fn, device, n - 1);
     st = ebb_stream_current(device, &stream);
+    if (!st) st = ebb__stream_id_of(fn, stream, &sid);
     if (st) return st;
   }
   struct ebb__storage *s = calloc(1, sizeof *s);
@@ -205,22 +224,27 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
   s->data = p;
   s->bytes = bytes;
   s->stream = stream;
+  s->stream_id = sid;
   *out = s;
   return EBB_OK;
 }
 
-/* Declares `stream` to the arena as a user of s's block, once per stream (up to
- * EBB__STORAGE_USED streams remembered; beyond that every use is declared again). */
-static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream) {
-  if (s->device == EBB_DEVICE_CPU || !s->data || stream == s->stream) return EBB_OK;
+/* Declares `stream` (whose id is `sid`) to the arena as a user of s's block, once per stream (up
+ * to EBB__STORAGE_USED streams remembered; beyond that every use is declared again). Streams are
+ * told apart by id: a stream created after another's release may get its handle, and taking it
+ * for the old one would leave its use undeclared, so the block could be reused under it. */
+static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64_t sid) {
+  if (s->device == EBB_DEVICE_CPU || !s->data || sid == s->stream_id) return EBB_OK;
   for (int i = 0; i < EBB__STORAGE_USED; i++) {
-    ebb_stream_t *u = atomic_load_explicit(&s->used[i], memory_order_relaxed);
-    if (u == stream) return EBB_OK;
+    uint64_t u = atomic_load_explicit(&s->used[i], memory_order_relaxed);
+    if (u == sid) return EBB_OK;
     if (!u) {
       ebb_status st = ebb_arena_record_stream(s->data, stream);
       if (st) return st;
-      ebb_stream_t *expected = NULL;
-      atomic_compare_exchange_strong_explicit(&s->used[i], &expected, stream, memory_order_relaxed, memory_order_relaxed);
+      /* a racing thread may take the entry for another stream: that one is then declared
+       * again at its next use, which costs a call, never a missed declaration */
+      uint64_t expected = 0;
+      atomic_compare_exchange_strong_explicit(&s->used[i], &expected, sid, memory_order_relaxed, memory_order_relaxed);
       return EBB_OK;
     }
   }
@@ -355,8 +379,11 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
 }
 
 ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream) {
+  uint64_t sid;
+  ebb_status st = ebb__stream_id_of("ebb_arena_record_stream", stream, &sid);
+  if (st) return st;
   for (int i = 0; i < nops; i++) {
-    ebb_status st = ebb__storage_use(ops[i].t->st, stream);
+    st = ebb__storage_use(ops[i].t->st, stream, sid);
     if (st) return st;
   }
   return EBB_OK;
@@ -375,14 +402,16 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
   ebb_status st = ebb__kernel(kid, &k);
   if (st) return st;
   ebb_stream_t *s;
+  uint64_t sid;
   st = ebb_stream_current(device, &s);
+  if (!st) st = ebb__stream_id_of(fn, s, &sid);
   if (st) return st;
   ebb_buf reads[8], writes[4];
   int nr = 0, nw = 0;
   for (int i = 0; i < nops; i++) {
     struct ebb__storage *sg = ops[i].t->st;
     if (!sg->data) continue;
-    st = ebb__storage_use(sg, s);
+    st = ebb__storage_use(sg, s, sid);
     if (st) return st;
     ebb_buf b = {sg->data, sg->bytes};
     if (ops[i].write && nw < 4) writes[nw++] = b;
@@ -678,16 +707,20 @@ static ebb_status ebb__to_device(const char *fn, const ebb_tensor_t *t, int devi
       if (st) goto fail_dst;
       if (from != EBB_DEVICE_CPU) {
         ebb_stream_t *fs;
+        uint64_t fid;
         st = ebb_stream_current(from, &fs);
-        if (!st) st = ebb__storage_use(c->st, fs);
+        if (!st) st = ebb__stream_id_of(fn, fs, &fid);
+        if (!st) st = ebb__storage_use(c->st, fs, fid);
         if (st) goto fail_dst;
       }
       st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
       if (st) goto fail_dst;
     } else {
       /* onto the CPU: a CPU tensor is always ready, so wait for the copy */
+      uint64_t sid;
       st = ebb_stream_current(from, &s);
-      if (!st) st = ebb__storage_use(c->st, s);
+      if (!st) st = ebb__stream_id_of(fn, s, &sid);
+      if (!st) st = ebb__storage_use(c->st, s, sid);
       if (!st) st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
       if (!st) st = ebb_stream_synchronize(s);
       if (st) goto fail_dst;
@@ -758,8 +791,10 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   st = ebb_tensor_contiguous(t, &c);
   if (st) return st;
   ebb_stream_t *s;
+  uint64_t sid;
   st = ebb_stream_current(t->st->device, &s);
-  if (!st) st = ebb__storage_use(c->st, s);
+  if (!st) st = ebb__stream_id_of(fn, s, &sid);
+  if (!st) st = ebb__storage_use(c->st, s, sid);
   if (!st) st = ebb_copy_async(dst, ebb__tensor_ptr(c), bytes, s);
   if (!st) st = ebb_event_record(done, s);
   ebb__tensor_put(c);
