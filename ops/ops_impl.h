@@ -51,6 +51,10 @@ struct ebb_tensor {
 
 /* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, naming `fn` and `arg`. */
 EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
+/* For a failure of a call made on the user's behalf (another module's, or a public op that a
+ * composite op calls): rewrites the thread's last error as "fn: <it>" so the message starts with
+ * the call the user made, unless it does already. Returns st. */
+EBB_HIDDEN ebb_status ebb__fail_in(const char *fn, ebb_status st);
 /* "[2,3,4]" into buf (cap >= 16); returns buf. */
 EBB_HIDDEN const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap);
 #define EBB__SHAPE(t, buf) ebb__shape_str((t)->shape, (t)->ndim, (buf), sizeof(buf))
@@ -108,8 +112,8 @@ EBB_HIDDEN ebb_status ebb__launch(const char *fn, int kid, int device, const voi
                                   int nops, int64_t work);
 
 /* Declares to the arena the operands' use on `stream` (ebb_arena_record_stream where the stream
- * is not their allocation stream), for work enqueued without ebb__launch. */
-EBB_HIDDEN ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream);
+ * is not their allocation stream), for work enqueued without ebb__launch; failures name fn. */
+EBB_HIDDEN ebb_status ebb__operands_use(const char *fn, const ebb__operand *ops, int nops, ebb_stream_t *stream);
 /* GPU matmul through cuBLAS (blas_gpu.c) on stream `s` of `device`: EBB_ENOTSUP when cuBLAS is
  * not available (the caller then launches the plain CUDA kernel). */
 EBB_HIDDEN ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb__mm_args *g);

@@ -92,6 +92,16 @@ ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *
   return EBB_OK;
 }
 
+ebb_status ebb__fail_in(const char *fn, ebb_status st) {
+  if (!st) return EBB_OK; /* (a success leaves the last error alone) */
+  const char *e = ebb_last_error();
+  size_t n = strlen(fn);
+  if (strncmp(e, fn, n) == 0 && e[n] == ':') return st;
+  char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+  snprintf(why, sizeof why, "%s", e);
+  return ebb__fail(st, "%s: %s", fn, why[0] ? why : ebb_status_str(st));
+}
+
 const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
   size_t n = 0;
   n += (size_t)snprintf(buf + n, cap - n, "[");
@@ -187,11 +197,7 @@ static ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *i
   if (EBB_LIKELY(ebb__stream_peek(s, id, &dev))) return EBB_OK;
   ebb_stream_info info;
   ebb_status st = ebb_stream_get_info(s, &info);
-  if (st) {
-    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
-    snprintf(why, sizeof why, "%s", ebb_last_error());
-    return ebb__fail(st, "%s: %s", fn, why);
-  }
+  if (st) return ebb__fail_in(fn, st);
   *id = info.id;
   return EBB_OK;
 }
@@ -204,16 +210,18 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
   if (device != EBB_DEVICE_CPU) {
     int n = 0;
     ebb_status st = ebb_dev_count(&n);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     if (device < 0 || device >= n)
       return ebb__fail(EBB_EDEVICE, "%s: device %d does not exist; expected EBB_DEVICE_CPU (-1) or 0..%d", fn, device, n - 1);
     st = ebb_stream_current(device, &stream);
-    if (!st) st = ebb__stream_id_of(fn, stream, &sid);
+    if (st) return ebb__fail_in(fn, st);
+    st = ebb__stream_id_of(fn, stream, &sid);
     if (st) return st;
   }
   struct ebb__storage *s = calloc(1, sizeof *s);
   if (!s) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a storage record", fn);
   void *p = NULL;
+  /* (the caller rewrites a failure's message: it knows the tensor's shape and dtype) */
   ebb_status st = device == EBB_DEVICE_CPU ? ebb_host_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
   if (st) {
     free(s);
@@ -253,7 +261,39 @@ static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream,
 
 /* ---- handles -------------------------------------------------------------------------------- */
 
+/* "64 MiB", "1.5 GiB", "12 bytes". */
+static const char *ebb__bytes_str(size_t n, char *buf, size_t cap) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0) snprintf(buf, cap, "%zu bytes", n);
+  else snprintf(buf, cap, v == (double)(uint64_t)v ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+/* The message of a storage that could not be made, naming the user's call; an out-of-memory
+ * report also names the tensor (shape, dtype, bytes, device) before the allocator's report,
+ * whose own "ebb_arena_alloc: " / "ebb_host_alloc: " is dropped (the user did not call it). */
+static ebb_status ebb__storage_failed(const char *fn, ebb_status st, int device, ebb_dtype dt, int ndim, const int64_t *shape,
+                                      size_t bytes) {
+  if (st != EBB_ENOMEM) return ebb__fail_in(fn, st);
+  char why[512], sh[128], sz[32], dv[32];
+  const char *e = ebb_last_error();
+  if (strncmp(e, "ebb_arena_alloc: ", 17) == 0) e += 17;
+  else if (strncmp(e, "ebb_host_alloc: ", 16) == 0) e += 16;
+  snprintf(why, sizeof why, "%s", e);
+  return ebb__fail(st, "%s: out of memory for a %s %s tensor (%s) on %s: %s", fn, ebb__shape_str(shape, ndim, sh, sizeof sh),
+                   ebb_dtype_name(dt), ebb__bytes_str(bytes, sz, sizeof sz), ebb__dev_str(device, dv, sizeof dv), why);
+}
+
 ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  /* Checked here, before the runtime's own check (in the first call made for us) names that
+   * call instead of the user's. */
+  if (EBB_UNLIKELY(!ebb_is_initialized())) return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init() first", fn);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   if ((unsigned)dt >= EBB_DTYPE_COUNT) return ebb__fail(EBB_EINVAL, "%s: dtype %d is not an ebb_dtype", fn, (int)dt);
   ebb_status st = ebb__check_shape(fn, ndim, shape);
@@ -261,7 +301,7 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
   size_t bytes = (size_t)ebb__numel(shape, ndim) * ebb__dtype_size[dt];
   struct ebb__storage *s = NULL;
   st = ebb__storage_new(fn, device, bytes, &s);
-  if (st) return st;
+  if (st) return ebb__storage_failed(fn, st, device, dt, ndim, shape, bytes);
   ebb_tensor_t *t;
   st = ebb__record_get(fn, &t);
   if (st) {
@@ -378,13 +418,13 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   return EBB_OK;
 }
 
-ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream) {
+ebb_status ebb__operands_use(const char *fn, const ebb__operand *ops, int nops, ebb_stream_t *stream) {
   uint64_t sid;
-  ebb_status st = ebb__stream_id_of("ebb_arena_record_stream", stream, &sid);
+  ebb_status st = ebb__stream_id_of(fn, stream, &sid);
   if (st) return st;
   for (int i = 0; i < nops; i++) {
     st = ebb__storage_use(ops[i].t->st, stream, sid);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
   }
   return EBB_OK;
 }
@@ -400,11 +440,11 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
   }
   const ebb_kernel_t *k;
   ebb_status st = ebb__kernel(kid, &k);
-  if (st) return st;
   ebb_stream_t *s;
   uint64_t sid;
-  st = ebb_stream_current(device, &s);
-  if (!st) st = ebb__stream_id_of(fn, s, &sid);
+  if (!st) st = ebb_stream_current(device, &s);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb__stream_id_of(fn, s, &sid);
   if (st) return st;
   ebb_buf reads[8], writes[4];
   int nr = 0, nw = 0;
@@ -412,7 +452,7 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
     struct ebb__storage *sg = ops[i].t->st;
     if (!sg->data) continue;
     st = ebb__storage_use(sg, s, sid);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     ebb_buf b = {sg->data, sg->bytes};
     if (ops[i].write && nw < 4) writes[nw++] = b;
     else if (!ops[i].write && nr < 8) reads[nr++] = b;
@@ -564,7 +604,7 @@ ebb_status ebb_tensor_empty_named(int device, ebb_dtype dt, int ndim, const int6
   if (strlen(name) > EBB_TENSOR_NAME_MAX)
     return ebb__fail(EBB_EINVAL, "ebb_tensor_empty_named: name '%.32s...' is longer than %d bytes", name, EBB_TENSOR_NAME_MAX);
   ebb_status st = ebb_alloc_owner_push(cat, name);
-  if (st) return st;
+  if (st) return ebb__fail_in("ebb_tensor_empty_named", st);
   ebb_tensor_t *t = NULL;
   st = ebb__tensor_new("ebb_tensor_empty_named", device, dt, ndim, shape, &t);
   ebb_alloc_owner_pop();
@@ -626,7 +666,7 @@ ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_
       st = ebb_copy_async(t->st->data, src, bytes, t->st->stream);
       if (st) {
         ebb__tensor_put(t);
-        return st;
+        return ebb__fail_in(fn, st);
       }
     }
   }
@@ -733,7 +773,7 @@ fail_dst:
   ebb__tensor_put(r);
 fail_src:
   ebb__tensor_put(c);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
@@ -767,6 +807,11 @@ ebb_status ebb_tensor_to_host(const ebb_tensor_t *t, void *dst, size_t bytes) {
   return EBB_OK;
 }
 
+/* Everything that can be refused is checked before anything is enqueued (tensor.h: on failure
+ * nothing is enqueued and `done` is not recorded): the event (live, of t's device), dst, the
+ * stream, and the arena's record of the stream's use of t's storage. A non-contiguous t is first
+ * made contiguous by a kernel, and only then is the copy enqueued, followed by the record of
+ * `done`, which cannot be refused any more (its event and stream were checked just before). */
 ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t bytes, ebb_event_t *done) {
   const char *fn = "ebb_tensor_to_host_async";
   ebb_status st = ebb__tensor_check(t, fn, "t");
@@ -774,31 +819,41 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   st = ebb__check_host_dst(fn, t, dst, bytes);
   if (st) return st;
   if (!done) return ebb__fail(EBB_EINVAL, "%s: done is NULL; expected an event to record after the copy", fn);
-  if (t->st->device == EBB_DEVICE_CPU) return ebb_tensor_to_host(t, dst, bytes);
+  int edev;
+  st = ebb_event_device(done, &edev); /* a released event: EBB_EFREED, for a CPU tensor too */
+  if (st) return ebb__fail_in(fn, st);
+  if (t->st->device == EBB_DEVICE_CPU) {
+    st = ebb_tensor_to_host(t, dst, bytes);
+    return st ? ebb__fail_in(fn, st) : EBB_OK;
+  }
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: the tensor is empty; nothing to copy (use ebb_tensor_to_host)", fn);
   ebb_ptr_info pi;
   st = ebb_drv_ptr_info(dst, &pi);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (pi.type != EBB_MEMTYPE_PINNED)
     return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,
                      pi.type == EBB_MEMTYPE_DEVICE ? "device" : "pageable host");
-  int edev;
-  st = ebb_event_device(done, &edev);
-  if (st) return st;
   if (edev != t->st->device)
     return ebb__fail(EBB_EDEVICE, "%s: event done belongs to device %d but the tensor is on device %d", fn, edev, t->st->device);
-  ebb_tensor_t *c;
-  st = ebb_tensor_contiguous(t, &c);
-  if (st) return st;
   ebb_stream_t *s;
   uint64_t sid;
   st = ebb_stream_current(t->st->device, &s);
-  if (!st) st = ebb__stream_id_of(fn, s, &sid);
-  if (!st) st = ebb__storage_use(c->st, s, sid);
-  if (!st) st = ebb_copy_async(dst, ebb__tensor_ptr(c), bytes, s);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb__stream_id_of(fn, s, &sid);
+  if (st) return st;
+  /* The copy reads t's storage on s: declared before anything is enqueued. A contiguous copy
+   * made below lives on s already. */
+  if (ebb__is_contiguous(t)) {
+    st = ebb__storage_use(t->st, s, sid);
+    if (st) return ebb__fail_in(fn, st);
+  }
+  ebb_tensor_t *c;
+  st = ebb_tensor_contiguous(t, &c);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb_copy_async(dst, ebb__tensor_ptr(c), bytes, s);
   if (!st) st = ebb_event_record(done, s);
   ebb__tensor_put(c);
-  return st;
+  return st ? ebb__fail_in(fn, st) : EBB_OK;
 }
 
 /* ---- getters --------------------------------------------------------------------------------- */
@@ -1055,7 +1110,7 @@ ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int6
     return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: start %lld and length %lld do not fit dim %d of shape %s", (long long)start,
                      (long long)length, d, EBB__SHAPE(t, a));
   }
-  return ebb_tensor_slice(t, d, start, start + length, 1, out);
+  return ebb__fail_in("ebb_tensor_narrow", ebb_tensor_slice(t, d, start, start + length, 1, out));
 }
 
 ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
@@ -1113,7 +1168,7 @@ ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out
     return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: dim %d of shape %s has extent %lld; expected 1", d, EBB__SHAPE(t, a),
                      (long long)t->shape[d]);
   }
-  return ebb_tensor_select(t, d, 0, out);
+  return ebb__fail_in("ebb_tensor_squeeze", ebb_tensor_select(t, d, 0, out));
 }
 
 ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
@@ -1161,7 +1216,7 @@ ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) {
 ebb_status ebb_tensor_zero_(ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_zero_", "dst");
   if (st) return st;
-  return ebb_tensor_fill_(t, 0.0);
+  return ebb__fail_in("ebb_tensor_zero_", ebb_tensor_fill_(t, 0.0));
 }
 
 /* src may live on another device: it is first brought to dst's device (contiguous, through

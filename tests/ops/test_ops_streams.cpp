@@ -117,3 +117,48 @@ TEST_CASE("tensor streams: a new stream with the released allocation stream's ha
   late_read_on_reused_stream(true);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// tensor.h: "On failure nothing is enqueued and `done` is not recorded". Every refusal comes before
+// the copy: a released event (device and CPU tensors alike; before, a CPU tensor was copied and
+// the call succeeded, and a device tensor's message named the internal ebb_event_device), an
+// event of another device, pageable dst; dst keeps its bytes and the message names the call.
+TEST_CASE("tensor streams: ebb_tensor_to_host_async copies nothing when it fails", "[ops][tensor][streams]") {
+  EbbSession session;
+  const std::string fn = "ebb_tensor_to_host_async:";
+  for (int dev : {EBB_DEVICE_CPU, 0, 1}) {
+    INFO(dev_name(dev));
+    auto v = values(35, 7);
+    Tensor t = make(dev, EBB_F64, {5, 7}, v), tt;
+    EBB_REQUIRE_OK(ebb_tensor_transpose(t, 0, 1, tt.out()));
+    void *pin = nullptr;
+    EBB_REQUIRE_OK(ebb_pinned_alloc(35 * 8, dev == EBB_DEVICE_CPU ? 0 : dev, &pin));
+    std::memset(pin, 0x5a, 35 * 8);
+    ebb_event_t *dead = nullptr, *other = nullptr;
+    EBB_REQUIRE_OK(ebb_event_create(dev == EBB_DEVICE_CPU ? 0 : dev, EBB_EVENT_DEFAULT, &dead));
+    EBB_REQUIRE_OK(ebb_event_release(dead));
+    EBB_REQUIRE_OK(ebb_event_create(dev == 1 ? 0 : 1, EBB_EVENT_DEFAULT, &other));
+    for (const ebb_tensor_t *src : {t.get(), tt.get()}) {
+      EBB_CHECK_FAILS(ebb_tensor_to_host_async(src, pin, 35 * 8, dead), EBB_EFREED, "released");
+      CHECK(std::string(ebb_last_error()).rfind(fn, 0) == 0);
+      if (dev != EBB_DEVICE_CPU) {
+        EBB_CHECK_FAILS(ebb_tensor_to_host_async(src, pin, 35 * 8, other), EBB_EDEVICE, "event done belongs to device");
+        CHECK(std::string(ebb_last_error()).rfind(fn, 0) == 0);
+        bool done = false;
+        EBB_REQUIRE_OK(ebb_event_query(other, &done)); // never recorded: complete
+        CHECK(done);
+      }
+    }
+    if (dev != EBB_DEVICE_CPU) {
+      ebb_stream_t *s = nullptr;
+      EBB_REQUIRE_OK(ebb_stream_current(dev, &s));
+      EBB_REQUIRE_OK(ebb_stream_synchronize(s)); // anything enqueued would have landed by now
+    }
+    const unsigned char *p = static_cast<const unsigned char *>(pin);
+    size_t touched = 0;
+    for (size_t i = 0; i < 35 * 8; i++) touched += p[i] != 0x5a;
+    CHECK(touched == 0);
+    EBB_REQUIRE_OK(ebb_event_release(other));
+    EBB_REQUIRE_OK(ebb_pinned_free(pin));
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
