@@ -41,6 +41,9 @@ static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, b
   int d;
   if (!st) st = ebb__dim(fn, "dim", dim, t->ndim, &d);
   if (st) return ebb__fail_in(fn, st);
+  /* No elements (an empty dim, along `dim` or another): an empty result of t's shape, as
+   * PyTorch gives; the max along an empty dim, which amax refuses, is never needed. */
+  if (ebb__numel(t->shape, t->ndim) == 0) return ebb__tensor_new(fn, t->st->device, t->dtype, t->ndim, t->shape, out);
   ebb_tensor_t *m = NULL, *s = NULL, *e = NULL, *z = NULL, *lz = NULL;
   st = ebb_op_amax(t, &d, 1, true, &m);
   if (!st) st = ebb_op_sub(t, m, &s);
