@@ -69,8 +69,9 @@ EBB_HIDDEN void *ebb__tensor_ptr(const ebb_tensor_t *t);
 /* A new contiguous tensor with fresh storage (values undefined). */
 EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape,
                                       ebb_tensor_t **out);
-/* A new handle on t's storage (one more storage reference) with the given geometry. */
-EBB_HIDDEN ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
+/* A new handle on t's storage (one more storage reference) with the given geometry; a failure
+ * (no host memory for the handle) names fn. */
+EBB_HIDDEN ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
                                         int64_t offset, ebb_tensor_t **out);
 EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
 /* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its

@@ -317,10 +317,10 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
   return EBB_OK;
 }
 
-ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
+ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
                              ebb_tensor_t **out) {
   ebb_tensor_t *v;
-  ebb_status st = ebb__record_get("ebb_tensor_view", &v);
+  ebb_status st = ebb__record_get(fn, &v);
   if (st) return st;
   atomic_fetch_add_explicit(&t->st->refs, 1, memory_order_relaxed);
   v->st = t->st;
@@ -1025,7 +1025,7 @@ ebb_status ebb_tensor_view(const ebb_tensor_t *t, int ndim, const int64_t *shape
     return ebb__fail(EBB_EINVAL, "ebb_tensor_view: a tensor of shape %s and strides %s cannot be viewed as %s without a copy; use ebb_tensor_reshape",
                      EBB__SHAPE(t, a), ebb__shape_str(t->strides, t->ndim, b, sizeof b), ebb__shape_str(ns, ndim, c, sizeof c));
   }
-  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_view", t, ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
@@ -1033,12 +1033,13 @@ ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *sh
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   st = ebb__infer_shape("ebb_tensor_reshape", t, ndim, shape, ns);
   if (st) return st;
-  if (ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  if (ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst))
+    return ebb__tensor_alias("ebb_tensor_reshape", t, ndim, ns, nst, t->offset, out);
   ebb_tensor_t *c;
   st = ebb__copy_as("ebb_tensor_reshape", t, t->dtype, &c);
   if (st) return st;
   ebb__contig_strides(ndim, ns, nst);
-  st = ebb__tensor_alias(c, ndim, ns, nst, 0, out);
+  st = ebb__tensor_alias("ebb_tensor_reshape", c, ndim, ns, nst, 0, out);
   ebb__tensor_put(c);
   return st;
 }
@@ -1061,7 +1062,7 @@ ebb_status ebb_tensor_permute(const ebb_tensor_t *t, const int *dims, int ndim, 
     ns[i] = t->shape[d];
     nst[i] = t->strides[d];
   }
-  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_permute", t, ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
@@ -1076,7 +1077,7 @@ ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_t
     ns[d] = t->shape[s];
     nst[d] = t->strides[s];
   }
-  return ebb__tensor_alias(t, t->ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_transpose", t, t->ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
@@ -1096,7 +1097,7 @@ ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64
   memcpy(nst, t->strides, sizeof nst);
   ns[d] = (end - start + step - 1) / step;
   nst[d] = t->strides[d] * step;
-  return ebb__tensor_alias(t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
+  return ebb__tensor_alias("ebb_tensor_slice", t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
 }
 
 ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
@@ -1130,7 +1131,7 @@ ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_
     ns[j] = t->shape[k];
     nst[j++] = t->strides[k];
   }
-  return ebb__tensor_alias(t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
+  return ebb__tensor_alias("ebb_tensor_select", t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
 }
 
 ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
@@ -1154,7 +1155,7 @@ ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *sha
                        EBB__SHAPE(t, a), ebb__shape_str(shape, ndim, b, sizeof b), d);
     }
   }
-  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_expand", t, ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
@@ -1188,7 +1189,7 @@ ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **o
       nst[k] = t->strides[j++];
     }
   }
-  return ebb__tensor_alias(t, t->ndim + 1, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_unsqueeze", t, t->ndim + 1, ns, nst, t->offset, out);
 }
 
 /* ---- in place --------------------------------------------------------------------------------- */
