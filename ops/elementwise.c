@@ -59,15 +59,15 @@ static ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_
     cur.ndim = ndim;
     memcpy(cur.shape, shape, sizeof shape);
     ebb_status st = ebb__broadcast_shape(fn, k == 1 ? in[0] : &cur, in[k], &ndim, shape);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
   }
   ebb_tensor_t *r;
   ebb_status st = ebb__tensor_new(fn, in[0]->st->device, dt, ndim, shape, &r);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   st = ebb__ew_run(fn, op, r, nin, in, s0, s1);
   if (st) {
     ebb__tensor_put(r);
-    return st;
+    return ebb__fail_in(fn, st);
   }
   *out = r;
   return EBB_OK;
@@ -79,7 +79,7 @@ static ebb_status ebb__binary(const char *fn, int op, int kind, const ebb_tensor
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
   if (!st) st = ebb__check_out(fn, out);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
   if (kind == EBB__ARITH && dt == EBB_BOOL)
@@ -95,7 +95,7 @@ enum ebb__un_kind { EBB__KEEP, EBB__FLOAT };
 static ebb_status ebb__unary(const char *fn, int op, int kind, const ebb_tensor_t *a, double s0, double s1, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__check_out(fn, out);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_dtype dt = kind == EBB__FLOAT ? ebb__float_of(a->dtype) : a->dtype;
   return ebb__ew_new(fn, op, 1, &a, dt, s0, s1, out);
 }
@@ -107,7 +107,7 @@ static ebb_status ebb__unary(const char *fn, int op, int kind, const ebb_tensor_
 static ebb_status ebb__bw_check(const char *fn, const ebb_tensor_t *grad, const char *xname, const ebb_tensor_t *x) {
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
   if (!st) st = ebb__tensor_check(x, fn, xname);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!ebb_dtype_is_float(x->dtype))
     return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s, which has no gradient; expected a floating input", fn, xname, ebb_dtype_name(x->dtype));
   if (grad->st->device != x->st->device)
@@ -131,7 +131,7 @@ static ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb
   }
   st = ebb_tensor_to_dtype(s, x->dtype, out);
   ebb__tensor_put(s);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* ---- add, sub, mul, div --------------------------------------------------------------------------- */
@@ -190,11 +190,11 @@ static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tenso
   if (!st && gb) st = ebb__bw_check(fn, grad, "b", b);
   if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
   if (!st && !ga) st = ebb__tensor_check(grad, fn, "grad");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   int nd;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   st = ebb__broadcast_shape(fn, a, b, &nd, shape);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (nd != grad->ndim || memcmp(shape, grad->shape, sizeof(int64_t) * (size_t)nd) != 0) {
     char x[128], y[128];
     return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the forward output's shape %s", fn, EBB__SHAPE(grad, x),
@@ -207,7 +207,7 @@ static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tenso
   if (!st && gb) st = ebb__grad_for(fn, lb, b, &rb);
   ebb__tensor_put(la);
   ebb__tensor_put(lb);
-  return ebb__grads_out(st, ra, ga, rb, gb);
+  return ebb__fail_in(fn, ebb__grads_out(st, ra, ga, rb, gb));
 }
 
 ebb_status ebb_op_add_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
@@ -240,7 +240,7 @@ static ebb_dtype ebb__scalar_dtype(ebb_dtype dt, double s) {
 static ebb_status ebb__scalar_op(const char *fn, int op, const ebb_tensor_t *a, double s, bool divide, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__check_out(fn, out);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_dtype dt = divide ? ebb__float_of(a->dtype) : ebb__scalar_dtype(a->dtype, s);
   return ebb__ew_new(fn, op, 1, &a, dt, s, 0, out);
 }
@@ -279,7 +279,7 @@ static ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, 
                                       ebb_tensor_t **gx) {
   ebb_status st = ebb__bw_check(fn, grad, "x", x);
   if (!st && !gx) st = ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != x->ndim || memcmp(grad->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
     char a[128], b[128];
     return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the input's shape %s", fn, EBB__SHAPE(grad, a), EBB__SHAPE(x, b));
@@ -292,12 +292,12 @@ static ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, 
     if (!st) st = ebb_op_mul(grad, d, &p);
   }
   ebb__tensor_put(d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (p->dtype != x->dtype) {
     ebb_tensor_t *c;
     st = ebb_tensor_to_dtype(p, x->dtype, &c);
     ebb__tensor_put(p);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     p = c;
   }
   *gx = p;
@@ -322,10 +322,10 @@ ebb_status ebb_op_pow_scalar_backward(const ebb_tensor_t *grad, const ebb_tensor
   const char *fn = "ebb_op_pow_scalar_backward";
   ebb_tensor_t *t = NULL;
   ebb_status st = ebb__local_backward(fn, grad, x, EBB__EW_POWS, p - 1.0, 0, &t);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   st = ebb__ew_new(fn, EBB__EW_MULS, 1, (const ebb_tensor_t *const *)&t, t->dtype, p, 0, gx);
   ebb__tensor_put(t);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 ebb_status ebb_op_clamp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, double lo, double hi, ebb_tensor_t **gx) {
@@ -395,10 +395,10 @@ ebb_status ebb_op_cos_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, 
   const char *fn = "ebb_op_cos_backward";
   ebb_tensor_t *t = NULL;
   ebb_status st = ebb__local_backward(fn, grad, x, EBB__EW_SIN, 0, 0, &t);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   st = ebb__ew_new(fn, EBB__EW_NEG, 1, (const ebb_tensor_t *const *)&t, t->dtype, 0, 0, gx);
   ebb__tensor_put(t);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* Backward functions that read the forward output y: grad * f(y), with f one kernel of y. The
@@ -408,10 +408,10 @@ ebb_status ebb_op_cos_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, 
 static ebb_status ebb__y_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, int mode,
                                   ebb_tensor_t **gx) {
   ebb_status st = ebb__tensor_check(y, fn, "y");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (x) {
     st = ebb__tensor_check(x, fn, "x");
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     if (x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)y->ndim) != 0) {
       char a[128], b[128];
       return ebb__fail(EBB_EINVAL, "%s: y has shape %s but x has %s; expected the forward output of x", fn, EBB__SHAPE(y, a), EBB__SHAPE(x, b));
@@ -427,7 +427,7 @@ static ebb_status ebb__y_backward(const char *fn, const ebb_tensor_t *grad, cons
     st = ebb__ew_new(fn, EBB__EW_SQUARE, 1, &y, y->dtype, 0, 0, &d);
     if (!st) st = ebb__local_backward(fn, grad, d, EBB__EW_RSUBS, 1.0, 0, gx);
     ebb__tensor_put(d);
-    return st;
+    return ebb__fail_in(fn, st);
   default: /* sigmoid: grad * y * (1 - y) */
     st = ebb__ew_new(fn, EBB__EW_RSUBS, 1, &y, y->dtype, 1.0, 0, &d);
     if (!st) st = ebb_op_mul(d, y, &e);
@@ -435,7 +435,7 @@ static ebb_status ebb__y_backward(const char *fn, const ebb_tensor_t *grad, cons
     ebb__tensor_put(d);
     ebb__tensor_put(e);
     if (!st) *gx = g;
-    return st;
+    return ebb__fail_in(fn, st);
   }
 }
 
@@ -475,7 +475,7 @@ ebb_status ebb_op_where(const ebb_tensor_t *cond, const ebb_tensor_t *a, const e
   if (!st) st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
   if (!st) st = ebb__check_out(fn, out);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (cond->dtype != EBB_BOOL)
     return ebb__fail(EBB_EINVAL, "%s: cond has dtype %s; expected bool (from a comparison)", fn, ebb_dtype_name(cond->dtype));
   ebb_dtype dt;
@@ -493,7 +493,7 @@ ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *c
   if (!st && ga) st = ebb__bw_check(fn, grad, "a", a);
   if (!st && gb) st = ebb__bw_check(fn, grad, "b", b);
   if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *zero = NULL, *ta = NULL, *tb = NULL, *ra = NULL, *rb = NULL;
   st = ebb_tensor_zeros(grad->st->device, grad->dtype, 0, NULL, &zero);
   if (!st && ga) st = ebb_op_where(cond, grad, zero, &ta);
@@ -503,7 +503,7 @@ ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *c
   ebb__tensor_put(zero);
   ebb__tensor_put(ta);
   ebb__tensor_put(tb);
-  return ebb__grads_out(st, ra, ga, rb, gb);
+  return ebb__fail_in(fn, ebb__grads_out(st, ra, ga, rb, gb));
 }
 
 /* ---- in place --------------------------------------------------------------------------------------- */
@@ -514,7 +514,7 @@ ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *c
 static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src) {
   ebb_status st = ebb__tensor_check(dst, fn, "dst");
   if (!st) st = ebb__tensor_check(src, fn, "src");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_dtype dt;
   ebb_op_promote(dst->dtype, src->dtype, &dt);
   if (dt != dst->dtype || dt == EBB_BOOL)
@@ -529,7 +529,7 @@ static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const 
   int nd;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   st = ebb__broadcast_shape(fn, dst, src, &nd, shape);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (nd != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * (size_t)nd) != 0) {
     char a[128], b[128], c[128];
     return ebb__fail(EBB_EINVAL, "%s: dst has shape %s and src %s: the result would have shape %s; an in-place op cannot change dst's shape", fn,
@@ -537,7 +537,7 @@ static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const 
   }
   const ebb_tensor_t *in[2] = {dst, src};
   st = ebb__ew_run(fn, op, dst, 2, in, 0, 0);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
   return EBB_OK;
 }

@@ -18,7 +18,7 @@
 
 static ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, fn, arg);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!ebb_dtype_is_float(t->dtype))
     return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected a floating dtype", fn, arg, ebb_dtype_name(t->dtype));
   return EBB_OK;
@@ -40,7 +40,10 @@ static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, b
   if (!st) st = ebb__need_out(fn, "out", out);
   int d;
   if (!st) st = ebb__dim(fn, "dim", dim, t->ndim, &d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
+  /* No elements (an empty dim, along `dim` or another): an empty result of t's shape, as
+   * PyTorch gives; the max along an empty dim, which amax refuses, is never needed. */
+  if (ebb__numel(t->shape, t->ndim) == 0) return ebb__tensor_new(fn, t->st->device, t->dtype, t->ndim, t->shape, out);
   ebb_tensor_t *m = NULL, *s = NULL, *e = NULL, *z = NULL, *lz = NULL;
   st = ebb_op_amax(t, &d, 1, true, &m);
   if (!st) st = ebb_op_sub(t, m, &s);
@@ -50,7 +53,7 @@ static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, b
   if (!st) st = logarithm ? ebb_op_sub(s, lz, out) : ebb_op_div(e, z, out);
   ebb_tensor_t *tmp[] = {m, s, e, z, lz};
   EBB__PUT_ALL(tmp);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 ebb_status ebb_op_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) { return ebb__softmax("ebb_op_softmax", t, dim, false, out); }
@@ -63,7 +66,7 @@ static ebb_status ebb__softmax_bw_check(const char *fn, const ebb_tensor_t *grad
   if (!st) st = ebb__float_input(fn, "y", y);
   if (!st) st = ebb__need_out(fn, "grad_x", gx);
   if (!st) st = ebb__dim(fn, "dim", dim, y->ndim, d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != y->ndim || memcmp(grad->shape, y->shape, sizeof(int64_t) * (size_t)y->ndim) != 0) {
     char a[128], b[128];
     return ebb__fail(EBB_EINVAL, "%s: grad has shape %s but y %s; expected the forward output's shape", fn, EBB__SHAPE(grad, a), EBB__SHAPE(y, b));
@@ -77,7 +80,7 @@ ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   const char *fn = "ebb_op_softmax_backward";
   int d;
   ebb_status st = ebb__softmax_bw_check(fn, grad, y, dim, gx, &d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *gy = NULL, *sg = NULL, *df = NULL;
   st = ebb_op_mul(grad, y, &gy);
   if (!st) st = ebb_op_sum(gy, &d, 1, true, &sg);
@@ -85,7 +88,7 @@ ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   if (!st) st = ebb_op_mul(y, df, gx);
   ebb_tensor_t *tmp[] = {gy, sg, df};
   EBB__PUT_ALL(tmp);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* d(log y_i)/dx_j = delta_ij - softmax_j, so grad_x_j = grad_j - softmax_j sum_i grad_i, and
@@ -94,7 +97,7 @@ ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tenso
   const char *fn = "ebb_op_log_softmax_backward";
   int d;
   ebb_status st = ebb__softmax_bw_check(fn, grad, y, dim, gx, &d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *sg = NULL, *e = NULL, *p = NULL;
   st = ebb_op_sum(grad, &d, 1, true, &sg);
   if (!st) st = ebb_op_exp(y, &e);
@@ -102,7 +105,7 @@ ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tenso
   if (!st) st = ebb_op_sub(grad, p, gx);
   ebb_tensor_t *tmp[] = {sg, e, p};
   EBB__PUT_ALL(tmp);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* ---- cross entropy -------------------------------------------------------------------------------- */
@@ -110,7 +113,7 @@ ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tenso
 static ebb_status ebb__ce_check(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target) {
   ebb_status st = ebb__float_input(fn, "logits", logits);
   if (!st) st = ebb__tensor_check(target, fn, "target");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   char a[128], b[128];
   if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0])
     return ebb__fail(EBB_EINVAL, "%s: logits has shape %s and target %s; expected logits [N, C] and target [N]", fn, EBB__SHAPE(logits, a),
@@ -141,7 +144,7 @@ ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *
   const char *fn = "ebb_op_cross_entropy";
   ebb_status st = ebb__ce_check(fn, logits, target);
   if (!st) st = ebb__need_out(fn, "out", out);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *ls = NULL, *oh = NULL, *zero = NULL, *picked = NULL, *total = NULL;
   st = ebb_op_log_softmax(logits, 1, &ls);
   if (!st) st = ebb__onehot(logits, target, &oh);
@@ -151,7 +154,7 @@ ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *
   if (!st) st = ebb_op_mul_scalar(total, logits->shape[0] ? -1.0 / (double)logits->shape[0] : NAN, out);
   ebb_tensor_t *tmp[] = {ls, oh, zero, picked, total};
   EBB__PUT_ALL(tmp);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* d loss / d logits[i, c] = (softmax[i, c] - onehot[i, c]) / N, times the incoming scalar. */
@@ -161,7 +164,7 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
   ebb_status st = ebb__ce_check(fn, logits, target);
   if (!st) st = ebb__float_input(fn, "grad", grad);
   if (!st) st = ebb__need_out(fn, "grad_logits", gx);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != 0) {
     char a[128];
     return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected a scalar (the loss is one)", fn, EBB__SHAPE(grad, a));
@@ -174,7 +177,7 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
   if (!st) st = ebb_op_mul_scalar(g, logits->shape[0] ? 1.0 / (double)logits->shape[0] : NAN, gx);
   ebb_tensor_t *tmp[] = {p, oh, d, g};
   EBB__PUT_ALL(tmp);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* ---- mse ------------------------------------------------------------------------------------------ */
@@ -182,7 +185,7 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
 static ebb_status ebb__mse_check(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b) {
   ebb_status st = ebb__float_input(fn, "a", a);
   if (!st) st = ebb__float_input(fn, "b", b);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) != 0) {
     char x[128], y[128];
     return ebb__fail(EBB_EINVAL, "%s: a has shape %s and b %s; expected one shape", fn, EBB__SHAPE(a, x), EBB__SHAPE(b, y));
@@ -194,14 +197,14 @@ ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_ten
   const char *fn = "ebb_op_mse_loss";
   ebb_status st = ebb__mse_check(fn, a, b);
   if (!st) st = ebb__need_out(fn, "out", out);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *d = NULL, *sq = NULL;
   st = ebb_op_sub(a, b, &d);
   if (!st) st = ebb_op_mul(d, d, &sq);
   if (!st) st = ebb_op_mean(sq, NULL, 0, false, out);
   ebb__tensor_put(d);
   ebb__tensor_put(sq);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* loss = (1/n) sum (a - b)^2: d/da = 2 (a - b) / n, d/db = -d/da. */
@@ -211,7 +214,7 @@ ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t
   ebb_status st = ebb__mse_check(fn, a, b);
   if (!st) st = ebb__float_input(fn, "grad", grad);
   if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != 0) {
     char x[128];
     return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected a scalar (the loss is one)", fn, EBB__SHAPE(grad, x));
@@ -226,7 +229,7 @@ ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t
   ebb__tensor_put(g);
   if (st) {
     ebb__tensor_put(r);
-    return st;
+    return ebb__fail_in(fn, st);
   }
   if (ga) *ga = r;
   else ebb__tensor_put(r);
@@ -238,7 +241,7 @@ ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t
 static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b,
                                 int *dims) {
   ebb_status st = ebb__float_input(fn, "x", x);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   char s1[128], s2[128];
   if (nnorm < 1 || nnorm > x->ndim)
     return ebb__fail(EBB_EINVAL, "%s: nnorm %d for x of shape %s; expected 1..%d", fn, nnorm, EBB__SHAPE(x, s1), x->ndim);
@@ -247,7 +250,7 @@ static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm
   for (int i = 0; i < 2; i++) {
     if (!p[i]) continue;
     st = ebb__float_input(fn, names[i], p[i]);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     if (p[i]->ndim != nnorm || memcmp(p[i]->shape, x->shape + x->ndim - nnorm, sizeof(int64_t) * (size_t)nnorm) != 0)
       return ebb__fail(EBB_EINVAL, "%s: %s has shape %s; expected the last %d dims of x's shape %s", fn, names[i], EBB__SHAPE(p[i], s1), nnorm,
                        EBB__SHAPE(x, s2));
@@ -279,10 +282,10 @@ ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_
   int dims[EBB_TENSOR_MAX_DIMS];
   ebb_status st = ebb__ln_check(fn, x, nnorm, w, b, dims);
   if (!st) st = ebb__need_out(fn, "out", out);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *xhat = NULL, *rstd = NULL, *y = NULL;
   st = ebb__ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *cur = xhat;
   xhat = NULL;
   if (w) {
@@ -296,7 +299,7 @@ ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_
     cur = st ? NULL : y;
   }
   ebb__tensor_put(rstd);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   *out = cur;
   return EBB_OK;
 }
@@ -313,7 +316,7 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
   int dims[EBB_TENSOR_MAX_DIMS];
   ebb_status st = ebb__ln_check(fn, x, nnorm, w, b, dims);
   if (!st) st = ebb__float_input(fn, "grad", grad);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!gx && !gw && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_x, grad_weight and grad_bias are all NULL; expected one to fill", fn);
   if ((gw && !w) || (gb && !b)) return ebb__fail(EBB_EINVAL, "%s: a gradient was asked for a NULL weight or bias", fn);
   if (grad->ndim != x->ndim || memcmp(grad->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
@@ -323,7 +326,7 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
   ebb_tensor_t *xhat = NULL, *rstd = NULL, *gxh = NULL, *m1 = NULL, *p = NULL, *m2 = NULL, *q = NULL, *r1 = NULL, *r2 = NULL, *gp = NULL;
   ebb_tensor_t *rx = NULL, *rw = NULL, *rb = NULL;
   st = ebb__ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   /* dL/dxhat = grad * w; dL/dx = rstd * (gxh - mean(gxh) - xhat * mean(gxh * xhat)) */
   if (w) {
     st = ebb_op_mul(grad, w, &gxh);
@@ -351,7 +354,7 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
     ebb__tensor_put(rx);
     ebb__tensor_put(rw);
     ebb__tensor_put(rb);
-    return st;
+    return ebb__fail_in(fn, st);
   }
   if (gx) *gx = rx;
   if (gw) *gw = rw;
@@ -368,12 +371,12 @@ ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_
   if (!ts || n < 1) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected at least one", fn, n, ts ? "given" : "NULL");
   ebb_status st = ebb__need_out(fn, "out", out);
   for (int i = 0; i < n && !st; i++) st = ebb__tensor_check(ts[i], fn, "ts[i]");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   const ebb_tensor_t *t0 = ts[0];
   int d;
   if (t0->ndim == 0) return ebb__fail(EBB_EINVAL, "%s: ts[0] is a scalar; expected tensors of at least 1 dim (use ebb_op_stack)", fn);
   st = ebb__dim(fn, "dim", dim, t0->ndim, &d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   memcpy(shape, t0->shape, sizeof shape);
   shape[d] = 0;
@@ -392,7 +395,7 @@ ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_
   }
   ebb_tensor_t *r;
   st = ebb__tensor_new(fn, t0->st->device, t0->dtype, t0->ndim, shape, &r);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   int64_t at = 0;
   for (int i = 0; i < n && !st; i++) {
     ebb_tensor_t *v;
@@ -404,7 +407,7 @@ ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_
   }
   if (st) {
     ebb__tensor_put(r);
-    return st;
+    return ebb__fail_in(fn, st);
   }
   *out = r;
   return EBB_OK;
@@ -415,7 +418,7 @@ ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tenso
   if (!ts || n < 1 || n > 4096) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected 1..4096", fn, n, ts ? "given" : "NULL");
   ebb_status st = ebb__need_out(fn, "out", out);
   for (int i = 0; i < n && !st; i++) st = ebb__tensor_check(ts[i], fn, "ts[i]");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   for (int i = 1; i < n; i++)
     if (ts[i]->ndim != ts[0]->ndim || memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)ts[0]->ndim) != 0) {
       char a[128], b[128];
@@ -427,7 +430,7 @@ ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tenso
   if (!st) st = ebb_op_cat((const ebb_tensor_t *const *)u, n, dim, out);
   for (int i = 0; i < n; i++) ebb__tensor_put(u[i]);
   free(u);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* The gradient of a slice is the matching slice of grad: a view, no copy. Its offset along
@@ -436,37 +439,37 @@ ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tensor_t *con
   const char *fn = "ebb_op_cat_backward";
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
   if (!st) st = ebb__need_out(fn, "grad_i", gi);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!ts || i < 0 || i >= n) return ebb__fail(EBB_EINVAL, "%s: input %d of %d (array %s); expected 0 <= i < n", fn, i, n, ts ? "given" : "NULL");
   int d;
   st = ebb__dim(fn, "dim", dim, grad->ndim, &d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   int64_t at = 0;
   for (int k = 0; k < i; k++) {
     st = ebb__tensor_check(ts[k], fn, "ts[k]");
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     if (ts[k]->ndim != grad->ndim) return ebb__fail(EBB_EINVAL, "%s: ts[%d] has %d dims but grad %d", fn, k, ts[k]->ndim, grad->ndim);
     at += ts[k]->shape[d];
   }
   st = ebb__tensor_check(ts[i], fn, "ts[i]");
   if (!st && ts[i]->ndim != grad->ndim) st = ebb__fail(EBB_EINVAL, "%s: ts[%d] has %d dims but grad %d", fn, i, ts[i]->ndim, grad->ndim);
-  if (st) return st;
-  return ebb_tensor_narrow(grad, d, at, ts[i]->shape[d], gi);
+  if (st) return ebb__fail_in(fn, st);
+  return ebb__fail_in(fn, ebb_tensor_narrow(grad, d, at, ts[i]->shape[d], gi));
 }
 
 ebb_status ebb_op_stack_backward(const ebb_tensor_t *grad, int n, int dim, int i, ebb_tensor_t **gi) {
   const char *fn = "ebb_op_stack_backward";
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
   if (!st) st = ebb__need_out(fn, "grad_i", gi);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (i < 0 || i >= n) return ebb__fail(EBB_EINVAL, "%s: input %d of %d; expected 0 <= i < n", fn, i, n);
   int d;
   st = ebb__dim(fn, "dim", dim, grad->ndim, &d);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (grad->shape[d] != n) {
     char a[128];
     return ebb__fail(EBB_EINVAL, "%s: grad of shape %s has %lld entries along dim %d; expected n = %d", fn, EBB__SHAPE(grad, a),
                      (long long)grad->shape[d], d, n);
   }
-  return ebb_tensor_select(grad, d, i, gi);
+  return ebb__fail_in(fn, ebb_tensor_select(grad, d, i, gi));
 }

@@ -25,9 +25,12 @@ struct ebb__storage {
   void *data;                /* arena or host-pool block; NULL for 0 bytes */
   size_t bytes;
   ebb_stream_t *stream;      /* allocation stream (device storage), NULL on the CPU */
+  uint64_t stream_id;        /* its id (0 on the CPU) */
   _Atomic uint64_t version;
-  /* Other streams already declared to the arena with ebb_arena_record_stream. */
-  _Atomic(ebb_stream_t *) used[EBB__STORAGE_USED];
+  /* Ids of other streams already declared to the arena with ebb_arena_record_stream; 0 is an
+   * empty entry (ids start at 1). Ids, not handles: a released stream's handle is reused by a
+   * later stream, which the arena has never heard of. */
+  _Atomic uint64_t used[EBB__STORAGE_USED];
 };
 
 struct ebb_tensor {
@@ -48,6 +51,10 @@ struct ebb_tensor {
 
 /* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, naming `fn` and `arg`. */
 EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
+/* For a failure of a call made on the user's behalf (another module's, or a public op that a
+ * composite op calls): rewrites the thread's last error as "fn: <it>" so the message starts with
+ * the call the user made, unless it does already. Returns st. */
+EBB_HIDDEN ebb_status ebb__fail_in(const char *fn, ebb_status st);
 /* "[2,3,4]" into buf (cap >= 16); returns buf. */
 EBB_HIDDEN const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap);
 #define EBB__SHAPE(t, buf) ebb__shape_str((t)->shape, (t)->ndim, (buf), sizeof(buf))
@@ -62,8 +69,9 @@ EBB_HIDDEN void *ebb__tensor_ptr(const ebb_tensor_t *t);
 /* A new contiguous tensor with fresh storage (values undefined). */
 EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape,
                                       ebb_tensor_t **out);
-/* A new handle on t's storage (one more storage reference) with the given geometry. */
-EBB_HIDDEN ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
+/* A new handle on t's storage (one more storage reference) with the given geometry; a failure
+ * (no host memory for the handle) names fn. */
+EBB_HIDDEN ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
                                         int64_t offset, ebb_tensor_t **out);
 EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
 /* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its
@@ -105,8 +113,8 @@ EBB_HIDDEN ebb_status ebb__launch(const char *fn, int kid, int device, const voi
                                   int nops, int64_t work);
 
 /* Declares to the arena the operands' use on `stream` (ebb_arena_record_stream where the stream
- * is not their allocation stream), for work enqueued without ebb__launch. */
-EBB_HIDDEN ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream);
+ * is not their allocation stream), for work enqueued without ebb__launch; failures name fn. */
+EBB_HIDDEN ebb_status ebb__operands_use(const char *fn, const ebb__operand *ops, int nops, ebb_stream_t *stream);
 /* GPU matmul through cuBLAS (blas_gpu.c) on stream `s` of `device`: EBB_ENOTSUP when cuBLAS is
  * not available (the caller then launches the plain CUDA kernel). */
 EBB_HIDDEN ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb__mm_args *g);

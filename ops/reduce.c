@@ -19,7 +19,7 @@ static ebb_status ebb__dims_mask(const char *fn, const int *dims, int ndims, int
   for (int i = 0; i < ndims; i++) {
     int d;
     ebb_status st = ebb__dim(fn, "dims[i]", dims[i], ndim, &d);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     if (ndim == 0) continue; /* dim 0 or -1 of a scalar: nothing to reduce */
     if (mask[d]) return ebb__fail(EBB_EINVAL, "%s: dim %d is listed twice; expected distinct dims", fn, d);
     mask[d] = true;
@@ -44,11 +44,11 @@ static int ebb__reduced_shape(const ebb_tensor_t *t, const bool *mask, bool keep
 static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_dtype dt,
                               ebb_tensor_t **out, ebb_tensor_t **idx) {
   ebb_status st = ebb__tensor_check(t, fn, "t");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   bool mask[EBB_TENSOR_MAX_DIMS];
   st = ebb__dims_mask(fn, dims, ndims, t->ndim, mask);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   int nd = ebb__reduced_shape(t, mask, keepdim, shape);
   ebb__red_args a;
@@ -68,7 +68,7 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
   if (!st && idx) st = ebb__tensor_new(fn, t->st->device, EBB_I64, nd, shape, &ix);
   if (st) {
     ebb__tensor_put(r);
-    return st;
+    return ebb__fail_in(fn, st);
   }
   for (int d = 0, o = 0; d < t->ndim; d++) {
     if (mask[d]) {
@@ -90,7 +90,7 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
     if (st) {
       ebb__tensor_put(r);
       ebb__tensor_put(ix);
-      return st;
+      return ebb__fail_in(fn, st);
     }
   }
   *out = r;
@@ -127,7 +127,7 @@ ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tens
 ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   const char *fn = "ebb_op_sum_to_shape";
   ebb_status st = ebb__tensor_check(t, fn, "t");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL", fn);
   if (ndim < 0 || ndim > t->ndim || (ndim && !shape)) {
     char a[128];
@@ -146,13 +146,13 @@ ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *s
       dims[n++] = d;
     }
   }
-  if (n == 0) return ebb_tensor_contiguous(t, out);
+  if (n == 0) return ebb__fail_in(fn, ebb_tensor_contiguous(t, out));
   ebb_tensor_t *s;
   st = ebb__reduce(fn, EBB__RED_SUM, t, dims, n, true, t->dtype == EBB_BOOL ? EBB_I64 : t->dtype, &s, NULL);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   st = ebb_tensor_view(s, ndim, shape, out);
   ebb__tensor_put(s);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* ---- reduction backward ------------------------------------------------------------------------ */
@@ -168,14 +168,14 @@ static ebb_status ebb__grad_keepdim(const char *fn, const ebb_tensor_t *grad, co
     return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the forward output's shape %s", fn, EBB__SHAPE(grad, a),
                      ebb__shape_str(want, nw, b, sizeof b));
   }
-  return ebb_tensor_reshape(grad, nk, kshape, out);
+  return ebb__fail_in(fn, ebb_tensor_reshape(grad, nk, kshape, out));
 }
 
 static ebb_status ebb__reduce_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims,
                                        ebb_tensor_t **gx, bool *mask) {
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
   if (!st) st = ebb__tensor_check(x, fn, "x");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!gx) return ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
   if (!ebb_dtype_is_float(x->dtype))
     return ebb__fail(EBB_EINVAL, "%s: x has dtype %s, which has no gradient; expected a floating input", fn, ebb_dtype_name(x->dtype));
@@ -188,11 +188,11 @@ static ebb_status ebb__reduce_bw_check(const char *fn, const ebb_tensor_t *grad,
 static ebb_status ebb__expand_grad(const char *fn, const ebb_tensor_t *gk, const ebb_tensor_t *x, double scale, ebb_tensor_t **gx) {
   ebb_tensor_t *r;
   ebb_status st = ebb__tensor_new(fn, x->st->device, x->dtype, x->ndim, x->shape, &r);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   st = ebb__ew_run(fn, EBB__EW_MULS, r, 1, &gk, scale, 0);
   if (st) {
     ebb__tensor_put(r);
-    return st;
+    return ebb__fail_in(fn, st);
   }
   *gx = r;
   return EBB_OK;
@@ -203,13 +203,13 @@ ebb_status ebb_op_sum_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, 
   const char *fn = "ebb_op_sum_backward";
   bool mask[EBB_TENSOR_MAX_DIMS];
   ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *gk;
   st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   st = ebb__expand_grad(fn, gk, x, 1.0, gx);
   ebb__tensor_put(gk);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 ebb_status ebb_op_mean_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims, bool keepdim,
@@ -217,16 +217,16 @@ ebb_status ebb_op_mean_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
   const char *fn = "ebb_op_mean_backward";
   bool mask[EBB_TENSOR_MAX_DIMS];
   ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   int64_t count = 1;
   for (int d = 0; d < x->ndim; d++)
     if (mask[d]) count *= x->shape[d];
   ebb_tensor_t *gk;
   st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   st = ebb__expand_grad(fn, gk, x, count ? 1.0 / (double)count : NAN, gx);
   ebb__tensor_put(gk);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* amax has no unique derivative at ties; the gradient is split evenly among the elements
@@ -238,7 +238,7 @@ ebb_status ebb_op_amax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
   bool mask[EBB_TENSOR_MAX_DIMS];
   ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
   if (!st) st = ebb__tensor_check(y, fn, "y");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *gk = NULL, *yk = NULL, *eq = NULL, *m = NULL, *cnt = NULL, *share = NULL;
   st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
   if (!st) st = ebb__grad_keepdim(fn, y, x, mask, keepdim, &yk);
@@ -249,7 +249,7 @@ ebb_status ebb_op_amax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
   if (!st) st = ebb_op_mul(m, share, gx);
   ebb_tensor_t *tmp[] = {gk, yk, eq, m, cnt, share};
   for (size_t i = 0; i < EBB_ARRAY_LEN(tmp); i++) ebb__tensor_put(tmp[i]);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* max along a dim returns the index of its first maximum: the gradient goes to that element
@@ -261,7 +261,7 @@ ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   bool mask[EBB_TENSOR_MAX_DIMS];
   ebb_status st = ebb__reduce_bw_check(fn, grad, x, &dim, 1, gx, mask);
   if (!st) st = ebb__tensor_check(indices, fn, "indices");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (indices->dtype != EBB_I64)
     return ebb__fail(EBB_EINVAL, "%s: indices has dtype %s; expected i64 (from ebb_op_max_dim)", fn, ebb_dtype_name(indices->dtype));
   int d = 0;
@@ -288,7 +288,7 @@ ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   }
   ebb_tensor_t *tmp[] = {gk, ik, ar, arv, hit, zero};
   for (size_t i = 0; i < EBB_ARRAY_LEN(tmp); i++) ebb__tensor_put(tmp[i]);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 /* ---- matmul ---------------------------------------------------------------------------------------- */
@@ -331,7 +331,7 @@ copy:;
   ebb_tensor_t *c;
   st = ebb_tensor_clone(e, &c);
   ebb__tensor_put(e);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   *use = c;
   *trans = 0;
   *ld = cols > 1 ? cols : 1;
@@ -345,19 +345,20 @@ static ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g,
   if (device == EBB_DEVICE_CPU) return EBB_ENOTSUP;
   ebb_dev_caps caps;
   ebb_status st = ebb_dev_get_caps(device, &caps);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (caps.cpu_kernels) return EBB_ENOTSUP;
   ebb_stream_t *s;
   st = ebb_stream_current(device, &s);
-  if (!st) st = ebb__operands_use(ops, 3, s);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb__operands_use(fn, ops, 3, s);
   if (!st) st = ebb__gpu_gemm(fn, device, s, g);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   char sa[128], sb[128];
   if (a->ndim < 2 || b->ndim < 2)
@@ -383,7 +384,7 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
   int nb;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   st = ebb__broadcast_shape(fn, &ba, &bb, &nb, shape);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   shape[nb] = m;
   shape[nb + 1] = n;
   int64_t batch = ebb__numel(shape, nb);
@@ -432,7 +433,7 @@ done:
   ebb__tensor_put(ua);
   ebb__tensor_put(ub);
   ebb__tensor_put(r);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) { return ebb__matmul("ebb_op_matmul", a, b, out); }
@@ -446,7 +447,7 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
   if (!st) st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (!ga && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
   if (a->ndim < 2 || b->ndim < 2 || grad->ndim < 2 || grad->shape[grad->ndim - 2] != a->shape[a->ndim - 2] ||
       grad->shape[grad->ndim - 1] != b->shape[b->ndim - 1] || a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) {
@@ -481,5 +482,5 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   ebb__tensor_put(at);
   ebb__tensor_put(pa);
   ebb__tensor_put(pb);
-  return ebb__grads_out(st, ra, ga, rb, gb);
+  return ebb__fail_in(fn, ebb__grads_out(st, ra, ga, rb, gb));
 }

@@ -16,6 +16,7 @@
 
 #include "ebb_sync.h"
 #include "ops_impl.h"
+#include "streams_export.h"
 
 #define EBB__TENSOR_CHUNK 256
 #define EBB__TENSOR_QUARANTINE 4096
@@ -89,6 +90,16 @@ ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *
   if (EBB_UNLIKELY(atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) != EBB__TENSOR_MAGIC))
     return ebb__fail(EBB_EFREED, "%s: %s (%p) is a released tensor", fn, arg, (const void *)t);
   return EBB_OK;
+}
+
+ebb_status ebb__fail_in(const char *fn, ebb_status st) {
+  if (!st) return EBB_OK; /* (a success leaves the last error alone) */
+  const char *e = ebb_last_error();
+  size_t n = strlen(fn);
+  if (strncmp(e, fn, n) == 0 && e[n] == ':') return st;
+  char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+  snprintf(why, sizeof why, "%s", e);
+  return ebb__fail(st, "%s: %s", fn, why[0] ? why : ebb_status_str(st));
 }
 
 const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
@@ -179,22 +190,38 @@ static void ebb__storage_put(struct ebb__storage *s) {
   free(s);
 }
 
+/* The id of the live stream `s`: one lock-free check (streams_export.h); anything else takes the
+ * public call for its message, prefixed with `fn`. Ids are never reused, handles are. */
+static ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id) {
+  int dev;
+  if (EBB_LIKELY(ebb__stream_peek(s, id, &dev))) return EBB_OK;
+  ebb_stream_info info;
+  ebb_status st = ebb_stream_get_info(s, &info);
+  if (st) return ebb__fail_in(fn, st);
+  *id = info.id;
+  return EBB_OK;
+}
+
 /* Device storage is allocated on the calling thread's current stream of the device and
- * remembers it: that is the stream the arena orders its reuse on. */
+ * remembers it (handle and id): that is the stream the arena orders its reuse on. */
 static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
   ebb_stream_t *stream = NULL;
+  uint64_t sid = 0;
   if (device != EBB_DEVICE_CPU) {
     int n = 0;
     ebb_status st = ebb_dev_count(&n);
-    if (st) return st;
+    if (st) return ebb__fail_in(fn, st);
     if (device < 0 || device >= n)
       return ebb__fail(EBB_EDEVICE, "%s: device %d does not exist; expected EBB_DEVICE_CPU (-1) or 0..%d", fn, device, n - 1);
     st = ebb_stream_current(device, &stream);
+    if (st) return ebb__fail_in(fn, st);
+    st = ebb__stream_id_of(fn, stream, &sid);
     if (st) return st;
   }
   struct ebb__storage *s = calloc(1, sizeof *s);
   if (!s) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a storage record", fn);
   void *p = NULL;
+  /* (the caller rewrites a failure's message: it knows the tensor's shape and dtype) */
   ebb_status st = device == EBB_DEVICE_CPU ? ebb_host_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
   if (st) {
     free(s);
@@ -205,22 +232,27 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
   s->data = p;
   s->bytes = bytes;
   s->stream = stream;
+  s->stream_id = sid;
   *out = s;
   return EBB_OK;
 }
 
-/* Declares `stream` to the arena as a user of s's block, once per stream (up to
- * EBB__STORAGE_USED streams remembered; beyond that every use is declared again). */
-static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream) {
-  if (s->device == EBB_DEVICE_CPU || !s->data || stream == s->stream) return EBB_OK;
+/* Declares `stream` (whose id is `sid`) to the arena as a user of s's block, once per stream (up
+ * to EBB__STORAGE_USED streams remembered; beyond that every use is declared again). Streams are
+ * told apart by id: a stream created after another's release may get its handle, and taking it
+ * for the old one would leave its use undeclared, so the block could be reused under it. */
+static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64_t sid) {
+  if (s->device == EBB_DEVICE_CPU || !s->data || sid == s->stream_id) return EBB_OK;
   for (int i = 0; i < EBB__STORAGE_USED; i++) {
-    ebb_stream_t *u = atomic_load_explicit(&s->used[i], memory_order_relaxed);
-    if (u == stream) return EBB_OK;
+    uint64_t u = atomic_load_explicit(&s->used[i], memory_order_relaxed);
+    if (u == sid) return EBB_OK;
     if (!u) {
       ebb_status st = ebb_arena_record_stream(s->data, stream);
       if (st) return st;
-      ebb_stream_t *expected = NULL;
-      atomic_compare_exchange_strong_explicit(&s->used[i], &expected, stream, memory_order_relaxed, memory_order_relaxed);
+      /* a racing thread may take the entry for another stream: that one is then declared
+       * again at its next use, which costs a call, never a missed declaration */
+      uint64_t expected = 0;
+      atomic_compare_exchange_strong_explicit(&s->used[i], &expected, sid, memory_order_relaxed, memory_order_relaxed);
       return EBB_OK;
     }
   }
@@ -229,7 +261,39 @@ static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream)
 
 /* ---- handles -------------------------------------------------------------------------------- */
 
+/* "64 MiB", "1.5 GiB", "12 bytes". */
+static const char *ebb__bytes_str(size_t n, char *buf, size_t cap) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0) snprintf(buf, cap, "%zu bytes", n);
+  else snprintf(buf, cap, v == (double)(uint64_t)v ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+/* The message of a storage that could not be made, naming the user's call; an out-of-memory
+ * report also names the tensor (shape, dtype, bytes, device) before the allocator's report,
+ * whose own "ebb_arena_alloc: " / "ebb_host_alloc: " is dropped (the user did not call it). */
+static ebb_status ebb__storage_failed(const char *fn, ebb_status st, int device, ebb_dtype dt, int ndim, const int64_t *shape,
+                                      size_t bytes) {
+  if (st != EBB_ENOMEM) return ebb__fail_in(fn, st);
+  char why[512], sh[128], sz[32], dv[32];
+  const char *e = ebb_last_error();
+  if (strncmp(e, "ebb_arena_alloc: ", 17) == 0) e += 17;
+  else if (strncmp(e, "ebb_host_alloc: ", 16) == 0) e += 16;
+  snprintf(why, sizeof why, "%s", e);
+  return ebb__fail(st, "%s: out of memory for a %s %s tensor (%s) on %s: %s", fn, ebb__shape_str(shape, ndim, sh, sizeof sh),
+                   ebb_dtype_name(dt), ebb__bytes_str(bytes, sz, sizeof sz), ebb__dev_str(device, dv, sizeof dv), why);
+}
+
 ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  /* Checked here, before the runtime's own check (in the first call made for us) names that
+   * call instead of the user's. */
+  if (EBB_UNLIKELY(!ebb_is_initialized())) return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init() first", fn);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   if ((unsigned)dt >= EBB_DTYPE_COUNT) return ebb__fail(EBB_EINVAL, "%s: dtype %d is not an ebb_dtype", fn, (int)dt);
   ebb_status st = ebb__check_shape(fn, ndim, shape);
@@ -237,7 +301,7 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
   size_t bytes = (size_t)ebb__numel(shape, ndim) * ebb__dtype_size[dt];
   struct ebb__storage *s = NULL;
   st = ebb__storage_new(fn, device, bytes, &s);
-  if (st) return st;
+  if (st) return ebb__storage_failed(fn, st, device, dt, ndim, shape, bytes);
   ebb_tensor_t *t;
   st = ebb__record_get(fn, &t);
   if (st) {
@@ -253,10 +317,10 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
   return EBB_OK;
 }
 
-ebb_status ebb__tensor_alias(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
+ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
                              ebb_tensor_t **out) {
   ebb_tensor_t *v;
-  ebb_status st = ebb__record_get("ebb_tensor_view", &v);
+  ebb_status st = ebb__record_get(fn, &v);
   if (st) return st;
   atomic_fetch_add_explicit(&t->st->refs, 1, memory_order_relaxed);
   v->st = t->st;
@@ -354,10 +418,13 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   return EBB_OK;
 }
 
-ebb_status ebb__operands_use(const ebb__operand *ops, int nops, ebb_stream_t *stream) {
+ebb_status ebb__operands_use(const char *fn, const ebb__operand *ops, int nops, ebb_stream_t *stream) {
+  uint64_t sid;
+  ebb_status st = ebb__stream_id_of(fn, stream, &sid);
+  if (st) return st;
   for (int i = 0; i < nops; i++) {
-    ebb_status st = ebb__storage_use(ops[i].t->st, stream);
-    if (st) return st;
+    st = ebb__storage_use(ops[i].t->st, stream, sid);
+    if (st) return ebb__fail_in(fn, st);
   }
   return EBB_OK;
 }
@@ -373,17 +440,19 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
   }
   const ebb_kernel_t *k;
   ebb_status st = ebb__kernel(kid, &k);
-  if (st) return st;
   ebb_stream_t *s;
-  st = ebb_stream_current(device, &s);
+  uint64_t sid;
+  if (!st) st = ebb_stream_current(device, &s);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb__stream_id_of(fn, s, &sid);
   if (st) return st;
   ebb_buf reads[8], writes[4];
   int nr = 0, nw = 0;
   for (int i = 0; i < nops; i++) {
     struct ebb__storage *sg = ops[i].t->st;
     if (!sg->data) continue;
-    st = ebb__storage_use(sg, s);
-    if (st) return st;
+    st = ebb__storage_use(sg, s, sid);
+    if (st) return ebb__fail_in(fn, st);
     ebb_buf b = {sg->data, sg->bytes};
     if (ops[i].write && nw < 4) writes[nw++] = b;
     else if (!ops[i].write && nr < 8) reads[nr++] = b;
@@ -535,7 +604,7 @@ ebb_status ebb_tensor_empty_named(int device, ebb_dtype dt, int ndim, const int6
   if (strlen(name) > EBB_TENSOR_NAME_MAX)
     return ebb__fail(EBB_EINVAL, "ebb_tensor_empty_named: name '%.32s...' is longer than %d bytes", name, EBB_TENSOR_NAME_MAX);
   ebb_status st = ebb_alloc_owner_push(cat, name);
-  if (st) return st;
+  if (st) return ebb__fail_in("ebb_tensor_empty_named", st);
   ebb_tensor_t *t = NULL;
   st = ebb__tensor_new("ebb_tensor_empty_named", device, dt, ndim, shape, &t);
   ebb_alloc_owner_pop();
@@ -597,7 +666,7 @@ ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_
       st = ebb_copy_async(t->st->data, src, bytes, t->st->stream);
       if (st) {
         ebb__tensor_put(t);
-        return st;
+        return ebb__fail_in(fn, st);
       }
     }
   }
@@ -678,16 +747,20 @@ static ebb_status ebb__to_device(const char *fn, const ebb_tensor_t *t, int devi
       if (st) goto fail_dst;
       if (from != EBB_DEVICE_CPU) {
         ebb_stream_t *fs;
+        uint64_t fid;
         st = ebb_stream_current(from, &fs);
-        if (!st) st = ebb__storage_use(c->st, fs);
+        if (!st) st = ebb__stream_id_of(fn, fs, &fid);
+        if (!st) st = ebb__storage_use(c->st, fs, fid);
         if (st) goto fail_dst;
       }
       st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
       if (st) goto fail_dst;
     } else {
       /* onto the CPU: a CPU tensor is always ready, so wait for the copy */
+      uint64_t sid;
       st = ebb_stream_current(from, &s);
-      if (!st) st = ebb__storage_use(c->st, s);
+      if (!st) st = ebb__stream_id_of(fn, s, &sid);
+      if (!st) st = ebb__storage_use(c->st, s, sid);
       if (!st) st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
       if (!st) st = ebb_stream_synchronize(s);
       if (st) goto fail_dst;
@@ -700,7 +773,7 @@ fail_dst:
   ebb__tensor_put(r);
 fail_src:
   ebb__tensor_put(c);
-  return st;
+  return ebb__fail_in(fn, st);
 }
 
 ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
@@ -734,6 +807,11 @@ ebb_status ebb_tensor_to_host(const ebb_tensor_t *t, void *dst, size_t bytes) {
   return EBB_OK;
 }
 
+/* Everything that can be refused is checked before anything is enqueued (tensor.h: on failure
+ * nothing is enqueued and `done` is not recorded): the event (live, of t's device), dst, the
+ * stream, and the arena's record of the stream's use of t's storage. A non-contiguous t is first
+ * made contiguous by a kernel, and only then is the copy enqueued, followed by the record of
+ * `done`, which cannot be refused any more (its event and stream were checked just before). */
 ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t bytes, ebb_event_t *done) {
   const char *fn = "ebb_tensor_to_host_async";
   ebb_status st = ebb__tensor_check(t, fn, "t");
@@ -741,29 +819,41 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   st = ebb__check_host_dst(fn, t, dst, bytes);
   if (st) return st;
   if (!done) return ebb__fail(EBB_EINVAL, "%s: done is NULL; expected an event to record after the copy", fn);
-  if (t->st->device == EBB_DEVICE_CPU) return ebb_tensor_to_host(t, dst, bytes);
+  int edev;
+  st = ebb_event_device(done, &edev); /* a released event: EBB_EFREED, for a CPU tensor too */
+  if (st) return ebb__fail_in(fn, st);
+  if (t->st->device == EBB_DEVICE_CPU) {
+    st = ebb_tensor_to_host(t, dst, bytes);
+    return st ? ebb__fail_in(fn, st) : EBB_OK;
+  }
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: the tensor is empty; nothing to copy (use ebb_tensor_to_host)", fn);
   ebb_ptr_info pi;
   st = ebb_drv_ptr_info(dst, &pi);
-  if (st) return st;
+  if (st) return ebb__fail_in(fn, st);
   if (pi.type != EBB_MEMTYPE_PINNED)
     return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,
                      pi.type == EBB_MEMTYPE_DEVICE ? "device" : "pageable host");
-  int edev;
-  st = ebb_event_device(done, &edev);
-  if (st) return st;
   if (edev != t->st->device)
     return ebb__fail(EBB_EDEVICE, "%s: event done belongs to device %d but the tensor is on device %d", fn, edev, t->st->device);
+  ebb_stream_t *s;
+  uint64_t sid;
+  st = ebb_stream_current(t->st->device, &s);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb__stream_id_of(fn, s, &sid);
+  if (st) return st;
+  /* The copy reads t's storage on s: declared before anything is enqueued. A contiguous copy
+   * made below lives on s already. */
+  if (ebb__is_contiguous(t)) {
+    st = ebb__storage_use(t->st, s, sid);
+    if (st) return ebb__fail_in(fn, st);
+  }
   ebb_tensor_t *c;
   st = ebb_tensor_contiguous(t, &c);
-  if (st) return st;
-  ebb_stream_t *s;
-  st = ebb_stream_current(t->st->device, &s);
-  if (!st) st = ebb__storage_use(c->st, s);
-  if (!st) st = ebb_copy_async(dst, ebb__tensor_ptr(c), bytes, s);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb_copy_async(dst, ebb__tensor_ptr(c), bytes, s);
   if (!st) st = ebb_event_record(done, s);
   ebb__tensor_put(c);
-  return st;
+  return st ? ebb__fail_in(fn, st) : EBB_OK;
 }
 
 /* ---- getters --------------------------------------------------------------------------------- */
@@ -935,7 +1025,7 @@ ebb_status ebb_tensor_view(const ebb_tensor_t *t, int ndim, const int64_t *shape
     return ebb__fail(EBB_EINVAL, "ebb_tensor_view: a tensor of shape %s and strides %s cannot be viewed as %s without a copy; use ebb_tensor_reshape",
                      EBB__SHAPE(t, a), ebb__shape_str(t->strides, t->ndim, b, sizeof b), ebb__shape_str(ns, ndim, c, sizeof c));
   }
-  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_view", t, ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
@@ -943,12 +1033,13 @@ ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *sh
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   st = ebb__infer_shape("ebb_tensor_reshape", t, ndim, shape, ns);
   if (st) return st;
-  if (ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  if (ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst))
+    return ebb__tensor_alias("ebb_tensor_reshape", t, ndim, ns, nst, t->offset, out);
   ebb_tensor_t *c;
   st = ebb__copy_as("ebb_tensor_reshape", t, t->dtype, &c);
   if (st) return st;
   ebb__contig_strides(ndim, ns, nst);
-  st = ebb__tensor_alias(c, ndim, ns, nst, 0, out);
+  st = ebb__tensor_alias("ebb_tensor_reshape", c, ndim, ns, nst, 0, out);
   ebb__tensor_put(c);
   return st;
 }
@@ -971,7 +1062,7 @@ ebb_status ebb_tensor_permute(const ebb_tensor_t *t, const int *dims, int ndim, 
     ns[i] = t->shape[d];
     nst[i] = t->strides[d];
   }
-  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_permute", t, ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
@@ -986,7 +1077,7 @@ ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_t
     ns[d] = t->shape[s];
     nst[d] = t->strides[s];
   }
-  return ebb__tensor_alias(t, t->ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_transpose", t, t->ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
@@ -1006,7 +1097,7 @@ ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64
   memcpy(nst, t->strides, sizeof nst);
   ns[d] = (end - start + step - 1) / step;
   nst[d] = t->strides[d] * step;
-  return ebb__tensor_alias(t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
+  return ebb__tensor_alias("ebb_tensor_slice", t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
 }
 
 ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
@@ -1020,7 +1111,7 @@ ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int6
     return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: start %lld and length %lld do not fit dim %d of shape %s", (long long)start,
                      (long long)length, d, EBB__SHAPE(t, a));
   }
-  return ebb_tensor_slice(t, d, start, start + length, 1, out);
+  return ebb__fail_in("ebb_tensor_narrow", ebb_tensor_slice(t, d, start, start + length, 1, out));
 }
 
 ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
@@ -1040,7 +1131,7 @@ ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_
     ns[j] = t->shape[k];
     nst[j++] = t->strides[k];
   }
-  return ebb__tensor_alias(t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
+  return ebb__tensor_alias("ebb_tensor_select", t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
 }
 
 ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
@@ -1064,7 +1155,7 @@ ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *sha
                        EBB__SHAPE(t, a), ebb__shape_str(shape, ndim, b, sizeof b), d);
     }
   }
-  return ebb__tensor_alias(t, ndim, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_expand", t, ndim, ns, nst, t->offset, out);
 }
 
 ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
@@ -1078,7 +1169,7 @@ ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out
     return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: dim %d of shape %s has extent %lld; expected 1", d, EBB__SHAPE(t, a),
                      (long long)t->shape[d]);
   }
-  return ebb_tensor_select(t, d, 0, out);
+  return ebb__fail_in("ebb_tensor_squeeze", ebb_tensor_select(t, d, 0, out));
 }
 
 ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
@@ -1098,7 +1189,7 @@ ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **o
       nst[k] = t->strides[j++];
     }
   }
-  return ebb__tensor_alias(t, t->ndim + 1, ns, nst, t->offset, out);
+  return ebb__tensor_alias("ebb_tensor_unsqueeze", t, t->ndim + 1, ns, nst, t->offset, out);
 }
 
 /* ---- in place --------------------------------------------------------------------------------- */
@@ -1126,7 +1217,7 @@ ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) {
 ebb_status ebb_tensor_zero_(ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_zero_", "dst");
   if (st) return st;
-  return ebb_tensor_fill_(t, 0.0);
+  return ebb__fail_in("ebb_tensor_zero_", ebb_tensor_fill_(t, 0.0));
 }
 
 /* src may live on another device: it is first brought to dst's device (contiguous, through

@@ -2,10 +2,14 @@
  * f32 tensors to its return, including the allocation and release of the 1-element result. On
  * the CPU the add itself runs inside the call; on an emulated device the call returns once the
  * kernel is enqueued (the stream is synchronised outside the timed loop, every `batch` adds, so
- * the stream's queue never fills). Median of `reps` runs.
- * Prints: bench=ops_dispatch device=cpu|0 ns_per_op=X
+ * the stream's queue never fills). Median of `reps` runs. `cross=1`: on device 0 with the inputs
+ * allocated on the default stream and the adds on a pool stream, so every launch checks that the
+ * inputs' storages already declared that stream to the arena (the path a backward pass on a side
+ * stream takes).
+ * Prints: bench=ops_dispatch device=cpu|0 [cross=1] ns_per_op=X
  * usage: ebb-bench-ops_dispatch [reps] [count]
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,13 +17,20 @@
 #include "ebb/ops.h"
 #include "ebb/stream.h"
 
-static double dispatch_ns(int device, int reps, int count) {
+static double dispatch_ns(int device, bool cross, int reps, int count) {
   int64_t one = 1;
   ebb_tensor_t *a, *b;
   BENCH_CHECK(ebb_tensor_ones(device, EBB_F32, 1, &one, &a));
   BENCH_CHECK(ebb_tensor_ones(device, EBB_F32, 1, &one, &b));
-  ebb_stream_t *s = NULL;
-  if (device >= 0) BENCH_CHECK(ebb_stream_current(device, &s));
+  ebb_stream_t *s = NULL, *def = NULL;
+  if (cross) {
+    BENCH_CHECK(ebb_stream_current(device, &def));
+    BENCH_CHECK(ebb_stream_from_pool(device, EBB_PRIO_LOW, &s));
+    BENCH_CHECK(ebb_stream_wait_stream(s, def));
+    BENCH_CHECK(ebb_stream_set_current(s));
+  } else if (device >= 0) {
+    BENCH_CHECK(ebb_stream_current(device, &s));
+  }
   const int batch = 256; /* below the emulated stream's queue depth */
   double *v = calloc((size_t)reps, sizeof *v);
   for (int r = -1; r < reps; r++) {
@@ -37,6 +48,7 @@ static double dispatch_ns(int device, int reps, int count) {
     if (r >= 0) v[r] = (double)spent / (double)((count + batch - 1) / batch * batch);
   }
   if (s) BENCH_CHECK(ebb_stream_synchronize(s));
+  if (cross) BENCH_CHECK(ebb_stream_set_current(def));
   double m = bench_median(v, (size_t)reps);
   free(v);
   BENCH_CHECK(ebb_tensor_release(a));
@@ -51,8 +63,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   BENCH_CHECK(ebb_init());
-  printf("bench=ops_dispatch device=cpu ns_per_op=%.1f\n", dispatch_ns(EBB_DEVICE_CPU, reps, count));
-  printf("bench=ops_dispatch device=0 ns_per_op=%.1f\n", dispatch_ns(0, reps, count));
+  printf("bench=ops_dispatch device=cpu ns_per_op=%.1f\n", dispatch_ns(EBB_DEVICE_CPU, false, reps, count));
+  printf("bench=ops_dispatch device=0 ns_per_op=%.1f\n", dispatch_ns(0, false, reps, count));
+  printf("bench=ops_dispatch device=0 cross=1 ns_per_op=%.1f\n", dispatch_ns(0, true, reps, count));
   BENCH_CHECK(ebb_shutdown());
   return 0;
 }

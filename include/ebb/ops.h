@@ -142,9 +142,11 @@ EBB_API ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const in
 /* ---- reductions ------------------------------------------------------------------------------
  * Over the `ndims` dims listed in `dims` (negative allowed, no repeats); ndims == 0 reduces
  * every dim to a scalar. keepdim keeps the reduced dims with extent 1. Accumulation is in f64.
- * sum: a floating input keeps its dtype, i64 and bool give i64; mean: floating (i64 -> f32),
- * an empty reduction gives NaN; amax: the input's dtype, NaN if any element is NaN; EBB_EINVAL
- * on an empty reduced dim. */
+ * sum: a floating input keeps its dtype, i64 and bool give i64, an empty reduction gives 0;
+ * mean: floating (i64 -> f32), an empty reduction gives NaN; amax: the input's dtype, NaN if
+ * any element is NaN; EBB_EINVAL on an empty reduced dim (amax and max_dim: a maximum of no
+ * elements, as PyTorch refuses it). Along a non-empty dim of an empty tensor every reduction
+ * gives an empty result; the backward functions give x's (empty) shape. */
 EBB_API ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
 EBB_API ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
 EBB_API ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
@@ -174,7 +176,9 @@ EBB_API ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_te
                                           ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
 
 /* ---- activations and losses -------------------------------------------------------------------- */
-/* Along dim, computed stably (the max is subtracted first). Floating inputs only. */
+/* Along dim, computed stably (the max is subtracted first). Floating inputs only. A tensor with
+ * no elements (an empty dim, along `dim` or another) gives an empty result of its shape, as in
+ * PyTorch; so do the backward functions. */
 EBB_API ebb_status ebb_op_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out);
 EBB_API ebb_status ebb_op_log_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out);
 /* softmax: grad_x = y * (grad - sum(grad * y, dim)); log_softmax: grad - exp(y) * sum(grad, dim).

@@ -24,7 +24,10 @@
  * released before the last ebb_shutdown (they hold arena blocks).
  * Threading: every function is thread-safe. Two threads writing one storage at once (in-place
  * ops) is the caller's race, as with any memory.
- * Failures say which call, which argument and which shapes, dtypes or devices were wrong.
+ * Failures say which call, which argument and which shapes, dtypes or devices were wrong. The
+ * message starts with the name of the call you made: a failure of work done on your behalf
+ * (another module's call, or an op that a composite op is made of) reads "<your call>: <what
+ * failed there>".
  */
 #ifndef EBB_TENSOR_H
 #define EBB_TENSOR_H
@@ -79,7 +82,9 @@ EBB_API float ebb_f16_to_f32(uint16_t h);
  * written by a kernel on the current stream.
  * Failures: EBB_EINVAL (NULL out, NULL shape with ndim > 0, ndim or an extent out of range,
  * a dtype outside the enum, a byte size that overflows), EBB_EDEVICE (no such device),
- * EBB_ENOMEM (the arena or host pool is exhausted), EBB_ENOTINIT. */
+ * EBB_ENOMEM (the arena or host pool is exhausted; the message names the tensor, then gives
+ * the allocator's report: "ebb_tensor_empty: out of memory for a [4096,4096] f32 tensor
+ * (64 MiB) on device 0: ..."; so do the ops, for the tensors they create), EBB_ENOTINIT. */
 EBB_API ebb_status ebb_tensor_empty(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out);
 /* ebb_tensor_empty inside an owner scope (cat, name): the arena records the storage as owned by
  * `name`, and the tensor carries the name (ebb_tensor_name). */
@@ -116,9 +121,11 @@ EBB_API ebb_status ebb_tensor_to_host(const ebb_tensor_t *t, void *dst, size_t b
 /* Asynchronous: enqueues the copy on the current stream of t's device into `dst`, pinned memory
  * (ebb_pinned_alloc or driver-allocated); records `done` on that stream after the copy, so dst
  * is valid once `done` completes. EBB_EINVAL when dst is not pinned host memory or `done` is
- * NULL; EBB_EDEVICE when `done` belongs to another device. For a CPU tensor the copy is made
- * before the call returns and `done` is left as it was (EBB_EDEVICE never applies).
- * On failure nothing is enqueued and `done` is not recorded. */
+ * NULL; EBB_EFREED when `done` is released; EBB_EDEVICE when `done` belongs to another device.
+ * For a CPU tensor the copy is made before the call returns and `done` is left as it was
+ * (EBB_EDEVICE never applies; a released `done` is still EBB_EFREED, with nothing copied).
+ * On failure nothing is enqueued, nothing is written to dst, and `done` is not recorded: every
+ * check is made before the copy is enqueued. */
 EBB_API ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t bytes, ebb_event_t *done);
 
 /* ---- handles and getters ------------------------------------------------------------------ */

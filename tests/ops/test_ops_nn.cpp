@@ -218,3 +218,31 @@ TEST_CASE("nn: bad inputs name the op, the argument and the shapes", "[ops][nn][
   }
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// PyTorch: softmax and log_softmax of a tensor with no elements give an empty tensor of its shape,
+// whichever dim is empty; so do their backward functions. (Before, an empty dim along `dim`
+// failed with a message from the internal ebb_op_amax.)
+TEST_CASE("nn: softmax and log_softmax of empty tensors give empty results, forward and backward", "[ops][nn][empty]") {
+  EbbSession session;
+  const std::vector<std::vector<int64_t>> shapes{{3, 0}, {0, 4}, {0}, {2, 0, 3}};
+  for (int dev : devices()) {
+    for (const auto &shape : shapes) {
+      for (int dim = 0; dim < (int)shape.size(); dim++) {
+        for (bool logarithm : {false, true}) {
+          INFO(dev_name(dev) << " shape of " << shape.size() << " dims, [" << shape[0] << ",...], dim " << dim
+                             << (logarithm ? " log_softmax" : " softmax"));
+          Tensor x, y, g, gx;
+          EBB_REQUIRE_OK(ebb_tensor_zeros(dev, EBB_F32, (int)shape.size(), shape.data(), x.out()));
+          EBB_REQUIRE_OK(logarithm ? ebb_op_log_softmax(x, dim, y.out()) : ebb_op_softmax(x, dim, y.out()));
+          CHECK(shape_of(y) == shape);
+          CHECK(dtype_of(y) == EBB_F32);
+          EBB_REQUIRE_OK(ebb_tensor_ones(dev, EBB_F32, (int)shape.size(), shape.data(), g.out()));
+          EBB_REQUIRE_OK(logarithm ? ebb_op_log_softmax_backward(g, y, dim, gx.out()) : ebb_op_softmax_backward(g, y, dim, gx.out()));
+          CHECK(shape_of(gx) == shape);
+          CHECK(read(gx).empty());
+        }
+      }
+    }
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

@@ -302,3 +302,48 @@ TEST_CASE("reduce and matmul: bad inputs name the op, the argument and the shape
   t.reset(), e.reset(), a.reset(), b.reset(), c.reset(), v.reset(), i.reset();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// Reductions along an empty dim, as PyTorch: sum gives zeros, mean NaN, amax and max_dim refuse
+// (a maximum of no elements), naming the call made; along a non-empty dim of an empty tensor
+// all give empty results. The backward functions give gradients of x's (empty) shape.
+TEST_CASE("reduce: along an empty dim sum gives 0, mean NaN, amax and max_dim refuse", "[ops][reduce][empty]") {
+  EbbSession session;
+  int64_t zs[2] = {3, 0};
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    Tensor x, o, ix, g, gx;
+    EBB_REQUIRE_OK(ebb_tensor_zeros(dev, EBB_F32, 2, zs, x.out()));
+    int one = 1, zero = 0;
+    EBB_REQUIRE_OK(ebb_op_sum(x, &one, 1, false, o.out()));
+    CHECK(shape_of(o) == std::vector<int64_t>{3});
+    CHECK(read(o) == std::vector<double>(3, 0.0));
+    EBB_REQUIRE_OK(ebb_op_sum(x, nullptr, 0, false, o.out()));
+    CHECK(read(o) == std::vector<double>{0.0});
+    EBB_REQUIRE_OK(ebb_op_mean(x, &one, 1, true, o.out()));
+    CHECK(shape_of(o) == std::vector<int64_t>({3, 1}));
+    for (double v : read(o)) CHECK(std::isnan(v));
+    EBB_REQUIRE_OK(ebb_op_mean(x, nullptr, 0, false, o.out()));
+    CHECK(std::isnan(read(o).at(0)));
+    EBB_CHECK_FAILS(ebb_op_amax(x, &one, 1, false, o.out()), EBB_EINVAL, "ebb_op_amax: t of shape [3,0] has an empty reduced dim");
+    EBB_CHECK_FAILS(ebb_op_amax(x, nullptr, 0, false, o.out()), EBB_EINVAL, "ebb_op_amax:");
+    EBB_CHECK_FAILS(ebb_op_max_dim(x, 1, false, o.out(), ix.out()), EBB_EINVAL, "ebb_op_max_dim: t of shape [3,0] has an empty reduced dim");
+    CHECK(std::string(ebb_last_error()).rfind("ebb_op_max_dim:", 0) == 0);
+    // along dim 0 (3 elements each, but no outputs): empty results
+    EBB_REQUIRE_OK(ebb_op_amax(x, &zero, 1, false, o.out()));
+    CHECK(shape_of(o) == std::vector<int64_t>{0});
+    EBB_REQUIRE_OK(ebb_op_max_dim(x, 0, true, o.out(), ix.out()));
+    CHECK(shape_of(ix) == std::vector<int64_t>({1, 0}));
+    // backward: gradients of x's shape
+    EBB_REQUIRE_OK(ebb_tensor_ones(dev, EBB_F32, 1, zs, g.out()));
+    EBB_REQUIRE_OK(ebb_op_sum_backward(g, x, &one, 1, false, gx.out()));
+    CHECK(shape_of(gx) == std::vector<int64_t>({3, 0}));
+    EBB_REQUIRE_OK(ebb_op_mean_backward(g, x, &one, 1, false, gx.out()));
+    CHECK(shape_of(gx) == std::vector<int64_t>({3, 0}));
+    Tensor y, gy;
+    EBB_REQUIRE_OK(ebb_op_amax(x, &zero, 1, false, y.out()));
+    EBB_REQUIRE_OK(ebb_tensor_zeros(dev, EBB_F32, 1, zs + 1, gy.out()));
+    EBB_REQUIRE_OK(ebb_op_amax_backward(gy, x, y, &zero, 1, false, gx.out()));
+    CHECK(shape_of(gx) == std::vector<int64_t>({3, 0}));
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
