@@ -11,7 +11,9 @@
  *
  * Threading: a chunk's mutex is held for the whole of one use (wait for the previous one, fill,
  * enqueue, record), so two threads never share a chunk; the ring cursor is a relaxed atomic. The
- * record free list has a leaf lock, also taken by host functions on driver threads.
+ * record free list has a leaf lock, also taken by host functions on driver threads. The stream
+ * is pinned (ebb__stream_pin) only while work is enqueued on it, never across the wait for a
+ * chunk, so a release of it never waits for device work.
  */
 #include <string.h>
 
@@ -112,13 +114,20 @@ static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const vo
 }
 
 /* Copies through the ring chunk by chunk. To the device: fill the chunk here, then chunk ->
- * dst on `s`. From the device: src -> chunk on `s`, then a host function drains it into dst. */
+ * dst on `s`. From the device: src -> chunk on `s`, then a host function drains it into dst.
+ * A release of `s` racing the copy ends it with EBB_EFREED after the chunks already enqueued. */
 static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, size_t bytes, bool to_device, ebb_stream_t *s) {
+  static const char fn[] = "ebb_copy_async";
   for (size_t off = 0; off < bytes;) {
     size_t n = bytes - off < ebb__st.chunk_bytes ? bytes - off : ebb__st.chunk_bytes;
     struct ebb__chunk *c = NULL;
     ebb_status st = ebb__chunk_claim(d, &c);
     if (st) return st;
+    st = ebb__stream_pin(fn, s);
+    if (st) { /* released meanwhile: the chunk was not used, its state is unchanged */
+      ebb__mutex_unlock(&c->mu);
+      return st;
+    }
     if (to_device) {
       memcpy(c->mem, src + off, n);
       st = ebb_drv_memcpy_async(dst + off, c->mem, n, s->cu);
@@ -127,6 +136,7 @@ static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, siz
       if (!st) st = ebb__enqueue_host_copy(d, dst + off, c->mem, n, s);
     }
     st = ebb__chunk_finish(d, c, s, n, st);
+    ebb__stream_unpin(s);
     if (st) return st;
     off += n;
   }
@@ -148,9 +158,16 @@ static ebb_status ebb__copy_peer(void *dst, const void *src, size_t bytes, int d
                      fn, sd, dd, (unsigned long long)s->id, s->device, sd, dd);
   ebb_stream_t *other = NULL;
   ebb_status st = ebb__stream_current_of(fn, s->device == sd ? dd : sd, &other);
-  if (!st) st = ebb__stream_order(s, other);
-  if (!st) st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
-  if (!st) st = ebb__stream_order(other, s);
+  if (!st) st = ebb__stream_pin(fn, other); /* this thread's current stream, released by another? */
+  if (st) return st;
+  st = ebb__stream_pin(fn, s);
+  if (!st) {
+    st = ebb__stream_order(s, other);
+    if (!st) st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+    if (!st) st = ebb__stream_order(other, s);
+    ebb__stream_unpin(s);
+  }
+  ebb__stream_unpin(other);
   return st;
 }
 
@@ -184,5 +201,9 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
   struct ebb__dev *d = &ebb__st.dev[dev];
   if (si.type == EBB_MEMTYPE_PAGEABLE || di.type == EBB_MEMTYPE_PAGEABLE)
     return ebb__stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
-  return ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+  st = ebb__stream_pin(fn, s);
+  if (st) return st;
+  st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+  ebb__stream_unpin(s);
+  return st;
 }

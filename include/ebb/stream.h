@@ -11,7 +11,11 @@
  * reused first-in-first-out: a slot is not reused before 1024 more handles of its kind and device
  * have been released after it, so a stale handle is reported until then). Handles do not outlive
  * the last ebb_shutdown, which destroys every stream and event still alive.
- * Threading: every function is thread-safe; a stream or event may be used from any thread.
+ * Threading: every function is thread-safe; a stream or event may be used from any thread. A
+ * call racing ebb_stream_release of its stream on another thread either issues its work before
+ * the release (which then covers it) or fails with EBB_EFREED; it never reaches the destroyed
+ * driver stream. The release waits for such racing calls to finish enqueueing, never for
+ * device work.
  * Configuration, read by the first streams call after ebb_init (a malformed value makes that call
  * fail with EBB_EINVAL naming the variable): EBB_STREAM_POOL_SIZE (streams per pool, 1..64,
  * default 8), EBB_STAGING_CHUNK (bytes per pinned staging chunk, 4096..2^30, default 4 MiB),
@@ -43,8 +47,10 @@ EBB_API ebb_status ebb_stream_default(int device, ebb_stream_t **out);
 /* The next stream of the device's pool for `prio`, round-robin (borrowed, immortal).
  * EBB_STREAM_POOL_SIZE streams per priority (default 8, from the environment at init). */
 EBB_API ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_stream_t **out);
-/* A stream owned by the caller; release it with ebb_stream_release, which does not wait: the
- * driver finishes the work already issued to the stream, then frees it (CUDA semantics). The
+/* A stream owned by the caller; release it with ebb_stream_release, which does not wait for the
+ * stream's work: the driver finishes the work already issued to the stream, then frees it (CUDA
+ * semantics); it waits only for calls on the stream racing it on other threads to finish
+ * enqueueing (see Threading above). The
  * release records an event of that last work, so arena memory the stream used is reused after
  * it on the device, without a host wait. Releasing a pool or default stream is EBB_EINVAL;
  * releasing twice is EBB_EFREED. */
@@ -82,7 +88,9 @@ typedef struct ebb_stream_info {
   uint64_t id;
 } ebb_stream_info;
 EBB_API ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out);
-/* The driver's stream (cuda.h's CUstream), for interop and for ebb_kernel_launch. */
+/* The driver's stream (cuda.h's CUstream), for interop and for ebb_kernel_launch. For a stream
+ * from ebb_stream_create it is valid until ebb_stream_release: the caller must not use it after
+ * (or while) releasing the stream. */
 EBB_API ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out);
 /* Host-blocking wait for all work issued to `s` (spins briefly, then parks). */
 EBB_API ebb_status ebb_stream_synchronize(ebb_stream_t *s);
@@ -138,7 +146,8 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  *    copy is ordered with that device's work.
  * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
  * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
- * EBB_EINVAL; a released stream is EBB_EFREED. */
+ * EBB_EINVAL; a released stream is EBB_EFREED (a staged copy racing the release may have
+ * enqueued its first chunks). */
 EBB_API ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s);
 
 /* Counters for tests and benchmarks, summed over devices, counted from the first streams call
