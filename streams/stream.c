@@ -9,9 +9,9 @@
  * pools are guarded by their device's stream_mu, taken only around free-list operations (never
  * around a driver call). A call that uses a caller-owned stream's driver stream pins it
  * (ebb__stream_pin), and its release waits for the pins before destroying it, so a call racing
- * the release either issues its work first or answers EBB_EFREED. The current stream is
- * thread-local and validated by the slot generation and the module epoch, so a released stream
- * or one from an earlier ebb_init is never handed back.
+ * the release either issues its work first or answers EBB_EFREED. The current stream and the
+ * innermost guard are thread-local; the current stream is validated by the slot generation and
+ * the module epoch, so a released stream or one from an earlier ebb_init is never handed back.
  */
 #include <errno.h>
 #include <sched.h>
@@ -561,6 +561,10 @@ ebb_status ebb_stream_set_current(ebb_stream_t *s) {
 
 #define EBB__GUARD_LIVE 0x65627367u /* "ebsg" */
 
+/* The innermost guard entered on this thread and not exited yet (NULL: none). Only compared,
+ * never dereferenced: a guard whose frame ended without an exit may be gone. */
+static _Thread_local ebb_stream_guard *ebb__tls_guard;
+
 ebb_status ebb_stream_guard_enter(ebb_stream_guard *g, ebb_stream_t *s) {
   static const char fn[] = "ebb_stream_guard_enter";
   ebb_status st = ebb__check_stream(fn, s);
@@ -577,11 +581,19 @@ ebb_status ebb_stream_guard_enter(ebb_stream_guard *g, ebb_stream_t *s) {
   ebb__tls_set(s->device, s);
   g->prev_stream = prev;
   g->stream = s;
+  g->outer = ebb__tls_guard;
+  g->epoch = atomic_load_explicit(&ebb__epoch, memory_order_relaxed);
+  g->prev_gen = atomic_load_explicit(&prev->slot.gen, memory_order_relaxed);
+  g->device = s->device;
   g->prev_device = prev_device;
   g->magic = EBB__GUARD_LIVE;
+  ebb__tls_guard = g;
   return EBB_OK;
 }
 
+/* Only the innermost guard of the thread may exit: exiting an outer one would restore a stream
+ * and device while an inner guard still expects its own, and that inner guard's exit would then
+ * restore what the outer one had replaced. */
 ebb_status ebb_stream_guard_exit(ebb_stream_guard *g) {
   static const char fn[] = "ebb_stream_guard_exit";
   ebb_status st = ebb__streams_enter(fn);
@@ -589,12 +601,22 @@ ebb_status ebb_stream_guard_exit(ebb_stream_guard *g) {
   if (!g) return ebb__fail(EBB_EINVAL, "%s: guard is NULL; expected a guard filled by ebb_stream_guard_enter", fn);
   if (g->magic != EBB__GUARD_LIVE)
     return ebb__fail(EBB_ESTATE, "%s: guard %p was not entered or was already exited", fn, (void *)g);
+  if (g != ebb__tls_guard) {
+    if (!ebb__tls_guard)
+      return ebb__fail(EBB_EINVAL, "%s: guard %p is not the innermost guard of this thread: no guard is entered on this thread; expected the thread that entered it to exit it",
+                       fn, (void *)g);
+    return ebb__fail(EBB_EINVAL, "%s: guard %p is not the innermost guard of this thread: the innermost guard is %p; expected guards exited in the reverse order of entry",
+                     fn, (void *)g, (void *)ebb__tls_guard);
+  }
   st = ebb_dev_set_current(g->prev_device);
   if (st) return st;
-  /* A slot keeps its device for life, so g->stream->device is right even if the stream was
-   * released inside the guard; a previous stream released since then restores the default. */
+  /* The previous stream is restored only while it is the very stream that was current: same
+   * module epoch (else its slab is gone: not even read), live, and the generation it had at
+   * enter (its slot may hold a newer stream by now). Otherwise the default stream. */
   ebb_stream_t *prev = g->prev_stream;
-  ebb__tls_set(g->stream->device, prev && atomic_load_explicit(&prev->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE ? prev : NULL);
+  bool same = prev && g->epoch == atomic_load_explicit(&ebb__epoch, memory_order_relaxed) && ebb__stream_same(prev, g->prev_gen);
+  ebb__tls_set(g->device, same ? prev : NULL);
+  ebb__tls_guard = g->outer;
   g->magic = 0;
   return EBB_OK;
 }

@@ -64,10 +64,19 @@ EBB_API ebb_status ebb_stream_current(int device, ebb_stream_t **out);
 EBB_API ebb_status ebb_stream_set_current(ebb_stream_t *s);
 
 /* Scoped: makes `s` current on its device and its device current; exit restores both. Nest them
- * like braces on one thread. Exiting a guard not entered (or twice) is EBB_ESTATE. */
+ * like braces on one thread: only the innermost guard of the calling thread may exit; exiting
+ * another (an outer one, or one entered on another thread) is EBB_EINVAL, changes nothing, and
+ * the message names the innermost guard. Exiting a guard not entered (or twice) is EBB_ESTATE.
+ * Exit restores the previous stream only if it is still the same live stream (a stream
+ * released meanwhile, even one whose slot a new stream has taken, restores the default one).
+ * The fields are ebb's: filled by enter, read by exit. */
 typedef struct ebb_stream_guard {
   ebb_stream_t *prev_stream;
   ebb_stream_t *stream;
+  struct ebb_stream_guard *outer; /* the thread's innermost guard at enter */
+  uint64_t epoch;
+  uint32_t prev_gen;
+  int device;
   int prev_device;
   uint32_t magic;
 } ebb_stream_guard;
