@@ -115,9 +115,16 @@ static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const vo
 
 /* Copies through the ring chunk by chunk. To the device: fill the chunk here, then chunk ->
  * dst on `s`. From the device: src -> chunk on `s`, then a host function drains it into dst.
- * A release of `s` racing the copy ends it with EBB_EFREED after the chunks already enqueued. */
+ * Not from a caller's host function: a chunk may be free only after work queued behind that
+ * very function, and the claim waits for it on the host (a deadlock). A release of `s` racing
+ * the copy ends it with EBB_EFREED after the chunks already enqueued. */
 static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, size_t bytes, bool to_device, ebb_stream_t *s) {
   static const char fn[] = "ebb_copy_async";
+  if (ebb__in_host_fn())
+    return ebb__fail(EBB_ESTATE, "%s: %zu bytes %s pageable host memory %p on stream %llu (device %d), called from a host function (ebb_stream_host_func); "
+                     "its pinned staging may wait on the host for work queued behind that host function; expected pinned or device memory there, or the copy issued outside host functions",
+                     fn, bytes, to_device ? "from" : "to", to_device ? (const void *)src : (const void *)dst,
+                     (unsigned long long)s->id, s->device);
   for (size_t off = 0; off < bytes;) {
     size_t n = bytes - off < ebb__st.chunk_bytes ? bytes - off : ebb__st.chunk_bytes;
     struct ebb__chunk *c = NULL;

@@ -121,6 +121,8 @@ static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *
   ebb__mutex_init(&d->stream_mu, "streams.slots", EBB_RANK_STREAM_POOL);
   ebb__mutex_init(&d->tomb_mu, "streams.tombs", EBB_RANK_LEAF);
   ebb__slot_pool_init(&d->stream_slots, sizeof(struct ebb_stream), EBB__SLOT_QUARANTINE);
+  ebb__mutex_init(&d->call_mu, "streams.host_calls", EBB_RANK_LEAF);
+  ebb__slot_pool_init(&d->host_calls, sizeof(struct ebb__host_call), 0);
   ebb__events_start(d);
   ebb__copy_start(d);
 }
@@ -192,6 +194,8 @@ static void ebb__streams_teardown(void *user) {
     d->ntombs = d->captombs = 0;
     ebb__mutex_destroy(&d->tomb_mu);
     ebb__copy_teardown(d);
+    ebb__slot_pool_fini(&d->host_calls); /* the devices are idle: every host function has run */
+    ebb__mutex_destroy(&d->call_mu);
     ebb__events_teardown(d);
     ebb__slot_pool_each(&d->stream_slots, ebb__stream_slot_destroy, NULL);
     ebb__slot_pool_fini(&d->stream_slots);
@@ -737,6 +741,28 @@ ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, const void 
   return st;
 }
 
+/* Set on a driver thread while it runs a caller's host function. */
+static _Thread_local bool ebb__tls_in_host_fn;
+
+bool ebb__in_host_fn(void) { return ebb__tls_in_host_fn; }
+
+/* What the driver runs for ebb_stream_host_func: the caller's function, with the thread marked
+ * (saved and restored, should a driver run host functions from inside one), then the record goes
+ * back to its free list. */
+static void ebb__host_call_run(void *user) {
+  struct ebb__host_call *c = user;
+  ebb_host_fn fn = c->fn;
+  void *fn_user = c->user;
+  struct ebb__dev *d = c->dev;
+  ebb__mutex_lock(&d->call_mu);
+  ebb__slot_give(&d->host_calls, c);
+  ebb__mutex_unlock(&d->call_mu);
+  bool outer = ebb__tls_in_host_fn;
+  ebb__tls_in_host_fn = true;
+  fn(fn_user);
+  ebb__tls_in_host_fn = outer;
+}
+
 ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   static const char name[] = "ebb_stream_host_func";
   ebb_status st = ebb__check_stream(name, s);
@@ -744,10 +770,26 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   if (!fn)
     return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a function to run on stream %llu (device %d)", name,
                      (unsigned long long)s->id, s->device);
+  struct ebb__dev *d = &ebb__st.dev[s->device];
+  ebb__mutex_lock(&d->call_mu);
+  struct ebb__host_call *c = ebb__slot_take(&d->host_calls);
+  ebb__mutex_unlock(&d->call_mu);
+  if (!c)
+    return ebb__fail(EBB_ENOMEM, "%s: out of host memory for a host function record on stream %llu (device %d)", name,
+                     (unsigned long long)s->id, s->device);
+  c->fn = fn;
+  c->user = user;
+  c->dev = d;
   st = ebb__stream_pin(name, s);
-  if (st) return st;
-  st = ebb_drv_launch_host_func(s->cu, fn, user);
-  ebb__stream_unpin(s);
+  if (!st) {
+    st = ebb_drv_launch_host_func(s->cu, ebb__host_call_run, c);
+    ebb__stream_unpin(s);
+  }
+  if (st) { /* the function will never run: the record goes back here (STYLE.md 17) */
+    ebb__mutex_lock(&d->call_mu);
+    ebb__slot_give(&d->host_calls, c);
+    ebb__mutex_unlock(&d->call_mu);
+  }
   return st;
 }
 

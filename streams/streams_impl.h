@@ -135,6 +135,15 @@ struct ebb__chunk {
 };
 
 /* The record a staged device-to-pageable copy hands to its host function. */
+/* The record behind a caller's ebb_stream_host_func: the driver runs a trampoline that marks its
+ * thread as running a host function (ebb__in_host_fn) around fn(user). */
+struct ebb__host_call {
+  struct ebb__slot slot;
+  ebb_host_fn fn;
+  void *user;
+  struct ebb__dev *dev; /* whose free list it returns to */
+};
+
 struct ebb__host_copy {
   struct ebb__slot slot;
   void *dst;
@@ -181,6 +190,8 @@ struct ebb__dev {
   struct ebb__chunk chunks[EBB__STAGING_CHUNKS_MAX];
   ebb_mutex rec_mu;                              /* protects host_copies */
   struct ebb__slot_pool host_copies;
+  ebb_mutex call_mu;                             /* protects host_calls (a leaf) */
+  struct ebb__slot_pool host_calls;
 
   _Alignas(EBB__CACHE_LINE) struct ebb__dev_stats stats;
 };
@@ -241,6 +252,10 @@ static inline void ebb__stream_unpin(ebb_stream_t *s) {
    * happens before the release destroys it. */
   if (s->kind == EBB__STREAM_USER) atomic_fetch_sub_explicit(&s->pins, 1, memory_order_release);
 }
+
+/* Whether the calling thread is running a caller's host function (ebb_stream_host_func): calls
+ * that could wait on the host for work queued behind that function refuse to run there. */
+EBB_HIDDEN bool ebb__in_host_fn(void);
 EBB_HIDDEN ebb_status ebb__check_event(const char *fn, const ebb_event_t *e);
 /* The calling thread's current stream on `device` (creating the default stream if needed). */
 EBB_HIDDEN ebb_status ebb__stream_current_of(const char *fn, int device, ebb_stream_t **out);

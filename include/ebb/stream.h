@@ -109,11 +109,13 @@ EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, con
                                      const ebb_launch_cfg *cfg);
 /* Runs fn(user) on a driver thread once all earlier work on `s` is done. As CUDA's host functions
  * must not call CUDA, fn must not wait for device work (ebb_stream_synchronize,
- * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h, nor
- * copy pageable memory with ebb_copy_async: the wait may be for fn itself, the arenas wait for
- * their device with their lock held (ebb_arena_empty_cache with expandable segments, an OOM
- * retry), so an alloc or free in fn can wait for a thread that waits for fn, and a pageable copy
- * may wait on the host for a staging chunk whose release is queued behind fn. */
+ * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h:
+ * the wait may be for fn itself, and the arenas wait for their device with their lock held
+ * (ebb_arena_empty_cache with expandable segments, an OOM retry), so an alloc or free in fn can
+ * wait for a thread that waits for fn. ebb_copy_async of pageable memory from fn fails with
+ * EBB_ESTATE (its staging may wait on the host for a chunk whose release is queued behind fn);
+ * copies between device and pinned memory work there. The record that carries fn and user comes
+ * from a per-device free list (EBB_ENOMEM without host memory for one). */
 EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
 /* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far.
  * Any two devices; waiter == s is a no-op. Uses a pooled event, returned at once. */
@@ -156,7 +158,8 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
  * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
  * EBB_EINVAL; a released stream is EBB_EFREED (a staged copy racing the release may have
- * enqueued its first chunks). */
+ * enqueued its first chunks); a pageable copy from a host function is EBB_ESTATE
+ * (ebb_stream_host_func). */
 EBB_API ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s);
 
 /* Counters for tests and benchmarks, summed over devices, counted from the first streams call

@@ -1,6 +1,6 @@
 // Misuse that must be reported, not crash or hang: calls racing ebb_stream_release of their
-// stream on another thread, and stale handles whose slot a new stream takes. The races are
-// meant to run under TSan as well.
+// stream on another thread, stale handles whose slot a new stream takes, and a host function
+// that copies pageable memory. The races are meant to run under TSan as well.
 #include <atomic>
 #include <string>
 #include <thread>
@@ -169,5 +169,61 @@ TEST_CASE("races: a stale event handle's EFREED message never reads a slot a new
   CHECK(n == e);
   CHECK(msg == first);
   EBB_REQUIRE_OK(ebb_event_release(n));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A host function copying pageable memory: the staging chunk it needs is free only after work
+// queued behind the host function itself (a stream waiting for it, then a staged copy on that
+// stream with a ring of one chunk), so the copy used to wait for ever on the host. It must fail
+// at once with EBB_ESTATE and say why; a pinned copy from a host function still works.
+TEST_CASE("host functions: a pageable copy from a host function fails instead of deadlocking", "[streams][copy]") {
+  ScopedEnv one_chunk("EBB_STAGING_CHUNKS", "1");
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  DevBuf dev(0, 8192);
+  PinnedBuf pinned(4096);
+  std::vector<unsigned char> pageable(4096, 3), pageable2(4096, 5);
+  struct Ctx {
+    ebb_stream_t *s = nullptr;
+    void *dev = nullptr;
+    void *pinned = nullptr;
+    unsigned char *pageable = nullptr;
+    ebb_status pageable_st = EBB_OK, pinned_st = EBB_EINTERNAL;
+    std::string msg;
+    std::atomic<int> ran{0};
+  } ctx;
+  ctx.s = s;
+  ctx.dev = dev.p();
+  ctx.pinned = pinned.ptr;
+  ctx.pageable = pageable.data();
+  std::atomic<int> open{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(s, gate_host_fn, &open));
+  EBB_REQUIRE_OK(ebb_stream_host_func(
+      s,
+      [](void *u) {
+        auto *c = static_cast<Ctx *>(u);
+        c->pageable_st = ebb_copy_async(c->dev, c->pageable, 4096, c->s);
+        c->msg = ebb_last_error();
+        c->pinned_st = ebb_copy_async(static_cast<char *>(c->dev) + 4096, c->pinned, 4096, c->s);
+        c->ran.store(1, std::memory_order_release);
+      },
+      &ctx));
+  EBB_REQUIRE_OK(ebb_stream_wait_stream(t, s)); // t runs after the host function...
+  EBB_REQUIRE_OK(ebb_copy_async(dev.p(), pageable2.data(), 4096, t)); // ...and holds the only chunk
+  open.store(1, std::memory_order_release);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  REQUIRE(ctx.ran.load(std::memory_order_acquire) == 1);
+  INFO(ctx.msg);
+  CHECK(ctx.pageable_st == EBB_ESTATE);
+  CHECK(ctx.msg.find("host function") != std::string::npos);
+  CHECK(ctx.msg.find("pageable") != std::string::npos);
+  CHECK(ctx.pinned_st == EBB_OK);
+  // Outside a host function the same thread-local state is clear: pageable copies work.
+  EBB_REQUIRE_OK(ebb_copy_async(dev.p(), pageable.data(), 4096, s));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s));
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
