@@ -14,8 +14,8 @@
  * Threading: every function is thread-safe; a stream or event may be used from any thread. A
  * call racing ebb_stream_release of its stream on another thread either issues its work before
  * the release (which then covers it) or fails with EBB_EFREED; it never reaches the destroyed
- * driver stream. The release waits for such racing calls to finish enqueueing, never for
- * device work.
+ * driver stream. The release waits for such racing calls to finish enqueueing (an enqueue the
+ * driver blocks because the stream's queue is full included), never for the work itself.
  * Configuration, read by the first streams call after ebb_init (a malformed value makes that call
  * fail with EBB_EINVAL naming the variable): EBB_STREAM_POOL_SIZE (streams per pool, 1..64,
  * default 8), EBB_STAGING_CHUNK (bytes per pinned staging chunk, 4096..2^30, default 4 MiB),
