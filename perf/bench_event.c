@@ -3,7 +3,9 @@
  * One "pair" is ebb_event_record(e, a) then ebb_event_wait(e, b): stream b waits, on the device,
  * for the work issued to stream a so far. Measured on two pool streams of device 0
  * (pair=same_device) and from a stream of device 0 to one of device 1 (pair=cross_device, when
- * the driver has two devices). ns_per_pair is the host time per pair; ns_per_pair_completed
+ * the driver has two devices), and on two streams of device 0 from ebb_stream_create
+ * (pair=same_device_created: their calls pin the streams against a racing ebb_stream_release,
+ * where pool streams need no pin). ns_per_pair is the host time per pair; ns_per_pair_completed
  * adds the synchronize of both streams at the end. Median of `reps` runs.
  * Prints: bench=event pair=same_device iters=N ns_per_pair=X ns_per_pair_completed=Y
  * usage: ebb-bench-event [iters] [reps]
@@ -65,6 +67,12 @@ int main(int argc, char **argv) {
   BENCH_CHECK(ebb_stream_from_pool(0, EBB_PRIO_LOW, &b));
   if (a == b) BENCH_CHECK(ebb_stream_from_pool(0, EBB_PRIO_HIGH, &b)); /* pool of one stream */
   run_pairs("same_device", a, b, iters, reps);
+  ebb_stream_t *ca, *cb;
+  BENCH_CHECK(ebb_stream_create(0, EBB_PRIO_LOW, &ca));
+  BENCH_CHECK(ebb_stream_create(0, EBB_PRIO_LOW, &cb));
+  run_pairs("same_device_created", ca, cb, iters, reps);
+  BENCH_CHECK(ebb_stream_release(ca));
+  BENCH_CHECK(ebb_stream_release(cb));
 
   if (ndev >= 2) {
     ebb_stream_t *c;

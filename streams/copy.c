@@ -11,7 +11,9 @@
  *
  * Threading: a chunk's mutex is held for the whole of one use (wait for the previous one, fill,
  * enqueue, record), so two threads never share a chunk; the ring cursor is a relaxed atomic. The
- * record free list has a leaf lock, also taken by host functions on driver threads.
+ * record free list has a leaf lock, also taken by host functions on driver threads. The stream
+ * is pinned (ebb__stream_pin) only while work is enqueued on it, never across the wait for a
+ * chunk, so a release of it never waits for device work.
  */
 #include <string.h>
 
@@ -112,13 +114,27 @@ static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const vo
 }
 
 /* Copies through the ring chunk by chunk. To the device: fill the chunk here, then chunk ->
- * dst on `s`. From the device: src -> chunk on `s`, then a host function drains it into dst. */
+ * dst on `s`. From the device: src -> chunk on `s`, then a host function drains it into dst.
+ * Not from a caller's host function: a chunk may be free only after work queued behind that
+ * very function, and the claim waits for it on the host (a deadlock). A release of `s` racing
+ * the copy ends it with EBB_EFREED after the chunks already enqueued. */
 static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, size_t bytes, bool to_device, ebb_stream_t *s) {
+  static const char fn[] = "ebb_copy_async";
+  if (ebb__in_host_fn())
+    return ebb__fail(EBB_ESTATE, "%s: %zu bytes %s pageable host memory %p on stream %llu (device %d), called from a host function (ebb_stream_host_func); "
+                     "its pinned staging may wait on the host for work queued behind that host function; expected pinned or device memory there, or the copy issued outside host functions",
+                     fn, bytes, to_device ? "from" : "to", to_device ? (const void *)src : (const void *)dst,
+                     (unsigned long long)s->id, s->device);
   for (size_t off = 0; off < bytes;) {
     size_t n = bytes - off < ebb__st.chunk_bytes ? bytes - off : ebb__st.chunk_bytes;
     struct ebb__chunk *c = NULL;
     ebb_status st = ebb__chunk_claim(d, &c);
     if (st) return st;
+    st = ebb__stream_pin(fn, s);
+    if (st) { /* released meanwhile: the chunk was not used, its state is unchanged */
+      ebb__mutex_unlock(&c->mu);
+      return st;
+    }
     if (to_device) {
       memcpy(c->mem, src + off, n);
       st = ebb_drv_memcpy_async(dst + off, c->mem, n, s->cu);
@@ -127,6 +143,7 @@ static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, siz
       if (!st) st = ebb__enqueue_host_copy(d, dst + off, c->mem, n, s);
     }
     st = ebb__chunk_finish(d, c, s, n, st);
+    ebb__stream_unpin(s);
     if (st) return st;
     off += n;
   }
@@ -148,9 +165,16 @@ static ebb_status ebb__copy_peer(void *dst, const void *src, size_t bytes, int d
                      fn, sd, dd, (unsigned long long)s->id, s->device, sd, dd);
   ebb_stream_t *other = NULL;
   ebb_status st = ebb__stream_current_of(fn, s->device == sd ? dd : sd, &other);
-  if (!st) st = ebb__stream_order(s, other);
-  if (!st) st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
-  if (!st) st = ebb__stream_order(other, s);
+  if (!st) st = ebb__stream_pin(fn, other); /* this thread's current stream, released by another? */
+  if (st) return st;
+  st = ebb__stream_pin(fn, s);
+  if (!st) {
+    st = ebb__stream_order(s, other);
+    if (!st) st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+    if (!st) st = ebb__stream_order(other, s);
+    ebb__stream_unpin(s);
+  }
+  ebb__stream_unpin(other);
   return st;
 }
 
@@ -184,5 +208,9 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
   struct ebb__dev *d = &ebb__st.dev[dev];
   if (si.type == EBB_MEMTYPE_PAGEABLE || di.type == EBB_MEMTYPE_PAGEABLE)
     return ebb__stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
-  return ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+  st = ebb__stream_pin(fn, s);
+  if (st) return st;
+  st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+  ebb__stream_unpin(s);
+  return st;
 }

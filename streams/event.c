@@ -40,6 +40,15 @@ void ebb__events_teardown(struct ebb__dev *d) {
   ebb__mutex_destroy(&d->event_mu);
 }
 
+/* As for streams (ebb__stream_freed): the released event is named from the slot's gone_ fields,
+ * which its release wrote before the magic left LIVE, never from the fields a new event taking
+ * the slot may be writing. */
+static ebb_status ebb__event_freed(const char *fn, const ebb_event_t *e) {
+  return ebb__fail(EBB_EFREED, "%s: event %llu (device %d) was released by ebb_event_release; expected a live event", fn,
+                   (unsigned long long)atomic_load_explicit(&e->slot.gone_id, memory_order_relaxed),
+                   atomic_load_explicit(&e->slot.gone_device, memory_order_relaxed));
+}
+
 ebb_status ebb__check_event(const char *fn, const ebb_event_t *e) {
   ebb_status st = ebb__streams_enter(fn);
   if (EBB_UNLIKELY(st)) return st;
@@ -47,9 +56,7 @@ ebb_status ebb__check_event(const char *fn, const ebb_event_t *e) {
   /* acquire: pairs with the release store of EBB__EVENT_LIVE in ebb_event_create. */
   uint32_t m = atomic_load_explicit(&e->slot.magic, memory_order_acquire);
   if (EBB_LIKELY(m == EBB__EVENT_LIVE)) return EBB_OK;
-  if (m == EBB__SLOT_FREED)
-    return ebb__fail(EBB_EFREED, "%s: event %llu (device %d) was released by ebb_event_release; expected a live event", fn,
-                     (unsigned long long)e->id, e->device);
+  if (m == EBB__SLOT_FREED) return ebb__event_freed(fn, e);
   return ebb__fail(EBB_EINVAL, "%s: %p is %s; expected an event handle", fn, (const void *)e,
                    m == EBB__STREAM_LIVE ? "a stream, not an event" : "not an event handle");
 }
@@ -147,13 +154,17 @@ ebb_status ebb_event_create(int device, unsigned flags, ebb_event_t **out) {
 ebb_status ebb_event_release(ebb_event_t *e) {
   ebb_status st = ebb__check_event("ebb_event_release", e);
   if (st) return st;
+  /* For the messages of stale handles; racing releasers write the same values. */
+  atomic_store_explicit(&e->slot.gone_id, e->id, memory_order_relaxed);
+  atomic_store_explicit(&e->slot.gone_device, e->device, memory_order_relaxed);
   uint32_t live = EBB__EVENT_LIVE;
-  /* relaxed: elects one releaser among racing calls; the slot's reuse is ordered by event_mu
-   * and the release store in ebb_event_create. */
-  if (!atomic_compare_exchange_strong_explicit(&e->slot.magic, &live, EBB__SLOT_FREED, memory_order_relaxed,
-                                               memory_order_relaxed))
-    return ebb__fail(EBB_EFREED, "ebb_event_release: event %llu (device %d) was released by ebb_event_release; expected a live event",
-                     (unsigned long long)e->id, e->device);
+  /* acq_rel: elects one releaser among racing calls, and publishes the gone_ fields to the
+   * acquire loads of the magic in ebb__check_event (acquire on failure: the loser's message
+   * reads them). The slot's reuse is ordered by event_mu and the release store in
+   * ebb_event_create. */
+  if (!atomic_compare_exchange_strong_explicit(&e->slot.magic, &live, EBB__SLOT_FREED, memory_order_acq_rel,
+                                               memory_order_acquire))
+    return ebb__event_freed("ebb_event_release", e);
   ebb_debug_live_add(-1);
   /* The driver keeps any capture of a pending record, so work already made to wait on this
    * event is unaffected by its reuse (CUDA semantics). */
@@ -167,23 +178,23 @@ ebb_status ebb_event_release(ebb_event_t *e) {
   return EBB_OK;
 }
 
-/* The common prologue of calls taking an event and a stream. */
-static ebb_status ebb__check_event_stream(const char *fn, const ebb_event_t *e, const ebb_stream_t *s) {
-  ebb_status st = ebb__check_event(fn, e);
-  if (!st) st = ebb__check_stream(fn, s);
-  return st;
-}
-
+/* The stream is pinned around its use (ebb__stream_pin): a release racing on another thread
+ * makes the call EBB_EFREED, never a record on a destroyed driver stream. */
 ebb_status ebb_event_record(ebb_event_t *e, ebb_stream_t *s) {
   static const char fn[] = "ebb_event_record";
-  ebb_status st = ebb__check_event_stream(fn, e, s);
+  ebb_status st = ebb__check_event(fn, e);
+  if (!st) st = ebb__stream_pin(fn, s);
   if (st) return st;
   /* A driver event belongs to its device's context: recording it on another device's stream is
    * an error in CUDA, reported here with both devices instead of a bare driver code. */
   if (e->device != s->device)
+  {
+    ebb__stream_unpin(s);
     return ebb__fail(EBB_EDEVICE, "%s: event %llu belongs to device %d but stream %llu to device %d; record it on a stream of device %d",
                      fn, (unsigned long long)e->id, e->device, (unsigned long long)s->id, s->device, e->device);
+  }
   st = ebb_drv_event_record(e->cu, s->cu);
+  ebb__stream_unpin(s);
   /* relaxed: `recorded` only says whether a record was ever made; the work it captures is
    * ordered by the driver, and a caller reading it from another thread has synchronised with
    * this one to learn about the record at all. */
@@ -193,11 +204,14 @@ ebb_status ebb_event_record(ebb_event_t *e, ebb_stream_t *s) {
 
 /* Cross-device waits go straight to the driver: a stream may wait on any context's event. */
 ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s) {
-  ebb_status st = ebb__check_event_stream("ebb_event_wait", e, s);
+  static const char fn[] = "ebb_event_wait";
+  ebb_status st = ebb__check_event(fn, e);
+  if (!st) st = ebb__stream_pin(fn, s);
   if (st) return st;
   /* Never recorded: complete by definition, nothing to wait for (as CUDA). */
-  if (!atomic_load_explicit(&e->recorded, memory_order_relaxed)) return EBB_OK;
-  return ebb_drv_stream_wait_event(s->cu, e->cu);
+  if (atomic_load_explicit(&e->recorded, memory_order_relaxed)) st = ebb_drv_stream_wait_event(s->cu, e->cu);
+  ebb__stream_unpin(s);
+  return st;
 }
 
 ebb_status ebb_event_query(ebb_event_t *e, bool *done) {

@@ -7,11 +7,14 @@
  *
  * Threading: immortal streams are published once by compare-and-swap and read lock-free; slot
  * pools are guarded by their device's stream_mu, taken only around free-list operations (never
- * around a driver call). The current stream is thread-local and validated by the slot
- * generation and the module epoch, so a released stream or one from an earlier ebb_init is never
- * handed back.
+ * around a driver call). A call that uses a caller-owned stream's driver stream pins it
+ * (ebb__stream_pin), and its release waits for the pins before destroying it, so a call racing
+ * the release either issues its work first or answers EBB_EFREED. The current stream and the
+ * innermost guard are thread-local; the current stream is validated by the slot generation and
+ * the module epoch, so a released stream or one from an earlier ebb_init is never handed back.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +121,8 @@ static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *
   ebb__mutex_init(&d->stream_mu, "streams.slots", EBB_RANK_STREAM_POOL);
   ebb__mutex_init(&d->tomb_mu, "streams.tombs", EBB_RANK_LEAF);
   ebb__slot_pool_init(&d->stream_slots, sizeof(struct ebb_stream), EBB__SLOT_QUARANTINE);
+  ebb__mutex_init(&d->call_mu, "streams.host_calls", EBB_RANK_LEAF);
+  ebb__slot_pool_init(&d->host_calls, sizeof(struct ebb__host_call), 0);
   ebb__events_start(d);
   ebb__copy_start(d);
 }
@@ -189,6 +194,8 @@ static void ebb__streams_teardown(void *user) {
     d->ntombs = d->captombs = 0;
     ebb__mutex_destroy(&d->tomb_mu);
     ebb__copy_teardown(d);
+    ebb__slot_pool_fini(&d->host_calls); /* the devices are idle: every host function has run */
+    ebb__mutex_destroy(&d->call_mu);
     ebb__events_teardown(d);
     ebb__slot_pool_each(&d->stream_slots, ebb__stream_slot_destroy, NULL);
     ebb__slot_pool_fini(&d->stream_slots);
@@ -219,11 +226,19 @@ ebb_status ebb__check_stream(const char *fn, const ebb_stream_t *s) {
    * fields are those of the stream the magic announces. */
   uint32_t m = atomic_load_explicit(&s->slot.magic, memory_order_acquire);
   if (EBB_LIKELY(m == EBB__STREAM_LIVE)) return EBB_OK;
-  if (m == EBB__SLOT_FREED)
-    return ebb__fail(EBB_EFREED, "%s: stream %llu (device %d) was released by ebb_stream_release; expected a live stream", fn,
-                     (unsigned long long)s->id, s->device);
+  if (m == EBB__SLOT_FREED || m == EBB__STREAM_RELEASING) return ebb__stream_freed(fn, s);
   return ebb__fail(EBB_EINVAL, "%s: %p is %s; expected a stream handle", fn, (const void *)s,
                    m == EBB__EVENT_LIVE ? "an event, not a stream" : "not a stream handle");
+}
+
+/* The slot's id and device fields belong to whichever stream holds it now, and a new stream may
+ * be writing them: the message names the released stream from the slot's gone_ fields, which its
+ * release wrote before the magic left LIVE (the callers' acquire load of the magic pairs with
+ * that release's CAS). */
+ebb_status ebb__stream_freed(const char *fn, const ebb_stream_t *s) {
+  return ebb__fail(EBB_EFREED, "%s: stream %llu (device %d) was released by ebb_stream_release; expected a live stream", fn,
+                   (unsigned long long)atomic_load_explicit(&s->slot.gone_id, memory_order_relaxed),
+                   atomic_load_explicit(&s->slot.gone_device, memory_order_relaxed));
 }
 
 static ebb_status ebb__check_out(const char *fn, const void *out, const char *what) {
@@ -273,7 +288,7 @@ static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream
 }
 
 /* Destroys the driver stream (the driver finishes its pending work first) and returns the slot,
- * whose magic the caller has already turned to EBB__SLOT_FREED. */
+ * whose magic the caller has already turned to EBB__SLOT_FREED (with no pin left on it). */
 static ebb_status ebb__stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
   ebb_status st = ebb_drv_stream_destroy(s->cu);
   s->cu = NULL;
@@ -399,7 +414,11 @@ ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t 
   if ((unsigned)device >= (unsigned)ebb__st.ndev)
     return ebb__fail(EBB_EDEVICE, "ebb__stream_wait_released: device %d of released stream %llu is out of range; expected 0..%d",
                      device, (unsigned long long)id, ebb__st.ndev - 1);
-  return ebb__tomb_wait(&ebb__st.dev[device], id, waiter->cu);
+  st = ebb__stream_pin("ebb__stream_wait_released", waiter);
+  if (st) return st;
+  st = ebb__tomb_wait(&ebb__st.dev[device], id, waiter->cu);
+  ebb__stream_unpin(waiter);
+  return st;
 }
 
 ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
@@ -429,8 +448,10 @@ ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_
     return ebb__fail(EBB_EDEVICE, "%s: event %llu belongs to device %d but stream %llu to device %d", fn,
                      (unsigned long long)e->id, e->device, (unsigned long long)id, dev);
   struct ebb__dev *d = &ebb__st.dev[dev];
-  /* A release turns the stream released under tomb_mu and destroys its driver stream only
-   * after: while tomb_mu is held and the stream is still live, s->cu is its driver stream. */
+  /* A release turns the stream from RELEASING to released under tomb_mu, after its pins are gone
+   * and with its tomb, and destroys its driver stream only after: while tomb_mu is held and the
+   * stream is live or releasing (what the peek accepts), s->cu is its driver stream, and a
+   * record made here is covered by the tomb recorded after it. */
   ebb__mutex_lock(&d->tomb_mu);
   if (!ebb__stream_peek(s, &sid, &dev) || sid != id) {
     ebb__mutex_unlock(&d->tomb_mu);
@@ -452,28 +473,42 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
     return ebb__fail(EBB_EINVAL, "ebb_stream_release: %s stream %llu of device %d is owned by ebb; only streams from ebb_stream_create are released",
                      s->kind == EBB__STREAM_POOL ? "pool" : "default", (unsigned long long)s->id, s->device);
   struct ebb__dev *d = &ebb__st.dev[s->device];
-  /* The stream turns released and gets its tomb under tomb_mu, so whoever sees it released and
-   * then looks for its tomb (ebb__stream_wait_released) finds it. Only the releaser elected by
-   * the CAS touches the driver stream. Without an event (no host memory, a failing driver), its
-   * work is waited for here instead: then nothing is left to order after. */
+  /* Three steps. (1) The CAS to RELEASING elects one releaser among racing calls and makes every
+   * later pin fail (EBB_EFREED). (2) The calls that pinned the stream before are still issuing
+   * work to it: they are waited out with no lock held (a pinned call never waits for device
+   * work, see ebb__stream_pin), so the tomb covers their work too. (3) Under tomb_mu the stream
+   * gets its tomb and turns released, so whoever sees it released and then looks for its tomb
+   * (ebb__stream_wait_released) finds it; until then the arena still records on it under
+   * tomb_mu (ebb__event_record_live). Without an event (no host memory, a failing driver), its
+   * work is waited for here instead: then nothing is left to order after.
+   * The gone_ fields go first, for the messages of whoever sees the magic leave LIVE; racing
+   * releasers of one stream write the same values. */
+  atomic_store_explicit(&s->slot.gone_id, s->id, memory_order_relaxed);
+  atomic_store_explicit(&s->slot.gone_device, s->device, memory_order_relaxed);
+  uint32_t live = EBB__STREAM_LIVE;
+  /* seq_cst: with the loads of pins below, against ebb__stream_pin (see there); its release half
+   * publishes the gone_ fields to the acquire loads of the magic in the checks. acquire on
+   * failure: the message of the loser reads them too. */
+  if (!atomic_compare_exchange_strong_explicit(&s->slot.magic, &live, EBB__STREAM_RELEASING, memory_order_seq_cst,
+                                               memory_order_acquire))
+    return ebb__stream_freed("ebb_stream_release", s);
+  /* seq_cst: as above; it also acquires the unpins' release decrements. Pinned calls are short
+   * enqueues: spin a little, then yield. */
+  for (unsigned spins = 0; atomic_load_explicit(&s->pins, memory_order_seq_cst) != 0; spins++) {
+    if (spins < 256) ebb__cpu_relax();
+    else sched_yield();
+  }
   struct CUevent_st *ev = NULL, *done[EBB__TOMBS + 1];
   unsigned nd = 0;
   if (ebb__drv_event_get(d, false, &ev) != EBB_OK) ev = NULL;
   ebb__mutex_lock(&d->tomb_mu);
-  uint32_t live = EBB__STREAM_LIVE;
-  /* relaxed: the CAS only elects one releaser among racing calls; the slot's hand-over to its
-   * next user is ordered by stream_mu and the release store in ebb__stream_new. */
-  if (!atomic_compare_exchange_strong_explicit(&s->slot.magic, &live, EBB__SLOT_FREED, memory_order_relaxed,
-                                               memory_order_relaxed)) {
-    ebb__mutex_unlock(&d->tomb_mu);
-    if (ev) ebb__drv_event_put(d, false, ev);
-    return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was released by ebb_stream_release; expected a live stream",
-                     (unsigned long long)s->id, s->device);
-  }
   if (!ev || ebb_drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
     (void)ebb_drv_stream_synchronize(s->cu);
     if (ev) done[nd++] = ev;
   }
+  /* release: the tomb is in the table before anyone sees the stream released (the peeks' acquire
+   * loads, then tomb_mu). */
+  atomic_store_explicit(&s->slot.magic, EBB__SLOT_FREED, memory_order_release);
   ebb__mutex_unlock(&d->tomb_mu);
   for (unsigned i = 0; i < nd; i++) ebb__drv_event_put(d, false, done[i]);
   ebb_debug_live_add(-1);
@@ -530,6 +565,10 @@ ebb_status ebb_stream_set_current(ebb_stream_t *s) {
 
 #define EBB__GUARD_LIVE 0x65627367u /* "ebsg" */
 
+/* The innermost guard entered on this thread and not exited yet (NULL: none). Only compared,
+ * never dereferenced: a guard whose frame ended without an exit may be gone. */
+static _Thread_local ebb_stream_guard *ebb__tls_guard;
+
 ebb_status ebb_stream_guard_enter(ebb_stream_guard *g, ebb_stream_t *s) {
   static const char fn[] = "ebb_stream_guard_enter";
   ebb_status st = ebb__check_stream(fn, s);
@@ -546,11 +585,19 @@ ebb_status ebb_stream_guard_enter(ebb_stream_guard *g, ebb_stream_t *s) {
   ebb__tls_set(s->device, s);
   g->prev_stream = prev;
   g->stream = s;
+  g->outer = ebb__tls_guard;
+  g->epoch = atomic_load_explicit(&ebb__epoch, memory_order_relaxed);
+  g->prev_gen = atomic_load_explicit(&prev->slot.gen, memory_order_relaxed);
+  g->device = s->device;
   g->prev_device = prev_device;
   g->magic = EBB__GUARD_LIVE;
+  ebb__tls_guard = g;
   return EBB_OK;
 }
 
+/* Only the innermost guard of the thread may exit: exiting an outer one would restore a stream
+ * and device while an inner guard still expects its own, and that inner guard's exit would then
+ * restore what the outer one had replaced. */
 ebb_status ebb_stream_guard_exit(ebb_stream_guard *g) {
   static const char fn[] = "ebb_stream_guard_exit";
   ebb_status st = ebb__streams_enter(fn);
@@ -558,12 +605,22 @@ ebb_status ebb_stream_guard_exit(ebb_stream_guard *g) {
   if (!g) return ebb__fail(EBB_EINVAL, "%s: guard is NULL; expected a guard filled by ebb_stream_guard_enter", fn);
   if (g->magic != EBB__GUARD_LIVE)
     return ebb__fail(EBB_ESTATE, "%s: guard %p was not entered or was already exited", fn, (void *)g);
+  if (g != ebb__tls_guard) {
+    if (!ebb__tls_guard)
+      return ebb__fail(EBB_EINVAL, "%s: guard %p is not the innermost guard of this thread: no guard is entered on this thread; expected the thread that entered it to exit it",
+                       fn, (void *)g);
+    return ebb__fail(EBB_EINVAL, "%s: guard %p is not the innermost guard of this thread: the innermost guard is %p; expected guards exited in the reverse order of entry",
+                     fn, (void *)g, (void *)ebb__tls_guard);
+  }
   st = ebb_dev_set_current(g->prev_device);
   if (st) return st;
-  /* A slot keeps its device for life, so g->stream->device is right even if the stream was
-   * released inside the guard; a previous stream released since then restores the default. */
+  /* The previous stream is restored only while it is the very stream that was current: same
+   * module epoch (else its slab is gone: not even read), live, and the generation it had at
+   * enter (its slot may hold a newer stream by now). Otherwise the default stream. */
   ebb_stream_t *prev = g->prev_stream;
-  ebb__tls_set(g->stream->device, prev && atomic_load_explicit(&prev->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE ? prev : NULL);
+  bool same = prev && g->epoch == atomic_load_explicit(&ebb__epoch, memory_order_relaxed) && ebb__stream_same(prev, g->prev_gen);
+  ebb__tls_set(g->device, same ? prev : NULL);
+  ebb__tls_guard = g->outer;
   g->magic = 0;
   return EBB_OK;
 }
@@ -591,11 +648,15 @@ ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id) {
   return st;
 }
 
+/* A stream being released counts as live here: its tomb does not exist yet, so a module that
+ * took it for released would find nothing to order after; ebb__event_record_live still records
+ * on it (under tomb_mu, before the tomb). */
 bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device) {
   /* acquire: as in ebb__streams_enter; a module that is not UP is left to the public check. */
   if (EBB_UNLIKELY(atomic_load_explicit(&ebb__st.phase, memory_order_acquire) != EBB__UP || !s)) return false;
   /* acquire: as in ebb__check_stream (the fields are those of the stream the magic announces). */
-  if (EBB_UNLIKELY(atomic_load_explicit(&s->slot.magic, memory_order_acquire) != EBB__STREAM_LIVE)) return false;
+  uint32_t m = atomic_load_explicit(&s->slot.magic, memory_order_acquire);
+  if (EBB_UNLIKELY(m != EBB__STREAM_LIVE && m != EBB__STREAM_RELEASING)) return false;
   *id = s->id;
   *device = s->device;
   return true;
@@ -608,11 +669,15 @@ ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out) {
   return st;
 }
 
+/* Pinned for the read only: what the caller does with the handle is ordered by the caller. The
+ * pin counter is the handle's own state, not the stream's, hence the cast. */
 ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out) {
-  ebb_status st = ebb__check_stream("ebb_stream_cu", s);
-  if (!st) st = ebb__check_out("ebb_stream_cu", out, "a CUstream");
-  if (!st) *out = s->cu;
-  return st;
+  ebb_status st = ebb__check_out("ebb_stream_cu", out, "a CUstream");
+  if (!st) st = ebb__stream_pin("ebb_stream_cu", (ebb_stream_t *)s);
+  if (st) return st;
+  *out = s->cu;
+  ebb__stream_unpin((ebb_stream_t *)s);
+  return EBB_OK;
 }
 
 /* Spin budget before parking: about the latency of a short kernel, far below a scheduler tick. */
@@ -636,42 +701,113 @@ ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park
 static ebb_status ebb__stream_query_cb(void *obj, bool *done) { return ebb_drv_stream_query(obj, done); }
 static ebb_status ebb__stream_park_cb(void *obj) { return ebb_drv_stream_synchronize(obj); }
 
+static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb_drv_event_query(obj, done); }
+static ebb_status ebb__event_park_cb(void *obj) { return ebb_drv_event_synchronize(obj); }
+
+/* A caller-owned stream is waited for through a pooled event recorded under the pin, not with
+ * the pin held: the release of the stream, on another thread or in a host function of the work
+ * waited for, must not wait for this wait. Pool and default streams are waited for directly. */
 ebb_status ebb_stream_synchronize(ebb_stream_t *s) {
-  ebb_status st = ebb__check_stream("ebb_stream_synchronize", s);
+  static const char fn[] = "ebb_stream_synchronize";
+  ebb_status st = ebb__stream_pin(fn, s);
   if (st) return st;
-  return ebb__spin_then_park(s->cu, ebb__stream_query_cb, ebb__stream_park_cb);
+  if (s->kind != EBB__STREAM_USER) return ebb__spin_then_park(s->cu, ebb__stream_query_cb, ebb__stream_park_cb);
+  struct ebb__dev *d = &ebb__st.dev[s->device];
+  struct CUevent_st *ev = NULL;
+  st = ebb__drv_event_get(d, false, &ev);
+  if (!st) st = ebb_drv_event_record(ev, s->cu);
+  ebb__stream_unpin(s);
+  if (!st) st = ebb__spin_then_park(ev, ebb__event_query_cb, ebb__event_park_cb);
+  if (ev) ebb__drv_event_put(d, false, ev);
+  return st;
 }
 
 ebb_status ebb_stream_query(ebb_stream_t *s, bool *idle) {
-  ebb_status st = ebb__check_stream("ebb_stream_query", s);
-  if (!st) st = ebb__check_out("ebb_stream_query", idle, "a bool");
+  ebb_status st = ebb__check_out("ebb_stream_query", idle, "a bool");
+  if (!st) st = ebb__stream_pin("ebb_stream_query", s);
   if (st) return st;
-  return ebb_drv_stream_query(s->cu, idle);
+  st = ebb_drv_stream_query(s->cu, idle);
+  ebb__stream_unpin(s);
+  return st;
 }
 
 /* The kernel registry checks the kernel, its arguments and declared buffers; the stream only
  * supplies its device and driver stream. */
 ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, const void *args, const ebb_launch_cfg *cfg) {
-  ebb_status st = ebb__check_stream("ebb_stream_launch", s);
+  ebb_status st = ebb__stream_pin("ebb_stream_launch", s);
   if (st) return st;
-  return ebb_kernel_launch(k, s->device, s->cu, args, cfg);
+  st = ebb_kernel_launch(k, s->device, s->cu, args, cfg);
+  ebb__stream_unpin(s);
+  return st;
+}
+
+/* Set on a driver thread while it runs a caller's host function. */
+static _Thread_local bool ebb__tls_in_host_fn;
+
+bool ebb__in_host_fn(void) { return ebb__tls_in_host_fn; }
+
+/* What the driver runs for ebb_stream_host_func: the caller's function, with the thread marked
+ * (saved and restored, should a driver run host functions from inside one), then the record goes
+ * back to its free list. */
+static void ebb__host_call_run(void *user) {
+  struct ebb__host_call *c = user;
+  ebb_host_fn fn = c->fn;
+  void *fn_user = c->user;
+  struct ebb__dev *d = c->dev;
+  ebb__mutex_lock(&d->call_mu);
+  ebb__slot_give(&d->host_calls, c);
+  ebb__mutex_unlock(&d->call_mu);
+  bool outer = ebb__tls_in_host_fn;
+  ebb__tls_in_host_fn = true;
+  fn(fn_user);
+  ebb__tls_in_host_fn = outer;
 }
 
 ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
-  ebb_status st = ebb__check_stream("ebb_stream_host_func", s);
+  static const char name[] = "ebb_stream_host_func";
+  ebb_status st = ebb__check_stream(name, s);
   if (st) return st;
   if (!fn)
-    return ebb__fail(EBB_EINVAL, "ebb_stream_host_func: fn is NULL; expected a function to run on stream %llu (device %d)",
+    return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a function to run on stream %llu (device %d)", name,
                      (unsigned long long)s->id, s->device);
-  return ebb_drv_launch_host_func(s->cu, fn, user);
+  struct ebb__dev *d = &ebb__st.dev[s->device];
+  ebb__mutex_lock(&d->call_mu);
+  struct ebb__host_call *c = ebb__slot_take(&d->host_calls);
+  ebb__mutex_unlock(&d->call_mu);
+  if (!c)
+    return ebb__fail(EBB_ENOMEM, "%s: out of host memory for a host function record on stream %llu (device %d)", name,
+                     (unsigned long long)s->id, s->device);
+  c->fn = fn;
+  c->user = user;
+  c->dev = d;
+  st = ebb__stream_pin(name, s);
+  if (!st) {
+    st = ebb_drv_launch_host_func(s->cu, ebb__host_call_run, c);
+    ebb__stream_unpin(s);
+  }
+  if (st) { /* the function will never run: the record goes back here (STYLE.md 17) */
+    ebb__mutex_lock(&d->call_mu);
+    ebb__slot_give(&d->host_calls, c);
+    ebb__mutex_unlock(&d->call_mu);
+  }
+  return st;
 }
 
 ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {
-  ebb_status st = ebb__check_stream("ebb_stream_wait_stream", waiter);
-  if (!st) st = ebb__check_stream("ebb_stream_wait_stream", s);
+  static const char fn[] = "ebb_stream_wait_stream";
+  ebb_status st = ebb__check_stream(fn, waiter);
+  if (!st) st = ebb__check_stream(fn, s);
   if (st) return st;
   if (waiter == s) return EBB_OK; /* a stream already runs after its own earlier work */
-  return ebb__stream_order(waiter, s);
+  st = ebb__stream_pin(fn, waiter);
+  if (st) return st;
+  st = ebb__stream_pin(fn, s);
+  if (!st) {
+    st = ebb__stream_order(waiter, s);
+    ebb__stream_unpin(s);
+  }
+  ebb__stream_unpin(waiter);
+  return st;
 }
 
 /* ---- statistics ---------------------------------------------------------------------------- */

@@ -43,10 +43,14 @@
 #define EBB__TOMBS 64u
 #define EBB__CACHE_LINE 64
 
-/* Slot magics: live handles, released ones, and everything else (not a handle of this kind). */
-#define EBB__STREAM_LIVE 0x65627374u /* "ebst" */
-#define EBB__EVENT_LIVE 0x65626576u  /* "ebev" */
-#define EBB__SLOT_FREED 0x64656164u  /* "dead" */
+/* Slot magics: live handles, released ones, and everything else (not a handle of this kind).
+ * A stream being released is RELEASING from the moment its release is decided until its last
+ * work has a tomb (ebb_stream_release): the public calls report it as released, but its driver
+ * stream still exists. */
+#define EBB__STREAM_LIVE 0x65627374u      /* "ebst" */
+#define EBB__STREAM_RELEASING 0x65627372u /* "ebsr" */
+#define EBB__EVENT_LIVE 0x65626576u       /* "ebev" */
+#define EBB__SLOT_FREED 0x64656164u       /* "dead" */
 
 /* ---- slabs and slots ----------------------------------------------------------------------- */
 
@@ -67,12 +71,17 @@ struct ebb__slot_pool {
   struct ebb__slab *slabs;
 };
 
-/* The header every slot starts with. `magic` and `gen` are atomics because a stale handle may be
- * read by one thread while another reuses its slot; the other fields are owned by whoever holds
- * the handle. */
+/* The header every slot starts with. `magic`, `gen` and the gone_ fields are atomics because a
+ * stale handle may be read by one thread while another reuses its slot; the other fields are
+ * owned by whoever holds the handle, and a new handle taking the slot rewrites them. */
 struct ebb__slot {
   _Atomic uint32_t magic;
   _Atomic uint32_t gen; /* bumped at every reuse of the slot */
+  /* The id and device of the handle last released from the slot, written by its release before
+   * the magic leaves LIVE: what the EFREED message of a stale handle names, without reading the
+   * fields a new handle may be writing. */
+  _Atomic uint64_t gone_id;
+  _Atomic int gone_device;
   struct ebb_list node; /* in the owner's free list while released */
 };
 
@@ -95,6 +104,9 @@ struct ebb_stream {
   ebb_stream_prio prio;
   enum ebb__stream_kind kind;
   struct CUstream_st *cu;
+  /* Calls using `cu` of a caller-owned stream right now (ebb__stream_pin); its release waits
+   * for none to be left before it records the stream's last work and destroys `cu`. */
+  _Atomic uint32_t pins;
 };
 
 struct ebb_event {
@@ -123,6 +135,15 @@ struct ebb__chunk {
 };
 
 /* The record a staged device-to-pageable copy hands to its host function. */
+/* The record behind a caller's ebb_stream_host_func: the driver runs a trampoline that marks its
+ * thread as running a host function (ebb__in_host_fn) around fn(user). */
+struct ebb__host_call {
+  struct ebb__slot slot;
+  ebb_host_fn fn;
+  void *user;
+  struct ebb__dev *dev; /* whose free list it returns to */
+};
+
 struct ebb__host_copy {
   struct ebb__slot slot;
   void *dst;
@@ -169,6 +190,8 @@ struct ebb__dev {
   struct ebb__chunk chunks[EBB__STAGING_CHUNKS_MAX];
   ebb_mutex rec_mu;                              /* protects host_copies */
   struct ebb__slot_pool host_copies;
+  ebb_mutex call_mu;                             /* protects host_calls (a leaf) */
+  struct ebb__slot_pool host_calls;
 
   _Alignas(EBB__CACHE_LINE) struct ebb__dev_stats stats;
 };
@@ -194,8 +217,45 @@ EBB_HIDDEN ebb_status ebb__streams_enter(const char *fn);
 /* A process-unique id for a new stream or event (never reused, not reset by ebb_shutdown). */
 EBB_HIDDEN uint64_t ebb__new_id(void);
 EBB_HIDDEN ebb_status ebb__check_device(const char *fn, int device);
-/* `s` non-NULL, a stream, live: EBB_EINVAL / EBB_EFREED with a message naming `fn` and the id. */
+/* `s` non-NULL, a stream, live: EBB_EINVAL / EBB_EFREED with a message naming `fn` and the id.
+ * Enough for calls that read only the fields fixed for a stream's life (id, device, priority);
+ * a call that uses the driver stream pins it instead. */
 EBB_HIDDEN ebb_status ebb__check_stream(const char *fn, const ebb_stream_t *s);
+/* The EBB_EFREED failure for a released (or releasing) stream, naming its id and device. */
+EBB_HIDDEN ebb_status ebb__stream_freed(const char *fn, const ebb_stream_t *s);
+
+/* ebb__check_stream for a call that uses the driver stream s->cu: on EBB_OK, s->cu stays valid
+ * until ebb__stream_unpin(s), whatever a release of `s` on another thread does meanwhile; a
+ * release that came first makes it EBB_EFREED. Pool and default streams are never released and
+ * cost no pin. Hold a pin only while enqueueing (driver calls that return without waiting for
+ * device work): ebb_stream_release waits for the pins to go, and the work a wait would wait for
+ * may include a host function releasing this very stream.
+ * The pin is an increment of a counter the stream's users share (its cache line is the slot's,
+ * which every call reads anyway); the release side is in ebb_stream_release. */
+static inline ebb_status ebb__stream_pin(const char *fn, ebb_stream_t *s) {
+  ebb_status st = ebb__check_stream(fn, s);
+  if (EBB_UNLIKELY(st)) return st;
+  if (s->kind != EBB__STREAM_USER) return EBB_OK; /* immortal */
+  /* seq_cst, both: against the release's seq_cst CAS of the magic and its seq_cst loads of
+   * pins, either this load sees the release or the release sees this pin (store-load order). */
+  atomic_fetch_add_explicit(&s->pins, 1, memory_order_seq_cst);
+  if (EBB_LIKELY(atomic_load_explicit(&s->slot.magic, memory_order_seq_cst) == EBB__STREAM_LIVE)) return EBB_OK;
+  /* release: as in ebb__stream_unpin. */
+  atomic_fetch_sub_explicit(&s->pins, 1, memory_order_release);
+  return ebb__stream_freed(fn, s);
+}
+
+/* Ends the pin of a successful ebb__stream_pin. The kind cannot change while pinned: the slot is
+ * reused only after its release, which waits for the pins. */
+static inline void ebb__stream_unpin(ebb_stream_t *s) {
+  /* release: pairs with the loads of pins in ebb_stream_release, so this call's use of s->cu
+   * happens before the release destroys it. */
+  if (s->kind == EBB__STREAM_USER) atomic_fetch_sub_explicit(&s->pins, 1, memory_order_release);
+}
+
+/* Whether the calling thread is running a caller's host function (ebb_stream_host_func): calls
+ * that could wait on the host for work queued behind that function refuse to run there. */
+EBB_HIDDEN bool ebb__in_host_fn(void);
 EBB_HIDDEN ebb_status ebb__check_event(const char *fn, const ebb_event_t *e);
 /* The calling thread's current stream on `device` (creating the default stream if needed). */
 EBB_HIDDEN ebb_status ebb__stream_current_of(const char *fn, int device, ebb_stream_t **out);
@@ -211,7 +271,7 @@ EBB_HIDDEN ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct
 EBB_HIDDEN void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu);
 
 /* Records a pooled driver event on `s` and makes `waiter` wait on it: waiter runs after the
- * work issued to `s` so far. */
+ * work issued to `s` so far. Both streams pinned by the caller. */
 EBB_HIDDEN ebb_status ebb__stream_order(ebb_stream_t *waiter, ebb_stream_t *s);
 
 /* Per-device start and teardown of each file's part of struct ebb__dev. */

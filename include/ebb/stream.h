@@ -11,7 +11,11 @@
  * reused first-in-first-out: a slot is not reused before 1024 more handles of its kind and device
  * have been released after it, so a stale handle is reported until then). Handles do not outlive
  * the last ebb_shutdown, which destroys every stream and event still alive.
- * Threading: every function is thread-safe; a stream or event may be used from any thread.
+ * Threading: every function is thread-safe; a stream or event may be used from any thread. A
+ * call racing ebb_stream_release of its stream on another thread either issues its work before
+ * the release (which then covers it) or fails with EBB_EFREED; it never reaches the destroyed
+ * driver stream. The release waits for such racing calls to finish enqueueing (an enqueue the
+ * driver blocks because the stream's queue is full included), never for the work itself.
  * Configuration, read by the first streams call after ebb_init (a malformed value makes that call
  * fail with EBB_EINVAL naming the variable): EBB_STREAM_POOL_SIZE (streams per pool, 1..64,
  * default 8), EBB_STAGING_CHUNK (bytes per pinned staging chunk, 4096..2^30, default 4 MiB),
@@ -43,8 +47,10 @@ EBB_API ebb_status ebb_stream_default(int device, ebb_stream_t **out);
 /* The next stream of the device's pool for `prio`, round-robin (borrowed, immortal).
  * EBB_STREAM_POOL_SIZE streams per priority (default 8, from the environment at init). */
 EBB_API ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_stream_t **out);
-/* A stream owned by the caller; release it with ebb_stream_release, which does not wait: the
- * driver finishes the work already issued to the stream, then frees it (CUDA semantics). The
+/* A stream owned by the caller; release it with ebb_stream_release, which does not wait for the
+ * stream's work: the driver finishes the work already issued to the stream, then frees it (CUDA
+ * semantics); it waits only for calls on the stream racing it on other threads to finish
+ * enqueueing (see Threading above). The
  * release records an event of that last work, so arena memory the stream used is reused after
  * it on the device, without a host wait. Releasing a pool or default stream is EBB_EINVAL;
  * releasing twice is EBB_EFREED. */
@@ -58,10 +64,19 @@ EBB_API ebb_status ebb_stream_current(int device, ebb_stream_t **out);
 EBB_API ebb_status ebb_stream_set_current(ebb_stream_t *s);
 
 /* Scoped: makes `s` current on its device and its device current; exit restores both. Nest them
- * like braces on one thread. Exiting a guard not entered (or twice) is EBB_ESTATE. */
+ * like braces on one thread: only the innermost guard of the calling thread may exit; exiting
+ * another (an outer one, or one entered on another thread) is EBB_EINVAL, changes nothing, and
+ * the message names the innermost guard. Exiting a guard not entered (or twice) is EBB_ESTATE.
+ * Exit restores the previous stream only if it is still the same live stream (a stream
+ * released meanwhile, even one whose slot a new stream has taken, restores the default one).
+ * The fields are ebb's: filled by enter, read by exit. */
 typedef struct ebb_stream_guard {
   ebb_stream_t *prev_stream;
   ebb_stream_t *stream;
+  struct ebb_stream_guard *outer; /* the thread's innermost guard at enter */
+  uint64_t epoch;
+  uint32_t prev_gen;
+  int device;
   int prev_device;
   uint32_t magic;
 } ebb_stream_guard;
@@ -82,7 +97,9 @@ typedef struct ebb_stream_info {
   uint64_t id;
 } ebb_stream_info;
 EBB_API ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out);
-/* The driver's stream (cuda.h's CUstream), for interop and for ebb_kernel_launch. */
+/* The driver's stream (cuda.h's CUstream), for interop and for ebb_kernel_launch. For a stream
+ * from ebb_stream_create it is valid until ebb_stream_release: the caller must not use it after
+ * (or while) releasing the stream. */
 EBB_API ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out);
 /* Host-blocking wait for all work issued to `s` (spins briefly, then parks). */
 EBB_API ebb_status ebb_stream_synchronize(ebb_stream_t *s);
@@ -92,11 +109,13 @@ EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, con
                                      const ebb_launch_cfg *cfg);
 /* Runs fn(user) on a driver thread once all earlier work on `s` is done. As CUDA's host functions
  * must not call CUDA, fn must not wait for device work (ebb_stream_synchronize,
- * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h, nor
- * copy pageable memory with ebb_copy_async: the wait may be for fn itself, the arenas wait for
- * their device with their lock held (ebb_arena_empty_cache with expandable segments, an OOM
- * retry), so an alloc or free in fn can wait for a thread that waits for fn, and a pageable copy
- * may wait on the host for a staging chunk whose release is queued behind fn. */
+ * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h:
+ * the wait may be for fn itself, and the arenas wait for their device with their lock held
+ * (ebb_arena_empty_cache with expandable segments, an OOM retry), so an alloc or free in fn can
+ * wait for a thread that waits for fn. ebb_copy_async of pageable memory from fn fails with
+ * EBB_ESTATE (its staging may wait on the host for a chunk whose release is queued behind fn);
+ * copies between device and pinned memory work there. The record that carries fn and user comes
+ * from a per-device free list (EBB_ENOMEM without host memory for one). */
 EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
 /* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far.
  * Any two devices; waiter == s is a no-op. Uses a pooled event, returned at once. */
@@ -138,7 +157,9 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  *    copy is ordered with that device's work.
  * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
  * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
- * EBB_EINVAL; a released stream is EBB_EFREED. */
+ * EBB_EINVAL; a released stream is EBB_EFREED (a staged copy racing the release may have
+ * enqueued its first chunks); a pageable copy from a host function is EBB_ESTATE
+ * (ebb_stream_host_func). */
 EBB_API ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s);
 
 /* Counters for tests and benchmarks, summed over devices, counted from the first streams call

@@ -16,9 +16,12 @@
 #include "ebb_internal.h"
 
 /* Whether `s` is a live stream of a started module; if so its id and device in *id, *device.
- * False says nothing about why (ebb not initialised, module not started yet, NULL, released,
- * not a stream): the caller then calls the public check, which starts the module when it can
- * and names the reason. Lock-free: an acquire load of the module phase and of the slot's magic. */
+ * A stream whose release has begun but has not recorded its last work yet counts as live (its
+ * driver stream still exists, and ebb__stream_wait_released would not find its release's event
+ * yet): ebb__event_record_live records on it. False says nothing about why (ebb not
+ * initialised, module not started yet, NULL, released, not a stream): the caller then calls the
+ * public check, which starts the module when it can and names the reason. Lock-free: an acquire
+ * load of the module phase and of the slot's magic. */
 EBB_HIDDEN bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device);
 
 /* Makes `waiter` wait, on the device and never the host, for all the work issued to the stream

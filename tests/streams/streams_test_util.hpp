@@ -80,6 +80,16 @@ inline bool cpu_kernels() {
   return ebb_dev_get_caps(0, &caps) == EBB_OK && caps.cpu_kernels;
 }
 
+// Creates and releases `n` streams of `device`: a released slot is reused only once 1024 more
+// have been released after it (stream.h), so this brings the oldest released slot back.
+inline void churn_streams(int device, int n) {
+  for (int i = 0; i < n; i++) {
+    ebb_stream_t *t = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_create(device, EBB_PRIO_LOW, &t));
+    EBB_REQUIRE_OK(ebb_stream_release(t));
+  }
+}
+
 // Device memory of `device`, freed at scope exit.
 struct DevBuf {
   int device;

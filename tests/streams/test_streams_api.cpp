@@ -2,6 +2,7 @@
 // caller-owned streams and their misuse, events (record, wait, query, synchronize, elapsed),
 // order within and across streams and devices, statistics.
 #include <atomic>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
@@ -174,6 +175,80 @@ TEST_CASE("guards nest, switch the device, and restore both on exit", "[streams]
   CHECK(dev == 0);
   EBB_CHECK_FAILS(ebb_stream_guard_exit(&g1), EBB_ESTATE, "already exited");
   EBB_CHECK_FAILS(ebb_stream_guard_enter(nullptr, a), EBB_EINVAL, "guard is NULL");
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The stream a guard restores must be the very stream that was current: the generation is
+// checked, not only that the slot holds a live stream. Here the previous stream is released
+// inside the guard and its slot is taken by a new stream before the exit (exit restored the new
+// stream, a stranger to the caller).
+TEST_CASE("guards: exit restores the previous stream only while it is the same stream", "[streams]") {
+  EbbSession session;
+  ebb_stream_t *a = nullptr, *b = nullptr, *c = nullptr, *def = nullptr, *cur = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_default(0, &def));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &a));
+  EBB_REQUIRE_OK(ebb_stream_from_pool(0, EBB_PRIO_LOW, &b));
+  EBB_REQUIRE_OK(ebb_stream_set_current(a));
+  ebb_stream_guard g;
+  EBB_REQUIRE_OK(ebb_stream_guard_enter(&g, b));
+  EBB_REQUIRE_OK(ebb_stream_release(a));
+  churn_streams(0, 1024);
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_HIGH, &c));
+  REQUIRE(c == a); // the new stream took the previous stream's slot
+  EBB_REQUIRE_OK(ebb_stream_guard_exit(&g));
+  EBB_REQUIRE_OK(ebb_stream_current(0, &cur));
+  CHECK(cur == def);
+  EBB_REQUIRE_OK(ebb_stream_release(c));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// Guards exited out of order (or on a thread that did not enter them) are refused and change
+// nothing: the message names the guard that is innermost, which must be exited first.
+TEST_CASE("guards: exiting a guard that is not the innermost is EBB_EINVAL and changes nothing", "[streams]") {
+  EbbSession session;
+  ebb_stream_t *a = nullptr, *b = nullptr, *def0 = nullptr, *def1 = nullptr, *cur = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_default(0, &def0));
+  EBB_REQUIRE_OK(ebb_stream_default(1, &def1));
+  EBB_REQUIRE_OK(ebb_stream_from_pool(1, EBB_PRIO_LOW, &a));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
+  EBB_REQUIRE_OK(ebb_dev_set_current(0));
+  int dev = -1;
+  ebb_stream_guard g1, g2;
+  EBB_REQUIRE_OK(ebb_stream_guard_enter(&g1, a));
+  EBB_REQUIRE_OK(ebb_stream_guard_enter(&g2, b));
+  char inner[32];
+  std::snprintf(inner, sizeof inner, "%p", static_cast<void *>(&g2));
+  EBB_CHECK_FAILS(ebb_stream_guard_exit(&g1), EBB_EINVAL, std::string("innermost guard is ") + inner);
+  EBB_REQUIRE_OK(ebb_dev_get_current(&dev));
+  CHECK(dev == 0);
+  EBB_REQUIRE_OK(ebb_stream_current(0, &cur));
+  CHECK(cur == b);
+  EBB_REQUIRE_OK(ebb_stream_current(1, &cur));
+  CHECK(cur == a);
+  // Another thread has no guard of its own: g2 is not its innermost either.
+  std::string other_msg;
+  ebb_status other = EBB_OK;
+  std::thread([&] {
+    other = ebb_stream_guard_exit(&g2);
+    other_msg = ebb_last_error();
+  }).join();
+  CHECK(other == EBB_EINVAL);
+  CHECK(other_msg.find("no guard is entered on this thread") != std::string::npos);
+  // In order, both exits work and restore what was there before the first enter.
+  EBB_REQUIRE_OK(ebb_stream_guard_exit(&g2));
+  EBB_REQUIRE_OK(ebb_stream_current(1, &cur));
+  CHECK(cur == a);
+  EBB_REQUIRE_OK(ebb_dev_get_current(&dev));
+  CHECK(dev == 1);
+  EBB_REQUIRE_OK(ebb_stream_guard_exit(&g1));
+  EBB_REQUIRE_OK(ebb_dev_get_current(&dev));
+  CHECK(dev == 0);
+  EBB_REQUIRE_OK(ebb_stream_current(0, &cur));
+  CHECK(cur == def0);
+  EBB_REQUIRE_OK(ebb_stream_current(1, &cur));
+  CHECK(cur == def1);
+  EBB_CHECK_FAILS(ebb_stream_guard_exit(&g1), EBB_ESTATE, "already exited");
+  EBB_REQUIRE_OK(ebb_stream_release(b));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 

@@ -1,0 +1,229 @@
+// Misuse that must be reported, not crash or hang: calls racing ebb_stream_release of their
+// stream on another thread, stale handles whose slot a new stream takes, and a host function
+// that copies pageable memory. The races are meant to run under TSan as well.
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "streams_test_util.hpp"
+
+using namespace streams_test;
+
+namespace {
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr int kSanitized = 1;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+constexpr int kSanitized = 1;
+#else
+constexpr int kSanitized = 0;
+#endif
+#else
+constexpr int kSanitized = 0;
+#endif
+
+void noop_host_fn(void *) {}
+
+} // namespace
+
+// A thread issues every kind of call on a created stream while the main thread releases it.
+// Each call must succeed (it came first) or answer EBB_EFREED (the release came first); none may
+// reach the driver stream the release destroys (which answered EBB_EINVAL with the driver's
+// message, and is a data race on the driver handle under TSan).
+TEST_CASE("races: calls on a stream racing its release succeed or get EBB_EFREED", "[streams][threads]") {
+  EbbSession session;
+  const bool kernels = cpu_kernels();
+  Kernels k;
+  std::atomic<long> ran{0};
+  DevBuf dev(0, 4096);
+  PinnedBuf pinned(4096);
+  std::vector<unsigned char> pageable(4096, 7);
+  ebb_stream_t *p = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_from_pool(0, EBB_PRIO_LOW, &p));
+  ebb_event_t *e = nullptr, *other = nullptr;
+  EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &e));
+  EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &other));
+  EBB_REQUIRE_OK(ebb_event_record(other, p));
+  constexpr int kCalls = 12;
+  const int rounds = kSanitized ? 150 : 600;
+  int freed = 0;
+  for (int round = 0; round < rounds; round++) {
+    ebb_stream_t *s = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+    std::atomic<long> issued{0};
+    ebb_status bad = EBB_OK;
+    std::string bad_msg;
+    int bad_call = -1;
+    std::thread user([&] {
+      IncArgs ia{&ran};
+      for (long i = 0;; i++) {
+        const int call = int((i + round) % kCalls);
+        ebb_status st = EBB_OK;
+        bool idle = false;
+        struct CUstream_st *cu = nullptr;
+        switch (call) {
+        case 0: st = ebb_event_record(e, s); break;
+        case 1: st = kernels ? ebb_stream_launch(s, k.inc, &ia, nullptr) : ebb_event_record(e, s); break;
+        case 2: st = ebb_event_wait(other, s); break;
+        case 3: st = ebb_stream_host_func(s, noop_host_fn, nullptr); break;
+        case 4: st = ebb_copy_async(dev.p(), pinned.ptr, 256, s); break;
+        case 5: st = ebb_copy_async(dev.p(), pageable.data(), 256, s); break;
+        case 6: st = ebb_stream_wait_stream(s, p); break;
+        case 7: st = ebb_stream_wait_stream(p, s); break;
+        case 8: st = ebb_stream_query(s, &idle); break;
+        case 9: st = ebb_stream_synchronize(s); break;
+        case 10: st = ebb_stream_cu(s, &cu); break;
+        default: st = ebb_copy_async(pinned.ptr, dev.p(), 256, s); break;
+        }
+        if (st != EBB_OK) {
+          bad = st;
+          bad_msg = ebb_last_error();
+          bad_call = call;
+          return;
+        }
+        issued.fetch_add(1, std::memory_order_release);
+      }
+    });
+    // Release at a different point of the cycle each round.
+    while (issued.load(std::memory_order_acquire) < round % 29) std::this_thread::yield();
+    EBB_REQUIRE_OK(ebb_stream_release(s));
+    user.join();
+    INFO("round " << round << ", call " << bad_call << ": " << ebb_status_name(bad) << ": " << bad_msg);
+    REQUIRE(bad == EBB_EFREED);
+    CHECK(bad_msg.find("released") != std::string::npos);
+    freed++;
+  }
+  CHECK(freed == rounds);
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  EBB_REQUIRE_OK(ebb_event_release(e));
+  EBB_REQUIRE_OK(ebb_event_release(other));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A stale handle asked about on one thread while another thread creates the stream that takes
+// its slot: the EFREED message names the released stream and reads nothing the new stream
+// writes (it read the slot's id and device, a data race under TSan). The flag between the
+// threads is relaxed on purpose, so it orders nothing TSan could see.
+TEST_CASE("races: a stale handle's EFREED message never reads a slot a new stream is taking", "[streams][threads]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_LOW, &s));
+  uint64_t id = 0;
+  EBB_REQUIRE_OK(ebb_stream_id(s, &id));
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  churn_streams(1, 1024);
+  std::atomic<int> asked{0};
+  std::string msg;
+  ebb_status st = EBB_OK;
+  std::thread stale([&] {
+    uint64_t x = 0;
+    for (int i = 0; i < 3; i++) st = ebb_stream_id(s, &x);
+    msg = ebb_last_error();
+    asked.store(1, std::memory_order_relaxed);
+  });
+  while (!asked.load(std::memory_order_relaxed)) std::this_thread::yield();
+  ebb_stream_t *n = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_HIGH, &n));
+  stale.join();
+  CHECK(n == s); // the new stream took the stale handle's slot
+  CHECK(st == EBB_EFREED);
+  CHECK(msg.find("stream " + std::to_string(id) + " (device 1)") != std::string::npos);
+  // Released again, the slot names its latest stream.
+  uint64_t nid = 0;
+  EBB_REQUIRE_OK(ebb_stream_id(n, &nid));
+  EBB_REQUIRE_OK(ebb_stream_release(n));
+  EBB_CHECK_FAILS(ebb_stream_synchronize(s), EBB_EFREED, "stream " + std::to_string(nid) + " (device 1)");
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The same for events.
+TEST_CASE("races: a stale event handle's EFREED message never reads a slot a new event is taking", "[streams][threads]") {
+  EbbSession session;
+  ebb_event_t *e = nullptr;
+  EBB_REQUIRE_OK(ebb_event_create(1, EBB_EVENT_DEFAULT, &e));
+  // Events have no id getter: the message of the released handle names it.
+  EBB_REQUIRE_OK(ebb_event_release(e));
+  bool done = false;
+  ebb_clear_error();
+  REQUIRE(ebb_event_query(e, &done) == EBB_EFREED);
+  const std::string first = ebb_last_error();
+  for (int i = 0; i < 1024; i++) {
+    ebb_event_t *t = nullptr;
+    EBB_REQUIRE_OK(ebb_event_create(1, EBB_EVENT_DEFAULT, &t));
+    EBB_REQUIRE_OK(ebb_event_release(t));
+  }
+  std::atomic<int> asked{0};
+  std::string msg;
+  std::thread stale([&] {
+    bool d = false;
+    for (int i = 0; i < 3; i++) ebb_event_query(e, &d);
+    msg = ebb_last_error();
+    asked.store(1, std::memory_order_relaxed);
+  });
+  while (!asked.load(std::memory_order_relaxed)) std::this_thread::yield();
+  ebb_event_t *n = nullptr;
+  EBB_REQUIRE_OK(ebb_event_create(1, EBB_EVENT_TIMING, &n));
+  stale.join();
+  CHECK(n == e);
+  CHECK(msg == first);
+  EBB_REQUIRE_OK(ebb_event_release(n));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A host function copying pageable memory: the staging chunk it needs is free only after work
+// queued behind the host function itself (a stream waiting for it, then a staged copy on that
+// stream with a ring of one chunk), so the copy used to wait for ever on the host. It must fail
+// at once with EBB_ESTATE and say why; a pinned copy from a host function still works.
+TEST_CASE("host functions: a pageable copy from a host function fails instead of deadlocking", "[streams][copy]") {
+  ScopedEnv one_chunk("EBB_STAGING_CHUNKS", "1");
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  DevBuf dev(0, 8192);
+  PinnedBuf pinned(4096);
+  std::vector<unsigned char> pageable(4096, 3), pageable2(4096, 5);
+  struct Ctx {
+    ebb_stream_t *s = nullptr;
+    void *dev = nullptr;
+    void *pinned = nullptr;
+    unsigned char *pageable = nullptr;
+    ebb_status pageable_st = EBB_OK, pinned_st = EBB_EINTERNAL;
+    std::string msg;
+    std::atomic<int> ran{0};
+  } ctx;
+  ctx.s = s;
+  ctx.dev = dev.p();
+  ctx.pinned = pinned.ptr;
+  ctx.pageable = pageable.data();
+  std::atomic<int> open{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(s, gate_host_fn, &open));
+  EBB_REQUIRE_OK(ebb_stream_host_func(
+      s,
+      [](void *u) {
+        auto *c = static_cast<Ctx *>(u);
+        c->pageable_st = ebb_copy_async(c->dev, c->pageable, 4096, c->s);
+        c->msg = ebb_last_error();
+        c->pinned_st = ebb_copy_async(static_cast<char *>(c->dev) + 4096, c->pinned, 4096, c->s);
+        c->ran.store(1, std::memory_order_release);
+      },
+      &ctx));
+  EBB_REQUIRE_OK(ebb_stream_wait_stream(t, s)); // t runs after the host function...
+  EBB_REQUIRE_OK(ebb_copy_async(dev.p(), pageable2.data(), 4096, t)); // ...and holds the only chunk
+  open.store(1, std::memory_order_release);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  REQUIRE(ctx.ran.load(std::memory_order_acquire) == 1);
+  INFO(ctx.msg);
+  CHECK(ctx.pageable_st == EBB_ESTATE);
+  CHECK(ctx.msg.find("host function") != std::string::npos);
+  CHECK(ctx.msg.find("pageable") != std::string::npos);
+  CHECK(ctx.pinned_st == EBB_OK);
+  // Outside a host function the same thread-local state is clear: pageable copies work.
+  EBB_REQUIRE_OK(ebb_copy_async(dev.p(), pageable.data(), 4096, s));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s));
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
