@@ -199,8 +199,9 @@ fail_uncharge:
 
 SIM_API CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   SIM_CHECK_INIT();
+  if (!dptr) return CUDA_SUCCESS; /* free(NULL), as libcuda */
   struct sim_range r;
-  if (!dptr || !reg_take((uintptr_t)dptr, SIM_MEM_DEVICE, &r)) return CUDA_ERROR_INVALID_VALUE;
+  if (!reg_take((uintptr_t)dptr, SIM_MEM_DEVICE, &r)) return CUDA_ERROR_INVALID_VALUE;
   sim_exec_drain_all(); /* queued copies or kernels may still use it */
   munmap((void *)r.base, r.map_len);
   sim_uncharge(&sim.dev[r.ordinal], r.charged);
@@ -243,8 +244,9 @@ SIM_API CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int
 
 SIM_API CUresult CUDAAPI cuMemFreeHost(void *p) {
   SIM_CHECK_INIT();
+  if (!p) return CUDA_SUCCESS; /* free(NULL), as libcuda */
   struct sim_range r;
-  if (!p || !reg_take((uintptr_t)p, SIM_MEM_HOST_ALLOC, &r)) return CUDA_ERROR_INVALID_VALUE;
+  if (!reg_take((uintptr_t)p, SIM_MEM_HOST_ALLOC, &r)) return CUDA_ERROR_INVALID_VALUE;
   sim_exec_drain_all();
   munmap(p, r.map_len); /* also unlocks */
   return CUDA_SUCCESS;

@@ -57,7 +57,6 @@ TEST_CASE("cuMemAlloc/cuMemFree: alignment, accounting, bad input", "[simdrv][me
   CU_OK(d.MemGetInfo(&free1, &total));
   CHECK(free1 == free0);
   CU_EQ(d.MemFree(a), CUDA_ERROR_INVALID_VALUE);  // double free
-  CU_EQ(d.MemFree(0), CUDA_ERROR_INVALID_VALUE);
   CU_EQ(d.MemFree(12345), CUDA_ERROR_INVALID_VALUE);
   CUdeviceptr c;
   CU_OK(d.MemAlloc(&c, 4096));
@@ -70,6 +69,28 @@ TEST_CASE("cuMemAlloc/cuMemFree: alignment, accounting, bad input", "[simdrv][me
   CU_OK(d.CtxSetCurrent(nullptr));
   CU_EQ(d.MemAlloc(&c, 16), CUDA_ERROR_INVALID_CONTEXT);
   CU_EQ(d.MemGetInfo(&free1, &total), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+TEST_CASE("freeing NULL succeeds as free(NULL) does with libcuda - unregistering NULL does not", "[simdrv][mem]") {
+  const SimDrv &d = drv();
+  sim_setup();
+  size_t free0, free1, total;
+  CU_OK(d.MemGetInfo(&free0, &total));
+  CU_EQ(d.MemFree(0), CUDA_SUCCESS);
+  CU_EQ(d.MemFreeHost(nullptr), CUDA_SUCCESS);
+  CU_EQ(d.MemHostUnregister(nullptr), CUDA_ERROR_INVALID_VALUE);  // libcuda says so too
+  CU_OK(d.MemGetInfo(&free1, &total));
+  CHECK(free1 == free0);
+  // Twice, and with no context current: still nothing to do.
+  CU_OK(d.CtxSetCurrent(nullptr));
+  CU_EQ(d.MemFree(0), CUDA_SUCCESS);
+  CU_EQ(d.MemFreeHost(nullptr), CUDA_SUCCESS);
+  CU_OK(d.CtxSetCurrent(g_ctx[0]));
+  // A real pointer after the NULL frees is still freed exactly once.
+  CUdeviceptr a;
+  CU_OK(d.MemAlloc(&a, 4096));
+  CU_OK(d.MemFree(a));
+  CU_EQ(d.MemFree(a), CUDA_ERROR_INVALID_VALUE);
 }
 
 TEST_CASE("pointer attributes of device, pinned and registered memory", "[simdrv][mem][pointer]") {
@@ -155,7 +176,6 @@ TEST_CASE("pinned host memory: alloc, free, bad input", "[simdrv][mem][host]") {
   CU_EQ(d.MemFreeHost(static_cast<char *>(p) + 64), CUDA_ERROR_INVALID_VALUE);
   CU_OK(d.MemFreeHost(p));
   CU_EQ(d.MemFreeHost(p), CUDA_ERROR_INVALID_VALUE);
-  CU_EQ(d.MemFreeHost(nullptr), CUDA_ERROR_INVALID_VALUE);
   int local;
   CU_EQ(d.MemFreeHost(&local), CUDA_ERROR_INVALID_VALUE);
   CU_EQ(d.MemHostAlloc(nullptr, 16, 0), CUDA_ERROR_INVALID_VALUE);
