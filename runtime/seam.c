@@ -219,7 +219,7 @@ ebb_status ebb_drv_mem_alloc(int device, size_t bytes, uint64_t *dptr) {
 ebb_status ebb_drv_mem_free(int device, uint64_t dptr) {
   ebb_status st = ebb__check_dev("ebb_drv_mem_free", device);
   if (st) return st;
-  if (!dptr) return ebb__fail(EBB_EINVAL, "ebb_drv_mem_free: pointer is 0; expected a pointer from ebb_drv_mem_alloc");
+  if (!dptr) return EBB_OK; /* free(NULL), as cuMemFree(0) and ebb_arena_free */
   st = ebb__dev_activate("ebb_drv_mem_free", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb_drv_mem_free", "cuMemFree", ebb__rt.drv.MemFree((CUdeviceptr)dptr));
@@ -245,7 +245,7 @@ ebb_status ebb_drv_host_alloc(int device, size_t bytes, void **out) {
 
 ebb_status ebb_drv_host_free(void *p) {
   EBB_SEAM_ENTRY("ebb_drv_host_free", MemFreeHost);
-  EBB_SEAM_NONNULL("ebb_drv_host_free", p, "a pointer from ebb_drv_host_alloc");
+  if (!p) return EBB_OK; /* free(NULL), as cuMemFreeHost(NULL) and ebb_pinned_free */
   ebb_status st = ebb__ensure_ctx("ebb_drv_host_free");
   if (st) return st;
   EBB_SEAM_CALL("ebb_drv_host_free", "cuMemFreeHost", ebb__rt.drv.MemFreeHost(p));

@@ -299,7 +299,8 @@ static void usage(FILE *f) {
           "                 its peak. Slow: ns_per_op then includes the stats calls and snapshots.\n"
           "  --help         this message\n"
           "frag_ratio is peak_reserved / peak_requested (0.000 when nothing was requested).\n"
-          "EBB_SIM_MEM defaults to 64G here (the emulated device never touches the memory).\n"
+          "EBB_SIM_MEM defaults to 64G and EBB_SIM_COMMIT to 0 here (the replay never touches the\n"
+          "memory, so the emulated device maps address space only).\n"
           "Exit: 0 ok, 1 ebb failed, 2 bad command line or bad trace.\n",
           MAX_STREAMS);
 }
@@ -396,9 +397,12 @@ int main(int argc, char **argv) {
   int rc = trace_load(path, nstreams, &t);
   if (rc != 0) goto out_trace;
 
-  /* The emulated device only maps address space, so a large capacity costs nothing and keeps
-   * big traces from failing on the default 8 GiB. The user's own setting wins. */
+  /* Replay never touches the memory: with commit at allocation off the emulated device only
+   * maps address space, so a large capacity costs nothing and keeps big traces from failing on
+   * the default capacity (nor does the replay's time include committing pages). The user's own
+   * settings win. */
   setenv("EBB_SIM_MEM", "64G", 0);
+  setenv("EBB_SIM_COMMIT", "0", 0);
   if (expandable) {
     /* Appended to the user's EBB_ALLOC_CONF: the parser reads keys in order. */
     const char *conf = getenv("EBB_ALLOC_CONF");

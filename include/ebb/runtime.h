@@ -217,8 +217,17 @@ EBB_API ebb_status ebb_drv_event_elapsed(struct CUevent_st *start, struct CUeven
 typedef void (*ebb_host_fn)(void *user);
 EBB_API ebb_status ebb_drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user);
 
+/* Device memory straight from the driver (cuMemAlloc), committed: on a GPU and on simdrv alike
+ * (unless EBB_SIM_COMMIT=0) the first copy into it costs what any copy costs. EBB_ENOMEM past
+ * the device's capacity.
+ * ebb_drv_mem_free(device, 0) is a no-op returning EBB_OK, as free(NULL) and cuMemFree(0) (the
+ * device is still checked: EBB_EDEVICE for a bad one); a pointer the driver did not hand out, or
+ * one already freed, is EBB_EINVAL naming cuMemFree. */
 EBB_API ebb_status ebb_drv_mem_alloc(int device, size_t bytes, uint64_t *dptr);
 EBB_API ebb_status ebb_drv_mem_free(int device, uint64_t dptr);
+/* Pinned host memory (cuMemHostAlloc, portable), committed at allocation. ebb_drv_host_free(NULL)
+ * is a no-op returning EBB_OK, as free(NULL) and cuMemFreeHost(NULL); a foreign or freed pointer
+ * is EBB_EINVAL. ebb_drv_host_unregister(NULL) stays EBB_EINVAL, as cuMemHostUnregister(NULL). */
 EBB_API ebb_status ebb_drv_host_alloc(int device, size_t bytes, void **out);
 EBB_API ebb_status ebb_drv_host_free(void *p);
 EBB_API ebb_status ebb_drv_host_register(void *p, size_t bytes);

@@ -164,6 +164,44 @@ static bool parse_bytes(const char *s, size_t *out) {
   return true;
 }
 
+/* EBB_SIM_COMMIT: 1 (the default) or 0. */
+static bool parse_bool01(const char *s, bool *out) {
+  if ((s[0] != '0' && s[0] != '1') || s[1]) return false;
+  *out = s[0] == '1';
+  return true;
+}
+
+/* A cgroup memory limit in bytes; 0 when the file is absent or says "max" (no limit). */
+static size_t cgroup_limit(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  unsigned long long v = 0;
+  bool ok = fscanf(f, "%llu", &v) == 1;
+  fclose(f);
+  return ok && v <= SIZE_MAX ? (size_t)v : 0;
+}
+
+/* The default capacity of each of `ndev` devices. Memory is committed at allocation, so every
+ * device full must fit in the host, or a full device would meet the kernel's OOM killer rather
+ * than CUDA_ERROR_OUT_OF_MEMORY: 8 GiB each, lowered so all devices together take at most three
+ * quarters of the host's memory (physical memory, or a smaller cgroup v2/v1 limit: the one a
+ * container's OOM killer enforces), the rest left to the program and the system; whole 2 MiB
+ * granules, one at least. */
+static size_t default_capacity(int ndev) {
+  const size_t cap = (size_t)8 << 30;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return cap; /* unknown: CUDA's usual figure */
+  size_t host = (size_t)pages <= SIZE_MAX / (size_t)page ? (size_t)pages * (size_t)page : SIZE_MAX;
+  static const char *const limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+  for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
+    size_t lim = cgroup_limit(limits[i]);
+    if (lim && lim < host) host = lim;
+  }
+  size_t share = host / 4 * 3 / (size_t)ndev / SIM_GRANULE * SIM_GRANULE;
+  if (share < SIM_GRANULE) share = SIM_GRANULE;
+  return share < cap ? share : cap;
+}
+
 /* EBB_SIM_COPY_GBPS, EBB_SIM_LAUNCH_US: a finite number >= 0. */
 static bool parse_nonneg(const char *s, double *out) {
   char *end;
@@ -188,7 +226,8 @@ static bool parse_seed(const char *s, uint64_t *out) {
 static void init_body(void) {
   const char *e;
   int ndev = 2;
-  size_t mem = (size_t)8 << 30;
+  size_t mem = 0; /* 0: default_capacity(ndev), once ndev is known */
+  bool commit = true;
   double gbps = 0, launch_us = 0;
   uint64_t perturb = 0;
   /* A bad setting fails cuInit loudly rather than silently simulating something else. */
@@ -199,6 +238,11 @@ static void init_body(void) {
   }
   if ((e = getenv("EBB_SIM_MEM")) && !parse_bytes(e, &mem)) {
     fprintf(stderr, "ebb simdrv: EBB_SIM_MEM='%s' is not a positive byte count (suffix K, M, G, T)\n", e);
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
+  if ((e = getenv("EBB_SIM_COMMIT")) && !parse_bool01(e, &commit)) {
+    fprintf(stderr, "ebb simdrv: EBB_SIM_COMMIT='%s' is not 0 or 1\n", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
@@ -218,8 +262,10 @@ static void init_body(void) {
     return;
   }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (!mem) mem = default_capacity(ndev);
   sim.ndev = ndev;
   sim.mem_capacity = mem;
+  sim.commit = commit;
   sim.copy_gbps = gbps;
   sim.launch_ns = (int64_t)(launch_us * 1000.0);
   sim.perturb_seed = perturb;

@@ -2,7 +2,10 @@
  * attributes.
  *
  * Device memory is host memory: cuMemAlloc maps anonymous pages (page aligned, so 256-byte
- * aligned as CUDA promises) and the CUdeviceptr is their address. Every range the driver knows
+ * aligned as CUDA promises) and the CUdeviceptr is their address. Memory is committed when it is
+ * allocated, as a GPU's is (EBB_SIM_COMMIT, default 1): cuMemAlloc and cuMemHostAlloc fault
+ * every page in, cuMemCreate allocates its chunk's pages and cuMemSetAccess fills the page
+ * tables, so allocation pays and a first copy costs what any copy costs. Every range the driver knows
  * (device allocations, VMM mappings, cuMemHostAlloc blocks, registered host ranges) sits in one
  * registry, a sorted array searched by binary search, so cuPointerGetAttribute and the copy path
  * find any interior pointer in O(log n). VMM physical chunks are memfd files, so a chunk can be
@@ -14,7 +17,9 @@
  * mapped and given back after it is unmapped. Frees and unmaps first drain queued work
  * (sim_exec_drain_all) so no engine thread touches unmapped memory, as cuMemFree synchronises.
  */
-#define _GNU_SOURCE /* memfd_create: VMM chunks are memfd files mapped MAP_SHARED */
+#define _GNU_SOURCE /* memfd_create, fallocate: VMM chunks are memfd files mapped MAP_SHARED */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -69,6 +74,37 @@ static size_t page_size(void) {
 }
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* Linux 5.14; older C libraries lack the names. */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+enum commit_how {
+  COMMIT_FRESH,  /* new anonymous pages, all zero: faulted in writable */
+  COMMIT_WRITE,  /* pages that may hold data, mapped read-write: page tables filled for writing */
+  COMMIT_READ,   /* the same, mapped read-only */
+};
+
+/* Faults [p, p+len) in now, so first use takes no page fault, as on a GPU where allocation
+ * returns memory that exists. False when the host has no memory for it. Kernels before 5.14 lack
+ * MADV_POPULATE_*: pages are then touched one by one, a write of the zero they hold where fresh
+ * (a read would only map the shared zero page), else a read (which leaves a write to take a
+ * cheap write-protect fault; the memory itself already exists). */
+static bool commit_pages(void *p, size_t len, enum commit_how how) {
+  if (madvise(p, len, how == COMMIT_READ ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) == 0) return true;
+  if (errno != EINVAL) return false; /* ENOMEM, or EFAULT where a page could not be provided */
+  size_t step = page_size();
+  if (how == COMMIT_FRESH) {
+    for (size_t off = 0; off < len; off += step) ((volatile unsigned char *)p)[off] = 0;
+  } else {
+    for (size_t off = 0; off < len; off += step) (void)((volatile const unsigned char *)p)[off];
+  }
+  return true;
+}
 
 /* ---------------------------------------------------------------- registry */
 
@@ -182,9 +218,11 @@ SIM_API CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   if (!sim_charge(d, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t len = round_up(bytesize, page_size());
   /* MAP_NORESERVE: like a GPU's memory, capacity is enforced by the charge above, not by the
-   * host's overcommit policy; pages appear when first touched. */
+   * host's overcommit policy. The charge comes first, so a request past capacity fails before
+   * any page is committed. */
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) goto fail_uncharge;
+  if (sim.commit && !commit_pages(p, len, COMMIT_FRESH)) goto fail_unmap;
   struct sim_range r = {.base = (uintptr_t)p, .size = bytesize, .kind = SIM_MEM_DEVICE,
                         .ordinal = d->ordinal, .charged = charged, .map_len = len};
   if (reg_insert(&r) != CUDA_SUCCESS) goto fail_unmap;
@@ -199,8 +237,9 @@ fail_uncharge:
 
 SIM_API CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   SIM_CHECK_INIT();
+  if (!dptr) return CUDA_SUCCESS; /* free(NULL), as libcuda */
   struct sim_range r;
-  if (!dptr || !reg_take((uintptr_t)dptr, SIM_MEM_DEVICE, &r)) return CUDA_ERROR_INVALID_VALUE;
+  if (!reg_take((uintptr_t)dptr, SIM_MEM_DEVICE, &r)) return CUDA_ERROR_INVALID_VALUE;
   sim_exec_drain_all(); /* queued copies or kernels may still use it */
   munmap((void *)r.base, r.map_len);
   sim_uncharge(&sim.dev[r.ordinal], r.charged);
@@ -229,6 +268,12 @@ SIM_API CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int
   size_t len = round_up(bytesize, page_size());
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  /* Committed whether or not it can be locked (mlock would fault the pages in too, but only
+   * where RLIMIT_MEMLOCK permits). */
+  if (sim.commit && !commit_pages(p, len, COMMIT_FRESH)) {
+    munmap(p, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   /* Page-locked where permitted (RLIMIT_MEMLOCK), else plain: the failure is ignored. */
   (void)mlock(p, len);
   struct sim_range r = {.base = (uintptr_t)p, .size = bytesize, .kind = SIM_MEM_HOST_ALLOC,
@@ -243,8 +288,9 @@ SIM_API CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int
 
 SIM_API CUresult CUDAAPI cuMemFreeHost(void *p) {
   SIM_CHECK_INIT();
+  if (!p) return CUDA_SUCCESS; /* free(NULL), as libcuda */
   struct sim_range r;
-  if (!p || !reg_take((uintptr_t)p, SIM_MEM_HOST_ALLOC, &r)) return CUDA_ERROR_INVALID_VALUE;
+  if (!reg_take((uintptr_t)p, SIM_MEM_HOST_ALLOC, &r)) return CUDA_ERROR_INVALID_VALUE;
   sim_exec_drain_all();
   munmap(p, r.map_len); /* also unlocks */
   return CUDA_SUCCESS;
@@ -422,6 +468,9 @@ SIM_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_
   int fd = memfd_create("ebb-simdrv-vmm", MFD_CLOEXEC);
   if (fd < 0) goto fail_uncharge;
   if (ftruncate(fd, (off_t)size) != 0) goto fail_close;
+  /* The chunk's pages exist from now on (ENOSPC or ENOMEM when the host has none to give);
+   * cuMemSetAccess fills the page tables of its mappings. */
+  if (sim.commit && fallocate(fd, 0, 0, (off_t)size) != 0) goto fail_close;
   uint64_t h;
   struct sim_vmm_alloc *a = sim_table_alloc(&vmm_table, &h);
   if (!a) goto fail_close;
@@ -543,6 +592,12 @@ SIM_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUme
     for (size_t j = first; j < reg.n && reg.v[j].base < (uintptr_t)ptr + size; j++) reg.v[j].accessible = any;
   }
   pthread_rwlock_unlock(&reg.lock);
+  /* A GPU's mapping is in place once access is granted; here the first access would fault each
+   * page in: fill the page tables now, outside the registry lock so copies are not held up. The
+   * pages exist already (cuMemCreate), so a failure (an unmap racing this call) costs only
+   * faults later. */
+  if (r == CUDA_SUCCESS && sim.commit && any)
+    (void)commit_pages((void *)(uintptr_t)ptr, size, (prot & PROT_WRITE) ? COMMIT_WRITE : COMMIT_READ);
   return r;
 }
 

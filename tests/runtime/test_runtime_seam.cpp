@@ -59,14 +59,21 @@ TEST_CASE("seam: device memory, pointer kinds, async copies round trip", "[runti
   EBB_CHECK_FAILS(ebb_drv_mem_alloc(0, 0, &d0), EBB_EINVAL, "0 bytes");
   EBB_CHECK_FAILS(ebb_drv_mem_alloc(n, 16, &d0), EBB_EDEVICE, "does not exist");
   EBB_CHECK_FAILS(ebb_drv_mem_alloc(0, 16, nullptr), EBB_EINVAL, "NULL");
-  EBB_CHECK_FAILS(ebb_drv_mem_free(0, 0), EBB_EINVAL, "0");
+  // Freeing NULL is a no-op, as free(NULL) and the driver: it succeeds and leaves the last
+  // error alone; a bad device is still reported.
+  EBB_CHECK_FAILS(ebb_drv_mem_free(n, 0), EBB_EDEVICE, "does not exist");
+  std::string before = ebb_last_error();
+  EBB_REQUIRE_OK(ebb_drv_mem_free(0, 0));
+  EBB_REQUIRE_OK(ebb_drv_host_free(nullptr));
+  CHECK(ebb_last_error() == before);
 
   EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
   EBB_REQUIRE_OK(ebb_drv_host_free(pinned));
   EBB_REQUIRE_OK(ebb_drv_mem_free(0, d0));
   // The driver reports a double free; the seam names the call.
   EBB_CHECK_FAILS(ebb_drv_mem_free(0, d0), EBB_EINVAL, "cuMemFree");
-  EBB_CHECK_FAILS(ebb_drv_host_free(nullptr), EBB_EINVAL, "NULL");
+  EBB_CHECK_FAILS(ebb_drv_host_free(pinned), EBB_EINVAL, "cuMemFreeHost");
+  EBB_CHECK_FAILS(ebb_drv_host_unregister(nullptr), EBB_EINVAL, "NULL");
 }
 
 TEST_CASE("seam: out of memory is ENOMEM with the device and size", "[runtime][seam]") {

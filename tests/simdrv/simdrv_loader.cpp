@@ -3,11 +3,16 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -131,4 +136,60 @@ int thread_count() {
 double now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+namespace {
+// A cgroup limit file's value, or 0 when absent or unlimited ("max").
+size_t cgroup_limit(const char *path) {
+  FILE *f = std::fopen(path, "r");
+  if (!f) return 0;
+  unsigned long long v = 0;
+  bool ok = std::fscanf(f, "%llu", &v) == 1;
+  std::fclose(f);
+  return ok ? static_cast<size_t>(v) : 0;
+}
+}  // namespace
+
+size_t host_memory_bytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  REQUIRE(pages > 0);
+  REQUIRE(page > 0);
+  size_t mem = static_cast<size_t>(pages) * static_cast<size_t>(page);
+  for (const char *p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    size_t lim = cgroup_limit(p);
+    if (lim && lim < mem) mem = lim;
+  }
+  return mem;
+}
+
+size_t sim_default_capacity(int ndev) {
+  const size_t granule = size_t(2) << 20, cap = size_t(8) << 30;
+  size_t share = host_memory_bytes() / 4 * 3 / static_cast<size_t>(ndev) / granule * granule;
+  if (share < granule) share = granule;
+  return share < cap ? share : cap;
+}
+
+size_t page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+
+size_t resident_pages(const void *p, size_t n) {
+  size_t pages = n / page();
+  std::vector<unsigned char> v(pages);
+  REQUIRE(mincore(const_cast<void *>(p), n, v.data()) == 0);
+  size_t r = 0;
+  for (unsigned char c : v) r += c & 1u;
+  return r;
+}
+
+size_t mapped_pages(const void *p, size_t n) {
+  int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  size_t pages = n / page();
+  std::vector<uint64_t> v(pages);
+  off_t at = static_cast<off_t>(reinterpret_cast<uintptr_t>(p) / page() * sizeof(uint64_t));
+  ssize_t got = pread(fd, v.data(), pages * sizeof(uint64_t), at);
+  close(fd);
+  REQUIRE(got == static_cast<ssize_t>(pages * sizeof(uint64_t)));
+  size_t r = 0;
+  for (uint64_t e : v) r += (e >> 63) & 1u;
+  return r;
 }

@@ -85,3 +85,19 @@ CUresult launch(CUfunction f, CUstream s, void *args);
 int thread_count();
 // Monotonic milliseconds.
 double now_ms();
+// The host memory simdrv sizes its default capacity from: physical memory, or a smaller cgroup
+// (v2 memory.max, v1 memory.limit_in_bytes) limit.
+size_t host_memory_bytes();
+// The capacity of each of `ndev` devices when EBB_SIM_MEM is unset (the rule README states):
+// 8 GiB, lowered so that every device full fits in three quarters of host_memory_bytes(), in
+// whole 2 MiB granules.
+size_t sim_default_capacity(int ndev);
+// The host's page size.
+size_t page();
+// Pages of [p, p+n) whose memory exists (mincore: resident; for a shared mapping, in its file's
+// page cache once written).
+size_t resident_pages(const void *p, size_t n);
+// Pages of [p, p+n) present in this process's page tables (/proc/self/pagemap bit 63): a first
+// access to them takes no page fault. Read without touching the memory, so sanitizer shadow
+// faults do not count.
+size_t mapped_pages(const void *p, size_t n);

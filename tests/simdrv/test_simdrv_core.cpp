@@ -94,7 +94,7 @@ TEST_CASE("devices: count, names, memory, PCI ids and bad ordinals", "[simdrv][d
     CHECK(std::string(name) == "ebb simdrv device " + std::to_string(i));
     size_t total = 0;
     CU_OK(d.DeviceTotalMem(&total, dev));
-    CHECK(total == (size_t(8) << 30));  // default EBB_SIM_MEM
+    CHECK(total == sim_default_capacity(n));  // default EBB_SIM_MEM
     char bus[32];
     CU_OK(d.DeviceGetPCIBusId(bus, sizeof bus, dev));
     CHECK(std::string(bus) == "0000:" + std::to_string(100 + i) + ":00.0");

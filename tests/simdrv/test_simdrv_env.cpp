@@ -1,9 +1,11 @@
 // test_simdrv_env.cpp: settings read at cuInit. test_simdrv_env runs with EBB_SIM_DEVICES=3,
-// EBB_SIM_MEM=1G and the largest EBB_SIM_PERTURB seed; test_simdrv_badenv with EBB_SIM_DEVICES=0,
-// test_simdrv_badperturb(_junk) with EBB_SIM_PERTURB=-1 and =7x (EBB_SIMDRV_EXPECT_BAD_ENV=1).
+// EBB_SIM_MEM=1G, the largest EBB_SIM_PERTURB seed and EBB_SIM_COMMIT=0; test_simdrv_badenv with
+// EBB_SIM_DEVICES=0, test_simdrv_badperturb(_junk) with EBB_SIM_PERTURB=-1 and =7x, and
+// test_simdrv_badcommit with EBB_SIM_COMMIT=yes (all EBB_SIMDRV_EXPECT_BAD_ENV=1).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "simdrv_loader.hpp"
@@ -30,4 +32,18 @@ TEST_CASE("environment: device count and capacity", "[simdrv][env]") {
   CHECK(std::string(name) == "ebb simdrv device 2");
   CUdevice dev;
   CU_EQ(d.DeviceGet(&dev, 3), CUDA_ERROR_INVALID_DEVICE);
+}
+
+TEST_CASE("environment: EBB_SIM_COMMIT=0 leaves pages to first touch", "[simdrv][env][commit]") {
+  if (std::getenv("EBB_SIMDRV_EXPECT_BAD_ENV")) return;  // the case above checks the bad setting
+  const SimDrv &d = drv();
+  sim_setup();
+  const size_t n = 16 << 20;
+  CUdeviceptr dev;
+  CU_OK(d.MemAlloc(&dev, n));
+  const void *p = reinterpret_cast<const void *>(dev);
+  CHECK(mapped_pages(p, n) == 0);  // address space only, as before commit at allocation
+  std::memset(reinterpret_cast<void *>(dev), 1, n);
+  CHECK(mapped_pages(p, n) == n / page());
+  CU_OK(d.MemFree(dev));
 }

@@ -35,7 +35,7 @@ TEST_CASE("cuMemAlloc/cuMemFree: alignment, accounting, bad input", "[simdrv][me
   sim_setup();
   size_t free0, total;
   CU_OK(d.MemGetInfo(&free0, &total));
-  CHECK(total == (size_t(8) << 30));
+  CHECK(total == sim_default_capacity(2));
   CHECK(free0 == total);
   CUdeviceptr a, b;
   CU_OK(d.MemAlloc(&a, 1000));
@@ -57,7 +57,6 @@ TEST_CASE("cuMemAlloc/cuMemFree: alignment, accounting, bad input", "[simdrv][me
   CU_OK(d.MemGetInfo(&free1, &total));
   CHECK(free1 == free0);
   CU_EQ(d.MemFree(a), CUDA_ERROR_INVALID_VALUE);  // double free
-  CU_EQ(d.MemFree(0), CUDA_ERROR_INVALID_VALUE);
   CU_EQ(d.MemFree(12345), CUDA_ERROR_INVALID_VALUE);
   CUdeviceptr c;
   CU_OK(d.MemAlloc(&c, 4096));
@@ -65,11 +64,89 @@ TEST_CASE("cuMemAlloc/cuMemFree: alignment, accounting, bad input", "[simdrv][me
   CU_OK(d.MemFree(c));
   CU_EQ(d.MemAlloc(&c, 0), CUDA_ERROR_INVALID_VALUE);
   CU_EQ(d.MemAlloc(nullptr, 16), CUDA_ERROR_INVALID_VALUE);
-  CU_EQ(d.MemAlloc(&c, size_t(9) << 30), CUDA_ERROR_OUT_OF_MEMORY);  // past the 8 GiB capacity
+  CU_EQ(d.MemAlloc(&c, total + 1), CUDA_ERROR_OUT_OF_MEMORY);  // past the capacity
   CU_EQ(d.MemGetInfo(nullptr, &total), CUDA_ERROR_INVALID_VALUE);
   CU_OK(d.CtxSetCurrent(nullptr));
   CU_EQ(d.MemAlloc(&c, 16), CUDA_ERROR_INVALID_CONTEXT);
   CU_EQ(d.MemGetInfo(&free1, &total), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+TEST_CASE("freeing NULL succeeds as free(NULL) does with libcuda - unregistering NULL does not", "[simdrv][mem]") {
+  const SimDrv &d = drv();
+  sim_setup();
+  size_t free0, free1, total;
+  CU_OK(d.MemGetInfo(&free0, &total));
+  CU_EQ(d.MemFree(0), CUDA_SUCCESS);
+  CU_EQ(d.MemFreeHost(nullptr), CUDA_SUCCESS);
+  CU_EQ(d.MemHostUnregister(nullptr), CUDA_ERROR_INVALID_VALUE);  // libcuda says so too
+  CU_OK(d.MemGetInfo(&free1, &total));
+  CHECK(free1 == free0);
+  // Twice, and with no context current: still nothing to do.
+  CU_OK(d.CtxSetCurrent(nullptr));
+  CU_EQ(d.MemFree(0), CUDA_SUCCESS);
+  CU_EQ(d.MemFreeHost(nullptr), CUDA_SUCCESS);
+  CU_OK(d.CtxSetCurrent(g_ctx[0]));
+  // A real pointer after the NULL frees is still freed exactly once.
+  CUdeviceptr a;
+  CU_OK(d.MemAlloc(&a, 4096));
+  CU_OK(d.MemFree(a));
+  CU_EQ(d.MemFree(a), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_CASE("memory is committed at allocation, as a GPU's: resident and mapped before first use",
+          "[simdrv][mem][commit]") {
+  const SimDrv &d = drv();
+  sim_setup();
+  // 16 MiB each: above a usual 8 MiB RLIMIT_MEMLOCK, so pinned memory cannot owe its pages to mlock.
+  const size_t n = 16 << 20;
+  CUdeviceptr dev;
+  CU_OK(d.MemAlloc(&dev, n));
+  const void *dp = reinterpret_cast<const void *>(dev);
+  CHECK(resident_pages(dp, n) == n / page());
+  CHECK(mapped_pages(dp, n) == n / page());
+  void *pinned;
+  CU_OK(d.MemHostAlloc(&pinned, n, CU_MEMHOSTALLOC_PORTABLE));
+  CHECK(resident_pages(pinned, n) == n / page());
+  CHECK(mapped_pages(pinned, n) == n / page());
+  // VMM: cuMemCreate allocates the chunk's pages (the memfd's, which mincore counts only once
+  // they are first written); cuMemSetAccess fills the page tables, so the mapping is in place
+  // when access is granted, as on a GPU.
+  CUmemAllocationProp prop = dev_prop(0);
+  CUmemGenericAllocationHandle h;
+  CU_OK(d.MemCreate(&h, 4 * G, &prop, 0));
+  CUdeviceptr va;
+  CU_OK(d.MemAddressReserve(&va, 4 * G, 0, 0, 0));
+  CU_OK(d.MemMap(va, 4 * G, 0, h, 0));
+  const void *vp = reinterpret_cast<const void *>(va);
+  CUmemAccessDesc acc;
+  std::memset(&acc, 0, sizeof acc);
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = 0;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CU_OK(d.MemSetAccess(va, 4 * G, &acc, 1));
+  CHECK(resident_pages(vp, 4 * G) == 4 * G / page());
+  CHECK(mapped_pages(vp, 4 * G) == 4 * G / page());
+  CU_OK(d.MemUnmap(va, 4 * G));
+  CU_OK(d.MemRelease(h));
+  CU_OK(d.MemAddressFree(va, 4 * G));
+  CU_OK(d.MemFreeHost(pinned));
+  CU_OK(d.MemFree(dev));
+}
+
+TEST_CASE("an allocation past capacity fails before committing anything", "[simdrv][mem][commit]") {
+  const SimDrv &d = drv();
+  sim_setup();
+  size_t free0, total;
+  CU_OK(d.MemGetInfo(&free0, &total));
+  // Terabytes: were any of it committed first, this process would not survive to check.
+  CUdeviceptr p;
+  CU_EQ(d.MemAlloc(&p, size_t(1) << 42), CUDA_ERROR_OUT_OF_MEMORY);
+  CUmemAllocationProp prop = dev_prop(0);
+  CUmemGenericAllocationHandle h;
+  CU_EQ(d.MemCreate(&h, size_t(1) << 42, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  size_t free1;
+  CU_OK(d.MemGetInfo(&free1, &total));
+  CHECK(free1 == free0);
 }
 
 TEST_CASE("pointer attributes of device, pinned and registered memory", "[simdrv][mem][pointer]") {
@@ -155,7 +232,6 @@ TEST_CASE("pinned host memory: alloc, free, bad input", "[simdrv][mem][host]") {
   CU_EQ(d.MemFreeHost(static_cast<char *>(p) + 64), CUDA_ERROR_INVALID_VALUE);
   CU_OK(d.MemFreeHost(p));
   CU_EQ(d.MemFreeHost(p), CUDA_ERROR_INVALID_VALUE);
-  CU_EQ(d.MemFreeHost(nullptr), CUDA_ERROR_INVALID_VALUE);
   int local;
   CU_EQ(d.MemFreeHost(&local), CUDA_ERROR_INVALID_VALUE);
   CU_EQ(d.MemHostAlloc(nullptr, 16, 0), CUDA_ERROR_INVALID_VALUE);
