@@ -37,6 +37,7 @@
 #include "ebb/stream.h"
 #include "ebb_internal.h"
 #include "ebb_list.h"
+#include "runtime_export.h"
 #include "ebb_sync.h"
 
 /* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
@@ -586,7 +587,7 @@ static inline void ebb__owner_current(uint8_t *cat, const char **name) {
   *name = ebb__os.top.name;
 }
 /* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
- * note on stderr) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
+ * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
 EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
 EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
 /* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes

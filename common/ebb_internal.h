@@ -50,6 +50,15 @@ _Noreturn EBB_HIDDEN void ebb__assert_fail(const char *expr, const char *file, i
  * `status`, so failures read `return ebb__fail(EBB_EINVAL, "ebb_x: ...", ...);`. */
 EBB_HIDDEN ebb_status ebb__fail(ebb_status status, const char *fmt, ...) EBB_PRINTF(2, 3);
 
+/* On: failures on this thread go to a scratch message (ebb__muted_error) and not to
+ * ebb_last_error or the error hook, for internal steps of calls that succeed anyway. Nests. */
+EBB_HIDDEN void ebb__fail_mute(bool on);
+EBB_HIDDEN const char *ebb__muted_error(void);
+
+/* Formats the message and hands it to the warning handler (ebb_set_warning_handler). Leaves
+ * ebb_last_error and the error hook alone. */
+EBB_HIDDEN void ebb__warn(const char *fmt, ...) EBB_PRINTF(1, 2);
+
 /* Monotonic clock in nanoseconds. */
 EBB_HIDDEN uint64_t ebb__now_ns(void);
 

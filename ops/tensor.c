@@ -5,7 +5,7 @@
  * in a FIFO and are reused only after EBB__TENSOR_QUARANTINE more releases, so a stale handle
  * reads a cleared magic and is reported as EBB_EFREED instead of touching freed memory), the
  * refcounted storages (device arena blocks or host-pool blocks), and the cache of ops' kernel
- * handles (declared at first use after each ebb_init, dropped by an ebb_at_shutdown hook).
+ * handles (declared at first use after each ebb_init, dropped by the module's stop, ebb__ops_stop).
  * Threading: handle refcounts are atomic (STYLE.md 9); the pool lock is a leaf lock that guards
  * only the free FIFO and chunk growth. Storage release is stream-ordered by the arena: freeing
  * a block right after enqueuing its last use is safe on its allocation stream, and other
@@ -321,14 +321,26 @@ static const struct {
 };
 
 static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];
-static atomic_int ebb__kernels_hooked;
 
-/* The runtime forgets declared kernels at the last ebb_shutdown; so does this cache. */
-static void ebb__kernels_forget(void *user) {
-  (void)user;
+/* The module's stop: the runtime forgets declared kernels at the last ebb_shutdown, so does this
+ * cache; cuBLAS handles go too. */
+static void ebb__ops_stop(void) {
   for (int i = 0; i < EBB__K_COUNT; i++) atomic_store_explicit(&ebb__kernels[i], NULL, memory_order_relaxed);
-  atomic_store_explicit(&ebb__kernels_hooked, 0, memory_order_relaxed);
+  ebb__blas_stop();
 }
+
+static int ebb__ops_count(ebb__live_count *out, int max) {
+  if (max < 1) return 0;
+  out[0] = (ebb__live_count){"tensors", atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed)};
+  return 1;
+}
+
+const ebb__module_desc ebb__module_ops = {
+  .name = "ops",
+  .layer = EBB__LAYER_OPS,
+  .stop = ebb__ops_stop,
+  .count = ebb__ops_count,
+};
 
 static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   /* acquire: pairs with the release store below (the record is fully written) */
@@ -342,13 +354,6 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   ebb_status st = ebb_kernel_declare(ebb__kernel_defs[kid].name, ebb__kernel_defs[kid].arg_bytes, ebb__kernel_defs[kid].fn,
                                      ebb__kernel_defs[kid].cuda_name, &k);
   if (st) return st;
-  if (atomic_exchange_explicit(&ebb__kernels_hooked, 1, memory_order_relaxed) == 0) {
-    st = ebb_at_shutdown(ebb__kernels_forget, NULL);
-    if (st) {
-      atomic_store_explicit(&ebb__kernels_hooked, 0, memory_order_relaxed);
-      return st;
-    }
-  }
   atomic_store_explicit(&ebb__kernels[kid], k, memory_order_release);
   *out = k;
   return EBB_OK;

@@ -38,7 +38,6 @@ static struct ebb_kernel ebb__kernels[EBB_MAX_KERNELS];
 static int ebb__nkernels;
 static const void *ebb__image;            /* module image for GPU kernels (fatbin), or NULL */
 
-static atomic_int ebb__check_launch = -1; /* EBB_CHECK_LAUNCH, read on first launch */
 
 /* What cuModuleLoadData gets on a driver with CPU kernels when no image was set: the emulated
  * driver ignores the content and finds registered CPU functions by name. */
@@ -208,12 +207,7 @@ ebb_status ebb_kernel_launch(const ebb_kernel_t *kc, int device, struct CUstream
     ebb__mutex_unlock(&ebb__kernels_lock);
     if (st) return st;
   }
-  int check = atomic_load_explicit(&ebb__check_launch, memory_order_relaxed);
-  if (EBB_UNLIKELY(check < 0)) {
-    const char *e = getenv("EBB_CHECK_LAUNCH");
-    check = e && *e && strcmp(e, "0") != 0;
-    atomic_store_explicit(&ebb__check_launch, check, memory_order_relaxed);
-  }
+  const bool check = ebb__rt_conf.check_launch; /* EBB_CHECK_LAUNCH, fixed from ebb_init to the last ebb_shutdown */
   unsigned g[3] = {1, 1, 1}, b[3] = {1, 1, 1}, shm = 0;
   if (cfg) {
     for (int i = 0; i < 3; i++) {
@@ -254,6 +248,5 @@ void ebb__kernels_fini(void) {
   for (int i = 0; i < ebb__nkernels; i++) ebb__kernels[i].magic = 0;
   ebb__nkernels = 0;
   ebb__image = NULL;
-  atomic_store_explicit(&ebb__check_launch, -1, memory_order_relaxed);
   ebb__mutex_unlock(&ebb__kernels_lock);
 }

@@ -210,15 +210,22 @@ ebb_status ebb_trace_export_json(const char *path) {
   return EBB_OK;
 }
 
+/* EBB_TRACE, checked by ebb_init (module.c). A ring that cannot be allocated leaves tracing off
+ * and says so; ebb_init itself succeeds (tracing is an aid, not the job). */
 void ebb__trace_init_from_env(void) {
-  const char *e = getenv("EBB_TRACE");
-  if (!e || !*e || strcmp(e, "0") == 0) return;
-  long cap = strtol(e, NULL, 10);
-  ebb_trace_enable(cap > 0 ? (size_t)cap : 65536);
+  if (!ebb__rt_conf.trace_cap) return;
+  ebb__fail_mute(true);
+  if (ebb_trace_enable(ebb__rt_conf.trace_cap) != EBB_OK)
+    ebb__warn("EBB_TRACE=%zu: %s; tracing stays off", ebb__rt_conf.trace_cap, ebb__muted_error());
+  ebb__fail_mute(false);
 }
 
+/* EBB_TRACE_FILE: written by the last ebb_shutdown, which succeeds even when the file cannot be
+ * written (the warning handler is told), leaving its caller's last error as it was. */
 void ebb__trace_fini(void) {
-  const char *path = getenv("EBB_TRACE_FILE");
-  if (ebb_trace_enabled() && path && *path && ebb_trace_export_json(path) != EBB_OK)
-    fprintf(stderr, "ebb: %s\n", ebb_last_error());
+  const char *path = ebb__rt_conf.trace_file;
+  if (!ebb_trace_enabled() || !path[0]) return;
+  ebb__fail_mute(true);
+  if (ebb_trace_export_json(path) != EBB_OK) ebb__warn("%s", ebb__muted_error());
+  ebb__fail_mute(false);
 }

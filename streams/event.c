@@ -12,6 +12,7 @@
  */
 #include <stdlib.h>
 
+#include "streams_export.h"
 #include "streams_impl.h"
 
 void ebb__events_start(struct ebb__dev *d) {
@@ -140,6 +141,7 @@ ebb_status ebb_event_create(int device, unsigned flags, ebb_event_t **out) {
   /* release: pairs with the acquire in ebb__check_event (fields before the live magic). */
   atomic_store_explicit(&e->slot.magic, EBB__EVENT_LIVE, memory_order_release);
   ebb_debug_live_add(1);
+  ebb__events_live_add(1);
   *out = e;
   return EBB_OK;
 }
@@ -155,6 +157,7 @@ ebb_status ebb_event_release(ebb_event_t *e) {
     return ebb__fail(EBB_EFREED, "ebb_event_release: event %llu (device %d) was released by ebb_event_release; expected a live event",
                      (unsigned long long)e->id, e->device);
   ebb_debug_live_add(-1);
+  ebb__events_live_add(-1);
   /* The driver keeps any capture of a pending record, so work already made to wait on this
    * event is unaffected by its reuse (CUDA semantics). */
   struct ebb__dev *d = &ebb__st.dev[e->device];

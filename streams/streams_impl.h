@@ -22,6 +22,7 @@
 #include "ebb/runtime.h"
 #include "ebb/stream.h"
 #include "ebb_internal.h"
+#include "runtime_export.h"
 #include "ebb_list.h"
 #include "ebb_sync.h"
 
@@ -179,6 +180,8 @@ enum ebb__phase { EBB__DOWN = 0, EBB__STARTING = 1, EBB__UP = 2 };
 
 struct ebb__streams {
   _Atomic int phase;
+  _Atomic long live_streams; /* caller-owned streams not yet released (ebb_shutdown refuses) */
+  _Atomic long live_events;  /* caller-owned events, the arena's internal ones excepted */
   int ndev;
   unsigned pool_size;
   size_t chunk_bytes;

@@ -25,8 +25,9 @@
  * free block (one per stream and size is kept for reuse), and empty_cache gives every empty slab
  * back first. The pinned and host pools use slabs too.
  *
- * Configuration: EBB_ALLOC_CONF, comma-separated key:value pairs read at the arena's first use
- * after each ebb_init:
+ * Configuration: EBB_ALLOC_CONF, comma-separated key:value pairs checked by the first ebb_init
+ * (an unknown key or a bad value fails it with EBB_EINVAL naming the variable, the value and what
+ * is accepted) and used by the arenas until the last ebb_shutdown:
  *   max_split_size_mb:N      blocks of N MiB or more are never split (default: no limit; N >= 20);
  *                            such a block serves a request of N MiB or more within 20 MiB of
  *                            its size, or a smaller one whose own segment would be as large.

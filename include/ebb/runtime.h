@@ -29,21 +29,35 @@ struct CUevent_st;  /* cuda.h's CUevent */
 #define EBB_MAX_DEVICES 16
 
 /* ---- initialisation --------------------------------------------------------------------------
- * ebb_init loads the driver chosen by EBB_DRIVER (auto|cuda|sim|/path/to/lib.so, default auto:
- * libcuda.so.1 if it loads and cuInit finds a device, else the emulated driver) and retains each
- * device's primary context. Reference-counted: each successful ebb_init needs one ebb_shutdown.
- * Every other call made before ebb_init returns EBB_ENOTINIT.
+ * ebb_init checks the configuration, loads the driver chosen by EBB_DRIVER (auto|cuda|sim|
+ * /path/to/lib.so, default auto: libcuda.so.1 if it loads and cuInit finds a device, else the
+ * emulated driver), retains each device's primary context and starts ebb's modules (streams,
+ * alloc, ops) lowest layer first. Reference-counted: each successful ebb_init needs one
+ * ebb_shutdown; only the first one does the work. Every other call made before ebb_init returns
+ * EBB_ENOTINIT.
+ * Configuration: every variable ebb reads (EBB_DRIVER, EBB_LOG, EBB_TRACE, EBB_TRACE_FILE,
+ * EBB_CHECK_LAUNCH, and the modules' EBB_STREAM_POOL_SIZE, EBB_STAGING_CHUNK, EBB_STAGING_CHUNKS,
+ * EBB_ALLOC_CONF; README lists them) is checked by the first ebb_init under one policy: a value
+ * that is not accepted fails it with EBB_EINVAL and a message naming the variable, the value and
+ * what is accepted; nothing is loaded or started then. An empty variable reads as unset.
  * Fails with EBB_ENOTFOUND when no driver could be loaded, EBB_EDRIVER when the chosen one failed
- * to initialise, EBB_EINVAL for a malformed EBB_DRIVER. */
+ * to initialise, EBB_EBUSY while the last ebb_shutdown runs on another thread, or the status of a
+ * module that could not start (the message names the module). A successful ebb_init leaves
+ * ebb_last_error and the error hook alone. */
 EBB_API ebb_status ebb_init(void);
-/* Drops one reference; the last one synchronises every device and unloads the driver. Streams,
- * events and memory must be released first: modules above register shutdown callbacks. Returns
- * EBB_ENOTINIT when ebb is not initialised. */
+/* Drops one reference. The last one first counts what callers still own: while any stream or
+ * event from ebb_*_create, arena/pinned/host block or tensor is live, it returns EBB_EBUSY with a
+ * message counting them by kind ("tensors: 2, blocks of the device 0 arena: 2") and tears nothing
+ * down: the reference stays, every handle stays valid; release them and call it again. Otherwise
+ * it stops the modules highest layer first (pool and default streams, cached memory, kernels),
+ * synchronises every device and releases the driver's contexts. A handle from before a completed
+ * last ebb_shutdown is EBB_EFREED after it (also after a new ebb_init). Calls racing with the last
+ * ebb_shutdown on other threads are the caller's error. Returns EBB_ENOTINIT when ebb is not
+ * initialised. */
 EBB_API ebb_status ebb_shutdown(void);
 EBB_API bool ebb_is_initialized(void);
 
-/* Hooks run by the last ebb_shutdown, most recent first, before the driver is unloaded.
- * For ebb's own modules (streams, alloc) to release their pools. */
+/* Hooks run by a completed last ebb_shutdown, most recent first, before the modules stop. */
 typedef void (*ebb_shutdown_fn)(void *user);
 EBB_API ebb_status ebb_at_shutdown(ebb_shutdown_fn fn, void *user);
 
@@ -163,7 +177,8 @@ EBB_API ebb_status ebb_kernel_find(const char *name, const ebb_kernel_t **out);
 EBB_API const char *ebb_kernel_name(const ebb_kernel_t *k);
 /* Enqueues `k` on the driver stream `stream` of `device`; returns without waiting.
  * `args` points to arg_bytes bytes. `cfg` may be NULL (1x1x1, no buffers declared). Declared
- * buffers are checked when EBB_CHECK_LAUNCH=1: each must be memory `device` can reach.
+ * buffers are checked when EBB_CHECK_LAUNCH=1 (read by ebb_init): each must be memory `device`
+ * can reach.
  * EBB_ENOTSUP when the kernel has no function for this driver (no CPU function on the emulated
  * driver, no CUDA function or no fatbin on a GPU). */
 EBB_API ebb_status ebb_kernel_launch(const ebb_kernel_t *k, int device, struct CUstream_st *stream,

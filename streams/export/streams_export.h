@@ -15,6 +15,11 @@
 #include "ebb/stream.h"
 #include "ebb_internal.h"
 
+/* Caller-owned events are counted so the last ebb_shutdown can refuse while any is live; a
+ * module that creates events for its own use (the arena) takes them out of the count with -1
+ * after ebb_event_create and gives it back with +1 before ebb_event_release. */
+EBB_HIDDEN void ebb__events_live_add(long delta);
+
 /* Whether `s` is a live stream of a started module; if so its id and device in *id, *device.
  * False says nothing about why (ebb not initialised, module not started yet, NULL, released,
  * not a stream): the caller then calls the public check, which starts the module when it can
