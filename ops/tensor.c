@@ -322,10 +322,24 @@ static const struct {
 
 static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];
 
-/* The module's stop: the runtime forgets declared kernels at the last ebb_shutdown, so does this
- * cache; cuBLAS handles go too. */
+#ifdef EBB_HAVE_FATBIN
+/* ops' CUDA kernels (ops/cuda/ops_kernels.cu), embedded by ops/CMakeLists.txt. */
+extern const unsigned char ebb__fatbin_ops[];
+#define EBB__OPS_IMAGE ((const void *)ebb__fatbin_ops)
+#else
+#define EBB__OPS_IMAGE NULL
+#endif
+/* ops' image "ebb.ops", registered by the module's start: written before the start returns,
+ * read-only until the stop. */
+static const ebb_kernel_image_t *ebb__ops_image;
+
+static ebb_status ebb__ops_start(void) { return ebb_kernel_add_image("ebb.ops", EBB__OPS_IMAGE, &ebb__ops_image); }
+
+/* The module's stop: the runtime forgets images and declared kernels at the last ebb_shutdown,
+ * so does this cache; cuBLAS handles go too. */
 static void ebb__ops_stop(void) {
   for (int i = 0; i < EBB__K_COUNT; i++) atomic_store_explicit(&ebb__kernels[i], NULL, memory_order_relaxed);
+  ebb__ops_image = NULL;
   ebb__blas_stop();
 }
 
@@ -338,6 +352,7 @@ static int ebb__ops_count(ebb__live_count *out, int max) {
 const ebb__module_desc ebb__module_ops = {
   .name = "ops",
   .layer = EBB__LAYER_OPS,
+  .start = ebb__ops_start,
   .stop = ebb__ops_stop,
   .count = ebb__ops_count,
 };
@@ -351,7 +366,7 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   }
   /* Declaring twice with the same parameters returns the same handle, so racing threads agree
    * without a lock of ours (which would rank below the runtime's locks taken inside). */
-  ebb_status st = ebb_kernel_declare(ebb__kernel_defs[kid].name, ebb__kernel_defs[kid].arg_bytes, ebb__kernel_defs[kid].fn,
+  ebb_status st = ebb_kernel_declare_in(ebb__ops_image, ebb__kernel_defs[kid].name, ebb__kernel_defs[kid].arg_bytes, ebb__kernel_defs[kid].fn,
                                      ebb__kernel_defs[kid].cuda_name, &k);
   if (st) return st;
   atomic_store_explicit(&ebb__kernels[kid], k, memory_order_release);

@@ -83,8 +83,6 @@ typedef struct ebb_device {
   CUcontext ctx;        /* retained primary context */
   ebb_dev_caps caps;
   ebb_topo topo;
-  CUmodule module;      /* kernels: the fatbin on a GPU, a name space on the emulated driver */
-  bool module_tried;
 } ebb_device;
 
 typedef struct ebb_runtime {
@@ -134,7 +132,7 @@ EBB_HIDDEN void ebb__devices_fini(void);
 EBB_HIDDEN void ebb__topo_init(void);
 EBB_HIDDEN void ebb__topo_fini(void);
 EBB_HIDDEN ebb_status ebb__kernels_builtin_init(void);
-EBB_HIDDEN void ebb__kernels_set_builtin_image(void);
+EBB_HIDDEN ebb_status ebb__kernels_add_runtime_image(void);
 EBB_HIDDEN void ebb__kernels_fini(void);
 EBB_HIDDEN void ebb__trace_init_from_env(void);
 EBB_HIDDEN void ebb__trace_fini(void);

@@ -145,12 +145,17 @@ EBB_API ebb_status ebb_host_numa_free(void *p, size_t bytes);
 EBB_API ebb_status ebb_host_numa_node(const void *p, size_t bytes, int *node);
 
 /* ---- kernels -------------------------------------------------------------------------------
- * A kernel is declared once: a name, the byte size of its argument struct, the CPU function that
- * runs it on the emulated driver (or NULL), and the name of its CUDA function in ebb's embedded
- * fatbin (or NULL). It is launched on a stream with the buffers it reads and writes. Arguments are
- * one struct, copied at launch (callers may reuse theirs at once). */
+ * Kernels come in images: each module registers its own module image (a fatbin or cubin built
+ * from its .cu files) under a name, and declares its kernels against it; the runtime's own
+ * kernels are in the image "ebb.runtime". A kernel is declared once: a name (unique across
+ * images), the byte size of its argument struct, the CPU function that runs it on the emulated
+ * driver (or NULL), and the name of its CUDA function in its image (or NULL). It is launched on a
+ * stream with the buffers it reads and writes. Arguments are one struct, copied at launch
+ * (callers may reuse theirs at once). Images and kernels live until the last ebb_shutdown; a
+ * module registers them again after the next ebb_init. */
 typedef void (*ebb_kernel_cpu_fn)(void *args);
 typedef struct ebb_kernel ebb_kernel_t;
+typedef struct ebb_kernel_image ebb_kernel_image_t;
 
 typedef struct ebb_buf {
   const void *ptr;
@@ -165,14 +170,24 @@ typedef struct ebb_launch_cfg {
   const ebb_buf *writes; int nwrites;
 } ebb_launch_cfg;
 
-/* Declares (or finds, when the same name, size and functions were declared before) a kernel.
- * The handle lives until the last ebb_shutdown. EBB_EINVAL: NULL or empty name, arg_bytes 0 or
- * above 4096, neither function given, or the name declared before with other parameters. */
+/* Registers the module image `image` (a fatbin or cubin, owned by the caller and kept readable
+ * until the last ebb_shutdown; NULL: a module with no GPU code, whose kernels run only where
+ * kernels are CPU functions) under `name`. It is loaded on a device at the first launch there of
+ * one of its kernels. Adding the same name with the same image again returns the same handle.
+ * EBB_EINVAL: NULL out, NULL, empty or too long (>= 64) name, or the name added before with
+ * another image; EBB_ELIMIT past 32 images. Thread-safe. */
+EBB_API ebb_status ebb_kernel_add_image(const char *name, const void *image, const ebb_kernel_image_t **out);
+EBB_API const char *ebb_kernel_image_name(const ebb_kernel_image_t *img);
+/* Declares (or finds, when the same name, size, functions and image were declared before) a
+ * kernel of `image` (NULL: the runtime's own image). EBB_EINVAL: NULL or empty name, arg_bytes 0
+ * or above 4096, neither function given, an image handle not from this ebb_init, or the name
+ * declared before with other parameters. */
+EBB_API ebb_status ebb_kernel_declare_in(const ebb_kernel_image_t *image, const char *name, size_t arg_bytes,
+                                         ebb_kernel_cpu_fn cpu_fn, const char *cuda_name, const ebb_kernel_t **out);
+/* ebb_kernel_declare_in(NULL, ...): for kernels with only a CPU function, or CUDA functions of
+ * the runtime's own image. */
 EBB_API ebb_status ebb_kernel_declare(const char *name, size_t arg_bytes, ebb_kernel_cpu_fn cpu_fn,
                                       const char *cuda_name, const ebb_kernel_t **out);
-/* The module image (a fatbin) GPU kernels come from; ops/ hands over ebb's embedded one. Must be
- * set before the first launch on a GPU (EBB_ESTATE after). Unused by drivers with CPU kernels. */
-EBB_API ebb_status ebb_kernel_set_image(const void *image);
 EBB_API ebb_status ebb_kernel_find(const char *name, const ebb_kernel_t **out);
 EBB_API const char *ebb_kernel_name(const ebb_kernel_t *k);
 /* Enqueues `k` on the driver stream `stream` of `device`; returns without waiting.
@@ -180,14 +195,14 @@ EBB_API const char *ebb_kernel_name(const ebb_kernel_t *k);
  * buffers are checked when EBB_CHECK_LAUNCH=1 (read by ebb_init): each must be memory `device`
  * can reach.
  * EBB_ENOTSUP when the kernel has no function for this driver (no CPU function on the emulated
- * driver, no CUDA function or no fatbin on a GPU). */
+ * driver, no CUDA function or an image without CUDA code on a GPU). */
 EBB_API ebb_status ebb_kernel_launch(const ebb_kernel_t *k, int device, struct CUstream_st *stream,
                                      const void *args, const ebb_launch_cfg *cfg);
 
 /* Kernels every driver has, declared by ebb_init (find them with ebb_kernel_find):
  *   "ebb.noop"     does nothing (the launch benchmark's kernel), args ebb_noop_args;
  *   "ebb.fill_u32" dst[i] = value for i < n, args ebb_fill_u32_args.
- * On a GPU they come from ebb's embedded fatbin (built when nvcc was found). */
+ * On a GPU they come from the runtime's image "ebb.runtime" (built when nvcc was found). */
 typedef struct ebb_noop_args {
   uint64_t unused;
 } ebb_noop_args;

@@ -166,3 +166,73 @@ TEST_CASE("built-in kernels exist on every driver and run", "[runtime][kernel]")
     EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
   }
 }
+
+TEST_CASE("kernel images: each module adds its own, kernels are declared against one", "[runtime][kernel][image]") {
+  EbbSession s;
+  static const char image_a[] = "module image A";  // content unread on the emulated driver
+  static const char image_b[] = "module image B";
+  const ebb_kernel_image_t *a = nullptr, *a2 = nullptr, *b = nullptr, *none = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_add_image("test.a", image_a, &a));
+  EBB_REQUIRE_OK(ebb_kernel_add_image("test.a", image_a, &a2));
+  CHECK(a == a2);
+  CHECK(std::string(ebb_kernel_image_name(a)) == "test.a");
+  EBB_REQUIRE_OK(ebb_kernel_add_image("test.b", image_b, &b));
+  CHECK(a != b);
+  EBB_REQUIRE_OK(ebb_kernel_add_image("test.none", nullptr, &none));  // a module with no GPU code
+  EBB_CHECK_FAILS(ebb_kernel_add_image("test.a", image_b, &a2), EBB_EINVAL, "'test.a' was added before with other contents");
+  EBB_CHECK_FAILS(ebb_kernel_add_image("ebb.runtime", image_b, &a2), EBB_EINVAL, "'ebb.runtime'");
+  EBB_CHECK_FAILS(ebb_kernel_add_image(nullptr, image_a, &a2), EBB_EINVAL, "NULL");
+  EBB_CHECK_FAILS(ebb_kernel_add_image("", image_a, &a2), EBB_EINVAL, "empty");
+  EBB_CHECK_FAILS(ebb_kernel_add_image("test.c", image_a, nullptr), EBB_EINVAL, "out is NULL");
+  CHECK(std::string(ebb_kernel_image_name(nullptr)) == "(invalid image)");
+
+  const ebb_kernel_t *ka = nullptr, *kb = nullptr, *k2 = nullptr, *gpu_only = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_declare_in(a, "test.img.fill_a", sizeof(FillArgs), fill_kernel, "fill_a", &ka));
+  EBB_REQUIRE_OK(ebb_kernel_declare_in(b, "test.img.fill_b", sizeof(FillArgs), fill_kernel, "fill_b", &kb));
+  EBB_REQUIRE_OK(ebb_kernel_declare_in(a, "test.img.fill_a", sizeof(FillArgs), fill_kernel, "fill_a", &k2));
+  CHECK(k2 == ka);
+  // Kernel names are one name space: the same name in another image is another kernel.
+  EBB_CHECK_FAILS(ebb_kernel_declare_in(b, "test.img.fill_a", sizeof(FillArgs), fill_kernel, "fill_a", &k2), EBB_EINVAL,
+                  "image 'test.a', now 'test.b'");
+  int junk = 0;
+  EBB_CHECK_FAILS(ebb_kernel_declare_in((const ebb_kernel_image_t *)&junk, "test.img.x", 4, fill_kernel, nullptr, &k2), EBB_EINVAL,
+                  "not an image");
+  EBB_REQUIRE_OK(ebb_kernel_declare_in(none, "test.img.gpu_only", sizeof(FillArgs), nullptr, "gpu_only", &gpu_only));
+
+  ebb_dev_caps caps;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  CUstream_st *st = nullptr;
+  EBB_REQUIRE_OK(ebb_drv_stream_create(0, 0, &st));
+  if (caps.cpu_kernels) {
+    // Both images loaded on device 0 (one driver module each); both kernels run.
+    uint64_t d = 0;
+    EBB_REQUIRE_OK(ebb_drv_mem_alloc(0, 8 * sizeof(float), &d));
+    FillArgs fa{(float *)d, 4, 1.0f}, fb{(float *)d + 4, 4, 2.0f};
+    EBB_REQUIRE_OK(ebb_kernel_launch(ka, 0, st, &fa, nullptr));
+    EBB_REQUIRE_OK(ebb_kernel_launch(kb, 0, st, &fb, nullptr));
+    EBB_REQUIRE_OK(ebb_drv_stream_synchronize(st));
+    std::vector<float> host(8);
+    EBB_REQUIRE_OK(ebb_drv_memcpy_async(host.data(), (void *)d, 8 * sizeof(float), st));
+    EBB_REQUIRE_OK(ebb_drv_stream_synchronize(st));
+    CHECK(host == std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2});
+    EBB_REQUIRE_OK(ebb_drv_mem_free(0, d));
+  } else {
+    FillArgs f{nullptr, 0, 0.0f};
+    EBB_CHECK_FAILS(ebb_kernel_launch(gpu_only, 0, st, &f, nullptr), EBB_ENOTSUP, "its image 'test.none' has no CUDA code");
+  }
+  EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
+}
+
+TEST_CASE("kernel images are forgotten at the last shutdown and added again after init", "[runtime][kernel][image]") {
+  static const char image_a[] = "module image A";
+  const ebb_kernel_image_t *a = nullptr, *a2 = nullptr;
+  {
+    EbbSession s;
+    EBB_REQUIRE_OK(ebb_kernel_add_image("test.a", image_a, &a));
+  }
+  EbbSession s;
+  const ebb_kernel_t *k = nullptr;
+  EBB_CHECK_FAILS(ebb_kernel_declare_in(a, "test.stale", sizeof(FillArgs), fill_kernel, nullptr, &k), EBB_EINVAL, "not an image");
+  static const char image_b[] = "another build of module A";
+  EBB_REQUIRE_OK(ebb_kernel_add_image("test.a", image_b, &a2));
+}
