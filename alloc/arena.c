@@ -1976,6 +1976,10 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
     ebb__unlock(&a->mu);
     return ebb__explain_in(fn, ptr, kind, a, state, base, size, sid);
   }
+  char was[48];
+  if (ebb__grave_find(addr, was, sizeof was))
+    return ebb__fail(EBB_EFREED, "%s: pointer %p is from before the last completed ebb_shutdown, which gave back the memory of %s it lay in; "
+                     "expected a block from %s since ebb_init", fn, ptr, was, want);
   return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
 

@@ -554,6 +554,9 @@ EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
 EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
 /* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
  * (start: no lock held, after the configuration is parsed). */
+/* device.c: whether `addr` lay in a segment given back by a completed ebb_shutdown (the pool's
+ * label in `label`); failure paths only. */
+EBB_HIDDEN bool ebb__grave_find(uint64_t addr, char *label, size_t len);
 EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
 EBB_HIDDEN void ebb__hostpools_fini(void);
 /* The pinned pools then the host pool, NULL past the last. */

@@ -198,11 +198,55 @@ static bool ebb__conf_check(const char *env, char *expected, size_t len) {
 
 static const ebb__config_var ebb__alloc_vars[] = {{"EBB_ALLOC_CONF", ebb__conf_check}};
 
+/* ---- pointers from before a completed ebb_shutdown ---------------------------------------- */
+
+/* The address ranges of the segments the last teardowns gave back (the newest EBB__GRAVES), so a
+ * pointer from an earlier ebb_init reads EBB_EFREED with a message saying so, rather than "not
+ * allocated". Written by the teardown, read on failure paths only. */
+#define EBB__GRAVES 256
+static ebb_mutex ebb__graves_mu = {PTHREAD_MUTEX_INITIALIZER, "alloc.graves", EBB_RANK_LEAF};
+static struct ebb__grave {
+  uint64_t base;
+  size_t size;
+  char label[48];
+} ebb__graves[EBB__GRAVES];
+static unsigned ebb__ngraves;
+
+static void ebb__graves_add(struct ebb__arena *a) {
+  ebb__mutex_lock(&ebb__graves_mu);
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    const struct ebb__segment *sg = ebb_container_of(n, struct ebb__segment, node);
+    struct ebb__grave *g = &ebb__graves[ebb__ngraves++ % EBB__GRAVES];
+    g->base = sg->base;
+    g->size = sg->size;
+    snprintf(g->label, sizeof g->label, "%s", a->label);
+  }
+  ebb__mutex_unlock(&ebb__graves_mu);
+}
+
+bool ebb__grave_find(uint64_t addr, char *label, size_t len) {
+  bool found = false;
+  ebb__mutex_lock(&ebb__graves_mu);
+  unsigned n = ebb__ngraves < EBB__GRAVES ? ebb__ngraves : EBB__GRAVES;
+  for (unsigned i = 0; i < n && !found; i++) {
+    const struct ebb__grave *g = &ebb__graves[(ebb__ngraves - 1 - i) % EBB__GRAVES]; /* newest first */
+    if (addr >= g->base && addr < g->base + g->size) {
+      snprintf(label, len, "%s", g->label);
+      found = true;
+    }
+  }
+  ebb__mutex_unlock(&ebb__graves_mu);
+  return found;
+}
+
 /* The module's stop, run by the last ebb_shutdown once no block is live. */
 static void ebb__alloc_teardown(void *user) {
   (void)user;
   /* acquire: pairs with the release store of UP (the arenas are visible). */
   if (atomic_load_explicit(&ebb__al.phase, memory_order_acquire) != EBB__AL_UP) return;
+  for (int i = 0; i < ebb__al.ndev; i++) ebb__graves_add(&ebb__al.dev[i]);
+  struct ebb__arena *hp;
+  for (int i = 0; (hp = ebb__hostpool_nth(i)) != NULL; i++) ebb__graves_add(hp);
   for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
   ebb__hostpools_fini();
   ebb__ptrmap_clear();

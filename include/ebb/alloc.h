@@ -70,7 +70,8 @@ EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *strea
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
  * once the uses declared with ebb_arena_record_stream have completed. NULL is a no-op.
  * EBB_EINVAL for a pointer the arena did not hand out (or an interior pointer), EBB_EFREED for a
- * block already freed. */
+ * block already freed, or one from before a completed last ebb_shutdown (which refuses with
+ * EBB_EBUSY while any block is live, and gives back the memory of freed ones). */
 EBB_API ebb_status ebb_arena_free(void *ptr);
 /* Declares that `stream` uses the block at `ptr`; its reuse waits for that stream's work issued
  * before the free. Recording the allocation stream is a no-op. EBB_EFREED on a freed block;

@@ -856,9 +856,10 @@ TEST_CASE("shutdown refuses while a block is live, then releases the cache and a
   EBB_REQUIRE_OK(ebb_arena_free(p));
   EBB_REQUIRE_OK(ebb_shutdown());
   CHECK_FALSE(ebb_is_initialized());
-  // A pointer from before a completed shutdown is not a block of the new arena.
+  // A pointer from before a completed shutdown is a released one, said as such.
   EbbSession session;
-  CHECK(ebb_arena_free(p) != EBB_OK);
+  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "from before the last completed ebb_shutdown");
+  CHECK(std::string(ebb_last_error()).find("device 0") != std::string::npos);
   ebb_arena_stats st = stats(0);
   CHECK(st.reserved_bytes.current == 0);
   CHECK(st.alloc_count == 0);
