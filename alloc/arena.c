@@ -812,14 +812,14 @@ bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e) {
 ebb_status ebb__ev_create(int device, ebb_event_t **out) {
   ebb_status st = ebb_event_create(device, EBB_EVENT_DEFAULT, out);
   if (!st) {
-    ebb_debug_live_add(-1);
+    ebb__debug_live_add(-1);
     ebb__events_live_add(-1);
   }
   return st;
 }
 
 void ebb__ev_destroy(ebb_event_t *e) {
-  ebb_debug_live_add(1); /* the count ebb__ev_create gave back */
+  ebb__debug_live_add(1); /* the count ebb__ev_create gave back */
   ebb__events_live_add(1);
   ebb_event_release(e);
 }
@@ -1934,7 +1934,7 @@ static struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t ad
 const char *ebb__kind_alloc_fn(enum ebb__memkind kind) {
   switch (kind) {
   case EBB__MEM_PINNED_POOL: return "ebb_pinned_alloc";
-  case EBB__MEM_HOST_POOL: return "ebb_host_alloc";
+  case EBB__MEM_HOST_POOL: return "ebb_pageable_alloc";
   default: return "ebb_arena_alloc";
   }
 }

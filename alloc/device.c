@@ -21,12 +21,12 @@
 /* ---- the device upstream ------------------------------------------------------------------- */
 
 static ebb_status ebb__dev_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
-  return ebb_drv_mem_alloc(a->device, bytes, addr);
+  return ebb__drv_mem_alloc(a->device, bytes, addr);
 }
 
 static ebb_status ebb__dev_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
   (void)bytes;
-  return ebb_drv_mem_free(a->device, addr);
+  return ebb__drv_mem_free(a->device, addr);
 }
 
 static ebb_status ebb__dev_mem_info(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes) {
@@ -34,26 +34,26 @@ static ebb_status ebb__dev_mem_info(struct ebb__arena *a, size_t *free_bytes, si
 }
 
 static ebb_status ebb__dev_granularity(struct ebb__arena *a, size_t *gran) {
-  return ebb_drv_vmm_granularity(a->device, gran);
+  return ebb__drv_vmm_granularity(a->device, gran);
 }
 
 static ebb_status ebb__dev_reserve(struct ebb__arena *a, size_t bytes, uint64_t *va) {
-  return ebb_drv_vmm_reserve(a->device, bytes, va);
+  return ebb__drv_vmm_reserve(a->device, bytes, va);
 }
 
 static ebb_status ebb__dev_unreserve(struct ebb__arena *a, uint64_t va, size_t bytes) {
   (void)a;
-  return ebb_drv_vmm_free(va, bytes);
+  return ebb__drv_vmm_free(va, bytes);
 }
 
 /* One physical chunk per granule, mapped at `va` for the owning device. */
 static ebb_status ebb__dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t *handle) {
   uint64_t h = 0;
-  ebb_status st = ebb_drv_vmm_create(a->device, bytes, &h);
+  ebb_status st = ebb__drv_vmm_create(a->device, bytes, &h);
   if (st) return st;
-  st = ebb_drv_vmm_map(va, bytes, h, a->device);
+  st = ebb__drv_vmm_map(va, bytes, h, a->device);
   if (st) {
-    ebb_drv_vmm_release(h);
+    ebb__drv_vmm_release(h);
     return st;
   }
   *handle = h;
@@ -62,8 +62,8 @@ static ebb_status ebb__dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, 
 
 static ebb_status ebb__dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle) {
   (void)a;
-  ebb_status st = ebb_drv_vmm_unmap(va, bytes);
-  ebb_status st2 = ebb_drv_vmm_release(handle);
+  ebb_status st = ebb__drv_vmm_unmap(va, bytes);
+  ebb_status st2 = ebb__drv_vmm_release(handle);
   return st ? st : st2;
 }
 

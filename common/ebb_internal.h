@@ -15,12 +15,16 @@
 #define EBB_LIKELY(x) __builtin_expect(!!(x), 1)
 #define EBB_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define EBB_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#ifndef EBB_HIDDEN /* runtime_export.h defines it the same way */
 #define EBB_HIDDEN __attribute__((visibility("hidden")))
+#endif
 #else
 #define EBB_LIKELY(x) (x)
 #define EBB_UNLIKELY(x) (x)
 #define EBB_PRINTF(f, a)
+#ifndef EBB_HIDDEN
 #define EBB_HIDDEN
+#endif
 #endif
 
 /* Debug levels (STYLE.md 6): 0 release, 1 EBB_ASSERT on, 2 EBB_ASSERT_EXPENSIVE on too

@@ -63,7 +63,7 @@ static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
   atomic_store_explicit(&t->refs, 1, memory_order_relaxed);
   atomic_store_explicit(&t->magic, EBB__TENSOR_MAGIC, memory_order_relaxed);
   atomic_fetch_add_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
-  ebb_debug_live_add(1);
+  ebb__debug_live_add(1);
   *out = t;
   return EBB_OK;
 }
@@ -75,7 +75,7 @@ static void ebb__record_put(ebb_tensor_t *t) {
   ebb__pool_nfree++;
   ebb__mutex_unlock(&ebb__pool_lock);
   atomic_fetch_sub_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
-  ebb_debug_live_add(-1);
+  ebb__debug_live_add(-1);
 }
 
 long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed); }
@@ -173,7 +173,7 @@ static void ebb__storage_put(struct ebb__storage *s) {
   if (s->data) {
     /* Frees are stream-ordered: the arena reuses the block on its allocation stream after the
      * work already queued there, and on recorded streams after their events. */
-    if (s->device == EBB_DEVICE_CPU) ebb_host_free(s->data);
+    if (s->device == EBB_DEVICE_CPU) ebb_pageable_free(s->data);
     else ebb_arena_free(s->data);
   }
   free(s);
@@ -195,7 +195,7 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
   struct ebb__storage *s = calloc(1, sizeof *s);
   if (!s) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a storage record", fn);
   void *p = NULL;
-  ebb_status st = device == EBB_DEVICE_CPU ? ebb_host_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
+  ebb_status st = device == EBB_DEVICE_CPU ? ebb_pageable_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
   if (st) {
     free(s);
     return st;
@@ -764,7 +764,7 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   if (t->st->device == EBB_DEVICE_CPU) return ebb_tensor_to_host(t, dst, bytes);
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: the tensor is empty; nothing to copy (use ebb_tensor_to_host)", fn);
   ebb_ptr_info pi;
-  st = ebb_drv_ptr_info(dst, &pi);
+  st = ebb__drv_ptr_info(dst, &pi);
   if (st) return st;
   if (pi.type != EBB_MEMTYPE_PINNED)
     return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,

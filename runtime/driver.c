@@ -21,13 +21,7 @@
 
 ebb_runtime ebb__rt = {.lock = {PTHREAD_MUTEX_INITIALIZER, "runtime", EBB_RANK_RUNTIME}};
 
-#define EBB_MAX_AT_SHUTDOWN 32
-static struct {
-  ebb_shutdown_fn fn;
-  void *user;
-} ebb__at_shutdown[EBB_MAX_AT_SHUTDOWN];
-static int ebb__nat_shutdown;
-static bool ebb__closing; /* the last ebb_shutdown is running its hooks (runtime lock dropped) */
+static bool ebb__closing; /* the last ebb_shutdown is stopping the modules (runtime lock dropped) */
 
 /* Libraries loaded so far (path -> handle), so a re-init does not dlopen twice. */
 #define EBB_MAX_LOADED 4
@@ -249,22 +243,6 @@ ebb_status ebb_init(void) {
   return st;
 }
 
-ebb_status ebb_at_shutdown(ebb_shutdown_fn fn, void *user) {
-  ebb_status st = ebb__check_init("ebb_at_shutdown");
-  if (st) return st;
-  if (!fn) return ebb__fail(EBB_EINVAL, "ebb_at_shutdown: fn is NULL; expected a function to call at shutdown");
-  ebb__mutex_lock(&ebb__rt.lock);
-  if (ebb__nat_shutdown == EBB_MAX_AT_SHUTDOWN) {
-    ebb__mutex_unlock(&ebb__rt.lock);
-    return ebb__fail(EBB_ELIMIT, "ebb_at_shutdown: already %d hooks registered (the maximum)", EBB_MAX_AT_SHUTDOWN);
-  }
-  ebb__at_shutdown[ebb__nat_shutdown].fn = fn;
-  ebb__at_shutdown[ebb__nat_shutdown].user = user;
-  ebb__nat_shutdown++;
-  ebb__mutex_unlock(&ebb__rt.lock);
-  return EBB_OK;
-}
-
 ebb_status ebb_shutdown(void) {
   ebb__mutex_lock(&ebb__rt.lock);
   if (ebb__rt.refs == 0) {
@@ -286,19 +264,9 @@ ebb_status ebb_shutdown(void) {
                      nlive, nlive == 1 ? " is" : "s are", live);
   }
   ebb__rt.refs = 0;
-  /* Hooks and module stops run without the runtime lock (they call back into ebb) but while
-   * `ready` is still 1: hooks most recent first, then the modules highest layer first. */
+  /* Module stops run without the runtime lock (they call back into ebb) but while `ready` is
+   * still 1, highest layer first. */
   ebb__closing = true;
-  ebb__mutex_unlock(&ebb__rt.lock);
-  for (;;) { /* a hook may register another: run until none is left */
-    ebb__mutex_lock(&ebb__rt.lock);
-    if (ebb__nat_shutdown == 0) break;
-    int i = --ebb__nat_shutdown;
-    ebb_shutdown_fn fn = ebb__at_shutdown[i].fn;
-    void *user = ebb__at_shutdown[i].user;
-    ebb__mutex_unlock(&ebb__rt.lock);
-    fn(user);
-  }
   ebb__mutex_unlock(&ebb__rt.lock);
   ebb__modules_stop();
   ebb__mutex_lock(&ebb__rt.lock);

@@ -16,6 +16,7 @@
 #include "ebb_cuda.h"
 #include "ebb_internal.h"
 #include "ebb_sync.h"
+#include "runtime_export.h"
 
 #define EBB_DRV_ABI 1
 

@@ -25,7 +25,7 @@ static void ebb__event_slot_destroy(void *slot, void *ctx) {
   struct ebb_event *e = slot;
   /* Only live handles (leaked by the caller) still hold a driver event; released ones gave it
    * back to a stack, destroyed below. */
-  if (e->cu) ebb_drv_event_destroy(e->cu);
+  if (e->cu) ebb__drv_event_destroy(e->cu);
   e->cu = NULL;
 }
 
@@ -33,7 +33,7 @@ void ebb__events_teardown(struct ebb__dev *d) {
   ebb__slot_pool_each(&d->event_slots, ebb__event_slot_destroy, NULL);
   ebb__slot_pool_fini(&d->event_slots);
   for (int t = 0; t < 2; t++) {
-    for (size_t i = 0; i < d->drv_nevents[t]; i++) ebb_drv_event_destroy(d->drv_events[t][i]);
+    for (size_t i = 0; i < d->drv_nevents[t]; i++) ebb__drv_event_destroy(d->drv_events[t][i]);
     free(d->drv_events[t]);
     d->drv_events[t] = NULL;
     d->drv_nevents[t] = d->drv_cap[t] = 0;
@@ -66,7 +66,7 @@ ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct CUevent_st
   if (cu) {
     atomic_fetch_add_explicit(&d->stats.event_pool_hits, 1, memory_order_relaxed);
   } else {
-    ebb_status st = ebb_drv_event_create(d->ordinal, timing, &cu);
+    ebb_status st = ebb__drv_event_create(d->ordinal, timing, &cu);
     if (st) return st;
     atomic_fetch_add_explicit(&d->stats.events_created, 1, memory_order_relaxed);
   }
@@ -90,7 +90,7 @@ void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu) 
   bool kept = d->drv_nevents[t] < d->drv_cap[t];
   if (kept) d->drv_events[t][d->drv_nevents[t]++] = cu;
   ebb__mutex_unlock(&d->event_mu);
-  if (!kept) ebb_drv_event_destroy(cu);
+  if (!kept) ebb__drv_event_destroy(cu);
 }
 
 /* The event goes back to the stack as soon as the wait is enqueued: the driver captured the
@@ -101,8 +101,8 @@ ebb_status ebb__stream_order(ebb_stream_t *waiter, ebb_stream_t *s) {
   struct CUevent_st *cu = NULL;
   ebb_status st = ebb__drv_event_get(d, false, &cu);
   if (st) return st;
-  st = ebb_drv_event_record(cu, s->cu);
-  if (!st) st = ebb_drv_stream_wait_event(waiter->cu, cu);
+  st = ebb__drv_event_record(cu, s->cu);
+  if (!st) st = ebb__drv_stream_wait_event(waiter->cu, cu);
   ebb__drv_event_put(d, false, cu);
   return st;
 }
@@ -140,7 +140,7 @@ ebb_status ebb_event_create(int device, unsigned flags, ebb_event_t **out) {
   e->cu = cu;
   /* release: pairs with the acquire in ebb__check_event (fields before the live magic). */
   atomic_store_explicit(&e->slot.magic, EBB__EVENT_LIVE, memory_order_release);
-  ebb_debug_live_add(1);
+  ebb__debug_live_add(1);
   ebb__events_live_add(1);
   *out = e;
   return EBB_OK;
@@ -156,7 +156,7 @@ ebb_status ebb_event_release(ebb_event_t *e) {
                                                memory_order_relaxed))
     return ebb__fail(EBB_EFREED, "ebb_event_release: event %llu (device %d) was released by ebb_event_release; expected a live event",
                      (unsigned long long)e->id, e->device);
-  ebb_debug_live_add(-1);
+  ebb__debug_live_add(-1);
   ebb__events_live_add(-1);
   /* The driver keeps any capture of a pending record, so work already made to wait on this
    * event is unaffected by its reuse (CUDA semantics). */
@@ -186,7 +186,7 @@ ebb_status ebb_event_record(ebb_event_t *e, ebb_stream_t *s) {
   if (e->device != s->device)
     return ebb__fail(EBB_EDEVICE, "%s: event %llu belongs to device %d but stream %llu to device %d; record it on a stream of device %d",
                      fn, (unsigned long long)e->id, e->device, (unsigned long long)s->id, s->device, e->device);
-  st = ebb_drv_event_record(e->cu, s->cu);
+  st = ebb__drv_event_record(e->cu, s->cu);
   /* relaxed: `recorded` only says whether a record was ever made; the work it captures is
    * ordered by the driver, and a caller reading it from another thread has synchronised with
    * this one to learn about the record at all. */
@@ -200,7 +200,7 @@ ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s) {
   if (st) return st;
   /* Never recorded: complete by definition, nothing to wait for (as CUDA). */
   if (!atomic_load_explicit(&e->recorded, memory_order_relaxed)) return EBB_OK;
-  return ebb_drv_stream_wait_event(s->cu, e->cu);
+  return ebb__drv_stream_wait_event(s->cu, e->cu);
 }
 
 ebb_status ebb_event_query(ebb_event_t *e, bool *done) {
@@ -213,12 +213,12 @@ ebb_status ebb_event_query(ebb_event_t *e, bool *done) {
     *done = true;
     return EBB_OK;
   }
-  return ebb_drv_event_query(e->cu, done);
+  return ebb__drv_event_query(e->cu, done);
 }
 
 /* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb_drv_event_query(obj, done); }
-static ebb_status ebb__event_park_cb(void *obj) { return ebb_drv_event_synchronize(obj); }
+static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
+static ebb_status ebb__event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
 
 ebb_status ebb_event_synchronize(ebb_event_t *e) {
   ebb_status st = ebb__check_event("ebb_event_synchronize", e);
@@ -233,7 +233,7 @@ static ebb_status ebb__event_finished(const char *fn, const char *which, ebb_eve
     return ebb__fail(EBB_ESTATE, "%s: %s event %llu (device %d) was never recorded; record both events first", fn, which,
                      (unsigned long long)e->id, e->device);
   bool done = false;
-  ebb_status st = ebb_drv_event_query(e->cu, &done);
+  ebb_status st = ebb__drv_event_query(e->cu, &done);
   if (st) return st;
   if (!done)
     return ebb__fail(EBB_ESTATE, "%s: %s event %llu (device %d) has not completed yet; synchronize it first", fn, which,
@@ -259,7 +259,7 @@ ebb_status ebb_event_elapsed(ebb_event_t *start, ebb_event_t *end, float *ms) {
   st = ebb__event_finished(fn, "start", start);
   if (!st) st = ebb__event_finished(fn, "end", end);
   if (st) return st;
-  return ebb_drv_event_elapsed(start->cu, end->cu, ms);
+  return ebb__drv_event_elapsed(start->cu, end->cu, ms);
 }
 
 ebb_status ebb_event_device(const ebb_event_t *e, int *device) {

@@ -1,7 +1,7 @@
 /* stream.c: streams of ebb/stream.h, the module's lifecycle and the slot pools under every handle.
  *
- * Owns: the module state ebb__st (started by the first call after ebb_init, torn down by the
- * ebb_at_shutdown hook of the last ebb_shutdown), per device the default stream, the stream
+ * Owns: the module state ebb__st (started by the first ebb_init, torn down by the module's stop
+ * at the last ebb_shutdown), per device the default stream, the stream
  * pools (EBB_STREAM_POOL_SIZE per priority, created lazily, handed out round-robin), the slots of
  * caller-owned streams, and each thread's current stream per device.
  *
@@ -206,7 +206,7 @@ ebb_status ebb__streams_enter(const char *fn) {
 static void ebb__stream_slot_destroy(void *slot, void *ctx) {
   (void)ctx;
   struct ebb_stream *s = slot;
-  if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb_drv_stream_destroy(s->cu);
+  if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb__drv_stream_destroy(s->cu);
 }
 
 /* The module's stop (run by the last ebb_shutdown once no caller handle is live): waits for
@@ -310,14 +310,14 @@ static ebb_status ebb__enter_dev(const char *fn, int device, const void *out) {
 static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio prio, enum ebb__stream_kind kind,
                                   ebb_stream_t **out) {
   struct CUstream_st *cu = NULL;
-  ebb_status st = ebb_drv_stream_create(d->ordinal, d->prio_value[prio], &cu);
+  ebb_status st = ebb__drv_stream_create(d->ordinal, d->prio_value[prio], &cu);
   if (st) return st;
   atomic_fetch_add_explicit(&d->stats.streams_created, 1, memory_order_relaxed);
   ebb__mutex_lock(&d->stream_mu);
   struct ebb_stream *s = ebb__slot_take(&d->stream_slots);
   ebb__mutex_unlock(&d->stream_mu);
   if (!s) {
-    ebb_drv_stream_destroy(cu);
+    ebb__drv_stream_destroy(cu);
     return ebb__fail(EBB_ENOMEM, "%s: out of host memory for a stream slot of device %d", fn, d->ordinal);
   }
   s->id = ebb__new_id();
@@ -334,7 +334,7 @@ static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream
 /* Destroys the driver stream (the driver finishes its pending work first) and returns the slot,
  * whose magic the caller has already turned to EBB__SLOT_FREED. */
 static ebb_status ebb__stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
-  ebb_status st = ebb_drv_stream_destroy(s->cu);
+  ebb_status st = ebb__drv_stream_destroy(s->cu);
   s->cu = NULL;
   ebb__mutex_lock(&d->stream_mu);
   ebb__slot_give(&d->stream_slots, s);
@@ -396,7 +396,7 @@ ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **ou
   if (!st) st = ebb__check_prio("ebb_stream_create", prio);
   if (!st) st = ebb__stream_new("ebb_stream_create", &ebb__st.dev[device], prio, EBB__STREAM_USER, out);
   if (!st) {
-    ebb_debug_live_add(1);
+    ebb__debug_live_add(1);
     atomic_fetch_add_explicit(&ebb__st.live_streams, 1, memory_order_relaxed);
   }
   return st;
@@ -424,7 +424,7 @@ static bool ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent
     unsigned kept = 0;
     for (unsigned i = 0; i < d->ntombs; i++) {
       bool fin = false;
-      if (*nd < EBB__TOMBS && ebb_drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
+      if (*nd < EBB__TOMBS && ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
       else d->tombs[kept++] = d->tombs[i];
     }
     d->ntombs = kept;
@@ -448,7 +448,7 @@ static ebb_status ebb__tomb_wait(struct ebb__dev *d, uint64_t id, struct CUstrea
   ebb__mutex_lock(&d->tomb_mu);
   for (unsigned i = 0; i < d->ntombs; i++) {
     if (d->tombs[i].id != id) continue;
-    st = ebb_drv_stream_wait_event(cu, d->tombs[i].ev);
+    st = ebb__drv_stream_wait_event(cu, d->tombs[i].ev);
     break;
   }
   ebb__mutex_unlock(&d->tomb_mu);
@@ -498,7 +498,7 @@ ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_
     ebb__mutex_unlock(&d->tomb_mu);
     return EBB_EFREED;
   }
-  st = ebb_drv_event_record(e->cu, s->cu);
+  st = ebb__drv_event_record(e->cu, s->cu);
   ebb__mutex_unlock(&d->tomb_mu);
   /* relaxed: as in ebb_event_record. */
   if (!st) atomic_store_explicit(&e->recorded, true, memory_order_relaxed);
@@ -532,13 +532,13 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
     return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was released by ebb_stream_release; expected a live stream",
                      (unsigned long long)s->id, s->device);
   }
-  if (!ev || ebb_drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
-    (void)ebb_drv_stream_synchronize(s->cu);
+  if (!ev || ebb__drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
+    (void)ebb__drv_stream_synchronize(s->cu);
     if (ev) done[nd++] = ev;
   }
   ebb__mutex_unlock(&d->tomb_mu);
   for (unsigned i = 0; i < nd; i++) ebb__drv_event_put(d, false, done[i]);
-  ebb_debug_live_add(-1);
+  ebb__debug_live_add(-1);
   atomic_fetch_sub_explicit(&ebb__st.live_streams, 1, memory_order_relaxed);
   return ebb__stream_retire(d, s);
 }
@@ -696,8 +696,8 @@ ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park
 }
 
 /* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status ebb__stream_query_cb(void *obj, bool *done) { return ebb_drv_stream_query(obj, done); }
-static ebb_status ebb__stream_park_cb(void *obj) { return ebb_drv_stream_synchronize(obj); }
+static ebb_status ebb__stream_query_cb(void *obj, bool *done) { return ebb__drv_stream_query(obj, done); }
+static ebb_status ebb__stream_park_cb(void *obj) { return ebb__drv_stream_synchronize(obj); }
 
 ebb_status ebb_stream_synchronize(ebb_stream_t *s) {
   ebb_status st = ebb__check_stream("ebb_stream_synchronize", s);
@@ -709,7 +709,7 @@ ebb_status ebb_stream_query(ebb_stream_t *s, bool *idle) {
   ebb_status st = ebb__check_stream("ebb_stream_query", s);
   if (!st) st = ebb__check_out("ebb_stream_query", idle, "a bool");
   if (st) return st;
-  return ebb_drv_stream_query(s->cu, idle);
+  return ebb__drv_stream_query(s->cu, idle);
 }
 
 /* The kernel registry checks the kernel, its arguments and declared buffers; the stream only
@@ -726,7 +726,7 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   if (!fn)
     return ebb__fail(EBB_EINVAL, "ebb_stream_host_func: fn is NULL; expected a function to run on stream %llu (device %d)",
                      (unsigned long long)s->id, s->device);
-  return ebb_drv_launch_host_func(s->cu, fn, user);
+  return ebb__drv_launch_host_func(s->cu, fn, user);
 }
 
 ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {

@@ -166,13 +166,13 @@ EBB_API ebb_status ebb_pinned_debug_check(void);
 
 /* bytes == 0: *ptr = NULL and EBB_OK. EBB_EINVAL for a NULL ptr, EBB_ENOMEM when the system has
  * no memory left. */
-EBB_API ebb_status ebb_host_alloc(size_t bytes, void **ptr);
+EBB_API ebb_status ebb_pageable_alloc(size_t bytes, void **ptr);
 /* NULL is a no-op; EBB_EINVAL for a foreign pointer, EBB_EFREED for a double free. */
-EBB_API ebb_status ebb_host_free(void *ptr);
-EBB_API ebb_status ebb_host_empty_cache(void);
-EBB_API ebb_status ebb_host_get_stats(ebb_arena_stats *out);
+EBB_API ebb_status ebb_pageable_free(void *ptr);
+EBB_API ebb_status ebb_pageable_empty_cache(void);
+EBB_API ebb_status ebb_pageable_get_stats(ebb_arena_stats *out);
 /* ebb_arena_debug_check for the host pool. For tests. */
-EBB_API ebb_status ebb_host_debug_check(void);
+EBB_API ebb_status ebb_pageable_debug_check(void);
 
 /* ---- owners, history, snapshots ------------------------------------------------------------
  * Every block records who asked for it: the innermost owner scope of the allocating thread

@@ -1,5 +1,4 @@
-/* ebb/runtime.h: initialisation, the driver in use, devices, topology, kernels, and the driver
- * seam the other modules are built on.
+/* ebb/runtime.h: initialisation, the driver in use, devices, topology and kernels.
  *
  * ebb talks to GPUs through the CUDA Driver API only, loaded with dlopen: the real libcuda.so.1
  * when a GPU answers cuInit, else ebb's emulated driver (libebb_simdrv.so), which runs the same
@@ -7,7 +6,9 @@
  * it is talking to.
  *
  * Threading: every function here is thread-safe. The current device is per thread.
- * Driver handles appear as the Driver API's own opaque struct pointers (struct CUstream_st * is
+ * The thin wrappers over the driver that ebb's modules use are internal
+ * (runtime/export/runtime_export.h). Driver handles appear as the Driver API's own opaque struct
+ * pointers (struct CUstream_st * is
  * cuda.h's CUstream), so this header needs no cuda.h and interoperates with code that has it.
  */
 #ifndef EBB_RUNTIME_H
@@ -56,10 +57,6 @@ EBB_API ebb_status ebb_init(void);
  * initialised. */
 EBB_API ebb_status ebb_shutdown(void);
 EBB_API bool ebb_is_initialized(void);
-
-/* Hooks run by a completed last ebb_shutdown, most recent first, before the modules stop. */
-typedef void (*ebb_shutdown_fn)(void *user);
-EBB_API ebb_status ebb_at_shutdown(ebb_shutdown_fn fn, void *user);
 
 typedef enum ebb_driver_kind { EBB_DRIVER_CUDA = 0, EBB_DRIVER_EMULATED = 1, EBB_DRIVER_CUSTOM = 2 } ebb_driver_kind;
 
@@ -134,11 +131,11 @@ EBB_API ebb_status ebb_thread_bind_device(int device);
 /* Maps `bytes` (rounded up to whole pages) of host memory whose pages are bound to the NUMA node
  * nearest `device` (ebb_dev_get_topo), for the pinned pool to register with the driver.
  * *bound says whether the OS accepted the binding (false: plain pages, e.g. where a container
- * refuses mbind, or hwloc did not load). Pages are not touched. Free with ebb_host_numa_free
+ * refuses mbind, or hwloc did not load). Pages are not touched. Free with ebb_numa_pages_free
  * and the same byte count. EBB_EDEVICE for a missing device, EBB_EINVAL for NULL out/bound or
  * bytes == 0, EBB_ENOMEM when the system has no memory left. */
-EBB_API ebb_status ebb_host_numa_alloc(int device, size_t bytes, void **out, bool *bound);
-EBB_API ebb_status ebb_host_numa_free(void *p, size_t bytes);
+EBB_API ebb_status ebb_numa_pages_alloc(int device, size_t bytes, void **out, bool *bound);
+EBB_API ebb_status ebb_numa_pages_free(void *p, size_t bytes);
 /* The NUMA node (logical index) holding the touched pages of [p, p + bytes): *node = -1 when
  * they span several nodes. EBB_ENOTSUP where the OS or hwloc cannot tell; EBB_EINVAL for NULL
  * arguments. */
@@ -212,65 +209,13 @@ typedef struct ebb_fill_u32_args {
   uint32_t value;
 } ebb_fill_u32_args;
 
-/* ---- the driver seam -----------------------------------------------------------------------
- * Thin wrappers over the loaded driver for ebb's own modules (and for users who need raw driver
- * objects). Each checks its arguments, makes the device's primary context current where the
- * driver needs one, and turns a CUresult into an ebb_status with a message naming the call.
- * Device pointers are the driver's CUdeviceptr values carried as uint64_t. */
-
-typedef enum ebb_mem_type {
-  EBB_MEMTYPE_PAGEABLE = 0, /* host memory the driver does not know */
-  EBB_MEMTYPE_PINNED = 1,   /* host memory allocated or registered through the driver */
-  EBB_MEMTYPE_DEVICE = 2
-} ebb_mem_type;
-
-typedef struct ebb_ptr_info {
-  ebb_mem_type type;
-  int device;   /* owning device for EBB_MEMTYPE_DEVICE, else -1 */
-} ebb_ptr_info;
-
-EBB_API ebb_status ebb_drv_ptr_info(const void *ptr, ebb_ptr_info *out);
-
-EBB_API ebb_status ebb_drv_stream_create(int device, int priority, struct CUstream_st **out);
-EBB_API ebb_status ebb_drv_stream_destroy(struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_stream_synchronize(struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_stream_query(struct CUstream_st *s, bool *idle);
-EBB_API ebb_status ebb_drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e);
-
-EBB_API ebb_status ebb_drv_event_create(int device, bool timing, struct CUevent_st **out);
-EBB_API ebb_status ebb_drv_event_destroy(struct CUevent_st *e);
-EBB_API ebb_status ebb_drv_event_record(struct CUevent_st *e, struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_event_query(struct CUevent_st *e, bool *done);
-EBB_API ebb_status ebb_drv_event_synchronize(struct CUevent_st *e);
-EBB_API ebb_status ebb_drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms);
-
+/* A host function enqueued on a stream (ebb_stream_host_func). */
 typedef void (*ebb_host_fn)(void *user);
-EBB_API ebb_status ebb_drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user);
-
-EBB_API ebb_status ebb_drv_mem_alloc(int device, size_t bytes, uint64_t *dptr);
-EBB_API ebb_status ebb_drv_mem_free(int device, uint64_t dptr);
-EBB_API ebb_status ebb_drv_host_alloc(int device, size_t bytes, void **out);
-EBB_API ebb_status ebb_drv_host_free(void *p);
-EBB_API ebb_status ebb_drv_host_register(void *p, size_t bytes);
-EBB_API ebb_status ebb_drv_host_unregister(void *p);
-/* dst and src may be any mix of host and device pointers (unified addressing). */
-EBB_API ebb_status ebb_drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s);
-
-/* VMM: reserve an address range, create physical chunks on a device, map, grant access, unmap. */
-EBB_API ebb_status ebb_drv_vmm_granularity(int device, size_t *granularity);
-EBB_API ebb_status ebb_drv_vmm_reserve(int device, size_t bytes, uint64_t *va);
-EBB_API ebb_status ebb_drv_vmm_free(uint64_t va, size_t bytes);
-EBB_API ebb_status ebb_drv_vmm_create(int device, size_t bytes, uint64_t *handle);
-EBB_API ebb_status ebb_drv_vmm_release(uint64_t handle);
-EBB_API ebb_status ebb_drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device);
-EBB_API ebb_status ebb_drv_vmm_unmap(uint64_t va, size_t bytes);
 
 /* ---- counters ------------------------------------------------------------------------------ */
-/* Handles ebb holds for the caller (streams, events, kernels' modules...). Modules above add
- * theirs through ebb_debug_live_add. A test ends with ebb_debug_live_handles() == 0. */
+/* Caller-owned handles still live: streams and events from ebb_*_create, tensors. A test ends
+ * with ebb_debug_live_handles() == 0. */
 EBB_API long ebb_debug_live_handles(void);
-EBB_API void ebb_debug_live_add(long delta);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,19 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <stdint.h>
+
+#include "ebb/runtime.h"
 #include "ebb/status.h"
+
+/* As common/ebb_internal.h, which C++ tests cannot include. */
+#ifndef EBB_HIDDEN
+#if defined(__GNUC__)
+#define EBB_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define EBB_HIDDEN
+#endif
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +81,66 @@ typedef struct ebb__module_desc {
 
 /* The modules linked with the runtime, NULL-terminated, in any order (generated at link). */
 extern const ebb__module_desc *const ebb__module_table[];
+
+/* ---- the driver seam -----------------------------------------------------------------------
+ * Thin wrappers over the loaded driver for ebb's own modules (seam.c); tests use them too. Each checks its arguments, makes the device's primary context current where the
+ * driver needs one, and turns a CUresult into an ebb_status with a message naming the call.
+ * Device pointers are the driver's CUdeviceptr values carried as uint64_t. */
+
+typedef enum ebb_mem_type {
+  EBB_MEMTYPE_PAGEABLE = 0, /* host memory the driver does not know */
+  EBB_MEMTYPE_PINNED = 1,   /* host memory allocated or registered through the driver */
+  EBB_MEMTYPE_DEVICE = 2
+} ebb_mem_type;
+
+typedef struct ebb_ptr_info {
+  ebb_mem_type type;
+  int device;   /* owning device for EBB_MEMTYPE_DEVICE, else -1 */
+} ebb_ptr_info;
+
+EBB_HIDDEN ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out);
+
+EBB_HIDDEN ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st **out);
+EBB_HIDDEN ebb_status ebb__drv_stream_destroy(struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_stream_synchronize(struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_stream_query(struct CUstream_st *s, bool *idle);
+EBB_HIDDEN ebb_status ebb__drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e);
+
+EBB_HIDDEN ebb_status ebb__drv_event_create(int device, bool timing, struct CUevent_st **out);
+EBB_HIDDEN ebb_status ebb__drv_event_destroy(struct CUevent_st *e);
+EBB_HIDDEN ebb_status ebb__drv_event_record(struct CUevent_st *e, struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done);
+EBB_HIDDEN ebb_status ebb__drv_event_synchronize(struct CUevent_st *e);
+EBB_HIDDEN ebb_status ebb__drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms);
+
+EBB_HIDDEN ebb_status ebb__drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user);
+
+EBB_HIDDEN ebb_status ebb__drv_mem_alloc(int device, size_t bytes, uint64_t *dptr);
+EBB_HIDDEN ebb_status ebb__drv_mem_free(int device, uint64_t dptr);
+EBB_HIDDEN ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out);
+EBB_HIDDEN ebb_status ebb__drv_pinned_free(void *p);
+EBB_HIDDEN ebb_status ebb__drv_host_register(void *p, size_t bytes);
+EBB_HIDDEN ebb_status ebb__drv_host_unregister(void *p);
+/* dst and src may be any mix of host and device pointers (unified addressing). */
+EBB_HIDDEN ebb_status ebb__drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s);
+
+/* VMM: reserve an address range, create physical chunks on a device, map, grant access, unmap. */
+EBB_HIDDEN ebb_status ebb__drv_vmm_granularity(int device, size_t *granularity);
+EBB_HIDDEN ebb_status ebb__drv_vmm_reserve(int device, size_t bytes, uint64_t *va);
+EBB_HIDDEN ebb_status ebb__drv_vmm_free(uint64_t va, size_t bytes);
+EBB_HIDDEN ebb_status ebb__drv_vmm_create(int device, size_t bytes, uint64_t *handle);
+EBB_HIDDEN ebb_status ebb__drv_vmm_release(uint64_t handle);
+EBB_HIDDEN ebb_status ebb__drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device);
+EBB_HIDDEN ebb_status ebb__drv_vmm_unmap(uint64_t va, size_t bytes);
+
+/* ---- counters and trace -------------------------------------------------------------------- */
+/* Modules count the caller-owned handles they hand out (ebb_debug_live_handles). */
+EBB_HIDDEN void ebb__debug_live_add(long delta);
+
+/* One flag read on every instrumentation point; written only by ebb_trace_enable/disable. */
+EBB_HIDDEN extern int ebb__trace_on;
+#define EBB_TRACE_ON() (__builtin_expect(__atomic_load_n(&ebb__trace_on, __ATOMIC_RELAXED) != 0, 0))
 
 #ifdef __cplusplus
 }
