@@ -811,12 +811,16 @@ bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e) {
  * Called without the arena lock (creation takes the event pool's lock, ranked below ours). */
 ebb_status ebb__ev_create(int device, ebb_event_t **out) {
   ebb_status st = ebb_event_create(device, EBB_EVENT_DEFAULT, out);
-  if (!st) ebb_debug_live_add(-1);
+  if (!st) {
+    ebb__debug_live_add(-1);
+    ebb__events_live_add(-1);
+  }
   return st;
 }
 
 void ebb__ev_destroy(ebb_event_t *e) {
-  ebb_debug_live_add(1); /* the count ebb__ev_create gave back */
+  ebb__debug_live_add(1); /* the count ebb__ev_create gave back */
+  ebb__events_live_add(1);
   ebb_event_release(e);
 }
 
@@ -1636,13 +1640,13 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
 
 /* The oom_snapshot setting: after the report is composed and the lock dropped (the snapshot
  * takes every arena's lock in turn, as PyTorch calls its OOM observers unlocked). The report
- * stays this thread's last error; a snapshot that cannot be written is noted on stderr. */
+ * stays this thread's last error; a snapshot that cannot be written goes to the warning handler. */
 static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
   if (st != EBB_ENOMEM || !a->conf.oom_snapshot) return st;
   char report[512];
   snprintf(report, sizeof report, "%s", ebb_last_error());
   if (ebb__snapshot_write("oom_snapshot", a->conf.oom_snapshot) != EBB_OK) {
-    fprintf(stderr, "ebb: %s\n", ebb_last_error());
+    ebb__warn("%s", ebb_last_error());
     return ebb__fail(st, "%s", report);
   }
   return st;
@@ -1930,7 +1934,7 @@ static struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t ad
 const char *ebb__kind_alloc_fn(enum ebb__memkind kind) {
   switch (kind) {
   case EBB__MEM_PINNED_POOL: return "ebb_pinned_alloc";
-  case EBB__MEM_HOST_POOL: return "ebb_host_alloc";
+  case EBB__MEM_HOST_POOL: return "ebb_pageable_alloc";
   default: return "ebb_arena_alloc";
   }
 }
@@ -1972,6 +1976,10 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
     ebb__unlock(&a->mu);
     return ebb__explain_in(fn, ptr, kind, a, state, base, size, sid);
   }
+  char was[48];
+  if (ebb__grave_find(addr, was, sizeof was))
+    return ebb__fail(EBB_EFREED, "%s: pointer %p is from before the last completed ebb_shutdown, which gave back the memory of %s it lay in; "
+                     "expected a block from %s since ebb_init", fn, ptr, was, want);
   return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
 

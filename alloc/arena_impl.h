@@ -37,6 +37,7 @@
 #include "ebb/stream.h"
 #include "ebb_internal.h"
 #include "ebb_list.h"
+#include "runtime_export.h"
 #include "ebb_sync.h"
 
 /* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
@@ -553,6 +554,9 @@ EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
 EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
 /* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
  * (start: no lock held, after the configuration is parsed). */
+/* device.c: whether `addr` lay in a segment given back by a completed ebb_shutdown (the pool's
+ * label in `label`); failure paths only. */
+EBB_HIDDEN bool ebb__grave_find(uint64_t addr, char *label, size_t len);
 EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
 EBB_HIDDEN void ebb__hostpools_fini(void);
 /* The pinned pools then the host pool, NULL past the last. */
@@ -586,7 +590,7 @@ static inline void ebb__owner_current(uint8_t *cat, const char **name) {
   *name = ebb__os.top.name;
 }
 /* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
- * note on stderr) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
+ * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
 EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
 EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
 /* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes

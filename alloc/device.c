@@ -21,12 +21,12 @@
 /* ---- the device upstream ------------------------------------------------------------------- */
 
 static ebb_status ebb__dev_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
-  return ebb_drv_mem_alloc(a->device, bytes, addr);
+  return ebb__drv_mem_alloc(a->device, bytes, addr);
 }
 
 static ebb_status ebb__dev_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
   (void)bytes;
-  return ebb_drv_mem_free(a->device, addr);
+  return ebb__drv_mem_free(a->device, addr);
 }
 
 static ebb_status ebb__dev_mem_info(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes) {
@@ -34,26 +34,26 @@ static ebb_status ebb__dev_mem_info(struct ebb__arena *a, size_t *free_bytes, si
 }
 
 static ebb_status ebb__dev_granularity(struct ebb__arena *a, size_t *gran) {
-  return ebb_drv_vmm_granularity(a->device, gran);
+  return ebb__drv_vmm_granularity(a->device, gran);
 }
 
 static ebb_status ebb__dev_reserve(struct ebb__arena *a, size_t bytes, uint64_t *va) {
-  return ebb_drv_vmm_reserve(a->device, bytes, va);
+  return ebb__drv_vmm_reserve(a->device, bytes, va);
 }
 
 static ebb_status ebb__dev_unreserve(struct ebb__arena *a, uint64_t va, size_t bytes) {
   (void)a;
-  return ebb_drv_vmm_free(va, bytes);
+  return ebb__drv_vmm_free(va, bytes);
 }
 
 /* One physical chunk per granule, mapped at `va` for the owning device. */
 static ebb_status ebb__dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t *handle) {
   uint64_t h = 0;
-  ebb_status st = ebb_drv_vmm_create(a->device, bytes, &h);
+  ebb_status st = ebb__drv_vmm_create(a->device, bytes, &h);
   if (st) return st;
-  st = ebb_drv_vmm_map(va, bytes, h, a->device);
+  st = ebb__drv_vmm_map(va, bytes, h, a->device);
   if (st) {
-    ebb_drv_vmm_release(h);
+    ebb__drv_vmm_release(h);
     return st;
   }
   *handle = h;
@@ -62,8 +62,8 @@ static ebb_status ebb__dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, 
 
 static ebb_status ebb__dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle) {
   (void)a;
-  ebb_status st = ebb_drv_vmm_unmap(va, bytes);
-  ebb_status st2 = ebb_drv_vmm_release(handle);
+  ebb_status st = ebb__drv_vmm_unmap(va, bytes);
+  ebb_status st2 = ebb__drv_vmm_release(handle);
   return st ? st : st2;
 }
 
@@ -127,9 +127,18 @@ static bool ebb__parse_bytes(const char *val, size_t *out) {
   return true;
 }
 
-/* EBB_ALLOC_CONF: "key:value,key:value". An unknown key or a bad value is reported on stderr and
- * ignored, so a typo never stops a training job (the setting just does not apply). */
-static void ebb__conf_parse(struct ebb__conf *c) {
+/* EBB_ALLOC_CONF: "key:value,key:value", checked by the first ebb_init (runtime_export.h): an
+ * unknown key or a bad value fails ebb_init with EBB_EINVAL naming the item and what is
+ * accepted, so a typo is never silently ignored. Parsed straight into ebb__al.conf: the check
+ * runs while the module is stopped, and the start uses what it parsed. */
+#define EBB__CONF_BAD(...)                   \
+  do {                                       \
+    snprintf(expected, len, __VA_ARGS__);    \
+    return false;                            \
+  } while (0)
+
+static bool ebb__conf_check(const char *env, char *expected, size_t len) {
+  struct ebb__conf *c = &ebb__al.conf;
   c->max_split = SIZE_MAX;
   c->expandable = false;
   c->history = EBB__HISTORY_DEFAULT;
@@ -138,20 +147,16 @@ static void ebb__conf_parse(struct ebb__conf *c) {
   c->slab_max = EBB__SLAB_MAX_DEFAULT;
   ebb__al.env[0] = '\0';
   c->env = ebb__al.env;
-  const char *env = getenv("EBB_ALLOC_CONF");
-  if (!env || !*env) return;
+  if (!env) return true;
+  if (strlen(env) >= sizeof ebb__al.env) EBB__CONF_BAD("at most %zu characters", sizeof ebb__al.env - 1);
   snprintf(ebb__al.env, sizeof ebb__al.env, "%s", env);
-  char buf[512];
+  char buf[sizeof ebb__al.env];
   snprintf(buf, sizeof buf, "%s", env);
   char *save = NULL;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     while (*tok == ' ') tok++;
     char *colon = strchr(tok, ':');
-    if (!colon) {
-      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: '%s' has no value; expected key:value", tok);
-      fprintf(stderr, "ebb: %s (ignored)\n", ebb_last_error());
-      continue;
-    }
+    if (!colon) EBB__CONF_BAD("key:value items; '%s' has no value", tok);
     *colon = '\0';
     const char *key = tok, *val = colon + 1;
     char *end = NULL;
@@ -160,58 +165,88 @@ static void ebb__conf_parse(struct ebb__conf *c) {
     bool num_ok = !errno && end != val && *end == '\0' && val[0] != '-';
     if (!strcmp(key, "max_split_size_mb")) {
       /* PyTorch's minimum is 20 MiB, the oversize slack: below it nothing could be reused. */
-      if (num_ok && v >= 20 && v < ((size_t)1 << 40)) {
-        c->max_split = (size_t)v << 20;
-        continue;
-      }
-      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: max_split_size_mb:%s is not valid; expected a whole number of MiB >= 20", val);
+      if (!num_ok || v < 20 || v >= ((size_t)1 << 40)) EBB__CONF_BAD("max_split_size_mb:N with N a whole number of MiB >= 20, not '%s'", val);
+      c->max_split = (size_t)v << 20;
     } else if (!strcmp(key, "expandable_segments")) {
-      if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "True")) {
-        c->expandable = true;
-        continue;
-      }
-      if (!strcmp(val, "0") || !strcmp(val, "false") || !strcmp(val, "False")) continue;
-      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: expandable_segments:%s is not valid; expected 0 or 1", val);
+      if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "True")) c->expandable = true;
+      else if (strcmp(val, "0") && strcmp(val, "false") && strcmp(val, "False"))
+        EBB__CONF_BAD("expandable_segments:0 or expandable_segments:1, not '%s'", val);
     } else if (!strcmp(key, "history")) {
-      if (num_ok && v <= EBB__HISTORY_MAX) {
-        c->history = (size_t)v;
-        continue;
-      }
-      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: history:%s is not valid; expected a number of entries in [0, %zu]", val,
-                EBB__HISTORY_MAX);
+      if (!num_ok || v > EBB__HISTORY_MAX) EBB__CONF_BAD("history:N with N entries in [0, %zu], not '%s'", (size_t)EBB__HISTORY_MAX, val);
+      c->history = (size_t)v;
     } else if (!strcmp(key, "oom_snapshot")) {
-      if (*val) {
-        snprintf(ebb__al.oom_path, sizeof ebb__al.oom_path, "%s", val);
-        c->oom_snapshot = ebb__al.oom_path;
-        continue;
-      }
-      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: oom_snapshot has an empty path; expected oom_snapshot:PATH");
+      if (!*val) EBB__CONF_BAD("oom_snapshot:PATH with a non-empty path");
+      snprintf(ebb__al.oom_path, sizeof ebb__al.oom_path, "%s", val);
+      c->oom_snapshot = ebb__al.oom_path;
     } else if (!strcmp(key, "pinned_max_bytes")) {
-      if (ebb__parse_bytes(val, &c->pinned_max)) continue;
-      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: pinned_max_bytes:%s is not valid; expected bytes with an optional K/M/G/T suffix (0: no cap)",
-                val);
+      if (!ebb__parse_bytes(val, &c->pinned_max))
+        EBB__CONF_BAD("pinned_max_bytes:N with N bytes and an optional K/M/G/T suffix (0: no cap), not '%s'", val);
     } else if (!strcmp(key, "slab_max_bytes")) {
       /* Rounded down to 512 B (sizes are 512-byte multiples); 64 KiB at most: the slab address
        * map relies on every slab spanning more than one 64 KiB granule (slab.c). */
       size_t v2 = 0;
-      if (ebb__parse_bytes(val, &v2) && v2 <= EBB__SLAB_MAX_LIMIT) {
-        c->slab_max = v2 / EBB__MIN_BLOCK * EBB__MIN_BLOCK;
-        continue;
-      }
-      ebb__fail(EBB_EINVAL, "EBB_ALLOC_CONF: slab_max_bytes:%s is not valid; expected bytes in [0, 64K] with an optional K suffix (0: no slabs)",
-                val);
+      if (!ebb__parse_bytes(val, &v2) || v2 > EBB__SLAB_MAX_LIMIT)
+        EBB__CONF_BAD("slab_max_bytes:N with N bytes in [0, 64K] and an optional K suffix (0: no slabs), not '%s'", val);
+      c->slab_max = v2 / EBB__MIN_BLOCK * EBB__MIN_BLOCK;
     } else {
-      ebb__fail(EBB_EINVAL,
-                "EBB_ALLOC_CONF: unknown key '%s'; expected max_split_size_mb, expandable_segments, pinned_max_bytes, "
-                "slab_max_bytes, oom_snapshot or history",
-                key);
+      EBB__CONF_BAD("keys max_split_size_mb, expandable_segments, pinned_max_bytes, slab_max_bytes, oom_snapshot or history; "
+                    "'%s' is unknown", key);
     }
-    fprintf(stderr, "ebb: %s (ignored)\n", ebb_last_error());
   }
+  return true;
 }
 
+static const ebb__config_var ebb__alloc_vars[] = {{"EBB_ALLOC_CONF", ebb__conf_check}};
+
+/* ---- pointers from before a completed ebb_shutdown ---------------------------------------- */
+
+/* The address ranges of the segments the last teardowns gave back (the newest EBB__GRAVES), so a
+ * pointer from an earlier ebb_init reads EBB_EFREED with a message saying so, rather than "not
+ * allocated". Written by the teardown, read on failure paths only. */
+#define EBB__GRAVES 256
+static ebb_mutex ebb__graves_mu = {PTHREAD_MUTEX_INITIALIZER, "alloc.graves", EBB_RANK_LEAF};
+static struct ebb__grave {
+  uint64_t base;
+  size_t size;
+  char label[48];
+} ebb__graves[EBB__GRAVES];
+static unsigned ebb__ngraves;
+
+static void ebb__graves_add(struct ebb__arena *a) {
+  ebb__mutex_lock(&ebb__graves_mu);
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    const struct ebb__segment *sg = ebb_container_of(n, struct ebb__segment, node);
+    struct ebb__grave *g = &ebb__graves[ebb__ngraves++ % EBB__GRAVES];
+    g->base = sg->base;
+    g->size = sg->size;
+    snprintf(g->label, sizeof g->label, "%s", a->label);
+  }
+  ebb__mutex_unlock(&ebb__graves_mu);
+}
+
+bool ebb__grave_find(uint64_t addr, char *label, size_t len) {
+  bool found = false;
+  ebb__mutex_lock(&ebb__graves_mu);
+  unsigned n = ebb__ngraves < EBB__GRAVES ? ebb__ngraves : EBB__GRAVES;
+  for (unsigned i = 0; i < n && !found; i++) {
+    const struct ebb__grave *g = &ebb__graves[(ebb__ngraves - 1 - i) % EBB__GRAVES]; /* newest first */
+    if (addr >= g->base && addr < g->base + g->size) {
+      snprintf(label, len, "%s", g->label);
+      found = true;
+    }
+  }
+  ebb__mutex_unlock(&ebb__graves_mu);
+  return found;
+}
+
+/* The module's stop, run by the last ebb_shutdown once no block is live. */
 static void ebb__alloc_teardown(void *user) {
   (void)user;
+  /* acquire: pairs with the release store of UP (the arenas are visible). */
+  if (atomic_load_explicit(&ebb__al.phase, memory_order_acquire) != EBB__AL_UP) return;
+  for (int i = 0; i < ebb__al.ndev; i++) ebb__graves_add(&ebb__al.dev[i]);
+  struct ebb__arena *hp;
+  for (int i = 0; (hp = ebb__hostpool_nth(i)) != NULL; i++) ebb__graves_add(hp);
   for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
   ebb__hostpools_fini();
   ebb__ptrmap_clear();
@@ -221,14 +256,11 @@ static void ebb__alloc_teardown(void *user) {
   atomic_store_explicit(&ebb__al.phase, EBB__AL_DOWN, memory_order_release);
 }
 
-/* Runs with phase == STARTING owned by this thread and no lock held (ebb_at_shutdown takes the
- * runtime's lock, which ranks below ours). */
+/* Runs with phase == STARTING owned by this thread, after streams started (the runtime starts
+ * modules in layer order), with the configuration ebb_init checked in ebb__al.conf. */
 static ebb_status ebb__alloc_start(const char *fn) {
-  /* Start streams first: its shutdown hook is then registered before ours and runs after it. */
-  ebb_stream_stats ss;
-  ebb_status st = ebb_stream_get_stats(&ss);
   int ndev = 0;
-  if (!st) st = ebb_dev_count(&ndev);
+  ebb_status st = ebb_dev_count(&ndev);
   if (st) return st;
   size_t total[EBB_MAX_DEVICES];
   for (int i = 0; i < ndev; i++) {
@@ -240,11 +272,9 @@ static ebb_status ebb__alloc_start(const char *fn) {
       return ebb__fail(st, "%s: cannot read the memory size of device %d: %s", fn, i, why);
     }
   }
-  ebb__conf_parse(&ebb__al.conf);
   for (int i = 0; i < ndev; i++) ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &ebb__al.conf, total[i]);
   ebb__al.ndev = ndev;
   st = ebb__hostpools_start(&ebb__al.conf, ndev);
-  if (!st) st = ebb_at_shutdown(ebb__alloc_teardown, NULL);
   if (st) {
     for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
     ebb__hostpools_fini();
@@ -286,6 +316,49 @@ ebb_status ebb__alloc_enter(const char *fn) {
   if (EBB_LIKELY(ebb__alloc_up())) return EBB_OK;
   return ebb__alloc_enter_slow(fn);
 }
+
+static ebb_status ebb__alloc_module_start(void) { return ebb__alloc_enter("ebb_init"); }
+static void ebb__alloc_module_stop(void) { ebb__alloc_teardown(NULL); }
+
+/* Blocks handed out and not freed, per pool. Kinds name the pool ("blocks of the device 0
+ * arena"); their strings are static. */
+static int ebb__alloc_count(ebb__live_count *out, int max) {
+  static const char *const dev_kinds[EBB_MAX_DEVICES] = {
+    "blocks of the device 0 arena", "blocks of the device 1 arena", "blocks of the device 2 arena",
+    "blocks of the device 3 arena", "blocks of the device 4 arena", "blocks of the device 5 arena",
+    "blocks of the device 6 arena", "blocks of the device 7 arena", "blocks of the device 8 arena",
+    "blocks of the device 9 arena", "blocks of the device 10 arena", "blocks of the device 11 arena",
+    "blocks of the device 12 arena", "blocks of the device 13 arena", "blocks of the device 14 arena",
+    "blocks of the device 15 arena"};
+  if (!ebb__alloc_up()) return 0;
+  int n = 0;
+  for (int i = 0; i < ebb__al.ndev && n < max; i++) {
+    ebb_arena_stats s;
+    ebb__arena_get_stats(&ebb__al.dev[i], &s);
+    out[n++] = (ebb__live_count){dev_kinds[i], (long)(s.alloc_count - s.free_count)};
+  }
+  long pinned = 0, host = 0;
+  struct ebb__arena *a;
+  for (int i = 0; (a = ebb__hostpool_nth(i)) != NULL; i++) {
+    ebb_arena_stats s;
+    ebb__arena_get_stats(a, &s);
+    if (a->up->kind == EBB__MEM_PINNED_POOL) pinned += (long)(s.alloc_count - s.free_count);
+    else host += (long)(s.alloc_count - s.free_count);
+  }
+  if (n < max) out[n++] = (ebb__live_count){"blocks of the pinned host pool", pinned};
+  if (n < max) out[n++] = (ebb__live_count){"blocks of the host pool", host};
+  return n;
+}
+
+const ebb__module_desc ebb__module_alloc = {
+  .name = "alloc",
+  .layer = EBB__LAYER_ALLOC,
+  .vars = ebb__alloc_vars,
+  .nvars = (int)EBB_ARRAY_LEN(ebb__alloc_vars),
+  .start = ebb__alloc_module_start,
+  .stop = ebb__alloc_module_stop,
+  .count = ebb__alloc_count,
+};
 
 static inline ebb_status ebb__enter(const char *fn) {
   if (EBB_LIKELY(ebb__alloc_up())) return EBB_OK;

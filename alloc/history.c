@@ -180,8 +180,7 @@ void ebb__hist_init(struct ebb__arena *a) {
   /* calloc: the pages are committed as the ring fills, so a big default costs little until used. */
   a->hist.ring = calloc(a->conf.history, sizeof *a->hist.ring);
   if (!a->hist.ring) {
-    fprintf(stderr, "ebb: no host memory for %zu history entries of %s; history off\n", a->conf.history,
-            a->label);
+    ebb__warn("no host memory for %zu history entries of %s; history off", a->conf.history, a->label);
     return;
   }
   a->hist.cap = a->conf.history;

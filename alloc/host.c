@@ -85,11 +85,11 @@ static ebb_status ebb__pin_obtain(struct ebb__arena *a, size_t bytes, uint64_t *
   if (st) return st;
   void *p = NULL;
   if (a->numa_node < 0) {
-    st = ebb_drv_host_alloc(a->device, bytes, &p);
+    st = ebb__drv_pinned_alloc(a->device, bytes, &p);
   } else {
     bool bound = false;
-    st = ebb_host_numa_alloc(a->device, bytes, &p, &bound);
-    if (!st && (st = ebb_drv_host_register(p, bytes))) ebb_host_numa_free(p, bytes);
+    st = ebb_numa_pages_alloc(a->device, bytes, &p, &bound);
+    if (!st && (st = ebb__drv_host_register(p, bytes))) ebb_numa_pages_free(p, bytes);
   }
   if (st) {
     ebb__pin_uncharge(bytes);
@@ -103,11 +103,11 @@ static ebb_status ebb__pin_release(struct ebb__arena *a, uint64_t addr, size_t b
   void *p = (void *)(uintptr_t)addr;
   ebb_status st;
   if (a->numa_node < 0) {
-    st = ebb_drv_host_free(p);
+    st = ebb__drv_pinned_free(p);
   } else {
-    st = ebb_drv_host_unregister(p);
+    st = ebb__drv_host_unregister(p);
     /* Unmapping pages the driver still holds pinned would be worse than leaking them. */
-    if (!st) st = ebb_host_numa_free(p, bytes);
+    if (!st) st = ebb_numa_pages_free(p, bytes);
   }
   if (!st) ebb__pin_uncharge(bytes);
   return st;
@@ -155,8 +155,8 @@ static ebb_status ebb__host_release(struct ebb__arena *a, uint64_t addr, size_t 
 
 static const struct ebb__upstream ebb__host_upstream = {
     .name = "host",
-    .alloc_fn = "ebb_host_alloc",
-    .free_fn = "ebb_host_free",
+    .alloc_fn = "ebb_pageable_alloc",
+    .free_fn = "ebb_pageable_free",
     .kind = EBB__MEM_HOST_POOL,
     .obtain = ebb__host_obtain,
     .release = ebb__host_release,
@@ -295,8 +295,8 @@ ebb_status ebb_pinned_get_stats(ebb_arena_stats *out) {
   return EBB_OK;
 }
 
-ebb_status ebb_host_alloc(size_t bytes, void **ptr) {
-  static const char fn[] = "ebb_host_alloc";
+ebb_status ebb_pageable_alloc(size_t bytes, void **ptr) {
+  static const char fn[] = "ebb_pageable_alloc";
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   if (EBB_UNLIKELY(!ptr)) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected a void * to fill", fn);
@@ -307,22 +307,22 @@ ebb_status ebb_host_alloc(size_t bytes, void **ptr) {
   return ebb__arena_alloc(&ebb__hp.host, bytes, &ebb__nostream, ptr);
 }
 
-ebb_status ebb_host_free(void *ptr) {
-  static const char fn[] = "ebb_host_free";
+ebb_status ebb_pageable_free(void *ptr) {
+  static const char fn[] = "ebb_pageable_free";
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   if (!ptr) return EBB_OK;
   return ebb__arena_free(fn, ptr, EBB__MEM_HOST_POOL);
 }
 
-ebb_status ebb_host_empty_cache(void) {
-  ebb_status st = ebb__alloc_enter("ebb_host_empty_cache");
+ebb_status ebb_pageable_empty_cache(void) {
+  ebb_status st = ebb__alloc_enter("ebb_pageable_empty_cache");
   if (st) return st;
   return ebb__arena_empty_cache(&ebb__hp.host);
 }
 
-ebb_status ebb_host_get_stats(ebb_arena_stats *out) {
-  static const char fn[] = "ebb_host_get_stats";
+ebb_status ebb_pageable_get_stats(ebb_arena_stats *out) {
+  static const char fn[] = "ebb_pageable_get_stats";
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected an ebb_arena_stats to fill", fn);
@@ -337,8 +337,8 @@ ebb_status ebb_pinned_debug_check(void) {
   return st;
 }
 
-ebb_status ebb_host_debug_check(void) {
-  static const char fn[] = "ebb_host_debug_check";
+ebb_status ebb_pageable_debug_check(void) {
+  static const char fn[] = "ebb_pageable_debug_check";
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   return ebb__arena_check(&ebb__hp.host, fn);

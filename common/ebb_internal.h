@@ -15,12 +15,16 @@
 #define EBB_LIKELY(x) __builtin_expect(!!(x), 1)
 #define EBB_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define EBB_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#ifndef EBB_HIDDEN /* runtime_export.h defines it the same way */
 #define EBB_HIDDEN __attribute__((visibility("hidden")))
+#endif
 #else
 #define EBB_LIKELY(x) (x)
 #define EBB_UNLIKELY(x) (x)
 #define EBB_PRINTF(f, a)
+#ifndef EBB_HIDDEN
 #define EBB_HIDDEN
+#endif
 #endif
 
 /* Debug levels (STYLE.md 6): 0 release, 1 EBB_ASSERT on, 2 EBB_ASSERT_EXPENSIVE on too
@@ -49,6 +53,15 @@ _Noreturn EBB_HIDDEN void ebb__assert_fail(const char *expr, const char *file, i
 /* Stores the formatted message as this thread's last error, calls the error hook, and returns
  * `status`, so failures read `return ebb__fail(EBB_EINVAL, "ebb_x: ...", ...);`. */
 EBB_HIDDEN ebb_status ebb__fail(ebb_status status, const char *fmt, ...) EBB_PRINTF(2, 3);
+
+/* On: failures on this thread go to a scratch message (ebb__muted_error) and not to
+ * ebb_last_error or the error hook, for internal steps of calls that succeed anyway. Nests. */
+EBB_HIDDEN void ebb__fail_mute(bool on);
+EBB_HIDDEN const char *ebb__muted_error(void);
+
+/* Formats the message and hands it to the warning handler (ebb_set_warning_handler). Leaves
+ * ebb_last_error and the error hook alone. */
+EBB_HIDDEN void ebb__warn(const char *fmt, ...) EBB_PRINTF(1, 2);
 
 /* Monotonic clock in nanoseconds. */
 EBB_HIDDEN uint64_t ebb__now_ns(void);

@@ -3,7 +3,7 @@
  *
  * Owns: the dlopen'ed library (libcublas.so.13, .12, or libcublas.so), the resolved entry points,
  * and one cuBLAS handle per device, created on first use inside a device guard (so the device's
- * primary context is current, which cuBLAS binds to) and destroyed by an ebb_at_shutdown hook.
+ * primary context is current, which cuBLAS binds to) and destroyed by the ops module's stop (ebb__blas_stop).
  * When cuBLAS cannot be loaded, ebb__gpu_gemm answers EBB_ENOTSUP (leaving the thread's error
  * message alone) and matmul falls back to its plain CUDA kernel. Devices with CPU kernels (the emulated driver) never come here.
  * Threading: library loading and handle creation take a leaf lock; a handle is then used by
@@ -38,19 +38,17 @@ static struct {
   ebb__cublas_sgemm_fn sgemm;
   ebb__cublas_dgemm_fn dgemm;
   ebb__cublas_t handle[EBB_MAX_DEVICES];
-  bool hooked;
 } ebb__blas;
 
-/* At the last ebb_shutdown: destroy the handles (inside a device guard each); keep the library. */
-static void ebb__blas_fini(void *user) {
-  (void)user;
+/* The ops module's stop, at the last ebb_shutdown: destroy the handles (inside a device guard
+ * each); keep the library. */
+void ebb__blas_stop(void) {
   ebb__cublas_t h[EBB_MAX_DEVICES];
   ebb__mutex_lock(&ebb__blas_lock);
   for (int d = 0; d < EBB_MAX_DEVICES; d++) {
     h[d] = ebb__blas.handle[d];
     ebb__blas.handle[d] = NULL;
   }
-  ebb__blas.hooked = false;
   ebb__mutex_unlock(&ebb__blas_lock);
   /* the guards take runtime locks, which rank below ours: no lock held here */
   for (int d = 0; d < EBB_MAX_DEVICES; d++) {
@@ -99,9 +97,7 @@ ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb_
     return EBB_ENOTSUP; /* no message: the caller falls back to the plain kernel and succeeds */
   }
   int r = 0;
-  bool hook = false;
   if (!ebb__blas.handle[device]) r = ebb__blas.create(&ebb__blas.handle[device]);
-  if (r == 0 && !ebb__blas.hooked) hook = ebb__blas.hooked = true;
   if (r == 0) r = ebb__blas.set_stream(ebb__blas.handle[device], cs);
   if (r == 0) {
     /* Row-major C = A B is column-major C^T = B^T A^T: swap the operands and m, n. */
@@ -118,12 +114,6 @@ ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb_
   }
   ebb__mutex_unlock(&ebb__blas_lock);
   ebb_dev_guard_exit(&guard);
-  /* registered without our lock held: ebb_at_shutdown takes the runtime's lock */
-  if (hook && ebb_at_shutdown(ebb__blas_fini, NULL) != EBB_OK) {
-    ebb__mutex_lock(&ebb__blas_lock);
-    ebb__blas.hooked = false;
-    ebb__mutex_unlock(&ebb__blas_lock);
-  }
   if (r != 0) return ebb__fail(EBB_EDRIVER, "%s: cuBLAS gemm on device %d failed with cublasStatus %d", fn, device, r);
   return EBB_OK;
 }

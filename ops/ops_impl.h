@@ -13,6 +13,7 @@
 #include "ebb/tensor.h"
 #include "ebb_internal.h"
 #include "ebb_list.h"
+#include "runtime_export.h"
 #include "ebb/ops.h"
 
 #define EBB__TENSOR_MAGIC 0x65627473u /* "ebts" */
@@ -50,6 +51,8 @@ struct ebb_tensor {
 /* ---- checking handles and formatting shapes ------------------------------------------------ */
 
 /* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, naming `fn` and `arg`. */
+/* blas_gpu.c: destroys the cuBLAS handles (the ops module's stop, at the last ebb_shutdown). */
+EBB_HIDDEN void ebb__blas_stop(void);
 EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
 /* For a failure of a call made on the user's behalf (another module's, or a public op that a
  * composite op calls): rewrites the thread's last error as "fn: <it>" so the message starts with

@@ -5,7 +5,7 @@
  * in a FIFO and are reused only after EBB__TENSOR_QUARANTINE more releases, so a stale handle
  * reads a cleared magic and is reported as EBB_EFREED instead of touching freed memory), the
  * refcounted storages (device arena blocks or host-pool blocks), and the cache of ops' kernel
- * handles (declared at first use after each ebb_init, dropped by an ebb_at_shutdown hook).
+ * handles (declared at first use after each ebb_init, dropped by the module's stop, ebb__ops_stop).
  * Threading: handle refcounts are atomic (STYLE.md 9); the pool lock is a leaf lock that guards
  * only the free FIFO and chunk growth. Storage release is stream-ordered by the arena: freeing
  * a block right after enqueuing its last use is safe on its allocation stream, and other
@@ -64,7 +64,7 @@ static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
   atomic_store_explicit(&t->refs, 1, memory_order_relaxed);
   atomic_store_explicit(&t->magic, EBB__TENSOR_MAGIC, memory_order_relaxed);
   atomic_fetch_add_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
-  ebb_debug_live_add(1);
+  ebb__debug_live_add(1);
   *out = t;
   return EBB_OK;
 }
@@ -76,7 +76,7 @@ static void ebb__record_put(ebb_tensor_t *t) {
   ebb__pool_nfree++;
   ebb__mutex_unlock(&ebb__pool_lock);
   atomic_fetch_sub_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
-  ebb_debug_live_add(-1);
+  ebb__debug_live_add(-1);
 }
 
 long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed); }
@@ -184,7 +184,7 @@ static void ebb__storage_put(struct ebb__storage *s) {
   if (s->data) {
     /* Frees are stream-ordered: the arena reuses the block on its allocation stream after the
      * work already queued there, and on recorded streams after their events. */
-    if (s->device == EBB_DEVICE_CPU) ebb_host_free(s->data);
+    if (s->device == EBB_DEVICE_CPU) ebb_pageable_free(s->data);
     else ebb_arena_free(s->data);
   }
   free(s);
@@ -222,7 +222,7 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
   if (!s) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a storage record", fn);
   void *p = NULL;
   /* (the caller rewrites a failure's message: it knows the tensor's shape and dtype) */
-  ebb_status st = device == EBB_DEVICE_CPU ? ebb_host_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
+  ebb_status st = device == EBB_DEVICE_CPU ? ebb_pageable_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
   if (st) {
     free(s);
     return st;
@@ -277,14 +277,14 @@ static const char *ebb__bytes_str(size_t n, char *buf, size_t cap) {
 
 /* The message of a storage that could not be made, naming the user's call; an out-of-memory
  * report also names the tensor (shape, dtype, bytes, device) before the allocator's report,
- * whose own "ebb_arena_alloc: " / "ebb_host_alloc: " is dropped (the user did not call it). */
+ * whose own "ebb_arena_alloc: " / "ebb_pageable_alloc: " is dropped (the user did not call it). */
 static ebb_status ebb__storage_failed(const char *fn, ebb_status st, int device, ebb_dtype dt, int ndim, const int64_t *shape,
                                       size_t bytes) {
   if (st != EBB_ENOMEM) return ebb__fail_in(fn, st);
   char why[512], sh[128], sz[32], dv[32];
   const char *e = ebb_last_error();
   if (strncmp(e, "ebb_arena_alloc: ", 17) == 0) e += 17;
-  else if (strncmp(e, "ebb_host_alloc: ", 16) == 0) e += 16;
+  else if (strncmp(e, "ebb_pageable_alloc: ", 16) == 0) e += 16;
   snprintf(why, sizeof why, "%s", e);
   return ebb__fail(st, "%s: out of memory for a %s %s tensor (%s) on %s: %s", fn, ebb__shape_str(shape, ndim, sh, sizeof sh),
                    ebb_dtype_name(dt), ebb__bytes_str(bytes, sz, sizeof sz), ebb__dev_str(device, dv, sizeof dv), why);
@@ -385,14 +385,41 @@ static const struct {
 };
 
 static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];
-static atomic_int ebb__kernels_hooked;
 
-/* The runtime forgets declared kernels at the last ebb_shutdown; so does this cache. */
-static void ebb__kernels_forget(void *user) {
-  (void)user;
+#ifdef EBB_HAVE_FATBIN
+/* ops' CUDA kernels (ops/cuda/ops_kernels.cu), embedded by ops/CMakeLists.txt. */
+extern const unsigned char ebb__fatbin_ops[];
+#define EBB__OPS_IMAGE ((const void *)ebb__fatbin_ops)
+#else
+#define EBB__OPS_IMAGE NULL
+#endif
+/* ops' image "ebb.ops", registered by the module's start: written before the start returns,
+ * read-only until the stop. */
+static const ebb_kernel_image_t *ebb__ops_image;
+
+static ebb_status ebb__ops_start(void) { return ebb_kernel_add_image("ebb.ops", EBB__OPS_IMAGE, &ebb__ops_image); }
+
+/* The module's stop: the runtime forgets images and declared kernels at the last ebb_shutdown,
+ * so does this cache; cuBLAS handles go too. */
+static void ebb__ops_stop(void) {
   for (int i = 0; i < EBB__K_COUNT; i++) atomic_store_explicit(&ebb__kernels[i], NULL, memory_order_relaxed);
-  atomic_store_explicit(&ebb__kernels_hooked, 0, memory_order_relaxed);
+  ebb__ops_image = NULL;
+  ebb__blas_stop();
 }
+
+static int ebb__ops_count(ebb__live_count *out, int max) {
+  if (max < 1) return 0;
+  out[0] = (ebb__live_count){"tensors", atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed)};
+  return 1;
+}
+
+const ebb__module_desc ebb__module_ops = {
+  .name = "ops",
+  .layer = EBB__LAYER_OPS,
+  .start = ebb__ops_start,
+  .stop = ebb__ops_stop,
+  .count = ebb__ops_count,
+};
 
 static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   /* acquire: pairs with the release store below (the record is fully written) */
@@ -403,16 +430,9 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
   }
   /* Declaring twice with the same parameters returns the same handle, so racing threads agree
    * without a lock of ours (which would rank below the runtime's locks taken inside). */
-  ebb_status st = ebb_kernel_declare(ebb__kernel_defs[kid].name, ebb__kernel_defs[kid].arg_bytes, ebb__kernel_defs[kid].fn,
+  ebb_status st = ebb_kernel_declare_in(ebb__ops_image, ebb__kernel_defs[kid].name, ebb__kernel_defs[kid].arg_bytes, ebb__kernel_defs[kid].fn,
                                      ebb__kernel_defs[kid].cuda_name, &k);
   if (st) return st;
-  if (atomic_exchange_explicit(&ebb__kernels_hooked, 1, memory_order_relaxed) == 0) {
-    st = ebb_at_shutdown(ebb__kernels_forget, NULL);
-    if (st) {
-      atomic_store_explicit(&ebb__kernels_hooked, 0, memory_order_relaxed);
-      return st;
-    }
-  }
   atomic_store_explicit(&ebb__kernels[kid], k, memory_order_release);
   *out = k;
   return EBB_OK;
@@ -828,7 +848,7 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   }
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: the tensor is empty; nothing to copy (use ebb_tensor_to_host)", fn);
   ebb_ptr_info pi;
-  st = ebb_drv_ptr_info(dst, &pi);
+  st = ebb__drv_ptr_info(dst, &pi);
   if (st) return ebb__fail_in(fn, st);
   if (pi.type != EBB_MEMTYPE_PINNED)
     return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,

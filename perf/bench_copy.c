@@ -1,6 +1,6 @@
 /* bench_copy.c: bandwidth of ebb_copy_async against memcpy of the same bytes.
  *
- * Directions h2d, d2h and d2d on device 0, host memory pinned (ebb_drv_host_alloc) or pageable
+ * Directions h2d, d2h and d2d on device 0, host memory pinned (ebb__drv_pinned_alloc) or pageable
  * (malloc, staged by ebb through pinned chunks), sizes 4 KiB to 64 MiB by factors of 4. Each
  * figure is `count` copies on one pool stream and one synchronize, median of `reps` runs; the
  * baseline is memcpy between two touched malloc buffers of the same size, measured before
@@ -21,6 +21,7 @@
 
 #include "bench.h"
 #include "ebb/runtime.h"
+#include "runtime_export.h" /* the driver seam (ebb__drv_*), internal */
 #include "ebb/stream.h"
 
 #define MIN_BYTES ((size_t)4 << 10)
@@ -118,10 +119,10 @@ int main(int argc, char **argv) {
   for (size_t bytes = MIN_BYTES; si < nsizes; bytes *= 4, si++) {
     uint64_t d0, d1;
     void *pin_a, *pin_b;
-    BENCH_CHECK(ebb_drv_mem_alloc(0, bytes, &d0));
-    BENCH_CHECK(ebb_drv_mem_alloc(0, bytes, &d1));
-    BENCH_CHECK(ebb_drv_host_alloc(0, bytes, &pin_a));
-    BENCH_CHECK(ebb_drv_host_alloc(0, bytes, &pin_b));
+    BENCH_CHECK(ebb__drv_mem_alloc(0, bytes, &d0));
+    BENCH_CHECK(ebb__drv_mem_alloc(0, bytes, &d1));
+    BENCH_CHECK(ebb__drv_pinned_alloc(0, bytes, &pin_a));
+    BENCH_CHECK(ebb__drv_pinned_alloc(0, bytes, &pin_b));
     char *pg_a = malloc(bytes), *pg_b = malloc(bytes);
     if (!pg_a || !pg_b) {
       fprintf(stderr, "ebb-bench-copy: malloc(%zu) failed\n", bytes);
@@ -149,10 +150,10 @@ int main(int argc, char **argv) {
 
     free(pg_a);
     free(pg_b);
-    BENCH_CHECK(ebb_drv_host_free(pin_a));
-    BENCH_CHECK(ebb_drv_host_free(pin_b));
-    BENCH_CHECK(ebb_drv_mem_free(0, d0));
-    BENCH_CHECK(ebb_drv_mem_free(0, d1));
+    BENCH_CHECK(ebb__drv_pinned_free(pin_a));
+    BENCH_CHECK(ebb__drv_pinned_free(pin_b));
+    BENCH_CHECK(ebb__drv_mem_free(0, d0));
+    BENCH_CHECK(ebb__drv_mem_free(0, d1));
   }
 
   BENCH_CHECK(ebb_shutdown());

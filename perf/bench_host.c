@@ -2,7 +2,7 @@
  * memory of CPU tensors) against the process allocators, in one run.
  *
  * One sequence of alloc+free pairs in random order is generated up front and replayed on
- * ebb_host_alloc/free, glibc (__libc_malloc/__libc_free: this program's malloc is jemalloc) and
+ * ebb_pageable_alloc/free, glibc (__libc_malloc/__libc_free: this program's malloc is jemalloc) and
  * jemalloc (mallocx/dallocx), so each sees the same sizes in the same order: sizes log-uniform
  * from 64 B to 64 KiB, 1000 blocks live; each pair frees a random live block and allocates the
  * next size in its place. Nobody touches the memory: the figures compare bookkeeping. The
@@ -40,10 +40,10 @@ static void (*je_dallocx)(void *, int);
 
 static void *ebb_a(size_t n) {
   void *p = NULL;
-  BENCH_CHECK(ebb_host_alloc(n, &p));
+  BENCH_CHECK(ebb_pageable_alloc(n, &p));
   return p;
 }
-static void ebb_f(void *p) { BENCH_CHECK(ebb_host_free(p)); }
+static void ebb_f(void *p) { BENCH_CHECK(ebb_pageable_free(p)); }
 static void *glibc_a(size_t n) { return __libc_malloc(n); }
 static void glibc_f(void *p) { __libc_free(p); }
 static void *je_a(size_t n) { return je_mallocx(n, 0); }
@@ -57,7 +57,7 @@ struct impl {
 
 static uint64_t host_segments_made(void) {
   ebb_arena_stats s;
-  BENCH_CHECK(ebb_host_get_stats(&s));
+  BENCH_CHECK(ebb_pageable_get_stats(&s));
   return s.num_device_alloc;
 }
 

@@ -2,7 +2,7 @@
  *
  * For each size, `iters` pairs of ebb_pinned_alloc + ebb_pinned_free (after one warm-up pair,
  * every pair is a cache hit) and the same pairs of cuMemHostAlloc + cuMemFreeHost through the
- * driver seam (ebb_drv_host_alloc/free: the call a pool-less program makes). On the emulated
+ * driver seam (ebb__drv_pinned_alloc/free: the call a pool-less program makes). On the emulated
  * driver cuMemHostAlloc maps and page-locks host pages; on a GPU it also maps them for the
  * device, which takes far longer, so the ratio here is a lower bound. Lines:
  *   bench=pinned size=<bytes> impl=ebb ns_per_pair=<x>
@@ -19,6 +19,7 @@
 #include "bench.h"
 #include "ebb/alloc.h"
 #include "ebb/runtime.h"
+#include "runtime_export.h" /* the driver seam (ebb__drv_*), internal */
 
 static uint64_t driver_allocs(void) {
   ebb_arena_stats s;
@@ -57,8 +58,8 @@ int main(int argc, char **argv) {
     long diters = n >= (1 << 20) ? iters / 20 + 1 : iters / 4 + 1;
     t0 = bench_now_ns();
     for (long i = 0; i < diters; i++) {
-      BENCH_CHECK(ebb_drv_host_alloc(0, n, &p));
-      BENCH_CHECK(ebb_drv_host_free(p));
+      BENCH_CHECK(ebb__drv_pinned_alloc(0, n, &p));
+      BENCH_CHECK(ebb__drv_pinned_free(p));
     }
     t1 = bench_now_ns();
     double drv_ns = (double)(t1 - t0) / (double)diters;

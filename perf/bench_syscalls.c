@@ -60,12 +60,12 @@ static void mem_step(ebb_stream_t *a) {
   int k = (int)(mem.n++ % RING);
   if (mem.dev[k]) {
     BENCH_CHECK(ebb_arena_free(mem.dev[k]));
-    BENCH_CHECK(ebb_host_free(mem.host[k]));
+    BENCH_CHECK(ebb_pageable_free(mem.host[k]));
     BENCH_CHECK(ebb_pinned_free(mem.pin[k]));
     free(mem.plain[k]);
   }
   BENCH_CHECK(ebb_arena_alloc(0, mem_size(9, 22), a, &mem.dev[k]));
-  BENCH_CHECK(ebb_host_alloc(mem_size(6, 15), &mem.host[k]));
+  BENCH_CHECK(ebb_pageable_alloc(mem_size(6, 15), &mem.host[k]));
   BENCH_CHECK(ebb_pinned_alloc(mem_size(12, 19), 0, &mem.pin[k]));
   BENCH_CHECK(ebb_pinned_record_stream(mem.pin[k], a));
   size_t n = mem_size(4, 18);
@@ -78,7 +78,7 @@ static void mem_drain(void) {
   for (int k = 0; k < RING; k++) {
     if (!mem.dev[k]) continue;
     BENCH_CHECK(ebb_arena_free(mem.dev[k]));
-    BENCH_CHECK(ebb_host_free(mem.host[k]));
+    BENCH_CHECK(ebb_pageable_free(mem.host[k]));
     BENCH_CHECK(ebb_pinned_free(mem.pin[k]));
     free(mem.plain[k]);
   }

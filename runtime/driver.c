@@ -21,13 +21,7 @@
 
 ebb_runtime ebb__rt = {.lock = {PTHREAD_MUTEX_INITIALIZER, "runtime", EBB_RANK_RUNTIME}};
 
-#define EBB_MAX_AT_SHUTDOWN 32
-static struct {
-  ebb_shutdown_fn fn;
-  void *user;
-} ebb__at_shutdown[EBB_MAX_AT_SHUTDOWN];
-static int ebb__nat_shutdown;
-static bool ebb__closing; /* the last ebb_shutdown is running its hooks (runtime lock dropped) */
+static bool ebb__closing; /* the last ebb_shutdown is stopping the modules (runtime lock dropped) */
 
 /* Libraries loaded so far (path -> handle), so a re-init does not dlopen twice. */
 #define EBB_MAX_LOADED 4
@@ -191,12 +185,18 @@ static ebb_status ebb__load_driver(void) {
 }
 
 static void ebb__log_choice(void) {
-  static atomic_int logged;
-  const char *lv = getenv("EBB_LOG");
-  if (!lv || strcmp(lv, "info") != 0) return;
-  if (atomic_exchange_explicit(&logged, 1, memory_order_relaxed)) return;
-  fprintf(stderr, "ebb: driver %s (%s), %d device(s): %s\n", ebb__rt.info.name, ebb__rt.info.path,
-          ebb__rt.info.device_count, ebb__rt.info.reason);
+  if (!ebb__rt_conf.log_info) return;
+  ebb__warn("driver %s (%s), %d device(s): %s", ebb__rt.info.name, ebb__rt.info.path, ebb__rt.info.device_count,
+            ebb__rt.info.reason);
+}
+
+/* The runtime's own teardown, after the modules stopped (or never started). Runtime lock held. */
+static void ebb__runtime_down(void) {
+  ebb__trace_fini();
+  ebb__kernels_fini();
+  ebb__devices_fini();
+  ebb__topo_fini();
+  atomic_store_explicit(&ebb__rt.ready, 0, memory_order_release);
 }
 
 ebb_status ebb_init(void) {
@@ -211,7 +211,9 @@ ebb_status ebb_init(void) {
     return EBB_OK;
   }
   memset(&ebb__rt.info, 0, sizeof ebb__rt.info);
-  ebb_status st = ebb__load_driver();
+  /* Every variable of the runtime and of the linked modules, before anything is loaded. */
+  ebb_status st = ebb__modules_configure();
+  if (st == EBB_OK) st = ebb__load_driver();
   if (st == EBB_OK) st = ebb__devices_init();
   if (st == EBB_OK) {
     /* ready is needed by the public declare call; published for good below. */
@@ -226,29 +228,19 @@ ebb_status ebb_init(void) {
   if (st == EBB_OK) {
     ebb__topo_init();
     ebb__trace_init_from_env();
-    ebb__rt.refs = 1;
     /* release: publishes the driver table and the device array to ebb__check_init's acquire. */
     atomic_store_explicit(&ebb__rt.ready, 1, memory_order_release);
+    /* Modules start lowest layer first, the runtime lock held (a start takes only locks of higher
+     * rank); one that fails has stopped them all again. */
+    st = ebb__modules_start();
+    if (st) ebb__runtime_down();
+  }
+  if (st == EBB_OK) {
+    ebb__rt.refs = 1;
     ebb__log_choice();
   }
   ebb__mutex_unlock(&ebb__rt.lock);
   return st;
-}
-
-ebb_status ebb_at_shutdown(ebb_shutdown_fn fn, void *user) {
-  ebb_status st = ebb__check_init("ebb_at_shutdown");
-  if (st) return st;
-  if (!fn) return ebb__fail(EBB_EINVAL, "ebb_at_shutdown: fn is NULL; expected a function to call at shutdown");
-  ebb__mutex_lock(&ebb__rt.lock);
-  if (ebb__nat_shutdown == EBB_MAX_AT_SHUTDOWN) {
-    ebb__mutex_unlock(&ebb__rt.lock);
-    return ebb__fail(EBB_ELIMIT, "ebb_at_shutdown: already %d hooks registered (the maximum)", EBB_MAX_AT_SHUTDOWN);
-  }
-  ebb__at_shutdown[ebb__nat_shutdown].fn = fn;
-  ebb__at_shutdown[ebb__nat_shutdown].user = user;
-  ebb__nat_shutdown++;
-  ebb__mutex_unlock(&ebb__rt.lock);
-  return EBB_OK;
 }
 
 ebb_status ebb_shutdown(void) {
@@ -257,29 +249,29 @@ ebb_status ebb_shutdown(void) {
     ebb__mutex_unlock(&ebb__rt.lock);
     return ebb__fail(EBB_ENOTINIT, "ebb_shutdown: ebb is not initialised (more ebb_shutdown than ebb_init calls)");
   }
-  if (--ebb__rt.refs > 0) {
+  if (ebb__rt.refs > 1) {
+    ebb__rt.refs--;
     ebb__mutex_unlock(&ebb__rt.lock);
     return EBB_OK;
   }
-  /* Hooks run without the runtime lock (they call back into ebb) but while `ready` is still 1,
-   * most recent first, so a module above is torn down before the ones it uses. */
+  /* The last reference: nothing is torn down while a caller still owns a handle, so every
+   * handle either stays valid or was released before the teardown (and reads EBB_EFREED). */
+  char live[384];
+  long nlive = ebb__modules_live(live, sizeof live);
+  if (nlive > 0) {
+    ebb__mutex_unlock(&ebb__rt.lock);
+    return ebb__fail(EBB_EBUSY, "ebb_shutdown: %ld object%s still live (%s); release them and call ebb_shutdown again (nothing was torn down)",
+                     nlive, nlive == 1 ? " is" : "s are", live);
+  }
+  ebb__rt.refs = 0;
+  /* Module stops run without the runtime lock (they call back into ebb) but while `ready` is
+   * still 1, highest layer first. */
   ebb__closing = true;
   ebb__mutex_unlock(&ebb__rt.lock);
-  for (;;) { /* a hook may register another (a module torn down lazily): run until none is left */
-    ebb__mutex_lock(&ebb__rt.lock);
-    if (ebb__nat_shutdown == 0) break;
-    int i = --ebb__nat_shutdown;
-    ebb_shutdown_fn fn = ebb__at_shutdown[i].fn;
-    void *user = ebb__at_shutdown[i].user;
-    ebb__mutex_unlock(&ebb__rt.lock);
-    fn(user);
-  }
+  ebb__modules_stop();
+  ebb__mutex_lock(&ebb__rt.lock);
   ebb__closing = false;
-  ebb__trace_fini();
-  ebb__kernels_fini();
-  ebb__devices_fini();
-  ebb__topo_fini();
-  atomic_store_explicit(&ebb__rt.ready, 0, memory_order_release);
+  ebb__runtime_down();
   ebb__mutex_unlock(&ebb__rt.lock);
   return EBB_OK;
 }

@@ -1,7 +1,7 @@
 /* kernel_builtin.c: the kernels every driver has, declared at ebb_init.
  *
  * Their CPU functions run on the emulated driver; their CUDA twins of the same name live in
- * runtime/cuda/builtin.cu and reach a GPU through ebb's embedded fatbin. The argument structs
+ * runtime/cuda/builtin.cu and reach a GPU through the runtime's own image, "ebb.runtime". The argument structs
  * are public (runtime.h) so callers fill them directly.
  */
 #include "runtime_impl.h"
@@ -14,9 +14,9 @@ static void ebb__fill_u32_cpu(void *args) {
 }
 
 ebb_status ebb__kernels_builtin_init(void) {
-  ebb__kernels_set_builtin_image();
+  ebb_status st = ebb__kernels_add_runtime_image();
   const ebb_kernel_t *k = NULL;
-  ebb_status st = ebb_kernel_declare("ebb.noop", sizeof(ebb_noop_args), ebb__noop_cpu, "ebb_noop", &k);
+  if (st == EBB_OK) st = ebb_kernel_declare("ebb.noop", sizeof(ebb_noop_args), ebb__noop_cpu, "ebb_noop", &k);
   if (st == EBB_OK) st = ebb_kernel_declare("ebb.fill_u32", sizeof(ebb_fill_u32_args), ebb__fill_u32_cpu, "ebb_fill_u32", &k);
   return st;
 }

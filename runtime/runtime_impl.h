@@ -16,6 +16,7 @@
 #include "ebb_cuda.h"
 #include "ebb_internal.h"
 #include "ebb_sync.h"
+#include "runtime_export.h"
 
 #define EBB_DRV_ABI 1
 
@@ -83,8 +84,6 @@ typedef struct ebb_device {
   CUcontext ctx;        /* retained primary context */
   ebb_dev_caps caps;
   ebb_topo topo;
-  CUmodule module;      /* kernels: the fatbin on a GPU, a name space on the emulated driver */
-  bool module_tried;
 } ebb_device;
 
 typedef struct ebb_runtime {
@@ -111,13 +110,30 @@ EBB_HIDDEN ebb_status ebb__cu_fail(CUresult r, const char *fn, const char *call)
 EBB_HIDDEN ebb_status ebb__cu_status(CUresult r);
 EBB_HIDDEN const char *ebb__cu_name(CUresult r);
 
+/* The runtime's configuration, checked by the first ebb_init (module.c). */
+typedef struct ebb_rt_conf {
+  bool log_info;        /* EBB_LOG=info */
+  size_t trace_cap;     /* EBB_TRACE: spans, 0 off */
+  char trace_file[512]; /* EBB_TRACE_FILE, "" unset */
+  bool check_launch;    /* EBB_CHECK_LAUNCH=1 */
+} ebb_rt_conf;
+EBB_HIDDEN extern ebb_rt_conf ebb__rt_conf;
+
+/* module.c: the configuration of the runtime and of every linked module (EBB_EINVAL naming the
+ * first bad variable), the modules' start in layer order (a failure stops those started), their
+ * live objects (the total, and `msg` listing them by kind), their stop in reverse layer order. */
+EBB_HIDDEN ebb_status ebb__modules_configure(void);
+EBB_HIDDEN ebb_status ebb__modules_start(void);
+EBB_HIDDEN long ebb__modules_live(char *msg, size_t len);
+EBB_HIDDEN void ebb__modules_stop(void);
+
 /* Parts of init/shutdown that live in other files of the runtime. */
 EBB_HIDDEN ebb_status ebb__devices_init(void);
 EBB_HIDDEN void ebb__devices_fini(void);
 EBB_HIDDEN void ebb__topo_init(void);
 EBB_HIDDEN void ebb__topo_fini(void);
 EBB_HIDDEN ebb_status ebb__kernels_builtin_init(void);
-EBB_HIDDEN void ebb__kernels_set_builtin_image(void);
+EBB_HIDDEN ebb_status ebb__kernels_add_runtime_image(void);
 EBB_HIDDEN void ebb__kernels_fini(void);
 EBB_HIDDEN void ebb__trace_init_from_env(void);
 EBB_HIDDEN void ebb__trace_fini(void);

@@ -38,10 +38,10 @@ static ebb_status ebb__ensure_ctx(const char *fn) {
   return ebb__dev_activate(fn, dev);
 }
 
-ebb_status ebb_drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
-  EBB_SEAM_ENTRY("ebb_drv_ptr_info", PointerGetAttribute);
-  EBB_SEAM_NONNULL("ebb_drv_ptr_info", out, "a struct to fill");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_ptr_info");
+ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
+  EBB_SEAM_ENTRY("ebb__drv_ptr_info", PointerGetAttribute);
+  EBB_SEAM_NONNULL("ebb__drv_ptr_info", out, "a struct to fill");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_ptr_info");
   if (st) return st;
   unsigned int type = 0;
   CUresult r = ebb__rt.drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)ptr);
@@ -51,10 +51,10 @@ ebb_status ebb_drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
     out->device = -1;
     return EBB_OK;
   }
-  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_drv_ptr_info", "cuPointerGetAttribute(MEMORY_TYPE)");
+  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb__drv_ptr_info", "cuPointerGetAttribute(MEMORY_TYPE)");
   int ord = -1;
   if (type == CU_MEMORYTYPE_DEVICE) {
-    EBB_SEAM_CALL("ebb_drv_ptr_info", "cuPointerGetAttribute(DEVICE_ORDINAL)",
+    EBB_SEAM_CALL("ebb__drv_ptr_info", "cuPointerGetAttribute(DEVICE_ORDINAL)",
                   ebb__rt.drv.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)(uintptr_t)ptr));
     out->type = EBB_MEMTYPE_DEVICE;
     out->device = ord;
@@ -67,232 +67,232 @@ ebb_status ebb_drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
 
 /* ---- streams ---- */
 
-ebb_status ebb_drv_stream_create(int device, int priority, struct CUstream_st **out) {
-  ebb_status st = ebb__check_dev("ebb_drv_stream_create", device);
+ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st **out) {
+  ebb_status st = ebb__check_dev("ebb__drv_stream_create", device);
   if (st) return st;
-  EBB_SEAM_NONNULL("ebb_drv_stream_create", out, "a CUstream to fill");
-  st = ebb__dev_activate("ebb_drv_stream_create", device);
+  EBB_SEAM_NONNULL("ebb__drv_stream_create", out, "a CUstream to fill");
+  st = ebb__dev_activate("ebb__drv_stream_create", device);
   if (st) return st;
   CUstream s = NULL;
-  EBB_SEAM_CALL("ebb_drv_stream_create", "cuStreamCreateWithPriority",
+  EBB_SEAM_CALL("ebb__drv_stream_create", "cuStreamCreateWithPriority",
                 ebb__rt.drv.StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, priority));
   *out = s;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_stream_destroy(struct CUstream_st *s) {
-  EBB_SEAM_ENTRY("ebb_drv_stream_destroy", StreamDestroy);
-  EBB_SEAM_NONNULL("ebb_drv_stream_destroy", s, "a driver stream (the legacy NULL stream is never destroyed)");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_stream_destroy");
+ebb_status ebb__drv_stream_destroy(struct CUstream_st *s) {
+  EBB_SEAM_ENTRY("ebb__drv_stream_destroy", StreamDestroy);
+  EBB_SEAM_NONNULL("ebb__drv_stream_destroy", s, "a driver stream (the legacy NULL stream is never destroyed)");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_destroy");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_stream_destroy", "cuStreamDestroy", ebb__rt.drv.StreamDestroy(s));
+  EBB_SEAM_CALL("ebb__drv_stream_destroy", "cuStreamDestroy", ebb__rt.drv.StreamDestroy(s));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_stream_synchronize(struct CUstream_st *s) {
-  EBB_SEAM_ENTRY("ebb_drv_stream_synchronize", StreamSynchronize);
-  EBB_SEAM_NONNULL("ebb_drv_stream_synchronize", s, "a driver stream");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_stream_synchronize");
+ebb_status ebb__drv_stream_synchronize(struct CUstream_st *s) {
+  EBB_SEAM_ENTRY("ebb__drv_stream_synchronize", StreamSynchronize);
+  EBB_SEAM_NONNULL("ebb__drv_stream_synchronize", s, "a driver stream");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_synchronize");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_stream_synchronize", "cuStreamSynchronize", ebb__rt.drv.StreamSynchronize(s));
+  EBB_SEAM_CALL("ebb__drv_stream_synchronize", "cuStreamSynchronize", ebb__rt.drv.StreamSynchronize(s));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_stream_query(struct CUstream_st *s, bool *idle) {
-  EBB_SEAM_ENTRY("ebb_drv_stream_query", StreamQuery);
-  EBB_SEAM_NONNULL("ebb_drv_stream_query", s, "a driver stream");
-  EBB_SEAM_NONNULL("ebb_drv_stream_query", idle, "a bool to fill");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_stream_query");
+ebb_status ebb__drv_stream_query(struct CUstream_st *s, bool *idle) {
+  EBB_SEAM_ENTRY("ebb__drv_stream_query", StreamQuery);
+  EBB_SEAM_NONNULL("ebb__drv_stream_query", s, "a driver stream");
+  EBB_SEAM_NONNULL("ebb__drv_stream_query", idle, "a bool to fill");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_query");
   if (st) return st;
   CUresult r = ebb__rt.drv.StreamQuery(s);
-  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb_drv_stream_query", "cuStreamQuery");
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_stream_query", "cuStreamQuery");
   *idle = r == CUDA_SUCCESS;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e) {
-  EBB_SEAM_ENTRY("ebb_drv_stream_wait_event", StreamWaitEvent);
-  EBB_SEAM_NONNULL("ebb_drv_stream_wait_event", s, "a driver stream");
-  EBB_SEAM_NONNULL("ebb_drv_stream_wait_event", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_stream_wait_event");
+ebb_status ebb__drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e) {
+  EBB_SEAM_ENTRY("ebb__drv_stream_wait_event", StreamWaitEvent);
+  EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", s, "a driver stream");
+  EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", e, "a driver event");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_wait_event");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_stream_wait_event", "cuStreamWaitEvent", ebb__rt.drv.StreamWaitEvent(s, e, 0));
+  EBB_SEAM_CALL("ebb__drv_stream_wait_event", "cuStreamWaitEvent", ebb__rt.drv.StreamWaitEvent(s, e, 0));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user) {
-  EBB_SEAM_ENTRY("ebb_drv_launch_host_func", LaunchHostFunc);
-  EBB_SEAM_NONNULL("ebb_drv_launch_host_func", s, "a driver stream");
-  EBB_SEAM_NONNULL("ebb_drv_launch_host_func", fn, "a function to run");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_launch_host_func");
+ebb_status ebb__drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user) {
+  EBB_SEAM_ENTRY("ebb__drv_launch_host_func", LaunchHostFunc);
+  EBB_SEAM_NONNULL("ebb__drv_launch_host_func", s, "a driver stream");
+  EBB_SEAM_NONNULL("ebb__drv_launch_host_func", fn, "a function to run");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_launch_host_func");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_launch_host_func", "cuLaunchHostFunc", ebb__rt.drv.LaunchHostFunc(s, fn, user));
+  EBB_SEAM_CALL("ebb__drv_launch_host_func", "cuLaunchHostFunc", ebb__rt.drv.LaunchHostFunc(s, fn, user));
   return EBB_OK;
 }
 
 /* ---- events ---- */
 
-ebb_status ebb_drv_event_create(int device, bool timing, struct CUevent_st **out) {
-  ebb_status st = ebb__check_dev("ebb_drv_event_create", device);
+ebb_status ebb__drv_event_create(int device, bool timing, struct CUevent_st **out) {
+  ebb_status st = ebb__check_dev("ebb__drv_event_create", device);
   if (st) return st;
-  EBB_SEAM_NONNULL("ebb_drv_event_create", out, "a CUevent to fill");
-  st = ebb__dev_activate("ebb_drv_event_create", device);
+  EBB_SEAM_NONNULL("ebb__drv_event_create", out, "a CUevent to fill");
+  st = ebb__dev_activate("ebb__drv_event_create", device);
   if (st) return st;
   CUevent e = NULL;
-  EBB_SEAM_CALL("ebb_drv_event_create", "cuEventCreate",
+  EBB_SEAM_CALL("ebb__drv_event_create", "cuEventCreate",
                 ebb__rt.drv.EventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING));
   *out = e;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_event_destroy(struct CUevent_st *e) {
-  EBB_SEAM_ENTRY("ebb_drv_event_destroy", EventDestroy);
-  EBB_SEAM_NONNULL("ebb_drv_event_destroy", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_event_destroy");
+ebb_status ebb__drv_event_destroy(struct CUevent_st *e) {
+  EBB_SEAM_ENTRY("ebb__drv_event_destroy", EventDestroy);
+  EBB_SEAM_NONNULL("ebb__drv_event_destroy", e, "a driver event");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_event_destroy");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_event_destroy", "cuEventDestroy", ebb__rt.drv.EventDestroy(e));
+  EBB_SEAM_CALL("ebb__drv_event_destroy", "cuEventDestroy", ebb__rt.drv.EventDestroy(e));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_event_record(struct CUevent_st *e, struct CUstream_st *s) {
-  EBB_SEAM_ENTRY("ebb_drv_event_record", EventRecord);
-  EBB_SEAM_NONNULL("ebb_drv_event_record", e, "a driver event");
-  EBB_SEAM_NONNULL("ebb_drv_event_record", s, "a driver stream");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_event_record");
+ebb_status ebb__drv_event_record(struct CUevent_st *e, struct CUstream_st *s) {
+  EBB_SEAM_ENTRY("ebb__drv_event_record", EventRecord);
+  EBB_SEAM_NONNULL("ebb__drv_event_record", e, "a driver event");
+  EBB_SEAM_NONNULL("ebb__drv_event_record", s, "a driver stream");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_event_record");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_event_record", "cuEventRecord", ebb__rt.drv.EventRecord(e, s));
+  EBB_SEAM_CALL("ebb__drv_event_record", "cuEventRecord", ebb__rt.drv.EventRecord(e, s));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_event_query(struct CUevent_st *e, bool *done) {
-  EBB_SEAM_ENTRY("ebb_drv_event_query", EventQuery);
-  EBB_SEAM_NONNULL("ebb_drv_event_query", e, "a driver event");
-  EBB_SEAM_NONNULL("ebb_drv_event_query", done, "a bool to fill");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_event_query");
+ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done) {
+  EBB_SEAM_ENTRY("ebb__drv_event_query", EventQuery);
+  EBB_SEAM_NONNULL("ebb__drv_event_query", e, "a driver event");
+  EBB_SEAM_NONNULL("ebb__drv_event_query", done, "a bool to fill");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_event_query");
   if (st) return st;
   CUresult r = ebb__rt.drv.EventQuery(e);
-  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb_drv_event_query", "cuEventQuery");
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_event_query", "cuEventQuery");
   *done = r == CUDA_SUCCESS;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_event_synchronize(struct CUevent_st *e) {
-  EBB_SEAM_ENTRY("ebb_drv_event_synchronize", EventSynchronize);
-  EBB_SEAM_NONNULL("ebb_drv_event_synchronize", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_event_synchronize");
+ebb_status ebb__drv_event_synchronize(struct CUevent_st *e) {
+  EBB_SEAM_ENTRY("ebb__drv_event_synchronize", EventSynchronize);
+  EBB_SEAM_NONNULL("ebb__drv_event_synchronize", e, "a driver event");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_event_synchronize");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_event_synchronize", "cuEventSynchronize", ebb__rt.drv.EventSynchronize(e));
+  EBB_SEAM_CALL("ebb__drv_event_synchronize", "cuEventSynchronize", ebb__rt.drv.EventSynchronize(e));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms) {
-  EBB_SEAM_ENTRY("ebb_drv_event_elapsed", EventElapsedTime);
-  EBB_SEAM_NONNULL("ebb_drv_event_elapsed", start, "a recorded timing event");
-  EBB_SEAM_NONNULL("ebb_drv_event_elapsed", end, "a recorded timing event");
-  EBB_SEAM_NONNULL("ebb_drv_event_elapsed", ms, "a float to fill");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_event_elapsed");
+ebb_status ebb__drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms) {
+  EBB_SEAM_ENTRY("ebb__drv_event_elapsed", EventElapsedTime);
+  EBB_SEAM_NONNULL("ebb__drv_event_elapsed", start, "a recorded timing event");
+  EBB_SEAM_NONNULL("ebb__drv_event_elapsed", end, "a recorded timing event");
+  EBB_SEAM_NONNULL("ebb__drv_event_elapsed", ms, "a float to fill");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_event_elapsed");
   if (st) return st;
   float v = 0;
-  EBB_SEAM_CALL("ebb_drv_event_elapsed", "cuEventElapsedTime", ebb__rt.drv.EventElapsedTime(&v, start, end));
+  EBB_SEAM_CALL("ebb__drv_event_elapsed", "cuEventElapsedTime", ebb__rt.drv.EventElapsedTime(&v, start, end));
   *ms = v;
   return EBB_OK;
 }
 
 /* ---- memory ---- */
 
-ebb_status ebb_drv_mem_alloc(int device, size_t bytes, uint64_t *dptr) {
-  ebb_status st = ebb__check_dev("ebb_drv_mem_alloc", device);
+ebb_status ebb__drv_mem_alloc(int device, size_t bytes, uint64_t *dptr) {
+  ebb_status st = ebb__check_dev("ebb__drv_mem_alloc", device);
   if (st) return st;
-  EBB_SEAM_NONNULL("ebb_drv_mem_alloc", dptr, "a uint64_t to fill");
-  if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb_drv_mem_alloc: 0 bytes requested on device %d; expected at least 1", device);
-  st = ebb__dev_activate("ebb_drv_mem_alloc", device);
+  EBB_SEAM_NONNULL("ebb__drv_mem_alloc", dptr, "a uint64_t to fill");
+  if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_mem_alloc: 0 bytes requested on device %d; expected at least 1", device);
+  st = ebb__dev_activate("ebb__drv_mem_alloc", device);
   if (st) return st;
   CUdeviceptr p = 0;
   CUresult r = ebb__rt.drv.MemAlloc(&p, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    return ebb__fail(EBB_ENOMEM, "ebb_drv_mem_alloc: device %d is out of memory for %zu bytes (cuMemAlloc)", device, bytes);
-  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_drv_mem_alloc", "cuMemAlloc");
+    return ebb__fail(EBB_ENOMEM, "ebb__drv_mem_alloc: device %d is out of memory for %zu bytes (cuMemAlloc)", device, bytes);
+  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb__drv_mem_alloc", "cuMemAlloc");
   *dptr = (uint64_t)p;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_mem_free(int device, uint64_t dptr) {
-  ebb_status st = ebb__check_dev("ebb_drv_mem_free", device);
+ebb_status ebb__drv_mem_free(int device, uint64_t dptr) {
+  ebb_status st = ebb__check_dev("ebb__drv_mem_free", device);
   if (st) return st;
   if (!dptr) return EBB_OK; /* free(NULL), as cuMemFree(0) and ebb_arena_free */
-  st = ebb__dev_activate("ebb_drv_mem_free", device);
+  st = ebb__dev_activate("ebb__drv_mem_free", device);
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_mem_free", "cuMemFree", ebb__rt.drv.MemFree((CUdeviceptr)dptr));
+  EBB_SEAM_CALL("ebb__drv_mem_free", "cuMemFree", ebb__rt.drv.MemFree((CUdeviceptr)dptr));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_host_alloc(int device, size_t bytes, void **out) {
-  ebb_status st = ebb__check_dev("ebb_drv_host_alloc", device);
+ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out) {
+  ebb_status st = ebb__check_dev("ebb__drv_pinned_alloc", device);
   if (st) return st;
-  EBB_SEAM_ENTRY("ebb_drv_host_alloc", MemHostAlloc);
-  EBB_SEAM_NONNULL("ebb_drv_host_alloc", out, "a pointer to fill");
-  if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb_drv_host_alloc: 0 bytes requested; expected at least 1");
-  st = ebb__dev_activate("ebb_drv_host_alloc", device);
+  EBB_SEAM_ENTRY("ebb__drv_pinned_alloc", MemHostAlloc);
+  EBB_SEAM_NONNULL("ebb__drv_pinned_alloc", out, "a pointer to fill");
+  if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_pinned_alloc: 0 bytes requested; expected at least 1");
+  st = ebb__dev_activate("ebb__drv_pinned_alloc", device);
   if (st) return st;
   void *p = NULL;
   CUresult r = ebb__rt.drv.MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    return ebb__fail(EBB_ENOMEM, "ebb_drv_host_alloc: no pinned host memory for %zu bytes (cuMemHostAlloc)", bytes);
-  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_drv_host_alloc", "cuMemHostAlloc");
+    return ebb__fail(EBB_ENOMEM, "ebb__drv_pinned_alloc: no pinned host memory for %zu bytes (cuMemHostAlloc)", bytes);
+  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb__drv_pinned_alloc", "cuMemHostAlloc");
   *out = p;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_host_free(void *p) {
-  EBB_SEAM_ENTRY("ebb_drv_host_free", MemFreeHost);
+ebb_status ebb__drv_pinned_free(void *p) {
+  EBB_SEAM_ENTRY("ebb__drv_pinned_free", MemFreeHost);
   if (!p) return EBB_OK; /* free(NULL), as cuMemFreeHost(NULL) and ebb_pinned_free */
-  ebb_status st = ebb__ensure_ctx("ebb_drv_host_free");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_pinned_free");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_host_free", "cuMemFreeHost", ebb__rt.drv.MemFreeHost(p));
+  EBB_SEAM_CALL("ebb__drv_pinned_free", "cuMemFreeHost", ebb__rt.drv.MemFreeHost(p));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_host_register(void *p, size_t bytes) {
-  EBB_SEAM_ENTRY("ebb_drv_host_register", MemHostRegister);
-  EBB_SEAM_NONNULL("ebb_drv_host_register", p, "host memory to register");
-  if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb_drv_host_register: 0 bytes; expected at least 1");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_host_register");
+ebb_status ebb__drv_host_register(void *p, size_t bytes) {
+  EBB_SEAM_ENTRY("ebb__drv_host_register", MemHostRegister);
+  EBB_SEAM_NONNULL("ebb__drv_host_register", p, "host memory to register");
+  if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_host_register: 0 bytes; expected at least 1");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_host_register");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_host_register", "cuMemHostRegister",
+  EBB_SEAM_CALL("ebb__drv_host_register", "cuMemHostRegister",
                 ebb__rt.drv.MemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_host_unregister(void *p) {
-  EBB_SEAM_ENTRY("ebb_drv_host_unregister", MemHostUnregister);
-  EBB_SEAM_NONNULL("ebb_drv_host_unregister", p, "a registered host pointer");
-  ebb_status st = ebb__ensure_ctx("ebb_drv_host_unregister");
+ebb_status ebb__drv_host_unregister(void *p) {
+  EBB_SEAM_ENTRY("ebb__drv_host_unregister", MemHostUnregister);
+  EBB_SEAM_NONNULL("ebb__drv_host_unregister", p, "a registered host pointer");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_host_unregister");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_host_unregister", "cuMemHostUnregister", ebb__rt.drv.MemHostUnregister(p));
+  EBB_SEAM_CALL("ebb__drv_host_unregister", "cuMemHostUnregister", ebb__rt.drv.MemHostUnregister(p));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s) {
-  EBB_SEAM_ENTRY("ebb_drv_memcpy_async", MemcpyAsync);
-  EBB_SEAM_NONNULL("ebb_drv_memcpy_async", dst, "a destination pointer");
-  EBB_SEAM_NONNULL("ebb_drv_memcpy_async", src, "a source pointer");
-  EBB_SEAM_NONNULL("ebb_drv_memcpy_async", s, "a driver stream");
+ebb_status ebb__drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s) {
+  EBB_SEAM_ENTRY("ebb__drv_memcpy_async", MemcpyAsync);
+  EBB_SEAM_NONNULL("ebb__drv_memcpy_async", dst, "a destination pointer");
+  EBB_SEAM_NONNULL("ebb__drv_memcpy_async", src, "a source pointer");
+  EBB_SEAM_NONNULL("ebb__drv_memcpy_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ebb__ensure_ctx("ebb_drv_memcpy_async");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_memcpy_async");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_memcpy_async", "cuMemcpyAsync",
+  EBB_SEAM_CALL("ebb__drv_memcpy_async", "cuMemcpyAsync",
                 ebb__rt.drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, s));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s) {
-  EBB_SEAM_ENTRY("ebb_drv_memset_async", MemsetD8Async);
-  EBB_SEAM_NONNULL("ebb_drv_memset_async", dst, "device memory");
-  EBB_SEAM_NONNULL("ebb_drv_memset_async", s, "a driver stream");
+ebb_status ebb__drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s) {
+  EBB_SEAM_ENTRY("ebb__drv_memset_async", MemsetD8Async);
+  EBB_SEAM_NONNULL("ebb__drv_memset_async", dst, "device memory");
+  EBB_SEAM_NONNULL("ebb__drv_memset_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ebb__ensure_ctx("ebb_drv_memset_async");
+  ebb_status st = ebb__ensure_ctx("ebb__drv_memset_async");
   if (st) return st;
-  EBB_SEAM_CALL("ebb_drv_memset_async", "cuMemsetD8Async",
+  EBB_SEAM_CALL("ebb__drv_memset_async", "cuMemsetD8Async",
                 ebb__rt.drv.MemsetD8Async((CUdeviceptr)(uintptr_t)dst, value, bytes, s));
   return EBB_OK;
 }
@@ -306,69 +306,69 @@ static void ebb__vmm_prop(int device, CUmemAllocationProp *prop) {
   prop->location.id = device;
 }
 
-ebb_status ebb_drv_vmm_granularity(int device, size_t *granularity) {
-  ebb_status st = ebb__check_dev("ebb_drv_vmm_granularity", device);
+ebb_status ebb__drv_vmm_granularity(int device, size_t *granularity) {
+  ebb_status st = ebb__check_dev("ebb__drv_vmm_granularity", device);
   if (st) return st;
-  EBB_SEAM_ENTRY("ebb_drv_vmm_granularity", MemGetAllocationGranularity);
-  EBB_SEAM_NONNULL("ebb_drv_vmm_granularity", granularity, "a size_t to fill");
+  EBB_SEAM_ENTRY("ebb__drv_vmm_granularity", MemGetAllocationGranularity);
+  EBB_SEAM_NONNULL("ebb__drv_vmm_granularity", granularity, "a size_t to fill");
   CUmemAllocationProp prop;
   ebb__vmm_prop(device, &prop);
   size_t g = 0;
-  EBB_SEAM_CALL("ebb_drv_vmm_granularity", "cuMemGetAllocationGranularity",
+  EBB_SEAM_CALL("ebb__drv_vmm_granularity", "cuMemGetAllocationGranularity",
                 ebb__rt.drv.MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   *granularity = g;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_vmm_reserve(int device, size_t bytes, uint64_t *va) {
-  ebb_status st = ebb__check_dev("ebb_drv_vmm_reserve", device);
+ebb_status ebb__drv_vmm_reserve(int device, size_t bytes, uint64_t *va) {
+  ebb_status st = ebb__check_dev("ebb__drv_vmm_reserve", device);
   if (st) return st;
-  EBB_SEAM_ENTRY("ebb_drv_vmm_reserve", MemAddressReserve);
-  EBB_SEAM_NONNULL("ebb_drv_vmm_reserve", va, "a uint64_t to fill");
-  st = ebb__dev_activate("ebb_drv_vmm_reserve", device);
+  EBB_SEAM_ENTRY("ebb__drv_vmm_reserve", MemAddressReserve);
+  EBB_SEAM_NONNULL("ebb__drv_vmm_reserve", va, "a uint64_t to fill");
+  st = ebb__dev_activate("ebb__drv_vmm_reserve", device);
   if (st) return st;
   CUdeviceptr p = 0;
-  EBB_SEAM_CALL("ebb_drv_vmm_reserve", "cuMemAddressReserve", ebb__rt.drv.MemAddressReserve(&p, bytes, 0, 0, 0));
+  EBB_SEAM_CALL("ebb__drv_vmm_reserve", "cuMemAddressReserve", ebb__rt.drv.MemAddressReserve(&p, bytes, 0, 0, 0));
   *va = (uint64_t)p;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_vmm_free(uint64_t va, size_t bytes) {
-  EBB_SEAM_ENTRY("ebb_drv_vmm_free", MemAddressFree);
-  if (!va) return ebb__fail(EBB_EINVAL, "ebb_drv_vmm_free: address is 0; expected a reservation");
-  EBB_SEAM_CALL("ebb_drv_vmm_free", "cuMemAddressFree", ebb__rt.drv.MemAddressFree((CUdeviceptr)va, bytes));
+ebb_status ebb__drv_vmm_free(uint64_t va, size_t bytes) {
+  EBB_SEAM_ENTRY("ebb__drv_vmm_free", MemAddressFree);
+  if (!va) return ebb__fail(EBB_EINVAL, "ebb__drv_vmm_free: address is 0; expected a reservation");
+  EBB_SEAM_CALL("ebb__drv_vmm_free", "cuMemAddressFree", ebb__rt.drv.MemAddressFree((CUdeviceptr)va, bytes));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_vmm_create(int device, size_t bytes, uint64_t *handle) {
-  ebb_status st = ebb__check_dev("ebb_drv_vmm_create", device);
+ebb_status ebb__drv_vmm_create(int device, size_t bytes, uint64_t *handle) {
+  ebb_status st = ebb__check_dev("ebb__drv_vmm_create", device);
   if (st) return st;
-  EBB_SEAM_ENTRY("ebb_drv_vmm_create", MemCreate);
-  EBB_SEAM_NONNULL("ebb_drv_vmm_create", handle, "a uint64_t to fill");
-  st = ebb__dev_activate("ebb_drv_vmm_create", device);
+  EBB_SEAM_ENTRY("ebb__drv_vmm_create", MemCreate);
+  EBB_SEAM_NONNULL("ebb__drv_vmm_create", handle, "a uint64_t to fill");
+  st = ebb__dev_activate("ebb__drv_vmm_create", device);
   if (st) return st;
   CUmemAllocationProp prop;
   ebb__vmm_prop(device, &prop);
   CUmemGenericAllocationHandle h = 0;
   CUresult r = ebb__rt.drv.MemCreate(&h, bytes, &prop, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    return ebb__fail(EBB_ENOMEM, "ebb_drv_vmm_create: device %d is out of memory for %zu bytes (cuMemCreate)", device, bytes);
-  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_drv_vmm_create", "cuMemCreate");
+    return ebb__fail(EBB_ENOMEM, "ebb__drv_vmm_create: device %d is out of memory for %zu bytes (cuMemCreate)", device, bytes);
+  if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb__drv_vmm_create", "cuMemCreate");
   *handle = (uint64_t)h;
   return EBB_OK;
 }
 
-ebb_status ebb_drv_vmm_release(uint64_t handle) {
-  EBB_SEAM_ENTRY("ebb_drv_vmm_release", MemRelease);
-  EBB_SEAM_CALL("ebb_drv_vmm_release", "cuMemRelease", ebb__rt.drv.MemRelease((CUmemGenericAllocationHandle)handle));
+ebb_status ebb__drv_vmm_release(uint64_t handle) {
+  EBB_SEAM_ENTRY("ebb__drv_vmm_release", MemRelease);
+  EBB_SEAM_CALL("ebb__drv_vmm_release", "cuMemRelease", ebb__rt.drv.MemRelease((CUmemGenericAllocationHandle)handle));
   return EBB_OK;
 }
 
-ebb_status ebb_drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device) {
-  ebb_status st = ebb__check_dev("ebb_drv_vmm_map", device);
+ebb_status ebb__drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device) {
+  ebb_status st = ebb__check_dev("ebb__drv_vmm_map", device);
   if (st) return st;
-  EBB_SEAM_ENTRY("ebb_drv_vmm_map", MemMap);
-  EBB_SEAM_CALL("ebb_drv_vmm_map", "cuMemMap", ebb__rt.drv.MemMap((CUdeviceptr)va, bytes, 0, (CUmemGenericAllocationHandle)handle, 0));
+  EBB_SEAM_ENTRY("ebb__drv_vmm_map", MemMap);
+  EBB_SEAM_CALL("ebb__drv_vmm_map", "cuMemMap", ebb__rt.drv.MemMap((CUdeviceptr)va, bytes, 0, (CUmemGenericAllocationHandle)handle, 0));
   CUmemAccessDesc acc;
   memset(&acc, 0, sizeof acc);
   acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -377,14 +377,14 @@ ebb_status ebb_drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int devic
   CUresult r = ebb__rt.drv.MemSetAccess((CUdeviceptr)va, bytes, &acc, 1);
   if (r != CUDA_SUCCESS) {
     ebb__rt.drv.MemUnmap((CUdeviceptr)va, bytes); /* leave the range as it was before the call */
-    return ebb__cu_fail(r, "ebb_drv_vmm_map", "cuMemSetAccess");
+    return ebb__cu_fail(r, "ebb__drv_vmm_map", "cuMemSetAccess");
   }
   return EBB_OK;
 }
 
-ebb_status ebb_drv_vmm_unmap(uint64_t va, size_t bytes) {
-  EBB_SEAM_ENTRY("ebb_drv_vmm_unmap", MemUnmap);
-  EBB_SEAM_CALL("ebb_drv_vmm_unmap", "cuMemUnmap", ebb__rt.drv.MemUnmap((CUdeviceptr)va, bytes));
+ebb_status ebb__drv_vmm_unmap(uint64_t va, size_t bytes) {
+  EBB_SEAM_ENTRY("ebb__drv_vmm_unmap", MemUnmap);
+  EBB_SEAM_CALL("ebb__drv_vmm_unmap", "cuMemUnmap", ebb__rt.drv.MemUnmap((CUdeviceptr)va, bytes));
   return EBB_OK;
 }
 
@@ -392,4 +392,4 @@ ebb_status ebb_drv_vmm_unmap(uint64_t va, size_t bytes) {
 
 static atomic_long ebb__live;
 long ebb_debug_live_handles(void) { return atomic_load_explicit(&ebb__live, memory_order_relaxed); }
-void ebb_debug_live_add(long delta) { atomic_fetch_add_explicit(&ebb__live, delta, memory_order_relaxed); }
+void ebb__debug_live_add(long delta) { atomic_fetch_add_explicit(&ebb__live, delta, memory_order_relaxed); }

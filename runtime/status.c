@@ -52,11 +52,25 @@ void ebb_set_error_hook(ebb_error_hook_fn fn, void *user) {
   pthread_mutex_unlock(&ebb__hook_lock);
 }
 
+/* While muted, failures on this thread land in a scratch message and call no hook: an internal
+ * step that may fail inside a call that succeeds (a trace file at shutdown) reports through the
+ * warning handler instead. */
+static _Thread_local int ebb__muted;
+static _Thread_local char ebb__muted_buf[512];
+
+void ebb__fail_mute(bool on) {
+  ebb__muted += on ? 1 : -1;
+  if (on) ebb__muted_buf[0] = '\0';
+}
+
+const char *ebb__muted_error(void) { return ebb__muted_buf; }
+
 ebb_status ebb__fail(ebb_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(ebb__errbuf, sizeof ebb__errbuf, fmt, ap);
+  vsnprintf(ebb__muted ? ebb__muted_buf : ebb__errbuf, sizeof ebb__errbuf, fmt, ap);
   va_end(ap);
+  if (ebb__muted) return status;
   pthread_mutex_lock(&ebb__hook_lock);
   ebb_error_hook_fn fn = ebb__hook_fn;
   void *user = ebb__hook_user;
@@ -65,8 +79,41 @@ ebb_status ebb__fail(ebb_status status, const char *fmt, ...) {
   return status;
 }
 
+/* The warning handler and its argument change together under their own lock (never held while
+ * the handler runs). Statically the default, so warnings before any ebb call are not lost. */
+static pthread_mutex_t ebb__warn_lock = PTHREAD_MUTEX_INITIALIZER;
+static ebb_warning_fn ebb__warn_fn = ebb_warning_to_stderr;
+static void *ebb__warn_user;
+
+void ebb_warning_to_stderr(const char *message, void *user) {
+  (void)user;
+  /* the one place ebb writes to stderr: the default of the replaceable handler */
+  fprintf(stderr, "ebb: %s\n", message ? message : "");
+}
+
+void ebb_set_warning_handler(ebb_warning_fn fn, void *user) {
+  pthread_mutex_lock(&ebb__warn_lock);
+  ebb__warn_fn = fn;
+  ebb__warn_user = user;
+  pthread_mutex_unlock(&ebb__warn_lock);
+}
+
+void ebb__warn(const char *fmt, ...) {
+  pthread_mutex_lock(&ebb__warn_lock);
+  ebb_warning_fn fn = ebb__warn_fn;
+  void *user = ebb__warn_user;
+  pthread_mutex_unlock(&ebb__warn_lock);
+  if (!fn) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fn(msg, user);
+}
+
 void ebb__assert_fail(const char *expr, const char *file, int line) {
-  fprintf(stderr, "ebb: internal invariant broken: %s (%s:%d)\n", expr, file, line);
+  ebb__warn("internal invariant broken: %s (%s:%d)", expr, file, line);
   abort();
 }
 

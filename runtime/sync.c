@@ -31,8 +31,8 @@ void ebb__rank_push(const void *key, const char *name, int rank) {
   if (ebb__nheld > 0) {
     const struct ebb__held_lock *top = &ebb__held[ebb__nheld - 1];
     if (rank <= top->rank) {
-      fprintf(stderr, "ebb: lock order violated: taking '%s' (rank %d) while holding '%s' (rank %d)\n", name, rank,
-              top->name, top->rank);
+      ebb__warn("lock order violated: taking '%s' (rank %d) while holding '%s' (rank %d)", name, rank, top->name,
+                top->rank);
       abort();
     }
   }

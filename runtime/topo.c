@@ -121,8 +121,8 @@ static size_t ebb__page_round(size_t bytes) {
   return (bytes + p - 1) / p * p;
 }
 
-ebb_status ebb_host_numa_alloc(int device, size_t bytes, void **out, bool *bound) {
-  static const char fn[] = "ebb_host_numa_alloc";
+ebb_status ebb_numa_pages_alloc(int device, size_t bytes, void **out, bool *bound) {
+  static const char fn[] = "ebb_numa_pages_alloc";
   ebb_status st = ebb__check_dev(fn, device);
   if (st) return st;
   if (!out || !bound) return ebb__fail(EBB_EINVAL, "%s: out or bound is NULL; expected pointers to fill", fn);
@@ -141,10 +141,10 @@ ebb_status ebb_host_numa_alloc(int device, size_t bytes, void **out, bool *bound
   return EBB_OK;
 }
 
-ebb_status ebb_host_numa_free(void *p, size_t bytes) {
+ebb_status ebb_numa_pages_free(void *p, size_t bytes) {
   if (!p) return EBB_OK;
   if (munmap(p, ebb__page_round(bytes)) != 0)
-    return ebb__fail(EBB_EINVAL, "ebb_host_numa_free: munmap of %p (%zu bytes) failed: %s", p, bytes, strerror(errno));
+    return ebb__fail(EBB_EINVAL, "ebb_numa_pages_free: munmap of %p (%zu bytes) failed: %s", p, bytes, strerror(errno));
   return EBB_OK;
 }
 

@@ -21,7 +21,7 @@ typedef struct ebb__slot {
   ebb_trace_span span;
 } ebb__slot;
 
-int ebb_trace_on_;
+int ebb__trace_on;
 static ebb_mutex ebb__trace_lock = {PTHREAD_MUTEX_INITIALIZER, "trace", EBB_RANK_TRACE};
 static ebb__slot *ebb__ring;
 static size_t ebb__mask;
@@ -38,7 +38,7 @@ static ebb__name *ebb__names;
 
 uint64_t ebb_trace_now_ns(void) { return ebb__now_ns(); }
 
-bool ebb_trace_enabled(void) { return __atomic_load_n(&ebb_trace_on_, __ATOMIC_RELAXED) != 0; }
+bool ebb_trace_enabled(void) { return __atomic_load_n(&ebb__trace_on, __ATOMIC_RELAXED) != 0; }
 
 ebb_status ebb_trace_enable(size_t capacity) {
   if (capacity == 0) return ebb__fail(EBB_EINVAL, "ebb_trace_enable: capacity 0; expected the number of spans to keep (>= 1)");
@@ -47,26 +47,26 @@ ebb_status ebb_trace_enable(size_t capacity) {
   ebb__slot *ring = calloc(cap, sizeof *ring);
   if (!ring) return ebb__fail(EBB_ENOMEM, "ebb_trace_enable: no memory for %zu spans", cap);
   ebb__mutex_lock(&ebb__trace_lock);
-  __atomic_store_n(&ebb_trace_on_, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&ebb__trace_on, 0, __ATOMIC_RELAXED);
   free(ebb__ring);
   ebb__ring = ring;
   ebb__mask = cap - 1;
   atomic_store_explicit(&ebb__head, 0, memory_order_relaxed);
   /* release: writers that see the flag (acquire in span_add) see the new ring. */
-  __atomic_store_n(&ebb_trace_on_, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&ebb__trace_on, 1, __ATOMIC_RELEASE);
   ebb__mutex_unlock(&ebb__trace_lock);
   return EBB_OK;
 }
 
 void ebb_trace_disable(void) {
   ebb__mutex_lock(&ebb__trace_lock);
-  __atomic_store_n(&ebb_trace_on_, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&ebb__trace_on, 0, __ATOMIC_RELAXED);
   ebb__mutex_unlock(&ebb__trace_lock);
 }
 
 void ebb_trace_span_add(const char *name, int device, uint64_t stream, uint64_t start_ns, uint64_t end_ns) {
   /* acquire: pairs with the release in ebb_trace_enable (ring pointer and mask). */
-  if (!__atomic_load_n(&ebb_trace_on_, __ATOMIC_ACQUIRE)) return;
+  if (!__atomic_load_n(&ebb__trace_on, __ATOMIC_ACQUIRE)) return;
   if (EBB_UNLIKELY(ebb__tid == 0)) ebb__tid = atomic_fetch_add_explicit(&ebb__next_tid, 1, memory_order_relaxed) + 1;
   uint64_t t = atomic_fetch_add_explicit(&ebb__head, 1, memory_order_relaxed);
   ebb__slot *sl = &ebb__ring[t & ebb__mask];
@@ -210,15 +210,22 @@ ebb_status ebb_trace_export_json(const char *path) {
   return EBB_OK;
 }
 
+/* EBB_TRACE, checked by ebb_init (module.c). A ring that cannot be allocated leaves tracing off
+ * and says so; ebb_init itself succeeds (tracing is an aid, not the job). */
 void ebb__trace_init_from_env(void) {
-  const char *e = getenv("EBB_TRACE");
-  if (!e || !*e || strcmp(e, "0") == 0) return;
-  long cap = strtol(e, NULL, 10);
-  ebb_trace_enable(cap > 0 ? (size_t)cap : 65536);
+  if (!ebb__rt_conf.trace_cap) return;
+  ebb__fail_mute(true);
+  if (ebb_trace_enable(ebb__rt_conf.trace_cap) != EBB_OK)
+    ebb__warn("EBB_TRACE=%zu: %s; tracing stays off", ebb__rt_conf.trace_cap, ebb__muted_error());
+  ebb__fail_mute(false);
 }
 
+/* EBB_TRACE_FILE: written by the last ebb_shutdown, which succeeds even when the file cannot be
+ * written (the warning handler is told), leaving its caller's last error as it was. */
 void ebb__trace_fini(void) {
-  const char *path = getenv("EBB_TRACE_FILE");
-  if (ebb_trace_enabled() && path && *path && ebb_trace_export_json(path) != EBB_OK)
-    fprintf(stderr, "ebb: %s\n", ebb_last_error());
+  const char *path = ebb__rt_conf.trace_file;
+  if (!ebb_trace_enabled() || !path[0]) return;
+  ebb__fail_mute(true);
+  if (ebb_trace_export_json(path) != EBB_OK) ebb__warn("%s", ebb__muted_error());
+  ebb__fail_mute(false);
 }

@@ -1,6 +1,6 @@
 /* copy.c: ebb_copy_async and the pinned staging rings behind pageable copies.
  *
- * The direction of a copy comes from ebb_drv_ptr_info on both pointers. Device and pinned memory
+ * The direction of a copy comes from ebb__drv_ptr_info on both pointers. Device and pinned memory
  * are copied by one driver call. Pageable host memory goes through the device's staging ring:
  * EBB_STAGING_CHUNKS pinned chunks of EBB_STAGING_CHUNK bytes (allocated on first use), each
  * followed by an event recorded after its last use, so a chunk is refilled only once the device
@@ -29,8 +29,8 @@ void ebb__copy_start(struct ebb__dev *d) {
 void ebb__copy_teardown(struct ebb__dev *d) {
   for (unsigned i = 0; i < ebb__st.nchunks; i++) {
     struct ebb__chunk *c = &d->chunks[i];
-    if (c->mem) ebb_drv_host_free(c->mem);
-    if (c->ev) ebb_drv_event_destroy(c->ev);
+    if (c->mem) ebb__drv_pinned_free(c->mem);
+    if (c->ev) ebb__drv_event_destroy(c->ev);
     c->mem = NULL;
     c->ev = NULL;
     c->used = false;
@@ -49,14 +49,14 @@ static ebb_status ebb__chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) 
   struct ebb__chunk *c = &d->chunks[i];
   ebb__mutex_lock(&c->mu);
   ebb_status st = EBB_OK;
-  if (!c->mem) st = ebb_drv_host_alloc(d->ordinal, ebb__st.chunk_bytes, &c->mem);
-  if (!st && !c->ev) st = ebb_drv_event_create(d->ordinal, false, &c->ev);
+  if (!c->mem) st = ebb__drv_pinned_alloc(d->ordinal, ebb__st.chunk_bytes, &c->mem);
+  if (!st && !c->ev) st = ebb__drv_event_create(d->ordinal, false, &c->ev);
   if (!st && c->used) {
     bool done = false;
-    st = ebb_drv_event_query(c->ev, &done);
+    st = ebb__drv_event_query(c->ev, &done);
     if (!st && !done) {
       atomic_fetch_add_explicit(&d->stats.staging_waits, 1, memory_order_relaxed);
-      st = ebb_drv_event_synchronize(c->ev);
+      st = ebb__drv_event_synchronize(c->ev);
     }
   }
   if (st) {
@@ -71,11 +71,11 @@ static ebb_status ebb__chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) 
  * whatever was enqueued and unlocks. If the record fails the chunk's state is unknown, so the
  * stream is drained before anyone may reuse it. */
 static ebb_status ebb__chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_stream_t *s, size_t bytes, ebb_status st) {
-  ebb_status rs = ebb_drv_event_record(c->ev, s->cu);
+  ebb_status rs = ebb__drv_event_record(c->ev, s->cu);
   if (rs == EBB_OK)
     c->used = true;
   else
-    ebb_drv_stream_synchronize(s->cu);
+    ebb__drv_stream_synchronize(s->cu);
   ebb__mutex_unlock(&c->mu);
   if (!st && !rs) atomic_fetch_add_explicit(&d->stats.staged_bytes, bytes, memory_order_relaxed);
   return st ? st : rs;
@@ -104,7 +104,7 @@ static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const vo
   r->src = chunk;
   r->bytes = n;
   r->dev = d;
-  ebb_status st = ebb_drv_launch_host_func(s->cu, ebb__host_copy_run, r);
+  ebb_status st = ebb__drv_launch_host_func(s->cu, ebb__host_copy_run, r);
   if (st) {
     ebb__mutex_lock(&d->rec_mu);
     ebb__slot_give(&d->host_copies, r);
@@ -137,9 +137,9 @@ static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, siz
     }
     if (to_device) {
       memcpy(c->mem, src + off, n);
-      st = ebb_drv_memcpy_async(dst + off, c->mem, n, s->cu);
+      st = ebb__drv_memcpy_async(dst + off, c->mem, n, s->cu);
     } else {
-      st = ebb_drv_memcpy_async(c->mem, src + off, n, s->cu);
+      st = ebb__drv_memcpy_async(c->mem, src + off, n, s->cu);
       if (!st) st = ebb__enqueue_host_copy(d, dst + off, c->mem, n, s);
     }
     st = ebb__chunk_finish(d, c, s, n, st);
@@ -170,7 +170,7 @@ static ebb_status ebb__copy_peer(void *dst, const void *src, size_t bytes, int d
   st = ebb__stream_pin(fn, s);
   if (!st) {
     st = ebb__stream_order(s, other);
-    if (!st) st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+    if (!st) st = ebb__drv_memcpy_async(dst, src, bytes, s->cu);
     if (!st) st = ebb__stream_order(other, s);
     ebb__stream_unpin(s);
   }
@@ -192,8 +192,8 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
     return ebb__fail(EBB_EINVAL, "%s: dst [%p, %p) and src [%p, %p) overlap; expected disjoint ranges (copy through a temporary)", fn,
                      dst, (void *)(d0 + bytes), src, (void *)(s0 + bytes));
   ebb_ptr_info di, si;
-  st = ebb_drv_ptr_info(dst, &di);
-  if (!st) st = ebb_drv_ptr_info(src, &si);
+  st = ebb__drv_ptr_info(dst, &di);
+  if (!st) st = ebb__drv_ptr_info(src, &si);
   if (st) return st;
   if (di.type != EBB_MEMTYPE_DEVICE && si.type != EBB_MEMTYPE_DEVICE)
     return ebb__fail(EBB_EINVAL, "%s: %zu bytes from %s memory %p to %s memory %p is a host to host copy; use memcpy", fn, bytes,
@@ -210,7 +210,7 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
     return ebb__stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
   st = ebb__stream_pin(fn, s);
   if (st) return st;
-  st = ebb_drv_memcpy_async(dst, src, bytes, s->cu);
+  st = ebb__drv_memcpy_async(dst, src, bytes, s->cu);
   ebb__stream_unpin(s);
   return st;
 }

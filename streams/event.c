@@ -12,6 +12,7 @@
  */
 #include <stdlib.h>
 
+#include "streams_export.h"
 #include "streams_impl.h"
 
 void ebb__events_start(struct ebb__dev *d) {
@@ -24,7 +25,7 @@ static void ebb__event_slot_destroy(void *slot, void *ctx) {
   struct ebb_event *e = slot;
   /* Only live handles (leaked by the caller) still hold a driver event; released ones gave it
    * back to a stack, destroyed below. */
-  if (e->cu) ebb_drv_event_destroy(e->cu);
+  if (e->cu) ebb__drv_event_destroy(e->cu);
   e->cu = NULL;
 }
 
@@ -32,7 +33,7 @@ void ebb__events_teardown(struct ebb__dev *d) {
   ebb__slot_pool_each(&d->event_slots, ebb__event_slot_destroy, NULL);
   ebb__slot_pool_fini(&d->event_slots);
   for (int t = 0; t < 2; t++) {
-    for (size_t i = 0; i < d->drv_nevents[t]; i++) ebb_drv_event_destroy(d->drv_events[t][i]);
+    for (size_t i = 0; i < d->drv_nevents[t]; i++) ebb__drv_event_destroy(d->drv_events[t][i]);
     free(d->drv_events[t]);
     d->drv_events[t] = NULL;
     d->drv_nevents[t] = d->drv_cap[t] = 0;
@@ -72,7 +73,7 @@ ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct CUevent_st
   if (cu) {
     atomic_fetch_add_explicit(&d->stats.event_pool_hits, 1, memory_order_relaxed);
   } else {
-    ebb_status st = ebb_drv_event_create(d->ordinal, timing, &cu);
+    ebb_status st = ebb__drv_event_create(d->ordinal, timing, &cu);
     if (st) return st;
     atomic_fetch_add_explicit(&d->stats.events_created, 1, memory_order_relaxed);
   }
@@ -96,7 +97,7 @@ void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu) 
   bool kept = d->drv_nevents[t] < d->drv_cap[t];
   if (kept) d->drv_events[t][d->drv_nevents[t]++] = cu;
   ebb__mutex_unlock(&d->event_mu);
-  if (!kept) ebb_drv_event_destroy(cu);
+  if (!kept) ebb__drv_event_destroy(cu);
 }
 
 /* The event goes back to the stack as soon as the wait is enqueued: the driver captured the
@@ -107,8 +108,8 @@ ebb_status ebb__stream_order(ebb_stream_t *waiter, ebb_stream_t *s) {
   struct CUevent_st *cu = NULL;
   ebb_status st = ebb__drv_event_get(d, false, &cu);
   if (st) return st;
-  st = ebb_drv_event_record(cu, s->cu);
-  if (!st) st = ebb_drv_stream_wait_event(waiter->cu, cu);
+  st = ebb__drv_event_record(cu, s->cu);
+  if (!st) st = ebb__drv_stream_wait_event(waiter->cu, cu);
   ebb__drv_event_put(d, false, cu);
   return st;
 }
@@ -146,7 +147,8 @@ ebb_status ebb_event_create(int device, unsigned flags, ebb_event_t **out) {
   e->cu = cu;
   /* release: pairs with the acquire in ebb__check_event (fields before the live magic). */
   atomic_store_explicit(&e->slot.magic, EBB__EVENT_LIVE, memory_order_release);
-  ebb_debug_live_add(1);
+  ebb__debug_live_add(1);
+  ebb__events_live_add(1);
   *out = e;
   return EBB_OK;
 }
@@ -165,7 +167,8 @@ ebb_status ebb_event_release(ebb_event_t *e) {
   if (!atomic_compare_exchange_strong_explicit(&e->slot.magic, &live, EBB__SLOT_FREED, memory_order_acq_rel,
                                                memory_order_acquire))
     return ebb__event_freed("ebb_event_release", e);
-  ebb_debug_live_add(-1);
+  ebb__debug_live_add(-1);
+  ebb__events_live_add(-1);
   /* The driver keeps any capture of a pending record, so work already made to wait on this
    * event is unaffected by its reuse (CUDA semantics). */
   struct ebb__dev *d = &ebb__st.dev[e->device];
@@ -193,7 +196,7 @@ ebb_status ebb_event_record(ebb_event_t *e, ebb_stream_t *s) {
     return ebb__fail(EBB_EDEVICE, "%s: event %llu belongs to device %d but stream %llu to device %d; record it on a stream of device %d",
                      fn, (unsigned long long)e->id, e->device, (unsigned long long)s->id, s->device, e->device);
   }
-  st = ebb_drv_event_record(e->cu, s->cu);
+  st = ebb__drv_event_record(e->cu, s->cu);
   ebb__stream_unpin(s);
   /* relaxed: `recorded` only says whether a record was ever made; the work it captures is
    * ordered by the driver, and a caller reading it from another thread has synchronised with
@@ -209,7 +212,7 @@ ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s) {
   if (!st) st = ebb__stream_pin(fn, s);
   if (st) return st;
   /* Never recorded: complete by definition, nothing to wait for (as CUDA). */
-  if (atomic_load_explicit(&e->recorded, memory_order_relaxed)) st = ebb_drv_stream_wait_event(s->cu, e->cu);
+  if (atomic_load_explicit(&e->recorded, memory_order_relaxed)) st = ebb__drv_stream_wait_event(s->cu, e->cu);
   ebb__stream_unpin(s);
   return st;
 }
@@ -224,12 +227,12 @@ ebb_status ebb_event_query(ebb_event_t *e, bool *done) {
     *done = true;
     return EBB_OK;
   }
-  return ebb_drv_event_query(e->cu, done);
+  return ebb__drv_event_query(e->cu, done);
 }
 
 /* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb_drv_event_query(obj, done); }
-static ebb_status ebb__event_park_cb(void *obj) { return ebb_drv_event_synchronize(obj); }
+static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
+static ebb_status ebb__event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
 
 ebb_status ebb_event_synchronize(ebb_event_t *e) {
   ebb_status st = ebb__check_event("ebb_event_synchronize", e);
@@ -244,7 +247,7 @@ static ebb_status ebb__event_finished(const char *fn, const char *which, ebb_eve
     return ebb__fail(EBB_ESTATE, "%s: %s event %llu (device %d) was never recorded; record both events first", fn, which,
                      (unsigned long long)e->id, e->device);
   bool done = false;
-  ebb_status st = ebb_drv_event_query(e->cu, &done);
+  ebb_status st = ebb__drv_event_query(e->cu, &done);
   if (st) return st;
   if (!done)
     return ebb__fail(EBB_ESTATE, "%s: %s event %llu (device %d) has not completed yet; synchronize it first", fn, which,
@@ -270,7 +273,7 @@ ebb_status ebb_event_elapsed(ebb_event_t *start, ebb_event_t *end, float *ms) {
   st = ebb__event_finished(fn, "start", start);
   if (!st) st = ebb__event_finished(fn, "end", end);
   if (st) return st;
-  return ebb_drv_event_elapsed(start->cu, end->cu, ms);
+  return ebb__drv_event_elapsed(start->cu, end->cu, ms);
 }
 
 ebb_status ebb_event_device(const ebb_event_t *e, int *device) {

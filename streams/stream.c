@@ -1,7 +1,7 @@
 /* stream.c: streams of ebb/stream.h, the module's lifecycle and the slot pools under every handle.
  *
- * Owns: the module state ebb__st (started by the first call after ebb_init, torn down by the
- * ebb_at_shutdown hook of the last ebb_shutdown), per device the default stream, the stream
+ * Owns: the module state ebb__st (started by the first ebb_init, torn down by the module's stop
+ * at the last ebb_shutdown), per device the default stream, the stream
  * pools (EBB_STREAM_POOL_SIZE per priority, created lazily, handed out round-robin), the slots of
  * caller-owned streams, and each thread's current stream per device.
  *
@@ -35,6 +35,11 @@ uint64_t ebb__new_id(void) { return atomic_fetch_add_explicit(&ebb__next_id, 1, 
 /* ---- slot pools ---------------------------------------------------------------------------- */
 
 void ebb__slot_pool_init(struct ebb__slot_pool *p, size_t obj_size, size_t quarantine) {
+  /* A pool set up by an earlier ebb_init keeps its slabs (see ebb__slot_pool_fini). */
+  if (p->slabs && p->obj_size == obj_size) {
+    p->quarantine = quarantine;
+    return;
+  }
   ebb_list_init(&p->free);
   p->nfree = 0;
   p->quarantine = quarantine;
@@ -82,39 +87,73 @@ void ebb__slot_pool_each(struct ebb__slot_pool *p, void (*fn)(void *slot, void *
     for (size_t i = 0; i < sl->used; i++) fn(sl->mem + p->obj_size * i, ctx);
 }
 
+/* Slabs are kept for the life of the process: a handle from before a completed ebb_shutdown
+ * stays readable memory and reads EBB_EFREED after it (and after a new ebb_init), instead of
+ * pointing into freed memory. Every slot ever carved goes back to the free list, marked freed;
+ * the next ebb_init reuses them (ebb__slot_pool_init keeps the slabs). */
 void ebb__slot_pool_fini(struct ebb__slot_pool *p) {
-  struct ebb__slab *sl = p->slabs;
-  while (sl) {
-    struct ebb__slab *next = sl->next;
-    free(sl);
-    sl = next;
+  ebb_list_init(&p->free);
+  p->nfree = 0;
+  for (struct ebb__slab *sl = p->slabs; sl; sl = sl->next) {
+    for (size_t i = 0; i < sl->used; i++) {
+      struct ebb__slot *s = (struct ebb__slot *)(void *)(sl->mem + p->obj_size * i);
+      atomic_store_explicit(&s->magic, EBB__SLOT_FREED, memory_order_relaxed);
+      ebb_list_init(&s->node);
+      ebb_list_insert_tail(&p->free, &s->node);
+      p->nfree++;
+    }
   }
-  ebb__slot_pool_init(p, p->obj_size, p->quarantine);
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------------- */
 
-/* Reads an integer environment variable in [lo, hi]; unset or empty gives `def`. */
-static ebb_status ebb__env_size(const char *fn, const char *name, size_t def, size_t lo, size_t hi, size_t *out) {
-  const char *v = getenv(name);
-  if (!v || !*v) {
+/* ---- configuration: checked by the first ebb_init (runtime_export.h), used by the start ---- */
+
+/* An integer in [lo, hi]; NULL (unset) gives `def`. */
+static bool ebb__env_size(const char *v, size_t def, size_t lo, size_t hi, size_t *out, char *expected, size_t len) {
+  if (!v) {
     *out = def;
-    return EBB_OK;
+    return true;
   }
   char *end = NULL;
   errno = 0;
   unsigned long long x = strtoull(v, &end, 10);
-  if (errno || *end || v[0] == '-' || x < lo || x > hi)
-    return ebb__fail(EBB_EINVAL, "%s: %s='%s' is not valid; expected an integer in [%zu, %zu] (unset: %zu)", fn, name, v,
-                     lo, hi, def);
+  if (errno || end == v || *end || v[0] == '-' || x < lo || x > hi) {
+    snprintf(expected, len, "an integer in [%zu, %zu] (unset: %zu)", lo, hi, def);
+    return false;
+  }
   *out = (size_t)x;
-  return EBB_OK;
+  return true;
 }
+
+static size_t ebb__conf_pool, ebb__conf_chunk, ebb__conf_nchunks;
+
+static bool ebb__check_pool_size(const char *v, char *expected, size_t len) {
+  return ebb__env_size(v, EBB__POOL_SIZE_DEFAULT, 1, EBB__POOL_SIZE_MAX, &ebb__conf_pool, expected, len);
+}
+static bool ebb__check_chunk(const char *v, char *expected, size_t len) {
+  return ebb__env_size(v, EBB__STAGING_CHUNK_DEFAULT, EBB__STAGING_CHUNK_MIN, EBB__STAGING_CHUNK_MAX, &ebb__conf_chunk, expected, len);
+}
+static bool ebb__check_nchunks(const char *v, char *expected, size_t len) {
+  return ebb__env_size(v, EBB__STAGING_CHUNKS_DEFAULT, 1, EBB__STAGING_CHUNKS_MAX, &ebb__conf_nchunks, expected, len);
+}
+
+static const ebb__config_var ebb__streams_vars[] = {
+  {"EBB_STREAM_POOL_SIZE", ebb__check_pool_size},
+  {"EBB_STAGING_CHUNK", ebb__check_chunk},
+  {"EBB_STAGING_CHUNKS", ebb__check_nchunks},
+};
 
 static void ebb__streams_teardown(void *user);
 
 static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *caps) {
+  /* The slot pools keep their slabs across ebb_init cycles (ebb__slot_pool_fini); they are put
+   * back in place, at the same address their lists point to. */
+  struct ebb__slot_pool keep[3] = {d->stream_slots, d->event_slots, d->host_copies};
   memset(d, 0, sizeof *d);
+  d->stream_slots = keep[0];
+  d->event_slots = keep[1];
+  d->host_copies = keep[2];
   d->ordinal = ordinal;
   d->prio_value[EBB_PRIO_LOW] = caps->prio_least;
   d->prio_value[EBB_PRIO_HIGH] = caps->prio_greatest;
@@ -127,16 +166,13 @@ static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *
   ebb__copy_start(d);
 }
 
-/* Reads the configuration, the devices and their priority ranges, and registers the teardown.
- * Runs with phase == STARTING, owned by this thread, and no lock held: ebb_at_shutdown takes
- * the runtime lock, which ranks below every streams lock. */
+/* Takes the configuration ebb_init checked, the devices and their priority ranges. Runs with
+ * phase == STARTING, owned by this thread. */
 static ebb_status ebb__streams_start(const char *fn) {
-  size_t pool = 0, chunk = 0, nchunks = 0;
-  ebb_status st = ebb__env_size(fn, "EBB_STREAM_POOL_SIZE", EBB__POOL_SIZE_DEFAULT, 1, EBB__POOL_SIZE_MAX, &pool);
-  if (!st) st = ebb__env_size(fn, "EBB_STAGING_CHUNK", EBB__STAGING_CHUNK_DEFAULT, EBB__STAGING_CHUNK_MIN, EBB__STAGING_CHUNK_MAX, &chunk);
-  if (!st) st = ebb__env_size(fn, "EBB_STAGING_CHUNKS", EBB__STAGING_CHUNKS_DEFAULT, 1, EBB__STAGING_CHUNKS_MAX, &nchunks);
+  (void)fn;
+  size_t pool = ebb__conf_pool, chunk = ebb__conf_chunk, nchunks = ebb__conf_nchunks;
   int ndev = 0;
-  if (!st) st = ebb_dev_count(&ndev);
+  ebb_status st = ebb_dev_count(&ndev);
   if (st) return st;
   ebb_dev_caps caps[EBB_MAX_DEVICES];
   for (int i = 0; i < ndev; i++) {
@@ -148,9 +184,7 @@ static ebb_status ebb__streams_start(const char *fn) {
   ebb__st.chunk_bytes = chunk;
   ebb__st.nchunks = (unsigned)nchunks;
   for (int i = 0; i < ndev; i++) ebb__dev_start(&ebb__st.dev[i], i, &caps[i]);
-  st = ebb_at_shutdown(ebb__streams_teardown, NULL);
-  if (st) ebb__streams_teardown(NULL);
-  return st;
+  return EBB_OK;
 }
 
 ebb_status ebb__streams_enter(const char *fn) {
@@ -177,13 +211,16 @@ ebb_status ebb__streams_enter(const char *fn) {
 static void ebb__stream_slot_destroy(void *slot, void *ctx) {
   (void)ctx;
   struct ebb_stream *s = slot;
-  if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb_drv_stream_destroy(s->cu);
+  if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb__drv_stream_destroy(s->cu);
 }
 
-/* The at_shutdown hook: waits for every device, then destroys every driver object the module
- * made (leaked caller handles included) and frees the slabs. The driver is still loaded. */
+/* The module's stop (run by the last ebb_shutdown once no caller handle is live): waits for
+ * every device, then destroys every driver object the module made and marks every slot freed.
+ * The driver is still loaded. */
 static void ebb__streams_teardown(void *user) {
   (void)user;
+  /* acquire: pairs with the release store of EBB__UP (the devices' state is visible). */
+  if (atomic_load_explicit(&ebb__st.phase, memory_order_acquire) != EBB__UP) return;
   for (int i = 0; i < ebb__st.ndev; i++) ebb_dev_synchronize(i);
   for (int i = 0; i < ebb__st.ndev; i++) {
     struct ebb__dev *d = &ebb__st.dev[i];
@@ -206,6 +243,28 @@ static void ebb__streams_teardown(void *user) {
   /* release: pairs with the acquire CAS of the next start (see ebb__streams_enter). */
   atomic_store_explicit(&ebb__st.phase, EBB__DOWN, memory_order_release);
 }
+
+static ebb_status ebb__streams_module_start(void) { return ebb__streams_enter("ebb_init"); }
+static void ebb__streams_module_stop(void) { ebb__streams_teardown(NULL); }
+
+void ebb__events_live_add(long delta) { atomic_fetch_add_explicit(&ebb__st.live_events, delta, memory_order_relaxed); }
+
+static int ebb__streams_count(ebb__live_count *out, int max) {
+  if (max < 2) return 0;
+  out[0] = (ebb__live_count){"streams (ebb_stream_create)", atomic_load_explicit(&ebb__st.live_streams, memory_order_relaxed)};
+  out[1] = (ebb__live_count){"events (ebb_event_create)", atomic_load_explicit(&ebb__st.live_events, memory_order_relaxed)};
+  return 2;
+}
+
+const ebb__module_desc ebb__module_streams = {
+  .name = "streams",
+  .layer = EBB__LAYER_STREAMS,
+  .vars = ebb__streams_vars,
+  .nvars = (int)EBB_ARRAY_LEN(ebb__streams_vars),
+  .start = ebb__streams_module_start,
+  .stop = ebb__streams_module_stop,
+  .count = ebb__streams_count,
+};
 
 /* ---- checks -------------------------------------------------------------------------------- */
 
@@ -266,14 +325,14 @@ static ebb_status ebb__enter_dev(const char *fn, int device, const void *out) {
 static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio prio, enum ebb__stream_kind kind,
                                   ebb_stream_t **out) {
   struct CUstream_st *cu = NULL;
-  ebb_status st = ebb_drv_stream_create(d->ordinal, d->prio_value[prio], &cu);
+  ebb_status st = ebb__drv_stream_create(d->ordinal, d->prio_value[prio], &cu);
   if (st) return st;
   atomic_fetch_add_explicit(&d->stats.streams_created, 1, memory_order_relaxed);
   ebb__mutex_lock(&d->stream_mu);
   struct ebb_stream *s = ebb__slot_take(&d->stream_slots);
   ebb__mutex_unlock(&d->stream_mu);
   if (!s) {
-    ebb_drv_stream_destroy(cu);
+    ebb__drv_stream_destroy(cu);
     return ebb__fail(EBB_ENOMEM, "%s: out of host memory for a stream slot of device %d", fn, d->ordinal);
   }
   s->id = ebb__new_id();
@@ -290,7 +349,7 @@ static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream
 /* Destroys the driver stream (the driver finishes its pending work first) and returns the slot,
  * whose magic the caller has already turned to EBB__SLOT_FREED (with no pin left on it). */
 static ebb_status ebb__stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
-  ebb_status st = ebb_drv_stream_destroy(s->cu);
+  ebb_status st = ebb__drv_stream_destroy(s->cu);
   s->cu = NULL;
   ebb__mutex_lock(&d->stream_mu);
   ebb__slot_give(&d->stream_slots, s);
@@ -351,7 +410,10 @@ ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **ou
   ebb_status st = ebb__enter_dev("ebb_stream_create", device, out);
   if (!st) st = ebb__check_prio("ebb_stream_create", prio);
   if (!st) st = ebb__stream_new("ebb_stream_create", &ebb__st.dev[device], prio, EBB__STREAM_USER, out);
-  if (!st) ebb_debug_live_add(1);
+  if (!st) {
+    ebb__debug_live_add(1);
+    atomic_fetch_add_explicit(&ebb__st.live_streams, 1, memory_order_relaxed);
+  }
   return st;
 }
 
@@ -377,7 +439,7 @@ static bool ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent
     unsigned kept = 0;
     for (unsigned i = 0; i < d->ntombs; i++) {
       bool fin = false;
-      if (*nd < EBB__TOMBS && ebb_drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
+      if (*nd < EBB__TOMBS && ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
       else d->tombs[kept++] = d->tombs[i];
     }
     d->ntombs = kept;
@@ -401,7 +463,7 @@ static ebb_status ebb__tomb_wait(struct ebb__dev *d, uint64_t id, struct CUstrea
   ebb__mutex_lock(&d->tomb_mu);
   for (unsigned i = 0; i < d->ntombs; i++) {
     if (d->tombs[i].id != id) continue;
-    st = ebb_drv_stream_wait_event(cu, d->tombs[i].ev);
+    st = ebb__drv_stream_wait_event(cu, d->tombs[i].ev);
     break;
   }
   ebb__mutex_unlock(&d->tomb_mu);
@@ -457,7 +519,7 @@ ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_
     ebb__mutex_unlock(&d->tomb_mu);
     return EBB_EFREED;
   }
-  st = ebb_drv_event_record(e->cu, s->cu);
+  st = ebb__drv_event_record(e->cu, s->cu);
   ebb__mutex_unlock(&d->tomb_mu);
   /* relaxed: as in ebb_event_record. */
   if (!st) atomic_store_explicit(&e->recorded, true, memory_order_relaxed);
@@ -502,8 +564,8 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
   unsigned nd = 0;
   if (ebb__drv_event_get(d, false, &ev) != EBB_OK) ev = NULL;
   ebb__mutex_lock(&d->tomb_mu);
-  if (!ev || ebb_drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
-    (void)ebb_drv_stream_synchronize(s->cu);
+  if (!ev || ebb__drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
+    (void)ebb__drv_stream_synchronize(s->cu);
     if (ev) done[nd++] = ev;
   }
   /* release: the tomb is in the table before anyone sees the stream released (the peeks' acquire
@@ -511,7 +573,8 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
   atomic_store_explicit(&s->slot.magic, EBB__SLOT_FREED, memory_order_release);
   ebb__mutex_unlock(&d->tomb_mu);
   for (unsigned i = 0; i < nd; i++) ebb__drv_event_put(d, false, done[i]);
-  ebb_debug_live_add(-1);
+  ebb__debug_live_add(-1);
+  atomic_fetch_sub_explicit(&ebb__st.live_streams, 1, memory_order_relaxed);
   return ebb__stream_retire(d, s);
 }
 
@@ -698,11 +761,11 @@ ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park
 }
 
 /* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status ebb__stream_query_cb(void *obj, bool *done) { return ebb_drv_stream_query(obj, done); }
-static ebb_status ebb__stream_park_cb(void *obj) { return ebb_drv_stream_synchronize(obj); }
+static ebb_status ebb__stream_query_cb(void *obj, bool *done) { return ebb__drv_stream_query(obj, done); }
+static ebb_status ebb__stream_park_cb(void *obj) { return ebb__drv_stream_synchronize(obj); }
 
-static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb_drv_event_query(obj, done); }
-static ebb_status ebb__event_park_cb(void *obj) { return ebb_drv_event_synchronize(obj); }
+static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
+static ebb_status ebb__event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
 
 /* A caller-owned stream is waited for through a pooled event recorded under the pin, not with
  * the pin held: the release of the stream, on another thread or in a host function of the work
@@ -715,7 +778,7 @@ ebb_status ebb_stream_synchronize(ebb_stream_t *s) {
   struct ebb__dev *d = &ebb__st.dev[s->device];
   struct CUevent_st *ev = NULL;
   st = ebb__drv_event_get(d, false, &ev);
-  if (!st) st = ebb_drv_event_record(ev, s->cu);
+  if (!st) st = ebb__drv_event_record(ev, s->cu);
   ebb__stream_unpin(s);
   if (!st) st = ebb__spin_then_park(ev, ebb__event_query_cb, ebb__event_park_cb);
   if (ev) ebb__drv_event_put(d, false, ev);
@@ -726,7 +789,7 @@ ebb_status ebb_stream_query(ebb_stream_t *s, bool *idle) {
   ebb_status st = ebb__check_out("ebb_stream_query", idle, "a bool");
   if (!st) st = ebb__stream_pin("ebb_stream_query", s);
   if (st) return st;
-  st = ebb_drv_stream_query(s->cu, idle);
+  st = ebb__drv_stream_query(s->cu, idle);
   ebb__stream_unpin(s);
   return st;
 }
@@ -782,7 +845,7 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   c->dev = d;
   st = ebb__stream_pin(name, s);
   if (!st) {
-    st = ebb_drv_launch_host_func(s->cu, ebb__host_call_run, c);
+    st = ebb__drv_launch_host_func(s->cu, ebb__host_call_run, c);
     ebb__stream_unpin(s);
   }
   if (st) { /* the function will never run: the record goes back here (STYLE.md 17) */

@@ -1,14 +1,14 @@
 /* streams_impl.h: what stream.c, event.c and copy.c share, and nothing outside streams/.
  *
- * The module state is one static struct, started lazily by the first streams call after ebb_init
- * and torn down by the ebb_at_shutdown hook of the last ebb_shutdown. Handles are type-stable
+ * The module state is one static struct, started by the first ebb_init (the module's start, in
+ * layer order) and torn down by its stop at the last ebb_shutdown. Handles are type-stable
  * slots carved from slabs: a slot's memory stays valid until that teardown, so a stale handle can
  * always be read and reported as EBB_EFREED instead of crashing.
  *
  * Lock ranks (common/ebb_sync.h): stream slots EBB_RANK_STREAM_POOL, event slots and driver-event
  * pool EBB_RANK_EVENT_POOL, each staging chunk EBB_RANK_STAGING, the host-copy record free list
  * EBB_RANK_LEAF. None of the first three is ever held across a call into runtime/ that could take
- * the runtime's own locks (ebb_at_shutdown, kernel launch); staging chunks are held across seam
+ * the runtime's own locks (kernel launch); staging chunks are held across seam
  * calls (ebb_drv_*), which take no ebb lock.
  */
 #ifndef EBB_STREAMS_IMPL_H
@@ -22,6 +22,7 @@
 #include "ebb/runtime.h"
 #include "ebb/stream.h"
 #include "ebb_internal.h"
+#include "runtime_export.h"
 #include "ebb_list.h"
 #include "ebb_sync.h"
 
@@ -129,7 +130,7 @@ struct ebb__tomb {
  * waiting for its previous use, filling it and enqueueing the copy and the event record. */
 struct ebb__chunk {
   ebb_mutex mu;
-  void *mem;            /* ebb_drv_host_alloc'ed lazily */
+  void *mem;            /* ebb__drv_pinned_alloc'ed lazily */
   struct CUevent_st *ev;/* recorded after each use; complete means the chunk is free */
   bool used;            /* ev has been recorded at least once */
 };
@@ -202,6 +203,8 @@ enum ebb__phase { EBB__DOWN = 0, EBB__STARTING = 1, EBB__UP = 2 };
 
 struct ebb__streams {
   _Atomic int phase;
+  _Atomic long live_streams; /* caller-owned streams not yet released (ebb_shutdown refuses) */
+  _Atomic long live_events;  /* caller-owned events, the arena's internal ones excepted */
   int ndev;
   unsigned pool_size;
   size_t chunk_bytes;

@@ -25,8 +25,9 @@
  * free block (one per stream and size is kept for reuse), and empty_cache gives every empty slab
  * back first. The pinned and host pools use slabs too.
  *
- * Configuration: EBB_ALLOC_CONF, comma-separated key:value pairs read at the arena's first use
- * after each ebb_init:
+ * Configuration: EBB_ALLOC_CONF, comma-separated key:value pairs checked by the first ebb_init
+ * (an unknown key or a bad value fails it with EBB_EINVAL naming the variable, the value and what
+ * is accepted) and used by the arenas until the last ebb_shutdown:
  *   max_split_size_mb:N      blocks of N MiB or more are never split (default: no limit; N >= 20);
  *                            such a block serves a request of N MiB or more within 20 MiB of
  *                            its size, or a smaller one whose own segment would be as large.
@@ -69,7 +70,8 @@ EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *strea
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
  * once the uses declared with ebb_arena_record_stream have completed. NULL is a no-op.
  * EBB_EINVAL for a pointer the arena did not hand out (or an interior pointer), EBB_EFREED for a
- * block already freed. */
+ * block already freed, or one from before a completed last ebb_shutdown (which refuses with
+ * EBB_EBUSY while any block is live, and gives back the memory of freed ones). */
 EBB_API ebb_status ebb_arena_free(void *ptr);
 /* Declares that `stream` uses the block at `ptr`; its reuse waits for that stream's work issued
  * before the free. Recording the allocation stream is a no-op. EBB_EFREED on a freed block;
@@ -164,13 +166,13 @@ EBB_API ebb_status ebb_pinned_debug_check(void);
 
 /* bytes == 0: *ptr = NULL and EBB_OK. EBB_EINVAL for a NULL ptr, EBB_ENOMEM when the system has
  * no memory left. */
-EBB_API ebb_status ebb_host_alloc(size_t bytes, void **ptr);
+EBB_API ebb_status ebb_pageable_alloc(size_t bytes, void **ptr);
 /* NULL is a no-op; EBB_EINVAL for a foreign pointer, EBB_EFREED for a double free. */
-EBB_API ebb_status ebb_host_free(void *ptr);
-EBB_API ebb_status ebb_host_empty_cache(void);
-EBB_API ebb_status ebb_host_get_stats(ebb_arena_stats *out);
+EBB_API ebb_status ebb_pageable_free(void *ptr);
+EBB_API ebb_status ebb_pageable_empty_cache(void);
+EBB_API ebb_status ebb_pageable_get_stats(ebb_arena_stats *out);
 /* ebb_arena_debug_check for the host pool. For tests. */
-EBB_API ebb_status ebb_host_debug_check(void);
+EBB_API ebb_status ebb_pageable_debug_check(void);
 
 /* ---- owners, history, snapshots ------------------------------------------------------------
  * Every block records who asked for it: the innermost owner scope of the allocating thread

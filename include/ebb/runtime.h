@@ -1,5 +1,4 @@
-/* ebb/runtime.h: initialisation, the driver in use, devices, topology, kernels, and the driver
- * seam the other modules are built on.
+/* ebb/runtime.h: initialisation, the driver in use, devices, topology and kernels.
  *
  * ebb talks to GPUs through the CUDA Driver API only, loaded with dlopen: the real libcuda.so.1
  * when a GPU answers cuInit, else ebb's emulated driver (libebb_simdrv.so), which runs the same
@@ -7,7 +6,9 @@
  * it is talking to.
  *
  * Threading: every function here is thread-safe. The current device is per thread.
- * Driver handles appear as the Driver API's own opaque struct pointers (struct CUstream_st * is
+ * The thin wrappers over the driver that ebb's modules use are internal
+ * (runtime/export/runtime_export.h). Driver handles appear as the Driver API's own opaque struct
+ * pointers (struct CUstream_st * is
  * cuda.h's CUstream), so this header needs no cuda.h and interoperates with code that has it.
  */
 #ifndef EBB_RUNTIME_H
@@ -29,23 +30,33 @@ struct CUevent_st;  /* cuda.h's CUevent */
 #define EBB_MAX_DEVICES 16
 
 /* ---- initialisation --------------------------------------------------------------------------
- * ebb_init loads the driver chosen by EBB_DRIVER (auto|cuda|sim|/path/to/lib.so, default auto:
- * libcuda.so.1 if it loads and cuInit finds a device, else the emulated driver) and retains each
- * device's primary context. Reference-counted: each successful ebb_init needs one ebb_shutdown.
- * Every other call made before ebb_init returns EBB_ENOTINIT.
+ * ebb_init checks the configuration, loads the driver chosen by EBB_DRIVER (auto|cuda|sim|
+ * /path/to/lib.so, default auto: libcuda.so.1 if it loads and cuInit finds a device, else the
+ * emulated driver), retains each device's primary context and starts ebb's modules (streams,
+ * alloc, ops) lowest layer first. Reference-counted: each successful ebb_init needs one
+ * ebb_shutdown; only the first one does the work. Every other call made before ebb_init returns
+ * EBB_ENOTINIT.
+ * Configuration: every variable ebb reads (EBB_DRIVER, EBB_LOG, EBB_TRACE, EBB_TRACE_FILE,
+ * EBB_CHECK_LAUNCH, and the modules' EBB_STREAM_POOL_SIZE, EBB_STAGING_CHUNK, EBB_STAGING_CHUNKS,
+ * EBB_ALLOC_CONF; README lists them) is checked by the first ebb_init under one policy: a value
+ * that is not accepted fails it with EBB_EINVAL and a message naming the variable, the value and
+ * what is accepted; nothing is loaded or started then. An empty variable reads as unset.
  * Fails with EBB_ENOTFOUND when no driver could be loaded, EBB_EDRIVER when the chosen one failed
- * to initialise, EBB_EINVAL for a malformed EBB_DRIVER. */
+ * to initialise, EBB_EBUSY while the last ebb_shutdown runs on another thread, or the status of a
+ * module that could not start (the message names the module). A successful ebb_init leaves
+ * ebb_last_error and the error hook alone. */
 EBB_API ebb_status ebb_init(void);
-/* Drops one reference; the last one synchronises every device and unloads the driver. Streams,
- * events and memory must be released first: modules above register shutdown callbacks. Returns
- * EBB_ENOTINIT when ebb is not initialised. */
+/* Drops one reference. The last one first counts what callers still own: while any stream or
+ * event from ebb_*_create, arena/pinned/host block or tensor is live, it returns EBB_EBUSY with a
+ * message counting them by kind ("tensors: 2, blocks of the device 0 arena: 2") and tears nothing
+ * down: the reference stays, every handle stays valid; release them and call it again. Otherwise
+ * it stops the modules highest layer first (pool and default streams, cached memory, kernels),
+ * synchronises every device and releases the driver's contexts. A handle from before a completed
+ * last ebb_shutdown is EBB_EFREED after it (also after a new ebb_init). Calls racing with the last
+ * ebb_shutdown on other threads are the caller's error. Returns EBB_ENOTINIT when ebb is not
+ * initialised. */
 EBB_API ebb_status ebb_shutdown(void);
 EBB_API bool ebb_is_initialized(void);
-
-/* Hooks run by the last ebb_shutdown, most recent first, before the driver is unloaded.
- * For ebb's own modules (streams, alloc) to release their pools. */
-typedef void (*ebb_shutdown_fn)(void *user);
-EBB_API ebb_status ebb_at_shutdown(ebb_shutdown_fn fn, void *user);
 
 typedef enum ebb_driver_kind { EBB_DRIVER_CUDA = 0, EBB_DRIVER_EMULATED = 1, EBB_DRIVER_CUSTOM = 2 } ebb_driver_kind;
 
@@ -120,23 +131,28 @@ EBB_API ebb_status ebb_thread_bind_device(int device);
 /* Maps `bytes` (rounded up to whole pages) of host memory whose pages are bound to the NUMA node
  * nearest `device` (ebb_dev_get_topo), for the pinned pool to register with the driver.
  * *bound says whether the OS accepted the binding (false: plain pages, e.g. where a container
- * refuses mbind, or hwloc did not load). Pages are not touched. Free with ebb_host_numa_free
+ * refuses mbind, or hwloc did not load). Pages are not touched. Free with ebb_numa_pages_free
  * and the same byte count. EBB_EDEVICE for a missing device, EBB_EINVAL for NULL out/bound or
  * bytes == 0, EBB_ENOMEM when the system has no memory left. */
-EBB_API ebb_status ebb_host_numa_alloc(int device, size_t bytes, void **out, bool *bound);
-EBB_API ebb_status ebb_host_numa_free(void *p, size_t bytes);
+EBB_API ebb_status ebb_numa_pages_alloc(int device, size_t bytes, void **out, bool *bound);
+EBB_API ebb_status ebb_numa_pages_free(void *p, size_t bytes);
 /* The NUMA node (logical index) holding the touched pages of [p, p + bytes): *node = -1 when
  * they span several nodes. EBB_ENOTSUP where the OS or hwloc cannot tell; EBB_EINVAL for NULL
  * arguments. */
 EBB_API ebb_status ebb_host_numa_node(const void *p, size_t bytes, int *node);
 
 /* ---- kernels -------------------------------------------------------------------------------
- * A kernel is declared once: a name, the byte size of its argument struct, the CPU function that
- * runs it on the emulated driver (or NULL), and the name of its CUDA function in ebb's embedded
- * fatbin (or NULL). It is launched on a stream with the buffers it reads and writes. Arguments are
- * one struct, copied at launch (callers may reuse theirs at once). */
+ * Kernels come in images: each module registers its own module image (a fatbin or cubin built
+ * from its .cu files) under a name, and declares its kernels against it; the runtime's own
+ * kernels are in the image "ebb.runtime". A kernel is declared once: a name (unique across
+ * images), the byte size of its argument struct, the CPU function that runs it on the emulated
+ * driver (or NULL), and the name of its CUDA function in its image (or NULL). It is launched on a
+ * stream with the buffers it reads and writes. Arguments are one struct, copied at launch
+ * (callers may reuse theirs at once). Images and kernels live until the last ebb_shutdown; a
+ * module registers them again after the next ebb_init. */
 typedef void (*ebb_kernel_cpu_fn)(void *args);
 typedef struct ebb_kernel ebb_kernel_t;
+typedef struct ebb_kernel_image ebb_kernel_image_t;
 
 typedef struct ebb_buf {
   const void *ptr;
@@ -151,28 +167,39 @@ typedef struct ebb_launch_cfg {
   const ebb_buf *writes; int nwrites;
 } ebb_launch_cfg;
 
-/* Declares (or finds, when the same name, size and functions were declared before) a kernel.
- * The handle lives until the last ebb_shutdown. EBB_EINVAL: NULL or empty name, arg_bytes 0 or
- * above 4096, neither function given, or the name declared before with other parameters. */
+/* Registers the module image `image` (a fatbin or cubin, owned by the caller and kept readable
+ * until the last ebb_shutdown; NULL: a module with no GPU code, whose kernels run only where
+ * kernels are CPU functions) under `name`. It is loaded on a device at the first launch there of
+ * one of its kernels. Adding the same name with the same image again returns the same handle.
+ * EBB_EINVAL: NULL out, NULL, empty or too long (>= 64) name, or the name added before with
+ * another image; EBB_ELIMIT past 32 images. Thread-safe. */
+EBB_API ebb_status ebb_kernel_add_image(const char *name, const void *image, const ebb_kernel_image_t **out);
+EBB_API const char *ebb_kernel_image_name(const ebb_kernel_image_t *img);
+/* Declares (or finds, when the same name, size, functions and image were declared before) a
+ * kernel of `image` (NULL: the runtime's own image). EBB_EINVAL: NULL or empty name, arg_bytes 0
+ * or above 4096, neither function given, an image handle not from this ebb_init, or the name
+ * declared before with other parameters. */
+EBB_API ebb_status ebb_kernel_declare_in(const ebb_kernel_image_t *image, const char *name, size_t arg_bytes,
+                                         ebb_kernel_cpu_fn cpu_fn, const char *cuda_name, const ebb_kernel_t **out);
+/* ebb_kernel_declare_in(NULL, ...): for kernels with only a CPU function, or CUDA functions of
+ * the runtime's own image. */
 EBB_API ebb_status ebb_kernel_declare(const char *name, size_t arg_bytes, ebb_kernel_cpu_fn cpu_fn,
                                       const char *cuda_name, const ebb_kernel_t **out);
-/* The module image (a fatbin) GPU kernels come from; ops/ hands over ebb's embedded one. Must be
- * set before the first launch on a GPU (EBB_ESTATE after). Unused by drivers with CPU kernels. */
-EBB_API ebb_status ebb_kernel_set_image(const void *image);
 EBB_API ebb_status ebb_kernel_find(const char *name, const ebb_kernel_t **out);
 EBB_API const char *ebb_kernel_name(const ebb_kernel_t *k);
 /* Enqueues `k` on the driver stream `stream` of `device`; returns without waiting.
  * `args` points to arg_bytes bytes. `cfg` may be NULL (1x1x1, no buffers declared). Declared
- * buffers are checked when EBB_CHECK_LAUNCH=1: each must be memory `device` can reach.
+ * buffers are checked when EBB_CHECK_LAUNCH=1 (read by ebb_init): each must be memory `device`
+ * can reach.
  * EBB_ENOTSUP when the kernel has no function for this driver (no CPU function on the emulated
- * driver, no CUDA function or no fatbin on a GPU). */
+ * driver, no CUDA function or an image without CUDA code on a GPU). */
 EBB_API ebb_status ebb_kernel_launch(const ebb_kernel_t *k, int device, struct CUstream_st *stream,
                                      const void *args, const ebb_launch_cfg *cfg);
 
 /* Kernels every driver has, declared by ebb_init (find them with ebb_kernel_find):
  *   "ebb.noop"     does nothing (the launch benchmark's kernel), args ebb_noop_args;
  *   "ebb.fill_u32" dst[i] = value for i < n, args ebb_fill_u32_args.
- * On a GPU they come from ebb's embedded fatbin (built when nvcc was found). */
+ * On a GPU they come from the runtime's image "ebb.runtime" (built when nvcc was found). */
 typedef struct ebb_noop_args {
   uint64_t unused;
 } ebb_noop_args;
@@ -182,74 +209,13 @@ typedef struct ebb_fill_u32_args {
   uint32_t value;
 } ebb_fill_u32_args;
 
-/* ---- the driver seam -----------------------------------------------------------------------
- * Thin wrappers over the loaded driver for ebb's own modules (and for users who need raw driver
- * objects). Each checks its arguments, makes the device's primary context current where the
- * driver needs one, and turns a CUresult into an ebb_status with a message naming the call.
- * Device pointers are the driver's CUdeviceptr values carried as uint64_t. */
-
-typedef enum ebb_mem_type {
-  EBB_MEMTYPE_PAGEABLE = 0, /* host memory the driver does not know */
-  EBB_MEMTYPE_PINNED = 1,   /* host memory allocated or registered through the driver */
-  EBB_MEMTYPE_DEVICE = 2
-} ebb_mem_type;
-
-typedef struct ebb_ptr_info {
-  ebb_mem_type type;
-  int device;   /* owning device for EBB_MEMTYPE_DEVICE, else -1 */
-} ebb_ptr_info;
-
-EBB_API ebb_status ebb_drv_ptr_info(const void *ptr, ebb_ptr_info *out);
-
-EBB_API ebb_status ebb_drv_stream_create(int device, int priority, struct CUstream_st **out);
-EBB_API ebb_status ebb_drv_stream_destroy(struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_stream_synchronize(struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_stream_query(struct CUstream_st *s, bool *idle);
-EBB_API ebb_status ebb_drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e);
-
-EBB_API ebb_status ebb_drv_event_create(int device, bool timing, struct CUevent_st **out);
-EBB_API ebb_status ebb_drv_event_destroy(struct CUevent_st *e);
-EBB_API ebb_status ebb_drv_event_record(struct CUevent_st *e, struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_event_query(struct CUevent_st *e, bool *done);
-EBB_API ebb_status ebb_drv_event_synchronize(struct CUevent_st *e);
-EBB_API ebb_status ebb_drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms);
-
+/* A host function enqueued on a stream (ebb_stream_host_func). */
 typedef void (*ebb_host_fn)(void *user);
-EBB_API ebb_status ebb_drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user);
-
-/* Device memory straight from the driver (cuMemAlloc), committed: on a GPU and on simdrv alike
- * (unless EBB_SIM_COMMIT=0) the first copy into it costs what any copy costs. EBB_ENOMEM past
- * the device's capacity.
- * ebb_drv_mem_free(device, 0) is a no-op returning EBB_OK, as free(NULL) and cuMemFree(0) (the
- * device is still checked: EBB_EDEVICE for a bad one); a pointer the driver did not hand out, or
- * one already freed, is EBB_EINVAL naming cuMemFree. */
-EBB_API ebb_status ebb_drv_mem_alloc(int device, size_t bytes, uint64_t *dptr);
-EBB_API ebb_status ebb_drv_mem_free(int device, uint64_t dptr);
-/* Pinned host memory (cuMemHostAlloc, portable), committed at allocation. ebb_drv_host_free(NULL)
- * is a no-op returning EBB_OK, as free(NULL) and cuMemFreeHost(NULL); a foreign or freed pointer
- * is EBB_EINVAL. ebb_drv_host_unregister(NULL) stays EBB_EINVAL, as cuMemHostUnregister(NULL). */
-EBB_API ebb_status ebb_drv_host_alloc(int device, size_t bytes, void **out);
-EBB_API ebb_status ebb_drv_host_free(void *p);
-EBB_API ebb_status ebb_drv_host_register(void *p, size_t bytes);
-EBB_API ebb_status ebb_drv_host_unregister(void *p);
-/* dst and src may be any mix of host and device pointers (unified addressing). */
-EBB_API ebb_status ebb_drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s);
-EBB_API ebb_status ebb_drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s);
-
-/* VMM: reserve an address range, create physical chunks on a device, map, grant access, unmap. */
-EBB_API ebb_status ebb_drv_vmm_granularity(int device, size_t *granularity);
-EBB_API ebb_status ebb_drv_vmm_reserve(int device, size_t bytes, uint64_t *va);
-EBB_API ebb_status ebb_drv_vmm_free(uint64_t va, size_t bytes);
-EBB_API ebb_status ebb_drv_vmm_create(int device, size_t bytes, uint64_t *handle);
-EBB_API ebb_status ebb_drv_vmm_release(uint64_t handle);
-EBB_API ebb_status ebb_drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device);
-EBB_API ebb_status ebb_drv_vmm_unmap(uint64_t va, size_t bytes);
 
 /* ---- counters ------------------------------------------------------------------------------ */
-/* Handles ebb holds for the caller (streams, events, kernels' modules...). Modules above add
- * theirs through ebb_debug_live_add. A test ends with ebb_debug_live_handles() == 0. */
+/* Caller-owned handles still live: streams and events from ebb_*_create, tensors. A test ends
+ * with ebb_debug_live_handles() == 0. */
 EBB_API long ebb_debug_live_handles(void);
-EBB_API void ebb_debug_live_add(long delta);
 
 #ifdef __cplusplus
 }

@@ -58,6 +58,20 @@ EBB_API void ebb_clear_error(void);
 typedef void (*ebb_error_hook_fn)(ebb_status status, const char *message, void *user);
 EBB_API void ebb_set_error_hook(ebb_error_hook_fn fn, void *user);
 
+/* Warnings: the one way ebb tells about something that did not fail a call (a setting ignored, a
+ * trace or snapshot file that could not be written at shutdown, the driver chosen with
+ * EBB_LOG=info, an internal invariant broken just before the process aborts). The library never
+ * writes to stderr or stdout by itself: every such message goes to the warning handler, called
+ * on the thread that noticed, with the message (no trailing newline) and `user`. The default
+ * handler, ebb_warning_to_stderr, writes "ebb: <message>\n" to stderr. A handler must not call
+ * back into ebb. ebb_set_warning_handler(NULL, NULL) silences warnings;
+ * ebb_set_warning_handler(ebb_warning_to_stderr, NULL) restores the default. Thread-safe: a
+ * handler being replaced may still be running on another thread, for at most the call in flight.
+ * Warnings never touch ebb_last_error or the error hook. */
+typedef void (*ebb_warning_fn)(const char *message, void *user);
+EBB_API void ebb_set_warning_handler(ebb_warning_fn fn, void *user);
+EBB_API void ebb_warning_to_stderr(const char *message, void *user);
+
 #ifdef __cplusplus
 }
 #endif

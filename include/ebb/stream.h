@@ -9,15 +9,17 @@
  * ebb_stream_create and events from ebb_event_create are owned by the caller and released once.
  * A released handle passed to any call returns EBB_EFREED (handles live in type-stable slots
  * reused first-in-first-out: a slot is not reused before 1024 more handles of its kind and device
- * have been released after it, so a stale handle is reported until then). Handles do not outlive
- * the last ebb_shutdown, which destroys every stream and event still alive.
+ * have been released after it, so a stale handle is reported until then). The last ebb_shutdown
+ * refuses with EBB_EBUSY while a caller-owned stream or event is live; once it completes, every
+ * handle from before it (pool and default streams included) reads EBB_EFREED, also after a new
+ * ebb_init.
  * Threading: every function is thread-safe; a stream or event may be used from any thread. A
  * call racing ebb_stream_release of its stream on another thread either issues its work before
  * the release (which then covers it) or fails with EBB_EFREED; it never reaches the destroyed
  * driver stream. The release waits for such racing calls to finish enqueueing (an enqueue the
  * driver blocks because the stream's queue is full included), never for the work itself.
- * Configuration, read by the first streams call after ebb_init (a malformed value makes that call
- * fail with EBB_EINVAL naming the variable): EBB_STREAM_POOL_SIZE (streams per pool, 1..64,
+ * Configuration, checked by the first ebb_init (a malformed value makes it fail with EBB_EINVAL
+ * naming the variable, the value and what is accepted): EBB_STREAM_POOL_SIZE (streams per pool, 1..64,
  * default 8), EBB_STAGING_CHUNK (bytes per pinned staging chunk, 4096..2^30, default 4 MiB),
  * EBB_STAGING_CHUNKS (chunks per device, 1..64, default 4).
  */

@@ -5,7 +5,7 @@
  * refcounted storage. Views share their base's storage and its version counter; in-place ops bump
  * that counter, so a reader that saved a tensor can tell whether it was overwritten.
  *
- * Devices: EBB_DEVICE_CPU (-1) is host memory (ebb_host_alloc); 0..n-1 are the driver's devices,
+ * Devices: EBB_DEVICE_CPU (-1) is host memory (ebb_pageable_alloc); 0..n-1 are the driver's devices,
  * whose storage comes from the device arena (ebb_arena_alloc) on the calling thread's current
  * stream of that device, owner-tagged by the calling thread's owner scope
  * (ebb_alloc_owner_push; ebb_tensor_empty_named opens one for you).

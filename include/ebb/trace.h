@@ -1,7 +1,7 @@
 /* ebb/trace.h: a ring buffer of timed spans, exported as Chrome/Perfetto JSON.
  *
- * Off by default. When off, each instrumentation point costs one load and one predictable branch
- * (EBB_TRACE_ON). When on, spans are written into a fixed ring (oldest overwritten) without
+ * Off by default. When off, each of ebb's instrumentation points costs one load and one
+ * predictable branch. When on, spans are written into a fixed ring (oldest overwritten) without
  * locks: each writer claims a slot with one atomic increment. Enable with ebb_trace_enable or
  * EBB_TRACE=<capacity> at ebb_init; export at any time.
  */
@@ -26,10 +26,6 @@ typedef struct ebb_trace_span {
   int32_t device;     /* -1: host */
   uint64_t stream;    /* driver stream handle value, 0: none */
 } ebb_trace_span;
-
-/* One flag read on every instrumentation point; written only by enable/disable. */
-EBB_API extern int ebb_trace_on_;
-#define EBB_TRACE_ON() (__builtin_expect(__atomic_load_n(&ebb_trace_on_, __ATOMIC_RELAXED) != 0, 0))
 
 /* Allocates a ring of `capacity` spans (rounded up to a power of two, at least 64) and starts
  * recording. Calling it again while on resizes and clears. EBB_EINVAL for 0. */

@@ -1,6 +1,6 @@
-// ops_kernels.cu: the CUDA twins of ops' CPU kernels (kernels_cpu.c), compiled into ebb's
-// embedded fatbin with the runtime's kernels when nvcc is present. Same names as the CUDA names
-// given to ebb_kernel_declare, same argument structs (ops_kernels.h) taken by value, same
+// ops_kernels.cu: the CUDA twins of ops' CPU kernels (kernels_cpu.c), compiled into ops' own
+// fatbin, the image "ebb.ops" (ops/CMakeLists.txt), when nvcc is present. Same names as the CUDA
+// names given to ebb_kernel_declare_in, same argument structs (ops_kernels.h) taken by value, same
 // arithmetic: elementwise results in f64 rounded once, i64 ops exact, bf16/f16 converted by the
 // same bit manipulation, Philox 4x32-10 counted by element index, so a GPU draws the numbers the
 // CPU and the emulated driver draw. "Same" by construction: the element math is ops_math.h, the

@@ -1,4 +1,4 @@
-// builtin.cu: the runtime's own CUDA kernels, compiled into ebb's embedded fatbin when nvcc is
+// builtin.cu: the runtime's own CUDA kernels, compiled into its image "ebb.runtime" when nvcc is
 // present (sm_80, sm_90, plus compute_90 PTX for newer GPUs). Each has the same name and one
 // argument struct as its CPU twin in runtime/kernel_builtin.c; the struct is passed by value as
 // the kernel's single parameter, exactly as cuLaunchKernel's kernelParams[0] points to it.

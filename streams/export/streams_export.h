@@ -15,6 +15,11 @@
 #include "ebb/stream.h"
 #include "ebb_internal.h"
 
+/* Caller-owned events are counted so the last ebb_shutdown can refuse while any is live; a
+ * module that creates events for its own use (the arena) takes them out of the count with -1
+ * after ebb_event_create and gives it back with +1 before ebb_event_release. */
+EBB_HIDDEN void ebb__events_live_add(long delta);
+
 /* Whether `s` is a live stream of a started module; if so its id and device in *id, *device.
  * A stream whose release has begun but has not recorded its last work yet counts as live (its
  * driver stream still exists, and ebb__stream_wait_released would not find its release's event

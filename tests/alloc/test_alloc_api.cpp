@@ -844,16 +844,22 @@ TEST_CASE("steals and recorded uses race the release of the streams they order a
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("shutdown releases leaked blocks and a later init starts clean", "[alloc]") {
+TEST_CASE("shutdown refuses while a block is live, then releases the cache and a later init starts clean", "[alloc]") {
   size_t free_before = 0, total = 0;
-  {
-    EbbSession session;
-    EBB_REQUIRE_OK(ebb_dev_mem_info(0, &free_before, &total));
-    void *p = nullptr;
-    EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, nullptr, &p));  // leaked on purpose
-    REQUIRE(ebb_debug_live_handles() == 0);
-  }
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_init());
+  EBB_REQUIRE_OK(ebb_dev_mem_info(0, &free_before, &total));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, nullptr, &p));
+  // A live block: nothing is torn down, the block stays valid.
+  EBB_CHECK_FAILS(ebb_shutdown(), EBB_EBUSY, "blocks of the device 0 arena: 1");
+  CHECK(ebb_is_initialized());
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_shutdown());
+  CHECK_FALSE(ebb_is_initialized());
+  // A pointer from before a completed shutdown is a released one, said as such.
   EbbSession session;
+  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "from before the last completed ebb_shutdown");
+  CHECK(std::string(ebb_last_error()).find("device 0") != std::string::npos);
   ebb_arena_stats st = stats(0);
   CHECK(st.reserved_bytes.current == 0);
   CHECK(st.alloc_count == 0);
@@ -861,4 +867,31 @@ TEST_CASE("shutdown releases leaked blocks and a later init starts clean", "[all
   EBB_REQUIRE_OK(ebb_dev_mem_info(0, &fr, &total));
   CHECK(fr == free_before);
   REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("a bad EBB_ALLOC_CONF fails ebb_init naming the variable, the value and what is accepted", "[alloc][config]") {
+  {
+    ScopedEnv env("EBB_ALLOC_CONF", "expandable_segments:2");
+    EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL, "ebb_init: EBB_ALLOC_CONF='expandable_segments:2' is not valid; expected expandable_segments:0 or");
+    CHECK_FALSE(ebb_is_initialized());
+  }
+  {
+    ScopedEnv env("EBB_ALLOC_CONF", "history:10,colour:blue");
+    EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL, "'colour' is unknown");
+  }
+  {
+    // A good one is used by the arena, and the successful init leaves the last error alone.
+    ScopedEnv env("EBB_ALLOC_CONF", "max_split_size_mb:20, history:0");
+    ebb_clear_error();
+    EbbSession session;
+    CHECK(std::string(ebb_last_error()).empty());
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, nullptr, &p));
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+    size_t n = 1;
+    uint64_t total = 1;
+    ebb_alloc_trace_entry e[4];
+    EBB_REQUIRE_OK(ebb_alloc_history_get(0, e, 4, &n, &total));
+    CHECK(n == 0);  // history:0 reached the arena
+  }
 }

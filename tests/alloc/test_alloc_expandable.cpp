@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "alloc_test_util.hpp"
+#include "runtime_export.h"  // the driver seam (ebb__drv_*), internal
 
 using namespace alloc_test;
 
@@ -87,7 +88,7 @@ TEST_CASE("expandable segments: empty_cache unmaps free granules inside the segm
   EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
   if (!caps.vmm) EBB_SKIP("driver without VMM");
   size_t gran = 0;
-  EBB_REQUIRE_OK(ebb_drv_vmm_granularity(0, &gran));
+  EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
   REQUIRE(gran <= 2 * MiB);
   ebb_stream_t *s = default_stream(0);
   void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;

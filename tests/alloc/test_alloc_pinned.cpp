@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "alloc_test_util.hpp"
+#include "runtime_export.h"  // the driver seam (ebb__drv_*), internal
 
 using namespace alloc_test;
 
@@ -22,14 +23,14 @@ using namespace alloc_test;
 
 [[maybe_unused]] static ebb_arena_stats hstats() {
   ebb_arena_stats s{};
-  EBB_REQUIRE_OK(ebb_host_get_stats(&s));
+  EBB_REQUIRE_OK(ebb_pageable_get_stats(&s));
   return s;
 }
 
 #define POOLS_CHECK()                         \
   do {                                        \
     EBB_REQUIRE_OK(ebb_pinned_debug_check()); \
-    EBB_REQUIRE_OK(ebb_host_debug_check());   \
+    EBB_REQUIRE_OK(ebb_pageable_debug_check());   \
     ARENA_CHECK();                            \
   } while (0)
 
@@ -42,7 +43,7 @@ TEST_CASE("pinned: blocks are pinned, aligned, cached and reused", "[alloc][pinn
   REQUIRE(p != nullptr);
   CHECK(reinterpret_cast<uintptr_t>(p) % 512 == 0);
   ebb_ptr_info info{};
-  EBB_REQUIRE_OK(ebb_drv_ptr_info(p, &info));
+  EBB_REQUIRE_OK(ebb__drv_ptr_info(p, &info));
   CHECK(info.type == EBB_MEMTYPE_PINNED);
   std::memset(p, 0xab, 1000);  // host memory: the caller may write it
   ebb_arena_stats s = pstats();
@@ -108,13 +109,13 @@ TEST_CASE("pinned: the runtime's NUMA host pages, and their bad input", "[alloc]
   EbbSession session;
   void *p = nullptr;
   bool bound = false;
-  EBB_REQUIRE_OK(ebb_host_numa_alloc(0, 10000, &p, &bound));
+  EBB_REQUIRE_OK(ebb_numa_pages_alloc(0, 10000, &p, &bound));
   REQUIRE(p != nullptr);
   std::memset(p, 7, 10000);
-  EBB_REQUIRE_OK(ebb_host_numa_free(p, 10000));
-  EBB_CHECK_FAILS(ebb_host_numa_alloc(99, 10, &p, &bound), EBB_EDEVICE, "99");
-  EBB_CHECK_FAILS(ebb_host_numa_alloc(0, 0, &p, &bound), EBB_EINVAL, "bytes is 0");
-  EBB_CHECK_FAILS(ebb_host_numa_alloc(0, 10, nullptr, &bound), EBB_EINVAL, "NULL");
+  EBB_REQUIRE_OK(ebb_numa_pages_free(p, 10000));
+  EBB_CHECK_FAILS(ebb_numa_pages_alloc(99, 10, &p, &bound), EBB_EDEVICE, "99");
+  EBB_CHECK_FAILS(ebb_numa_pages_alloc(0, 0, &p, &bound), EBB_EINVAL, "bytes is 0");
+  EBB_CHECK_FAILS(ebb_numa_pages_alloc(0, 10, nullptr, &bound), EBB_EINVAL, "NULL");
   int node = 0;
   EBB_CHECK_FAILS(ebb_host_numa_node(nullptr, 10, &node), EBB_EINVAL, "NULL");
 }
@@ -127,12 +128,12 @@ TEST_CASE("pinned: misuse is reported, never a corrupted pool", "[alloc][pinned]
   EBB_CHECK_FAILS(ebb_pinned_alloc(10, -2, &p), EBB_EDEVICE, "device_hint -2");
   EBB_REQUIRE_OK(ebb_pinned_alloc(4096, 1, &p));
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, nullptr, &d));
-  EBB_REQUIRE_OK(ebb_host_alloc(4096, &h));
+  EBB_REQUIRE_OK(ebb_pageable_alloc(4096, &h));
   // Pointers of the wrong pool: named, and left alive for their owner.
   EBB_CHECK_FAILS(ebb_pinned_free(d), EBB_EINVAL, "device 0");
   EBB_CHECK_FAILS(ebb_pinned_free(h), EBB_EINVAL, "host pool");
   EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EINVAL, "pinned pool");
-  EBB_CHECK_FAILS(ebb_host_free(p), EBB_EINVAL, "ebb_pinned_alloc");
+  EBB_CHECK_FAILS(ebb_pageable_free(p), EBB_EINVAL, "ebb_pinned_alloc");
   EBB_CHECK_FAILS(ebb_arena_record_stream(p, default_stream(0)), EBB_EINVAL, "pinned pool");
   EBB_CHECK_FAILS(ebb_pinned_record_stream(d, default_stream(0)), EBB_EINVAL, "device 0");
   EBB_CHECK_FAILS(ebb_pinned_record_stream(p, nullptr), EBB_EINVAL, "stream is NULL");
@@ -145,11 +146,11 @@ TEST_CASE("pinned: misuse is reported, never a corrupted pool", "[alloc][pinned]
   EBB_CHECK_FAILS(ebb_pinned_free(p), EBB_EFREED, "already freed");
   EBB_CHECK_FAILS(ebb_pinned_record_stream(p, default_stream(0)), EBB_EFREED, "freed");
   EBB_REQUIRE_OK(ebb_arena_free(d));
-  EBB_REQUIRE_OK(ebb_host_free(h));
-  EBB_CHECK_FAILS(ebb_host_free(h), EBB_EFREED, "already freed");
-  EBB_CHECK_FAILS(ebb_host_alloc(10, nullptr), EBB_EINVAL, "ptr is NULL");
+  EBB_REQUIRE_OK(ebb_pageable_free(h));
+  EBB_CHECK_FAILS(ebb_pageable_free(h), EBB_EFREED, "already freed");
+  EBB_CHECK_FAILS(ebb_pageable_alloc(10, nullptr), EBB_EINVAL, "ptr is NULL");
   EBB_CHECK_FAILS(ebb_pinned_get_stats(nullptr), EBB_EINVAL, "out is NULL");
-  EBB_CHECK_FAILS(ebb_host_get_stats(nullptr), EBB_EINVAL, "out is NULL");
+  EBB_CHECK_FAILS(ebb_pageable_get_stats(nullptr), EBB_EINVAL, "out is NULL");
   CHECK(pstats().allocated_bytes.current == 0);
   CHECK(hstats().allocated_bytes.current == 0);
   POOLS_CHECK();
@@ -159,7 +160,7 @@ TEST_CASE("pinned: misuse is reported, never a corrupted pool", "[alloc][pinned]
 TEST_CASE("pinned and host calls before ebb_init say so", "[alloc][pinned]") {
   void *p = nullptr;
   EBB_CHECK_FAILS(ebb_pinned_alloc(10, 0, &p), EBB_ENOTINIT, "ebb_init");
-  EBB_CHECK_FAILS(ebb_host_alloc(10, &p), EBB_ENOTINIT, "ebb_init");
+  EBB_CHECK_FAILS(ebb_pageable_alloc(10, &p), EBB_ENOTINIT, "ebb_init");
   EBB_CHECK_FAILS(ebb_pinned_free(&p), EBB_ENOTINIT, "ebb_init");
 }
 
@@ -194,17 +195,17 @@ TEST_CASE("host: the tiny-tensor pattern is served from cached segments", "[allo
     for (int i = 0; i < 2000; i++) {
       size_t bytes = size_t(64) << (rng() % 11);
       void *p = nullptr;
-      EBB_REQUIRE_OK(ebb_host_alloc(bytes, &p));
+      EBB_REQUIRE_OK(ebb_pageable_alloc(bytes, &p));
       std::memset(p, 0x5a, bytes);
       live.push_back(p);
       if (live.size() > 300) {
         size_t k = rng() % live.size();
-        EBB_REQUIRE_OK(ebb_host_free(live[k]));
+        EBB_REQUIRE_OK(ebb_pageable_free(live[k]));
         live[k] = live.back();
         live.pop_back();
       }
     }
-    for (void *p : live) EBB_REQUIRE_OK(ebb_host_free(p));
+    for (void *p : live) EBB_REQUIRE_OK(ebb_pageable_free(p));
     live.clear();
   };
   step();
@@ -216,8 +217,8 @@ TEST_CASE("host: the tiny-tensor pattern is served from cached segments", "[allo
   CHECK(s.allocated_bytes.current == 0);
   CHECK(s.alloc_count == 12000);
   CHECK(s.cache_hits == 12000 - s.num_device_alloc);
-  EBB_REQUIRE_OK(ebb_host_debug_check());
-  EBB_REQUIRE_OK(ebb_host_empty_cache());
+  EBB_REQUIRE_OK(ebb_pageable_debug_check());
+  EBB_REQUIRE_OK(ebb_pageable_empty_cache());
   CHECK(hstats().reserved_bytes.current == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
@@ -226,7 +227,7 @@ TEST_CASE("host: blocks are owner-tagged like device blocks", "[alloc][host]") {
   EbbSession session;
   void *p = nullptr;
   EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "cpu.act"));
-  EBB_REQUIRE_OK(ebb_host_alloc(3000, &p));
+  EBB_REQUIRE_OK(ebb_pageable_alloc(3000, &p));
   EBB_REQUIRE_OK(ebb_alloc_owner_pop());
   std::string path = std::string(EBB_PIN_TMPDIR) + "/host_snapshot.json";
   EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
@@ -240,7 +241,7 @@ TEST_CASE("host: blocks are owner-tagged like device blocks", "[alloc][host]") {
   CHECK(text.find("\"host_pools\"") != std::string::npos);
   CHECK(text.find("\"pool\":\"host\"") != std::string::npos);
   CHECK(text.find("cpu.act") != std::string::npos);
-  EBB_REQUIRE_OK(ebb_host_free(p));
+  EBB_REQUIRE_OK(ebb_pageable_free(p));
 }
 
 TEST_CASE("8 threads allocate and free pinned and host blocks across streams", "[alloc][pinned][threads]") {
@@ -260,18 +261,18 @@ TEST_CASE("8 threads allocate and free pinned and host blocks across streams", "
           ebb_pinned_record_stream(p, s);
           pins.push_back(p);
         }
-        if (ebb_host_alloc(bytes / 4 + 1, &p) == EBB_OK) hosts.push_back(p);
+        if (ebb_pageable_alloc(bytes / 4 + 1, &p) == EBB_OK) hosts.push_back(p);
         if (pins.size() > 8) {
           ebb_pinned_free(pins.front());
           pins.erase(pins.begin());
         }
         if (hosts.size() > 16) {
-          ebb_host_free(hosts.front());
+          ebb_pageable_free(hosts.front());
           hosts.erase(hosts.begin());
         }
       }
       for (void *p : pins) ebb_pinned_free(p);
-      for (void *p : hosts) ebb_host_free(p);
+      for (void *p : hosts) ebb_pageable_free(p);
     });
   for (auto &x : th) x.join();
   CHECK(pstats().allocated_bytes.current == 0);

@@ -23,7 +23,7 @@ size_t slab_slots(size_t slot) { return std::max<size_t>(2, 128 * KiB / slot); }
 
 void require_all_checks() {
   ARENA_CHECK();
-  EBB_REQUIRE_OK(ebb_host_debug_check());
+  EBB_REQUIRE_OK(ebb_pageable_debug_check());
   EBB_REQUIRE_OK(ebb_pinned_debug_check());
 }
 
@@ -201,18 +201,18 @@ TEST_CASE("slab: bad frees of slot pointers are reported as for blocks", "[alloc
   EBB_CHECK_FAILS(ebb_arena_record_stream(p, s), EBB_EFREED, "already freed");
   EBB_CHECK_FAILS(ebb_arena_free(pc + 512), EBB_EFREED, "already freed");
   // Slots of another pool: a host slot given to ebb_arena_free and the other way round.
-  EBB_REQUIRE_OK(ebb_host_alloc(100, &h));
+  EBB_REQUIRE_OK(ebb_pageable_alloc(100, &h));
   EBB_CHECK_FAILS(ebb_arena_free(h), EBB_EINVAL, "is a live block of the host pool");
   EBB_CHECK_FAILS(ebb_arena_free(static_cast<char *>(h) + 512), EBB_EINVAL, "belongs to the host pool");
-  EBB_CHECK_FAILS(ebb_host_free(q), EBB_EINVAL, "is a live block of the device 0");
+  EBB_CHECK_FAILS(ebb_pageable_free(q), EBB_EINVAL, "is a live block of the device 0");
   EBB_CHECK_FAILS(ebb_arena_record_stream(h, s), EBB_EINVAL, "belongs to the host pool");
   int on_stack = 0;
   EBB_CHECK_FAILS(ebb_arena_free(&on_stack), EBB_EINVAL, "was not allocated by ebb_arena_alloc");
   require_all_checks();  // nothing above disturbed the pools
   CHECK(stats(0).allocated_bytes.current == 8192);
-  EBB_REQUIRE_OK(ebb_host_free(h));
+  EBB_REQUIRE_OK(ebb_pageable_free(h));
   EBB_REQUIRE_OK(ebb_arena_free(q));
-  EBB_CHECK_FAILS(ebb_host_free(h), EBB_EFREED, "already freed");
+  EBB_CHECK_FAILS(ebb_pageable_free(h), EBB_EFREED, "already freed");
   require_all_checks();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
@@ -267,34 +267,34 @@ TEST_CASE("slab: the host and pinned pools serve small requests from slabs", "[a
   std::vector<void *> v;
   for (size_t bytes : {64, 100, 512, 513, 4000, 65536}) {
     void *p = nullptr;
-    EBB_REQUIRE_OK(ebb_host_alloc(bytes, &p));
+    EBB_REQUIRE_OK(ebb_pageable_alloc(bytes, &p));
     v.push_back(p);
   }
   ebb_arena_stats st{};
-  EBB_REQUIRE_OK(ebb_host_get_stats(&st));
+  EBB_REQUIRE_OK(ebb_pageable_get_stats(&st));
   CHECK(st.allocated_bytes.current == 512 + 512 + 512 + 1024 + 4096 + 65536);
   CHECK(st.requested_bytes.current == 64 + 100 + 512 + 513 + 4000 + 65536);
   CHECK(st.num_device_alloc == 1);  // one segment holds every slab
   // The host pool's memory is the caller's: writing every slot whole must not clobber another.
   for (size_t i = 0; i < v.size(); i++) std::memset(v[i], int(i + 1), i < 2 ? 64 : 512);
   void *first = v[0];
-  EBB_REQUIRE_OK(ebb_host_free(first));
+  EBB_REQUIRE_OK(ebb_pageable_free(first));
   void *again = nullptr;
-  EBB_REQUIRE_OK(ebb_host_alloc(200, &again));
+  EBB_REQUIRE_OK(ebb_pageable_alloc(200, &again));
   CHECK(again == first);
   v[0] = again;
-  for (void *p : v) EBB_REQUIRE_OK(ebb_host_free(p));
+  for (void *p : v) EBB_REQUIRE_OK(ebb_pageable_free(p));
   void *pin = nullptr, *pin2 = nullptr;
   EBB_REQUIRE_OK(ebb_pinned_alloc(4096, 0, &pin));
   EBB_REQUIRE_OK(ebb_pinned_free(pin));
   EBB_REQUIRE_OK(ebb_pinned_alloc(4000, 0, &pin2));
   CHECK(pin2 == pin);
-  EBB_CHECK_FAILS(ebb_host_free(pin2), EBB_EINVAL, "pinned pool");
+  EBB_CHECK_FAILS(ebb_pageable_free(pin2), EBB_EINVAL, "pinned pool");
   EBB_REQUIRE_OK(ebb_pinned_free(pin2));
   require_all_checks();
-  EBB_REQUIRE_OK(ebb_host_empty_cache());
+  EBB_REQUIRE_OK(ebb_pageable_empty_cache());
   EBB_REQUIRE_OK(ebb_pinned_empty_cache());
-  EBB_REQUIRE_OK(ebb_host_get_stats(&st));
+  EBB_REQUIRE_OK(ebb_pageable_get_stats(&st));
   CHECK(st.reserved_bytes.current == 0);
   EBB_REQUIRE_OK(ebb_pinned_get_stats(&st));
   CHECK(st.reserved_bytes.current == 0);

@@ -542,3 +542,23 @@ TEST_CASE("tensor: every call refuses NULL and released tensors with a message n
   CHECK(ebb_tensor_live_count() == live - 1);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+TEST_CASE("the last shutdown refuses while a tensor is live - a tensor from before a completed shutdown reads EFREED", "[ops][init]") {
+  EBB_REQUIRE_OK(ebb_init());
+  const int64_t shape[1] = {256};
+  ebb_tensor_t *t = nullptr, *c = nullptr;
+  EBB_REQUIRE_OK(ebb_tensor_zeros(0, EBB_F32, 1, shape, &t));
+  EBB_REQUIRE_OK(ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_F32, 1, shape, &c));
+  // The tensors' storages are arena blocks: those are counted too.
+  EBB_CHECK_FAILS(ebb_shutdown(), EBB_EBUSY, "tensors: 2");
+  CHECK(std::string(ebb_last_error()).find("blocks of the device 0 arena: 1") != std::string::npos);
+  CHECK(ebb_is_initialized());
+  EBB_REQUIRE_OK(ebb_tensor_release(t));
+  EBB_REQUIRE_OK(ebb_tensor_release(c));
+  EBB_REQUIRE_OK(ebb_shutdown());
+  EbbSession session;
+  // Before: EBB_OK with a stray "ebb_arena_free: pointer ... was not allocated" message.
+  ebb_clear_error();
+  EBB_CHECK_FAILS(ebb_tensor_release(t), EBB_EFREED, "released tensor");
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "ebb/trace.h"
+#include "runtime_export.h"  // the driver seam (ebb__drv_*), internal
 #include "ebb_test_util.hpp"
 
 TEST_CASE("trace: off by default records nothing", "[runtime][trace]") {
@@ -82,10 +83,10 @@ TEST_CASE("trace: kernel launches are traced when on (EBB_TRACE)", "[runtime][tr
   struct A { int x; };
   EBB_REQUIRE_OK(ebb_kernel_declare("test.traced", sizeof(A), [](void *) {}, nullptr, &k));
   CUstream_st *st = nullptr;
-  EBB_REQUIRE_OK(ebb_drv_stream_create(0, 0, &st));
+  EBB_REQUIRE_OK(ebb__drv_stream_create(0, 0, &st));
   A a{1};
   for (int i = 0; i < 5; i++) EBB_REQUIRE_OK(ebb_kernel_launch(k, 0, st, &a, nullptr));
-  EBB_REQUIRE_OK(ebb_drv_stream_synchronize(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
   std::vector<ebb_trace_span> spans(64);
   size_t n = 0;
   EBB_REQUIRE_OK(ebb_trace_snapshot(spans.data(), spans.size(), &n));
@@ -97,6 +98,6 @@ TEST_CASE("trace: kernel launches are traced when on (EBB_TRACE)", "[runtime][tr
       CHECK(spans[i].stream == (uint64_t)(uintptr_t)st);
     }
   CHECK(found == 5);
-  EBB_REQUIRE_OK(ebb_drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_destroy(st));
   ebb_trace_disable();
 }

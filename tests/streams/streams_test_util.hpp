@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ebb/runtime.h"
+#include "runtime_export.h"  // the driver seam (ebb__drv_*), internal
 #include "ebb/stream.h"
 #include "ebb_test_util.hpp"
 
@@ -95,9 +96,9 @@ struct DevBuf {
   int device;
   uint64_t ptr = 0;
   size_t bytes;
-  DevBuf(int dev, size_t n) : device(dev), bytes(n) { EBB_REQUIRE_OK(ebb_drv_mem_alloc(dev, n, &ptr)); }
+  DevBuf(int dev, size_t n) : device(dev), bytes(n) { EBB_REQUIRE_OK(ebb__drv_mem_alloc(dev, n, &ptr)); }
   ~DevBuf() {
-    if (ptr) ebb_drv_mem_free(device, ptr);
+    if (ptr) ebb__drv_mem_free(device, ptr);
   }
   void *p() const { return reinterpret_cast<void *>(static_cast<uintptr_t>(ptr)); }
   int *ints() const { return static_cast<int *>(p()); }
@@ -109,9 +110,9 @@ struct DevBuf {
 struct PinnedBuf {
   void *ptr = nullptr;
   size_t bytes;
-  explicit PinnedBuf(size_t n, int dev = 0) : bytes(n) { EBB_REQUIRE_OK(ebb_drv_host_alloc(dev, n, &ptr)); }
+  explicit PinnedBuf(size_t n, int dev = 0) : bytes(n) { EBB_REQUIRE_OK(ebb__drv_pinned_alloc(dev, n, &ptr)); }
   ~PinnedBuf() {
-    if (ptr) ebb_drv_host_free(ptr);
+    if (ptr) ebb__drv_pinned_free(ptr);
   }
   int *ints() const { return static_cast<int *>(ptr); }
   unsigned char *bytes_ptr() const { return static_cast<unsigned char *>(ptr); }

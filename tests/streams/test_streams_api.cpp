@@ -87,17 +87,20 @@ TEST_CASE("pool size comes from EBB_STREAM_POOL_SIZE and a bad value is an error
     CHECK(d == a);
     REQUIRE(ebb_debug_live_handles() == 0);
   }
+  // One policy for bad configuration: ebb_init fails, naming the variable, the value and what
+  // is accepted, and leaves ebb uninitialised.
   {
     ScopedEnv env("EBB_STREAM_POOL_SIZE", "zero");
-    EbbSession session;
-    ebb_stream_t *s = nullptr;
-    EBB_CHECK_FAILS(ebb_stream_default(0, &s), EBB_EINVAL, "EBB_STREAM_POOL_SIZE");
+    EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL, "EBB_STREAM_POOL_SIZE='zero' is not valid; expected an integer in [1, 64]");
+    CHECK_FALSE(ebb_is_initialized());
   }
   {
     ScopedEnv env("EBB_STAGING_CHUNKS", "1000");
-    EbbSession session;
-    ebb_stream_t *s = nullptr;
-    EBB_CHECK_FAILS(ebb_stream_default(0, &s), EBB_EINVAL, "EBB_STAGING_CHUNKS");
+    EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL, "EBB_STAGING_CHUNKS='1000'");
+  }
+  {
+    ScopedEnv env("EBB_STAGING_CHUNK", "4k");
+    EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL, "EBB_STAGING_CHUNK='4k'");
   }
 }
 
@@ -620,5 +623,35 @@ TEST_CASE("event pool: 10^4 create/release cycles reuse one driver event", "[str
   CHECK(after.events_created == before.events_created);
   CHECK(after.event_pool_hits - before.event_pool_hits == 11000);
   EBB_REQUIRE_OK(ebb_stream_synchronize(p));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("the last shutdown refuses while a stream or event is live - handles from before a completed shutdown read EFREED", "[streams][init]") {
+  EBB_REQUIRE_OK(ebb_init());
+  ebb_stream_t *s = nullptr, *def = nullptr, *released = nullptr;
+  ebb_event_t *e = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &e));
+  EBB_REQUIRE_OK(ebb_stream_default(0, &def));
+  EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_HIGH, &released));
+  EBB_REQUIRE_OK(ebb_stream_release(released));
+  EBB_CHECK_FAILS(ebb_shutdown(), EBB_EBUSY, "streams (ebb_stream_create): 1, events (ebb_event_create): 1");
+  // Nothing was torn down: the handles still work.
+  CHECK(ebb_is_initialized());
+  EBB_REQUIRE_OK(ebb_event_record(e, s));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s));
+  EBB_REQUIRE_OK(ebb_event_release(e));
+  EBB_CHECK_FAILS(ebb_shutdown(), EBB_EBUSY, "streams (ebb_stream_create): 1");
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  EBB_REQUIRE_OK(ebb_shutdown());
+  // A new session: every handle of the old one, caller-owned or ebb's, is a released handle.
+  EbbSession session;
+  EBB_CHECK_FAILS(ebb_stream_synchronize(s), EBB_EFREED, "released");
+  EBB_CHECK_FAILS(ebb_stream_synchronize(def), EBB_EFREED, "released");
+  EBB_CHECK_FAILS(ebb_stream_release(released), EBB_EFREED, "released");
+  EBB_CHECK_FAILS(ebb_event_release(e), EBB_EFREED, "released");
+  ebb_stream_t *def2 = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_default(0, &def2));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(def2));
   REQUIRE(ebb_debug_live_handles() == 0);
 }

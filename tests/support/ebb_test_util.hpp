@@ -46,7 +46,12 @@ struct ScopedEnv {
 // ebb_init for the scope of a test; checks that nothing the test created is still alive.
 struct EbbSession {
   EbbSession() { EBB_REQUIRE_OK(ebb_init()); }
-  ~EbbSession() { ebb_shutdown(); }
+  // The last shutdown refuses (EBB_EBUSY) while a handle is live: a test that leaks fails here.
+  ~EbbSession() {
+    ebb_status st = ebb_shutdown();
+    INFO("ebb_shutdown: " << ebb_last_error());
+    CHECK(st == EBB_OK);
+  }
 };
 
 // Catch2 v2 has no SKIP: say why in the output and leave the test case.
