@@ -2128,6 +2128,10 @@ void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes) {
 
 void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out) {
   ebb__lock(&a->mu);
+  /* Frees waiting for events that have completed are retired first, so active_bytes (and the
+   * free counts) say what the device has really finished with; a query per stream's oldest
+   * pending event, never a host wait. */
+  ebb__poll_pending(a);
   *out = a->c.s;
   out->limit = a->limit;
   out->num_steals = a->c.steals;

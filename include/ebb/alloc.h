@@ -113,6 +113,9 @@ typedef struct ebb_arena_stats {
   size_t limit;                 /* 0: none */
 } ebb_arena_stats;
 
+/* The counters of `device`. Frees waiting for events on other streams whose events have
+ * completed are retired first (an event query each, never a host wait), so after the device
+ * has finished with every freed block active_bytes is what is really allocated. */
 EBB_API ebb_status ebb_arena_get_stats(int device, ebb_arena_stats *out);
 /* Sets every peak to its current value. */
 EBB_API ebb_status ebb_arena_reset_peak(int device);

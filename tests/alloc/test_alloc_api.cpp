@@ -320,6 +320,37 @@ TEST_CASE("record_stream from several streams: the block waits for all of them",
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// A free that waited for other streams is retired by the stats call once their events have
+// completed: active_bytes says what the device still uses, with no allocation in between to
+// poll the events and no host wait by the arena (num_syncs stays).
+TEST_CASE("stats retire pending frees whose events completed: active_bytes drops to 0", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = new_stream(0);
+  void *big = nullptr, *small = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &big));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &small));  // a slot with slabs on, a block without
+  EBB_REQUIRE_OK(ebb_arena_record_stream(big, b));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(small, b));
+  busy(b);
+  uint64_t syncs = stats(0).num_syncs;
+  EBB_REQUIRE_OK(ebb_arena_free(big));
+  EBB_REQUIRE_OK(ebb_arena_free(small));
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  ebb_arena_stats st = stats(0);
+  CHECK(st.allocated_bytes.current == 0);
+  CHECK(st.active_bytes.current == 0);
+  CHECK(st.num_syncs == syncs);
+  ARENA_CHECK();
+  // The blocks are reusable on b too, at once (no longer pending).
+  void *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &q));
+  CHECK(q == big);
+  CHECK(stats(0).num_device_alloc == 2);  // a 2 MiB and a 20 MiB segment: nothing new
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("a stream's miss takes another stream's free block after an event wait", "[alloc]") {
   EbbSession session;
   ebb_stream_t *s = new_stream(0), *t = new_stream(0);
