@@ -931,6 +931,14 @@ static void ebb__sync_pending(struct ebb__arena *a) {
 
 /* ---- segments ------------------------------------------------------------------------------ */
 
+/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold [base, base + size). Lock held. */
+static void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size) {
+  uint64_t lo = atomic_load_explicit(&a->span_lo, memory_order_relaxed);
+  uint64_t hi = atomic_load_explicit(&a->span_hi, memory_order_relaxed);
+  if (!hi || base < lo) atomic_store_explicit(&a->span_lo, base, memory_order_relaxed);
+  if (base + size > hi) atomic_store_explicit(&a->span_hi, base + size, memory_order_relaxed);
+}
+
 static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
                                              struct ebb__spool *sp, struct ebb__block **first) {
   struct ebb__segment *g = calloc(1, sizeof *g);
@@ -955,6 +963,7 @@ static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base
   g->nfree = 1;
   g->free_bytes = size;
   ebb_list_insert_tail(&a->segments, &g->node);
+  ebb__span_add(a, base, size);
   ebb__stat_add(&a->c.s.reserved_bytes, size);
   ebb__stat_add(&a->c.s.segments, 1);
   *first = b;
@@ -1100,6 +1109,7 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
     }
     a->xva_size = want;
     a->xgran = gran;
+    ebb__span_add(a, a->xva, want); /* the whole reservation: growth stays inside it */
   }
   struct ebb__segment *g = a->xseg;
   if (g && g->unmapped) {
@@ -2048,6 +2058,9 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   return EBB_OK;
 }
 
+static ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct ebb__block *b, void *ptr,
+                                           const struct ebb__stream_ref *s);
+
 ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   struct ebb__block *b;
@@ -2068,6 +2081,13 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
     ebb__unlock(&a->mu);
     return ebb__explain(fn, ptr, kind);
   }
+  return ebb__block_record_locked(fn, a, b, ptr, s);
+}
+
+/* Adds stream s to live block b's uses unless it is b's allocation stream or there already;
+ * unlocks the arena. */
+static ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct ebb__block *b, void *ptr,
+                                           const struct ebb__stream_ref *s) {
   if (s->id == b->spool->stream.id) {
     ebb__unlock(&a->mu);
     return EBB_OK;
@@ -2087,6 +2107,71 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
   *ebb__use_at(b, b->nuses++) = *s;
   ebb__unlock(&a->mu);
   return EBB_OK;
+}
+
+/* ---- the copy hook (streams_export.h) ------------------------------------------------------
+ * ebb_copy_async calls this on each side of a copy before enqueueing it. A side inside a live
+ * block of any arena (device, pinned, host pool; interior pointers too) must end within the
+ * block, and the copy's stream becomes one of the block's uses unless it already is (its
+ * allocation stream or a recorded one): exactly what ebb_*_record_stream would do, so a free
+ * before the copy ran waits for it. Cost, with nothing to record: a side that is no block's is
+ * an address-map load, a ptrmap probe and one range compare per arena; a block's start or a
+ * slot is one map lookup and the arena lock. An interior pointer of a block that is not a slot
+ * walks the segments of the arena whose range holds it (under its lock). */
+
+/* The live block of some arena that holds addr, locked, found by walking segments: for an
+ * interior pointer of a block that is not a slot. NULL (nothing locked) when none. */
+static struct ebb__block *ebb__live_containing_lock(uint64_t addr) {
+  for (int i = 0;; i++) {
+    struct ebb__arena *a = ebb__arena_any(i);
+    if (!a) return NULL;
+    /* relaxed: a filter only. A block handed to this thread was made after its segment widened
+     * the range, and that hand-off ordered the stores before these loads. */
+    if (addr < atomic_load_explicit(&a->span_lo, memory_order_relaxed) ||
+        addr >= atomic_load_explicit(&a->span_hi, memory_order_relaxed))
+      continue;
+    ebb__lock(&a->mu);
+    struct ebb__block *b = ebb__find_containing(a, addr);
+    if (b && b->state == EBB__B_ALLOC) return b;
+    ebb__unlock(&a->mu);
+  }
+}
+
+ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev) {
+  static const char fn[] = "ebb_copy_async";
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  const struct ebb__stream_ref ref = {.s = s, .id = sid, .device = sdev};
+  struct ebb__block *b;
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
+  if (sl) return ebb__slab_copy_use(fn, sl, addr, bytes, is_dst, &ref);
+  if (!b && (b = ebb__ptrmap_find(addr))) {
+    ebb__lock(&b->arena->mu);
+    if (b->addr != addr || b->state != EBB__B_ALLOC || ebb__block_in_amap(b)) { /* freed since */
+      ebb__unlock(&b->arena->mu);
+      b = NULL;
+    }
+  }
+  if (!b && !(b = ebb__live_containing_lock(addr))) return EBB_OK;
+  struct ebb__arena *a = b->arena;
+  uint64_t off = addr - b->addr;
+  if (EBB_UNLIKELY(bytes > b->size - off)) {
+    uint64_t base = b->addr;
+    size_t size = b->size;
+    ebb__unlock(&a->mu);
+    return ebb__copy_past_end(fn, ptr, bytes, is_dst, a, base, size);
+  }
+  return ebb__block_record_locked(fn, a, b, (void *)(uintptr_t)b->addr, &ref);
+}
+
+ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
+                              uint64_t base, size_t size) {
+  char by[24], sz[24];
+  uint64_t off = (uint64_t)(uintptr_t)ptr - base;
+  return ebb__fail(EBB_EINVAL,
+                   "%s: %s %p: %s (%zu bytes) run past the end of its block of the %s: block at 0x%" PRIx64
+                   ", %s (%zu bytes), offset %" PRIu64 "; expected at most %" PRIu64 " bytes from that offset",
+                   fn, is_dst ? "dst" : "src", ptr, ebb__fmt_bytes(by, sizeof by, bytes), bytes, a->label, base,
+                   ebb__fmt_bytes(sz, sizeof sz, size), size, off, (uint64_t)size - off);
 }
 
 /* ---- release paths, limits, stats ---------------------------------------------------------- */

@@ -409,6 +409,9 @@ struct ebb__arena {
 
   struct ebb__counters c;
   struct ebb__hist hist;
+  /* [span_lo, span_hi): holds every segment the arena ever had (the expandable reservation
+   * whole); only widened, under `mu`. Read without the lock by the copy hook as a filter. */
+  _Atomic uint64_t span_lo, span_hi;
 };
 
 /* ---- engine (arena.c) ---------------------------------------------------------------------- */
@@ -422,6 +425,13 @@ EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const
 /* Free / record_stream of a pointer of any arena, found through the address map or the ptrmap.
  * `fn` names the public call for messages. */
 EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
+/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
+ * check and use record of a copy's side inside a live block of any arena. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
+/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
+ * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
+EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
+                                         uint64_t base, size_t size);
 EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
                                         enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
@@ -511,6 +521,11 @@ EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, stru
 /* Free / record_stream of addr inside slab sl (locked by ebb__addr_lookup_lock; unlocked on
  * return). Same messages as for blocks. */
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
+/* The copy hook's part for an address inside live slab sl (locked by the caller; unlocked on
+ * return): nothing for a slot that is not handed out, else the bounds check against the slot's
+ * end and the record of s on the slot (ebb__arena_copy_use). */
+EBB_HIDDEN ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
+                                         const struct ebb__stream_ref *s);
 EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
                                        const struct ebb__stream_ref *s, enum ebb__memkind kind);
 /* A pend entry of a slot completed. Lock held. */

@@ -212,6 +212,7 @@ static void ebb__conf_parse(struct ebb__conf *c) {
 
 static void ebb__alloc_teardown(void *user) {
   (void)user;
+  ebb__copy_hook_set(NULL); /* before the maps it reads are cleared */
   for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
   ebb__hostpools_fini();
   ebb__ptrmap_clear();
@@ -245,6 +246,8 @@ static ebb_status ebb__alloc_start(const char *fn) {
   ebb__al.ndev = ndev;
   st = ebb__hostpools_start(&ebb__al.conf, ndev);
   if (!st) st = ebb_at_shutdown(ebb__alloc_teardown, NULL);
+  /* Copies record their streams on the blocks they touch (ebb__arena_copy_use). */
+  if (!st) ebb__copy_hook_set(ebb__arena_copy_use);
   if (st) {
     for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
     ebb__hostpools_fini();

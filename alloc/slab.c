@@ -692,6 +692,23 @@ ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
   return EBB_OK;
 }
 
+ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
+                              const struct ebb__stream_ref *s) {
+  struct ebb__arena *a = sl->arena;
+  unsigned i = ebb__slot_index(sl, addr);
+  uint64_t start = sl->addr + (uint64_t)i * sl->slot;
+  if (sl->slots[i].state != EBB__B_ALLOC) { /* free memory of the slab: not a block's */
+    ebb__unlock(&a->mu);
+    return EBB_OK;
+  }
+  if (EBB_UNLIKELY(bytes > sl->slot - (addr - start))) {
+    size_t size = sl->slot;
+    ebb__unlock(&a->mu);
+    return ebb__copy_past_end(fn, (void *)(uintptr_t)addr, bytes, is_dst, a, start, size);
+  }
+  return ebb__slab_record(fn, sl, start, s, a->up->kind);
+}
+
 /* ---- walks --------------------------------------------------------------------------------- */
 
 struct ebb__slab *ebb__slab_of(const struct ebb__block *b) { return b->slab; }

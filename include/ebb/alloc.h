@@ -72,7 +72,9 @@ EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *strea
  * block already freed. */
 EBB_API ebb_status ebb_arena_free(void *ptr);
 /* Declares that `stream` uses the block at `ptr`; its reuse waits for that stream's work issued
- * before the free. Recording the allocation stream is a no-op. EBB_EFREED on a freed block;
+ * before the free. Recording the allocation stream is a no-op. ebb_copy_async records its
+ * stream itself on the blocks it reads or writes (and refuses a copy past a block's end); this
+ * call is for other work: kernels, host functions. EBB_EFREED on a freed block;
  * EBB_ELIMIT past 4 096 distinct streams on one block (a stream made and released per use
  * counts anew each time). */
 EBB_API ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream);
@@ -148,7 +150,9 @@ EBB_API ebb_status ebb_pinned_alloc(size_t bytes, int device_hint, void **ptr);
  * did not hand out (a device or host-pool pointer is named as such), EBB_EFREED for a block
  * already freed. */
 EBB_API ebb_status ebb_pinned_free(void *ptr);
-/* Declares that work on `stream` uses the pinned block at `ptr` (a copy from or into it).
+/* Declares that work on `stream` uses the pinned block at `ptr`. ebb_copy_async records its
+ * own stream on the pinned blocks it reads or writes, so a copy needs no call here; kernels
+ * and host functions reading the block do.
  * EBB_EFREED on a freed block, EBB_EINVAL for a NULL or foreign pointer or a NULL stream,
  * EBB_ELIMIT past 4 096 distinct streams on one block (as ebb_arena_record_stream). */
 EBB_API ebb_status ebb_pinned_record_stream(void *ptr, ebb_stream_t *stream);

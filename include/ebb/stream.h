@@ -136,6 +136,13 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  *    of dst), and that stream then waits for the copy, each through a pooled event;
  *  - any other copy involves one device, and `s` must belong to it (else EBB_EDEVICE), so the
  *    copy is ordered with that device's work.
+ * Blocks of ebb's arenas (ebb_arena_alloc, ebb_pinned_alloc, ebb_host_alloc; a side may point
+ * inside a block): a copy on a stream other than the block's allocation stream records that
+ * use itself, as ebb_arena_record_stream / ebb_pinned_record_stream would, so a block freed
+ * before the copy ran is not handed to a new owner until it has (forgetting record_stream can
+ * no longer corrupt the copy or the new owner's data). A side that runs past the end of its
+ * block is EBB_EINVAL, with the block's address, size and the side's offset in the message, and
+ * nothing is enqueued. Memory from elsewhere (the driver, malloc) is copied unchecked.
  * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
  * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
  * EBB_EINVAL; a released stream is EBB_EFREED. */

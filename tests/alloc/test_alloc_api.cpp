@@ -3,6 +3,7 @@
 // the steal-with-event path, limits, empty_cache, misuse, and threads.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <random>
 #include <set>
@@ -348,6 +349,132 @@ TEST_CASE("stats retire pending frees whose events completed: active_bytes drops
   CHECK(stats(0).num_device_alloc == 2);  // a 2 MiB and a 20 MiB segment: nothing new
   EBB_REQUIRE_OK(ebb_arena_free(q));
   EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A copy on a stream other than the block's own records that use itself, as a tensor op does:
+// with no record_stream, the block freed under the copy is not handed to a new owner until the
+// copy has run. Stream b is held by a host function, so the copy is still queued when the
+// block is freed, reallocated and overwritten; the copy must then read the original data. The
+// source is an interior pointer of its block; a 48 KiB slot (with slabs on) and a 4 MiB block.
+TEST_CASE("a copy on another stream records its use: a freed source is not reused under it", "[alloc][copy]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = new_stream(0);
+  for (size_t bytes : {48 * KiB, 4 * MiB}) {
+    INFO("bytes " << bytes);
+    const size_t words = bytes / 4, off = 4096;
+    std::vector<uint32_t> pattern(words), zeros(words, 0), out(words, 0);
+    for (size_t i = 0; i < words; i++) pattern[i] = 0x9e3779b9u * static_cast<uint32_t>(i + 1);
+    void *src = nullptr, *dst = nullptr, *again = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes + off, a, &src));
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &dst));
+    EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(src) + off, pattern.data(), bytes, a));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+    std::atomic<int> open{0};
+    EBB_REQUIRE_OK(ebb_stream_host_func(b, hold_until_open, &open));
+    EBB_REQUIRE_OK(ebb_copy_async(dst, static_cast<char *>(src) + off, bytes, b));  // no record_stream
+    EBB_REQUIRE_OK(ebb_arena_free(src));
+    // A new owner on a: the same size, written at once (a is idle).
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes + off, a, &again));
+    EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(again) + off, zeros.data(), bytes, a));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+    open.store(1, std::memory_order_release);
+    EBB_REQUIRE_OK(ebb_copy_async(out.data(), dst, bytes, b));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+    CHECK(words_differing(out, pattern) == 0);
+    CHECK(again != src);
+    EBB_REQUIRE_OK(ebb_arena_free(again));
+    EBB_REQUIRE_OK(ebb_arena_free(dst));
+    ARENA_CHECK();
+  }
+  // The allocation stream's own copies record nothing: the block comes back at once.
+  void *p = nullptr, *q = nullptr;
+  std::vector<uint32_t> host(1024, 7);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, a, &p));
+  EBB_REQUIRE_OK(ebb_copy_async(p, host.data(), 4096, a));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, a, &q));
+  CHECK(q == p);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The same for a destination on the other device (a peer copy on a stream of device 1): the
+// freed destination block of device 0 waits for the copy writing it.
+TEST_CASE("a peer copy records its use on the destination block of the other device", "[alloc][copy]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = new_stream(1);
+  const size_t bytes = 48 * KiB, words = bytes / 4;
+  std::vector<uint32_t> pattern(words, 0xa5a5a5a5u), mine(words), out(words, 0);
+  for (size_t i = 0; i < words; i++) mine[i] = static_cast<uint32_t>(i);
+  void *src = nullptr, *dst = nullptr, *again = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(1, bytes, b, &src));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &dst));
+  EBB_REQUIRE_OK(ebb_copy_async(src, pattern.data(), bytes, b));
+  std::atomic<int> open{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(b, hold_until_open, &open));
+  EBB_REQUIRE_OK(ebb_copy_async(dst, src, bytes, b));  // writes device 0's block, queued on b
+  EBB_REQUIRE_OK(ebb_arena_free(dst));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &again));
+  // The new owner's data must survive the queued copy. (The peer copy made device 0's current
+  // stream, a, wait for b: the new owner writes through a stream of its own.)
+  ebb_stream_t *c = new_stream(0);
+  EBB_REQUIRE_OK(ebb_copy_async(again, mine.data(), bytes, c));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(c));
+  open.store(1, std::memory_order_release);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  EBB_REQUIRE_OK(ebb_copy_async(out.data(), again, bytes, c));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(c));
+  CHECK(words_differing(out, mine) == 0);
+  EBB_REQUIRE_OK(ebb_arena_free(again));
+  EBB_REQUIRE_OK(ebb_arena_free(src));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(c));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The arena knows each block's size: a copy running past the end of a block (from its start or
+// from inside it, either side) is refused with the block named, and nothing is enqueued (no
+// staging, the next block's memory untouched).
+TEST_CASE("a copy past the end of an arena block is refused, naming the block", "[alloc][copy]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0);
+  void *small = nullptr, *next = nullptr, *big = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 512, a, &small));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 512, a, &next));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, a, &big));
+  std::vector<uint32_t> ones(128, 1), host(MiB / 4, 2), out(128, 0);
+  EBB_REQUIRE_OK(ebb_copy_async(next, ones.data(), 512, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  ebb_stream_stats ss0{}, ss1{};
+  EBB_REQUIRE_OK(ebb_stream_get_stats(&ss0));
+  char addr[32];
+  std::snprintf(addr, sizeof addr, "block at %p", small);
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "dst");
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, addr);
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "(512 bytes), offset 0;");
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "device 0");
+  EBB_CHECK_FAILS(ebb_copy_async(static_cast<char *>(small) + 256, big, 512, a), EBB_EINVAL, "offset 256;");
+  EBB_CHECK_FAILS(ebb_copy_async(big, small, 1024, a), EBB_EINVAL, "src");
+  EBB_CHECK_FAILS(ebb_copy_async(host.data(), static_cast<char *>(big) + MiB - 256, 512, a), EBB_EINVAL,
+                  "offset 1048320;");
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  EBB_REQUIRE_OK(ebb_stream_get_stats(&ss1));
+  CHECK(ss1.staged_bytes == ss0.staged_bytes);
+  EBB_REQUIRE_OK(ebb_copy_async(out.data(), next, 512, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  CHECK(words_differing(out, ones) == 0);
+  // Up to the end is fine, from the start or inside.
+  EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(small) + 256, big, 256, a));
+  EBB_REQUIRE_OK(ebb_copy_async(small, big, 512, a));
+  EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(big) + MiB - 512, small, 512, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  for (void *p : {small, next, big}) EBB_REQUIRE_OK(ebb_arena_free(p));
+  ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
