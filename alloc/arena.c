@@ -1090,10 +1090,19 @@ static ebb_status ebb__x_fill_hole(struct ebb__arena *a, struct ebb__spool *sp, 
   return EBB_OK;
 }
 
+/* Maps `grow` bytes after the first `mapped` of the reservation, all or nothing (which keeps the
+ * tail simple), within the reservation and the limit. Lock held. */
+static ebb_status ebb__x_map_tail(struct ebb__arena *a, size_t mapped, size_t grow) {
+  if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "the expandable reservation of %s is full", a->label);
+  if (a->limit && a->c.s.reserved_bytes.current + a->inflight + grow > a->limit)
+    return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
+  return ebb__x_map(a, a->xva + mapped, grow);
+}
+
 /* Maps granules at the end of the reservation so that the tail offers `r` bytes to stream
  * `sp`, pool `pool`, after trying the holes left by empty_cache. Lock held throughout (see the
  * file comment). */
-static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r) {
+static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__tried *tried) {
   if (!a->xva) {
     size_t gran = 0;
     ebb_status st = a->up->granularity(a, &gran);
@@ -1121,14 +1130,18 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
   if (g)
     for (tail = g->first; tail->next; tail = tail->next) {}
   size_t have = tail && tail->state == EBB__B_FREE && tail->spool == sp && tail->pool == pool ? tail->size : 0;
-  /* Grow by whole granules, at least a segment's worth of the pool, as PyTorch's pages. */
+  /* Grow by whole granules, at least a segment's worth of the pool, as PyTorch's pages; near
+   * capacity, by just the granules the request needs when that much does not fit. */
   size_t step = pool == EBB__POOL_SMALL ? EBB__SMALL_SEGMENT : EBB__LARGE_SEGMENT;
-  size_t grow = ebb__round_up(r - have > step ? r - have : step, a->xgran);
-  if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "the expandable reservation of %s is full", a->label);
-  if (a->limit && a->c.s.reserved_bytes.current + a->inflight + grow > a->limit)
-    return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
-  /* All or nothing keeps the tail simple. */
-  ebb_status st = ebb__x_map(a, a->xva + mapped, grow);
+  size_t need = ebb__round_up(r - have, a->xgran);
+  size_t grow = need > step ? need : ebb__round_up(step, a->xgran);
+  if (tried) *tried = (struct ebb__tried){.first = grow, .second = 0, .expandable = true};
+  ebb_status st = ebb__x_map_tail(a, mapped, grow);
+  if (st == EBB_ENOMEM && need < grow) {
+    if (tried) tried->second = need;
+    grow = need;
+    st = ebb__x_map_tail(a, mapped, grow);
+  }
   if (st) return st;
   uint8_t ocat;
   const char *oname;
@@ -1529,9 +1542,10 @@ static size_t ebb__largest_free(const struct ebb__arena *a) {
 
 /* The OOM report. Lock held: the driver's free memory is asked through the seam, which takes no
  * ebb lock. */
-static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s) {
+static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
+                           const struct ebb__tried *tried) {
   a->c.s.num_ooms++;
-  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[256];
+  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[256], tr[96] = "";
   size_t dfree = 0, dtotal = 0;
   if (a->up->mem_info(a, &dfree, &dtotal) != EBB_OK) dfree = 0;
   uint8_t ocat;
@@ -1544,11 +1558,21 @@ static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const s
     char l[24];
     snprintf(lim, sizeof lim, ", limit %s", ebb__fmt_bytes(l, sizeof l, a->limit));
   }
+  if (tried->first) {
+    /* "; tried a 20.00 MiB segment, then a 4.00 MiB one" / "; tried to map 20.00 MiB, then 4.00 MiB" */
+    char t1[24], t2[24], then[48] = "";
+    bool x = tried->expandable;
+    if (tried->second)
+      snprintf(then, sizeof then, ", then %s%s%s", x ? "" : "a ", ebb__fmt_bytes(t2, sizeof t2, tried->second),
+               x ? "" : " one");
+    snprintf(tr, sizeof tr, "; tried %s %s%s%s", x ? "to map" : "a", ebb__fmt_bytes(t1, sizeof t1, tried->first),
+             x ? "" : " segment", then);
+  }
   return ebb__fail(EBB_ENOMEM,
                    "%s: %s out of memory: requested %s (rounded %s) on stream %" PRIu64
-                   "; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s%s",
+                   "%s; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s%s",
                    a->up->alloc_fn, a->label, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), s->id,
-                   ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
+                   tr, ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
                    ebb__fmt_bytes(res, sizeof res, a->c.s.reserved_bytes.current),
                    ebb__fmt_bytes(al, sizeof al, a->c.s.allocated_bytes.current),
                    ebb__fmt_bytes(lg, sizeof lg, ebb__largest_free(a)), lim, top);
@@ -1557,22 +1581,45 @@ static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const s
 /* Gets a new segment (or expandable growth) big enough for r. Lock held on entry and exit;
  * dropped around the upstream call, with the bytes counted in `inflight` so concurrent
  * allocations see them against the limit. On success *out is a FREE block not in the index. */
-static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out) {
-  if (a->conf.expandable && a->up->map) {
-    ebb_status st = ebb__x_grow(a, sp, pool, r);
-    if (st) return st;
-    *out = ebb__fidx_take(a, &sp->pools[pool], r);
-    return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
-  }
-  size_t seg = ebb__segment_size(a, r);
+/* One segment of `seg` bytes from the upstream, within the limit; the lock dropped around the
+ * call. Lock held on entry and exit. */
+static ebb_status ebb__obtain(struct ebb__arena *a, size_t seg, uint64_t *base) {
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;
   ebb__unlock(&a->mu);
-  uint64_t base = 0;
-  ebb_status st = a->up->obtain(a, seg, &base);
+  ebb_status st = a->up->obtain(a, seg, base);
   ebb__lock(&a->mu);
   a->inflight -= seg;
+  return st;
+}
+
+/* The least a segment (or expandable growth) for rounded request r may be when the size policy's
+ * one does not fit: r itself, large requests rounded to 2 MiB (what a driver hands out for them
+ * anyway), small ones to a block. */
+static inline size_t ebb__fallback_size(size_t r) {
+  return ebb__round_up(r, r > EBB__SMALL_SIZE ? EBB__ROUND_LARGE : EBB__MIN_BLOCK);
+}
+
+static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out,
+                            struct ebb__tried *tried) {
+  if (a->conf.expandable && a->up->map) {
+    ebb_status st = ebb__x_grow(a, sp, pool, r, tried);
+    if (st) return st;
+    *out = ebb__fidx_take(a, &sp->pools[pool], r);
+    return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
+  }
+  size_t seg = ebb__segment_size(a, r), fb = ebb__fallback_size(r);
+  uint64_t base = 0;
+  ebb_status st = ebb__obtain(a, seg, &base);
+  if (tried) *tried = (struct ebb__tried){.first = seg, .second = 0, .expandable = false};
+  /* Near capacity the policy's segment (20 MiB for a 3 MiB request) may not fit where the
+   * request would: one just large enough before the retry chain and the OOM report. */
+  if (st == EBB_ENOMEM && fb < seg) {
+    if (tried) tried->second = fb;
+    seg = fb;
+    st = ebb__obtain(a, seg, &base);
+  }
   if (st) return st;
   a->c.s.num_device_alloc++;
   if (!ebb__segment_add(a, base, seg, pool, sp, out)) {
@@ -1594,6 +1641,7 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
 static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
                                   const struct ebb__stream_ref *s, struct ebb__block **out, struct ebb__order *o) {
   ebb_status gst = EBB_OK;
+  struct ebb__tried tried = {0, 0, false};
   for (int attempt = 0;; attempt++) {
     struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
     if (!b) b = ebb__take_run(a, sp, pool, r, o);
@@ -1601,7 +1649,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
       *out = b;
       return EBB_OK;
     }
-    if ((gst = ebb__grow(a, sp, pool, r, out)) == EBB_OK) return EBB_OK;
+    if ((gst = ebb__grow(a, sp, pool, r, out, &tried)) == EBB_OK) return EBB_OK;
     if (attempt) break;
     /* (1) completed pending frees, (2) wait for the rest and re-search, (3) give back every
      * fully free segment, then try once more. */
@@ -1641,7 +1689,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     a->c.s.num_ooms++;
     return gst;
   }
-  return ebb__oom(a, bytes, r, s);
+  return ebb__oom(a, bytes, r, s, &tried);
 }
 
 /* The oom_snapshot setting: after the report is composed and the lock dropped (the snapshot
@@ -1669,7 +1717,7 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
     *out = b;
     return EBB_OK;
   }
-  return ebb__grow(a, sp, EBB__POOL_SMALL, r, out);
+  return ebb__grow(a, sp, EBB__POOL_SMALL, r, out, NULL);
 }
 
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
@@ -1753,7 +1801,8 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
                                   void **out, struct ebb__block **bout) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
     ebb__lock(&a->mu);
-    ebb_status st = ebb__oom(a, bytes, bytes, s);
+    const struct ebb__tried none = {0, 0, false}; /* nothing asked: beyond any device */
+    ebb_status st = ebb__oom(a, bytes, bytes, s, &none);
     ebb__unlock(&a->mu);
     return ebb__oom_snapshot(a, st);
   }

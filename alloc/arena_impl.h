@@ -124,6 +124,13 @@ struct ebb__spool {
 
 struct ebb__segment;
 
+/* What an allocation's growth asked the upstream for, for its OOM report: the size policy's
+ * segment or growth, then (second != 0) the just-large-enough one tried when that failed. */
+struct ebb__tried {
+  size_t first, second;
+  bool expandable; /* growth of the expandable segment (a mapping), not a segment */
+};
+
 /* A block record is two cache lines, aligned: the first holds what merging and the neighbour
  * checks of other blocks touch (a free of one block reads its address neighbours' state, so
  * those reads should cost one line each); the second what only the block's own alloc and free

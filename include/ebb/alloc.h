@@ -7,8 +7,11 @@
  * split and merge, stream-ordered reuse: a block freed on stream S is reusable on S at once; a
  * block also used on other streams (declared with ebb_arena_record_stream) becomes reusable when
  * events recorded on those streams at free time complete, checked at allocation time without a
- * host sync. On exhaustion the arena releases its cached free segments (waiting only for the
- * events that must complete), retries, and then fails with EBB_ENOMEM and a report.
+ * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) or
+ * expandable growth step (at least 20 MiB) does not fit, one just large enough for the request
+ * (large requests rounded to 2 MiB) is tried before anything else. On exhaustion the arena
+ * releases its cached free segments (waiting only for the events that must complete), retries,
+ * and then fails with EBB_ENOMEM and a report that says which sizes it tried.
  *
  * Placement is oldest fit: a request takes the first free block of its stream that holds it,
  * in the oldest segment that has one, lowest address first. So a sequence of requests on one
