@@ -1285,6 +1285,16 @@ static void ebb__x_join(struct ebb__arena *a, struct ebb__segment *g) {
   }
 }
 
+/* The failure of the device synchronisation that must come before unmapping granules (the
+ * driver's message was ebb_dev_synchronize's): status `st` and a message naming the call, the
+ * arena and that nothing was unmapped. */
+static ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb_status st) {
+  char why[384];
+  snprintf(why, sizeof why, "%s", ebb_last_error());
+  return ebb__fail(st, "%s: %s: the device synchronisation before unmapping free granules failed, so nothing was unmapped: %s",
+                   fn, a->label, why);
+}
+
 /* Gives the expandable segment's fully free granules back to the driver: free runs are joined
  * (ebb__x_join), the free tail is cut (the span shrinks), then every whole granule inside a
  * free block becomes a hole that later growth maps again (ebb__x_fill_hole). Lock held. The
@@ -1672,7 +1682,11 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     }
     if (a->xseg) {
       a->c.s.num_syncs++;
-      ebb_dev_synchronize(a->device); /* unmapping must not race queued work (allocators.md 1.11) */
+      /* Unmapping must not race queued work (allocators.md 1.11). A failed synchronisation
+       * says the device is failing: unmapping under work that may still run would corrupt it,
+       * and an OOM report would hide the cause, so the driver's failure is the answer. */
+      ebb_status sst = ebb_dev_synchronize(a->device);
+      if (sst) return ebb__sync_failed(a, a->up->alloc_fn, sst);
       ebb__x_shrink(a);
     }
     ebb__release_free_segments(a);
@@ -2226,6 +2240,7 @@ ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_d
 /* ---- release paths, limits, stats ---------------------------------------------------------- */
 
 ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
+  ebb_status st = EBB_OK;
   ebb__lock(&a->mu);
   ebb__poll_pending(a);
   ebb__sync_pending(a);
@@ -2236,14 +2251,17 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
      * this arena's device (not the caller's current one) first, with the lock held, as the OOM
      * retry chain does (and PyTorch). With it dropped, another thread could free a block whose
      * stream still has work queued on it after the synchronisation began; x_shrink would then
-     * unmap memory that work is using. */
-    ebb_dev_synchronize(a->device);
+     * unmap memory that work is using. When the synchronisation fails nothing is unmapped
+     * (work may still run there) and the caller hears why; classic segments below are still
+     * given back, their driver free synchronising by itself. */
+    st = ebb_dev_synchronize(a->device);
     a->c.s.num_syncs++;
-    ebb__x_shrink(a);
+    if (st) st = ebb__sync_failed(a, "ebb_arena_empty_cache", st);
+    else ebb__x_shrink(a);
   }
   ebb__release_free_segments(a);
   ebb__unlock(&a->mu);
-  return EBB_OK;
+  return st;
 }
 
 size_t ebb__arena_trim(struct ebb__arena *a) {

@@ -66,8 +66,10 @@ extern "C" {
  * EBB_OK (freeing NULL is a no-op). EBB_EDEVICE for a missing device, EBB_EDEVICE when `stream`
  * belongs to another device, EBB_ENOMEM with a report in ebb_last_error() when the device (or
  * the arena's limit) cannot hold the request after releasing cached memory; the report ends
- * with the five owners holding the most allocated bytes on the device. The block is recorded as
- * owned by the calling thread's innermost owner scope (ebb_alloc_owner_push). */
+ * with the five owners holding the most allocated bytes on the device. With expandable
+ * segments, a failure of the device wait before unmapping cached granules (on the way to an
+ * OOM) is returned as is, with the driver's message. The block is recorded as owned by the
+ * calling thread's innermost owner scope (ebb_alloc_owner_push). */
 EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr);
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
  * once the uses declared with ebb_arena_record_stream have completed. NULL is a no-op.
@@ -84,7 +86,9 @@ EBB_API ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream);
 /* Returns every cached, fully free segment of `device` to the driver (and unmaps free granules of
  * expandable segments), waiting only for the events of blocks freed with pending uses; with
  * expandable segments it first waits for the whole device, and allocations and frees of other
- * threads on this device's arena wait with it. */
+ * threads on this device's arena wait with it. When that wait fails (a failing device), nothing
+ * is unmapped and its status is returned, with the driver's message in ebb_last_error(); the
+ * classic segments are still given back. */
 EBB_API ebb_status ebb_arena_empty_cache(int device);
 /* Caps the bytes the arena may reserve on `device` (0: no cap beyond the device's memory). */
 EBB_API ebb_status ebb_arena_set_limit(int device, size_t bytes);
