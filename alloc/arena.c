@@ -931,12 +931,21 @@ static void ebb__sync_pending(struct ebb__arena *a) {
 
 /* ---- segments ------------------------------------------------------------------------------ */
 
-/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold [base, base + size). Lock held. */
+/* The 64 KiB unit of addr for the span (arena_impl.h): addresses past 48 bits share the last. */
+static inline uint64_t ebb__span_unit(uint64_t addr) {
+  return addr >> 48 ? (uint64_t)UINT32_MAX - 1 : addr >> 16;
+}
+
+/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold
+ * [base, base + size). Lock held. */
 static void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size) {
-  uint64_t lo = atomic_load_explicit(&a->span_lo, memory_order_relaxed);
-  uint64_t hi = atomic_load_explicit(&a->span_hi, memory_order_relaxed);
-  if (!hi || base < lo) atomic_store_explicit(&a->span_lo, base, memory_order_relaxed);
-  if (base + size > hi) atomic_store_explicit(&a->span_hi, base + size, memory_order_relaxed);
+  uint64_t w = atomic_load_explicit(&a->span, memory_order_relaxed);
+  uint64_t lo = w & UINT32_MAX, hi = w >> 32;
+  uint64_t blo = ebb__span_unit(base), bhi = ebb__span_unit(base + size - 1) + 1;
+  if (!hi || blo < lo) lo = blo;
+  if (bhi > hi) hi = bhi;
+  /* relaxed: a filter only (see ebb__span_holds). */
+  atomic_store_explicit(&a->span, lo | hi << 32, memory_order_relaxed);
 }
 
 static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
@@ -2177,32 +2186,44 @@ static ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a,
  * block of any arena (device, pinned, host pool; interior pointers too) must end within the
  * block, and the copy's stream becomes one of the block's uses unless it already is (its
  * allocation stream or a recorded one): exactly what ebb_*_record_stream would do, so a free
- * before the copy ran waits for it. Cost, with nothing to record: a side that is no block's is
- * an address-map load, a ptrmap probe and one range compare per arena; a block's start or a
- * slot is one map lookup and the arena lock. An interior pointer of a block that is not a slot
- * walks the segments of the arena whose range holds it (under its lock). */
+ * before the copy ran waits for it. Cost, with nothing to record: a side outside the range of
+ * every arena's segments (driver or malloc'ed memory, mostly) is one range compare per arena;
+ * a block's start or a slot is an address-map lookup (and a ptrmap probe for a small block with
+ * slabs off) and the arena lock. An interior pointer of a block that is not a slot walks the
+ * segments of the arenas whose range holds it (under their locks). perf/RESULTS.md measures it
+ * ("copy_enqueue"). */
 
-/* The live block of some arena that holds addr, locked, found by walking segments: for an
- * interior pointer of a block that is not a slot. NULL (nothing locked) when none. */
-static struct ebb__block *ebb__live_containing_lock(uint64_t addr) {
-  for (int i = 0;; i++) {
-    struct ebb__arena *a = ebb__arena_any(i);
-    if (!a) return NULL;
-    /* relaxed: a filter only. A block handed to this thread was made after its segment widened
-     * the range, and that hand-off ordered the stores before these loads. */
-    if (addr < atomic_load_explicit(&a->span_lo, memory_order_relaxed) ||
-        addr >= atomic_load_explicit(&a->span_hi, memory_order_relaxed))
-      continue;
+/* Whether addr lies in the range of arena a's segments (a filter: no lock). relaxed: a block
+ * handed to this thread was made after its segment widened the range, and that hand-off
+ * ordered the store before this load. */
+static inline bool ebb__in_span(const struct ebb__arena *a, uint64_t addr) {
+  uint64_t w = atomic_load_explicit(&a->span, memory_order_relaxed), u = ebb__span_unit(addr);
+  return u >= (w & UINT32_MAX) && u < (w >> 32);
+}
+
+/* The live block that holds addr, locked, found by walking the segments of the arenas from
+ * all[i] on whose range holds it: for an interior pointer of a block that is not a slot. NULL
+ * (nothing locked) when none. */
+static struct ebb__block *ebb__live_containing_lock(uint64_t addr, struct ebb__arena *const *all, int i, int n) {
+  for (; i < n; i++) {
+    struct ebb__arena *a = all[i];
+    if (!ebb__in_span(a, addr)) continue;
     ebb__lock(&a->mu);
     struct ebb__block *b = ebb__find_containing(a, addr);
     if (b && b->state == EBB__B_ALLOC) return b;
     ebb__unlock(&a->mu);
   }
+  return NULL;
 }
 
 ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev) {
   static const char fn[] = "ebb_copy_async";
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  /* Memory of no arena (driver or malloc'ed) is the common miss: a range compare per arena. */
+  int n, i = 0;
+  struct ebb__arena *const *all = ebb__arenas_all(&n);
+  while (i < n && !ebb__in_span(all[i], addr)) i++;
+  if (i == n) return EBB_OK;
   const struct ebb__stream_ref ref = {.s = s, .id = sid, .device = sdev};
   struct ebb__block *b;
   struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
@@ -2214,7 +2235,7 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
       b = NULL;
     }
   }
-  if (!b && !(b = ebb__live_containing_lock(addr))) return EBB_OK;
+  if (!b && !(b = ebb__live_containing_lock(addr, all, i, n))) return EBB_OK;
   struct ebb__arena *a = b->arena;
   uint64_t off = addr - b->addr;
   if (EBB_UNLIKELY(bytes > b->size - off)) {

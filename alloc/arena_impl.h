@@ -416,9 +416,12 @@ struct ebb__arena {
 
   struct ebb__counters c;
   struct ebb__hist hist;
-  /* [span_lo, span_hi): holds every segment the arena ever had (the expandable reservation
-   * whole); only widened, under `mu`. Read without the lock by the copy hook as a filter. */
-  _Atomic uint64_t span_lo, span_hi;
+  /* A range that holds every segment the arena ever had (the expandable reservation whole), in
+   * 64 KiB units: low half the first unit, high half one past the last (0: none yet). Only
+   * widened, under `mu`; read without the lock by the copy hook as a filter (ebb__span_holds).
+   * One word, not two: the arena stays 1 136 bytes, whose multiple the allocation entry
+   * computes in one instruction (two at 1 152). */
+  _Atomic uint64_t span;
 };
 
 /* ---- engine (arena.c) ---------------------------------------------------------------------- */
@@ -432,6 +435,10 @@ EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const
 /* Free / record_stream of a pointer of any arena, found through the address map or the ptrmap.
  * `fn` names the public call for messages. */
 EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
+/* Every arena of the module (device arenas, pinned pools, the host pool), listed at start: *n
+ * of them. For the copy hook's range filter. */
+#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
+EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
 /* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
  * check and use record of a copy's side inside a live block of any arena. No lock held. */
 EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
