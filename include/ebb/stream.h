@@ -93,10 +93,12 @@ EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, con
 /* Runs fn(user) on a driver thread once all earlier work on `s` is done. As CUDA's host functions
  * must not call CUDA, fn must not wait for device work (ebb_stream_synchronize,
  * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h, nor
- * copy pageable memory with ebb_copy_async: the wait may be for fn itself, the arenas wait for
- * their device with their lock held (ebb_arena_empty_cache with expandable segments, an OOM
- * retry), so an alloc or free in fn can wait for a thread that waits for fn, and a pageable copy
- * may wait on the host for a staging chunk whose release is queued behind fn. */
+ * copy pageable memory or blocks of ebb's arenas and pools with ebb_copy_async: the wait may be
+ * for fn itself, the arenas wait for their device with their lock held (ebb_arena_empty_cache
+ * with expandable segments, an OOM retry), so an alloc or free in fn, or a copy of a block
+ * (which records its stream on the block under that lock), can wait for a thread that waits
+ * for fn, and a pageable copy may wait on the host for a staging chunk whose release is queued
+ * behind fn. */
 EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
 /* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far.
  * Any two devices; waiter == s is a no-op. Uses a pooled event, returned at once. */
