@@ -437,6 +437,58 @@ TEST_CASE("a peer copy records its use on the destination block of the other dev
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// The copy hook under threads: each thread copies its fresh block on a second stream of its
+// own, frees it at once with no record_stream, and takes and overwrites the same size on its
+// allocation stream; the copy must still read the original. Four threads do it at once on one
+// arena, so the hook's lookups and records race other threads' allocations, frees, steals and
+// slabs (a race check for TSan and ASan: without a gate the copy may also win on the old code;
+// the gated single-thread cases above are the ones that fail there). No gate here: with one per
+// thread, a steal orders one thread's stream after another's gated one, and each thread's
+// synchronize then waits for the other's gate.
+TEST_CASE("4 threads copy blocks on other streams and free them at once: no copy sees the new owner's data",
+          "[alloc][copy][threads]") {
+  EbbSession session;
+  constexpr int kThreads = 4, kOps = 40;
+  std::atomic<int> failures{0}, wrong{0};
+  auto worker = [&](int t) {
+    ebb_stream_t *mine = nullptr, *peer = nullptr;
+    void *out = nullptr;
+    if (ebb_stream_create(0, EBB_PRIO_LOW, &mine) || ebb_stream_create(0, EBB_PRIO_LOW, &peer) ||
+        ebb_arena_alloc(0, MiB, peer, &out)) {
+      failures++;
+      return;
+    }
+    std::mt19937 rng(7 + t);
+    for (int op = 0; op < kOps; op++) {
+      const size_t words = size_t(128) << (rng() % 12), bytes = words * 4;  // 512 B .. 1 MiB
+      std::vector<uint32_t> pat(words), zeros(words, 0), back(words, 1);
+      for (size_t i = 0; i < words; i++) pat[i] = (uint32_t(t) << 24) ^ (uint32_t(op) << 12) ^ uint32_t(i + 1);
+      void *p = nullptr, *q = nullptr;
+      bool ok = ebb_arena_alloc(0, bytes, mine, &p) == EBB_OK && ebb_copy_async(p, pat.data(), bytes, mine) == EBB_OK &&
+                ebb_stream_wait_stream(peer, mine) == EBB_OK && ebb_copy_async(out, p, bytes, peer) == EBB_OK &&
+                ebb_arena_free(p) == EBB_OK && ebb_arena_alloc(0, bytes, mine, &q) == EBB_OK &&
+                ebb_copy_async(q, zeros.data(), bytes, mine) == EBB_OK &&
+                ebb_copy_async(back.data(), out, bytes, peer) == EBB_OK;
+      if (ebb_stream_synchronize(mine) != EBB_OK) failures++;
+      if (ebb_stream_synchronize(peer) != EBB_OK || !ok) failures++;
+      if (words_differing(back, pat)) wrong++;
+      if (q && ebb_arena_free(q) != EBB_OK) failures++;
+    }
+    if (ebb_arena_free(out) != EBB_OK || ebb_stream_release(mine) != EBB_OK || ebb_stream_release(peer) != EBB_OK)
+      failures++;
+  };
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; t++) th.emplace_back(worker, t);
+  for (auto &x : th) x.join();
+  CHECK(failures.load() == 0);
+  CHECK(wrong.load() == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).allocated_bytes.current == 0);
+  CHECK(stats(0).active_bytes.current == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 // The arena knows each block's size: a copy running past the end of a block (from its start or
 // from inside it, either side) is refused with the block named, and nothing is enqueued (no
 // staging, the next block's memory untouched).
