@@ -2189,9 +2189,10 @@ static ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a,
  * before the copy ran waits for it. Cost, with nothing to record: a side outside the range of
  * every arena's segments (driver or malloc'ed memory, mostly) is one range compare per arena;
  * a block's start or a slot is an address-map lookup (and a ptrmap probe for a small block with
- * slabs off) and the arena lock. An interior pointer of a block that is not a slot walks the
- * segments of the arenas whose range holds it (under their locks). perf/RESULTS.md measures it
- * ("copy_enqueue"). */
+ * slabs off) and the arena lock. An interior pointer of a block over 64 KiB reads the map back
+ * granule by granule to the block's start (EBB__COPY_LOOKBACK at most); one of a smaller block
+ * walks the segments of the arenas whose range holds it (under their locks). perf/RESULTS.md
+ * measures it ("copy_enqueue"). */
 
 /* Whether addr lies in the range of arena a's segments (a filter: no lock). relaxed: a block
  * handed to this thread was made after its segment widened the range, and that hand-off
@@ -2200,6 +2201,11 @@ static inline bool ebb__in_span(const struct ebb__arena *a, uint64_t addr) {
   uint64_t w = atomic_load_explicit(&a->span, memory_order_relaxed), u = ebb__span_unit(addr);
   return u >= (w & UINT32_MAX) && u < (w >> 32);
 }
+
+/* Granules (64 KiB) the copy hook looks back in the address map for the start of the block an
+ * interior pointer is in: 256 MiB. Past that, or for a block of 64 KiB or less, it walks the
+ * segments, under the arena's lock and in time linear in the blocks of the segment. */
+#define EBB__COPY_LOOKBACK 4096u
 
 /* The live block that holds addr, locked, found by walking the segments of the arenas from
  * all[i] on whose range holds it: for an interior pointer of a block that is not a slot. NULL
@@ -2231,6 +2237,15 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
   if (!b && (b = ebb__ptrmap_find(addr))) {
     ebb__lock(&b->arena->mu);
     if (b->addr != addr || b->state != EBB__B_ALLOC || ebb__block_in_amap(b)) { /* freed since */
+      ebb__unlock(&b->arena->mu);
+      b = NULL;
+    }
+  }
+  if (!b && (b = ebb__amap_block_before(addr, EBB__COPY_LOOKBACK))) {
+    /* An interior pointer of a block over 64 KiB: the map's nearest block start below, checked
+     * under its lock (the record may hold another block by now). */
+    ebb__lock(&b->arena->mu);
+    if (b->state != EBB__B_ALLOC || !ebb__block_in_amap(b) || addr < b->addr || addr - b->addr >= b->size) {
       ebb__unlock(&b->arena->mu);
       b = NULL;
     }

@@ -690,6 +690,11 @@ static inline bool ebb__block_in_amap(const struct ebb__block *b) {
 }
 EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
 EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
+/* The live block of the map that starts nearest at or below addr, looking back at most
+ * max_granules granules before addr's own; unvalidated (its record may have been reused: check
+ * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
+ * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
 
 /* ---- record chunks ----------------------------------------------------------------------------
  * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's

@@ -157,6 +157,24 @@ struct ebb__block *ebb__amap_block_find(uint64_t addr) {
   return e ? ebb__smap_block_in(ebb__smap_hi(e), addr) : NULL;
 }
 
+struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules) {
+  if (EBB_UNLIKELY(addr >> 48)) return NULL;
+  uint64_t g = addr >> EBB__SMAP_GRAN;
+  for (unsigned k = 0; k <= max_granules; k++, g--) {
+    struct ebb__smap_ent *e = ebb__smap_ent_of(g << EBB__SMAP_GRAN);
+    if (!e) return NULL; /* no leaf: nothing starts in its gigabyte; the caller walks segments */
+    uintptr_t hi = ebb__smap_hi(e);
+    uint64_t start = (g << EBB__SMAP_GRAN) + (uint64_t)(hi & EBB__SMAP_UNITS) * EBB__MIN_BLOCK;
+    if (hi && start <= addr) /* the nearest start at or below addr: a live block's, or a slab's */
+      return (hi & EBB__SMAP_BLOCK) ? (struct ebb__block *)(hi & ~(EBB__SMAP_BLOCK | EBB__SMAP_UNITS)) : NULL;
+    /* acquire: pairs with the release stores of ebb__smap_put. A slab over the granule's start
+     * is the nearest thing below: addr is in no live block of the map. */
+    if (atomic_load_explicit(&e->lo, memory_order_acquire)) return NULL;
+    if (!g) return NULL;
+  }
+  return NULL;
+}
+
 static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
 
 /* Writes slab sl's fields of granules [g0, g1) of its span: sl itself (on) or NULL. The fields

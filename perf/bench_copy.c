@@ -18,7 +18,7 @@
  * driver: memory from the driver, no block of any arena (the hook finds nothing); arena_own:
  * arena blocks of the copy's stream (nothing to record); arena_foreign: blocks of another stream
  * (recorded at the first copy, found recorded after); arena_interior: the same inside a 4 MiB
- * block (found by a segment walk); pinned: a pinned source (a pinned block's use is recorded).
+ * block (its start found through the address map); pinned: a pinned source (its use recorded).
  * usage: ebb-bench-copy [max_bytes] [reps]
  */
 #include <stdint.h>

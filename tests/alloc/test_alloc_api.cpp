@@ -525,7 +525,14 @@ TEST_CASE("a copy past the end of an arena block is refused, naming the block", 
   EBB_REQUIRE_OK(ebb_copy_async(small, big, 512, a));
   EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(big) + MiB - 512, small, 512, a));
   EBB_REQUIRE_OK(ebb_stream_synchronize(a));
-  for (void *p : {small, next, big}) EBB_REQUIRE_OK(ebb_arena_free(p));
+  // Deep inside a large block: its start is 1 000 granules of the address map back.
+  void *huge = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, a, &huge));
+  EBB_CHECK_FAILS(ebb_copy_async(static_cast<char *>(huge) + 64 * MiB - 256, host.data(), 512, a), EBB_EINVAL,
+                  "offset 67108608;");
+  EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(huge) + 40 * MiB, host.data(), 4096, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  for (void *p : {small, next, big, huge}) EBB_REQUIRE_OK(ebb_arena_free(p));
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
