@@ -935,6 +935,23 @@ static void ebb__sync_pending(struct ebb__arena *a) {
 
 /* ---- segments ------------------------------------------------------------------------------ */
 
+/* The 64 KiB unit of addr for the span (arena_impl.h): addresses past 48 bits share the last. */
+static inline uint64_t ebb__span_unit(uint64_t addr) {
+  return addr >> 48 ? (uint64_t)UINT32_MAX - 1 : addr >> 16;
+}
+
+/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold
+ * [base, base + size). Lock held. */
+static void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size) {
+  uint64_t w = atomic_load_explicit(&a->span, memory_order_relaxed);
+  uint64_t lo = w & UINT32_MAX, hi = w >> 32;
+  uint64_t blo = ebb__span_unit(base), bhi = ebb__span_unit(base + size - 1) + 1;
+  if (!hi || blo < lo) lo = blo;
+  if (bhi > hi) hi = bhi;
+  /* relaxed: a filter only (see ebb__span_holds). */
+  atomic_store_explicit(&a->span, lo | hi << 32, memory_order_relaxed);
+}
+
 static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
                                              struct ebb__spool *sp, struct ebb__block **first) {
   struct ebb__segment *g = calloc(1, sizeof *g);
@@ -959,6 +976,7 @@ static struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base
   g->nfree = 1;
   g->free_bytes = size;
   ebb_list_insert_tail(&a->segments, &g->node);
+  ebb__span_add(a, base, size);
   ebb__stat_add(&a->c.s.reserved_bytes, size);
   ebb__stat_add(&a->c.s.segments, 1);
   *first = b;
@@ -1085,10 +1103,19 @@ static ebb_status ebb__x_fill_hole(struct ebb__arena *a, struct ebb__spool *sp, 
   return EBB_OK;
 }
 
+/* Maps `grow` bytes after the first `mapped` of the reservation, all or nothing (which keeps the
+ * tail simple), within the reservation and the limit. Lock held. */
+static ebb_status ebb__x_map_tail(struct ebb__arena *a, size_t mapped, size_t grow) {
+  if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "the expandable reservation of %s is full", a->label);
+  if (a->limit && a->c.s.reserved_bytes.current + a->inflight + grow > a->limit)
+    return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
+  return ebb__x_map(a, a->xva + mapped, grow);
+}
+
 /* Maps granules at the end of the reservation so that the tail offers `r` bytes to stream
  * `sp`, pool `pool`, after trying the holes left by empty_cache. Lock held throughout (see the
  * file comment). */
-static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r) {
+static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__tried *tried) {
   if (!a->xva) {
     size_t gran = 0;
     ebb_status st = a->up->granularity(a, &gran);
@@ -1104,6 +1131,7 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
     }
     a->xva_size = want;
     a->xgran = gran;
+    ebb__span_add(a, a->xva, want); /* the whole reservation: growth stays inside it */
   }
   struct ebb__segment *g = a->xseg;
   if (g && g->unmapped) {
@@ -1115,14 +1143,18 @@ static ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int p
   if (g)
     for (tail = g->first; tail->next; tail = tail->next) {}
   size_t have = tail && tail->state == EBB__B_FREE && tail->spool == sp && tail->pool == pool ? tail->size : 0;
-  /* Grow by whole granules, at least a segment's worth of the pool, as PyTorch's pages. */
+  /* Grow by whole granules, at least a segment's worth of the pool, as PyTorch's pages; near
+   * capacity, by just the granules the request needs when that much does not fit. */
   size_t step = pool == EBB__POOL_SMALL ? EBB__SMALL_SEGMENT : EBB__LARGE_SEGMENT;
-  size_t grow = ebb__round_up(r - have > step ? r - have : step, a->xgran);
-  if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "the expandable reservation of %s is full", a->label);
-  if (a->limit && a->c.s.reserved_bytes.current + a->inflight + grow > a->limit)
-    return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
-  /* All or nothing keeps the tail simple. */
-  ebb_status st = ebb__x_map(a, a->xva + mapped, grow);
+  size_t need = ebb__round_up(r - have, a->xgran);
+  size_t grow = need > step ? need : ebb__round_up(step, a->xgran);
+  if (tried) *tried = (struct ebb__tried){.first = grow, .second = 0, .expandable = true};
+  ebb_status st = ebb__x_map_tail(a, mapped, grow);
+  if (st == EBB_ENOMEM && need < grow) {
+    if (tried) tried->second = need;
+    grow = need;
+    st = ebb__x_map_tail(a, mapped, grow);
+  }
   if (st) return st;
   uint8_t ocat;
   const char *oname;
@@ -1264,6 +1296,16 @@ static void ebb__x_join(struct ebb__arena *a, struct ebb__segment *g) {
     } while ((n = b->next) && n->state == EBB__B_FREE);
     ebb__index_insert(a, b);
   }
+}
+
+/* The failure of the device synchronisation that must come before unmapping granules (the
+ * driver's message was ebb_dev_synchronize's): status `st` and a message naming the call, the
+ * arena and that nothing was unmapped. */
+static ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb_status st) {
+  char why[384];
+  snprintf(why, sizeof why, "%s", ebb_last_error());
+  return ebb__fail(st, "%s: %s: the device synchronisation before unmapping free granules failed, so nothing was unmapped: %s",
+                   fn, a->label, why);
 }
 
 /* Gives the expandable segment's fully free granules back to the driver: free runs are joined
@@ -1523,9 +1565,10 @@ static size_t ebb__largest_free(const struct ebb__arena *a) {
 
 /* The OOM report. Lock held: the driver's free memory is asked through the seam, which takes no
  * ebb lock. */
-static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s) {
+static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
+                           const struct ebb__tried *tried) {
   a->c.s.num_ooms++;
-  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[256];
+  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[256], tr[96] = "";
   size_t dfree = 0, dtotal = 0;
   if (a->up->mem_info(a, &dfree, &dtotal) != EBB_OK) dfree = 0;
   uint8_t ocat;
@@ -1538,11 +1581,21 @@ static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const s
     char l[24];
     snprintf(lim, sizeof lim, ", limit %s", ebb__fmt_bytes(l, sizeof l, a->limit));
   }
+  if (tried->first) {
+    /* "; tried a 20.00 MiB segment, then a 4.00 MiB one" / "; tried to map 20.00 MiB, then 4.00 MiB" */
+    char t1[24], t2[24], then[48] = "";
+    bool x = tried->expandable;
+    if (tried->second)
+      snprintf(then, sizeof then, ", then %s%s%s", x ? "" : "a ", ebb__fmt_bytes(t2, sizeof t2, tried->second),
+               x ? "" : " one");
+    snprintf(tr, sizeof tr, "; tried %s %s%s%s", x ? "to map" : "a", ebb__fmt_bytes(t1, sizeof t1, tried->first),
+             x ? "" : " segment", then);
+  }
   return ebb__fail(EBB_ENOMEM,
                    "%s: %s out of memory: requested %s (rounded %s) on stream %" PRIu64
-                   "; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s%s",
+                   "%s; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s%s",
                    a->up->alloc_fn, a->label, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), s->id,
-                   ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
+                   tr, ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
                    ebb__fmt_bytes(res, sizeof res, a->c.s.reserved_bytes.current),
                    ebb__fmt_bytes(al, sizeof al, a->c.s.allocated_bytes.current),
                    ebb__fmt_bytes(lg, sizeof lg, ebb__largest_free(a)), lim, top);
@@ -1551,22 +1604,45 @@ static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const s
 /* Gets a new segment (or expandable growth) big enough for r. Lock held on entry and exit;
  * dropped around the upstream call, with the bytes counted in `inflight` so concurrent
  * allocations see them against the limit. On success *out is a FREE block not in the index. */
-static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out) {
-  if (a->conf.expandable && a->up->map) {
-    ebb_status st = ebb__x_grow(a, sp, pool, r);
-    if (st) return st;
-    *out = ebb__fidx_take(a, &sp->pools[pool], r);
-    return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
-  }
-  size_t seg = ebb__segment_size(a, r);
+/* One segment of `seg` bytes from the upstream, within the limit; the lock dropped around the
+ * call. Lock held on entry and exit. */
+static ebb_status ebb__obtain(struct ebb__arena *a, size_t seg, uint64_t *base) {
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;
   ebb__unlock(&a->mu);
-  uint64_t base = 0;
-  ebb_status st = a->up->obtain(a, seg, &base);
+  ebb_status st = a->up->obtain(a, seg, base);
   ebb__lock(&a->mu);
   a->inflight -= seg;
+  return st;
+}
+
+/* The least a segment (or expandable growth) for rounded request r may be when the size policy's
+ * one does not fit: r itself, large requests rounded to 2 MiB (what a driver hands out for them
+ * anyway), small ones to a block. */
+static inline size_t ebb__fallback_size(size_t r) {
+  return ebb__round_up(r, r > EBB__SMALL_SIZE ? EBB__ROUND_LARGE : EBB__MIN_BLOCK);
+}
+
+static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out,
+                            struct ebb__tried *tried) {
+  if (a->conf.expandable && a->up->map) {
+    ebb_status st = ebb__x_grow(a, sp, pool, r, tried);
+    if (st) return st;
+    *out = ebb__fidx_take(a, &sp->pools[pool], r);
+    return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
+  }
+  size_t seg = ebb__segment_size(a, r), fb = ebb__fallback_size(r);
+  uint64_t base = 0;
+  ebb_status st = ebb__obtain(a, seg, &base);
+  if (tried) *tried = (struct ebb__tried){.first = seg, .second = 0, .expandable = false};
+  /* Near capacity the policy's segment (20 MiB for a 3 MiB request) may not fit where the
+   * request would: one just large enough before the retry chain and the OOM report. */
+  if (st == EBB_ENOMEM && fb < seg) {
+    if (tried) tried->second = fb;
+    seg = fb;
+    st = ebb__obtain(a, seg, &base);
+  }
   if (st) return st;
   a->c.s.num_device_alloc++;
   if (!ebb__segment_add(a, base, seg, pool, sp, out)) {
@@ -1588,6 +1664,7 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
 static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
                                   const struct ebb__stream_ref *s, struct ebb__block **out, struct ebb__order *o) {
   ebb_status gst = EBB_OK;
+  struct ebb__tried tried = {0, 0, false};
   for (int attempt = 0;; attempt++) {
     struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
     if (!b) b = ebb__take_run(a, sp, pool, r, o);
@@ -1595,7 +1672,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
       *out = b;
       return EBB_OK;
     }
-    if ((gst = ebb__grow(a, sp, pool, r, out)) == EBB_OK) return EBB_OK;
+    if ((gst = ebb__grow(a, sp, pool, r, out, &tried)) == EBB_OK) return EBB_OK;
     if (attempt) break;
     /* (1) completed pending frees, (2) wait for the rest and re-search, (3) give back every
      * fully free segment, then try once more. */
@@ -1618,7 +1695,11 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     }
     if (a->xseg) {
       a->c.s.num_syncs++;
-      ebb_dev_synchronize(a->device); /* unmapping must not race queued work (allocators.md 1.11) */
+      /* Unmapping must not race queued work (allocators.md 1.11). A failed synchronisation
+       * says the device is failing: unmapping under work that may still run would corrupt it,
+       * and an OOM report would hide the cause, so the driver's failure is the answer. */
+      ebb_status sst = ebb_dev_synchronize(a->device);
+      if (sst) return ebb__sync_failed(a, a->up->alloc_fn, sst);
       ebb__x_shrink(a);
     }
     ebb__release_free_segments(a);
@@ -1635,7 +1716,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     a->c.s.num_ooms++;
     return gst;
   }
-  return ebb__oom(a, bytes, r, s);
+  return ebb__oom(a, bytes, r, s, &tried);
 }
 
 /* The oom_snapshot setting: after the report is composed and the lock dropped (the snapshot
@@ -1663,7 +1744,7 @@ static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *
     *out = b;
     return EBB_OK;
   }
-  return ebb__grow(a, sp, EBB__POOL_SMALL, r, out);
+  return ebb__grow(a, sp, EBB__POOL_SMALL, r, out, NULL);
 }
 
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
@@ -1747,7 +1828,8 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
                                   void **out, struct ebb__block **bout) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
     ebb__lock(&a->mu);
-    ebb_status st = ebb__oom(a, bytes, bytes, s);
+    const struct ebb__tried none = {0, 0, false}; /* nothing asked: beyond any device */
+    ebb_status st = ebb__oom(a, bytes, bytes, s, &none);
     ebb__unlock(&a->mu);
     return ebb__oom_snapshot(a, st);
   }
@@ -2056,6 +2138,9 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   return EBB_OK;
 }
 
+static ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct ebb__block *b, void *ptr,
+                                           const struct ebb__stream_ref *s);
+
 ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s, enum ebb__memkind kind) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   struct ebb__block *b;
@@ -2076,6 +2161,13 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
     ebb__unlock(&a->mu);
     return ebb__explain(fn, ptr, kind);
   }
+  return ebb__block_record_locked(fn, a, b, ptr, s);
+}
+
+/* Adds stream s to live block b's uses unless it is b's allocation stream or there already;
+ * unlocks the arena. */
+static ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct ebb__block *b, void *ptr,
+                                           const struct ebb__stream_ref *s) {
   if (s->id == b->spool->stream.id) {
     ebb__unlock(&a->mu);
     return EBB_OK;
@@ -2097,9 +2189,102 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
   return EBB_OK;
 }
 
+/* ---- the copy hook (streams_export.h) ------------------------------------------------------
+ * ebb_copy_async calls this on each side of a copy before enqueueing it. A side inside a live
+ * block of any arena (device, pinned, host pool; interior pointers too) must end within the
+ * block, and the copy's stream becomes one of the block's uses unless it already is (its
+ * allocation stream or a recorded one): exactly what ebb_*_record_stream would do, so a free
+ * before the copy ran waits for it. Cost, with nothing to record: a side outside the range of
+ * every arena's segments (driver or malloc'ed memory, mostly) is one range compare per arena;
+ * a block's start or a slot is an address-map lookup (and a ptrmap probe for a small block with
+ * slabs off) and the arena lock. An interior pointer of a block over 64 KiB reads the map back
+ * granule by granule to the block's start (EBB__COPY_LOOKBACK at most); one of a smaller block
+ * walks the segments of the arenas whose range holds it (under their locks). perf/RESULTS.md
+ * measures it ("copy_enqueue"). */
+
+/* Whether addr lies in the range of arena a's segments (a filter: no lock). relaxed: a block
+ * handed to this thread was made after its segment widened the range, and that hand-off
+ * ordered the store before this load. */
+static inline bool ebb__in_span(const struct ebb__arena *a, uint64_t addr) {
+  uint64_t w = atomic_load_explicit(&a->span, memory_order_relaxed), u = ebb__span_unit(addr);
+  return u >= (w & UINT32_MAX) && u < (w >> 32);
+}
+
+/* Granules (64 KiB) the copy hook looks back in the address map for the start of the block an
+ * interior pointer is in: 256 MiB. Past that, or for a block of 64 KiB or less, it walks the
+ * segments, under the arena's lock and in time linear in the blocks of the segment. */
+#define EBB__COPY_LOOKBACK 4096u
+
+/* The live block that holds addr, locked, found by walking the segments of the arenas from
+ * all[i] on whose range holds it: for an interior pointer of a block that is not a slot. NULL
+ * (nothing locked) when none. */
+static struct ebb__block *ebb__live_containing_lock(uint64_t addr, struct ebb__arena *const *all, int i, int n) {
+  for (; i < n; i++) {
+    struct ebb__arena *a = all[i];
+    if (!ebb__in_span(a, addr)) continue;
+    ebb__lock(&a->mu);
+    struct ebb__block *b = ebb__find_containing(a, addr);
+    if (b && b->state == EBB__B_ALLOC) return b;
+    ebb__unlock(&a->mu);
+  }
+  return NULL;
+}
+
+ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev) {
+  static const char fn[] = "ebb_copy_async";
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  /* Memory of no arena (driver or malloc'ed) is the common miss: a range compare per arena. */
+  int n, i = 0;
+  struct ebb__arena *const *all = ebb__arenas_all(&n);
+  while (i < n && !ebb__in_span(all[i], addr)) i++;
+  if (i == n) return EBB_OK;
+  const struct ebb__stream_ref ref = {.s = s, .id = sid, .device = sdev};
+  struct ebb__block *b;
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
+  if (sl) return ebb__slab_copy_use(fn, sl, addr, bytes, is_dst, &ref);
+  if (!b && (b = ebb__ptrmap_find(addr))) {
+    ebb__lock(&b->arena->mu);
+    if (b->addr != addr || b->state != EBB__B_ALLOC || ebb__block_in_amap(b)) { /* freed since */
+      ebb__unlock(&b->arena->mu);
+      b = NULL;
+    }
+  }
+  if (!b && (b = ebb__amap_block_before(addr, EBB__COPY_LOOKBACK))) {
+    /* An interior pointer of a block over 64 KiB: the map's nearest block start below, checked
+     * under its lock (the record may hold another block by now). */
+    ebb__lock(&b->arena->mu);
+    if (b->state != EBB__B_ALLOC || !ebb__block_in_amap(b) || addr < b->addr || addr - b->addr >= b->size) {
+      ebb__unlock(&b->arena->mu);
+      b = NULL;
+    }
+  }
+  if (!b && !(b = ebb__live_containing_lock(addr, all, i, n))) return EBB_OK;
+  struct ebb__arena *a = b->arena;
+  uint64_t off = addr - b->addr;
+  if (EBB_UNLIKELY(bytes > b->size - off)) {
+    uint64_t base = b->addr;
+    size_t size = b->size;
+    ebb__unlock(&a->mu);
+    return ebb__copy_past_end(fn, ptr, bytes, is_dst, a, base, size);
+  }
+  return ebb__block_record_locked(fn, a, b, (void *)(uintptr_t)b->addr, &ref);
+}
+
+ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
+                              uint64_t base, size_t size) {
+  char by[24], sz[24];
+  uint64_t off = (uint64_t)(uintptr_t)ptr - base;
+  return ebb__fail(EBB_EINVAL,
+                   "%s: %s %p: %s (%zu bytes) run past the end of its block of the %s: block at 0x%" PRIx64
+                   ", %s (%zu bytes), offset %" PRIu64 "; expected at most %" PRIu64 " bytes from that offset",
+                   fn, is_dst ? "dst" : "src", ptr, ebb__fmt_bytes(by, sizeof by, bytes), bytes, a->label, base,
+                   ebb__fmt_bytes(sz, sizeof sz, size), size, off, (uint64_t)size - off);
+}
+
 /* ---- release paths, limits, stats ---------------------------------------------------------- */
 
 ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
+  ebb_status st = EBB_OK;
   ebb__lock(&a->mu);
   ebb__poll_pending(a);
   ebb__sync_pending(a);
@@ -2110,14 +2295,17 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
      * this arena's device (not the caller's current one) first, with the lock held, as the OOM
      * retry chain does (and PyTorch). With it dropped, another thread could free a block whose
      * stream still has work queued on it after the synchronisation began; x_shrink would then
-     * unmap memory that work is using. */
-    ebb_dev_synchronize(a->device);
+     * unmap memory that work is using. When the synchronisation fails nothing is unmapped
+     * (work may still run there) and the caller hears why; classic segments below are still
+     * given back, their driver free synchronising by itself. */
+    st = ebb_dev_synchronize(a->device);
     a->c.s.num_syncs++;
-    ebb__x_shrink(a);
+    if (st) st = ebb__sync_failed(a, "ebb_arena_empty_cache", st);
+    else ebb__x_shrink(a);
   }
   ebb__release_free_segments(a);
   ebb__unlock(&a->mu);
-  return EBB_OK;
+  return st;
 }
 
 size_t ebb__arena_trim(struct ebb__arena *a) {
@@ -2136,6 +2324,10 @@ void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes) {
 
 void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out) {
   ebb__lock(&a->mu);
+  /* Frees waiting for events that have completed are retired first, so active_bytes (and the
+   * free counts) say what the device has really finished with; a query per stream's oldest
+   * pending event, never a host wait. */
+  ebb__poll_pending(a);
   *out = a->c.s;
   out->limit = a->limit;
   out->num_steals = a->c.steals;

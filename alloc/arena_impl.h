@@ -125,6 +125,13 @@ struct ebb__spool {
 
 struct ebb__segment;
 
+/* What an allocation's growth asked the upstream for, for its OOM report: the size policy's
+ * segment or growth, then (second != 0) the just-large-enough one tried when that failed. */
+struct ebb__tried {
+  size_t first, second;
+  bool expandable; /* growth of the expandable segment (a mapping), not a segment */
+};
+
 /* A block record is two cache lines, aligned: the first holds what merging and the neighbour
  * checks of other blocks touch (a free of one block reads its address neighbours' state, so
  * those reads should cost one line each); the second what only the block's own alloc and free
@@ -410,6 +417,12 @@ struct ebb__arena {
 
   struct ebb__counters c;
   struct ebb__hist hist;
+  /* A range that holds every segment the arena ever had (the expandable reservation whole), in
+   * 64 KiB units: low half the first unit, high half one past the last (0: none yet). Only
+   * widened, under `mu`; read without the lock by the copy hook as a filter (ebb__span_holds).
+   * One word, not two: the arena stays 1 136 bytes, whose multiple the allocation entry
+   * computes in one instruction (two at 1 152). */
+  _Atomic uint64_t span;
 };
 
 /* ---- engine (arena.c) ---------------------------------------------------------------------- */
@@ -423,6 +436,17 @@ EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const
 /* Free / record_stream of a pointer of any arena, found through the address map or the ptrmap.
  * `fn` names the public call for messages. */
 EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
+/* Every arena of the module (device arenas, pinned pools, the host pool), listed at start: *n
+ * of them. For the copy hook's range filter. */
+#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
+EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
+/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
+ * check and use record of a copy's side inside a live block of any arena. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
+/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
+ * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
+EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
+                                         uint64_t base, size_t size);
 EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
                                         enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
@@ -512,6 +536,11 @@ EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, stru
 /* Free / record_stream of addr inside slab sl (locked by ebb__addr_lookup_lock; unlocked on
  * return). Same messages as for blocks. */
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
+/* The copy hook's part for an address inside live slab sl (locked by the caller; unlocked on
+ * return): nothing for a slot that is not handed out, else the bounds check against the slot's
+ * end and the record of s on the slot (ebb__arena_copy_use). */
+EBB_HIDDEN ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
+                                         const struct ebb__stream_ref *s);
 EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
                                        const struct ebb__stream_ref *s, enum ebb__memkind kind);
 /* A pend entry of a slot completed. Lock held. */
@@ -665,6 +694,11 @@ static inline bool ebb__block_in_amap(const struct ebb__block *b) {
 }
 EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
 EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
+/* The live block of the map that starts nearest at or below addr, looking back at most
+ * max_granules granules before addr's own; unvalidated (its record may have been reused: check
+ * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
+ * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
 
 /* ---- record chunks ----------------------------------------------------------------------------
  * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's

@@ -95,11 +95,25 @@ static struct {
   struct ebb__arena dev[EBB_MAX_DEVICES];
 } ebb__al;
 
+/* Every arena of the module (devices, pinned pools, host pool), listed once at start for the
+ * copy hook's range filter (ebb__arenas_all): no call per arena on every copy. Apart from
+ * ebb__al, whose layout the allocation entry's code depends on (one more instruction a call
+ * with them inside). Written at start and teardown only. */
+static struct {
+  struct ebb__arena *all[EBB__ARENAS_MAX];
+  int n;
+} ebb__al_all;
+
 #define EBB__HISTORY_DEFAULT ((size_t)65536)
 #define EBB__HISTORY_MAX ((size_t)1 << 26) /* 3 GiB of ring (48-byte slots) per device: surely a typo beyond */
 
 struct ebb__arena *ebb__arena_nth(int i) {
   return i >= 0 && i < ebb__al.ndev ? &ebb__al.dev[i] : NULL;
+}
+
+struct ebb__arena *const *ebb__arenas_all(int *n) {
+  *n = ebb__al_all.n;
+  return ebb__al_all.all;
 }
 
 struct ebb__arena *ebb__arena_any(int i) {
@@ -244,6 +258,8 @@ static void ebb__alloc_teardown(void *user) {
   (void)user;
   /* acquire: pairs with the release store of UP (the arenas are visible). */
   if (atomic_load_explicit(&ebb__al.phase, memory_order_acquire) != EBB__AL_UP) return;
+  ebb__copy_hook_set(NULL); /* before the maps it reads are cleared */
+  ebb__al_all.n = 0;
   for (int i = 0; i < ebb__al.ndev; i++) ebb__graves_add(&ebb__al.dev[i]);
   struct ebb__arena *hp;
   for (int i = 0; (hp = ebb__hostpool_nth(i)) != NULL; i++) ebb__graves_add(hp);
@@ -275,6 +291,13 @@ static ebb_status ebb__alloc_start(const char *fn) {
   for (int i = 0; i < ndev; i++) ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &ebb__al.conf, total[i]);
   ebb__al.ndev = ndev;
   st = ebb__hostpools_start(&ebb__al.conf, ndev);
+  if (!st) {
+    ebb__al_all.n = 0;
+    for (struct ebb__arena *a; ebb__al_all.n < EBB__ARENAS_MAX && (a = ebb__arena_any(ebb__al_all.n));)
+      ebb__al_all.all[ebb__al_all.n++] = a;
+    /* Copies record their streams on the blocks they touch (ebb__arena_copy_use). */
+    ebb__copy_hook_set(ebb__arena_copy_use);
+  }
   if (st) {
     for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
     ebb__hostpools_fini();

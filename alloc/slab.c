@@ -157,6 +157,24 @@ struct ebb__block *ebb__amap_block_find(uint64_t addr) {
   return e ? ebb__smap_block_in(ebb__smap_hi(e), addr) : NULL;
 }
 
+struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules) {
+  if (EBB_UNLIKELY(addr >> 48)) return NULL;
+  uint64_t g = addr >> EBB__SMAP_GRAN;
+  for (unsigned k = 0; k <= max_granules; k++, g--) {
+    struct ebb__smap_ent *e = ebb__smap_ent_of(g << EBB__SMAP_GRAN);
+    if (!e) return NULL; /* no leaf: nothing starts in its gigabyte; the caller walks segments */
+    uintptr_t hi = ebb__smap_hi(e);
+    uint64_t start = (g << EBB__SMAP_GRAN) + (uint64_t)(hi & EBB__SMAP_UNITS) * EBB__MIN_BLOCK;
+    if (hi && start <= addr) /* the nearest start at or below addr: a live block's, or a slab's */
+      return (hi & EBB__SMAP_BLOCK) ? (struct ebb__block *)(hi & ~(EBB__SMAP_BLOCK | EBB__SMAP_UNITS)) : NULL;
+    /* acquire: pairs with the release stores of ebb__smap_put. A slab over the granule's start
+     * is the nearest thing below: addr is in no live block of the map. */
+    if (atomic_load_explicit(&e->lo, memory_order_acquire)) return NULL;
+    if (!g) return NULL;
+  }
+  return NULL;
+}
+
 static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
 
 /* Writes slab sl's fields of granules [g0, g1) of its span: sl itself (on) or NULL. The fields
@@ -690,6 +708,23 @@ ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
   t->uses[t->nuses++] = *s;
   ebb__unlock(&a->mu);
   return EBB_OK;
+}
+
+ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
+                              const struct ebb__stream_ref *s) {
+  struct ebb__arena *a = sl->arena;
+  unsigned i = ebb__slot_index(sl, addr);
+  uint64_t start = sl->addr + (uint64_t)i * sl->slot;
+  if (sl->slots[i].state != EBB__B_ALLOC) { /* free memory of the slab: not a block's */
+    ebb__unlock(&a->mu);
+    return EBB_OK;
+  }
+  if (EBB_UNLIKELY(bytes > sl->slot - (addr - start))) {
+    size_t size = sl->slot;
+    ebb__unlock(&a->mu);
+    return ebb__copy_past_end(fn, (void *)(uintptr_t)addr, bytes, is_dst, a, start, size);
+  }
+  return ebb__slab_record(fn, sl, start, s, a->up->kind);
 }
 
 /* ---- walks --------------------------------------------------------------------------------- */

@@ -12,6 +12,16 @@
  * the destination was allocated for h2d/pinned (device buffer d0) and d2d (d1), so it shows
  * whether fresh driver memory costs more on first use (page faults of uncommitted memory).
  * Prints: bench=copy dir=h2d host=pinned bytes=N gbps=X memcpy_gbps=Y ratio=X/Y first_gbps=F
+ *
+ * Then the cost of enqueueing one small copy (512 B device to device, `ENQ_COUNT` enqueues timed
+ * without a synchronize among them, median of `reps` runs), by what the copy touches, so the
+ * arena's copy hook (a copy records its stream on the arena and pinned blocks it touches) shows
+ * as the difference to driver memory:
+ *   bench=copy_enqueue mem=driver|arena_own|arena_foreign|arena_interior|pinned ns_per_copy=X
+ * driver: memory from the driver, no block of any arena (the hook finds nothing); arena_own:
+ * arena blocks of the copy's stream (nothing to record); arena_foreign: blocks of another stream
+ * (recorded at the first copy, found recorded after); arena_interior: the same inside a 4 MiB
+ * block (its start found through the address map); pinned: a pinned source (its use recorded).
  * usage: ebb-bench-copy [max_bytes] [reps]
  */
 #include <stdint.h>
@@ -20,6 +30,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "ebb/alloc.h"
 #include "ebb/runtime.h"
 #include "runtime_export.h" /* the driver seam (ebb__drv_*), internal */
 #include "ebb/stream.h"
@@ -89,6 +100,63 @@ static void report(const char *dir, const char *host, size_t bytes, double g, do
 
 static void *dev_ptr(uint64_t d) { return (void *)(uintptr_t)d; }
 
+#define ENQ_BYTES ((size_t)512)
+#define ENQ_COUNT 2000L
+
+/* ns per ebb_copy_async of ENQ_BYTES from src to dst on s, the enqueue alone (the synchronize
+ * after each run is not timed). */
+__attribute__((noinline)) static double enqueue_ns(void *dst, const void *src, ebb_stream_t *s, int reps) {
+  double v[64];
+  BENCH_CHECK(ebb_copy_async(dst, src, ENQ_BYTES, s));
+  BENCH_CHECK(ebb_stream_synchronize(s));
+  for (int r = 0; r < reps; r++) {
+    uint64_t t0 = bench_now_ns();
+    for (long i = 0; i < ENQ_COUNT; i++) BENCH_CHECK(ebb_copy_async(dst, src, ENQ_BYTES, s));
+    v[r] = (double)(bench_now_ns() - t0) / (double)ENQ_COUNT;
+    BENCH_CHECK(ebb_stream_synchronize(s));
+  }
+  return bench_median(v, (size_t)reps);
+}
+
+static void enqueue_costs(ebb_stream_t *s, int reps) {
+  ebb_stream_t *other;
+  BENCH_CHECK(ebb_stream_create(0, EBB_PRIO_LOW, &other));
+  uint64_t d0, d1;
+  BENCH_CHECK(ebb__drv_mem_alloc(0, ENQ_BYTES, &d0));
+  BENCH_CHECK(ebb__drv_mem_alloc(0, ENQ_BYTES, &d1));
+  void *own0, *own1, *f0, *f1, *big0, *big1, *pin;
+  BENCH_CHECK(ebb_arena_alloc(0, ENQ_BYTES, s, &own0));
+  BENCH_CHECK(ebb_arena_alloc(0, ENQ_BYTES, s, &own1));
+  BENCH_CHECK(ebb_arena_alloc(0, ENQ_BYTES, other, &f0));
+  BENCH_CHECK(ebb_arena_alloc(0, ENQ_BYTES, other, &f1));
+  BENCH_CHECK(ebb_arena_alloc(0, (size_t)4 << 20, other, &big0));
+  BENCH_CHECK(ebb_arena_alloc(0, (size_t)4 << 20, other, &big1));
+  BENCH_CHECK(ebb_pinned_alloc(ENQ_BYTES, 0, &pin));
+  memset(pin, 3, ENQ_BYTES);
+  struct {
+    const char *mem;
+    void *dst;
+    const void *src;
+  } cases[] = {
+      {"driver", dev_ptr(d1), dev_ptr(d0)},
+      {"arena_own", own1, own0},
+      {"arena_foreign", f1, f0},
+      {"arena_interior", (char *)big1 + 4096, (char *)big0 + 4096},
+      {"pinned", own1, pin},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    printf("bench=copy_enqueue mem=%s bytes=%zu ns_per_copy=%.1f%s%s\n", cases[i].mem, ENQ_BYTES,
+           enqueue_ns(cases[i].dst, cases[i].src, s, reps), strcmp(g_model, "off") ? " timing_model=" : "",
+           strcmp(g_model, "off") ? g_model : "");
+  BENCH_CHECK(ebb_stream_synchronize(s));
+  BENCH_CHECK(ebb_pinned_free(pin));
+  void *blocks[] = {own0, own1, f0, f1, big0, big1};
+  for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) BENCH_CHECK(ebb_arena_free(blocks[i]));
+  BENCH_CHECK(ebb__drv_mem_free(0, d0));
+  BENCH_CHECK(ebb__drv_mem_free(0, d1));
+  BENCH_CHECK(ebb_stream_release(other));
+}
+
 int main(int argc, char **argv) {
   size_t max_bytes = argc > 1 ? (size_t)strtoull(argv[1], NULL, 10) : DEFAULT_MAX_BYTES;
   int reps = argc > 2 ? (int)strtol(argv[2], NULL, 10) : 3;
@@ -156,6 +224,7 @@ int main(int argc, char **argv) {
     BENCH_CHECK(ebb__drv_mem_free(0, d1));
   }
 
+  enqueue_costs(s, reps);
   BENCH_CHECK(ebb_shutdown());
   return 0;
 }

@@ -7,7 +7,9 @@
  * is done with it. Host-to-device copies fill a chunk on the calling thread; device-to-host ones
  * drain it into the caller's buffer from a host function in stream order, whose small record
  * comes from a free list. Peer copies order themselves against the other device's current
- * stream with pooled events.
+ * stream with pooled events. Before anything is enqueued, the copy hook a module above may
+ * register (streams_export.h; alloc's records the copy's stream on arena and pinned blocks and
+ * checks their bounds) sees both sides.
  *
  * Threading: a chunk's mutex is held for the whole of one use (wait for the previous one, fill,
  * enqueue, record), so two threads never share a chunk; the ring cursor is a relaxed atomic. The
@@ -17,7 +19,26 @@
  */
 #include <string.h>
 
+#include "streams_export.h"
 #include "streams_impl.h"
+
+/* The copy hook of a module above (streams_export.h): NULL until alloc starts. */
+static _Atomic(ebb__copy_hook_fn) ebb__copy_hook;
+
+void ebb__copy_hook_set(ebb__copy_hook_fn fn) {
+  /* release: pairs with the acquire load in ebb__copy_hooks; the hook's module is up. */
+  atomic_store_explicit(&ebb__copy_hook, fn, memory_order_release);
+}
+
+/* Runs the copy hook on both sides of a copy that passed its own checks, before it is enqueued. */
+static inline ebb_status ebb__copy_hooks(void *dst, const void *src, size_t bytes, ebb_stream_t *s) {
+  /* acquire: pairs with the release store in ebb__copy_hook_set. */
+  ebb__copy_hook_fn h = atomic_load_explicit(&ebb__copy_hook, memory_order_acquire);
+  if (!h) return EBB_OK;
+  ebb_status st = h(dst, bytes, true, s, s->id, s->device);
+  if (!st) st = h((void *)(uintptr_t)src, bytes, false, s, s->id, s->device);
+  return st;
+}
 
 void ebb__copy_start(struct ebb__dev *d) {
   for (unsigned i = 0; i < ebb__st.nchunks; i++) ebb__mutex_init(&d->chunks[i].mu, "streams.staging", EBB_RANK_STAGING);
@@ -169,7 +190,8 @@ static ebb_status ebb__copy_peer(void *dst, const void *src, size_t bytes, int d
   if (st) return st;
   st = ebb__stream_pin(fn, s);
   if (!st) {
-    st = ebb__stream_order(s, other);
+    st = ebb__copy_hooks(dst, src, bytes, s);
+    if (!st) st = ebb__stream_order(s, other);
     if (!st) st = ebb__drv_memcpy_async(dst, src, bytes, s->cu);
     if (!st) st = ebb__stream_order(other, s);
     ebb__stream_unpin(s);
@@ -205,6 +227,7 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
   if (s->device != dev)
     return ebb__fail(EBB_EDEVICE, "%s: copy from %s memory %p to %s memory %p involves device %d but stream %llu is on device %d; use a stream of device %d",
                      fn, ebb__memtype_name(si.type), src, ebb__memtype_name(di.type), dst, dev, (unsigned long long)s->id, s->device, dev);
+  if ((st = ebb__copy_hooks(dst, src, bytes, s))) return st;
   struct ebb__dev *d = &ebb__st.dev[dev];
   if (si.type == EBB_MEMTYPE_PAGEABLE || di.type == EBB_MEMTYPE_PAGEABLE)
     return ebb__stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);

@@ -9,7 +9,7 @@
  * pool EBB_RANK_EVENT_POOL, each staging chunk EBB_RANK_STAGING, the host-copy record free list
  * EBB_RANK_LEAF. None of the first three is ever held across a call into runtime/ that could take
  * the runtime's own locks (kernel launch); staging chunks are held across seam
- * calls (ebb_drv_*), which take no ebb lock.
+ * calls (ebb__drv_*), which take no ebb lock.
  */
 #ifndef EBB_STREAMS_IMPL_H
 #define EBB_STREAMS_IMPL_H

@@ -7,8 +7,11 @@
  * split and merge, stream-ordered reuse: a block freed on stream S is reusable on S at once; a
  * block also used on other streams (declared with ebb_arena_record_stream) becomes reusable when
  * events recorded on those streams at free time complete, checked at allocation time without a
- * host sync. On exhaustion the arena releases its cached free segments (waiting only for the
- * events that must complete), retries, and then fails with EBB_ENOMEM and a report.
+ * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) or
+ * expandable growth step (at least 20 MiB) does not fit, one just large enough for the request
+ * (large requests rounded to 2 MiB) is tried before anything else. On exhaustion the arena
+ * releases its cached free segments (waiting only for the events that must complete), retries,
+ * and then fails with EBB_ENOMEM and a report that says which sizes it tried.
  *
  * Placement is oldest fit: a request takes the first free block of its stream that holds it,
  * in the oldest segment that has one, lowest address first. So a sequence of requests on one
@@ -64,8 +67,10 @@ extern "C" {
  * EBB_OK (freeing NULL is a no-op). EBB_EDEVICE for a missing device, EBB_EDEVICE when `stream`
  * belongs to another device, EBB_ENOMEM with a report in ebb_last_error() when the device (or
  * the arena's limit) cannot hold the request after releasing cached memory; the report ends
- * with the five owners holding the most allocated bytes on the device. The block is recorded as
- * owned by the calling thread's innermost owner scope (ebb_alloc_owner_push). */
+ * with the five owners holding the most allocated bytes on the device. With expandable
+ * segments, a failure of the device wait before unmapping cached granules (on the way to an
+ * OOM) is returned as is, with the driver's message. The block is recorded as owned by the
+ * calling thread's innermost owner scope (ebb_alloc_owner_push). */
 EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr);
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
  * once the uses declared with ebb_arena_record_stream have completed. NULL is a no-op.
@@ -74,14 +79,18 @@ EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *strea
  * EBB_EBUSY while any block is live, and gives back the memory of freed ones). */
 EBB_API ebb_status ebb_arena_free(void *ptr);
 /* Declares that `stream` uses the block at `ptr`; its reuse waits for that stream's work issued
- * before the free. Recording the allocation stream is a no-op. EBB_EFREED on a freed block;
+ * before the free. Recording the allocation stream is a no-op. ebb_copy_async records its
+ * stream itself on the blocks it reads or writes (and refuses a copy past a block's end); this
+ * call is for other work: kernels, host functions. EBB_EFREED on a freed block;
  * EBB_ELIMIT past 4 096 distinct streams on one block (a stream made and released per use
  * counts anew each time). */
 EBB_API ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream);
 /* Returns every cached, fully free segment of `device` to the driver (and unmaps free granules of
  * expandable segments), waiting only for the events of blocks freed with pending uses; with
  * expandable segments it first waits for the whole device, and allocations and frees of other
- * threads on this device's arena wait with it. */
+ * threads on this device's arena wait with it. When that wait fails (a failing device), nothing
+ * is unmapped and its status is returned, with the driver's message in ebb_last_error(); the
+ * classic segments are still given back. */
 EBB_API ebb_status ebb_arena_empty_cache(int device);
 /* Caps the bytes the arena may reserve on `device` (0: no cap beyond the device's memory). */
 EBB_API ebb_status ebb_arena_set_limit(int device, size_t bytes);
@@ -115,6 +124,9 @@ typedef struct ebb_arena_stats {
   size_t limit;                 /* 0: none */
 } ebb_arena_stats;
 
+/* The counters of `device`. Frees waiting for events on other streams whose events have
+ * completed are retired first (an event query each, never a host wait), so after the device
+ * has finished with every freed block active_bytes is what is really allocated. */
 EBB_API ebb_status ebb_arena_get_stats(int device, ebb_arena_stats *out);
 /* Sets every peak to its current value. */
 EBB_API ebb_status ebb_arena_reset_peak(int device);
@@ -147,7 +159,9 @@ EBB_API ebb_status ebb_pinned_alloc(size_t bytes, int device_hint, void **ptr);
  * did not hand out (a device or host-pool pointer is named as such), EBB_EFREED for a block
  * already freed. */
 EBB_API ebb_status ebb_pinned_free(void *ptr);
-/* Declares that work on `stream` uses the pinned block at `ptr` (a copy from or into it).
+/* Declares that work on `stream` uses the pinned block at `ptr`. ebb_copy_async records its
+ * own stream on the pinned blocks it reads or writes, so a copy needs no call here; kernels
+ * and host functions reading the block do.
  * EBB_EFREED on a freed block, EBB_EINVAL for a NULL or foreign pointer or a NULL stream,
  * EBB_ELIMIT past 4 096 distinct streams on one block (as ebb_arena_record_stream). */
 EBB_API ebb_status ebb_pinned_record_stream(void *ptr, ebb_stream_t *stream);

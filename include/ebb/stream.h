@@ -111,13 +111,15 @@ EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, con
                                      const ebb_launch_cfg *cfg);
 /* Runs fn(user) on a driver thread once all earlier work on `s` is done. As CUDA's host functions
  * must not call CUDA, fn must not wait for device work (ebb_stream_synchronize,
- * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h:
- * the wait may be for fn itself, and the arenas wait for their device with their lock held
- * (ebb_arena_empty_cache with expandable segments, an OOM retry), so an alloc or free in fn can
- * wait for a thread that waits for fn. ebb_copy_async of pageable memory from fn fails with
- * EBB_ESTATE (its staging may wait on the host for a chunk whose release is queued behind fn);
- * copies between device and pinned memory work there. The record that carries fn and user comes
- * from a per-device free list (EBB_ENOMEM without host memory for one). */
+ * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h, nor
+ * copy blocks of ebb's arenas and pools with ebb_copy_async: the wait may be for fn itself, and
+ * the arenas wait for their device with their lock held (ebb_arena_empty_cache with expandable
+ * segments, an OOM retry), so an alloc or free in fn, or a copy of a block (which records its
+ * stream on the block under that lock), can wait for a thread that waits for fn.
+ * ebb_copy_async of pageable memory from fn fails with EBB_ESTATE (its staging may wait on the
+ * host for a chunk whose release is queued behind fn); copies between driver-allocated device
+ * and pinned memory work there. The record that carries fn and user comes from a per-device
+ * free list (EBB_ENOMEM without host memory for one). */
 EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
 /* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far.
  * Any two devices; waiter == s is a no-op. Uses a pooled event, returned at once. */
@@ -157,6 +159,13 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  *    of dst), and that stream then waits for the copy, each through a pooled event;
  *  - any other copy involves one device, and `s` must belong to it (else EBB_EDEVICE), so the
  *    copy is ordered with that device's work.
+ * Blocks of ebb's arenas (ebb_arena_alloc, ebb_pinned_alloc, ebb_pageable_alloc; a side may point
+ * inside a block): a copy on a stream other than the block's allocation stream records that
+ * use itself, as ebb_arena_record_stream / ebb_pinned_record_stream would, so a block freed
+ * before the copy ran is not handed to a new owner until it has (forgetting record_stream can
+ * no longer corrupt the copy or the new owner's data). A side that runs past the end of its
+ * block is EBB_EINVAL, with the block's address, size and the side's offset in the message, and
+ * nothing is enqueued. Memory from elsewhere (the driver, malloc) is copied unchecked.
  * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
  * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
  * EBB_EINVAL; a released stream is EBB_EFREED (a staged copy racing the release may have

@@ -55,4 +55,23 @@ EBB_HIDDEN ebb_status ebb__event_record_released(ebb_event_t *e, int device, uin
  * used a block) while its owner may release it. Errors for a bad event or another device's. */
 EBB_HIDDEN ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_t id);
 
+/* A check that a module above streams makes on each side of every ebb_copy_async, after the
+ * copy's own checks and before anything is enqueued: alloc registers one when it starts, so a
+ * copy touching an arena or pinned block on a stream other than the block's own records that use
+ * itself (a forgotten record_stream cannot hand the block to a new owner under the copy) and a
+ * copy running past the block's end is refused. streams cannot include alloc (layer order), so
+ * alloc hands streams this function instead.
+ *
+ * ptr and bytes are one side of the copy (interior pointers included), is_dst says which side;
+ * s is the copy's stream, live, with its id and device. EBB_OK lets the copy go on; any other
+ * status fails ebb_copy_async with it and the hook's message (ebb__fail naming
+ * "ebb_copy_async"), with nothing enqueued. Called on the copy's thread with no streams lock
+ * held; it may take alloc's locks and record nothing on the driver. */
+typedef ebb_status (*ebb__copy_hook_fn)(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
+
+/* Installs `fn` as the copy hook (NULL removes it). alloc sets it at its start and clears it at
+ * its teardown, which runs before streams' own; copies racing the teardown are the caller's
+ * error (no call may race ebb_shutdown). Release store; ebb_copy_async loads it with acquire. */
+EBB_HIDDEN void ebb__copy_hook_set(ebb__copy_hook_fn fn);
+
 #endif /* EBB_STREAMS_EXPORT_H */

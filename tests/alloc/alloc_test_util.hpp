@@ -1,12 +1,14 @@
 // Helpers of the alloc suites: stats shorthands, the arena invariant check, a slow kernel.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ebb/alloc.h"
@@ -49,6 +51,21 @@ inline void busy(ebb_stream_t *s, int n = 1) {
 // Queues a host function on `s` that sets *flag to 1: it runs once the work issued before it has.
 inline void flag_after(ebb_stream_t *s, std::atomic<int> *flag) {
   EBB_REQUIRE_OK(ebb_stream_host_func(s, [](void *u) { static_cast<std::atomic<int> *>(u)->store(1); }, flag));
+}
+
+// A host function that holds its stream until *open != 0 (10 s at most, so a broken test fails
+// rather than hangs): work queued behind it waits while the test acts on other streams.
+inline void hold_until_open(void *open) {
+  auto *o = static_cast<std::atomic<int> *>(open);
+  for (int i = 0; i < 100000 && o->load(std::memory_order_acquire) == 0; i++)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+// Words of a and b that differ.
+inline size_t words_differing(const std::vector<uint32_t> &a, const std::vector<uint32_t> &b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); i++) n += a[i] != b[i];
+  return n;
 }
 
 inline ebb_stream_t *pool_stream(int dev, ebb_stream_prio prio = EBB_PRIO_LOW) {

@@ -3,6 +3,7 @@
 // the steal-with-event path, limits, empty_cache, misuse, and threads.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <random>
 #include <set>
@@ -317,6 +318,222 @@ TEST_CASE("record_stream from several streams: the block waits for all of them",
   for (auto *m : many) EBB_REQUIRE_OK(ebb_stream_release(m));
   EBB_REQUIRE_OK(ebb_stream_release(b));
   EBB_REQUIRE_OK(ebb_stream_release(c));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A free that waited for other streams is retired by the stats call once their events have
+// completed: active_bytes says what the device still uses, with no allocation in between to
+// poll the events and no host wait by the arena (num_syncs stays).
+TEST_CASE("stats retire pending frees whose events completed: active_bytes drops to 0", "[alloc]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = new_stream(0);
+  void *big = nullptr, *small = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &big));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &small));  // a slot with slabs on, a block without
+  EBB_REQUIRE_OK(ebb_arena_record_stream(big, b));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(small, b));
+  busy(b);
+  uint64_t syncs = stats(0).num_syncs;
+  EBB_REQUIRE_OK(ebb_arena_free(big));
+  EBB_REQUIRE_OK(ebb_arena_free(small));
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  ebb_arena_stats st = stats(0);
+  CHECK(st.allocated_bytes.current == 0);
+  CHECK(st.active_bytes.current == 0);
+  CHECK(st.num_syncs == syncs);
+  ARENA_CHECK();
+  // The blocks are reusable on b too, at once (no longer pending).
+  void *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &q));
+  CHECK(q == big);
+  CHECK(stats(0).num_device_alloc == 2);  // a 2 MiB and a 20 MiB segment: nothing new
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A copy on a stream other than the block's own records that use itself, as a tensor op does:
+// with no record_stream, the block freed under the copy is not handed to a new owner until the
+// copy has run. Stream b is held by a host function, so the copy is still queued when the
+// block is freed, reallocated and overwritten; the copy must then read the original data. The
+// source is an interior pointer of its block; a 48 KiB slot (with slabs on) and a 4 MiB block.
+TEST_CASE("a copy on another stream records its use: a freed source is not reused under it", "[alloc][copy]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = new_stream(0);
+  for (size_t bytes : {48 * KiB, 4 * MiB}) {
+    INFO("bytes " << bytes);
+    const size_t words = bytes / 4, off = 4096;
+    std::vector<uint32_t> pattern(words), zeros(words, 0), out(words, 0);
+    for (size_t i = 0; i < words; i++) pattern[i] = 0x9e3779b9u * static_cast<uint32_t>(i + 1);
+    void *src = nullptr, *dst = nullptr, *again = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes + off, a, &src));
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &dst));
+    EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(src) + off, pattern.data(), bytes, a));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+    std::atomic<int> open{0};
+    EBB_REQUIRE_OK(ebb_stream_host_func(b, hold_until_open, &open));
+    EBB_REQUIRE_OK(ebb_copy_async(dst, static_cast<char *>(src) + off, bytes, b));  // no record_stream
+    EBB_REQUIRE_OK(ebb_arena_free(src));
+    // A new owner on a: the same size, written at once (a is idle).
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes + off, a, &again));
+    EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(again) + off, zeros.data(), bytes, a));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+    open.store(1, std::memory_order_release);
+    EBB_REQUIRE_OK(ebb_copy_async(out.data(), dst, bytes, b));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+    CHECK(words_differing(out, pattern) == 0);
+    CHECK(again != src);
+    EBB_REQUIRE_OK(ebb_arena_free(again));
+    EBB_REQUIRE_OK(ebb_arena_free(dst));
+    ARENA_CHECK();
+  }
+  // The allocation stream's own copies record nothing: the block comes back at once.
+  void *p = nullptr, *q = nullptr;
+  std::vector<uint32_t> host(1024, 7);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, a, &p));
+  EBB_REQUIRE_OK(ebb_copy_async(p, host.data(), 4096, a));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, a, &q));
+  CHECK(q == p);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The same for a destination on the other device (a peer copy on a stream of device 1): the
+// freed destination block of device 0 waits for the copy writing it.
+TEST_CASE("a peer copy records its use on the destination block of the other device", "[alloc][copy]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = new_stream(1);
+  const size_t bytes = 48 * KiB, words = bytes / 4;
+  std::vector<uint32_t> pattern(words, 0xa5a5a5a5u), mine(words), out(words, 0);
+  for (size_t i = 0; i < words; i++) mine[i] = static_cast<uint32_t>(i);
+  void *src = nullptr, *dst = nullptr, *again = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(1, bytes, b, &src));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &dst));
+  EBB_REQUIRE_OK(ebb_copy_async(src, pattern.data(), bytes, b));
+  std::atomic<int> open{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(b, hold_until_open, &open));
+  EBB_REQUIRE_OK(ebb_copy_async(dst, src, bytes, b));  // writes device 0's block, queued on b
+  EBB_REQUIRE_OK(ebb_arena_free(dst));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &again));
+  // The new owner's data must survive the queued copy. (The peer copy made device 0's current
+  // stream, a, wait for b: the new owner writes through a stream of its own.)
+  ebb_stream_t *c = new_stream(0);
+  EBB_REQUIRE_OK(ebb_copy_async(again, mine.data(), bytes, c));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(c));
+  open.store(1, std::memory_order_release);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  EBB_REQUIRE_OK(ebb_copy_async(out.data(), again, bytes, c));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(c));
+  CHECK(words_differing(out, mine) == 0);
+  EBB_REQUIRE_OK(ebb_arena_free(again));
+  EBB_REQUIRE_OK(ebb_arena_free(src));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(c));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The copy hook under threads: each thread copies its fresh block on a second stream of its
+// own, frees it at once with no record_stream, and takes and overwrites the same size on its
+// allocation stream; the copy must still read the original. Four threads do it at once on one
+// arena, so the hook's lookups and records race other threads' allocations, frees, steals and
+// slabs (a race check for TSan and ASan: without a gate the copy may also win on the old code;
+// the gated single-thread cases above are the ones that fail there). No gate here: with one per
+// thread, a steal orders one thread's stream after another's gated one, and each thread's
+// synchronize then waits for the other's gate.
+TEST_CASE("4 threads copy blocks on other streams and free them at once: no copy sees the new owner's data",
+          "[alloc][copy][threads]") {
+  EbbSession session;
+  constexpr int kThreads = 4, kOps = 40;
+  std::atomic<int> failures{0}, wrong{0};
+  auto worker = [&](int t) {
+    ebb_stream_t *mine = nullptr, *peer = nullptr;
+    void *out = nullptr;
+    if (ebb_stream_create(0, EBB_PRIO_LOW, &mine) || ebb_stream_create(0, EBB_PRIO_LOW, &peer) ||
+        ebb_arena_alloc(0, MiB, peer, &out)) {
+      failures++;
+      return;
+    }
+    std::mt19937 rng(7 + t);
+    for (int op = 0; op < kOps; op++) {
+      const size_t words = size_t(128) << (rng() % 12), bytes = words * 4;  // 512 B .. 1 MiB
+      std::vector<uint32_t> pat(words), zeros(words, 0), back(words, 1);
+      for (size_t i = 0; i < words; i++) pat[i] = (uint32_t(t) << 24) ^ (uint32_t(op) << 12) ^ uint32_t(i + 1);
+      void *p = nullptr, *q = nullptr;
+      bool ok = ebb_arena_alloc(0, bytes, mine, &p) == EBB_OK && ebb_copy_async(p, pat.data(), bytes, mine) == EBB_OK &&
+                ebb_stream_wait_stream(peer, mine) == EBB_OK && ebb_copy_async(out, p, bytes, peer) == EBB_OK &&
+                ebb_arena_free(p) == EBB_OK && ebb_arena_alloc(0, bytes, mine, &q) == EBB_OK &&
+                ebb_copy_async(q, zeros.data(), bytes, mine) == EBB_OK &&
+                ebb_copy_async(back.data(), out, bytes, peer) == EBB_OK;
+      if (ebb_stream_synchronize(mine) != EBB_OK) failures++;
+      if (ebb_stream_synchronize(peer) != EBB_OK || !ok) failures++;
+      if (words_differing(back, pat)) wrong++;
+      if (q && ebb_arena_free(q) != EBB_OK) failures++;
+    }
+    if (ebb_arena_free(out) != EBB_OK || ebb_stream_release(mine) != EBB_OK || ebb_stream_release(peer) != EBB_OK)
+      failures++;
+  };
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; t++) th.emplace_back(worker, t);
+  for (auto &x : th) x.join();
+  CHECK(failures.load() == 0);
+  CHECK(wrong.load() == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).allocated_bytes.current == 0);
+  CHECK(stats(0).active_bytes.current == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The arena knows each block's size: a copy running past the end of a block (from its start or
+// from inside it, either side) is refused with the block named, and nothing is enqueued (no
+// staging, the next block's memory untouched).
+TEST_CASE("a copy past the end of an arena block is refused, naming the block", "[alloc][copy]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0);
+  void *small = nullptr, *next = nullptr, *big = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 512, a, &small));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 512, a, &next));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, a, &big));
+  std::vector<uint32_t> ones(128, 1), host(MiB / 4, 2), out(128, 0);
+  EBB_REQUIRE_OK(ebb_copy_async(next, ones.data(), 512, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  ebb_stream_stats ss0{}, ss1{};
+  EBB_REQUIRE_OK(ebb_stream_get_stats(&ss0));
+  char addr[32];
+  std::snprintf(addr, sizeof addr, "block at %p", small);
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "dst");
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, addr);
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "(512 bytes), offset 0;");
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "device 0");
+  EBB_CHECK_FAILS(ebb_copy_async(static_cast<char *>(small) + 256, big, 512, a), EBB_EINVAL, "offset 256;");
+  EBB_CHECK_FAILS(ebb_copy_async(big, small, 1024, a), EBB_EINVAL, "src");
+  EBB_CHECK_FAILS(ebb_copy_async(host.data(), static_cast<char *>(big) + MiB - 256, 512, a), EBB_EINVAL,
+                  "offset 1048320;");
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  EBB_REQUIRE_OK(ebb_stream_get_stats(&ss1));
+  CHECK(ss1.staged_bytes == ss0.staged_bytes);
+  EBB_REQUIRE_OK(ebb_copy_async(out.data(), next, 512, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  CHECK(words_differing(out, ones) == 0);
+  // Up to the end is fine, from the start or inside.
+  EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(small) + 256, big, 256, a));
+  EBB_REQUIRE_OK(ebb_copy_async(small, big, 512, a));
+  EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(big) + MiB - 512, small, 512, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  // Deep inside a large block: its start is 1 000 granules of the address map back.
+  void *huge = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, a, &huge));
+  EBB_CHECK_FAILS(ebb_copy_async(static_cast<char *>(huge) + 64 * MiB - 256, host.data(), 512, a), EBB_EINVAL,
+                  "offset 67108608;");
+  EBB_REQUIRE_OK(ebb_copy_async(static_cast<char *>(huge) + 40 * MiB, host.data(), 4096, a));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  for (void *p : {small, next, big, huge}) EBB_REQUIRE_OK(ebb_arena_free(p));
+  ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 

@@ -209,3 +209,48 @@ TEST_CASE("expandable segments: the retry chain unmaps what empty slabs held", "
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// fault_probe.c: the next n cuCtxSynchronize calls fail (white-box, through the driver table).
+extern "C" void ebb_test_fail_ctx_sync(int n);
+
+// The device wait before unmapping granules is not ignored: when it fails, nothing is unmapped
+// (work may still run in that memory) and the caller gets the driver's failure, from
+// empty_cache and from the OOM retry chain alike.
+TEST_CASE("a failed device wait before unmapping is reported and nothing is unmapped", "[alloc][expandable]") {
+  EbbSession session;
+  ebb_dev_caps caps{};
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 30 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  const uint64_t reserved = stats(0).reserved_bytes.current, unmaps = stats(0).num_device_free;
+  REQUIRE(reserved >= 30 * MiB);
+  // empty_cache.
+  ebb_test_fail_ctx_sync(1);
+  EBB_CHECK_FAILS(ebb_arena_empty_cache(0), EBB_EDRIVER, "ebb_arena_empty_cache: device 0: the device synchronisation before unmapping");
+  ebb_test_fail_ctx_sync(1);
+  EBB_CHECK_FAILS(ebb_arena_empty_cache(0), EBB_EDRIVER, "CUDA_ERROR_LAUNCH_FAILED");
+  CHECK(stats(0).reserved_bytes.current == reserved);
+  CHECK(stats(0).num_device_free == unmaps);
+  ARENA_CHECK();
+  // The OOM retry chain: a request past the limit on another stream would unmap the cached
+  // granules and grow again; with the wait failing it stops there, the cache untouched.
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, reserved));
+  ebb_test_fail_ctx_sync(1);
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, reserved + 10 * MiB, t, &q), EBB_EDRIVER,
+                  "ebb_arena_alloc: device 0: the device synchronisation before unmapping");
+  CHECK(stats(0).reserved_bytes.current == reserved);
+  CHECK(stats(0).num_device_free == unmaps);
+  CHECK(stats(0).num_ooms == 0);
+  ARENA_CHECK();
+  // The driver well again: both work as before.
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, reserved + 10 * MiB, t, &q), EBB_ENOMEM, "out of memory");
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, 0));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

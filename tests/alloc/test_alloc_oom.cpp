@@ -4,13 +4,20 @@
 #include <vector>
 
 #include "alloc_test_util.hpp"
+#include "runtime_export.h"  // the driver seam (ebb__drv_*), internal
 
 using namespace alloc_test;
 
 // The setting this executable is about, also when it is run by hand; ctest's ENV (same value)
 // takes precedence. Set before main, so before the driver's cuInit reads it.
 static const bool kEnvSet = setenv("EBB_SIM_MEM", "256M", 0) == 0;
+#ifdef EBB_OOM_EXPANDABLE
+static const bool kConfSet = setenv("EBB_ALLOC_CONF", "expandable_segments:1", 0) == 0;
+#endif
 
+// The same source with expandable segments (test_alloc_oom_expandable) runs only the cases
+// about growth near capacity; the others pin the classic segments' figures.
+#ifndef EBB_OOM_EXPANDABLE
 TEST_CASE("allocate until out of memory, read the report, free, allocate again", "[alloc][oom]") {
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
@@ -109,5 +116,84 @@ TEST_CASE("out of memory: the retry chain reuses what the empty slabs it gave ba
   EBB_REQUIRE_OK(ebb_arena_free(y));
   EBB_REQUIRE_OK(ebb_arena_set_limit(0, 0));
   ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+#endif // EBB_OOM_EXPANDABLE
+
+// Takes device memory from the driver until `left` bytes are free; returns what it took.
+static std::vector<uint64_t> fill_device_leaving(int dev, size_t left) {
+  size_t fr = 0, total = 0;
+  EBB_REQUIRE_OK(ebb_dev_mem_info(dev, &fr, &total));
+  REQUIRE(fr > left);
+  std::vector<uint64_t> taken;
+  uint64_t d = 0;
+  EBB_REQUIRE_OK(ebb__drv_mem_alloc(dev, fr - left, &d));
+  taken.push_back(d);
+  EBB_REQUIRE_OK(ebb_dev_mem_info(dev, &fr, &total));
+  REQUIRE(fr == left);
+  return taken;
+}
+
+static void give_back(int dev, const std::vector<uint64_t> &taken) {
+  for (uint64_t d : taken) EBB_REQUIRE_OK(ebb__drv_mem_free(dev, d));
+}
+
+// Near capacity the size policy's segment (20 MiB for a 3 MiB request) or growth step (at least
+// 20 MiB with expandable segments) does not fit where the request would: the arena falls back to
+// one just large enough (whole 2 MiB) before it fails.
+TEST_CASE("near capacity a request that fits gets a segment just large enough", "[alloc][oom]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  for (size_t left : {10 * MiB, 4 * MiB}) {
+    INFO("free on the device: " << left / MiB << " MiB");
+    std::vector<uint64_t> taken = fill_device_leaving(0, left);
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &p));
+    ebb_arena_stats st = stats(0);
+    CHECK(st.reserved_bytes.current == 4 * MiB);
+    CHECK(st.num_ooms == 0);
+    ARENA_CHECK();
+    // It is an ordinary block: freed, cached, reused, given back.
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+    void *q = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &q));
+    CHECK(q == p);
+    EBB_REQUIRE_OK(ebb_arena_free(q));
+    EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+    CHECK(stats(0).reserved_bytes.current == 0);
+    ARENA_CHECK();
+    give_back(0, taken);
+  }
+  // With room, the policy's own size as before.
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &p));
+  CHECK(stats(0).reserved_bytes.current == 20 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// When even that does not fit, the report says what was tried.
+TEST_CASE("an OOM report names the segment sizes it tried", "[alloc][oom]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  std::vector<uint64_t> taken = fill_device_leaving(0, 2 * MiB);
+  void *p = nullptr;
+#ifdef EBB_OOM_EXPANDABLE
+  const char *tried = "; tried to map 20.00 MiB, then 4.00 MiB;";
+#else
+  const char *tried = "; tried a 20.00 MiB segment, then a 4.00 MiB one;";
+#endif
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 3 * MiB, s, &p), EBB_ENOMEM, tried);
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 3 * MiB, s, &p), EBB_ENOMEM, "requested 3.00 MiB (rounded 3.00 MiB)");
+  // A request the policy sizes exactly: one size tried.
+#ifdef EBB_OOM_EXPANDABLE
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 30 * MiB, s, &p), EBB_ENOMEM, "; tried to map 30.00 MiB;");
+#else
+  EBB_CHECK_FAILS(ebb_arena_alloc(0, 30 * MiB, s, &p), EBB_ENOMEM, "; tried a 30.00 MiB segment;");
+#endif
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  give_back(0, taken);
   REQUIRE(ebb_debug_live_handles() == 0);
 }

@@ -185,6 +185,71 @@ TEST_CASE("pinned: a block copied through on a stream is a valid staging buffer"
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// A copy from or into a pinned block on a stream records that use itself: forgetting
+// ebb_pinned_record_stream no longer lets a new owner take the block while the copy still
+// reads it (before: 12 288 of 12 288 words wrong) or writes it. Stream b is held by a host
+// function so the copies are still queued when the blocks are freed, taken again and written
+// by the host.
+TEST_CASE("pinned: a copy on a stream keeps its block from a new owner without record_stream", "[alloc][pinned][copy]") {
+  EbbSession session;
+  ebb_stream_t *b = new_stream(0);
+  for (size_t bytes : {48 * KiB, 4 * MiB}) {
+    INFO("bytes " << bytes);
+    const size_t words = bytes / 4;
+    std::vector<uint32_t> pattern(words), out(words, 0);
+    for (size_t i = 0; i < words; i++) pattern[i] = 0x9e3779b9u * static_cast<uint32_t>(i + 1);
+    void *src = nullptr, *dst = nullptr, *dev = nullptr, *dev2 = nullptr, *again = nullptr, *again2 = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, b, &dev));
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, b, &dev2));
+    EBB_REQUIRE_OK(ebb_pinned_alloc(bytes, 0, &src));
+    EBB_REQUIRE_OK(ebb_pinned_alloc(bytes, 0, &dst));
+    std::memcpy(src, pattern.data(), bytes);
+    EBB_REQUIRE_OK(ebb_copy_async(dev2, pattern.data(), bytes, b));
+    std::atomic<int> open{0};
+    EBB_REQUIRE_OK(ebb_stream_host_func(b, hold_until_open, &open));
+    EBB_REQUIRE_OK(ebb_copy_async(dev, src, bytes, b));   // reads src later
+    EBB_REQUIRE_OK(ebb_copy_async(dst, dev2, bytes, b));  // writes dst later
+    EBB_REQUIRE_OK(ebb_pinned_free(src));
+    EBB_REQUIRE_OK(ebb_pinned_free(dst));
+    EBB_REQUIRE_OK(ebb_pinned_alloc(bytes, 0, &again));
+    EBB_REQUIRE_OK(ebb_pinned_alloc(bytes, 0, &again2));
+    std::memset(again, 0, bytes);
+    std::memset(again2, 0, bytes);
+    open.store(1, std::memory_order_release);
+    EBB_REQUIRE_OK(ebb_copy_async(out.data(), dev, bytes, b));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+    CHECK(words_differing(out, pattern) == 0);
+    std::vector<uint32_t> zeros(words, 0), mine(words);
+    std::memcpy(mine.data(), again, bytes);
+    CHECK(words_differing(mine, zeros) == 0);
+    std::memcpy(mine.data(), again2, bytes);
+    CHECK(words_differing(mine, zeros) == 0);
+    for (void *p : {again, again2}) EBB_REQUIRE_OK(ebb_pinned_free(p));
+    for (void *p : {dev, dev2}) EBB_REQUIRE_OK(ebb_arena_free(p));
+    POOLS_CHECK();
+  }
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The pinned pool knows its blocks' sizes too.
+TEST_CASE("pinned: a copy past the end of a pinned block is refused, naming the block", "[alloc][pinned][copy]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *pin = nullptr, *dev = nullptr;
+  EBB_REQUIRE_OK(ebb_pinned_alloc(512, 0, &pin));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &dev));
+  EBB_CHECK_FAILS(ebb_copy_async(pin, dev, MiB, s), EBB_EINVAL, "dst");
+  EBB_CHECK_FAILS(ebb_copy_async(pin, dev, MiB, s), EBB_EINVAL, "pinned pool");
+  EBB_CHECK_FAILS(ebb_copy_async(dev, static_cast<char *>(pin) + 8, 512, s), EBB_EINVAL, "offset 8;");
+  EBB_REQUIRE_OK(ebb_copy_async(dev, static_cast<char *>(pin) + 8, 504, s));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s));
+  EBB_REQUIRE_OK(ebb_pinned_free(pin));
+  EBB_REQUIRE_OK(ebb_arena_free(dev));
+  POOLS_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("host: the tiny-tensor pattern is served from cached segments", "[alloc][host]") {
   EbbSession session;
   std::mt19937_64 rng;
