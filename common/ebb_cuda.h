@@ -272,6 +272,11 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemA
 typedef void (*ebbsim_kernel_fn)(void *args);
 typedef CUresult (*ebbsim_register_kernel_fn)(const char *name, ebbsim_kernel_fn fn, size_t arg_bytes);
 #define EBBSIM_REGISTER_KERNEL_SYMBOL "ebbsim_register_kernel"
+/* Its second: why cuInit failed, in words ("EBB_SIM_MEM='x' is not ..."), or "" when it did not.
+ * The driver never prints; ebb_init puts this text into its own error message. The string is
+ * the driver's, valid until it is unloaded. */
+typedef const char *(*ebbsim_init_error_fn)(void);
+#define EBBSIM_INIT_ERROR_SYMBOL "ebbsim_init_error"
 
 /* X(field, symbol, required): every Driver API entry point ebb resolves, by its versioned name. */
 #define EBB_DRV_ENTRIES(X)                                          \

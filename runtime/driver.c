@@ -73,6 +73,10 @@ static bool ebb__resolve(void *dl, ebb_drv *d, char *err, size_t errlen) {
   return true;
 }
 
+/* Set when a driver's cuInit failed over a bad setting it named (ebbsim_init_error): ebb_init
+ * then fails with EBB_EINVAL, as for any bad configuration. Runtime lock held (ebb_init). */
+static bool ebb__bad_setting;
+
 /* dlopen + resolve + cuInit + at least one device. Fills ebb__rt.{dl,drv,info} on success. */
 static bool ebb__try_driver(const char *path, ebb_driver_kind kind, char *err, size_t errlen) {
   void *dl = ebb__dlopen_once(path, err, errlen);
@@ -83,8 +87,14 @@ static bool ebb__try_driver(const char *path, ebb_driver_kind kind, char *err, s
   if (r != CUDA_SUCCESS) {
     const char *name = NULL;
     if (d.GetErrorName(r, &name) != CUDA_SUCCESS || !name) name = ebb__cu_name(r);
-    snprintf(err, errlen, "cuInit failed with %s (%d)%s", name ? name : "an unknown error", (int)r,
-             r == CUDA_ERROR_STUB_LIBRARY || r == CUDA_ERROR_NO_DEVICE ? ": no GPU here" : "");
+    /* The emulated driver says why in words (a bad EBB_SIM_* setting); libcuda has no such call. */
+    ebbsim_init_error_fn why_fn;
+    *(void **)(&why_fn) = dlsym(dl, EBBSIM_INIT_ERROR_SYMBOL);
+    const char *why = why_fn ? why_fn() : NULL;
+    if (why && *why && r == CUDA_ERROR_INVALID_VALUE) ebb__bad_setting = true;
+    snprintf(err, errlen, "cuInit failed with %s (%d)%s%s", name ? name : "an unknown error", (int)r,
+             r == CUDA_ERROR_STUB_LIBRARY || r == CUDA_ERROR_NO_DEVICE ? ": no GPU here" : why && *why ? ": " : "",
+             why && *why ? why : "");
     return false;
   }
   int n = 0;
@@ -148,6 +158,7 @@ static ebb_status ebb__load_driver(void) {
   if (!want || !*want) want = "auto";
   ebb_driver_info *info = &ebb__rt.info;
   char err[1024] = "", err2[1024] = "";
+  ebb__bad_setting = false;
   if (strcmp(want, "auto") == 0) {
     if (ebb__try_driver("libcuda.so.1", EBB_DRIVER_CUDA, err, sizeof err)) {
       snprintf(info->reason, sizeof info->reason, "auto: libcuda.so.1 loaded and cuInit found %d device(s)",
@@ -158,7 +169,8 @@ static ebb_status ebb__load_driver(void) {
       snprintf(info->reason, sizeof info->reason, "auto: libcuda.so.1 unusable (%.200s); emulated driver", err);
       return EBB_OK;
     }
-    return ebb__fail(EBB_ENOTFOUND, "ebb_init: no driver: libcuda.so.1: %s; emulated driver: %s", err, err2);
+    return ebb__fail(ebb__bad_setting ? EBB_EINVAL : EBB_ENOTFOUND, "ebb_init: no driver: libcuda.so.1: %s; emulated driver: %s",
+                     err, err2);
   }
   if (strcmp(want, "cuda") == 0) {
     if (ebb__try_driver("libcuda.so.1", EBB_DRIVER_CUDA, err, sizeof err)) {
@@ -172,7 +184,8 @@ static ebb_status ebb__load_driver(void) {
       snprintf(info->reason, sizeof info->reason, "EBB_DRIVER=sim");
       return EBB_OK;
     }
-    return ebb__fail(EBB_ENOTFOUND, "ebb_init: EBB_DRIVER=sim but the emulated driver did not load: %s", err);
+    return ebb__fail(ebb__bad_setting ? EBB_EINVAL : EBB_ENOTFOUND, "ebb_init: EBB_DRIVER=sim but the emulated driver did not load: %s",
+                     err);
   }
   if (strchr(want, '/') || strstr(want, ".so")) {
     if (ebb__try_driver(want, EBB_DRIVER_CUSTOM, err, sizeof err)) {

@@ -26,6 +26,8 @@ struct sim_globals sim;
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
+/* Why init_body failed, for ebbsim_init_error; written once under the cuInit once-guard. */
+static char init_error[256];
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local struct sim_device *tls_current;
 
@@ -232,32 +234,32 @@ static void init_body(void) {
   uint64_t perturb = 0;
   /* A bad setting fails cuInit loudly rather than silently simulating something else. */
   if ((e = getenv("EBB_SIM_DEVICES")) && !parse_devices(e, &ndev)) {
-    fprintf(stderr, "ebb simdrv: EBB_SIM_DEVICES='%s' is not an integer in 1..%d\n", e, SIM_MAX_DEVICES);
+    snprintf(init_error, sizeof init_error, "EBB_SIM_DEVICES='%s' is not an integer in 1..%d", e, SIM_MAX_DEVICES);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
   if ((e = getenv("EBB_SIM_MEM")) && !parse_bytes(e, &mem)) {
-    fprintf(stderr, "ebb simdrv: EBB_SIM_MEM='%s' is not a positive byte count (suffix K, M, G, T)\n", e);
+    snprintf(init_error, sizeof init_error, "EBB_SIM_MEM='%s' is not a positive byte count (suffix K, M, G, T)", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
   if ((e = getenv("EBB_SIM_COMMIT")) && !parse_bool01(e, &commit)) {
-    fprintf(stderr, "ebb simdrv: EBB_SIM_COMMIT='%s' is not 0 or 1\n", e);
+    snprintf(init_error, sizeof init_error, "EBB_SIM_COMMIT='%s' is not 0 or 1", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
   if ((e = getenv("EBB_SIM_COPY_GBPS")) && !parse_nonneg(e, &gbps)) {
-    fprintf(stderr, "ebb simdrv: EBB_SIM_COPY_GBPS='%s' is not a number >= 0\n", e);
+    snprintf(init_error, sizeof init_error, "EBB_SIM_COPY_GBPS='%s' is not a number >= 0", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
   if ((e = getenv("EBB_SIM_LAUNCH_US")) && !parse_nonneg(e, &launch_us)) {
-    fprintf(stderr, "ebb simdrv: EBB_SIM_LAUNCH_US='%s' is not a number >= 0\n", e);
+    snprintf(init_error, sizeof init_error, "EBB_SIM_LAUNCH_US='%s' is not a number >= 0", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
   if ((e = getenv("EBB_SIM_PERTURB")) && !parse_seed(e, &perturb)) {
-    fprintf(stderr, "ebb simdrv: EBB_SIM_PERTURB='%s' is not a seed (an integer in 0..2^64-1; 0 is off)\n", e);
+    snprintf(init_error, sizeof init_error, "EBB_SIM_PERTURB='%s' is not a seed (an integer in 0..2^64-1; 0 is off)", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
@@ -278,6 +280,7 @@ static void init_body(void) {
     atomic_init(&d->used, 0);
     sim_exec_init_device(d);
     if (!sim_exec_create_null_stream(d)) {
+      snprintf(init_error, sizeof init_error, "no host memory or thread for device %d's null stream", i);
       init_result = CUDA_ERROR_OUT_OF_MEMORY;
       return;
     }
@@ -286,6 +289,10 @@ static void init_body(void) {
   /* release: pairs with the acquire in sim_initialized; publishes everything above */
   atomic_store_explicit(&sim.ready, 1, memory_order_release);
 }
+
+/* The emulated driver's extension: why cuInit failed ("" before a failure). The once-guard of
+ * cuInit orders init_error's write before any caller that saw cuInit return. */
+SIM_API const char *ebbsim_init_error(void) { return init_error; }
 
 SIM_API CUresult CUDAAPI cuInit(unsigned int Flags) {
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;

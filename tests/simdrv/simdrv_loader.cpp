@@ -48,6 +48,7 @@ SimDrv load() {
       reinterpret_cast<decltype(d.DevicePrimaryCtxReset)>(must_sym(h, "cuDevicePrimaryCtxReset_v2"));
   d.StreamGetPriority = reinterpret_cast<decltype(d.StreamGetPriority)>(must_sym(h, "cuStreamGetPriority"));
   d.RegisterKernel = reinterpret_cast<ebbsim_register_kernel_fn>(must_sym(h, EBBSIM_REGISTER_KERNEL_SYMBOL));
+  d.InitError = reinterpret_cast<ebbsim_init_error_fn>(must_sym(h, EBBSIM_INIT_ERROR_SYMBOL));
   return d;
 }
 

@@ -23,6 +23,7 @@ struct SimDrv {
   decltype(&cuDevicePrimaryCtxReset) DevicePrimaryCtxReset;
   decltype(&cuStreamGetPriority) StreamGetPriority;
   ebbsim_register_kernel_fn RegisterKernel;
+  ebbsim_init_error_fn InitError;
 };
 
 // The loaded driver (loaded on first use; Catch2 REQUIREs that every symbol resolves). Does not

@@ -13,8 +13,18 @@
 TEST_CASE("environment: device count and capacity", "[simdrv][env]") {
   const SimDrv &d = drv();
   if (std::getenv("EBB_SIMDRV_EXPECT_BAD_ENV")) {
-    // A bad setting fails cuInit, every time, and nothing else works.
+    // A bad setting fails cuInit, every time, and nothing else works. The driver prints
+    // nothing; ebbsim_init_error names the variable and its value for ebb_init's message.
+    CHECK(std::string(d.InitError()).empty());
     CU_EQ(d.Init(0), CUDA_ERROR_INVALID_VALUE);
+    std::string why = d.InitError();
+    INFO("ebbsim_init_error: " << why);
+    const char *vars[] = {"EBB_SIM_DEVICES", "EBB_SIM_PERTURB", "EBB_SIM_COMMIT"};
+    bool named = false;
+    for (const char *v : vars)
+      if (const char *val = std::getenv(v))
+        if (why.find(std::string(v) + "='" + val + "'") != std::string::npos) named = true;
+    CHECK(named);
     CU_EQ(d.Init(0), CUDA_ERROR_INVALID_VALUE);
     int n = -1;
     CU_EQ(d.DeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
@@ -22,6 +32,7 @@ TEST_CASE("environment: device count and capacity", "[simdrv][env]") {
   }
   int n = sim_setup();
   CHECK(n == 3);
+  CHECK(std::string(d.InitError()).empty());
   for (int i = 0; i < n; i++) {
     size_t total = 0;
     CU_OK(d.DeviceTotalMem(&total, i));
