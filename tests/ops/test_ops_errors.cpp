@@ -38,6 +38,21 @@ std::vector<Case> creators(int dev, int ndim, const int64_t *shape, const void *
 
 bool starts_with(const std::string &s, const std::string &p) { return s.rfind(p, 0) == 0; }
 
+// Runs a case that must fail with `want`, no tensor out, and a message starting with the call's
+// name; returns the message for further checks.
+std::string run_failing(const Case &c, ebb_status want) {
+  ebb_tensor_t *o = nullptr;
+  ebb_clear_error();
+  ebb_status st = c.call(&o);
+  std::string msg = ebb_last_error();
+  INFO(c.fn << " -> " << ebb_status_name(st) << ": " << msg);
+  CHECK(st == want);
+  CHECK(starts_with(msg, std::string(c.fn) + ": "));
+  CHECK(o == nullptr);
+  if (o) ebb_tensor_release(o);
+  return msg;
+}
+
 } // namespace
 
 TEST_CASE("errors: every creation call before ebb_init names itself", "[ops][errors]") {
@@ -47,14 +62,7 @@ TEST_CASE("errors: every creation call before ebb_init names itself", "[ops][err
   for (int dev : {EBB_DEVICE_CPU, 0}) {
     for (auto &c : creators(dev, 2, shape, src, sizeof src)) {
       INFO(c.fn << " on " << dev_name(dev));
-      ebb_tensor_t *o = nullptr;
-      ebb_clear_error();
-      ebb_status st = c.call(&o);
-      std::string msg = ebb_last_error();
-      INFO(msg);
-      CHECK(st == EBB_ENOTINIT);
-      CHECK(starts_with(msg, std::string(c.fn) + ": "));
-      CHECK(o == nullptr);
+      run_failing(c, EBB_ENOTINIT);
     }
   }
 }
@@ -64,18 +72,12 @@ TEST_CASE("errors: out of memory in a creation call names it and the tensor", "[
   int64_t shape[2] = {16384, 16384}; // 1 GiB of f32 on a 256 MiB device
   for (auto &c : creators(0, 2, shape, nullptr, 0)) {
     if (std::string(c.fn) == "ebb_tensor_from_host") continue; // (would need a 1 GiB source)
-    INFO(c.fn);
-    ebb_tensor_t *o = nullptr;
-    ebb_clear_error();
-    ebb_status st = c.call(&o);
-    std::string msg = ebb_last_error();
+    std::string msg = run_failing(c, EBB_ENOMEM);
     INFO(msg);
-    CHECK(st == EBB_ENOMEM);
     std::string want = std::string(c.fn) + ": out of memory for a " +
                        (std::string(c.fn) == "ebb_tensor_arange" ? "[268435456]" : "[16384,16384]") + " f32 tensor (1 GiB) on device 0: ";
     CHECK(starts_with(msg, want));
     CHECK(msg.find("ebb_arena_alloc") == std::string::npos);
-    CHECK(o == nullptr);
   }
   REQUIRE(ebb_debug_live_handles() == 0);
 }
@@ -108,16 +110,9 @@ TEST_CASE("errors: out of memory inside a composite op names the op the user cal
        }},
   };
   for (auto &c : ops) {
-    INFO(c.fn);
-    ebb_tensor_t *o = nullptr;
-    ebb_clear_error();
-    ebb_status st = c.call(&o);
-    std::string msg = ebb_last_error();
+    std::string msg = run_failing(c, EBB_ENOMEM);
     INFO(msg);
-    CHECK(st == EBB_ENOMEM);
-    CHECK(starts_with(msg, std::string(c.fn) + ": "));
     CHECK(msg.find("out of memory for a [") != std::string::npos);
-    CHECK(o == nullptr);
   }
   x.reset(), g.reset(), t.reset();
   REQUIRE(ebb_debug_live_handles() == 0);

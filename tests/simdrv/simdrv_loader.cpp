@@ -124,6 +124,33 @@ CUresult launch(CUfunction f, CUstream s, void *args) {
   return drv().LaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
 }
 
+CUstream make_stream(int prio) {
+  CUstream s;
+  CU_OK(drv().StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, prio));
+  return s;
+}
+
+CUevent make_event(unsigned flags) {
+  CUevent e;
+  CU_OK(drv().EventCreate(&e, flags));
+  return e;
+}
+
+int *dev_ints(size_t n) {
+  CUdeviceptr p;
+  CU_OK(drv().MemAlloc(&p, n * sizeof(int)));
+  std::memset(reinterpret_cast<void *>(p), 0, n * sizeof(int));
+  return reinterpret_cast<int *>(p);
+}
+
+void host_append(void *user) {
+  auto *a = static_cast<AppendArgs *>(user);
+  a->buf[1 + a->buf[0]] = a->value;
+  a->buf[0]++;
+}
+
+void Gate::close_on(CUfunction gate, CUstream s) { CU_OK(launch(gate, s, &args)); }
+
 int thread_count() {
   DIR *d = opendir("/proc/self/task");
   REQUIRE(d != nullptr);

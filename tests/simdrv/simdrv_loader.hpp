@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ebb_cuda.h"
+#include "sanitizers.hpp"
 
 struct SimDrv {
   // One typed pointer per EBB_DRV_ENTRIES row: `cu##field` is re-scanned after pasting, so
@@ -82,6 +83,21 @@ struct BigArgs {
 CUfunction get_kernel(const char *name, CUmodule *mod_out = nullptr);
 // cuLaunchKernel with a 1x1x1 grid and block.
 CUresult launch(CUfunction f, CUstream s, void *args);
+// A non-blocking stream of priority `prio` on the current context.
+CUstream make_stream(int prio = 0);
+// An event with `flags`.
+CUevent make_event(unsigned flags = 0);
+// A zeroed int buffer of n ints in device memory (host-addressable on simdrv), for "append".
+int *dev_ints(size_t n);
+// For cuLaunchHostFunc: what the "append" kernel does (user points at an AppendArgs).
+void host_append(void *user);
+// Holds a device's compute engine busy until opened: a "gate" kernel spins on the flag.
+struct Gate {
+  int flag = 0;
+  GateArgs args{&flag};
+  void close_on(CUfunction gate, CUstream s);
+  void open() { __atomic_store_n(&flag, 1, __ATOMIC_RELEASE); }
+};
 // Threads of this process (entries of /proc/self/task).
 int thread_count();
 // Monotonic milliseconds.

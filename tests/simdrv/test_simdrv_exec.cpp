@@ -13,41 +13,7 @@
 
 namespace {
 
-// Holds a device's compute engine busy until opened: a "gate" kernel spins on the flag.
-struct Gate {
-  int flag = 0;
-  GateArgs args{&flag};
-  void close_on(CUfunction gate, CUstream s) { CU_OK(launch(gate, s, &args)); }
-  void open() { __atomic_store_n(&flag, 1, __ATOMIC_RELEASE); }
-};
-
-CUstream make_stream(int prio = 0) {
-  CUstream s;
-  CU_OK(drv().StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, prio));
-  return s;
-}
-
-CUevent make_event(unsigned flags = 0) {
-  CUevent e;
-  CU_OK(drv().EventCreate(&e, flags));
-  return e;
-}
-
-// A zeroed int buffer in device memory (host-addressable on simdrv), for "append" kernels.
-int *dev_ints(size_t n) {
-  CUdeviceptr p;
-  CU_OK(drv().MemAlloc(&p, n * sizeof(int)));
-  std::memset(reinterpret_cast<void *>(p), 0, n * sizeof(int));
-  return reinterpret_cast<int *>(p);
-}
-
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
-
-void host_append(void *p) {
-  auto *a = static_cast<AppendArgs *>(p);
-  a->buf[1 + a->buf[0]] = a->value;
-  a->buf[0]++;
-}
 
 }  // namespace
 

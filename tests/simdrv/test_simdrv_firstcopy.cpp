@@ -20,18 +20,6 @@
 
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kTsan = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kTsan = true;
-#else
-constexpr bool kTsan = false;
-#endif
-#else
-constexpr bool kTsan = false;
-#endif
-
 constexpr double kGBps = 2.0;
 constexpr size_t kBytes = size_t(64) << 20;
 constexpr int kTrials = 3;

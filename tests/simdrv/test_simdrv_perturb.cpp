@@ -8,46 +8,11 @@
 
 #include "simdrv_loader.hpp"
 
-namespace {
-
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr int kScale = 5;  // sanitizers slow every command; fewer rounds keep the case quick
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr int kScale = 5;
-#else
-constexpr int kScale = 1;
-#endif
-#else
-constexpr int kScale = 1;
-#endif
-
-CUstream make_stream(int prio) {
-  CUstream s;
-  CU_OK(drv().StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, prio));
-  return s;
-}
-
-int *dev_ints(size_t n) {
-  CUdeviceptr p;
-  CU_OK(drv().MemAlloc(&p, n * sizeof(int)));
-  std::memset(reinterpret_cast<void *>(p), 0, n * sizeof(int));
-  return reinterpret_cast<int *>(p);
-}
-
-void host_append(void *p) {
-  auto *a = static_cast<AppendArgs *>(p);
-  a->buf[1 + a->buf[0]] = a->value;
-  a->buf[0]++;
-}
-
-}  // namespace
-
 TEST_CASE("perturbed: stream order and event order still hold", "[simdrv][perturb][order]") {
   const SimDrv &d = drv();
   int ndev = sim_setup();
   constexpr int kStreams = 4, kBatch = 40, kEventsPerStream = 2;
-  const int rounds = 2000 / kScale;
+  const int rounds = 2000 / kSanitizerScale;
   // A chain of rounds hops from stream to stream (of mixed priorities, half of them on device 1
   // when there is one), each round waiting for the previous round's event and then appending to
   // one shared log with a kernel (compute engine), a host function (host engine) or a copy of the
@@ -156,7 +121,7 @@ TEST_CASE("perturbed: copies of independent streams on one copy engine run out o
     return y[0];
   };
   int v = 0, fresh = 0, stale = 0;
-  for (int i = 0; i < 200 / kScale; i++) {
+  for (int i = 0; i < 200 / kSanitizerScale; i++) {
     ++v;
     REQUIRE(attempt(v, true) == v);
   }

@@ -8,31 +8,6 @@
 
 #include "simdrv_loader.hpp"
 
-namespace {
-
-// Holds a device's compute engine busy until opened: a "gate" kernel spins on the flag.
-struct Gate {
-  int flag = 0;
-  GateArgs args{&flag};
-  void close_on(CUfunction gate, CUstream s) { CU_OK(launch(gate, s, &args)); }
-  void open() { __atomic_store_n(&flag, 1, __ATOMIC_RELEASE); }
-};
-
-CUstream make_stream(int prio = 0) {
-  CUstream s;
-  CU_OK(drv().StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, prio));
-  return s;
-}
-
-int *dev_ints(size_t n) {
-  CUdeviceptr p;
-  CU_OK(drv().MemAlloc(&p, n * sizeof(int)));
-  std::memset(reinterpret_cast<void *>(p), 0, n * sizeof(int));
-  return reinterpret_cast<int *>(p);
-}
-
-}  // namespace
-
 TEST_CASE("engines prefer higher-priority streams", "[simdrv][stream][priority]") {
   const SimDrv &d = drv();
   sim_setup();

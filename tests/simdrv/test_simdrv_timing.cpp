@@ -16,24 +16,6 @@ constexpr double kGBps = 0.01;
 constexpr double kLaunchMs = 10.0;
 double copy_ms(size_t bytes) { return static_cast<double>(bytes) / (kGBps * 1e9) * 1e3; }
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kTsan = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kTsan = true;
-#else
-constexpr bool kTsan = false;
-#endif
-#else
-constexpr bool kTsan = false;
-#endif
-
-CUstream make_stream() {
-  CUstream s;
-  CU_OK(drv().StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0));
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("timing: copy and kernel durations follow the model - elapsed time sees them", "[simdrv][timing]") {

@@ -5,23 +5,12 @@
 // when that wait is removed. Without the mode both copies ran on one copy engine in issue order,
 // and the missing wait went unnoticed. The "removed wait" case asserts that stale data IS seen,
 // so it fails if the mode ever stops perturbing.
+#include "sanitizers.hpp"
 #include "streams_test_util.hpp"
 
 using namespace streams_test;
 
 namespace {
-
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr int kScale = 5;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr int kScale = 5;
-#else
-constexpr int kScale = 1;
-#endif
-#else
-constexpr int kScale = 1;
-#endif
 
 constexpr size_t kInts = 1024;
 
@@ -76,7 +65,7 @@ TEST_CASE("perturbed: a consumer copy that waits on the producer's event always 
   EbbSession session;
   {
     HandOff h;
-    for (int i = 0; i < 200 / kScale; i++) {
+    for (int i = 0; i < 200 / kSanitizerScale; i++) {
       int got = h.run(true);
       REQUIRE(got == h.value);
     }

@@ -6,23 +6,12 @@
 #include <thread>
 #include <vector>
 
+#include "sanitizers.hpp"
 #include "streams_test_util.hpp"
 
 using namespace streams_test;
 
 namespace {
-
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-constexpr int kSanitized = 1;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr int kSanitized = 1;
-#else
-constexpr int kSanitized = 0;
-#endif
-#else
-constexpr int kSanitized = 0;
-#endif
 
 void noop_host_fn(void *) {}
 
