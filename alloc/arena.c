@@ -1016,6 +1016,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     /* A failing release leaks the range rather than risk handing it out twice. */
     if (a->up->release(a, g->base, g->size) == EBB_OK) nfreed++;
+    ebb__grave_add(a->label, g->base, g->size);
     free(g);
   }
   ebb__lock(&a->mu);
@@ -1933,6 +1934,33 @@ ebb_status ebb__uses_grow(struct ebb__stream_ref **uses, uint16_t *ucap, const c
   return EBB_OK;
 }
 
+/* Whether use u no longer matters to a free: its stream was released and all the work issued
+ * to it is done (the release's event completed), so a free would wait for nothing. */
+static bool ebb__use_retired(const struct ebb__stream_ref *u) {
+  uint64_t id;
+  int dev;
+  if (ebb__stream_peek(u->s, &id, &dev) && id == u->id) return false; /* live (slots are reused, ids never) */
+  return ebb__stream_released_done(u->device, u->id);
+}
+
+ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **uses, uint16_t *n, uint16_t *cap,
+                         const struct ebb__stream_ref *s, void *ptr) {
+  for (uint32_t i = 0; i < *n; i++)
+    if ((*uses)[i].id == s->id) return EBB_OK;
+  if (*n == *cap) { /* full: drop the uses of released streams whose work is done first */
+    uint16_t kept = 0;
+    for (uint32_t i = 0; i < *n; i++)
+      if (!ebb__use_retired(&(*uses)[i])) (*uses)[kept++] = (*uses)[i];
+    *n = kept;
+  }
+  if (*n == *cap) {
+    ebb_status st = ebb__uses_grow(uses, cap, fn, s->id, ptr);
+    if (st) return st;
+  }
+  (*uses)[(*n)++] = *s;
+  return EBB_OK;
+}
+
 void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs) {
   if (!evs) {
     /* No host memory for the event array: wait for the devices of the using streams instead,
@@ -2059,9 +2087,11 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
     return ebb__explain_in(fn, ptr, kind, a, state, base, size, sid);
   }
   char was[48];
-  if (ebb__grave_find(addr, was, sizeof was))
-    return ebb__fail(EBB_EFREED, "%s: pointer %p is from before the last completed ebb_shutdown, which gave back the memory of %s it lay in; "
-                     "expected a block from %s since ebb_init", fn, ptr, was, want);
+  int gone = ebb__grave_find(addr, was, sizeof was);
+  if (gone)
+    return ebb__fail(EBB_EFREED, "%s: pointer %p lies in memory the %s gave back %s: a pointer to a block freed before then "
+                     "(or memory from elsewhere that now occupies that range); expected a live block from %s", fn, ptr, was,
+                     gone == 2 ? "at a completed ebb_shutdown" : "to the system in an empty_cache since ebb_init", want);
   return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
 
@@ -2168,25 +2198,9 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
  * unlocks the arena. */
 static ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct ebb__block *b, void *ptr,
                                            const struct ebb__stream_ref *s) {
-  if (s->id == b->spool->stream.id) {
-    ebb__unlock(&a->mu);
-    return EBB_OK;
-  }
-  for (uint32_t i = 0; i < b->nuses; i++)
-    if (ebb__use_at(b, i)->id == s->id) {
-      ebb__unlock(&a->mu);
-      return EBB_OK;
-    }
-  if (b->nuses == b->ucap) {
-    ebb_status st = ebb__uses_grow(&b->uses, &b->ucap, fn, s->id, ptr);
-    if (st) {
-      ebb__unlock(&a->mu);
-      return st;
-    }
-  }
-  *ebb__use_at(b, b->nuses++) = *s;
+  ebb_status st = s->id == b->spool->stream.id ? EBB_OK : ebb__uses_add(fn, &b->uses, &b->nuses, &b->ucap, s, ptr);
   ebb__unlock(&a->mu);
-  return EBB_OK;
+  return st;
 }
 
 /* ---- the copy hook (streams_export.h) ------------------------------------------------------
@@ -2238,6 +2252,13 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
   struct ebb__arena *const *all = ebb__arenas_all(&n);
   while (i < n && !ebb__in_span(all[i], addr)) i++;
   if (i == n) return EBB_OK;
+  /* From a host function, the arena lock could be held by a thread waiting for this very
+   * function's device work (empty_cache with expandable segments, an OOM retry): refuse rather
+   * than deadlock, before taking it (stream.h, ebb_stream_host_func). */
+  if (ebb__in_host_fn())
+    return ebb__fail(EBB_ESTATE, "%s: %s %p lies in the memory of the %s, called from a host function (ebb_stream_host_func); "
+                     "expected a copy of driver-allocated memory there, or the copy issued from a host thread", fn,
+                     is_dst ? "dst" : "src", ptr, all[i]->label);
   const struct ebb__stream_ref ref = {.s = s, .id = sid, .device = sdev};
   struct ebb__block *b;
   struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
@@ -2261,11 +2282,19 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
   if (!b && !(b = ebb__live_containing_lock(addr, all, i, n))) return EBB_OK;
   struct ebb__arena *a = b->arena;
   uint64_t off = addr - b->addr;
-  if (EBB_UNLIKELY(bytes > b->size - off)) {
+  /* The bytes the caller asked for, not the rounded block: past them is another request's
+   * business (or the rounding's), never this block's data. */
+  if (EBB_UNLIKELY(off > b->requested || bytes > b->requested - off)) {
     uint64_t base = b->addr;
-    size_t size = b->size;
+    size_t size = b->requested;
     ebb__unlock(&a->mu);
     return ebb__copy_past_end(fn, ptr, bytes, is_dst, a, base, size);
+  }
+  /* A pageable source is read into the staging chunks before ebb_copy_async returns (streams'
+   * ebb__stage): no work on s reads it later, so there is no use to record. */
+  if (!is_dst && a->up->kind == EBB__MEM_HOST_POOL) {
+    ebb__unlock(&a->mu);
+    return EBB_OK;
   }
   return ebb__block_record_locked(fn, a, b, (void *)(uintptr_t)b->addr, &ref);
 }
@@ -2274,11 +2303,14 @@ ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_d
                               uint64_t base, size_t size) {
   char by[24], sz[24];
   uint64_t off = (uint64_t)(uintptr_t)ptr - base;
+  char room[64];
+  if (off >= size) snprintf(room, sizeof room, "an offset below %zu", size);
+  else snprintf(room, sizeof room, "at most %" PRIu64 " bytes from that offset", (uint64_t)size - off);
   return ebb__fail(EBB_EINVAL,
                    "%s: %s %p: %s (%zu bytes) run past the end of its block of the %s: block at 0x%" PRIx64
-                   ", %s (%zu bytes), offset %" PRIu64 "; expected at most %" PRIu64 " bytes from that offset",
+                   ", %s (%zu bytes) requested, offset %" PRIu64 "; expected %s",
                    fn, is_dst ? "dst" : "src", ptr, ebb__fmt_bytes(by, sizeof by, bytes), bytes, a->label, base,
-                   ebb__fmt_bytes(sz, sizeof sz, size), size, off, (uint64_t)size - off);
+                   ebb__fmt_bytes(sz, sizeof sz, size), size, off, room);
 }
 
 /* ---- release paths, limits, stats ---------------------------------------------------------- */

@@ -512,6 +512,12 @@ EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t
  * message. */
 #define EBB__USES_MAX 4096 /* streams recorded on one block or slot: far past any real use */
 EBB_HIDDEN ebb_status ebb__uses_grow(struct ebb__stream_ref **uses, uint16_t *ucap, const char *fn, uint64_t sid, void *ptr);
+/* Adds stream s to a use array (*uses, *n of capacity *cap) unless it is there already. A full
+ * array first drops the uses of released streams whose work is done (a stream made per step
+ * and copied on would otherwise fill it), then grows (ebb__uses_grow's errors). Arena lock held
+ * (the check takes streams' tomb lock, a leaf). */
+EBB_HIDDEN ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **uses, uint16_t *n, uint16_t *cap,
+                                    const struct ebb__stream_ref *s, void *ptr);
 /* The deferred half of a free whose memory was used on other streams (a block's or a slot's
  * `uses`, n of them), in two steps. ebb__uses_record: one event recorded on each using stream,
  * into evs (taken from the event cache under the lock, recorded with the lock dropped; a stream
@@ -583,9 +589,13 @@ EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
 EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
 /* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
  * (start: no lock held, after the configuration is parsed). */
-/* device.c: whether `addr` lay in a segment given back by a completed ebb_shutdown (the pool's
+/* device.c: segments given back, remembered for messages about pointers into them. add: the
+ * segment [base, base+size) of the pool `label` goes back (empty_cache; the teardown records its
+ * own); any lock. find: 0 when `addr` lies in none of the remembered ones, 1 when in one given
+ * back by empty_cache since the last ebb_init, 2 when before a completed ebb_shutdown (the pool's
  * label in `label`); failure paths only. */
-EBB_HIDDEN bool ebb__grave_find(uint64_t addr, char *label, size_t len);
+EBB_HIDDEN void ebb__grave_add(const char *label, uint64_t base, size_t size);
+EBB_HIDDEN int ebb__grave_find(uint64_t addr, char *label, size_t len);
 EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
 EBB_HIDDEN void ebb__hostpools_fini(void);
 /* The pinned pools then the host pool, NULL past the last. */

@@ -214,39 +214,45 @@ static const ebb__config_var ebb__alloc_vars[] = {{"EBB_ALLOC_CONF", ebb__conf_c
 
 /* ---- pointers from before a completed ebb_shutdown ---------------------------------------- */
 
-/* The address ranges of the segments the last teardowns gave back (the newest EBB__GRAVES), so a
- * pointer from an earlier ebb_init reads EBB_EFREED with a message saying so, rather than "not
- * allocated". Written by the teardown, read on failure paths only. */
+/* The address ranges of the segments given back lately (the newest EBB__GRAVES): by the
+ * teardown of a completed ebb_shutdown, and by empty_cache. A pointer into one is freed memory
+ * rather than "never allocated": ebb_*_free of it reads EBB_EFREED with a message saying when it
+ * went. The range may since hold memory from elsewhere (the driver's, or a host mapping), which
+ * the message admits. Written by the teardown and empty_cache, read on failure paths only. */
 #define EBB__GRAVES 256
 static ebb_mutex ebb__graves_mu = {PTHREAD_MUTEX_INITIALIZER, "alloc.graves", EBB_RANK_LEAF};
 static struct ebb__grave {
   uint64_t base;
   size_t size;
+  unsigned session; /* ebb__sessions when it was given back */
   char label[48];
 } ebb__graves[EBB__GRAVES];
-static unsigned ebb__ngraves;
+static unsigned ebb__ngraves, ebb__sessions; /* (graves_mu) sessions: alloc module starts */
 
-static void ebb__graves_add(struct ebb__arena *a) {
+void ebb__grave_add(const char *label, uint64_t base, size_t size) {
   ebb__mutex_lock(&ebb__graves_mu);
-  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
-    const struct ebb__segment *sg = ebb_container_of(n, struct ebb__segment, node);
-    struct ebb__grave *g = &ebb__graves[ebb__ngraves++ % EBB__GRAVES];
-    g->base = sg->base;
-    g->size = sg->size;
-    snprintf(g->label, sizeof g->label, "%s", a->label);
-  }
+  struct ebb__grave *g = &ebb__graves[ebb__ngraves++ % EBB__GRAVES];
+  *g = (struct ebb__grave){.base = base, .size = size, .session = ebb__sessions};
+  snprintf(g->label, sizeof g->label, "%s", label);
   ebb__mutex_unlock(&ebb__graves_mu);
 }
 
-bool ebb__grave_find(uint64_t addr, char *label, size_t len) {
-  bool found = false;
+static void ebb__graves_add(struct ebb__arena *a) {
+  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
+    const struct ebb__segment *sg = ebb_container_of(n, struct ebb__segment, node);
+    ebb__grave_add(a->label, sg->base, sg->size);
+  }
+}
+
+int ebb__grave_find(uint64_t addr, char *label, size_t len) {
+  int found = 0;
   ebb__mutex_lock(&ebb__graves_mu);
   unsigned n = ebb__ngraves < EBB__GRAVES ? ebb__ngraves : EBB__GRAVES;
   for (unsigned i = 0; i < n && !found; i++) {
     const struct ebb__grave *g = &ebb__graves[(ebb__ngraves - 1 - i) % EBB__GRAVES]; /* newest first */
     if (addr >= g->base && addr < g->base + g->size) {
       snprintf(label, len, "%s", g->label);
-      found = true;
+      found = g->session == ebb__sessions ? 1 : 2;
     }
   }
   ebb__mutex_unlock(&ebb__graves_mu);
@@ -288,6 +294,9 @@ static ebb_status ebb__alloc_start(const char *fn) {
       return ebb__fail(st, "%s: cannot read the memory size of device %d: %s", fn, i, why);
     }
   }
+  ebb__mutex_lock(&ebb__graves_mu);
+  ebb__sessions++;
+  ebb__mutex_unlock(&ebb__graves_mu);
   for (int i = 0; i < ndev; i++) ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &ebb__al.conf, total[i]);
   ebb__al.ndev = ndev;
   st = ebb__hostpools_start(&ebb__al.conf, ndev);

@@ -693,21 +693,9 @@ ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
                      (void *)(uintptr_t)addr);
   }
   struct ebb__slot_ext *t = &sl->ext[i];
-  for (uint32_t u = 0; u < t->nuses; u++)
-    if (t->uses[u].id == s->id) {
-      ebb__unlock(&a->mu);
-      return EBB_OK;
-    }
-  if (t->nuses == t->ucap) {
-    ebb_status st = ebb__uses_grow(&t->uses, &t->ucap, fn, s->id, (void *)(uintptr_t)addr);
-    if (st) {
-      ebb__unlock(&a->mu);
-      return st;
-    }
-  }
-  t->uses[t->nuses++] = *s;
+  ebb_status st = ebb__uses_add(fn, &t->uses, &t->nuses, &t->ucap, s, (void *)(uintptr_t)addr);
   ebb__unlock(&a->mu);
-  return EBB_OK;
+  return st;
 }
 
 ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
@@ -719,10 +707,14 @@ ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t add
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
-  if (EBB_UNLIKELY(bytes > sl->slot - (addr - start))) {
-    size_t size = sl->slot;
+  size_t req = sl->slots[i].requested; /* the bytes asked for, as for blocks */
+  if (EBB_UNLIKELY(addr - start > req || bytes > req - (addr - start))) {
     ebb__unlock(&a->mu);
-    return ebb__copy_past_end(fn, (void *)(uintptr_t)addr, bytes, is_dst, a, start, size);
+    return ebb__copy_past_end(fn, (void *)(uintptr_t)addr, bytes, is_dst, a, start, req);
+  }
+  if (!is_dst && a->up->kind == EBB__MEM_HOST_POOL) { /* read before ebb_copy_async returns */
+    ebb__unlock(&a->mu);
+    return EBB_OK;
   }
   return ebb__slab_record(fn, sl, start, s, a->up->kind);
 }

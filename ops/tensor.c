@@ -283,8 +283,12 @@ static ebb_status ebb__storage_failed(const char *fn, ebb_status st, int device,
   if (st != EBB_ENOMEM) return ebb__fail_in(fn, st);
   char why[512], sh[128], sz[32], dv[32];
   const char *e = ebb_last_error();
-  if (strncmp(e, "ebb_arena_alloc: ", 17) == 0) e += 17;
-  else if (strncmp(e, "ebb_pageable_alloc: ", 16) == 0) e += 16;
+  static const char *const callee[] = {"ebb_arena_alloc: ", "ebb_pageable_alloc: "};
+  for (size_t i = 0; i < EBB_ARRAY_LEN(callee); i++)
+    if (strncmp(e, callee[i], strlen(callee[i])) == 0) {
+      e += strlen(callee[i]);
+      break;
+    }
   snprintf(why, sizeof why, "%s", e);
   return ebb__fail(st, "%s: out of memory for a %s %s tensor (%s) on %s: %s", fn, ebb__shape_str(shape, ndim, sh, sizeof sh),
                    ebb_dtype_name(dt), ebb__bytes_str(bytes, sz, sizeof sz), ebb__dev_str(device, dv, sizeof dv), why);
@@ -861,6 +865,10 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   if (st) return ebb__fail_in(fn, st);
   st = ebb__stream_id_of(fn, s, &sid);
   if (st) return st;
+  /* dst is checked against its pinned block (the copy's own check) before the contiguous copy
+   * below is enqueued: a refusal leaves nothing behind. */
+  st = ebb__copy_side_check(dst, bytes, true, s);
+  if (st) return ebb__fail_in(fn, st);
   /* The copy reads t's storage on s: declared before anything is enqueued. A contiguous copy
    * made below lives on s already. */
   if (ebb__is_contiguous(t)) {

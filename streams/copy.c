@@ -40,6 +40,12 @@ static inline ebb_status ebb__copy_hooks(void *dst, const void *src, size_t byte
   return st;
 }
 
+ebb_status ebb__copy_side_check(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s) {
+  /* acquire: pairs with the release store in ebb__copy_hook_set. */
+  ebb__copy_hook_fn h = atomic_load_explicit(&ebb__copy_hook, memory_order_acquire);
+  return h && bytes ? h(ptr, bytes, is_dst, s, s->id, s->device) : EBB_OK;
+}
+
 void ebb__copy_start(struct ebb__dev *d) {
   for (unsigned i = 0; i < ebb__st.nchunks; i++) ebb__mutex_init(&d->chunks[i].mu, "streams.staging", EBB_RANK_STAGING);
   ebb__mutex_init(&d->rec_mu, "streams.host_copy", EBB_RANK_LEAF);

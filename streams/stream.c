@@ -483,6 +483,21 @@ ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t 
   return st;
 }
 
+bool ebb__stream_released_done(int device, uint64_t id) {
+  if ((unsigned)device >= (unsigned)ebb__st.ndev) return false;
+  struct ebb__dev *d = &ebb__st.dev[device];
+  bool done = true; /* no tomb: reaped once its work was done (or waited for at the release) */
+  ebb__mutex_lock(&d->tomb_mu);
+  for (unsigned i = 0; i < d->ntombs; i++) {
+    if (d->tombs[i].id != id) continue;
+    bool fin = false;
+    done = ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin;
+    break;
+  }
+  ebb__mutex_unlock(&d->tomb_mu);
+  return done;
+}
+
 ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
   static const char fn[] = "ebb__event_record_released";
   ebb_status st = ebb__check_event(fn, e);

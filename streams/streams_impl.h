@@ -256,9 +256,6 @@ static inline void ebb__stream_unpin(ebb_stream_t *s) {
   if (s->kind == EBB__STREAM_USER) atomic_fetch_sub_explicit(&s->pins, 1, memory_order_release);
 }
 
-/* Whether the calling thread is running a caller's host function (ebb_stream_host_func): calls
- * that could wait on the host for work queued behind that function refuse to run there. */
-EBB_HIDDEN bool ebb__in_host_fn(void);
 EBB_HIDDEN ebb_status ebb__check_event(const char *fn, const ebb_event_t *e);
 /* The calling thread's current stream on `device` (creating the default stream if needed). */
 EBB_HIDDEN ebb_status ebb__stream_current_of(const char *fn, int device, ebb_stream_t **out);

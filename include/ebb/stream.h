@@ -111,13 +111,13 @@ EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, con
                                      const ebb_launch_cfg *cfg);
 /* Runs fn(user) on a driver thread once all earlier work on `s` is done. As CUDA's host functions
  * must not call CUDA, fn must not wait for device work (ebb_stream_synchronize,
- * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h, nor
- * copy blocks of ebb's arenas and pools with ebb_copy_async: the wait may be for fn itself, and
- * the arenas wait for their device with their lock held (ebb_arena_empty_cache with expandable
- * segments, an OOM retry), so an alloc or free in fn, or a copy of a block (which records its
- * stream on the block under that lock), can wait for a thread that waits for fn.
- * ebb_copy_async of pageable memory from fn fails with EBB_ESTATE (its staging may wait on the
- * host for a chunk whose release is queued behind fn); copies between driver-allocated device
+ * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h:
+ * the wait may be for fn itself, and the arenas wait for their device with their lock held
+ * (ebb_arena_empty_cache with expandable segments, an OOM retry), so an alloc or free in fn can
+ * wait for a thread that waits for fn. ebb_copy_async from fn fails with EBB_ESTATE, nothing
+ * enqueued, for pageable memory (its staging may wait on the host for a chunk whose release is
+ * queued behind fn) and for memory in the address range of ebb's arenas and pools (the copy
+ * would record its stream on the block under that lock); copies between driver-allocated device
  * and pinned memory work there. The record that carries fn and user comes from a per-device
  * free list (EBB_ENOMEM without host memory for one). */
 EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
@@ -163,14 +163,16 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  * inside a block): a copy on a stream other than the block's allocation stream records that
  * use itself, as ebb_arena_record_stream / ebb_pinned_record_stream would, so a block freed
  * before the copy ran is not handed to a new owner until it has (forgetting record_stream can
- * no longer corrupt the copy or the new owner's data). A side that runs past the end of its
- * block is EBB_EINVAL, with the block's address, size and the side's offset in the message, and
- * nothing is enqueued. Memory from elsewhere (the driver, malloc) is copied unchecked.
+ * no longer corrupt the copy or the new owner's data). A side that runs past the bytes its
+ * block was asked for (not its rounded size) is EBB_EINVAL, with the block's address, requested
+ * size and the side's offset in the message, and nothing is enqueued. A pageable block as the
+ * source is read before the call returns, so nothing is recorded on it. Memory from elsewhere
+ * (the driver, malloc) is copied unchecked.
  * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
  * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
  * EBB_EINVAL; a released stream is EBB_EFREED (a staged copy racing the release may have
- * enqueued its first chunks); a pageable copy from a host function is EBB_ESTATE
- * (ebb_stream_host_func). */
+ * enqueued its first chunks); a pageable copy or one touching an arena's memory from a host
+ * function is EBB_ESTATE (ebb_stream_host_func). */
 EBB_API ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s);
 
 /* Counters for tests and benchmarks, summed over devices, counted from the first streams call

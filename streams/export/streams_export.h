@@ -69,6 +69,25 @@ EBB_HIDDEN ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t 
  * held; it may take alloc's locks and record nothing on the driver. */
 typedef ebb_status (*ebb__copy_hook_fn)(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
 
+/* Runs the copy hook (when one is installed) on one side of a copy that a module above is about
+ * to make on `s` through ebb_copy_async, before it enqueues anything else: ops checks a
+ * destination so that a copy refused there leaves no earlier work behind (ebb_tensor_to_host_async
+ * makes a contiguous copy first). The side's use is recorded on its block as the copy would;
+ * the copy's own call then finds it recorded. Errors as the hook's; s must be live. */
+EBB_HIDDEN ebb_status ebb__copy_side_check(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s);
+
+/* Whether the calling thread is running a caller's host function (ebb_stream_host_func): calls
+ * that could wait on the host for work queued behind that function refuse to run there, and so
+ * does the copy hook for memory its locks guard. */
+EBB_HIDDEN bool ebb__in_host_fn(void);
+
+/* Whether all the work issued to the released stream `id` of `device` is done: its release's
+ * event completed, or was reaped as complete. The caller vouches that `id` is no longer live
+ * (ebb__stream_peek). False when that work may still run, or the device is out of range. Takes
+ * the device's tomb lock (a leaf) and queries one event: for the arena, pruning the uses of
+ * released streams from a block kept across many of them. */
+EBB_HIDDEN bool ebb__stream_released_done(int device, uint64_t id);
+
 /* Installs `fn` as the copy hook (NULL removes it). alloc sets it at its start and clears it at
  * its teardown, which runs before streams' own; copies racing the teardown are the caller's
  * error (no call may race ebb_shutdown). Release store; ebb_copy_async loads it with acquire. */

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <set>
@@ -249,21 +250,24 @@ TEST_CASE("stream-ordered reuse: a block freed on S comes back on S at once", "[
 
 // One block keeps at most 4 096 recorded streams (streams made and released one after another
 // each count: their ids differ). Past that, record_stream says so, and the block is unharmed.
+// The recorded streams stay live, so no use can be dropped; once they are released with their
+// work done, their uses make room.
 TEST_CASE("record_stream past the most streams one block keeps is EBB_ELIMIT", "[alloc]") {
   EbbSession session;
   ebb_stream_t *s0 = default_stream(0);
   for (size_t bytes : {size_t(4096), size_t(1) * MiB}) {  // a slab slot, a block
     void *p = nullptr;
     EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, s0, &p));
-    for (int i = 0; i < 4096; i++) {
-      ebb_stream_t *t = nullptr;
+    std::vector<ebb_stream_t *> live(4096);
+    for (auto &t : live) {
       EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
       EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
-      EBB_REQUIRE_OK(ebb_stream_release(t));
     }
     ebb_stream_t *t = nullptr;
     EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
     EBB_CHECK_FAILS(ebb_arena_record_stream(p, t), EBB_ELIMIT, "already recorded on 4096 streams");
+    for (auto *u : live) EBB_REQUIRE_OK(ebb_stream_release(u));
+    EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));  // the released streams' uses are gone now
     EBB_REQUIRE_OK(ebb_stream_release(t));
     ARENA_CHECK();
     EBB_REQUIRE_OK(ebb_arena_free(p));
@@ -401,6 +405,89 @@ TEST_CASE("a copy on another stream records its use: a freed source is not reuse
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// The bound is the bytes the caller asked for, not the rounded block (a 1-byte block is 512
+// bytes of the arena) nor a block kept whole (a 1 MiB + 1 request).
+TEST_CASE("a copy past the requested bytes of a block is refused, inside its rounding too", "[alloc][copy]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0);
+  void *one = nullptr, *odd = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1, a, &one));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB + 1, a, &odd));
+  std::vector<uint8_t> host(2 * MiB, 3);
+  EBB_REQUIRE_OK(ebb_copy_async(one, host.data(), 1, a));
+  EBB_CHECK_FAILS(ebb_copy_async(one, host.data(), 2, a), EBB_EINVAL, "(1 bytes) requested, offset 0;");
+  EBB_CHECK_FAILS(ebb_copy_async(static_cast<char *>(one) + 8, host.data(), 1, a), EBB_EINVAL, "expected an offset below 1");
+  EBB_REQUIRE_OK(ebb_copy_async(odd, host.data(), MiB + 1, a));
+  EBB_CHECK_FAILS(ebb_copy_async(odd, host.data(), MiB + 2, a), EBB_EINVAL, "expected at most 1048577 bytes");
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  EBB_REQUIRE_OK(ebb_arena_free(one));
+  EBB_REQUIRE_OK(ebb_arena_free(odd));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A block kept for the whole run and copied on a stream made per step: the uses of released
+// streams whose work is done make room, so the 4,097th step copies as the first did (before,
+// EBB_ELIMIT: "already recorded on 4096 streams"). Pinned and device blocks, both sides.
+TEST_CASE("a block copied on a fresh stream each step keeps working past 4096 streams", "[alloc][copy][streams]") {
+  EbbSession session;
+  void *pin = nullptr, *dev = nullptr;
+  EBB_REQUIRE_OK(ebb_pinned_alloc(64 * KiB, 0, &pin));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * KiB, default_stream(0), &dev));
+  std::memset(pin, 0x11, 64 * KiB);
+  for (int i = 0; i < 4200; i++) {
+    ebb_stream_t *s = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+    ebb_status st = ebb_copy_async(dev, pin, 64 * KiB, s);
+    if (st) {
+      INFO("step " << i << ": " << ebb_last_error());
+      REQUIRE(st == EBB_OK);
+    }
+    EBB_REQUIRE_OK(ebb_stream_synchronize(s));
+    EBB_REQUIRE_OK(ebb_stream_release(s));
+  }
+  EBB_REQUIRE_OK(ebb_arena_free(dev));
+  EBB_REQUIRE_OK(ebb_pinned_free(pin));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A host function must not copy arena blocks: the arena's lock may be held by a thread waiting
+// for that very function (empty_cache with expandable segments), so the copy is refused with
+// EBB_ESTATE before the lock is taken, instead of a deadlock. Driver memory still copies there.
+namespace {
+struct HostCopy {
+  void *dst, *src;
+  ebb_stream_t *s;
+  ebb_status st;
+  std::string msg;
+};
+void host_copy(void *p) {
+  auto *h = static_cast<HostCopy *>(p);
+  h->st = ebb_copy_async(h->dst, h->src, 512, h->s);
+  h->msg = h->st ? ebb_last_error() : "";
+}
+}  // namespace
+
+TEST_CASE("a host function copying arena blocks gets EBB_ESTATE, not a deadlock", "[alloc][copy][host_fn]") {
+  EbbSession session;
+  ebb_stream_t *a = default_stream(0), *b = new_stream(0);
+  void *x = nullptr, *y = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &x));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, a, &y));
+  HostCopy h{y, x, b, EBB_OK, ""};
+  EBB_REQUIRE_OK(ebb_stream_host_func(a, host_copy, &h));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(a));
+  INFO(h.msg);
+  CHECK(h.st == EBB_ESTATE);
+  CHECK(h.msg.find("called from a host function") != std::string::npos);
+  CHECK(h.msg.find("device 0") != std::string::npos);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+  EBB_REQUIRE_OK(ebb_arena_free(x));
+  EBB_REQUIRE_OK(ebb_arena_free(y));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 // The same for a destination on the other device (a peer copy on a stream of device 1): the
 // freed destination block of device 0 waits for the copy writing it.
 TEST_CASE("a peer copy records its use on the destination block of the other device", "[alloc][copy]") {
@@ -508,7 +595,7 @@ TEST_CASE("a copy past the end of an arena block is refused, naming the block", 
   std::snprintf(addr, sizeof addr, "block at %p", small);
   EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "dst");
   EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, addr);
-  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "(512 bytes), offset 0;");
+  EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "(512 bytes) requested, offset 0;");
   EBB_CHECK_FAILS(ebb_copy_async(small, host.data(), MiB, a), EBB_EINVAL, "device 0");
   EBB_CHECK_FAILS(ebb_copy_async(static_cast<char *>(small) + 256, big, 512, a), EBB_EINVAL, "offset 256;");
   EBB_CHECK_FAILS(ebb_copy_async(big, small, 1024, a), EBB_EINVAL, "src");
@@ -1075,7 +1162,7 @@ TEST_CASE("shutdown refuses while a block is live, then releases the cache and a
   CHECK_FALSE(ebb_is_initialized());
   // A pointer from before a completed shutdown is a released one, said as such.
   EbbSession session;
-  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "from before the last completed ebb_shutdown");
+  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "gave back at a completed ebb_shutdown");
   CHECK(std::string(ebb_last_error()).find("device 0") != std::string::npos);
   ebb_arena_stats st = stats(0);
   CHECK(st.reserved_bytes.current == 0);
@@ -1083,6 +1170,12 @@ TEST_CASE("shutdown refuses while a block is live, then releases the cache and a
   size_t fr = 0;
   EBB_REQUIRE_OK(ebb_dev_mem_info(0, &fr, &total));
   CHECK(fr == free_before);
+  // A pointer whose segment empty_cache gave back: freed, said so (not "never allocated").
+  void *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, nullptr, &q));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  EBB_CHECK_FAILS(ebb_arena_free(q), EBB_EFREED, "gave back to the system in an empty_cache since ebb_init");
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 

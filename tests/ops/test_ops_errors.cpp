@@ -82,6 +82,19 @@ TEST_CASE("errors: out of memory in a creation call names it and the tensor", "[
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("errors: out of memory for a CPU tensor names the call and the tensor", "[ops][errors][oom]") {
+  EbbSession session;
+  int64_t shape[1] = {int64_t(1) << 44}; // 64 TiB of f32: no host mapping holds it
+  Case c{"ebb_tensor_empty", [&](ebb_tensor_t **o) { return ebb_tensor_empty(EBB_DEVICE_CPU, EBB_F32, 1, shape, o); }};
+  std::string msg = run_failing(c, EBB_ENOMEM);
+  INFO(msg);
+  CHECK(starts_with(msg, "ebb_tensor_empty: out of memory for a [17592186044416] f32 tensor (64 TiB) on cpu: "));
+  // The allocator's report follows whole: its own call's name is dropped, not a part of it.
+  std::string tail = msg.substr(msg.find("on cpu: ") + 8);
+  CHECK(starts_with(tail, "host pool"));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("errors: out of memory inside a composite op names the op the user called", "[ops][errors][oom]") {
   EbbSession session;
   // 160 MiB of f32 on a 256 MiB device: a second tensor of its size does not fit.

@@ -153,6 +153,27 @@ TEST_CASE("tensor streams: ebb_tensor_to_host_async copies nothing when it fails
       EBB_REQUIRE_OK(ebb_stream_current(dev, &s));
       EBB_REQUIRE_OK(ebb_stream_synchronize(s)); // anything enqueued would have landed by now
     }
+    if (dev != EBB_DEVICE_CPU) {
+      // A pinned dst block too small for the tensor: refused before the contiguous copy of the
+      // transposed view is made (no block allocated on the device, nothing enqueued).
+      void *small = nullptr;
+      EBB_REQUIRE_OK(ebb_pinned_alloc(16 * 8, dev, &small));
+      ebb_event_t *ev = nullptr;
+      EBB_REQUIRE_OK(ebb_event_create(dev, EBB_EVENT_DEFAULT, &ev));
+      ebb_arena_stats before{}, after{};
+      EBB_REQUIRE_OK(ebb_arena_get_stats(dev, &before));
+      for (const ebb_tensor_t *src : {t.get(), tt.get()}) {
+        EBB_CHECK_FAILS(ebb_tensor_to_host_async(src, small, 35 * 8, ev), EBB_EINVAL, "run past the end of its block");
+        CHECK(std::string(ebb_last_error()).rfind(fn, 0) == 0);
+      }
+      EBB_REQUIRE_OK(ebb_arena_get_stats(dev, &after));
+      CHECK(after.alloc_count == before.alloc_count);
+      bool done = false;
+      EBB_REQUIRE_OK(ebb_event_query(ev, &done)); // never recorded
+      CHECK(done);
+      EBB_REQUIRE_OK(ebb_event_release(ev));
+      EBB_REQUIRE_OK(ebb_pinned_free(small));
+    }
     const unsigned char *p = static_cast<const unsigned char *>(pin);
     size_t touched = 0;
     for (size_t i = 0; i < 35 * 8; i++) touched += p[i] != 0x5a;
