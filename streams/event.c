@@ -237,6 +237,10 @@ static ebb_status ebb__event_park_cb(void *obj) { return ebb__drv_event_synchron
 ebb_status ebb_event_synchronize(ebb_event_t *e) {
   ebb_status st = ebb__check_event("ebb_event_synchronize", e);
   if (st) return st;
+  if (EBB_UNLIKELY(ebb__tls_in_host_fn))
+    return ebb__fail(EBB_ESTATE, "ebb_event_synchronize: event %llu (device %d): called from a host function "
+                     "(ebb_stream_host_func), which must not wait for device work (it may be the wait's own); expected "
+                     "the wait on a host thread", (unsigned long long)e->id, e->device);
   if (!atomic_load_explicit(&e->recorded, memory_order_relaxed)) return EBB_OK; /* as ebb_event_query */
   return ebb__spin_then_park(e->cu, ebb__event_query_cb, ebb__event_park_cb);
 }

@@ -544,6 +544,9 @@ ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_
 ebb_status ebb_stream_release(ebb_stream_t *s) {
   ebb_status st = ebb__check_stream("ebb_stream_release", s);
   if (st) return st;
+  /* From a host function the release could wait for its own pins, held by an enqueue the driver
+   * blocks until that very function returns; CUDA forbids the destroy there anyway. */
+  if (EBB_UNLIKELY(ebb__tls_in_host_fn)) return ebb__host_fn_refused("ebb_stream_release", s);
   /* Pool and default streams are shared by every caller of the device: releasing one would pull
    * it from under the others, so it is refused rather than ignored. */
   if (s->kind != EBB__STREAM_USER)
@@ -819,10 +822,16 @@ ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, const void 
   return st;
 }
 
-/* Set on a driver thread while it runs a caller's host function. */
-static _Thread_local bool ebb__tls_in_host_fn;
+_Thread_local bool ebb__tls_in_host_fn;
 
 bool ebb__in_host_fn(void) { return ebb__tls_in_host_fn; }
+
+ebb_status ebb__host_fn_refused(const char *fn, const ebb_stream_t *s) {
+  return ebb__fail(EBB_ESTATE, "%s: stream %llu (device %d): called from a host function (ebb_stream_host_func), which must "
+                   "not make driver calls (as in CUDA, where it may fail or wait for that very function); expected the "
+                   "call from a host thread, after the host function signals it",
+                   fn, (unsigned long long)s->id, s->device);
+}
 
 /* What the driver runs for ebb_stream_host_func: the caller's function, with the thread marked
  * (saved and restored, should a driver run host functions from inside one), then the record goes

@@ -235,9 +235,17 @@ EBB_HIDDEN ebb_status ebb__stream_freed(const char *fn, const ebb_stream_t *s);
  * may include a host function releasing this very stream.
  * The pin is an increment of a counter the stream's users share (its cache line is the slot's,
  * which every call reads anyway); the release side is in ebb_stream_release. */
+/* Set on a driver thread while it runs a caller's host function (stream.c). */
+EBB_HIDDEN extern _Thread_local bool ebb__tls_in_host_fn;
+/* The EBB_ESTATE failure of a call that would reach the driver from a host function. */
+EBB_HIDDEN ebb_status ebb__host_fn_refused(const char *fn, const ebb_stream_t *s);
+
 static inline ebb_status ebb__stream_pin(const char *fn, ebb_stream_t *s) {
   ebb_status st = ebb__check_stream(fn, s);
   if (EBB_UNLIKELY(st)) return st;
+  /* As CUDA's host functions, ours must not call the driver (cuLaunchHostFunc: it may fail with
+   * CUDA_ERROR_NOT_PERMITTED, or wait for the very function): refused on every driver alike. */
+  if (EBB_UNLIKELY(ebb__tls_in_host_fn)) return ebb__host_fn_refused(fn, s);
   if (s->kind != EBB__STREAM_USER) return EBB_OK; /* immortal */
   /* seq_cst, both: against the release's seq_cst CAS of the magic and its seq_cst loads of
    * pins, either this load sees the release or the release sees this pin (store-load order). */

@@ -114,11 +114,12 @@ EBB_API ebb_status ebb_stream_launch(ebb_stream_t *s, const ebb_kernel_t *k, con
  * ebb_event_synchronize, ebb_dev_synchronize), nor call the memory functions of ebb/alloc.h:
  * the wait may be for fn itself, and the arenas wait for their device with their lock held
  * (ebb_arena_empty_cache with expandable segments, an OOM retry), so an alloc or free in fn can
- * wait for a thread that waits for fn. ebb_copy_async from fn fails with EBB_ESTATE, nothing
- * enqueued, for pageable memory (its staging may wait on the host for a chunk whose release is
- * queued behind fn) and for memory in the address range of ebb's arenas and pools (the copy
- * would record its stream on the block under that lock); copies between driver-allocated device
- * and pinned memory work there. The record that carries fn and user comes from a per-device
+ * wait for a thread that waits for fn. As in CUDA, fn must not make driver calls either: the
+ * calls of this header that would (ebb_copy_async, ebb_stream_launch, ebb_stream_host_func,
+ * ebb_stream_wait_stream, ebb_stream_query, ebb_stream_synchronize, ebb_stream_release,
+ * ebb_event_record, ebb_event_synchronize) fail from fn with EBB_ESTATE, nothing enqueued, on
+ * every driver; a host function signals a host thread (an atomic flag, a condition variable),
+ * which then makes the calls. The record that carries fn and user comes from a per-device
  * free list (EBB_ENOMEM without host memory for one). */
 EBB_API ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user);
 /* Makes `waiter` wait (on the device, never the host) for all work issued to `s` so far.
@@ -171,8 +172,7 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  * bytes == 0 is a no-op success (the pointers may then be NULL, as an empty tensor's are).
  * NULL pointers, overlapping src and dst ranges, and host to host copies (use memcpy) are
  * EBB_EINVAL; a released stream is EBB_EFREED (a staged copy racing the release may have
- * enqueued its first chunks); a pageable copy or one touching an arena's memory from a host
- * function is EBB_ESTATE (ebb_stream_host_func). */
+ * enqueued its first chunks); a copy from a host function is EBB_ESTATE (ebb_stream_host_func). */
 EBB_API ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s);
 
 /* Counters for tests and benchmarks, summed over devices, counted from the first streams call

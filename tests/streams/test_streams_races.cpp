@@ -164,7 +164,8 @@ TEST_CASE("races: a stale event handle's EFREED message never reads a slot a new
 // A host function copying pageable memory: the staging chunk it needs is free only after work
 // queued behind the host function itself (a stream waiting for it, then a staged copy on that
 // stream with a ring of one chunk), so the copy used to wait for ever on the host. It must fail
-// at once with EBB_ESTATE and say why; a pinned copy from a host function still works.
+// at once with EBB_ESTATE and say why. A pinned copy from a host function is refused too: CUDA
+// forbids driver calls there, so it fails on a GPU however ebb would enqueue it.
 TEST_CASE("host functions: a pageable copy from a host function fails instead of deadlocking", "[streams][copy]") {
   ScopedEnv one_chunk("EBB_STAGING_CHUNKS", "1");
   EbbSession session;
@@ -180,7 +181,7 @@ TEST_CASE("host functions: a pageable copy from a host function fails instead of
     void *pinned = nullptr;
     unsigned char *pageable = nullptr;
     ebb_status pageable_st = EBB_OK, pinned_st = EBB_EINTERNAL;
-    std::string msg;
+    std::string msg, pinned_msg;
     std::atomic<int> ran{0};
   } ctx;
   ctx.s = s;
@@ -196,6 +197,7 @@ TEST_CASE("host functions: a pageable copy from a host function fails instead of
         c->pageable_st = ebb_copy_async(c->dev, c->pageable, 4096, c->s);
         c->msg = ebb_last_error();
         c->pinned_st = ebb_copy_async(static_cast<char *>(c->dev) + 4096, c->pinned, 4096, c->s);
+        c->pinned_msg = ebb_last_error();
         c->ran.store(1, std::memory_order_release);
       },
       &ctx));
@@ -208,11 +210,66 @@ TEST_CASE("host functions: a pageable copy from a host function fails instead of
   CHECK(ctx.pageable_st == EBB_ESTATE);
   CHECK(ctx.msg.find("host function") != std::string::npos);
   CHECK(ctx.msg.find("pageable") != std::string::npos);
-  CHECK(ctx.pinned_st == EBB_OK);
+  CHECK(ctx.pinned_st == EBB_ESTATE);
+  CHECK(ctx.pinned_msg.find("must not make driver calls") != std::string::npos);
   // Outside a host function the same thread-local state is clear: pageable copies work.
   EBB_REQUIRE_OK(ebb_copy_async(dev.p(), pageable.data(), 4096, s));
   EBB_REQUIRE_OK(ebb_stream_synchronize(s));
   EBB_REQUIRE_OK(ebb_stream_release(s));
   EBB_REQUIRE_OK(ebb_stream_release(t));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// Every call of stream.h that would reach the driver refuses to run in a host function, on every
+// driver (CUDA: "must not make any CUDA API calls"), naming the call and the stream; nothing is
+// enqueued, and the same calls work from the host thread afterwards.
+TEST_CASE("host functions: driver-reaching stream calls from a host function are EBB_ESTATE", "[streams][host_fn]") {
+  EbbSession session;
+  ebb_stream_t *s = nullptr, *t = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &t));
+  ebb_event_t *e = nullptr;
+  EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &e));
+  struct Ctx {
+    ebb_stream_t *t;
+    ebb_event_t *e;
+    std::vector<std::pair<ebb_status, std::string>> got;
+  } ctx{t, e, {}};
+  EBB_REQUIRE_OK(ebb_stream_host_func(
+      s,
+      [](void *u) {
+        auto *c = static_cast<Ctx *>(u);
+        auto note = [c](ebb_status st) { c->got.emplace_back(st, st ? ebb_last_error() : ""); };
+        bool idle = false;
+        note(ebb_event_record(c->e, c->t));
+        note(ebb_stream_wait_stream(c->t, c->t));  // the same stream: a no-op, no driver call
+        note(ebb_stream_host_func(c->t, noop_host_fn, nullptr));
+        note(ebb_stream_query(c->t, &idle));
+        note(ebb_stream_synchronize(c->t));
+        note(ebb_event_synchronize(c->e));
+        note(ebb_stream_release(c->t));
+      },
+      &ctx));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s));
+  const char *calls[] = {"ebb_event_record", "ebb_stream_wait_stream", "ebb_stream_host_func", "ebb_stream_query",
+                         "ebb_stream_synchronize", "ebb_event_synchronize", "ebb_stream_release"};
+  REQUIRE(ctx.got.size() == 7);
+  for (size_t i = 0; i < 7; i++) {
+    INFO(calls[i] << " -> " << ebb_status_name(ctx.got[i].first) << ": " << ctx.got[i].second);
+    if (i == 1) {
+      CHECK(ctx.got[i].first == EBB_OK);  // waiting on itself: no driver call at all
+      continue;
+    }
+    CHECK(ctx.got[i].first == EBB_ESTATE);
+    CHECK(ctx.got[i].second.rfind(std::string(calls[i]) + ": ", 0) == 0);
+    CHECK(ctx.got[i].second.find("host function") != std::string::npos);
+  }
+  bool done = false;
+  EBB_REQUIRE_OK(ebb_event_query(e, &done));  // never recorded
+  CHECK(done);
+  EBB_REQUIRE_OK(ebb_event_record(e, t));
+  EBB_REQUIRE_OK(ebb_event_release(e));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  EBB_REQUIRE_OK(ebb_stream_release(s));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
