@@ -192,7 +192,7 @@ static ebb_status ebb__load_driver(void) {
       snprintf(info->reason, sizeof info->reason, "EBB_DRIVER=%.200s", want);
       return EBB_OK;
     }
-    return ebb__fail(EBB_EDRIVER, "ebb_init: EBB_DRIVER=%s did not load: %s", want, err);
+    return ebb__fail(ebb__bad_setting ? EBB_EINVAL : EBB_EDRIVER, "ebb_init: EBB_DRIVER=%s did not load: %s", want, err);
   }
   return ebb__fail(EBB_EINVAL, "ebb_init: EBB_DRIVER='%s' is not understood; expected auto, cuda, sim or a path to a driver library", want);
 }

@@ -97,6 +97,10 @@ void ebb__slot_pool_fini(struct ebb__slot_pool *p) {
   for (struct ebb__slab *sl = p->slabs; sl; sl = sl->next) {
     for (size_t i = 0; i < sl->used; i++) {
       struct ebb__slot *s = (struct ebb__slot *)(void *)(sl->mem + p->obj_size * i);
+      /* A handle still live here (a pool or default stream) ends with the session: its stale
+       * message says so (EBB__GONE_AT_SHUTDOWN), not that a release freed it. */
+      if (atomic_load_explicit(&s->magic, memory_order_relaxed) != EBB__SLOT_FREED)
+        atomic_store_explicit(&s->gone_device, EBB__GONE_AT_SHUTDOWN, memory_order_relaxed);
       atomic_store_explicit(&s->magic, EBB__SLOT_FREED, memory_order_relaxed);
       ebb_list_init(&s->node);
       ebb_list_insert_tail(&p->free, &s->node);
@@ -149,11 +153,12 @@ static void ebb__streams_teardown(void *user);
 static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *caps) {
   /* The slot pools keep their slabs across ebb_init cycles (ebb__slot_pool_fini); they are put
    * back in place, at the same address their lists point to. */
-  struct ebb__slot_pool keep[3] = {d->stream_slots, d->event_slots, d->host_copies};
+  struct ebb__slot_pool keep[4] = {d->stream_slots, d->event_slots, d->host_copies, d->host_calls};
   memset(d, 0, sizeof *d);
   d->stream_slots = keep[0];
   d->event_slots = keep[1];
   d->host_copies = keep[2];
+  d->host_calls = keep[3];
   d->ordinal = ordinal;
   d->prio_value[EBB_PRIO_LOW] = caps->prio_least;
   d->prio_value[EBB_PRIO_HIGH] = caps->prio_greatest;
@@ -295,6 +300,9 @@ ebb_status ebb__check_stream(const char *fn, const ebb_stream_t *s) {
  * release wrote before the magic left LIVE (the callers' acquire load of the magic pairs with
  * that release's CAS). */
 ebb_status ebb__stream_freed(const char *fn, const ebb_stream_t *s) {
+  if (atomic_load_explicit(&s->slot.gone_device, memory_order_relaxed) == EBB__GONE_AT_SHUTDOWN)
+    return ebb__fail(EBB_EFREED, "%s: stream handle %p is from before the last completed ebb_shutdown, which ended it; expected a "
+                     "stream of this ebb_init (ebb_stream_current, ebb_stream_create, ...)", fn, (const void *)s);
   return ebb__fail(EBB_EFREED, "%s: stream %llu (device %d) was released by ebb_stream_release; expected a live stream", fn,
                    (unsigned long long)atomic_load_explicit(&s->slot.gone_id, memory_order_relaxed),
                    atomic_load_explicit(&s->slot.gone_device, memory_order_relaxed));

@@ -75,6 +75,7 @@ struct ebb__slot_pool {
 /* The header every slot starts with. `magic`, `gen` and the gone_ fields are atomics because a
  * stale handle may be read by one thread while another reuses its slot; the other fields are
  * owned by whoever holds the handle, and a new handle taking the slot rewrites them. */
+#define EBB__GONE_AT_SHUTDOWN (-1)
 struct ebb__slot {
   _Atomic uint32_t magic;
   _Atomic uint32_t gen; /* bumped at every reuse of the slot */
@@ -82,7 +83,7 @@ struct ebb__slot {
    * the magic leaves LIVE: what the EFREED message of a stale handle names, without reading the
    * fields a new handle may be writing. */
   _Atomic uint64_t gone_id;
-  _Atomic int gone_device;
+  _Atomic int gone_device; /* EBB__GONE_AT_SHUTDOWN: live until a completed ebb_shutdown */
   struct ebb_list node; /* in the owner's free list while released */
 };
 

@@ -51,8 +51,9 @@ EBB_API ebb_status ebb_init(void);
  * message counting them by kind ("tensors: 2, blocks of the device 0 arena: 2") and tears nothing
  * down: the reference stays, every handle stays valid; release them and call it again. Otherwise
  * it stops the modules highest layer first (pool and default streams, cached memory, kernels),
- * synchronises every device and releases the driver's contexts. A handle from before a completed
- * last ebb_shutdown is EBB_EFREED after it (also after a new ebb_init). Calls racing with the last
+ * synchronises every device and releases the driver's contexts. After a completed last
+ * ebb_shutdown, every call fails with EBB_ENOTINIT until the next ebb_init, and a handle from
+ * before it is EBB_EFREED once ebb is initialised again. Calls racing with the last
  * ebb_shutdown on other threads are the caller's error. Returns EBB_ENOTINIT when ebb is not
  * initialised. */
 EBB_API ebb_status ebb_shutdown(void);

@@ -10,9 +10,10 @@
  * A released handle passed to any call returns EBB_EFREED (handles live in type-stable slots
  * reused first-in-first-out: a slot is not reused before 1024 more handles of its kind and device
  * have been released after it, so a stale handle is reported until then). The last ebb_shutdown
- * refuses with EBB_EBUSY while a caller-owned stream or event is live; once it completes, every
- * handle from before it (pool and default streams included) reads EBB_EFREED, also after a new
- * ebb_init.
+ * refuses with EBB_EBUSY while a caller-owned stream or event is live; once it completes, calls
+ * read EBB_ENOTINIT until the next ebb_init, and after it every handle from before the shutdown
+ * (pool and default streams included, their message saying the shutdown ended them) reads
+ * EBB_EFREED.
  * Threading: every function is thread-safe; a stream or event may be used from any thread. A
  * call racing ebb_stream_release of its stream on another thread either issues its work before
  * the release (which then covers it) or fails with EBB_EFREED; it never reaches the destroyed

@@ -66,8 +66,9 @@ typedef struct ebb__module_desc {
   int layer;                      /* EBB__LAYER_* */
   const ebb__config_var *vars;    /* nvars entries (NULL when none) */
   int nvars;
-  /* Called by the first ebb_init after the runtime is up (ebb_is_initialized() true, the runtime
-   * lock not held), lowest layer first. A failure makes ebb_init stop the modules started
+  /* Called by the first ebb_init after the runtime is up (ebb_is_initialized() true), lowest
+   * layer first, with the runtime lock held: a start takes only locks of higher rank and must not
+   * call ebb_init or ebb_shutdown. A failure makes ebb_init stop the modules started
    * before it and fail with this status and message. May be NULL. */
   ebb_status (*start)(void);
   /* Called by the last ebb_shutdown, highest layer first, once nothing is live, while the driver

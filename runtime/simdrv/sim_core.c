@@ -189,16 +189,48 @@ static size_t cgroup_limit(const char *path) {
  * quarters of the host's memory (physical memory, or a smaller cgroup v2/v1 limit: the one a
  * container's OOM killer enforces), the rest left to the program and the system; whole 2 MiB
  * granules, one at least. */
+/* The smallest memory limit on the path from this process's own cgroup up to the root: the
+ * cgroup v2 entry ("0::/a/b") of /proc/self/cgroup under /sys/fs/cgroup (file memory.max), or
+ * the v1 memory controller's ("4:memory:/a/b") under /sys/fs/cgroup/memory (memory.limit_in_bytes).
+ * Without a cgroup namespace the root of the mount is not the process's own cgroup, so the root
+ * alone would miss its limit. 0: no limit found. */
+static size_t cgroup_min_limit(void) {
+  FILE *f = fopen("/proc/self/cgroup", "r");
+  if (!f) return 0;
+  char line[512];
+  size_t best = 0;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = 0;
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2) continue;
+    *c2 = 0;
+    const char *ctrl = c1 + 1, *path = c2 + 1, *mount, *file;
+    if (!*ctrl) mount = "/sys/fs/cgroup", file = "memory.max"; /* v2 */
+    else if (strcmp(ctrl, "memory") == 0) mount = "/sys/fs/cgroup/memory", file = "memory.limit_in_bytes";
+    else continue;
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s", strcmp(path, "/") == 0 ? "" : path);
+    for (;;) { /* the cgroup, then each ancestor, then the root */
+      char p[512];
+      snprintf(p, sizeof p, "%s%s/%s", mount, dir, file);
+      size_t lim = cgroup_limit(p);
+      if (lim && (!best || lim < best)) best = lim;
+      char *slash = strrchr(dir, '/');
+      if (!slash) break;
+      *slash = 0;
+    }
+  }
+  fclose(f);
+  return best;
+}
+
 static size_t default_capacity(int ndev) {
   const size_t cap = (size_t)8 << 30;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return cap; /* unknown: CUDA's usual figure */
   size_t host = (size_t)pages <= SIZE_MAX / (size_t)page ? (size_t)pages * (size_t)page : SIZE_MAX;
-  static const char *const limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
-  for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
-    size_t lim = cgroup_limit(limits[i]);
-    if (lim && lim < host) host = lim;
-  }
+  size_t lim = cgroup_min_limit();
+  if (lim && lim < host) host = lim;
   size_t share = host / 4 * 3 / (size_t)ndev / SIM_GRANULE * SIM_GRANULE;
   if (share < SIM_GRANULE) share = SIM_GRANULE;
   return share < cap ? share : cap;
@@ -225,6 +257,12 @@ static bool parse_seed(const char *s, uint64_t *out) {
   return true;
 }
 
+/* A setting, NULL when unset or empty (README: an empty variable reads as unset). */
+static const char *setting(const char *name) {
+  const char *v = getenv(name);
+  return v && *v ? v : NULL;
+}
+
 static void init_body(void) {
   const char *e;
   int ndev = 2;
@@ -233,32 +271,32 @@ static void init_body(void) {
   double gbps = 0, launch_us = 0;
   uint64_t perturb = 0;
   /* A bad setting fails cuInit loudly rather than silently simulating something else. */
-  if ((e = getenv("EBB_SIM_DEVICES")) && !parse_devices(e, &ndev)) {
+  if ((e = setting("EBB_SIM_DEVICES")) && !parse_devices(e, &ndev)) {
     snprintf(init_error, sizeof init_error, "EBB_SIM_DEVICES='%s' is not an integer in 1..%d", e, SIM_MAX_DEVICES);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
-  if ((e = getenv("EBB_SIM_MEM")) && !parse_bytes(e, &mem)) {
+  if ((e = setting("EBB_SIM_MEM")) && !parse_bytes(e, &mem)) {
     snprintf(init_error, sizeof init_error, "EBB_SIM_MEM='%s' is not a positive byte count (suffix K, M, G, T)", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
-  if ((e = getenv("EBB_SIM_COMMIT")) && !parse_bool01(e, &commit)) {
+  if ((e = setting("EBB_SIM_COMMIT")) && !parse_bool01(e, &commit)) {
     snprintf(init_error, sizeof init_error, "EBB_SIM_COMMIT='%s' is not 0 or 1", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
-  if ((e = getenv("EBB_SIM_COPY_GBPS")) && !parse_nonneg(e, &gbps)) {
+  if ((e = setting("EBB_SIM_COPY_GBPS")) && !parse_nonneg(e, &gbps)) {
     snprintf(init_error, sizeof init_error, "EBB_SIM_COPY_GBPS='%s' is not a number >= 0", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
-  if ((e = getenv("EBB_SIM_LAUNCH_US")) && !parse_nonneg(e, &launch_us)) {
+  if ((e = setting("EBB_SIM_LAUNCH_US")) && !parse_nonneg(e, &launch_us)) {
     snprintf(init_error, sizeof init_error, "EBB_SIM_LAUNCH_US='%s' is not a number >= 0", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
-  if ((e = getenv("EBB_SIM_PERTURB")) && !parse_seed(e, &perturb)) {
+  if ((e = setting("EBB_SIM_PERTURB")) && !parse_seed(e, &perturb)) {
     snprintf(init_error, sizeof init_error, "EBB_SIM_PERTURB='%s' is not a seed (an integer in 0..2^64-1; 0 is off)", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;

@@ -3,6 +3,7 @@
 // emulated driver reports through ebbsim_init_error, never stderr). Its own executable: the
 // driver reads its settings once per process.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <unistd.h>
 
@@ -37,6 +38,11 @@ static void check_bad_setting(const char *driver) {
 
 TEST_CASE("a bad emulated-driver setting fails ebb_init by name, silently", "[runtime][driver][env]") {
   SECTION("EBB_DRIVER=sim") { check_bad_setting("sim"); }
+  SECTION("EBB_DRIVER=<path of the emulated driver>") {
+    const char *path = std::getenv("EBB_SIMDRV_PATH");
+    REQUIRE(path != nullptr);
+    check_bad_setting(path);
+  }
   SECTION("EBB_DRIVER=auto, no GPU") {
     if (access("/dev/nvidia0", F_OK) == 0) EBB_SKIP("a GPU answers here: auto would not try the emulated driver");
     check_bad_setting("auto");

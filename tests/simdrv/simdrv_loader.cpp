@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -183,9 +185,24 @@ size_t host_memory_bytes() {
   REQUIRE(pages > 0);
   REQUIRE(page > 0);
   size_t mem = static_cast<size_t>(pages) * static_cast<size_t>(page);
-  for (const char *p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    size_t lim = cgroup_limit(p);
-    if (lim && lim < mem) mem = lim;
+  // The process's own cgroup and its ancestors (v2 "0::/path", v1 "N:memory:/path").
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {
+    size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    std::string ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1), mount, file;
+    if (ctrl.empty()) mount = "/sys/fs/cgroup", file = "memory.max";
+    else if (ctrl == "memory") mount = "/sys/fs/cgroup/memory", file = "memory.limit_in_bytes";
+    else continue;
+    if (path == "/") path.clear();
+    for (;;) {
+      size_t lim = cgroup_limit((mount + path + "/" + file).c_str());
+      if (lim && lim < mem) mem = lim;
+      size_t slash = path.rfind('/');
+      if (slash == std::string::npos) break;
+      path.resize(slash);
+    }
   }
   return mem;
 }

@@ -646,8 +646,9 @@ TEST_CASE("the last shutdown refuses while a stream or event is live - handles f
   EBB_REQUIRE_OK(ebb_shutdown());
   // A new session: every handle of the old one, caller-owned or ebb's, is a released handle.
   EbbSession session;
-  EBB_CHECK_FAILS(ebb_stream_synchronize(s), EBB_EFREED, "released");
-  EBB_CHECK_FAILS(ebb_stream_synchronize(def), EBB_EFREED, "released");
+  EBB_CHECK_FAILS(ebb_stream_synchronize(s), EBB_EFREED, "was released by ebb_stream_release");
+  EBB_CHECK_FAILS(ebb_stream_synchronize(def), EBB_EFREED, "is from before the last completed ebb_shutdown");
+  CHECK(std::string(ebb_last_error()).find("ebb_stream_release") == std::string::npos);  // not a release's
   EBB_CHECK_FAILS(ebb_stream_release(released), EBB_EFREED, "released");
   EBB_CHECK_FAILS(ebb_event_release(e), EBB_EFREED, "released");
   ebb_stream_t *def2 = nullptr;
