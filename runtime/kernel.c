@@ -53,8 +53,16 @@ struct ebb_kernel {
 static ebb_mutex ebb__kernels_lock = {PTHREAD_MUTEX_INITIALIZER, "kernels", EBB_RANK_KERNELS};
 static struct ebb_kernel ebb__kernels[EBB_MAX_KERNELS];
 static int ebb__nkernels;
-static struct ebb_kernel_image ebb__images[EBB_MAX_IMAGES]; /* [0]: the runtime's own */
+static struct ebb_kernel_image ebb__images[EBB_MAX_IMAGES];
 static int ebb__nimages;
+/* Handles are pointers into these tables. Each session (ebb_init to the last ebb_shutdown) takes
+ * its entries after the previous session's, wrapping around, so a handle from before a completed
+ * shutdown points at a cleared entry (rejected as "not from this ebb_init") until the table's
+ * size in entries has been added since, rather than at a new session's entry. Entry i of this
+ * session: EBB__IMG(i) (0: the runtime's own image), EBB__KER(i). Registry lock held. */
+static int ebb__images_base, ebb__kernels_base;
+#define EBB__IMG(i) (&ebb__images[(ebb__images_base + (i)) % EBB_MAX_IMAGES])
+#define EBB__KER(i) (&ebb__kernels[(ebb__kernels_base + (i)) % EBB_MAX_KERNELS])
 
 
 /* What cuModuleLoadData gets on a driver with CPU kernels when no image was set: the emulated
@@ -72,7 +80,7 @@ extern const unsigned char ebb__fatbin_runtime[];
 /* Registry lock held. */
 static ebb_status ebb__image_add_locked(const char *name, const void *image, struct ebb_kernel_image **out) {
   for (int i = 0; i < ebb__nimages; i++) {
-    struct ebb_kernel_image *im = &ebb__images[i];
+    struct ebb_kernel_image *im = EBB__IMG(i);
     if (strcmp(im->name, name) != 0) continue;
     if (im->image != image)
       return ebb__fail(EBB_EINVAL, "ebb_kernel_add_image: an image named '%s' was added before with other contents (%p, now %p)", name,
@@ -82,7 +90,8 @@ static ebb_status ebb__image_add_locked(const char *name, const void *image, str
   }
   if (ebb__nimages == EBB_MAX_IMAGES)
     return ebb__fail(EBB_ELIMIT, "ebb_kernel_add_image: %d images added already (the maximum); '%s' not added", EBB_MAX_IMAGES, name);
-  struct ebb_kernel_image *im = &ebb__images[ebb__nimages++];
+  struct ebb_kernel_image *im = EBB__IMG(ebb__nimages);
+  ebb__nimages++;
   memset(im, 0, sizeof *im);
   snprintf(im->name, sizeof im->name, "%s", name);
   im->image = image;
@@ -137,9 +146,9 @@ ebb_status ebb_kernel_declare_in(const ebb_kernel_image_t *image, const char *na
     return ebb__fail(EBB_EINVAL, "ebb_kernel_declare: kernel '%s': CUDA name longer than %d characters", name, EBB_KERNEL_NAME_MAX - 1);
   ebb__mutex_lock(&ebb__kernels_lock);
   /* NULL: the runtime's own image, added by ebb_init (ebb__kernels_builtin_init). */
-  struct ebb_kernel_image *img = image ? (struct ebb_kernel_image *)image : &ebb__images[0];
+  struct ebb_kernel_image *img = image ? (struct ebb_kernel_image *)image : EBB__IMG(0);
   for (int i = 0; i < ebb__nkernels; i++) {
-    struct ebb_kernel *k = &ebb__kernels[i];
+    struct ebb_kernel *k = EBB__KER(i);
     if (strcmp(k->name, name) != 0) continue;
     bool same = k->arg_bytes == arg_bytes && k->cpu_fn == cpu_fn && ebb__same_str(k->cuda_name, cuda_name) && k->img == img;
     ebb__mutex_unlock(&ebb__kernels_lock);
@@ -153,7 +162,7 @@ ebb_status ebb_kernel_declare_in(const ebb_kernel_image_t *image, const char *na
     ebb__mutex_unlock(&ebb__kernels_lock);
     return ebb__fail(EBB_ELIMIT, "ebb_kernel_declare: %d kernels declared already (the maximum); '%s' not added", EBB_MAX_KERNELS, name);
   }
-  struct ebb_kernel *k = &ebb__kernels[ebb__nkernels];
+  struct ebb_kernel *k = EBB__KER(ebb__nkernels);
   memset(k->name, 0, sizeof k->name);
   snprintf(k->name, sizeof k->name, "%s", name);
   snprintf(k->cuda_name, sizeof k->cuda_name, "%s", cuda_name ? cuda_name : "");
@@ -175,8 +184,8 @@ ebb_status ebb_kernel_find(const char *name, const ebb_kernel_t **out) {
   if (!name || !out) return ebb__fail(EBB_EINVAL, "ebb_kernel_find: name and out must be non-NULL");
   ebb__mutex_lock(&ebb__kernels_lock);
   for (int i = 0; i < ebb__nkernels; i++) {
-    if (strcmp(ebb__kernels[i].name, name) == 0) {
-      *out = &ebb__kernels[i];
+    if (strcmp(EBB__KER(i)->name, name) == 0) {
+      *out = EBB__KER(i);
       ebb__mutex_unlock(&ebb__kernels_lock);
       return EBB_OK;
     }
@@ -300,7 +309,7 @@ ebb_status ebb__kernels_add_runtime_image(void) {
 void ebb__kernels_fini(void) {
   ebb__mutex_lock(&ebb__kernels_lock);
   for (int i = 0; i < ebb__nimages; i++) {
-    struct ebb_kernel_image *im = &ebb__images[i];
+    struct ebb_kernel_image *im = EBB__IMG(i);
     for (int d = 0; d < ebb__rt.ndev; d++) {
       ebb_device *dv = &ebb__rt.dev[d];
       if (im->module[d] && ebb__rt.drv.ModuleUnload && ebb__rt.drv.CtxSetCurrent(dv->ctx) == CUDA_SUCCESS)
@@ -309,8 +318,10 @@ void ebb__kernels_fini(void) {
     }
     im->magic = 0;
   }
+  ebb__images_base = (ebb__images_base + ebb__nimages) % EBB_MAX_IMAGES;
   ebb__nimages = 0;
-  for (int i = 0; i < ebb__nkernels; i++) ebb__kernels[i].magic = 0;
+  for (int i = 0; i < ebb__nkernels; i++) EBB__KER(i)->magic = 0;
+  ebb__kernels_base = (ebb__kernels_base + ebb__nkernels) % EBB_MAX_KERNELS;
   ebb__nkernels = 0;
   ebb__mutex_unlock(&ebb__kernels_lock);
 }

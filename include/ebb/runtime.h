@@ -179,7 +179,9 @@ EBB_API const char *ebb_kernel_image_name(const ebb_kernel_image_t *img);
 /* Declares (or finds, when the same name, size, functions and image were declared before) a
  * kernel of `image` (NULL: the runtime's own image). EBB_EINVAL: NULL or empty name, arg_bytes 0
  * or above 4096, neither function given, an image handle not from this ebb_init, or the name
- * declared before with other parameters. */
+ * declared before with other parameters. Image and kernel handles from before a completed last
+ * ebb_shutdown are refused afterwards: a later session's images and kernels take other entries
+ * of their tables (until as many were added since as a table holds: 32 images). */
 EBB_API ebb_status ebb_kernel_declare_in(const ebb_kernel_image_t *image, const char *name, size_t arg_bytes,
                                          ebb_kernel_cpu_fn cpu_fn, const char *cuda_name, const ebb_kernel_t **out);
 /* ebb_kernel_declare_in(NULL, ...): for kernels with only a CPU function, or CUDA functions of

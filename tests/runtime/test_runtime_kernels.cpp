@@ -236,4 +236,18 @@ TEST_CASE("kernel images are forgotten at the last shutdown and added again afte
   EBB_CHECK_FAILS(ebb_kernel_declare_in(a, "test.stale", sizeof(FillArgs), fill_kernel, nullptr, &k), EBB_EINVAL, "not an image");
   static const char image_b[] = "another build of module A";
   EBB_REQUIRE_OK(ebb_kernel_add_image("test.a", image_b, &a2));
+  // A new image does not take the stale handle's entry: the old handle is still refused, and a
+  // kernel declared before the shutdown is not the one declared after it.
+  CHECK(a2 != a);
+  EBB_CHECK_FAILS(ebb_kernel_declare_in(a, "test.stale", sizeof(FillArgs), fill_kernel, nullptr, &k), EBB_EINVAL, "not an image");
+  const ebb_kernel_t *k1 = nullptr, *k2 = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_declare_in(a2, "test.k", sizeof(FillArgs), fill_kernel, nullptr, &k1));
+  EBB_REQUIRE_OK(ebb_shutdown());
+  EBB_REQUIRE_OK(ebb_init());
+  const ebb_kernel_image_t *a3 = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_add_image("test.a", image_b, &a3));
+  EBB_REQUIRE_OK(ebb_kernel_declare_in(a3, "test.k", sizeof(FillArgs), fill_kernel, nullptr, &k2));
+  CHECK(a3 != a2);
+  CHECK(k2 != k1);
+  CHECK(std::string(ebb_kernel_name(k1)) == "(invalid kernel)");
 }
