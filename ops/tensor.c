@@ -16,6 +16,7 @@
 
 #include "ebb_sync.h"
 #include "ops_impl.h"
+#include "ops_export.h"
 #include "streams_export.h"
 
 #define EBB__TENSOR_CHUNK 256
@@ -321,6 +322,14 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
   return EBB_OK;
 }
 
+/* The hooks of the module above (ops_export.h): NULL until autograd starts. */
+static _Atomic(const ebb__tensor_hooks *) ebb__hooks;
+
+void ebb__tensor_hooks_set(const ebb__tensor_hooks *h) {
+  /* release: pairs with the acquire loads below; the hooks' module is up. */
+  atomic_store_explicit(&ebb__hooks, h, memory_order_release);
+}
+
 ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
                              ebb_tensor_t **out) {
   ebb_tensor_t *v;
@@ -335,6 +344,14 @@ ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, co
     v->shape[d] = shape[d];
     v->strides[d] = strides[d];
   }
+  if (EBB_UNLIKELY(t->autograd != NULL)) {
+    /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
+    const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
+    if (h && h->viewed && (st = h->viewed(t, v, fn))) {
+      ebb__tensor_put(v);
+      return ebb__fail_in(fn, st);
+    }
+  }
   *out = v;
   return EBB_OK;
 }
@@ -343,6 +360,13 @@ void ebb__tensor_put(ebb_tensor_t *t) {
   if (!t) return;
   /* acq_rel: as in ebb__storage_put */
   if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1) return;
+  if (EBB_UNLIKELY(t->autograd != NULL)) {
+    void *slot = t->autograd;
+    t->autograd = NULL;
+    /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
+    const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
+    if (h && h->released) h->released(t, slot);
+  }
   struct ebb__storage *s = t->st;
   ebb__record_put(t);
   ebb__storage_put(s);
@@ -371,6 +395,28 @@ ebb_status ebb_tensor_release(ebb_tensor_t *t) {
   if (st) return st;
   ebb__tensor_put(t);
   return EBB_OK;
+}
+
+ebb_status ebb_tensor_record_stream(const ebb_tensor_t *t, ebb_stream_t *stream) {
+  static const char fn[] = "ebb_tensor_record_stream";
+  ebb_status st = ebb__tensor_check(t, fn, "t");
+  if (st) return st;
+  if (!stream) return ebb__fail(EBB_EINVAL, "%s: stream is NULL; expected a stream of device %d", fn, t->st->device);
+  uint64_t sid;
+  st = ebb__stream_id_of(fn, stream, &sid);
+  if (st) return st;
+  ebb_stream_info si;
+  st = ebb_stream_get_info(stream, &si);
+  if (st) return ebb__fail_in(fn, st);
+  char sh[96];
+  if (t->st->device == EBB_DEVICE_CPU)
+    return ebb__fail(EBB_EINVAL, "%s: tensor %s%s%s is a CPU tensor, whose memory is not stream-ordered; expected a device tensor",
+                     fn, t->name[0] ? "'" : "", t->name[0] ? t->name : EBB__SHAPE(t, sh), t->name[0] ? "'" : "");
+  if (si.device != t->st->device)
+    return ebb__fail(EBB_EDEVICE, "%s: stream %llu is on device %d but tensor %s is on device %d; expected a stream of device %d", fn,
+                     (unsigned long long)sid, si.device, t->name[0] ? t->name : EBB__SHAPE(t, sh), t->st->device, t->st->device);
+  st = ebb__storage_use(t->st, stream, sid);
+  return st ? ebb__fail_in(fn, st) : EBB_OK;
 }
 
 /* ---- kernels and the launch path -------------------------------------------------------------- */
@@ -919,7 +965,6 @@ EBB__GETTER(ebb_tensor_numel, int64_t, ebb__numel(t->shape, t->ndim))
 EBB__GETTER(ebb_tensor_is_contiguous, bool, ebb__is_contiguous(t))
 EBB__GETTER(ebb_tensor_version, uint64_t, atomic_load_explicit(&t->st->version, memory_order_relaxed))
 EBB__GETTER(ebb_tensor_data, void *, ebb__tensor_ptr(t))
-EBB__GETTER(ebb_tensor_autograd_slot, void *, t->autograd)
 #undef EBB__GETTER
 
 ebb_status ebb_tensor_shape(const ebb_tensor_t *t, int *ndim, int64_t shape[EBB_TENSOR_MAX_DIMS]) {
@@ -966,12 +1011,8 @@ ebb_status ebb_tensor_set_name(ebb_tensor_t *t, const char *name) {
   return EBB_OK;
 }
 
-ebb_status ebb_tensor_set_autograd_slot(ebb_tensor_t *t, void *slot) {
-  ebb_status st = ebb__tensor_check(t, "ebb_tensor_set_autograd_slot", "t");
-  if (st) return st;
-  t->autograd = slot;
-  return EBB_OK;
-}
+void *ebb__tensor_slot(const ebb_tensor_t *t) { return t->autograd; }
+void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot) { t->autograd = slot; }
 
 ebb_status ebb_tensor_bump_version(ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_bump_version", "t");
@@ -1108,13 +1149,10 @@ ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_t
   return ebb__tensor_alias("ebb_tensor_transpose", t, t->ndim, ns, nst, t->offset, out);
 }
 
-ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
-  EBB__VIEW_PROLOGUE("ebb_tensor_slice");
-  int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: t is a scalar (0 dims); expected at least 1 dim");
-  st = ebb__dim("ebb_tensor_slice", "dim", dim, t->ndim, &d);
-  if (st) return st;
-  if (step < 1) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: step is %lld; expected step >= 1", (long long)step);
+/* The slice view of t along dim d (normalised), start/end clamped; the view is made for `fn`
+ * (slice or narrow, whose name the lifecycle hook and messages get). */
+static ebb_status ebb__slice_view(const char *fn, const ebb_tensor_t *t, int d, int64_t start, int64_t end, int64_t step,
+                                  ebb_tensor_t **out) {
   int64_t size = t->shape[d];
   if (start < 0) start += size;
   if (end < 0) end += size;
@@ -1125,7 +1163,17 @@ ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64
   memcpy(nst, t->strides, sizeof nst);
   ns[d] = (end - start + step - 1) / step;
   nst[d] = t->strides[d] * step;
-  return ebb__tensor_alias("ebb_tensor_slice", t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
+  return ebb__tensor_alias(fn, t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
+}
+
+ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
+  EBB__VIEW_PROLOGUE("ebb_tensor_slice");
+  int d;
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: t is a scalar (0 dims); expected at least 1 dim");
+  st = ebb__dim("ebb_tensor_slice", "dim", dim, t->ndim, &d);
+  if (st) return st;
+  if (step < 1) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: step is %lld; expected step >= 1", (long long)step);
+  return ebb__slice_view("ebb_tensor_slice", t, d, start, end, step, out);
 }
 
 ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
@@ -1139,7 +1187,18 @@ ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int6
     return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: start %lld and length %lld do not fit dim %d of shape %s", (long long)start,
                      (long long)length, d, EBB__SHAPE(t, a));
   }
-  return ebb__fail_in("ebb_tensor_narrow", ebb_tensor_slice(t, d, start, start + length, 1, out));
+  return ebb__slice_view("ebb_tensor_narrow", t, d, start, start + length, 1, out);
+}
+
+/* The view of t without dim d at index i (both in range), made for `fn` (select or squeeze). */
+static ebb_status ebb__select_view(const char *fn, const ebb_tensor_t *t, int d, int64_t i, ebb_tensor_t **out) {
+  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
+  for (int k = 0, j = 0; k < t->ndim; k++) {
+    if (k == d) continue;
+    ns[j] = t->shape[k];
+    nst[j++] = t->strides[k];
+  }
+  return ebb__tensor_alias(fn, t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
 }
 
 ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
@@ -1153,13 +1212,7 @@ ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_
     char a[128];
     return ebb__fail(EBB_EINVAL, "ebb_tensor_select: index %lld is out of range for dim %d of shape %s", (long long)index, d, EBB__SHAPE(t, a));
   }
-  int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
-  for (int k = 0, j = 0; k < t->ndim; k++) {
-    if (k == d) continue;
-    ns[j] = t->shape[k];
-    nst[j++] = t->strides[k];
-  }
-  return ebb__tensor_alias("ebb_tensor_select", t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
+  return ebb__select_view("ebb_tensor_select", t, d, i, out);
 }
 
 ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
@@ -1197,7 +1250,7 @@ ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out
     return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: dim %d of shape %s has extent %lld; expected 1", d, EBB__SHAPE(t, a),
                      (long long)t->shape[d]);
   }
-  return ebb__fail_in("ebb_tensor_squeeze", ebb_tensor_select(t, d, 0, out));
+  return ebb__select_view("ebb_tensor_squeeze", t, d, 0, out);
 }
 
 ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {

@@ -134,6 +134,15 @@ EBB_API ebb_status ebb_tensor_retain(ebb_tensor_t *t);
 /* Drops one reference; the last one (of the last view) returns the storage to its arena or
  * pool, stream-ordered: queued work that uses it finishes first. */
 EBB_API ebb_status ebb_tensor_release(ebb_tensor_t *t);
+/* Declares that work issued to `stream` so far and later uses t's storage (any view of it, and
+ * so every view of that storage), as work enqueued by ebb's own ops on a stream declares itself:
+ * when the storage's last reference goes, its memory is reused only after that stream's work
+ * (an event, never a host wait). For work the caller enqueues itself on another stream (its own
+ * kernels through ebb_tensor_data, a copy). Once per stream is enough; again is a no-op. A
+ * stream released afterwards is still waited for. Thread-safe. Errors: EBB_EINVAL for NULL t or
+ * stream, or a CPU tensor (its memory is not stream-ordered); EBB_EFREED for a released t or
+ * stream; EBB_EDEVICE when the stream belongs to another device than t. */
+EBB_API ebb_status ebb_tensor_record_stream(const ebb_tensor_t *t, ebb_stream_t *stream);
 
 typedef struct ebb_tensor_info {
   int device;                          /* EBB_DEVICE_CPU or a device ordinal */
@@ -166,10 +175,6 @@ EBB_API ebb_status ebb_tensor_name(const ebb_tensor_t *t, char *buf, size_t cap)
 /* Names this handle (not its views); used in ebb's messages. At most EBB_TENSOR_NAME_MAX bytes. */
 EBB_API ebb_status ebb_tensor_set_name(ebb_tensor_t *t, const char *name);
 
-/* One opaque pointer per tensor handle, owned by autograd/ (ops never reads it). Views start
- * with NULL. Setting it does not retain anything. */
-EBB_API ebb_status ebb_tensor_autograd_slot(const ebb_tensor_t *t, void **out);
-EBB_API ebb_status ebb_tensor_set_autograd_slot(ebb_tensor_t *t, void *slot);
 
 /* Adds 1 to the storage's version counter (ops' in-place variants call it; autograd and
  * callers writing through ebb_tensor_data do too). */

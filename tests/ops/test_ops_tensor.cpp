@@ -388,11 +388,6 @@ TEST_CASE("tensor: a named tensor is the owner of its storage in the allocation 
   EBB_REQUIRE_OK(ebb_tensor_set_name(t, "renamed"));
   EBB_REQUIRE_OK(ebb_tensor_name(t, name, sizeof name));
   CHECK(std::string(name) == "renamed");
-  void *slot = nullptr;
-  int marker = 0;
-  EBB_REQUIRE_OK(ebb_tensor_set_autograd_slot(t, &marker));
-  EBB_REQUIRE_OK(ebb_tensor_autograd_slot(t, &slot));
-  CHECK(slot == &marker);
   REQUIRE(ebb_debug_live_handles() == 1); // t is still alive here
   t.reset();
   REQUIRE(ebb_debug_live_handles() == 0);
@@ -491,8 +486,7 @@ TEST_CASE("tensor: every call refuses NULL and released tensors with a message n
       {"ebb_tensor_data", [&](ebb_tensor_t *t) { return ebb_tensor_data(t, &p); }},
       {"ebb_tensor_name", [&](ebb_tensor_t *t) { return ebb_tensor_name(t, name, sizeof name); }},
       {"ebb_tensor_set_name", [&](ebb_tensor_t *t) { return ebb_tensor_set_name(t, "x"); }},
-      {"ebb_tensor_autograd_slot", [&](ebb_tensor_t *t) { return ebb_tensor_autograd_slot(t, &p); }},
-      {"ebb_tensor_set_autograd_slot", [&](ebb_tensor_t *t) { return ebb_tensor_set_autograd_slot(t, nullptr); }},
+      {"ebb_tensor_record_stream", [&](ebb_tensor_t *t) { return ebb_tensor_record_stream(t, nullptr); }},
       {"ebb_tensor_bump_version", [&](ebb_tensor_t *t) { return ebb_tensor_bump_version(t); }},
       {"ebb_tensor_view", [&](ebb_tensor_t *t) { return ebb_tensor_view(t, 2, shape, &o); }},
       {"ebb_tensor_reshape", [&](ebb_tensor_t *t) { return ebb_tensor_reshape(t, 2, shape, &o); }},
