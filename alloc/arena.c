@@ -1015,8 +1015,10 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
   while ((n = ebb_list_pop_head(&gone))) {
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     /* A failing release leaks the range rather than risk handing it out twice. */
-    if (a->up->release(a, g->base, g->size) == EBB_OK) nfreed++;
-    ebb__grave_add(a->label, g->base, g->size);
+    if (a->up->release(a, g->base, g->size) == EBB_OK) {
+      nfreed++;
+      ebb__grave_add(a, g->base, g->size);
+    }
     free(g);
   }
   ebb__lock(&a->mu);
@@ -2087,11 +2089,16 @@ static ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind
     return ebb__explain_in(fn, ptr, kind, a, state, base, size, sid);
   }
   char was[48];
-  int gone = ebb__grave_find(addr, was, sizeof was);
-  if (gone)
-    return ebb__fail(EBB_EFREED, "%s: pointer %p lies in memory the %s gave back %s: a pointer to a block freed before then "
-                     "(or memory from elsewhere that now occupies that range); expected a live block from %s", fn, ptr, was,
-                     gone == 2 ? "at a completed ebb_shutdown" : "to the system in an empty_cache since ebb_init", want);
+  const char *when = ebb__grave_find(addr, kind, was, sizeof was);
+  /* Device addresses come from the driver alone: one there is a freed block's (or a driver
+   * allocation's, equally not ours to free). Host ranges go back to the system, whose next
+   * mapping may be the caller's own memory: "not allocated", with the hint. */
+  if (when && kind == EBB__MEM_DEVICE_ARENA)
+    return ebb__fail(EBB_EFREED, "%s: pointer %p lies in memory the %s gave back to the driver %s: a pointer to a block freed "
+                     "before then (or memory the driver handed out since); expected a live block from %s", fn, ptr, was, when, want);
+  if (when)
+    return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s; it lies in memory the %s gave back to the system %s "
+                     "(a pointer to a block freed before then, or memory mapped there since)", fn, ptr, want, was, when);
   return ebb__fail(EBB_EINVAL, "%s: pointer %p was not allocated by %s (no segment of any ebb pool holds it)", fn, ptr, want);
 }
 
@@ -2256,8 +2263,9 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
    * function's device work (empty_cache with expandable segments, an OOM retry): refuse rather
    * than deadlock, before taking it (stream.h, ebb_stream_host_func). */
   if (ebb__in_host_fn())
-    return ebb__fail(EBB_ESTATE, "%s: %s %p lies in the memory of the %s, called from a host function (ebb_stream_host_func); "
-                     "expected a copy of driver-allocated memory there, or the copy issued from a host thread", fn,
+    return ebb__fail(EBB_ESTATE, "%s: %s %p lies in the memory of the %s, called from a host function (ebb_stream_host_func), "
+                     "which must not use ebb's memory pools (their lock may be held by a thread waiting for that very "
+                     "function); expected the call from a host thread, after the host function signals it", fn,
                      is_dst ? "dst" : "src", ptr, all[i]->label);
   const struct ebb__stream_ref ref = {.s = s, .id = sid, .device = sdev};
   struct ebb__block *b;

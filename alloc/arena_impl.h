@@ -589,13 +589,14 @@ EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
 EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
 /* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
  * (start: no lock held, after the configuration is parsed). */
-/* device.c: segments given back, remembered for messages about pointers into them. add: the
- * segment [base, base+size) of the pool `label` goes back (empty_cache; the teardown records its
- * own); any lock. find: 0 when `addr` lies in none of the remembered ones, 1 when in one given
- * back by empty_cache since the last ebb_init, 2 when before a completed ebb_shutdown (the pool's
- * label in `label`); failure paths only. */
-EBB_HIDDEN void ebb__grave_add(const char *label, uint64_t base, size_t size);
-EBB_HIDDEN int ebb__grave_find(uint64_t addr, char *label, size_t len);
+/* device.c: segments given back, remembered for messages about pointers into them. add: a's
+ * segment [base, base+size) went back to its upstream during the session (empty_cache, an OOM
+ * retry, a trim; the teardown records its own); any lock. find: when a segment of a pool of
+ * `kind` holding `addr` went back ("before the last completed ebb_shutdown" / "since ebb_init
+ * (...)"), the pool's label in `label`; NULL when none of the remembered ones holds it. Failure
+ * paths only. */
+EBB_HIDDEN void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size);
+EBB_HIDDEN const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len);
 EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
 EBB_HIDDEN void ebb__hostpools_fini(void);
 /* The pinned pools then the host pool, NULL past the last. */

@@ -215,48 +215,54 @@ static const ebb__config_var ebb__alloc_vars[] = {{"EBB_ALLOC_CONF", ebb__conf_c
 /* ---- pointers from before a completed ebb_shutdown ---------------------------------------- */
 
 /* The address ranges of the segments given back lately (the newest EBB__GRAVES): by the
- * teardown of a completed ebb_shutdown, and by empty_cache. A pointer into one is freed memory
- * rather than "never allocated": ebb_*_free of it reads EBB_EFREED with a message saying when it
- * went. The range may since hold memory from elsewhere (the driver's, or a host mapping), which
- * the message admits. Written by the teardown and empty_cache, read on failure paths only. */
+ * teardown of a completed ebb_shutdown, and during a session by empty_cache, an OOM retry or a
+ * trim. A pointer into one is memory ebb gave back rather than memory it never had, which the
+ * free's message says. The range may since hold memory from elsewhere (a driver allocation, a
+ * host mapping), which the message admits. Written when segments go back, read on failure
+ * paths only. */
 #define EBB__GRAVES 256
 static ebb_mutex ebb__graves_mu = {PTHREAD_MUTEX_INITIALIZER, "alloc.graves", EBB_RANK_LEAF};
 static struct ebb__grave {
   uint64_t base;
   size_t size;
-  unsigned session; /* ebb__sessions when it was given back */
+  unsigned session;   /* ebb__sessions when it was given back */
+  bool at_shutdown;   /* by the teardown, else during its session */
+  uint8_t kind;       /* enum ebb__memkind of its pool */
   char label[48];
 } ebb__graves[EBB__GRAVES];
 static unsigned ebb__ngraves, ebb__sessions; /* (graves_mu) sessions: alloc module starts */
 
-void ebb__grave_add(const char *label, uint64_t base, size_t size) {
+static void ebb__grave_put(const struct ebb__arena *a, uint64_t base, size_t size, bool at_shutdown) {
   ebb__mutex_lock(&ebb__graves_mu);
   struct ebb__grave *g = &ebb__graves[ebb__ngraves++ % EBB__GRAVES];
-  *g = (struct ebb__grave){.base = base, .size = size, .session = ebb__sessions};
-  snprintf(g->label, sizeof g->label, "%s", label);
+  *g = (struct ebb__grave){.base = base, .size = size, .session = ebb__sessions, .at_shutdown = at_shutdown,
+                           .kind = (uint8_t)a->up->kind};
+  snprintf(g->label, sizeof g->label, "%s", a->label);
   ebb__mutex_unlock(&ebb__graves_mu);
 }
+
+void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size) { ebb__grave_put(a, base, size, false); }
 
 static void ebb__graves_add(struct ebb__arena *a) {
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
     const struct ebb__segment *sg = ebb_container_of(n, struct ebb__segment, node);
-    ebb__grave_add(a->label, sg->base, sg->size);
+    ebb__grave_put(a, sg->base, sg->size, true);
   }
 }
 
-int ebb__grave_find(uint64_t addr, char *label, size_t len) {
-  int found = 0;
+const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len) {
+  const char *when = NULL;
   ebb__mutex_lock(&ebb__graves_mu);
   unsigned n = ebb__ngraves < EBB__GRAVES ? ebb__ngraves : EBB__GRAVES;
-  for (unsigned i = 0; i < n && !found; i++) {
+  for (unsigned i = 0; i < n && !when; i++) {
     const struct ebb__grave *g = &ebb__graves[(ebb__ngraves - 1 - i) % EBB__GRAVES]; /* newest first */
-    if (addr >= g->base && addr < g->base + g->size) {
-      snprintf(label, len, "%s", g->label);
-      found = g->session == ebb__sessions ? 1 : 2;
-    }
+    if (g->kind != kind || addr < g->base || addr >= g->base + g->size) continue;
+    snprintf(label, len, "%s", g->label);
+    when = g->session != ebb__sessions || g->at_shutdown ? "before the last completed ebb_shutdown"
+                                                          : "since ebb_init (empty_cache, an OOM retry or a trim)";
   }
   ebb__mutex_unlock(&ebb__graves_mu);
-  return found;
+  return when;
 }
 
 /* The module's stop, run by the last ebb_shutdown once no block is live. */

@@ -147,11 +147,6 @@ static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const vo
  * the copy ends it with EBB_EFREED after the chunks already enqueued. */
 static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, size_t bytes, bool to_device, ebb_stream_t *s) {
   static const char fn[] = "ebb_copy_async";
-  if (ebb__in_host_fn())
-    return ebb__fail(EBB_ESTATE, "%s: %zu bytes %s pageable host memory %p on stream %llu (device %d), called from a host function (ebb_stream_host_func); "
-                     "its pinned staging may wait on the host for work queued behind that host function; expected pinned or device memory there, or the copy issued outside host functions",
-                     fn, bytes, to_device ? "from" : "to", to_device ? (const void *)src : (const void *)dst,
-                     (unsigned long long)s->id, s->device);
   for (size_t off = 0; off < bytes;) {
     size_t n = bytes - off < ebb__st.chunk_bytes ? bytes - off : ebb__st.chunk_bytes;
     struct ebb__chunk *c = NULL;
@@ -210,6 +205,10 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
   static const char fn[] = "ebb_copy_async";
   ebb_status st = ebb__check_stream(fn, s);
   if (st) return st;
+  /* Before anything else, which would call the driver (the pointers' kinds, a peer's stream):
+   * a pageable copy's staging could also wait on the host for work queued behind the host
+   * function itself. */
+  if (EBB_UNLIKELY(ebb__tls_in_host_fn)) return ebb__host_fn_refused(fn, s);
   if (bytes == 0) return EBB_OK; /* empty tensors may carry NULL data pointers */
   if (!dst || !src)
     return ebb__fail(EBB_EINVAL, "%s: %s is NULL for a copy of %zu bytes; expected host or device memory", fn, !dst ? "dst" : "src", bytes);

@@ -189,37 +189,79 @@ static size_t cgroup_limit(const char *path) {
  * quarters of the host's memory (physical memory, or a smaller cgroup v2/v1 limit: the one a
  * container's OOM killer enforces), the rest left to the program and the system; whole 2 MiB
  * granules, one at least. */
-/* The smallest memory limit on the path from this process's own cgroup up to the root: the
- * cgroup v2 entry ("0::/a/b") of /proc/self/cgroup under /sys/fs/cgroup (file memory.max), or
- * the v1 memory controller's ("4:memory:/a/b") under /sys/fs/cgroup/memory (memory.limit_in_bytes).
- * Without a cgroup namespace the root of the mount is not the process's own cgroup, so the root
- * alone would miss its limit. 0: no limit found. */
-static size_t cgroup_min_limit(void) {
-  FILE *f = fopen("/proc/self/cgroup", "r");
-  if (!f) return 0;
-  char line[512];
+/* The smallest memory limit on the path from `dir` (a cgroup's path, "" for the root) up to the
+ * root of the hierarchy mounted at `mount`, reading `file` in each; 0 when none. */
+static size_t cgroup_walk(const char *mount, char *dir, const char *file) {
   size_t best = 0;
-  while (fgets(line, sizeof line, f)) {
+  for (;;) { /* the cgroup, then each ancestor, then the root */
+    char p[4096 + 128];
+    snprintf(p, sizeof p, "%s%s/%s", mount, dir, file);
+    size_t lim = cgroup_limit(p);
+    if (lim && (!best || lim < best)) best = lim;
+    char *slash = strrchr(dir, '/');
+    if (!slash) break;
+    *slash = 0;
+  }
+  return best;
+}
+
+/* Whether `list` (a v1 line's controllers, "cpu,memory") names the memory controller. */
+static bool has_memory_ctrl(const char *list) {
+  for (const char *p = list; *p;) {
+    size_t n = strcspn(p, ",");
+    if (n == 6 && strncmp(p, "memory", 6) == 0) return true;
+    p += n + (p[n] == ',');
+  }
+  return false;
+}
+
+/* The smallest memory limit that applies to this process: along its own cgroup's path up to the
+ * root, for the v2 entry ("0::/a/b") of /proc/self/cgroup under /sys/fs/cgroup (memory.max) and
+ * a v1 entry listing the memory controller ("4:memory:/a/b", "4:cpu,memory:/a/b") under
+ * /sys/fs/cgroup/<its controllers> or /sys/fs/cgroup/memory (memory.limit_in_bytes). Without a
+ * cgroup namespace the root of the mount is not the process's own cgroup, so the root alone
+ * would miss its limit. Without /proc/self/cgroup, the roots alone. 0: no limit found. */
+static size_t cgroup_min_limit(void) {
+  size_t best = 0;
+  FILE *f = fopen("/proc/self/cgroup", "r");
+  if (!f) {
+    static const char *const roots[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (size_t i = 0; i < sizeof roots / sizeof *roots; i++) {
+      size_t lim = cgroup_limit(roots[i]);
+      if (lim && (!best || lim < best)) best = lim;
+    }
+    return best;
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
     line[strcspn(line, "\n")] = 0;
     char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
     if (!c2) continue;
     *c2 = 0;
-    const char *ctrl = c1 + 1, *path = c2 + 1, *mount, *file;
-    if (!*ctrl) mount = "/sys/fs/cgroup", file = "memory.max"; /* v2 */
-    else if (strcmp(ctrl, "memory") == 0) mount = "/sys/fs/cgroup/memory", file = "memory.limit_in_bytes";
-    else continue;
-    char dir[400];
-    snprintf(dir, sizeof dir, "%s", strcmp(path, "/") == 0 ? "" : path);
-    for (;;) { /* the cgroup, then each ancestor, then the root */
-      char p[512];
-      snprintf(p, sizeof p, "%s%s/%s", mount, dir, file);
-      size_t lim = cgroup_limit(p);
+    const char *ctrl = c1 + 1, *path = c2 + 1;
+    char dir[4096];
+    if (strlen(path) >= sizeof dir) continue; /* (no real cgroup path is this long) */
+    const char *mounts[2] = {NULL, NULL}, *file;
+    char named[4096 + 32];
+    if (!*ctrl) {
+      mounts[0] = "/sys/fs/cgroup";
+      file = "memory.max";
+    } else if (has_memory_ctrl(ctrl)) {
+      snprintf(named, sizeof named, "/sys/fs/cgroup/%s", ctrl);
+      mounts[0] = named;
+      mounts[1] = strcmp(ctrl, "memory") != 0 ? "/sys/fs/cgroup/memory" : NULL;
+      file = "memory.limit_in_bytes";
+    } else {
+      continue;
+    }
+    for (int m = 0; m < 2 && mounts[m]; m++) {
+      snprintf(dir, sizeof dir, "%s", strcmp(path, "/") == 0 ? "" : path);
+      size_t lim = cgroup_walk(mounts[m], dir, file);
       if (lim && (!best || lim < best)) best = lim;
-      char *slash = strrchr(dir, '/');
-      if (!slash) break;
-      *slash = 0;
     }
   }
+  free(line);
   fclose(f);
   return best;
 }

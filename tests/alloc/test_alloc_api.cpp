@@ -453,7 +453,8 @@ TEST_CASE("a block copied on a fresh stream each step keeps working past 4096 st
 
 // A host function must not copy arena blocks: the arena's lock may be held by a thread waiting
 // for that very function (empty_cache with expandable segments), so the copy is refused with
-// EBB_ESTATE before the lock is taken, instead of a deadlock. Driver memory still copies there.
+// EBB_ESTATE before the lock is taken, instead of a deadlock (ebb_copy_async refuses every copy
+// there; the hook's own refusal, for ops' check of a destination, is tested in test_ops_lifecycle).
 namespace {
 struct HostCopy {
   void *dst, *src;
@@ -1162,7 +1163,7 @@ TEST_CASE("shutdown refuses while a block is live, then releases the cache and a
   CHECK_FALSE(ebb_is_initialized());
   // A pointer from before a completed shutdown is a released one, said as such.
   EbbSession session;
-  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "gave back at a completed ebb_shutdown");
+  EBB_CHECK_FAILS(ebb_arena_free(p), EBB_EFREED, "gave back to the driver before the last completed ebb_shutdown");
   CHECK(std::string(ebb_last_error()).find("device 0") != std::string::npos);
   ebb_arena_stats st = stats(0);
   CHECK(st.reserved_bytes.current == 0);
@@ -1175,7 +1176,15 @@ TEST_CASE("shutdown refuses while a block is live, then releases the cache and a
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, nullptr, &q));
   EBB_REQUIRE_OK(ebb_arena_free(q));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
-  EBB_CHECK_FAILS(ebb_arena_free(q), EBB_EFREED, "gave back to the system in an empty_cache since ebb_init");
+  EBB_CHECK_FAILS(ebb_arena_free(q), EBB_EFREED, "gave back to the driver since ebb_init (empty_cache");
+  // The host pool's ranges go back to the system, whose next mapping may be anyone's: a pointer
+  // there is "not allocated", with the hint, and another pool's free call does not match it.
+  void *h = nullptr;
+  EBB_REQUIRE_OK(ebb_pageable_alloc(8 * MiB, &h));
+  EBB_REQUIRE_OK(ebb_pageable_free(h));
+  EBB_REQUIRE_OK(ebb_pageable_empty_cache());
+  EBB_CHECK_FAILS(ebb_pageable_free(h), EBB_EINVAL, "gave back to the system since ebb_init");
+  EBB_CHECK_FAILS(ebb_pinned_free(h), EBB_EINVAL, "was not allocated by ebb_pinned_alloc (no segment");
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 

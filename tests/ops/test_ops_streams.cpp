@@ -183,3 +183,55 @@ TEST_CASE("tensor streams: ebb_tensor_to_host_async copies nothing when it fails
   }
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// From a host function, ebb_tensor_to_host_async must not take the arena's lock to check its
+// pinned destination (a thread holding it may wait for that very function): the check refuses
+// first, with EBB_ESTATE, and nothing is enqueued.
+TEST_CASE("tensor streams: ebb_tensor_to_host_async from a host function is refused before the pools' lock",
+          "[ops][tensor][streams][host_fn]") {
+  EbbSession session;
+  const int64_t n = 64;
+  Tensor t;
+  EBB_REQUIRE_OK(ebb_tensor_full(0, EBB_F32, 1, &n, 3.0, t.out()));
+  void *pin = nullptr;
+  EBB_REQUIRE_OK(ebb_pinned_alloc(n * 4, 0, &pin));
+  std::memset(pin, 0, n * 4);
+  ebb_event_t *ev = nullptr;
+  EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &ev));
+  ebb_stream_t *side = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &side));
+  struct Ctx {
+    ebb_tensor_t *t;
+    void *pin;
+    ebb_event_t *ev;
+    ebb_status st;
+    std::string msg;
+  } c{t.get(), pin, ev, EBB_OK, ""};
+  EBB_REQUIRE_OK(ebb_stream_host_func(
+      side,
+      [](void *u) {
+        auto *x = static_cast<Ctx *>(u);
+        x->st = ebb_tensor_to_host_async(x->t, x->pin, 64 * 4, x->ev);
+        x->msg = x->st ? ebb_last_error() : "";
+      },
+      &c));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(side));
+  INFO(c.msg);
+  CHECK(c.st == EBB_ESTATE);
+  CHECK(c.msg.rfind("ebb_tensor_to_host_async: ", 0) == 0);
+  CHECK(c.msg.find("lies in the memory of the pinned") != std::string::npos);
+  ebb_stream_t *cur = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_current(0, &cur));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(cur));
+  long touched = 0;
+  for (int i = 0; i < n * 4; i++) touched += static_cast<unsigned char *>(pin)[i] != 0;
+  CHECK(touched == 0);
+  bool done = false;
+  EBB_REQUIRE_OK(ebb_event_query(ev, &done));
+  CHECK(done);  // never recorded
+  EBB_REQUIRE_OK(ebb_event_release(ev));
+  EBB_REQUIRE_OK(ebb_stream_release(side));
+  EBB_REQUIRE_OK(ebb_pinned_free(pin));
+  t.reset();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

@@ -191,18 +191,27 @@ size_t host_memory_bytes() {
   while (std::getline(cg, line)) {
     size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
     if (b == std::string::npos) continue;
-    std::string ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1), mount, file;
-    if (ctrl.empty()) mount = "/sys/fs/cgroup", file = "memory.max";
-    else if (ctrl == "memory") mount = "/sys/fs/cgroup/memory", file = "memory.limit_in_bytes";
-    else continue;
-    if (path == "/") path.clear();
-    for (;;) {
-      size_t lim = cgroup_limit((mount + path + "/" + file).c_str());
-      if (lim && lim < mem) mem = lim;
-      size_t slash = path.rfind('/');
-      if (slash == std::string::npos) break;
-      path.resize(slash);
+    std::string ctrl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1), file;
+    std::vector<std::string> mounts;
+    if (ctrl.empty()) {
+      mounts = {"/sys/fs/cgroup"};
+      file = "memory.max";
+    } else if (("," + ctrl + ",").find(",memory,") != std::string::npos) {
+      mounts = {"/sys/fs/cgroup/" + ctrl};
+      if (ctrl != "memory") mounts.push_back("/sys/fs/cgroup/memory");
+      file = "memory.limit_in_bytes";
+    } else {
+      continue;
     }
+    if (path == "/") path.clear();
+    for (const std::string &mount : mounts)
+      for (std::string p = path;;) {
+        size_t lim = cgroup_limit((mount + p + "/" + file).c_str());
+        if (lim && lim < mem) mem = lim;
+        size_t slash = p.rfind('/');
+        if (slash == std::string::npos) break;
+        p.resize(slash);
+      }
   }
   return mem;
 }

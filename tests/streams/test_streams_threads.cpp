@@ -125,10 +125,19 @@ TEST_CASE("threads: releases past the tomb table while a host function in the pe
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     open.store(1, std::memory_order_release);
   });
+  // The release the host function was refused makes a host thread, racing the main thread's
+  // releases of the gated streams past the first tomb table, as the gate stays closed.
+  ebb_stream_t *extra = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &extra));
+  EBB_REQUIRE_OK(ebb_stream_wait_stream(extra, ss[0]));  // busy behind the gate too
+  std::atomic<ebb_status> side_st{EBB_EINTERNAL};
+  std::thread releaser([&] { side_st = ebb_stream_release(extra); });
   for (auto *s : ss) EBB_REQUIRE_OK(ebb_stream_release(s)); // all busy behind the gate
+  releaser.join();
+  CHECK(side_st.load() == EBB_OK);
   opener.join();
   EBB_REQUIRE_OK(ebb_dev_synchronize(0));
   CHECK(ra.result.load() == 1);
-  EBB_REQUIRE_OK(ebb_stream_release(ra.s));
+  EBB_REQUIRE_OK(ebb_stream_release(ra.s));  // the host function's refused release, made here
   REQUIRE(ebb_debug_live_handles() == 0);
 }
