@@ -41,6 +41,85 @@ EBB_HIDDEN void ebb__tensor_hooks_set(const ebb__tensor_hooks *h);
 EBB_HIDDEN void *ebb__tensor_slot(const ebb_tensor_t *t);
 EBB_HIDDEN void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot);
 
+/* ---- the derivative table --------------------------------------------------------------------
+ * One entry per operation that changes values or shape: its forward call, the node name its
+ * backward gets, what it saves, which inputs can get gradients, and the backward itself behind
+ * one signature, so autograd builds every node from the table and never from per-op glue. */
+
+typedef enum ebb__op_id {
+  /* binary (broadcasting) and scalar */
+  EBB__OP_ADD, EBB__OP_SUB, EBB__OP_MUL, EBB__OP_DIV,
+  EBB__OP_ADD_SCALAR, EBB__OP_SUB_SCALAR, EBB__OP_MUL_SCALAR, EBB__OP_DIV_SCALAR, EBB__OP_POW_SCALAR, EBB__OP_CLAMP,
+  /* unary */
+  EBB__OP_NEG, EBB__OP_ABS, EBB__OP_EXP, EBB__OP_LOG, EBB__OP_SQRT, EBB__OP_SIN, EBB__OP_COS, EBB__OP_TANH,
+  EBB__OP_SIGMOID, EBB__OP_RELU, EBB__OP_GELU, EBB__OP_WHERE,
+  /* reductions, matmul, nn */
+  EBB__OP_SUM, EBB__OP_MEAN, EBB__OP_AMAX, EBB__OP_MAX_DIM, EBB__OP_MATMUL,
+  EBB__OP_SOFTMAX, EBB__OP_LOG_SOFTMAX, EBB__OP_CROSS_ENTROPY, EBB__OP_MSE_LOSS, EBB__OP_LAYER_NORM,
+  EBB__OP_CAT, EBB__OP_STACK,
+  /* views */
+  EBB__OP_VIEW, EBB__OP_RESHAPE, EBB__OP_TRANSPOSE, EBB__OP_PERMUTE, EBB__OP_SLICE, EBB__OP_NARROW, EBB__OP_SELECT,
+  EBB__OP_EXPAND, EBB__OP_SQUEEZE, EBB__OP_UNSQUEEZE,
+  /* copies */
+  EBB__OP_CONTIGUOUS, EBB__OP_CLONE, EBB__OP_TO_DEVICE, EBB__OP_TO_DTYPE,
+  /* in place: input 0 is dst's value before the op, the output dst's value after it */
+  EBB__OP_ADD_, EBB__OP_MUL_, EBB__OP_COPY_, EBB__OP_FILL_, EBB__OP_ZERO_,
+  EBB__OP_COUNT
+} ebb__op_id;
+
+/* What a backward knows of each forward input without saving it. */
+typedef struct ebb__tensor_meta {
+  int device;
+  ebb_dtype dtype;
+  int ndim;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+} ebb__tensor_meta;
+
+/* The forward's non-tensor arguments, normalised as the forward used them (dims in [0, ndim),
+ * slice bounds clamped; reduction dims sorted, ndims 0 for all of them). */
+typedef struct ebb__op_args {
+  double s[2];                       /* scalar, pow's p, clamp's lo/hi, layer_norm's eps */
+  int dims[EBB_TENSOR_MAX_DIMS];     /* reduction dims; permute's order */
+  int ndims;
+  int dim, dim1;                     /* the dim of softmax, cat, stack, slice, select, squeeze,
+                                        unsqueeze, max_dim; transpose's two; layer_norm's nnorm */
+  int64_t start, end, step;          /* slice [start, end) by step; narrow; select's index */
+  bool keepdim;
+} ebb__op_args;
+
+#define EBB__SAVE_IN(i) (1u << (i))
+#define EBB__SAVE_OUT(i) (1u << (8 + (i)))
+
+/* A backward call: the forward's arguments, each input's metadata, the tensors the entry saves
+ * (the others NULL; a layer_norm without weight or bias has NULL there too), and which inputs'
+ * gradients are wanted. */
+typedef struct ebb__bw_ctx {
+  const ebb__op_args *args;
+  const ebb__tensor_meta *in;           /* [nin] */
+  const ebb_tensor_t *const *saved_in;  /* [nin] */
+  const ebb_tensor_t *const *saved_out; /* [nout] */
+  int nin;
+  const bool *need;                     /* [nin]: input i's gradient wanted */
+} ebb__bw_ctx;
+
+/* Fills grad_in[i] (a new reference, with input i's shape, dtype and device) for each wanted
+ * input i that can get one, NULL for the others; grad_out[k] is the gradient of output k (NULL
+ * for outputs that have none: max_dim's indices). On failure nothing is returned. */
+typedef ebb_status (*ebb__backward_fn)(const ebb__bw_ctx *c, const ebb_tensor_t *const *grad_out, ebb_tensor_t **grad_in);
+
+typedef struct ebb__deriv {
+  const char *node;     /* the backward node's name: "MulBackward" */
+  const char *forward;  /* the call: "ebb_op_mul" */
+  int8_t nin;           /* inputs; -1: any number (cat, stack) */
+  int8_t nout;
+  uint16_t save;        /* EBB__SAVE_IN / EBB__SAVE_OUT bits: what backward reads */
+  uint8_t diff;         /* inputs that can get a gradient (bit i; with nin -1, bit 0 stands for all) */
+  ebb__backward_fn backward; /* NULL when diff is 0: the outputs do not depend on the inputs */
+} ebb__deriv;
+
+/* The entry of op (op < EBB__OP_COUNT). */
+EBB_HIDDEN const ebb__deriv *ebb__deriv_of(ebb__op_id op);
+
 #ifdef __cplusplus
 }
 #endif

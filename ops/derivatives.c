@@ -1,0 +1,373 @@
+/* derivatives.c: the derivative table (ops_export.h). One entry per differentiable operation:
+ * its node name, what its backward reads, which inputs get gradients, and the backward behind
+ * one signature. The math lives beside each forward (ebb_op_*_backward); an entry adapts it to
+ * the table's call, or, where a backward needs only its inputs' shapes (add, sum, the views),
+ * computes it from their metadata so nothing is saved for it.
+ *
+ * Some entries save more than their math needs, because the public backward they call takes a
+ * tensor for its shape or dtype: where (a and b), max_dim (x). The engine's lean path is to
+ * replace those reads with the metadata.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ops_export.h"
+#include "ops_impl.h"
+
+#define IN(i) EBB__SAVE_IN(i)
+#define OUT(i) EBB__SAVE_OUT(i)
+#define WANT(c, i) ((c)->need[i])
+
+/* ---- shared steps ------------------------------------------------------------------------------ */
+
+/* g brought to input m's shape (summing broadcast dims), dtype and device; a new reference. */
+static ebb_status ebb__fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb_tensor_t **out) {
+  ebb_tensor_t *r = NULL, *t = NULL;
+  ebb_status st;
+  if (g->ndim == m->ndim && memcmp(g->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) == 0) {
+    st = ebb_tensor_retain((ebb_tensor_t *)g);
+    r = (ebb_tensor_t *)g;
+  } else {
+    st = ebb_op_sum_to_shape(g, m->ndim, m->shape, &r);
+  }
+  if (!st && r->dtype != m->dtype) {
+    st = ebb_tensor_to_dtype(r, m->dtype, &t);
+    ebb__tensor_put(r);
+    r = st ? NULL : t;
+  }
+  if (!st && r->st->device != m->device) {
+    st = ebb_tensor_to_device(r, m->device, &t);
+    ebb__tensor_put(r);
+    r = st ? NULL : t;
+  }
+  if (st) return st;
+  *out = r;
+  return EBB_OK;
+}
+
+/* grad * s, fitted to input 0. */
+static ebb_status ebb__scaled(const ebb__bw_ctx *c, const ebb_tensor_t *g, double s, ebb_tensor_t **gin) {
+  if (!WANT(c, 0)) return EBB_OK;
+  if (s == 1.0) return ebb__fit(&c->in[0], g, &gin[0]);
+  ebb_tensor_t *t = NULL;
+  ebb_status st = ebb_op_mul_scalar(g, s, &t);
+  if (st) return st;
+  st = ebb__fit(&c->in[0], t, &gin[0]);
+  ebb__tensor_put(t);
+  return st;
+}
+
+/* Releases grad_in[0..n) after a failure. */
+static ebb_status ebb__drop(ebb_status st, ebb_tensor_t **gin, int n) {
+  if (st)
+    for (int i = 0; i < n; i++) {
+      ebb__tensor_put(gin[i]);
+      gin[i] = NULL;
+    }
+  return st;
+}
+
+/* The public two-input backward f(grad, a, b, ga, gb) with the saved inputs and the wanted
+ * outputs. */
+typedef ebb_status (*ebb__bw2)(const ebb_tensor_t *, const ebb_tensor_t *, const ebb_tensor_t *, ebb_tensor_t **, ebb_tensor_t **);
+static ebb_status ebb__two(ebb__bw2 f, const ebb__bw_ctx *c, const ebb_tensor_t *g, ebb_tensor_t **gin) {
+  if (!WANT(c, 0) && !WANT(c, 1)) return EBB_OK;
+  return f(g, c->saved_in[0], c->saved_in[1], WANT(c, 0) ? &gin[0] : NULL, WANT(c, 1) ? &gin[1] : NULL);
+}
+
+/* ---- binary and scalar ----------------------------------------------------------------------- */
+
+static ebb_status bw_add(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  ebb_status st = WANT(c, 0) ? ebb__fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  if (!st && WANT(c, 1)) st = ebb__fit(&c->in[1], go[0], &gin[1]);
+  return ebb__drop(st, gin, 2);
+}
+
+static ebb_status bw_sub(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  ebb_status st = WANT(c, 0) ? ebb__fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  if (!st && WANT(c, 1)) {
+    ebb_tensor_t *n = NULL;
+    st = ebb_op_neg(go[0], &n);
+    if (!st) st = ebb__fit(&c->in[1], n, &gin[1]);
+    ebb__tensor_put(n);
+  }
+  return ebb__drop(st, gin, 2);
+}
+
+static ebb_status bw_mul(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__two(ebb_op_mul_backward, c, go[0], gin);
+}
+static ebb_status bw_div(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__two(ebb_op_div_backward, c, go[0], gin);
+}
+static ebb_status bw_add_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__scaled(c, go[0], 1.0, gin);
+}
+static ebb_status bw_mul_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__scaled(c, go[0], c->args->s[0], gin);
+}
+static ebb_status bw_div_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__scaled(c, go[0], 1.0 / c->args->s[0], gin);
+}
+static ebb_status bw_neg(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__scaled(c, go[0], -1.0, gin);
+}
+static ebb_status bw_pow_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_pow_scalar_backward(go[0], c->saved_in[0], c->args->s[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_clamp(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_clamp_backward(go[0], c->saved_in[0], c->args->s[0], c->args->s[1], &gin[0]) : EBB_OK;
+}
+
+/* ---- unary: f(grad, x, y, gx) reading the saved x or y ------------------------------------------ */
+
+#define EBB__UNARY_BW(name)                                                                          \
+  static ebb_status bw_##name(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) { \
+    if (!WANT(c, 0)) return EBB_OK;                                                                  \
+    return ebb_op_##name##_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]);                \
+  }
+EBB__UNARY_BW(abs)
+EBB__UNARY_BW(exp)
+EBB__UNARY_BW(log)
+EBB__UNARY_BW(sqrt)
+EBB__UNARY_BW(sin)
+EBB__UNARY_BW(cos)
+EBB__UNARY_BW(tanh)
+EBB__UNARY_BW(sigmoid)
+EBB__UNARY_BW(relu)
+EBB__UNARY_BW(gelu)
+#undef EBB__UNARY_BW
+
+static ebb_status bw_where(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  if (!WANT(c, 1) && !WANT(c, 2)) return EBB_OK;
+  return ebb_op_where_backward(go[0], c->saved_in[0], c->saved_in[1], c->saved_in[2], WANT(c, 1) ? &gin[1] : NULL,
+                               WANT(c, 2) ? &gin[2] : NULL);
+}
+
+/* ---- reductions, matmul, nn ------------------------------------------------------------------- */
+
+/* grad of a sum over args->dims (all when ndims 0) back to input 0's shape, times `scale`: the
+ * reduced dims put back (keepdim false) and expanded, a view of grad when scale is 1. */
+static ebb_status ebb__unreduce(const ebb__bw_ctx *c, const ebb_tensor_t *g, double scale, ebb_tensor_t **gin) {
+  const ebb__tensor_meta *m = &c->in[0];
+  const ebb__op_args *a = c->args;
+  ebb_tensor_t *t = NULL, *u = NULL;
+  ebb_status st = ebb_tensor_retain((ebb_tensor_t *)g);
+  t = (ebb_tensor_t *)g;
+  if (!a->keepdim) {
+    bool reduced[EBB_TENSOR_MAX_DIMS] = {false};
+    for (int d = 0; d < m->ndim; d++) reduced[d] = a->ndims == 0;
+    for (int k = 0; k < a->ndims; k++) reduced[a->dims[k]] = true;
+    for (int d = 0; !st && d < m->ndim; d++) {
+      if (!reduced[d]) continue;
+      st = ebb_tensor_unsqueeze(t, d, &u);
+      ebb__tensor_put(t);
+      t = st ? NULL : u;
+    }
+  }
+  if (!st) {
+    st = ebb_tensor_expand(t, m->ndim, m->shape, &u);
+    ebb__tensor_put(t);
+    t = st ? NULL : u;
+  }
+  if (!st && scale != 1.0) {
+    st = ebb_op_mul_scalar(t, scale, &u);
+    ebb__tensor_put(t);
+    t = st ? NULL : u;
+  }
+  if (!st) {
+    st = ebb__fit(m, t, gin);
+    ebb__tensor_put(t);
+  }
+  return st;
+}
+
+static ebb_status bw_sum(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb__unreduce(c, go[0], 1.0, &gin[0]) : EBB_OK;
+}
+
+static ebb_status bw_mean(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  if (!WANT(c, 0)) return EBB_OK;
+  const ebb__tensor_meta *m = &c->in[0];
+  int64_t count = 1;
+  if (c->args->ndims == 0)
+    for (int d = 0; d < m->ndim; d++) count *= m->shape[d];
+  for (int k = 0; k < c->args->ndims; k++) count *= m->shape[c->args->dims[k]];
+  return ebb__unreduce(c, go[0], count ? 1.0 / (double)count : 1.0, &gin[0]);
+}
+
+static ebb_status bw_amax(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  if (!WANT(c, 0)) return EBB_OK;
+  const ebb__op_args *a = c->args;
+  return ebb_op_amax_backward(go[0], c->saved_in[0], c->saved_out[0], a->dims, a->ndims, a->keepdim, &gin[0]);
+}
+
+static ebb_status bw_max_dim(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  if (!WANT(c, 0) || !go[0]) return EBB_OK;
+  return ebb_op_max_dim_backward(go[0], c->saved_in[0], c->saved_out[1], c->args->dim, c->args->keepdim, &gin[0]);
+}
+
+static ebb_status bw_matmul(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__two(ebb_op_matmul_backward, c, go[0], gin);
+}
+static ebb_status bw_softmax(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_softmax_backward(go[0], c->saved_out[0], c->args->dim, &gin[0]) : EBB_OK;
+}
+static ebb_status bw_log_softmax(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_log_softmax_backward(go[0], c->saved_out[0], c->args->dim, &gin[0]) : EBB_OK;
+}
+static ebb_status bw_cross_entropy(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_cross_entropy_backward(go[0], c->saved_in[0], c->saved_in[1], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_mse_loss(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return ebb__two(ebb_op_mse_loss_backward, c, go[0], gin);
+}
+
+static ebb_status bw_layer_norm(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  const ebb_tensor_t *w = c->nin > 1 ? c->saved_in[1] : NULL, *b = c->nin > 2 ? c->saved_in[2] : NULL;
+  bool gw = w && WANT(c, 1), gb = b && WANT(c, 2);
+  if (!WANT(c, 0) && !gw && !gb) return EBB_OK;
+  return ebb_op_layer_norm_backward(go[0], c->saved_in[0], c->args->dim, w, b, c->args->s[0], WANT(c, 0) ? &gin[0] : NULL,
+                                    gw ? &gin[1] : NULL, gb ? &gin[2] : NULL);
+}
+
+/* cat: input i's slice of grad along the dim, at the sum of the sizes before it (a view). */
+static ebb_status bw_cat(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  int d = c->args->dim;
+  int64_t at = 0;
+  ebb_status st = EBB_OK;
+  for (int i = 0; !st && i < c->nin; i++) {
+    if (WANT(c, i)) st = ebb_tensor_narrow(go[0], d, at, c->in[i].shape[d], &gin[i]);
+    at += c->in[i].shape[d];
+  }
+  return ebb__drop(st, gin, c->nin);
+}
+
+static ebb_status bw_stack(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  ebb_status st = EBB_OK;
+  for (int i = 0; !st && i < c->nin; i++)
+    if (WANT(c, i)) st = ebb_tensor_select(go[0], c->args->dim, i, &gin[i]);
+  return ebb__drop(st, gin, c->nin);
+}
+
+/* ---- views ----------------------------------------------------------------------------------- */
+
+/* view, reshape, squeeze, unsqueeze: grad back in the input's shape. */
+static ebb_status bw_reshape(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_tensor_reshape(go[0], c->in[0].ndim, c->in[0].shape, &gin[0]) : EBB_OK;
+}
+
+static ebb_status bw_transpose(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_tensor_transpose(go[0], c->args->dim, c->args->dim1, &gin[0]) : EBB_OK;
+}
+
+static ebb_status bw_permute(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  if (!WANT(c, 0)) return EBB_OK;
+  int inv[EBB_TENSOR_MAX_DIMS];
+  for (int k = 0; k < c->args->ndims; k++) inv[c->args->dims[k]] = k;
+  return ebb_tensor_permute(go[0], inv, c->args->ndims, &gin[0]);
+}
+
+/* slice, narrow, select: zeros of the input's shape with grad written into the same view. */
+static ebb_status ebb__scatter_view(const ebb__bw_ctx *c, const ebb_tensor_t *g, bool select, ebb_tensor_t **gin) {
+  const ebb__tensor_meta *m = &c->in[0];
+  const ebb__op_args *a = c->args;
+  ebb_tensor_t *z = NULL, *v = NULL;
+  ebb_status st = ebb_tensor_zeros(m->device, m->dtype, m->ndim, m->shape, &z);
+  if (!st) st = select ? ebb_tensor_select(z, a->dim, a->start, &v) : ebb_tensor_slice(z, a->dim, a->start, a->end, a->step, &v);
+  if (!st) st = ebb_tensor_copy_(v, g);
+  ebb__tensor_put(v);
+  if (st) {
+    ebb__tensor_put(z);
+    return st;
+  }
+  *gin = z;
+  return EBB_OK;
+}
+
+static ebb_status bw_slice(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb__scatter_view(c, go[0], false, &gin[0]) : EBB_OK;
+}
+static ebb_status bw_select(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb__scatter_view(c, go[0], true, &gin[0]) : EBB_OK;
+}
+
+/* expand, contiguous, clone, to_device, to_dtype: grad fitted back (summed over expanded dims,
+ * to the input's dtype and device). */
+static ebb_status bw_fit(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb__fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+}
+
+/* ---- in place ------------------------------------------------------------------------------ */
+
+/* dst += src: dst's old value gets grad, src grad summed to its shape. */
+static ebb_status bw_add_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) { return bw_add(c, go, gin); }
+
+/* dst *= src: needs dst's value before the op (saved as input 0) and src. */
+static ebb_status bw_mul_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) { return bw_mul(c, go, gin); }
+
+/* dst = src: dst's old value gets nothing (it is gone), src gets grad in its shape, dtype and
+ * device. */
+static ebb_status bw_copy_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 1) ? ebb__fit(&c->in[1], go[0], &gin[1]) : EBB_OK;
+}
+
+/* ---- the table ------------------------------------------------------------------------------- */
+
+static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
+    [EBB__OP_ADD] = {"AddBackward", "ebb_op_add", 2, 1, 0, 0x3, bw_add},
+    [EBB__OP_SUB] = {"SubBackward", "ebb_op_sub", 2, 1, 0, 0x3, bw_sub},
+    [EBB__OP_MUL] = {"MulBackward", "ebb_op_mul", 2, 1, IN(0) | IN(1), 0x3, bw_mul},
+    [EBB__OP_DIV] = {"DivBackward", "ebb_op_div", 2, 1, IN(0) | IN(1), 0x3, bw_div},
+    [EBB__OP_ADD_SCALAR] = {"AddScalarBackward", "ebb_op_add_scalar", 1, 1, 0, 0x1, bw_add_scalar},
+    [EBB__OP_SUB_SCALAR] = {"SubScalarBackward", "ebb_op_sub_scalar", 1, 1, 0, 0x1, bw_add_scalar},
+    [EBB__OP_MUL_SCALAR] = {"MulScalarBackward", "ebb_op_mul_scalar", 1, 1, 0, 0x1, bw_mul_scalar},
+    [EBB__OP_DIV_SCALAR] = {"DivScalarBackward", "ebb_op_div_scalar", 1, 1, 0, 0x1, bw_div_scalar},
+    [EBB__OP_POW_SCALAR] = {"PowScalarBackward", "ebb_op_pow_scalar", 1, 1, IN(0), 0x1, bw_pow_scalar},
+    [EBB__OP_CLAMP] = {"ClampBackward", "ebb_op_clamp", 1, 1, IN(0), 0x1, bw_clamp},
+    [EBB__OP_NEG] = {"NegBackward", "ebb_op_neg", 1, 1, 0, 0x1, bw_neg},
+    [EBB__OP_ABS] = {"AbsBackward", "ebb_op_abs", 1, 1, IN(0), 0x1, bw_abs},
+    [EBB__OP_EXP] = {"ExpBackward", "ebb_op_exp", 1, 1, OUT(0), 0x1, bw_exp},
+    [EBB__OP_LOG] = {"LogBackward", "ebb_op_log", 1, 1, IN(0), 0x1, bw_log},
+    [EBB__OP_SQRT] = {"SqrtBackward", "ebb_op_sqrt", 1, 1, OUT(0), 0x1, bw_sqrt},
+    [EBB__OP_SIN] = {"SinBackward", "ebb_op_sin", 1, 1, IN(0), 0x1, bw_sin},
+    [EBB__OP_COS] = {"CosBackward", "ebb_op_cos", 1, 1, IN(0), 0x1, bw_cos},
+    [EBB__OP_TANH] = {"TanhBackward", "ebb_op_tanh", 1, 1, OUT(0), 0x1, bw_tanh},
+    [EBB__OP_SIGMOID] = {"SigmoidBackward", "ebb_op_sigmoid", 1, 1, OUT(0), 0x1, bw_sigmoid},
+    [EBB__OP_RELU] = {"ReluBackward", "ebb_op_relu", 1, 1, IN(0), 0x1, bw_relu},
+    [EBB__OP_GELU] = {"GeluBackward", "ebb_op_gelu", 1, 1, IN(0), 0x1, bw_gelu},
+    [EBB__OP_WHERE] = {"WhereBackward", "ebb_op_where", 3, 1, IN(0) | IN(1) | IN(2), 0x6, bw_where},
+    [EBB__OP_SUM] = {"SumBackward", "ebb_op_sum", 1, 1, 0, 0x1, bw_sum},
+    [EBB__OP_MEAN] = {"MeanBackward", "ebb_op_mean", 1, 1, 0, 0x1, bw_mean},
+    [EBB__OP_AMAX] = {"AmaxBackward", "ebb_op_amax", 1, 1, IN(0) | OUT(0), 0x1, bw_amax},
+    [EBB__OP_MAX_DIM] = {"MaxBackward", "ebb_op_max_dim", 1, 2, IN(0) | OUT(1), 0x1, bw_max_dim},
+    [EBB__OP_MATMUL] = {"MatmulBackward", "ebb_op_matmul", 2, 1, IN(0) | IN(1), 0x3, bw_matmul},
+    [EBB__OP_SOFTMAX] = {"SoftmaxBackward", "ebb_op_softmax", 1, 1, OUT(0), 0x1, bw_softmax},
+    [EBB__OP_LOG_SOFTMAX] = {"LogSoftmaxBackward", "ebb_op_log_softmax", 1, 1, OUT(0), 0x1, bw_log_softmax},
+    [EBB__OP_CROSS_ENTROPY] = {"CrossEntropyBackward", "ebb_op_cross_entropy", 2, 1, IN(0) | IN(1), 0x1, bw_cross_entropy},
+    [EBB__OP_MSE_LOSS] = {"MseLossBackward", "ebb_op_mse_loss", 2, 1, IN(0) | IN(1), 0x3, bw_mse_loss},
+    [EBB__OP_LAYER_NORM] = {"LayerNormBackward", "ebb_op_layer_norm", 3, 1, IN(0) | IN(1) | IN(2), 0x7, bw_layer_norm},
+    [EBB__OP_CAT] = {"CatBackward", "ebb_op_cat", -1, 1, 0, 0x1, bw_cat},
+    [EBB__OP_STACK] = {"StackBackward", "ebb_op_stack", -1, 1, 0, 0x1, bw_stack},
+    [EBB__OP_VIEW] = {"ViewBackward", "ebb_tensor_view", 1, 1, 0, 0x1, bw_reshape},
+    [EBB__OP_RESHAPE] = {"ReshapeBackward", "ebb_tensor_reshape", 1, 1, 0, 0x1, bw_reshape},
+    [EBB__OP_TRANSPOSE] = {"TransposeBackward", "ebb_tensor_transpose", 1, 1, 0, 0x1, bw_transpose},
+    [EBB__OP_PERMUTE] = {"PermuteBackward", "ebb_tensor_permute", 1, 1, 0, 0x1, bw_permute},
+    [EBB__OP_SLICE] = {"SliceBackward", "ebb_tensor_slice", 1, 1, 0, 0x1, bw_slice},
+    [EBB__OP_NARROW] = {"NarrowBackward", "ebb_tensor_narrow", 1, 1, 0, 0x1, bw_slice},
+    [EBB__OP_SELECT] = {"SelectBackward", "ebb_tensor_select", 1, 1, 0, 0x1, bw_select},
+    [EBB__OP_EXPAND] = {"ExpandBackward", "ebb_tensor_expand", 1, 1, 0, 0x1, bw_fit},
+    [EBB__OP_SQUEEZE] = {"SqueezeBackward", "ebb_tensor_squeeze", 1, 1, 0, 0x1, bw_reshape},
+    [EBB__OP_UNSQUEEZE] = {"UnsqueezeBackward", "ebb_tensor_unsqueeze", 1, 1, 0, 0x1, bw_reshape},
+    [EBB__OP_CONTIGUOUS] = {"ContiguousBackward", "ebb_tensor_contiguous", 1, 1, 0, 0x1, bw_fit},
+    [EBB__OP_CLONE] = {"CloneBackward", "ebb_tensor_clone", 1, 1, 0, 0x1, bw_fit},
+    [EBB__OP_TO_DEVICE] = {"ToDeviceBackward", "ebb_tensor_to_device", 1, 1, 0, 0x1, bw_fit},
+    [EBB__OP_TO_DTYPE] = {"ToDtypeBackward", "ebb_tensor_to_dtype", 1, 1, 0, 0x1, bw_fit},
+    [EBB__OP_ADD_] = {"AddInplaceBackward", "ebb_op_add_", 2, 1, 0, 0x3, bw_add_},
+    [EBB__OP_MUL_] = {"MulInplaceBackward", "ebb_op_mul_", 2, 1, IN(0) | IN(1), 0x3, bw_mul_},
+    [EBB__OP_COPY_] = {"CopyBackward", "ebb_tensor_copy_", 2, 1, 0, 0x2, bw_copy_},
+    [EBB__OP_FILL_] = {"FillBackward", "ebb_tensor_fill_", 1, 1, 0, 0x0, NULL},
+    [EBB__OP_ZERO_] = {"ZeroBackward", "ebb_tensor_zero_", 1, 1, 0, 0x0, NULL},
+};
+
+const ebb__deriv *ebb__deriv_of(ebb__op_id op) { return (unsigned)op < EBB__OP_COUNT ? &ebb__derivs[op] : NULL; }
