@@ -137,19 +137,19 @@ static ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb
 /* ---- add, sub, mul, div --------------------------------------------------------------------------- */
 
 ebb_status ebb_op_add(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
-  return ebb__binary("ebb_op_add", EBB__EW_ADD, EBB__ARITH, a, b, out);
+  EBB__RECORDED("ebb_op_add", EBB__OP_ADD, NULL, out, ebb__binary("ebb_op_add", EBB__EW_ADD, EBB__ARITH, a, b, out), a, b);
 }
 
 ebb_status ebb_op_sub(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
-  return ebb__binary("ebb_op_sub", EBB__EW_SUB, EBB__ARITH, a, b, out);
+  EBB__RECORDED("ebb_op_sub", EBB__OP_SUB, NULL, out, ebb__binary("ebb_op_sub", EBB__EW_SUB, EBB__ARITH, a, b, out), a, b);
 }
 
 ebb_status ebb_op_mul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
-  return ebb__binary("ebb_op_mul", EBB__EW_MUL, EBB__ARITH, a, b, out);
+  EBB__RECORDED("ebb_op_mul", EBB__OP_MUL, NULL, out, ebb__binary("ebb_op_mul", EBB__EW_MUL, EBB__ARITH, a, b, out), a, b);
 }
 
 ebb_status ebb_op_div(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
-  return ebb__binary("ebb_op_div", EBB__EW_DIV, EBB__DIVIDE, a, b, out);
+  EBB__RECORDED("ebb_op_div", EBB__OP_DIV, NULL, out, ebb__binary("ebb_op_div", EBB__EW_DIV, EBB__DIVIDE, a, b, out), a, b);
 }
 
 /* Shared by the four binary backward functions: checks, then per requested input computes the
@@ -246,29 +246,40 @@ static ebb_status ebb__scalar_op(const char *fn, int op, const ebb_tensor_t *a, 
 }
 
 ebb_status ebb_op_add_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
-  return ebb__scalar_op("ebb_op_add_scalar", EBB__EW_ADDS, a, s, false, out);
+  const ebb__op_args args = {.s = {s}};
+  EBB__RECORDED("ebb_op_add_scalar", EBB__OP_ADD_SCALAR, &args, out, ebb__scalar_op("ebb_op_add_scalar", EBB__EW_ADDS, a, s, false, out), a);
 }
 
 ebb_status ebb_op_sub_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
-  return ebb__scalar_op("ebb_op_sub_scalar", EBB__EW_ADDS, a, -s, false, out);
+  const ebb__op_args args = {.s = {s}};
+  EBB__RECORDED("ebb_op_sub_scalar", EBB__OP_SUB_SCALAR, &args, out, ebb__scalar_op("ebb_op_sub_scalar", EBB__EW_ADDS, a, -s, false, out), a);
 }
 
 ebb_status ebb_op_mul_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
-  return ebb__scalar_op("ebb_op_mul_scalar", EBB__EW_MULS, a, s, false, out);
+  const ebb__op_args args = {.s = {s}};
+  EBB__RECORDED("ebb_op_mul_scalar", EBB__OP_MUL_SCALAR, &args, out, ebb__scalar_op("ebb_op_mul_scalar", EBB__EW_MULS, a, s, false, out), a);
 }
 
 ebb_status ebb_op_div_scalar(const ebb_tensor_t *a, double s, ebb_tensor_t **out) {
-  return ebb__scalar_op("ebb_op_div_scalar", EBB__EW_DIVS, a, s, true, out);
+  const ebb__op_args args = {.s = {s}};
+  EBB__RECORDED("ebb_op_div_scalar", EBB__OP_DIV_SCALAR, &args, out, ebb__scalar_op("ebb_op_div_scalar", EBB__EW_DIVS, a, s, true, out), a);
 }
 
 ebb_status ebb_op_pow_scalar(const ebb_tensor_t *a, double p, ebb_tensor_t **out) {
-  return ebb__unary("ebb_op_pow_scalar", EBB__EW_POWS, EBB__FLOAT, a, p, 0, out);
+  const ebb__op_args args = {.s = {p}};
+  EBB__RECORDED("ebb_op_pow_scalar", EBB__OP_POW_SCALAR, &args, out, ebb__unary("ebb_op_pow_scalar", EBB__EW_POWS, EBB__FLOAT, a, p, 0, out),
+                a);
 }
 
-ebb_status ebb_op_clamp(const ebb_tensor_t *a, double lo, double hi, ebb_tensor_t **out) {
+static ebb_status ebb__clamp(const ebb_tensor_t *a, double lo, double hi, ebb_tensor_t **out) {
   if (lo > hi || lo != lo || hi != hi)
     return ebb__fail(EBB_EINVAL, "ebb_op_clamp: lo %g and hi %g; expected lo <= hi", lo, hi);
   return ebb__unary("ebb_op_clamp", EBB__EW_CLAMP, EBB__KEEP, a, lo, hi, out);
+}
+
+ebb_status ebb_op_clamp(const ebb_tensor_t *a, double lo, double hi, ebb_tensor_t **out) {
+  const ebb__op_args args = {.s = {lo, hi}};
+  EBB__RECORDED("ebb_op_clamp", EBB__OP_CLAMP, &args, out, ebb__clamp(a, lo, hi, out), a);
 }
 
 /* grad_x = f(grad, x) for ops whose local derivative is one elementwise kernel of x (mode
@@ -334,29 +345,39 @@ ebb_status ebb_op_clamp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x
 
 /* ---- unary ----------------------------------------------------------------------------------------- */
 
-ebb_status ebb_op_neg(const ebb_tensor_t *a, ebb_tensor_t **out) {
+static ebb_status ebb__op_neg_impl(const ebb_tensor_t *a, ebb_tensor_t **out) {
   if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_neg", "a") == EBB_OK)
     return ebb__fail(EBB_EINVAL, "ebb_op_neg: a has dtype bool; expected a numeric dtype");
   return ebb__unary("ebb_op_neg", EBB__EW_NEG, EBB__KEEP, a, 0, 0, out);
 }
 
-ebb_status ebb_op_abs(const ebb_tensor_t *a, ebb_tensor_t **out) {
+ebb_status ebb_op_neg(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_neg", EBB__OP_NEG, NULL, out, ebb__op_neg_impl(a, out), a);
+}
+
+static ebb_status ebb__op_abs_impl(const ebb_tensor_t *a, ebb_tensor_t **out) {
   if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_abs", "a") == EBB_OK)
     return ebb__fail(EBB_EINVAL, "ebb_op_abs: a has dtype bool; expected a numeric dtype");
   return ebb__unary("ebb_op_abs", EBB__EW_ABS, EBB__KEEP, a, 0, 0, out);
 }
 
-#define EBB__UNARY(name, op, kind) \
-  ebb_status ebb_op_##name(const ebb_tensor_t *a, ebb_tensor_t **out) { return ebb__unary("ebb_op_" #name, op, kind, a, 0, 0, out); }
-EBB__UNARY(exp, EBB__EW_EXP, EBB__FLOAT)
-EBB__UNARY(log, EBB__EW_LOG, EBB__FLOAT)
-EBB__UNARY(sqrt, EBB__EW_SQRT, EBB__FLOAT)
-EBB__UNARY(sin, EBB__EW_SIN, EBB__FLOAT)
-EBB__UNARY(cos, EBB__EW_COS, EBB__FLOAT)
-EBB__UNARY(tanh, EBB__EW_TANH, EBB__FLOAT)
-EBB__UNARY(sigmoid, EBB__EW_SIGMOID, EBB__FLOAT)
-EBB__UNARY(relu, EBB__EW_RELU, EBB__KEEP)
-EBB__UNARY(gelu, EBB__EW_GELU, EBB__FLOAT)
+ebb_status ebb_op_abs(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_abs", EBB__OP_ABS, NULL, out, ebb__op_abs_impl(a, out), a);
+}
+
+#define EBB__UNARY(name, rec, op, kind)                                                                     \
+  ebb_status ebb_op_##name(const ebb_tensor_t *a, ebb_tensor_t **out) {                                     \
+    EBB__RECORDED("ebb_op_" #name, rec, NULL, out, ebb__unary("ebb_op_" #name, op, kind, a, 0, 0, out), a); \
+  }
+EBB__UNARY(exp, EBB__OP_EXP, EBB__EW_EXP, EBB__FLOAT)
+EBB__UNARY(log, EBB__OP_LOG, EBB__EW_LOG, EBB__FLOAT)
+EBB__UNARY(sqrt, EBB__OP_SQRT, EBB__EW_SQRT, EBB__FLOAT)
+EBB__UNARY(sin, EBB__OP_SIN, EBB__EW_SIN, EBB__FLOAT)
+EBB__UNARY(cos, EBB__OP_COS, EBB__EW_COS, EBB__FLOAT)
+EBB__UNARY(tanh, EBB__OP_TANH, EBB__EW_TANH, EBB__FLOAT)
+EBB__UNARY(sigmoid, EBB__OP_SIGMOID, EBB__EW_SIGMOID, EBB__FLOAT)
+EBB__UNARY(relu, EBB__OP_RELU, EBB__EW_RELU, EBB__KEEP)
+EBB__UNARY(gelu, EBB__OP_GELU, EBB__EW_GELU, EBB__FLOAT)
 #undef EBB__UNARY
 
 ebb_status ebb_op_neg_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
@@ -469,7 +490,7 @@ EBB__CMP(gt, EBB__EW_GT)
 EBB__CMP(ge, EBB__EW_GE)
 #undef EBB__CMP
 
-ebb_status ebb_op_where(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+static ebb_status ebb__op_where_impl(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   const char *fn = "ebb_op_where";
   ebb_status st = ebb__tensor_check(cond, fn, "cond");
   if (!st) st = ebb__tensor_check(a, fn, "a");
@@ -482,6 +503,10 @@ ebb_status ebb_op_where(const ebb_tensor_t *cond, const ebb_tensor_t *a, const e
   ebb_op_promote(a->dtype, b->dtype, &dt);
   const ebb_tensor_t *in[3] = {cond, a, b};
   return ebb__ew_new(fn, EBB__EW_WHERE, 3, in, dt, 0, 0, out);
+}
+
+ebb_status ebb_op_where(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_where", EBB__OP_WHERE, NULL, out, ebb__op_where_impl(cond, a, b, out), cond, a, b);
 }
 
 ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b,

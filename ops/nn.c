@@ -56,9 +56,27 @@ static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, b
   return ebb__fail_in(fn, st);
 }
 
-ebb_status ebb_op_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) { return ebb__softmax("ebb_op_softmax", t, dim, false, out); }
+/* The normalised dim of a softmax that succeeded (t is valid then). */
+static ebb__op_args ebb__dim_args(const ebb__tensor_hooks *h, ebb_status st, const ebb_tensor_t *t, int dim) {
+  ebb__op_args a = {.dim = dim};
+  if (h && !st && dim < 0) a.dim = dim + t->ndim;
+  return a;
+}
+
+ebb_status ebb_op_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__softmax("ebb_op_softmax", t, dim, false, out);
+  const ebb__op_args a = ebb__dim_args(h, st, t, dim);
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_op_softmax", h, st, EBB__OP_SOFTMAX, in, 1, out, NULL, &a);
+}
+
 ebb_status ebb_op_log_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
-  return ebb__softmax("ebb_op_log_softmax", t, dim, true, out);
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__softmax("ebb_op_log_softmax", t, dim, true, out);
+  const ebb__op_args a = ebb__dim_args(h, st, t, dim);
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_op_log_softmax", h, st, EBB__OP_LOG_SOFTMAX, in, 1, out, NULL, &a);
 }
 
 static ebb_status ebb__softmax_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx, int *d) {
@@ -140,7 +158,7 @@ static ebb_status ebb__onehot(const ebb_tensor_t *logits, const ebb_tensor_t *ta
 /* loss = -(1/N) sum_i log_softmax(logits)[i, t_i]. The target column is picked with a one-hot
  * mask and where() instead of a gather kernel: one more elementwise pass over [N, C], but the
  * same kernels run on every device, and a target outside [0, C) simply matches no column. */
-ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
+static ebb_status ebb__op_cross_entropy_impl(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
   const char *fn = "ebb_op_cross_entropy";
   ebb_status st = ebb__ce_check(fn, logits, target);
   if (!st) st = ebb__need_out(fn, "out", out);
@@ -155,6 +173,10 @@ ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *
   ebb_tensor_t *tmp[] = {ls, oh, zero, picked, total};
   EBB__PUT_ALL(tmp);
   return ebb__fail_in(fn, st);
+}
+
+ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_cross_entropy", EBB__OP_CROSS_ENTROPY, NULL, out, ebb__op_cross_entropy_impl(logits, target, out), logits, target);
 }
 
 /* d loss / d logits[i, c] = (softmax[i, c] - onehot[i, c]) / N, times the incoming scalar. */
@@ -193,7 +215,7 @@ static ebb_status ebb__mse_check(const char *fn, const ebb_tensor_t *a, const eb
   return EBB_OK;
 }
 
-ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+static ebb_status ebb__op_mse_loss_impl(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   const char *fn = "ebb_op_mse_loss";
   ebb_status st = ebb__mse_check(fn, a, b);
   if (!st) st = ebb__need_out(fn, "out", out);
@@ -205,6 +227,10 @@ ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_ten
   ebb__tensor_put(d);
   ebb__tensor_put(sq);
   return ebb__fail_in(fn, st);
+}
+
+ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_mse_loss", EBB__OP_MSE_LOSS, NULL, out, ebb__op_mse_loss_impl(a, b, out), a, b);
 }
 
 /* loss = (1/n) sum (a - b)^2: d/da = 2 (a - b) / n, d/db = -d/da. */
@@ -277,7 +303,7 @@ static ebb_status ebb__ln_normalise(const ebb_tensor_t *x, const int *dims, int 
   return st;
 }
 
-ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps, ebb_tensor_t **out) {
+static ebb_status ebb__op_layer_norm_impl(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps, ebb_tensor_t **out) {
   const char *fn = "ebb_op_layer_norm";
   int dims[EBB_TENSOR_MAX_DIMS];
   ebb_status st = ebb__ln_check(fn, x, nnorm, w, b, dims);
@@ -302,6 +328,11 @@ ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_
   if (st) return ebb__fail_in(fn, st);
   *out = cur;
   return EBB_OK;
+}
+
+ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps, ebb_tensor_t **out) {
+  const ebb__op_args args = {.s = {eps}, .dim = nnorm};
+  EBB__RECORDED("ebb_op_layer_norm", EBB__OP_LAYER_NORM, &args, out, ebb__op_layer_norm_impl(x, nnorm, w, b, eps, out), x, w, b);
 }
 
 /* With xhat = (x - mu) rstd over the normalised dims (n elements each), y = xhat w + b:
@@ -366,7 +397,7 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
 
 /* The result is allocated once and each input copied into its narrow() view of it, so cat is
  * n copy kernels and no temporary. Inputs may be any views (the copy kernel takes strides). */
-ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+static ebb_status ebb__op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
   const char *fn = "ebb_op_cat";
   if (!ts || n < 1) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected at least one", fn, n, ts ? "given" : "NULL");
   ebb_status st = ebb__need_out(fn, "out", out);
@@ -413,7 +444,15 @@ ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_
   return EBB_OK;
 }
 
-ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__op_cat_impl(ts, n, dim, out);
+  ebb__op_args a = {.dim = dim};
+  if (h && !st && dim < 0) a.dim = dim + ts[0]->ndim;
+  return ebb__rec_done("ebb_op_cat", h, st, EBB__OP_CAT, ts, n, out, NULL, &a);
+}
+
+static ebb_status ebb__op_stack_impl(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
   const char *fn = "ebb_op_stack";
   if (!ts || n < 1 || n > 4096) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected 1..4096", fn, n, ts ? "given" : "NULL");
   ebb_status st = ebb__need_out(fn, "out", out);
@@ -431,6 +470,14 @@ ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tenso
   for (int i = 0; i < n; i++) ebb__tensor_put(u[i]);
   free(u);
   return ebb__fail_in(fn, st);
+}
+
+ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__op_stack_impl(ts, n, dim, out);
+  ebb__op_args a = {.dim = dim};
+  if (h && !st && dim < 0) a.dim = dim + ts[0]->ndim + 1;
+  return ebb__rec_done("ebb_op_stack", h, st, EBB__OP_STACK, ts, n, out, NULL, &a);
 }
 
 /* The gradient of a slice is the matching slice of grad: a view, no copy. Its offset along

@@ -15,6 +15,7 @@
 #include "ebb_list.h"
 #include "runtime_export.h"
 #include "ebb/ops.h"
+#include "ops_export.h"
 
 #define EBB__TENSOR_MAGIC 0x65627473u /* "ebts" */
 #define EBB__STORAGE_USED 4           /* streams remembered per storage before record_stream */
@@ -81,6 +82,39 @@ EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
  * out-pointer is non-NULL; ra and rb are NULL where it is NULL) and returns EBB_OK; on failure
  * releases both (NULL allowed) and returns st. */
 EBB_HIDDEN ebb_status ebb__grads_out(ebb_status st, ebb_tensor_t *ra, ebb_tensor_t **ga, ebb_tensor_t *rb, ebb_tensor_t **gb);
+
+/* ---- recording for autograd (ops_export.h, the `recorded` hook) ------------------------------
+ * Every public op that has a derivative-table entry brackets its work:
+ *   const ebb__tensor_hooks *h = ebb__rec_enter();
+ *   st = <the op>;
+ *   return ebb__rec_done(fn, h, st, EBB__OP_X, in, nin, &out, NULL, &args);
+ * With no hooks installed (no autograd) that is one load and a branch. With hooks, a
+ * thread-local depth tells the outermost call (which records) from the ones it makes itself. */
+EBB_HIDDEN extern _Atomic(const ebb__tensor_hooks *) ebb__hooks;
+EBB_HIDDEN const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h);
+EBB_HIDDEN ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op,
+                                    const ebb_tensor_t *const *in, int nin, ebb_tensor_t **out0, ebb_tensor_t **out1,
+                                    const ebb__op_args *args);
+static inline const ebb__tensor_hooks *ebb__rec_enter(void) {
+  /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
+  const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
+  return EBB_UNLIKELY(h != NULL) ? ebb__rec_enter_slow(h) : NULL;
+}
+static inline ebb_status ebb__rec_done(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op,
+                                       const ebb_tensor_t *const *in, int nin, ebb_tensor_t **out0, ebb_tensor_t **out1,
+                                       const ebb__op_args *args) {
+  return EBB_UNLIKELY(h != NULL) ? ebb__rec_exit(fn, h, st, op, in, nin, out0, out1, args) : st;
+}
+
+/* The bracket as one statement, for an op with one output: returns `call`'s status, recorded
+ * as `op` with the inputs listed after it and `args` (NULL: none). */
+#define EBB__RECORDED(fn, op, args, out, call, ...)                                                                  \
+  do {                                                                                                             \
+    const ebb__tensor_hooks *rec_h_ = ebb__rec_enter();                                                            \
+    ebb_status rec_st_ = (call);                                                                                   \
+    const ebb_tensor_t *rec_in_[] = {__VA_ARGS__};                                                                 \
+    return ebb__rec_done((fn), rec_h_, rec_st_, (op), rec_in_, (int)EBB_ARRAY_LEN(rec_in_), (out), NULL, (args)); \
+  } while (0)
 
 /* ---- elements ------------------------------------------------------------------------------ */
 

@@ -98,25 +98,72 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
   return EBB_OK;
 }
 
-ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+/* The derivative table's arguments of a reduction that succeeded: its dims normalised and
+ * sorted (none: all of them). */
+static void ebb__red_rec_args(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb__op_args *a) {
+  bool mask[EBB_TENSOR_MAX_DIMS] = {false};
+  for (int i = 0; i < ndims && t->ndim > 0; i++) mask[dims[i] < 0 ? dims[i] + t->ndim : dims[i]] = true;
+  a->ndims = 0;
+  for (int d = 0; d < t->ndim && ndims > 0; d++)
+    if (mask[d]) a->dims[a->ndims++] = d;
+  a->keepdim = keepdim;
+}
+
+static ebb_status ebb__op_sum_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   ebb_dtype dt = t && ebb_dtype_is_float(t->dtype) ? t->dtype : EBB_I64;
   return ebb__reduce("ebb_op_sum", EBB__RED_SUM, t, dims, ndims, keepdim, dt, out, NULL);
 }
 
-ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__op_sum_impl(t, dims, ndims, keepdim, out);
+  ebb__op_args a = {.ndims = 0};
+  if (h && !st) ebb__red_rec_args(t, dims, ndims, keepdim, &a);
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_op_sum", h, st, EBB__OP_SUM, in, 1, out, NULL, &a);
+}
+
+static ebb_status ebb__op_mean_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   ebb_dtype dt = t && ebb_dtype_is_float(t->dtype) ? t->dtype : EBB_F32;
   return ebb__reduce("ebb_op_mean", EBB__RED_MEAN, t, dims, ndims, keepdim, dt, out, NULL);
 }
 
-ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__op_mean_impl(t, dims, ndims, keepdim, out);
+  ebb__op_args a = {.ndims = 0};
+  if (h && !st) ebb__red_rec_args(t, dims, ndims, keepdim, &a);
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_op_mean", h, st, EBB__OP_MEAN, in, 1, out, NULL, &a);
+}
+
+static ebb_status ebb__op_amax_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   ebb_dtype dt = t ? t->dtype : EBB_F32;
   return ebb__reduce("ebb_op_amax", EBB__RED_MAX, t, dims, ndims, keepdim, dt, out, NULL);
 }
 
-ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
+ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__op_amax_impl(t, dims, ndims, keepdim, out);
+  ebb__op_args a = {.ndims = 0};
+  if (h && !st) ebb__red_rec_args(t, dims, ndims, keepdim, &a);
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_op_amax", h, st, EBB__OP_AMAX, in, 1, out, NULL, &a);
+}
+
+static ebb_status ebb__op_max_dim_impl(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
   if (!indices) return ebb__fail(EBB_EINVAL, "ebb_op_max_dim: indices is NULL; expected a tensor handle to fill");
   ebb_dtype dt = t ? t->dtype : EBB_F32;
   return ebb__reduce("ebb_op_max_dim", EBB__RED_MAX, t, &dim, 1, keepdim, dt, values, indices);
+}
+
+ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__op_max_dim_impl(t, dim, keepdim, values, indices);
+  ebb__op_args a = {.keepdim = keepdim};
+  if (h && !st) a.dim = dim < 0 ? dim + t->ndim : dim;
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_op_max_dim", h, st, EBB__OP_MAX_DIM, in, 1, values, indices, &a);
 }
 
 /* ---- sum to shape ------------------------------------------------------------------------------ */
@@ -436,7 +483,9 @@ done:
   return ebb__fail_in(fn, st);
 }
 
-ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) { return ebb__matmul("ebb_op_matmul", a, b, out); }
+ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_matmul", EBB__OP_MATMUL, NULL, out, ebb__matmul("ebb_op_matmul", a, b, out), a, b);
+}
 
 /* C = A B gives dA = dC B^T and dB = A^T dC per batch entry; an operand broadcast over the
  * batch receives the sum over the batch (sum_to_shape). The transposes are views, which the

@@ -323,7 +323,38 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
 }
 
 /* The hooks of the module above (ops_export.h): NULL until autograd starts. */
-static _Atomic(const ebb__tensor_hooks *) ebb__hooks;
+_Atomic(const ebb__tensor_hooks *) ebb__hooks;
+
+/* Public op calls in progress on this thread, counted while hooks are installed. */
+static _Thread_local int ebb__rec_depth;
+
+const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
+  if (!h->recorded) return NULL;
+  ebb__rec_depth++;
+  return h;
+}
+
+ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op, const ebb_tensor_t *const *in,
+                         int nin, ebb_tensor_t **out0, ebb_tensor_t **out1, const ebb__op_args *args) {
+  if (--ebb__rec_depth > 0 || st) return st; /* an op's own inner call, or a failure */
+  bool any = false;
+  for (int i = 0; i < nin && !any; i++) any = in[i] && in[i]->autograd;
+  if (!any) return EBB_OK;
+  ebb_tensor_t *outs[2] = {*out0, out1 ? *out1 : NULL};
+  if (outs[0] == in[0]) return EBB_OK; /* the input itself (contiguous of a contiguous tensor): no node */
+  static const ebb__op_args none;
+  st = h->recorded((int)op, in, nin, outs, out1 ? 2 : 1, args ? args : &none);
+  if (st) {
+    ebb__tensor_put(*out0);
+    *out0 = NULL;
+    if (out1) {
+      ebb__tensor_put(*out1);
+      *out1 = NULL;
+    }
+    return ebb__fail_in(fn, st);
+  }
+  return EBB_OK;
+}
 
 void ebb__tensor_hooks_set(const ebb__tensor_hooks *h) {
   /* release: pairs with the acquire loads below; the hooks' module is up. */
@@ -760,7 +791,7 @@ static ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype 
   return EBB_OK;
 }
 
-ebb_status ebb_tensor_contiguous(const ebb_tensor_t *t, ebb_tensor_t **out) {
+static ebb_status ebb__tensor_contiguous_impl(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_contiguous", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_contiguous: out is NULL");
@@ -772,19 +803,31 @@ ebb_status ebb_tensor_contiguous(const ebb_tensor_t *t, ebb_tensor_t **out) {
   return ebb__copy_as("ebb_tensor_contiguous", t, t->dtype, out);
 }
 
-ebb_status ebb_tensor_clone(const ebb_tensor_t *t, ebb_tensor_t **out) {
+ebb_status ebb_tensor_contiguous(const ebb_tensor_t *t, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_contiguous", EBB__OP_CONTIGUOUS, NULL, out, ebb__tensor_contiguous_impl(t, out), t);
+}
+
+static ebb_status ebb__tensor_clone_impl(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_clone", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_clone: out is NULL");
   return ebb__copy_as("ebb_tensor_clone", t, t->dtype, out);
 }
 
-ebb_status ebb_tensor_to_dtype(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
+ebb_status ebb_tensor_clone(const ebb_tensor_t *t, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_clone", EBB__OP_CLONE, NULL, out, ebb__tensor_clone_impl(t, out), t);
+}
+
+static ebb_status ebb__tensor_to_dtype_impl(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_to_dtype", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_dtype: out is NULL");
   if ((unsigned)dt >= EBB_DTYPE_COUNT) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_dtype: dtype %d is not an ebb_dtype", (int)dt);
   return ebb__copy_as("ebb_tensor_to_dtype", t, dt, out);
+}
+
+ebb_status ebb_tensor_to_dtype(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_to_dtype", EBB__OP_TO_DTYPE, NULL, out, ebb__tensor_to_dtype_impl(t, dt, out), t);
 }
 
 /* A contiguous copy of t (any device) on `device`. */
@@ -846,11 +889,15 @@ fail_src:
   return ebb__fail_in(fn, st);
 }
 
-ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
+static ebb_status ebb__tensor_to_device_impl(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_to_device", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_device: out is NULL");
   return ebb__to_device("ebb_tensor_to_device", t, device, out);
+}
+
+ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_to_device", EBB__OP_TO_DEVICE, NULL, out, ebb__tensor_to_device_impl(t, device, out), t);
 }
 
 /* EBB_EINVAL unless dst (non-NULL where bytes > 0) holds exactly t's elements, packed. */
@@ -1084,7 +1131,7 @@ bad:;
                    ebb__shape_str(shape, ndim, b, sizeof b));
 }
 
-ebb_status ebb_tensor_view(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+static ebb_status ebb__tensor_view_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_view");
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   st = ebb__infer_shape("ebb_tensor_view", t, ndim, shape, ns);
@@ -1097,7 +1144,11 @@ ebb_status ebb_tensor_view(const ebb_tensor_t *t, int ndim, const int64_t *shape
   return ebb__tensor_alias("ebb_tensor_view", t, ndim, ns, nst, t->offset, out);
 }
 
-ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+ebb_status ebb_tensor_view(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_view", EBB__OP_VIEW, NULL, out, ebb__tensor_view_impl(t, ndim, shape, out), t);
+}
+
+static ebb_status ebb__tensor_reshape_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_reshape");
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   st = ebb__infer_shape("ebb_tensor_reshape", t, ndim, shape, ns);
@@ -1113,7 +1164,11 @@ ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *sh
   return st;
 }
 
-ebb_status ebb_tensor_permute(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
+ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_reshape", EBB__OP_RESHAPE, NULL, out, ebb__tensor_reshape_impl(t, ndim, shape, out), t);
+}
+
+static ebb_status ebb__tensor_permute_impl(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_permute");
   if (ndim != t->ndim || (ndim && !dims)) {
     char a[128];
@@ -1134,7 +1189,16 @@ ebb_status ebb_tensor_permute(const ebb_tensor_t *t, const int *dims, int ndim, 
   return ebb__tensor_alias("ebb_tensor_permute", t, ndim, ns, nst, t->offset, out);
 }
 
-ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
+ebb_status ebb_tensor_permute(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__tensor_permute_impl(t, dims, ndim, out);
+  ebb__op_args a = {.ndims = ndim};
+  for (int k = 0; h && !st && k < ndim; k++) a.dims[k] = dims[k] < 0 ? dims[k] + ndim : dims[k];
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_tensor_permute", h, st, EBB__OP_PERMUTE, in, 1, out, NULL, &a);
+}
+
+static ebb_status ebb__tensor_transpose_impl(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_transpose");
   int a, b;
   st = ebb__dim("ebb_tensor_transpose", "dim0", dim0, t->ndim, &a);
@@ -1149,15 +1213,31 @@ ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_t
   return ebb__tensor_alias("ebb_tensor_transpose", t, t->ndim, ns, nst, t->offset, out);
 }
 
+ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__tensor_transpose_impl(t, dim0, dim1, out);
+  ebb__op_args a = {.dim = dim0, .dim1 = dim1};
+  if (h && !st) {
+    if (a.dim < 0) a.dim += t->ndim;
+    if (a.dim1 < 0) a.dim1 += t->ndim;
+  }
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_tensor_transpose", h, st, EBB__OP_TRANSPOSE, in, 1, out, NULL, &a);
+}
+
 /* The slice view of t along dim d (normalised), start/end clamped; the view is made for `fn`
  * (slice or narrow, whose name the lifecycle hook and messages get). */
+/* Python's slice bounds on an extent: negative counts from the end, then clamped. */
+static void ebb__clamp_bounds(int64_t size, int64_t *start, int64_t *end) {
+  if (*start < 0) *start += size;
+  if (*end < 0) *end += size;
+  *start = *start < 0 ? 0 : *start > size ? size : *start;
+  *end = *end < *start ? *start : *end > size ? size : *end;
+}
+
 static ebb_status ebb__slice_view(const char *fn, const ebb_tensor_t *t, int d, int64_t start, int64_t end, int64_t step,
                                   ebb_tensor_t **out) {
-  int64_t size = t->shape[d];
-  if (start < 0) start += size;
-  if (end < 0) end += size;
-  start = start < 0 ? 0 : start > size ? size : start;
-  end = end < start ? start : end > size ? size : end;
+  ebb__clamp_bounds(t->shape[d], &start, &end);
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   memcpy(ns, t->shape, sizeof ns);
   memcpy(nst, t->strides, sizeof nst);
@@ -1166,7 +1246,7 @@ static ebb_status ebb__slice_view(const char *fn, const ebb_tensor_t *t, int d, 
   return ebb__tensor_alias(fn, t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
 }
 
-ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
+static ebb_status ebb__tensor_slice_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_slice");
   int d;
   if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: t is a scalar (0 dims); expected at least 1 dim");
@@ -1176,7 +1256,19 @@ ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64
   return ebb__slice_view("ebb_tensor_slice", t, d, start, end, step, out);
 }
 
-ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
+ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__tensor_slice_impl(t, dim, start, end, step, out);
+  ebb__op_args a = {.dim = dim, .start = start, .end = end, .step = step};
+  if (h && !st) {
+    if (a.dim < 0) a.dim += t->ndim;
+    ebb__clamp_bounds(t->shape[a.dim], &a.start, &a.end);
+  }
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_tensor_slice", h, st, EBB__OP_SLICE, in, 1, out, NULL, &a);
+}
+
+static ebb_status ebb__tensor_narrow_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_narrow");
   int d;
   if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: t is a scalar (0 dims); expected at least 1 dim");
@@ -1190,6 +1282,15 @@ ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int6
   return ebb__slice_view("ebb_tensor_narrow", t, d, start, start + length, 1, out);
 }
 
+ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__tensor_narrow_impl(t, dim, start, length, out);
+  ebb__op_args a = {.dim = dim, .start = start, .end = start + length, .step = 1};
+  if (h && !st && a.dim < 0) a.dim += t->ndim;
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_tensor_narrow", h, st, EBB__OP_NARROW, in, 1, out, NULL, &a);
+}
+
 /* The view of t without dim d at index i (both in range), made for `fn` (select or squeeze). */
 static ebb_status ebb__select_view(const char *fn, const ebb_tensor_t *t, int d, int64_t i, ebb_tensor_t **out) {
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
@@ -1201,7 +1302,7 @@ static ebb_status ebb__select_view(const char *fn, const ebb_tensor_t *t, int d,
   return ebb__tensor_alias(fn, t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
 }
 
-ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
+static ebb_status ebb__tensor_select_impl(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_select");
   int d;
   if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_select: t is a scalar (0 dims); expected at least 1 dim");
@@ -1215,7 +1316,19 @@ ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_
   return ebb__select_view("ebb_tensor_select", t, d, i, out);
 }
 
-ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
+  const ebb__tensor_hooks *h = ebb__rec_enter();
+  ebb_status st = ebb__tensor_select_impl(t, dim, index, out);
+  ebb__op_args a = {.dim = dim, .start = index};
+  if (h && !st) {
+    if (a.dim < 0) a.dim += t->ndim;
+    if (a.start < 0) a.start += t->shape[a.dim];
+  }
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__rec_done("ebb_tensor_select", h, st, EBB__OP_SELECT, in, 1, out, NULL, &a);
+}
+
+static ebb_status ebb__tensor_expand_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_expand");
   if (ndim < t->ndim || ndim > EBB_TENSOR_MAX_DIMS || !shape) {
     char a[128];
@@ -1239,7 +1352,11 @@ ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *sha
   return ebb__tensor_alias("ebb_tensor_expand", t, ndim, ns, nst, t->offset, out);
 }
 
-ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_expand", EBB__OP_EXPAND, NULL, out, ebb__tensor_expand_impl(t, ndim, shape, out), t);
+}
+
+static ebb_status ebb__tensor_squeeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_squeeze");
   int d;
   if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: t is a scalar (0 dims); nothing to squeeze");
@@ -1253,7 +1370,11 @@ ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out
   return ebb__select_view("ebb_tensor_squeeze", t, d, 0, out);
 }
 
-ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_squeeze", EBB__OP_SQUEEZE, NULL, out, ebb__tensor_squeeze_impl(t, dim, out), t);
+}
+
+static ebb_status ebb__tensor_unsqueeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_unsqueeze");
   if (t->ndim == EBB_TENSOR_MAX_DIMS)
     return ebb__fail(EBB_EINVAL, "ebb_tensor_unsqueeze: t has %d dims already (the maximum)", EBB_TENSOR_MAX_DIMS);
@@ -1271,6 +1392,10 @@ ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **o
     }
   }
   return ebb__tensor_alias("ebb_tensor_unsqueeze", t, t->ndim + 1, ns, nst, t->offset, out);
+}
+
+ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_tensor_unsqueeze", EBB__OP_UNSQUEEZE, NULL, out, ebb__tensor_unsqueeze_impl(t, dim, out), t);
 }
 
 /* ---- in place --------------------------------------------------------------------------------- */

@@ -18,6 +18,8 @@
 extern "C" {
 #endif
 
+struct ebb__op_args; /* the derivative table's arguments, below */
+
 typedef struct ebb__tensor_hooks {
   /* The last reference to `t` went away and its slot is `slot` (non-NULL): free what the slot
    * holds. Called on the thread that dropped the reference, with no ops lock held, before the
@@ -30,6 +32,17 @@ typedef struct ebb__tensor_hooks {
    * slot. A failure fails that call with the hook's status (its message prefixed by fn); the view
    * is then released (its `released` hook runs if the slot was set). Same thread as the call. */
   ebb_status (*viewed)(const ebb_tensor_t *base, ebb_tensor_t *view, const char *fn);
+  /* Operation `op` (its derivative-table entry, declared below) made the `nout` tensors `out`
+   * from the `nin` tensors `in` (NULL where an optional input was not given: layer_norm's
+   * weight and bias), and at least one input has a slot; `args` as the table documents them.
+   * The hook records the node (setting the outputs' slots). Called once per public call, after
+   * it succeeded: the calls an op makes for itself (a composite's inner ops) record nothing.
+   * A failure fails that call with the hook's status (its message prefixed by the call's name);
+   * the outputs are released. Same thread as the call. A call that returns its input itself
+   * (ebb_tensor_contiguous of a contiguous tensor) records nothing. In-place ops are not
+   * recorded yet. */
+  ebb_status (*recorded)(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
+                         const struct ebb__op_args *args);
 } ebb__tensor_hooks;
 
 /* Installs the hooks (NULL removes them): autograd at its start and stop. The struct must outlive

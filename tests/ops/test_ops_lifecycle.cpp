@@ -3,6 +3,7 @@
 // slot's state when its handle dies and let a view take its base's history.
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -146,7 +147,7 @@ ebb_status fake_viewed(const ebb_tensor_t *base, ebb_tensor_t *view, const char 
   return EBB_OK;
 }
 
-const ebb__tensor_hooks g_hooks = {fake_released, fake_viewed};
+const ebb__tensor_hooks g_hooks = {fake_released, fake_viewed, nullptr};
 
 struct HooksInstalled {
   HooksInstalled() {
@@ -236,5 +237,183 @@ TEST_CASE("lifecycle hooks: a failing view hook fails the view call, naming it, 
   g_fail_views = false;
   t.reset();
   CHECK(g_released.load() == 1);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// ---- recording: every public op with a derivative-table entry reports itself once -----------
+
+namespace {
+
+struct Rec {
+  int op;
+  int nin, nout;
+  ebb__op_args args;
+};
+std::vector<Rec> g_recs;
+bool g_fail_record = false;
+
+ebb_status fake_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
+                         const ebb__op_args *args) {
+  (void)in;
+  (void)out;
+  g_recs.push_back({op, nin, nout, *args});
+  if (g_fail_record) return ebb__fail(EBB_ENOMEM, "no host memory for the node (test)");
+  return EBB_OK;
+}
+
+const ebb__tensor_hooks g_rec_hooks = {nullptr, nullptr, fake_recorded};
+
+struct RecordingInstalled {
+  RecordingInstalled() {
+    g_recs.clear();
+    g_fail_record = false;
+    ebb__tensor_hooks_set(&g_rec_hooks);
+  }
+  ~RecordingInstalled() { ebb__tensor_hooks_set(nullptr); }
+};
+
+}  // namespace
+
+TEST_CASE("recording: each public op with state on an input reports its table entry once, with normalised args",
+          "[ops][lifecycle][record]") {
+  EbbSession session;
+  RecordingInstalled rec;
+  int marker = 0;  // any non-NULL slot: this fake has no state to free (no released hook)
+  const int64_t s23[2] = {2, 3};
+  Tensor x, y, plain, tgt;
+  EBB_REQUIRE_OK(ebb_tensor_rand(EBB_DEVICE_CPU, EBB_F64, 2, s23, 1, 0, x.out()));
+  EBB_REQUIRE_OK(ebb_tensor_rand(EBB_DEVICE_CPU, EBB_F64, 2, s23, 2, 0, y.out()));
+  EBB_REQUIRE_OK(ebb_tensor_rand(EBB_DEVICE_CPU, EBB_F64, 2, s23, 3, 0, plain.out()));
+  const int64_t two = 2;
+  EBB_REQUIRE_OK(ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_I64, 1, &two, tgt.out()));
+  ebb__tensor_set_slot(x, &marker);
+  struct Call {
+    ebb__op_id op;
+    std::function<ebb_status(ebb_tensor_t **)> f;
+  };
+  const int d1[1] = {-1}, perm[2] = {1, 0};
+  const int64_t flat[1] = {6}, big[3] = {4, 2, 3};
+  const ebb_tensor_t *pair[2] = {x.get(), y.get()};
+  std::vector<Call> calls = {
+      {EBB__OP_ADD, [&](ebb_tensor_t **o) { return ebb_op_add(plain, x, o); }},
+      {EBB__OP_SUB, [&](ebb_tensor_t **o) { return ebb_op_sub(x, y, o); }},
+      {EBB__OP_MUL, [&](ebb_tensor_t **o) { return ebb_op_mul(x, y, o); }},
+      {EBB__OP_DIV, [&](ebb_tensor_t **o) { return ebb_op_div(x, y, o); }},
+      {EBB__OP_ADD_SCALAR, [&](ebb_tensor_t **o) { return ebb_op_add_scalar(x, 2.0, o); }},
+      {EBB__OP_SUB_SCALAR, [&](ebb_tensor_t **o) { return ebb_op_sub_scalar(x, 2.0, o); }},
+      {EBB__OP_MUL_SCALAR, [&](ebb_tensor_t **o) { return ebb_op_mul_scalar(x, 2.0, o); }},
+      {EBB__OP_DIV_SCALAR, [&](ebb_tensor_t **o) { return ebb_op_div_scalar(x, 2.0, o); }},
+      {EBB__OP_POW_SCALAR, [&](ebb_tensor_t **o) { return ebb_op_pow_scalar(x, 2.0, o); }},
+      {EBB__OP_CLAMP, [&](ebb_tensor_t **o) { return ebb_op_clamp(x, 0.1, 0.5, o); }},
+      {EBB__OP_NEG, [&](ebb_tensor_t **o) { return ebb_op_neg(x, o); }},
+      {EBB__OP_ABS, [&](ebb_tensor_t **o) { return ebb_op_abs(x, o); }},
+      {EBB__OP_EXP, [&](ebb_tensor_t **o) { return ebb_op_exp(x, o); }},
+      {EBB__OP_LOG, [&](ebb_tensor_t **o) { return ebb_op_log(x, o); }},
+      {EBB__OP_SQRT, [&](ebb_tensor_t **o) { return ebb_op_sqrt(x, o); }},
+      {EBB__OP_SIN, [&](ebb_tensor_t **o) { return ebb_op_sin(x, o); }},
+      {EBB__OP_COS, [&](ebb_tensor_t **o) { return ebb_op_cos(x, o); }},
+      {EBB__OP_TANH, [&](ebb_tensor_t **o) { return ebb_op_tanh(x, o); }},
+      {EBB__OP_SIGMOID, [&](ebb_tensor_t **o) { return ebb_op_sigmoid(x, o); }},
+      {EBB__OP_RELU, [&](ebb_tensor_t **o) { return ebb_op_relu(x, o); }},
+      {EBB__OP_GELU, [&](ebb_tensor_t **o) { return ebb_op_gelu(x, o); }},
+      {EBB__OP_WHERE, [&](ebb_tensor_t **o) {
+         Tensor c;
+         ebb_status st = ebb_op_gt(plain, y, c.out());
+         return st ? st : ebb_op_where(c, x, y, o);
+       }},
+      {EBB__OP_SUM, [&](ebb_tensor_t **o) { return ebb_op_sum(x, d1, 1, false, o); }},
+      {EBB__OP_MEAN, [&](ebb_tensor_t **o) { return ebb_op_mean(x, nullptr, 0, false, o); }},
+      {EBB__OP_AMAX, [&](ebb_tensor_t **o) { return ebb_op_amax(x, d1, 1, true, o); }},
+      {EBB__OP_MATMUL, [&](ebb_tensor_t **o) {
+         Tensor t;
+         ebb_status st = ebb_tensor_transpose(plain, 0, 1, t.out());
+         return st ? st : ebb_op_matmul(x, t, o);
+       }},
+      {EBB__OP_SOFTMAX, [&](ebb_tensor_t **o) { return ebb_op_softmax(x, -1, o); }},
+      {EBB__OP_LOG_SOFTMAX, [&](ebb_tensor_t **o) { return ebb_op_log_softmax(x, 0, o); }},
+      {EBB__OP_CROSS_ENTROPY, [&](ebb_tensor_t **o) { return ebb_op_cross_entropy(x, tgt, o); }},
+      {EBB__OP_MSE_LOSS, [&](ebb_tensor_t **o) { return ebb_op_mse_loss(x, y, o); }},
+      {EBB__OP_LAYER_NORM, [&](ebb_tensor_t **o) { return ebb_op_layer_norm(x, 1, nullptr, nullptr, 1e-5, o); }},
+      {EBB__OP_CAT, [&](ebb_tensor_t **o) { return ebb_op_cat(pair, 2, -1, o); }},
+      {EBB__OP_STACK, [&](ebb_tensor_t **o) { return ebb_op_stack(pair, 2, -1, o); }},
+      {EBB__OP_VIEW, [&](ebb_tensor_t **o) { return ebb_tensor_view(x, 1, flat, o); }},
+      {EBB__OP_RESHAPE, [&](ebb_tensor_t **o) { return ebb_tensor_reshape(x, 1, flat, o); }},
+      {EBB__OP_TRANSPOSE, [&](ebb_tensor_t **o) { return ebb_tensor_transpose(x, -1, 0, o); }},
+      {EBB__OP_PERMUTE, [&](ebb_tensor_t **o) { return ebb_tensor_permute(x, perm, 2, o); }},
+      {EBB__OP_SLICE, [&](ebb_tensor_t **o) { return ebb_tensor_slice(x, -1, -2, 100, 1, o); }},
+      {EBB__OP_NARROW, [&](ebb_tensor_t **o) { return ebb_tensor_narrow(x, 1, 1, 2, o); }},
+      {EBB__OP_SELECT, [&](ebb_tensor_t **o) { return ebb_tensor_select(x, 0, -1, o); }},
+      {EBB__OP_EXPAND, [&](ebb_tensor_t **o) { return ebb_tensor_expand(x, 3, big, o); }},
+      {EBB__OP_UNSQUEEZE, [&](ebb_tensor_t **o) { return ebb_tensor_unsqueeze(x, 0, o); }},
+      {EBB__OP_CLONE, [&](ebb_tensor_t **o) { return ebb_tensor_clone(x, o); }},
+      {EBB__OP_TO_DEVICE, [&](ebb_tensor_t **o) { return ebb_tensor_to_device(x, 0, o); }},
+      {EBB__OP_TO_DTYPE, [&](ebb_tensor_t **o) { return ebb_tensor_to_dtype(x, EBB_F32, o); }},
+  };
+  for (auto &c : calls) {
+    const ebb__deriv *e = ebb__deriv_of(c.op);
+    INFO(e->forward);
+    g_recs.clear();
+    Tensor out;
+    EBB_REQUIRE_OK(c.f(out.out()));
+    // Exactly one record, the call's own: composites (softmax, cross_entropy, layer_norm, ...)
+    // make inner calls on the same inputs, which record nothing.
+    REQUIRE(g_recs.size() == 1);
+    CHECK(g_recs[0].op == c.op);
+    CHECK(g_recs[0].nout == e->nout);
+    if (e->nin > 0) CHECK(g_recs[0].nin == e->nin);
+  }
+  auto args_of = [&](std::function<ebb_status(ebb_tensor_t **)> f) {
+    g_recs.clear();
+    Tensor out;
+    REQUIRE(f(out.out()) == EBB_OK);
+    REQUIRE(g_recs.size() == 1);
+    return g_recs[0].args;
+  };
+  // Arguments as the table documents them: dims normalised, slice bounds clamped.
+  ebb__op_args a = args_of([&](ebb_tensor_t **o) { return ebb_op_sum(x, d1, 1, false, o); });
+  CHECK((a.ndims == 1 && a.dims[0] == 1 && !a.keepdim));
+  a = args_of([&](ebb_tensor_t **o) { return ebb_op_mean(x, nullptr, 0, true, o); });
+  CHECK((a.ndims == 0 && a.keepdim));
+  a = args_of([&](ebb_tensor_t **o) { return ebb_tensor_slice(x, -1, -2, 100, 1, o); });
+  CHECK((a.dim == 1 && a.start == 1 && a.end == 3 && a.step == 1));
+  a = args_of([&](ebb_tensor_t **o) { return ebb_tensor_select(x, 0, -1, o); });
+  CHECK((a.dim == 0 && a.start == 1));
+  a = args_of([&](ebb_tensor_t **o) { return ebb_tensor_transpose(x, -1, 0, o); });
+  CHECK((a.dim == 1 && a.dim1 == 0));
+  a = args_of([&](ebb_tensor_t **o) { return ebb_op_clamp(x, 0.1, 0.5, o); });
+  CHECK((a.s[0] == 0.1 && a.s[1] == 0.5));
+  a = args_of([&](ebb_tensor_t **o) { return ebb_op_softmax(x, -1, o); });
+  CHECK(a.dim == 1);
+  // max_dim: two outputs, the values and the indices.
+  {
+    g_recs.clear();
+    Tensor v, i;
+    EBB_REQUIRE_OK(ebb_op_max_dim(x, -1, false, v.out(), i.out()));
+    REQUIRE(g_recs.size() == 1);
+    CHECK((g_recs[0].op == EBB__OP_MAX_DIM && g_recs[0].nout == 2 && g_recs[0].args.dim == 1));
+  }
+  // No state on any input: nothing recorded; contiguous of a contiguous tensor is the tensor
+  // itself: nothing recorded either.
+  g_recs.clear();
+  {
+    Tensor o1, o2;
+    EBB_REQUIRE_OK(ebb_op_mul(plain, y, o1.out()));
+    EBB_REQUIRE_OK(ebb_tensor_contiguous(x, o2.out()));
+    CHECK(o2.get() == x.get());
+  }
+  CHECK(g_recs.empty());
+  // A failing hook fails the call, naming it, and leaves no output behind.
+  g_fail_record = true;
+  long live = ebb_tensor_live_count();
+  ebb_tensor_t *o = nullptr;
+  EBB_CHECK_FAILS(ebb_op_exp(x, &o), EBB_ENOMEM, "ebb_op_exp: no host memory for the node (test)");
+  CHECK(o == nullptr);
+  CHECK(ebb_tensor_live_count() == live);
+  g_fail_record = false;
+  ebb__tensor_set_slot(x, nullptr);
+  x.reset();
+  y.reset();
+  plain.reset();
+  tgt.reset();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
