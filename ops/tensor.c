@@ -1058,6 +1058,21 @@ ebb_status ebb_tensor_set_name(ebb_tensor_t *t, const char *name) {
   return EBB_OK;
 }
 
+ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out) {
+  ebb_tensor_t *v;
+  ebb_status st = ebb__record_get("ebb__tensor_share", &v);
+  if (st) return st;
+  atomic_fetch_add_explicit(&t->st->refs, 1, memory_order_relaxed);
+  v->st = t->st;
+  v->dtype = t->dtype;
+  v->ndim = t->ndim;
+  v->offset = t->offset;
+  memcpy(v->shape, t->shape, sizeof v->shape);
+  memcpy(v->strides, t->strides, sizeof v->strides);
+  *out = v;
+  return EBB_OK;
+}
+
 void *ebb__tensor_slot(const ebb_tensor_t *t) { return t->autograd; }
 void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot) { t->autograd = slot; }
 

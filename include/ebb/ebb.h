@@ -9,5 +9,6 @@
 #include "ebb/alloc.h"
 #include "ebb/tensor.h"
 #include "ebb/ops.h"
+#include "ebb/autograd.h"
 
 #endif /* EBB_EBB_H */

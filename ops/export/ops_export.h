@@ -49,6 +49,14 @@ typedef struct ebb__tensor_hooks {
  * the installation. Release store; the paths load it with acquire. */
 EBB_HIDDEN void ebb__tensor_hooks_set(const ebb__tensor_hooks *h);
 
+/* A new handle on t's storage with t's geometry and dtype, without a slot and without running
+ * any hook: what autograd keeps of a tensor it saves (the data, not the graph). Released with
+ * ebb_tensor_release. EBB_ENOMEM without host memory for a handle. */
+EBB_HIDDEN ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out);
+
+/* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, the message naming fn and arg. */
+EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
+
 /* The slot of a live handle, and setting it (nothing retained). Callers hold a valid tensor;
  * concurrent setters of one handle are the caller's to order. */
 EBB_HIDDEN void *ebb__tensor_slot(const ebb_tensor_t *t);

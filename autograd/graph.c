@@ -1,0 +1,394 @@
+/* graph.c: autograd's per-tensor state, the nodes ops record through the derivative table, and
+ * the module that installs the hooks (ops/export/ops_export.h).
+ *
+ * A tensor handle autograd knows carries a meta in its slot: whether it requires a gradient, the
+ * node that produced it (strong) or, for a leaf, its AccumulateGrad (weak). A node holds strong
+ * references to the nodes its inputs came from (its next edges), so a graph lives as long as a
+ * tensor at its top does, and goes when the last one is released: the release walks the graph
+ * with an explicit stack, never recursion, so a chain of a million nodes frees like one.
+ *
+ * Threading: metas are written by the thread that creates the handle (or by the user through
+ * ebb_tensor_set_requires_grad, the caller's to order with the handle's other users); node
+ * reference counts are atomic; a leaf's AccumulateGrad is created under one lock.
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ebb/autograd.h"
+#include "ebb/ops.h"
+#include "ebb_internal.h"
+#include "ebb_sync.h"
+#include "ops_export.h"
+#include "runtime_export.h"
+
+#define EBB__NODE_MAGIC 0x65626e64u /* "ebnd" */
+#define EBB__ACC_SEQ UINT64_MAX
+
+struct ebb__edge {
+  struct ebb_node *fn; /* strong; NULL: the input needs no gradient */
+  int input_nr;
+};
+
+struct ebb_node {
+  uint32_t magic;
+  _Atomic long refs;
+  uint64_t seq;
+  int op;                    /* ebb__op_id; -1: AccumulateGrad */
+  int nin, nout;
+  ebb__op_args args;
+  ebb__tensor_meta *in_meta; /* [nin] */
+  ebb_tensor_t **saved;      /* [nin + nout]: what the table's entry saves (shared handles), else NULL */
+  uint64_t *saved_version;   /* [nin + nout]: the storage's version when saved */
+  struct ebb__edge *next;    /* [nin] */
+  ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
+};
+
+struct ebb__meta {
+  bool requires_grad;
+  struct ebb_node *grad_fn; /* strong; NULL for a leaf */
+  int output_nr;
+  struct ebb_node *grad_acc; /* a leaf's AccumulateGrad: weak, cleared when it goes */
+};
+
+static _Thread_local bool ebb__grad_off; /* grad mode is on unless set off on this thread */
+static _Atomic uint64_t ebb__next_seq;
+static _Atomic long ebb__live_nodes;
+static ebb_mutex ebb__acc_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.grad_acc", EBB_RANK_LEAF};
+
+bool ebb_grad_enabled(void) { return !ebb__grad_off; }
+
+void ebb_grad_set_enabled(bool enabled, bool *was) {
+  if (was) *was = !ebb__grad_off;
+  ebb__grad_off = !enabled;
+}
+
+/* ---- nodes ------------------------------------------------------------------------------------ */
+
+static struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t) { return ebb__tensor_slot(t); }
+
+static const char *ebb__node_name_of(const struct ebb_node *n) {
+  return n->op < 0 ? "AccumulateGrad" : ebb__deriv_of((ebb__op_id)n->op)->node;
+}
+
+/* Frees a node whose last reference went, and every node that loses its last one with it, with
+ * an explicit stack (a long chain must not recurse). */
+static void ebb__node_unref(struct ebb_node *n) {
+  if (!n || atomic_fetch_sub_explicit(&n->refs, 1, memory_order_acq_rel) != 1) return;
+  struct ebb_node *small[64], **stack = small;
+  size_t depth = 0, cap = 64;
+  stack[depth++] = n;
+  while (depth) {
+    struct ebb_node *x = stack[--depth];
+    for (int i = 0; i < x->nin; i++) {
+      struct ebb_node *c = x->next ? x->next[i].fn : NULL;
+      if (!c || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) continue;
+      if (depth == cap) {
+        struct ebb_node **bigger = malloc(cap * 2 * sizeof *bigger);
+        if (!bigger) { /* no memory for the walk: leak this branch rather than recurse */
+          continue;
+        }
+        memcpy(bigger, stack, depth * sizeof *stack);
+        if (stack != small) free(stack);
+        stack = bigger;
+        cap *= 2;
+      }
+      stack[depth++] = c;
+    }
+    for (int i = 0; x->saved && i < x->nin + x->nout; i++)
+      if (x->saved[i]) ebb_tensor_release(x->saved[i]);
+    if (x->leaf) {
+      ebb__mutex_lock(&ebb__acc_mu);
+      struct ebb__meta *m = ebb__meta_of(x->leaf);
+      if (m && m->grad_acc == x) m->grad_acc = NULL;
+      ebb__mutex_unlock(&ebb__acc_mu);
+      ebb_tensor_release(x->leaf);
+    }
+    free(x->in_meta);
+    free(x->saved);
+    free(x->saved_version);
+    free(x->next);
+    x->magic = 0;
+    free(x);
+    atomic_fetch_sub_explicit(&ebb__live_nodes, 1, memory_order_relaxed);
+  }
+  if (stack != small) free(stack);
+}
+
+static struct ebb_node *ebb__node_new(int op, int nin, int nout) {
+  struct ebb_node *n = calloc(1, sizeof *n);
+  if (!n) return NULL;
+  n->magic = EBB__NODE_MAGIC;
+  n->op = op;
+  n->nin = nin;
+  n->nout = nout;
+  n->seq = op < 0 ? EBB__ACC_SEQ : atomic_fetch_add_explicit(&ebb__next_seq, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&ebb__live_nodes, 1, memory_order_relaxed);
+  if (nin > 0 && !(n->next = calloc((size_t)nin, sizeof *n->next))) {
+    atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
+    ebb__node_unref(n);
+    return NULL;
+  }
+  return n;
+}
+
+/* The AccumulateGrad of leaf t (meta m), made the first time an op uses it; a new reference. */
+static ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out) {
+  ebb__mutex_lock(&ebb__acc_mu);
+  struct ebb_node *a = m->grad_acc;
+  if (a && atomic_fetch_add_explicit(&a->refs, 1, memory_order_acq_rel) == 0) {
+    /* Its last reference is being dropped on another thread (which clears m->grad_acc under
+     * this lock after we leave): undo, and make a new one. */
+    atomic_fetch_sub_explicit(&a->refs, 1, memory_order_relaxed);
+    a = NULL;
+  }
+  if (!a) {
+    a = ebb__node_new(-1, 1, 0);
+    ebb_status st = a ? ebb_tensor_retain(t) : EBB_ENOMEM;
+    if (st) {
+      ebb__mutex_unlock(&ebb__acc_mu);
+      if (a) {
+        atomic_store_explicit(&a->refs, 1, memory_order_relaxed);
+        ebb__node_unref(a);
+      }
+      return ebb__fail(EBB_ENOMEM, "no host memory for the AccumulateGrad node of a leaf");
+    }
+    a->leaf = t;
+    atomic_store_explicit(&a->refs, 1, memory_order_relaxed);
+    m->grad_acc = a;
+  }
+  ebb__mutex_unlock(&ebb__acc_mu);
+  *out = a;
+  return EBB_OK;
+}
+
+/* ---- the hooks ops calls ------------------------------------------------------------------------ */
+
+static void ebb__ag_released(ebb_tensor_t *t, void *slot) {
+  (void)t;
+  struct ebb__meta *m = slot;
+  ebb__node_unref(m->grad_fn);
+  free(m);
+}
+
+static ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
+  uint64_t v = 0;
+  ebb_status st = ebb__tensor_share(t, &n->saved[k]);
+  if (!st) st = ebb_tensor_version(t, &v);
+  n->saved_version[k] = v;
+  return st;
+}
+
+static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
+                                   const struct ebb__op_args *args) {
+  if (ebb__grad_off) return EBB_OK;
+  bool any = false;
+  for (int i = 0; i < nin && !any; i++) {
+    const struct ebb__meta *m = in[i] ? ebb__meta_of(in[i]) : NULL;
+    any = m && m->requires_grad;
+  }
+  if (!any) return EBB_OK;
+  const ebb__deriv *e = ebb__deriv_of((ebb__op_id)op);
+  struct ebb_node *n = ebb__node_new(op, nin, nout);
+  ebb_status st = n ? EBB_OK : EBB_ENOMEM;
+  if (!st) {
+    n->args = *args;
+    n->in_meta = calloc((size_t)nin, sizeof *n->in_meta);
+    if (e->save) {
+      n->saved = calloc((size_t)(nin + nout), sizeof *n->saved);
+      n->saved_version = calloc((size_t)(nin + nout), sizeof *n->saved_version);
+    }
+    if (!n->in_meta || (e->save && (!n->saved || !n->saved_version))) st = EBB_ENOMEM;
+  }
+  for (int i = 0; !st && i < nin; i++) {
+    if (!in[i]) {
+      n->in_meta[i].ndim = -1; /* an optional input not given */
+      continue;
+    }
+    ebb_tensor_info info;
+    st = ebb_tensor_get_info(in[i], &info);
+    if (st) break;
+    n->in_meta[i] = (ebb__tensor_meta){.device = info.device, .dtype = info.dtype, .ndim = info.ndim};
+    memcpy(n->in_meta[i].shape, info.shape, sizeof n->in_meta[i].shape);
+    bool diff = e->nin < 0 ? (e->diff & 1) : ((e->diff >> i) & 1);
+    struct ebb__meta *m = ebb__meta_of(in[i]);
+    if (diff && m && m->requires_grad) {
+      if (m->grad_fn) {
+        atomic_fetch_add_explicit(&m->grad_fn->refs, 1, memory_order_relaxed);
+        n->next[i] = (struct ebb__edge){m->grad_fn, m->output_nr};
+      } else {
+        struct ebb_node *a = NULL;
+        st = ebb__grad_acc((ebb_tensor_t *)in[i], m, &a);
+        if (!st) n->next[i] = (struct ebb__edge){a, 0};
+      }
+    }
+    if (!st && i < 8 && (e->save & EBB__SAVE_IN(i))) st = ebb__save(n, i, in[i]);
+  }
+  for (int k = 0; !st && k < nout; k++)
+    if (e->save & EBB__SAVE_OUT(k)) st = ebb__save(n, nin + k, out[k]);
+  /* The outputs with a gradient (floating ones: max_dim's indices have none) point at the node. */
+  for (int k = 0; !st && k < nout; k++) {
+    ebb_tensor_info info;
+    st = ebb_tensor_get_info(out[k], &info);
+    if (st || !ebb_dtype_is_float(info.dtype)) continue;
+    struct ebb__meta *m = calloc(1, sizeof *m);
+    if (!m) {
+      st = EBB_ENOMEM;
+      break;
+    }
+    m->requires_grad = true;
+    m->grad_fn = n;
+    m->output_nr = k;
+    atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
+    ebb__tensor_set_slot(out[k], m);
+  }
+  if (st) {
+    /* Undo: the outputs' metas (the caller releases the outputs, which frees them through the
+     * released hook), then the node if nothing points at it. */
+    for (int k = 0; k < nout; k++) {
+      struct ebb__meta *m = out[k] ? ebb__meta_of(out[k]) : NULL;
+      if (m && m->grad_fn == n) {
+        ebb__tensor_set_slot(out[k], NULL);
+        free(m);
+        atomic_fetch_sub_explicit(&n->refs, 1, memory_order_relaxed);
+      }
+    }
+    if (n) {
+      atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
+      ebb__node_unref(n);
+    }
+    return st == EBB_ENOMEM ? ebb__fail(EBB_ENOMEM, "no host memory to record %s", e->node) : st;
+  }
+  if (atomic_load_explicit(&n->refs, memory_order_relaxed) == 0) { /* no output has a gradient */
+    atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
+    ebb__node_unref(n);
+  }
+  return EBB_OK;
+}
+
+static const ebb__tensor_hooks ebb__ag_hooks = {ebb__ag_released, NULL, ebb__ag_recorded};
+
+/* ---- public API --------------------------------------------------------------------------------- */
+
+static ebb_status ebb__check_t(const char *fn, const ebb_tensor_t *t) { return ebb__tensor_check(t, fn, "t"); }
+
+ebb_status ebb_tensor_set_requires_grad(ebb_tensor_t *t, bool requires_grad) {
+  static const char fn[] = "ebb_tensor_set_requires_grad";
+  ebb_status st = ebb__check_t(fn, t);
+  if (st) return st;
+  struct ebb__meta *m = ebb__meta_of(t);
+  if (m && m->grad_fn)
+    return ebb__fail(EBB_EINVAL, "%s: the tensor was produced by %s, so whether it requires a gradient follows its inputs; "
+                     "expected a leaf (ebb_tensor_detach makes one)", fn, ebb__node_name_of(m->grad_fn));
+  ebb_dtype dt;
+  ebb_tensor_dtype(t, &dt);
+  if (requires_grad && !ebb_dtype_is_float(dt))
+    return ebb__fail(EBB_EINVAL, "%s: the tensor has dtype %s; only floating tensors have gradients", fn, ebb_dtype_name(dt));
+  if (!m) {
+    if (!requires_grad) return EBB_OK;
+    if (!(m = calloc(1, sizeof *m))) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the tensor's autograd state", fn);
+    ebb__tensor_set_slot(t, m);
+  }
+  m->requires_grad = requires_grad;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_requires_grad(const ebb_tensor_t *t, bool *out) {
+  ebb_status st = ebb__check_t("ebb_tensor_requires_grad", t);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_requires_grad: out is NULL; expected a bool to fill");
+  const struct ebb__meta *m = ebb__meta_of(t);
+  *out = m && m->requires_grad;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_is_leaf(const ebb_tensor_t *t, bool *out) {
+  ebb_status st = ebb__check_t("ebb_tensor_is_leaf", t);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_is_leaf: out is NULL; expected a bool to fill");
+  const struct ebb__meta *m = ebb__meta_of(t);
+  *out = !m || !m->grad_fn;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_grad_fn(const ebb_tensor_t *t, const ebb_node_t **out, int *output_nr) {
+  ebb_status st = ebb__check_t("ebb_tensor_grad_fn", t);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_grad_fn: out is NULL; expected a node pointer to fill");
+  const struct ebb__meta *m = ebb__meta_of(t);
+  *out = m ? m->grad_fn : NULL;
+  if (output_nr) *output_nr = m && m->grad_fn ? m->output_nr : 0;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_detach(const ebb_tensor_t *t, ebb_tensor_t **out) {
+  ebb_status st = ebb__check_t("ebb_tensor_detach", t);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_detach: out is NULL; expected a tensor handle to fill");
+  st = ebb__tensor_share(t, out);
+  return st ? ebb__fail(st, "ebb_tensor_detach: no host memory for a tensor handle") : EBB_OK;
+}
+
+static ebb_status ebb__check_node(const char *fn, const ebb_node_t *n) {
+  if (!n) return ebb__fail(EBB_EINVAL, "%s: node is NULL; expected a node (ebb_tensor_grad_fn, ebb_node_next)", fn);
+  if (n->magic != EBB__NODE_MAGIC) return ebb__fail(EBB_EFREED, "%s: node %p is not a live node", fn, (const void *)n);
+  return EBB_OK;
+}
+
+const char *ebb_node_name(const ebb_node_t *node) {
+  return node && node->magic == EBB__NODE_MAGIC ? ebb__node_name_of(node) : "(invalid node)";
+}
+
+ebb_status ebb_node_sequence_nr(const ebb_node_t *node, uint64_t *out) {
+  ebb_status st = ebb__check_node("ebb_node_sequence_nr", node);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_node_sequence_nr: out is NULL; expected a uint64_t to fill");
+  *out = node->seq;
+  return EBB_OK;
+}
+
+ebb_status ebb_node_num_next(const ebb_node_t *node, int *out) {
+  ebb_status st = ebb__check_node("ebb_node_num_next", node);
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_node_num_next: out is NULL; expected an int to fill");
+  *out = node->op < 0 ? 0 : node->nin;
+  return EBB_OK;
+}
+
+ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t **next, int *input_nr) {
+  ebb_status st = ebb__check_node("ebb_node_next", node);
+  if (st) return st;
+  int n = node->op < 0 ? 0 : node->nin;
+  if (i < 0 || i >= n)
+    return ebb__fail(EBB_EINVAL, "ebb_node_next: edge %d of %s, which has %d; expected 0 <= i < %d", i, ebb__node_name_of(node), n, n);
+  if (!next) return ebb__fail(EBB_EINVAL, "ebb_node_next: next is NULL; expected a node pointer to fill");
+  *next = node->next[i].fn;
+  if (input_nr) *input_nr = node->next[i].fn ? node->next[i].input_nr : 0;
+  return EBB_OK;
+}
+
+long ebb_autograd_live_nodes(void) { return atomic_load_explicit(&ebb__live_nodes, memory_order_relaxed); }
+
+/* ---- the module ------------------------------------------------------------------------------ */
+
+static ebb_status ebb__autograd_start(void) {
+  ebb__tensor_hooks_set(&ebb__ag_hooks);
+  return EBB_OK;
+}
+
+static void ebb__autograd_stop(void) { ebb__tensor_hooks_set(NULL); }
+
+static int ebb__autograd_count(ebb__live_count *out, int max) {
+  if (max < 1) return 0;
+  out[0] = (ebb__live_count){"autograd nodes", ebb_autograd_live_nodes()};
+  return 1;
+}
+
+const ebb__module_desc ebb__module_autograd = {
+    .name = "autograd",
+    .layer = EBB__LAYER_AUTOGRAD,
+    .start = ebb__autograd_start,
+    .stop = ebb__autograd_stop,
+    .count = ebb__autograd_count,
+};

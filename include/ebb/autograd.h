@@ -1,0 +1,80 @@
+/* ebb/autograd.h: the autograd graph: grad mode, tensors that require gradients, and the nodes
+ * that ops record as they run.
+ *
+ * The same ebb_op_* and tensor calls (ebb/ops.h, ebb/tensor.h) record the graph: when grad mode
+ * is on and an input requires a gradient, each call that produces new values or a view creates
+ * one node, named after its backward ("MulBackward", "TransposeBackward"), and its outputs
+ * require gradients with that node as their grad_fn. A leaf (a tensor the user created and marked
+ * with ebb_tensor_set_requires_grad) gets an "AccumulateGrad" node the first time an op uses it:
+ * created lazily, held by the nodes that use the leaf (never by the leaf), so it goes with the
+ * graph. With no input requiring a gradient, an op records nothing and costs a branch.
+ *
+ * Status of this header: the graph is recorded and can be inspected; the backward engine
+ * (ebb_backward, ebb_grad), .grad, hooks and in-place ops on tensors that require gradients come
+ * next (issue 20). In-place ops (ebb_op_add_, ebb_tensor_copy_, ...) are not recorded yet.
+ *
+ * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives.
+ * Threading: every function is thread-safe; grad mode is per thread. Errors: a status and
+ * ebb_last_error naming the call, the tensor and what was expected.
+ */
+#ifndef EBB_AUTOGRAD_H
+#define EBB_AUTOGRAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ebb/status.h"
+#include "ebb/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_node ebb_node_t;
+
+/* ---- grad mode: per thread, on by default ---------------------------------------------------
+ * With grad mode off (a no-grad scope), ops record nothing: their outputs do not require
+ * gradients. ebb_grad_set_enabled returns the previous state in *was (may be NULL), to restore it
+ * at the end of the scope. Never fails. */
+EBB_API bool ebb_grad_enabled(void);
+EBB_API void ebb_grad_set_enabled(bool enabled, bool *was);
+
+/* ---- tensors ---------------------------------------------------------------------------------
+ * Marks a leaf (a tensor no recorded op produced) as requiring a gradient, or not. EBB_EINVAL for
+ * a tensor an op produced (its requirement follows its inputs; detach it first), or for a
+ * non-floating dtype when enabling (only floating tensors have gradients); EBB_EFREED for a
+ * released tensor. Affects ops recorded afterwards, not nodes already recorded. Other handles on
+ * the same storage (views made before) are not affected. */
+EBB_API ebb_status ebb_tensor_set_requires_grad(ebb_tensor_t *t, bool requires_grad);
+/* Whether t requires a gradient: a leaf marked so, or the output of a recorded op. */
+EBB_API ebb_status ebb_tensor_requires_grad(const ebb_tensor_t *t, bool *out);
+/* Whether t is a leaf: no recorded op produced it (every tensor that does not require a gradient
+ * is a leaf, as in PyTorch). */
+EBB_API ebb_status ebb_tensor_is_leaf(const ebb_tensor_t *t, bool *out);
+/* The node that produced t (*out NULL for a leaf) and which of its outputs t is (*output_nr, may
+ * be NULL). The node is borrowed: valid while t lives. */
+EBB_API ebb_status ebb_tensor_grad_fn(const ebb_tensor_t *t, const ebb_node_t **out, int *output_nr);
+/* A new handle on t's storage (a view sharing its version counter) that is a leaf and does not
+ * require a gradient: the graph stops there. */
+EBB_API ebb_status ebb_tensor_detach(const ebb_tensor_t *t, ebb_tensor_t **out);
+
+/* ---- nodes -----------------------------------------------------------------------------------
+ * A node's name: its backward ("MulBackward", "AccumulateGrad"); "(invalid node)" for NULL. */
+EBB_API const char *ebb_node_name(const ebb_node_t *node);
+/* Order of creation among this process's nodes (later ops have larger numbers; the engine will
+ * run ready nodes in decreasing order). AccumulateGrad nodes have UINT64_MAX. */
+EBB_API ebb_status ebb_node_sequence_nr(const ebb_node_t *node, uint64_t *out);
+/* The node's next edges, one per input of its forward op: input i's gradient flows to *next
+ * (its grad_fn, or a leaf's AccumulateGrad) as that node's input *input_nr; *next is NULL for an
+ * input that needs no gradient. EBB_EINVAL for i out of [0, ebb_node_num_next). */
+EBB_API ebb_status ebb_node_num_next(const ebb_node_t *node, int *out);
+EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t **next, int *input_nr);
+
+/* Nodes alive in the process, for leak checks in tests. */
+EBB_API long ebb_autograd_live_nodes(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EBB_AUTOGRAD_H */
