@@ -22,35 +22,7 @@
 #include "ebb_sync.h"
 #include "ops_export.h"
 #include "runtime_export.h"
-
-#define EBB__NODE_MAGIC 0x65626e64u /* "ebnd" */
-#define EBB__ACC_SEQ UINT64_MAX
-
-struct ebb__edge {
-  struct ebb_node *fn; /* strong; NULL: the input needs no gradient */
-  int input_nr;
-};
-
-struct ebb_node {
-  uint32_t magic;
-  _Atomic long refs;
-  uint64_t seq;
-  int op;                    /* ebb__op_id; -1: AccumulateGrad */
-  int nin, nout;
-  ebb__op_args args;
-  ebb__tensor_meta *in_meta; /* [nin] */
-  ebb_tensor_t **saved;      /* [nin + nout]: what the table's entry saves (shared handles), else NULL */
-  uint64_t *saved_version;   /* [nin + nout]: the storage's version when saved */
-  struct ebb__edge *next;    /* [nin] */
-  ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
-};
-
-struct ebb__meta {
-  bool requires_grad;
-  struct ebb_node *grad_fn; /* strong; NULL for a leaf */
-  int output_nr;
-  struct ebb_node *grad_acc; /* a leaf's AccumulateGrad: weak, cleared when it goes */
-};
+#include "autograd_impl.h"
 
 static _Thread_local bool ebb__grad_off; /* grad mode is on unless set off on this thread */
 static _Atomic uint64_t ebb__next_seq;
@@ -66,15 +38,29 @@ void ebb_grad_set_enabled(bool enabled, bool *was) {
 
 /* ---- nodes ------------------------------------------------------------------------------------ */
 
-static struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t) { return ebb__tensor_slot(t); }
+struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t) { return ebb__tensor_slot(t); }
 
-static const char *ebb__node_name_of(const struct ebb_node *n) {
+struct ebb__meta *ebb__meta_new(ebb_tensor_t *t) {
+  struct ebb__meta *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  ebb__mutex_init(&m->grad_mu, "autograd.grad", EBB_RANK_AG_GRAD);
+  ebb__tensor_set_slot(t, m);
+  return m;
+}
+
+static void ebb__meta_free(struct ebb__meta *m) {
+  if (m->grad) ebb_tensor_release(m->grad);
+  ebb__mutex_destroy(&m->grad_mu);
+  free(m);
+}
+
+const char *ebb__node_name_of(const struct ebb_node *n) {
   return n->op < 0 ? "AccumulateGrad" : ebb__deriv_of((ebb__op_id)n->op)->node;
 }
 
 /* Frees a node whose last reference went, and every node that loses its last one with it, with
  * an explicit stack (a long chain must not recurse). */
-static void ebb__node_unref(struct ebb_node *n) {
+void ebb__node_unref(struct ebb_node *n) {
   if (!n || atomic_fetch_sub_explicit(&n->refs, 1, memory_order_acq_rel) != 1) return;
   struct ebb_node *small[64], **stack = small;
   size_t depth = 0, cap = 64;
@@ -133,8 +119,7 @@ static struct ebb_node *ebb__node_new(int op, int nin, int nout) {
   return n;
 }
 
-/* The AccumulateGrad of leaf t (meta m), made the first time an op uses it; a new reference. */
-static ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out) {
+ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out) {
   ebb__mutex_lock(&ebb__acc_mu);
   struct ebb_node *a = m->grad_acc;
   if (a && atomic_fetch_add_explicit(&a->refs, 1, memory_order_acq_rel) == 0) {
@@ -169,7 +154,7 @@ static void ebb__ag_released(ebb_tensor_t *t, void *slot) {
   (void)t;
   struct ebb__meta *m = slot;
   ebb__node_unref(m->grad_fn);
-  free(m);
+  ebb__meta_free(m);
 }
 
 static ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
@@ -232,7 +217,7 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     ebb_tensor_info info;
     st = ebb_tensor_get_info(out[k], &info);
     if (st || !ebb_dtype_is_float(info.dtype)) continue;
-    struct ebb__meta *m = calloc(1, sizeof *m);
+    struct ebb__meta *m = ebb__meta_new(out[k]);
     if (!m) {
       st = EBB_ENOMEM;
       break;
@@ -241,7 +226,6 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     m->grad_fn = n;
     m->output_nr = k;
     atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
-    ebb__tensor_set_slot(out[k], m);
   }
   if (st) {
     /* Undo: the outputs' metas (the caller releases the outputs, which frees them through the
@@ -250,7 +234,7 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
       struct ebb__meta *m = out[k] ? ebb__meta_of(out[k]) : NULL;
       if (m && m->grad_fn == n) {
         ebb__tensor_set_slot(out[k], NULL);
-        free(m);
+        ebb__meta_free(m);
         atomic_fetch_sub_explicit(&n->refs, 1, memory_order_relaxed);
       }
     }
@@ -287,8 +271,7 @@ ebb_status ebb_tensor_set_requires_grad(ebb_tensor_t *t, bool requires_grad) {
     return ebb__fail(EBB_EINVAL, "%s: the tensor has dtype %s; only floating tensors have gradients", fn, ebb_dtype_name(dt));
   if (!m) {
     if (!requires_grad) return EBB_OK;
-    if (!(m = calloc(1, sizeof *m))) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the tensor's autograd state", fn);
-    ebb__tensor_set_slot(t, m);
+    if (!(m = ebb__meta_new(t))) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the tensor's autograd state", fn);
   }
   m->requires_grad = requires_grad;
   return EBB_OK;

@@ -22,7 +22,8 @@
 #include "ebb_internal.h"
 
 enum ebb_lock_rank {
-  EBB_RANK_RUNTIME = 1,     /* init/shutdown, driver table */
+  EBB_RANK_AG_GRAD = 1,     /* autograd: a leaf's .grad, held across the ops that accumulate it */
+  EBB_RANK_RUNTIME,         /* init/shutdown, driver table */
   EBB_RANK_KERNELS,         /* kernel registry */
   EBB_RANK_STREAM_POOL,     /* per-device stream pools and slots */
   EBB_RANK_EVENT_POOL,      /* per-device event pools */

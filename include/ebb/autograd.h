@@ -9,9 +9,11 @@
  * created lazily, held by the nodes that use the leaf (never by the leaf), so it goes with the
  * graph. With no input requiring a gradient, an op records nothing and costs a branch.
  *
- * Status of this header: the graph is recorded and can be inspected; the backward engine
- * (ebb_backward, ebb_grad), .grad, hooks and in-place ops on tensors that require gradients come
- * next (issue 20). In-place ops (ebb_op_add_, ebb_tensor_copy_, ...) are not recorded yet.
+ * Status of this header: the graph is recorded and can be inspected, and the engine runs a
+ * backward on the calling thread (CPU tensors and one device). Not yet: hooks, in-place ops on
+ * tensors that require gradients (ebb_op_add_, ebb_tensor_copy_, ... are not recorded),
+ * create_graph (a backward records nothing), non-leaf inputs to ebb_backward, the multi-device
+ * engine (issues 20 and 21).
  *
  * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives.
  * Threading: every function is thread-safe; grad mode is per thread. Errors: a status and
@@ -69,6 +71,41 @@ EBB_API ebb_status ebb_node_sequence_nr(const ebb_node_t *node, uint64_t *out);
  * input that needs no gradient. EBB_EINVAL for i out of [0, ebb_node_num_next). */
 EBB_API ebb_status ebb_node_num_next(const ebb_node_t *node, int *out);
 EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t **next, int *input_nr);
+
+/* ---- backward ---------------------------------------------------------------------------------
+ * ebb_backward: computes the gradient of the roots with respect to the leaves of their graph and
+ * adds it into each leaf's .grad (ebb_tensor_grad). grad_roots[i] is the gradient of roots[i]
+ * (its shape, dtype and device); grad_roots or an entry of it NULL means 1, allowed for a root of
+ * one element only. With `inputs` (ninputs > 0, leaves that require gradients) only their .grad
+ * is written and only the nodes on a path to them run (partial backward); an input the roots do
+ * not depend on is left as it was. Nodes run on the calling thread in decreasing sequence number,
+ * AccumulateGrad first among the ready ones, the same order on every run. Without retain_graph
+ * the saved tensors of every node that ran are released: a second backward through those nodes
+ * fails with EBB_ESTATE (nodes that save nothing may run again). At most 64 roots and 64 inputs.
+ *
+ * ebb_grad: the same walk, but the gradients with respect to `inputs` (leaves or not) are
+ * returned in grads[0..ninputs) (new references) and no .grad is touched. An input the outputs do
+ * not depend on is EBB_EINVAL, or with allow_unused gets grads[i] NULL.
+ *
+ * Errors (a status and a message; the graph and the process carry on): EBB_EINVAL for no roots,
+ * a root or input that does not require a gradient, a missing gradient for a root of more than
+ * one element, a grad_roots entry of the wrong shape, dtype or device; EBB_ESTATE for a saved
+ * tensor modified in place since it was saved (naming the node, which tensor, and both versions)
+ * or freed by an earlier backward; a failing node's status with its name. On failure nothing is
+ * returned in grads; .grad may hold the part of the gradient accumulated before the failure.
+ * Threading: backward calls on different threads may share leaves: each leaf's accumulation is
+ * serialised, so sums are exact; sharing a graph's nodes between concurrent calls needs
+ * retain_graph on all of them. */
+EBB_API ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots,
+                                bool retain_graph, const ebb_tensor_t *const *inputs, int ninputs);
+EBB_API ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
+                            const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused,
+                            ebb_tensor_t **grads);
+/* The gradient accumulated into t by ebb_backward: *out a new reference, NULL when none. */
+EBB_API ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out);
+/* Replaces t's .grad with `grad` (retained; t's shape, dtype and device, else EBB_EINVAL), or
+ * clears it with NULL. The next backward adds into it in place. */
+EBB_API ebb_status ebb_tensor_set_grad(ebb_tensor_t *t, const ebb_tensor_t *grad);
 
 /* Nodes alive in the process, for leak checks in tests. */
 EBB_API long ebb_autograd_live_nodes(void);

@@ -1,0 +1,55 @@
+/* autograd_impl.h: what graph.c and engine.c share: the node and the per-tensor meta. */
+#ifndef EBB_AUTOGRAD_IMPL_H
+#define EBB_AUTOGRAD_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ebb/autograd.h"
+#include "ebb_sync.h"
+#include "ops_export.h"
+
+#define EBB__NODE_MAGIC 0x65626e64u /* "ebnd" */
+#define EBB__ACC_SEQ UINT64_MAX
+
+struct ebb__edge {
+  struct ebb_node *fn; /* strong; NULL: the input needs no gradient */
+  int input_nr;
+};
+
+struct ebb_node {
+  uint32_t magic;
+  _Atomic long refs;
+  uint64_t seq;
+  int op;                    /* ebb__op_id; -1: AccumulateGrad */
+  int nin, nout;
+  ebb__op_args args;
+  ebb__tensor_meta *in_meta; /* [nin] */
+  ebb_tensor_t **saved;      /* [nin + nout]: what the table's entry saves (shared handles), else NULL */
+  uint64_t *saved_version;   /* [nin + nout]: the storage's version when saved */
+  struct ebb__edge *next;    /* [nin] */
+  ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
+  _Atomic bool freed_saved;  /* a backward without retain_graph released the saved tensors */
+};
+
+struct ebb__meta {
+  bool requires_grad;
+  struct ebb_node *grad_fn; /* strong; NULL for a leaf */
+  int output_nr;
+  struct ebb_node *grad_acc; /* a leaf's AccumulateGrad: weak, cleared when it goes */
+  ebb_mutex grad_mu;         /* .grad's updates (rank EBB_RANK_AG_GRAD: held across ops) */
+  ebb_tensor_t *grad;        /* .grad: owned, NULL until a backward reaches it */
+};
+
+
+/* graph.c */
+EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);
+/* A new meta in t's slot (none there yet); NULL without memory. */
+EBB_HIDDEN struct ebb__meta *ebb__meta_new(ebb_tensor_t *t);
+EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
+EBB_HIDDEN void ebb__node_unref(struct ebb_node *n);
+/* The AccumulateGrad of leaf t (meta m), made if needed; a new reference. */
+EBB_HIDDEN ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out);
+
+#endif /* EBB_AUTOGRAD_IMPL_H */

@@ -1,0 +1,301 @@
+// The backward engine on the calling thread (ebb_backward, ebb_grad): gradients of composite
+// graphs against finite differences (an MLP; layer_norm + softmax + cross_entropy; views of
+// non-leaves), partial backward, grad(), retain_graph, determinism, errors that name the node,
+// and concurrent backward calls on shared leaves summing exactly.
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ebb/autograd.h"
+#include "sanitizers.hpp"
+#include "tensor_test_util.hpp"
+
+using namespace ebb_test;
+
+namespace {
+
+struct Leaf {
+  std::vector<int64_t> shape;
+  std::vector<double> v;
+};
+
+// loss(leaves) -> a scalar tensor, built from the given leaf tensors.
+using LossFn = std::function<ebb_status(const std::vector<ebb_tensor_t *> &, ebb_tensor_t **)>;
+
+std::vector<Tensor> make_leaves(int dev, const std::vector<Leaf> &ls, bool requires_grad) {
+  std::vector<Tensor> ts;
+  for (auto &l : ls) {
+    ts.push_back(make(dev, EBB_F64, l.shape, l.v));
+    if (requires_grad) REQUIRE(ebb_tensor_set_requires_grad(ts.back(), true) == EBB_OK);
+  }
+  return ts;
+}
+
+std::vector<ebb_tensor_t *> ptrs(const std::vector<Tensor> &ts) {
+  std::vector<ebb_tensor_t *> p;
+  for (auto &t : ts) p.push_back(t.get());
+  return p;
+}
+
+double loss_value(int dev, const std::vector<Leaf> &ls, const LossFn &f) {
+  bool was;
+  ebb_grad_set_enabled(false, &was);
+  auto ts = make_leaves(dev, ls, false);
+  Tensor l;
+  ebb_status st = f(ptrs(ts), l.out());
+  ebb_grad_set_enabled(was, nullptr);
+  REQUIRE(st == EBB_OK);
+  return read(l)[0];
+}
+
+// Backward through the engine, then every element of every leaf against a central difference.
+void check_gradients(int dev, const std::vector<Leaf> &ls, const LossFn &f, double tol = 1e-6) {
+  auto ts = make_leaves(dev, ls, true);
+  Tensor l;
+  REQUIRE(f(ptrs(ts), l.out()) == EBB_OK);
+  const ebb_tensor_t *roots[1] = {l.get()};
+  INFO("backward: " << ebb_last_error());
+  REQUIRE(ebb_backward(roots, nullptr, 1, false, nullptr, 0) == EBB_OK);
+  for (size_t i = 0; i < ls.size(); i++) {
+    Tensor g;
+    REQUIRE(ebb_tensor_grad(ts[i], g.out()) == EBB_OK);
+    REQUIRE(g.get() != nullptr);
+    auto an = read(g);
+    REQUIRE(an.size() == ls[i].v.size());
+    for (size_t j = 0; j < an.size(); j++) {
+      auto plus = ls, minus = ls;
+      const double h = 1e-6;
+      plus[i].v[j] += h;
+      minus[i].v[j] -= h;
+      double num = (loss_value(dev, plus, f) - loss_value(dev, minus, f)) / (2 * h);
+      INFO("leaf " << i << " element " << j << ": analytic " << an[j] << " numeric " << num);
+      CHECK(std::fabs(an[j] - num) <= tol + 1e-5 * std::fabs(num));
+    }
+  }
+}
+
+Leaf rnd(std::vector<int64_t> shape, unsigned seed, double lo = -1, double hi = 1) {
+  return Leaf{shape, values(numel_of(shape), seed, lo, hi)};
+}
+
+}  // namespace
+
+TEST_CASE("engine: an MLP's gradients match finite differences", "[autograd][engine]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    auto xv = values(4 * 3, 100), tv = values(4 * 2, 101);
+    LossFn mlp = [&](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
+      Tensor x = make(dev, EBB_F64, {4, 3}, xv), target = make(dev, EBB_F64, {4, 2}, tv), a, b, h, c, o;
+      ebb_status st = ebb_op_matmul(x, p[0], a.out());
+      if (!st) st = ebb_op_add(a, p[1], b.out());
+      if (!st) st = ebb_op_tanh(b, h.out());
+      if (!st) st = ebb_op_matmul(h, p[2], c.out());
+      if (!st) st = ebb_op_add(c, p[3], o.out());
+      if (!st) st = ebb_op_mse_loss(o, target, out);
+      return st;
+    };
+    check_gradients(dev, {rnd({3, 5}, 1), rnd({5}, 2), rnd({5, 2}, 3), rnd({2}, 4)}, mlp);
+  }
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("engine: layer_norm, softmax and cross_entropy; views and ops on views of non-leaves", "[autograd][engine]") {
+  EbbSession session;
+  LossFn net = [](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
+    const int64_t two = 3;
+    Tensor target, ln, sm, lsm, s, t, tt, u, sl, ce;
+    std::vector<double> tg = {2, 0, 1};
+    target = make(EBB_DEVICE_CPU, EBB_I64, {3}, tg);
+    (void)two;
+    ebb_status st = ebb_op_layer_norm(p[0], 1, p[1], p[2], 1e-5, ln.out());
+    if (!st) st = ebb_op_softmax(ln, 1, sm.out());
+    if (!st) st = ebb_op_mul(sm, ln, s.out());                 // a node used twice (ln)
+    if (!st) st = ebb_tensor_transpose(s, 0, 1, t.out());      // a view of a non-leaf
+    if (!st) st = ebb_tensor_slice(t, 0, 1, 4, 1, sl.out());   // a view of a view
+    if (!st) st = ebb_tensor_transpose(sl, 0, 1, tt.out());
+    if (!st) st = ebb_op_cross_entropy(tt, target, ce.out());
+    if (!st) st = ebb_op_sum(sl, nullptr, 0, false, u.out());
+    if (!st) st = ebb_op_add(ce, u, out);
+    return st;
+  };
+  check_gradients(EBB_DEVICE_CPU, {rnd({3, 4}, 5), rnd({4}, 6, 0.5, 1.5), rnd({4}, 7)}, net);
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("engine: grad() returns gradients without touching .grad; partial backward writes only its inputs",
+          "[autograd][engine][partial]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({3}, 8), rnd({3}, 9), rnd({3}, 10)}, true);
+  auto build = [&](Tensor &loss) {
+    Tensor ab, abc;
+    REQUIRE(ebb_op_mul(ts[0], ts[1], ab.out()) == EBB_OK);
+    REQUIRE(ebb_op_mul(ab, ts[2], abc.out()) == EBB_OK);
+    REQUIRE(ebb_op_sum(abc, nullptr, 0, false, loss.out()) == EBB_OK);
+  };
+  auto a = read(ts[0]), b = read(ts[1]), c = read(ts[2]);
+  Tensor loss;
+  build(loss);
+  const ebb_tensor_t *roots[1] = {loss.get()}, *in[2] = {ts[0].get(), ts[2].get()};
+  ebb_tensor_t *g[2] = {nullptr, nullptr};
+  EBB_REQUIRE_OK(ebb_grad(roots, nullptr, 1, in, 2, true, false, g));
+  Tensor g0(g[0]), g2(g[1]);
+  auto r0 = read(g0), r2 = read(g2);
+  for (int i = 0; i < 3; i++) {
+    CHECK(r0[i] == b[i] * c[i]);
+    CHECK(r2[i] == a[i] * b[i]);
+  }
+  for (auto &t : ts) {
+    Tensor none;
+    EBB_REQUIRE_OK(ebb_tensor_grad(t, none.out()));
+    CHECK(none.get() == nullptr);  // grad() leaves .grad alone
+  }
+  // backward(inputs = {b}): only b's .grad.
+  const ebb_tensor_t *only_b[1] = {ts[1].get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, true, only_b, 1));
+  Tensor gb, ga;
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[1], gb.out()));
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], ga.out()));
+  REQUIRE(gb.get() != nullptr);
+  CHECK(ga.get() == nullptr);
+  auto rb = read(gb);
+  for (int i = 0; i < 3; i++) CHECK(rb[i] == a[i] * c[i]);
+  // An input the outputs do not depend on: an error, or no gradient with allow_unused.
+  auto other = make_leaves(EBB_DEVICE_CPU, {rnd({2}, 11)}, true);
+  const ebb_tensor_t *unused[1] = {other[0].get()};
+  ebb_tensor_t *gu[1] = {nullptr};
+  EBB_CHECK_FAILS(ebb_grad(roots, nullptr, 1, unused, 1, true, false, gu), EBB_EINVAL, "inputs[0] was not used to compute the roots");
+  EBB_REQUIRE_OK(ebb_grad(roots, nullptr, 1, unused, 1, true, true, gu));
+  CHECK(gu[0] == nullptr);
+  // The gradient with respect to a non-leaf.
+  Tensor ab;
+  EBB_REQUIRE_OK(ebb_op_mul(ts[0], ts[1], ab.out()));
+  Tensor l2;
+  EBB_REQUIRE_OK(ebb_op_sum(ab, nullptr, 0, false, l2.out()));
+  const ebb_tensor_t *r2s[1] = {l2.get()}, *nonleaf[1] = {ab.get()};
+  ebb_tensor_t *gab[1] = {nullptr};
+  EBB_REQUIRE_OK(ebb_grad(r2s, nullptr, 1, nonleaf, 1, false, false, gab));
+  Tensor gabt(gab[0]);
+  CHECK(read(gabt) == std::vector<double>{1, 1, 1});
+}
+
+TEST_CASE("engine: retain_graph, a second backward through freed buffers, and accumulation", "[autograd][engine][retain]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({4}, 12)}, true);
+  auto x = read(ts[0]);
+  Tensor sq, loss;
+  EBB_REQUIRE_OK(ebb_op_mul(ts[0], ts[0], sq.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(sq, nullptr, 0, false, loss.out()));
+  const ebb_tensor_t *roots[1] = {loss.get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, true, nullptr, 0));
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));  // retained: runs again, adds
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g.out()));
+  auto r = read(g);
+  for (int i = 0; i < 4; i++) CHECK(r[i] == 4 * x[i]);
+  EBB_CHECK_FAILS(ebb_backward(roots, nullptr, 1, false, nullptr, 0), EBB_ESTATE, "MulBackward");
+  CHECK(std::string(ebb_last_error()).find("freed by an earlier backward") != std::string::npos);
+  CHECK(std::string(ebb_last_error()).find("retain_graph") != std::string::npos);
+  // set_grad(NULL) clears; the engine is usable for a new graph.
+  EBB_REQUIRE_OK(ebb_tensor_set_grad(ts[0], nullptr));
+  Tensor s2, l2;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 3.0, s2.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(s2, nullptr, 0, false, l2.out()));
+  const ebb_tensor_t *r2[1] = {l2.get()};
+  EBB_REQUIRE_OK(ebb_backward(r2, nullptr, 1, false, nullptr, 0));
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g.out()));
+  CHECK(read(g) == std::vector<double>(4, 3.0));
+}
+
+TEST_CASE("engine: bad input and failures name what was wrong; the engine carries on", "[autograd][engine][errors]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({2, 2}, 13)}, true);
+  Tensor y, plain;
+  EBB_REQUIRE_OK(ebb_op_exp(ts[0], y.out()));
+  const ebb_tensor_t *roots[1] = {y.get()};
+  EBB_CHECK_FAILS(ebb_backward(roots, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "root 0 has 4 elements and no gradient was given");
+  Tensor wrong = make(EBB_DEVICE_CPU, EBB_F64, {4}, values(4, 14));
+  const ebb_tensor_t *grads[1] = {wrong.get()};
+  EBB_CHECK_FAILS(ebb_backward(roots, grads, 1, false, nullptr, 0), EBB_EINVAL, "grad_roots[0] (1 dims, f64, device -1) does not match root 0");
+  plain = make(EBB_DEVICE_CPU, EBB_F64, {1}, {1.0});
+  const ebb_tensor_t *nog[1] = {plain.get()};
+  EBB_CHECK_FAILS(ebb_backward(nog, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "roots[0] does not require a gradient");
+  EBB_CHECK_FAILS(ebb_backward(nullptr, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "no roots");
+  ebb_tensor_t *g1[1];
+  EBB_CHECK_FAILS(ebb_grad(roots, nullptr, 1, nullptr, 0, false, false, g1), EBB_EINVAL, "no inputs");
+  // A saved input modified in place before backward: the node and both versions are named.
+  Tensor z, s;
+  Tensor x2 = make(EBB_DEVICE_CPU, EBB_F64, {3}, values(3, 15));
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x2, true));
+  EBB_REQUIRE_OK(ebb_op_sin(x2, z.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(z, nullptr, 0, false, s.out()));
+  EBB_REQUIRE_OK(ebb_tensor_fill_(x2, 0.5));  // (in-place ops are not recorded yet: a raw write)
+  const ebb_tensor_t *rs[1] = {s.get()};
+  EBB_CHECK_FAILS(ebb_backward(rs, nullptr, 1, true, nullptr, 0), EBB_ESTATE, "SinBackward");
+  std::string msg = ebb_last_error();
+  CHECK(msg.find("saved input 0") != std::string::npos);
+  CHECK(msg.find("saved at version 0, now 1") != std::string::npos);
+  // The engine carries on: another graph works.
+  Tensor w, l;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 2.0, w.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(w, nullptr, 0, false, l.out()));
+  const ebb_tensor_t *rl[1] = {l.get()};
+  EBB_REQUIRE_OK(ebb_backward(rl, nullptr, 1, false, nullptr, 0));
+}
+
+TEST_CASE("engine: the same graph gives the same gradients bit for bit", "[autograd][engine][determinism]") {
+  EbbSession session;
+  std::vector<std::vector<double>> runs;
+  for (int run = 0; run < 2; run++) {
+    auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({8, 8}, 16)}, true);
+    Tensor a, b, c, l;
+    EBB_REQUIRE_OK(ebb_op_matmul(ts[0], ts[0], a.out()));
+    EBB_REQUIRE_OK(ebb_op_tanh(a, b.out()));
+    EBB_REQUIRE_OK(ebb_op_mul(b, ts[0], c.out()));
+    EBB_REQUIRE_OK(ebb_op_sum(c, nullptr, 0, false, l.out()));
+    const ebb_tensor_t *r[1] = {l.get()};
+    EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+    Tensor g;
+    EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g.out()));
+    runs.push_back(read(g));
+  }
+  CHECK(runs[0] == runs[1]);
+}
+
+TEST_CASE("engine: backward calls on many threads sharing leaves sum exactly", "[autograd][engine][threads]") {
+  EbbSession session;
+  const int threads = 16, calls = kSanitized ? 50 : 1000;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({4}, 17), rnd({4}, 18)}, true);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; t++)
+    pool.emplace_back([&] {
+      for (int i = 0; i < calls; i++) {
+        ebb_tensor_t *a = nullptr, *b = nullptr, *l = nullptr;
+        bool ok = ebb_op_mul_scalar(ts[0], 3.0, &a) == EBB_OK && ebb_op_add(a, ts[1], &b) == EBB_OK &&
+                  ebb_op_sum(b, nullptr, 0, false, &l) == EBB_OK;
+        const ebb_tensor_t *r[1] = {l};
+        ok = ok && ebb_backward(r, nullptr, 1, false, nullptr, 0) == EBB_OK;
+        if (!ok) failures++;
+        for (ebb_tensor_t *x : {a, b, l})
+          if (x) ebb_tensor_release(x);
+      }
+    });
+  for (auto &th : pool) th.join();
+  CHECK(failures.load() == 0);
+  Tensor g0, g1;
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g0.out()));
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[1], g1.out()));
+  CHECK(read(g0) == std::vector<double>(4, 3.0 * threads * calls));
+  CHECK(read(g1) == std::vector<double>(4, 1.0 * threads * calls));
+  g0.reset();
+  g1.reset();
+  for (auto &t : ts) t.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
