@@ -246,11 +246,10 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
   bool any = false;
   for (int k = 0; x->buf && k < n->nout; k++) any |= x->buf[k] != NULL;
-  bool need[64] = {false};
+  bool need_small[8] = {false}, *need = n->nin <= 8 ? need_small : calloc((size_t)n->nin, sizeof *need);
   ebb_tensor_t *gin_small[8] = {NULL}, **gin = n->nin <= 8 ? gin_small : calloc((size_t)n->nin, sizeof *gin);
   const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nin + n->nout <= 10 ? saved_small : calloc((size_t)(n->nin + n->nout), sizeof *saved);
-  if (!gin || !saved) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
-  if (!st && n->nin > 64) st = ebb__fail(EBB_ELIMIT, "%s: %s has %d inputs; the engine takes 64", t->fn, ebb__node_name_of(n), n->nin);
+  if (!gin || !saved || !need) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
   if (!st && any && e->backward) {
     if (atomic_load_explicit(&n->freed_saved, memory_order_acquire) && e->save)
       st = ebb__fail(EBB_ESTATE, "%s: %s (node %llu) needs its saved tensors, freed by an earlier backward through this graph; "
@@ -270,7 +269,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     }
   }
   /* Deliver (and count down the producers' dependencies, gradient or not). */
-  for (int i = 0; i < n->nin; i++) {
+  for (int i = 0; gin && i < n->nin; i++) {
     struct ebb_node *c = n->next[i].fn;
     struct ebb__tnode *cx = c ? ebb__tfind(t, c, false) : NULL;
     if (!cx) {
@@ -284,6 +283,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   }
   if (gin != gin_small) free(gin);
   if (saved != saved_small) free(saved);
+  if (need != need_small) free(need);
   if (!st && !retain && n->saved && !atomic_exchange_explicit(&n->freed_saved, true, memory_order_acq_rel))
     for (int k = 0; k < n->nin + n->nout; k++)
       if (n->saved[k]) {
@@ -350,13 +350,12 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   if (ninputs < 0 || (ninputs > 0 && !inputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
   if (!accumulate && (!inputs || ninputs == 0)) return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
   struct ebb__task t = {.fn = fn, .results = results};
-  struct ebb_node *rn[64], *racc[64] = {NULL};
-  int rnr[64];
-  ebb_tensor_t *rg[64] = {NULL};
+  struct ebb_node **rn = calloc((size_t)nroots, sizeof *rn), **racc = calloc((size_t)nroots, sizeof *racc);
+  int *rnr = calloc((size_t)nroots, sizeof *rnr);
+  ebb_tensor_t **rg = calloc((size_t)nroots, sizeof *rg);
   struct ebb__heap ready = {0};
   bool was;
-  ebb_status st = nroots > 64 || ninputs > 64 ? ebb__fail(EBB_ELIMIT, "%s: %d roots and %d inputs; the engine takes 64 of each", fn, nroots, ninputs)
-                                             : EBB_OK;
+  ebb_status st = rn && racc && rnr && rg ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots", fn, nroots);
   for (int i = 0; !st && i < nroots; i++) st = ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
   for (int i = 0; !st && i < nroots; i++) st = ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
   if (!st) st = ebb__discover(&t, rn, nroots);
@@ -398,10 +397,14 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
   while (!st && ready.n) st = ebb__run_node(&t, ebb__heap_pop(&ready), retain, &ready);
   ebb_grad_set_enabled(was, NULL);
-  for (int i = 0; i < nroots; i++) {
+  for (int i = 0; rg && racc && i < nroots; i++) {
     if (rg[i]) ebb_tensor_release(rg[i]);
     ebb__node_unref(racc[i]);
   }
+  free(rn);
+  free(racc);
+  free(rnr);
+  free(rg);
   free(ready.a);
   ebb__task_free(&t);
   if (st && results)

@@ -81,7 +81,7 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  * not depend on is left as it was. Nodes run on the calling thread in decreasing sequence number,
  * AccumulateGrad first among the ready ones, the same order on every run. Without retain_graph
  * the saved tensors of every node that ran are released: a second backward through those nodes
- * fails with EBB_ESTATE (nodes that save nothing may run again). At most 64 roots and 64 inputs.
+ * fails with EBB_ESTATE (nodes that save nothing may run again).
  *
  * ebb_grad: the same walk, but the gradients with respect to `inputs` (leaves or not) are
  * returned in grads[0..ninputs) (new references) and no .grad is touched. An input the outputs do
