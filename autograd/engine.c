@@ -25,6 +25,7 @@ struct ebb__tnode {
   bool needed;          /* runs (or, for a capture-only node, is reached) */
   bool run;             /* its backward runs (else only captured) */
   ebb_tensor_t **buf;   /* [max(nout, 1)]: summed gradients of its outputs (AccumulateGrad: [1]) */
+  ebb_tensor_t *buf_inline[2]; /* buf for up to two outputs: no allocation per node */
   int capture;          /* ebb_grad: index into the results (+1), 0: none; for its input_nr */
   int capture_nr;
 };
@@ -49,6 +50,7 @@ static struct ebb__tnode *ebb__tfind(struct ebb__task *t, struct ebb_node *n, bo
       size_t j = ebb__hash(t->nodes[i].n) & (nc - 1);
       while (nn[j].n) j = (j + 1) & (nc - 1);
       nn[j] = t->nodes[i];
+      if (t->nodes[i].buf == t->nodes[i].buf_inline) nn[j].buf = nn[j].buf_inline; /* (moved with it) */
     }
     free(t->nodes);
     t->nodes = nn;
@@ -71,7 +73,7 @@ static void ebb__task_free(struct ebb__task *t) {
     int nb = x->n->nout > 0 ? x->n->nout : 1;
     for (int k = 0; k < nb; k++)
       if (x->buf[k]) ebb_tensor_release(x->buf[k]);
-    free(x->buf);
+    if (x->buf != x->buf_inline) free(x->buf);
   }
   free(t->nodes);
 }
@@ -79,6 +81,7 @@ static void ebb__task_free(struct ebb__task *t) {
 /* Adds g (a new reference, consumed) into slot k of x's buffer. */
 static ebb_status ebb__buf_add(struct ebb__tnode *x, int k, ebb_tensor_t *g) {
   int nb = x->n->nout > 0 ? x->n->nout : 1;
+  if (!x->buf && nb <= 2) x->buf = x->buf_inline;
   if (!x->buf && !(x->buf = calloc((size_t)nb, sizeof *x->buf))) {
     ebb_tensor_release(g);
     return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
