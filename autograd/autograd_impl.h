@@ -49,6 +49,8 @@ EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);
 EBB_HIDDEN struct ebb__meta *ebb__meta_new(ebb_tensor_t *t);
 EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
 EBB_HIDDEN void ebb__node_unref(struct ebb_node *n);
+/* A leaf's AccumulateGrad if it has one (no reference: compared by address only). */
+EBB_HIDDEN struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m);
 /* The AccumulateGrad of leaf t (meta m), made if needed; a new reference. */
 EBB_HIDDEN ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out);
 

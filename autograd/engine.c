@@ -245,7 +245,10 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     t->results[x->capture - 1] = x->buf[x->capture_nr];
   }
   if (!x->run) return EBB_OK;
-  if (n->op < 0) return x->buf && x->buf[0] ? ebb__accumulate(n, x->buf[0]) : EBB_OK;
+  if (n->op < 0) {
+    st = x->buf && x->buf[0] ? ebb__accumulate(n, x->buf[0]) : EBB_OK;
+    return st ? ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error()) : EBB_OK;
+  }
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
   bool any = false;
   for (int k = 0; x->buf && k < n->nout; k++) any |= x->buf[k] != NULL;
@@ -269,6 +272,18 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
       const ebb_tensor_t *go[2] = {x->buf[0], n->nout > 1 ? x->buf[1] : NULL};
       st = e->backward(&ctx, go, gin);
       if (st) st = ebb__fail(st, "%s: %s (node %llu) failed: %s", t->fn, ebb__node_name_of(n), (unsigned long long)n->seq, ebb_last_error());
+    }
+    /* Every gradient in its input's shape, dtype and device (validate_outputs' check). */
+    for (int i = 0; !st && i < n->nin; i++) {
+      if (!gin[i]) continue;
+      ebb_tensor_info gi;
+      const ebb__tensor_meta *m = &n->in_meta[i];
+      st = ebb_tensor_get_info(gin[i], &gi);
+      if (!st && (gi.ndim != m->ndim || memcmp(gi.shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0 || gi.dtype != m->dtype ||
+                  gi.device != m->device))
+        st = ebb__fail(EBB_EINTERNAL, "%s: %s (node %llu) returned a gradient for input %d with %d dims, %s, device %d; expected %d "
+                       "dims, %s, device %d", t->fn, ebb__node_name_of(n), (unsigned long long)n->seq, i, gi.ndim,
+                       ebb_dtype_name(gi.dtype), gi.device, m->ndim, ebb_dtype_name(m->dtype), m->device);
     }
   }
   /* Deliver (and count down the producers' dependencies, gradient or not). */
@@ -356,9 +371,11 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   struct ebb_node **rn = calloc((size_t)nroots, sizeof *rn), **racc = calloc((size_t)nroots, sizeof *racc);
   int *rnr = calloc((size_t)nroots, sizeof *rnr);
   ebb_tensor_t **rg = calloc((size_t)nroots, sizeof *rg);
+  int *dup = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *dup);
   struct ebb__heap ready = {0};
   bool was;
-  ebb_status st = rn && racc && rnr && rg ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots", fn, nroots);
+  ebb_status st = rn && racc && rnr && rg && dup ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots", fn, nroots);
+  for (int i = 0; dup && i < ninputs; i++) dup[i] = -1;
   for (int i = 0; !st && i < nroots; i++) st = ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
   for (int i = 0; !st && i < nroots; i++) st = ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
   if (!st) st = ebb__discover(&t, rn, nroots);
@@ -369,7 +386,8 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     if (!st && (!m || !m->requires_grad))
       st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
     if (st) break;
-    struct ebb_node *in = m->grad_fn ? m->grad_fn : m->grad_acc;
+    struct ebb_node *in = m->grad_fn;
+    if (!in) in = ebb__grad_acc_peek(m); /* (under the lock its writers take) */
     int nr = m->grad_fn ? m->output_nr : 0;
     struct ebb__tnode *x = in ? ebb__tfind(&t, in, false) : NULL;
     if (!x) {
@@ -380,7 +398,12 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     x->needed = true;
     if (accumulate && !m->grad_fn) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
     else if (accumulate) st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is not a leaf; backward with non-leaf inputs is not supported yet", fn, i);
-    else {
+    else if (x->capture && x->capture_nr == nr) {
+      dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
+    } else if (x->capture) {
+      st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] and inputs[%d] are two outputs of one node (%s); asking for both in one call is "
+                     "not supported yet", fn, x->capture - 1, i, ebb__node_name_of(in));
+    } else {
       x->capture = i + 1;
       x->capture_nr = nr;
     }
@@ -399,12 +422,18 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     if (t.nodes[i].n && t.nodes[i].deps == 0 && t.nodes[i].needed && !ebb__heap_push(&ready, &t.nodes[i]))
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
   while (!st && ready.n) st = ebb__run_node(&t, ebb__heap_pop(&ready), retain, &ready);
+  for (int i = 0; !st && results && i < ninputs; i++)
+    if (dup[i] >= 0 && results[dup[i]]) {
+      ebb_tensor_retain(results[dup[i]]);
+      results[i] = results[dup[i]];
+    }
   ebb_grad_set_enabled(was, NULL);
   for (int i = 0; rg && racc && i < nroots; i++) {
     if (rg[i]) ebb_tensor_release(rg[i]);
     ebb__node_unref(racc[i]);
   }
   free(rn);
+  free(dup);
   free(racc);
   free(rnr);
   free(rg);

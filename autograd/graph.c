@@ -119,6 +119,13 @@ static struct ebb_node *ebb__node_new(int op, int nin, int nout) {
   return n;
 }
 
+struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m) {
+  ebb__mutex_lock(&ebb__acc_mu);
+  struct ebb_node *a = m->grad_acc;
+  ebb__mutex_unlock(&ebb__acc_mu);
+  return a;
+}
+
 ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out) {
   ebb__mutex_lock(&ebb__acc_mu);
   struct ebb_node *a = m->grad_acc;
@@ -251,7 +258,21 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
   return EBB_OK;
 }
 
-static const ebb__tensor_hooks ebb__ag_hooks = {ebb__ag_released, NULL, ebb__ag_recorded};
+/* In-place ops are not recorded yet: on a tensor that requires a gradient (or from one) with
+ * grad mode on they would leave the graph computing the wrong gradient, so they are refused.
+ * With grad mode off (an optimizer's update of its leaves) they run. */
+static ebb_status ebb__ag_inplace(int op, const ebb_tensor_t *dst, const ebb_tensor_t *src) {
+  (void)op;
+  if (ebb__grad_off) return EBB_OK;
+  const struct ebb__meta *d = ebb__meta_of(dst), *s = src ? ebb__meta_of(src) : NULL;
+  bool dr = d && d->requires_grad, sr = s && s->requires_grad;
+  if (!dr && !sr) return EBB_OK;
+  return ebb__fail(EBB_ENOTSUP, "%s requires a gradient, and in-place ops on tensors that require gradients are not recorded "
+                   "yet (the gradient would be wrong); expected the out-of-place op, or grad mode off (ebb_grad_set_enabled) "
+                   "for a change autograd must not see", dr ? (d->grad_fn ? "dst (a non-leaf)" : "dst (a leaf)") : "src");
+}
+
+static const ebb__tensor_hooks ebb__ag_hooks = {ebb__ag_released, NULL, ebb__ag_recorded, ebb__ag_inplace};
 
 /* ---- public API --------------------------------------------------------------------------------- */
 

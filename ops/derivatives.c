@@ -70,9 +70,24 @@ static ebb_status ebb__drop(ebb_status st, ebb_tensor_t **gin, int n) {
 /* The public two-input backward f(grad, a, b, ga, gb) with the saved inputs and the wanted
  * outputs. */
 typedef ebb_status (*ebb__bw2)(const ebb_tensor_t *, const ebb_tensor_t *, const ebb_tensor_t *, ebb_tensor_t **, ebb_tensor_t **);
+/* Each returned gradient brought to its input's shape, dtype and device (a public backward may
+ * return the promoted dtype: mse_loss, layer_norm). */
+static ebb_status ebb__fit_all(const ebb__bw_ctx *c, ebb_tensor_t **gin, int n) {
+  ebb_status st = EBB_OK;
+  for (int i = 0; i < n; i++) {
+    if (!gin[i] || st) continue;
+    ebb_tensor_t *f = NULL;
+    st = ebb__fit(&c->in[i], gin[i], &f);
+    ebb__tensor_put(gin[i]);
+    gin[i] = st ? NULL : f;
+  }
+  return ebb__drop(st, gin, n);
+}
+
 static ebb_status ebb__two(ebb__bw2 f, const ebb__bw_ctx *c, const ebb_tensor_t *g, ebb_tensor_t **gin) {
   if (!WANT(c, 0) && !WANT(c, 1)) return EBB_OK;
-  return f(g, c->saved_in[0], c->saved_in[1], WANT(c, 0) ? &gin[0] : NULL, WANT(c, 1) ? &gin[1] : NULL);
+  ebb_status st = f(g, c->saved_in[0], c->saved_in[1], WANT(c, 0) ? &gin[0] : NULL, WANT(c, 1) ? &gin[1] : NULL);
+  return st ? st : ebb__fit_all(c, gin, 2);
 }
 
 /* ---- binary and scalar ----------------------------------------------------------------------- */
@@ -227,8 +242,9 @@ static ebb_status bw_layer_norm(const ebb__bw_ctx *c, const ebb_tensor_t *const 
   const ebb_tensor_t *w = c->nin > 1 ? c->saved_in[1] : NULL, *b = c->nin > 2 ? c->saved_in[2] : NULL;
   bool gw = w && WANT(c, 1), gb = b && WANT(c, 2);
   if (!WANT(c, 0) && !gw && !gb) return EBB_OK;
-  return ebb_op_layer_norm_backward(go[0], c->saved_in[0], c->args->dim, w, b, c->args->s[0], WANT(c, 0) ? &gin[0] : NULL,
-                                    gw ? &gin[1] : NULL, gb ? &gin[2] : NULL);
+  ebb_status st = ebb_op_layer_norm_backward(go[0], c->saved_in[0], c->args->dim, w, b, c->args->s[0], WANT(c, 0) ? &gin[0] : NULL,
+                                             gw ? &gin[1] : NULL, gb ? &gin[2] : NULL);
+  return st ? st : ebb__fit_all(c, gin, 3);
 }
 
 /* cat: input i's slice of grad along the dim, at the sum of the sizes before it (a view). */

@@ -95,6 +95,9 @@ EBB_HIDDEN const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks 
 EBB_HIDDEN ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op,
                                     const ebb_tensor_t *const *in, int nin, ebb_tensor_t **out0, ebb_tensor_t **out1,
                                     const ebb__op_args *args);
+/* The inplace hook's check before an in-place op changes dst (ops_export.h): one load and a
+ * branch without hooks; the hook runs when dst or src has a slot. Failures name fn. */
+EBB_HIDDEN ebb_status ebb__inplace_check(const char *fn, int op, const ebb_tensor_t *dst, const ebb_tensor_t *src);
 static inline const ebb__tensor_hooks *ebb__rec_enter(void) {
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
   const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);

@@ -334,6 +334,14 @@ const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
   return h;
 }
 
+ebb_status ebb__inplace_check(const char *fn, int op, const ebb_tensor_t *dst, const ebb_tensor_t *src) {
+  /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
+  const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
+  if (EBB_LIKELY(!h || !h->inplace || (!dst->autograd && !(src && src->autograd)))) return EBB_OK;
+  ebb_status st = h->inplace(op, dst, src);
+  return st ? ebb__fail_in(fn, st) : EBB_OK;
+}
+
 ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op, const ebb_tensor_t *const *in,
                          int nin, ebb_tensor_t **out0, ebb_tensor_t **out1, const ebb__op_args *args) {
   if (--ebb__rec_depth > 0 || st) return st; /* an op's own inner call, or a failure */
@@ -1429,6 +1437,7 @@ ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) {
   const char *fn = "ebb_tensor_fill_";
   ebb_status st = ebb__tensor_check(t, fn, "dst");
   if (!st) st = ebb__check_writable(fn, t);
+  if (!st) st = ebb__inplace_check(fn, EBB__OP_FILL_, t, NULL);
   if (!st) st = ebb__ew_run(fn, EBB__EW_FILL, t, 0, NULL, value, 0);
   if (st) return st;
   atomic_fetch_add_explicit(&t->st->version, 1, memory_order_relaxed);
@@ -1448,6 +1457,7 @@ ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
   ebb_status st = ebb__tensor_check(dst, fn, "dst");
   if (!st) st = ebb__tensor_check(src, fn, "src");
   if (!st) st = ebb__check_writable(fn, dst);
+  if (!st) st = ebb__inplace_check(fn, EBB__OP_COPY_, dst, src);
   if (st) return st;
   int64_t bst[EBB_TENSOR_MAX_DIMS];
   st = ebb__broadcast_strides(fn, "src", src, dst->ndim, dst->shape, bst);

@@ -29,6 +29,11 @@
  * have gradients (EBB_EINVAL when one of another dtype is requested). Unary backward functions
  * take the forward input x and output y; each says which it reads (the other may be NULL).
  *
+ * Autograd (ebb/autograd.h) records the forward ops, the views and the copies. The backward
+ * functions and ebb_op_sum_to_shape are gradient helpers it does not record: its engine calls
+ * them with grad mode off, and so should a caller (with grad mode on and inputs that require
+ * gradients, their results carry a partial graph of the ops inside them).
+ *
  * Failures: EBB_EINVAL (NULL, shapes that do not broadcast, dtypes that do not promote, dims out
  * of range), EBB_EDEVICE (inputs on different devices), EBB_EFREED (a released tensor),
  * EBB_ENOMEM; the message names the op, the argument and the shapes.

@@ -43,6 +43,11 @@ typedef struct ebb__tensor_hooks {
    * recorded yet. */
   ebb_status (*recorded)(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
                          const struct ebb__op_args *args);
+  /* An in-place op `op` (EBB__OP_ADD_, _MUL_, _COPY_, _FILL_, _ZERO_) is about to change dst
+   * (src: its other input, NULL for fill and zero), one of which has a slot. A failure refuses
+   * the op before anything changes, with the hook's status (its message prefixed by the call's
+   * name). Same thread as the call. */
+  ebb_status (*inplace)(int op, const ebb_tensor_t *dst, const ebb_tensor_t *src);
 } ebb__tensor_hooks;
 
 /* Installs the hooks (NULL removes them): autograd at its start and stop. The struct must outlive

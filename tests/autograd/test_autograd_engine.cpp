@@ -234,7 +234,13 @@ TEST_CASE("engine: bad input and failures name what was wrong; the engine carrie
   EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x2, true));
   EBB_REQUIRE_OK(ebb_op_sin(x2, z.out()));
   EBB_REQUIRE_OK(ebb_op_sum(z, nullptr, 0, false, s.out()));
-  EBB_REQUIRE_OK(ebb_tensor_fill_(x2, 0.5));  // (in-place ops are not recorded yet: a raw write)
+  // In-place on a tensor that requires a gradient is refused with grad mode on (not recorded yet);
+  // with it off (an optimizer's update) it runs, and the saved input's version moves on.
+  EBB_CHECK_FAILS(ebb_tensor_fill_(x2, 0.5), EBB_ENOTSUP, "in-place ops on tensors that require gradients are not recorded yet");
+  bool was;
+  ebb_grad_set_enabled(false, &was);
+  EBB_REQUIRE_OK(ebb_tensor_fill_(x2, 0.5));
+  ebb_grad_set_enabled(was, nullptr);
   const ebb_tensor_t *rs[1] = {s.get()};
   EBB_CHECK_FAILS(ebb_backward(rs, nullptr, 1, true, nullptr, 0), EBB_ESTATE, "SinBackward");
   std::string msg = ebb_last_error();
@@ -298,4 +304,32 @@ TEST_CASE("engine: backward calls on many threads sharing leaves sum exactly", "
   for (auto &t : ts) t.reset();
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("engine: gradients come in their inputs' dtypes; the same input twice gets its gradient twice", "[autograd][engine]") {
+  EbbSession session;
+  // mse_loss of an f32 leaf against an f64 target computes in f64; x's gradient is f32.
+  Tensor x = make(EBB_DEVICE_CPU, EBB_F32, {3}, {1, 2, 3}), b = make(EBB_DEVICE_CPU, EBB_F64, {3}, {0, 0, 0}), l;
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
+  EBB_REQUIRE_OK(ebb_op_mse_loss(x, b, l.out()));
+  const ebb_tensor_t *r[1] = {l.get()};
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, nullptr, 0));
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(x, g.out()));
+  CHECK(dtype_of(g) == EBB_F32);
+  auto gv = read(g);
+  CHECK(std::fabs(gv[0] - 2.0 / 3) < 1e-6);
+  CHECK(std::fabs(gv[2] - 2.0) < 1e-6);
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, nullptr, 0));  // accumulates into the f32 .grad
+  EBB_REQUIRE_OK(ebb_tensor_grad(x, g.out()));
+  CHECK(std::fabs(read(g)[2] - 4.0) < 1e-6);
+  // ebb_grad with the same input twice.
+  const ebb_tensor_t *in[2] = {x.get(), x.get()};
+  ebb_tensor_t *gs[2] = {nullptr, nullptr};
+  EBB_REQUIRE_OK(ebb_grad(r, nullptr, 1, in, 2, false, false, gs));
+  Tensor g0(gs[0]), g1(gs[1]);
+  REQUIRE(g0.get() != nullptr);
+  REQUIRE(g1.get() != nullptr);
+  CHECK(read(g0) == read(g1));
+  CHECK(dtype_of(g0) == EBB_F32);
 }

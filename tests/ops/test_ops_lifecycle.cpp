@@ -147,7 +147,7 @@ ebb_status fake_viewed(const ebb_tensor_t *base, ebb_tensor_t *view, const char 
   return EBB_OK;
 }
 
-const ebb__tensor_hooks g_hooks = {fake_released, fake_viewed, nullptr};
+const ebb__tensor_hooks g_hooks = {fake_released, fake_viewed, nullptr, nullptr};
 
 struct HooksInstalled {
   HooksInstalled() {
@@ -261,7 +261,15 @@ ebb_status fake_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_ten
   return EBB_OK;
 }
 
-const ebb__tensor_hooks g_rec_hooks = {nullptr, nullptr, fake_recorded};
+int g_inplace_calls = 0;
+ebb_status fake_inplace(int op, const ebb_tensor_t *dst, const ebb_tensor_t *src) {
+  (void)dst;
+  (void)src;
+  g_inplace_calls++;
+  return op == EBB__OP_MUL_ ? ebb__fail(EBB_ENOTSUP, "refused by the test") : EBB_OK;
+}
+
+const ebb__tensor_hooks g_rec_hooks = {nullptr, nullptr, fake_recorded, fake_inplace};
 
 struct RecordingInstalled {
   RecordingInstalled() {
@@ -410,6 +418,20 @@ TEST_CASE("recording: each public op with state on an input reports its table en
   CHECK(o == nullptr);
   CHECK(ebb_tensor_live_count() == live);
   g_fail_record = false;
+  // In-place ops ask the inplace hook first when dst or src has state; a refusal changes nothing.
+  {
+    Tensor d;
+    EBB_REQUIRE_OK(ebb_tensor_clone(plain, d.out()));
+    auto before = read(d);
+    g_inplace_calls = 0;
+    EBB_CHECK_FAILS(ebb_op_mul_(d, x), EBB_ENOTSUP, "ebb_op_mul_: refused by the test");
+    CHECK(read(d) == before);
+    EBB_REQUIRE_OK(ebb_op_add_(d, x));      // asked, allowed
+    EBB_REQUIRE_OK(ebb_op_add_(d, plain));  // no state: not asked
+    EBB_REQUIRE_OK(ebb_tensor_copy_(d, x));
+    EBB_REQUIRE_OK(ebb_tensor_fill_(x, 1.0));
+    CHECK(g_inplace_calls == 4);
+  }
   ebb__tensor_set_slot(x, nullptr);
   x.reset();
   y.reset();
