@@ -90,6 +90,13 @@ static ebb_status ebb__buf_add(struct ebb__tnode *x, int k, ebb_tensor_t *g) {
     x->buf[k] = g;
     return EBB_OK;
   }
+  /* In place when nothing else sees the buffer's tensor and g has its shape and dtype. */
+  ebb__tensor_meta bm;
+  if (ebb__tensor_exclusive(x->buf[k]) && (ebb__tensor_meta_of(x->buf[k], &bm), ebb__tensor_matches(g, &bm))) {
+    ebb_status st = ebb_op_add_(x->buf[k], g);
+    ebb_tensor_release(g);
+    return st;
+  }
   ebb_tensor_t *sum = NULL;
   ebb_status st = ebb_op_add(x->buf[k], g, &sum);
   ebb_tensor_release(g);
@@ -209,13 +216,21 @@ static struct ebb__tnode *ebb__heap_pop(struct ebb__heap *h) {
   return top;
 }
 
-/* AccumulateGrad: .grad = g (a contiguous copy of its own) or .grad += g, under the leaf's lock. */
-static ebb_status ebb__accumulate(struct ebb_node *n, const ebb_tensor_t *g) {
+/* AccumulateGrad, under the leaf's lock: the first gradient becomes .grad, taken from the buffer
+ * without a copy when nothing else sees it (*g set to NULL then), else copied contiguous; later
+ * ones are added into .grad in place (keeping the tensor the caller may hold). */
+static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   struct ebb__meta *m = ebb__meta_of(n->leaf);
-  ebb_status st;
+  ebb_status st = EBB_OK;
   ebb__mutex_lock(&m->grad_mu);
-  if (!m->grad) st = ebb_tensor_clone(g, &m->grad);
-  else st = ebb_op_add_(m->grad, g);
+  if (m->grad) {
+    st = ebb_op_add_(m->grad, *g);
+  } else if (ebb__tensor_exclusive(*g)) {
+    m->grad = *g;
+    *g = NULL;
+  } else {
+    st = ebb_tensor_clone(*g, &m->grad);
+  }
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
@@ -246,7 +261,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   }
   if (!x->run) return EBB_OK;
   if (n->op < 0) {
-    st = x->buf && x->buf[0] ? ebb__accumulate(n, x->buf[0]) : EBB_OK;
+    st = x->buf && x->buf[0] ? ebb__accumulate(n, &x->buf[0]) : EBB_OK;
     return st ? ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error()) : EBB_OK;
   }
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
@@ -275,12 +290,11 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     }
     /* Every gradient in its input's shape, dtype and device (validate_outputs' check). */
     for (int i = 0; !st && i < n->nin; i++) {
-      if (!gin[i]) continue;
+      if (!gin[i] || ebb__tensor_matches(gin[i], &n->in_meta[i])) continue;
       ebb_tensor_info gi;
       const ebb__tensor_meta *m = &n->in_meta[i];
       st = ebb_tensor_get_info(gin[i], &gi);
-      if (!st && (gi.ndim != m->ndim || memcmp(gi.shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0 || gi.dtype != m->dtype ||
-                  gi.device != m->device))
+      if (!st)
         st = ebb__fail(EBB_EINTERNAL, "%s: %s (node %llu) returned a gradient for input %d with %d dims, %s, device %d; expected %d "
                        "dims, %s, device %d", t->fn, ebb__node_name_of(n), (unsigned long long)n->seq, i, gi.ndim,
                        ebb_dtype_name(gi.dtype), gi.device, m->ndim, ebb_dtype_name(m->dtype), m->device);

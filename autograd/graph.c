@@ -198,11 +198,7 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
       n->in_meta[i].ndim = -1; /* an optional input not given */
       continue;
     }
-    ebb_tensor_info info;
-    st = ebb_tensor_get_info(in[i], &info);
-    if (st) break;
-    n->in_meta[i] = (ebb__tensor_meta){.device = info.device, .dtype = info.dtype, .ndim = info.ndim};
-    memcpy(n->in_meta[i].shape, info.shape, sizeof n->in_meta[i].shape);
+    ebb__tensor_meta_of(in[i], &n->in_meta[i]);
     bool diff = e->nin < 0 ? (e->diff & 1) : ((e->diff >> i) & 1);
     struct ebb__meta *m = ebb__meta_of(in[i]);
     if (diff && m && m->requires_grad) {
@@ -221,9 +217,9 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     if (e->save & EBB__SAVE_OUT(k)) st = ebb__save(n, nin + k, out[k]);
   /* The outputs with a gradient (floating ones: max_dim's indices have none) point at the node. */
   for (int k = 0; !st && k < nout; k++) {
-    ebb_tensor_info info;
-    st = ebb_tensor_get_info(out[k], &info);
-    if (st || !ebb_dtype_is_float(info.dtype)) continue;
+    ebb_dtype dt = EBB_F32;
+    st = ebb_tensor_dtype(out[k], &dt);
+    if (st || !ebb_dtype_is_float(dt)) continue;
     struct ebb__meta *m = ebb__meta_new(out[k]);
     if (!m) {
       st = EBB_ENOMEM;

@@ -1081,6 +1081,24 @@ ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out) {
   return EBB_OK;
 }
 
+bool ebb__tensor_matches(const ebb_tensor_t *t, const ebb__tensor_meta *m) {
+  return t->ndim == m->ndim && t->dtype == m->dtype && t->st->device == m->device &&
+         memcmp(t->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) == 0;
+}
+
+void ebb__tensor_meta_of(const ebb_tensor_t *t, ebb__tensor_meta *m) {
+  m->device = t->st->device;
+  m->dtype = t->dtype;
+  m->ndim = t->ndim;
+  memcpy(m->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+}
+
+bool ebb__tensor_exclusive(const ebb_tensor_t *t) {
+  /* acquire: a reference dropped on another thread happened before this read of the count. */
+  return atomic_load_explicit(&t->refs, memory_order_acquire) == 1 && atomic_load_explicit(&t->st->refs, memory_order_acquire) == 1 &&
+         !t->autograd && ebb__is_contiguous(t);
+}
+
 void *ebb__tensor_slot(const ebb_tensor_t *t) { return t->autograd; }
 void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot) { t->autograd = slot; }
 

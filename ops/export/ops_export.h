@@ -19,6 +19,7 @@ extern "C" {
 #endif
 
 struct ebb__op_args; /* the derivative table's arguments, below */
+struct ebb__tensor_meta;
 
 typedef struct ebb__tensor_hooks {
   /* The last reference to `t` went away and its slot is `slot` (non-NULL): free what the slot
@@ -58,6 +59,16 @@ EBB_HIDDEN void ebb__tensor_hooks_set(const ebb__tensor_hooks *h);
  * any hook: what autograd keeps of a tensor it saves (the data, not the graph). Released with
  * ebb_tensor_release. EBB_ENOMEM without host memory for a handle. */
 EBB_HIDDEN ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out);
+
+/* Whether `t` is the only handle on its storage and holds it alone (one reference to the handle,
+ * one handle on the storage), contiguous and without a slot: nothing else can see a change made
+ * to it in place, so autograd may add into it or keep it as a .grad without a copy. */
+EBB_HIDDEN bool ebb__tensor_exclusive(const ebb_tensor_t *t);
+
+/* Whether live tensor t has m's shape, dtype and device (no copy of its geometry). */
+EBB_HIDDEN bool ebb__tensor_matches(const ebb_tensor_t *t, const struct ebb__tensor_meta *m);
+/* t's metadata into *m. */
+EBB_HIDDEN void ebb__tensor_meta_of(const ebb_tensor_t *t, struct ebb__tensor_meta *m);
 
 /* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, the message naming fn and arg. */
 EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
