@@ -435,7 +435,19 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   for (size_t i = 0; !st && i < t.cap; i++)
     if (t.nodes[i].n && t.nodes[i].deps == 0 && t.nodes[i].needed && !ebb__heap_push(&ready, &t.nodes[i]))
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
-  while (!st && ready.n) st = ebb__run_node(&t, ebb__heap_pop(&ready), retain, &ready);
+  while (!st && ready.n) {
+    struct ebb__tnode *x = ebb__heap_pop(&ready);
+    st = ebb__run_node(&t, x, retain, &ready);
+    /* Its gradients are used up: freed now, not at the task's end (a backward holds only the
+     * buffers of nodes still waiting), and so a producer that got g itself may take the next sum
+     * into it in place. */
+    int nb = x->n->nout > 0 ? x->n->nout : 1;
+    for (int k = 0; x->buf && k < nb; k++)
+      if (x->buf[k]) {
+        ebb_tensor_release(x->buf[k]);
+        x->buf[k] = NULL;
+      }
+  }
   for (int i = 0; !st && results && i < ninputs; i++)
     if (dup[i] >= 0 && results[dup[i]]) {
       ebb_tensor_retain(results[dup[i]]);
