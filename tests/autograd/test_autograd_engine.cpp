@@ -333,3 +333,34 @@ TEST_CASE("engine: gradients come in their inputs' dtypes; the same input twice 
   CHECK(read(g0) == read(g1));
   CHECK(dtype_of(g0) == EBB_F32);
 }
+
+// Gradients that meet: one handle delivered twice (a + a: AddBackward hands on the same tensor
+// for both inputs), a diamond, and a .grad the caller holds, which later sums must not replace.
+TEST_CASE("engine: gradients that meet are summed without touching tensors anyone else holds", "[autograd][engine]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({3}, 19)}, true);
+  auto x = read(ts[0]);
+  Tensor s, l;
+  EBB_REQUIRE_OK(ebb_op_add(ts[0], ts[0], s.out()));  // a + a
+  EBB_REQUIRE_OK(ebb_op_sum(s, nullptr, 0, false, l.out()));
+  const ebb_tensor_t *r[1] = {l.get()};
+  Tensor held = make(EBB_DEVICE_CPU, EBB_F64, {3}, {10, 20, 30});
+  EBB_REQUIRE_OK(ebb_tensor_set_grad(ts[0], held));  // the caller keeps its handle
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+  CHECK(read(held) == std::vector<double>{12, 22, 32});  // summed into it, in place
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g.out()));
+  CHECK(g.get() == held.get());
+  // A diamond: x -> (x*2, x*3) -> sum of both.
+  EBB_REQUIRE_OK(ebb_tensor_set_grad(ts[0], nullptr));
+  Tensor a, b, c, l2;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 2.0, a.out()));
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 3.0, b.out()));
+  EBB_REQUIRE_OK(ebb_op_add(a, b, c.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(c, nullptr, 0, false, l2.out()));
+  const ebb_tensor_t *r2[1] = {l2.get()};
+  EBB_REQUIRE_OK(ebb_backward(r2, nullptr, 1, false, nullptr, 0));
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g.out()));
+  CHECK(read(g) == std::vector<double>(3, 5.0));
+  (void)x;
+}
