@@ -31,6 +31,7 @@ struct ebb_node {
   struct ebb__edge *next;    /* [nin] */
   ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
   _Atomic bool freed_saved;  /* a backward without retain_graph released the saved tensors */
+  struct ebb__hook *hooks;   /* tensor hooks of its outputs (non-leaf tensors), under ebb__hook_mu */
 };
 
 struct ebb__meta {
@@ -40,7 +41,33 @@ struct ebb__meta {
   struct ebb_node *grad_acc; /* a leaf's AccumulateGrad: weak, cleared when it goes */
   ebb_mutex grad_mu;         /* .grad's updates (rank EBB_RANK_AG_GRAD: held across ops) */
   ebb_tensor_t *grad;        /* .grad: owned, NULL until a backward reaches it */
+  struct ebb__hook *hooks;   /* a leaf's tensor and post-accumulate hooks, under ebb__hook_mu */
 };
+
+/* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its
+ * list (marked) until its owner goes, so a backward walking the list never meets freed memory. */
+enum { EBB__HOOK_TENSOR = 0, EBB__HOOK_POST_ACC = 1 };
+struct ebb__hook {
+  uint64_t id;
+  int kind;
+  int output_nr;            /* tensor hooks on a node: the output they watch */
+  ebb_tensor_hook_fn fn;
+  ebb_post_accumulate_hook_fn post;
+  void *user;
+  bool removed;
+  struct ebb__hook *next;
+};
+
+/* hooks.c */
+/* Runs the tensor hooks of list `h` that watch output `output_nr` on *grad, which a hook may
+ * replace (a new reference, checked against the old one's shape, dtype and device); `who` names
+ * the node for messages. Called by the engine with no lock held. */
+EBB_HIDDEN ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad);
+/* Runs the post-accumulate hooks of a leaf (meta m, handle t). */
+EBB_HIDDEN ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t);
+/* Frees a hook list (its owner is going): the hooks leave the registry, so their handles read as
+ * removed. */
+EBB_HIDDEN void ebb__hooks_free(struct ebb__hook *h);
 
 
 /* graph.c */

@@ -255,15 +255,31 @@ static ebb_status ebb__unpack(const struct ebb__task *t, const struct ebb_node *
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool retain, struct ebb__heap *ready) {
   struct ebb_node *n = x->n;
   ebb_status st = EBB_OK;
+  if (x->capture && !x->run && x->buf && x->buf[x->capture_nr]) {
+    /* A node only captured (not run): its tensor hooks still see the gradient first, as they
+     * would before it ran (PyTorch's order for captures of nodes that do not execute). */
+    struct ebb__hook *hl = n->op < 0 ? ebb__meta_of(n->leaf)->hooks : n->hooks;
+    st = ebb__run_tensor_hooks(t->fn, n->op < 0 ? "a leaf" : ebb__node_name_of(n), hl, n->op < 0 ? 0 : x->capture_nr,
+                               &x->buf[x->capture_nr]);
+    if (st) return st;
+  }
   if (x->capture && x->buf && x->buf[x->capture_nr]) { /* ebb_grad: what reached this node's input */
     ebb_tensor_retain(x->buf[x->capture_nr]);
     t->results[x->capture - 1] = x->buf[x->capture_nr];
   }
   if (!x->run) return EBB_OK;
   if (n->op < 0) {
-    st = x->buf && x->buf[0] ? ebb__accumulate(n, &x->buf[0]) : EBB_OK;
-    return st ? ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error()) : EBB_OK;
+    if (!x->buf || !x->buf[0]) return EBB_OK;
+    struct ebb__meta *lm = ebb__meta_of(n->leaf);
+    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &x->buf[0]);
+    if (st) return st;
+    st = ebb__accumulate(n, &x->buf[0]);
+    if (st) return ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
+    return ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
   }
+  for (int k = 0; n->hooks && x->buf && k < n->nout && !st; k++)
+    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &x->buf[k]);
+  if (st) return st;
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
   bool any = false;
   for (int k = 0; x->buf && k < n->nout; k++) any |= x->buf[k] != NULL;

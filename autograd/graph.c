@@ -49,6 +49,7 @@ struct ebb__meta *ebb__meta_new(ebb_tensor_t *t) {
 }
 
 static void ebb__meta_free(struct ebb__meta *m) {
+  ebb__hooks_free(m->hooks);
   if (m->grad) ebb_tensor_release(m->grad);
   ebb__mutex_destroy(&m->grad_mu);
   free(m);
@@ -91,6 +92,7 @@ void ebb__node_unref(struct ebb_node *n) {
       ebb__mutex_unlock(&ebb__acc_mu);
       ebb_tensor_release(x->leaf);
     }
+    ebb__hooks_free(x->hooks);
     free(x->in_meta);
     free(x->saved);
     free(x->saved_version);

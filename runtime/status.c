@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -66,10 +67,14 @@ void ebb__fail_mute(bool on) {
 const char *ebb__muted_error(void) { return ebb__muted_buf; }
 
 ebb_status ebb__fail(ebb_status status, const char *fmt, ...) {
+  /* Formatted apart, then copied: a caller may pass the last error itself as an argument
+   * ("fn: %s", ebb_last_error()), which must not be read while it is being overwritten. */
+  char msg[sizeof ebb__errbuf];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(ebb__muted ? ebb__muted_buf : ebb__errbuf, sizeof ebb__errbuf, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(ebb__muted ? ebb__muted_buf : ebb__errbuf, msg, sizeof msg);
   if (ebb__muted) return status;
   pthread_mutex_lock(&ebb__hook_lock);
   ebb_error_hook_fn fn = ebb__hook_fn;

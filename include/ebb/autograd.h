@@ -10,8 +10,9 @@
  * graph. With no input requiring a gradient, an op records nothing and costs a branch.
  *
  * Status of this header: the graph is recorded and can be inspected, and the engine runs a
- * backward on the calling thread (CPU tensors and one device). Not yet: hooks, in-place ops on
- * tensors that require gradients (ebb_op_add_, ebb_tensor_copy_, ... are not recorded),
+ * backward on the calling thread (CPU tensors and one device), with tensor and post-accumulate
+ * hooks. Not yet: node, multi-grad and logging hooks, retain_grad, in-place ops on tensors that
+ * require gradients (ebb_op_add_, ebb_tensor_copy_, ... are refused with grad mode on),
  * create_graph (a backward records nothing), non-leaf inputs to ebb_backward, the multi-device
  * engine (issues 20 and 21).
  *
@@ -106,6 +107,32 @@ EBB_API ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out);
 /* Replaces t's .grad with `grad` (retained; t's shape, dtype and device, else EBB_EINVAL), or
  * clears it with NULL. The next backward adds into it in place. */
 EBB_API ebb_status ebb_tensor_set_grad(ebb_tensor_t *t, const ebb_tensor_t *grad);
+
+/* ---- hooks ----------------------------------------------------------------------------------
+ * A tensor hook of t runs during a backward when t's gradient has been computed (summed over
+ * every use of t), before it is used: for a leaf, before it is added into .grad; for a non-leaf,
+ * before t's grad_fn runs. It may leave the gradient (*replace stays NULL) or replace it with a
+ * tensor of its shape, dtype and device (*replace a new reference, which the engine takes; another
+ * shape, dtype or device fails the backward with EBB_EINVAL naming the node). A post-accumulate
+ * hook of a leaf runs after .grad was updated (ebb_tensor_grad gives the new value): an optimizer
+ * step can run there. Several hooks of one kind run in registration order. A hook returning an
+ * error fails the backward with that status, its message kept. Hooks run on the thread of the
+ * backward with grad mode off; they must not register or remove hooks of the tensor being
+ * processed. A hook stays registered as long as its tensor's graph (non-leaf) or the tensor
+ * (leaf) lives, or until removed. EBB_EINVAL: NULL t or fn, a tensor that does not require a
+ * gradient, a post-accumulate hook on a non-leaf. */
+typedef ebb_status (*ebb_tensor_hook_fn)(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user);
+typedef ebb_status (*ebb_post_accumulate_hook_fn)(const ebb_tensor_t *t, void *user);
+typedef struct ebb_hook_handle {
+  uint64_t id; /* 0: none */
+} ebb_hook_handle;
+EBB_API ebb_status ebb_tensor_register_hook(ebb_tensor_t *t, ebb_tensor_hook_fn fn, void *user, ebb_hook_handle *out);
+EBB_API ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb_post_accumulate_hook_fn fn, void *user,
+                                                            ebb_hook_handle *out);
+/* Removes a hook: it does not run again (a backward running on another thread may still call it
+ * once). EBB_EINVAL for a handle removed already, one whose tensor's graph is gone, or one never
+ * returned. */
+EBB_API ebb_status ebb_hook_remove(ebb_hook_handle handle);
 
 /* Nodes alive in the process, for leak checks in tests. */
 EBB_API long ebb_autograd_live_nodes(void);

@@ -1,0 +1,149 @@
+/* hooks.c: tensor hooks and post-accumulate hooks, their registry of removable handles.
+ *
+ * A hook lives in its owner's list: a non-leaf tensor's hooks on its grad_fn (they watch one of
+ * the node's outputs), a leaf's on its meta. Handles are ids in one registry (id -> hook), so a
+ * handle whose hook is gone (removed, or its owner freed) is found missing rather than read as
+ * freed memory. Registration, removal and the owners' frees take ebb__hook_mu; the engine walks a
+ * list without it: hooks are only appended (a release store of the link) and a removed hook stays
+ * in the list, marked, until its owner goes, which no backward can overlap (a backward holds the
+ * graph).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd_impl.h"
+#include "ebb/ops.h"
+#include "ebb_internal.h"
+
+static ebb_mutex ebb__hook_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.hooks", EBB_RANK_LEAF};
+static struct ebb__hook **ebb__reg; /* registered hooks (ebb__hook_mu), in no order */
+static size_t ebb__nreg, ebb__capreg;
+static uint64_t ebb__next_hook_id = 1;
+
+/* Adds h to the registry and appends it to *list. Lock held. */
+static bool ebb__hook_add_locked(struct ebb__hook **list, struct ebb__hook *h) {
+  if (ebb__nreg == ebb__capreg) {
+    size_t nc = ebb__capreg ? ebb__capreg * 2 : 16;
+    struct ebb__hook **nr = realloc(ebb__reg, nc * sizeof *nr);
+    if (!nr) return false;
+    ebb__reg = nr;
+    ebb__capreg = nc;
+  }
+  ebb__reg[ebb__nreg++] = h;
+  h->id = ebb__next_hook_id++;
+  while (*list) list = &(*list)->next;
+  *list = h;
+  return true;
+}
+
+static void ebb__unregister_locked(const struct ebb__hook *h) {
+  for (size_t i = 0; i < ebb__nreg; i++)
+    if (ebb__reg[i] == h) {
+      ebb__reg[i] = ebb__reg[--ebb__nreg];
+      return;
+    }
+}
+
+void ebb__hooks_free(struct ebb__hook *h) {
+  if (!h) return;
+  ebb__mutex_lock(&ebb__hook_mu);
+  while (h) {
+    struct ebb__hook *next = h->next;
+    if (!h->removed) ebb__unregister_locked(h);
+    free(h);
+    h = next;
+  }
+  ebb__mutex_unlock(&ebb__hook_mu);
+}
+
+static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_tensor_hook_fn f, ebb_post_accumulate_hook_fn post,
+                                void *user, ebb_hook_handle *out) {
+  ebb_status st = ebb__tensor_check(t, fn, "t");
+  if (st) return st;
+  if (!f && !post) return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a hook function", fn);
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a hook handle to fill", fn);
+  struct ebb__meta *m = ebb__meta_of(t);
+  if (!m || !m->requires_grad)
+    return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient, so no gradient will reach a hook; expected a tensor "
+                     "that requires one", fn);
+  if (kind == EBB__HOOK_POST_ACC && m->grad_fn)
+    return ebb__fail(EBB_EINVAL, "%s: the tensor was produced by %s; post-accumulate hooks are for leaves (their .grad)", fn,
+                     ebb__node_name_of(m->grad_fn));
+  struct ebb__hook *h = calloc(1, sizeof *h);
+  if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a hook", fn);
+  *h = (struct ebb__hook){.kind = kind, .output_nr = m->grad_fn ? m->output_nr : 0, .fn = f, .post = post, .user = user};
+  ebb__mutex_lock(&ebb__hook_mu);
+  bool ok = ebb__hook_add_locked(m->grad_fn ? &m->grad_fn->hooks : &m->hooks, h);
+  uint64_t id = h->id;
+  ebb__mutex_unlock(&ebb__hook_mu);
+  if (!ok) {
+    free(h);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the hook registry", fn);
+  }
+  out->id = id;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_register_hook(ebb_tensor_t *t, ebb_tensor_hook_fn fn, void *user, ebb_hook_handle *out) {
+  return ebb__register("ebb_tensor_register_hook", t, EBB__HOOK_TENSOR, fn, NULL, user, out);
+}
+
+ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb_post_accumulate_hook_fn fn, void *user, ebb_hook_handle *out) {
+  return ebb__register("ebb_tensor_register_post_accumulate_hook", t, EBB__HOOK_POST_ACC, NULL, fn, user, out);
+}
+
+ebb_status ebb_hook_remove(ebb_hook_handle handle) {
+  ebb__mutex_lock(&ebb__hook_mu);
+  struct ebb__hook *h = NULL;
+  for (size_t i = 0; i < ebb__nreg && !h; i++)
+    if (ebb__reg[i]->id == handle.id) h = ebb__reg[i];
+  if (h) {
+    h->removed = true;
+    ebb__unregister_locked(h);
+  }
+  ebb__mutex_unlock(&ebb__hook_mu);
+  if (!h)
+    return ebb__fail(EBB_EINVAL, "ebb_hook_remove: hook %llu is not registered: removed already, its tensor's graph is gone, or "
+                     "never returned by a register call", (unsigned long long)handle.id);
+  return EBB_OK;
+}
+
+ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
+  for (; h; h = h->next) {
+    if (h->kind != EBB__HOOK_TENSOR || h->output_nr != output_nr || h->removed || !*grad) continue;
+    ebb_tensor_t *rep = NULL;
+    ebb_status st = h->fn(*grad, &rep, h->user);
+    if (st) {
+      if (rep) ebb_tensor_release(rep);
+      return ebb__fail(st, "%s: a tensor hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, who, ebb_last_error());
+    }
+    if (!rep) continue;
+    ebb_tensor_info a, b;
+    st = ebb_tensor_get_info(rep, &b);
+    if (!st) st = ebb_tensor_get_info(*grad, &a);
+    if (!st && (a.ndim != b.ndim || memcmp(a.shape, b.shape, sizeof(int64_t) * (size_t)a.ndim) != 0 || a.dtype != b.dtype ||
+                a.device != b.device)) {
+      ebb_tensor_release(rep);
+      return ebb__fail(EBB_EINVAL, "%s: a tensor hook (hook %llu) of %s replaced a gradient of %d dims, %s, device %d with one of %d "
+                       "dims, %s, device %d; expected the same shape, dtype and device", fn, (unsigned long long)h->id, who, a.ndim,
+                       ebb_dtype_name(a.dtype), a.device, b.ndim, ebb_dtype_name(b.dtype), b.device);
+    }
+    if (st) {
+      ebb_tensor_release(rep);
+      return st;
+    }
+    ebb_tensor_release(*grad);
+    *grad = rep;
+  }
+  return EBB_OK;
+}
+
+ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t) {
+  for (; h; h = h->next) {
+    if (h->kind != EBB__HOOK_POST_ACC || h->removed) continue;
+    ebb_status st = h->post(t, h->user);
+    if (st)
+      return ebb__fail(st, "%s: a post-accumulate hook (hook %llu) failed: %s", fn, (unsigned long long)h->id, ebb_last_error());
+  }
+  return EBB_OK;
+}

@@ -1,0 +1,141 @@
+// Tensor hooks and post-accumulate hooks (ebb/autograd.h): when they run, what they see, what a
+// replacement does, their order around a leaf, removal, and bad input.
+#include <string>
+#include <vector>
+
+#include "ebb/autograd.h"
+#include "tensor_test_util.hpp"
+
+using namespace ebb_test;
+
+namespace {
+
+std::vector<std::string> g_log;
+
+struct Seen {
+  std::string tag;
+  std::vector<double> grad;
+  double scale = 1.0;  // != 1: replace the gradient with grad * scale
+};
+
+ebb_status tensor_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
+  auto *s = static_cast<Seen *>(user);
+  g_log.push_back(s->tag);
+  s->grad = read(grad);
+  if (s->scale != 1.0) return ebb_op_mul_scalar(grad, s->scale, replace);
+  return EBB_OK;
+}
+
+ebb_status post_hook(const ebb_tensor_t *t, void *user) {
+  auto *s = static_cast<Seen *>(user);
+  g_log.push_back(s->tag);
+  Tensor g;
+  ebb_status st = ebb_tensor_grad(t, g.out());
+  if (!st) s->grad = read(g);
+  return st;
+}
+
+// Fails with a message of ebb's own (a public call given NULL).
+ebb_status failing_hook(const ebb_tensor_t *, ebb_tensor_t **, void *) { return ebb_tensor_set_requires_grad(nullptr, true); }
+
+ebb_status wrong_shape_hook(const ebb_tensor_t *, ebb_tensor_t **replace, void *) {
+  const int64_t n = 7;
+  return ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_F64, 1, &n, replace);
+}
+
+Tensor leaf(std::vector<double> v) {
+  Tensor t = make(EBB_DEVICE_CPU, EBB_F64, {static_cast<int64_t>(v.size())}, v);
+  REQUIRE(ebb_tensor_set_requires_grad(t, true) == EBB_OK);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("hooks: a non-leaf's hook sees its summed gradient and may replace it; a leaf's order is hook, .grad, post hook",
+          "[autograd][hooks]") {
+  EbbSession session;
+  g_log.clear();
+  Tensor x = leaf({1, 2, 3}), y, z, l;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 2.0, y.out()));
+  EBB_REQUIRE_OK(ebb_op_add(y, y, z.out()));  // y used twice: its hook sees the sum
+  EBB_REQUIRE_OK(ebb_op_sum(z, nullptr, 0, false, l.out()));
+  Seen on_y{"y", {}, 10.0}, on_x{"x", {}}, post_x{"post", {}};
+  ebb_hook_handle hy, hx, hp;
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(y, tensor_hook, &on_y, &hy));
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(x, tensor_hook, &on_x, &hx));
+  EBB_REQUIRE_OK(ebb_tensor_register_post_accumulate_hook(x, post_hook, &post_x, &hp));
+  const ebb_tensor_t *r[1] = {l.get()};
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, nullptr, 0));
+  CHECK(on_y.grad == std::vector<double>{2, 2, 2});      // 1 + 1 from the two uses
+  CHECK(on_x.grad == std::vector<double>{40, 40, 40});   // replaced by 10x, then * 2
+  CHECK(post_x.grad == std::vector<double>{40, 40, 40}); // .grad already updated
+  CHECK(g_log == std::vector<std::string>{"y", "x", "post"});
+  // Removed hooks do not run; removing twice is refused.
+  EBB_REQUIRE_OK(ebb_hook_remove(hy));
+  EBB_CHECK_FAILS(ebb_hook_remove(hy), EBB_EINVAL, "is not registered");
+  g_log.clear();
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+  CHECK(g_log == std::vector<std::string>{"x", "post"});
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(x, g.out()));
+  CHECK(read(g) == std::vector<double>{44, 44, 44});  // 40 + 4
+  // A hook whose graph is gone: its handle reads as removed.
+  l.reset();
+  z.reset();
+  ebb_hook_handle gone = {0};
+  {
+    Tensor w;
+    EBB_REQUIRE_OK(ebb_op_exp(x, w.out()));
+    EBB_REQUIRE_OK(ebb_tensor_register_hook(w, tensor_hook, &on_y, &gone));
+  }
+  EBB_CHECK_FAILS(ebb_hook_remove(gone), EBB_EINVAL, "is not registered");
+  EBB_REQUIRE_OK(ebb_hook_remove(hx));
+  EBB_REQUIRE_OK(ebb_hook_remove(hp));
+}
+
+TEST_CASE("hooks: ebb_grad captures a leaf's gradient after its hooks", "[autograd][hooks]") {
+  EbbSession session;
+  Tensor x = leaf({1, 2}), y, l;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 3.0, y.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+  Seen on_x{"x", {}, 2.0};
+  ebb_hook_handle h;
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(x, tensor_hook, &on_x, &h));
+  const ebb_tensor_t *r[1] = {l.get()}, *in[1] = {x.get()};
+  ebb_tensor_t *g[1] = {nullptr};
+  EBB_REQUIRE_OK(ebb_grad(r, nullptr, 1, in, 1, false, false, g));
+  Tensor gt(g[0]);
+  CHECK(read(gt) == std::vector<double>{6, 6});
+  Tensor none;
+  EBB_REQUIRE_OK(ebb_tensor_grad(x, none.out()));
+  CHECK(none.get() == nullptr);
+}
+
+TEST_CASE("hooks: bad input and failing hooks are named; the engine carries on", "[autograd][hooks][errors]") {
+  EbbSession session;
+  Tensor x = leaf({1, 2}), plain = make(EBB_DEVICE_CPU, EBB_F64, {2}, {1, 2}), y, l;
+  ebb_hook_handle h;
+  Seen s{"s", {}};
+  EBB_CHECK_FAILS(ebb_tensor_register_hook(plain, tensor_hook, &s, &h), EBB_EINVAL, "does not require a gradient");
+  EBB_CHECK_FAILS(ebb_tensor_register_hook(x, nullptr, &s, &h), EBB_EINVAL, "fn is NULL");
+  EBB_CHECK_FAILS(ebb_tensor_register_hook(nullptr, tensor_hook, &s, &h), EBB_EINVAL, "ebb_tensor_register_hook: ");
+  EBB_REQUIRE_OK(ebb_op_exp(x, y.out()));
+  EBB_CHECK_FAILS(ebb_tensor_register_post_accumulate_hook(y, post_hook, &s, &h), EBB_EINVAL, "produced by ExpBackward");
+  EBB_CHECK_FAILS(ebb_hook_remove(ebb_hook_handle{987654321}), EBB_EINVAL, "is not registered");
+  EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+  const ebb_tensor_t *r[1] = {l.get()};
+  // A replacement of the wrong shape names the node whose gradient it was.
+  ebb_hook_handle bad;
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(y, wrong_shape_hook, nullptr, &bad));
+  EBB_CHECK_FAILS(ebb_backward(r, nullptr, 1, true, nullptr, 0), EBB_EINVAL, "of ExpBackward replaced a gradient of 1 dims");
+  EBB_REQUIRE_OK(ebb_hook_remove(bad));
+  // A failing hook: its status and message reach the caller.
+  ebb_hook_handle fail;
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(y, failing_hook, nullptr, &fail));
+  EBB_CHECK_FAILS(ebb_backward(r, nullptr, 1, true, nullptr, 0), EBB_EINVAL, "ebb_tensor_set_requires_grad: t is NULL");
+  EBB_REQUIRE_OK(ebb_hook_remove(fail));
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(x, g.out()));
+  REQUIRE(g.get() != nullptr);
+}
