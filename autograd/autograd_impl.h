@@ -42,11 +42,12 @@ struct ebb__meta {
   ebb_mutex grad_mu;         /* .grad's updates (rank EBB_RANK_AG_GRAD: held across ops) */
   ebb_tensor_t *grad;        /* .grad: owned, NULL until a backward reaches it */
   struct ebb__hook *hooks;   /* a leaf's tensor and post-accumulate hooks, under ebb__hook_mu */
+  struct ebb__hook *retain;  /* a non-leaf's retain_grad hook (in its grad_fn's list), or NULL */
 };
 
 /* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its
  * list (marked) until its owner goes, so a backward walking the list never meets freed memory. */
-enum { EBB__HOOK_TENSOR = 0, EBB__HOOK_POST_ACC = 1 };
+enum { EBB__HOOK_TENSOR = 0, EBB__HOOK_POST_ACC = 1, EBB__HOOK_RETAIN = 2 };
 struct ebb__hook {
   uint64_t id;
   int kind;
@@ -65,6 +66,9 @@ struct ebb__hook {
 EBB_HIDDEN ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad);
 /* Runs the post-accumulate hooks of a leaf (meta m, handle t). */
 EBB_HIDDEN ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t);
+/* Ends a non-leaf's retain_grad hook as its meta goes (the hook stays in the node's list,
+ * marked removed, never reading the meta again). */
+EBB_HIDDEN void ebb__retain_end(struct ebb__meta *m);
 /* Frees a hook list (its owner is going): the hooks leave the registry, so their handles read as
  * removed. */
 EBB_HIDDEN void ebb__hooks_free(struct ebb__hook *h);

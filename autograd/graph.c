@@ -49,6 +49,7 @@ struct ebb__meta *ebb__meta_new(ebb_tensor_t *t) {
 }
 
 static void ebb__meta_free(struct ebb__meta *m) {
+  ebb__retain_end(m);
   ebb__hooks_free(m->hooks);
   if (m->grad) ebb_tensor_release(m->grad);
   ebb__mutex_destroy(&m->grad_mu);

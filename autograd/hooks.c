@@ -108,9 +108,53 @@ ebb_status ebb_hook_remove(ebb_hook_handle handle) {
   return EBB_OK;
 }
 
-ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
+/* retain_grad's hook: the non-leaf's .grad gets the gradient (a copy, then sums in place). */
+static ebb_status ebb__retain_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
+  (void)replace;
+  struct ebb__meta *m = user;
+  ebb_status st;
+  ebb__mutex_lock(&m->grad_mu);
+  st = m->grad ? ebb_op_add_(m->grad, grad) : ebb_tensor_clone(grad, &m->grad);
+  ebb__mutex_unlock(&m->grad_mu);
+  return st;
+}
+
+ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
+  static const char fn[] = "ebb_tensor_retain_grad";
+  ebb_status st = ebb__tensor_check(t, fn, "t");
+  if (st) return st;
+  struct ebb__meta *m = ebb__meta_of(t);
+  if (!m || !m->requires_grad)
+    return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient; expected a tensor computed from one that does", fn);
+  if (!m->grad_fn || m->retain) return EBB_OK; /* a leaf keeps its .grad anyway; twice is once */
+  struct ebb__hook *h = calloc(1, sizeof *h);
+  if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the hook", fn);
+  *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = m->output_nr, .fn = ebb__retain_hook, .user = m};
+  ebb__mutex_lock(&ebb__hook_mu);
+  bool ok = ebb__hook_add_locked(&m->grad_fn->hooks, h);
+  if (ok) m->retain = h;
+  ebb__mutex_unlock(&ebb__hook_mu);
+  if (!ok) {
+    free(h);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the hook registry", fn);
+  }
+  return EBB_OK;
+}
+
+void ebb__retain_end(struct ebb__meta *m) {
+  if (!m->retain) return;
+  ebb__mutex_lock(&ebb__hook_mu);
+  if (!m->retain->removed) ebb__unregister_locked(m->retain);
+  m->retain->removed = true;
+  m->retain->user = NULL;
+  ebb__mutex_unlock(&ebb__hook_mu);
+  m->retain = NULL;
+}
+
+/* One pass over the list for hooks of `kind`. */
+static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hook *h, int kind, int output_nr, ebb_tensor_t **grad) {
   for (; h; h = h->next) {
-    if (h->kind != EBB__HOOK_TENSOR || h->output_nr != output_nr || h->removed || !*grad) continue;
+    if (h->kind != kind || h->output_nr != output_nr || h->removed || !*grad) continue;
     ebb_tensor_t *rep = NULL;
     ebb_status st = h->fn(*grad, &rep, h->user);
     if (st) {
@@ -136,6 +180,12 @@ ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__ho
     *grad = rep;
   }
   return EBB_OK;
+}
+
+ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
+  /* retain_grad sees the gradient after every other tensor hook (PyTorch's order). */
+  ebb_status st = ebb__run_kind(fn, who, h, EBB__HOOK_TENSOR, output_nr, grad);
+  return st ? st : ebb__run_kind(fn, who, h, EBB__HOOK_RETAIN, output_nr, grad);
 }
 
 ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t) {

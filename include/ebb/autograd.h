@@ -11,7 +11,7 @@
  *
  * Status of this header: the graph is recorded and can be inspected, and the engine runs a
  * backward on the calling thread (CPU tensors and one device), with tensor and post-accumulate
- * hooks. Not yet: node, multi-grad and logging hooks, retain_grad, in-place ops on tensors that
+ * hooks and retain_grad. Not yet: node, multi-grad and logging hooks, in-place ops on tensors that
  * require gradients (ebb_op_add_, ebb_tensor_copy_, ... are refused with grad mode on),
  * create_graph (a backward records nothing), non-leaf inputs to ebb_backward, the multi-device
  * engine (issues 20 and 21).
@@ -129,6 +129,10 @@ typedef struct ebb_hook_handle {
 EBB_API ebb_status ebb_tensor_register_hook(ebb_tensor_t *t, ebb_tensor_hook_fn fn, void *user, ebb_hook_handle *out);
 EBB_API ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb_post_accumulate_hook_fn fn, void *user,
                                                             ebb_hook_handle *out);
+/* Makes a non-leaf keep its gradient in .grad (ebb_tensor_grad) at each backward, summed over
+ * backward calls like a leaf's, seen after its other tensor hooks. A leaf: nothing to do; twice:
+ * once. EBB_EINVAL for a tensor that does not require a gradient. */
+EBB_API ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t);
 /* Removes a hook: it does not run again (a backward running on another thread may still call it
  * once). EBB_EINVAL for a handle removed already, one whose tensor's graph is gone, or one never
  * returned. */

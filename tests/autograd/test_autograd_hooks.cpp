@@ -139,3 +139,41 @@ TEST_CASE("hooks: bad input and failing hooks are named; the engine carries on",
   EBB_REQUIRE_OK(ebb_tensor_grad(x, g.out()));
   REQUIRE(g.get() != nullptr);
 }
+
+TEST_CASE("hooks: retain_grad keeps a non-leaf's gradient, after its other hooks, summed over backward calls",
+          "[autograd][hooks][retain_grad]") {
+  EbbSession session;
+  Tensor x = leaf({1, 2}), y, z, l;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 3.0, y.out()));
+  EBB_REQUIRE_OK(ebb_op_mul(y, y, z.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(z, nullptr, 0, false, l.out()));
+  EBB_REQUIRE_OK(ebb_tensor_retain_grad(y));
+  EBB_REQUIRE_OK(ebb_tensor_retain_grad(y));  // twice is once
+  EBB_REQUIRE_OK(ebb_tensor_retain_grad(x));  // a leaf: nothing to do
+  Seen doubler{"double", {}, 2.0};
+  ebb_hook_handle h;
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(y, tensor_hook, &doubler, &h));  // registered later, runs first
+  const ebb_tensor_t *r[1] = {l.get()};
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, nullptr, 0));
+  Tensor gy;
+  EBB_REQUIRE_OK(ebb_tensor_grad(y, gy.out()));
+  REQUIRE(gy.get() != nullptr);
+  CHECK(read(gy) == std::vector<double>{12, 24});  // 2y = (6, 12), doubled by the hook first
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+  EBB_REQUIRE_OK(ebb_tensor_grad(y, gy.out()));
+  CHECK(read(gy) == std::vector<double>{24, 48});
+  // Without retain_grad a non-leaf has no .grad.
+  Tensor gz;
+  EBB_REQUIRE_OK(ebb_tensor_grad(z, gz.out()));
+  CHECK(gz.get() == nullptr);
+  // The retained tensor released before a backward: the graph still runs, nothing is written.
+  Tensor y2, l2;
+  EBB_REQUIRE_OK(ebb_op_exp(x, y2.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(y2, nullptr, 0, false, l2.out()));
+  EBB_REQUIRE_OK(ebb_tensor_retain_grad(y2));
+  y2.reset();
+  const ebb_tensor_t *r2[1] = {l2.get()};
+  EBB_REQUIRE_OK(ebb_backward(r2, nullptr, 1, false, nullptr, 0));
+  Tensor plain = make(EBB_DEVICE_CPU, EBB_F64, {1}, {1.0});
+  EBB_CHECK_FAILS(ebb_tensor_retain_grad(plain), EBB_EINVAL, "does not require a gradient");
+}
