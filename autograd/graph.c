@@ -163,6 +163,7 @@ ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node *
 static void ebb__ag_released(ebb_tensor_t *t, void *slot) {
   (void)t;
   struct ebb__meta *m = slot;
+  ebb__retain_end(m); /* before its node (whose list holds the retain hook) may go */
   ebb__node_unref(m->grad_fn);
   ebb__meta_free(m);
 }
