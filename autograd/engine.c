@@ -18,123 +18,180 @@
 #include "ebb/ops.h"
 #include "ebb_internal.h"
 
-/* One node of the task. */
+/* One node of the task. Task nodes live in one array and are named by their index: the array
+ * grows while the graph is found, and indices survive that where pointers would not. */
 struct ebb__tnode {
   struct ebb_node *n;
   int deps;             /* incoming edges from nodes of the task not yet run */
+  int edge0;            /* its next edges' task indices start at task.edges[edge0] (-1: none) */
   bool needed;          /* runs (or, for a capture-only node, is reached) */
   bool run;             /* its backward runs (else only captured) */
-  ebb_tensor_t **buf;   /* [max(nout, 1)]: summed gradients of its outputs (AccumulateGrad: [1]) */
-  ebb_tensor_t *buf_inline[2]; /* buf for up to two outputs: no allocation per node */
   int capture;          /* ebb_grad: index into the results (+1), 0: none; for its input_nr */
   int capture_nr;
+  ebb_tensor_t *buf_inline[2]; /* summed gradients of its outputs, for up to two (AccumulateGrad: [0]) */
+  ebb_tensor_t **buf_heap;     /* the same for a node of more outputs, allocated on first use */
 };
 
 struct ebb__task {
   const char *fn;
-  struct ebb__tnode *nodes; /* open addressing on the node's address */
+  struct ebb__tnode *nodes; /* [count] of cap */
   size_t cap, count;
+  int *hash;                /* open addressing on the node's address: index + 1, 0 empty */
+  size_t hcap;
+  int *edges;               /* the next edges of every task node, as task indices (-1: not in the task) */
+  size_t nedges, capedges;
   ebb_tensor_t **results;   /* ebb_grad: [ninputs] */
 };
 
+/* The next edges a node has in the graph walk (AccumulateGrad has none). */
+static int ebb__nedges(const struct ebb_node *n) { return n->op < 0 ? 0 : n->nin; }
+
+/* The input buffer of task node x: one slot per output (AccumulateGrad: one); NULL when x has
+ * more than two outputs and none has a gradient yet. */
+static ebb_tensor_t **ebb__bufs(struct ebb__tnode *x) { return x->n->nout > 2 ? x->buf_heap : x->buf_inline; }
+static int ebb__nbufs(const struct ebb__tnode *x) { return x->n->nout > 0 ? x->n->nout : 1; }
+
 static size_t ebb__hash(const struct ebb_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull); }
 
-/* The task's entry of n, added when `add`; NULL without memory (or when not found). */
-static struct ebb__tnode *ebb__tfind(struct ebb__task *t, struct ebb_node *n, bool add) {
-  if (add && (t->count + 1) * 2 > t->cap) {
+/* The task index of n, or -1. */
+static int ebb__tfind(const struct ebb__task *t, const struct ebb_node *n) {
+  if (!t->hcap) return -1;
+  for (size_t j = ebb__hash(n) & (t->hcap - 1);; j = (j + 1) & (t->hcap - 1)) {
+    int i = t->hash[j] - 1;
+    if (i < 0 || t->nodes[i].n == n) return i;
+  }
+}
+
+/* The task index of n, added (deps 0, nothing marked) if it is not there; *added says which.
+ * -1 without memory. */
+static int ebb__tadd(struct ebb__task *t, struct ebb_node *n, bool *added) {
+  *added = false;
+  int i = ebb__tfind(t, n);
+  if (i >= 0) return i;
+  if (t->count == t->cap) {
     size_t nc = t->cap ? t->cap * 2 : 64;
-    struct ebb__tnode *nn = calloc(nc, sizeof *nn);
-    if (!nn) return NULL;
-    for (size_t i = 0; i < t->cap; i++) {
-      if (!t->nodes[i].n) continue;
-      size_t j = ebb__hash(t->nodes[i].n) & (nc - 1);
-      while (nn[j].n) j = (j + 1) & (nc - 1);
-      nn[j] = t->nodes[i];
-      if (t->nodes[i].buf == t->nodes[i].buf_inline) nn[j].buf = nn[j].buf_inline; /* (moved with it) */
-    }
-    free(t->nodes);
+    struct ebb__tnode *nn = realloc(t->nodes, nc * sizeof *nn);
+    if (!nn) return -1;
     t->nodes = nn;
     t->cap = nc;
   }
-  if (!t->cap) return NULL;
-  size_t j = ebb__hash(n) & (t->cap - 1);
-  while (t->nodes[j].n && t->nodes[j].n != n) j = (j + 1) & (t->cap - 1);
-  if (t->nodes[j].n) return &t->nodes[j];
-  if (!add) return NULL;
-  t->nodes[j].n = n;
-  t->count++;
-  return &t->nodes[j];
+  if ((t->count + 1) * 2 > t->hcap) { /* at most half full: short probes */
+    size_t nc = t->hcap ? t->hcap * 2 : 128;
+    int *nh = calloc(nc, sizeof *nh);
+    if (!nh) return -1;
+    for (size_t k = 0; k < t->count; k++) {
+      size_t j = ebb__hash(t->nodes[k].n) & (nc - 1);
+      while (nh[j]) j = (j + 1) & (nc - 1);
+      nh[j] = (int)k + 1;
+    }
+    free(t->hash);
+    t->hash = nh;
+    t->hcap = nc;
+  }
+  size_t j = ebb__hash(n) & (t->hcap - 1);
+  while (t->hash[j]) j = (j + 1) & (t->hcap - 1);
+  i = (int)t->count++;
+  t->hash[j] = i + 1;
+  t->nodes[i] = (struct ebb__tnode){.n = n, .edge0 = -1};
+  *added = true;
+  return i;
 }
 
 static void ebb__task_free(struct ebb__task *t) {
-  for (size_t i = 0; i < t->cap; i++) {
+  for (size_t i = 0; i < t->count; i++) {
     struct ebb__tnode *x = &t->nodes[i];
-    if (!x->n || !x->buf) continue;
-    int nb = x->n->nout > 0 ? x->n->nout : 1;
-    for (int k = 0; k < nb; k++)
-      if (x->buf[k]) ebb_tensor_release(x->buf[k]);
-    if (x->buf != x->buf_inline) free(x->buf);
+    ebb_tensor_t **b = ebb__bufs(x);
+    for (int k = 0; b && k < ebb__nbufs(x); k++)
+      if (b[k]) ebb_tensor_release(b[k]);
+    free(x->buf_heap);
   }
   free(t->nodes);
+  free(t->hash);
+  free(t->edges);
 }
 
 /* Adds g (a new reference, consumed) into slot k of x's buffer. */
 static ebb_status ebb__buf_add(struct ebb__tnode *x, int k, ebb_tensor_t *g) {
-  int nb = x->n->nout > 0 ? x->n->nout : 1;
-  if (!x->buf && nb <= 2) x->buf = x->buf_inline;
-  if (!x->buf && !(x->buf = calloc((size_t)nb, sizeof *x->buf))) {
+  if (x->n->nout > 2 && !x->buf_heap && !(x->buf_heap = calloc((size_t)x->n->nout, sizeof *x->buf_heap))) {
     ebb_tensor_release(g);
     return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
   }
-  if (!x->buf[k]) {
-    x->buf[k] = g;
+  ebb_tensor_t **b = ebb__bufs(x);
+  if (!b[k]) {
+    b[k] = g;
     return EBB_OK;
   }
-  /* In place when nothing else sees the buffer's tensor and g has its shape and dtype. */
+  /* In place when nothing else sees one of the two and they have one shape and dtype: into the
+   * buffer's tensor, or into g, which then becomes the buffer. */
   ebb__tensor_meta bm;
-  if (ebb__tensor_exclusive(x->buf[k]) && (ebb__tensor_meta_of(x->buf[k], &bm), ebb__tensor_matches(g, &bm))) {
-    ebb_status st = ebb_op_add_(x->buf[k], g);
-    ebb_tensor_release(g);
-    return st;
+  ebb__tensor_meta_of(b[k], &bm);
+  if (ebb__tensor_matches(g, &bm)) {
+    if (ebb__tensor_exclusive(b[k])) {
+      ebb_status st = ebb__lean_add_(b[k], g);
+      ebb_tensor_release(g);
+      return st;
+    }
+    if (ebb__tensor_exclusive(g)) {
+      ebb_status st = ebb__lean_add_(g, b[k]);
+      ebb_tensor_release(st ? g : b[k]);
+      if (!st) b[k] = g;
+      return st;
+    }
   }
   ebb_tensor_t *sum = NULL;
-  ebb_status st = ebb_op_add(x->buf[k], g, &sum);
+  ebb_status st = ebb_op_add(b[k], g, &sum);
   ebb_tensor_release(g);
   if (st) return st;
-  ebb_tensor_release(x->buf[k]);
-  x->buf[k] = sum;
+  ebb_tensor_release(b[k]);
+  b[k] = sum;
   return EBB_OK;
 }
 
 /* ---- finding the graph -------------------------------------------------------------------- */
 
-/* Every node reachable from the roots, with its incoming-edge count. */
+/* Every node reachable from the roots, with its incoming-edge count and its next edges as task
+ * indices (so running the task never looks a node up again). */
 static ebb_status ebb__discover(struct ebb__task *t, struct ebb_node *const *roots, int nroots) {
   size_t cap = 64, depth = 0;
-  struct ebb_node **stack = malloc(cap * sizeof *stack);
+  int *stack = malloc(cap * sizeof *stack);
   if (!stack) return ebb__fail(EBB_ENOMEM, "%s: no host memory to walk the graph", t->fn);
-  for (int i = 0; i < nroots; i++) {
-    struct ebb__tnode *x = ebb__tfind(t, roots[i], false);
-    if (x) continue;
-    if (!ebb__tfind(t, roots[i], true)) goto oom;
-    stack[depth++] = roots[i];
+  for (int r = 0; r < nroots; r++) {
+    bool added;
+    int ri = ebb__tadd(t, roots[r], &added);
+    if (ri < 0) goto oom;
+    if (!added) continue;
+    stack[depth++] = ri;
     while (depth) {
-      struct ebb_node *n = stack[--depth];
-      for (int e = 0; n->op >= 0 && e < n->nin; e++) {
+      int i = stack[--depth];
+      struct ebb_node *n = t->nodes[i].n;
+      int ne = ebb__nedges(n);
+      if (t->nedges + (size_t)ne > t->capedges) {
+        size_t nc = t->capedges ? t->capedges * 2 : 256;
+        while (nc < t->nedges + (size_t)ne) nc *= 2;
+        int *bigger = realloc(t->edges, nc * sizeof *bigger);
+        if (!bigger) goto oom;
+        t->edges = bigger;
+        t->capedges = nc;
+      }
+      t->nodes[i].edge0 = (int)t->nedges;
+      t->nedges += (size_t)ne;
+      for (int e = 0; e < ne; e++) {
         struct ebb_node *c = n->next[e].fn;
-        if (!c) continue;
-        struct ebb__tnode *cx = ebb__tfind(t, c, false);
-        if (!cx) {
-          if (!(cx = ebb__tfind(t, c, true))) goto oom;
-          if (depth == cap) {
-            struct ebb_node **bigger = realloc(stack, cap * 2 * sizeof *stack);
-            if (!bigger) goto oom;
-            stack = bigger;
-            cap *= 2;
+        int ci = -1;
+        if (c) {
+          if ((ci = ebb__tadd(t, c, &added)) < 0) goto oom;
+          if (added) {
+            if (depth == cap) {
+              int *bigger = realloc(stack, cap * 2 * sizeof *stack);
+              if (!bigger) goto oom;
+              stack = bigger;
+              cap *= 2;
+            }
+            stack[depth++] = ci;
           }
-          stack[depth++] = c;
+          t->nodes[ci].deps++;
         }
-        cx->deps++;
+        t->edges[t->nodes[i].edge0 + e] = ci;
       }
     }
   }
@@ -158,17 +215,13 @@ static int ebb__by_seq(const void *a, const void *b) {
 static ebb_status ebb__mark_needed(struct ebb__task *t) {
   struct ebb__tnode **order = malloc((t->count ? t->count : 1) * sizeof *order);
   if (!order) return ebb__fail(EBB_ENOMEM, "%s: no host memory to order the graph", t->fn);
-  size_t k = 0;
-  for (size_t i = 0; i < t->cap; i++)
-    if (t->nodes[i].n) order[k++] = &t->nodes[i];
-  qsort(order, k, sizeof *order, ebb__by_seq);
-  for (size_t i = 0; i < k; i++) {
+  for (size_t i = 0; i < t->count; i++) order[i] = &t->nodes[i];
+  qsort(order, t->count, sizeof *order, ebb__by_seq);
+  for (size_t i = 0; i < t->count; i++) {
     struct ebb__tnode *x = order[i];
-    if (x->n->op < 0) continue;
-    for (int e = 0; e < x->n->nin; e++) {
-      struct ebb_node *c = x->n->next[e].fn;
-      struct ebb__tnode *cx = c ? ebb__tfind(t, c, false) : NULL;
-      if (cx && cx->needed) x->run = true;
+    for (int e = 0; e < ebb__nedges(x->n); e++) {
+      int ci = t->edges[x->edge0 + e];
+      if (ci >= 0 && t->nodes[ci].needed) x->run = true;
     }
     if (x->run) x->needed = true;
   }
@@ -178,42 +231,48 @@ static ebb_status ebb__mark_needed(struct ebb__task *t) {
 
 /* ---- running nodes ------------------------------------------------------------------------ */
 
-/* A max-heap of ready nodes by sequence number. */
+/* A max-heap of ready task nodes by sequence number (the number kept beside the index, so a
+ * comparison does not chase the node). */
+struct ebb__ready {
+  uint64_t seq;
+  int i;
+};
 struct ebb__heap {
-  struct ebb__tnode **a;
+  struct ebb__ready *a;
   size_t n, cap;
 };
 
-static bool ebb__heap_push(struct ebb__heap *h, struct ebb__tnode *x) {
+static bool ebb__heap_push(struct ebb__heap *h, const struct ebb__task *t, int i) {
   if (h->n == h->cap) {
     size_t nc = h->cap ? h->cap * 2 : 64;
-    struct ebb__tnode **na = realloc(h->a, nc * sizeof *na);
+    struct ebb__ready *na = realloc(h->a, nc * sizeof *na);
     if (!na) return false;
     h->a = na;
     h->cap = nc;
   }
-  size_t i = h->n++;
-  while (i && h->a[(i - 1) / 2]->n->seq < x->n->seq) {
-    h->a[i] = h->a[(i - 1) / 2];
-    i = (i - 1) / 2;
+  struct ebb__ready x = {t->nodes[i].n->seq, i};
+  size_t k = h->n++;
+  while (k && h->a[(k - 1) / 2].seq < x.seq) {
+    h->a[k] = h->a[(k - 1) / 2];
+    k = (k - 1) / 2;
   }
-  h->a[i] = x;
+  h->a[k] = x;
   return true;
 }
 
-static struct ebb__tnode *ebb__heap_pop(struct ebb__heap *h) {
-  struct ebb__tnode *top = h->a[0], *last = h->a[--h->n];
-  size_t i = 0;
+static int ebb__heap_pop(struct ebb__heap *h) {
+  struct ebb__ready top = h->a[0], last = h->a[--h->n];
+  size_t k = 0;
   for (;;) {
-    size_t c = 2 * i + 1;
+    size_t c = 2 * k + 1;
     if (c >= h->n) break;
-    if (c + 1 < h->n && h->a[c + 1]->n->seq > h->a[c]->n->seq) c++;
-    if (h->a[c]->n->seq <= last->n->seq) break;
-    h->a[i] = h->a[c];
-    i = c;
+    if (c + 1 < h->n && h->a[c + 1].seq > h->a[c].seq) c++;
+    if (h->a[c].seq <= last.seq) break;
+    h->a[k] = h->a[c];
+    k = c;
   }
-  if (h->n) h->a[i] = last;
-  return top;
+  if (h->n) h->a[k] = last;
+  return top.i;
 }
 
 /* AccumulateGrad, under the leaf's lock: the first gradient becomes .grad, taken from the buffer
@@ -254,35 +313,37 @@ static ebb_status ebb__unpack(const struct ebb__task *t, const struct ebb_node *
 
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool retain, struct ebb__heap *ready) {
   struct ebb_node *n = x->n;
+  ebb_tensor_t **buf = ebb__bufs(x);
   ebb_status st = EBB_OK;
-  if (x->capture && !x->run && x->buf && x->buf[x->capture_nr]) {
+  if (x->capture && !x->run && buf && buf[x->capture_nr]) {
     /* A node only captured (not run): its tensor hooks still see the gradient first, as they
      * would before it ran (PyTorch's order for captures of nodes that do not execute). */
     struct ebb__hook *hl = n->op < 0 ? ebb__meta_of(n->leaf)->hooks : n->hooks;
     st = ebb__run_tensor_hooks(t->fn, n->op < 0 ? "a leaf" : ebb__node_name_of(n), hl, n->op < 0 ? 0 : x->capture_nr,
-                               &x->buf[x->capture_nr]);
+                               &buf[x->capture_nr]);
     if (st) return st;
   }
-  if (x->capture && x->buf && x->buf[x->capture_nr]) { /* ebb_grad: what reached this node's input */
-    ebb_tensor_retain(x->buf[x->capture_nr]);
-    t->results[x->capture - 1] = x->buf[x->capture_nr];
+  if (x->capture && buf && buf[x->capture_nr]) { /* ebb_grad: what reached this node's input */
+    ebb_tensor_retain(buf[x->capture_nr]);
+    t->results[x->capture - 1] = buf[x->capture_nr];
   }
   if (!x->run) return EBB_OK;
   if (n->op < 0) {
-    if (!x->buf || !x->buf[0]) return EBB_OK;
+    if (!buf[0]) return EBB_OK;
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
-    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &x->buf[0]);
+    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0]);
     if (st) return st;
-    st = ebb__accumulate(n, &x->buf[0]);
+    st = ebb__accumulate(n, &buf[0]);
     if (st) return ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
     return ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
   }
-  for (int k = 0; n->hooks && x->buf && k < n->nout && !st; k++)
-    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &x->buf[k]);
+  for (int k = 0; n->hooks && buf && k < n->nout && !st; k++)
+    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k]);
   if (st) return st;
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
+  const int *edges = t->edges + x->edge0;
   bool any = false;
-  for (int k = 0; x->buf && k < n->nout; k++) any |= x->buf[k] != NULL;
+  for (int k = 0; buf && k < n->nout; k++) any |= buf[k] != NULL;
   bool need_small[8] = {false}, *need = n->nin <= 8 ? need_small : calloc((size_t)n->nin, sizeof *need);
   ebb_tensor_t *gin_small[8] = {NULL}, **gin = n->nin <= 8 ? gin_small : calloc((size_t)n->nin, sizeof *gin);
   const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nin + n->nout <= 10 ? saved_small : calloc((size_t)(n->nin + n->nout), sizeof *saved);
@@ -293,14 +354,12 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
                      "expected retain_graph on that backward to go through the graph again",
                      t->fn, ebb__node_name_of(n), (unsigned long long)n->seq);
     for (int k = 0; !st && k < n->nin + n->nout; k++) st = ebb__unpack(t, n, k, &saved[k]);
-    for (int i = 0; !st && i < n->nin; i++) {
-      struct ebb_node *c = n->next[i].fn;
-      struct ebb__tnode *cx = c ? ebb__tfind(t, c, false) : NULL;
-      need[i] = cx && cx->needed;
-    }
+    for (int i = 0; !st && i < n->nin; i++) need[i] = edges[i] >= 0 && t->nodes[edges[i]].needed;
     if (!st) {
-      const ebb__bw_ctx ctx = {&n->args, n->in_meta, saved, saved + n->nin, n->nin, need};
-      const ebb_tensor_t *go[2] = {x->buf[0], n->nout > 1 ? x->buf[1] : NULL};
+      /* The buffers the engine holds alone: the backward may compute a gradient in them. */
+      bool mine[2] = {buf[0] && ebb__tensor_exclusive(buf[0]), n->nout > 1 && buf[1] && ebb__tensor_exclusive(buf[1])};
+      const ebb__bw_ctx ctx = {&n->args, n->in_meta, saved, saved + n->nin, n->nin, need, mine};
+      const ebb_tensor_t *go[2] = {buf[0], n->nout > 1 ? buf[1] : NULL};
       st = e->backward(&ctx, go, gin);
       if (st) st = ebb__fail(st, "%s: %s (node %llu) failed: %s", t->fn, ebb__node_name_of(n), (unsigned long long)n->seq, ebb_last_error());
     }
@@ -316,17 +375,24 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
                        ebb_dtype_name(gi.dtype), gi.device, m->ndim, ebb_dtype_name(m->dtype), m->device);
     }
   }
+  /* Its gradients are used up: freed now, not at the task's end (a backward holds only the
+   * buffers of nodes still waiting), and so a gradient returned in its own buffer is held once,
+   * and a producer that gets it may take the next sum into it in place. */
+  for (int k = 0; buf && k < n->nout; k++)
+    if (buf[k]) {
+      ebb_tensor_release(buf[k]);
+      buf[k] = NULL;
+    }
   /* Deliver (and count down the producers' dependencies, gradient or not). */
   for (int i = 0; gin && i < n->nin; i++) {
-    struct ebb_node *c = n->next[i].fn;
-    struct ebb__tnode *cx = c ? ebb__tfind(t, c, false) : NULL;
+    struct ebb__tnode *cx = edges[i] >= 0 ? &t->nodes[edges[i]] : NULL;
     if (!cx) {
       if (gin[i]) ebb_tensor_release(gin[i]);
       continue;
     }
     if (!st && gin[i]) st = ebb__buf_add(cx, n->next[i].input_nr, gin[i]);
     else if (gin[i]) ebb_tensor_release(gin[i]);
-    if (--cx->deps == 0 && cx->needed && !st && !ebb__heap_push(ready, cx))
+    if (--cx->deps == 0 && cx->needed && !st && !ebb__heap_push(ready, t, edges[i]))
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", t->fn);
   }
   if (gin != gin_small) free(gin);
@@ -419,7 +485,8 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     struct ebb_node *in = m->grad_fn;
     if (!in) in = ebb__grad_acc_peek(m); /* (under the lock its writers take) */
     int nr = m->grad_fn ? m->output_nr : 0;
-    struct ebb__tnode *x = in ? ebb__tfind(&t, in, false) : NULL;
+    int xi = in ? ebb__tfind(&t, in) : -1;
+    struct ebb__tnode *x = xi >= 0 ? &t.nodes[xi] : NULL;
     if (!x) {
       if (!accumulate && !allow_unused)
         st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] was not used to compute the roots; expected allow_unused to get no gradient for it", fn, i);
@@ -439,29 +506,25 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     }
   }
   if (!st && ninputs == 0)
-    for (size_t i = 0; i < t.cap; i++)
-      if (t.nodes[i].n) t.nodes[i].needed = t.nodes[i].run = true;
+    for (size_t i = 0; i < t.count; i++) t.nodes[i].needed = t.nodes[i].run = true;
   if (!st && ninputs > 0) st = ebb__mark_needed(&t);
   ebb_grad_set_enabled(false, &was); /* no graph of the backward (create_graph is not supported) */
   for (int i = 0; !st && i < nroots; i++) {
-    struct ebb__tnode *x = ebb__tfind(&t, rn[i], false);
-    st = ebb__buf_add(x, rnr[i], rg[i]);
+    st = ebb__buf_add(&t.nodes[ebb__tfind(&t, rn[i])], rnr[i], rg[i]);
     rg[i] = NULL;
   }
-  for (size_t i = 0; !st && i < t.cap; i++)
-    if (t.nodes[i].n && t.nodes[i].deps == 0 && t.nodes[i].needed && !ebb__heap_push(&ready, &t.nodes[i]))
+  for (size_t i = 0; !st && i < t.count; i++)
+    if (t.nodes[i].deps == 0 && t.nodes[i].needed && !ebb__heap_push(&ready, &t, (int)i))
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
   while (!st && ready.n) {
-    struct ebb__tnode *x = ebb__heap_pop(&ready);
+    struct ebb__tnode *x = &t.nodes[ebb__heap_pop(&ready)];
     st = ebb__run_node(&t, x, retain, &ready);
-    /* Its gradients are used up: freed now, not at the task's end (a backward holds only the
-     * buffers of nodes still waiting), and so a producer that got g itself may take the next sum
-     * into it in place. */
-    int nb = x->n->nout > 0 ? x->n->nout : 1;
-    for (int k = 0; x->buf && k < nb; k++)
-      if (x->buf[k]) {
-        ebb_tensor_release(x->buf[k]);
-        x->buf[k] = NULL;
+    /* What is left of its buffer (a node that only accumulated or was captured) goes now. */
+    ebb_tensor_t **b = ebb__bufs(x);
+    for (int k = 0; b && k < ebb__nbufs(x); k++)
+      if (b[k]) {
+        ebb_tensor_release(b[k]);
+        b[k] = NULL;
       }
   }
   for (int i = 0; !st && results && i < ninputs; i++)

@@ -45,10 +45,27 @@ static ebb_status ebb__fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb
   return EBB_OK;
 }
 
-/* grad * s, fitted to input 0. */
+/* Whether grad_out[k] is the engine's alone to write into (ebb__bw_ctx.go_mine) and has input
+ * m's shape, dtype and device, so a gradient for that input can be computed in it. */
+static bool ebb__reusable(const ebb__bw_ctx *c, int k, const ebb_tensor_t *g, const ebb__tensor_meta *m) {
+  return c->go_mine && c->go_mine[k] && ebb__tensor_matches(g, m);
+}
+
+/* g itself as a gradient: a new reference. */
+static ebb_tensor_t *ebb__keep(const ebb_tensor_t *g) {
+  atomic_fetch_add_explicit(&((ebb_tensor_t *)g)->refs, 1, memory_order_relaxed);
+  return (ebb_tensor_t *)g;
+}
+
+/* grad * s, fitted to input 0 (in grad itself when the engine gives it up). */
 static ebb_status ebb__scaled(const ebb__bw_ctx *c, const ebb_tensor_t *g, double s, ebb_tensor_t **gin) {
   if (!WANT(c, 0)) return EBB_OK;
   if (s == 1.0) return ebb__fit(&c->in[0], g, &gin[0]);
+  if (ebb__reusable(c, 0, g, &c->in[0])) {
+    ebb_status st = ebb__lean_scale_((ebb_tensor_t *)g, s);
+    if (!st) gin[0] = ebb__keep(g);
+    return st;
+  }
   ebb_tensor_t *t = NULL;
   ebb_status st = ebb_op_mul_scalar(g, s, &t);
   if (st) return st;
@@ -109,8 +126,22 @@ static ebb_status bw_sub(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, eb
   return ebb__drop(st, gin, 2);
 }
 
+/* With a gradient the engine gives up and no broadcasting (a, b and grad of one shape, dtype and
+ * device), one product is computed in grad itself: a chain of products allocates nothing. */
 static ebb_status bw_mul(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__two(ebb_op_mul_backward, c, go[0], gin);
+  const ebb_tensor_t *g = go[0];
+  if (!ebb__tensor_matches(g, &c->in[0]) || !ebb__tensor_matches(g, &c->in[1]) || (!WANT(c, 0) && !WANT(c, 1)))
+    return ebb__two(ebb_op_mul_backward, c, g, gin); /* broadcasting or promoting: the general path */
+  bool mine = ebb__reusable(c, 0, g, &c->in[0]);
+  ebb_status st = EBB_OK;
+  if (WANT(c, 0) && (WANT(c, 1) || !mine)) st = ebb_op_mul(g, c->saved_in[1], &gin[0]);
+  if (!st && WANT(c, 1) && !mine) st = ebb_op_mul(g, c->saved_in[0], &gin[1]);
+  if (!st && mine) {
+    int k = WANT(c, 1) ? 1 : 0; /* the one computed in place: grad * a for b, grad * b for a */
+    st = ebb__lean_mul_((ebb_tensor_t *)g, c->saved_in[1 - k]);
+    if (!st) gin[k] = ebb__keep(g);
+  }
+  return ebb__drop(st, gin, 2);
 }
 static ebb_status bw_div(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
   return ebb__two(ebb_op_div_backward, c, go[0], gin);

@@ -571,3 +571,23 @@ static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const 
 
 ebb_status ebb_op_add_(ebb_tensor_t *dst, const ebb_tensor_t *src) { return ebb__inplace("ebb_op_add_", EBB__EW_ADD, dst, src); }
 ebb_status ebb_op_mul_(ebb_tensor_t *dst, const ebb_tensor_t *src) { return ebb__inplace("ebb_op_mul_", EBB__EW_MUL, dst, src); }
+
+/* ---- the engine's lean path (ops_export.h) ---------------------------------------------------
+ * For gradient buffers autograd's engine holds alone: the caller has checked the operands (live,
+ * one device, b broadcasting to t's shape, t floating and contiguous), so only the kernel runs:
+ * no argument checks, no in-place hook, no record, no version bump (nothing else sees t). */
+
+ebb_status ebb__lean_scale_(ebb_tensor_t *t, double s) {
+  const ebb_tensor_t *in[1] = {t};
+  return ebb__ew_run("autograd backward", EBB__EW_MULS, t, 1, in, s, 0);
+}
+
+ebb_status ebb__lean_mul_(ebb_tensor_t *t, const ebb_tensor_t *b) {
+  const ebb_tensor_t *in[2] = {t, b};
+  return ebb__ew_run("autograd backward", EBB__EW_MUL, t, 2, in, 0, 0);
+}
+
+ebb_status ebb__lean_add_(ebb_tensor_t *t, const ebb_tensor_t *b) {
+  const ebb_tensor_t *in[2] = {t, b};
+  return ebb__ew_run("autograd backward", EBB__EW_ADD, t, 2, in, 0, 0);
+}

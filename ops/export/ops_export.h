@@ -137,6 +137,10 @@ typedef struct ebb__bw_ctx {
   const ebb_tensor_t *const *saved_out; /* [nout] */
   int nin;
   const bool *need;                     /* [nin]: input i's gradient wanted */
+  /* [nout] or NULL: grad_out[k] is held by the engine alone (ebb__tensor_exclusive) and given up
+   * after the call, so the backward may write into it and return it, retained, as a gradient
+   * (the engine's lean path: no allocation for a node whose gradient keeps its shape). */
+  const bool *go_mine;
 } ebb__bw_ctx;
 
 /* Fills grad_in[i] (a new reference, with input i's shape, dtype and device) for each wanted
@@ -153,6 +157,15 @@ typedef struct ebb__deriv {
   uint8_t diff;         /* inputs that can get a gradient (bit i; with nin -1, bit 0 stands for all) */
   ebb__backward_fn backward; /* NULL when diff is 0: the outputs do not depend on the inputs */
 } ebb__deriv;
+
+/* ---- the engine's lean path --------------------------------------------------------------------
+ * In-place arithmetic on a gradient buffer the engine holds alone (ebb__tensor_exclusive: one
+ * handle, contiguous, floating), operands already checked by the caller: b live, on t's device,
+ * broadcasting to t's shape. Only the kernel runs (on t's allocation stream for a device tensor):
+ * no argument checks, no in-place hook, no record, no version bump. Errors are the launch's. */
+EBB_HIDDEN ebb_status ebb__lean_scale_(ebb_tensor_t *t, double s);               /* t *= s */
+EBB_HIDDEN ebb_status ebb__lean_mul_(ebb_tensor_t *t, const ebb_tensor_t *b);    /* t *= b */
+EBB_HIDDEN ebb_status ebb__lean_add_(ebb_tensor_t *t, const ebb_tensor_t *b);    /* t += b */
 
 /* The entry of op (op < EBB__OP_COUNT). */
 EBB_HIDDEN const ebb__deriv *ebb__deriv_of(ebb__op_id op);

@@ -32,8 +32,10 @@ ebb__op_args args_none() { return ebb__op_args{}; }
 
 // The backward through the table: metadata of every input, the saved tensors per the entry's
 // mask (max_dim's indices recomputed from its forward), need = the differentiable inputs.
-GcBackward through_table(const Case &c) {
-  return [c](const ebb_tensor_t *grad, const GcInputs &in, const ebb_tensor_t *out, std::vector<ebb_tensor_t *> &grads) {
+// With give_grad, the backward gets a copy of grad that it may use for its result (the engine's
+// lean path: go_mine), as the engine gives a buffer it holds alone.
+GcBackward through_table(const Case &c, bool give_grad = false) {
+  return [c, give_grad](const ebb_tensor_t *grad, const GcInputs &in, const ebb_tensor_t *out, std::vector<ebb_tensor_t *> &grads) {
     const ebb__deriv *e = ebb__deriv_of(c.op);
     const int n = static_cast<int>(in.size());
     std::vector<ebb__tensor_meta> meta(n);
@@ -58,8 +60,14 @@ GcBackward through_table(const Case &c) {
     }
     bool need[16];
     for (int i = 0; i < n; i++) need[i] = c.in[i].differentiable;
-    ebb__bw_ctx ctx{&c.args, meta.data(), saved_in.data(), saved_out, n, need};
-    const ebb_tensor_t *go[2] = {grad, nullptr};
+    const bool mine[2] = {give_grad, false};
+    ebb__bw_ctx ctx{&c.args, meta.data(), saved_in.data(), saved_out, n, need, mine};
+    Tensor own;
+    if (give_grad) {
+      ebb_status st = ebb_tensor_clone(grad, own.out());
+      if (st) return st;
+    }
+    const ebb_tensor_t *go[2] = {give_grad ? own.get() : grad, nullptr};
     std::vector<ebb_tensor_t *> gin(n, nullptr);
     ebb_status st = e->backward(&ctx, go, gin.data());
     if (st) return st;
@@ -255,6 +263,9 @@ TEST_CASE("derivatives: every entry's backward, as autograd calls it, matches fi
       const bool f32 = c.op == EBB__OP_TO_DTYPE;
       EBB_CHECK_GRADCHECK(dev, c.in, c.fwd, through_table(c), f32 ? 1e-2 : 1e-6, f32 ? 1e-4 : 1e-6, f32 ? 1e-4 : 1e-5);
       CHECK(g_unasked == 0);
+      // The same with the gradient given up to the backward (the engine's lean path).
+      EBB_CHECK_GRADCHECK(dev, c.in, c.fwd, through_table(c, true), f32 ? 1e-2 : 1e-6, f32 ? 1e-4 : 1e-6, f32 ? 1e-4 : 1e-5);
+      CHECK(g_unasked == 0);
     }
   }
   REQUIRE(ebb_debug_live_handles() == 0);
@@ -310,7 +321,7 @@ TEST_CASE("derivatives: contiguous, fill_ and zero_ through the table", "[ops][d
     ebb__op_args a{};
     const ebb_tensor_t *saved[1] = {nullptr}, *outs[1] = {nullptr}, *go[1] = {g.get()};
     bool need[1] = {true};
-    ebb__bw_ctx ctx{&a, &m, saved, outs, 1, need};
+    ebb__bw_ctx ctx{&a, &m, saved, outs, 1, need, nullptr};
     ebb_tensor_t *gin[1] = {nullptr};
     EBB_REQUIRE_OK(ebb__deriv_of(EBB__OP_CONTIGUOUS)->backward(&ctx, go, gin));
     Tensor r(gin[0]);
@@ -325,5 +336,47 @@ TEST_CASE("derivatives: contiguous, fill_ and zero_ through the table", "[ops][d
   // fill_ and zero_: the result does not depend on the old value, so no backward at all.
   CHECK(ebb__deriv_of(EBB__OP_FILL_)->backward == nullptr);
   CHECK(ebb__deriv_of(EBB__OP_ZERO_)->backward == nullptr);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("derivatives: a gradient the engine gives up is reused, one it keeps is not written", "[ops][derivatives]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    ebb__tensor_meta m{};
+    m.device = dev;
+    m.dtype = EBB_F64;
+    m.ndim = 1;
+    m.shape[0] = 3;
+    ebb__tensor_meta mm[2] = {m, m};
+    ebb__op_args a{};
+    a.s[0] = 2.0;
+    Tensor x = make(dev, EBB_F64, {3}, {1, 2, 3}), y = make(dev, EBB_F64, {3}, {4, 5, 6});
+    for (bool give : {false, true}) {
+      INFO("go_mine " << give);
+      Tensor g = make(dev, EBB_F64, {3}, {1, 1, 1});
+      const bool mine[2] = {give, false};
+      bool need[2] = {true, true};
+      // MulScalarBackward: 2 * g, in g itself when given.
+      const ebb_tensor_t *saved[2] = {nullptr, nullptr}, *outs[1] = {nullptr}, *go[1] = {g.get()};
+      ebb__bw_ctx c1{&a, &m, saved, outs, 1, need, mine};
+      ebb_tensor_t *gin[2] = {nullptr, nullptr};
+      EBB_REQUIRE_OK(ebb__deriv_of(EBB__OP_MUL_SCALAR)->backward(&c1, go, gin));
+      Tensor r(gin[0]);
+      CHECK(read(r) == std::vector<double>{2, 2, 2});
+      CHECK((gin[0] == g.get()) == give);
+      CHECK(read(g) == (give ? std::vector<double>{2, 2, 2} : std::vector<double>{1, 1, 1}));
+      // MulBackward of x * y: g*y for x, g*x for y; one of them in g when given.
+      Tensor g2 = make(dev, EBB_F64, {3}, {1, 1, 1});
+      const ebb_tensor_t *sv[2] = {x.get(), y.get()}, *go2[1] = {g2.get()};
+      ebb__bw_ctx c2{&a, mm, sv, outs, 2, need, mine};
+      ebb_tensor_t *gin2[2] = {nullptr, nullptr};
+      EBB_REQUIRE_OK(ebb__deriv_of(EBB__OP_MUL)->backward(&c2, go2, gin2));
+      Tensor ga(gin2[0]), gb(gin2[1]);
+      CHECK(read(ga) == std::vector<double>{4, 5, 6});
+      CHECK(read(gb) == std::vector<double>{1, 2, 3});
+      CHECK((gin2[0] == g2.get() || gin2[1] == g2.get()) == give);
+    }
+  }
   REQUIRE(ebb_debug_live_handles() == 0);
 }
