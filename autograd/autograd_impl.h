@@ -13,9 +13,15 @@
 #define EBB__NODE_MAGIC 0x65626e64u /* "ebnd" */
 #define EBB__ACC_SEQ UINT64_MAX
 
+/* Edge i of a node (its owner, the consumer): where input i's gradient goes. Linked, while the
+ * owner lives, into the consumer list of the node it points at, so a partial backward can walk
+ * from its inputs up to the roots instead of over the whole graph. */
 struct ebb__edge {
-  struct ebb_node *fn; /* strong; NULL: the input needs no gradient */
+  struct ebb_node *fn;     /* strong; NULL: the input needs no gradient */
   int input_nr;
+  struct ebb_node *owner;  /* the node this edge belongs to, set when linked; NULL: not linked */
+  struct ebb__edge *cnext; /* fn's consumer list (under fn's consumer lock) */
+  struct ebb__edge **cpprev; /* (under fn's consumer lock) */
 };
 
 struct ebb_node {
@@ -32,6 +38,7 @@ struct ebb_node {
   ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
   _Atomic bool freed_saved;  /* a backward without retain_graph released the saved tensors */
   struct ebb__hook *hooks;   /* tensor hooks of its outputs (non-leaf tensors), under ebb__hook_mu */
+  struct ebb__edge *consumers; /* edges of live nodes that point here, under its consumer lock */
 };
 
 struct ebb__meta {
@@ -82,6 +89,12 @@ EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
 EBB_HIDDEN void ebb__node_unref(struct ebb_node *n);
 /* A leaf's AccumulateGrad if it has one (no reference: compared by address only). */
 EBB_HIDDEN struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m);
+/* The AccumulateGrad of leaf m if it has one that is not going: a new reference, or NULL. */
+EBB_HIDDEN struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m);
+/* Appends a new reference to each live node with an edge to p (a node with two edges to p comes
+ * twice) to (*out)[*n..], growing it (*cap); EBB_ENOMEM leaves what was appended. Thread-safe
+ * against nodes being recorded and freed. */
+EBB_HIDDEN ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t *n, size_t *cap);
 /* The AccumulateGrad of leaf t (meta m), made if needed; a new reference. */
 EBB_HIDDEN ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out);
 

@@ -40,6 +40,8 @@ struct ebb__task {
   size_t hcap;
   int *edges;               /* the next edges of every task node, as task indices (-1: not in the task) */
   size_t nedges, capedges;
+  struct ebb_node **held;   /* references the task took (nodes found from its inputs), dropped at its end */
+  size_t nheld, capheld;
   ebb_tensor_t **results;   /* ebb_grad: [ninputs] */
 };
 
@@ -108,6 +110,8 @@ static void ebb__task_free(struct ebb__task *t) {
   free(t->nodes);
   free(t->hash);
   free(t->edges);
+  for (size_t i = 0; i < t->nheld; i++) ebb__node_unref(t->held[i]); /* (after: the loop above reads them) */
+  free(t->held);
 }
 
 /* Adds g (a new reference, consumed) into slot k of x's buffer. */
@@ -150,16 +154,23 @@ static ebb_status ebb__buf_add(struct ebb__tnode *x, int k, ebb_tensor_t *g) {
 /* ---- finding the graph -------------------------------------------------------------------- */
 
 /* Every node reachable from the roots, with its incoming-edge count and its next edges as task
- * indices (so running the task never looks a node up again). */
-static ebb_status ebb__discover(struct ebb__task *t, struct ebb_node *const *roots, int nroots) {
+ * indices (so running the task never looks a node up again), all marked to run.
+ *
+ * With `within` (a partial backward), only the nodes already in the task are walked: those found
+ * from the inputs by ebb__find_from_inputs, each of which leads to an input. A node reached from
+ * the roots is needed; it runs when one of its next edges leads to a node of the task (a target
+ * none of whose edges does is only captured); its dependencies count the reached nodes' edges. */
+static ebb_status ebb__discover(struct ebb__task *t, struct ebb_node *const *roots, int nroots, bool within) {
   size_t cap = 64, depth = 0;
   int *stack = malloc(cap * sizeof *stack);
   if (!stack) return ebb__fail(EBB_ENOMEM, "%s: no host memory to walk the graph", t->fn);
   for (int r = 0; r < nroots; r++) {
-    bool added;
-    int ri = ebb__tadd(t, roots[r], &added);
+    bool added = false;
+    int ri = within ? ebb__tfind(t, roots[r]) : ebb__tadd(t, roots[r], &added);
+    if (within && (ri < 0 || t->nodes[ri].needed)) continue; /* a root that leads to no input, or seen */
     if (ri < 0) goto oom;
-    if (!added) continue;
+    if (!within && !added) continue;
+    t->nodes[ri].needed = true;
     stack[depth++] = ri;
     while (depth) {
       int i = stack[--depth];
@@ -178,23 +189,33 @@ static ebb_status ebb__discover(struct ebb__task *t, struct ebb_node *const *roo
       for (int e = 0; e < ne; e++) {
         struct ebb_node *c = n->next[e].fn;
         int ci = -1;
-        if (c) {
-          if ((ci = ebb__tadd(t, c, &added)) < 0) goto oom;
-          if (added) {
-            if (depth == cap) {
-              int *bigger = realloc(stack, cap * 2 * sizeof *stack);
-              if (!bigger) goto oom;
-              stack = bigger;
-              cap *= 2;
-            }
-            stack[depth++] = ci;
+        bool fresh = false;
+        if (c && within) {
+          if ((ci = ebb__tfind(t, c)) >= 0) {
+            fresh = !t->nodes[ci].needed;
+            t->nodes[ci].needed = true;
+            t->nodes[i].run = true;
           }
-          t->nodes[ci].deps++;
+        } else if (c) {
+          if ((ci = ebb__tadd(t, c, &fresh)) < 0) goto oom;
+          if (fresh) t->nodes[ci].needed = true;
         }
+        if (fresh) {
+          if (depth == cap) {
+            int *bigger = realloc(stack, cap * 2 * sizeof *stack);
+            if (!bigger) goto oom;
+            stack = bigger;
+            cap *= 2;
+          }
+          stack[depth++] = ci;
+        }
+        if (ci >= 0) t->nodes[ci].deps++;
         t->edges[t->nodes[i].edge0 + e] = ci;
       }
     }
   }
+  if (!within)
+    for (size_t i = 0; i < t->count; i++) t->nodes[i].run = true;
   free(stack);
   return EBB_OK;
 oom:
@@ -202,31 +223,64 @@ oom:
   return ebb__fail(EBB_ENOMEM, "%s: no host memory to walk the graph", t->fn);
 }
 
-/* With targets: a node is needed when it is a target or one of its next edges leads to a needed
- * node; it runs when a next edge does (a capture-only target does not run). Children before
- * parents: repeated passes over the task until nothing changes would be quadratic, so this walks
- * the nodes in increasing sequence number, which puts every producer before its consumers
- * (a node's inputs existed before it), AccumulateGrad (UINT64_MAX) aside: it is a target or not. */
-static int ebb__by_seq(const void *a, const void *b) {
-  const struct ebb__tnode *x = *(struct ebb__tnode *const *)a, *y = *(struct ebb__tnode *const *)b;
-  return x->n->seq < y->n->seq ? -1 : x->n->seq > y->n->seq;
+/* Room for one more reference the task keeps (held, dropped at its end). */
+static bool ebb__hold_room(struct ebb__task *t) {
+  if (t->nheld < t->capheld) return true;
+  size_t nc = t->capheld ? t->capheld * 2 : 64;
+  struct ebb_node **bigger = realloc(t->held, nc * sizeof *bigger);
+  if (!bigger) return false;
+  t->held = bigger;
+  t->capheld = nc;
+  return true;
 }
 
-static ebb_status ebb__mark_needed(struct ebb__task *t) {
-  struct ebb__tnode **order = malloc((t->count ? t->count : 1) * sizeof *order);
-  if (!order) return ebb__fail(EBB_ENOMEM, "%s: no host memory to order the graph", t->fn);
-  for (size_t i = 0; i < t->count; i++) order[i] = &t->nodes[i];
-  qsort(order, t->count, sizeof *order, ebb__by_seq);
-  for (size_t i = 0; i < t->count; i++) {
-    struct ebb__tnode *x = order[i];
-    for (int e = 0; e < ebb__nedges(x->n); e++) {
-      int ci = t->edges[x->edge0 + e];
-      if (ci >= 0 && t->nodes[ci].needed) x->run = true;
+/* A partial backward's nodes: every node that leads to one of the inputs' nodes `from` (they
+ * included), found by walking consumer edges up from them, each held by the task. Its cost grows
+ * with the nodes between the inputs and the roots (and any other live graph that uses the
+ * inputs), not with the roots' whole graph. */
+static ebb_status ebb__find_from_inputs(struct ebb__task *t, struct ebb_node *const *from, int nfrom) {
+  struct ebb_node **found = NULL;
+  size_t nfound = 0, capfound = 0, done = 0;
+  ebb_status st = EBB_OK;
+  for (int i = 0; i < nfrom && !st; i++) {
+    bool added;
+    if (!from[i]) continue;
+    if (ebb__tadd(t, from[i], &added) < 0) st = EBB_ENOMEM;
+    else if (added) {
+      if (nfound == capfound) {
+        size_t nc = capfound ? capfound * 2 : 64;
+        struct ebb_node **bigger = realloc(found, nc * sizeof *bigger);
+        if (!bigger) {
+          st = EBB_ENOMEM;
+          break;
+        }
+        found = bigger;
+        capfound = nc;
+      }
+      found[nfound++] = from[i]; /* (the caller holds the inputs' nodes) */
     }
-    if (x->run) x->needed = true;
   }
-  free(order);
-  return EBB_OK;
+  /* found[done..nfound) are the nodes whose consumers are still to read; each consumer comes
+   * with a reference: kept by the task when it is new, dropped when it was there already. */
+  while (!st && done < nfound) {
+    size_t before = nfound;
+    st = ebb__consumers_get(found[done++], &found, &nfound, &capfound);
+    size_t keep = before;
+    for (size_t k = before; k < nfound; k++) {
+      struct ebb_node *c = found[k];
+      bool added = false;
+      if (!st && (!ebb__hold_room(t) || ebb__tadd(t, c, &added) < 0)) st = EBB_ENOMEM;
+      if (added) {
+        t->held[t->nheld++] = c;
+        found[keep++] = c;
+      } else {
+        ebb__node_unref(c);
+      }
+    }
+    nfound = keep;
+  }
+  free(found);
+  return st ? ebb__fail(EBB_ENOMEM, "%s: no host memory to find the nodes that lead to the inputs", t->fn) : EBB_OK;
 }
 
 /* ---- running nodes ------------------------------------------------------------------------ */
@@ -474,43 +528,55 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   for (int i = 0; dup && i < ninputs; i++) dup[i] = -1;
   for (int i = 0; !st && i < nroots; i++) st = ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
   for (int i = 0; !st && i < nroots; i++) st = ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
-  if (!st) st = ebb__discover(&t, rn, nroots);
-  /* Targets: every node (no inputs), or the inputs' edges. */
+  /* The inputs' nodes (a leaf's AccumulateGrad, held by the task: its leaf holds it weakly). */
+  struct ebb_node **innode = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *innode);
+  int *innr = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *innr);
+  if (!st && (!innode || !innr)) st = ebb__fail(EBB_ENOMEM, "%s: no host memory for %d inputs", fn, ninputs);
   for (int i = 0; !st && i < ninputs; i++) {
     st = ebb__tensor_check(inputs[i], fn, "inputs[i]");
     struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
     if (!st && (!m || !m->requires_grad))
       st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
+    else if (!st && accumulate && m->grad_fn)
+      st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is not a leaf (it was produced by %s); backward with non-leaf inputs is not "
+                     "supported yet (ebb_grad gives a non-leaf's gradient)", fn, i, ebb__node_name_of(m->grad_fn));
     if (st) break;
-    struct ebb_node *in = m->grad_fn;
-    if (!in) in = ebb__grad_acc_peek(m); /* (under the lock its writers take) */
-    int nr = m->grad_fn ? m->output_nr : 0;
-    int xi = in ? ebb__tfind(&t, in) : -1;
-    struct ebb__tnode *x = xi >= 0 ? &t.nodes[xi] : NULL;
+    innr[i] = m->grad_fn ? m->output_nr : 0;
+    if (m->grad_fn) innode[i] = m->grad_fn;
+    else if ((innode[i] = ebb__grad_acc_get(m)) && !(ebb__hold_room(&t) && (t.held[t.nheld++] = innode[i]))) {
+      ebb__node_unref(innode[i]);
+      st = ebb__fail(EBB_ENOMEM, "%s: no host memory for %d inputs", fn, ninputs);
+    }
+  }
+  /* The task: every node of the roots' graph, or with inputs only those on a path to one. */
+  if (!st && ninputs > 0) st = ebb__find_from_inputs(&t, innode, ninputs);
+  if (!st) st = ebb__discover(&t, rn, nroots, ninputs > 0);
+  for (int i = 0; !st && i < ninputs; i++) {
+    int xi = innode[i] ? ebb__tfind(&t, innode[i]) : -1;
+    struct ebb__tnode *x = xi >= 0 && t.nodes[xi].needed ? &t.nodes[xi] : NULL;
     if (!x) {
       if (!accumulate && !allow_unused)
         st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] was not used to compute the roots; expected allow_unused to get no gradient for it", fn, i);
       continue;
     }
-    x->needed = true;
-    if (accumulate && !m->grad_fn) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
-    else if (accumulate) st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is not a leaf; backward with non-leaf inputs is not supported yet", fn, i);
-    else if (x->capture && x->capture_nr == nr) {
+    if (accumulate) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
+    else if (x->capture && x->capture_nr == innr[i]) {
       dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
     } else if (x->capture) {
       st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] and inputs[%d] are two outputs of one node (%s); asking for both in one call is "
-                     "not supported yet", fn, x->capture - 1, i, ebb__node_name_of(in));
+                     "not supported yet", fn, x->capture - 1, i, ebb__node_name_of(innode[i]));
     } else {
       x->capture = i + 1;
-      x->capture_nr = nr;
+      x->capture_nr = innr[i];
     }
   }
-  if (!st && ninputs == 0)
-    for (size_t i = 0; i < t.count; i++) t.nodes[i].needed = t.nodes[i].run = true;
-  if (!st && ninputs > 0) st = ebb__mark_needed(&t);
+  free(innode);
+  free(innr);
   ebb_grad_set_enabled(false, &was); /* no graph of the backward (create_graph is not supported) */
   for (int i = 0; !st && i < nroots; i++) {
-    st = ebb__buf_add(&t.nodes[ebb__tfind(&t, rn[i])], rnr[i], rg[i]);
+    int ri = ebb__tfind(&t, rn[i]);
+    if (ri < 0 || !t.nodes[ri].needed) continue; /* a root that leads to no input: its gradient is not needed */
+    st = ebb__buf_add(&t.nodes[ri], rnr[i], rg[i]);
     rg[i] = NULL;
   }
   for (size_t i = 0; !st && i < t.count; i++)

@@ -29,6 +29,67 @@ static _Atomic uint64_t ebb__next_seq;
 static _Atomic long ebb__live_nodes;
 static ebb_mutex ebb__acc_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.grad_acc", EBB_RANK_LEAF};
 
+/* Consumer lists are guarded by one of 64 locks chosen by the producer's address: recording and
+ * freeing take one per edge, uncontended unless threads share a producer (a shared leaf). */
+#define EBB__CM(i) {PTHREAD_MUTEX_INITIALIZER, "autograd.consumers", EBB_RANK_LEAF}
+#define EBB__CM4(i) EBB__CM(i), EBB__CM(i), EBB__CM(i), EBB__CM(i)
+#define EBB__CM16(i) EBB__CM4(i), EBB__CM4(i), EBB__CM4(i), EBB__CM4(i)
+static ebb_mutex ebb__cons_mu[64] = {EBB__CM16(0), EBB__CM16(1), EBB__CM16(2), EBB__CM16(3)};
+
+static ebb_mutex *ebb__cons_lock(const struct ebb_node *p) { return &ebb__cons_mu[((uintptr_t)p >> 7) & 63]; }
+
+static void ebb__edge_link(struct ebb__edge *e) {
+  ebb_mutex *mu = ebb__cons_lock(e->fn);
+  ebb__mutex_lock(mu);
+  e->cnext = e->fn->consumers;
+  if (e->cnext) e->cnext->cpprev = &e->cnext;
+  e->cpprev = &e->fn->consumers;
+  e->fn->consumers = e;
+  ebb__mutex_unlock(mu);
+}
+
+/* Only an edge whose owner was set (by the owner's thread, before linking) is linked; its
+ * links are read under the lock, since linking a neighbour rewrites them. */
+static void ebb__edge_unlink(struct ebb__edge *e) {
+  if (!e->owner) return;
+  ebb_mutex *mu = ebb__cons_lock(e->fn);
+  ebb__mutex_lock(mu);
+  *e->cpprev = e->cnext;
+  if (e->cnext) e->cnext->cpprev = e->cpprev;
+  e->cpprev = NULL;
+  ebb__mutex_unlock(mu);
+  e->owner = NULL;
+}
+
+ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t *n, size_t *cap) {
+  ebb_mutex *mu = ebb__cons_lock(p);
+  ebb_status st = EBB_OK;
+  ebb__mutex_lock(mu);
+  for (struct ebb__edge *e = p->consumers; e && !st; e = e->cnext) {
+    struct ebb_node *c = e->owner;
+    /* A consumer whose last reference is going (count 0) is unlinking itself, blocked on this
+     * lock: skip it, undoing the increment, and never touch it again. */
+    if (atomic_fetch_add_explicit(&c->refs, 1, memory_order_acq_rel) == 0) {
+      atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
+      continue;
+    }
+    if (*n == *cap) {
+      size_t nc = *cap ? *cap * 2 : 64;
+      struct ebb_node **bigger = realloc(*out, nc * sizeof *bigger);
+      if (!bigger) {
+        atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed); /* (its other holders keep it) */
+        st = EBB_ENOMEM;
+        break;
+      }
+      *out = bigger;
+      *cap = nc;
+    }
+    (*out)[(*n)++] = c;
+  }
+  ebb__mutex_unlock(mu);
+  return st;
+}
+
 bool ebb_grad_enabled(void) { return !ebb__grad_off; }
 
 void ebb_grad_set_enabled(bool enabled, bool *was) {
@@ -71,6 +132,7 @@ void ebb__node_unref(struct ebb_node *n) {
     struct ebb_node *x = stack[--depth];
     for (int i = 0; i < x->nin; i++) {
       struct ebb_node *c = x->next ? x->next[i].fn : NULL;
+      if (c) ebb__edge_unlink(&x->next[i]); /* before its reference goes: c outlives the link */
       if (!c || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) continue;
       if (depth == cap) {
         struct ebb_node **bigger = malloc(cap * 2 * sizeof *bigger);
@@ -120,6 +182,17 @@ static struct ebb_node *ebb__node_new(int op, int nin, int nout) {
     return NULL;
   }
   return n;
+}
+
+struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m) {
+  ebb__mutex_lock(&ebb__acc_mu);
+  struct ebb_node *a = m->grad_acc;
+  if (a && atomic_fetch_add_explicit(&a->refs, 1, memory_order_acq_rel) == 0) { /* going: see ebb__grad_acc */
+    atomic_fetch_sub_explicit(&a->refs, 1, memory_order_relaxed);
+    a = NULL;
+  }
+  ebb__mutex_unlock(&ebb__acc_mu);
+  return a;
 }
 
 struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m) {
@@ -208,11 +281,11 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     if (diff && m && m->requires_grad) {
       if (m->grad_fn) {
         atomic_fetch_add_explicit(&m->grad_fn->refs, 1, memory_order_relaxed);
-        n->next[i] = (struct ebb__edge){m->grad_fn, m->output_nr};
+        n->next[i] = (struct ebb__edge){.fn = m->grad_fn, .input_nr = m->output_nr};
       } else {
         struct ebb_node *a = NULL;
         st = ebb__grad_acc((ebb_tensor_t *)in[i], m, &a);
-        if (!st) n->next[i] = (struct ebb__edge){a, 0};
+        if (!st) n->next[i] = (struct ebb__edge){.fn = a};
       }
     }
     if (!st && i < 8 && (e->save & EBB__SAVE_IN(i))) st = ebb__save(n, i, in[i]);
@@ -254,7 +327,14 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
   if (atomic_load_explicit(&n->refs, memory_order_relaxed) == 0) { /* no output has a gradient */
     atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
     ebb__node_unref(n);
+    return EBB_OK;
   }
+  /* Last, once the node is whole: a partial backward on another thread may find it from here. */
+  for (int i = 0; i < nin; i++)
+    if (n->next[i].fn) {
+      n->next[i].owner = n;
+      ebb__edge_link(&n->next[i]);
+    }
   return EBB_OK;
 }
 

@@ -364,3 +364,108 @@ TEST_CASE("engine: gradients that meet are summed without touching tensors anyon
   CHECK(read(g) == std::vector<double>(3, 5.0));
   (void)x;
 }
+
+namespace {
+// A tensor hook that counts its calls and leaves the gradient.
+ebb_status count_hook(const ebb_tensor_t *, ebb_tensor_t **, void *user) {
+  ++*static_cast<std::atomic<int> *>(user);
+  return EBB_OK;
+}
+}  // namespace
+
+TEST_CASE("engine: a partial backward runs only the nodes between its inputs and the roots, whatever else uses them",
+          "[autograd][engine][partial]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({3}, 30), rnd({3}, 31)}, true);  // w, x
+  // Another live graph that uses w (found from w's consumers, never run), and in the roots'
+  // graph a branch that does not lead to w (never run).
+  Tensor other, other_sum, wx, ex, y, loss, xx, loss2;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 3.0, other.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(other, nullptr, 0, false, other_sum.out()));
+  EBB_REQUIRE_OK(ebb_op_mul(ts[0], ts[1], wx.out()));
+  EBB_REQUIRE_OK(ebb_op_exp(ts[1], ex.out()));
+  EBB_REQUIRE_OK(ebb_op_add(wx, ex, y.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, loss.out()));
+  EBB_REQUIRE_OK(ebb_op_mul(ts[1], ts[1], xx.out()));  // a second root that does not lead to w
+  EBB_REQUIRE_OK(ebb_op_sum(xx, nullptr, 0, false, loss2.out()));
+  std::atomic<int> other_calls{0}, ex_calls{0}, wx_calls{0}, xx_calls{0};
+  ebb_hook_handle h;
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(other, count_hook, &other_calls, &h));
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(ex, count_hook, &ex_calls, &h));
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(wx, count_hook, &wx_calls, &h));
+  EBB_REQUIRE_OK(ebb_tensor_register_hook(xx, count_hook, &xx_calls, &h));
+  const ebb_tensor_t *roots[2] = {loss.get(), loss2.get()}, *in[1] = {ts[0].get()};
+  ebb_tensor_t *g[1] = {nullptr};
+  EBB_REQUIRE_OK(ebb_grad(roots, nullptr, 2, in, 1, true, false, g));
+  Tensor gw(g[0]);
+  CHECK(read(gw) == read(ts[1]));  // d/dw sum(w*x + exp(x)) + sum(x*x) = x
+  CHECK(wx_calls.load() == 1);
+  CHECK(other_calls.load() == 0);
+  CHECK(ex_calls.load() == 0);
+  CHECK(xx_calls.load() == 0);
+  // backward(inputs = {w}) likewise, into w's .grad only.
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 2, true, in, 1));
+  Tensor gw2, gx;
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], gw2.out()));
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[1], gx.out()));
+  CHECK(read(gw2) == read(ts[1]));
+  CHECK(gx.get() == nullptr);
+  CHECK(other_calls.load() == 0);
+  CHECK(ex_calls.load() == 0);
+  // With x as the input, every branch that leads to x runs, the other graph still does not.
+  const ebb_tensor_t *inx[1] = {ts[1].get()};
+  EBB_REQUIRE_OK(ebb_grad(roots, nullptr, 2, inx, 1, true, false, g));
+  Tensor gxx(g[0]);
+  auto w = read(ts[0]), x = read(ts[1]), r = read(gxx);
+  for (int i = 0; i < 3; i++) CHECK(r[i] == Approx(w[i] + std::exp(x[i]) + 2 * x[i]).epsilon(1e-12));
+  CHECK(ex_calls.load() == 1);
+  CHECK(xx_calls.load() == 1);
+  CHECK(other_calls.load() == 0);
+  // A root that leads to no input is no error; the input is unused.
+  const ebb_tensor_t *only2[1] = {loss2.get()};
+  EBB_CHECK_FAILS(ebb_grad(only2, nullptr, 1, in, 1, true, false, g), EBB_EINVAL, "inputs[0] was not used to compute the roots");
+  for (Tensor *t : {&other, &other_sum, &wx, &ex, &y, &loss, &xx, &loss2, &gw, &gw2, &gxx}) t->reset();
+  for (auto &t : ts) t.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("engine: partial backward while other threads record and free graphs on the same leaves", "[autograd][engine][partial][threads]") {
+  EbbSession session;
+  const int rounds = kSanitized ? 100 : 2000;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({4}, 32), rnd({4}, 33)}, true);
+  Tensor wx, loss;
+  EBB_REQUIRE_OK(ebb_op_mul(ts[0], ts[1], wx.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(wx, nullptr, 0, false, loss.out()));
+  std::atomic<int> failures{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> churn;
+  for (int t = 0; t < 2; t++)
+    churn.emplace_back([&] {  // graphs over w and x appearing and going: consumer lists change under the walk
+      while (!stop.load()) {
+        ebb_tensor_t *a = nullptr, *b = nullptr;
+        if (ebb_op_mul_scalar(ts[0], 2.0, &a) != EBB_OK || ebb_op_add(a, ts[1], &b) != EBB_OK) failures++;
+        if (b) ebb_tensor_release(b);
+        if (a) ebb_tensor_release(a);
+      }
+    });
+  auto x = read(ts[1]);
+  for (int i = 0; i < rounds; i++) {
+    const ebb_tensor_t *roots[1] = {loss.get()}, *in[1] = {ts[0].get()};
+    ebb_tensor_t *g[1] = {nullptr};
+    if (ebb_grad(roots, nullptr, 1, in, 1, true, false, g) != EBB_OK) {
+      failures++;
+      continue;
+    }
+    Tensor gw(g[0]);
+    if (read(gw) != x) failures++;
+  }
+  stop = true;
+  for (auto &th : churn) th.join();
+  CHECK(failures.load() == 0);
+  wx.reset();
+  loss.reset();
+  for (auto &t : ts) t.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
