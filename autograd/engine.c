@@ -348,10 +348,20 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   return st;
 }
 
-/* The saved tensor k of n, checked against in-place changes since it was saved. */
+/* A node's saved tensors are read and released under one of 16 locks chosen by its address, so
+ * backward calls on other threads sharing the node (retain_graph on all but the last) never read
+ * a saved tensor another one is releasing. The lock is held for the references, not the math. */
+#define EBB__SM(i) {PTHREAD_MUTEX_INITIALIZER, "autograd.saved", EBB_RANK_LEAF}
+#define EBB__SM4(i) EBB__SM(i), EBB__SM(i), EBB__SM(i), EBB__SM(i)
+static ebb_mutex ebb__saved_mu[16] = {EBB__SM4(0), EBB__SM4(1), EBB__SM4(2), EBB__SM4(3)};
+static ebb_mutex *ebb__saved_lock(const struct ebb_node *n) { return &ebb__saved_mu[((uintptr_t)n >> 7) & 15]; }
+
+/* The saved tensor k of n (a new reference in *out, NULL when none), checked against in-place
+ * changes since it was saved. Saved lock held. */
 static ebb_status ebb__unpack(const struct ebb__task *t, const struct ebb_node *n, int k, const ebb_tensor_t **out) {
   *out = n->saved ? n->saved[k] : NULL;
   if (!*out) return EBB_OK;
+  ebb_tensor_retain((ebb_tensor_t *)*out);
   uint64_t v = 0;
   ebb_tensor_version(*out, &v);
   if (v != n->saved_version[k]) {
@@ -403,11 +413,14 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nin + n->nout <= 10 ? saved_small : calloc((size_t)(n->nin + n->nout), sizeof *saved);
   if (!gin || !saved || !need) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
   if (!st && any && e->backward) {
+    ebb__mutex_lock(ebb__saved_lock(n));
     if (atomic_load_explicit(&n->freed_saved, memory_order_acquire) && e->save)
       st = ebb__fail(EBB_ESTATE, "%s: %s (node %llu) needs its saved tensors, freed by an earlier backward through this graph; "
-                     "expected retain_graph on that backward to go through the graph again",
+                     "expected retain_graph on that backward (or on every backward but the last, when several threads share "
+                     "the graph) to go through the graph again",
                      t->fn, ebb__node_name_of(n), (unsigned long long)n->seq);
     for (int k = 0; !st && k < n->nin + n->nout; k++) st = ebb__unpack(t, n, k, &saved[k]);
+    ebb__mutex_unlock(ebb__saved_lock(n));
     for (int i = 0; !st && i < n->nin; i++) need[i] = edges[i] >= 0 && t->nodes[edges[i]].needed;
     if (!st) {
       /* The buffers the engine holds alone: the backward may compute a gradient in them. */
@@ -449,15 +462,23 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     if (--cx->deps == 0 && cx->needed && !st && !ebb__heap_push(ready, t, edges[i]))
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", t->fn);
   }
+  /* Without retain_graph the node's saved tensors go: taken under the lock, released after. */
+  int nsaved = saved ? n->nin + n->nout : 0;
+  if (!st && !retain && n->saved) {
+    ebb__mutex_lock(ebb__saved_lock(n));
+    bool first = !atomic_exchange_explicit(&n->freed_saved, true, memory_order_acq_rel);
+    for (int k = 0; first && k < nsaved; k++) {
+      if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]); /* (not the last: the node's is) */
+      saved[k] = n->saved[k];
+      n->saved[k] = NULL;
+    }
+    ebb__mutex_unlock(ebb__saved_lock(n));
+  }
+  for (int k = 0; k < nsaved; k++)
+    if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]);
   if (gin != gin_small) free(gin);
   if (saved != saved_small) free(saved);
   if (need != need_small) free(need);
-  if (!st && !retain && n->saved && !atomic_exchange_explicit(&n->freed_saved, true, memory_order_acq_rel))
-    for (int k = 0; k < n->nin + n->nout; k++)
-      if (n->saved[k]) {
-        ebb_tensor_release(n->saved[k]);
-        n->saved[k] = NULL;
-      }
   return st;
 }
 

@@ -469,3 +469,37 @@ TEST_CASE("engine: partial backward while other threads record and free graphs o
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+TEST_CASE("engine: threads sharing one graph: without retain_graph one backward runs and the others are told to retain",
+          "[autograd][engine][threads][retain]") {
+  EbbSession session;
+  const int threads = 8, rounds = kSanitized ? 5 : 50;
+  for (int round = 0; round < rounds; round++) {
+    for (bool retain : {false, true}) {
+      auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({4}, 40)}, true);
+      Tensor xx, loss;
+      EBB_REQUIRE_OK(ebb_op_mul(ts[0], ts[0], xx.out()));  // saves x twice
+      EBB_REQUIRE_OK(ebb_op_sum(xx, nullptr, 0, false, loss.out()));
+      std::atomic<int> ok{0}, told{0}, other{0};
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; t++)
+        pool.emplace_back([&] {
+          const ebb_tensor_t *r[1] = {loss.get()};
+          ebb_status st = ebb_backward(r, nullptr, 1, retain, nullptr, 0);
+          if (st == EBB_OK) ok++;
+          else if (st == EBB_ESTATE && std::string(ebb_last_error()).find("retain_graph") != std::string::npos) told++;
+          else other++;
+        });
+      for (auto &th : pool) th.join();
+      CHECK(other.load() == 0);
+      CHECK(ok.load() >= 1);
+      CHECK(ok.load() + told.load() == threads);
+      if (retain) CHECK(ok.load() == threads);
+      Tensor g;
+      EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g.out()));
+      auto x = read(ts[0]), gv = read(g);
+      for (int i = 0; i < 4; i++) CHECK(gv[i] == 2 * x[i] * ok.load());
+    }
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
