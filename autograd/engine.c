@@ -26,7 +26,7 @@ struct ebb__tnode {
   int edge0;            /* its next edges' task indices start at task.edges[edge0] (-1: none) */
   bool needed;          /* runs (or, for a capture-only node, is reached) */
   bool run;             /* its backward runs (else only captured) */
-  int capture;          /* ebb_grad: index into the results (+1), 0: none; for its input_nr */
+  int capture;          /* index of the input whose gradient this is (+1), 0: none; for its input_nr */
   int capture_nr;
   ebb_tensor_t *buf_inline[2]; /* summed gradients of its outputs, for up to two (AccumulateGrad: [0]) */
   ebb_tensor_t **buf_heap;     /* the same for a node of more outputs, allocated on first use */
@@ -42,7 +42,8 @@ struct ebb__task {
   size_t nedges, capedges;
   struct ebb_node **held;   /* references the task took (nodes found from its inputs), dropped at its end */
   size_t nheld, capheld;
-  ebb_tensor_t **results;   /* ebb_grad: [ninputs] */
+  ebb_tensor_t **results;   /* ebb_grad: [ninputs]; NULL: ebb_backward, whose non-leaf inputs get .grad */
+  const ebb_tensor_t *const *inputs;
 };
 
 /* The next edges a node has in the graph walk (AccumulateGrad has none). */
@@ -348,6 +349,14 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   return st;
 }
 
+/* A non-leaf input of ebb_backward (meta m): g added into its .grad, a copy the first time. */
+static ebb_status ebb__accumulate_into(struct ebb__meta *m, const ebb_tensor_t *g) {
+  ebb__mutex_lock(&m->grad_mu);
+  ebb_status st = m->grad ? ebb_op_add_(m->grad, g) : ebb_tensor_clone(g, &m->grad);
+  ebb__mutex_unlock(&m->grad_mu);
+  return st;
+}
+
 /* A node's saved tensors are read and released under one of 16 locks chosen by its address, so
  * backward calls on other threads sharing the node (retain_graph on all but the last) never read
  * a saved tensor another one is releasing. The lock is held for the references, not the math. */
@@ -387,9 +396,14 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
                                &buf[x->capture_nr]);
     if (st) return st;
   }
-  if (x->capture && buf && buf[x->capture_nr]) { /* ebb_grad: what reached this node's input */
-    ebb_tensor_retain(buf[x->capture_nr]);
-    t->results[x->capture - 1] = buf[x->capture_nr];
+  if (x->capture && buf && buf[x->capture_nr]) { /* what reached this node's input: ebb_grad's result, or .grad */
+    if (t->results) {
+      ebb_tensor_retain(buf[x->capture_nr]);
+      t->results[x->capture - 1] = buf[x->capture_nr];
+    } else if ((st = ebb__accumulate_into(ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
+      return ebb__fail(st, "%s: adding the gradient of inputs[%d] (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
+                       x->capture - 1, x->capture_nr, ebb__node_name_of(n), ebb_last_error());
+    }
   }
   if (!x->run) return EBB_OK;
   if (n->op < 0) {
@@ -538,7 +552,7 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   if (!roots || nroots <= 0) return ebb__fail(EBB_EINVAL, "%s: no roots; expected at least one tensor to differentiate", fn);
   if (ninputs < 0 || (ninputs > 0 && !inputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
   if (!accumulate && (!inputs || ninputs == 0)) return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
-  struct ebb__task t = {.fn = fn, .results = results};
+  struct ebb__task t = {.fn = fn, .results = results, .inputs = inputs};
   struct ebb_node **rn = calloc((size_t)nroots, sizeof *rn), **racc = calloc((size_t)nroots, sizeof *racc);
   int *rnr = calloc((size_t)nroots, sizeof *rnr);
   ebb_tensor_t **rg = calloc((size_t)nroots, sizeof *rg);
@@ -558,9 +572,6 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
     if (!st && (!m || !m->requires_grad))
       st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
-    else if (!st && accumulate && m->grad_fn)
-      st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is not a leaf (it was produced by %s); backward with non-leaf inputs is not "
-                     "supported yet (ebb_grad gives a non-leaf's gradient)", fn, i, ebb__node_name_of(m->grad_fn));
     if (st) break;
     innr[i] = m->grad_fn ? m->output_nr : 0;
     if (m->grad_fn) innode[i] = m->grad_fn;
@@ -580,7 +591,7 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
         st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] was not used to compute the roots; expected allow_unused to get no gradient for it", fn, i);
       continue;
     }
-    if (accumulate) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
+    if (accumulate && x->n->op < 0) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
     else if (x->capture && x->capture_nr == innr[i]) {
       dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
     } else if (x->capture) {

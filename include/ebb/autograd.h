@@ -13,8 +13,7 @@
  * backward on the calling thread (CPU tensors and one device), with tensor and post-accumulate
  * hooks and retain_grad. Not yet: node, multi-grad and logging hooks, in-place ops on tensors that
  * require gradients (ebb_op_add_, ebb_tensor_copy_, ... are refused with grad mode on),
- * create_graph (a backward records nothing), non-leaf inputs to ebb_backward, the multi-device
- * engine (issues 20 and 21).
+ * create_graph (a backward records nothing), the multi-device engine (issues 20 and 21).
  *
  * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives.
  * Threading: every function is thread-safe; grad mode is per thread. Errors: a status and
@@ -77,9 +76,11 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  * ebb_backward: computes the gradient of the roots with respect to the leaves of their graph and
  * adds it into each leaf's .grad (ebb_tensor_grad). grad_roots[i] is the gradient of roots[i]
  * (its shape, dtype and device); grad_roots or an entry of it NULL means 1, allowed for a root of
- * one element only. With `inputs` (ninputs > 0, leaves that require gradients) only their .grad
- * is written and only the nodes on a path to them run (partial backward); an input the roots do
- * not depend on is left as it was. Nodes run on the calling thread in decreasing sequence number,
+ * one element only. With `inputs` (ninputs > 0, tensors that require gradients) only their .grad
+ * is written and only the nodes on a path to them run (partial backward, found by walking up from
+ * the inputs: its cost grows with those nodes, not with the whole graph); an input the roots do
+ * not depend on is left as it was. A non-leaf input gets the gradient that reached it (before its
+ * tensor hooks) added into its .grad, as a leaf would. Nodes run on the calling thread in decreasing sequence number,
  * AccumulateGrad first among the ready ones, the same order on every run. Without retain_graph
  * the saved tensors of every node that ran are released: a second backward through those nodes
  * fails with EBB_ESTATE (nodes that save nothing may run again).

@@ -503,3 +503,31 @@ TEST_CASE("engine: threads sharing one graph: without retain_graph one backward 
   }
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+TEST_CASE("engine: backward with a non-leaf input adds the gradient that reached it into its .grad", "[autograd][engine][partial]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({3}, 50), rnd({3}, 51)}, true);
+  Tensor ab, e, loss;
+  EBB_REQUIRE_OK(ebb_op_mul(ts[0], ts[1], ab.out()));
+  EBB_REQUIRE_OK(ebb_op_exp(ab, e.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(e, nullptr, 0, false, loss.out()));
+  const ebb_tensor_t *roots[1] = {loss.get()}, *in[2] = {ab.get(), ts[0].get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, true, in, 2));
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, true, in, 1));  // summed over calls, like a leaf's
+  Tensor gab, ga, gb;
+  EBB_REQUIRE_OK(ebb_tensor_grad(ab, gab.out()));
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], ga.out()));
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[1], gb.out()));
+  REQUIRE(gab.get() != nullptr);
+  REQUIRE(ga.get() != nullptr);
+  CHECK(gb.get() == nullptr);  // not an input
+  auto a = read(ts[0]), b = read(ts[1]), rab = read(gab), ra = read(ga);
+  for (int i = 0; i < 3; i++) {
+    CHECK(rab[i] == Approx(2 * std::exp(a[i] * b[i])).epsilon(1e-12));
+    CHECK(ra[i] == Approx(std::exp(a[i] * b[i]) * b[i]).epsilon(1e-12));
+  }
+  for (Tensor *t : {&ab, &e, &loss, &gab, &ga}) t->reset();
+  for (auto &t : ts) t.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
