@@ -237,9 +237,11 @@ static bool ebb__hold_room(struct ebb__task *t) {
 
 /* A partial backward's nodes: every node that leads to one of the inputs' nodes `from` (they
  * included), found by walking consumer edges up from them, each held by the task. Its cost grows
- * with the nodes between the inputs and the roots (and any other live graph that uses the
- * inputs), not with the roots' whole graph. */
-static ebb_status ebb__find_from_inputs(struct ebb__task *t, struct ebb_node *const *from, int nfrom) {
+ * with the nodes between the inputs and the roots, not with the roots' whole graph. A consumer
+ * made after the last root (sequence number above `maxseq`) cannot be in the roots' graph (a
+ * node's producers are older than it) and is not followed, so graphs recorded later on the same
+ * leaves cost nothing; older live graphs that use the inputs are walked. */
+static ebb_status ebb__find_from_inputs(struct ebb__task *t, struct ebb_node *const *from, int nfrom, uint64_t maxseq) {
   struct ebb_node **found = NULL;
   size_t nfound = 0, capfound = 0, done = 0;
   ebb_status st = EBB_OK;
@@ -270,7 +272,7 @@ static ebb_status ebb__find_from_inputs(struct ebb__task *t, struct ebb_node *co
     for (size_t k = before; k < nfound; k++) {
       struct ebb_node *c = found[k];
       bool added = false;
-      if (!st && (!ebb__hold_room(t) || ebb__tadd(t, c, &added) < 0)) st = EBB_ENOMEM;
+      if (!st && c->seq <= maxseq && (!ebb__hold_room(t) || ebb__tadd(t, c, &added) < 0)) st = EBB_ENOMEM;
       if (added) {
         t->held[t->nheld++] = c;
         found[keep++] = c;
@@ -581,7 +583,9 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     }
   }
   /* The task: every node of the roots' graph, or with inputs only those on a path to one. */
-  if (!st && ninputs > 0) st = ebb__find_from_inputs(&t, innode, ninputs);
+  uint64_t maxseq = 0;
+  for (int i = 0; !st && i < nroots; i++) maxseq = rn[i]->seq > maxseq ? rn[i]->seq : maxseq;
+  if (!st && ninputs > 0) st = ebb__find_from_inputs(&t, innode, ninputs, maxseq);
   if (!st) st = ebb__discover(&t, rn, nroots, ninputs > 0);
   for (int i = 0; !st && i < ninputs; i++) {
     int xi = innode[i] ? ebb__tfind(&t, innode[i]) : -1;
