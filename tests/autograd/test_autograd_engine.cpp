@@ -104,7 +104,7 @@ TEST_CASE("engine: an MLP's gradients match finite differences", "[autograd][eng
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("engine: layer_norm, softmax and cross_entropy; views and ops on views of non-leaves", "[autograd][engine]") {
+TEST_CASE("engine: layer_norm, softmax and cross_entropy, views and ops on views of non-leaves", "[autograd][engine]") {
   EbbSession session;
   LossFn net = [](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
     const int64_t two = 3;
@@ -128,7 +128,7 @@ TEST_CASE("engine: layer_norm, softmax and cross_entropy; views and ops on views
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("engine: grad() returns gradients without touching .grad; partial backward writes only its inputs",
+TEST_CASE("engine: grad() returns gradients without touching .grad, partial backward writes only its inputs",
           "[autograd][engine][partial]") {
   EbbSession session;
   auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({3}, 8), rnd({3}, 9), rnd({3}, 10)}, true);
@@ -212,7 +212,7 @@ TEST_CASE("engine: retain_graph, a second backward through freed buffers, and ac
   CHECK(read(g) == std::vector<double>(4, 3.0));
 }
 
-TEST_CASE("engine: bad input and failures name what was wrong; the engine carries on", "[autograd][engine][errors]") {
+TEST_CASE("engine: bad input and failures name what was wrong, the engine carries on", "[autograd][engine][errors]") {
   EbbSession session;
   auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({2, 2}, 13)}, true);
   Tensor y, plain;
@@ -306,7 +306,7 @@ TEST_CASE("engine: backward calls on many threads sharing leaves sum exactly", "
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("engine: gradients come in their inputs' dtypes; the same input twice gets its gradient twice", "[autograd][engine]") {
+TEST_CASE("engine: gradients come in their inputs' dtypes, the same input twice gets its gradient twice", "[autograd][engine]") {
   EbbSession session;
   // mse_loss of an f32 leaf against an f64 target computes in f64; x's gradient is f32.
   Tensor x = make(EBB_DEVICE_CPU, EBB_F32, {3}, {1, 2, 3}), b = make(EBB_DEVICE_CPU, EBB_F64, {3}, {0, 0, 0}), l;

@@ -117,7 +117,7 @@ TEST_CASE("graph: multi-output ops, views and outputs without gradients", "[auto
   CHECK(next_of(grad_fn(w), 1) != nullptr);
 }
 
-TEST_CASE("graph: grad mode off records nothing, per thread; detach cuts the graph", "[autograd][graph][mode]") {
+TEST_CASE("graph: grad mode off records nothing, per thread, detach cuts the graph", "[autograd][graph][mode]") {
   EbbSession session;
   Tensor x = leaf(EBB_DEVICE_CPU, {4}, 5), y, z, d, e;
   CHECK(ebb_grad_enabled());

@@ -51,7 +51,7 @@ Tensor leaf(std::vector<double> v) {
 
 }  // namespace
 
-TEST_CASE("hooks: a non-leaf's hook sees its summed gradient and may replace it; a leaf's order is hook, .grad, post hook",
+TEST_CASE("hooks: a non-leaf's hook sees its summed gradient and may replace it, a leaf's order is hook, .grad, post hook",
           "[autograd][hooks]") {
   EbbSession session;
   g_log.clear();
@@ -111,7 +111,7 @@ TEST_CASE("hooks: ebb_grad captures a leaf's gradient after its hooks", "[autogr
   CHECK(none.get() == nullptr);
 }
 
-TEST_CASE("hooks: bad input and failing hooks are named; the engine carries on", "[autograd][hooks][errors]") {
+TEST_CASE("hooks: bad input and failing hooks are named, the engine carries on", "[autograd][hooks][errors]") {
   EbbSession session;
   Tensor x = leaf({1, 2}), plain = make(EBB_DEVICE_CPU, EBB_F64, {2}, {1, 2}), y, l;
   ebb_hook_handle h;
