@@ -273,13 +273,23 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
     st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &x->buf[0]);
     if (st) return st;
+    /* node_api.c: the node's pre-hooks, and the gradient its post-hooks see (kept, so not stolen). */
+    bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire);
+    if (nh && (st = ebb__node_pre_hooks(t->fn, n, x->buf, 1))) return st;
+    ebb_tensor_t *seen = nh ? x->buf[0] : NULL;
+    if (seen) ebb_tensor_retain(seen);
     st = ebb__accumulate(n, &x->buf[0]);
-    if (st) return ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
-    return ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
+    if (st) st = ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
+    if (!st) st = ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
+    if (!st && nh) st = ebb__node_post_hooks(t->fn, n, NULL, 0, &seen, 1);
+    if (seen) ebb_tensor_release(seen);
+    return st;
   }
   for (int k = 0; n->hooks && x->buf && k < n->nout && !st; k++)
     st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &x->buf[k]);
   if (st) return st;
+  bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire); /* node_api.c */
+  if (nh && (st = ebb__node_pre_hooks(t->fn, n, x->buf, n->nout))) return st;
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
   bool any = false;
   for (int k = 0; x->buf && k < n->nout; k++) any |= x->buf[k] != NULL;
@@ -316,6 +326,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
                        ebb_dtype_name(gi.dtype), gi.device, m->ndim, ebb_dtype_name(m->dtype), m->device);
     }
   }
+  if (!st && nh) st = ebb__node_post_hooks(t->fn, n, gin, n->nin, x->buf, n->nout); /* node_api.c */
   /* Deliver (and count down the producers' dependencies, gradient or not). */
   for (int i = 0; gin && i < n->nin; i++) {
     struct ebb_node *c = n->next[i].fn;
@@ -391,12 +402,15 @@ static ebb_status ebb__root_grad(const char *fn, int i, const ebb_tensor_t *r, c
   return EBB_OK;
 }
 
-static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots,
-                               bool retain, const ebb_tensor_t *const *inputs, int ninputs, bool accumulate, bool allow_unused,
+/* Roots and inputs are tensors, or (eroots, einputs: the _edges calls) gradient edges. */
+static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
+                               const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
+                               const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
                                ebb_tensor_t **results) {
-  if (!roots || nroots <= 0) return ebb__fail(EBB_EINVAL, "%s: no roots; expected at least one tensor to differentiate", fn);
-  if (ninputs < 0 || (ninputs > 0 && !inputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
-  if (!accumulate && (!inputs || ninputs == 0)) return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
+  if ((!roots && !eroots) || nroots <= 0) return ebb__fail(EBB_EINVAL, "%s: no roots; expected at least one tensor to differentiate", fn);
+  if (ninputs < 0 || (ninputs > 0 && !inputs && !einputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
+  if (!accumulate && ((!inputs && !einputs) || ninputs == 0))
+    return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
   struct ebb__task t = {.fn = fn, .results = results};
   struct ebb_node **rn = calloc((size_t)nroots, sizeof *rn), **racc = calloc((size_t)nroots, sizeof *racc);
   int *rnr = calloc((size_t)nroots, sizeof *rnr);
@@ -406,19 +420,35 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   bool was;
   ebb_status st = rn && racc && rnr && rg && dup ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots", fn, nroots);
   for (int i = 0; dup && i < ninputs; i++) dup[i] = -1;
-  for (int i = 0; !st && i < nroots; i++) st = ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
-  for (int i = 0; !st && i < nroots; i++) st = ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
+  struct ebb__task_scope scope; /* node_api.c: the task's id, current node, multi-grad state */
+  ebb__task_begin(&scope, &t);
+  for (int i = 0; !st && i < nroots; i++)
+    st = eroots ? ebb__edge_resolve(fn, "roots", i, &eroots[i], &rn[i], &rnr[i])
+                : ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
+  for (int i = 0; !st && i < nroots; i++)
+    st = eroots ? ebb__edge_root_grad(fn, i, rn[i], rnr[i], grad_roots ? grad_roots[i] : NULL, &rg[i])
+                : ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
   if (!st) st = ebb__discover(&t, rn, nroots);
   /* Targets: every node (no inputs), or the inputs' edges. */
   for (int i = 0; !st && i < ninputs; i++) {
-    st = ebb__tensor_check(inputs[i], fn, "inputs[i]");
-    struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
-    if (!st && (!m || !m->requires_grad))
-      st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
+    struct ebb_node *in = NULL;
+    int nr = 0;
+    bool leaf = false;
+    if (einputs) { /* an edge: its node (an AccumulateGrad for a leaf) */
+      st = ebb__edge_resolve(fn, "inputs", i, &einputs[i], &in, &nr);
+      leaf = !st && in->op < 0;
+    } else {
+      st = ebb__tensor_check(inputs[i], fn, "inputs[i]");
+      struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
+      if (!st && (!m || !m->requires_grad))
+        st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
+      if (st) break;
+      in = m->grad_fn;
+      if (!in) in = ebb__grad_acc_peek(m); /* (under the lock its writers take) */
+      nr = m->grad_fn ? m->output_nr : 0;
+      leaf = !m->grad_fn;
+    }
     if (st) break;
-    struct ebb_node *in = m->grad_fn;
-    if (!in) in = ebb__grad_acc_peek(m); /* (under the lock its writers take) */
-    int nr = m->grad_fn ? m->output_nr : 0;
     struct ebb__tnode *x = in ? ebb__tfind(&t, in, false) : NULL;
     if (!x) {
       if (!accumulate && !allow_unused)
@@ -426,7 +456,7 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       continue;
     }
     x->needed = true;
-    if (accumulate && !m->grad_fn) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
+    if (accumulate && leaf) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
     else if (accumulate) st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is not a leaf; backward with non-leaf inputs is not supported yet", fn, i);
     else if (x->capture && x->capture_nr == nr) {
       dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
@@ -453,7 +483,9 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
   while (!st && ready.n) {
     struct ebb__tnode *x = ebb__heap_pop(&ready);
+    struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
     st = ebb__run_node(&t, x, retain, &ready);
+    ebb__node_enter(prev);
     /* Its gradients are used up: freed now, not at the task's end (a backward holds only the
      * buffers of nodes still waiting), and so a producer that got g itself may take the next sum
      * into it in place. */
@@ -469,6 +501,8 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       ebb_tensor_retain(results[dup[i]]);
       results[i] = results[dup[i]];
     }
+  ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
+  if (!st) st = end;
   ebb_grad_set_enabled(was, NULL);
   for (int i = 0; rg && racc && i < nroots; i++) {
     if (rg[i]) ebb_tensor_release(rg[i]);
@@ -492,14 +526,33 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
 
 ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
                         const ebb_tensor_t *const *inputs, int ninputs) {
-  return ebb__execute("ebb_backward", roots, grad_roots, nroots, retain_graph, inputs, ninputs, true, false, NULL);
+  return ebb__execute("ebb_backward", roots, NULL, grad_roots, nroots, retain_graph, inputs, NULL, ninputs, true, false, NULL);
+}
+
+ebb_status ebb_backward_edges(const ebb_gradient_edge *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
+                              const ebb_gradient_edge *inputs, int ninputs) {
+  return ebb__execute("ebb_backward_edges", NULL, roots, grad_roots, nroots, retain_graph, NULL, inputs, ninputs, true, false, NULL);
+}
+
+ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
+                          const ebb_gradient_edge *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {
+  if (!grads) return ebb__fail(EBB_EINVAL, "ebb_grad_edges: grads is NULL; expected an array of ninputs handles to fill");
+  for (int i = 0; i < ninputs; i++) grads[i] = NULL;
+  return ebb__execute("ebb_grad_edges", NULL, outputs, grad_outputs, noutputs, retain_graph, NULL, inputs, ninputs, false,
+                      allow_unused, grads);
+}
+
+bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n) {
+  const struct ebb__tnode *x = ebb__tfind((struct ebb__task *)t, (struct ebb_node *)n, false);
+  return x && x->needed;
 }
 
 ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                     const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {
   if (!grads) return ebb__fail(EBB_EINVAL, "ebb_grad: grads is NULL; expected an array of ninputs handles to fill");
   for (int i = 0; i < ninputs; i++) grads[i] = NULL;
-  return ebb__execute("ebb_grad", outputs, grad_outputs, noutputs, retain_graph, inputs, ninputs, false, allow_unused, grads);
+  return ebb__execute("ebb_grad", outputs, NULL, grad_outputs, noutputs, retain_graph, inputs, NULL, ninputs, false, allow_unused,
+                      grads);
 }
 
 ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out) {
