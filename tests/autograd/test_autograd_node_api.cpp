@@ -208,7 +208,7 @@ void destroy_value(void *v) {
 }
 }  // namespace
 
-TEST_CASE("node api: user metadata lives as long as the node; overwrite and remove run the destructor", "[autograd][node_api]") {
+TEST_CASE("node api: user metadata lives as long as the node - overwrite and remove run the destructor", "[autograd][node_api]") {
   EbbSession session;
   Destroyed d;
   g_destroyed = &d;
@@ -325,7 +325,7 @@ TEST_CASE("node hooks: around an AccumulateGrad: tensor hook, pre-hook, post-acc
   CHECK(e.node == nullptr);
 }
 
-TEST_CASE("node hooks: registration order; a hook removed during the backward does not run", "[autograd][node_api][hooks]") {
+TEST_CASE("node hooks: registration order - a hook removed during the backward does not run", "[autograd][node_api][hooks]") {
   EbbSession session;
   g_log.clear();
   Tensor x = leaf({1, 2}), y, l;
@@ -410,7 +410,7 @@ TEST_CASE("node hooks: pre-hooks run only for nodes the backward executes", "[au
   EBB_REQUIRE_OK(ebb_gradient_edge_release(&eb));
 }
 
-TEST_CASE("gradient edges: grad and backward through edges; an edge keeps its node alive", "[autograd][node_api][edges]") {
+TEST_CASE("gradient edges: grad and backward through edges - an edge keeps its node alive", "[autograd][node_api][edges]") {
   EbbSession session;
   Tensor x = leaf({1, 2, 3}), y, l;
   EBB_REQUIRE_OK(ebb_op_mul(x, x, y.out()));  // y = x^2
@@ -559,7 +559,7 @@ ebb_status mg_fn(const ebb_tensor_t *const *grads, int n, void *user) {
 using G = std::vector<std::vector<double>>;
 }  // namespace
 
-TEST_CASE("multi-grad hooks: all waits for the gradients the backward computes; any fires once", "[autograd][node_api][multi_grad]") {
+TEST_CASE("multi-grad hooks: all waits for the gradients the backward computes - any fires once", "[autograd][node_api][multi_grad]") {
   EbbSession session;
   Tensor a = leaf({1}), b = leaf({2}), c = leaf({3}), d = leaf({4}), s1, s2, l;
   EBB_REQUIRE_OK(ebb_op_mul(a, b, s1.out()));  // l = a*b + 2c; d is not used
@@ -605,7 +605,7 @@ namespace {
 ebb_status failing_tensor_hook(const ebb_tensor_t *, ebb_tensor_t **, void *) { return ebb_tensor_set_requires_grad(nullptr, true); }
 }  // namespace
 
-TEST_CASE("multi-grad hooks: a failing backward does not fire all; bad input", "[autograd][node_api][multi_grad][errors]") {
+TEST_CASE("multi-grad hooks: a failing backward does not fire all - bad input", "[autograd][node_api][multi_grad][errors]") {
   EbbSession session;
   Tensor a = leaf({1}), b = leaf({2}), y, s1, l;
   EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 2.0, y.out()));  // l = sum(2a * b)
