@@ -37,8 +37,13 @@ struct ebb_node {
   struct ebb__edge *next;    /* [nin] */
   ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
   _Atomic bool freed_saved;  /* a backward without retain_graph released the saved tensors */
-  struct ebb__hook *hooks;   /* tensor hooks of its outputs (non-leaf tensors), under ebb__hook_mu */
+  struct ebb__hook *hooks;   /* tensor hooks of its outputs (non-leaf tensors), and the node's own pre/post hooks,
+                                under ebb__hook_mu */
   struct ebb__edge *consumers; /* edges of live nodes that point here, under its consumer lock */
+  /* node_api.c. in_meta has nin + nout entries: [nin + k] is output k's (the node's input k). */
+  uint64_t stream_id;        /* the outputs' device's current stream when recorded (0: CPU) */
+  struct ebb__kv *kv;        /* user metadata, under node_api.c's lock */
+  _Atomic bool has_node_hooks; /* a pre- or post-hook was registered (the engine's fast check) */
 };
 
 struct ebb__meta {
@@ -54,7 +59,8 @@ struct ebb__meta {
 
 /* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its
  * list (marked) until its owner goes, so a backward walking the list never meets freed memory. */
-enum { EBB__HOOK_TENSOR = 0, EBB__HOOK_POST_ACC = 1, EBB__HOOK_RETAIN = 2 };
+enum { EBB__HOOK_TENSOR = 0, EBB__HOOK_POST_ACC = 1, EBB__HOOK_RETAIN = 2, EBB__HOOK_NODE_PRE = 3, EBB__HOOK_NODE_POST = 4,
+       EBB__HOOK_GROUP = 5 /* one handle over other hooks (multi-grad, logging): in no list */ };
 struct ebb__hook {
   uint64_t id;
   int kind;
@@ -62,8 +68,12 @@ struct ebb__hook {
   ebb_tensor_hook_fn fn;
   ebb_post_accumulate_hook_fn post;
   void *user;
-  bool removed;
+  _Atomic bool removed;     /* read by a backward without the lock; removal may come from another thread */
   struct ebb__hook *next;
+  ebb_node_pre_hook_fn pre;   /* EBB__HOOK_NODE_PRE */
+  ebb_node_post_hook_fn npost; /* EBB__HOOK_NODE_POST */
+  void (*user_free)(void *user); /* when the hook struct is freed (its owner goes, or a group is removed) */
+  void (*on_remove)(void *user); /* EBB__HOOK_GROUP: removes its members (no lock held) */
 };
 
 /* hooks.c */
@@ -80,6 +90,51 @@ EBB_HIDDEN void ebb__retain_end(struct ebb__meta *m);
  * removed. */
 EBB_HIDDEN void ebb__hooks_free(struct ebb__hook *h);
 
+
+/* Adds hook h (kind, functions and user set; id and link filled here) to the registry and to the
+ * end of *list (NULL: a group, in the registry only); its id in *id. EBB_ENOMEM (message naming
+ * fn) without memory, h then not taken. */
+EBB_HIDDEN ebb_status ebb__hook_attach(const char *fn, struct ebb__hook **list, struct ebb__hook *h, uint64_t *id);
+/* The tensor-hook registration of ebb_tensor_register_hook with a destructor for user. */
+EBB_HIDDEN ebb_status ebb__tensor_hook_add(const char *fn, ebb_tensor_t *t, ebb_tensor_hook_fn f, void *user,
+                                           void (*user_free)(void *), uint64_t *id);
+/* Removes the hook with id `id` if still registered (no message either way): true if it was. */
+EBB_HIDDEN bool ebb__hook_remove_id(uint64_t id);
+
+/* node_api.c */
+/* What the engine tells node_api.c about a running graph task. The scope lives on the stack of
+ * the call that runs the task; `task` is the engine's, for ebb__task_will_execute. */
+struct ebb__task_scope {
+  int64_t id;
+  const struct ebb__task *task;
+  struct ebb__task_scope *outer; /* the task this thread ran before (reentrant backward) */
+  struct ebb_node *outer_node;
+  struct ebb__mg_state *mg;      /* multi-grad states of this task, under node_api.c's lock */
+};
+EBB_HIDDEN void ebb__task_begin(struct ebb__task_scope *s, const struct ebb__task *task);
+/* Ends the scope: fires the incomplete multi-grad "all" states when ok, drops them otherwise. */
+EBB_HIDDEN ebb_status ebb__task_end(struct ebb__task_scope *s, bool ok);
+/* The node being evaluated on this thread; returns the previous one, to restore. */
+EBB_HIDDEN struct ebb_node *ebb__node_enter(struct ebb_node *n);
+/* Node n's pre-hooks on its input gradients grads[0..ngrads) (replaced in place). */
+EBB_HIDDEN ebb_status ebb__node_pre_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t **grads, int ngrads);
+/* Node n's post-hooks: gin[0..nin) may be replaced (checked against n->in_meta). */
+EBB_HIDDEN ebb_status ebb__node_post_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t **gin, int nin,
+                                           ebb_tensor_t *const *gout, int nout);
+/* Frees n's user metadata (its destructors run): the node is going. */
+EBB_HIDDEN void ebb__node_kv_free(struct ebb_node *n);
+/* A gradient-edge root: checks edge i and gives its node and input; the edge's reference keeps it. */
+EBB_HIDDEN ebb_status ebb__edge_resolve(const char *fn, const char *what, int i, const ebb_gradient_edge *e,
+                                        struct ebb_node **node, int *nr);
+/* The starting gradient of a root edge: g checked against the node's input metadata, or ones. */
+EBB_HIDDEN ebb_status ebb__edge_root_grad(const char *fn, int i, const struct ebb_node *n, int nr, const ebb_tensor_t *g,
+                                          ebb_tensor_t **out);
+/* Node n's input k metadata (for an AccumulateGrad, its leaf's). */
+EBB_HIDDEN void ebb__node_input_meta(const struct ebb_node *n, int k, ebb__tensor_meta *out);
+
+/* engine.c */
+/* Whether task t will execute n (or reach it for a capture). */
+EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
 
 /* graph.c */
 EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);

@@ -413,13 +413,23 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
     st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0]);
     if (st) return st;
+    /* node_api.c: the node's pre-hooks, and the gradient its post-hooks see (kept, so not stolen). */
+    bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire);
+    if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, 1))) return st;
+    ebb_tensor_t *seen = nh ? buf[0] : NULL;
+    if (seen) ebb_tensor_retain(seen);
     st = ebb__accumulate(n, &buf[0]);
-    if (st) return ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
-    return ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
+    if (st) st = ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
+    if (!st) st = ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
+    if (!st && nh) st = ebb__node_post_hooks(t->fn, n, NULL, 0, &seen, 1);
+    if (seen) ebb_tensor_release(seen);
+    return st;
   }
   for (int k = 0; n->hooks && buf && k < n->nout && !st; k++)
     st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k]);
   if (st) return st;
+  bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire); /* node_api.c */
+  if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, n->nout))) return st;
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
   const int *edges = t->edges + x->edge0;
   bool any = false;
@@ -439,8 +449,9 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     ebb__mutex_unlock(ebb__saved_lock(n));
     for (int i = 0; !st && i < n->nin; i++) need[i] = edges[i] >= 0 && t->nodes[edges[i]].needed;
     if (!st) {
-      /* The buffers the engine holds alone: the backward may compute a gradient in them. */
-      bool mine[2] = {buf[0] && ebb__tensor_exclusive(buf[0]), n->nout > 1 && buf[1] && ebb__tensor_exclusive(buf[1])};
+      /* The buffers the engine holds alone: the backward may compute a gradient in them (not when
+       * post-hooks will read them as the node's grad_outputs). */
+      bool mine[2] = {!nh && buf[0] && ebb__tensor_exclusive(buf[0]), !nh && n->nout > 1 && buf[1] && ebb__tensor_exclusive(buf[1])};
       const ebb__bw_ctx ctx = {&n->args, n->in_meta, saved, saved + n->nin, n->nin, need, mine};
       const ebb_tensor_t *go[2] = {buf[0], n->nout > 1 ? buf[1] : NULL};
       st = e->backward(&ctx, go, gin);
@@ -458,6 +469,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
                        ebb_dtype_name(gi.dtype), gi.device, m->ndim, ebb_dtype_name(m->dtype), m->device);
     }
   }
+  if (!st && nh) st = ebb__node_post_hooks(t->fn, n, gin, n->nin, buf, n->nout); /* node_api.c */
   /* Its gradients are used up: freed now, not at the task's end (a backward holds only the
    * buffers of nodes still waiting), and so a gradient returned in its own buffer is held once,
    * and a producer that gets it may take the next sum into it in place. */
@@ -548,28 +560,45 @@ static ebb_status ebb__root_grad(const char *fn, int i, const ebb_tensor_t *r, c
   return EBB_OK;
 }
 
-static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots,
-                               bool retain, const ebb_tensor_t *const *inputs, int ninputs, bool accumulate, bool allow_unused,
+/* Roots and inputs are tensors, or (eroots, einputs: the _edges calls) gradient edges. */
+static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
+                               const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
+                               const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
                                ebb_tensor_t **results) {
-  if (!roots || nroots <= 0) return ebb__fail(EBB_EINVAL, "%s: no roots; expected at least one tensor to differentiate", fn);
-  if (ninputs < 0 || (ninputs > 0 && !inputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
-  if (!accumulate && (!inputs || ninputs == 0)) return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
+  if ((!roots && !eroots) || nroots <= 0) return ebb__fail(EBB_EINVAL, "%s: no roots; expected at least one tensor to differentiate", fn);
+  if (ninputs < 0 || (ninputs > 0 && !inputs && !einputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
+  if (!accumulate && ((!inputs && !einputs) || ninputs == 0))
+    return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
   struct ebb__task t = {.fn = fn, .results = results, .inputs = inputs};
   struct ebb_node **rn = calloc((size_t)nroots, sizeof *rn), **racc = calloc((size_t)nroots, sizeof *racc);
   int *rnr = calloc((size_t)nroots, sizeof *rnr);
   ebb_tensor_t **rg = calloc((size_t)nroots, sizeof *rg);
   int *dup = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *dup);
-  struct ebb__heap ready = {0};
-  bool was;
-  ebb_status st = rn && racc && rnr && rg && dup ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots", fn, nroots);
-  for (int i = 0; dup && i < ninputs; i++) dup[i] = -1;
-  for (int i = 0; !st && i < nroots; i++) st = ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
-  for (int i = 0; !st && i < nroots; i++) st = ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
   /* The inputs' nodes (a leaf's AccumulateGrad, held by the task: its leaf holds it weakly). */
   struct ebb_node **innode = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *innode);
   int *innr = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *innr);
-  if (!st && (!innode || !innr)) st = ebb__fail(EBB_ENOMEM, "%s: no host memory for %d inputs", fn, ninputs);
+  struct ebb__heap ready = {0};
+  bool was;
+  ebb_status st = rn && racc && rnr && rg && dup && innode && innr
+                      ? EBB_OK
+                      : ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots and %d inputs", fn, nroots, ninputs);
+  for (int i = 0; dup && i < ninputs; i++) dup[i] = -1;
+  struct ebb__task_scope scope; /* node_api.c: the task's id, current node, multi-grad state */
+  ebb__task_begin(&scope, &t);
+  for (int i = 0; !st && i < nroots; i++)
+    st = eroots ? ebb__edge_resolve(fn, "roots", i, &eroots[i], &rn[i], &rnr[i])
+                : ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
+  for (int i = 0; !st && i < nroots; i++)
+    st = eroots ? ebb__edge_root_grad(fn, i, rn[i], rnr[i], grad_roots ? grad_roots[i] : NULL, &rg[i])
+                : ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
   for (int i = 0; !st && i < ninputs; i++) {
+    if (einputs) { /* an edge: its node (an AccumulateGrad for a leaf), held by the edge */
+      st = ebb__edge_resolve(fn, "inputs", i, &einputs[i], &innode[i], &innr[i]);
+      if (!st && accumulate && innode[i]->op >= 0)
+        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: an edge has no tensor whose .grad "
+                       "to fill (ebb_grad_edges gives its gradient)", fn, i, ebb__node_name_of(innode[i]));
+      continue;
+    }
     st = ebb__tensor_check(inputs[i], fn, "inputs[i]");
     struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
     if (!st && (!m || !m->requires_grad))
@@ -606,8 +635,6 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       x->capture_nr = innr[i];
     }
   }
-  free(innode);
-  free(innr);
   ebb_grad_set_enabled(false, &was); /* no graph of the backward (create_graph is not supported) */
   for (int i = 0; !st && i < nroots; i++) {
     int ri = ebb__tfind(&t, rn[i]);
@@ -620,7 +647,9 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
   while (!st && ready.n) {
     struct ebb__tnode *x = &t.nodes[ebb__heap_pop(&ready)];
+    struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
     st = ebb__run_node(&t, x, retain, &ready);
+    ebb__node_enter(prev);
     /* What is left of its buffer (a node that only accumulated or was captured) goes now. */
     ebb_tensor_t **b = ebb__bufs(x);
     for (int k = 0; b && k < ebb__nbufs(x); k++)
@@ -634,6 +663,8 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       ebb_tensor_retain(results[dup[i]]);
       results[i] = results[dup[i]];
     }
+  ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
+  if (!st) st = end;
   ebb_grad_set_enabled(was, NULL);
   for (int i = 0; rg && racc && i < nroots; i++) {
     if (rg[i]) ebb_tensor_release(rg[i]);
@@ -644,6 +675,8 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   free(racc);
   free(rnr);
   free(rg);
+  free(innode);
+  free(innr);
   free(ready.a);
   ebb__task_free(&t);
   if (st && results)
@@ -657,14 +690,33 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
 
 ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
                         const ebb_tensor_t *const *inputs, int ninputs) {
-  return ebb__execute("ebb_backward", roots, grad_roots, nroots, retain_graph, inputs, ninputs, true, false, NULL);
+  return ebb__execute("ebb_backward", roots, NULL, grad_roots, nroots, retain_graph, inputs, NULL, ninputs, true, false, NULL);
+}
+
+ebb_status ebb_backward_edges(const ebb_gradient_edge *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
+                              const ebb_gradient_edge *inputs, int ninputs) {
+  return ebb__execute("ebb_backward_edges", NULL, roots, grad_roots, nroots, retain_graph, NULL, inputs, ninputs, true, false, NULL);
+}
+
+ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
+                          const ebb_gradient_edge *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {
+  if (!grads) return ebb__fail(EBB_EINVAL, "ebb_grad_edges: grads is NULL; expected an array of ninputs handles to fill");
+  for (int i = 0; i < ninputs; i++) grads[i] = NULL;
+  return ebb__execute("ebb_grad_edges", NULL, outputs, grad_outputs, noutputs, retain_graph, NULL, inputs, ninputs, false,
+                      allow_unused, grads);
+}
+
+bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n) {
+  int i = ebb__tfind(t, n);
+  return i >= 0 && t->nodes[i].needed;
 }
 
 ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                     const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {
   if (!grads) return ebb__fail(EBB_EINVAL, "ebb_grad: grads is NULL; expected an array of ninputs handles to fill");
   for (int i = 0; i < ninputs; i++) grads[i] = NULL;
-  return ebb__execute("ebb_grad", outputs, grad_outputs, noutputs, retain_graph, inputs, ninputs, false, allow_unused, grads);
+  return ebb__execute("ebb_grad", outputs, NULL, grad_outputs, noutputs, retain_graph, inputs, NULL, ninputs, false, allow_unused,
+                      grads);
 }
 
 ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out) {

@@ -155,6 +155,7 @@ void ebb__node_unref(struct ebb_node *n) {
       ebb__mutex_unlock(&ebb__acc_mu);
       ebb_tensor_release(x->leaf);
     }
+    ebb__node_kv_free(x);
     ebb__hooks_free(x->hooks);
     free(x->in_meta);
     free(x->saved);
@@ -195,6 +196,15 @@ struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m) {
   return a;
 }
 
+/* The id of the calling thread's current stream on `device` (0 for the CPU): a node's forward
+ * stream. */
+static uint64_t ebb__current_stream_id(int device) {
+  ebb_stream_t *s = NULL;
+  uint64_t id = 0;
+  if (device == EBB_DEVICE_CPU || ebb_stream_current(device, &s) || ebb_stream_id(s, &id)) return 0;
+  return id;
+}
+
 struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m) {
   ebb__mutex_lock(&ebb__acc_mu);
   struct ebb_node *a = m->grad_acc;
@@ -223,6 +233,9 @@ ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node *
       return ebb__fail(EBB_ENOMEM, "no host memory for the AccumulateGrad node of a leaf");
     }
     a->leaf = t;
+    ebb__tensor_meta tm;
+    ebb__tensor_meta_of(t, &tm);
+    a->stream_id = ebb__current_stream_id(tm.device);
     atomic_store_explicit(&a->refs, 1, memory_order_relaxed);
     m->grad_acc = a;
   }
@@ -263,7 +276,7 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
   ebb_status st = n ? EBB_OK : EBB_ENOMEM;
   if (!st) {
     n->args = *args;
-    n->in_meta = calloc((size_t)nin, sizeof *n->in_meta);
+    n->in_meta = calloc((size_t)(nin + nout), sizeof *n->in_meta); /* [nin + k]: output k's, the node's inputs */
     if (e->save) {
       n->saved = calloc((size_t)(nin + nout), sizeof *n->saved);
       n->saved_version = calloc((size_t)(nin + nout), sizeof *n->saved_version);
@@ -292,6 +305,8 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
   }
   for (int k = 0; !st && k < nout; k++)
     if (e->save & EBB__SAVE_OUT(k)) st = ebb__save(n, nin + k, out[k]);
+  for (int k = 0; !st && k < nout; k++) ebb__tensor_meta_of(out[k], &n->in_meta[nin + k]);
+  if (!st && nout > 0) n->stream_id = ebb__current_stream_id(n->in_meta[nin].device);
   /* The outputs with a gradient (floating ones: max_dim's indices have none) point at the node. */
   for (int k = 0; !st && k < nout; k++) {
     ebb_dtype dt = EBB_F32;

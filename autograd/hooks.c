@@ -6,7 +6,9 @@
  * freed memory. Registration, removal and the owners' frees take ebb__hook_mu; the engine walks a
  * list without it: hooks are only appended (a release store of the link) and a removed hook stays
  * in the list, marked, until its owner goes, which no backward can overlap (a backward holds the
- * graph).
+ * graph). A hook may own its user data (user_free, run when the hook struct goes, without the
+ * lock). A group (multi-grad, logging hooks) is a registry entry in no list whose removal removes
+ * its members; it lives until removed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -47,17 +49,44 @@ static void ebb__unregister_locked(const struct ebb__hook *h) {
 void ebb__hooks_free(struct ebb__hook *h) {
   if (!h) return;
   ebb__mutex_lock(&ebb__hook_mu);
+  for (struct ebb__hook *x = h; x; x = x->next)
+    if (!x->removed) ebb__unregister_locked(x);
+  ebb__mutex_unlock(&ebb__hook_mu);
+  /* Destructors without the lock: one may drop the last reference of a node, whose free comes
+   * back here. */
   while (h) {
     struct ebb__hook *next = h->next;
-    if (!h->removed) ebb__unregister_locked(h);
+    if (h->user_free) h->user_free(h->user);
     free(h);
     h = next;
   }
+}
+
+ebb_status ebb__hook_attach(const char *fn, struct ebb__hook **list, struct ebb__hook *h, uint64_t *id) {
+  static struct ebb__hook *none;
+  ebb__mutex_lock(&ebb__hook_mu);
+  bool ok = ebb__hook_add_locked(list ? list : &none, h);
+  if (!list) none = NULL; /* a group is in the registry only */
+  if (ok) *id = h->id;
   ebb__mutex_unlock(&ebb__hook_mu);
+  return ok ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for the hook registry", fn);
+}
+
+bool ebb__hook_remove_id(uint64_t id) {
+  ebb__mutex_lock(&ebb__hook_mu);
+  struct ebb__hook *h = NULL;
+  for (size_t i = 0; i < ebb__nreg && !h; i++)
+    if (ebb__reg[i]->id == id) h = ebb__reg[i];
+  if (h) {
+    h->removed = true;
+    ebb__unregister_locked(h);
+  }
+  ebb__mutex_unlock(&ebb__hook_mu);
+  return h != NULL;
 }
 
 static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_tensor_hook_fn f, ebb_post_accumulate_hook_fn post,
-                                void *user, ebb_hook_handle *out) {
+                                void *user, void (*user_free)(void *), ebb_hook_handle *out) {
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
   if (!f && !post) return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a hook function", fn);
@@ -71,7 +100,8 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
                      ebb__node_name_of(m->grad_fn));
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a hook", fn);
-  *h = (struct ebb__hook){.kind = kind, .output_nr = m->grad_fn ? m->output_nr : 0, .fn = f, .post = post, .user = user};
+  *h = (struct ebb__hook){.kind = kind, .output_nr = m->grad_fn ? m->output_nr : 0, .fn = f, .post = post, .user = user,
+                          .user_free = user_free};
   ebb__mutex_lock(&ebb__hook_mu);
   bool ok = ebb__hook_add_locked(m->grad_fn ? &m->grad_fn->hooks : &m->hooks, h);
   uint64_t id = h->id;
@@ -85,11 +115,19 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
 }
 
 ebb_status ebb_tensor_register_hook(ebb_tensor_t *t, ebb_tensor_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__register("ebb_tensor_register_hook", t, EBB__HOOK_TENSOR, fn, NULL, user, out);
+  return ebb__register("ebb_tensor_register_hook", t, EBB__HOOK_TENSOR, fn, NULL, user, NULL, out);
+}
+
+ebb_status ebb__tensor_hook_add(const char *fn, ebb_tensor_t *t, ebb_tensor_hook_fn f, void *user, void (*user_free)(void *),
+                                uint64_t *id) {
+  ebb_hook_handle h = {0};
+  ebb_status st = ebb__register(fn, t, EBB__HOOK_TENSOR, f, NULL, user, user_free, &h);
+  if (!st) *id = h.id;
+  return st;
 }
 
 ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb_post_accumulate_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__register("ebb_tensor_register_post_accumulate_hook", t, EBB__HOOK_POST_ACC, NULL, fn, user, out);
+  return ebb__register("ebb_tensor_register_post_accumulate_hook", t, EBB__HOOK_POST_ACC, NULL, fn, user, NULL, out);
 }
 
 ebb_status ebb_hook_remove(ebb_hook_handle handle) {
@@ -105,6 +143,11 @@ ebb_status ebb_hook_remove(ebb_hook_handle handle) {
   if (!h)
     return ebb__fail(EBB_EINVAL, "ebb_hook_remove: hook %llu is not registered: removed already, its tensor's graph is gone, or "
                      "never returned by a register call", (unsigned long long)handle.id);
+  if (h->kind == EBB__HOOK_GROUP) { /* in no list: removing it ends it (its members first) */
+    h->on_remove(h->user);
+    if (h->user_free) h->user_free(h->user);
+    free(h);
+  }
   return EBB_OK;
 }
 

@@ -11,9 +11,10 @@
  *
  * Status of this header: the graph is recorded and can be inspected, and the engine runs a
  * backward on the calling thread (CPU tensors and one device), with tensor and post-accumulate
- * hooks and retain_grad. Not yet: node, multi-grad and logging hooks, in-place ops on tensors that
- * require gradients (ebb_op_add_, ebb_tensor_copy_, ... are refused with grad mode on),
- * create_graph (a backward records nothing), the multi-device engine (issues 20 and 21).
+ * hooks, retain_grad, node hooks and metadata, gradient edges, multi-grad and logging hooks. Not
+ * yet: in-place ops on tensors that require gradients (ebb_op_add_, ebb_tensor_copy_, ... are
+ * refused with grad mode on), create_graph (a backward records nothing), the multi-device engine
+ * (issues 20 and 21).
  *
  * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives.
  * Threading: every function is thread-safe; grad mode is per thread. Errors: a status and
@@ -134,10 +135,159 @@ EBB_API ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb
  * backward calls like a leaf's, seen after its other tensor hooks. A leaf: nothing to do; twice:
  * once. EBB_EINVAL for a tensor that does not require a gradient. */
 EBB_API ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t);
-/* Removes a hook: it does not run again (a backward running on another thread may still call it
- * once). EBB_EINVAL for a handle removed already, one whose tensor's graph is gone, or one never
+/* Removes a hook (tensor, post-accumulate or node hook), or every hook of a multi-grad or logging
+ * handle: it does not run again (a backward running on another thread may still call it once).
+ * EBB_EINVAL for a handle removed already, one whose tensor's graph or node is gone, or one never
  * returned. */
 EBB_API ebb_status ebb_hook_remove(ebb_hook_handle handle);
+
+/* ---- the Node API: input metadata, user metadata, node hooks ----------------------------------
+ * Words: a node's *inputs* are the gradients it receives in backward, one per output of its
+ * forward op (PyTorch's numbering: MulBackward has 1 input, max_dim's node 2); its *outputs* are
+ * the gradients it returns, one per input of its forward op (its next edges). An AccumulateGrad
+ * has one input (its leaf's gradient) and no outputs.
+ *
+ * Functions taking `const ebb_node_t *` accept the borrowed handles ebb_tensor_grad_fn and
+ * ebb_node_next give; hooks and metadata are side tables of the node, not part of what const
+ * protects. EBB_EINVAL for a NULL node, EBB_EFREED for one that is not a live node (detected in
+ * most cases: a pointer to freed memory cannot always be told apart). */
+
+/* What a node knows of input i (forward output i) when it was recorded: shape, dtype, device
+ * and the forward stream, the id (ebb_stream_id) of the calling thread's current stream on that
+ * device when the op ran (for an AccumulateGrad: when it was made); 0 for a CPU tensor. */
+typedef struct ebb_node_input_info {
+  int device;
+  ebb_dtype dtype;
+  int ndim;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  uint64_t stream_id;
+} ebb_node_input_info;
+EBB_API ebb_status ebb_node_num_inputs(const ebb_node_t *node, int *out);
+/* EBB_EINVAL for i out of [0, ebb_node_num_inputs) or NULL out. */
+EBB_API ebb_status ebb_node_input_meta(const ebb_node_t *node, int i, ebb_node_input_info *out);
+
+/* User metadata: key (a NUL-terminated string, copied) -> value, kept as long as the node lives.
+ * set: replaces the value of an existing key (the old value's destructor runs, with the old
+ * value, before set returns); the node takes `destroy` (may be NULL), called once with `value`
+ * when the key is overwritten or removed, or when the node is freed (on the thread that drops
+ * its last reference). get: EBB_ENOTFOUND (naming the key) when the key is absent, *value left
+ * alone. remove: runs the destructor; EBB_ENOTFOUND when absent. Thread-safe: calls on one node
+ * from several threads are serialised; destructors run with no ebb lock held and may call ebb,
+ * but not the metadata calls of the node being freed. */
+typedef void (*ebb_node_metadata_destroy_fn)(void *value);
+EBB_API ebb_status ebb_node_metadata_set(const ebb_node_t *node, const char *key, void *value, ebb_node_metadata_destroy_fn destroy);
+EBB_API ebb_status ebb_node_metadata_get(const ebb_node_t *node, const char *key, void **value);
+EBB_API ebb_status ebb_node_metadata_remove(const ebb_node_t *node, const char *key);
+
+/* Node hooks. A pre-hook runs when the node is about to execute (never for a node the backward
+ * does not run: outside a partial backward's path, or an AccumulateGrad of ebb_grad), after the
+ * tensor hooks and retain_grad of its inputs, with the node's input gradients (grads[k] NULL for
+ * an input no gradient reached). It may replace gradient k by setting replace[k] (all NULL on
+ * entry) to a new reference, which the engine takes; the node then runs with it. A post-hook runs
+ * after the node's backward (for an AccumulateGrad: after .grad was updated and its
+ * post-accumulate hooks), with the gradients it returned (grad_inputs[i], one per next edge, NULL
+ * where none was computed: an input that needs none) and the input gradients it ran with
+ * (grad_outputs, after the pre-hooks); it may replace grad_inputs[i] through replace[i] before
+ * they are passed on. Order around a node (NOTE [Hooks ordering]): tensor hooks, retain_grad,
+ * pre-hooks, the node, post-hooks; for an AccumulateGrad: the leaf's tensor hooks, pre-hooks,
+ * .grad updated, post-accumulate hooks, post-hooks. Hooks of one kind run in registration order.
+ * A replacement must have the shape, dtype and device of what it replaces (input metadata for
+ * pre-hooks, the forward input's for post-hooks); otherwise, or when a pre-hook gives a
+ * gradient for an input that got none (hooks replace gradients, they do not create them; a
+ * post-hook may give one for an input without one), the backward fails with EBB_EINVAL naming
+ * the hook, the node and both shapes. A hook returning an error fails the backward with its
+ * status, message kept. Hooks run on the backward's thread with grad mode off; a hook may remove
+ * itself or another hook (removal during a backward is honoured from the next hook on), and must
+ * not register hooks on a node of a backward running. Handles: ebb_hook_remove; a hook goes with
+ * its node. EBB_EINVAL: NULL node, fn or out. */
+typedef ebb_status (*ebb_node_pre_hook_fn)(const ebb_node_t *node, const ebb_tensor_t *const *grads, int ngrads,
+                                           ebb_tensor_t **replace, void *user);
+typedef ebb_status (*ebb_node_post_hook_fn)(const ebb_node_t *node, const ebb_tensor_t *const *grad_inputs, int ninputs,
+                                            const ebb_tensor_t *const *grad_outputs, int noutputs, ebb_tensor_t **replace,
+                                            void *user);
+EBB_API ebb_status ebb_node_register_pre_hook(const ebb_node_t *node, ebb_node_pre_hook_fn fn, void *user, ebb_hook_handle *out);
+EBB_API ebb_status ebb_node_register_post_hook(const ebb_node_t *node, ebb_node_post_hook_fn fn, void *user, ebb_hook_handle *out);
+
+/* ---- gradient edges -------------------------------------------------------------------------
+ * A gradient edge names where a tensor's gradient enters the graph: (its grad_fn, its output
+ * index), or for a leaf its AccumulateGrad (made if needed) and 0. The edge holds a reference on
+ * the node: the node (and the graph below it) lives until ebb_gradient_edge_release, whatever
+ * happens to the tensor (released, or given new history later): the edge keeps naming the node
+ * it was taken from. EBB_EINVAL: NULL t or out, a tensor that does not require a gradient.
+ * Release: sets e->node NULL; EBB_EINVAL for NULL e or an edge released already (node NULL).
+ * Thread-safe; an edge itself is a value, the caller's to share. */
+typedef struct ebb_gradient_edge {
+  const ebb_node_t *node;
+  int output_nr;
+} ebb_gradient_edge;
+EBB_API ebb_status ebb_tensor_gradient_edge(const ebb_tensor_t *t, ebb_gradient_edge *out);
+EBB_API ebb_status ebb_gradient_edge_release(ebb_gradient_edge *e);
+/* ebb_backward and ebb_grad with gradient edges for roots and inputs (the edges are borrowed).
+ * A root edge's gradient is checked against the node's input metadata (ebb_node_input_meta;
+ * NULL means 1 for one element). An input edge to an AccumulateGrad is its leaf; ebb_backward
+ * with an input edge to any other node is EBB_ENOTSUP (as for non-leaf tensors). Otherwise as
+ * ebb_backward and ebb_grad; additional EBB_EINVAL for an edge with a NULL node or an output_nr
+ * out of the node's inputs. */
+EBB_API ebb_status ebb_backward_edges(const ebb_gradient_edge *roots, const ebb_tensor_t *const *grad_roots, int nroots,
+                                      bool retain_graph, const ebb_gradient_edge *inputs, int ninputs);
+EBB_API ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
+                                  const ebb_gradient_edge *inputs, int ninputs, bool retain_graph, bool allow_unused,
+                                  ebb_tensor_t **grads);
+
+/* ---- the running backward -------------------------------------------------------------------
+ * The node being evaluated on the calling thread (from its tensor hooks to its post-hooks): *out
+ * NULL outside a backward. Borrowed: valid while it runs. */
+EBB_API ebb_status ebb_autograd_current_node(const ebb_node_t **out);
+/* The id of the backward (ebb_backward, ebb_grad, or their _edges forms) running on the calling
+ * thread: ids increase by exactly 1 per call, process-wide, from 0; -1 outside a backward. In a
+ * backward started from a hook (reentrant), the inner call's id. */
+EBB_API int64_t ebb_autograd_current_task_id(void);
+/* Whether the backward running on the calling thread will execute `node` (or, for ebb_grad,
+ * reach it for an input's gradient): false for a node outside its graph or, in a partial
+ * backward, off every path to its inputs. A node that already ran still answers true. EBB_ESTATE
+ * outside a backward; EBB_EINVAL for NULL node or out. */
+EBB_API ebb_status ebb_autograd_will_execute(const ebb_node_t *node, bool *out);
+
+/* Bumps the version counter of each tensor (ebb_tensor_bump_version): for changes made where
+ * autograd cannot see them (a kernel of your own through ebb_tensor_data), so a saved copy of the
+ * tensor fails the backward that needs it (EBB_ESTATE naming the node and both versions) instead
+ * of giving a wrong gradient. Bumping twice is harmless. EBB_EINVAL for NULL tensors with n > 0
+ * or a NULL entry, EBB_EFREED for a released one; on error no counter was bumped. */
+EBB_API ebb_status ebb_autograd_increment_version(ebb_tensor_t *const *tensors, int n);
+
+/* ---- multi-grad hooks -------------------------------------------------------------------------
+ * One callback over n tensors, per backward call (graph task): with EBB_MULTI_GRAD_ALL, once the
+ * gradients of all those tensors that the backward will compute are known (tensors outside its
+ * graph, or off the path of a partial backward, are not waited for), with grads[i] each tensor's
+ * gradient (after its earlier tensor hooks) or NULL where none was computed; with
+ * EBB_MULTI_GRAD_ANY, once, at the first of them, grads[i] set for that one only. ngrads is n.
+ * State is kept per backward call: concurrent backward calls on other threads fire separately. A
+ * backward that fails before "all" is complete does not fire it; one that succeeds fires an
+ * incomplete "all" (a gradient the engine found absent) at its end. The callback runs on the
+ * backward's thread as a tensor hook (in registration order among the tensors' hooks); an error
+ * from it fails the backward. Tensors that do not require a gradient are accepted and get NULL.
+ * The registration holds the tensors' nodes (grad_fn, or a leaf's AccumulateGrad) until the handle
+ * is removed: remove it (ebb_hook_remove removes all n hooks at once) to free them.
+ * EBB_EINVAL: NULL tensors, fn or out, n <= 0, a NULL or released tensor, a mode outside the
+ * enum (named). */
+typedef enum ebb_multi_grad_mode { EBB_MULTI_GRAD_ALL = 0, EBB_MULTI_GRAD_ANY = 1 } ebb_multi_grad_mode;
+typedef ebb_status (*ebb_multi_grad_fn)(const ebb_tensor_t *const *grads, int ngrads, void *user);
+EBB_API ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, int n, ebb_multi_grad_fn fn, void *user,
+                                                ebb_multi_grad_mode mode, ebb_hook_handle *out);
+
+/* ---- whole-graph logging -----------------------------------------------------------------------
+ * Registers on every node reachable from the roots (their grad_fn, or a leaf's AccumulateGrad) a
+ * pre-hook that gives `sink` one line per node executed, before it runs:
+ *   "Executing: MulBackward (node 12) with grad_outputs: [f32[2, 3], None]"
+ * (the node's name and sequence number, "AccumulateGrad" without one; each input gradient as
+ * dtype[shape], None where absent). With sink NULL the lines go to the warning handler
+ * (ebb_set_warning_handler), prefixed "autograd: ". Nodes recorded after the call are not
+ * covered. One handle (ebb_hook_remove) unregisters all. The sink runs on the backward's
+ * thread; it must not call ebb. EBB_EINVAL: NULL roots or out, nroots <= 0, a root that does
+ * not require a gradient. */
+typedef void (*ebb_autograd_log_fn)(const char *line, void *user);
+EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots, int nroots, ebb_autograd_log_fn sink,
+                                                       void *user, ebb_hook_handle *out);
 
 /* Nodes alive in the process, for leak checks in tests. */
 EBB_API long ebb_autograd_live_nodes(void);
