@@ -439,14 +439,14 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nin + n->nout <= 10 ? saved_small : calloc((size_t)(n->nin + n->nout), sizeof *saved);
   if (!gin || !saved || !need) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
   if (!st && any && e->backward) {
-    ebb__mutex_lock(ebb__saved_lock(n));
+    if (n->saved) ebb__mutex_lock(ebb__saved_lock(n)); /* (a node that saves nothing has nothing to guard) */
     if (atomic_load_explicit(&n->freed_saved, memory_order_acquire) && e->save)
       st = ebb__fail(EBB_ESTATE, "%s: %s (node %llu) needs its saved tensors, freed by an earlier backward through this graph; "
                      "expected retain_graph on that backward (or on every backward but the last, when several threads share "
                      "the graph) to go through the graph again",
                      t->fn, ebb__node_name_of(n), (unsigned long long)n->seq);
-    for (int k = 0; !st && k < n->nin + n->nout; k++) st = ebb__unpack(t, n, k, &saved[k]);
-    ebb__mutex_unlock(ebb__saved_lock(n));
+    for (int k = 0; n->saved && !st && k < n->nin + n->nout; k++) st = ebb__unpack(t, n, k, &saved[k]);
+    if (n->saved) ebb__mutex_unlock(ebb__saved_lock(n));
     for (int i = 0; !st && i < n->nin; i++) need[i] = edges[i] >= 0 && t->nodes[edges[i]].needed;
     if (!st) {
       /* The buffers the engine holds alone: the backward may compute a gradient in them (not when
