@@ -354,11 +354,9 @@ static ebb_status ebb__root_edge(const char *fn, const char *what, int i, const 
   if (!m || !m->requires_grad)
     return ebb__fail(EBB_EINVAL, "%s: %s[%d] does not require a gradient and has no grad_fn; expected a tensor computed from one "
                      "that requires a gradient", fn, what, i);
-  if (m->grad_fn) {
-    *node = m->grad_fn;
-    *nr = m->output_nr;
-    return EBB_OK;
-  }
+  st = ebb__grad_fn_now(r, m, node, nr); /* inplace.c: a view's history may follow its base's */
+  if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  if (*node) return EBB_OK;
   st = ebb__grad_acc((ebb_tensor_t *)r, m, acc);
   if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
   *node = *acc;
@@ -415,10 +413,12 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
     if (!st && (!m || !m->requires_grad))
       st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
+    struct ebb_node *in = NULL;
+    int nr = 0;
+    if (!st) st = ebb__grad_fn_now(inputs[i], m, &in, &nr); /* inplace.c: a view's history may follow its base's */
     if (st) break;
-    struct ebb_node *in = m->grad_fn;
-    if (!in) in = ebb__grad_acc_peek(m); /* (under the lock its writers take) */
-    int nr = m->grad_fn ? m->output_nr : 0;
+    bool leaf = !in;
+    if (leaf) in = ebb__grad_acc_peek(m); /* (under the lock its writers take) */
     struct ebb__tnode *x = in ? ebb__tfind(&t, in, false) : NULL;
     if (!x) {
       if (!accumulate && !allow_unused)
@@ -426,7 +426,7 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       continue;
     }
     x->needed = true;
-    if (accumulate && !m->grad_fn) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
+    if (accumulate && leaf) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
     else if (accumulate) st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is not a leaf; backward with non-leaf inputs is not supported yet", fn, i);
     else if (x->capture && x->capture_nr == nr) {
       dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
