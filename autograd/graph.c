@@ -202,6 +202,16 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     any = m && m->requires_grad;
   }
   if (!any) return EBB_OK;
+  /* Views among the inputs take their history from their base first, if it moved on: a node
+   * made then must be older than this one (the engine relies on producers having smaller
+   * sequence numbers than their consumers). */
+  for (int i = 0; i < nin; i++) {
+    struct ebb__meta *m = in[i] ? ebb__meta_of(in[i]) : NULL;
+    struct ebb_node *gf;
+    int nr;
+    ebb_status st = m && m->is_view ? ebb__grad_fn_now(in[i], m, &gf, &nr) : EBB_OK;
+    if (st) return st;
+  }
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)op);
   struct ebb_node *n = ebb__node_new(op, nin, nout);
   ebb_status st = n ? EBB_OK : EBB_ENOMEM;

@@ -213,6 +213,14 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
                      "has no single gradient; expected a view of a tensor with its own elements (ebb_tensor_contiguous or clone it "
                      "first)", ebb__who(base, who, sizeof who));
 
+  /* src's history first, if it is a view whose base moved on: the node made for it must be
+   * older than the ones made here (producers before consumers in sequence numbers). */
+  if (src_rg) {
+    struct ebb_node *gf;
+    int nr;
+    ebb_status st = ebb__grad_fn_now(src, sm, &gf, &nr);
+    if (st) return st;
+  }
   const int nin = e->nin;
   struct ebb__inplace_tok *k = calloc(1, sizeof *k);
   struct ebb_node *n = NULL;

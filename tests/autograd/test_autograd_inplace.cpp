@@ -254,6 +254,19 @@ TEST_CASE("inplace: ops on views of non-leaves (slice, select, transpose, a chai
   EBB_REQUIRE_OK(ebb_op_add_(r, ts[1]));
   CHECK(grad_fn_name(h) == "CopySlices");
   CHECK(grad_fn_name(r) == "AsStridedBackward");
+  // A stale sibling view used by an op: its new history is made before the op's node (a
+  // producer's sequence number is below its consumers', which partial backward relies on).
+  {
+    Tensor m;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(s, 3.0, m.out()));
+    const ebb_node_t *ns = nullptr, *nm = nullptr;
+    uint64_t qs = 0, qm = 0;
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(s, &ns, nullptr));
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(m, &nm, nullptr));
+    EBB_REQUIRE_OK(ebb_node_sequence_nr(ns, &qs));
+    EBB_REQUIRE_OK(ebb_node_sequence_nr(nm, &qm));
+    CHECK(qs < qm);
+  }
   CHECK(grad_fn_name(s) == "AsStridedBackward");  // a sibling view: its version moved on
   const ebb_node_t *cs = nullptr, *e0 = nullptr, *e1 = nullptr;
   EBB_REQUIRE_OK(ebb_tensor_grad_fn(h, &cs, nullptr));
@@ -526,6 +539,54 @@ TEST_CASE("inplace: released handles are refused", "[autograd][inplace][errors]"
   EBB_CHECK_FAILS(ebb_tensor_is_inference(v, &b), EBB_EFREED, "ebb_tensor_is_inference: t");
   EBB_REQUIRE_OK(ebb_tensor_release(h));
   EBB_CHECK_FAILS(ebb_op_mul_(h, ts[0]), EBB_EFREED, "released tensor");
+  ts.clear();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("inplace: threads that use a stale view at once take its history from the base once, and sum exactly",
+          "[autograd][inplace][threads]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({2, 3}, 24)}, true);
+  Tensor h, row, one = make(EBB_DEVICE_CPU, EBB_F64, {3}, {1, 1, 1});
+  std::vector<Tensor> views(8);
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 1.0, h.out()));
+  for (auto &v : views) EBB_REQUIRE_OK(ebb_tensor_select(h, 0, 0, v.out()));
+  EBB_REQUIRE_OK(ebb_tensor_select(h, 0, 1, row.out()));
+  EBB_REQUIRE_OK(ebb_op_add_(row, one));  // every view above is now stale
+  // Each thread records ops on every view (reading their grad_fns at once) and asks grad() of x.
+  std::vector<std::thread> th;
+  std::vector<int> ok(8, 0);
+  std::vector<std::string> errs(8);
+  for (int t = 0; t < 8; t++)
+    th.emplace_back([&, t] {
+      for (int i = 0; i < 8; i++) {
+        ebb_tensor_t *m = nullptr, *s = nullptr, *g[1] = {nullptr};
+        bool good = ebb_op_mul_scalar(views[(t + i) % 8], 2.0, &m) == EBB_OK && ebb_op_sum(m, nullptr, 0, false, &s) == EBB_OK;
+        const ebb_tensor_t *roots[1] = {s}, *in[1] = {ts[0].get()};
+        good = good && ebb_grad(roots, nullptr, 1, in, 1, false, false, g) == EBB_OK;
+        if (good && g[0]) {  // (read back without Catch, which is not thread-safe)
+          double r[6] = {0};
+          good = ebb_tensor_to_host(g[0], r, sizeof r) == EBB_OK && r[0] == 2 && r[1] == 2 && r[2] == 2 && r[3] == 0 &&
+                 r[4] == 0 && r[5] == 0;
+        } else if (good) {
+          good = false;
+        }
+        if (!good && errs[t].empty()) errs[t] = std::string(g[0] ? "wrong gradient; " : "no gradient; ") + ebb_last_error();
+        if (g[0]) ebb_tensor_release(g[0]);
+        if (s) ebb_tensor_release(s);
+        if (m) ebb_tensor_release(m);
+        ok[t] += good;
+      }
+    });
+  for (auto &x : th) x.join();
+  for (int t = 0; t < 8; t++) {
+    INFO("thread " << t << ": " << errs[t]);
+    CHECK(ok[t] == 8);
+  }
+  for (auto &v : views) CHECK(grad_fn_name(v) == "AsStridedBackward");
+  views.clear();
+  h.reset(); row.reset(); one.reset();
   ts.clear();
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
