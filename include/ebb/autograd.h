@@ -97,8 +97,10 @@ EBB_API ebb_status ebb_tensor_is_leaf(const ebb_tensor_t *t, bool *out);
  * base's history). The node is borrowed: valid while t lives and is not changed in place.
  * EBB_ENOMEM when a view's history must be taken again from its base and no memory is left. */
 EBB_API ebb_status ebb_tensor_grad_fn(const ebb_tensor_t *t, const ebb_node_t **out, int *output_nr);
-/* A new handle on t's storage (a view sharing its version counter) that is a leaf and does not
- * require a gradient: the graph stops there. */
+/* A new handle on t's storage (sharing its version counter) that is a leaf and does not
+ * require a gradient: the graph stops there. Not a view for autograd: an in-place change to it
+ * is allowed even when t is a leaf that requires a gradient, and records nothing (it does move
+ * the version, so nodes that saved t fail at backward). */
 EBB_API ebb_status ebb_tensor_detach(const ebb_tensor_t *t, ebb_tensor_t **out);
 
 /* ---- nodes -----------------------------------------------------------------------------------
