@@ -1,4 +1,5 @@
-/* autograd_impl.h: what graph.c and engine.c share: the node and the per-tensor meta. */
+/* autograd_impl.h: what the files of autograd share: the node and the per-tensor meta, and
+ * each file's functions for the others. */
 #ifndef EBB_AUTOGRAD_IMPL_H
 #define EBB_AUTOGRAD_IMPL_H
 
@@ -44,6 +45,7 @@ struct ebb_node {
   uint64_t stream_id;        /* the outputs' device's current stream when recorded (0: CPU) */
   struct ebb__kv *kv;        /* user metadata, under node_api.c's lock */
   _Atomic bool has_node_hooks; /* a pre- or post-hook was registered (the engine's fast check) */
+  ebb__view_geom *geom;      /* AS_STRIDED, COPY_SLICES: where the view lies (owned; args.geom) */
 };
 
 struct ebb__meta {
@@ -55,6 +57,12 @@ struct ebb__meta {
   ebb_tensor_t *grad;        /* .grad: owned, NULL until a backward reaches it */
   struct ebb__hook *hooks;   /* a leaf's tensor and post-accumulate hooks, under ebb__hook_mu */
   struct ebb__hook *retain;  /* a non-leaf's retain_grad hook (in its grad_fn's list), or NULL */
+  /* A view (ebb__tensor_base non-NULL) whose grad_fn derives from its base's history: valid
+   * while the storage's version is view_version; an in-place change through the base or any of
+   * its views makes it stale, and the next read takes it again from the base (inplace.c).
+   * Release store after grad_fn is replaced, acquire load before it is read without the lock. */
+  bool is_view;
+  _Atomic uint64_t view_version;
 };
 
 /* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its
@@ -140,10 +148,25 @@ EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct e
 EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);
 /* A new meta in t's slot (none there yet); NULL without memory. */
 EBB_HIDDEN struct ebb__meta *ebb__meta_new(ebb_tensor_t *t);
+/* A meta in no slot yet (NULL without memory), and freeing one (in no slot any more). */
+EBB_HIDDEN struct ebb__meta *ebb__meta_alloc(void);
+EBB_HIDDEN void ebb__meta_free(struct ebb__meta *m);
+/* A node of op (-1: AccumulateGrad) with nin zeroed edges and no reference counted yet (the
+ * caller stores 1 or unrefs it through ebb__node_drop); NULL without memory. */
+EBB_HIDDEN struct ebb_node *ebb__node_new(int op, int nin, int nout);
+/* Frees a node no one references yet (refs 0). */
+EBB_HIDDEN void ebb__node_drop(struct ebb_node *n);
+/* Saves t as n's saved tensor k (a shared handle and its version now). */
+EBB_HIDDEN ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t);
+/* Grad mode as set on this thread (ebb_grad_set_enabled), inference mode aside. */
+EBB_HIDDEN bool ebb__grad_mode_on(void);
 EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
 EBB_HIDDEN void ebb__node_unref(struct ebb_node *n);
 /* A leaf's AccumulateGrad if it has one (no reference: compared by address only). */
 EBB_HIDDEN struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m);
+/* Links n's next edges into the consumer lists of the nodes they point at: once n is whole
+ * (edges set), before anything else can reach it. Every node that records edges calls it once. */
+EBB_HIDDEN void ebb__node_link(struct ebb_node *n);
 /* The AccumulateGrad of leaf m if it has one that is not going: a new reference, or NULL. */
 EBB_HIDDEN struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m);
 /* Appends a new reference to each live node with an edge to p (a node with two edges to p comes
@@ -152,5 +175,21 @@ EBB_HIDDEN struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m);
 EBB_HIDDEN ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t *n, size_t *cap);
 /* The AccumulateGrad of leaf t (meta m), made if needed; a new reference. */
 EBB_HIDDEN ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out);
+
+/* inplace.c */
+/* t's grad_fn and output_nr as they are now (*fn NULL for a leaf): a stale view's history is
+ * taken again from its base first (thread-safe: a read may do it). Borrowed: valid while t
+ * lives and is not changed in place (through itself, its base or another view of the base).
+ * Only failure: EBB_ENOMEM (message set). m is t's meta (non-NULL). */
+EBB_HIDDEN ebb_status ebb__grad_fn_now(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **fn, int *output_nr);
+/* The ops hooks for in-place ops (ops_export.h). */
+EBB_HIDDEN ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+EBB_HIDDEN void ebb__ag_inplace_done(void *token, bool ok);
+
+/* hooks.c (for inplace.c): moving a non-leaf's retain_grad hook to a new grad_fn. prepare
+ * registers a hook on `node` (output nr) for m (*out; NULL when m retains nothing); it is freed
+ * with the node if never committed. commit ends m's current retain hook and makes `h` it. */
+EBB_HIDDEN ebb_status ebb__retain_prepare(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
+EBB_HIDDEN void ebb__retain_commit(struct ebb__meta *m, struct ebb__hook *h);
 
 #endif /* EBB_AUTOGRAD_IMPL_H */

@@ -523,11 +523,9 @@ static ebb_status ebb__root_edge(const char *fn, const char *what, int i, const 
   if (!m || !m->requires_grad)
     return ebb__fail(EBB_EINVAL, "%s: %s[%d] does not require a gradient and has no grad_fn; expected a tensor computed from one "
                      "that requires a gradient", fn, what, i);
-  if (m->grad_fn) {
-    *node = m->grad_fn;
-    *nr = m->output_nr;
-    return EBB_OK;
-  }
+  st = ebb__grad_fn_now(r, m, node, nr); /* inplace.c: a view's history may follow its base's */
+  if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  if (*node) return EBB_OK;
   st = ebb__grad_acc((ebb_tensor_t *)r, m, acc);
   if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
   *node = *acc;
@@ -603,9 +601,12 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
     if (!st && (!m || !m->requires_grad))
       st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
+    struct ebb_node *in = NULL;
+    int nr = 0;
+    if (!st) st = ebb__grad_fn_now(inputs[i], m, &in, &nr); /* inplace.c: a view's history may follow its base's */
     if (st) break;
-    innr[i] = m->grad_fn ? m->output_nr : 0;
-    if (m->grad_fn) innode[i] = m->grad_fn;
+    innr[i] = in ? nr : 0;
+    if (in) innode[i] = in;
     else if ((innode[i] = ebb__grad_acc_get(m)) && !(ebb__hold_room(&t) && (t.held[t.nheld++] = innode[i]))) {
       ebb__node_unref(innode[i]);
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for %d inputs", fn, ninputs);

@@ -61,6 +61,14 @@ static void ebb__edge_unlink(struct ebb__edge *e) {
   e->owner = NULL;
 }
 
+void ebb__node_link(struct ebb_node *n) {
+  for (int i = 0; n->op >= 0 && i < n->nin; i++)
+    if (n->next[i].fn) {
+      n->next[i].owner = n;
+      ebb__edge_link(&n->next[i]);
+    }
+}
+
 ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t *n, size_t *cap) {
   ebb_mutex *mu = ebb__cons_lock(p);
   ebb_status st = EBB_OK;
@@ -90,7 +98,8 @@ ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t
   return st;
 }
 
-bool ebb_grad_enabled(void) { return !ebb__grad_off; }
+bool ebb_grad_enabled(void) { return !ebb__grad_off && !ebb__inference_on(); }
+bool ebb__grad_mode_on(void) { return !ebb__grad_off; }
 
 void ebb_grad_set_enabled(bool enabled, bool *was) {
   if (was) *was = !ebb__grad_off;
@@ -101,15 +110,19 @@ void ebb_grad_set_enabled(bool enabled, bool *was) {
 
 struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t) { return ebb__tensor_slot(t); }
 
-struct ebb__meta *ebb__meta_new(ebb_tensor_t *t) {
+struct ebb__meta *ebb__meta_alloc(void) {
   struct ebb__meta *m = calloc(1, sizeof *m);
-  if (!m) return NULL;
-  ebb__mutex_init(&m->grad_mu, "autograd.grad", EBB_RANK_AG_GRAD);
-  ebb__tensor_set_slot(t, m);
+  if (m) ebb__mutex_init(&m->grad_mu, "autograd.grad", EBB_RANK_AG_GRAD);
   return m;
 }
 
-static void ebb__meta_free(struct ebb__meta *m) {
+struct ebb__meta *ebb__meta_new(ebb_tensor_t *t) {
+  struct ebb__meta *m = ebb__meta_alloc();
+  if (m) ebb__tensor_set_slot(t, m);
+  return m;
+}
+
+void ebb__meta_free(struct ebb__meta *m) {
   ebb__retain_end(m);
   ebb__hooks_free(m->hooks);
   if (m->grad) ebb_tensor_release(m->grad);
@@ -157,6 +170,7 @@ void ebb__node_unref(struct ebb_node *n) {
     }
     ebb__node_kv_free(x);
     ebb__hooks_free(x->hooks);
+    free(x->geom);
     free(x->in_meta);
     free(x->saved);
     free(x->saved_version);
@@ -168,7 +182,13 @@ void ebb__node_unref(struct ebb_node *n) {
   if (stack != small) free(stack);
 }
 
-static struct ebb_node *ebb__node_new(int op, int nin, int nout) {
+void ebb__node_drop(struct ebb_node *n) {
+  if (!n) return;
+  atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
+  ebb__node_unref(n);
+}
+
+struct ebb_node *ebb__node_new(int op, int nin, int nout) {
   struct ebb_node *n = calloc(1, sizeof *n);
   if (!n) return NULL;
   n->magic = EBB__NODE_MAGIC;
@@ -254,7 +274,12 @@ static void ebb__ag_released(ebb_tensor_t *t, void *slot) {
   ebb__meta_free(m);
 }
 
-static ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
+ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
+  if (ebb__tensor_is_inference(t))
+    return ebb__fail(EBB_EINVAL, "%s must save its %s %d for backward, which is an inference tensor (made in inference mode) and "
+                     "cannot be saved; expected a tensor made outside inference mode (ebb_tensor_clone it there), or grad mode off "
+                     "(ebb_grad_set_enabled) instead of inference mode where no gradient is wanted",
+                     ebb__node_name_of(n), k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
   uint64_t v = 0;
   ebb_status st = ebb__tensor_share(t, &n->saved[k]);
   if (!st) st = ebb_tensor_version(t, &v);
@@ -264,13 +289,23 @@ static ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
 
 static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
                                    const struct ebb__op_args *args) {
-  if (ebb__grad_off) return EBB_OK;
+  if (ebb__grad_off || ebb__inference_on()) return EBB_OK;
   bool any = false;
   for (int i = 0; i < nin && !any; i++) {
     const struct ebb__meta *m = in[i] ? ebb__meta_of(in[i]) : NULL;
     any = m && m->requires_grad;
   }
   if (!any) return EBB_OK;
+  /* Views among the inputs take their history from their base first, if it moved on: a node
+   * made then must be older than this one (the engine relies on producers having smaller
+   * sequence numbers than their consumers). */
+  for (int i = 0; i < nin; i++) {
+    struct ebb__meta *m = in[i] ? ebb__meta_of(in[i]) : NULL;
+    struct ebb_node *gf;
+    int nr;
+    ebb_status st = m && m->is_view ? ebb__grad_fn_now(in[i], m, &gf, &nr) : EBB_OK;
+    if (st) return st;
+  }
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)op);
   struct ebb_node *n = ebb__node_new(op, nin, nout);
   ebb_status st = n ? EBB_OK : EBB_ENOMEM;
@@ -292,9 +327,13 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     bool diff = e->nin < 0 ? (e->diff & 1) : ((e->diff >> i) & 1);
     struct ebb__meta *m = ebb__meta_of(in[i]);
     if (diff && m && m->requires_grad) {
-      if (m->grad_fn) {
-        atomic_fetch_add_explicit(&m->grad_fn->refs, 1, memory_order_relaxed);
-        n->next[i] = (struct ebb__edge){.fn = m->grad_fn, .input_nr = m->output_nr};
+      struct ebb_node *gf = NULL;
+      int nr = 0;
+      st = ebb__grad_fn_now(in[i], m, &gf, &nr);
+      if (st) break;
+      if (gf) {
+        atomic_fetch_add_explicit(&gf->refs, 1, memory_order_relaxed);
+        n->next[i] = (struct ebb__edge){.fn = gf, .input_nr = nr};
       } else {
         struct ebb_node *a = NULL;
         st = ebb__grad_acc((ebb_tensor_t *)in[i], m, &a);
@@ -321,6 +360,12 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     m->grad_fn = n;
     m->output_nr = k;
     atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
+    if (ebb__tensor_base(out[k])) { /* a view: its history follows its base's from now on */
+      uint64_t v = 0;
+      ebb_tensor_version(out[k], &v);
+      m->is_view = true;
+      atomic_store_explicit(&m->view_version, v, memory_order_relaxed);
+    }
   }
   if (st) {
     /* Undo: the outputs' metas (the caller releases the outputs, which frees them through the
@@ -340,34 +385,14 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
     return st == EBB_ENOMEM ? ebb__fail(EBB_ENOMEM, "no host memory to record %s", e->node) : st;
   }
   if (atomic_load_explicit(&n->refs, memory_order_relaxed) == 0) { /* no output has a gradient */
-    atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
-    ebb__node_unref(n);
+    ebb__node_drop(n);
     return EBB_OK;
   }
-  /* Last, once the node is whole: a partial backward on another thread may find it from here. */
-  for (int i = 0; i < nin; i++)
-    if (n->next[i].fn) {
-      n->next[i].owner = n;
-      ebb__edge_link(&n->next[i]);
-    }
+  ebb__node_link(n); /* last, once the node is whole: a partial backward on another thread may find it from here */
   return EBB_OK;
 }
 
-/* In-place ops are not recorded yet: on a tensor that requires a gradient (or from one) with
- * grad mode on they would leave the graph computing the wrong gradient, so they are refused.
- * With grad mode off (an optimizer's update of its leaves) they run. */
-static ebb_status ebb__ag_inplace(int op, const ebb_tensor_t *dst, const ebb_tensor_t *src) {
-  (void)op;
-  if (ebb__grad_off) return EBB_OK;
-  const struct ebb__meta *d = ebb__meta_of(dst), *s = src ? ebb__meta_of(src) : NULL;
-  bool dr = d && d->requires_grad, sr = s && s->requires_grad;
-  if (!dr && !sr) return EBB_OK;
-  return ebb__fail(EBB_ENOTSUP, "%s requires a gradient, and in-place ops on tensors that require gradients are not recorded "
-                   "yet (the gradient would be wrong); expected the out-of-place op, or grad mode off (ebb_grad_set_enabled) "
-                   "for a change autograd must not see", dr ? (d->grad_fn ? "dst (a non-leaf)" : "dst (a leaf)") : "src");
-}
-
-static const ebb__tensor_hooks ebb__ag_hooks = {ebb__ag_released, NULL, ebb__ag_recorded, ebb__ag_inplace};
+static const ebb__tensor_hooks ebb__ag_hooks = {ebb__ag_released, NULL, ebb__ag_recorded, ebb__ag_inplace, ebb__ag_inplace_done};
 
 /* ---- public API --------------------------------------------------------------------------------- */
 
@@ -385,6 +410,9 @@ ebb_status ebb_tensor_set_requires_grad(ebb_tensor_t *t, bool requires_grad) {
   ebb_tensor_dtype(t, &dt);
   if (requires_grad && !ebb_dtype_is_float(dt))
     return ebb__fail(EBB_EINVAL, "%s: the tensor has dtype %s; only floating tensors have gradients", fn, ebb_dtype_name(dt));
+  if (requires_grad && ebb__tensor_is_inference(t) && !ebb__inference_on())
+    return ebb__fail(EBB_EINVAL, "%s: the tensor is an inference tensor (made in inference mode), which cannot require a gradient "
+                     "outside inference mode; expected a clone made outside the mode", fn);
   if (!m) {
     if (!requires_grad) return EBB_OK;
     if (!(m = ebb__meta_new(t))) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the tensor's autograd state", fn);
@@ -406,8 +434,11 @@ ebb_status ebb_tensor_is_leaf(const ebb_tensor_t *t, bool *out) {
   ebb_status st = ebb__check_t("ebb_tensor_is_leaf", t);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_is_leaf: out is NULL; expected a bool to fill");
-  const struct ebb__meta *m = ebb__meta_of(t);
-  *out = !m || !m->grad_fn;
+  struct ebb__meta *m = ebb__meta_of(t);
+  struct ebb_node *gf = NULL;
+  int nr;
+  if (m && (st = ebb__grad_fn_now(t, m, &gf, &nr))) return ebb__fail(st, "ebb_tensor_is_leaf: %s", ebb_last_error());
+  *out = !gf;
   return EBB_OK;
 }
 
@@ -415,9 +446,12 @@ ebb_status ebb_tensor_grad_fn(const ebb_tensor_t *t, const ebb_node_t **out, int
   ebb_status st = ebb__check_t("ebb_tensor_grad_fn", t);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_grad_fn: out is NULL; expected a node pointer to fill");
-  const struct ebb__meta *m = ebb__meta_of(t);
-  *out = m ? m->grad_fn : NULL;
-  if (output_nr) *output_nr = m && m->grad_fn ? m->output_nr : 0;
+  struct ebb__meta *m = ebb__meta_of(t);
+  struct ebb_node *gf = NULL;
+  int nr = 0;
+  if (m && (st = ebb__grad_fn_now(t, m, &gf, &nr))) return ebb__fail(st, "ebb_tensor_grad_fn: %s", ebb_last_error());
+  *out = gf;
+  if (output_nr) *output_nr = nr;
   return EBB_OK;
 }
 

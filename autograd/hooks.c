@@ -95,15 +95,17 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
   if (!m || !m->requires_grad)
     return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient, so no gradient will reach a hook; expected a tensor "
                      "that requires one", fn);
-  if (kind == EBB__HOOK_POST_ACC && m->grad_fn)
+  struct ebb_node *gf = NULL;
+  int nr = 0;
+  if ((st = ebb__grad_fn_now(t, m, &gf, &nr))) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  if (kind == EBB__HOOK_POST_ACC && gf)
     return ebb__fail(EBB_EINVAL, "%s: the tensor was produced by %s; post-accumulate hooks are for leaves (their .grad)", fn,
-                     ebb__node_name_of(m->grad_fn));
+                     ebb__node_name_of(gf));
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a hook", fn);
-  *h = (struct ebb__hook){.kind = kind, .output_nr = m->grad_fn ? m->output_nr : 0, .fn = f, .post = post, .user = user,
-                          .user_free = user_free};
+  *h = (struct ebb__hook){.kind = kind, .output_nr = nr, .fn = f, .post = post, .user = user, .user_free = user_free};
   ebb__mutex_lock(&ebb__hook_mu);
-  bool ok = ebb__hook_add_locked(m->grad_fn ? &m->grad_fn->hooks : &m->hooks, h);
+  bool ok = ebb__hook_add_locked(gf ? &gf->hooks : &m->hooks, h);
   uint64_t id = h->id;
   ebb__mutex_unlock(&ebb__hook_mu);
   if (!ok) {
@@ -151,6 +153,8 @@ ebb_status ebb_hook_remove(ebb_hook_handle handle) {
   return EBB_OK;
 }
 
+static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
+
 /* retain_grad's hook: the non-leaf's .grad gets the gradient (a copy, then sums in place). */
 static ebb_status ebb__retain_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
   (void)replace;
@@ -169,19 +173,41 @@ ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
   struct ebb__meta *m = ebb__meta_of(t);
   if (!m || !m->requires_grad)
     return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient; expected a tensor computed from one that does", fn);
-  if (!m->grad_fn || m->retain) return EBB_OK; /* a leaf keeps its .grad anyway; twice is once */
+  struct ebb_node *gf = NULL;
+  int nr = 0;
+  if ((st = ebb__grad_fn_now(t, m, &gf, &nr))) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  if (!gf || m->retain) return EBB_OK; /* a leaf keeps its .grad anyway; twice is once */
+  struct ebb__hook *h = NULL;
+  st = ebb__retain_add(m, gf, nr, &h);
+  if (!st) m->retain = h;
+  return st ? ebb__fail(st, "%s: %s", fn, ebb_last_error()) : EBB_OK;
+}
+
+/* A retain hook for m on output nr of node. */
+static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out) {
   struct ebb__hook *h = calloc(1, sizeof *h);
-  if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the hook", fn);
-  *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = m->output_nr, .fn = ebb__retain_hook, .user = m};
+  if (!h) return ebb__fail(EBB_ENOMEM, "no host memory for the retain_grad hook");
+  *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = nr, .fn = ebb__retain_hook, .user = m};
   ebb__mutex_lock(&ebb__hook_mu);
-  bool ok = ebb__hook_add_locked(&m->grad_fn->hooks, h);
-  if (ok) m->retain = h;
+  bool ok = ebb__hook_add_locked(&node->hooks, h);
   ebb__mutex_unlock(&ebb__hook_mu);
   if (!ok) {
     free(h);
-    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the hook registry", fn);
+    return ebb__fail(EBB_ENOMEM, "no host memory for the hook registry");
   }
+  *out = h;
   return EBB_OK;
+}
+
+ebb_status ebb__retain_prepare(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out) {
+  *out = NULL;
+  return m && m->retain ? ebb__retain_add(m, node, nr, out) : EBB_OK;
+}
+
+void ebb__retain_commit(struct ebb__meta *m, struct ebb__hook *h) {
+  if (!h) return;
+  ebb__retain_end(m); /* the old grad_fn's hook: it would get the gradient of the old value */
+  m->retain = h;
 }
 
 void ebb__retain_end(struct ebb__meta *m) {

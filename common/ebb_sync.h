@@ -31,6 +31,7 @@ enum ebb_lock_rank {
   EBB_RANK_ARENA,
   EBB_RANK_PINNED,
   EBB_RANK_AG_QUEUE,
+  EBB_RANK_AG_VIEW,         /* autograd: a view's history taken again from its base (takes leaf locks) */
   EBB_RANK_TRACE,
   EBB_RANK_LEAF             /* locks that never hold another */
 };

@@ -359,6 +359,88 @@ static ebb_status bw_copy_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, 
   return WANT(c, 1) ? ebb__fit(&c->in[1], go[0], &gin[1]) : EBB_OK;
 }
 
+/* ---- autograd's nodes for in-place ops on views ------------------------------------------------ */
+
+/* A tensor of the base's shape, dtype and device laid out with the base's strides (so the view's
+ * strides and its offset from the base's find the same elements in it), zero-filled. */
+static ebb_status ebb__base_like(const ebb__tensor_meta *bm, const ebb__view_geom *g, ebb_tensor_t **out) {
+  int64_t span = 1;
+  for (int d = 0; d < bm->ndim; d++) {
+    if (bm->shape[d] == 0) span = 0;
+    if (span) span += (bm->shape[d] - 1) * g->base_strides[d];
+  }
+  ebb_tensor_t *raw = NULL;
+  ebb_status st = ebb_tensor_zeros(bm->device, bm->dtype, 1, &span, &raw);
+  if (!st) st = ebb__tensor_alias("ebb_backward", raw, bm->ndim, bm->shape, g->base_strides, 0, out);
+  ebb__tensor_put(raw);
+  return st;
+}
+
+/* The view's elements within r (ebb__base_like's layout); with `collapse`, the view's expanded
+ * dims (stride 0) taken as extent 1, so no two elements alias. */
+static ebb_status ebb__view_in(const ebb_tensor_t *r, const ebb__view_geom *g, bool collapse, ebb_tensor_t **out) {
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  for (int d = 0; d < g->view.ndim; d++) shape[d] = collapse && g->strides[d] == 0 ? 1 : g->view.shape[d];
+  return ebb__tensor_alias("ebb_backward", r, g->view.ndim, shape, g->strides, g->offset - g->base_offset, out);
+}
+
+/* A view whose history was taken from its base after an in-place change: the base gets the
+ * view's gradient where the view lies and zeros elsewhere; an expanded view's gradient is first
+ * summed over its expanded dims (each of those elements is one element of the base). */
+static ebb_status bw_as_strided(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  if (!WANT(c, 0)) return EBB_OK;
+  const ebb__view_geom *g = c->args->geom;
+  int dims[EBB_TENSOR_MAX_DIMS], nd = 0;
+  for (int d = 0; d < g->view.ndim; d++)
+    if (g->strides[d] == 0 && g->view.shape[d] > 1) dims[nd++] = d;
+  ebb_tensor_t *r = NULL, *v = NULL, *summed = NULL;
+  ebb_status st = ebb__base_like(&c->in[0], g, &r);
+  if (!st && nd) st = ebb_op_sum(go[0], dims, nd, true, &summed);
+  if (!st) st = ebb__view_in(r, g, true, &v);
+  if (!st) st = ebb_tensor_copy_(v, summed ? summed : go[0]);
+  ebb__tensor_put(v);
+  ebb__tensor_put(summed);
+  if (st) {
+    ebb__tensor_put(r);
+    return st;
+  }
+  gin[0] = r;
+  return EBB_OK;
+}
+
+/* The base after an in-place op on its view: the base's gradient, with the part the view covers
+ * replaced by what the in-place op's backward gives its old value (zeros when the old value is
+ * gone: copy_, fill_), goes to the base's old history; the op's other input gets its gradient
+ * from the op's backward, given the view's part of the base's gradient. */
+static ebb_status bw_copy_slices(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  const ebb__view_geom *g = c->args->geom;
+  const ebb__deriv *inner = ebb__deriv_of((ebb__op_id)g->inner_op);
+  ebb_tensor_t *r = NULL, *v = NULL, *gv = NULL, *ig[2] = {NULL, NULL};
+  ebb_status st = ebb__base_like(&c->in[0], g, &r);
+  if (!st) st = ebb_tensor_copy_(r, go[0]);
+  if (!st) st = ebb__view_in(r, g, false, &v);
+  if (!st) st = ebb_tensor_clone(v, &gv);
+  if (!st && inner->backward) {
+    ebb__tensor_meta in[2] = {g->view, c->nin > 1 ? c->in[1] : g->view};
+    const ebb__bw_ctx ic = {&g->inner_args, in, c->saved_in, c->saved_out, c->nin, c->need, NULL};
+    const ebb_tensor_t *igo[2] = {gv, NULL};
+    st = inner->backward(&ic, igo, ig);
+  }
+  if (!st && WANT(c, 0)) st = ig[0] ? ebb_tensor_copy_(v, ig[0]) : ebb_tensor_fill_(v, 0.0);
+  ebb__tensor_put(v);
+  ebb__tensor_put(gv);
+  ebb__tensor_put(ig[0]);
+  if (st) {
+    ebb__tensor_put(r);
+    ebb__tensor_put(ig[1]);
+    return st;
+  }
+  if (WANT(c, 0)) gin[0] = r;
+  else ebb__tensor_put(r);
+  if (c->nin > 1) gin[1] = ig[1];
+  return EBB_OK;
+}
+
 /* ---- the table ------------------------------------------------------------------------------- */
 
 static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
@@ -415,6 +497,10 @@ static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
     [EBB__OP_COPY_] = {"CopyBackward", "ebb_tensor_copy_", 2, 1, 0, 0x2, bw_copy_},
     [EBB__OP_FILL_] = {"FillBackward", "ebb_tensor_fill_", 1, 1, 0, 0x0, NULL},
     [EBB__OP_ZERO_] = {"ZeroBackward", "ebb_tensor_zero_", 1, 1, 0, 0x0, NULL},
+    /* autograd builds these itself (no public forward); COPY_SLICES saves what its in-place op
+     * saves (dst's old value and src at most) */
+    [EBB__OP_AS_STRIDED] = {"AsStridedBackward", "(a view's history after an in-place change)", 1, 1, 0, 0x1, bw_as_strided},
+    [EBB__OP_COPY_SLICES] = {"CopySlices", "(an in-place op on a view)", 2, 1, IN(0) | IN(1), 0x3, bw_copy_slices},
 };
 
 const ebb__deriv *ebb__deriv_of(ebb__op_id op) { return (unsigned)op < EBB__OP_COUNT ? &ebb__derivs[op] : NULL; }

@@ -560,13 +560,14 @@ static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const 
     return ebb__fail(EBB_EINVAL, "%s: dst has shape %s and src %s: the result would have shape %s; an in-place op cannot change dst's shape", fn,
                      EBB__SHAPE(dst, a), EBB__SHAPE(src, b), ebb__shape_str(shape, nd, c, sizeof c));
   }
-  st = ebb__inplace_check(fn, op == EBB__EW_ADD ? EBB__OP_ADD_ : EBB__OP_MUL_, dst, src);
+  void *token = NULL;
+  st = ebb__inplace_check(fn, op == EBB__EW_ADD ? EBB__OP_ADD_ : EBB__OP_MUL_, dst, src, &token);
   if (st) return st;
   const ebb_tensor_t *in[2] = {dst, src};
   st = ebb__ew_run(fn, op, dst, 2, in, 0, 0);
-  if (st) return ebb__fail_in(fn, st);
-  atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
-  return EBB_OK;
+  if (!st) atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
+  ebb__inplace_end(token, !st);
+  return ebb__fail_in(fn, st);
 }
 
 ebb_status ebb_op_add_(ebb_tensor_t *dst, const ebb_tensor_t *src) { return ebb__inplace("ebb_op_add_", EBB__EW_ADD, dst, src); }

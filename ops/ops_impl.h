@@ -29,6 +29,7 @@ struct ebb__storage {
   ebb_stream_t *stream;      /* allocation stream (device storage), NULL on the CPU */
   uint64_t stream_id;        /* its id (0 on the CPU) */
   _Atomic uint64_t version;
+  bool inference;            /* made in inference mode (ebb__inference_on): an inference tensor's */
   /* Ids of other streams already declared to the arena with ebb_arena_record_stream; 0 is an
    * empty entry (ids start at 1). Ids, not handles: a released stream's handle is reused by a
    * later stream, which the arena has never heard of. */
@@ -46,6 +47,7 @@ struct ebb_tensor {
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   int64_t strides[EBB_TENSOR_MAX_DIMS];
   void *autograd;
+  struct ebb_tensor *base;   /* a view's base (a reference), NULL when not a view (ebb__tensor_base) */
   char name[EBB_TENSOR_NAME_MAX + 1];
 };
 
@@ -96,8 +98,12 @@ EBB_HIDDEN ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, 
                                     const ebb_tensor_t *const *in, int nin, ebb_tensor_t **out0, ebb_tensor_t **out1,
                                     const ebb__op_args *args);
 /* The inplace hook's check before an in-place op changes dst (ops_export.h): one load and a
- * branch without hooks; the hook runs when dst or src has a slot. Failures name fn. */
-EBB_HIDDEN ebb_status ebb__inplace_check(const char *fn, int op, const ebb_tensor_t *dst, const ebb_tensor_t *src);
+ * branch without hooks; the hook runs when dst or src has a slot, or dst's base has one. An
+ * inference tensor outside inference mode is refused here. Failures name fn. *token is set for
+ * ebb__inplace_end, which every path after a successful check must call (ok: dst changed and
+ * its version bumped). */
+EBB_HIDDEN ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+EBB_HIDDEN void ebb__inplace_end(void *token, bool ok);
 static inline const ebb__tensor_hooks *ebb__rec_enter(void) {
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
   const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);

@@ -61,6 +61,7 @@ static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
   t->offset = 0;
   t->ndim = 0;
   t->autograd = NULL;
+  t->base = NULL;
   t->name[0] = 0;
   atomic_store_explicit(&t->refs, 1, memory_order_relaxed);
   atomic_store_explicit(&t->magic, EBB__TENSOR_MAGIC, memory_order_relaxed);
@@ -234,6 +235,7 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
   s->bytes = bytes;
   s->stream = stream;
   s->stream_id = sid;
+  s->inference = ebb__inference_on();
   *out = s;
   return EBB_OK;
 }
@@ -328,18 +330,58 @@ _Atomic(const ebb__tensor_hooks *) ebb__hooks;
 /* Public op calls in progress on this thread, counted while hooks are installed. */
 static _Thread_local int ebb__rec_depth;
 
+/* Inference mode on this thread (autograd's scope; ops marks the storage made under it). */
+static _Thread_local bool ebb__inference;
+
+void ebb__inference_set(bool on) { ebb__inference = on; }
+bool ebb__inference_on(void) { return ebb__inference; }
+bool ebb__tensor_is_inference(const ebb_tensor_t *t) { return t->st->inference; }
+ebb_tensor_t *ebb__tensor_base(const ebb_tensor_t *t) { return t->base; }
+
+bool ebb__tensor_overlaps(const ebb_tensor_t *t) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->strides[d] == 0 && t->shape[d] > 1) return true;
+  return false;
+}
+
+void ebb__view_geom_of(const ebb_tensor_t *base, const ebb_tensor_t *view, ebb__view_geom *g) {
+  memset(g, 0, sizeof *g);
+  memcpy(g->base_strides, base->strides, sizeof(int64_t) * (size_t)base->ndim);
+  g->base_offset = base->offset;
+  ebb__tensor_meta_of(view, &g->view);
+  memcpy(g->strides, view->strides, sizeof(int64_t) * (size_t)view->ndim);
+  g->offset = view->offset;
+}
+
 const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
   if (!h->recorded) return NULL;
   ebb__rec_depth++;
   return h;
 }
 
-ebb_status ebb__inplace_check(const char *fn, int op, const ebb_tensor_t *dst, const ebb_tensor_t *src) {
+ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
+  *token = NULL;
+  if (EBB_UNLIKELY(dst->st->inference) && !ebb__inference) {
+    char a[128];
+    return ebb__fail(EBB_EINVAL, "%s: dst %s%s%s is an inference tensor (made in inference mode), which cannot be changed in place "
+                     "outside inference mode; expected the change inside inference mode, or a clone made outside it", fn,
+                     dst->name[0] ? "'" : "of shape ", dst->name[0] ? dst->name : EBB__SHAPE(dst, a), dst->name[0] ? "'" : "");
+  }
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
   const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
-  if (EBB_LIKELY(!h || !h->inplace || (!dst->autograd && !(src && src->autograd)))) return EBB_OK;
-  ebb_status st = h->inplace(op, dst, src);
+  if (EBB_LIKELY(!h || !h->inplace ||
+                 (!dst->autograd && !(src && src->autograd) && !(dst->base && dst->base->autograd))))
+    return EBB_OK;
+  ebb_status st = h->inplace(op, dst, src, token);
   return st ? ebb__fail_in(fn, st) : EBB_OK;
+}
+
+void ebb__inplace_end(void *token, bool ok) {
+  if (EBB_LIKELY(!token)) return;
+  /* acquire: pairs with the release store in ebb__tensor_hooks_set (the hooks that made the
+   * token are still installed: autograd stops after the last op). */
+  const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
+  if (h && h->inplace_done) h->inplace_done(token, ok);
 }
 
 ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op, const ebb_tensor_t *const *in,
@@ -379,6 +421,10 @@ ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, co
   v->dtype = t->dtype;
   v->ndim = ndim;
   v->offset = offset;
+  /* A view remembers its base (the first tensor of its chain of views) for autograd, which
+   * gives an in-place change through the view to the base's history. */
+  v->base = t->base ? t->base : (ebb_tensor_t *)t;
+  atomic_fetch_add_explicit(&v->base->refs, 1, memory_order_relaxed);
   for (int d = 0; d < ndim; d++) {
     v->shape[d] = shape[d];
     v->strides[d] = strides[d];
@@ -407,8 +453,10 @@ void ebb__tensor_put(ebb_tensor_t *t) {
     if (h && h->released) h->released(t, slot);
   }
   struct ebb__storage *s = t->st;
+  ebb_tensor_t *base = t->base; /* (a base is never a view: this recurses once at most) */
   ebb__record_put(t);
   ebb__storage_put(s);
+  ebb__tensor_put(base);
 }
 
 ebb_status ebb__grads_out(ebb_status st, ebb_tensor_t *ra, ebb_tensor_t **ga, ebb_tensor_t *rb, ebb_tensor_t **gb) {
@@ -1094,9 +1142,12 @@ void ebb__tensor_meta_of(const ebb_tensor_t *t, ebb__tensor_meta *m) {
 }
 
 bool ebb__tensor_exclusive(const ebb_tensor_t *t) {
-  /* acquire: a reference dropped on another thread happened before this read of the count. */
-  return atomic_load_explicit(&t->refs, memory_order_acquire) == 1 && atomic_load_explicit(&t->st->refs, memory_order_acquire) == 1 &&
-         !t->autograd && ebb__is_contiguous(t);
+  /* acquire: a reference dropped on another thread happened before this read of the count. A
+   * view whose base only it holds is alone on the storage too (the base's handle is its). */
+  if (atomic_load_explicit(&t->refs, memory_order_acquire) != 1 || t->autograd || !ebb__is_contiguous(t)) return false;
+  uint32_t srefs = atomic_load_explicit(&t->st->refs, memory_order_acquire);
+  if (!t->base) return srefs == 1;
+  return srefs == 2 && atomic_load_explicit(&t->base->refs, memory_order_acquire) == 1 && !t->base->autograd;
 }
 
 void *ebb__tensor_slot(const ebb_tensor_t *t) { return t->autograd; }
@@ -1196,13 +1247,15 @@ static ebb_status ebb__tensor_reshape_impl(const ebb_tensor_t *t, int ndim, cons
   if (st) return st;
   if (ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst))
     return ebb__tensor_alias("ebb_tensor_reshape", t, ndim, ns, nst, t->offset, out);
+  /* A copy, reshaped in place: a new tensor, not a view of t (nor of the copy). */
   ebb_tensor_t *c;
   st = ebb__copy_as("ebb_tensor_reshape", t, t->dtype, &c);
   if (st) return st;
-  ebb__contig_strides(ndim, ns, nst);
-  st = ebb__tensor_alias("ebb_tensor_reshape", c, ndim, ns, nst, 0, out);
-  ebb__tensor_put(c);
-  return st;
+  c->ndim = ndim;
+  memcpy(c->shape, ns, sizeof(int64_t) * (size_t)ndim);
+  ebb__contig_strides(ndim, c->shape, c->strides);
+  *out = c;
+  return EBB_OK;
 }
 
 ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
@@ -1451,22 +1504,20 @@ static ebb_status ebb__check_writable(const char *fn, const ebb_tensor_t *t) {
   return EBB_OK;
 }
 
-ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) {
-  const char *fn = "ebb_tensor_fill_";
+static ebb_status ebb__fill(const char *fn, int op, ebb_tensor_t *t, double value) {
+  void *token = NULL;
   ebb_status st = ebb__tensor_check(t, fn, "dst");
   if (!st) st = ebb__check_writable(fn, t);
-  if (!st) st = ebb__inplace_check(fn, EBB__OP_FILL_, t, NULL);
-  if (!st) st = ebb__ew_run(fn, EBB__EW_FILL, t, 0, NULL, value, 0);
+  if (!st) st = ebb__inplace_check(fn, op, t, NULL, &token);
   if (st) return st;
-  atomic_fetch_add_explicit(&t->st->version, 1, memory_order_relaxed);
-  return EBB_OK;
+  st = ebb__ew_run(fn, EBB__EW_FILL, t, 0, NULL, value, 0);
+  if (!st) atomic_fetch_add_explicit(&t->st->version, 1, memory_order_relaxed);
+  ebb__inplace_end(token, !st);
+  return st;
 }
 
-ebb_status ebb_tensor_zero_(ebb_tensor_t *t) {
-  ebb_status st = ebb__tensor_check(t, "ebb_tensor_zero_", "dst");
-  if (st) return st;
-  return ebb__fail_in("ebb_tensor_zero_", ebb_tensor_fill_(t, 0.0));
-}
+ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) { return ebb__fill("ebb_tensor_fill_", EBB__OP_FILL_, t, value); }
+ebb_status ebb_tensor_zero_(ebb_tensor_t *t) { return ebb__fill("ebb_tensor_zero_", EBB__OP_ZERO_, t, 0.0); }
 
 /* src may live on another device: it is first brought to dst's device (contiguous, through
  * ebb_copy_async), then the copy kernel broadcasts and converts it into dst's layout. */
@@ -1475,20 +1526,17 @@ ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
   ebb_status st = ebb__tensor_check(dst, fn, "dst");
   if (!st) st = ebb__tensor_check(src, fn, "src");
   if (!st) st = ebb__check_writable(fn, dst);
-  if (!st) st = ebb__inplace_check(fn, EBB__OP_COPY_, dst, src);
   if (st) return st;
   int64_t bst[EBB_TENSOR_MAX_DIMS];
   st = ebb__broadcast_strides(fn, "src", src, dst->ndim, dst->shape, bst);
+  void *token = NULL;
+  if (!st) st = ebb__inplace_check(fn, EBB__OP_COPY_, dst, src, &token);
   if (st) return st;
   ebb_tensor_t *moved = NULL;
-  if (src->st->device != dst->st->device) {
-    st = ebb__to_device(fn, src, dst->st->device, &moved);
-    if (st) return st;
-    src = moved;
-  }
-  st = ebb__ew_run(fn, EBB__EW_COPY, dst, 1, &src, 0, 0);
+  if (src->st->device != dst->st->device) st = ebb__to_device(fn, src, dst->st->device, &moved);
+  if (!st) st = ebb__ew_run(fn, EBB__EW_COPY, dst, 1, moved ? (const ebb_tensor_t *const *)&moved : &src, 0, 0);
   ebb__tensor_put(moved);
-  if (st) return st;
-  atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
-  return EBB_OK;
+  if (!st) atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
+  ebb__inplace_end(token, !st);
+  return st;
 }

@@ -9,14 +9,34 @@
  * created lazily, held by the nodes that use the leaf (never by the leaf), so it goes with the
  * graph. With no input requiring a gradient, an op records nothing and costs a branch.
  *
+ * In-place ops (ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_)
+ * are recorded too, with grad mode on, when dst requires a gradient or src does:
+ * - on a tensor that is not a view, the op's node becomes dst's grad_fn (output 0), its input 0
+ *   being dst's old value (its old grad_fn): dst's history is rebased. The version counter of
+ *   dst's storage moves on, so a node that saved dst (or any view of its storage) before fails
+ *   at backward with EBB_ESTATE, naming the node, the saved tensor and both versions.
+ * - on a view (ebb_tensor_view, reshape when it does not copy, transpose, permute, slice,
+ *   narrow, select, expand, squeeze, unsqueeze; not detach), the view's base (the tensor its
+ *   chain of views started from) gets the new history: its grad_fn becomes a "CopySlices" node,
+ *   which sends the base's gradient where the view lies through the op's backward and the rest
+ *   to the base's old grad_fn. The view, and every other view of that base, then takes its
+ *   grad_fn from the base's ("AsStridedBackward"), when it is next used or asked for.
+ * - refused with EBB_EINVAL: a leaf that requires a gradient, or a view of one, with grad mode on
+ *   (turn grad mode off for an optimizer's update); a dst whose elements overlap in memory (an
+ *   expanded tensor), or a view of such a base.
+ * With grad mode off, in-place ops record nothing (versions still move). Not tracked: a view
+ * made before its base required a gradient (or with grad mode off) keeps not requiring one, even
+ * after an in-place op through another view or the base gives the base a history.
+ *
  * Status of this header: the graph is recorded and can be inspected, and the engine runs a
  * backward on the calling thread (CPU tensors and one device), with tensor and post-accumulate
- * hooks, retain_grad, node hooks and metadata, gradient edges, multi-grad and logging hooks. Not
- * yet: in-place ops on tensors that require gradients (ebb_op_add_, ebb_tensor_copy_, ... are
- * refused with grad mode on), create_graph (a backward records nothing), the multi-device engine
- * (issues 20 and 21).
+ * hooks, retain_grad, node hooks and metadata, gradient edges, multi-grad and logging hooks;
+ * in-place ops, views and inference mode as above. Not yet: create_graph (a backward records
+ * nothing), the multi-device engine (issue 21).
  *
- * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives.
+ * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives
+ * (an in-place op on a tensor replaces its grad_fn: the old node lives on only where the new
+ * history uses it).
  * Threading: every function is thread-safe; grad mode is per thread. Errors: a status and
  * ebb_last_error naming the call, the tensor and what was expected.
  */
@@ -42,6 +62,24 @@ typedef struct ebb_node ebb_node_t;
 EBB_API bool ebb_grad_enabled(void);
 EBB_API void ebb_grad_set_enabled(bool enabled, bool *was);
 
+/* ---- inference mode: per thread, off by default ----------------------------------------------
+ * A stronger no-grad scope, for code that will never be differentiated: while it is on, ops
+ * record nothing and ebb_grad_enabled reads false (whatever ebb_grad_set_enabled says; the grad
+ * mode set inside or before comes back when inference mode ends), and every tensor created on
+ * this thread (op outputs, creation calls, copies; not views and detached handles of tensors
+ * made outside) is an inference tensor. Outside inference mode an inference tensor:
+ * - may be an input of ops, recorded or not, except where a recorded op must save it for
+ *   backward (ebb_op_mul with an input that requires a gradient, ...): that op fails with
+ *   EBB_EINVAL, naming the node and the input;
+ * - cannot be changed in place (EBB_EINVAL from ebb_op_add_, ebb_tensor_copy_, ...);
+ * - cannot be marked as requiring a gradient (EBB_EINVAL from ebb_tensor_set_requires_grad).
+ * A clone made outside inference mode is a normal tensor. ebb_inference_mode_set_enabled
+ * returns the previous state in *was (may be NULL) to restore it at the end of the scope; never
+ * fails. ebb_tensor_is_inference: EBB_EINVAL for NULL t or out, EBB_EFREED for a released t. */
+EBB_API bool ebb_inference_mode_enabled(void);
+EBB_API void ebb_inference_mode_set_enabled(bool enabled, bool *was);
+EBB_API ebb_status ebb_tensor_is_inference(const ebb_tensor_t *t, bool *out);
+
 /* ---- tensors ---------------------------------------------------------------------------------
  * Marks a leaf (a tensor no recorded op produced) as requiring a gradient, or not. EBB_EINVAL for
  * a tensor an op produced (its requirement follows its inputs; detach it first), or for a
@@ -55,10 +93,14 @@ EBB_API ebb_status ebb_tensor_requires_grad(const ebb_tensor_t *t, bool *out);
  * is a leaf, as in PyTorch). */
 EBB_API ebb_status ebb_tensor_is_leaf(const ebb_tensor_t *t, bool *out);
 /* The node that produced t (*out NULL for a leaf) and which of its outputs t is (*output_nr, may
- * be NULL). The node is borrowed: valid while t lives. */
+ * be NULL): after an in-place op, that op's node (or, for a view, "AsStridedBackward" from its
+ * base's history). The node is borrowed: valid while t lives and is not changed in place.
+ * EBB_ENOMEM when a view's history must be taken again from its base and no memory is left. */
 EBB_API ebb_status ebb_tensor_grad_fn(const ebb_tensor_t *t, const ebb_node_t **out, int *output_nr);
-/* A new handle on t's storage (a view sharing its version counter) that is a leaf and does not
- * require a gradient: the graph stops there. */
+/* A new handle on t's storage (sharing its version counter) that is a leaf and does not
+ * require a gradient: the graph stops there. Not a view for autograd: an in-place change to it
+ * is allowed even when t is a leaf that requires a gradient, and records nothing (it does move
+ * the version, so nodes that saved t fail at backward). */
 EBB_API ebb_status ebb_tensor_detach(const ebb_tensor_t *t, ebb_tensor_t **out);
 
 /* ---- nodes -----------------------------------------------------------------------------------

@@ -182,7 +182,11 @@ EBB_API ebb_status ebb_tensor_bump_version(ebb_tensor_t *t);
 
 /* ---- views: share storage and version counter with `t` ---------------------------------------
  * Dims may be negative (counted from the end: -1 is the last). Failures: EBB_EINVAL naming the
- * dim or shape that is out of range or incompatible; EBB_EFREED for a released t. */
+ * dim or shape that is out of range or incompatible; EBB_EFREED for a released t.
+ * A view holds a reference to its base (the tensor its chain of views started from; t itself
+ * unless t is a view), so the base's handle (and its autograd history) lives as long as its
+ * views: autograd gives an in-place change through a view to the base (ebb/autograd.h). A
+ * reshape that copies is not a view. */
 
 /* A view with `shape` (one entry may be -1: inferred). Needs strides that allow it (any
  * contiguous tensor does); EBB_EINVAL otherwise: use ebb_tensor_reshape. */

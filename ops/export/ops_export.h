@@ -40,15 +40,19 @@ typedef struct ebb__tensor_hooks {
    * it succeeded: the calls an op makes for itself (a composite's inner ops) record nothing.
    * A failure fails that call with the hook's status (its message prefixed by the call's name);
    * the outputs are released. Same thread as the call. A call that returns its input itself
-   * (ebb_tensor_contiguous of a contiguous tensor) records nothing. In-place ops are not
-   * recorded yet. */
+   * (ebb_tensor_contiguous of a contiguous tensor) records nothing. In-place ops go through
+   * `inplace` instead. */
   ebb_status (*recorded)(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
                          const struct ebb__op_args *args);
   /* An in-place op `op` (EBB__OP_ADD_, _MUL_, _COPY_, _FILL_, _ZERO_) is about to change dst
-   * (src: its other input, NULL for fill and zero), one of which has a slot. A failure refuses
-   * the op before anything changes, with the hook's status (its message prefixed by the call's
-   * name). Same thread as the call. */
-  ebb_status (*inplace)(int op, const ebb_tensor_t *dst, const ebb_tensor_t *src);
+   * (src: its other input, NULL for fill and zero); dst or src has a slot, or dst is a view
+   * whose base has one. A failure refuses the op before anything changes, with the hook's
+   * status (its message prefixed by the call's name). The hook may set *token (NULL before the
+   * call): ops then calls `inplace_done(token, ok)` once, after the op changed dst and bumped
+   * its version (ok true) or failed (ok false), so what the hook prepared is committed or
+   * dropped. Same thread as the call. */
+  ebb_status (*inplace)(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+  void (*inplace_done)(void *token, bool ok);
 } ebb__tensor_hooks;
 
 /* Installs the hooks (NULL removes them): autograd at its start and stop. The struct must outlive
@@ -69,6 +73,21 @@ EBB_HIDDEN bool ebb__tensor_exclusive(const ebb_tensor_t *t);
 EBB_HIDDEN bool ebb__tensor_matches(const ebb_tensor_t *t, const struct ebb__tensor_meta *m);
 /* t's metadata into *m. */
 EBB_HIDDEN void ebb__tensor_meta_of(const ebb_tensor_t *t, struct ebb__tensor_meta *m);
+
+/* The base of a view: the tensor whose storage the view's chain of view calls started from (a
+ * view of a view has the first one's base), NULL for a tensor that is not a view (made by an op,
+ * a creation call, a reshape that copied, ebb_tensor_detach). The view holds a reference to
+ * it, so the base lives as long as its views. Borrowed. */
+EBB_HIDDEN ebb_tensor_t *ebb__tensor_base(const ebb_tensor_t *t);
+/* Whether two of t's elements share memory (a stride-0 dim of extent > 1: an expanded tensor). */
+EBB_HIDDEN bool ebb__tensor_overlaps(const ebb_tensor_t *t);
+
+/* Inference mode (autograd's scope; the flag lives here because ops marks what it creates):
+ * per thread; storage made while it is on belongs to inference tensors, and in-place ops on
+ * those are refused outside the mode. */
+EBB_HIDDEN void ebb__inference_set(bool on);
+EBB_HIDDEN bool ebb__inference_on(void);
+EBB_HIDDEN bool ebb__tensor_is_inference(const ebb_tensor_t *t);
 
 /* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, the message naming fn and arg. */
 EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
@@ -101,6 +120,10 @@ typedef enum ebb__op_id {
   EBB__OP_CONTIGUOUS, EBB__OP_CLONE, EBB__OP_TO_DEVICE, EBB__OP_TO_DTYPE,
   /* in place: input 0 is dst's value before the op, the output dst's value after it */
   EBB__OP_ADD_, EBB__OP_MUL_, EBB__OP_COPY_, EBB__OP_FILL_, EBB__OP_ZERO_,
+  /* autograd's own nodes for in-place ops on views (args->geom says where the view lies):
+   * a view's history taken again from its base's after an in-place change, and the base's
+   * history after an in-place op on one of its views (PyTorch's CopySlices) */
+  EBB__OP_AS_STRIDED, EBB__OP_COPY_SLICES,
   EBB__OP_COUNT
 } ebb__op_id;
 
@@ -122,7 +145,25 @@ typedef struct ebb__op_args {
                                         unsqueeze, max_dim; transpose's two; layer_norm's nnorm */
   int64_t start, end, step;          /* slice [start, end) by step; narrow; select's index */
   bool keepdim;
+  const struct ebb__view_geom *geom; /* AS_STRIDED and COPY_SLICES only, else NULL */
 } ebb__op_args;
+
+/* Where a view lies in its base's storage, for the nodes that move gradients between the two.
+ * The base's shape, dtype and device are the node's input 0 metadata. */
+typedef struct ebb__view_geom {
+  int64_t base_strides[EBB_TENSOR_MAX_DIMS];
+  int64_t base_offset;
+  ebb__tensor_meta view;                 /* the view's shape (its dtype and device: the base's) */
+  int64_t strides[EBB_TENSOR_MAX_DIMS];  /* the view's */
+  int64_t offset;
+  /* COPY_SLICES: the in-place op on the view (an EBB__OP_*_ entry) and its arguments; its
+   * saved tensors are the node's */
+  int inner_op;
+  ebb__op_args inner_args;
+} ebb__view_geom;
+
+/* g's view geometry of `view` in `base` (a view of base's storage). */
+EBB_HIDDEN void ebb__view_geom_of(const ebb_tensor_t *base, const ebb_tensor_t *view, ebb__view_geom *g);
 
 #define EBB__SAVE_IN(i) (1u << (i))
 #define EBB__SAVE_OUT(i) (1u << (8 + (i)))

@@ -234,9 +234,9 @@ TEST_CASE("engine: bad input and failures name what was wrong, the engine carrie
   EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x2, true));
   EBB_REQUIRE_OK(ebb_op_sin(x2, z.out()));
   EBB_REQUIRE_OK(ebb_op_sum(z, nullptr, 0, false, s.out()));
-  // In-place on a tensor that requires a gradient is refused with grad mode on (not recorded yet);
-  // with it off (an optimizer's update) it runs, and the saved input's version moves on.
-  EBB_CHECK_FAILS(ebb_tensor_fill_(x2, 0.5), EBB_ENOTSUP, "in-place ops on tensors that require gradients are not recorded yet");
+  // In-place on a leaf that requires a gradient is refused with grad mode on; with it off (an
+  // optimizer's update) it runs, and the saved input's version moves on.
+  EBB_CHECK_FAILS(ebb_tensor_fill_(x2, 0.5), EBB_EINVAL, "is a leaf that requires a gradient");
   bool was;
   ebb_grad_set_enabled(false, &was);
   EBB_REQUIRE_OK(ebb_tensor_fill_(x2, 0.5));

@@ -2,6 +2,7 @@
 // call it (the inputs' metadata, only the tensors the entry says it saves, the wanted inputs),
 // against central finite differences of its forward, on the CPU and a device; and the table's
 // own shape: every operation has an entry, names are unique, saves and gradients are declared.
+#include <deque>
 #include <functional>
 #include <set>
 #include <string>
@@ -112,6 +113,50 @@ ebb__op_args with_slice(int dim, int64_t start, int64_t end, int64_t step) {
   a.start = start;
   a.end = end;
   a.step = step;
+  return a;
+}
+
+// Views for autograd's view nodes: t -> a view of it (a new reference).
+using ViewFn = ebb_status (*)(const ebb_tensor_t *, ebb_tensor_t **);
+ebb_status slice_of_t(const ebb_tensor_t *t, ebb_tensor_t **out) {  // [3,4] -> [4,3] -> [4,2]
+  Tensor tt;
+  ebb_status st = ebb_tensor_transpose(t, 0, 1, tt.out());
+  return st ? st : ebb_tensor_slice(tt, 1, 1, 3, 1, out);
+}
+ebb_status expanded(const ebb_tensor_t *t, ebb_tensor_t **out) {  // [3] -> [1,3] -> [2,3]
+  Tensor u;
+  const int64_t shape[2] = {2, 3};
+  ebb_status st = ebb_tensor_unsqueeze(t, 0, u.out());
+  return st ? st : ebb_tensor_expand(u, 2, shape, out);
+}
+ebb_status row_part(const ebb_tensor_t *t, ebb_tensor_t **out) {  // [3,4] -> row 1 -> [2] at 1
+  Tensor r;
+  ebb_status st = ebb_tensor_select(t, 0, 1, r.out());
+  return st ? st : ebb_tensor_slice(r, 0, 1, 3, 1, out);
+}
+// The view's values, copied out (a forward whose gradient is AsStridedBackward's).
+ebb_status through_view(const ebb_tensor_t *t, ViewFn view, ebb_tensor_t **out) {
+  Tensor v;
+  ebb_status st = view(t, v.out());
+  return st ? st : ebb_tensor_clone(v, out);
+}
+// An in-place op on a view of d.
+ebb_status on_view(ebb_tensor_t *d, ViewFn view, const std::function<ebb_status(ebb_tensor_t *)> &op) {
+  Tensor v;
+  ebb_status st = view(d, v.out());
+  return st ? st : op(v);
+}
+// args.geom for a view of a contiguous base of `shape` on dev (kept for the whole run).
+ebb__op_args with_geom(int dev, std::vector<int64_t> shape, int inner, ViewFn view) {
+  static std::deque<ebb__view_geom> geoms;
+  Tensor base, v;
+  EBB_REQUIRE_OK(ebb_tensor_zeros(dev, EBB_F64, static_cast<int>(shape.size()), shape.data(), base.out()));
+  EBB_REQUIRE_OK(view(base, v.out()));
+  geoms.emplace_back();
+  ebb__view_geom_of(base, v, &geoms.back());
+  geoms.back().inner_op = inner;
+  ebb__op_args a{};
+  a.geom = &geoms.back();
   return a;
 }
 
@@ -247,6 +292,17 @@ std::vector<Case> cases(int dev) {
     c.push_back({EBB__OP_COPY_, {dst, inp({3}, 57)}, args_none(),
                  inplace([](ebb_tensor_t *d, const GcInputs &x) { return ebb_tensor_copy_(d, x[1]); })});
   }
+  // autograd's nodes for views: where the view lies comes from a base of the forward's shape.
+  // AsStridedBackward: a view (a slice of a transpose) and an expanded one, copied out.
+  c.push_back({EBB__OP_AS_STRIDED, {inp({3, 4}, 60)}, with_geom(dev, {3, 4}, EBB__OP_COUNT, slice_of_t),
+               [](const GcInputs &x, ebb_tensor_t **o) { return through_view(x[0], slice_of_t, o); }});
+  c.push_back({EBB__OP_AS_STRIDED, {inp({3}, 61)}, with_geom(dev, {3}, EBB__OP_COUNT, expanded),
+               [](const GcInputs &x, ebb_tensor_t **o) { return through_view(x[0], expanded, o); }});
+  // CopySlices: the base after dst += src / dst = src through a view of a copy of it.
+  c.push_back({EBB__OP_COPY_SLICES, {inp({3, 4}, 62), inp({2}, 63)}, with_geom(dev, {3, 4}, EBB__OP_ADD_, row_part),
+               inplace([](ebb_tensor_t *d, const GcInputs &x) { return on_view(d, row_part, [&](ebb_tensor_t *v) { return ebb_op_add_(v, x[1]); }); })});
+  c.push_back({EBB__OP_COPY_SLICES, {inp({3, 4}, 64), inp({2}, 65)}, with_geom(dev, {3, 4}, EBB__OP_COPY_, slice_of_t),
+               inplace([](ebb_tensor_t *d, const GcInputs &x) { return on_view(d, slice_of_t, [&](ebb_tensor_t *v) { return ebb_tensor_copy_(v, x[1]); }); })});
   return c;
 }
 
@@ -272,6 +328,7 @@ TEST_CASE("derivatives: every entry's backward, as autograd calls it, matches fi
 }
 
 TEST_CASE("derivatives: the table has an entry for every operation, each well formed", "[ops][derivatives]") {
+  EbbSession session;  // (the view cases are built on tensors)
   std::set<std::string> nodes, forwards;
   for (int op = 0; op < EBB__OP_COUNT; op++) {
     const ebb__deriv *e = ebb__deriv_of(static_cast<ebb__op_id>(op));
@@ -282,7 +339,7 @@ TEST_CASE("derivatives: the table has an entry for every operation, each well fo
     INFO(e->node);
     CHECK(nodes.insert(e->node).second);
     CHECK(forwards.insert(e->forward).second);
-    CHECK(std::string(e->node).find("Backward") != std::string::npos);
+    CHECK((std::string(e->node).find("Backward") != std::string::npos || std::string(e->node) == "CopySlices"));
     CHECK((e->nin == -1 || (e->nin >= 1 && e->nin <= 8)));
     CHECK((e->nout == 1 || e->nout == 2));
     CHECK((e->diff == 0) == (e->backward == nullptr));

@@ -147,7 +147,7 @@ ebb_status fake_viewed(const ebb_tensor_t *base, ebb_tensor_t *view, const char 
   return EBB_OK;
 }
 
-const ebb__tensor_hooks g_hooks = {fake_released, fake_viewed, nullptr, nullptr};
+const ebb__tensor_hooks g_hooks = {fake_released, fake_viewed, nullptr, nullptr, nullptr};
 
 struct HooksInstalled {
   HooksInstalled() {
@@ -262,14 +262,15 @@ ebb_status fake_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_ten
 }
 
 int g_inplace_calls = 0;
-ebb_status fake_inplace(int op, const ebb_tensor_t *dst, const ebb_tensor_t *src) {
+ebb_status fake_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
   (void)dst;
   (void)src;
+  (void)token;
   g_inplace_calls++;
   return op == EBB__OP_MUL_ ? ebb__fail(EBB_ENOTSUP, "refused by the test") : EBB_OK;
 }
 
-const ebb__tensor_hooks g_rec_hooks = {nullptr, nullptr, fake_recorded, fake_inplace};
+const ebb__tensor_hooks g_rec_hooks = {nullptr, nullptr, fake_recorded, fake_inplace, nullptr};
 
 struct RecordingInstalled {
   RecordingInstalled() {
