@@ -668,6 +668,11 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       ebb_tensor_retain(results[dup[i]]);
       results[i] = results[dup[i]];
     }
+  /* An input whose node was reached without a gradient (only a path that carries none). */
+  for (int i = 0; !st && results && !allow_unused && i < ninputs; i++)
+    if (!results[i])
+      st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] got no gradient from the roots (no path to it carries one); expected allow_unused "
+                     "to get no gradient for it", fn, i);
   ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
   if (!st) st = end;
   ebb_grad_set_enabled(was, NULL);

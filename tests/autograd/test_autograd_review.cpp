@@ -155,3 +155,25 @@ TEST_CASE("review: registering hooks on a leaf while other threads run backward 
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// A root edge that reaches an input's node but brings it no gradient (max_dim's indices output)
+// leaves the input without one: without allow_unused that is EBB_EINVAL (ebb_grad's contract),
+// never EBB_OK with grads[0] NULL.
+TEST_CASE("review: ebb_grad_edges without allow_unused fails for an input no gradient reached", "[autograd][review][edges]") {
+  EbbSession session;
+  Tensor x = leaf({1, 5, 3}), v, idx;
+  EBB_REQUIRE_OK(ebb_op_max_dim(x, 0, false, v.out(), idx.out()));
+  const ebb_node_t *mx = nullptr;
+  EBB_REQUIRE_OK(ebb_tensor_grad_fn(v, &mx, nullptr));
+  ebb_gradient_edge root{mx, 1}, in{};  // the indices' input of MaxBackward
+  EBB_REQUIRE_OK(ebb_tensor_gradient_edge(x, &in));
+  ebb_tensor_t *g[1] = {nullptr};
+  ebb_status st = ebb_grad_edges(&root, nullptr, 1, &in, 1, true, false, g);
+  CHECK(st == EBB_EINVAL);
+  CHECK(g[0] == nullptr);
+  if (g[0]) ebb_tensor_release(g[0]);
+  EBB_REQUIRE_OK(ebb_gradient_edge_release(&in));
+  for (Tensor *t : {&x, &v, &idx}) t->reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
