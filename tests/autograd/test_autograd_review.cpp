@@ -177,3 +177,28 @@ TEST_CASE("review: ebb_grad_edges without allow_unused fails for an input no gra
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+namespace {
+void count_line(const char *, void *user) { ++*static_cast<int *>(user); }
+}  // namespace
+
+// NOT FIXED (marked shouldfail: it passes while the bug is there). The logging hooks promise a
+// line for every node reachable from the roots, "a leaf's AccumulateGrad" included; for a leaf
+// root whose AccumulateGrad did not exist yet, the registration makes one, hooks it, and drops
+// it at its end: the hook goes with it and the backward's AccumulateGrad (a new node) logs
+// nothing. A fix must choose: the handle holds those nodes until removed (as multi-grad does),
+// or the contract says leaf roots are covered only while something else keeps their node.
+TEST_CASE("review: logging hooks on a leaf root log its AccumulateGrad", "[autograd][review][logging][!shouldfail]") {
+  EbbSession session;
+  Tensor x = leaf({2});
+  int lines = 0;
+  const ebb_tensor_t *roots[1] = {x.get()};
+  ebb_hook_handle h{0};
+  EBB_REQUIRE_OK(ebb_autograd_register_logging_hooks(roots, 1, count_line, &lines, &h));
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));
+  ebb_hook_remove(h);
+  x.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+  CHECK(lines == 1);
+}
