@@ -81,7 +81,8 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  * is written and only the nodes on a path to them run (partial backward, found by walking up from
  * the inputs: its cost grows with those nodes, not with the whole graph); an input the roots do
  * not depend on is left as it was. A non-leaf input gets the gradient that reached it (before its
- * tensor hooks) added into its .grad, as a leaf would. Nodes run on the calling thread in decreasing sequence number,
+ * tensor hooks; after them when it retains its gradient, whose hook then adds it, once) added into
+ * its .grad, as a leaf would. Nodes run on the calling thread in decreasing sequence number,
  * AccumulateGrad first among the ready ones, the same order on every run. Without retain_graph
  * the saved tensors of every node that ran are released: a second backward through those nodes
  * fails with EBB_ESTATE (nodes that save nothing may run again).
