@@ -676,19 +676,20 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
   if (!st) st = end;
   ebb_grad_set_enabled(was, NULL);
-  for (int i = 0; rg && racc && i < nroots; i++) {
+  for (int i = 0; rg && i < nroots; i++)
     if (rg[i]) ebb_tensor_release(rg[i]);
-    ebb__node_unref(racc[i]);
-  }
   free(rn);
   free(dup);
-  free(racc);
   free(rnr);
   free(rg);
   free(innode);
   free(innr);
   free(ready.a);
   ebb__task_free(&t);
+  /* After the task: a leaf root's AccumulateGrad may be held by nothing else, and the task's
+   * entries read their nodes. */
+  for (int i = 0; racc && i < nroots; i++) ebb__node_unref(racc[i]);
+  free(racc);
   if (st && results)
     for (int i = 0; i < ninputs; i++)
       if (results[i]) {

@@ -202,3 +202,21 @@ TEST_CASE("review: logging hooks on a leaf root log its AccumulateGrad", "[autog
   REQUIRE(ebb_debug_live_handles() == 0);
   CHECK(lines == 1);
 }
+
+// A leaf root whose AccumulateGrad nothing else holds: the call's reference was dropped before
+// the task's end, which still read the node (ASan: heap-use-after-free in ebb__task_free).
+TEST_CASE("review: backward and grad on a leaf root that nothing else uses", "[autograd][review]") {
+  EbbSession session;
+  Tensor x = leaf({2});
+  const ebb_tensor_t *roots[1] = {x.get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));
+  CHECK(grad_of(x) == std::vector<double>{1});
+  ebb_tensor_t *g[1] = {nullptr};
+  EBB_REQUIRE_OK(ebb_grad(roots, nullptr, 1, roots, 1, false, false, g));
+  Tensor gx(g[0]);
+  CHECK(read(gx) == std::vector<double>{1});
+  gx.reset();
+  x.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
