@@ -38,8 +38,8 @@ struct ebb_node {
   struct ebb__edge *next;    /* [nin] */
   ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
   _Atomic bool freed_saved;  /* a backward without retain_graph released the saved tensors */
-  struct ebb__hook *hooks;   /* tensor hooks of its outputs (non-leaf tensors), and the node's own pre/post hooks,
-                                under ebb__hook_mu */
+  _Atomic(struct ebb__hook *) hooks; /* tensor hooks of its outputs (non-leaf tensors), and the node's own pre/post
+                                hooks, appended under ebb__hook_mu (a release store: the engine walks it unlocked) */
   struct ebb__edge *consumers; /* edges of live nodes that point here, under its consumer lock */
   /* node_api.c. in_meta has nin + nout entries: [nin + k] is output k's (the node's input k). */
   uint64_t stream_id;        /* the outputs' device's current stream when recorded (0: CPU) */
@@ -55,7 +55,7 @@ struct ebb__meta {
   struct ebb_node *grad_acc; /* a leaf's AccumulateGrad: weak, cleared when it goes */
   ebb_mutex grad_mu;         /* .grad's updates (rank EBB_RANK_AG_GRAD: held across ops) */
   ebb_tensor_t *grad;        /* .grad: owned, NULL until a backward reaches it */
-  struct ebb__hook *hooks;   /* a leaf's tensor and post-accumulate hooks, under ebb__hook_mu */
+  _Atomic(struct ebb__hook *) hooks; /* a leaf's tensor and post-accumulate hooks, as a node's */
   struct ebb__hook *retain;  /* a non-leaf's retain_grad hook (in its grad_fn's list), or NULL */
   /* A view (ebb__tensor_base non-NULL) whose grad_fn derives from its base's history: valid
    * while the storage's version is view_version; an in-place change through the base or any of
@@ -77,7 +77,7 @@ struct ebb__hook {
   ebb_post_accumulate_hook_fn post;
   void *user;
   _Atomic bool removed;     /* read by a backward without the lock; removal may come from another thread */
-  struct ebb__hook *next;
+  _Atomic(struct ebb__hook *) next; /* set once, by a release store (a backward walks the list unlocked) */
   ebb_node_pre_hook_fn pre;   /* EBB__HOOK_NODE_PRE */
   ebb_node_post_hook_fn npost; /* EBB__HOOK_NODE_POST */
   void (*user_free)(void *user); /* when the hook struct is freed (its owner goes, or a group is removed) */
@@ -102,7 +102,7 @@ EBB_HIDDEN void ebb__hooks_free(struct ebb__hook *h);
 /* Adds hook h (kind, functions and user set; id and link filled here) to the registry and to the
  * end of *list (NULL: a group, in the registry only); its id in *id. EBB_ENOMEM (message naming
  * fn) without memory, h then not taken. */
-EBB_HIDDEN ebb_status ebb__hook_attach(const char *fn, struct ebb__hook **list, struct ebb__hook *h, uint64_t *id);
+EBB_HIDDEN ebb_status ebb__hook_attach(const char *fn, _Atomic(struct ebb__hook *) *list, struct ebb__hook *h, uint64_t *id);
 /* The tensor-hook registration of ebb_tensor_register_hook with a destructor for user. */
 EBB_HIDDEN ebb_status ebb__tensor_hook_add(const char *fn, ebb_tensor_t *t, ebb_tensor_hook_fn f, void *user,
                                            void (*user_free)(void *), uint64_t *id);

@@ -359,6 +359,9 @@ static ebb_status ebb__accumulate_into(struct ebb__meta *m, const ebb_tensor_t *
   return st;
 }
 
+/* Whether non-leaf m keeps its gradient through retain_grad (its hook adds into .grad). */
+static bool ebb__retained(const struct ebb__meta *m) { return m->retain && !atomic_load(&m->retain->removed); }
+
 /* A node's saved tensors are read and released under one of 16 locks chosen by its address, so
  * backward calls on other threads sharing the node (retain_graph on all but the last) never read
  * a saved tensor another one is releasing. The lock is held for the references, not the math. */
@@ -402,6 +405,8 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     if (t->results) {
       ebb_tensor_retain(buf[x->capture_nr]);
       t->results[x->capture - 1] = buf[x->capture_nr];
+    } else if (ebb__retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
+      /* retain_grad's hook (run with this node's tensor hooks) puts the gradient into .grad: once */
     } else if ((st = ebb__accumulate_into(ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
       return ebb__fail(st, "%s: adding the gradient of inputs[%d] (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
                        x->capture - 1, x->capture_nr, ebb__node_name_of(n), ebb_last_error());
@@ -664,22 +669,28 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       ebb_tensor_retain(results[dup[i]]);
       results[i] = results[dup[i]];
     }
+  /* An input whose node was reached without a gradient (only a path that carries none). */
+  for (int i = 0; !st && results && !allow_unused && i < ninputs; i++)
+    if (!results[i])
+      st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] got no gradient from the roots (no path to it carries one); expected allow_unused "
+                     "to get no gradient for it", fn, i);
   ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
   if (!st) st = end;
   ebb_grad_set_enabled(was, NULL);
-  for (int i = 0; rg && racc && i < nroots; i++) {
+  for (int i = 0; rg && i < nroots; i++)
     if (rg[i]) ebb_tensor_release(rg[i]);
-    ebb__node_unref(racc[i]);
-  }
   free(rn);
   free(dup);
-  free(racc);
   free(rnr);
   free(rg);
   free(innode);
   free(innr);
   free(ready.a);
   ebb__task_free(&t);
+  /* After the task: a leaf root's AccumulateGrad may be held by nothing else, and the task's
+   * entries read their nodes. */
+  for (int i = 0; racc && i < nroots; i++) ebb__node_unref(racc[i]);
+  free(racc);
   if (st && results)
     for (int i = 0; i < ninputs; i++)
       if (results[i]) {

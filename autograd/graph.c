@@ -75,12 +75,13 @@ ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t
   ebb__mutex_lock(mu);
   for (struct ebb__edge *e = p->consumers; e && !st; e = e->cnext) {
     struct ebb_node *c = e->owner;
-    /* A consumer whose last reference is going (count 0) is unlinking itself, blocked on this
-     * lock: skip it, undoing the increment, and never touch it again. */
-    if (atomic_fetch_add_explicit(&c->refs, 1, memory_order_acq_rel) == 0) {
-      atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
-      continue;
+    /* A consumer whose last reference is going (count 0) is being freed and stays linked until
+     * its free unlinks it: skip it, never touching its count. Incrementing and undoing would let
+     * a walker under another producer's lock see the transient 1 and keep a reference. */
+    long r = atomic_load_explicit(&c->refs, memory_order_acquire);
+    while (r > 0 && !atomic_compare_exchange_weak_explicit(&c->refs, &r, r + 1, memory_order_acq_rel, memory_order_acquire)) {
     }
+    if (r == 0) continue;
     if (*n == *cap) {
       size_t nc = *cap ? *cap * 2 : 64;
       struct ebb_node **bigger = realloc(*out, nc * sizeof *bigger);

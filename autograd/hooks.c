@@ -23,7 +23,7 @@ static size_t ebb__nreg, ebb__capreg;
 static uint64_t ebb__next_hook_id = 1;
 
 /* Adds h to the registry and appends it to *list. Lock held. */
-static bool ebb__hook_add_locked(struct ebb__hook **list, struct ebb__hook *h) {
+static bool ebb__hook_add_locked(_Atomic(struct ebb__hook *) *list, struct ebb__hook *h) {
   if (ebb__nreg == ebb__capreg) {
     size_t nc = ebb__capreg ? ebb__capreg * 2 : 16;
     struct ebb__hook **nr = realloc(ebb__reg, nc * sizeof *nr);
@@ -33,8 +33,8 @@ static bool ebb__hook_add_locked(struct ebb__hook **list, struct ebb__hook *h) {
   }
   ebb__reg[ebb__nreg++] = h;
   h->id = ebb__next_hook_id++;
-  while (*list) list = &(*list)->next;
-  *list = h;
+  for (struct ebb__hook *x; (x = atomic_load_explicit(list, memory_order_relaxed));) list = &x->next;
+  atomic_store_explicit(list, h, memory_order_release); /* h whole before a walker can reach it */
   return true;
 }
 
@@ -62,8 +62,8 @@ void ebb__hooks_free(struct ebb__hook *h) {
   }
 }
 
-ebb_status ebb__hook_attach(const char *fn, struct ebb__hook **list, struct ebb__hook *h, uint64_t *id) {
-  static struct ebb__hook *none;
+ebb_status ebb__hook_attach(const char *fn, _Atomic(struct ebb__hook *) *list, struct ebb__hook *h, uint64_t *id) {
+  static _Atomic(struct ebb__hook *) none;
   ebb__mutex_lock(&ebb__hook_mu);
   bool ok = ebb__hook_add_locked(list ? list : &none, h);
   if (!list) none = NULL; /* a group is in the registry only */

@@ -697,6 +697,11 @@ struct ebb__log {
   void *user;
   uint64_t *ids;
   size_t nids, cap;
+  /* The AccumulateGrads the registration made for leaf roots (no one else may hold them): held
+   * until the handle is removed, so their hooks are there when a backward comes (a reference
+   * cycle through the hooks, broken by the removal). */
+  struct ebb_node **acc;
+  int nacc;
 };
 
 static void ebb__log_unref(void *user) {
@@ -709,6 +714,12 @@ static void ebb__log_unref(void *user) {
 static void ebb__log_remove(void *user) {
   struct ebb__log *l = user;
   for (size_t i = 0; i < l->nids; i++) ebb__hook_remove_id(l->ids[i]);
+  struct ebb_node **acc = l->acc;
+  int nacc = l->nacc;
+  l->acc = NULL;
+  l->nacc = 0;
+  for (int i = 0; i < nacc; i++) ebb__node_unref(acc[i]); /* (l lives on: the group holds it) */
+  free(acc);
 }
 
 static ebb_status ebb__log_hook(const ebb_node_t *node, const ebb_tensor_t *const *grads, int ngrads, ebb_tensor_t **replace,
@@ -859,6 +870,11 @@ ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots,
   }
   free(stack);
   free(seen.a);
+  if (!st) { /* the handle keeps them (see struct ebb__log) */
+    l->acc = acc;
+    l->nacc = nroots;
+    acc = NULL;
+  }
   for (int i = 0; acc && i < nroots; i++) ebb__node_unref(acc[i]);
   free(acc);
   return st;

@@ -123,7 +123,8 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  * is written and only the nodes on a path to them run (partial backward, found by walking up from
  * the inputs: its cost grows with those nodes, not with the whole graph); an input the roots do
  * not depend on is left as it was. A non-leaf input gets the gradient that reached it (before its
- * tensor hooks) added into its .grad, as a leaf would. Nodes run on the calling thread in decreasing sequence number,
+ * tensor hooks; after them when it retains its gradient, whose hook then adds it, once) added into
+ * its .grad, as a leaf would. Nodes run on the calling thread in decreasing sequence number,
  * AccumulateGrad first among the ready ones, the same order on every run. Without retain_graph
  * the saved tensors of every node that ran are released: a second backward through those nodes
  * fails with EBB_ESTATE (nodes that save nothing may run again).
@@ -324,7 +325,8 @@ EBB_API ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, in
  * (the node's name and sequence number, "AccumulateGrad" without one; each input gradient as
  * dtype[shape], None where absent). With sink NULL the lines go to the warning handler
  * (ebb_set_warning_handler), prefixed "autograd: ". Nodes recorded after the call are not
- * covered. One handle (ebb_hook_remove) unregisters all. The sink runs on the backward's
+ * covered. One handle (ebb_hook_remove) unregisters all; until then it holds the AccumulateGrad
+ * nodes it made for leaf roots (so a leaf root's line comes at every backward). The sink runs on the backward's
  * thread; it must not call ebb. EBB_EINVAL: NULL roots or out, nroots <= 0, a root that does
  * not require a gradient. */
 typedef void (*ebb_autograd_log_fn)(const char *line, void *user);
