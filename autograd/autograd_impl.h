@@ -32,6 +32,7 @@ struct ebb_node {
   ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
   _Atomic bool freed_saved;  /* a backward without retain_graph released the saved tensors */
   struct ebb__hook *hooks;   /* tensor hooks of its outputs (non-leaf tensors), under ebb__hook_mu */
+  uint64_t saved_owned;      /* bit k: saved[k]'s block is counted as saved by a node (owners.c) */
 };
 
 struct ebb__meta {
@@ -73,6 +74,19 @@ EBB_HIDDEN void ebb__retain_end(struct ebb__meta *m);
  * removed. */
 EBB_HIDDEN void ebb__hooks_free(struct ebb__hook *h);
 
+
+/* owners.c: what autograd's memory is tagged with in the allocator's owners. */
+/* n saved t as saved[k] (just shared): an activation's block becomes saved by n. */
+EBB_HIDDEN void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t);
+/* Releases n->saved[k] (non-NULL; set to NULL), giving its block its owner back when n was the
+ * last node holding it. */
+EBB_HIDDEN void ebb__owners_saved_drop(struct ebb_node *n, int k);
+/* The engine runs n between these: its allocations are (EBB_OWNER_BACKWARD, n's name). Pass
+ * enter's result to leave. */
+EBB_HIDDEN bool ebb__owners_enter(const struct ebb_node *n);
+EBB_HIDDEN void ebb__owners_leave(bool entered);
+/* A backward just gave `leaf` its first .grad, `grad`: its block becomes the leaf's gradient. */
+EBB_HIDDEN void ebb__owners_grad_new(const ebb_tensor_t *leaf, const ebb_tensor_t *grad);
 
 /* graph.c */
 EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);

@@ -223,6 +223,7 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   struct ebb__meta *m = ebb__meta_of(n->leaf);
   ebb_status st = EBB_OK;
   ebb__mutex_lock(&m->grad_mu);
+  bool had = m->grad != NULL;
   if (m->grad) {
     st = ebb_op_add_(m->grad, *g);
   } else if (ebb__tensor_exclusive(*g)) {
@@ -231,6 +232,7 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   } else {
     st = ebb_tensor_clone(*g, &m->grad);
   }
+  if (!st && m->grad && !had) ebb__owners_grad_new(n->leaf, m->grad); /* owners.c: the leaf's gradient now */
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
@@ -334,10 +336,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   if (need != need_small) free(need);
   if (!st && !retain && n->saved && !atomic_exchange_explicit(&n->freed_saved, true, memory_order_acq_rel))
     for (int k = 0; k < n->nin + n->nout; k++)
-      if (n->saved[k]) {
-        ebb_tensor_release(n->saved[k]);
-        n->saved[k] = NULL;
-      }
+      if (n->saved[k]) ebb__owners_saved_drop(n, k); /* (owners.c: its block's owner back) */
   return st;
 }
 
@@ -453,7 +452,9 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
   while (!st && ready.n) {
     struct ebb__tnode *x = ebb__heap_pop(&ready);
+    bool owned = ebb__owners_enter(x->n); /* owners.c: what the node allocates is its own */
     st = ebb__run_node(&t, x, retain, &ready);
+    ebb__owners_leave(owned);
     /* Its gradients are used up: freed now, not at the task's end (a backward holds only the
      * buffers of nodes still waiting), and so a producer that got g itself may take the next sum
      * into it in place. */

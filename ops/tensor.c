@@ -1099,6 +1099,8 @@ bool ebb__tensor_exclusive(const ebb_tensor_t *t) {
          !t->autograd && ebb__is_contiguous(t);
 }
 
+void *ebb__tensor_block(const ebb_tensor_t *t) { return t->st ? t->st->data : NULL; }
+
 void *ebb__tensor_slot(const ebb_tensor_t *t) { return t->autograd; }
 void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot) { t->autograd = slot; }
 
