@@ -44,6 +44,7 @@ struct ebb__meta {
   ebb_tensor_t *grad;        /* .grad: owned, NULL until a backward reaches it */
   struct ebb__hook *hooks;   /* a leaf's tensor and post-accumulate hooks, under ebb__hook_mu */
   struct ebb__hook *retain;  /* a non-leaf's retain_grad hook (in its grad_fn's list), or NULL */
+  const char *grad_owner;    /* a leaf's gradient's owner name, interned (owners.c), under grad_mu */
 };
 
 /* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its
@@ -85,8 +86,9 @@ EBB_HIDDEN void ebb__owners_saved_drop(struct ebb_node *n, int k);
  * enter's result to leave. */
 EBB_HIDDEN bool ebb__owners_enter(const struct ebb_node *n);
 EBB_HIDDEN void ebb__owners_leave(bool entered);
-/* A backward just gave `leaf` its first .grad, `grad`: its block becomes the leaf's gradient. */
-EBB_HIDDEN void ebb__owners_grad_new(const ebb_tensor_t *leaf, const ebb_tensor_t *grad);
+/* A backward just gave `leaf` (meta m, grad_mu held) its first .grad, `grad`: its block becomes
+ * the leaf's gradient. */
+EBB_HIDDEN void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad);
 
 /* graph.c */
 EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);

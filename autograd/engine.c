@@ -232,7 +232,7 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   } else {
     st = ebb_tensor_clone(*g, &m->grad);
   }
-  if (!st && m->grad && !had) ebb__owners_grad_new(n->leaf, m->grad); /* owners.c: the leaf's gradient now */
+  if (!st && m->grad && !had) ebb__owners_grad_new(n->leaf, m, m->grad); /* owners.c: the leaf's gradient now */
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }

@@ -6,7 +6,8 @@
  *   reach their producers' buffers and what its hooks allocate are the node's.
  * - A gradient: when a backward first gives a leaf its .grad (a buffer taken over, or a copy), the
  *   block is re-tagged (EBB_OWNER_GRADIENT, leaf name): the tensor's name (ebb_tensor_set_name),
- *   else its own block's owner name (a parameter made under a scope), else "leaf [shape] dtype".
+ *   else its own block's owner name (a parameter made under a scope), else "leaf [shape] dtype",
+ *   worked out at the leaf's first gradient and kept (a later rename is not followed).
  * - A saved tensor: a node that saves a tensor whose block belongs to an activation or to nobody
  *   (EBB_OWNER_ACTIVATION, EBB_OWNER_OTHER) re-tags it (EBB_OWNER_SAVED, node name): from then on
  *   the node is what keeps it alive. When the last node holding it lets go, the block gets its
@@ -143,9 +144,15 @@ void ebb__owners_leave(bool entered) {
   if (entered) ebb_alloc_owner_pop();
 }
 
-void ebb__owners_grad_new(const ebb_tensor_t *leaf, const ebb_tensor_t *grad) {
+void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad) {
   void *p = ebb__tensor_block(grad);
   if (!p) return;
+  /* The name is worked out once per leaf (a .grad set to NULL each step comes back each step):
+   * later tags are one allocator call, the interned name found in alloc's thread cache. */
+  if (m->grad_owner) {
+    ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, m->grad_owner, NULL, NULL);
+    return;
+  }
   char name[EBB_OWNER_NAME_MAX + 1] = "";
   const char *owner = "";
   ebb_owner_cat cat;
@@ -165,5 +172,8 @@ void ebb__owners_grad_new(const ebb_tensor_t *leaf, const ebb_tensor_t *grad) {
       if (at < sizeof name) snprintf(name + at, sizeof name - at, "] %s", ebb_dtype_name(info.dtype));
     }
   }
-  ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL);
+  const char *in = NULL;
+  if (ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL) == EBB_OK &&
+      ebb_alloc_block_owner(p, &cat, &in) == EBB_OK)
+    m->grad_owner = in;
 }
