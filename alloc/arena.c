@@ -1594,10 +1594,14 @@ static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const s
     snprintf(tr, sizeof tr, "; tried %s %s%s%s", x ? "to map" : "a", ebb__fmt_bytes(t1, sizeof t1, tried->first),
              x ? "" : " segment", then);
   }
+  /* Who asked: the allocating thread's owner scope (a backward names its node). */
+  char who[64] = "";
+  if (ocat != EBB_OWNER_OTHER || (oname && *oname))
+    snprintf(who, sizeof who, " for %s/%.40s", ebb_owner_cat_name((ebb_owner_cat)ocat), oname && *oname ? oname : "(none)");
   return ebb__fail(EBB_ENOMEM,
-                   "%s: %s out of memory: requested %s (rounded %s) on stream %" PRIu64
+                   "%s: %s out of memory: requested %s (rounded %s)%s on stream %" PRIu64
                    "%s; capacity %s, driver free %s, reserved %s, allocated %s, largest free block %s%s%s",
-                   a->up->alloc_fn, a->label, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), s->id,
+                   a->up->alloc_fn, a->label, ebb__fmt_bytes(rq, sizeof rq, bytes), ebb__fmt_bytes(rr, sizeof rr, r), who, s->id,
                    tr, ebb__fmt_bytes(cap, sizeof cap, a->total_mem), ebb__fmt_bytes(fr, sizeof fr, dfree),
                    ebb__fmt_bytes(res, sizeof res, a->c.s.reserved_bytes.current),
                    ebb__fmt_bytes(al, sizeof al, a->c.s.allocated_bytes.current),
@@ -2199,6 +2203,50 @@ ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream
     return ebb__explain(fn, ptr, kind);
   }
   return ebb__block_record_locked(fn, a, b, ptr, s);
+}
+
+ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
+                            ebb_owner_cat *old_cat, const char **old_name) {
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  struct ebb__block *b;
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
+  if (sl) return ebb__slab_owner(fn, sl, addr, set, cat, name, old_cat, old_name);
+  if (!b) {
+    b = ebb__ptrmap_find(addr);
+    if (b) {
+      ebb__lock(&b->arena->mu);
+      if (b->addr != addr || b->state != EBB__B_ALLOC) { /* freed since the lookup */
+        ebb__unlock(&b->arena->mu);
+        b = NULL;
+      }
+    }
+  }
+  if (!b) { /* why not: a freed block, an interior pointer, or no pool's memory */
+    for (int i = 0;; i++) {
+      struct ebb__arena *a = ebb__arena_any(i);
+      if (!a) break;
+      ebb__lock(&a->mu);
+      struct ebb__block *c = ebb__find_containing(a, addr);
+      bool live = c && c->state == EBB__B_ALLOC;
+      uint64_t base = c ? c->addr : 0;
+      ebb__unlock(&a->mu);
+      if (!c) continue;
+      if (live)
+        return ebb__fail(EBB_EINVAL, "%s: pointer %p is inside the block at 0x%" PRIx64 " of the %s; expected the start of a "
+                         "live block", fn, ptr, base, a->label);
+      return ebb__fail(EBB_EINVAL, "%s: pointer %p lies in free memory of the %s (a freed block); expected a live block", fn,
+                       ptr, a->label);
+    }
+    return ebb__fail(EBB_EINVAL, "%s: pointer %p is not a block of any ebb pool; expected a live block", fn, ptr);
+  }
+  if (old_cat) *old_cat = (ebb_owner_cat)b->owner_cat;
+  if (old_name) *old_name = b->owner ? b->owner : "";
+  if (set) {
+    b->owner_cat = cat;
+    b->owner = name;
+  }
+  ebb__unlock(&b->arena->mu);
+  return EBB_OK;
 }
 
 /* Adds stream s to live block b's uses unless it is b's allocation stream or there already;

@@ -450,6 +450,11 @@ EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes
 EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
                                         enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
+/* ebb_alloc_block_owner / ebb_alloc_block_set_owner: the owner of the live block or slot that
+ * starts at ptr, in any pool, into *old_cat / *old_name (may be NULL); with `set`, replaced by
+ * (cat, name) (name interned). No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
+                                       ebb_owner_cat *old_cat, const char **old_name);
 /* Gives back a's fully free classic segments (empty cached slabs first), waiting for nothing:
  * what another arena under the same cap (the pinned pool's) can free at once. Bytes given back.
  * Lock not held. */
@@ -549,6 +554,10 @@ EBB_HIDDEN ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, u
                                          const struct ebb__stream_ref *s);
 EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
                                        const struct ebb__stream_ref *s, enum ebb__memkind kind);
+/* ebb__arena_owner's part for an address inside live slab sl (locked by ebb__addr_lookup_lock;
+ * unlocked on return). */
+EBB_HIDDEN ebb_status ebb__slab_owner(const char *fn, struct ebb__slab *sl, uint64_t addr, bool set, uint8_t cat,
+                                      const char *name, ebb_owner_cat *old_cat, const char **old_name);
 /* A pend entry of a slot completed. Lock held. */
 EBB_HIDDEN void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t slot);
 /* Segment g holds nothing but free blocks and cached empty slabs (g->ncached of them): the
@@ -633,6 +642,10 @@ static inline void ebb__owner_current(uint8_t *cat, const char **name) {
  * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
 EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
 EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
+/* The interned copy of name (n bytes, n <= EBB_OWNER_NAME_MAX) into *out: EBB_ELIMIT when the
+ * table is full, EBB_ENOMEM without host memory, the message naming fn. A thread-local cache
+ * answers a name this thread interned recently without the table's lock. No arena lock held. */
+EBB_HIDDEN ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **out);
 /* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes
  * each arena's lock in turn: no arena lock may be held. */
 EBB_HIDDEN ebb_status ebb__snapshot_write(const char *fn, const char *path);

@@ -74,11 +74,36 @@ static bool ebb__names_grow(void) {
   return true;
 }
 
-static ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **out) {
+static ebb_status ebb__intern_locked(const char *fn, const char *name, size_t n, const char **out);
+
+/* A thread's recently interned names, keyed by the caller's pointer and checked by content (the
+ * caller's buffer may hold another name since): autograd pushes a scope per backward node with
+ * the derivative table's static names, which then cost no lock. Direct-mapped. */
+#define EBB__NAME_CACHE 16
+static _Thread_local struct {
+  const char *key, *interned;
+} ebb__name_cache[EBB__NAME_CACHE];
+
+ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **out) {
   if (n == 0) {
     *out = ""; /* the unnamed owner needs no table entry */
     return EBB_OK;
   }
+  size_t ci = ((uintptr_t)name >> 3) & (EBB__NAME_CACHE - 1);
+  const char *hit = ebb__name_cache[ci].key == name ? ebb__name_cache[ci].interned : NULL;
+  if (hit && !strncmp(hit, name, n) && hit[n] == '\0') {
+    *out = hit;
+    return EBB_OK;
+  }
+  ebb_status st = ebb__intern_locked(fn, name, n, out);
+  if (!st) {
+    ebb__name_cache[ci].key = name;
+    ebb__name_cache[ci].interned = *out;
+  }
+  return st;
+}
+
+static ebb_status ebb__intern_locked(const char *fn, const char *name, size_t n, const char **out) {
   uint64_t h = ebb__hash(name, n);
   ebb__mutex_lock(&ebb__names.mu);
   if (ebb__names.cap) {
@@ -122,7 +147,7 @@ static ebb_status ebb__intern(const char *fn, const char *name, size_t n, const 
 _Thread_local struct ebb__owner_tls ebb__os = {0, {"", EBB_OWNER_OTHER}, {{NULL, 0}}};
 
 static const char *const ebb__cat_names[EBB_OWNER_CAT_COUNT] = {
-    "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging",
+    "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging", "backward",
 };
 
 const char *ebb_owner_cat_name(ebb_owner_cat cat) {
@@ -152,6 +177,41 @@ ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name) {
   ebb__os.top = ebb__os.stack[ebb__os.depth];
   ebb__os.depth++;
   return EBB_OK;
+}
+
+/* Checks shared by the block-owner calls; the name interned into *in when setting. */
+static ebb_status ebb__block_owner_args(const char *fn, const void *ptr, bool set, ebb_owner_cat cat, const char *name,
+                                        const char **in) {
+  ebb_status st = ebb__alloc_enter(fn);
+  if (st) return st;
+  if (!ptr) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected the start of a live block", fn);
+  if (!set) return EBB_OK;
+  if ((unsigned)cat >= EBB_OWNER_CAT_COUNT)
+    return ebb__fail(EBB_EINVAL, "%s: category %d is not an ebb_owner_cat; expected 0 <= cat < %d", fn, (int)cat,
+                     EBB_OWNER_CAT_COUNT);
+  if (!name) return ebb__fail(EBB_EINVAL, "%s: name is NULL; expected a string (\"\" for no name)", fn);
+  size_t n = strnlen(name, EBB_OWNER_NAME_MAX + 1);
+  if (n > EBB_OWNER_NAME_MAX)
+    return ebb__fail(EBB_EINVAL, "%s: name '%.32s...' is longer than %d bytes; expected a shorter name", fn, name,
+                     EBB_OWNER_NAME_MAX);
+  return ebb__intern(fn, name, n, in);
+}
+
+ebb_status ebb_alloc_block_owner(const void *ptr, ebb_owner_cat *cat, const char **name) {
+  static const char fn[] = "ebb_alloc_block_owner";
+  ebb_status st = ebb__block_owner_args(fn, ptr, false, EBB_OWNER_OTHER, NULL, NULL);
+  if (st) return st;
+  if (!cat) return ebb__fail(EBB_EINVAL, "%s: cat is NULL; expected an ebb_owner_cat to fill", fn);
+  return ebb__arena_owner(fn, ptr, false, 0, NULL, cat, name);
+}
+
+ebb_status ebb_alloc_block_set_owner(void *ptr, ebb_owner_cat cat, const char *name, ebb_owner_cat *old_cat,
+                                     const char **old_name) {
+  static const char fn[] = "ebb_alloc_block_set_owner";
+  const char *in = NULL;
+  ebb_status st = ebb__block_owner_args(fn, ptr, true, cat, name, &in);
+  if (st) return st;
+  return ebb__arena_owner(fn, ptr, true, (uint8_t)cat, in, old_cat, old_name);
 }
 
 ebb_status ebb_alloc_owner_pop(void) {

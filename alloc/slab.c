@@ -698,6 +698,27 @@ ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
   return st;
 }
 
+ebb_status ebb__slab_owner(const char *fn, struct ebb__slab *sl, uint64_t addr, bool set, uint8_t cat, const char *name,
+                           ebb_owner_cat *old_cat, const char **old_name) {
+  struct ebb__arena *a = sl->arena;
+  unsigned i = ebb__slot_index(sl, addr);
+  struct ebb__slot *t = &sl->slots[i];
+  if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot)) {
+    bool inside = t->state == EBB__B_ALLOC;
+    ebb__unlock(&a->mu);
+    return ebb__fail(EBB_EINVAL, "%s: pointer %p %s of the %s; expected the start of a live block", fn, (void *)(uintptr_t)addr,
+                     inside ? "is inside a live block" : "lies in free memory (a freed block)", a->label);
+  }
+  if (old_cat) *old_cat = (ebb_owner_cat)t->owner_cat;
+  if (old_name) *old_name = t->owner ? t->owner : "";
+  if (set) {
+    t->owner_cat = cat;
+    t->owner = name;
+  }
+  ebb__unlock(&a->mu);
+  return EBB_OK;
+}
+
 ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
                               const struct ebb__stream_ref *s) {
   struct ebb__arena *a = sl->arena;

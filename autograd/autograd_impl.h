@@ -46,6 +46,7 @@ struct ebb_node {
   struct ebb__kv *kv;        /* user metadata, under node_api.c's lock */
   _Atomic bool has_node_hooks; /* a pre- or post-hook was registered (the engine's fast check) */
   ebb__view_geom *geom;      /* AS_STRIDED, COPY_SLICES: where the view lies (owned; args.geom) */
+  uint64_t saved_owned;      /* bit k: saved[k]'s block is counted as saved by a node (owners.c) */
 };
 
 struct ebb__meta {
@@ -63,6 +64,7 @@ struct ebb__meta {
    * Release store after grad_fn is replaced, acquire load before it is read without the lock. */
   bool is_view;
   _Atomic uint64_t view_version;
+  const char *grad_owner;    /* a leaf's gradient's owner name, interned (owners.c), under grad_mu */
 };
 
 /* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its
@@ -143,6 +145,20 @@ EBB_HIDDEN void ebb__node_input_meta(const struct ebb_node *n, int k, ebb__tenso
 /* engine.c */
 /* Whether task t will execute n (or reach it for a capture). */
 EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
+
+/* owners.c: what autograd's memory is tagged with in the allocator's owners. */
+/* n saved t as saved[k] (just shared): an activation's block becomes saved by n. */
+EBB_HIDDEN void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t);
+/* Releases n->saved[k] (non-NULL; set to NULL), giving its block its owner back when n was the
+ * last node holding it. */
+EBB_HIDDEN void ebb__owners_saved_drop(struct ebb_node *n, int k);
+/* The engine runs n between these: its allocations are (EBB_OWNER_BACKWARD, n's name). Pass
+ * enter's result to leave. */
+EBB_HIDDEN bool ebb__owners_enter(const struct ebb_node *n);
+EBB_HIDDEN void ebb__owners_leave(bool entered);
+/* A backward just gave `leaf` (meta m, grad_mu held) its first .grad, `grad`: its block becomes
+ * the leaf's gradient. */
+EBB_HIDDEN void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad);
 
 /* graph.c */
 EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);

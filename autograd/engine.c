@@ -339,6 +339,7 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   struct ebb__meta *m = ebb__meta_of(n->leaf);
   ebb_status st = EBB_OK;
   ebb__mutex_lock(&m->grad_mu);
+  bool had = m->grad != NULL;
   if (m->grad) {
     st = ebb_op_add_(m->grad, *g);
   } else if (ebb__tensor_exclusive(*g)) {
@@ -347,6 +348,7 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   } else {
     st = ebb_tensor_clone(*g, &m->grad);
   }
+  if (!st && m->grad && !had) ebb__owners_grad_new(n->leaf, m, m->grad); /* owners.c: the leaf's gradient now */
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
@@ -495,20 +497,20 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
     if (--cx->deps == 0 && cx->needed && !st && !ebb__heap_push(ready, t, edges[i]))
       st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", t->fn);
   }
-  /* Without retain_graph the node's saved tensors go: taken under the lock, released after. */
+  /* Without retain_graph the node's saved tensors go. The first backward to get here claims
+   * them under the lock (the others see them freed and never read them); its own references are
+   * dropped first, so the release of the node's sees whether it is a storage's last. */
   int nsaved = saved ? n->nin + n->nout : 0;
+  bool took = false;
   if (!st && !retain && n->saved) {
     ebb__mutex_lock(ebb__saved_lock(n));
-    bool first = !atomic_exchange_explicit(&n->freed_saved, true, memory_order_acq_rel);
-    for (int k = 0; first && k < nsaved; k++) {
-      if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]); /* (not the last: the node's is) */
-      saved[k] = n->saved[k];
-      n->saved[k] = NULL;
-    }
+    took = !atomic_exchange_explicit(&n->freed_saved, true, memory_order_acq_rel);
     ebb__mutex_unlock(ebb__saved_lock(n));
   }
   for (int k = 0; k < nsaved; k++)
     if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]);
+  for (int k = 0; took && k < n->nin + n->nout; k++)
+    if (n->saved[k]) ebb__owners_saved_drop(n, k); /* (owners.c: its block's owner back) */
   if (gin != gin_small) free(gin);
   if (saved != saved_small) free(saved);
   if (need != need_small) free(need);
@@ -654,7 +656,9 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   while (!st && ready.n) {
     struct ebb__tnode *x = &t.nodes[ebb__heap_pop(&ready)];
     struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
+    bool owned = ebb__owners_enter(x->n);        /* owners.c: what the node allocates is its own */
     st = ebb__run_node(&t, x, retain, &ready);
+    ebb__owners_leave(owned);
     ebb__node_enter(prev);
     /* What is left of its buffer (a node that only accumulated or was captured) goes now. */
     ebb_tensor_t **b = ebb__bufs(x);

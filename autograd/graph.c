@@ -161,7 +161,7 @@ void ebb__node_unref(struct ebb_node *n) {
       stack[depth++] = c;
     }
     for (int i = 0; x->saved && i < x->nin + x->nout; i++)
-      if (x->saved[i]) ebb_tensor_release(x->saved[i]);
+      if (x->saved[i]) ebb__owners_saved_drop(x, i);
     if (x->leaf) {
       ebb__mutex_lock(&ebb__acc_mu);
       struct ebb__meta *m = ebb__meta_of(x->leaf);
@@ -283,6 +283,7 @@ ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
                      ebb__node_name_of(n), k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
   uint64_t v = 0;
   ebb_status st = ebb__tensor_share(t, &n->saved[k]);
+  if (!st) ebb__owners_saved(n, k, t);
   if (!st) st = ebb_tensor_version(t, &v);
   n->saved_version[k] = v;
   return st;

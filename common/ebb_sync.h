@@ -23,6 +23,7 @@
 
 enum ebb_lock_rank {
   EBB_RANK_AG_GRAD = 1,     /* autograd: a leaf's .grad, held across the ops that accumulate it */
+  EBB_RANK_AG_SAVED,        /* autograd: its table of saved blocks, held across the alloc calls that re-tag them */
   EBB_RANK_RUNTIME,         /* init/shutdown, driver table */
   EBB_RANK_KERNELS,         /* kernel registry */
   EBB_RANK_STREAM_POOL,     /* per-device stream pools and slots */

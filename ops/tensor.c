@@ -1100,7 +1100,10 @@ ebb_status ebb_tensor_name(const ebb_tensor_t *t, char *buf, size_t cap) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_name", "t");
   if (st) return st;
   if (!buf || !cap) return ebb__fail(EBB_EINVAL, "ebb_tensor_name: buf is NULL or cap is 0; expected room for the name");
-  snprintf(buf, cap, "%s", t->name);
+  size_t n = strnlen(t->name, sizeof t->name - 1); /* (a copy, truncated to cap: no printf machinery) */
+  if (n >= cap) n = cap - 1;
+  memcpy(buf, t->name, n);
+  buf[n] = '\0';
   return EBB_OK;
 }
 
@@ -1149,6 +1152,8 @@ bool ebb__tensor_exclusive(const ebb_tensor_t *t) {
   if (!t->base) return srefs == 1;
   return srefs == 2 && atomic_load_explicit(&t->base->refs, memory_order_acquire) == 1 && !t->base->autograd;
 }
+
+void *ebb__tensor_block(const ebb_tensor_t *t) { return t->st ? t->st->data : NULL; }
 
 void *ebb__tensor_slot(const ebb_tensor_t *t) { return t->autograd; }
 void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot) { t->autograd = slot; }

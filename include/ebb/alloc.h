@@ -203,14 +203,15 @@ typedef enum ebb_owner_cat {
   EBB_OWNER_SAVED,      /* tensors saved for backward */
   EBB_OWNER_ACTIVATION,
   EBB_OWNER_OPTIMIZER,  /* optimizer state */
-  EBB_OWNER_STAGING     /* copy and transfer buffers */
+  EBB_OWNER_STAGING,    /* copy and transfer buffers */
+  EBB_OWNER_BACKWARD    /* a backward's temporaries, named by the node that made them */
 } ebb_owner_cat;
 
-#define EBB_OWNER_CAT_COUNT 7
+#define EBB_OWNER_CAT_COUNT 8
 #define EBB_OWNER_MAX_DEPTH 32      /* owner scopes one thread may nest */
 #define EBB_OWNER_NAME_MAX 127      /* bytes of an owner name, without the terminating NUL */
 
-/* "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging"; "unknown"
+/* "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging", "backward"; "unknown"
  * for a value outside the enum. Static strings; thread-safe. */
 EBB_API const char *ebb_owner_cat_name(ebb_owner_cat cat);
 
@@ -227,6 +228,23 @@ EBB_API const char *ebb_owner_cat_name(ebb_owner_cat cat);
 EBB_API ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name);
 /* Closes the calling thread's innermost owner scope. EBB_ESTATE when it has none open. */
 EBB_API ebb_status ebb_alloc_owner_pop(void);
+
+/* The owner recorded for the live block (or slab slot) that starts at `ptr`, from any pool:
+ * device arena, pinned or host pool. *name (may be NULL) is interned: valid for the process's
+ * life, "" for none. Thread-safe.
+ * Failures: EBB_ENOTINIT before ebb_init; EBB_EINVAL for a NULL ptr or cat, or a pointer that is
+ * not the start of a live block of any pool (freed ones included; the message says which). */
+EBB_API ebb_status ebb_alloc_block_owner(const void *ptr, ebb_owner_cat *cat, const char **name);
+/* Re-tags the live block (or slot) that starts at `ptr` as owned by (cat, name): snapshots, the
+ * OOM report's top owners and the history entries of its free name them from now on (entries
+ * recorded before keep the owner they had). The previous owner goes into *old_cat and *old_name
+ * (each may be NULL; the name interned, so it can be passed back to restore it). For a layer that
+ * takes over memory someone else allocated: autograd tags a tensor saved for backward as saved by
+ * its node, a gradient as its leaf's. `name` is interned as by ebb_alloc_owner_push. Thread-safe.
+ * Failures (the block unchanged): those of ebb_alloc_block_owner, and of ebb_alloc_owner_push
+ * for cat and name. */
+EBB_API ebb_status ebb_alloc_block_set_owner(void *ptr, ebb_owner_cat cat, const char *name, ebb_owner_cat *old_cat,
+                                             const char **old_name);
 
 typedef enum ebb_alloc_action {
   EBB_ACT_ALLOC = 0,          /* a block handed out */

@@ -69,6 +69,11 @@ EBB_HIDDEN ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **ou
  * to it in place, so autograd may add into it or keep it as a .grad without a copy. */
 EBB_HIDDEN bool ebb__tensor_exclusive(const ebb_tensor_t *t);
 
+/* The block t's storage lives in, as ebb_arena_alloc or ebb_pageable_alloc handed it out (not
+ * t's data pointer: a view starts inside it); NULL for a storage of 0 bytes. For autograd to name
+ * the owner of a saved tensor's or a gradient's memory (ebb_alloc_block_set_owner). */
+EBB_HIDDEN void *ebb__tensor_block(const ebb_tensor_t *t);
+
 /* Whether live tensor t has m's shape, dtype and device (no copy of its geometry). */
 EBB_HIDDEN bool ebb__tensor_matches(const ebb_tensor_t *t, const struct ebb__tensor_meta *m);
 /* t's metadata into *m. */

@@ -230,12 +230,16 @@ TEST_CASE("owner scopes nest, and misuse is reported without changing the stack"
   CHECK(std::string(ebb_owner_cat_name(EBB_OWNER_OTHER)) == "other");
   CHECK(std::string(ebb_owner_cat_name(EBB_OWNER_PARAMETER)) == "parameter");
   CHECK(std::string(ebb_owner_cat_name(EBB_OWNER_STAGING)) == "staging");
+  CHECK(std::string(ebb_owner_cat_name(EBB_OWNER_BACKWARD)) == "backward");
+  CHECK(std::string(ebb_owner_cat_name((ebb_owner_cat)EBB_OWNER_CAT_COUNT)) == "unknown");
   CHECK(std::string(ebb_owner_cat_name((ebb_owner_cat)99)) == "unknown");
   CHECK(std::string(ebb_alloc_action_name(EBB_ACT_FREE_COMPLETED)) == "free_completed");
   CHECK(std::string(ebb_alloc_action_name((ebb_alloc_action)99)) == "unknown");
 
   EBB_CHECK_FAILS(ebb_alloc_owner_pop(), EBB_ESTATE, "no owner scope open");
-  EBB_CHECK_FAILS(ebb_alloc_owner_push((ebb_owner_cat)7, "x"), EBB_EINVAL, "category 7");
+  EBB_CHECK_FAILS(ebb_alloc_owner_push((ebb_owner_cat)8, "x"), EBB_EINVAL, "category 8");
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_BACKWARD, "x"));  // the last category
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
   EBB_CHECK_FAILS(ebb_alloc_owner_push((ebb_owner_cat)-1, "x"), EBB_EINVAL, "category -1");
   EBB_CHECK_FAILS(ebb_alloc_owner_push(EBB_OWNER_PARAMETER, nullptr), EBB_EINVAL, "name is NULL");
   std::string longname(EBB_OWNER_NAME_MAX + 1, 'n');
@@ -576,8 +580,79 @@ TEST_CASE("the OOM report, the snapshot and the debug walk meet slabs being made
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// A layer that takes over memory another one allocated (autograd: a saved activation, a gradient
+// a backward produced) re-tags the block; the query reads what snapshots and OOM reports show.
+TEST_CASE("a live block's owner can be read and re-tagged in every pool, and snapshots and frees show the new one",
+          "[alloc][history][owner]") {
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  void *big = nullptr, *slot = nullptr, *host = nullptr, *pinned = nullptr;
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "x"));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &big));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1000, s, &slot));  // a slab slot
+  EBB_REQUIRE_OK(ebb_pageable_alloc(4096, &host));
+  EBB_REQUIRE_OK(ebb_pinned_alloc(4096, -1, &pinned));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  for (void *p : {big, slot, host, pinned}) {
+    ebb_owner_cat cat = EBB_OWNER_OTHER;
+    const char *name = nullptr;
+    EBB_REQUIRE_OK(ebb_alloc_block_owner(p, &cat, &name));
+    CHECK(cat == EBB_OWNER_ACTIVATION);
+    CHECK(std::string(name) == "x");
+    ebb_owner_cat oc = EBB_OWNER_OTHER;
+    const char *on = nullptr;
+    EBB_REQUIRE_OK(ebb_alloc_block_set_owner(p, EBB_OWNER_SAVED, "MulBackward", &oc, &on));
+    CHECK(oc == EBB_OWNER_ACTIVATION);
+    CHECK(on == name);  // interned: the same pointer, fit to restore with
+    EBB_REQUIRE_OK(ebb_alloc_block_owner(p, &cat, &name));
+    CHECK(cat == EBB_OWNER_SAVED);
+    CHECK(std::string(name) == "MulBackward");
+  }
+  std::string path = tmp_path("ebb-retag");
+  EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
+  Json snap = parse_file(path);
+  std::remove(path.c_str());
+  int seen = 0;
+  for (const Json &g : snap["segments"].arr)
+    for (const Json &b : g["blocks"].arr)
+      if (b["address"].u == (unsigned long long)(uintptr_t)big || b["address"].u == (unsigned long long)(uintptr_t)slot) {
+        CHECK(b["owner"]["category"].s == "saved");
+        CHECK(b["owner"]["name"].s == "MulBackward");
+        seen++;
+      }
+  CHECK(seen == 2);
+  // Restored with the old name; the free's history entry carries the owner of the moment.
+  EBB_REQUIRE_OK(ebb_alloc_block_set_owner(big, EBB_OWNER_ACTIVATION, "x", nullptr, nullptr));
+  EBB_REQUIRE_OK(ebb_alloc_block_set_owner(slot, EBB_OWNER_GRADIENT, "w", nullptr, nullptr));
+  EBB_REQUIRE_OK(ebb_arena_free(slot));
+  size_t n = 0;
+  std::vector<ebb_alloc_trace_entry> tr(64);
+  EBB_REQUIRE_OK(ebb_alloc_history_get(0, tr.data(), tr.size(), &n, nullptr));
+  REQUIRE(n > 0);
+  CHECK(tr[n - 1].owner_cat == EBB_OWNER_GRADIENT);
+  CHECK(std::string(tr[n - 1].owner_name) == "w");
+  // Bad input: NULL, a freed block, an interior pointer, memory of no pool, a bad category.
+  ebb_owner_cat cat;
+  EBB_CHECK_FAILS(ebb_alloc_block_owner(nullptr, &cat, nullptr), EBB_EINVAL, "ptr is NULL");
+  EBB_CHECK_FAILS(ebb_alloc_block_owner(big, nullptr, nullptr), EBB_EINVAL, "cat is NULL");
+  EBB_CHECK_FAILS(ebb_alloc_block_owner(slot, &cat, nullptr), EBB_EINVAL, "a freed block");
+  EBB_CHECK_FAILS(ebb_alloc_block_owner((char *)big + 512, &cat, nullptr), EBB_EINVAL, "is inside the block");
+  int local = 0;
+  EBB_CHECK_FAILS(ebb_alloc_block_owner(&local, &cat, nullptr), EBB_EINVAL, "not a block of any ebb pool");
+  EBB_CHECK_FAILS(ebb_alloc_block_set_owner(big, (ebb_owner_cat)EBB_OWNER_CAT_COUNT, "x", nullptr, nullptr), EBB_EINVAL,
+                  "is not an ebb_owner_cat");
+  EBB_CHECK_FAILS(ebb_alloc_block_set_owner(big, EBB_OWNER_SAVED, nullptr, nullptr, nullptr), EBB_EINVAL, "name is NULL");
+  EBB_REQUIRE_OK(ebb_alloc_block_owner(big, &cat, nullptr));
+  CHECK(cat == EBB_OWNER_ACTIVATION);  // a refused set changes nothing
+  EBB_REQUIRE_OK(ebb_arena_free(big));
+  EBB_REQUIRE_OK(ebb_pageable_free(host));
+  EBB_REQUIRE_OK(ebb_pinned_free(pinned));
+}
+
 TEST_CASE("snapshot and history calls need ebb_init", "[alloc][history]") {
   size_t n = 0;
+  ebb_owner_cat cat;
+  EBB_CHECK_FAILS(ebb_alloc_block_owner(&n, &cat, nullptr), EBB_ENOTINIT, "ebb_init");
   EBB_CHECK_FAILS(ebb_memory_snapshot_json("/tmp/never.json"), EBB_ENOTINIT, "ebb_init");
   EBB_CHECK_FAILS(ebb_alloc_history_get(0, nullptr, 0, &n, nullptr), EBB_ENOTINIT, "ebb_init");
 }

@@ -1,0 +1,198 @@
+/* owners.c: who holds autograd's memory, told to the allocator (ebb/alloc.h owners) so that
+ * snapshots and OOM reports name it.
+ *
+ * - A backward's temporaries: the engine runs each node inside an owner scope
+ *   (EBB_OWNER_BACKWARD, node name), so the gradients its backward computes, the sums made as they
+ *   reach their producers' buffers and what its hooks allocate are the node's.
+ * - A gradient: when a backward first gives a leaf its .grad (a buffer taken over, or a copy), the
+ *   block is re-tagged (EBB_OWNER_GRADIENT, leaf name): the tensor's name (ebb_tensor_set_name),
+ *   else its own block's owner name (a parameter made under a scope), else "leaf [shape] dtype",
+ *   worked out at the leaf's first gradient and kept (a later rename is not followed).
+ * - A saved tensor: a node that saves a tensor whose block belongs to an activation or to nobody
+ *   (EBB_OWNER_ACTIVATION, EBB_OWNER_OTHER) re-tags it (EBB_OWNER_SAVED, node name): from then on
+ *   the node is what keeps it alive. When the last node holding it lets go, the block gets its
+ *   owner back. Parameters, gradients and optimizer state keep their category when saved (a weight
+ *   a matmul saves is still the weight). A block saved by several nodes is named by the first.
+ *
+ * Cost: nothing on a path without autograd; per saved tensor one lock of the table here and two
+ * allocator calls at save, one at release; per node run a scope push and pop (the name interned
+ * from a thread-local cache, no lock).
+ *
+ * Threading: the table of re-tagged blocks is under ebb__saved_mu (rank EBB_RANK_AG_SAVED, held
+ * across the allocator calls so a block's tag and its count change together); scopes are the
+ * calling thread's. A node's `saved_owned` bits are written by the thread that saves (recording)
+ * or releases (the backward that frees the saved tensors, or the last unref) its tensors.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ebb/alloc.h"
+#include "ebb_internal.h"
+#include "ebb_sync.h"
+#include "autograd_impl.h"
+
+/* A re-tagged block: how many saved references hold it, and the owner to give back. */
+struct ebb__sv {
+  void *block; /* NULL: empty slot */
+  uint32_t count;
+  ebb_owner_cat cat;
+  const char *name; /* interned by alloc: never freed */
+};
+
+static ebb_mutex ebb__saved_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.saved", EBB_RANK_AG_SAVED};
+static struct {
+  struct ebb__sv *slot; /* open addressing, linear probing, power-of-two size */
+  size_t cap, count;
+} ebb__sv;
+
+static size_t ebb__sv_hash(const void *p) { return (size_t)(((uintptr_t)p >> 9) * 0x9e3779b97f4a7c15ull); }
+
+/* The entry of block p, or the empty slot where it would go. Lock held, cap > 0. */
+static struct ebb__sv *ebb__sv_slot(void *p) {
+  size_t j = ebb__sv_hash(p) & (ebb__sv.cap - 1);
+  while (ebb__sv.slot[j].block && ebb__sv.slot[j].block != p) j = (j + 1) & (ebb__sv.cap - 1);
+  return &ebb__sv.slot[j];
+}
+
+/* Room for one more entry (load <= 1/2). Lock held. */
+static bool ebb__sv_reserve(void) {
+  if ((ebb__sv.count + 1) * 2 <= ebb__sv.cap) return true;
+  size_t nc = ebb__sv.cap ? ebb__sv.cap * 2 : 256;
+  struct ebb__sv *ns = calloc(nc, sizeof *ns), *old = ebb__sv.slot;
+  if (!ns) return false;
+  size_t oc = ebb__sv.cap;
+  ebb__sv.slot = ns;
+  ebb__sv.cap = nc;
+  for (size_t i = 0; i < oc; i++)
+    if (old[i].block) *ebb__sv_slot(old[i].block) = old[i];
+  free(old);
+  return true;
+}
+
+/* Removes entry e, shifting back the entries of its probe run (no tombstones). Lock held. */
+static void ebb__sv_remove(struct ebb__sv *e) {
+  size_t m = ebb__sv.cap - 1, i = (size_t)(e - ebb__sv.slot), j = i;
+  ebb__sv.slot[i].block = NULL;
+  ebb__sv.count--;
+  for (;;) {
+    j = (j + 1) & m;
+    if (!ebb__sv.slot[j].block) return;
+    size_t home = ebb__sv_hash(ebb__sv.slot[j].block) & m;
+    /* j's entry may fill the hole at i when its home is not in (i, j] (cyclically). */
+    bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays) continue;
+    ebb__sv.slot[i] = ebb__sv.slot[j];
+    ebb__sv.slot[j].block = NULL;
+    i = j;
+  }
+}
+
+void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
+  if (k >= 64) return; /* (no node saves that many: cat and stack save nothing) */
+  void *p = ebb__tensor_block(t);
+  if (!p) return;
+  ebb__mutex_lock(&ebb__saved_mu);
+  struct ebb__sv *e = ebb__sv.cap ? ebb__sv_slot(p) : NULL;
+  if (e && e->block) {
+    e->count++;
+    n->saved_owned |= 1ull << k;
+    ebb__mutex_unlock(&ebb__saved_mu);
+    return;
+  }
+  /* Every storage ops makes is a block of a pool, so these calls do not fail on a live tensor
+   * (a failure would leave the block as it was). */
+  ebb_owner_cat cat = EBB_OWNER_OTHER;
+  const char *name = "";
+  if (ebb__sv_reserve() && ebb_alloc_block_owner(p, &cat, &name) == EBB_OK &&
+      (cat == EBB_OWNER_ACTIVATION || cat == EBB_OWNER_OTHER) &&
+      ebb_alloc_block_set_owner(p, EBB_OWNER_SAVED, ebb__node_name_of(n), NULL, NULL) == EBB_OK) {
+    *ebb__sv_slot(p) = (struct ebb__sv){p, 1, cat, name};
+    ebb__sv.count++;
+    n->saved_owned |= 1ull << k;
+  }
+  ebb__mutex_unlock(&ebb__saved_mu);
+}
+
+void ebb__owners_saved_drop(struct ebb_node *n, int k) {
+  ebb_tensor_t *t = n->saved[k];
+  n->saved[k] = NULL;
+  if (k < 64 && (n->saved_owned >> k & 1)) {
+    n->saved_owned &= ~(1ull << k);
+    void *p = ebb__tensor_block(t);
+    ebb__mutex_lock(&ebb__saved_mu);
+    struct ebb__sv *e = ebb__sv.cap ? ebb__sv_slot(p) : NULL;
+    if (e && e->block && --e->count == 0) {
+      /* Given back before the reference goes (after it the block may be freed and reused), unless
+       * this handle is the storage's last: then the block is freed now, and its free is recorded
+       * as the node's, which held it last. */
+      if (!ebb__tensor_exclusive(t)) ebb_alloc_block_set_owner(p, e->cat, e->name, NULL, NULL);
+      ebb__sv_remove(e);
+    }
+    ebb__mutex_unlock(&ebb__saved_mu);
+  }
+  ebb_tensor_release(t);
+}
+
+bool ebb__owners_enter(const struct ebb_node *n) {
+  /* Fails only with EBB_OWNER_MAX_DEPTH scopes already open on this thread: the node's memory is
+   * then the caller's innermost scope's. */
+  return ebb_alloc_owner_push(EBB_OWNER_BACKWARD, ebb__node_name_of(n)) == EBB_OK;
+}
+
+void ebb__owners_leave(bool entered) {
+  if (entered) ebb_alloc_owner_pop();
+}
+
+/* "leaf [2,3] f32" into buf (cap > 40), by hand: a backward gives thousands of fresh leaves their
+ * first gradient in a step (each name once), and printf's machinery cost ~5,000 instructions a
+ * name there. */
+static void ebb__leaf_name(const ebb_tensor_info *info, char *buf, size_t cap) {
+  size_t at = 0;
+  const char *head = "leaf [";
+  while (*head) buf[at++] = *head++;
+  for (int d = 0; d < info->ndim && at + 24 < cap; d++) {
+    if (d) buf[at++] = ',';
+    char digits[24];
+    int nd = 0;
+    unsigned long long v = (unsigned long long)info->shape[d];
+    do digits[nd++] = (char)('0' + v % 10); while ((v /= 10) && nd < 24);
+    while (nd) buf[at++] = digits[--nd];
+  }
+  const char *dt = ebb_dtype_name(info->dtype);
+  if (at + 2 + strlen(dt) < cap) {
+    buf[at++] = ']';
+    buf[at++] = ' ';
+    while (*dt) buf[at++] = *dt++;
+  }
+  buf[at] = '\0';
+}
+
+void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad) {
+  void *p = ebb__tensor_block(grad);
+  if (!p) return;
+  /* The name is worked out once per leaf (a .grad set to NULL each step comes back each step):
+   * later tags are one allocator call, the interned name found in alloc's thread cache. */
+  if (m->grad_owner) {
+    ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, m->grad_owner, NULL, NULL);
+    return;
+  }
+  char name[EBB_OWNER_NAME_MAX + 1] = "";
+  const char *owner = "";
+  ebb_owner_cat cat;
+  if (ebb_tensor_name(leaf, name, sizeof name) != EBB_OK) name[0] = '\0';
+  if (!name[0]) {
+    void *lp = ebb__tensor_block(leaf);
+    if (lp && ebb_alloc_block_owner(lp, &cat, &owner) == EBB_OK && owner[0]) snprintf(name, sizeof name, "%s", owner);
+  }
+  if (!name[0]) {
+    /* An unnamed leaf: its shape and dtype say which one it is in most models, and keep the
+     * number of distinct names (interned for the process's life) small. */
+    ebb_tensor_info info;
+    if (ebb_tensor_get_info(leaf, &info) == EBB_OK) ebb__leaf_name(&info, name, sizeof name);
+  }
+  const char *in = NULL;
+  if (ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL) == EBB_OK &&
+      ebb_alloc_block_owner(p, &cat, &in) == EBB_OK)
+    m->grad_owner = in;
+}
