@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc_export.h"
 #include "arena_impl.h"
 
 /* ---- interned owner names ------------------------------------------------------------------ */
@@ -177,6 +178,23 @@ ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name) {
   ebb__os.top = ebb__os.stack[ebb__os.depth];
   ebb__os.depth++;
   return EBB_OK;
+}
+
+ebb_status ebb__alloc_intern(const char *fn, const char *name, const char **out) {
+  if (!name) return ebb__fail(EBB_EINVAL, "%s: name is NULL; expected a string", fn);
+  size_t n = strnlen(name, EBB_OWNER_NAME_MAX + 1);
+  if (n > EBB_OWNER_NAME_MAX)
+    return ebb__fail(EBB_EINVAL, "%s: name '%.32s...' is longer than %d bytes; expected a shorter name", fn, name, EBB_OWNER_NAME_MAX);
+  return ebb__intern(fn, name, n, out);
+}
+
+bool ebb__alloc_owner_push_interned(ebb_owner_cat cat, const char *interned) {
+  if (ebb__os.depth == EBB_OWNER_MAX_DEPTH) return false;
+  ebb__os.stack[ebb__os.depth].name = interned;
+  ebb__os.stack[ebb__os.depth].cat = (uint8_t)cat;
+  ebb__os.top = ebb__os.stack[ebb__os.depth];
+  ebb__os.depth++;
+  return true;
 }
 
 /* Checks shared by the block-owner calls; the name interned into *in when setting. */

@@ -159,6 +159,10 @@ EBB_HIDDEN void ebb__owners_leave(bool entered);
 /* A backward just gave `leaf` (meta m, grad_mu held) its first .grad, `grad`: its block becomes
  * the leaf's gradient. */
 EBB_HIDDEN void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad);
+/* Opens the owner scope of leaf's gradient when its name is known already (grad_mu held), so a
+ * copy made now is the gradient's from its allocation, with no re-tag; false: none opened
+ * (ebb__owners_leave then does nothing). */
+EBB_HIDDEN bool ebb__owners_grad_enter(const ebb_tensor_t *leaf, struct ebb__meta *m);
 
 /* graph.c */
 EBB_HIDDEN struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t);

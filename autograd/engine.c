@@ -339,16 +339,18 @@ static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
   struct ebb__meta *m = ebb__meta_of(n->leaf);
   ebb_status st = EBB_OK;
   ebb__mutex_lock(&m->grad_mu);
-  bool had = m->grad != NULL;
   if (m->grad) {
     st = ebb_op_add_(m->grad, *g);
   } else if (ebb__tensor_exclusive(*g)) {
     m->grad = *g;
     *g = NULL;
+    ebb__owners_grad_new(n->leaf, m, m->grad); /* owners.c: the buffer is the leaf's gradient now */
   } else {
+    bool named = ebb__owners_grad_enter(n->leaf, m); /* owners.c: the copy is the gradient's from the start */
     st = ebb_tensor_clone(*g, &m->grad);
+    ebb__owners_leave(named);
+    if (!st && !named) ebb__owners_grad_new(n->leaf, m, m->grad);
   }
-  if (!st && m->grad && !had) ebb__owners_grad_new(n->leaf, m, m->grad); /* owners.c: the leaf's gradient now */
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc_export.h"
 #include "ebb/alloc.h"
 #include "ebb_internal.h"
 #include "ebb_sync.h"
@@ -134,10 +135,20 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
   ebb_tensor_release(t);
 }
 
+/* Node names interned once per operation (index op + 1; 0: AccumulateGrad): the push per node
+ * run is then a few stores. Racing first uses intern the same name twice, harmlessly. */
+static _Atomic(const char *) ebb__node_owner[EBB__OP_COUNT + 1];
+
 bool ebb__owners_enter(const struct ebb_node *n) {
+  size_t k = n->op < 0 ? 0 : (size_t)n->op + 1;
+  const char *in = atomic_load_explicit(&ebb__node_owner[k], memory_order_acquire);
+  if (!in) {
+    if (ebb__alloc_intern("ebb_backward", ebb__node_name_of(n), &in)) return false;
+    atomic_store_explicit(&ebb__node_owner[k], in, memory_order_release);
+  }
   /* Fails only with EBB_OWNER_MAX_DEPTH scopes already open on this thread: the node's memory is
    * then the caller's innermost scope's. */
-  return ebb_alloc_owner_push(EBB_OWNER_BACKWARD, ebb__node_name_of(n)) == EBB_OK;
+  return ebb__alloc_owner_push_interned(EBB_OWNER_BACKWARD, in);
 }
 
 void ebb__owners_leave(bool entered) {
@@ -168,31 +179,60 @@ static void ebb__leaf_name(const ebb_tensor_info *info, char *buf, size_t cap) {
   buf[at] = '\0';
 }
 
-void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad) {
-  void *p = ebb__tensor_block(grad);
-  if (!p) return;
-  /* The name is worked out once per leaf (a .grad set to NULL each step comes back each step):
-   * later tags are one allocator call, the interned name found in alloc's thread cache. */
-  if (m->grad_owner) {
-    ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, m->grad_owner, NULL, NULL);
-    return;
-  }
+/* Interned names of unnamed leaves' gradients by shape and dtype, per thread: a step that gives
+ * thousands of fresh leaves their first gradient formats and interns each shape once. */
+#define EBB__LEAF_NAMES 16
+static _Thread_local struct {
+  uint64_t key;     /* 0: empty */
+  const char *name; /* interned */
+} ebb__leaf_names[EBB__LEAF_NAMES];
+
+static uint64_t ebb__shape_key(const ebb_tensor_info *info) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)info->dtype ^ ((uint64_t)info->ndim << 8);
+  for (int d = 0; d < info->ndim; d++) h = (h ^ (uint64_t)info->shape[d]) * 0x100000001b3ull;
+  return h | 1;
+}
+
+/* The interned name a leaf's gradient is tagged with: the tensor's name, else its own block's
+ * owner name (a parameter made under a scope), else "leaf [shape] dtype". Kept in m->grad_owner
+ * (grad_mu held): worked out once per leaf. NULL if the allocator cannot intern it. */
+static const char *ebb__grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m, void *grad_block) {
+  if (m->grad_owner) return m->grad_owner;
   char name[EBB_OWNER_NAME_MAX + 1] = "";
-  const char *owner = "";
+  const char *in = NULL;
   ebb_owner_cat cat;
   if (ebb_tensor_name(leaf, name, sizeof name) != EBB_OK) name[0] = '\0';
   if (!name[0]) {
     void *lp = ebb__tensor_block(leaf);
-    if (lp && ebb_alloc_block_owner(lp, &cat, &owner) == EBB_OK && owner[0]) snprintf(name, sizeof name, "%s", owner);
-  }
-  if (!name[0]) {
-    /* An unnamed leaf: its shape and dtype say which one it is in most models, and keep the
-     * number of distinct names (interned for the process's life) small. */
+    if (lp && ebb_alloc_block_owner(lp, &cat, &in) == EBB_OK && in[0]) return m->grad_owner = in; /* interned already */
     ebb_tensor_info info;
-    if (ebb_tensor_get_info(leaf, &info) == EBB_OK) ebb__leaf_name(&info, name, sizeof name);
+    if (ebb_tensor_get_info(leaf, &info) != EBB_OK) return NULL;
+    uint64_t key = ebb__shape_key(&info);
+    size_t slot = (size_t)(key >> 7) & (EBB__LEAF_NAMES - 1);
+    if (ebb__leaf_names[slot].key == key) return m->grad_owner = ebb__leaf_names[slot].name;
+    ebb__leaf_name(&info, name, sizeof name);
+    /* interned by tagging the gradient's block, read back */
+    if (!grad_block || ebb_alloc_block_set_owner(grad_block, EBB_OWNER_GRADIENT, name, NULL, NULL) != EBB_OK ||
+        ebb_alloc_block_owner(grad_block, &cat, &in) != EBB_OK)
+      return NULL;
+    ebb__leaf_names[slot].key = key;
+    ebb__leaf_names[slot].name = in;
+    return m->grad_owner = in;
   }
-  const char *in = NULL;
-  if (ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL) == EBB_OK &&
-      ebb_alloc_block_owner(p, &cat, &in) == EBB_OK)
-    m->grad_owner = in;
+  if (!grad_block || ebb_alloc_block_set_owner(grad_block, EBB_OWNER_GRADIENT, name, NULL, NULL) != EBB_OK ||
+      ebb_alloc_block_owner(grad_block, &cat, &in) != EBB_OK)
+    return NULL;
+  return m->grad_owner = in;
+}
+
+void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad) {
+  void *p = ebb__tensor_block(grad);
+  if (!p) return;
+  const char *name = ebb__grad_name(leaf, m, p);
+  if (name) ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL);
+}
+
+bool ebb__owners_grad_enter(const ebb_tensor_t *leaf, struct ebb__meta *m) {
+  const char *name = ebb__grad_name(leaf, m, NULL);
+  return name && ebb_alloc_owner_push(EBB_OWNER_GRADIENT, name) == EBB_OK;
 }

@@ -1,0 +1,33 @@
+/* alloc_export.h: what alloc offers the modules above it beyond ebb/alloc.h. Never installed,
+ * not part of the API.
+ *
+ * Autograd opens an owner scope around every backward node it runs; the public push checks and
+ * interns the name each time (~170 instructions). A caller that names scopes from a fixed set
+ * of strings interns each once and pushes the interned pointer.
+ */
+#ifndef EBB_ALLOC_EXPORT_H
+#define EBB_ALLOC_EXPORT_H
+
+#include <stdbool.h>
+
+#include "ebb/alloc.h"
+#include "runtime_export.h" /* EBB_HIDDEN */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* name (NUL-terminated, at most EBB_OWNER_NAME_MAX bytes) interned into *out: a pointer that lives
+ * for the process and can be passed to ebb__alloc_owner_push_interned. The errors of
+ * ebb_alloc_owner_push's interning (EBB_EINVAL, EBB_ELIMIT, EBB_ENOMEM), named as `fn`'s. */
+EBB_HIDDEN ebb_status ebb__alloc_intern(const char *fn, const char *name, const char **out);
+/* ebb_alloc_owner_push with a name from ebb__alloc_intern and a valid cat, unchecked: false
+ * (nothing pushed, no message) when the thread holds EBB_OWNER_MAX_DEPTH scopes already. Popped
+ * with ebb_alloc_owner_pop. */
+EBB_HIDDEN bool ebb__alloc_owner_push_interned(ebb_owner_cat cat, const char *interned);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EBB_ALLOC_EXPORT_H */
