@@ -135,6 +135,22 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
   ebb_tensor_release(t);
 }
 
+/* The owner of block p as its allocator sees it, except that a block a node saved has the owner
+ * it had before (the one the node gives back), not the node's. */
+static ebb_status ebb__owner_proper(void *p, ebb_owner_cat *cat, const char **name) {
+  ebb__mutex_lock(&ebb__saved_mu); /* (the tag and the table change together under it) */
+  struct ebb__sv *e = ebb__sv.cap ? ebb__sv_slot(p) : NULL;
+  ebb_status st = EBB_OK;
+  if (e && e->block) {
+    *cat = e->cat;
+    *name = e->name;
+  } else {
+    st = ebb_alloc_block_owner(p, cat, name);
+  }
+  ebb__mutex_unlock(&ebb__saved_mu);
+  return st;
+}
+
 /* Node names interned once per operation (index op + 1; 0: AccumulateGrad): the push per node
  * run is then a few stores. Racing first uses intern the same name twice, harmlessly. */
 static _Atomic(const char *) ebb__node_owner[EBB__OP_COUNT + 1];
@@ -204,7 +220,8 @@ static const char *ebb__grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m,
   if (ebb_tensor_name(leaf, name, sizeof name) != EBB_OK) name[0] = '\0';
   if (!name[0]) {
     void *lp = ebb__tensor_block(leaf);
-    if (lp && ebb_alloc_block_owner(lp, &cat, &in) == EBB_OK && in[0]) return m->grad_owner = in; /* interned already */
+    /* (a leaf a node saves is tagged saved by it meanwhile: its own owner is the one before) */
+    if (lp && ebb__owner_proper(lp, &cat, &in) == EBB_OK && in[0]) return m->grad_owner = in; /* interned already */
     ebb_tensor_info info;
     if (ebb_tensor_get_info(leaf, &info) != EBB_OK) return NULL;
     uint64_t key = ebb__shape_key(&info);
