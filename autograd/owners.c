@@ -105,6 +105,7 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
    * (a failure would leave the block as it was). */
   ebb_owner_cat cat = EBB_OWNER_OTHER;
   const char *name = "";
+  ebb__fail_mute(true); /* (a tag that cannot be set, its name not interned, fails no op) */
   if (ebb__sv_reserve() && ebb_alloc_block_owner(p, &cat, &name) == EBB_OK &&
       (cat == EBB_OWNER_ACTIVATION || cat == EBB_OWNER_OTHER) &&
       ebb_alloc_block_set_owner(p, EBB_OWNER_SAVED, ebb__node_name_of(n), NULL, NULL) == EBB_OK) {
@@ -112,6 +113,7 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
     ebb__sv.count++;
     n->saved_owned |= 1ull << k;
   }
+  ebb__fail_mute(false);
   ebb__mutex_unlock(&ebb__saved_mu);
 }
 
@@ -127,7 +129,11 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
       /* Given back before the reference goes (after it the block may be freed and reused), unless
        * this handle is the storage's last: then the block is freed now, and its free is recorded
        * as the node's, which held it last. */
-      if (!ebb__tensor_exclusive(t)) ebb_alloc_block_set_owner(p, e->cat, e->name, NULL, NULL);
+      if (!ebb__tensor_exclusive(t)) {
+        ebb__fail_mute(true);
+        ebb_alloc_block_set_owner(p, e->cat, e->name, NULL, NULL);
+        ebb__fail_mute(false);
+      }
       ebb__sv_remove(e);
     }
     ebb__mutex_unlock(&ebb__saved_mu);
@@ -159,7 +165,10 @@ bool ebb__owners_enter(const struct ebb_node *n) {
   size_t k = n->op < 0 ? 0 : (size_t)n->op + 1;
   const char *in = atomic_load_explicit(&ebb__node_owner[k], memory_order_acquire);
   if (!in) {
-    if (ebb__alloc_intern("ebb_backward", ebb__node_name_of(n), &in)) return false;
+    ebb__fail_mute(true); /* (a name that cannot be interned fails no backward: the node's memory is then the caller's scope's) */
+    ebb_status st = ebb__alloc_intern("ebb_backward", ebb__node_name_of(n), &in);
+    ebb__fail_mute(false);
+    if (st) return false;
     atomic_store_explicit(&ebb__node_owner[k], in, memory_order_release);
   }
   /* Fails only with EBB_OWNER_MAX_DEPTH scopes already open on this thread: the node's memory is
@@ -242,14 +251,21 @@ static const char *ebb__grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m,
   return m->grad_owner = in;
 }
 
+/* The tag is bookkeeping: an allocator call that fails (a name that cannot be interned) leaves
+ * the block as it was and fails no backward, so these run muted. */
 void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad) {
   void *p = ebb__tensor_block(grad);
   if (!p) return;
+  ebb__fail_mute(true);
   const char *name = ebb__grad_name(leaf, m, p);
   if (name) ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL);
+  ebb__fail_mute(false);
 }
 
 bool ebb__owners_grad_enter(const ebb_tensor_t *leaf, struct ebb__meta *m) {
+  ebb__fail_mute(true);
   const char *name = ebb__grad_name(leaf, m, NULL);
-  return name && ebb_alloc_owner_push(EBB_OWNER_GRADIENT, name) == EBB_OK;
+  bool in = name && ebb_alloc_owner_push(EBB_OWNER_GRADIENT, name) == EBB_OK;
+  ebb__fail_mute(false);
+  return in;
 }
