@@ -7,12 +7,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
 
 #include "ebb/alloc.h"
 #include "ebb/autograd.h"
+#include "sanitizers.hpp"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -497,6 +499,48 @@ TEST_CASE("review2: logging hooks from a stale view cover the nodes its backward
   EBB_REQUIRE_OK(ebb_tensor_grad(x, gx.out()));
   CHECK(read(gx) == std::vector<double>{2, 2, 0, 0});
   gx.reset(), ones.reset(), s.reset(), r.reset(), h.reset(), x.reset(), z.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  CHECK(ebb_debug_live_handles() == 0);
+}
+
+// Threads whose nodes save one shared activation (and views of it) and let go in any order, by
+// backward or by release, and whose leaves get gradients named meanwhile: the block is tagged
+// saved while any node holds it and is the activation's again once all let go (tsan: the table
+// and the tags change together under one lock).
+TEST_CASE("review2: threads saving one activation give it back once all let go", "[autograd][review2][owners][threads]") {
+  EbbSession session;
+  const int threads = 8, rounds = 200 / kSanitizerScale;
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "shared act"));
+  Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {64}, values(64, 7));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  std::vector<std::thread> ts;
+  std::vector<int> bad(threads, 0);
+  std::vector<Tensor> ws;  // (made here: Catch's assertions are not for other threads)
+  for (int t = 0; t < threads; t++) ws.push_back(make(EBB_DEVICE_CPU, EBB_F64, {64}, values(64, 100 + t)));
+  for (int t = 0; t < threads; t++)
+    ts.emplace_back([&, t] {
+      ebb_tensor_t *w = ws[t].get();
+      if (ebb_tensor_set_requires_grad(w, true)) bad[t]++;
+      for (int r = 0; r < rounds; r++) {
+        Tensor xs, y, y2, l;
+        if (ebb_tensor_slice(x, 0, r % 3, 64, 1, xs.out())) bad[t]++;          // a view of the shared block
+        Tensor w2;
+        if (ebb_tensor_slice(w, 0, r % 3, 64, 1, w2.out())) bad[t]++;
+        if (ebb_op_mul(w2, xs, y.out()) || ebb_op_mul(y, xs, y2.out())) bad[t]++;  // two nodes save it
+        if (ebb_op_sum(y2, nullptr, 0, false, l.out())) bad[t]++;
+        if (r % 2 == 0) {
+          const ebb_tensor_t *roots[1] = {l.get()};
+          if (ebb_backward(roots, nullptr, 1, r % 4 == 0, nullptr, 0)) bad[t]++;
+        }
+      }
+      Tensor g;
+      if (ebb_tensor_grad(w, g.out()) || !g.get()) bad[t]++;
+    });
+  for (auto &th : ts) th.join();
+  for (int t = 0; t < threads; t++) CHECK(bad[t] == 0);
+  CHECK(owner_str(x) == "activation/shared act");
+  x.reset();
+  ws.clear();
   CHECK(ebb_autograd_live_nodes() == 0);
   CHECK(ebb_debug_live_handles() == 0);
 }
