@@ -166,7 +166,7 @@ TEST_CASE("review2: the copy of dst's old value mul_ keeps for backward is tagge
   CHECK(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("review2 explore: a non-contiguous base with an offset (detach of a slice of a transpose)", "[autograd][review2][explore]") {
+TEST_CASE("review2: a non-contiguous base with an offset (detach of a slice of a transpose)", "[autograd][review2][inplace][views]") {
   EbbSession session;
   std::vector<double> xv(12), cv(6);
   for (int i = 0; i < 12; i++) xv[i] = i + 1;
@@ -211,7 +211,7 @@ TEST_CASE("review2 explore: a non-contiguous base with an offset (detach of a sl
   CHECK(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("review2 explore: copy_ into a view from another dtype and another device", "[autograd][review2][explore]") {
+TEST_CASE("review2: copy_ into a view from another dtype and another device", "[autograd][review2][inplace][views]") {
   EbbSession session;
   for (int dev : devices()) {
     INFO(dev_name(dev));
@@ -239,7 +239,7 @@ TEST_CASE("review2 explore: copy_ into a view from another dtype and another dev
   CHECK(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("review2 explore: an inference src refused for mul_ on a view leaves everything as it was", "[autograd][review2][explore]") {
+TEST_CASE("review2: an inference src refused for mul_ on a view leaves everything as it was", "[autograd][review2][inplace][views]") {
   EbbSession session;
   Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {3}, {1, 2, 3});
   EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
@@ -279,7 +279,7 @@ TEST_CASE("review2 explore: an inference src refused for mul_ on a view leaves e
   CHECK(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("review2 explore: two views changed in turn, the base released, a stale view and a view of a view", "[autograd][review2][explore]") {
+TEST_CASE("review2: two views changed in turn, the base released, a stale view and a view of a view", "[autograd][review2][inplace][views]") {
   EbbSession session;
   Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor a = make(EBB_DEVICE_CPU, EBB_F64, {3}, {10, 20, 30});
