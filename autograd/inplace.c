@@ -63,12 +63,13 @@ static ebb_status ebb__base_edge(ebb_tensor_t *base, struct ebb__meta *bm, struc
 }
 
 /* A node of op whose args.geom says where `view` lies in `base`, input 0 being base (nin
- * inputs); one reference. */
+ * inputs); one reference. in_meta has nin + 1 entries, as a recorded node's: [nin] is its output's
+ * (the base for CopySlices, the view for AsStridedBackward), which ebb_node_input_meta reads. */
 static struct ebb_node *ebb__geom_node(int op, int nin, const ebb_tensor_t *base, const ebb_tensor_t *view) {
   struct ebb_node *n = ebb__node_new(op, nin, 1);
   if (!n) return NULL;
   n->geom = calloc(1, sizeof *n->geom);
-  n->in_meta = calloc((size_t)nin, sizeof *n->in_meta);
+  n->in_meta = calloc((size_t)nin + 1, sizeof *n->in_meta);
   if (!n->geom || !n->in_meta) {
     ebb__node_drop(n);
     return NULL;
@@ -76,6 +77,7 @@ static struct ebb_node *ebb__geom_node(int op, int nin, const ebb_tensor_t *base
   ebb__view_geom_of(base, view, n->geom);
   n->args.geom = n->geom;
   ebb__tensor_meta_of(base, &n->in_meta[0]);
+  ebb__tensor_meta_of(op == EBB__OP_COPY_SLICES ? base : view, &n->in_meta[nin]);
   atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
   return n;
 }
@@ -235,8 +237,12 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   }
   if (!st && !base) {
     atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
-    if (!(n->in_meta = calloc((size_t)nin, sizeof *n->in_meta))) st = EBB_ENOMEM;
-    else ebb__tensor_meta_of(dst, &n->in_meta[0]);
+    if (!(n->in_meta = calloc((size_t)nin + 1, sizeof *n->in_meta))) {
+      st = EBB_ENOMEM;
+    } else { /* dst's old value, and [nin] its new one (the node's input, as ebb__geom_node's) */
+      ebb__tensor_meta_of(dst, &n->in_meta[0]);
+      ebb__tensor_meta_of(dst, &n->in_meta[nin]);
+    }
   }
   if (!st && e->save) {
     n->saved = calloc((size_t)(nin + 1), sizeof *n->saved);
@@ -260,6 +266,7 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
     ebb_grad_set_enabled(false, &was);
     st = ebb_tensor_clone(dst, &n->saved[0]);
     ebb_grad_set_enabled(was, NULL);
+    if (!st) ebb__owners_saved(n, 0, n->saved[0]); /* owners.c: the node keeps it, as any saved tensor */
     if (!st) st = ebb_tensor_version(n->saved[0], &n->saved_version[0]);
   }
   if (!st && (e->save & EBB__SAVE_IN(1))) st = ebb__save(n, 1, src);

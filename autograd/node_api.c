@@ -372,9 +372,13 @@ ebb_status ebb_tensor_gradient_edge(const ebb_tensor_t *t, ebb_gradient_edge *ou
   if (!m || !m->requires_grad)
     return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient, so no gradient flows into the graph from it; "
                      "expected a tensor that requires one", fn);
-  if (m->grad_fn) {
-    atomic_fetch_add_explicit(&m->grad_fn->refs, 1, memory_order_relaxed); /* (the tensor's reference keeps it alive now) */
-    *out = (ebb_gradient_edge){m->grad_fn, m->output_nr};
+  struct ebb_node *gf = NULL;
+  int nr = 0;
+  if ((st = ebb__grad_fn_now(t, m, &gf, &nr))) /* inplace.c: a stale view's history is taken from its base first */
+    return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  if (gf) {
+    atomic_fetch_add_explicit(&gf->refs, 1, memory_order_relaxed); /* (the tensor's reference keeps it alive now) */
+    *out = (ebb_gradient_edge){gf, nr};
     return EBB_OK;
   }
   struct ebb_node *a = NULL;
@@ -658,9 +662,15 @@ ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, int n, ebb
     struct ebb__meta *m = ebb__meta_of(tensors[i]);
     if (!m || !m->requires_grad) continue; /* no gradient will come: NULL in "all" */
     if (mode == EBB_MULTI_GRAD_ALL) {
-      if (m->grad_fn) {
-        atomic_fetch_add_explicit(&m->grad_fn->refs, 1, memory_order_relaxed);
-        mg->nodes[i] = m->grad_fn;
+      struct ebb_node *gf = NULL;
+      int nr;
+      if ((st = ebb__grad_fn_now(tensors[i], m, &gf, &nr))) { /* inplace.c: a stale view's node is its base's now */
+        st = ebb__fail(st, "%s: %s", name, ebb_last_error());
+        break;
+      }
+      if (gf) {
+        atomic_fetch_add_explicit(&gf->refs, 1, memory_order_relaxed);
+        mg->nodes[i] = gf;
       } else if ((st = ebb__grad_acc(tensors[i], m, &mg->nodes[i]))) {
         st = ebb__fail(st, "%s: %s", name, ebb_last_error());
         break;
@@ -795,7 +805,12 @@ ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots,
     if (!st && (!m || !m->requires_grad))
       st = ebb__fail(EBB_EINVAL, "%s: roots[%d] does not require a gradient, so it has no graph; expected a tensor that does", fn, i);
     if (st) break;
-    struct ebb_node *r = m->grad_fn;
+    struct ebb_node *r = NULL;
+    int rnr;
+    if ((st = ebb__grad_fn_now(roots[i], m, &r, &rnr))) { /* inplace.c: a stale view's node is its base's now */
+      st = ebb__fail(st, "%s: %s", fn, ebb_last_error());
+      break;
+    }
     if (!r && (st = ebb__grad_acc((ebb_tensor_t *)roots[i], m, &acc[i]))) break;
     if (!r) r = acc[i];
     int added = ebb__nodeset_add(&seen, r);

@@ -105,6 +105,7 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
    * (a failure would leave the block as it was). */
   ebb_owner_cat cat = EBB_OWNER_OTHER;
   const char *name = "";
+  ebb__fail_mute(true); /* (a tag that cannot be set, its name not interned, fails no op) */
   if (ebb__sv_reserve() && ebb_alloc_block_owner(p, &cat, &name) == EBB_OK &&
       (cat == EBB_OWNER_ACTIVATION || cat == EBB_OWNER_OTHER) &&
       ebb_alloc_block_set_owner(p, EBB_OWNER_SAVED, ebb__node_name_of(n), NULL, NULL) == EBB_OK) {
@@ -112,6 +113,7 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
     ebb__sv.count++;
     n->saved_owned |= 1ull << k;
   }
+  ebb__fail_mute(false);
   ebb__mutex_unlock(&ebb__saved_mu);
 }
 
@@ -127,12 +129,32 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
       /* Given back before the reference goes (after it the block may be freed and reused), unless
        * this handle is the storage's last: then the block is freed now, and its free is recorded
        * as the node's, which held it last. */
-      if (!ebb__tensor_exclusive(t)) ebb_alloc_block_set_owner(p, e->cat, e->name, NULL, NULL);
+      if (!ebb__tensor_exclusive(t)) {
+        ebb__fail_mute(true);
+        ebb_alloc_block_set_owner(p, e->cat, e->name, NULL, NULL);
+        ebb__fail_mute(false);
+      }
       ebb__sv_remove(e);
     }
     ebb__mutex_unlock(&ebb__saved_mu);
   }
   ebb_tensor_release(t);
+}
+
+/* The owner of block p as its allocator sees it, except that a block a node saved has the owner
+ * it had before (the one the node gives back), not the node's. */
+static ebb_status ebb__owner_proper(void *p, ebb_owner_cat *cat, const char **name) {
+  ebb__mutex_lock(&ebb__saved_mu); /* (the tag and the table change together under it) */
+  struct ebb__sv *e = ebb__sv.cap ? ebb__sv_slot(p) : NULL;
+  ebb_status st = EBB_OK;
+  if (e && e->block) {
+    *cat = e->cat;
+    *name = e->name;
+  } else {
+    st = ebb_alloc_block_owner(p, cat, name);
+  }
+  ebb__mutex_unlock(&ebb__saved_mu);
+  return st;
 }
 
 /* Node names interned once per operation (index op + 1; 0: AccumulateGrad): the push per node
@@ -143,7 +165,10 @@ bool ebb__owners_enter(const struct ebb_node *n) {
   size_t k = n->op < 0 ? 0 : (size_t)n->op + 1;
   const char *in = atomic_load_explicit(&ebb__node_owner[k], memory_order_acquire);
   if (!in) {
-    if (ebb__alloc_intern("ebb_backward", ebb__node_name_of(n), &in)) return false;
+    ebb__fail_mute(true); /* (a name that cannot be interned fails no backward: the node's memory is then the caller's scope's) */
+    ebb_status st = ebb__alloc_intern("ebb_backward", ebb__node_name_of(n), &in);
+    ebb__fail_mute(false);
+    if (st) return false;
     atomic_store_explicit(&ebb__node_owner[k], in, memory_order_release);
   }
   /* Fails only with EBB_OWNER_MAX_DEPTH scopes already open on this thread: the node's memory is
@@ -204,7 +229,8 @@ static const char *ebb__grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m,
   if (ebb_tensor_name(leaf, name, sizeof name) != EBB_OK) name[0] = '\0';
   if (!name[0]) {
     void *lp = ebb__tensor_block(leaf);
-    if (lp && ebb_alloc_block_owner(lp, &cat, &in) == EBB_OK && in[0]) return m->grad_owner = in; /* interned already */
+    /* (a leaf a node saves is tagged saved by it meanwhile: its own owner is the one before) */
+    if (lp && ebb__owner_proper(lp, &cat, &in) == EBB_OK && in[0]) return m->grad_owner = in; /* interned already */
     ebb_tensor_info info;
     if (ebb_tensor_get_info(leaf, &info) != EBB_OK) return NULL;
     uint64_t key = ebb__shape_key(&info);
@@ -225,14 +251,21 @@ static const char *ebb__grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m,
   return m->grad_owner = in;
 }
 
+/* The tag is bookkeeping: an allocator call that fails (a name that cannot be interned) leaves
+ * the block as it was and fails no backward, so these run muted. */
 void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const ebb_tensor_t *grad) {
   void *p = ebb__tensor_block(grad);
   if (!p) return;
+  ebb__fail_mute(true);
   const char *name = ebb__grad_name(leaf, m, p);
   if (name) ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL);
+  ebb__fail_mute(false);
 }
 
 bool ebb__owners_grad_enter(const ebb_tensor_t *leaf, struct ebb__meta *m) {
+  ebb__fail_mute(true);
   const char *name = ebb__grad_name(leaf, m, NULL);
-  return name && ebb_alloc_owner_push(EBB_OWNER_GRADIENT, name) == EBB_OK;
+  bool in = name && ebb_alloc_owner_push(EBB_OWNER_GRADIENT, name) == EBB_OK;
+  ebb__fail_mute(false);
+  return in;
 }
