@@ -563,8 +563,17 @@ static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const 
   void *token = NULL;
   st = ebb__inplace_check(fn, op == EBB__EW_ADD ? EBB__OP_ADD_ : EBB__OP_MUL_, dst, src, &token);
   if (st) return st;
-  const ebb_tensor_t *in[2] = {dst, src};
-  st = ebb__ew_run(fn, op, dst, 2, in, 0, 0);
+  /* src on dst's storage in another geometry (a row of dst broadcast over it) would be read after
+   * the kernel wrote some of it: it is read through a copy, made first on the same stream. The
+   * identical view (x op= x) reads each element before writing it and needs none. */
+  ebb_tensor_t *copy = NULL;
+  bool same = src->offset == dst->offset && src->ndim == dst->ndim &&
+              memcmp(src->shape, dst->shape, sizeof(int64_t) * (size_t)dst->ndim) == 0 &&
+              memcmp(src->strides, dst->strides, sizeof(int64_t) * (size_t)dst->ndim) == 0 && src->dtype == dst->dtype;
+  if (src->st == dst->st && !same) st = ebb__copy_as(fn, src, src->dtype, &copy);
+  const ebb_tensor_t *in[2] = {dst, copy ? copy : src};
+  if (!st) st = ebb__ew_run(fn, op, dst, 2, in, 0, 0);
+  ebb__tensor_put(copy);
   if (!st) atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
   ebb__inplace_end(token, !st);
   return ebb__fail_in(fn, st);

@@ -68,6 +68,8 @@ EBB_HIDDEN const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf,
 EBB_HIDDEN ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out);
 EBB_HIDDEN int64_t ebb__numel(const int64_t *shape, int ndim);
 EBB_HIDDEN bool ebb__is_contiguous(const ebb_tensor_t *t);
+/* A contiguous copy of t in dtype dt on t's device (one kernel), recording nothing. */
+EBB_HIDDEN ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out);
 EBB_HIDDEN void *ebb__tensor_ptr(const ebb_tensor_t *t);
 
 /* ---- creating handles (no reference checks; internal callers hold valid tensors) ------------ */

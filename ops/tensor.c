@@ -834,7 +834,7 @@ ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_
 /* ---- copies ---------------------------------------------------------------------------------- */
 
 /* A contiguous copy of t on its own device, converted to dt. */
-static ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
+ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
   ebb_tensor_t *c;
   ebb_status st = ebb__tensor_new(fn, t->st->device, dt, t->ndim, t->shape, &c);
   if (st) return st;
