@@ -292,22 +292,20 @@ ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
 static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
                                    const struct ebb__op_args *args) {
   if (ebb__grad_off || ebb__inference_on()) return EBB_OK;
-  bool any = false;
-  for (int i = 0; i < nin && !any; i++) {
-    const struct ebb__meta *m = in[i] ? ebb__meta_of(in[i]) : NULL;
-    any = m && m->requires_grad;
-  }
-  if (!any) return EBB_OK;
   /* Views among the inputs take their history from their base first, if it moved on: a node
    * made then must be older than this one (the engine relies on producers having smaller
-   * sequence numbers than their consumers). */
+   * sequence numbers than their consumers). This comes before requires_grad is read: another
+   * thread may be rebuilding the same view, and ebb__grad_fn_now orders this thread after it. */
+  bool any = false;
   for (int i = 0; i < nin; i++) {
     struct ebb__meta *m = in[i] ? ebb__meta_of(in[i]) : NULL;
     struct ebb_node *gf;
     int nr;
     ebb_status st = m && m->is_view ? ebb__grad_fn_now(in[i], m, &gf, &nr) : EBB_OK;
     if (st) return st;
+    any = any || (m && m->requires_grad);
   }
+  if (!any) return EBB_OK;
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)op);
   struct ebb_node *n = ebb__node_new(op, nin, nout);
   ebb_status st = n ? EBB_OK : EBB_ENOMEM;

@@ -109,7 +109,8 @@ static ebb_status ebb__view_rebuild_locked(const ebb_tensor_t *t, struct ebb__me
     *old = m->grad_fn;
     m->grad_fn = n;
     m->output_nr = 0;
-    m->requires_grad = true;
+    /* Written only when it changes: threads that already saw a requiring view read it unlocked. */
+    if (!m->requires_grad) m->requires_grad = true;
   }
   /* release: pairs with the acquire in ebb__grad_fn_now; grad_fn is written. */
   atomic_store_explicit(&m->view_version, v, memory_order_release);
