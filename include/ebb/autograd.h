@@ -28,11 +28,11 @@
  * made before its base required a gradient (or with grad mode off) keeps not requiring one, even
  * after an in-place op through another view or the base gives the base a history.
  *
- * Status of this header: the graph is recorded and can be inspected, and the engine runs a
- * backward on the calling thread (CPU tensors and one device), with tensor and post-accumulate
- * hooks, retain_grad, node hooks and metadata, gradient edges, multi-grad and logging hooks;
- * in-place ops, views and inference mode as above. Not yet: create_graph (a backward records
- * nothing), the multi-device engine (issue 21).
+ * Status of this header: the graph is recorded and can be inspected; the engine runs a
+ * backward on the calling thread or on per-device workers (see "the engine" below), stream-aware,
+ * with tensor and post-accumulate hooks, retain_grad, node hooks and metadata, gradient edges,
+ * multi-grad and logging hooks; in-place ops, views and inference mode as above. Not yet:
+ * create_graph (a backward records nothing).
  *
  * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives
  * (an in-place op on a tensor replaces its grad_fn: the old node lives on only where the new
@@ -332,6 +332,95 @@ EBB_API ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, in
 typedef void (*ebb_autograd_log_fn)(const char *line, void *user);
 EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots, int nroots, ebb_autograd_log_fn sink,
                                                        void *user, ebb_hook_handle *out);
+
+/* ---- the engine: devices, streams, threads -------------------------------------------------
+ * Where nodes run. Each node belongs to a device: the device of its forward outputs (for an
+ * AccumulateGrad, its leaf's), or the CPU. A backward whose nodes are all on the CPU or on one
+ * device runs on the calling thread, with no hand-off. A backward over several devices gives each
+ * device's nodes to that device's worker thread (one per device, started at the first such
+ * backward, bound to the device's NUMA node through hwloc, joined by the last ebb_shutdown), and
+ * the CPU nodes to the calling thread, which waits for the whole task. Each queue runs its ready
+ * nodes by reentrant depth (deeper first: a backward started inside a node's hook finishes before
+ * its outer one goes on) then sequence number (larger first; AccumulateGrad first of all), so a
+ * device's order is the same on every run. Waits spin briefly, then park: a warm engine makes no
+ * system call per node on the calling thread's path, and a busy worker none either.
+ *
+ * Streams (PyTorch's rules): a node's backward runs on its forward stream (ebb_node_input_meta's
+ * stream_id: the current stream of its device when its op ran, or when an AccumulateGrad was
+ * made); a node recorded on a stream since released, or with none, runs on the caller's current
+ * stream of its device. A gradient produced on one stream and consumed on another is handed over
+ * with one event (none when the streams agree); several producers into one input are summed on
+ * the consumer's stream when the gradient is on the consumer's device, else on the first
+ * producer's, else on the caller's current stream of the gradient's device, with at most one event
+ * per producer and one to the consumer. The roots' gradients count as produced on the caller's
+ * current streams. When ebb_backward returns, the caller's current stream of every device waits
+ * (on the device, not the host) for every stream that accumulated a .grad or captured an
+ * ebb_grad result, so work issued next on those streams sees the gradients; other streams must
+ * wait on them (ebb_stream_wait_stream). Hooks run with the node's stream current.
+ *
+ * Reentrant backward: a backward started inside a hook (or a node) runs on that thread, serving
+ * its queue meanwhile, up to a depth of ebb_autograd_max_reentrant_depth (default 60) nested
+ * calls per thread; deeper, the inner backward moves to a pool thread and the calling thread
+ * waits for it (its stack does not grow further). Errors: the first failing node ends the task on
+ * every device: nodes not started are skipped, the caller gets that node's status and a message
+ * naming it and its device.
+ *
+ * Threading of the settings below: each is process-wide, read at the start of a backward; set
+ * them between training steps. */
+
+/* EBB_ENGINE_AUTO (default): the calling thread for backward calls confined to one device, the
+ * device workers otherwise. EBB_ENGINE_WORKERS: device nodes always go to their device's worker,
+ * even when there is only one device (to compare the two paths). EBB_ENGINE_CALLING_THREAD:
+ * everything on the calling thread, over any number of devices (streams and events as above).
+ * ebb_autograd_set_engine_mode: EBB_EINVAL for a value outside the enum (named), mode unchanged. */
+typedef enum ebb_engine_mode { EBB_ENGINE_AUTO = 0, EBB_ENGINE_WORKERS = 1, EBB_ENGINE_CALLING_THREAD = 2 } ebb_engine_mode;
+EBB_API ebb_status ebb_autograd_set_engine_mode(ebb_engine_mode mode);
+EBB_API ebb_engine_mode ebb_autograd_engine_mode(void);
+
+/* Nested backward calls a thread runs itself before it hands the next one to a pool thread
+ * (1..1024; EBB_EINVAL outside, depth unchanged). */
+EBB_API ebb_status ebb_autograd_set_max_reentrant_depth(int depth);
+EBB_API int ebb_autograd_max_reentrant_depth(void);
+
+/* The AccumulateGrad stream mismatch. A leaf's AccumulateGrad runs on the stream that was current
+ * when it was made, and lives as long as a graph or a gradient edge holds it. Made during a
+ * warm-up on a side stream and kept alive (a retained loss, a stashed gradient edge), it keeps
+ * that stream after the user moved on: each backward then makes its stream wait for the stream
+ * the gradient was produced on. Correct, but an extra dependency every step (and in CUDA-graph
+ * capture, a stream outside the capture). When a gradient reaches an AccumulateGrad whose stream
+ * differs from the producer's, the engine counts it (ebb_autograd_engine_stats) and, with the
+ * warning on (the default), calls the warning handler (ebb_set_warning_handler; on the thread
+ * that runs the AccumulateGrad, a device worker included) once per leaf and pair of streams,
+ * naming the leaf (its name, else shape and dtype), both streams, the producing node, and what
+ * keeps the accumulator alive (nodes of earlier graphs, gradient-edge handles). It never fires
+ * when the streams agree, nor for CPU gradients.
+ * With follow-producer on (off by default), an accumulator whose stream differs takes the
+ * producer's stream instead, for this backward and the next ones (ebb_node_input_meta reports
+ * it): the gradient is added on the stream that produced it, with no cross-stream wait, and no
+ * warning. Only for a producer on the leaf's device; the first producer of a backward wins. */
+EBB_API void ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(bool enabled);
+EBB_API bool ebb_autograd_warn_on_accumulate_grad_stream_mismatch(void);
+EBB_API void ebb_autograd_set_accumulate_grad_follows_producer(bool enabled);
+EBB_API bool ebb_autograd_accumulate_grad_follows_producer(void);
+
+/* Counters since the first ebb_init (they restart after the last ebb_shutdown), summed over
+ * every backward and thread. */
+typedef struct ebb_autograd_engine_stats {
+  uint64_t backward_calls;        /* ebb_backward, ebb_grad and their _edges forms */
+  uint64_t nodes_run;             /* nodes whose backward (or accumulation) ran */
+  uint64_t nodes_run_on_workers;  /* of those, on a device worker thread */
+  uint64_t cross_stream_edges;    /* gradients handed from one stream to another */
+  uint64_t events_recorded;       /* events the engine recorded for those hand-offs and at the end */
+  uint64_t stream_waits;          /* waits of one stream on another's event it issued */
+  uint64_t accumulate_grad_stream_mismatches; /* gradients that reached an AccumulateGrad on another stream */
+  uint64_t accumulate_grad_warnings;          /* warnings issued for them (once per leaf and stream pair) */
+  uint64_t accumulate_grad_followed;          /* accumulators moved to their producer's stream */
+  uint64_t reentrant_backwards;   /* backward calls started inside a running backward */
+  uint64_t reentrant_handoffs;    /* of those, moved to a pool thread past the depth limit */
+  uint64_t worker_parks;          /* times a worker (or a waiting caller) parked after spinning */
+} ebb_autograd_engine_stats;
+/* EBB_EINVAL for NULL out. */
+EBB_API ebb_status ebb_autograd_get_engine_stats(ebb_autograd_engine_stats *out);
 
 /* Nodes alive in the process, for leak checks in tests. */
 EBB_API long ebb_autograd_live_nodes(void);
