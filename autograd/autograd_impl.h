@@ -143,6 +143,15 @@ EBB_HIDDEN ebb_status ebb__edge_root_grad(const char *fn, int i, const struct eb
 EBB_HIDDEN void ebb__node_input_meta(const struct ebb_node *n, int k, ebb__tensor_meta *out);
 
 /* engine.c */
+/* For tests that prove a stream hand-off is needed: each set bit makes the engine skip one kind
+ * of wait (the events are still recorded and counted), so a test can show it reads stale data
+ * without it. Process-wide; 0 (the default) skips nothing. */
+enum {
+  EBB__DROP_CONSUMER_WAIT = 1, /* the consumer's wait for a gradient ready on another stream */
+  EBB__DROP_ACCUM_WAIT = 2,    /* the accumulation stream's waits for the producers (several into one input) */
+  EBB__DROP_LEAF_SYNC = 4,     /* the caller's current streams' wait for the leaf streams at the end */
+};
+EBB_HIDDEN void ebb__engine_test_drop(unsigned mask);
 /* Whether task t will execute n (or reach it for a capture). */
 EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
 
