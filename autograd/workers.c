@@ -177,10 +177,11 @@ static void *ebb__worker_main(void *arg) {
 struct ebb__queue *ebb__device_queue(int dev) {
   struct ebb__worker *ws = atomic_load_explicit(&ebb__workers, memory_order_acquire);
   if (ws && dev >= 0 && dev < ebb__nworkers && atomic_load_explicit(&ws[dev].started, memory_order_acquire)) return &ws[dev].q;
+  int n = 0, rc = 0;
+  if (!ws && ebb_dev_count(&n)) n = 0; /* (outside the lock: the runtime's locks rank below it) */
   ebb__mutex_lock(&ebb__threads_mu);
   ws = atomic_load_explicit(&ebb__workers, memory_order_relaxed);
-  int n = 0, rc = 0;
-  if (!ws && !ebb_dev_count(&n) && n > 0 && (ws = calloc((size_t)n, sizeof *ws))) {
+  if (!ws && n > 0 && (ws = calloc((size_t)n, sizeof *ws))) {
     for (int d = 0; d < n; d++) {
       ebb__queue_init(&ws[d].q);
       ws[d].dev = d;
