@@ -3,6 +3,7 @@
 #ifndef EBB_AUTOGRAD_IMPL_H
 #define EBB_AUTOGRAD_IMPL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -47,6 +48,11 @@ struct ebb_node {
   _Atomic bool has_node_hooks; /* a pre- or post-hook was registered (the engine's fast check) */
   ebb__view_geom *geom;      /* AS_STRIDED, COPY_SLICES: where the view lies (owned; args.geom) */
   uint64_t saved_owned;      /* bit k: saved[k]'s block is counted as saved by a node (owners.c) */
+  /* engine.c: the stream its backward runs on (stream_id's handle; NULL with id 0: none
+   * recorded). An AccumulateGrad's may move to its producer's (follow-producer policy): read
+   * and written through ebb__node_stream / ebb__node_stream_move. */
+  ebb_stream_t *stream;
+  _Atomic long edge_handles; /* ebb_gradient_edge handles on it (for the stream-mismatch warning) */
 };
 
 struct ebb__meta {
@@ -65,6 +71,7 @@ struct ebb__meta {
   bool is_view;
   _Atomic uint64_t view_version;
   const char *grad_owner;    /* a leaf's gradient's owner name, interned (owners.c), under grad_mu */
+  uint64_t uid;              /* never reused: names the leaf in the stream-mismatch warning's once-set */
 };
 
 /* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its
@@ -124,6 +131,9 @@ struct ebb__task_scope {
 EBB_HIDDEN void ebb__task_begin(struct ebb__task_scope *s, const struct ebb__task *task);
 /* Ends the scope: fires the incomplete multi-grad "all" states when ok, drops them otherwise. */
 EBB_HIDDEN ebb_status ebb__task_end(struct ebb__task_scope *s, bool ok);
+/* Makes s the calling thread's current task (a worker about to run one of its nodes); returns
+ * the previous one, to restore. */
+EBB_HIDDEN struct ebb__task_scope *ebb__task_switch(struct ebb__task_scope *s);
 /* The node being evaluated on this thread; returns the previous one, to restore. */
 EBB_HIDDEN struct ebb_node *ebb__node_enter(struct ebb_node *n);
 /* Node n's pre-hooks on its input gradients grads[0..ngrads) (replaced in place). */
@@ -141,6 +151,50 @@ EBB_HIDDEN ebb_status ebb__edge_root_grad(const char *fn, int i, const struct eb
                                           ebb_tensor_t **out);
 /* Node n's input k metadata (for an AccumulateGrad, its leaf's). */
 EBB_HIDDEN void ebb__node_input_meta(const struct ebb_node *n, int k, ebb__tensor_meta *out);
+
+/* workers.c: ready queues, device workers, the reentrant pool. */
+struct ebb__task;
+/* One ready node of a task: run deeper reentrant tasks first, then larger sequence numbers. */
+struct ebb__qitem {
+  uint32_t depth;
+  uint64_t seq;
+  struct ebb__task *t;
+  int i;
+};
+struct ebb__queue {
+  ebb_mutex mu;          /* a leaf lock */
+  pthread_cond_t cv;
+  struct ebb__qitem *a;  /* max-heap */
+  size_t n, cap;
+  _Atomic size_t count;  /* n, for waiters spinning without the lock */
+  int sleepers;          /* threads parked on cv */
+};
+EBB_HIDDEN void ebb__queue_init(struct ebb__queue *q);
+EBB_HIDDEN void ebb__queue_destroy(struct ebb__queue *q);
+/* false without memory (nothing pushed). */
+EBB_HIDDEN bool ebb__queue_push(struct ebb__queue *q, const struct ebb__qitem *it);
+/* The next item (true), or false once *until_zero is 0 or *stop is true (either may be NULL)
+ * with the queue empty. Spins briefly, then parks (counted in *parks, may be NULL). */
+EBB_HIDDEN bool ebb__queue_pop_wait(struct ebb__queue *q, _Atomic long *until_zero, _Atomic bool *stop, struct ebb__qitem *out,
+                                    uint64_t *parks);
+/* Decrements *counter under q's lock, waking q's waiters when it reaches 0: after this call
+ * the caller must not touch what the counter's owner may free once it sees 0. */
+EBB_HIDDEN void ebb__queue_done(struct ebb__queue *q, _Atomic long *counter);
+EBB_HIDDEN void ebb__queue_kick(struct ebb__queue *q);
+/* The queue of device dev's worker, started if needed; NULL with a message on failure. */
+EBB_HIDDEN struct ebb__queue *ebb__device_queue(int dev);
+/* The queue the calling thread serves: its device's, on a worker (or a pool thread standing in
+ * for one); NULL on any other thread. */
+EBB_HIDDEN struct ebb__queue *ebb__home_queue(void);
+/* Runs fn(arg) on a pool thread that serves the caller's queue meanwhile, and waits for it. */
+EBB_HIDDEN ebb_status ebb__pool_run(void (*fn)(void *), void *arg);
+/* Joins the workers and pool threads (the module stops: no backward runs). */
+EBB_HIDDEN void ebb__workers_stop(void);
+/* engine.c, for workers.c: runs (or, after its task failed, skips) one queued node. */
+EBB_HIDDEN void ebb__item_run(const struct ebb__qitem *it);
+EBB_HIDDEN void ebb__engine_count_parks(uint64_t n);
+/* engine.c, for graph.c: the module stops (workers joined, counters and the warn-once set reset). */
+EBB_HIDDEN void ebb__engine_stop(void);
 
 /* engine.c */
 /* For tests that prove a stream hand-off is needed: each set bit makes the engine skip one kind
@@ -193,6 +247,11 @@ EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
 EBB_HIDDEN void ebb__node_unref(struct ebb_node *n);
 /* A leaf's AccumulateGrad if it has one (no reference: compared by address only). */
 EBB_HIDDEN struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m);
+/* The stream n's backward runs on, as recorded (handle and id; NULL and 0: none). */
+EBB_HIDDEN void ebb__node_stream(const struct ebb_node *n, ebb_stream_t **s, uint64_t *id);
+/* Makes AccumulateGrad a run on stream s (id) from now on; false when it was not on `from` any
+ * more (another thread moved it first). */
+EBB_HIDDEN bool ebb__node_stream_move(struct ebb_node *a, uint64_t from, ebb_stream_t *s, uint64_t id);
 /* Links n's next edges into the consumer lists of the nodes they point at: once n is whole
  * (edges set), before anything else can reach it. Every node that records edges calls it once. */
 EBB_HIDDEN void ebb__node_link(struct ebb_node *n);

@@ -1,22 +1,80 @@
-/* engine.c: the backward engine on the calling thread (CPU tensors and one device).
+/* engine.c: the backward engine: graph tasks, streams, and where their nodes run.
  *
  * A graph task (one ebb_backward or ebb_grad call) finds the nodes reachable from its roots,
  * counts each node's incoming edges, marks what must run (everything, or with `inputs` only the
  * nodes on a path to one of them), and runs ready nodes in decreasing sequence number (the
- * AccumulateGrad nodes first): the order is the same on every run. Each node gets the sum of the
- * gradients its consumers sent (its input buffer), calls its derivative-table entry, and adds
- * what it returns into its producers' buffers. AccumulateGrad adds into the leaf's .grad under the
- * leaf's lock, so concurrent backward calls on shared leaves sum exactly.
+ * AccumulateGrad nodes first). Each node gets the sum of the gradients its consumers sent (its
+ * input buffer), calls its derivative-table entry, and adds what it returns into its producers'
+ * buffers. AccumulateGrad adds into the leaf's .grad under the leaf's lock, so concurrent backward
+ * calls on shared leaves sum exactly.
  *
- * The first error ends the task: what it holds is released, the caller gets the status and a
- * message naming the failing node; the graph and the engine stay usable (with retain_graph).
+ * Where: a task whose nodes are on the CPU or one device runs on the calling thread (one heap,
+ * no locks). A task over several devices (or with EBB_ENGINE_WORKERS) is "shared": each device's
+ * nodes go to its worker's queue (workers.c), CPU nodes to the owner's queue, which the calling
+ * thread serves until the task's outstanding count is 0; deliveries (buffers, dependency counts,
+ * pushes) then happen under the task's lock, a node's own run outside it.
+ *
+ * Streams (PyTorch's InputBuffer rules): each node runs with its forward stream current; a
+ * gradient slot remembers where its value is ready and where sums are made, and an event is
+ * recorded only where a later wait may need it (none between nodes of one stream). At the end
+ * the caller's current streams wait for every stream that accumulated a .grad or captured a
+ * result.
+ *
+ * The first error ends the task: nodes not started are skipped, what the task holds is released,
+ * the caller gets the status and a message naming the failing node; the graph and the engine stay
+ * usable (with retain_graph).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd_impl.h"
 #include "ebb/ops.h"
+#include "ebb/runtime.h"
 #include "ebb_internal.h"
+#include "streams_export.h"
+
+/* ---- settings and counters ------------------------------------------------------------------- */
+
+static _Atomic int ebb__mode = EBB_ENGINE_AUTO;
+static _Atomic int ebb__max_depth = 60;
+static _Atomic bool ebb__warn_acc = true;
+static _Atomic bool ebb__follow = false;
+static _Atomic unsigned ebb__drop;
+
+enum { EBB__S_CALLS, EBB__S_NODES, EBB__S_NODES_W, EBB__S_XEDGES, EBB__S_EVENTS, EBB__S_WAITS, EBB__S_MISM, EBB__S_WARNS,
+       EBB__S_FOLLOWED, EBB__S_REENTRANT, EBB__S_HANDOFFS, EBB__S_PARKS, EBB__S_COUNT };
+static _Atomic uint64_t ebb__stats[EBB__S_COUNT];
+
+static void ebb__count(int k, uint64_t n) {
+  if (n) atomic_fetch_add_explicit(&ebb__stats[k], n, memory_order_relaxed);
+}
+void ebb__engine_count_parks(uint64_t n) { ebb__count(EBB__S_PARKS, n); }
+void ebb__engine_test_drop(unsigned mask) { atomic_store_explicit(&ebb__drop, mask, memory_order_relaxed); }
+
+/* Nested backward calls running on this thread (0: not inside a backward). */
+static _Thread_local int ebb__depth;
+/* Reentrant depth of the backward running on this thread, counted across pool hand-offs: the
+ * queues' first key. */
+static _Thread_local int ebb__total_depth;
+
+/* ---- streams ------------------------------------------------------------------------------------ */
+
+/* A stream as the engine keeps it: handle, id (0: none, a CPU node or slot) and device. */
+struct ebb__sref {
+  ebb_stream_t *s;
+  uint64_t id;
+  int dev;
+};
+
+/* The stream state of one input slot holding a device gradient (spec: InputBuffer). */
+struct ebb__slot {
+  struct ebb__sref accum; /* where sums into the slot are made; id 0: no gradient yet */
+  struct ebb__sref ready; /* the stream on which the slot's value is complete */
+  ebb_event_t *ev;        /* recorded on `ready` when ev_ok, else to record before a wait */
+  int ev_dev;
+  bool ev_ok;
+};
 
 /* One node of the task. Task nodes live in one array and are named by their index: the array
  * grows while the graph is found, and indices survive that where pointers would not. */
@@ -30,6 +88,14 @@ struct ebb__tnode {
   int capture_nr;
   ebb_tensor_t *buf_inline[2]; /* summed gradients of its outputs, for up to two (AccumulateGrad: [0]) */
   ebb_tensor_t **buf_heap;     /* the same for a node of more outputs, allocated on first use */
+  int dev;                     /* its device (EBB_DEVICE_CPU: the owner's queue) */
+  struct ebb__sref sr;         /* the stream it runs on (id 0: none) */
+  struct ebb__slot *sync;      /* [nbufs]: stream state of its slots, made at the first device gradient */
+  /* AccumulateGrad: the stream mismatch seen by its slot (the first producer on another stream),
+   * or (follow-producer) the stream it had before taking the producer's. */
+  struct ebb__sref mism;
+  const struct ebb_node *mism_by;
+  uint64_t followed_from;
 };
 
 struct ebb__task {
@@ -44,6 +110,25 @@ struct ebb__task {
   size_t nheld, capheld;
   ebb_tensor_t **results;   /* ebb_grad: [ninputs]; NULL: ebb_backward, whose non-leaf inputs get .grad */
   const ebb_tensor_t *const *inputs;
+  bool retain;
+  /* Streams: the caller's current stream per device at the start ([ndev], made when the task
+   * has a device node), and the streams that accumulated a .grad or captured a result. */
+  struct ebb__sref *caller;
+  int ndev;
+  struct ebb__sref *leaves;
+  size_t nleaves, capleaves;
+  /* Shared tasks (device workers run some of its nodes). */
+  bool shared;
+  uint32_t depth;            /* reentrant depth of the call: queue order */
+  ebb_mutex mu;              /* deliveries: buffers, dependency counts, pushes; the leaf list; the error */
+  _Atomic long outstanding;  /* nodes queued or running */
+  _Atomic bool failed;
+  ebb_status err;            /* the first error, its message and where it ran */
+  char errmsg[1024];
+  struct ebb__queue *cpuq;   /* where its CPU nodes go: the owner's queue */
+  struct ebb__task_scope *scope;
+  struct ebb__heap *ready;   /* a task on the calling thread: its ready nodes */
+  _Atomic uint64_t n_nodes, n_nodes_w, n_xedges, n_events, n_waits, n_mism; /* counters, added to the totals at the end */
 };
 
 /* The next edges a node has in the graph walk (AccumulateGrad has none). */
@@ -100,14 +185,20 @@ static int ebb__tadd(struct ebb__task *t, struct ebb_node *n, bool *added) {
   return i;
 }
 
+static void ebb__ev_free(ebb_event_t *e);
+
 static void ebb__task_free(struct ebb__task *t) {
   for (size_t i = 0; i < t->count; i++) {
     struct ebb__tnode *x = &t->nodes[i];
     ebb_tensor_t **b = ebb__bufs(x);
     for (int k = 0; b && k < ebb__nbufs(x); k++)
       if (b[k]) ebb_tensor_release(b[k]);
+    for (int k = 0; x->sync && k < ebb__nbufs(x); k++) ebb__ev_free(x->sync[k].ev);
     free(x->buf_heap);
+    free(x->sync);
   }
+  free(t->caller);
+  free(t->leaves);
   free(t->nodes);
   free(t->hash);
   free(t->edges);
@@ -115,41 +206,166 @@ static void ebb__task_free(struct ebb__task *t) {
   free(t->held);
 }
 
-/* Adds g (a new reference, consumed) into slot k of x's buffer. */
-static ebb_status ebb__buf_add(struct ebb__tnode *x, int k, ebb_tensor_t *g) {
+/* Adds g (a new reference, consumed) into *slot: in place when nothing else sees one of the two
+ * and they have one shape and dtype (into the slot's tensor, or into g, which then becomes the
+ * slot's), else a new sum. On the current stream of their device. */
+static ebb_status ebb__sum_into(ebb_tensor_t **slot, ebb_tensor_t *g) {
+  ebb__tensor_meta bm;
+  ebb__tensor_meta_of(*slot, &bm);
+  if (ebb__tensor_matches(g, &bm)) {
+    if (ebb__tensor_exclusive(*slot)) {
+      ebb_status st = ebb__lean_add_(*slot, g);
+      ebb_tensor_release(g);
+      return st;
+    }
+    if (ebb__tensor_exclusive(g)) {
+      ebb_status st = ebb__lean_add_(g, *slot);
+      ebb_tensor_release(st ? g : *slot);
+      if (!st) *slot = g;
+      return st;
+    }
+  }
+  ebb_tensor_t *sum = NULL;
+  ebb_status st = ebb_op_add(*slot, g, &sum);
+  ebb_tensor_release(g);
+  if (st) return st;
+  ebb_tensor_release(*slot);
+  *slot = sum;
+  return EBB_OK;
+}
+
+/* Pooled events of the engine's own: not counted as the caller's (ebb_shutdown's live check). */
+static ebb_event_t *ebb__ev_new(int dev) {
+  ebb_event_t *e = NULL;
+  if (ebb_event_create(dev, EBB_EVENT_DEFAULT, &e)) return NULL;
+  ebb__events_live_add(-1);
+  return e;
+}
+
+static void ebb__ev_free(ebb_event_t *e) {
+  if (!e) return;
+  ebb__events_live_add(1);
+  ebb_event_release(e);
+}
+
+/* Records *e (made, or remade for another device, as needed) on stream r. */
+static ebb_status ebb__record(struct ebb__task *t, ebb_event_t **e, int *edev, const struct ebb__sref *r) {
+  if (*e && *edev != r->dev) {
+    ebb__ev_free(*e);
+    *e = NULL;
+  }
+  if (!*e && !(*e = ebb__ev_new(r->dev))) return ebb__fail(EBB_ENOMEM, "%s: no event for a gradient on device %d: %s", t->fn, r->dev, ebb_last_error());
+  *edev = r->dev;
+  ebb_status st = ebb_event_record(*e, r->s);
+  if (st) return ebb__fail(st, "%s: recording a gradient's event on stream %llu (device %d) failed: %s", t->fn,
+                           (unsigned long long)r->id, r->dev, ebb_last_error());
+  atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
+  return EBB_OK;
+}
+
+/* Makes stream r wait (on the device) for event e; the test switch may skip it (`kind`). */
+static ebb_status ebb__wait(struct ebb__task *t, ebb_event_t *e, const struct ebb__sref *r, unsigned kind) {
+  if (atomic_load_explicit(&ebb__drop, memory_order_relaxed) & kind) return EBB_OK;
+  ebb_status st = ebb_event_wait(e, r->s);
+  if (st) return ebb__fail(st, "%s: making stream %llu (device %d) wait for a gradient failed: %s", t->fn,
+                           (unsigned long long)r->id, r->dev, ebb_last_error());
+  atomic_fetch_add_explicit(&t->n_waits, 1, memory_order_relaxed);
+  return EBB_OK;
+}
+
+/* Makes r current on its device for this thread; false when r is none (or cannot be entered:
+ * the engine then runs on whatever is current). */
+static bool ebb__enter(ebb_stream_guard *g, const struct ebb__sref *r) {
+  uint64_t id;
+  int d;
+  return r->id && ebb__stream_peek(r->s, &id, &d) && id == r->id && ebb_stream_guard_enter(g, r->s) == EBB_OK;
+}
+static void ebb__leave(ebb_stream_guard *g, bool entered) {
+  if (entered) ebb_stream_guard_exit(g);
+}
+
+/* The device of x's slot k: where its gradient lives. */
+static int ebb__slot_dev(const struct ebb__tnode *x, int k) {
+  return x->n->op < 0 ? x->dev : x->n->in_meta ? x->n->in_meta[x->n->nin + k].device : EBB_DEVICE_CPU;
+}
+
+/* Adds g (a new reference, consumed) into slot k of x's buffer; `prod` is the stream it was
+ * produced on (the producer node's, or the caller's for a root: id 0 for a CPU gradient) and pn
+ * the producer (NULL for a root). For a device gradient, the spec's InputBuffer rules: the first
+ * gradient is kept where it is, with an event when a later wait may need one; later ones are
+ * summed on the accumulation stream (the consumer's when the gradient is on its device, else the
+ * first producer's, else the caller's current stream of that device) after it waited for them. */
+static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_tensor_t *g, const struct ebb__sref *prod,
+                               const struct ebb_node *pn) {
   if (x->n->nout > 2 && !x->buf_heap && !(x->buf_heap = calloc((size_t)x->n->nout, sizeof *x->buf_heap))) {
     ebb_tensor_release(g);
     return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
   }
   ebb_tensor_t **b = ebb__bufs(x);
-  if (!b[k]) {
+  int gd = ebb__slot_dev(x, k);
+  struct ebb__sref cur;
+  if (gd != EBB_DEVICE_CPU && !prod->id) { /* made by a CPU node (a copy to the device): on this thread's current stream */
+    cur.dev = gd;
+    if (!ebb_stream_current(gd, &cur.s) && !ebb_stream_id(cur.s, &cur.id)) prod = &cur;
+  }
+  if (gd == EBB_DEVICE_CPU || !prod->id || !x->sr.id) { /* no stream logic for the CPU */
+    if (!b[k]) {
+      b[k] = g;
+      return EBB_OK;
+    }
+    return ebb__sum_into(&b[k], g);
+  }
+  if (!x->sync && !(x->sync = calloc((size_t)ebb__nbufs(x), sizeof *x->sync))) {
+    ebb_tensor_release(g);
+    return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
+  }
+  struct ebb__slot *sl = &x->sync[k];
+  if (x->n->op < 0 && prod->id != x->sr.id) { /* an AccumulateGrad on another stream than its producer */
+    atomic_fetch_add_explicit(&t->n_mism, 1, memory_order_relaxed);
+    if (!sl->accum.id && !x->followed_from && prod->dev == x->dev && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
+      x->followed_from = x->sr.id; /* made permanent when it runs (ebb__node_stream_move) */
+      x->sr = *prod;
+    } else if (!x->mism.id) {
+      x->mism = *prod;
+      x->mism_by = pn;
+    }
+  }
+  if (prod->id != x->sr.id) atomic_fetch_add_explicit(&t->n_xedges, 1, memory_order_relaxed);
+  if (!sl->accum.id) { /* the first producer */
+    sl->accum = x->sr.dev == gd ? x->sr : prod->dev == gd ? *prod : t->caller[gd];
+    sl->ready = *prod;
     b[k] = g;
+    sl->ev_ok = false;
+    if (x->sr.id != prod->id || sl->accum.id != prod->id) {
+      ebb_status st = ebb__record(t, &sl->ev, &sl->ev_dev, prod);
+      if (st) return st;
+      sl->ev_ok = true;
+    }
     return EBB_OK;
   }
-  /* In place when nothing else sees one of the two and they have one shape and dtype: into the
-   * buffer's tensor, or into g, which then becomes the buffer. */
-  ebb__tensor_meta bm;
-  ebb__tensor_meta_of(b[k], &bm);
-  if (ebb__tensor_matches(g, &bm)) {
-    if (ebb__tensor_exclusive(b[k])) {
-      ebb_status st = ebb__lean_add_(b[k], g);
-      ebb_tensor_release(g);
-      return st;
-    }
-    if (ebb__tensor_exclusive(g)) {
-      ebb_status st = ebb__lean_add_(g, b[k]);
-      ebb_tensor_release(st ? g : b[k]);
-      if (!st) b[k] = g;
-      return st;
-    }
+  ebb_status st = EBB_OK;
+  if (sl->accum.id != prod->id) { /* the sum waits for this producer */
+    ebb_event_t *e = NULL;
+    int edev = 0;
+    st = ebb__record(t, &e, &edev, prod);
+    if (!st) st = ebb__wait(t, e, &sl->accum, EBB__DROP_ACCUM_WAIT);
+    ebb__ev_free(e);
   }
-  ebb_tensor_t *sum = NULL;
-  ebb_status st = ebb_op_add(b[k], g, &sum);
-  ebb_tensor_release(g);
-  if (st) return st;
-  ebb_tensor_release(b[k]);
-  b[k] = sum;
-  return EBB_OK;
+  if (!st && sl->accum.id != sl->ready.id) { /* ... and for the value already there */
+    if (!sl->ev_ok) st = ebb__record(t, &sl->ev, &sl->ev_dev, &sl->ready);
+    if (!st) st = ebb__wait(t, sl->ev, &sl->accum, EBB__DROP_ACCUM_WAIT);
+  }
+  if (st) {
+    ebb_tensor_release(g);
+    return st;
+  }
+  ebb_stream_guard gu;
+  bool in = ebb__enter(&gu, &sl->accum);
+  st = ebb__sum_into(&b[k], g);
+  ebb__leave(&gu, in);
+  sl->ready = sl->accum;
+  sl->ev_ok = false; /* recorded when the consumer needs it */
+  return st;
 }
 
 /* ---- finding the graph -------------------------------------------------------------------- */
@@ -393,10 +609,144 @@ static ebb_status ebb__unpack(const struct ebb__task *t, const struct ebb_node *
   return EBB_OK;
 }
 
-static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool retain, struct ebb__heap *ready) {
-  struct ebb_node *n = x->n;
+/* Before x runs (or hands a capture over): its stream waits for each slot whose value became
+ * ready on another stream, with the slot's event (recorded now when a sum came after it). */
+static ebb_status ebb__consume_waits(struct ebb__task *t, struct ebb__tnode *x) {
   ebb_tensor_t **buf = ebb__bufs(x);
   ebb_status st = EBB_OK;
+  for (int k = 0; x->sync && buf && k < ebb__nbufs(x) && !st; k++) {
+    struct ebb__slot *sl = &x->sync[k];
+    if (!buf[k] || !sl->accum.id || sl->ready.id == x->sr.id) continue;
+    if (!sl->ev_ok) st = ebb__record(t, &sl->ev, &sl->ev_dev, &sl->ready);
+    if (!st) st = ebb__wait(t, sl->ev, &x->sr, EBB__DROP_CONSUMER_WAIT);
+  }
+  return st;
+}
+
+/* x's stream wrote a result the caller will read (.grad, a captured gradient): the caller's
+ * current stream of its device waits for it at the end. Under the task's lock when shared. */
+static ebb_status ebb__leaf_stream(struct ebb__task *t, const struct ebb__tnode *x) {
+  if (!x->sr.id) return EBB_OK;
+  if (t->shared) ebb__mutex_lock(&t->mu);
+  bool seen = false;
+  for (size_t i = 0; i < t->nleaves && !seen; i++) seen = t->leaves[i].id == x->sr.id;
+  ebb_status st = EBB_OK;
+  if (!seen && t->nleaves == t->capleaves) {
+    size_t nc = t->capleaves ? t->capleaves * 2 : 8;
+    struct ebb__sref *bigger = realloc(t->leaves, nc * sizeof *bigger);
+    if (!bigger) st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the leaf streams", t->fn);
+    else {
+      t->leaves = bigger;
+      t->capleaves = nc;
+    }
+  }
+  if (!seen && !st) t->leaves[t->nleaves++] = x->sr;
+  if (t->shared) ebb__mutex_unlock(&t->mu);
+  return st;
+}
+
+/* Leaves and stream pairs warned about already: once per (leaf, accumulator's stream, producer's
+ * stream), process-wide, until the module stops. Open addressing on the three ids. */
+static ebb_mutex ebb__warned_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.warned", EBB_RANK_LEAF};
+static struct {
+  uint64_t (*k)[3];
+  size_t n, cap;
+} ebb__warned;
+
+/* True the first time (leaf, a, b) is seen (false too without memory: no warning then). */
+static bool ebb__warn_first(uint64_t leaf, uint64_t a, uint64_t b) {
+  ebb__mutex_lock(&ebb__warned_mu);
+  bool first = false;
+  if ((ebb__warned.n + 1) * 2 > ebb__warned.cap) {
+    size_t nc = ebb__warned.cap ? ebb__warned.cap * 2 : 64;
+    uint64_t(*nk)[3] = calloc(nc, sizeof *nk);
+    if (!nk) goto out;
+    for (size_t i = 0; i < ebb__warned.cap; i++) {
+      if (!ebb__warned.k[i][0]) continue;
+      size_t j = (size_t)((ebb__warned.k[i][0] * 0x9e3779b97f4a7c15ull) ^ ebb__warned.k[i][1] ^ (ebb__warned.k[i][2] << 7)) & (nc - 1);
+      while (nk[j][0]) j = (j + 1) & (nc - 1);
+      memcpy(nk[j], ebb__warned.k[i], sizeof nk[j]);
+    }
+    free(ebb__warned.k);
+    ebb__warned.k = nk;
+    ebb__warned.cap = nc;
+  }
+  size_t j = (size_t)((leaf * 0x9e3779b97f4a7c15ull) ^ a ^ (b << 7)) & (ebb__warned.cap - 1);
+  for (;; j = (j + 1) & (ebb__warned.cap - 1)) {
+    if (!ebb__warned.k[j][0]) {
+      ebb__warned.k[j][0] = leaf;
+      ebb__warned.k[j][1] = a;
+      ebb__warned.k[j][2] = b;
+      ebb__warned.n++;
+      first = true;
+      break;
+    }
+    if (ebb__warned.k[j][0] == leaf && ebb__warned.k[j][1] == a && ebb__warned.k[j][2] == b) break;
+  }
+out:
+  ebb__mutex_unlock(&ebb__warned_mu);
+  return first;
+}
+
+/* The stream-mismatch warning for AccumulateGrad x (its slot saw x->mism), once per leaf and pair
+ * of streams: names the leaf, both streams, the producer and what keeps the accumulator alive
+ * (the nodes of other graphs that use it, gradient-edge handles). */
+static void ebb__acc_warn(struct ebb__task *t, const struct ebb__tnode *x) {
+  struct ebb_node *n = x->n;
+  struct ebb__meta *m = ebb__meta_of(n->leaf);
+  if (!ebb__warn_first(m->uid, x->sr.id, x->mism.id)) return;
+  atomic_fetch_add_explicit(&ebb__stats[EBB__S_WARNS], 1, memory_order_relaxed);
+  char leaf[160], name[EBB_TENSOR_NAME_MAX + 1] = "";
+  ebb_tensor_info ti;
+  ebb_tensor_name(n->leaf, name, sizeof name);
+  ebb_tensor_get_info(n->leaf, &ti);
+  int off = snprintf(leaf, sizeof leaf, "%s%s%s[", name[0] ? "'" : "", name, name[0] ? "' " : "");
+  for (int d = 0; d < ti.ndim && off > 0 && (size_t)off < sizeof leaf; d++)
+    off += snprintf(leaf + off, sizeof leaf - (size_t)off, "%s%lld", d ? ", " : "", (long long)ti.shape[d]);
+  if (off > 0 && (size_t)off < sizeof leaf) snprintf(leaf + off, sizeof leaf - (size_t)off, "] %s", ebb_dtype_name(ti.dtype));
+  /* Who holds it: nodes outside this task that have an edge to it (earlier graphs still alive). */
+  struct ebb_node **cons = NULL;
+  size_t ncons = 0, capcons = 0, others = 0;
+  const struct ebb_node *first = NULL;
+  (void)ebb__consumers_get(n, &cons, &ncons, &capcons);
+  for (size_t i = 0; i < ncons; i++) {
+    if (ebb__tfind(t, cons[i]) >= 0) continue;
+    if (!others++) first = cons[i];
+  }
+  char held[256];
+  long edges = atomic_load_explicit(&n->edge_handles, memory_order_relaxed);
+  int h = 0;
+  if (others)
+    h = snprintf(held, sizeof held, "%zu node%s of an earlier graph still alive (%s, node %llu%s)", others, others == 1 ? "" : "s",
+                 ebb__node_name_of(first), (unsigned long long)first->seq, others > 1 ? ", ..." : "");
+  if (edges > 0 && h >= 0 && (size_t)h < sizeof held)
+    h += snprintf(held + h, sizeof held - (size_t)h, "%s%ld gradient-edge handle%s (ebb_tensor_gradient_edge)", others ? " and " : "",
+                  edges, edges == 1 ? "" : "s");
+  if (!others && edges <= 0) snprintf(held, sizeof held, "references outside this backward (hook registrations, other backward calls)");
+  for (size_t i = 0; i < ncons; i++) ebb__node_unref(cons[i]);
+  free(cons);
+  ebb__warn("%s: the AccumulateGrad of leaf %s on device %d runs on stream %llu, the stream current when it was made, but "
+            "its gradient comes from stream %llu (%s); every backward through it makes stream %llu wait for stream %llu. "
+            "The accumulator outlived the forward that made it: it is kept alive by %s. Gradients are right; this costs a "
+            "cross-stream wait per step (and breaks CUDA-graph capture when stream %llu is outside it). Release those "
+            "references before the next forward, or let accumulators follow their producer "
+            "(ebb_autograd_set_accumulate_grad_follows_producer), or silence this "
+            "(ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch). Said once per leaf and pair of streams.",
+            t->fn, leaf, x->dev, (unsigned long long)x->sr.id, (unsigned long long)x->mism.id,
+            x->mism_by ? ebb__node_name_of(x->mism_by) : "the caller's current stream: the leaf is a root", (unsigned long long)x->sr.id,
+            (unsigned long long)x->mism.id, held, (unsigned long long)x->sr.id);
+}
+
+static ebb_status ebb__ready_push(struct ebb__task *t, int i);
+
+static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
+  struct ebb_node *n = x->n;
+  ebb_tensor_t **buf = ebb__bufs(x);
+  bool retain = t->retain;
+  ebb_status st = ebb__consume_waits(t, x);
+  if (st) return st;
+  if (x->capture && x->sync) st = ebb__leaf_stream(t, x); /* a result the caller reads */
+  if (st) return st;
   if (x->capture && !x->run && buf && buf[x->capture_nr]) {
     /* A node only captured (not run): its tensor hooks still see the gradient first, as they
      * would before it ran (PyTorch's order for captures of nodes that do not execute). */
@@ -419,6 +769,10 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   if (!x->run) return EBB_OK;
   if (n->op < 0) {
     if (!buf[0]) return EBB_OK;
+    if (x->followed_from && ebb__node_stream_move(n, x->followed_from, x->sr.s, x->sr.id)) /* (follow-producer) */
+      atomic_fetch_add_explicit(&ebb__stats[EBB__S_FOLLOWED], 1, memory_order_relaxed);
+    if (x->mism.id && atomic_load_explicit(&ebb__warn_acc, memory_order_relaxed)) ebb__acc_warn(t, x);
+    if (x->sync && (st = ebb__leaf_stream(t, x))) return st;
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
     st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0]);
     if (st) return st;
@@ -487,18 +841,22 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
       ebb_tensor_release(buf[k]);
       buf[k] = NULL;
     }
-  /* Deliver (and count down the producers' dependencies, gradient or not). */
+  /* Deliver (and count down the producers' dependencies, gradient or not), under the task's
+   * lock when other threads deliver too. */
+  if (t->shared) ebb__mutex_lock(&t->mu);
+  /* Another node failed first (its error is the task's): nothing more is delivered. */
+  bool cancelled = t->shared && atomic_load_explicit(&t->failed, memory_order_relaxed);
   for (int i = 0; gin && i < n->nin; i++) {
     struct ebb__tnode *cx = edges[i] >= 0 ? &t->nodes[edges[i]] : NULL;
     if (!cx) {
       if (gin[i]) ebb_tensor_release(gin[i]);
       continue;
     }
-    if (!st && gin[i]) st = ebb__buf_add(cx, n->next[i].input_nr, gin[i]);
+    if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n);
     else if (gin[i]) ebb_tensor_release(gin[i]);
-    if (--cx->deps == 0 && cx->needed && !st && !ebb__heap_push(ready, t, edges[i]))
-      st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", t->fn);
+    if (--cx->deps == 0 && cx->needed && !st && !cancelled) st = ebb__ready_push(t, edges[i]);
   }
+  if (t->shared) ebb__mutex_unlock(&t->mu);
   /* Without retain_graph the node's saved tensors go. The first backward to get here claims
    * them under the lock (the others see them freed and never read them); its own references are
    * dropped first, so the release of the node's sees whether it is a storage's last. */
@@ -516,6 +874,136 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x, bool 
   if (gin != gin_small) free(gin);
   if (saved != saved_small) free(saved);
   if (need != need_small) free(need);
+  return st;
+}
+
+/* ---- running a task ------------------------------------------------------------------------ */
+
+/* The device of node n: its forward outputs' (an AccumulateGrad: its leaf's), or the CPU. */
+static int ebb__node_dev(const struct ebb_node *n) {
+  if (n->op < 0) {
+    ebb__tensor_meta m;
+    ebb__tensor_meta_of(n->leaf, &m);
+    return m.device;
+  }
+  return n->nout > 0 && n->in_meta ? n->in_meta[n->nin].device : EBB_DEVICE_CPU;
+}
+
+/* Each needed node's device and stream (its forward stream while that stream lives, else the
+ * caller's current stream of its device), the caller's current streams (when a node is on a
+ * device), and how many devices the task touches. */
+static ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
+  uint64_t seen = 0;
+  *ndevs = 0;
+  for (size_t i = 0; i < t->count; i++) {
+    struct ebb__tnode *x = &t->nodes[i];
+    x->dev = x->needed ? ebb__node_dev(x->n) : EBB_DEVICE_CPU;
+    if (x->dev < 0) continue;
+    if (!t->caller) {
+      int n = 0;
+      ebb_status st = ebb_dev_count(&n);
+      if (!st && !(t->caller = calloc((size_t)(n > 0 ? n : 1), sizeof *t->caller)))
+        st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the caller's streams", t->fn);
+      for (int d = 0; !st && d < n; d++) {
+        t->caller[d].dev = d;
+        st = ebb_stream_current(d, &t->caller[d].s);
+        if (!st) st = ebb_stream_id(t->caller[d].s, &t->caller[d].id);
+      }
+      if (st) return ebb__fail(st, "%s: reading the caller's current streams failed: %s", t->fn, ebb_last_error());
+      t->ndev = n;
+    }
+    if (x->dev >= t->ndev)
+      return ebb__fail(EBB_EDEVICE, "%s: %s (node %llu) is on device %d, but there are %d devices", t->fn, ebb__node_name_of(x->n),
+                       (unsigned long long)x->n->seq, x->dev, t->ndev);
+    ebb_stream_t *s;
+    uint64_t id, live;
+    int d;
+    ebb__node_stream(x->n, &s, &id);
+    x->sr = id && ebb__stream_peek(s, &live, &d) && live == id && d == x->dev ? (struct ebb__sref){s, id, x->dev} : t->caller[x->dev];
+    uint64_t bit = 1ull << (x->dev & 63);
+    if (!(seen & bit)) ++*ndevs;
+    seen |= bit;
+  }
+  return EBB_OK;
+}
+
+/* Node i is ready: onto the calling thread's heap, or (shared) its device's queue or the owner's. */
+static ebb_status ebb__ready_push(struct ebb__task *t, int i) {
+  if (!t->shared)
+    return ebb__heap_push(t->ready, t, i) ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", t->fn);
+  struct ebb__tnode *x = &t->nodes[i];
+  struct ebb__queue *q = x->dev >= 0 ? ebb__device_queue(x->dev) : t->cpuq;
+  if (!q) return ebb__fail(EBB_ENOMEM, "%s: %s", t->fn, ebb_last_error());
+  atomic_fetch_add_explicit(&t->outstanding, 1, memory_order_relaxed);
+  struct ebb__qitem it = {t->depth, x->n->seq, t, i};
+  if (ebb__queue_push(q, &it)) return EBB_OK;
+  atomic_fetch_sub_explicit(&t->outstanding, 1, memory_order_relaxed);
+  return ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue of device %d", t->fn, x->dev);
+}
+
+/* Runs node x: current node, owner scope and stream set around it; its buffers freed after. */
+static ebb_status ebb__run_one(struct ebb__task *t, struct ebb__tnode *x) {
+  struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
+  bool owned = ebb__owners_enter(x->n);        /* owners.c: what the node allocates is its own */
+  ebb_stream_guard g;
+  bool in = ebb__enter(&g, &x->sr);            /* its forward stream: the backward's ops go there */
+  ebb_status st = ebb__run_node(t, x);
+  ebb__leave(&g, in);
+  ebb__owners_leave(owned);
+  ebb__node_enter(prev);
+  if (x->run) atomic_fetch_add_explicit(&t->n_nodes, 1, memory_order_relaxed);
+  /* What is left of its buffer (a node that only accumulated or was captured) goes now. */
+  ebb_tensor_t **b = ebb__bufs(x);
+  for (int k = 0; b && k < ebb__nbufs(x); k++)
+    if (b[k]) {
+      ebb_tensor_release(b[k]);
+      b[k] = NULL;
+    }
+  return st;
+}
+
+/* The first error of a shared task (x the failing node, NULL before any ran): kept with its
+ * message (and the device it ran on) for the owner; later nodes are skipped. */
+static void ebb__task_fail(struct ebb__task *t, const struct ebb__tnode *x, ebb_status st) {
+  bool locked = t->shared && x; /* (the start's pushes hold the lock already) */
+  if (locked) ebb__mutex_lock(&t->mu);
+  if (!atomic_load_explicit(&t->failed, memory_order_relaxed)) {
+    t->err = st;
+    if (x && x->dev >= 0)
+      snprintf(t->errmsg, sizeof t->errmsg, "%s (the node ran on device %d)", ebb_last_error(), x->dev);
+    else
+      snprintf(t->errmsg, sizeof t->errmsg, "%s", ebb_last_error());
+    atomic_store_explicit(&t->failed, true, memory_order_relaxed);
+  }
+  if (locked) ebb__mutex_unlock(&t->mu);
+}
+
+void ebb__item_run(const struct ebb__qitem *it) {
+  struct ebb__task *t = it->t;
+  if (!atomic_load_explicit(&t->failed, memory_order_relaxed)) {
+    struct ebb__tnode *x = &t->nodes[it->i];
+    struct ebb__task_scope *ps = ebb__task_switch(t->scope); /* node_api.c: the task its hooks see */
+    ebb_status st = ebb__run_one(t, x);
+    ebb__task_switch(ps);
+    if (st) ebb__task_fail(t, x, st);
+    if (x->run && ebb__home_queue()) atomic_fetch_add_explicit(&t->n_nodes_w, 1, memory_order_relaxed);
+  }
+  ebb__queue_done(t->cpuq, &t->outstanding); /* the last: t may be gone once this returns */
+}
+
+/* At the end: the caller's current stream of each device waits for the streams that wrote what
+ * the caller reads (.grad, captured gradients). */
+static ebb_status ebb__end_sync(struct ebb__task *t) {
+  ebb_status st = EBB_OK;
+  for (size_t i = 0; i < t->nleaves && !st; i++) {
+    const struct ebb__sref *l = &t->leaves[i], *c = &t->caller[l->dev];
+    if (!c->id || c->id == l->id) continue;
+    ebb_event_t *e = NULL;
+    int edev = 0;
+    st = ebb__record(t, &e, &edev, l);
+    if (!st) st = ebb__wait(t, e, c, EBB__DROP_LEAF_SYNC);
+    ebb__ev_free(e);
+  }
   return st;
 }
 
@@ -568,7 +1056,7 @@ static ebb_status ebb__root_grad(const char *fn, int i, const ebb_tensor_t *r, c
 }
 
 /* Roots and inputs are tensors, or (eroots, einputs: the _edges calls) gradient edges. */
-static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
+static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
                                const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
                                const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
                                ebb_tensor_t **results) {
@@ -646,30 +1134,58 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
     }
   }
   ebb_grad_set_enabled(false, &was); /* no graph of the backward (create_graph is not supported) */
+  t.retain = retain;
+  t.depth = (uint32_t)ebb__total_depth;
+  t.scope = &scope;
+  t.ready = &ready;
+  int ndevs = 0;
+  if (!st) st = ebb__task_streams(&t, &ndevs);
+  int mode = atomic_load_explicit(&ebb__mode, memory_order_relaxed);
+  t.shared = !st && ndevs > 0 && (mode == EBB_ENGINE_WORKERS || (mode == EBB_ENGINE_AUTO && ndevs >= 2));
+  struct ebb__queue ownq;
+  bool own = false;
+  if (t.shared) {
+    ebb__mutex_init(&t.mu, "autograd.task", EBB_RANK_AG_TASK);
+    if (!(t.cpuq = ebb__home_queue())) { /* a device worker's reentrant call: its CPU nodes run there */
+      ebb__queue_init(&ownq);
+      t.cpuq = &ownq;
+      own = true;
+    }
+    ebb__mutex_lock(&t.mu); /* workers deliver as soon as the first push */
+  }
   for (int i = 0; !st && i < nroots; i++) {
     int ri = ebb__tfind(&t, rn[i]);
     if (ri < 0 || !t.nodes[ri].needed) continue; /* a root that leads to no input: its gradient is not needed */
-    st = ebb__buf_add(&t.nodes[ri], rnr[i], rg[i]);
+    int gd = ebb__slot_dev(&t.nodes[ri], rnr[i]);
+    struct ebb__sref prod = gd >= 0 && t.caller ? t.caller[gd] : (struct ebb__sref){0}; /* made on the caller's stream */
+    st = ebb__buf_add(&t, &t.nodes[ri], rnr[i], rg[i], &prod, NULL);
     rg[i] = NULL;
   }
   for (size_t i = 0; !st && i < t.count; i++)
-    if (t.nodes[i].deps == 0 && t.nodes[i].needed && !ebb__heap_push(&ready, &t, (int)i))
-      st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", fn);
-  while (!st && ready.n) {
-    struct ebb__tnode *x = &t.nodes[ebb__heap_pop(&ready)];
-    struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
-    bool owned = ebb__owners_enter(x->n);        /* owners.c: what the node allocates is its own */
-    st = ebb__run_node(&t, x, retain, &ready);
-    ebb__owners_leave(owned);
-    ebb__node_enter(prev);
-    /* What is left of its buffer (a node that only accumulated or was captured) goes now. */
-    ebb_tensor_t **b = ebb__bufs(x);
-    for (int k = 0; b && k < ebb__nbufs(x); k++)
-      if (b[k]) {
-        ebb_tensor_release(b[k]);
-        b[k] = NULL;
-      }
+    if (t.nodes[i].deps == 0 && t.nodes[i].needed) st = ebb__ready_push(&t, (int)i);
+  if (t.shared) {
+    if (st) ebb__task_fail(&t, NULL, st); /* what was pushed is skipped */
+    ebb__mutex_unlock(&t.mu);
+    uint64_t parks = 0;
+    struct ebb__qitem it;
+    while (ebb__queue_pop_wait(t.cpuq, &t.outstanding, NULL, &it, &parks)) ebb__item_run(&it);
+    ebb__mutex_lock(&t.cpuq->mu); /* the last ebb__queue_done has left the lock: nothing touches t after */
+    ebb__mutex_unlock(&t.cpuq->mu);
+    ebb__count(EBB__S_PARKS, parks);
+    if (t.err) st = ebb__fail(t.err, "%s", t.errmsg);
+  } else {
+    while (!st && ready.n) st = ebb__run_one(&t, &t.nodes[ebb__heap_pop(&ready)]);
   }
+  if (!st) st = ebb__end_sync(&t);
+  if (own) ebb__queue_destroy(&ownq);
+  if (t.shared) ebb__mutex_destroy(&t.mu);
+  ebb__count(EBB__S_CALLS, 1);
+  ebb__count(EBB__S_NODES, t.n_nodes);
+  ebb__count(EBB__S_NODES_W, t.n_nodes_w);
+  ebb__count(EBB__S_XEDGES, t.n_xedges);
+  ebb__count(EBB__S_EVENTS, t.n_events);
+  ebb__count(EBB__S_WAITS, t.n_waits);
+  ebb__count(EBB__S_MISM, t.n_mism);
   for (int i = 0; !st && results && i < ninputs; i++)
     if (dup[i] >= 0 && results[dup[i]]) {
       ebb_tensor_retain(results[dup[i]]);
@@ -704,6 +1220,79 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
         results[i] = NULL;
       }
   return st;
+}
+
+/* A backward call's arguments, for a pool thread to run it past the reentrant depth limit. */
+struct ebb__call {
+  const char *fn;
+  const ebb_tensor_t *const *roots;
+  const ebb_gradient_edge *eroots;
+  const ebb_tensor_t *const *grad_roots;
+  int nroots;
+  bool retain;
+  const ebb_tensor_t *const *inputs;
+  const ebb_gradient_edge *einputs;
+  int ninputs;
+  bool accumulate, allow_unused;
+  ebb_tensor_t **results;
+  /* the caller's side */
+  int total_depth;
+  ebb_stream_t **streams; /* the caller's current stream per device, made current on the pool thread */
+  int nstreams;
+  ebb_status st;
+  char msg[1024];
+};
+
+static ebb_status ebb__call_here(struct ebb__call *c) {
+  ebb__depth++;
+  ebb__total_depth++;
+  ebb_status st = ebb__execute_here(c->fn, c->roots, c->eroots, c->grad_roots, c->nroots, c->retain, c->inputs, c->einputs,
+                                    c->ninputs, c->accumulate, c->allow_unused, c->results);
+  ebb__total_depth--;
+  ebb__depth--;
+  return st;
+}
+
+/* On a pool thread: the caller's streams current, its depth carried on, its status and message
+ * carried back. */
+static void ebb__call_pooled(void *arg) {
+  struct ebb__call *c = arg;
+  for (int d = 0; d < c->nstreams; d++)
+    if (c->streams[d]) ebb_stream_set_current(c->streams[d]);
+  ebb__total_depth = c->total_depth;
+  c->st = ebb__call_here(c);
+  if (c->st) snprintf(c->msg, sizeof c->msg, "%s", ebb_last_error());
+  for (int d = 0; d < c->nstreams; d++) { /* the pool thread's own defaults again */
+    ebb_stream_t *def = NULL;
+    if (!ebb_stream_default(d, &def)) ebb_stream_set_current(def);
+  }
+  ebb__total_depth = 0;
+}
+
+static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
+                               const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
+                               const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
+                               ebb_tensor_t **results) {
+  struct ebb__call c = {.fn = fn, .roots = roots, .eroots = eroots, .grad_roots = grad_roots, .nroots = nroots, .retain = retain,
+                        .inputs = inputs, .einputs = einputs, .ninputs = ninputs, .accumulate = accumulate,
+                        .allow_unused = allow_unused, .results = results};
+  if (ebb__depth == 0) return ebb__call_here(&c);
+  ebb__count(EBB__S_REENTRANT, 1);
+  if (ebb__depth < atomic_load_explicit(&ebb__max_depth, memory_order_relaxed)) return ebb__call_here(&c);
+  /* Past the depth limit: a pool thread runs it (serving this thread's queue meanwhile), so this
+   * stack grows no further. */
+  ebb__count(EBB__S_HANDOFFS, 1);
+  int n = 0;
+  ebb_status st = ebb_dev_count(&n);
+  if (!st && n > 0 && !(c.streams = calloc((size_t)n, sizeof *c.streams)))
+    st = ebb__fail(EBB_ENOMEM, "%s: no host memory to hand a reentrant backward to a pool thread", fn);
+  for (int d = 0; !st && d < n; d++) st = ebb_stream_current(d, &c.streams[d]);
+  c.nstreams = n;
+  c.total_depth = ebb__total_depth;
+  if (!st) st = ebb__pool_run(ebb__call_pooled, &c);
+  free(c.streams);
+  if (st) return st;
+  return c.st ? ebb__fail(c.st, "%s", c.msg) : EBB_OK;
 }
 
 ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
@@ -780,4 +1369,64 @@ ebb_status ebb_tensor_set_grad(ebb_tensor_t *t, const ebb_tensor_t *grad) {
   ebb__mutex_unlock(&m->grad_mu);
   if (old) ebb_tensor_release(old);
   return EBB_OK;
+}
+
+/* ---- settings ---------------------------------------------------------------------------------- */
+
+ebb_status ebb_autograd_set_engine_mode(ebb_engine_mode mode) {
+  if (mode != EBB_ENGINE_AUTO && mode != EBB_ENGINE_WORKERS && mode != EBB_ENGINE_CALLING_THREAD)
+    return ebb__fail(EBB_EINVAL, "ebb_autograd_set_engine_mode: mode %d is none of EBB_ENGINE_AUTO (0), EBB_ENGINE_WORKERS (1), "
+                     "EBB_ENGINE_CALLING_THREAD (2)", (int)mode);
+  atomic_store_explicit(&ebb__mode, (int)mode, memory_order_relaxed);
+  return EBB_OK;
+}
+
+ebb_engine_mode ebb_autograd_engine_mode(void) { return (ebb_engine_mode)atomic_load_explicit(&ebb__mode, memory_order_relaxed); }
+
+ebb_status ebb_autograd_set_max_reentrant_depth(int depth) {
+  if (depth < 1 || depth > 1024)
+    return ebb__fail(EBB_EINVAL, "ebb_autograd_set_max_reentrant_depth: depth %d; expected 1 to 1024 nested backward calls per thread",
+                     depth);
+  atomic_store_explicit(&ebb__max_depth, depth, memory_order_relaxed);
+  return EBB_OK;
+}
+
+int ebb_autograd_max_reentrant_depth(void) { return atomic_load_explicit(&ebb__max_depth, memory_order_relaxed); }
+
+void ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(bool enabled) {
+  atomic_store_explicit(&ebb__warn_acc, enabled, memory_order_relaxed);
+}
+bool ebb_autograd_warn_on_accumulate_grad_stream_mismatch(void) { return atomic_load_explicit(&ebb__warn_acc, memory_order_relaxed); }
+void ebb_autograd_set_accumulate_grad_follows_producer(bool enabled) { atomic_store_explicit(&ebb__follow, enabled, memory_order_relaxed); }
+bool ebb_autograd_accumulate_grad_follows_producer(void) { return atomic_load_explicit(&ebb__follow, memory_order_relaxed); }
+
+ebb_status ebb_autograd_get_engine_stats(ebb_autograd_engine_stats *out) {
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_autograd_get_engine_stats: out is NULL; expected a stats struct to fill");
+  uint64_t v[EBB__S_COUNT];
+  for (int k = 0; k < EBB__S_COUNT; k++) v[k] = atomic_load_explicit(&ebb__stats[k], memory_order_relaxed);
+  *out = (ebb_autograd_engine_stats){
+      .backward_calls = v[EBB__S_CALLS],
+      .nodes_run = v[EBB__S_NODES],
+      .nodes_run_on_workers = v[EBB__S_NODES_W],
+      .cross_stream_edges = v[EBB__S_XEDGES],
+      .events_recorded = v[EBB__S_EVENTS],
+      .stream_waits = v[EBB__S_WAITS],
+      .accumulate_grad_stream_mismatches = v[EBB__S_MISM],
+      .accumulate_grad_warnings = v[EBB__S_WARNS],
+      .accumulate_grad_followed = v[EBB__S_FOLLOWED],
+      .reentrant_backwards = v[EBB__S_REENTRANT],
+      .reentrant_handoffs = v[EBB__S_HANDOFFS],
+      .worker_parks = v[EBB__S_PARKS],
+  };
+  return EBB_OK;
+}
+
+void ebb__engine_stop(void) {
+  ebb__workers_stop();
+  for (int k = 0; k < EBB__S_COUNT; k++) atomic_store_explicit(&ebb__stats[k], 0, memory_order_relaxed);
+  ebb__mutex_lock(&ebb__warned_mu);
+  free(ebb__warned.k);
+  ebb__warned.k = NULL;
+  ebb__warned.n = ebb__warned.cap = 0;
+  ebb__mutex_unlock(&ebb__warned_mu);
 }

@@ -61,7 +61,11 @@ static void ebb__edge_unlink(struct ebb__edge *e) {
   e->owner = NULL;
 }
 
+static void ebb__node_stream_set(struct ebb_node *n, int device);
+
 void ebb__node_link(struct ebb_node *n) {
+  /* Its forward stream: the current stream of its outputs' device as it is recorded. */
+  if (n->op >= 0 && n->nout > 0 && n->in_meta && !n->stream_id) ebb__node_stream_set(n, n->in_meta[n->nin].device);
   for (int i = 0; n->op >= 0 && i < n->nin; i++)
     if (n->next[i].fn) {
       n->next[i].owner = n;
@@ -111,9 +115,13 @@ void ebb_grad_set_enabled(bool enabled, bool *was) {
 
 struct ebb__meta *ebb__meta_of(const ebb_tensor_t *t) { return ebb__tensor_slot(t); }
 
+static _Atomic uint64_t ebb__next_meta_uid = 1;
+
 struct ebb__meta *ebb__meta_alloc(void) {
   struct ebb__meta *m = calloc(1, sizeof *m);
-  if (m) ebb__mutex_init(&m->grad_mu, "autograd.grad", EBB_RANK_AG_GRAD);
+  if (!m) return NULL;
+  ebb__mutex_init(&m->grad_mu, "autograd.grad", EBB_RANK_AG_GRAD);
+  m->uid = atomic_fetch_add_explicit(&ebb__next_meta_uid, 1, memory_order_relaxed);
   return m;
 }
 
@@ -217,13 +225,40 @@ struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m) {
   return a;
 }
 
-/* The id of the calling thread's current stream on `device` (0 for the CPU): a node's forward
- * stream. */
-static uint64_t ebb__current_stream_id(int device) {
+/* n's forward stream: the calling thread's current stream on `device` (none for the CPU). */
+static void ebb__node_stream_set(struct ebb_node *n, int device) {
   ebb_stream_t *s = NULL;
   uint64_t id = 0;
-  if (device == EBB_DEVICE_CPU || ebb_stream_current(device, &s) || ebb_stream_id(s, &id)) return 0;
-  return id;
+  if (device == EBB_DEVICE_CPU || ebb_stream_current(device, &s) || ebb_stream_id(s, &id)) return;
+  n->stream = s;
+  n->stream_id = id;
+}
+
+/* An AccumulateGrad's stream may move (follow-producer) while other backward calls read it:
+ * its two fields change together under this lock. Other nodes' never change after linking. */
+static ebb_mutex ebb__nstream_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.node_stream", EBB_RANK_LEAF};
+
+void ebb__node_stream(const struct ebb_node *n, ebb_stream_t **s, uint64_t *id) {
+  if (n->op >= 0) {
+    *s = n->stream;
+    *id = n->stream_id;
+    return;
+  }
+  ebb__mutex_lock(&ebb__nstream_mu);
+  *s = n->stream;
+  *id = n->stream_id;
+  ebb__mutex_unlock(&ebb__nstream_mu);
+}
+
+bool ebb__node_stream_move(struct ebb_node *a, uint64_t from, ebb_stream_t *s, uint64_t id) {
+  ebb__mutex_lock(&ebb__nstream_mu);
+  bool ok = a->stream_id == from;
+  if (ok) {
+    a->stream = s;
+    a->stream_id = id;
+  }
+  ebb__mutex_unlock(&ebb__nstream_mu);
+  return ok;
 }
 
 struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m) {
@@ -256,7 +291,7 @@ ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node *
     a->leaf = t;
     ebb__tensor_meta tm;
     ebb__tensor_meta_of(t, &tm);
-    a->stream_id = ebb__current_stream_id(tm.device);
+    ebb__node_stream_set(a, tm.device);
     atomic_store_explicit(&a->refs, 1, memory_order_relaxed);
     m->grad_acc = a;
   }
@@ -345,7 +380,6 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
   for (int k = 0; !st && k < nout; k++)
     if (e->save & EBB__SAVE_OUT(k)) st = ebb__save(n, nin + k, out[k]);
   for (int k = 0; !st && k < nout; k++) ebb__tensor_meta_of(out[k], &n->in_meta[nin + k]);
-  if (!st && nout > 0) n->stream_id = ebb__current_stream_id(n->in_meta[nin].device);
   /* The outputs with a gradient (floating ones: max_dim's indices have none) point at the node. */
   for (int k = 0; !st && k < nout; k++) {
     ebb_dtype dt = EBB_F32;
@@ -510,7 +544,10 @@ static ebb_status ebb__autograd_start(void) {
   return EBB_OK;
 }
 
-static void ebb__autograd_stop(void) { ebb__tensor_hooks_set(NULL); }
+static void ebb__autograd_stop(void) {
+  ebb__engine_stop(); /* workers joined first: none may run a node once the hooks are gone */
+  ebb__tensor_hooks_set(NULL);
+}
 
 static int ebb__autograd_count(ebb__live_count *out, int max) {
   if (max < 1) return 0;

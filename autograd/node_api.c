@@ -84,6 +84,12 @@ void ebb__task_begin(struct ebb__task_scope *s, const struct ebb__task *task) {
   ebb__cur_node = NULL;
 }
 
+struct ebb__task_scope *ebb__task_switch(struct ebb__task_scope *s) {
+  struct ebb__task_scope *prev = ebb__cur_task;
+  ebb__cur_task = s;
+  return prev;
+}
+
 struct ebb_node *ebb__node_enter(struct ebb_node *n) {
   struct ebb_node *prev = ebb__cur_node;
   ebb__cur_node = n;
@@ -378,12 +384,14 @@ ebb_status ebb_tensor_gradient_edge(const ebb_tensor_t *t, ebb_gradient_edge *ou
     return ebb__fail(st, "%s: %s", fn, ebb_last_error());
   if (gf) {
     atomic_fetch_add_explicit(&gf->refs, 1, memory_order_relaxed); /* (the tensor's reference keeps it alive now) */
+    atomic_fetch_add_explicit(&gf->edge_handles, 1, memory_order_relaxed);
     *out = (ebb_gradient_edge){gf, nr};
     return EBB_OK;
   }
   struct ebb_node *a = NULL;
   st = ebb__grad_acc((ebb_tensor_t *)t, m, &a);
   if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  atomic_fetch_add_explicit(&a->edge_handles, 1, memory_order_relaxed);
   *out = (ebb_gradient_edge){a, 0};
   return EBB_OK;
 }
@@ -394,6 +402,7 @@ ebb_status ebb_gradient_edge_release(ebb_gradient_edge *e) {
   if (!e->node) return ebb__fail(EBB_EINVAL, "%s: the edge has no node: released already, or never filled", fn);
   ebb_status st = ebb__node_check(fn, e->node);
   if (st) return st;
+  atomic_fetch_sub_explicit(&((struct ebb_node *)e->node)->edge_handles, 1, memory_order_relaxed);
   ebb__node_unref((struct ebb_node *)e->node);
   e->node = NULL;
   return EBB_OK;

@@ -207,7 +207,8 @@ typedef struct ebb__deriv {
 /* ---- the engine's lean path --------------------------------------------------------------------
  * In-place arithmetic on a gradient buffer the engine holds alone (ebb__tensor_exclusive: one
  * handle, contiguous, floating), operands already checked by the caller: b live, on t's device,
- * broadcasting to t's shape. Only the kernel runs (on t's allocation stream for a device tensor):
+ * broadcasting to t's shape. Only the kernel runs (on the current stream of t's device, which the
+ * engine sets to the node's stream; the storage records that use as any op's):
  * no argument checks, no in-place hook, no record, no version bump. Errors are the launch's. */
 EBB_HIDDEN ebb_status ebb__lean_scale_(ebb_tensor_t *t, double s);               /* t *= s */
 EBB_HIDDEN ebb_status ebb__lean_mul_(ebb_tensor_t *t, const ebb_tensor_t *b);    /* t *= b */

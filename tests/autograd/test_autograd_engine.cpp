@@ -531,3 +531,51 @@ TEST_CASE("engine: backward with a non-leaf input adds the gradient that reached
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+TEST_CASE("engine: device workers give the calling thread's gradients, for one device forced and for two", "[autograd][engine][workers]") {
+  EbbSession session;
+  auto xv = values(4 * 3, 100), tv = values(4 * 2, 101);
+  LossFn mlp = [&](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
+    Tensor x = make(0, EBB_F64, {4, 3}, xv), target = make(0, EBB_F64, {4, 2}, tv), a, b, h, c, o;
+    ebb_status st = ebb_op_matmul(x, p[0], a.out());
+    if (!st) st = ebb_op_add(a, p[1], b.out());
+    if (!st) st = ebb_op_tanh(b, h.out());
+    if (!st) st = ebb_op_matmul(h, p[2], c.out());
+    if (!st) st = ebb_op_add(c, p[3], o.out());
+    if (!st) st = ebb_op_mse_loss(o, target, out);
+    return st;
+  };
+  ebb_autograd_engine_stats s0, s1;
+  EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s0));
+  EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(EBB_ENGINE_WORKERS));
+  check_gradients(0, {rnd({3, 5}, 1), rnd({5}, 2), rnd({5, 2}, 3), rnd({2}, 4)}, mlp);
+  EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(EBB_ENGINE_AUTO));
+  EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s1));
+  CHECK(s1.nodes_run_on_workers > s0.nodes_run_on_workers);
+  // Two devices: w lives on device 0, the loss is computed on device 1 from a copy of it.
+  auto ts = make_leaves(0, {rnd({4}, 5)}, true);
+  for (int it = 0; it < 3; it++) {
+    Tensor a, b, c, l0, l1, l;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 2.0, a.out()));
+    EBB_REQUIRE_OK(ebb_tensor_to_device(a, 1, b.out()));
+    EBB_REQUIRE_OK(ebb_op_mul(b, b, c.out()));
+    EBB_REQUIRE_OK(ebb_op_sum(c, nullptr, 0, false, l1.out()));
+    EBB_REQUIRE_OK(ebb_op_sum(a, nullptr, 0, false, l0.out()));
+    const ebb_tensor_t *r[2] = {l0.get(), l1.get()};
+    INFO("backward: " << ebb_last_error());
+    REQUIRE(ebb_backward(r, nullptr, 2, false, nullptr, 0) == EBB_OK);
+  }
+  ebb_autograd_engine_stats s2;
+  EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s2));
+  CHECK(s2.nodes_run_on_workers > s1.nodes_run_on_workers);
+  // d/dw [sum(2w) + sum((2w)^2)] = 2 + 8w, three times.
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], g.out()));
+  auto w = rnd({4}, 5).v;
+  auto gv = read(g);
+  for (size_t i = 0; i < 4; i++) CHECK(std::abs(gv[i] - 3 * (2 + 8 * w[i])) < 1e-9);
+  g.reset();
+  for (auto &t : ts) t.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
