@@ -25,7 +25,7 @@
  * sim, EBB_SIM_DEVICES=2, EBB_SIM_PERTURB=0 (its random delays would say nothing about ebb) and
  * EBB_SIM_LAUNCH_US themselves. Threading: the parent never calls ebb (it forks and traces); each
  * child calls ebb from its main thread only. Diagnostics go to stderr.
- * usage: ebb-bench-engine_devices [reps] [launch_us]   (defaults 15 and 200)
+ * usage: ebb-bench-engine_devices [reps] [launch_us]   (defaults 21 and 200)
  */
 #include <errno.h>
 #include <signal.h>
@@ -49,15 +49,16 @@
 
 /* The branches' tensors are [SIDE, SIDE] f32. Not [256,256]: an emulated kernel first does its
  * work on its engine's host thread, then sleeps out the rest of EBB_SIM_LAUNCH_US, and at
- * [256,256] that work took ~80 us of the 200 (on a 2-core host: the ~72 kernels of the one-device
- * backward took 5.8 ms with EBB_SIM_LAUNCH_US=0), so two devices' engines competed with the
- * program for the cores; at [64,64] it is under 10 us. (-DSIDE=256 builds the other.) */
+ * [256,256] that work took ~70-80 us of the 200 (on a 2-core host: the ~72 kernels of the
+ * one-device backward took 5 to 6 ms with EBB_SIM_LAUNCH_US=0, and two devices were no faster),
+ * so the devices' engine threads competed with the program for the cores; at [64,64] it is
+ * under 10 us. (-DSIDE=256 builds the other.) */
 #ifndef SIDE
 #define SIDE 64
 #endif
 #define CHAIN_OPS 16    /* elementwise ops per branch */
 #define PATH_WARM 3     /* part 2: untimed backward calls per mode first */
-#define PATH_REPS 31    /* part 2: timed backward calls per mode */
+#define PATH_REPS 101   /* part 2: timed backward calls per mode */
 #define SYS_WARM 10     /* part 3: backward calls before the counted ones */
 #define SYS_ITERS 20    /* part 3: counted backward calls */
 #define EDGE_OPS 31     /* part 4: ops in the chain; odd, see cross_stream_events */
@@ -569,7 +570,7 @@ static bool child_ok(int st, const char *what) {
   return false;
 }
 
-static int reps_arg = 15;
+static int reps_arg = 21;
 static const char *launch_us_arg = "200";
 
 static void part_devices_main(struct shared *sh) { part_devices(sh, reps_arg, launch_us_arg); }
@@ -624,8 +625,8 @@ int main(int argc, char **argv) {
     ok = false;
   } else {
     snprintf(syscalls, sizeof syscalls, "%.2f", (double)t.calls / SYS_ITERS);
-    fprintf(stderr, "engine_devices: part 3: %llu system calls over %d warm backward calls, all threads:\n", (unsigned long long)t.calls,
-            SYS_ITERS);
+    fprintf(stderr, "engine_devices: part 3: %llu system calls over %d warm backward calls, all threads (the self-check's window: %ld of %d):\n",
+            (unsigned long long)t.calls, SYS_ITERS, cal, CAL_CALLS);
     for (int i = 0; i < t.used; i++)
       fprintf(stderr, "  %s (%llu): %llu\n", sys_name(t.nr[i]), (unsigned long long)t.nr[i], (unsigned long long)t.n[i]);
     if (t.other) fprintf(stderr, "  others: %llu\n", (unsigned long long)t.other);
