@@ -951,6 +951,7 @@ static ebb_status ebb__run_one(struct ebb__task *t, struct ebb__tnode *x) {
   ebb__leave(&g, in);
   ebb__owners_leave(owned);
   ebb__node_enter(prev);
+  if (st && x->dev >= 0) st = ebb__fail(st, "%s (the node ran on device %d)", ebb_last_error(), x->dev);
   if (x->run) atomic_fetch_add_explicit(&t->n_nodes, 1, memory_order_relaxed);
   /* What is left of its buffer (a node that only accumulated or was captured) goes now. */
   ebb_tensor_t **b = ebb__bufs(x);
@@ -969,10 +970,7 @@ static void ebb__task_fail(struct ebb__task *t, const struct ebb__tnode *x, ebb_
   if (locked) ebb__mutex_lock(&t->mu);
   if (!atomic_load_explicit(&t->failed, memory_order_relaxed)) {
     t->err = st;
-    if (x && x->dev >= 0)
-      snprintf(t->errmsg, sizeof t->errmsg, "%s (the node ran on device %d)", ebb_last_error(), x->dev);
-    else
-      snprintf(t->errmsg, sizeof t->errmsg, "%s", ebb_last_error());
+    snprintf(t->errmsg, sizeof t->errmsg, "%s", ebb_last_error());
     atomic_store_explicit(&t->failed, true, memory_order_relaxed);
   }
   if (locked) ebb__mutex_unlock(&t->mu);
@@ -983,7 +981,13 @@ void ebb__item_run(const struct ebb__qitem *it) {
   if (!atomic_load_explicit(&t->failed, memory_order_relaxed)) {
     struct ebb__tnode *x = &t->nodes[it->i];
     struct ebb__task_scope *ps = ebb__task_switch(t->scope); /* node_api.c: the task its hooks see */
+    /* A backward a hook starts here is reentrant, one level below this task, as on its owner. */
+    int depth = ebb__depth, total = ebb__total_depth;
+    if (!ebb__depth) ebb__depth = 1;
+    ebb__total_depth = (int)t->depth + 1;
     ebb_status st = ebb__run_one(t, x);
+    ebb__depth = depth;
+    ebb__total_depth = total;
     ebb__task_switch(ps);
     if (st) ebb__task_fail(t, x, st);
     if (x->run && ebb__home_queue()) atomic_fetch_add_explicit(&t->n_nodes_w, 1, memory_order_relaxed);
@@ -1278,7 +1282,8 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
                         .allow_unused = allow_unused, .results = results};
   if (ebb__depth == 0) return ebb__call_here(&c);
   ebb__count(EBB__S_REENTRANT, 1);
-  if (ebb__depth < atomic_load_explicit(&ebb__max_depth, memory_order_relaxed)) return ebb__call_here(&c);
+  /* ebb__depth counts the calls this one is nested in, the outermost included. */
+  if (ebb__depth <= atomic_load_explicit(&ebb__max_depth, memory_order_relaxed)) return ebb__call_here(&c);
   /* Past the depth limit: a pool thread runs it (serving this thread's queue meanwhile), so this
    * stack grows no further. */
   ebb__count(EBB__S_HANDOFFS, 1);
