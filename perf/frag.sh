@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# frag.sh: replays every trace in perf/traces with ebb-alloc-replay, with and without expandable
-# segments, and prints `bench=frag trace=<name> expandable=<0|1> <the tool's line>`.
+# frag.sh: replays every trace in perf/traces (*.trace, and *.trace.gz through gzip -dc) with
+# ebb-alloc-replay, with and without expandable segments, and the same trace in the same mode
+# with ebb-frag-reference (PyTorch's caching-allocator policy), and prints
+# `bench=frag trace=<name> expandable=<0|1> <ebb's line> ref_peak_reserved=B ref_frag_ratio=R
+# ref_driver_allocs=N`.
 # usage: perf/frag.sh [bin_dir] [traces_dir]   (bin_dir: as run.sh; traces_dir: ./traces beside
 #        this script, which the build copies next to the programs)
-# Each trace is given as many streams as its highest stream index needs. Target: frag_ratio <= 1.10.
+# Each trace is given as many streams as its highest stream index needs. Target: frag_ratio <= 1.10
+# and no worse than the reference's (ref_frag_ratio) in the same mode.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,22 +21,29 @@ fi
 traces="${2:-$here/traces}"
 
 shopt -s nullglob
-files=("$traces"/*.trace)
+files=("$traces"/*.trace "$traces"/*.trace.gz)
 if [[ ${#files[@]} -eq 0 ]]; then
-  echo "frag.sh: no *.trace files in $traces" >&2
+  echo "frag.sh: no *.trace or *.trace.gz files in $traces" >&2
   exit 1
 fi
+# The trace's text on stdout, whether gzipped or not.
+trace_text() { if [[ $1 == *.gz ]]; then gzip -dc "$1"; else cat "$1"; fi; }
 
 status=0
 for f in "${files[@]}"; do
-  name="$(basename "$f" .trace)"
+  name="$(basename "${f%.gz}" .trace)"
   # Streams needed: one more than the highest stream index of an `a` line (comments aside).
-  streams="$(awk '$1 == "a" && $4 ~ /^[0-9]+$/ && $4 + 1 > n { n = $4 + 1 } END { print (n ? n : 1) }' "$f")"
+  streams="$(trace_text "$f" | awk '$1 == "a" && $4 ~ /^[0-9]+$/ && $4 + 1 > n { n = $4 + 1 } END { print (n ? n : 1) }')"
   for x in 0 1; do
-    args=("$f" --streams "$streams")
-    [[ $x -eq 1 ]] && args+=(--expandable)
-    if line="$("$bin/ebb-alloc-replay" "${args[@]}")"; then
-      echo "bench=frag trace=$name expandable=$x $line"
+    mode=()
+    [[ $x -eq 1 ]] && mode=(--expandable)
+    if line="$("$bin/ebb-alloc-replay" <(trace_text "$f") --streams "$streams" "${mode[@]}")"; then
+      # The reference's figures, renamed ref_*; its failure leaves ebb's line without them.
+      ref="$(trace_text "$f" | "$bin/ebb-frag-reference" - "${mode[@]}" |
+             sed -n 's/.*\(peak_reserved=[0-9]*\).*\(frag_ratio=[0-9.]*\).*\(driver_allocs=[0-9]*\).*/ ref_\1 ref_\2 ref_\3/p')" ||
+        true
+      [[ -n $ref ]] || { echo "frag.sh: ebb-frag-reference failed on $f (expandable=$x)" >&2; status=1; }
+      echo "bench=frag trace=$name expandable=$x $line$ref"
     else
       echo "frag.sh: ebb-alloc-replay failed on $f (expandable=$x)" >&2
       status=1
