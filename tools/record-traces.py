@@ -8,8 +8,8 @@ recorded, with a `# step N` comment at the start of each step. On the CPU, PyTor
 tensor's storage from posix_memalign and gives it back with free, so the tracer records that call
 only (EBB_ALLOC_TRACE_CALLS=posix_memalign): the trace is the sequence of tensor allocations a
 caching device allocator would see, in the order the run made them. Left out: OpenBLAS's 512 KiB
-job array malloc'ed per threaded GEMM (83% of the transformer's blocks when recorded) and the
-interpreter's own blocks, which no device allocator sees.
+job array malloc'ed per threaded GEMM (72% of the transformer's blocks of 4 KiB or more) and the
+interpreter's own blocks (a handful), which no device allocator sees.
 
 Writes <out>/real_<model>.trace.gz (gzip with no time stamp, so a re-recording that finds the
 same sequence writes the same file) and prints a line of statistics per trace.
