@@ -1,7 +1,9 @@
 /* ebb-alloc-replay: replays an allocation trace against the device arena and reports how much
  * memory the arena reserved for it.
  *
- * A trace is text, one event per line: `a <id> <bytes> [<stream>]` allocates, `f <id>` frees;
+ * A trace is text, one event per line, from a file or (path `-`) standard input, so a compressed
+ * trace is replayed through a pipe (`zcat t.trace.gz | ebb-alloc-replay - ...`; messages then name
+ * it `stdin`): `a <id> <bytes> [<stream>]` allocates, `f <id>` frees;
  * `#` starts a comment, blank lines are ignored and further fields are too. The whole trace is
  * read and checked first (syntax, stream indices, ids freed while not live, ids allocated while
  * live), and each id is resolved to a dense slot then, so the timed loop is only the arena's
@@ -173,10 +175,13 @@ static bool trace_push(trace *t, event ev) {
   return true;
 }
 
-/* Reads and checks the whole trace. Returns 0, or 2 after printing `PROG: path:line: ...`
- * (line 0 for the file as a whole: it cannot be opened). */
+/* Reads and checks the whole trace (path "-": standard input, named "stdin" in messages). Returns
+ * 0, or 2 after printing `PROG: path:line: ...` (line 0 for the file as a whole: it cannot be
+ * opened). */
 static int trace_load(const char *path, unsigned nstreams, trace *t) {
-  FILE *f = fopen(path, "r");
+  bool is_stdin = strcmp(path, "-") == 0;
+  FILE *f = is_stdin ? stdin : fopen(path, "r");
+  if (is_stdin) path = "stdin";
   if (f == NULL)
     return trace_fail(path, 0, "cannot open the trace: %s; expected a readable text file", strerror(errno));
 
@@ -271,7 +276,7 @@ oom:
 done:
   free(buf);
   free(live.e);
-  fclose(f);
+  if (!is_stdin) fclose(f);
   return rc;
 }
 
@@ -288,6 +293,7 @@ static void usage(FILE *f) {
           "usage: " PROG " TRACE [--expandable] [--streams N] [--peak-snapshot PATH] [--help]\n"
           "Replays an allocation trace on device 0's arena and prints one line:\n"
           "  peak_requested=B peak_reserved=B frag_ratio=R ns_per_op=T allocs=N driver_allocs=N\n"
+          "TRACE is a file, or - for standard input (e.g. zcat t.trace.gz | " PROG " - ...).\n"
           "Trace: one event per line; '#' starts a comment; blank lines and extra fields are ignored.\n"
           "  a <id> <bytes> [<stream>]   allocate (stream index 0..N-1, default 0)\n"
           "  f <id>                      free\n"
@@ -435,7 +441,7 @@ int main(int argc, char **argv) {
   }
 
   uint64_t ns = 0;
-  rc = replay(path, &t, streams, ptrs, &ns, peak_snapshot);
+  rc = replay(strcmp(path, "-") == 0 ? "stdin" : path, &t, streams, ptrs, &ns, peak_snapshot);
 
   ebb_arena_stats stats;
   if (rc == 0) {

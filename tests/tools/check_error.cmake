@@ -1,11 +1,16 @@
 # check_error.cmake: runs a program that must fail with exit code RC (default 2) and a message
 # on stderr matching ERR_REGEX (e.g. the trace's file and line).
-# cmake -DEXE=prog "-DARGS=a|b" -DERR_REGEX=re [-DRC=1] -P check_error.cmake   (ARGS separated by '|')
+# cmake -DEXE=prog "-DARGS=a|b" -DERR_REGEX=re [-DRC=1] [-DINPUT=file] -P check_error.cmake
+# (ARGS separated by '|'; INPUT: the program's standard input)
 string(REPLACE "|" ";" ARGS "${ARGS}")
 if(NOT DEFINED RC)
   set(RC 2)
 endif()
-execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(_input)
+if(DEFINED INPUT)
+  set(_input INPUT_FILE ${INPUT})
+endif()
+execute_process(COMMAND ${EXE} ${ARGS} ${_input} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL RC)
   message(FATAL_ERROR "expected exit code ${RC}, got '${rc}'\nstdout: ${out}\nstderr: ${err}")
 endif()
