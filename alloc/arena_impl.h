@@ -39,6 +39,7 @@
 #include "ebb_list.h"
 #include "runtime_export.h"
 #include "ebb_sync.h"
+#include "streams_export.h"
 
 /* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
 
@@ -88,12 +89,12 @@ enum ebb__bstate {
  * arena resource places by address-ordered first fit too, for its fragmentation (allocators.md
  * 3.3).
  *
- * Per stream and pool, a B+-tree ordered by (segment age, address) (arena.c, "the free index"):
- * nodes of 16 entries, each entry with its key and the largest size under it (512-byte units,
- * saturating), so the first block of at least r is one walk down reading a node's sizes with
- * sixteen compares at a time: two or three levels at the few hundred free blocks a stream and
- * pool holds under the arena bench (a treap over the block records before 2026-11-23, about
- * eight levels of dependent loads and a coin toss at each: about 40 ns a pair slower). A split's
+ * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
+ * entries, each entry with its key and the largest size under it (512-byte units, saturating),
+ * so the first block of at least r is one walk down reading a node's sizes with sixteen
+ * compares at a time: two or three levels at the few hundred free blocks a stream and pool
+ * holds under the arena bench, where a tree over the block records took about eight levels of
+ * dependent loads (perf/RESULTS.md, "The free index as a B+-tree"). A split's
  * remainder and a merge take their block's slot in place. Classic blocks of max_split and up
  * (max_split_size_mb) are never split and serve only requests near their size, so they stay
  * out of the tree, in a list scanned in the same order (few: whole segments); so does a block
@@ -404,7 +405,7 @@ struct ebb__arena {
   size_t nslab_chunks, capslab_chunks;
   void **slabs;                /* block slabs, freed at teardown */
   size_t nslabs, capslabs;
-  struct ebb__fxnode *fx_spare; /* free index nodes not in a tree (arena.c) */
+  struct ebb__fxnode *fx_spare; /* free index nodes not in a tree (fidx.c) */
   size_t nfx_spare;
   void **fx_chunks;             /* their chunks, freed at teardown */
   size_t nfx_chunks, capfx_chunks;
@@ -424,6 +425,85 @@ struct ebb__arena {
    * computes in one instruction (two at 1 152). */
   _Atomic uint64_t span;
 };
+
+/* ---- size policy and fit rules (inline, for arena.c and fidx.c) ------------------------------ */
+
+static inline size_t ebb__round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* The size a new segment gets for a rounded request (allocators.md 1.2 get_allocation_size),
+ * unless the upstream has its own policy (the pinned pool's exact sizes). */
+static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
+  if (a->up->segment_size) return a->up->segment_size(r);
+  if (r <= EBB__SMALL_SIZE) return EBB__SMALL_SEGMENT;
+  if (r < EBB__MIN_LARGE_ALLOC) return EBB__LARGE_SEGMENT;
+  return ebb__round_up(r, EBB__ROUND_LARGE);
+}
+
+/* The free block sizes that may serve rounded request r are [r, ebb__fit_limit) (allocators.md
+ * 1.4): oversize blocks (>= max_split) are never split; they serve oversize requests within the
+ * slack, and a smaller request only up to the size of the segment that request would get
+ * itself. PyTorch keeps oversize blocks from every smaller request, but a request just below
+ * max_split gets a segment rounded up to 2 MiB, which is then oversize: freed, it could serve no
+ * request of its own size, and each such request grew the arena again (the arena bench's tensor
+ * sequence with max_split_size_mb:64: ~500 driver allocations a replay, 64 GiB reserved before
+ * the OOM retry gave it back). */
+/* max_split as the fit rules and runs see it: none with expandable segments. Their blocks are
+ * always split (ebb__carve), and their free blocks merge into runs far above max_split: kept
+ * from smaller requests, those made the arena map granule after granule
+ * (perf/traces/multistream.trace with max_split_size_mb:64: frag_ratio 1.703, 7 112 granules
+ * mapped). The setting is about classic segments. */
+static inline size_t ebb__max_split(const struct ebb__arena *a) {
+  return a->conf.expandable && a->up->map ? SIZE_MAX : a->conf.max_split;
+}
+
+static inline size_t ebb__fit_limit(const struct ebb__arena *a, size_t r) {
+  size_t ms = ebb__max_split(a);
+  if (r >= ms) return r + EBB__OVERSIZE_SLACK;
+  size_t seg = ebb__segment_size(a, r);
+  return seg >= ms ? seg + 1 : ms;
+}
+
+/* Whether the stream the arena kept in r is still that live stream: after its release its slot
+ * can hold a newer stream, hence the id check. Lock-free (streams_export.h). */
+static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
+  uint64_t id = 0;
+  int dev = -1;
+  return ebb__stream_peek(r->s, &id, &dev) && id == r->id;
+}
+
+/* ---- the free index and the spools (fidx.c) ---------------------------------------------------
+ * Lock held for every call. */
+
+/* Enters FREE block b (counted in its segment, not indexed) in its stream's index for its pool:
+ * the tree, or the list when b is oversize or no node memory is left. */
+EBB_HIDDEN void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b);
+/* Takes indexed block b out of its index (it stays FREE). */
+EBB_HIDDEN void ebb__index_remove(struct ebb__block *b);
+/* Indexed block b (in the tree or the list) grew to its current size. */
+EBB_HIDDEN void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b);
+/* Indexed block old leaves the index and FREE block nw, next to it in order and of the same
+ * stream and pool, comes in: in the tree, nw takes old's slot (no walk, no split). */
+EBB_HIDDEN void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb__block *nw);
+/* The first free block of x, in (segment age, address) order, whose size lies in
+ * [r, ebb__fit_limit(a, r)), left in the index; NULL when none fits. */
+EBB_HIDDEN struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r);
+/* ebb__fidx_find, the block taken out of the index (still FREE). */
+EBB_HIDDEN struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, size_t r);
+/* The largest free block of every stream and pool (the OOM report). */
+EBB_HIDDEN size_t ebb__fidx_largest_free(const struct ebb__arena *a);
+/* The stream's spool (created at its first use, after the spools of released streams that hold
+ * nothing are freed); NULL: no host memory. */
+EBB_HIDDEN struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s);
+/* The common case inline: the stream of the arena's last allocation. */
+static inline struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
+  struct ebb__spool *sp = a->last_spool;
+  return EBB_LIKELY(sp && sp->stream.id == s->id) ? sp : ebb__spool_get_slow(a, s);
+}
+/* The debug walk's part: each spool's tree (links, depths, order, sizes and keys) and list hold
+ * exactly its free blocks of that pool; *indexed counts them all. EBB_EINTERNAL with a message. */
+EBB_HIDDEN ebb_status ebb__fidx_check(struct ebb__arena *a, const char *fn, size_t *indexed);
+/* Frees the node chunks and the spools (teardown, after ebb__slab_fini). */
+EBB_HIDDEN void ebb__fidx_fini(struct ebb__arena *a);
 
 /* ---- engine (arena.c) ---------------------------------------------------------------------- */
 
@@ -483,13 +563,6 @@ EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes,
 /* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
  * held. */
 EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
-/* The stream's free index (created at its first use); NULL: no host memory. Lock held. */
-EBB_HIDDEN struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s);
-/* The common case inline: the stream of the arena's last allocation. */
-static inline struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
-  struct ebb__spool *sp = a->last_spool;
-  return EBB_LIKELY(sp && sp->stream.id == s->id) ? sp : ebb__spool_get_slow(a, s);
-}
 EBB_HIDDEN void ebb__poll_pending_locked(struct ebb__arena *a);
 /* Events of the arena's cache and pending queues (arena.c). */
 EBB_HIDDEN ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device);
@@ -748,5 +821,17 @@ EBB_HIDDEN struct ebb__block *ebb__ptrmap_take(uint64_t addr);
 EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
 EBB_HIDDEN size_t ebb__ptrmap_count(void);
 EBB_HIDDEN void ebb__ptrmap_clear(void);
+
+/* ---- debug walks -------------------------------------------------------------------------- */
+
+/* A check of a debug walk: on failure `st` gets EBB_EINTERNAL with the message and the walk
+ * jumps to its `done` label. */
+#define EBB__CHECK(cond, ...)                                              \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      st = ebb__fail(EBB_EINTERNAL, __VA_ARGS__);                          \
+      goto done;                                                           \
+    }                                                                      \
+  } while (0)
 
 #endif /* EBB_ARENA_IMPL_H */
