@@ -426,6 +426,26 @@ struct ebb__arena {
   _Atomic uint64_t span;
 };
 
+/* ---- counters (inline) ------------------------------------------------------------------- */
+
+static inline void ebb__stat_add(ebb_arena_stat *st, uint64_t n) {
+  st->current += n;
+  if (st->current > st->peak) st->peak = st->current;
+}
+
+static inline void ebb__stat_sub(ebb_arena_stat *st, uint64_t n) {
+  EBB_ASSERT(st->current >= n);
+  st->current -= n;
+}
+
+/* current - from + to in one step (modular: a decrease wraps the addend, not the result); the
+ * peak test is that of ebb__stat_add, and a decrease never passes it (peak >= current). */
+static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to) {
+  EBB_ASSERT(to >= from || st->current >= from - to);
+  st->current += to - from;
+  if (st->current > st->peak) st->peak = st->current;
+}
+
 /* ---- size policy and fit rules (inline, for arena.c and fidx.c) ------------------------------ */
 
 static inline size_t ebb__round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -507,6 +527,26 @@ EBB_HIDDEN void ebb__fidx_fini(struct ebb__arena *a);
 
 /* ---- engine (arena.c) ---------------------------------------------------------------------- */
 
+/* Block records (lock held): a spare record, reset (NULL: no host memory for a chunk of them),
+ * and a record back to the spare list. Inline in arena.c's alloc and free paths. */
+EBB_HIDDEN struct ebb__block *ebb__block_new(struct ebb__arena *a);
+EBB_HIDDEN void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b);
+/* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
+ * free neighbours of the same stream and pool, and indexes the result. Lock held. */
+EBB_HIDDEN void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b);
+/* A new segment [base, base + size) of pool `pool` for stream spool sp: one FREE block, not
+ * indexed, into *first; reserved bytes and the segment count counted, the span widened. NULL:
+ * no host memory for the records. Lock held. */
+EBB_HIDDEN struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
+                                                 struct ebb__spool *sp, struct ebb__block **first);
+/* The 64 KiB unit of addr for the span (struct ebb__arena): addresses past 48 bits share the last. */
+static inline uint64_t ebb__span_unit(uint64_t addr) {
+  return addr >> 48 ? (uint64_t)UINT32_MAX - 1 : addr >> 16;
+}
+/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold
+ * [base, base + size). Lock held. */
+EBB_HIDDEN void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size);
+
 EBB_HIDDEN void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device,
                                 const struct ebb__conf *conf, size_t total_mem);
 /* Releases every segment (leaked blocks included) and every structure. No lock may be held. */
@@ -548,6 +588,23 @@ EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
 /* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
  * when a pointer is in neither map (messages only); device.c. */
 EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+
+/* ---- expandable segments (xseg.c) ------------------------------------------------------------
+ * Lock held for every call. */
+
+/* Maps granules at the end of the reservation (reserved at the first call) so that the tail
+ * offers `r` bytes to stream spool sp, pool `pool`, after trying the holes left by empty_cache;
+ * what was asked for goes into *tried (may be NULL) for the OOM report. */
+EBB_HIDDEN ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__tried *tried);
+/* Gives the segment's fully free granules back to the driver (free runs of every stream
+ * joined, the free tail cut, whole granules inside free blocks made holes). Bytes unmapped. pre:
+ * pending events synchronised and the device synchronised, with the lock held since. */
+EBB_HIDDEN size_t ebb__x_shrink(struct ebb__arena *a);
+/* The failure `st` of the device synchronisation that must come before unmapping: a message
+ * naming fn, the arena and that nothing was unmapped. */
+EBB_HIDDEN ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb_status st);
+/* Unmaps every mapped granule and frees the reservation (teardown; no lock held). */
+EBB_HIDDEN void ebb__x_fini(struct ebb__arena *a);
 
 /* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
 

@@ -247,34 +247,24 @@ struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__blo
   return NULL;
 }
 
-/* ---- counters (as arena.c's: current and peak) ---------------------------------------------- */
-
-static inline void ebb__sstat_add(ebb_arena_stat *st, uint64_t n) {
-  st->current += n;
-  if (st->current > st->peak) st->peak = st->current;
-}
-
-static inline void ebb__sstat_sub(ebb_arena_stat *st, uint64_t n) {
-  EBB_ASSERT(st->current >= n);
-  st->current -= n;
-}
+/* ---- counters ------------------------------------------------------------------------------ */
 
 /* Free slots are inactive_split: free memory inside a split piece (the slab), which no other
  * size can use until the whole slab is empty and goes back to the engine. */
 static inline void ebb__stat_add_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
-  ebb__sstat_add(&s->inactive_split, n);
-  ebb__sstat_add(&s->inactive_split_bytes, bytes);
+  ebb__stat_add(&s->inactive_split, n);
+  ebb__stat_add(&s->inactive_split_bytes, bytes);
 }
 
 static inline void ebb__stat_sub_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
-  ebb__sstat_sub(&s->inactive_split, n);
-  ebb__sstat_sub(&s->inactive_split_bytes, bytes);
+  ebb__stat_sub(&s->inactive_split, n);
+  ebb__stat_sub(&s->inactive_split_bytes, bytes);
 }
 
 static inline void ebb__stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_t requested) {
-  ebb__sstat_add(&s->allocated_bytes, slot);
-  ebb__sstat_add(&s->active_bytes, slot);
-  ebb__sstat_add(&s->requested_bytes, requested);
+  ebb__stat_add(&s->allocated_bytes, slot);
+  ebb__stat_add(&s->active_bytes, slot);
+  ebb__stat_add(&s->requested_bytes, requested);
 }
 
 /* ---- slab records -------------------------------------------------------------------------- */
@@ -462,7 +452,7 @@ static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsign
   t->owner_cat = EBB_OWNER_OTHER;
   t->state = EBB__B_FREE;
   t->requested = 0;
-  ebb__sstat_sub(&a->c.s.active_bytes, sl->slot);
+  ebb__stat_sub(&a->c.s.active_bytes, sl->slot);
   ebb__stat_add_slab(&a->c.s, 1, sl->slot);
   sl->bits[i / 64] |= 1ull << (i % 64);
   struct ebb__slab_cls *k = ebb__cls_of(sl);
@@ -663,8 +653,8 @@ ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, e
   if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
     return ebb__slot_bad(fn, sl, i, addr, kind, true);
   ebb_arena_stats *s = &a->c.s;
-  ebb__sstat_sub(&s->allocated_bytes, sl->slot);
-  ebb__sstat_sub(&s->requested_bytes, t->requested);
+  ebb__stat_sub(&s->allocated_bytes, sl->slot);
+  ebb__stat_sub(&s->requested_bytes, t->requested);
   s->free_count++;
   if (EBB_LIKELY(!sl->ext || !sl->ext[i].nuses)) {
     /* No other stream used it: the free completes now, both entries at the request's time. */
