@@ -534,6 +534,9 @@ EBB_HIDDEN void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b);
 /* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
  * free neighbours of the same stream and pool, and indexes the result. Lock held. */
 EBB_HIDDEN void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b);
+/* A block whose uses are over (the last event of a deferred free completed) back to its
+ * stream's free index, merged; FREE_COMPLETED recorded. Lock held. */
+EBB_HIDDEN void ebb__block_release(struct ebb__arena *a, struct ebb__block *b);
 /* A new segment [base, base + size) of pool `pool` for stream spool sp: one FREE block, not
  * indexed, into *first; reserved bytes and the segment count counted, the span widened. NULL:
  * no host memory for the records. Lock held. */
@@ -553,8 +556,8 @@ EBB_HIDDEN void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream
 EBB_HIDDEN void ebb__arena_fini(struct ebb__arena *a);
 EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
                                        void **out);
-/* Free / record_stream of a pointer of any arena, found through the address map or the ptrmap.
- * `fn` names the public call for messages. */
+/* Free of a pointer of any arena of `kind`, found through the address map or the ptrmap. `fn`
+ * names the public call for messages. */
 EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
 /* Every arena of the module (device arenas, pinned pools, the host pool), listed at start: *n
  * of them. For the copy hook's range filter. */
@@ -567,8 +570,6 @@ EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, 
  * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
 EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
                                          uint64_t base, size_t size);
-EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
-                                        enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
 /* ebb_alloc_block_owner / ebb_alloc_block_set_owner: the owner of the live block or slot that
  * starts at ptr, in any pool, into *old_cat / *old_name (may be NULL); with `set`, replaced by
@@ -606,42 +607,27 @@ EBB_HIDDEN ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb
 /* Unmaps every mapped granule and frees the reservation (teardown; no lock held). */
 EBB_HIDDEN void ebb__x_fini(struct ebb__arena *a);
 
-/* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
+/* ---- pending frees and recorded uses (pending.c) ---------------------------------------------- */
 
-/* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
- * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
- * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
- * chain and no OOM report: on failure the caller allocates the request as a plain block, which
- * runs both with the caller's own size. */
-EBB_HIDDEN ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
-                                                  struct ebb__block **out);
-/* A plain block (never a slot): the engine's own path. */
-EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out);
-/* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
- * held. */
-EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
-EBB_HIDDEN void ebb__poll_pending_locked(struct ebb__arena *a);
-/* Events of the arena's cache and pending queues (arena.c). */
+/* The arena's idle events by device (lock held): pop one (NULL: none cached), push one back
+ * (false: the cache cannot grow; the caller releases it after dropping the lock). */
 EBB_HIDDEN ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device);
 EBB_HIDDEN bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e);
+/* An event for the arena's own use, its live-handle count given back (it is no caller's
+ * handle), and its release. No arena lock held (the event pool's lock ranks below it). */
 EBB_HIDDEN ebb_status ebb__ev_create(int device, ebb_event_t **out);
 EBB_HIDDEN void ebb__ev_destroy(ebb_event_t *e);
+/* The pending queue of stream stream_id (made at its first use; empty queues are dropped when
+ * the array is full). NULL: no host memory. Lock held. */
 EBB_HIDDEN struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id);
-/* "device 0: ... / inactive" as for blocks: the public call of a kind (messages). */
-EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
-/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
- * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
- * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
-EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
-                                      uint64_t base, size_t size, uint64_t sid);
-
-/* ---- slabs (slab.c) ------------------------------------------------------------------------- */
-
-/* A slot for `bytes` (rounded r <= conf.slab_max) on stream s; falls back to a plain block when
- * no slab can be had. Lock not held. */
-EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
-                                      void **out);
-/* The live slab whose memory holds addr, its arena locked (*a), or NULL (nothing locked). */
+/* Polls every stream's queue from its oldest entry up to the first incomplete event, releasing
+ * the memory whose events all completed. No host wait: ebb_event_query only asks. Lock held
+ * (dropped only to release an event the cache could not take). */
+EBB_HIDDEN void ebb__poll_pending(struct ebb__arena *a);
+/* Host-waits for every pending event, then polls them all in. Lock held on entry and exit and
+ * dropped for the waits: the entries stay queued, so a concurrent poll may complete some first;
+ * waiting on an event that was recycled meanwhile only waits for newer work. */
+EBB_HIDDEN void ebb__sync_pending(struct ebb__arena *a);
 /* One more slot in a use array (*uses of capacity *ucap, doubled): EBB_ELIMIT past
  * EBB__USES_MAX streams on one pointer, EBB_ENOMEM without host memory; fn, sid and ptr for the
  * message. */
@@ -666,6 +652,48 @@ EBB_HIDDEN ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **use
 EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs);
 EBB_HIDDEN void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
                                 struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count);
+/* record_stream of a pointer of any arena of `kind`: a slot's or a live block's use of stream
+ * s. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
+                                        enum ebb__memkind kind);
+/* Adds stream s to live block b's uses unless it is b's allocation stream or there already.
+ * Called with b's arena locked; unlocks it. */
+EBB_HIDDEN ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct ebb__block *b, void *ptr,
+                                               const struct ebb__stream_ref *s);
+/* Waits for every pending event and releases the queues and the event cache (teardown, first). */
+EBB_HIDDEN void ebb__pending_fini(struct ebb__arena *a);
+
+/* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
+
+/* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
+ * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
+ * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
+ * chain and no OOM report: on failure the caller allocates the request as a plain block, which
+ * runs both with the caller's own size. */
+EBB_HIDDEN ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
+                                                  struct ebb__block **out);
+/* A plain block (never a slot): the engine's own path. */
+EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out);
+/* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
+ * held. */
+EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
+/* Why `ptr` is not a live block of `kind`: searched in every arena's segments (an error path;
+ * no lock held). */
+EBB_HIDDEN ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind);
+/* "device 0: ... / inactive" as for blocks: the public call of a kind (messages). */
+EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
+/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
+ * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
+ * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
+EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
+                                      uint64_t base, size_t size, uint64_t sid);
+
+/* ---- slabs (slab.c) ------------------------------------------------------------------------- */
+
+/* A slot for `bytes` (rounded r <= conf.slab_max) on stream s; falls back to a plain block when
+ * no slab can be had. Lock not held. */
+EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
+                                      void **out);
 /* What a free or record_stream of addr is about, found through the address map: a slot (its
  * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
  * memory kind, a block of that kind has its entry cleared, which elects the caller as the

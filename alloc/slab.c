@@ -522,7 +522,7 @@ void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t sl
 
 ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s, void **out) {
   ebb__lock(&a->mu);
-  if (a->npending) ebb__poll_pending_locked(a);
+  if (a->npending) ebb__poll_pending(a);
   struct ebb__spool *sp = ebb__spool_get(a, s);
   if (EBB_UNLIKELY(!sp)) {
     ebb__unlock(&a->mu);
