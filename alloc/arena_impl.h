@@ -531,6 +531,10 @@ EBB_HIDDEN void ebb__fidx_fini(struct ebb__arena *a);
  * and a record back to the spare list. Inline in arena.c's alloc and free paths. */
 EBB_HIDDEN struct ebb__block *ebb__block_new(struct ebb__arena *a);
 EBB_HIDDEN void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b);
+/* Whether n is a free neighbour that block b merges with: same stream and pool. */
+static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__block *n) {
+  return n && n->state == EBB__B_FREE && n->spool == b->spool && n->pool == b->pool;
+}
 /* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
  * free neighbours of the same stream and pool, and indexes the result. Lock held. */
 EBB_HIDDEN void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b);
@@ -583,7 +587,6 @@ EBB_HIDDEN size_t ebb__arena_trim(struct ebb__arena *a);
 EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
 EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
 EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
-EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
 /* The device arenas, i in [0, device count), NULL past them (snapshots, messages); device.c. */
 EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
 /* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
@@ -734,10 +737,11 @@ EBB_HIDDEN void ebb__unpin_due(struct ebb__arena *a);
 /* Gives every empty slab of the arena back to the engine (empty_cache, OOM retry). Lock held. */
 EBB_HIDDEN void ebb__slab_release_empty(struct ebb__arena *a);
 /* Debug walk of one slab block: bitmap against counts and slot states; adds the slab's slot
- * bytes and counts to the walk's totals. EBB_OK or EBB_EINTERNAL with a message. Lock held. */
+ * bytes and counts to the walk's totals, and 1 to *ncached when the slab is empty and cached.
+ * EBB_OK or EBB_EINTERNAL with a message. Lock held. */
 EBB_HIDDEN ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, const char *fn, uint64_t *alloc,
                                       uint64_t *active, uint64_t *requested, uint64_t *isplit, uint64_t *isplit_b,
-                                      size_t *pend_events);
+                                      size_t *pend_events, size_t *ncached);
 /* The slab record of a block in state EBB__B_SLAB. Lock held. */
 EBB_HIDDEN struct ebb__slab *ebb__slab_of(const struct ebb__block *b);
 /* Class lists of every stream: live, partly used slabs before empty ones, nempty exact and
@@ -907,7 +911,11 @@ EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
 EBB_HIDDEN size_t ebb__ptrmap_count(void);
 EBB_HIDDEN void ebb__ptrmap_clear(void);
 
-/* ---- debug walks -------------------------------------------------------------------------- */
+/* ---- the debug walk (check.c) ----------------------------------------------------------------- */
+
+/* Walks every segment, index and counter of the arena under its lock: EBB_OK, or EBB_EINTERNAL
+ * with a message naming fn, the arena and what disagrees. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
 
 /* A check of a debug walk: on failure `st` gets EBB_EINTERNAL with the message and the walk
  * jumps to its `done` label. */

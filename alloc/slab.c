@@ -741,7 +741,7 @@ struct ebb__slab *ebb__slab_of(const struct ebb__block *b) { return b->slab; }
 
 ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, const char *fn, uint64_t *alloc,
                            uint64_t *active, uint64_t *requested, uint64_t *isplit, uint64_t *isplit_b,
-                           size_t *pend_events) {
+                           size_t *pend_events, size_t *ncached) {
   const struct ebb__slab *sl = b->slab;
   EBB__SCHECK(sl && sl->live && sl->b == b && sl->arena == a && sl->spool == b->spool,
               "%s: %s: slab block 0x%" PRIx64 " has no live slab record of its own", fn, a->label, b->addr);
@@ -792,6 +792,7 @@ ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, con
   bool listed = sl->node.next != &sl->node;
   EBB__SCHECK(listed == (nfree > 0), "%s: %s: slab 0x%" PRIx64 " with %u free slots is %s its class list", fn, a->label,
               sl->addr, nfree, listed ? "on" : "off");
+  *ncached += sl->nfree == sl->nslots && !sl->npend;
   return EBB_OK;
 }
 
