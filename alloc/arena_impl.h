@@ -9,7 +9,7 @@
  * only at teardown, so a stale block pointer always points at a block record), its per-stream
  * free indexes, its pending-free queues and an event cache. Pointer -> block lookup is shared by
  * every arena: live blocks larger than 64 KiB (every block, with the default slab_max) are in
- * slab.c's process-wide address map beside the slabs, smaller ones in a sharded hash (ptrmap.c).
+ * the process-wide granule map beside the slabs, smaller ones in a sharded hash (addrmap.c).
  *
  * Threading: every field of struct ebb__arena and of its blocks and segments is protected by the
  * arena's `mu` (rank EBB_RANK_ARENA). A ptrmap shard lock is a leaf spin lock, taken with or
@@ -141,7 +141,7 @@ struct ebb__tried {
  * the record for reuse. */
 struct ebb__block {
   /* line 1: the free index and the neighbours' view. 128-byte aligned: the address map keeps
-   * 7 bits of its own in the low bits of a record's address (slab.c). */
+   * 7 bits of its own in the low bits of a record's address (addrmap.c). */
   _Alignas(128) size_t size;       /* rounded size: the block's share of its segment */
   struct ebb__block *prev, *next;  /* address neighbours in the segment */
   struct ebb_list node;            /* spare list while DEAD; the index's list while FREE and listed */
@@ -197,15 +197,15 @@ struct ebb__pend {
  * the engine carves from its small pool for one allocation stream, cut into n slots of one size
  * class. A slot alloc or free is a bitmap bit and a slot record: no split, no merge, no ptrmap
  * entry; a slot pointer is found through a process-wide map from 64 KiB address granules to
- * slabs (slab.c). */
+ * slabs (addrmap.c). */
 #define EBB__SLAB_MAX_SLOTS 1024
 #define EBB__SLAB_WORDS (EBB__SLAB_MAX_SLOTS / 64)
 #define EBB__SLAB_CLASSES 128 /* slot sizes 512 B .. 64 KiB: the largest slab_max */
 #define EBB__SLAB_MAX_LIMIT ((size_t)64 << 10) /* largest slab_max_bytes */
 #define EBB__SLAB_MAX_DEFAULT ((size_t)64 << 10)
 #define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a class's first slab holds max(2, TARGET / slot)
-                                                  slots: every slab spans more than 64 KiB (slab.c's
-                                                  map); later ones 2x and 4x that while the stream
+                                                  slots: every slab spans more than 64 KiB (the
+                                                  granule map); later ones 2x and 4x that while the stream
                                                   holds 1 and 2+ slabs of the class */
 #define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class */
 
@@ -230,7 +230,7 @@ struct ebb__slot_ext {
  * address map may hand a stale record to a racing bad free, which validates it under the lock. */
 struct ebb__slab {
   /* line 1: what a slot free reads before its slot record. 128-byte aligned: the address map
-   * keeps 7 bits of its own in the low bits of a record's address (slab.c). */
+   * keeps 7 bits of its own in the low bits of a record's address (addrmap.c). */
   _Alignas(128) struct ebb__arena *arena; /* fixed for the record's whole life */
   uint64_t addr;             /* first slot; slot i at addr + i * slot */
   uint64_t inv;              /* 2^32 / (slot / 512), rounded up: the index without a division */
@@ -257,6 +257,9 @@ struct ebb__slab_cls {
   uint32_t nempty;
   uint32_t nslabs; /* live slabs of the class: a new one is larger the more there are */
 };
+
+/* The bytes of a slab's span: its slots. */
+static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
 
 struct ebb__evq {
   uint64_t stream_id;
@@ -680,16 +683,6 @@ EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes,
 /* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
  * held. */
 EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
-/* Why `ptr` is not a live block of `kind`: searched in every arena's segments (an error path;
- * no lock held). */
-EBB_HIDDEN ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind);
-/* "device 0: ... / inactive" as for blocks: the public call of a kind (messages). */
-EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
-/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
- * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
- * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
-EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
-                                      uint64_t base, size_t size, uint64_t sid);
 
 /* ---- slabs (slab.c) ------------------------------------------------------------------------- */
 
@@ -697,14 +690,6 @@ EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memki
  * no slab can be had. Lock not held. */
 EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
                                       void **out);
-/* What a free or record_stream of addr is about, found through the address map: a slot (its
- * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
- * memory kind, a block of that kind has its entry cleared, which elects the caller as the
- * block's one free, and a block of another kind keeps it: a free through the wrong pool's call
- * must not hide the block from its owner's); either with its arena locked. NULL and *bout NULL:
- * neither (the pointer may be a smaller block, in the ptrmap, or bad), no lock held. take 0:
- * the entry stays (record_stream). */
-EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout);
 /* Free / record_stream of addr inside slab sl (locked by ebb__addr_lookup_lock; unlocked on
  * return). Same messages as for blocks. */
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
@@ -747,8 +732,6 @@ EBB_HIDDEN struct ebb__slab *ebb__slab_of(const struct ebb__block *b);
 /* Class lists of every stream: live, partly used slabs before empty ones, nempty exact and
  * within the cache. Lock held. */
 EBB_HIDDEN ebb_status ebb__slab_check_classes(struct ebb__arena *a, const char *fn);
-/* Frees the address map's leaves (module teardown, after every arena's fini). */
-EBB_HIDDEN void ebb__slab_map_clear(void);
 /* Frees every slab record of the arena and its address-map entries (teardown). */
 EBB_HIDDEN void ebb__slab_fini(struct ebb__arena *a);
 
@@ -869,23 +852,6 @@ static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, 
   h->total++; /* the slot holds two actions */
 }
 
-/* ---- finding a live block from its address --------------------------------------------------
- * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of slab.c's address map) is entered
- * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
- * small request served as a block when no slab could be made, or one past the map's 48-bit
- * addresses) in the ptrmap. Lock held for the writes; the finds are unlocked and unvalidated. */
-#define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
-static inline bool ebb__block_in_amap(const struct ebb__block *b) {
-  return b->size > EBB__AMAP_BLOCK_MIN && !(b->addr >> 48);
-}
-EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
-EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
-/* The live block of the map that starts nearest at or below addr, looking back at most
- * max_granules granules before addr's own; unvalidated (its record may have been reused: check
- * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
- * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
-EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
-
 /* ---- record chunks ----------------------------------------------------------------------------
  * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's
  * pointer in a growable array (doubling from `first`). Keeps chunk p in (*v, *n, *cap); false
@@ -902,14 +868,56 @@ static inline bool ebb__chunk_keep(void ***v, size_t *n, size_t *cap, void *p, s
   return true;
 }
 
-/* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
-
+/* ---- from an address to its block or slot (addrmap.c) -----------------------------------------
+ * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of the granule map) is entered
+ * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
+ * small request served as a block when no slab could be made, or one past the map's 48-bit
+ * addresses) in the ptrmap. Slabs are in the granule map over their whole span. Lock of the
+ * entry's arena held for the writes; the finds take no arena lock and are unvalidated. */
+#define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
+static inline bool ebb__block_in_amap(const struct ebb__block *b) {
+  return b->size > EBB__AMAP_BLOCK_MIN && !(b->addr >> 48);
+}
+EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
+/* The live block of the map that starts nearest at or below addr, looking back at most
+ * max_granules granules before addr's own; unvalidated (its record may have been reused: check
+ * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
+ * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
+/* Enters (on) or removes slab sl over its span; false: no host memory for a leaf (nothing left
+ * entered). Lock of sl's arena held. */
+EBB_HIDDEN bool ebb__amap_slab_set(struct ebb__slab *sl, bool on);
+/* The slab whose span the map says holds addr, unvalidated; NULL: none. */
+EBB_HIDDEN struct ebb__slab *ebb__amap_slab_find(uint64_t addr);
+/* What a free or record_stream of addr is about, found through the address map: a slot (its
+ * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
+ * memory kind, a block of that kind has its entry cleared, which elects the caller as the
+ * block's one free, and a block of another kind keeps it: a free through the wrong pool's call
+ * must not hide the block from its owner's); either with its arena locked. NULL and *bout NULL:
+ * neither (the pointer may be a smaller block, in the ptrmap, or bad), no lock held. take 0:
+ * the entry stays (record_stream). */
+EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout);
 EBB_HIDDEN bool ebb__ptrmap_insert(struct ebb__block *b); /* false: out of host memory */
-/* The block starting at addr, removed from the map (take) or left there (find); NULL if none. */
+/* The block starting at addr, removed from the ptrmap (take) or left there (find); NULL if none. */
 EBB_HIDDEN struct ebb__block *ebb__ptrmap_take(uint64_t addr);
 EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
-EBB_HIDDEN size_t ebb__ptrmap_count(void);
-EBB_HIDDEN void ebb__ptrmap_clear(void);
+/* Frees both maps' tables (module teardown, after every arena's fini). */
+EBB_HIDDEN void ebb__addrmap_clear(void);
+/* The block of arena a's segments that holds addr, any state; NULL: none. Lock held. */
+EBB_HIDDEN struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t addr);
+/* "ebb_arena_alloc", "ebb_pinned_alloc", "ebb_pageable_alloc": the public call of a kind. */
+EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
+/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
+ * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
+ * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
+EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
+                                      uint64_t base, size_t size, uint64_t sid);
+/* Why `ptr` is not a live block of `kind`: searched in every arena's segments, then among the
+ * ranges given back (ebb__grave_find). No lock held. */
+EBB_HIDDEN ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind);
+/* EBB_EINVAL: `ptr` is a live block of arena o, not of `kind` (a free through the wrong call). */
+EBB_HIDDEN ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind);
 
 /* ---- the debug walk (check.c) ----------------------------------------------------------------- */
 

@@ -197,7 +197,7 @@ static bool ebb__conf_check(const char *env, char *expected, size_t len) {
         EBB__CONF_BAD("pinned_max_bytes:N with N bytes and an optional K/M/G/T suffix (0: no cap), not '%s'", val);
     } else if (!strcmp(key, "slab_max_bytes")) {
       /* Rounded down to 512 B (sizes are 512-byte multiples); 64 KiB at most: the slab address
-       * map relies on every slab spanning more than one 64 KiB granule (slab.c). */
+       * map relies on every slab spanning more than one 64 KiB granule (addrmap.c). */
       size_t v2 = 0;
       if (!ebb__parse_bytes(val, &v2) || v2 > EBB__SLAB_MAX_LIMIT)
         EBB__CONF_BAD("slab_max_bytes:N with N bytes in [0, 64K] and an optional K suffix (0: no slabs), not '%s'", val);
@@ -277,8 +277,7 @@ static void ebb__alloc_teardown(void *user) {
   for (int i = 0; (hp = ebb__hostpool_nth(i)) != NULL; i++) ebb__graves_add(hp);
   for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
   ebb__hostpools_fini();
-  ebb__ptrmap_clear();
-  ebb__slab_map_clear();
+  ebb__addrmap_clear();
   ebb__al.ndev = 0;
   /* release: pairs with the acquire CAS of the next start in ebb__alloc_enter. */
   atomic_store_explicit(&ebb__al.phase, EBB__AL_DOWN, memory_order_release);
