@@ -570,13 +570,6 @@ EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memki
  * of them. For the copy hook's range filter. */
 #define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
 EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
-/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
- * check and use record of a copy's side inside a live block of any arena. No lock held. */
-EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
-/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
- * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
-EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
-                                         uint64_t base, size_t size);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
 /* ebb_alloc_block_owner / ebb_alloc_block_set_owner: the owner of the live block or slot that
  * starts at ptr, in any pool, into *old_cat / *old_name (may be NULL); with `set`, replaced by
@@ -918,6 +911,16 @@ EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memki
 EBB_HIDDEN ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind);
 /* EBB_EINVAL: `ptr` is a live block of arena o, not of `kind` (a free through the wrong call). */
 EBB_HIDDEN ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind);
+
+/* ---- the copy hook (copy.c) -------------------------------------------------------------------- */
+
+/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
+ * check and use record of a copy's side inside a live block of any arena. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
+/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
+ * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
+EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
+                                         uint64_t base, size_t size);
 
 /* ---- the debug walk (check.c) ----------------------------------------------------------------- */
 
