@@ -896,50 +896,6 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   return EBB_OK;
 }
 
-ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
-                            ebb_owner_cat *old_cat, const char **old_name) {
-  uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  struct ebb__block *b;
-  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
-  if (sl) return ebb__slab_owner(fn, sl, addr, set, cat, name, old_cat, old_name);
-  if (!b) {
-    b = ebb__ptrmap_find(addr);
-    if (b) {
-      ebb__lock(&b->arena->mu);
-      if (b->addr != addr || b->state != EBB__B_ALLOC) { /* freed since the lookup */
-        ebb__unlock(&b->arena->mu);
-        b = NULL;
-      }
-    }
-  }
-  if (!b) { /* why not: a freed block, an interior pointer, or no pool's memory */
-    for (int i = 0;; i++) {
-      struct ebb__arena *a = ebb__arena_any(i);
-      if (!a) break;
-      ebb__lock(&a->mu);
-      struct ebb__block *c = ebb__find_containing(a, addr);
-      bool live = c && c->state == EBB__B_ALLOC;
-      uint64_t base = c ? c->addr : 0;
-      ebb__unlock(&a->mu);
-      if (!c) continue;
-      if (live)
-        return ebb__fail(EBB_EINVAL, "%s: pointer %p is inside the block at 0x%" PRIx64 " of the %s; expected the start of a "
-                         "live block", fn, ptr, base, a->label);
-      return ebb__fail(EBB_EINVAL, "%s: pointer %p lies in free memory of the %s (a freed block); expected a live block", fn,
-                       ptr, a->label);
-    }
-    return ebb__fail(EBB_EINVAL, "%s: pointer %p is not a block of any ebb pool; expected a live block", fn, ptr);
-  }
-  if (old_cat) *old_cat = (ebb_owner_cat)b->owner_cat;
-  if (old_name) *old_name = b->owner ? b->owner : "";
-  if (set) {
-    b->owner_cat = cat;
-    b->owner = name;
-  }
-  ebb__unlock(&b->arena->mu);
-  return EBB_OK;
-}
-
 /* ---- release paths, limits, stats ---------------------------------------------------------- */
 
 ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {

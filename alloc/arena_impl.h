@@ -571,11 +571,6 @@ EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memki
 #define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
 EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
-/* ebb_alloc_block_owner / ebb_alloc_block_set_owner: the owner of the live block or slot that
- * starts at ptr, in any pool, into *old_cat / *old_name (may be NULL); with `set`, replaced by
- * (cat, name) (name interned). No lock held. */
-EBB_HIDDEN ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
-                                       ebb_owner_cat *old_cat, const char **old_name);
 /* Gives back a's fully free classic segments (empty cached slabs first), waiting for nothing:
  * what another arena under the same cap (the pinned pool's) can free at once. Bytes given back.
  * Lock not held. */
@@ -720,8 +715,28 @@ EBB_HIDDEN void ebb__slab_release_empty(struct ebb__arena *a);
 EBB_HIDDEN ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, const char *fn, uint64_t *alloc,
                                       uint64_t *active, uint64_t *requested, uint64_t *isplit, uint64_t *isplit_b,
                                       size_t *pend_events, size_t *ncached);
-/* The slab record of a block in state EBB__B_SLAB. Lock held. */
-EBB_HIDDEN struct ebb__slab *ebb__slab_of(const struct ebb__block *b);
+/* One piece of a segment as the snapshot and the OOM report see it: a block (any state), or in
+ * a slab block's stead each of its slots. Fields as of the block or slot record. */
+struct ebb__piece {
+  uint64_t addr, size, requested;
+  uint64_t stream; /* allocation stream's id (0: a hole, nobody's) */
+  const char *owner;
+  uint8_t state;   /* enum ebb__bstate (a slot: FREE, ALLOC, FREEING or PENDING) */
+  uint8_t owner_cat;
+  bool slot;
+};
+/* A walk over the pieces of one segment in address order:
+ *   struct ebb__piece p;
+ *   for (struct ebb__piece_iter it = ebb__pieces(g); ebb__piece_next(&it, &p);) ...
+ * Lock held throughout. */
+struct ebb__piece_iter {
+  const struct ebb__block *b; /* next block (NULL: done) */
+  unsigned slot;              /* its next slot when it is a slab */
+};
+static inline struct ebb__piece_iter ebb__pieces(const struct ebb__segment *g) {
+  return (struct ebb__piece_iter){g->first, 0};
+}
+EBB_HIDDEN bool ebb__piece_next(struct ebb__piece_iter *it, struct ebb__piece *out);
 /* Class lists of every stream: live, partly used slabs before empty ones, nempty exact and
  * within the cache. Lock held. */
 EBB_HIDDEN ebb_status ebb__slab_check_classes(struct ebb__arena *a, const char *fn);
@@ -752,9 +767,9 @@ EBB_HIDDEN struct ebb__arena *ebb__hostpool_nth(int i);
 /* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
 EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
-/* ---- owners, history and snapshots (history.c) --------------------------------------------- */
+/* ---- owners (owner.c) ------------------------------------------------------------------------ */
 
-/* The calling thread's owner scopes (ebb_alloc_owner_push/pop), kept by history.c; `top` is the
+/* The calling thread's owner scopes (ebb_alloc_owner_push/pop), kept by owner.c; `top` is the
  * innermost ({EBB_OWNER_OTHER, ""} outside any), mirrored so that every allocation reads it in
  * two loads. alloc/ is built with TLS descriptors (CMakeLists.txt): the access is an indirect
  * call of two instructions, not __tls_get_addr, and libebb stays dlopen-able. */
@@ -776,22 +791,38 @@ static inline void ebb__owner_current(uint8_t *cat, const char **name) {
   *cat = ebb__os.top.cat;
   *name = ebb__os.top.name;
 }
-/* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
- * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
-EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
-EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
 /* The interned copy of name (n bytes, n <= EBB_OWNER_NAME_MAX) into *out: EBB_ELIMIT when the
  * table is full, EBB_ENOMEM without host memory, the message naming fn. A thread-local cache
  * answers a name this thread interned recently without the table's lock. No arena lock held. */
 EBB_HIDDEN ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **out);
+/* ebb_alloc_block_owner / ebb_alloc_block_set_owner: the owner of the live block or slot that
+ * starts at ptr, in any pool, into *old_cat / *old_name (may be NULL); with `set`, replaced by
+ * (cat, name) (name interned). No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
+                                       ebb_owner_cat *old_cat, const char **old_name);
+
+/* ---- snapshots (snapshot.c) ------------------------------------------------------------------- */
+
 /* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes
  * each arena's lock in turn: no arena lock may be held. */
 EBB_HIDDEN ebb_status ebb__snapshot_write(const char *fn, const char *path);
 /* The top owners by allocated bytes of the arena, as ", top owners: parameter/w1 1.00 GiB, ..."
  * into buf ("" when nothing is allocated or no host memory is left). Lock held. */
 EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
+
+/* ---- history (history.c) ---------------------------------------------------------------------- */
+
+/* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
+ * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
+EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
+EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
+/* ebb_alloc_history_get's copy: the newest min(cap, held) actions, oldest first (a free pair
+ * slot expanded); out NULL: only *count (and *total) of them. Takes the lock. */
 EBB_HIDDEN ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                                     uint64_t *total);
+/* The newest min(cap, held) actions into out as ring entries, oldest first, pairs expanded
+ * (the snapshot's copy). The count. Lock held. */
+EBB_HIDDEN size_t ebb__hist_copy(const struct ebb__arena *a, struct ebb__hist_entry *out, size_t cap);
 
 /* Reads the clock, re-measures the counter's rate and returns the time for counter value t
  * (the slow path of ebb__hist_now). Lock held. */

@@ -504,7 +504,37 @@ ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t add
 
 /* ---- walks --------------------------------------------------------------------------------- */
 
-struct ebb__slab *ebb__slab_of(const struct ebb__block *b) { return b->slab; }
+bool ebb__piece_next(struct ebb__piece_iter *it, struct ebb__piece *out) {
+  const struct ebb__block *b = it->b;
+  if (!b) return false;
+  if (b->state != EBB__B_SLAB) {
+    *out = (struct ebb__piece){.addr = b->addr,
+                               .size = b->size,
+                               .requested = b->requested,
+                               .stream = b->spool ? b->spool->stream.id : 0,
+                               .owner = b->owner,
+                               .state = b->state,
+                               .owner_cat = b->owner_cat,
+                               .slot = false};
+    it->b = b->next;
+    return true;
+  }
+  const struct ebb__slab *sl = b->slab;
+  const struct ebb__slot *t = &sl->slots[it->slot];
+  *out = (struct ebb__piece){.addr = sl->addr + (uint64_t)it->slot * sl->slot,
+                             .size = sl->slot,
+                             .requested = t->requested,
+                             .stream = b->spool->stream.id,
+                             .owner = t->owner,
+                             .state = t->state,
+                             .owner_cat = t->owner_cat,
+                             .slot = true};
+  if (++it->slot == sl->nslots) {
+    it->b = b->next;
+    it->slot = 0;
+  }
+  return true;
+}
 
 #define EBB__SCHECK(cond, ...)                   \
   do {                                           \
