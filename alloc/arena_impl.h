@@ -566,10 +566,6 @@ EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const
 /* Free of a pointer of any arena of `kind`, found through the address map or the ptrmap. `fn`
  * names the public call for messages. */
 EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
-/* Every arena of the module (device arenas, pinned pools, the host pool), listed at start: *n
- * of them. For the copy hook's range filter. */
-#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
-EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
 /* Gives back a's fully free classic segments (empty cached slabs first), waiting for nothing:
  * what another arena under the same cap (the pinned pool's) can free at once. Bytes given back.
@@ -578,11 +574,8 @@ EBB_HIDDEN size_t ebb__arena_trim(struct ebb__arena *a);
 EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
 EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
 EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
-/* The device arenas, i in [0, device count), NULL past them (snapshots, messages); device.c. */
-EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
-/* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
- * when a pointer is in neither map (messages only); device.c. */
-EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+/* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
+EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
 /* ---- expandable segments (xseg.c) ------------------------------------------------------------
  * Lock held for every call. */
@@ -743,29 +736,65 @@ EBB_HIDDEN ebb_status ebb__slab_check_classes(struct ebb__arena *a, const char *
 /* Frees every slab record of the arena and its address-map entries (teardown). */
 EBB_HIDDEN void ebb__slab_fini(struct ebb__arena *a);
 
-/* ---- module state shared by device.c and host.c -------------------------------------------- */
+/* ---- the module (module.c) ------------------------------------------------------------------ */
 
-/* Entry check of every public call of the module: ebb initialised, the module started. */
+enum { EBB__AL_DOWN = 0, EBB__AL_STARTING = 1, EBB__AL_UP = 2 };
+
+/* The module's state: read inline by device.c's entry checks (the allocation entry computes
+ * &dev[device] from it: one instruction at this layout). */
+struct ebb__alloc_state {
+  _Atomic int phase;  /* EBB__AL_*: the module down, starting or up */
+  int ndev;
+  struct ebb__conf conf;
+  char oom_path[512]; /* conf.oom_snapshot points here */
+  char env[512];      /* conf.env points here */
+  struct ebb__arena dev[EBB_MAX_DEVICES];
+};
+EBB_HIDDEN extern struct ebb__alloc_state ebb__al;
+
+/* The module started: one acquire load, the whole entry check of every call once it is up.
+ * UP implies ebb is initialised: the teardown hook stores DOWN while `ready` is still set. */
+static inline bool ebb__alloc_up(void) {
+  /* acquire: pairs with the release store of EBB__AL_UP in ebb__alloc_enter_slow: the arenas
+   * are initialised. */
+  return atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP;
+}
+/* Entry check of every public call of the module: ebb initialised, the module started (started
+ * here by the first call that finds it down). _slow: the part after ebb__alloc_up. */
 EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
+EBB_HIDDEN ebb_status ebb__alloc_enter_slow(const char *fn);
 /* `s` validated into *out (its id and device); the message names `fn` on failure. */
 EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
-/* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
- * (start: no lock held, after the configuration is parsed). */
-/* device.c: segments given back, remembered for messages about pointers into them. add: a's
- * segment [base, base+size) went back to its upstream during the session (empty_cache, an OOM
- * retry, a trim; the teardown records its own); any lock. find: when a segment of a pool of
- * `kind` holding `addr` went back ("before the last completed ebb_shutdown" / "since ebb_init
+/* The device arenas, i in [0, device count), NULL past them (snapshots, messages). */
+EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
+/* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
+ * when a pointer is in neither map (messages only). */
+EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+/* The same arenas, listed at start: *n of them. For the copy hook's range filter. */
+#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
+EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
+/* Segments given back, remembered for messages about pointers into them. add: a's segment
+ * [base, base+size) went back to its upstream during the session (empty_cache, an OOM retry, a
+ * trim; the teardown records its own); any lock. find: when a segment of a pool of `kind`
+ * holding `addr` went back ("before the last completed ebb_shutdown" / "since ebb_init
  * (...)"), the pool's label in `label`; NULL when none of the remembered ones holds it. Failure
  * paths only. */
 EBB_HIDDEN void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size);
 EBB_HIDDEN const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len);
+
+/* ---- the device arena (device.c) ------------------------------------------------------------- */
+
+/* The driver upstream of the device arenas. */
+EBB_HIDDEN extern const struct ebb__upstream ebb__device_upstream;
+
+/* ---- the pinned and host pools (host.c) --------------------------------------------------------
+ * Started and torn down with the device arenas by module.c (start: no lock held, after the
+ * configuration is parsed). */
+
 EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
 EBB_HIDDEN void ebb__hostpools_fini(void);
 /* The pinned pools then the host pool, NULL past the last. */
 EBB_HIDDEN struct ebb__arena *ebb__hostpool_nth(int i);
-
-/* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
-EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
 /* ---- owners (owner.c) ------------------------------------------------------------------------ */
 
