@@ -191,7 +191,7 @@ static bool ebb__smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g
     }
     struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
     uint64_t gb = g << EBB__SMAP_GRAN, ge = gb + ((uint64_t)1 << EBB__SMAP_GRAN);
-    /* release: pairs with the acquire in ebb__smap_find. */
+    /* release: pairs with the acquire in ebb__smap_slab_in. */
     if (gb >= start)
       atomic_store_explicit(&e->lo, on ? (uintptr_t)sl | (end >= ge ? 0 : (uintptr_t)((end - gb) >> 9)) : 0,
                             memory_order_release);

@@ -1,9 +1,14 @@
-/* arena.c: the arena engine. Blocks carved from upstream segments, size classes, split and
- * merge, a per-stream free index, stream-ordered reuse through events, the OOM retry chain,
- * expandable segments, the counters and the history actions (history.c keeps the ring), written
- * once for every memory kind (arena_impl.h).
+/* arena.c: the arena engine, written once for every memory kind (arena_impl.h). Blocks carved
+ * from upstream segments: split and merge, allocation (the stream's own free index, then another
+ * stream's free block or a run of several streams' blocks, ordered after their streams by
+ * events, then the upstream, then the release-and-retry chain and the OOM report), the free of a
+ * block, the release paths (empty_cache, trim), limits, counters and the history actions, and
+ * the arena's life cycle. Its parts have files of their own: the free index (fidx.c), expandable
+ * segments (xseg.c), pending frees (pending.c), slabs (slab.c), the address maps (addrmap.c).
  *
- * Owns: everything hanging off a struct ebb__arena. The upstream owns the memory itself.
+ * Owns: the segment records and the block records (carved from chunks, recycled, freed only at
+ * teardown), the counters, and the arena's teardown, which calls each part's. The upstream owns
+ * the memory itself.
  *
  * Threading: one mutex per arena (rank EBB_RANK_ARENA) protects all of it. The lock is dropped
  * around upstream obtain/release (a driver allocation can take milliseconds and may synchronise
@@ -16,12 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "arena_impl.h"
-#include "streams_export.h"
 
 #define EBB__SLAB_BLOCKS 256
 
@@ -29,8 +30,10 @@ _Static_assert(sizeof(struct ebb__block) == 128 && offsetof(struct ebb__block, s
                "a block record is two cache lines, the free-index fields in the first");
 /* The pieces of the alloc/free hit path: inlined into it even where they have other callers,
  * so a pair is one straight run with the block's fields in registers, not a dozen calls each
- * reloading them (GCC's size heuristics left most of them out of line). */
-#define EBB__HOT static inline __attribute__((always_inline))
+ * reloading them (GCC's size heuristics left most of them out of line). One that arena_impl.h
+ * also declares (extern) is an external inline definition (C11 6.7.4): inlined here, and emitted
+ * once out of line for the other files (xseg.c, pending.c). */
+#define EBB__HOT inline __attribute__((always_inline))
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -76,7 +79,7 @@ static bool ebb__block_slab(struct ebb__arena *a) {
   return true;
 }
 
-inline __attribute__((always_inline)) struct ebb__block *ebb__block_new(struct ebb__arena *a) {
+EBB__HOT struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->block_spare);
   if (EBB_UNLIKELY(!n)) {
     if (!ebb__block_slab(a)) return NULL;
@@ -132,9 +135,7 @@ static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment 
 
 /* ---- free and merge ------------------------------------------------------------------------ */
 
-/* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
- * free neighbours of the same stream and pool, and indexes the result. Lock held. */
-inline __attribute__((always_inline)) void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
+EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__segment *g = b->seg;
   struct ebb__block *p = b->prev, *n = b->next;
   bool left = ebb__mergeable(b, p), right = ebb__mergeable(b, n);
@@ -167,7 +168,7 @@ inline __attribute__((always_inline)) void ebb__merge_insert(struct ebb__arena *
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
  * recorded: the caller recorded FREE_COMPLETED with the request (ebb__hist_rec_free_pair). */
-EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool recorded) {
+static EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool recorded) {
   struct ebb__segment *g = b->seg;
   if (!recorded)
     ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);

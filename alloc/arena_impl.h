@@ -1,11 +1,34 @@
-/* arena_impl.h: the arena engine's structures, shared by the files of alloc/ and nothing else.
+/* arena_impl.h: what the files of alloc/ share; nothing outside alloc/ includes it.
  *
  * One engine (arena.c) carves blocks out of segments that an upstream provides; the memory kind
  * lives only in the upstream table (STYLE.md 14): device memory through the driver (device.c),
- * later pinned and plain host memory through their own tables. The engine never touches the
- * memory it hands out, so it works for memory the host cannot even read.
+ * pinned and plain host memory through theirs (host.c). The engine never touches the memory it
+ * hands out, so it works for memory the host cannot even read.
  *
- * Ownership: an arena owns its segments, its block records (carved from slabs, recycled, freed
+ * The files, each with one job; the second half of this header declares what each provides, a
+ * section per file in this order:
+ *   arena.c     the engine: block and segment records, split and merge, allocation (the hit
+ *               path, steals, runs, growth, the retry chain, the OOM report), free, the release
+ *               paths, limits and counters, the arena's life cycle
+ *   fidx.c      the free index: per stream (spool) and pool, a B+-tree in oldest-fit order
+ *   xseg.c      expandable segments: one VMM reservation mapped granule by granule
+ *   pending.c   frees that wait for events on the streams that used the memory, those uses,
+ *               and the event cache
+ *   slab.c      size-class slabs for small requests, and the walk over a segment's blocks and
+ *               slots (struct ebb__piece)
+ *   addrmap.c   from an address to its block or slot (the granule map and the ptrmap), and
+ *               what a pointer that is no live block is
+ *   copy.c      the copy hook: bounds and use records of ebb_copy_async's sides
+ *   check.c     the debug walk
+ *   owner.c     owner scopes, interned owner names, the owner of a live block
+ *   history.c   the per-arena ring of allocator actions
+ *   snapshot.c  the JSON snapshot and the OOM report's top owners
+ *   module.c    the registry of arenas, EBB_ALLOC_CONF, start and teardown, the entry check
+ *   device.c    the device upstream and the public ebb_arena_* calls
+ *   host.c      the pinned and host pools: their upstreams and public calls
+ * The first half holds the records they share.
+ *
+ * Ownership: an arena owns its segments, its block records (carved from chunks, recycled, freed
  * only at teardown, so a stale block pointer always points at a block record), its per-stream
  * free indexes, its pending-free queues and an event cache. Pointer -> block lookup is shared by
  * every arena: live blocks larger than 64 KiB (every block, with the default slab_max) are in
@@ -41,6 +64,10 @@
 #include "ebb_sync.h"
 #include "streams_export.h"
 
+/* ==============================================================================================
+ * The records the files share; each says which file owns it where that is not arena.c.
+ * ============================================================================================== */
+
 /* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
 
 #define EBB__MIN_BLOCK ((size_t)512)             /* every size is rounded up to this */
@@ -74,7 +101,7 @@ enum ebb__bstate {
                           ebb__slab_make attaches its record */
 };
 
-/* ---- free index: oldest fit -------------------------------------------------------------------
+/* ---- the free index: oldest fit (fidx.c) --------------------------------------------------------
  * A request takes the first free block that holds it in (segment age, address) order: the
  * oldest segment that can serve it, the lowest such block inside. That order makes a repeated
  * sequence of requests reach a fixed point after one pass. In the pass that grows the arena, a
@@ -113,8 +140,8 @@ struct ebb__stream_ref {
   int device;
 };
 
-/* The free blocks of one allocation stream, per pool. Created at the stream's first allocation
- * on the arena and kept until teardown (a few per stream: small). */
+/* The free blocks of one allocation stream, per pool (fidx.c). Created at the stream's first
+ * allocation on the arena; freed once the stream is released and the spool holds nothing. */
 struct ebb__spool {
   struct ebb__stream_ref stream;
   struct ebb__fidx pools[EBB__NPOOLS];
@@ -276,7 +303,7 @@ struct ebb__arena;
 /* The memory kind behind an arena (STYLE.md 8, 14). obtain/release are required; the VMM entries
  * (reserve, map, unmap, unreserve) may be NULL, and then expandable segments are unsupported.
  * Every entry is called with the arena's lock dropped, except map/unmap of expandable growth
- * (see arena.c). */
+ * (see xseg.c). */
 struct ebb__upstream {
   const char *name;     /* "device", "pinned", "host": messages */
   const char *alloc_fn; /* the public call that allocates from it: messages */
@@ -354,8 +381,8 @@ struct ebb__hclock {
                          multiply (a double's conversions from and to uint64_t cost ~10 Ir) */
 };
 
-/* Capacity counts actions, as before pairs shared a slot: the views (ebb__hist_get, the
- * snapshot) show the newest min(total, cap) actions. The ring has cap slots, each one or two
+/* Capacity counts actions, not slots: the views (ebb__hist_get, the snapshot) show the newest
+ * min(total, cap) actions. The ring has cap slots, each one or two
  * actions, so it always holds at least that many; readers drop the older rest, which may be the
  * FREE_REQUESTED half of the oldest slot. */
 struct ebb__hist {
@@ -423,13 +450,18 @@ struct ebb__arena {
   struct ebb__hist hist;
   /* A range that holds every segment the arena ever had (the expandable reservation whole), in
    * 64 KiB units: low half the first unit, high half one past the last (0: none yet). Only
-   * widened, under `mu`; read without the lock by the copy hook as a filter (ebb__span_holds).
+   * widened, under `mu`; read without the lock by the copy hook as a filter (ebb__in_span).
    * One word, not two: the arena stays 1 136 bytes, whose multiple the allocation entry
    * computes in one instruction (two at 1 152). */
   _Atomic uint64_t span;
 };
 
-/* ---- counters (inline) ------------------------------------------------------------------- */
+/* ==============================================================================================
+ * The functions, grouped by the file that provides them; the small inline helpers several files
+ * use come first (provided by this header).
+ * ============================================================================================== */
+
+/* ---- inline: counters ------------------------------------------------------------------------ */
 
 static inline void ebb__stat_add(ebb_arena_stat *st, uint64_t n) {
   st->current += n;
@@ -449,7 +481,7 @@ static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to
   if (st->current > st->peak) st->peak = st->current;
 }
 
-/* ---- size policy and fit rules (inline, for arena.c and fidx.c) ------------------------------ */
+/* ---- inline: the size policy and fit rules (arena.c, fidx.c) --------------------------------- */
 
 static inline size_t ebb__round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -494,7 +526,94 @@ static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
   return ebb__stream_peek(r->s, &id, &dev) && id == r->id;
 }
 
-/* ---- the free index and the spools (fidx.c) ---------------------------------------------------
+/* ---- inline: record chunks ----------------------------------------------------------------------
+ * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's
+ * pointer in a growable array (doubling from `first`). Keeps chunk p in (*v, *n, *cap); false
+ * when out of host memory (nothing kept: the caller frees p). Lock held. */
+static inline bool ebb__chunk_keep(void ***v, size_t *n, size_t *cap, void *p, size_t first) {
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : first;
+    void **nv = realloc(*v, nc * sizeof *nv);
+    if (!nv) return false;
+    *v = nv;
+    *cap = nc;
+  }
+  (*v)[(*n)++] = p;
+  return true;
+}
+
+/* ---- arena.c: the engine --------------------------------------------------------------------- */
+
+/* Block records (lock held): a spare record, reset (NULL: no host memory for a chunk of them),
+ * and a record back to the spare list. Inline in arena.c's alloc and free paths. */
+EBB_HIDDEN struct ebb__block *ebb__block_new(struct ebb__arena *a);
+EBB_HIDDEN void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b);
+/* Whether n is a free neighbour that block b merges with: same stream and pool. */
+static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__block *n) {
+  return n && n->state == EBB__B_FREE && n->spool == b->spool && n->pool == b->pool;
+}
+/* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
+ * free neighbours of the same stream and pool, and indexes the result. Lock held. */
+EBB_HIDDEN void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b);
+/* A block whose uses are over (the last event of a deferred free completed) back to its
+ * stream's free index, merged; FREE_COMPLETED recorded. Lock held. */
+EBB_HIDDEN void ebb__block_release(struct ebb__arena *a, struct ebb__block *b);
+/* A new segment [base, base + size) of pool `pool` for stream spool sp: one FREE block, not
+ * indexed, into *first; reserved bytes and the segment count counted, the span widened. NULL:
+ * no host memory for the records. Lock held. */
+EBB_HIDDEN struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
+                                                 struct ebb__spool *sp, struct ebb__block **first);
+/* The 64 KiB unit of addr for the span (struct ebb__arena): addresses past 48 bits share the last. */
+static inline uint64_t ebb__span_unit(uint64_t addr) {
+  return addr >> 48 ? (uint64_t)UINT32_MAX - 1 : addr >> 16;
+}
+/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold
+ * [base, base + size). Lock held. */
+EBB_HIDDEN void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size);
+
+/* An empty arena over upstream `up` (device: its device, or the device a pinned pool serves;
+ * total_mem: the capacity its reports name), with its history ring. */
+EBB_HIDDEN void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device,
+                                const struct ebb__conf *conf, size_t total_mem);
+/* Releases every segment (leaked blocks included) and every structure. No lock may be held. */
+EBB_HIDDEN void ebb__arena_fini(struct ebb__arena *a);
+/* `bytes` (> 0) on stream s into *out: a slot (bytes within conf.slab_max) or a block; the
+ * message of a failure names up->alloc_fn. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
+                                       void **out);
+/* Free of a pointer of any arena of `kind`, found through the address map or the ptrmap. `fn`
+ * names the public call for messages. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
+/* Waits for every pending free, gives empty slabs, whole free granules (after a device
+ * synchronisation) and whole free classic segments back. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
+/* Gives back a's fully free classic segments (empty cached slabs first), waiting for nothing:
+ * what another arena under the same cap (the pinned pool's) can free at once. Bytes given back.
+ * Lock not held. */
+EBB_HIDDEN size_t ebb__arena_trim(struct ebb__arena *a);
+/* The public calls' halves (no lock held): the cap on reserved bytes (0: none); the counters,
+ * after polling pending frees in (never a host wait); the peaks back to the current values. */
+EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
+EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
+EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
+/* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
+EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
+
+/* For slabs (slab.c); lock not held unless said. */
+/* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
+ * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
+ * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
+ * chain and no OOM report: on failure the caller allocates the request as a plain block, which
+ * runs both with the caller's own size. */
+EBB_HIDDEN ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
+                                                  struct ebb__block **out);
+/* A plain block (never a slot): the engine's own path. */
+EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out);
+/* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
+ * held. */
+EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
+
+/* ---- fidx.c: the free index and the spools ------------------------------------------------------
  * Lock held for every call. */
 
 /* Enters FREE block b (counted in its segment, not indexed) in its stream's index for its pool:
@@ -528,56 +647,7 @@ EBB_HIDDEN ebb_status ebb__fidx_check(struct ebb__arena *a, const char *fn, size
 /* Frees the node chunks and the spools (teardown, after ebb__slab_fini). */
 EBB_HIDDEN void ebb__fidx_fini(struct ebb__arena *a);
 
-/* ---- engine (arena.c) ---------------------------------------------------------------------- */
-
-/* Block records (lock held): a spare record, reset (NULL: no host memory for a chunk of them),
- * and a record back to the spare list. Inline in arena.c's alloc and free paths. */
-EBB_HIDDEN struct ebb__block *ebb__block_new(struct ebb__arena *a);
-EBB_HIDDEN void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b);
-/* Whether n is a free neighbour that block b merges with: same stream and pool. */
-static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__block *n) {
-  return n && n->state == EBB__B_FREE && n->spool == b->spool && n->pool == b->pool;
-}
-/* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
- * free neighbours of the same stream and pool, and indexes the result. Lock held. */
-EBB_HIDDEN void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b);
-/* A block whose uses are over (the last event of a deferred free completed) back to its
- * stream's free index, merged; FREE_COMPLETED recorded. Lock held. */
-EBB_HIDDEN void ebb__block_release(struct ebb__arena *a, struct ebb__block *b);
-/* A new segment [base, base + size) of pool `pool` for stream spool sp: one FREE block, not
- * indexed, into *first; reserved bytes and the segment count counted, the span widened. NULL:
- * no host memory for the records. Lock held. */
-EBB_HIDDEN struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
-                                                 struct ebb__spool *sp, struct ebb__block **first);
-/* The 64 KiB unit of addr for the span (struct ebb__arena): addresses past 48 bits share the last. */
-static inline uint64_t ebb__span_unit(uint64_t addr) {
-  return addr >> 48 ? (uint64_t)UINT32_MAX - 1 : addr >> 16;
-}
-/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold
- * [base, base + size). Lock held. */
-EBB_HIDDEN void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size);
-
-EBB_HIDDEN void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device,
-                                const struct ebb__conf *conf, size_t total_mem);
-/* Releases every segment (leaked blocks included) and every structure. No lock may be held. */
-EBB_HIDDEN void ebb__arena_fini(struct ebb__arena *a);
-EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
-                                       void **out);
-/* Free of a pointer of any arena of `kind`, found through the address map or the ptrmap. `fn`
- * names the public call for messages. */
-EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
-EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
-/* Gives back a's fully free classic segments (empty cached slabs first), waiting for nothing:
- * what another arena under the same cap (the pinned pool's) can free at once. Bytes given back.
- * Lock not held. */
-EBB_HIDDEN size_t ebb__arena_trim(struct ebb__arena *a);
-EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
-EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
-EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
-/* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
-EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
-
-/* ---- expandable segments (xseg.c) ------------------------------------------------------------
+/* ---- xseg.c: expandable segments ----------------------------------------------------------------
  * Lock held for every call. */
 
 /* Maps granules at the end of the reservation (reserved at the first call) so that the tail
@@ -594,7 +664,7 @@ EBB_HIDDEN ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb
 /* Unmaps every mapped granule and frees the reservation (teardown; no lock held). */
 EBB_HIDDEN void ebb__x_fini(struct ebb__arena *a);
 
-/* ---- pending frees and recorded uses (pending.c) ---------------------------------------------- */
+/* ---- pending.c: pending frees and recorded uses ---------------------------------------------- */
 
 /* The arena's idle events by device (lock held): pop one (NULL: none cached), push one back
  * (false: the cache cannot grow; the caller releases it after dropping the lock). */
@@ -650,22 +720,7 @@ EBB_HIDDEN ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena
 /* Waits for every pending event and releases the queues and the event cache (teardown, first). */
 EBB_HIDDEN void ebb__pending_fini(struct ebb__arena *a);
 
-/* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
-
-/* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
- * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
- * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
- * chain and no OOM report: on failure the caller allocates the request as a plain block, which
- * runs both with the caller's own size. */
-EBB_HIDDEN ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
-                                                  struct ebb__block **out);
-/* A plain block (never a slot): the engine's own path. */
-EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out);
-/* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
- * held. */
-EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
-
-/* ---- slabs (slab.c) ------------------------------------------------------------------------- */
+/* ---- slab.c: size-class slabs ---------------------------------------------------------------- */
 
 /* A slot for `bytes` (rounded r <= conf.slab_max) on stream s; falls back to a plain block when
  * no slab can be had. Lock not held. */
@@ -674,13 +729,13 @@ EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t
 /* Free / record_stream of addr inside slab sl (locked by ebb__addr_lookup_lock; unlocked on
  * return). Same messages as for blocks. */
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
+EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
+                                       const struct ebb__stream_ref *s, enum ebb__memkind kind);
 /* The copy hook's part for an address inside live slab sl (locked by the caller; unlocked on
  * return): nothing for a slot that is not handed out, else the bounds check against the slot's
  * end and the record of s on the slot (ebb__arena_copy_use). */
 EBB_HIDDEN ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
                                          const struct ebb__stream_ref *s);
-EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
-                                       const struct ebb__stream_ref *s, enum ebb__memkind kind);
 /* ebb__arena_owner's part for an address inside live slab sl (locked by ebb__addr_lookup_lock;
  * unlocked on return). */
 EBB_HIDDEN ebb_status ebb__slab_owner(const char *fn, struct ebb__slab *sl, uint64_t addr, bool set, uint8_t cat,
@@ -736,67 +791,84 @@ EBB_HIDDEN ebb_status ebb__slab_check_classes(struct ebb__arena *a, const char *
 /* Frees every slab record of the arena and its address-map entries (teardown). */
 EBB_HIDDEN void ebb__slab_fini(struct ebb__arena *a);
 
-/* ---- the module (module.c) ------------------------------------------------------------------ */
-
-enum { EBB__AL_DOWN = 0, EBB__AL_STARTING = 1, EBB__AL_UP = 2 };
-
-/* The module's state: read inline by device.c's entry checks (the allocation entry computes
- * &dev[device] from it: one instruction at this layout). */
-struct ebb__alloc_state {
-  _Atomic int phase;  /* EBB__AL_*: the module down, starting or up */
-  int ndev;
-  struct ebb__conf conf;
-  char oom_path[512]; /* conf.oom_snapshot points here */
-  char env[512];      /* conf.env points here */
-  struct ebb__arena dev[EBB_MAX_DEVICES];
-};
-EBB_HIDDEN extern struct ebb__alloc_state ebb__al;
-
-/* The module started: one acquire load, the whole entry check of every call once it is up.
- * UP implies ebb is initialised: the teardown hook stores DOWN while `ready` is still set. */
-static inline bool ebb__alloc_up(void) {
-  /* acquire: pairs with the release store of EBB__AL_UP in ebb__alloc_enter_slow: the arenas
-   * are initialised. */
-  return atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP;
+/* ---- addrmap.c: from an address to its block or slot --------------------------------------------
+ * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of the granule map) is entered
+ * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
+ * small request served as a block when no slab could be made, or one past the map's 48-bit
+ * addresses) in the ptrmap. Slabs are in the granule map over their whole span. Lock of the
+ * entry's arena held for the writes; the finds take no arena lock and are unvalidated. */
+#define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
+static inline bool ebb__block_in_amap(const struct ebb__block *b) {
+  return b->size > EBB__AMAP_BLOCK_MIN && !(b->addr >> 48);
 }
-/* Entry check of every public call of the module: ebb initialised, the module started (started
- * here by the first call that finds it down). _slow: the part after ebb__alloc_up. */
-EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
-EBB_HIDDEN ebb_status ebb__alloc_enter_slow(const char *fn);
-/* `s` validated into *out (its id and device); the message names `fn` on failure. */
-EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
-/* The device arenas, i in [0, device count), NULL past them (snapshots, messages). */
-EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
-/* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
- * when a pointer is in neither map (messages only). */
-EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
-/* The same arenas, listed at start: *n of them. For the copy hook's range filter. */
-#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
-EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
-/* Segments given back, remembered for messages about pointers into them. add: a's segment
- * [base, base+size) went back to its upstream during the session (empty_cache, an OOM retry, a
- * trim; the teardown records its own); any lock. find: when a segment of a pool of `kind`
- * holding `addr` went back ("before the last completed ebb_shutdown" / "since ebb_init
- * (...)"), the pool's label in `label`; NULL when none of the remembered ones holds it. Failure
- * paths only. */
-EBB_HIDDEN void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size);
-EBB_HIDDEN const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len);
+EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
+/* The live block of the map that starts nearest at or below addr, looking back at most
+ * max_granules granules before addr's own; unvalidated (its record may have been reused: check
+ * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
+ * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
+/* Enters (on) or removes slab sl over its span; false: no host memory for a leaf (nothing left
+ * entered). Lock of sl's arena held. */
+EBB_HIDDEN bool ebb__amap_slab_set(struct ebb__slab *sl, bool on);
+/* The slab whose span the map says holds addr, unvalidated; NULL: none. */
+EBB_HIDDEN struct ebb__slab *ebb__amap_slab_find(uint64_t addr);
+/* What a free or record_stream of addr is about, found through the address map: a slot (its
+ * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
+ * memory kind, a block of that kind has its entry cleared, which elects the caller as the
+ * block's one free, and a block of another kind keeps it: a free through the wrong pool's call
+ * must not hide the block from its owner's); either with its arena locked. NULL and *bout NULL:
+ * neither (the pointer may be a smaller block, in the ptrmap, or bad), no lock held. take 0:
+ * the entry stays (record_stream). */
+EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout);
+EBB_HIDDEN bool ebb__ptrmap_insert(struct ebb__block *b); /* false: out of host memory */
+/* The block starting at addr, removed from the ptrmap (take) or left there (find); NULL if none. */
+EBB_HIDDEN struct ebb__block *ebb__ptrmap_take(uint64_t addr);
+EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
+/* Frees both maps' tables (module teardown, after every arena's fini). */
+EBB_HIDDEN void ebb__addrmap_clear(void);
+/* The block of arena a's segments that holds addr, any state; NULL: none. Lock held. */
+EBB_HIDDEN struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t addr);
+/* "ebb_arena_alloc", "ebb_pinned_alloc", "ebb_pageable_alloc": the public call of a kind. */
+EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
+/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
+ * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
+ * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
+EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
+                                      uint64_t base, size_t size, uint64_t sid);
+/* Why `ptr` is not a live block of `kind`: searched in every arena's segments, then among the
+ * ranges given back (ebb__grave_find). No lock held. */
+EBB_HIDDEN ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind);
+/* EBB_EINVAL: `ptr` is a live block of arena o, not of `kind` (a free through the wrong call). */
+EBB_HIDDEN ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind);
 
-/* ---- the device arena (device.c) ------------------------------------------------------------- */
+/* ---- copy.c: the copy hook ------------------------------------------------------------------- */
 
-/* The driver upstream of the device arenas. */
-EBB_HIDDEN extern const struct ebb__upstream ebb__device_upstream;
+/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
+ * check and use record of a copy's side inside a live block of any arena. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
+/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
+ * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
+EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
+                                         uint64_t base, size_t size);
 
-/* ---- the pinned and host pools (host.c) --------------------------------------------------------
- * Started and torn down with the device arenas by module.c (start: no lock held, after the
- * configuration is parsed). */
+/* ---- check.c: the debug walk ----------------------------------------------------------------- */
 
-EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
-EBB_HIDDEN void ebb__hostpools_fini(void);
-/* The pinned pools then the host pool, NULL past the last. */
-EBB_HIDDEN struct ebb__arena *ebb__hostpool_nth(int i);
+/* Walks every segment, index and counter of the arena under its lock: EBB_OK, or EBB_EINTERNAL
+ * with a message naming fn, the arena and what disagrees. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
 
-/* ---- owners (owner.c) ------------------------------------------------------------------------ */
+/* A check of a debug walk: on failure `st` gets EBB_EINTERNAL with the message and the walk
+ * jumps to its `done` label. */
+#define EBB__CHECK(cond, ...)                                              \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      st = ebb__fail(EBB_EINTERNAL, __VA_ARGS__);                          \
+      goto done;                                                           \
+    }                                                                      \
+  } while (0)
+
+/* ---- owner.c: owner scopes and block owners -------------------------------------------------- */
 
 /* The calling thread's owner scopes (ebb_alloc_owner_push/pop), kept by owner.c; `top` is the
  * innermost ({EBB_OWNER_OTHER, ""} outside any), mirrored so that every allocation reads it in
@@ -830,16 +902,7 @@ EBB_HIDDEN ebb_status ebb__intern(const char *fn, const char *name, size_t n, co
 EBB_HIDDEN ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
                                        ebb_owner_cat *old_cat, const char **old_name);
 
-/* ---- snapshots (snapshot.c) ------------------------------------------------------------------- */
-
-/* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes
- * each arena's lock in turn: no arena lock may be held. */
-EBB_HIDDEN ebb_status ebb__snapshot_write(const char *fn, const char *path);
-/* The top owners by allocated bytes of the arena, as ", top owners: parameter/w1 1.00 GiB, ..."
- * into buf ("" when nothing is allocated or no host memory is left). Lock held. */
-EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
-
-/* ---- history (history.c) ---------------------------------------------------------------------- */
+/* ---- history.c: the ring of allocator actions ------------------------------------------------ */
 
 /* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
  * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
@@ -905,97 +968,73 @@ static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, 
   h->total++; /* the slot holds two actions */
 }
 
-/* ---- record chunks ----------------------------------------------------------------------------
- * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's
- * pointer in a growable array (doubling from `first`). Keeps chunk p in (*v, *n, *cap); false
- * when out of host memory (nothing kept: the caller frees p). Lock held. */
-static inline bool ebb__chunk_keep(void ***v, size_t *n, size_t *cap, void *p, size_t first) {
-  if (*n == *cap) {
-    size_t nc = *cap ? *cap * 2 : first;
-    void **nv = realloc(*v, nc * sizeof *nv);
-    if (!nv) return false;
-    *v = nv;
-    *cap = nc;
-  }
-  (*v)[(*n)++] = p;
-  return true;
+/* ---- snapshot.c: snapshots and the OOM report's top owners ----------------------------------- */
+
+/* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes
+ * each arena's lock in turn: no arena lock may be held. */
+EBB_HIDDEN ebb_status ebb__snapshot_write(const char *fn, const char *path);
+/* The top owners by allocated bytes of the arena, as ", top owners: parameter/w1 1.00 GiB, ..."
+ * into buf ("" when nothing is allocated or no host memory is left). Lock held. */
+EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
+
+/* ---- module.c: the registry, the configuration, start and teardown --------------------------- */
+
+enum { EBB__AL_DOWN = 0, EBB__AL_STARTING = 1, EBB__AL_UP = 2 };
+
+/* The module's state: read inline by device.c's entry checks (the allocation entry computes
+ * &dev[device] from it: one instruction at this layout). */
+struct ebb__alloc_state {
+  _Atomic int phase;  /* EBB__AL_*: the module down, starting or up */
+  int ndev;
+  struct ebb__conf conf;
+  char oom_path[512]; /* conf.oom_snapshot points here */
+  char env[512];      /* conf.env points here */
+  struct ebb__arena dev[EBB_MAX_DEVICES];
+};
+EBB_HIDDEN extern struct ebb__alloc_state ebb__al;
+
+/* The module started: one acquire load, the whole entry check of every call once it is up.
+ * UP implies ebb is initialised: the teardown hook stores DOWN while `ready` is still set. */
+static inline bool ebb__alloc_up(void) {
+  /* acquire: pairs with the release store of EBB__AL_UP in ebb__alloc_enter_slow: the arenas
+   * are initialised. */
+  return atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP;
 }
+/* Entry check of every public call of the module: ebb initialised, the module started (started
+ * here by the first call that finds it down). _slow: the part after ebb__alloc_up. */
+EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
+EBB_HIDDEN ebb_status ebb__alloc_enter_slow(const char *fn);
+/* `s` validated into *out (its id and device); the message names `fn` on failure. */
+EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
+/* The device arenas, i in [0, device count), NULL past them (snapshots, messages). */
+EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
+/* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
+ * when a pointer is in neither map (messages only). */
+EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+/* The same arenas, listed at start: *n of them. For the copy hook's range filter. */
+#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
+EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
+/* Segments given back, remembered for messages about pointers into them. add: a's segment
+ * [base, base+size) went back to its upstream during the session (empty_cache, an OOM retry, a
+ * trim; the teardown records its own); any lock. find: when a segment of a pool of `kind`
+ * holding `addr` went back ("before the last completed ebb_shutdown" / "since ebb_init
+ * (...)"), the pool's label in `label`; NULL when none of the remembered ones holds it. Failure
+ * paths only. */
+EBB_HIDDEN void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size);
+EBB_HIDDEN const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len);
 
-/* ---- from an address to its block or slot (addrmap.c) -----------------------------------------
- * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of the granule map) is entered
- * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
- * small request served as a block when no slab could be made, or one past the map's 48-bit
- * addresses) in the ptrmap. Slabs are in the granule map over their whole span. Lock of the
- * entry's arena held for the writes; the finds take no arena lock and are unvalidated. */
-#define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
-static inline bool ebb__block_in_amap(const struct ebb__block *b) {
-  return b->size > EBB__AMAP_BLOCK_MIN && !(b->addr >> 48);
-}
-EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
-EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
-/* The live block of the map that starts nearest at or below addr, looking back at most
- * max_granules granules before addr's own; unvalidated (its record may have been reused: check
- * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
- * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
-EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
-/* Enters (on) or removes slab sl over its span; false: no host memory for a leaf (nothing left
- * entered). Lock of sl's arena held. */
-EBB_HIDDEN bool ebb__amap_slab_set(struct ebb__slab *sl, bool on);
-/* The slab whose span the map says holds addr, unvalidated; NULL: none. */
-EBB_HIDDEN struct ebb__slab *ebb__amap_slab_find(uint64_t addr);
-/* What a free or record_stream of addr is about, found through the address map: a slot (its
- * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
- * memory kind, a block of that kind has its entry cleared, which elects the caller as the
- * block's one free, and a block of another kind keeps it: a free through the wrong pool's call
- * must not hide the block from its owner's); either with its arena locked. NULL and *bout NULL:
- * neither (the pointer may be a smaller block, in the ptrmap, or bad), no lock held. take 0:
- * the entry stays (record_stream). */
-EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout);
-EBB_HIDDEN bool ebb__ptrmap_insert(struct ebb__block *b); /* false: out of host memory */
-/* The block starting at addr, removed from the ptrmap (take) or left there (find); NULL if none. */
-EBB_HIDDEN struct ebb__block *ebb__ptrmap_take(uint64_t addr);
-EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
-/* Frees both maps' tables (module teardown, after every arena's fini). */
-EBB_HIDDEN void ebb__addrmap_clear(void);
-/* The block of arena a's segments that holds addr, any state; NULL: none. Lock held. */
-EBB_HIDDEN struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t addr);
-/* "ebb_arena_alloc", "ebb_pinned_alloc", "ebb_pageable_alloc": the public call of a kind. */
-EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
-/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
- * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
- * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
-EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
-                                      uint64_t base, size_t size, uint64_t sid);
-/* Why `ptr` is not a live block of `kind`: searched in every arena's segments, then among the
- * ranges given back (ebb__grave_find). No lock held. */
-EBB_HIDDEN ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind);
-/* EBB_EINVAL: `ptr` is a live block of arena o, not of `kind` (a free through the wrong call). */
-EBB_HIDDEN ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind);
+/* ---- device.c: the device arena -------------------------------------------------------------- */
 
-/* ---- the copy hook (copy.c) -------------------------------------------------------------------- */
+/* The driver upstream of the device arenas. */
+EBB_HIDDEN extern const struct ebb__upstream ebb__device_upstream;
 
-/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
- * check and use record of a copy's side inside a live block of any arena. No lock held. */
-EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
-/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
- * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
-EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
-                                         uint64_t base, size_t size);
+/* ---- host.c: the pinned and host pools ----------------------------------------------------------
+ * Started and torn down with the device arenas by module.c (start: no lock held, after the
+ * configuration is parsed). */
 
-/* ---- the debug walk (check.c) ----------------------------------------------------------------- */
-
-/* Walks every segment, index and counter of the arena under its lock: EBB_OK, or EBB_EINTERNAL
- * with a message naming fn, the arena and what disagrees. No lock held. */
-EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
-
-/* A check of a debug walk: on failure `st` gets EBB_EINTERNAL with the message and the walk
- * jumps to its `done` label. */
-#define EBB__CHECK(cond, ...)                                              \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      st = ebb__fail(EBB_EINTERNAL, __VA_ARGS__);                          \
-      goto done;                                                           \
-    }                                                                      \
-  } while (0)
+EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
+EBB_HIDDEN void ebb__hostpools_fini(void);
+/* The pinned pools then the host pool, NULL past the last. */
+EBB_HIDDEN struct ebb__arena *ebb__hostpool_nth(int i);
 
 #endif /* EBB_ARENA_IMPL_H */
