@@ -151,24 +151,31 @@ const char *ebb_owner_cat_name(ebb_owner_cat cat) {
   return (unsigned)cat < EBB_OWNER_CAT_COUNT ? ebb__cat_names[cat] : "unknown";
 }
 
-ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name) {
-  static const char fn[] = "ebb_alloc_owner_push";
+/* The checks of an owner (cat, name) a public call `fn` was given; *n: the name's length. */
+static ebb_status ebb__owner_check(const char *fn, ebb_owner_cat cat, const char *name, size_t *n) {
   if ((unsigned)cat >= EBB_OWNER_CAT_COUNT)
     return ebb__fail(EBB_EINVAL, "%s: category %d is not an ebb_owner_cat; expected 0 <= cat < %d", fn, (int)cat,
                      EBB_OWNER_CAT_COUNT);
   if (!name) return ebb__fail(EBB_EINVAL, "%s: name is NULL; expected a string (\"\" for no name)", fn);
-  size_t n = strnlen(name, EBB_OWNER_NAME_MAX + 1);
-  if (n > EBB_OWNER_NAME_MAX)
+  *n = strnlen(name, EBB_OWNER_NAME_MAX + 1);
+  if (*n > EBB_OWNER_NAME_MAX)
     return ebb__fail(EBB_EINVAL, "%s: name '%.32s...' is longer than %d bytes; expected a shorter name", fn, name,
                      EBB_OWNER_NAME_MAX);
+  return EBB_OK;
+}
+
+ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name) {
+  static const char fn[] = "ebb_alloc_owner_push";
+  size_t n = 0;
+  ebb_status st = ebb__owner_check(fn, cat, name, &n);
+  if (st) return st;
   if (ebb__os.depth == EBB_OWNER_MAX_DEPTH)
     return ebb__fail(EBB_ELIMIT, "%s: this thread already holds %d owner scopes (the maximum), innermost %s/%s; expected "
                      "an ebb_alloc_owner_pop for every push",
                      fn, EBB_OWNER_MAX_DEPTH, ebb__cat_names[ebb__os.stack[ebb__os.depth - 1].cat],
                      ebb__os.stack[ebb__os.depth - 1].name);
   const char *in = NULL;
-  ebb_status st = ebb__intern(fn, name, n, &in);
-  if (st) return st;
+  if ((st = ebb__intern(fn, name, n, &in))) return st;
   ebb__os.stack[ebb__os.depth].name = in;
   ebb__os.stack[ebb__os.depth].cat = (uint8_t)cat;
   ebb__os.top = ebb__os.stack[ebb__os.depth];
@@ -200,14 +207,8 @@ static ebb_status ebb__block_owner_args(const char *fn, const void *ptr, bool se
   if (st) return st;
   if (!ptr) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected the start of a live block", fn);
   if (!set) return EBB_OK;
-  if ((unsigned)cat >= EBB_OWNER_CAT_COUNT)
-    return ebb__fail(EBB_EINVAL, "%s: category %d is not an ebb_owner_cat; expected 0 <= cat < %d", fn, (int)cat,
-                     EBB_OWNER_CAT_COUNT);
-  if (!name) return ebb__fail(EBB_EINVAL, "%s: name is NULL; expected a string (\"\" for no name)", fn);
-  size_t n = strnlen(name, EBB_OWNER_NAME_MAX + 1);
-  if (n > EBB_OWNER_NAME_MAX)
-    return ebb__fail(EBB_EINVAL, "%s: name '%.32s...' is longer than %d bytes; expected a shorter name", fn, name,
-                     EBB_OWNER_NAME_MAX);
+  size_t n = 0;
+  if ((st = ebb__owner_check(fn, cat, name, &n))) return st;
   return ebb__intern(fn, name, n, in);
 }
 
