@@ -1,15 +1,38 @@
-/* arena_impl.h: the arena engine's structures, shared by the files of alloc/ and nothing else.
+/* arena_impl.h: what the files of alloc/ share; nothing outside alloc/ includes it.
  *
  * One engine (arena.c) carves blocks out of segments that an upstream provides; the memory kind
  * lives only in the upstream table (STYLE.md 14): device memory through the driver (device.c),
- * later pinned and plain host memory through their own tables. The engine never touches the
- * memory it hands out, so it works for memory the host cannot even read.
+ * pinned and plain host memory through theirs (host.c). The engine never touches the memory it
+ * hands out, so it works for memory the host cannot even read.
  *
- * Ownership: an arena owns its segments, its block records (carved from slabs, recycled, freed
+ * The files, each with one job; the second half of this header declares what each provides, a
+ * section per file in this order:
+ *   arena.c     the engine: block and segment records, split and merge, allocation (the hit
+ *               path, steals, runs, growth, the retry chain, the OOM report), free, the release
+ *               paths, limits and counters, the arena's life cycle
+ *   fidx.c      the free index: per stream (spool) and pool, a B+-tree in oldest-fit order
+ *   xseg.c      expandable segments: one VMM reservation mapped granule by granule
+ *   pending.c   frees that wait for events on the streams that used the memory, those uses,
+ *               and the event cache
+ *   slab.c      size-class slabs for small requests, and the walk over a segment's blocks and
+ *               slots (struct ebb__piece)
+ *   addrmap.c   from an address to its block or slot (the granule map and the ptrmap), and
+ *               what a pointer that is no live block is
+ *   copy.c      the copy hook: bounds and use records of ebb_copy_async's sides
+ *   check.c     the debug walk
+ *   owner.c     owner scopes, interned owner names, the owner of a live block
+ *   history.c   the per-arena ring of allocator actions
+ *   snapshot.c  the JSON snapshot and the OOM report's top owners
+ *   module.c    the registry of arenas, EBB_ALLOC_CONF, start and teardown, the entry check
+ *   device.c    the device upstream and the public ebb_arena_* calls
+ *   host.c      the pinned and host pools: their upstreams and public calls
+ * The first half holds the records they share.
+ *
+ * Ownership: an arena owns its segments, its block records (carved from chunks, recycled, freed
  * only at teardown, so a stale block pointer always points at a block record), its per-stream
  * free indexes, its pending-free queues and an event cache. Pointer -> block lookup is shared by
  * every arena: live blocks larger than 64 KiB (every block, with the default slab_max) are in
- * slab.c's process-wide address map beside the slabs, smaller ones in a sharded hash (ptrmap.c).
+ * the process-wide granule map beside the slabs, smaller ones in a sharded hash (addrmap.c).
  *
  * Threading: every field of struct ebb__arena and of its blocks and segments is protected by the
  * arena's `mu` (rank EBB_RANK_ARENA). A ptrmap shard lock is a leaf spin lock, taken with or
@@ -39,6 +62,11 @@
 #include "ebb_list.h"
 #include "runtime_export.h"
 #include "ebb_sync.h"
+#include "streams_export.h"
+
+/* ==============================================================================================
+ * The records the files share; each says which file owns it where that is not arena.c.
+ * ============================================================================================== */
 
 /* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
 
@@ -73,7 +101,7 @@ enum ebb__bstate {
                           ebb__slab_make attaches its record */
 };
 
-/* ---- free index: oldest fit -------------------------------------------------------------------
+/* ---- the free index: oldest fit (fidx.c) --------------------------------------------------------
  * A request takes the first free block that holds it in (segment age, address) order: the
  * oldest segment that can serve it, the lowest such block inside. That order makes a repeated
  * sequence of requests reach a fixed point after one pass. In the pass that grows the arena, a
@@ -88,12 +116,12 @@ enum ebb__bstate {
  * arena resource places by address-ordered first fit too, for its fragmentation (allocators.md
  * 3.3).
  *
- * Per stream and pool, a B+-tree ordered by (segment age, address) (arena.c, "the free index"):
- * nodes of 16 entries, each entry with its key and the largest size under it (512-byte units,
- * saturating), so the first block of at least r is one walk down reading a node's sizes with
- * sixteen compares at a time: two or three levels at the few hundred free blocks a stream and
- * pool holds under the arena bench (a treap over the block records before 2026-11-23, about
- * eight levels of dependent loads and a coin toss at each: about 40 ns a pair slower). A split's
+ * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
+ * entries, each entry with its key and the largest size under it (512-byte units, saturating),
+ * so the first block of at least r is one walk down reading a node's sizes with sixteen
+ * compares at a time: two or three levels at the few hundred free blocks a stream and pool
+ * holds under the arena bench, where a tree over the block records took about eight levels of
+ * dependent loads (perf/RESULTS.md, "The free index as a B+-tree"). A split's
  * remainder and a merge take their block's slot in place. Classic blocks of max_split and up
  * (max_split_size_mb) are never split and serve only requests near their size, so they stay
  * out of the tree, in a list scanned in the same order (few: whole segments); so does a block
@@ -112,8 +140,8 @@ struct ebb__stream_ref {
   int device;
 };
 
-/* The free blocks of one allocation stream, per pool. Created at the stream's first allocation
- * on the arena and kept until teardown (a few per stream: small). */
+/* The free blocks of one allocation stream, per pool (fidx.c). Created at the stream's first
+ * allocation on the arena; freed once the stream is released and the spool holds nothing. */
 struct ebb__spool {
   struct ebb__stream_ref stream;
   struct ebb__fidx pools[EBB__NPOOLS];
@@ -140,7 +168,7 @@ struct ebb__tried {
  * the record for reuse. */
 struct ebb__block {
   /* line 1: the free index and the neighbours' view. 128-byte aligned: the address map keeps
-   * 7 bits of its own in the low bits of a record's address (slab.c). */
+   * 7 bits of its own in the low bits of a record's address (addrmap.c). */
   _Alignas(128) size_t size;       /* rounded size: the block's share of its segment */
   struct ebb__block *prev, *next;  /* address neighbours in the segment */
   struct ebb_list node;            /* spare list while DEAD; the index's list while FREE and listed */
@@ -196,15 +224,15 @@ struct ebb__pend {
  * the engine carves from its small pool for one allocation stream, cut into n slots of one size
  * class. A slot alloc or free is a bitmap bit and a slot record: no split, no merge, no ptrmap
  * entry; a slot pointer is found through a process-wide map from 64 KiB address granules to
- * slabs (slab.c). */
+ * slabs (addrmap.c). */
 #define EBB__SLAB_MAX_SLOTS 1024
 #define EBB__SLAB_WORDS (EBB__SLAB_MAX_SLOTS / 64)
 #define EBB__SLAB_CLASSES 128 /* slot sizes 512 B .. 64 KiB: the largest slab_max */
 #define EBB__SLAB_MAX_LIMIT ((size_t)64 << 10) /* largest slab_max_bytes */
 #define EBB__SLAB_MAX_DEFAULT ((size_t)64 << 10)
 #define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a class's first slab holds max(2, TARGET / slot)
-                                                  slots: every slab spans more than 64 KiB (slab.c's
-                                                  map); later ones 2x and 4x that while the stream
+                                                  slots: every slab spans more than 64 KiB (the
+                                                  granule map); later ones 2x and 4x that while the stream
                                                   holds 1 and 2+ slabs of the class */
 #define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class */
 
@@ -229,7 +257,7 @@ struct ebb__slot_ext {
  * address map may hand a stale record to a racing bad free, which validates it under the lock. */
 struct ebb__slab {
   /* line 1: what a slot free reads before its slot record. 128-byte aligned: the address map
-   * keeps 7 bits of its own in the low bits of a record's address (slab.c). */
+   * keeps 7 bits of its own in the low bits of a record's address (addrmap.c). */
   _Alignas(128) struct ebb__arena *arena; /* fixed for the record's whole life */
   uint64_t addr;             /* first slot; slot i at addr + i * slot */
   uint64_t inv;              /* 2^32 / (slot / 512), rounded up: the index without a division */
@@ -257,6 +285,9 @@ struct ebb__slab_cls {
   uint32_t nslabs; /* live slabs of the class: a new one is larger the more there are */
 };
 
+/* The bytes of a slab's span: its slots. */
+static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
+
 struct ebb__evq {
   uint64_t stream_id;
   struct ebb_list q;
@@ -272,7 +303,7 @@ struct ebb__arena;
 /* The memory kind behind an arena (STYLE.md 8, 14). obtain/release are required; the VMM entries
  * (reserve, map, unmap, unreserve) may be NULL, and then expandable segments are unsupported.
  * Every entry is called with the arena's lock dropped, except map/unmap of expandable growth
- * (see arena.c). */
+ * (see xseg.c). */
 struct ebb__upstream {
   const char *name;     /* "device", "pinned", "host": messages */
   const char *alloc_fn; /* the public call that allocates from it: messages */
@@ -350,8 +381,8 @@ struct ebb__hclock {
                          multiply (a double's conversions from and to uint64_t cost ~10 Ir) */
 };
 
-/* Capacity counts actions, as before pairs shared a slot: the views (ebb__hist_get, the
- * snapshot) show the newest min(total, cap) actions. The ring has cap slots, each one or two
+/* Capacity counts actions, not slots: the views (ebb__hist_get, the snapshot) show the newest
+ * min(total, cap) actions. The ring has cap slots, each one or two
  * actions, so it always holds at least that many; readers drop the older rest, which may be the
  * FREE_REQUESTED half of the oldest slot. */
 struct ebb__hist {
@@ -404,7 +435,7 @@ struct ebb__arena {
   size_t nslab_chunks, capslab_chunks;
   void **slabs;                /* block slabs, freed at teardown */
   size_t nslabs, capslabs;
-  struct ebb__fxnode *fx_spare; /* free index nodes not in a tree (arena.c) */
+  struct ebb__fxnode *fx_spare; /* free index nodes not in a tree (fidx.c) */
   size_t nfx_spare;
   void **fx_chunks;             /* their chunks, freed at teardown */
   size_t nfx_chunks, capfx_chunks;
@@ -419,58 +450,156 @@ struct ebb__arena {
   struct ebb__hist hist;
   /* A range that holds every segment the arena ever had (the expandable reservation whole), in
    * 64 KiB units: low half the first unit, high half one past the last (0: none yet). Only
-   * widened, under `mu`; read without the lock by the copy hook as a filter (ebb__span_holds).
+   * widened, under `mu`; read without the lock by the copy hook as a filter (ebb__in_span).
    * One word, not two: the arena stays 1 136 bytes, whose multiple the allocation entry
    * computes in one instruction (two at 1 152). */
   _Atomic uint64_t span;
 };
 
-/* ---- engine (arena.c) ---------------------------------------------------------------------- */
+/* ==============================================================================================
+ * The functions, grouped by the file that provides them; the small inline helpers several files
+ * use come first (provided by this header).
+ * ============================================================================================== */
 
+/* ---- inline: counters ------------------------------------------------------------------------ */
+
+static inline void ebb__stat_add(ebb_arena_stat *st, uint64_t n) {
+  st->current += n;
+  if (st->current > st->peak) st->peak = st->current;
+}
+
+static inline void ebb__stat_sub(ebb_arena_stat *st, uint64_t n) {
+  EBB_ASSERT(st->current >= n);
+  st->current -= n;
+}
+
+/* current - from + to in one step (modular: a decrease wraps the addend, not the result); the
+ * peak test is that of ebb__stat_add, and a decrease never passes it (peak >= current). */
+static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to) {
+  EBB_ASSERT(to >= from || st->current >= from - to);
+  st->current += to - from;
+  if (st->current > st->peak) st->peak = st->current;
+}
+
+/* ---- inline: the size policy and fit rules (arena.c, fidx.c) --------------------------------- */
+
+static inline size_t ebb__round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* The size a new segment gets for a rounded request (allocators.md 1.2 get_allocation_size),
+ * unless the upstream has its own policy (the pinned pool's exact sizes). */
+static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
+  if (a->up->segment_size) return a->up->segment_size(r);
+  if (r <= EBB__SMALL_SIZE) return EBB__SMALL_SEGMENT;
+  if (r < EBB__MIN_LARGE_ALLOC) return EBB__LARGE_SEGMENT;
+  return ebb__round_up(r, EBB__ROUND_LARGE);
+}
+
+/* The free block sizes that may serve rounded request r are [r, ebb__fit_limit) (allocators.md
+ * 1.4): oversize blocks (>= max_split) are never split; they serve oversize requests within the
+ * slack, and a smaller request only up to the size of the segment that request would get
+ * itself. PyTorch keeps oversize blocks from every smaller request, but a request just below
+ * max_split gets a segment rounded up to 2 MiB, which is then oversize: freed, it could serve no
+ * request of its own size, and each such request grew the arena again (the arena bench's tensor
+ * sequence with max_split_size_mb:64: ~500 driver allocations a replay, 64 GiB reserved before
+ * the OOM retry gave it back). */
+/* max_split as the fit rules and runs see it: none with expandable segments. Their blocks are
+ * always split (ebb__carve), and their free blocks merge into runs far above max_split: kept
+ * from smaller requests, those made the arena map granule after granule
+ * (perf/traces/multistream.trace with max_split_size_mb:64: frag_ratio 1.703, 7 112 granules
+ * mapped). The setting is about classic segments. */
+static inline size_t ebb__max_split(const struct ebb__arena *a) {
+  return a->conf.expandable && a->up->map ? SIZE_MAX : a->conf.max_split;
+}
+
+static inline size_t ebb__fit_limit(const struct ebb__arena *a, size_t r) {
+  size_t ms = ebb__max_split(a);
+  if (r >= ms) return r + EBB__OVERSIZE_SLACK;
+  size_t seg = ebb__segment_size(a, r);
+  return seg >= ms ? seg + 1 : ms;
+}
+
+/* Whether the stream the arena kept in r is still that live stream: after its release its slot
+ * can hold a newer stream, hence the id check. Lock-free (streams_export.h). */
+static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
+  uint64_t id = 0;
+  int dev = -1;
+  return ebb__stream_peek(r->s, &id, &dev) && id == r->id;
+}
+
+/* ---- inline: record chunks ----------------------------------------------------------------------
+ * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's
+ * pointer in a growable array (doubling from `first`). Keeps chunk p in (*v, *n, *cap); false
+ * when out of host memory (nothing kept: the caller frees p). Lock held. */
+static inline bool ebb__chunk_keep(void ***v, size_t *n, size_t *cap, void *p, size_t first) {
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : first;
+    void **nv = realloc(*v, nc * sizeof *nv);
+    if (!nv) return false;
+    *v = nv;
+    *cap = nc;
+  }
+  (*v)[(*n)++] = p;
+  return true;
+}
+
+/* ---- arena.c: the engine --------------------------------------------------------------------- */
+
+/* Block records (lock held): a spare record, reset (NULL: no host memory for a chunk of them),
+ * and a record back to the spare list. Inline in arena.c's alloc and free paths. */
+EBB_HIDDEN struct ebb__block *ebb__block_new(struct ebb__arena *a);
+EBB_HIDDEN void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b);
+/* Whether n is a free neighbour that block b merges with: same stream and pool. */
+static inline bool ebb__mergeable(const struct ebb__block *b, const struct ebb__block *n) {
+  return n && n->state == EBB__B_FREE && n->spool == b->spool && n->pool == b->pool;
+}
+/* Merges FREE block b (counted in its segment's nfree and free_bytes, not indexed) with its
+ * free neighbours of the same stream and pool, and indexes the result. Lock held. */
+EBB_HIDDEN void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b);
+/* A block whose uses are over (the last event of a deferred free completed) back to its
+ * stream's free index, merged; FREE_COMPLETED recorded. Lock held. */
+EBB_HIDDEN void ebb__block_release(struct ebb__arena *a, struct ebb__block *b);
+/* A new segment [base, base + size) of pool `pool` for stream spool sp: one FREE block, not
+ * indexed, into *first; reserved bytes and the segment count counted, the span widened. NULL:
+ * no host memory for the records. Lock held. */
+EBB_HIDDEN struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_t size, int pool,
+                                                 struct ebb__spool *sp, struct ebb__block **first);
+/* The 64 KiB unit of addr for the span (struct ebb__arena): addresses past 48 bits share the last. */
+static inline uint64_t ebb__span_unit(uint64_t addr) {
+  return addr >> 48 ? (uint64_t)UINT32_MAX - 1 : addr >> 16;
+}
+/* Widens the address range of a's segments (the copy hook's filter, never narrowed) to hold
+ * [base, base + size). Lock held. */
+EBB_HIDDEN void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size);
+
+/* An empty arena over upstream `up` (device: its device, or the device a pinned pool serves;
+ * total_mem: the capacity its reports name), with its history ring. */
 EBB_HIDDEN void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int device,
                                 const struct ebb__conf *conf, size_t total_mem);
 /* Releases every segment (leaked blocks included) and every structure. No lock may be held. */
 EBB_HIDDEN void ebb__arena_fini(struct ebb__arena *a);
+/* `bytes` (> 0) on stream s into *out: a slot (bytes within conf.slab_max) or a block; the
+ * message of a failure names up->alloc_fn. No lock held. */
 EBB_HIDDEN ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
                                        void **out);
-/* Free / record_stream of a pointer of any arena, found through the address map or the ptrmap.
- * `fn` names the public call for messages. */
+/* Free of a pointer of any arena of `kind`, found through the address map or the ptrmap. `fn`
+ * names the public call for messages. No lock held. */
 EBB_HIDDEN ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind);
-/* Every arena of the module (device arenas, pinned pools, the host pool), listed at start: *n
- * of them. For the copy hook's range filter. */
-#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
-EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
-/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
- * check and use record of a copy's side inside a live block of any arena. No lock held. */
-EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
-/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
- * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
-EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
-                                         uint64_t base, size_t size);
-EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
-                                        enum ebb__memkind kind);
+/* Waits for every pending free, gives empty slabs, whole free granules (after a device
+ * synchronisation) and whole free classic segments back. No lock held. */
 EBB_HIDDEN ebb_status ebb__arena_empty_cache(struct ebb__arena *a);
-/* ebb_alloc_block_owner / ebb_alloc_block_set_owner: the owner of the live block or slot that
- * starts at ptr, in any pool, into *old_cat / *old_name (may be NULL); with `set`, replaced by
- * (cat, name) (name interned). No lock held. */
-EBB_HIDDEN ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
-                                       ebb_owner_cat *old_cat, const char **old_name);
 /* Gives back a's fully free classic segments (empty cached slabs first), waiting for nothing:
  * what another arena under the same cap (the pinned pool's) can free at once. Bytes given back.
  * Lock not held. */
 EBB_HIDDEN size_t ebb__arena_trim(struct ebb__arena *a);
+/* The public calls' halves (no lock held): the cap on reserved bytes (0: none); the counters,
+ * after polling pending frees in (never a host wait); the peaks back to the current values. */
 EBB_HIDDEN void ebb__arena_set_limit(struct ebb__arena *a, size_t bytes);
 EBB_HIDDEN void ebb__arena_get_stats(struct ebb__arena *a, ebb_arena_stats *out);
 EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
-EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
-/* The device arenas, i in [0, device count), NULL past them (snapshots, messages); device.c. */
-EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
-/* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
- * when a pointer is in neither map (messages only); device.c. */
-EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+/* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
+EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
-/* ---- engine entries for slabs (arena.c), lock not held unless said ---------------------------- */
-
+/* For slabs (slab.c); lock not held unless said. */
 /* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
  * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
  * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
@@ -483,35 +612,79 @@ EBB_HIDDEN ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes,
 /* Gives an EBB__B_SLAB or EBB__B_CARVED block back to its stream's free index (merged). Lock
  * held. */
 EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b);
-/* The stream's free index (created at its first use); NULL: no host memory. Lock held. */
+
+/* ---- fidx.c: the free index and the spools ------------------------------------------------------
+ * Lock held for every call. */
+
+/* Enters FREE block b (counted in its segment, not indexed) in its stream's index for its pool:
+ * the tree, or the list when b is oversize or no node memory is left. */
+EBB_HIDDEN void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b);
+/* Takes indexed block b out of its index (it stays FREE). */
+EBB_HIDDEN void ebb__index_remove(struct ebb__block *b);
+/* Indexed block b (in the tree or the list) grew to its current size. */
+EBB_HIDDEN void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b);
+/* Indexed block old leaves the index and FREE block nw, next to it in order and of the same
+ * stream and pool, comes in: in the tree, nw takes old's slot (no walk, no split). */
+EBB_HIDDEN void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb__block *nw);
+/* The first free block of x, in (segment age, address) order, whose size lies in
+ * [r, ebb__fit_limit(a, r)), left in the index; NULL when none fits. */
+EBB_HIDDEN struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r);
+/* ebb__fidx_find, the block taken out of the index (still FREE). */
+EBB_HIDDEN struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, size_t r);
+/* The largest free block of every stream and pool (the OOM report). */
+EBB_HIDDEN size_t ebb__fidx_largest_free(const struct ebb__arena *a);
+/* The stream's spool (created at its first use, after the spools of released streams that hold
+ * nothing are freed); NULL: no host memory. */
 EBB_HIDDEN struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s);
 /* The common case inline: the stream of the arena's last allocation. */
 static inline struct ebb__spool *ebb__spool_get(struct ebb__arena *a, const struct ebb__stream_ref *s) {
   struct ebb__spool *sp = a->last_spool;
   return EBB_LIKELY(sp && sp->stream.id == s->id) ? sp : ebb__spool_get_slow(a, s);
 }
-EBB_HIDDEN void ebb__poll_pending_locked(struct ebb__arena *a);
-/* Events of the arena's cache and pending queues (arena.c). */
+/* The debug walk's part: each spool's tree (links, depths, order, sizes and keys) and list hold
+ * exactly its free blocks of that pool; *indexed counts them all. EBB_EINTERNAL with a message. */
+EBB_HIDDEN ebb_status ebb__fidx_check(struct ebb__arena *a, const char *fn, size_t *indexed);
+/* Frees the node chunks and the spools (teardown, after ebb__slab_fini). */
+EBB_HIDDEN void ebb__fidx_fini(struct ebb__arena *a);
+
+/* ---- xseg.c: expandable segments ----------------------------------------------------------------
+ * Lock held for every call. */
+
+/* Maps granules at the end of the reservation (reserved at the first call) so that the tail
+ * offers `r` bytes to stream spool sp, pool `pool`, after trying the holes left by empty_cache;
+ * what was asked for goes into *tried (may be NULL) for the OOM report. */
+EBB_HIDDEN ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__tried *tried);
+/* Gives the segment's fully free granules back to the driver (free runs of every stream
+ * joined, the free tail cut, whole granules inside free blocks made holes). Bytes unmapped. pre:
+ * pending events synchronised and the device synchronised, with the lock held since. */
+EBB_HIDDEN size_t ebb__x_shrink(struct ebb__arena *a);
+/* The failure `st` of the device synchronisation that must come before unmapping: a message
+ * naming fn, the arena and that nothing was unmapped. */
+EBB_HIDDEN ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb_status st);
+/* Unmaps every mapped granule and frees the reservation (teardown; no lock held). */
+EBB_HIDDEN void ebb__x_fini(struct ebb__arena *a);
+
+/* ---- pending.c: pending frees and recorded uses ---------------------------------------------- */
+
+/* The arena's idle events by device (lock held): pop one (NULL: none cached), push one back
+ * (false: the cache cannot grow; the caller releases it after dropping the lock). */
 EBB_HIDDEN ebb_event_t *ebb__ev_pop(struct ebb__arena *a, int device);
 EBB_HIDDEN bool ebb__ev_push(struct ebb__arena *a, int device, ebb_event_t *e);
+/* An event for the arena's own use, its live-handle count given back (it is no caller's
+ * handle), and its release. No arena lock held (the event pool's lock ranks below it). */
 EBB_HIDDEN ebb_status ebb__ev_create(int device, ebb_event_t **out);
 EBB_HIDDEN void ebb__ev_destroy(ebb_event_t *e);
+/* The pending queue of stream stream_id (made at its first use; empty queues are dropped when
+ * the array is full). NULL: no host memory. Lock held. */
 EBB_HIDDEN struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id);
-/* "device 0: ... / inactive" as for blocks: the public call of a kind (messages). */
-EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
-/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
- * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
- * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
-EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
-                                      uint64_t base, size_t size, uint64_t sid);
-
-/* ---- slabs (slab.c) ------------------------------------------------------------------------- */
-
-/* A slot for `bytes` (rounded r <= conf.slab_max) on stream s; falls back to a plain block when
- * no slab can be had. Lock not held. */
-EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
-                                      void **out);
-/* The live slab whose memory holds addr, its arena locked (*a), or NULL (nothing locked). */
+/* Polls every stream's queue from its oldest entry up to the first incomplete event, releasing
+ * the memory whose events all completed. No host wait: ebb_event_query only asks. Lock held
+ * (dropped only to release an event the cache could not take). */
+EBB_HIDDEN void ebb__poll_pending(struct ebb__arena *a);
+/* Host-waits for every pending event, then polls them all in. Lock held on entry and exit and
+ * dropped for the waits: the entries stay queued, so a concurrent poll may complete some first;
+ * waiting on an event that was recycled meanwhile only waits for newer work. */
+EBB_HIDDEN void ebb__sync_pending(struct ebb__arena *a);
 /* One more slot in a use array (*uses of capacity *ucap, doubled): EBB_ELIMIT past
  * EBB__USES_MAX streams on one pointer, EBB_ENOMEM without host memory; fn, sid and ptr for the
  * message. */
@@ -536,24 +709,33 @@ EBB_HIDDEN ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **use
 EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs);
 EBB_HIDDEN void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
                                 struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count);
-/* What a free or record_stream of addr is about, found through the address map: a slot (its
- * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
- * memory kind, a block of that kind has its entry cleared, which elects the caller as the
- * block's one free, and a block of another kind keeps it: a free through the wrong pool's call
- * must not hide the block from its owner's); either with its arena locked. NULL and *bout NULL:
- * neither (the pointer may be a smaller block, in the ptrmap, or bad), no lock held. take 0:
- * the entry stays (record_stream). */
-EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout);
+/* record_stream of a pointer of any arena of `kind`: a slot's or a live block's use of stream
+ * s. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,
+                                        enum ebb__memkind kind);
+/* Adds stream s to live block b's uses unless it is b's allocation stream or there already.
+ * Called with b's arena locked; unlocks it. */
+EBB_HIDDEN ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct ebb__block *b, void *ptr,
+                                               const struct ebb__stream_ref *s);
+/* Waits for every pending event and releases the queues and the event cache (teardown, first). */
+EBB_HIDDEN void ebb__pending_fini(struct ebb__arena *a);
+
+/* ---- slab.c: size-class slabs ---------------------------------------------------------------- */
+
+/* A slot for `bytes` (rounded r <= conf.slab_max) on stream s; falls back to a plain block when
+ * no slab can be had. Lock not held. */
+EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
+                                      void **out);
 /* Free / record_stream of addr inside slab sl (locked by ebb__addr_lookup_lock; unlocked on
  * return). Same messages as for blocks. */
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
+EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
+                                       const struct ebb__stream_ref *s, enum ebb__memkind kind);
 /* The copy hook's part for an address inside live slab sl (locked by the caller; unlocked on
  * return): nothing for a slot that is not handed out, else the bounds check against the slot's
  * end and the record of s on the slot (ebb__arena_copy_use). */
 EBB_HIDDEN ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
                                          const struct ebb__stream_ref *s);
-EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
-                                       const struct ebb__stream_ref *s, enum ebb__memkind kind);
 /* ebb__arena_owner's part for an address inside live slab sl (locked by ebb__addr_lookup_lock;
  * unlocked on return). */
 EBB_HIDDEN ebb_status ebb__slab_owner(const char *fn, struct ebb__slab *sl, uint64_t addr, bool set, uint8_t cat,
@@ -576,47 +758,119 @@ EBB_HIDDEN void ebb__unpin_due(struct ebb__arena *a);
 /* Gives every empty slab of the arena back to the engine (empty_cache, OOM retry). Lock held. */
 EBB_HIDDEN void ebb__slab_release_empty(struct ebb__arena *a);
 /* Debug walk of one slab block: bitmap against counts and slot states; adds the slab's slot
- * bytes and counts to the walk's totals. EBB_OK or EBB_EINTERNAL with a message. Lock held. */
+ * bytes and counts to the walk's totals, and 1 to *ncached when the slab is empty and cached.
+ * EBB_OK or EBB_EINTERNAL with a message. Lock held. */
 EBB_HIDDEN ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, const char *fn, uint64_t *alloc,
                                       uint64_t *active, uint64_t *requested, uint64_t *isplit, uint64_t *isplit_b,
-                                      size_t *pend_events);
-/* The slab record of a block in state EBB__B_SLAB. Lock held. */
-EBB_HIDDEN struct ebb__slab *ebb__slab_of(const struct ebb__block *b);
+                                      size_t *pend_events, size_t *ncached);
+/* One piece of a segment as the snapshot and the OOM report see it: a block (any state), or in
+ * a slab block's stead each of its slots. Fields as of the block or slot record. */
+struct ebb__piece {
+  uint64_t addr, size, requested;
+  uint64_t stream; /* allocation stream's id (0: a hole, nobody's) */
+  const char *owner;
+  uint8_t state;   /* enum ebb__bstate (a slot: FREE, ALLOC, FREEING or PENDING) */
+  uint8_t owner_cat;
+  bool slot;
+};
+/* A walk over the pieces of one segment in address order:
+ *   struct ebb__piece p;
+ *   for (struct ebb__piece_iter it = ebb__pieces(g); ebb__piece_next(&it, &p);) ...
+ * Lock held throughout. */
+struct ebb__piece_iter {
+  const struct ebb__block *b; /* next block (NULL: done) */
+  unsigned slot;              /* its next slot when it is a slab */
+};
+static inline struct ebb__piece_iter ebb__pieces(const struct ebb__segment *g) {
+  return (struct ebb__piece_iter){g->first, 0};
+}
+EBB_HIDDEN bool ebb__piece_next(struct ebb__piece_iter *it, struct ebb__piece *out);
 /* Class lists of every stream: live, partly used slabs before empty ones, nempty exact and
  * within the cache. Lock held. */
 EBB_HIDDEN ebb_status ebb__slab_check_classes(struct ebb__arena *a, const char *fn);
-/* Frees the address map's leaves (module teardown, after every arena's fini). */
-EBB_HIDDEN void ebb__slab_map_clear(void);
 /* Frees every slab record of the arena and its address-map entries (teardown). */
 EBB_HIDDEN void ebb__slab_fini(struct ebb__arena *a);
 
-/* ---- module state shared by device.c and host.c -------------------------------------------- */
+/* ---- addrmap.c: from an address to its block or slot --------------------------------------------
+ * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of the granule map) is entered
+ * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
+ * small request served as a block when no slab could be made, or one past the map's 48-bit
+ * addresses) in the ptrmap. Slabs are in the granule map over their whole span. Lock of the
+ * entry's arena held for the writes; the finds take no arena lock and are unvalidated. */
+#define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
+static inline bool ebb__block_in_amap(const struct ebb__block *b) {
+  return b->size > EBB__AMAP_BLOCK_MIN && !(b->addr >> 48);
+}
+EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
+/* The live block of the map that starts nearest at or below addr, looking back at most
+ * max_granules granules before addr's own; unvalidated (its record may have been reused: check
+ * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
+ * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
+EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
+/* Enters (on) or removes slab sl over its span; false: no host memory for a leaf (nothing left
+ * entered). Lock of sl's arena held. */
+EBB_HIDDEN bool ebb__amap_slab_set(struct ebb__slab *sl, bool on);
+/* The slab whose span the map says holds addr, unvalidated; NULL: none. */
+EBB_HIDDEN struct ebb__slab *ebb__amap_slab_find(uint64_t addr);
+/* What a free or record_stream of addr is about, found through the address map: a slot (its
+ * slab returned) or a live block larger than a granule starting at addr (*bout; with `take` a
+ * memory kind, a block of that kind has its entry cleared, which elects the caller as the
+ * block's one free, and a block of another kind keeps it: a free through the wrong pool's call
+ * must not hide the block from its owner's); either with its arena locked. NULL and *bout NULL:
+ * neither (the pointer may be a smaller block, in the ptrmap, or bad), no lock held. take 0:
+ * the entry stays (record_stream). */
+EBB_HIDDEN struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout);
+EBB_HIDDEN bool ebb__ptrmap_insert(struct ebb__block *b); /* false: out of host memory */
+/* The block starting at addr, removed from the ptrmap (take) or left there (find); NULL if none. */
+EBB_HIDDEN struct ebb__block *ebb__ptrmap_take(uint64_t addr);
+EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
+/* Frees both maps' tables (module teardown, after every arena's fini). */
+EBB_HIDDEN void ebb__addrmap_clear(void);
+/* The block of arena a's segments that holds addr, any state; NULL: none. Lock held. */
+EBB_HIDDEN struct ebb__block *ebb__find_containing(struct ebb__arena *a, uint64_t addr);
+/* "ebb_arena_alloc", "ebb_pinned_alloc", "ebb_pageable_alloc": the public call of a kind. */
+EBB_HIDDEN const char *ebb__kind_alloc_fn(enum ebb__memkind kind);
+/* Why `ptr`, found in arena a inside the block or slot at `base` (size, state, allocation stream
+ * sid, read under a's lock), is not a live block of `kind`: another pool's memory, an interior
+ * pointer, or freed memory. The message names fn, the pool and the block. No lock held. */
+EBB_HIDDEN ebb_status ebb__explain_in(const char *fn, void *ptr, enum ebb__memkind kind, const struct ebb__arena *a, int state,
+                                      uint64_t base, size_t size, uint64_t sid);
+/* Why `ptr` is not a live block of `kind`: searched in every arena's segments, then among the
+ * ranges given back (ebb__grave_find). No lock held. */
+EBB_HIDDEN ebb_status ebb__explain(const char *fn, void *ptr, enum ebb__memkind kind);
+/* EBB_EINVAL: `ptr` is a live block of arena o, not of `kind` (a free through the wrong call). */
+EBB_HIDDEN ebb_status ebb__wrong_pool(const char *fn, void *ptr, const struct ebb__arena *o, enum ebb__memkind kind);
 
-/* Entry check of every public call of the module: ebb initialised, the module started. */
-EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
-/* `s` validated into *out (its id and device); the message names `fn` on failure. */
-EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
-/* The pinned and host pools (host.c): started and torn down with the device arenas by device.c
- * (start: no lock held, after the configuration is parsed). */
-/* device.c: segments given back, remembered for messages about pointers into them. add: a's
- * segment [base, base+size) went back to its upstream during the session (empty_cache, an OOM
- * retry, a trim; the teardown records its own); any lock. find: when a segment of a pool of
- * `kind` holding `addr` went back ("before the last completed ebb_shutdown" / "since ebb_init
- * (...)"), the pool's label in `label`; NULL when none of the remembered ones holds it. Failure
- * paths only. */
-EBB_HIDDEN void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size);
-EBB_HIDDEN const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len);
-EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
-EBB_HIDDEN void ebb__hostpools_fini(void);
-/* The pinned pools then the host pool, NULL past the last. */
-EBB_HIDDEN struct ebb__arena *ebb__hostpool_nth(int i);
+/* ---- copy.c: the copy hook ------------------------------------------------------------------- */
 
-/* "1.50 GiB", "512 B": into buf (at least 16 bytes), returned. */
-EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
+/* The copy hook alloc registers with streams (ebb__copy_hook_fn, streams_export.h): bounds
+ * check and use record of a copy's side inside a live block of any arena. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_t *s, uint64_t sid, int sdev);
+/* The copy hook's refusal of a side [ptr, ptr + bytes) that runs past the end of its block
+ * [base, base + size) of arena a: EBB_EINVAL naming the block, its size and the offset. */
+EBB_HIDDEN ebb_status ebb__copy_past_end(const char *fn, void *ptr, size_t bytes, bool is_dst, const struct ebb__arena *a,
+                                         uint64_t base, size_t size);
 
-/* ---- owners, history and snapshots (history.c) --------------------------------------------- */
+/* ---- check.c: the debug walk ----------------------------------------------------------------- */
 
-/* The calling thread's owner scopes (ebb_alloc_owner_push/pop), kept by history.c; `top` is the
+/* Walks every segment, index and counter of the arena under its lock: EBB_OK, or EBB_EINTERNAL
+ * with a message naming fn, the arena and what disagrees. No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn);
+
+/* A check of a debug walk: on failure `st` gets EBB_EINTERNAL with the message and the walk
+ * jumps to its `done` label. */
+#define EBB__CHECK(cond, ...)                                              \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      st = ebb__fail(EBB_EINTERNAL, __VA_ARGS__);                          \
+      goto done;                                                           \
+    }                                                                      \
+  } while (0)
+
+/* ---- owner.c: owner scopes and block owners -------------------------------------------------- */
+
+/* The calling thread's owner scopes (ebb_alloc_owner_push/pop), kept by owner.c; `top` is the
  * innermost ({EBB_OWNER_OTHER, ""} outside any), mirrored so that every allocation reads it in
  * two loads. alloc/ is built with TLS descriptors (CMakeLists.txt): the access is an indirect
  * call of two instructions, not __tls_get_addr, and libebb stays dlopen-able. */
@@ -638,22 +892,29 @@ static inline void ebb__owner_current(uint8_t *cat, const char **name) {
   *cat = ebb__os.top.cat;
   *name = ebb__os.top.name;
 }
-/* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
- * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
-EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
-EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
 /* The interned copy of name (n bytes, n <= EBB_OWNER_NAME_MAX) into *out: EBB_ELIMIT when the
  * table is full, EBB_ENOMEM without host memory, the message naming fn. A thread-local cache
  * answers a name this thread interned recently without the table's lock. No arena lock held. */
 EBB_HIDDEN ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **out);
-/* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes
- * each arena's lock in turn: no arena lock may be held. */
-EBB_HIDDEN ebb_status ebb__snapshot_write(const char *fn, const char *path);
-/* The top owners by allocated bytes of the arena, as ", top owners: parameter/w1 1.00 GiB, ..."
- * into buf ("" when nothing is allocated or no host memory is left). Lock held. */
-EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
+/* ebb_alloc_block_owner / ebb_alloc_block_set_owner: the owner of the live block or slot that
+ * starts at ptr, in any pool, into *old_cat / *old_name (may be NULL); with `set`, replaced by
+ * (cat, name) (name interned). No lock held. */
+EBB_HIDDEN ebb_status ebb__arena_owner(const char *fn, const void *ptr, bool set, uint8_t cat, const char *name,
+                                       ebb_owner_cat *old_cat, const char **old_name);
+
+/* ---- history.c: the ring of allocator actions ------------------------------------------------ */
+
+/* Allocates the ring (conf.history entries; an allocation failure turns the history off with a
+ * warning) and frees it. Called by ebb__arena_init / ebb__arena_fini. */
+EBB_HIDDEN void ebb__hist_init(struct ebb__arena *a);
+EBB_HIDDEN void ebb__hist_fini(struct ebb__arena *a);
+/* ebb_alloc_history_get's copy: the newest min(cap, held) actions, oldest first (a free pair
+ * slot expanded); out NULL: only *count (and *total) of them. Takes the lock. */
 EBB_HIDDEN ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                                     uint64_t *total);
+/* The newest min(cap, held) actions into out as ring entries, oldest first, pairs expanded
+ * (the snapshot's copy). The count. Lock held. */
+EBB_HIDDEN size_t ebb__hist_copy(const struct ebb__arena *a, struct ebb__hist_entry *out, size_t cap);
 
 /* Reads the clock, re-measures the counter's rate and returns the time for counter value t
  * (the slow path of ebb__hist_now). Lock held. */
@@ -707,46 +968,73 @@ static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, 
   h->total++; /* the slot holds two actions */
 }
 
-/* ---- finding a live block from its address --------------------------------------------------
- * A live block larger than EBB__AMAP_BLOCK_MIN (one granule of slab.c's address map) is entered
- * there, in the granule where it starts; a smaller one (slabs off or below their maximum, or a
- * small request served as a block when no slab could be made, or one past the map's 48-bit
- * addresses) in the ptrmap. Lock held for the writes; the finds are unlocked and unvalidated. */
-#define EBB__AMAP_BLOCK_MIN ((size_t)64 << 10)
-static inline bool ebb__block_in_amap(const struct ebb__block *b) {
-  return b->size > EBB__AMAP_BLOCK_MIN && !(b->addr >> 48);
+/* ---- snapshot.c: snapshots and the OOM report's top owners ----------------------------------- */
+
+/* Writes the snapshot of every arena to `path`; `fn` names the public call for messages. Takes
+ * each arena's lock in turn: no arena lock may be held. */
+EBB_HIDDEN ebb_status ebb__snapshot_write(const char *fn, const char *path);
+/* The top owners by allocated bytes of the arena, as ", top owners: parameter/w1 1.00 GiB, ..."
+ * into buf ("" when nothing is allocated or no host memory is left). Lock held. */
+EBB_HIDDEN void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap);
+
+/* ---- module.c: the registry, the configuration, start and teardown --------------------------- */
+
+enum { EBB__AL_DOWN = 0, EBB__AL_STARTING = 1, EBB__AL_UP = 2 };
+
+/* The module's state: read inline by device.c's entry checks (the allocation entry computes
+ * &dev[device] from it: one instruction at this layout). */
+struct ebb__alloc_state {
+  _Atomic int phase;  /* EBB__AL_*: the module down, starting or up */
+  int ndev;
+  struct ebb__conf conf;
+  char oom_path[512]; /* conf.oom_snapshot points here */
+  char env[512];      /* conf.env points here */
+  struct ebb__arena dev[EBB_MAX_DEVICES];
+};
+EBB_HIDDEN extern struct ebb__alloc_state ebb__al;
+
+/* The module started: one acquire load, the whole entry check of every call once it is up.
+ * UP implies ebb is initialised: the teardown hook stores DOWN while `ready` is still set. */
+static inline bool ebb__alloc_up(void) {
+  /* acquire: pairs with the release store of EBB__AL_UP in ebb__alloc_enter_slow: the arenas
+   * are initialised. */
+  return atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP;
 }
-EBB_HIDDEN bool ebb__amap_block_put(struct ebb__block *b); /* false: out of host memory */
-EBB_HIDDEN struct ebb__block *ebb__amap_block_find(uint64_t addr);
-/* The live block of the map that starts nearest at or below addr, looking back at most
- * max_granules granules before addr's own; unvalidated (its record may have been reused: check
- * under its arena's lock that it is ALLOC, in the map and holds addr). NULL when a slab or no
- * leaf comes first, or none within the bound: then no map block is known to hold addr. No lock. */
-EBB_HIDDEN struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules);
+/* Entry check of every public call of the module: ebb initialised, the module started (started
+ * here by the first call that finds it down). _slow: the part after ebb__alloc_up. */
+EBB_HIDDEN ebb_status ebb__alloc_enter(const char *fn);
+EBB_HIDDEN ebb_status ebb__alloc_enter_slow(const char *fn);
+/* `s` validated into *out (its id and device); the message names `fn` on failure. */
+EBB_HIDDEN ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out);
+/* The device arenas, i in [0, device count), NULL past them (snapshots, messages). */
+EBB_HIDDEN struct ebb__arena *ebb__arena_nth(int i);
+/* Every arena (devices, then the pinned and host pools), NULL past the last: where to search
+ * when a pointer is in neither map (messages only). */
+EBB_HIDDEN struct ebb__arena *ebb__arena_any(int i);
+/* The same arenas, listed at start: *n of them. For the copy hook's range filter. */
+#define EBB__ARENAS_MAX (2 * EBB_MAX_DEVICES + 2)
+EBB_HIDDEN struct ebb__arena *const *ebb__arenas_all(int *n);
+/* Segments given back, remembered for messages about pointers into them. add: a's segment
+ * [base, base+size) went back to its upstream during the session (empty_cache, an OOM retry, a
+ * trim; the teardown records its own); any lock. find: when a segment of a pool of `kind`
+ * holding `addr` went back ("before the last completed ebb_shutdown" / "since ebb_init
+ * (...)"), the pool's label in `label`; NULL when none of the remembered ones holds it. Failure
+ * paths only. */
+EBB_HIDDEN void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size);
+EBB_HIDDEN const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len);
 
-/* ---- record chunks ----------------------------------------------------------------------------
- * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's
- * pointer in a growable array (doubling from `first`). Keeps chunk p in (*v, *n, *cap); false
- * when out of host memory (nothing kept: the caller frees p). Lock held. */
-static inline bool ebb__chunk_keep(void ***v, size_t *n, size_t *cap, void *p, size_t first) {
-  if (*n == *cap) {
-    size_t nc = *cap ? *cap * 2 : first;
-    void **nv = realloc(*v, nc * sizeof *nv);
-    if (!nv) return false;
-    *v = nv;
-    *cap = nc;
-  }
-  (*v)[(*n)++] = p;
-  return true;
-}
+/* ---- device.c: the device arena -------------------------------------------------------------- */
 
-/* ---- pointer map (ptrmap.c) ---------------------------------------------------------------- */
+/* The driver upstream of the device arenas. */
+EBB_HIDDEN extern const struct ebb__upstream ebb__device_upstream;
 
-EBB_HIDDEN bool ebb__ptrmap_insert(struct ebb__block *b); /* false: out of host memory */
-/* The block starting at addr, removed from the map (take) or left there (find); NULL if none. */
-EBB_HIDDEN struct ebb__block *ebb__ptrmap_take(uint64_t addr);
-EBB_HIDDEN struct ebb__block *ebb__ptrmap_find(uint64_t addr);
-EBB_HIDDEN size_t ebb__ptrmap_count(void);
-EBB_HIDDEN void ebb__ptrmap_clear(void);
+/* ---- host.c: the pinned and host pools ----------------------------------------------------------
+ * Started and torn down with the device arenas by module.c (start: no lock held, after the
+ * configuration is parsed). */
+
+EBB_HIDDEN ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev);
+EBB_HIDDEN void ebb__hostpools_fini(void);
+/* The pinned pools then the host pool, NULL past the last. */
+EBB_HIDDEN struct ebb__arena *ebb__hostpool_nth(int i);
 
 #endif /* EBB_ARENA_IMPL_H */

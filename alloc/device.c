@@ -1,22 +1,16 @@
-/* device.c: the device arena: the driver upstream behind the arena engine, the module state
- * (one arena per device), EBB_ALLOC_CONF, and the public ebb_arena_* calls of ebb/alloc.h.
+/* device.c: the device arena: the driver upstream behind the arena engine (device memory through
+ * cuMemAlloc, or VMM reservations mapped granule by granule for expandable segments), and the
+ * public ebb_arena_* calls of ebb/alloc.h, which check their arguments and hand the device's
+ * arena to the engine.
  *
- * Owns: the per-device struct ebb__arena array and the parsed configuration. The state starts
- * lazily at the first ebb_arena_* call after ebb_init (it starts the streams module first, so
- * that our shutdown hook, registered later, runs earlier: arenas release their events and
- * segments while streams and the driver are still up) and is torn down by that hook.
+ * Owns nothing of its own: the device arenas are the module state's (module.c).
  *
- * Threading: every public call is thread-safe. Start-up is elected by a compare-and-swap on
- * `phase`; after it each arena serialises itself (arena.c).
+ * Threading: every public call is thread-safe; the upstream's entries are called by the engine
+ * with the arena's lock dropped (VMM map and unmap excepted, see xseg.c) and take no ebb lock.
  */
-#include <errno.h>
 #include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "arena_impl.h"
-#include "streams_export.h"
 
 /* ---- the device upstream ------------------------------------------------------------------- */
 
@@ -67,7 +61,7 @@ static ebb_status ebb__dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes
   return st ? st : st2;
 }
 
-static const struct ebb__upstream ebb__device_upstream = {
+const struct ebb__upstream ebb__device_upstream = {
     .name = "device",
     .alloc_fn = "ebb_arena_alloc",
     .free_fn = "ebb_arena_free",
@@ -82,322 +76,9 @@ static const struct ebb__upstream ebb__device_upstream = {
     .unmap = ebb__dev_unmap,
 };
 
-/* ---- module state -------------------------------------------------------------------------- */
+/* ---- public API ---------------------------------------------------------------------------- */
 
-enum { EBB__AL_DOWN = 0, EBB__AL_STARTING = 1, EBB__AL_UP = 2 };
-
-static struct {
-  _Atomic int phase;
-  int ndev;
-  struct ebb__conf conf;
-  char oom_path[512]; /* conf.oom_snapshot points here */
-  char env[512];      /* conf.env points here */
-  struct ebb__arena dev[EBB_MAX_DEVICES];
-} ebb__al;
-
-/* Every arena of the module (devices, pinned pools, host pool), listed once at start for the
- * copy hook's range filter (ebb__arenas_all): no call per arena on every copy. Apart from
- * ebb__al, whose layout the allocation entry's code depends on (one more instruction a call
- * with them inside). Written at start and teardown only. */
-static struct {
-  struct ebb__arena *all[EBB__ARENAS_MAX];
-  int n;
-} ebb__al_all;
-
-#define EBB__HISTORY_DEFAULT ((size_t)65536)
-#define EBB__HISTORY_MAX ((size_t)1 << 26) /* 3 GiB of ring (48-byte slots) per device: surely a typo beyond */
-
-struct ebb__arena *ebb__arena_nth(int i) {
-  return i >= 0 && i < ebb__al.ndev ? &ebb__al.dev[i] : NULL;
-}
-
-struct ebb__arena *const *ebb__arenas_all(int *n) {
-  *n = ebb__al_all.n;
-  return ebb__al_all.all;
-}
-
-struct ebb__arena *ebb__arena_any(int i) {
-  if (i < 0) return NULL;
-  return i < ebb__al.ndev ? &ebb__al.dev[i] : ebb__hostpool_nth(i - ebb__al.ndev);
-}
-
-/* "1073741824", "512M", "4G": bytes with an optional K/M/G/T suffix (powers of 1024). */
-static bool ebb__parse_bytes(const char *val, size_t *out) {
-  char *end = NULL;
-  errno = 0;
-  unsigned long long v = strtoull(val, &end, 10);
-  if (errno || end == val || val[0] == '-') return false;
-  unsigned shift = 0;
-  switch (*end) {
-  case '\0': break;
-  case 'K': case 'k': shift = 10; end++; break;
-  case 'M': case 'm': shift = 20; end++; break;
-  case 'G': case 'g': shift = 30; end++; break;
-  case 'T': case 't': shift = 40; end++; break;
-  default: return false;
-  }
-  if (*end || v > (SIZE_MAX >> shift)) return false;
-  *out = (size_t)v << shift;
-  return true;
-}
-
-/* EBB_ALLOC_CONF: "key:value,key:value", checked by the first ebb_init (runtime_export.h): an
- * unknown key or a bad value fails ebb_init with EBB_EINVAL naming the item and what is
- * accepted, so a typo is never silently ignored. Parsed straight into ebb__al.conf: the check
- * runs while the module is stopped, and the start uses what it parsed. */
-#define EBB__CONF_BAD(...)                   \
-  do {                                       \
-    snprintf(expected, len, __VA_ARGS__);    \
-    return false;                            \
-  } while (0)
-
-static bool ebb__conf_check(const char *env, char *expected, size_t len) {
-  struct ebb__conf *c = &ebb__al.conf;
-  c->max_split = SIZE_MAX;
-  c->expandable = false;
-  c->history = EBB__HISTORY_DEFAULT;
-  c->oom_snapshot = NULL;
-  c->pinned_max = 0;
-  c->slab_max = EBB__SLAB_MAX_DEFAULT;
-  ebb__al.env[0] = '\0';
-  c->env = ebb__al.env;
-  if (!env) return true;
-  if (strlen(env) >= sizeof ebb__al.env) EBB__CONF_BAD("at most %zu characters", sizeof ebb__al.env - 1);
-  snprintf(ebb__al.env, sizeof ebb__al.env, "%s", env);
-  char buf[sizeof ebb__al.env];
-  snprintf(buf, sizeof buf, "%s", env);
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    while (*tok == ' ') tok++;
-    char *colon = strchr(tok, ':');
-    if (!colon) EBB__CONF_BAD("key:value items; '%s' has no value", tok);
-    *colon = '\0';
-    const char *key = tok, *val = colon + 1;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(val, &end, 10);
-    bool num_ok = !errno && end != val && *end == '\0' && val[0] != '-';
-    if (!strcmp(key, "max_split_size_mb")) {
-      /* PyTorch's minimum is 20 MiB, the oversize slack: below it nothing could be reused. */
-      if (!num_ok || v < 20 || v >= ((size_t)1 << 40)) EBB__CONF_BAD("max_split_size_mb:N with N a whole number of MiB >= 20, not '%s'", val);
-      c->max_split = (size_t)v << 20;
-    } else if (!strcmp(key, "expandable_segments")) {
-      if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "True")) c->expandable = true;
-      else if (strcmp(val, "0") && strcmp(val, "false") && strcmp(val, "False"))
-        EBB__CONF_BAD("expandable_segments:0 or expandable_segments:1, not '%s'", val);
-    } else if (!strcmp(key, "history")) {
-      if (!num_ok || v > EBB__HISTORY_MAX) EBB__CONF_BAD("history:N with N entries in [0, %zu], not '%s'", (size_t)EBB__HISTORY_MAX, val);
-      c->history = (size_t)v;
-    } else if (!strcmp(key, "oom_snapshot")) {
-      if (!*val) EBB__CONF_BAD("oom_snapshot:PATH with a non-empty path");
-      snprintf(ebb__al.oom_path, sizeof ebb__al.oom_path, "%s", val);
-      c->oom_snapshot = ebb__al.oom_path;
-    } else if (!strcmp(key, "pinned_max_bytes")) {
-      if (!ebb__parse_bytes(val, &c->pinned_max))
-        EBB__CONF_BAD("pinned_max_bytes:N with N bytes and an optional K/M/G/T suffix (0: no cap), not '%s'", val);
-    } else if (!strcmp(key, "slab_max_bytes")) {
-      /* Rounded down to 512 B (sizes are 512-byte multiples); 64 KiB at most: the slab address
-       * map relies on every slab spanning more than one 64 KiB granule (slab.c). */
-      size_t v2 = 0;
-      if (!ebb__parse_bytes(val, &v2) || v2 > EBB__SLAB_MAX_LIMIT)
-        EBB__CONF_BAD("slab_max_bytes:N with N bytes in [0, 64K] and an optional K suffix (0: no slabs), not '%s'", val);
-      c->slab_max = v2 / EBB__MIN_BLOCK * EBB__MIN_BLOCK;
-    } else {
-      EBB__CONF_BAD("keys max_split_size_mb, expandable_segments, pinned_max_bytes, slab_max_bytes, oom_snapshot or history; "
-                    "'%s' is unknown", key);
-    }
-  }
-  return true;
-}
-
-static const ebb__config_var ebb__alloc_vars[] = {{"EBB_ALLOC_CONF", ebb__conf_check}};
-
-/* ---- pointers from before a completed ebb_shutdown ---------------------------------------- */
-
-/* The address ranges of the segments given back lately (the newest EBB__GRAVES): by the
- * teardown of a completed ebb_shutdown, and during a session by empty_cache, an OOM retry or a
- * trim. A pointer into one is memory ebb gave back rather than memory it never had, which the
- * free's message says. The range may since hold memory from elsewhere (a driver allocation, a
- * host mapping), which the message admits. Written when segments go back, read on failure
- * paths only. */
-#define EBB__GRAVES 256
-static ebb_mutex ebb__graves_mu = {PTHREAD_MUTEX_INITIALIZER, "alloc.graves", EBB_RANK_LEAF};
-static struct ebb__grave {
-  uint64_t base;
-  size_t size;
-  unsigned session;   /* ebb__sessions when it was given back */
-  bool at_shutdown;   /* by the teardown, else during its session */
-  uint8_t kind;       /* enum ebb__memkind of its pool */
-  char label[48];
-} ebb__graves[EBB__GRAVES];
-static unsigned ebb__ngraves, ebb__sessions; /* (graves_mu) sessions: alloc module starts */
-
-static void ebb__grave_put(const struct ebb__arena *a, uint64_t base, size_t size, bool at_shutdown) {
-  ebb__mutex_lock(&ebb__graves_mu);
-  struct ebb__grave *g = &ebb__graves[ebb__ngraves++ % EBB__GRAVES];
-  *g = (struct ebb__grave){.base = base, .size = size, .session = ebb__sessions, .at_shutdown = at_shutdown,
-                           .kind = (uint8_t)a->up->kind};
-  snprintf(g->label, sizeof g->label, "%s", a->label);
-  ebb__mutex_unlock(&ebb__graves_mu);
-}
-
-void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size) { ebb__grave_put(a, base, size, false); }
-
-static void ebb__graves_add(struct ebb__arena *a) {
-  for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
-    const struct ebb__segment *sg = ebb_container_of(n, struct ebb__segment, node);
-    ebb__grave_put(a, sg->base, sg->size, true);
-  }
-}
-
-const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, size_t len) {
-  const char *when = NULL;
-  ebb__mutex_lock(&ebb__graves_mu);
-  unsigned n = ebb__ngraves < EBB__GRAVES ? ebb__ngraves : EBB__GRAVES;
-  for (unsigned i = 0; i < n && !when; i++) {
-    const struct ebb__grave *g = &ebb__graves[(ebb__ngraves - 1 - i) % EBB__GRAVES]; /* newest first */
-    if (g->kind != kind || addr < g->base || addr >= g->base + g->size) continue;
-    snprintf(label, len, "%s", g->label);
-    when = g->session != ebb__sessions || g->at_shutdown ? "before the last completed ebb_shutdown"
-                                                          : "since ebb_init (empty_cache, an OOM retry or a trim)";
-  }
-  ebb__mutex_unlock(&ebb__graves_mu);
-  return when;
-}
-
-/* The module's stop, run by the last ebb_shutdown once no block is live. */
-static void ebb__alloc_teardown(void *user) {
-  (void)user;
-  /* acquire: pairs with the release store of UP (the arenas are visible). */
-  if (atomic_load_explicit(&ebb__al.phase, memory_order_acquire) != EBB__AL_UP) return;
-  ebb__copy_hook_set(NULL); /* before the maps it reads are cleared */
-  ebb__al_all.n = 0;
-  for (int i = 0; i < ebb__al.ndev; i++) ebb__graves_add(&ebb__al.dev[i]);
-  struct ebb__arena *hp;
-  for (int i = 0; (hp = ebb__hostpool_nth(i)) != NULL; i++) ebb__graves_add(hp);
-  for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
-  ebb__hostpools_fini();
-  ebb__ptrmap_clear();
-  ebb__slab_map_clear();
-  ebb__al.ndev = 0;
-  /* release: pairs with the acquire CAS of the next start in ebb__alloc_enter. */
-  atomic_store_explicit(&ebb__al.phase, EBB__AL_DOWN, memory_order_release);
-}
-
-/* Runs with phase == STARTING owned by this thread, after streams started (the runtime starts
- * modules in layer order), with the configuration ebb_init checked in ebb__al.conf. */
-static ebb_status ebb__alloc_start(const char *fn) {
-  int ndev = 0;
-  ebb_status st = ebb_dev_count(&ndev);
-  if (st) return st;
-  size_t total[EBB_MAX_DEVICES];
-  for (int i = 0; i < ndev; i++) {
-    size_t fr = 0;
-    st = ebb_dev_mem_info(i, &fr, &total[i]);
-    if (st) {
-      char why[512];
-      snprintf(why, sizeof why, "%s", ebb_last_error());
-      return ebb__fail(st, "%s: cannot read the memory size of device %d: %s", fn, i, why);
-    }
-  }
-  ebb__mutex_lock(&ebb__graves_mu);
-  ebb__sessions++;
-  ebb__mutex_unlock(&ebb__graves_mu);
-  for (int i = 0; i < ndev; i++) ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &ebb__al.conf, total[i]);
-  ebb__al.ndev = ndev;
-  st = ebb__hostpools_start(&ebb__al.conf, ndev);
-  if (!st) {
-    ebb__al_all.n = 0;
-    for (struct ebb__arena *a; ebb__al_all.n < EBB__ARENAS_MAX && (a = ebb__arena_any(ebb__al_all.n));)
-      ebb__al_all.all[ebb__al_all.n++] = a;
-    /* Copies record their streams on the blocks they touch (ebb__arena_copy_use). */
-    ebb__copy_hook_set(ebb__arena_copy_use);
-  }
-  if (st) {
-    for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
-    ebb__hostpools_fini();
-    ebb__al.ndev = 0;
-  }
-  return st;
-}
-
-/* The module started: one acquire load, the whole entry check of every call once it is up.
- * UP implies ebb is initialised: the teardown hook stores DOWN while `ready` is still set. */
-static inline bool ebb__alloc_up(void) {
-  /* acquire: pairs with the release store of EBB__AL_UP below: the arenas are initialised. */
-  return atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP;
-}
-
-/* The rest of the entry check, out of line: not initialised, or the module to start. */
-static ebb_status ebb__alloc_enter_slow(const char *fn) {
-  if (EBB_UNLIKELY(!ebb_is_initialized()))
-    return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init first", fn);
-  if (ebb__alloc_up()) return EBB_OK;
-  for (;;) {
-    int ph = EBB__AL_DOWN;
-    /* acquire on success: pairs with the teardown's release store of DOWN; on failure with the
-     * release store of UP. */
-    if (atomic_compare_exchange_strong_explicit(&ebb__al.phase, &ph, EBB__AL_STARTING, memory_order_acquire,
-                                                memory_order_acquire))
-      break;
-    if (ph == EBB__AL_UP) return EBB_OK;
-    ebb__cpu_relax(); /* another thread is starting the module */
-  }
-  ebb_status st = ebb__alloc_start(fn);
-  /* release: publishes the started (or undone) state to the acquires above. */
-  atomic_store_explicit(&ebb__al.phase, st ? EBB__AL_DOWN : EBB__AL_UP, memory_order_release);
-  return st;
-}
-
-/* Entry check of every public call: ebb initialised, the module started. */
-ebb_status ebb__alloc_enter(const char *fn) {
-  if (EBB_LIKELY(ebb__alloc_up())) return EBB_OK;
-  return ebb__alloc_enter_slow(fn);
-}
-
-static ebb_status ebb__alloc_module_start(void) { return ebb__alloc_enter("ebb_init"); }
-static void ebb__alloc_module_stop(void) { ebb__alloc_teardown(NULL); }
-
-/* Blocks handed out and not freed, per pool. Kinds name the pool ("blocks of the device 0
- * arena"); their strings are static. */
-static int ebb__alloc_count(ebb__live_count *out, int max) {
-  static const char *const dev_kinds[EBB_MAX_DEVICES] = {
-    "blocks of the device 0 arena", "blocks of the device 1 arena", "blocks of the device 2 arena",
-    "blocks of the device 3 arena", "blocks of the device 4 arena", "blocks of the device 5 arena",
-    "blocks of the device 6 arena", "blocks of the device 7 arena", "blocks of the device 8 arena",
-    "blocks of the device 9 arena", "blocks of the device 10 arena", "blocks of the device 11 arena",
-    "blocks of the device 12 arena", "blocks of the device 13 arena", "blocks of the device 14 arena",
-    "blocks of the device 15 arena"};
-  if (!ebb__alloc_up()) return 0;
-  int n = 0;
-  for (int i = 0; i < ebb__al.ndev && n < max; i++) {
-    ebb_arena_stats s;
-    ebb__arena_get_stats(&ebb__al.dev[i], &s);
-    out[n++] = (ebb__live_count){dev_kinds[i], (long)(s.alloc_count - s.free_count)};
-  }
-  long pinned = 0, host = 0;
-  struct ebb__arena *a;
-  for (int i = 0; (a = ebb__hostpool_nth(i)) != NULL; i++) {
-    ebb_arena_stats s;
-    ebb__arena_get_stats(a, &s);
-    if (a->up->kind == EBB__MEM_PINNED_POOL) pinned += (long)(s.alloc_count - s.free_count);
-    else host += (long)(s.alloc_count - s.free_count);
-  }
-  if (n < max) out[n++] = (ebb__live_count){"blocks of the pinned host pool", pinned};
-  if (n < max) out[n++] = (ebb__live_count){"blocks of the host pool", host};
-  return n;
-}
-
-const ebb__module_desc ebb__module_alloc = {
-  .name = "alloc",
-  .layer = EBB__LAYER_ALLOC,
-  .vars = ebb__alloc_vars,
-  .nvars = (int)EBB_ARRAY_LEN(ebb__alloc_vars),
-  .start = ebb__alloc_module_start,
-  .stop = ebb__alloc_module_stop,
-  .count = ebb__alloc_count,
-};
-
+/* The module's entry check inline (ebb__alloc_enter); and the device in range. */
 static inline ebb_status ebb__enter(const char *fn) {
   if (EBB_LIKELY(ebb__alloc_up())) return EBB_OK;
   return ebb__alloc_enter_slow(fn);
@@ -410,34 +91,6 @@ static inline ebb_status ebb__enter_dev(const char *fn, int device) {
     return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__al.ndev);
   return EBB_OK;
 }
-
-/* The stream an allocation or a use is for, validated, with its id and device: the message of
- * a bad one is that of ebb_stream_get_info, prefixed with `fn`. */
-static ebb_status ebb__stream_ref_slow(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
-  ebb_stream_info info;
-  ebb_status st = ebb_stream_get_info(s, &info);
-  if (st) {
-    char why[512]; /* the message is rewritten below: copy it out of the buffer first */
-    snprintf(why, sizeof why, "%s", ebb_last_error());
-    return ebb__fail(st, "%s: %s", fn, why);
-  }
-  out->s = s;
-  out->id = info.id;
-  out->device = info.device;
-  return EBB_OK;
-}
-
-ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
-  /* A live stream is one lock-free check (streams_export.h); anything else takes the public
-   * call for its message. */
-  if (EBB_LIKELY(ebb__stream_peek(s, &out->id, &out->device))) {
-    out->s = s;
-    return EBB_OK;
-  }
-  return ebb__stream_ref_slow(fn, s, out);
-}
-
-/* ---- public API ---------------------------------------------------------------------------- */
 
 /* ebb_arena_alloc's checks one by one, in their order, each with its message; also the path of
  * a NULL stream (the current one) and of zero bytes. */

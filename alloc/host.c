@@ -13,7 +13,7 @@
  *
  * Threading: arenas serialise themselves; the upstream calls (driver, mmap, hwloc) run with
  * the arena lock dropped (arena.c), so no driver call is made under a lock. `held` is atomic.
- * Start and teardown run from device.c's, single-threaded by its phase word.
+ * Start and teardown run from module.c's, single-threaded by its phase word.
  */
 #include <errno.h>
 #include <inttypes.h>

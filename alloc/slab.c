@@ -5,276 +5,38 @@
  * (so segments, reserved bytes, limits, expandable segments, stealing across streams and the
  * OOM chain stay the engine's), cut into n slots of one size. Split and merge per block cost
  * ~10 dependent cache misses per alloc+free pair at 10^5 live blocks (records, ptrmap bucket,
- * both neighbours, their places in the free index); a slot costs a bitmap bit in its slab record and one slot
- * record, and is found on free through a small address map instead of the ptrmap.
+ * both neighbours, their places in the free index); a slot costs a bitmap bit in its slab
+ * record and one slot record, and is found on free through the granule map (addrmap.c).
  *
  * Owns: slab records (recycled, freed at teardown: the map may hand a stale one to a racing bad
- * free, validated under the arena lock), their slot arrays, the per-stream class lists, and the
- * process-wide address map (64 KiB granules -> slabs; its leaves are freed at module teardown).
+ * free, validated under the arena lock), their slot arrays and the per-stream class lists.
  *
- * Threading: everything but the map is under the arena's lock. Map entries are atomics, written
- * under the lock of the arena whose slab covers them and read with no lock (then validated).
+ * Threading: everything is under the arena's lock; a slab enters and leaves the granule map
+ * under that lock too.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "arena_impl.h"
-
-/* ---- address map ----------------------------------------------------------------------------
- * 48-bit addresses in 64 KiB granules: a top table of 2^18 leaves, a leaf of 2^14 granules
- * (1 GiB, 256 KiB of 16-byte entries, made at first use). A granule can meet two slabs at
- * most, because every slab is longer than a granule (EBB__SLAB_TARGET): `lo` covers the
- * granule's first byte, up to its end; `hi` starts inside it. Each is one word: the slab
- * record's address (records are 128-byte aligned) with, in its low 7 bits, the boundary inside
- * the granule in 512-byte units (lo: where it ends, 0 when it covers the whole granule; hi:
- * where it starts, 1..127). So a lookup is two loads and no record read but the one it
- * returns, and one word is written whole (no torn pair). 10^5 live 13 KiB slots span ~20 000
- * granules: 320 KiB of entries, against ~18 MB of block records and ptrmap for the same
- * blocks. `hi` may instead hold the live block larger than a granule that starts in it (see
- * "live blocks in the map"). */
-#define EBB__SMAP_GRAN 16
-#define EBB__SMAP_LEAF 14
-#define EBB__SMAP_TOP (48 - EBB__SMAP_GRAN - EBB__SMAP_LEAF)
-
-struct ebb__smap_ent {
-  _Atomic uintptr_t lo, hi;
-};
-
-#define EBB__SMAP_UNITS ((uintptr_t)127) /* low bits of an entry: 512-byte units in a granule */
-/* Top bit of `hi`: the record is a live block's, not a slab's (see "live blocks in the map").
- * User-space addresses never have it set (the lower half of the address space). */
-#define EBB__SMAP_BLOCK ((uintptr_t)1 << (sizeof(uintptr_t) * 8 - 1))
-_Static_assert(((size_t)1 << EBB__SMAP_GRAN) / EBB__MIN_BLOCK == EBB__SMAP_UNITS + 1, "units of a granule fit 7 bits");
-_Static_assert(_Alignof(struct ebb__slab) >= EBB__SMAP_UNITS + 1, "slab records leave 7 low bits free");
-
-static _Atomic(struct ebb__smap_ent *) ebb__smap[(size_t)1 << EBB__SMAP_TOP];
-
-_Static_assert(EBB__SLAB_TARGET >= 2 * ((size_t)1 << EBB__SMAP_GRAN),
-               "every slab must span more than one granule of the address map");
-
-/* A leaf in one transparent huge page where the kernel gives one: lookups land anywhere in it,
- * and a TLB miss per free costs as much as the entry's own cache miss. */
-#define EBB__SMAP_LEAF_BYTES (((size_t)1 << EBB__SMAP_LEAF) * sizeof(struct ebb__smap_ent))
-#define EBB__HUGE ((size_t)2 << 20)
-
-static struct ebb__smap_ent *ebb__smap_leaf_alloc(void) {
-  size_t bytes = EBB__SMAP_LEAF_BYTES < EBB__HUGE ? EBB__HUGE : EBB__SMAP_LEAF_BYTES;
-  void *p = aligned_alloc(EBB__HUGE, bytes);
-  if (!p) return NULL;
-#ifdef MADV_HUGEPAGE
-  (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice only: no huge page is still correct */
-#endif
-  memset(p, 0, EBB__SMAP_LEAF_BYTES);
-  return p;
-}
-
-__attribute__((noinline, cold)) static struct ebb__smap_ent *ebb__smap_leaf_make(_Atomic(struct ebb__smap_ent *) *top) {
-  struct ebb__smap_ent *leaf = NULL;
-  struct ebb__smap_ent *nl = ebb__smap_leaf_alloc();
-  if (!nl) return NULL;
-  /* release: the zeroed leaf is visible before its pointer. Two arenas may race to make it. */
-  if (atomic_compare_exchange_strong_explicit(top, &leaf, nl, memory_order_release, memory_order_acquire)) return nl;
-  free(nl);
-  return leaf;
-}
-
-static inline struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
-  _Atomic(struct ebb__smap_ent *) *top = &ebb__smap[g >> EBB__SMAP_LEAF];
-  /* acquire: pairs with the release CAS that published the zeroed leaf. */
-  struct ebb__smap_ent *leaf = atomic_load_explicit(top, memory_order_acquire);
-  if (EBB_LIKELY(leaf) || !make) return leaf;
-  return ebb__smap_leaf_make(top);
-}
-
-/* The entry of addr's granule; NULL when its leaf was never made. */
-static inline struct ebb__smap_ent *ebb__smap_ent_of(uint64_t addr) {
-  if (EBB_UNLIKELY(addr >> 48)) return NULL;
-  uint64_t g = addr >> EBB__SMAP_GRAN;
-  struct ebb__smap_ent *leaf = ebb__smap_leaf(g, false);
-  return leaf ? &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)] : NULL;
-}
-
-/* The slab whose entry e (addr's granule, `hi` already loaded) covers addr, unvalidated (NULL:
- * none). */
-static inline struct ebb__slab *ebb__smap_slab_in(const struct ebb__smap_ent *e, uintptr_t hi, uint64_t addr) {
-  uintptr_t unit = (uintptr_t)(addr >> 9) & EBB__SMAP_UNITS;
-  /* acquire (hi's and lo's): pair with the release stores of ebb__smap_put, so the record's
-   * fixed `arena` is seen. */
-  if (hi && !(hi & EBB__SMAP_BLOCK) && unit >= (hi & EBB__SMAP_UNITS)) return (struct ebb__slab *)(hi & ~EBB__SMAP_UNITS);
-  /* (A block in `hi` starts after any slab that covers the granule's start: lo's bound below
-   * then rejects addresses inside the block.) */
-  uintptr_t lo = atomic_load_explicit(&e->lo, memory_order_acquire);
-  if (lo && (!(lo & EBB__SMAP_UNITS) || unit < (lo & EBB__SMAP_UNITS))) return (struct ebb__slab *)(lo & ~EBB__SMAP_UNITS);
-  return NULL;
-}
-
-static inline uintptr_t ebb__smap_hi(const struct ebb__smap_ent *e) {
-  return atomic_load_explicit(&e->hi, memory_order_acquire);
-}
-
-static inline struct ebb__slab *ebb__smap_find(uint64_t addr) {
-  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
-  return e ? ebb__smap_slab_in(e, ebb__smap_hi(e), addr) : NULL;
-}
-
-/* The live block entered at addr, from its granule's `hi` word w; unvalidated (NULL: none).
- * (w's acquire load pairs with the release store of ebb__amap_block_put, so the record's fixed
- * `arena` is seen.) */
-static inline struct ebb__block *ebb__smap_block_in(uintptr_t w, uint64_t addr) {
-  if ((w & EBB__SMAP_BLOCK) && !(addr & (EBB__MIN_BLOCK - 1)) &&
-      (w & EBB__SMAP_UNITS) == ((uintptr_t)(addr >> 9) & EBB__SMAP_UNITS))
-    return (struct ebb__block *)(w & ~(EBB__SMAP_BLOCK | EBB__SMAP_UNITS));
-  return NULL;
-}
-
-/* ---- live blocks in the map -------------------------------------------------------------------
- * A live block larger than a granule is entered in the `hi` word of the granule where it starts
- * (tagged EBB__SMAP_BLOCK, with its start's unit, 0..127): slabs and such blocks are all longer
- * than a granule and never overlap, so at most one of them starts in any granule, and the word
- * is its own while it lives. With the default slab_max (64 KiB) every block the engine hands out
- * is one, and a free finds slot and block alike with the one entry read, where the ptrmap cost a
- * shard lock and a probe. */
-_Static_assert(_Alignof(struct ebb__block) >= EBB__SMAP_UNITS + 1, "block records leave 7 low bits free");
-_Static_assert(EBB__AMAP_BLOCK_MIN == ((size_t)1 << EBB__SMAP_GRAN), "blocks above one granule of the address map");
-
-bool ebb__amap_block_put(struct ebb__block *b) {
-  EBB_ASSERT(ebb__block_in_amap(b));
-  uint64_t g = b->addr >> EBB__SMAP_GRAN;
-  struct ebb__smap_ent *leaf = ebb__smap_leaf(g, true);
-  if (!leaf) return false;
-  struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
-  EBB_ASSERT(!atomic_load_explicit(&e->hi, memory_order_relaxed) && !((uintptr_t)b & EBB__SMAP_BLOCK));
-  /* release: pairs with the acquire in ebb__smap_block_in. */
-  atomic_store_explicit(&e->hi, (uintptr_t)b | EBB__SMAP_BLOCK | ((uintptr_t)(b->addr >> 9) & EBB__SMAP_UNITS),
-                        memory_order_release);
-  return true;
-}
-
-struct ebb__block *ebb__amap_block_find(uint64_t addr) {
-  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
-  return e ? ebb__smap_block_in(ebb__smap_hi(e), addr) : NULL;
-}
-
-struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules) {
-  if (EBB_UNLIKELY(addr >> 48)) return NULL;
-  uint64_t g = addr >> EBB__SMAP_GRAN;
-  for (unsigned k = 0; k <= max_granules; k++, g--) {
-    struct ebb__smap_ent *e = ebb__smap_ent_of(g << EBB__SMAP_GRAN);
-    if (!e) return NULL; /* no leaf: nothing starts in its gigabyte; the caller walks segments */
-    uintptr_t hi = ebb__smap_hi(e);
-    uint64_t start = (g << EBB__SMAP_GRAN) + (uint64_t)(hi & EBB__SMAP_UNITS) * EBB__MIN_BLOCK;
-    if (hi && start <= addr) /* the nearest start at or below addr: a live block's, or a slab's */
-      return (hi & EBB__SMAP_BLOCK) ? (struct ebb__block *)(hi & ~(EBB__SMAP_BLOCK | EBB__SMAP_UNITS)) : NULL;
-    /* acquire: pairs with the release stores of ebb__smap_put. A slab over the granule's start
-     * is the nearest thing below: addr is in no live block of the map. */
-    if (atomic_load_explicit(&e->lo, memory_order_acquire)) return NULL;
-    if (!g) return NULL;
-  }
-  return NULL;
-}
-
-static inline uint64_t ebb__slab_bytes(const struct ebb__slab *sl) { return (uint64_t)sl->slot * sl->nslots; }
-
-/* Writes slab sl's fields of granules [g0, g1) of its span: sl itself (on) or NULL. The fields
- * a slab covers are its own while it is live (no other slab can cover the same granule start or
- * start inside the same granule), so removal needs no compare. false: no host memory for a leaf
- * (on only). Lock of sl's arena held. */
-static bool ebb__smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g1, uint64_t *failed_at) {
-  uint64_t start = sl->addr, end = start + ebb__slab_bytes(sl);
-  for (uint64_t g = g0; g < g1; g++) {
-    struct ebb__smap_ent *leaf = ebb__smap_leaf(g, on);
-    if (!leaf) {
-      if (!on) continue; /* never made: nothing of ours in it */
-      *failed_at = g;
-      return false;
-    }
-    struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
-    uint64_t gb = g << EBB__SMAP_GRAN, ge = gb + ((uint64_t)1 << EBB__SMAP_GRAN);
-    /* release: pairs with the acquire in ebb__smap_find. */
-    if (gb >= start)
-      atomic_store_explicit(&e->lo, on ? (uintptr_t)sl | (end >= ge ? 0 : (uintptr_t)((end - gb) >> 9)) : 0,
-                            memory_order_release);
-    else
-      atomic_store_explicit(&e->hi, on ? (uintptr_t)sl | (uintptr_t)((start - gb) >> 9) : 0, memory_order_release);
-  }
-  return true;
-}
-
-/* Enters (on) or removes slab sl in the map; false: no host memory (nothing left entered). */
-static bool ebb__smap_set(struct ebb__slab *sl, bool on) {
-  uint64_t g0 = sl->addr >> EBB__SMAP_GRAN, g1 = ((sl->addr + ebb__slab_bytes(sl) - 1) >> EBB__SMAP_GRAN) + 1, at = g1;
-  if (ebb__smap_put(sl, on, g0, g1, &at)) return true;
-  ebb__smap_put(sl, false, g0, at, &at);
-  return false;
-}
-
-void ebb__slab_map_clear(void) {
-  for (size_t i = 0; i < EBB_ARRAY_LEN(ebb__smap); i++) {
-    struct ebb__smap_ent *leaf = atomic_exchange_explicit(&ebb__smap[i], NULL, memory_order_acq_rel);
-    free(leaf);
-  }
-}
-
-struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout) {
-  *bout = NULL;
-  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
-  if (!e) return NULL;
-  uintptr_t hi = ebb__smap_hi(e);
-  struct ebb__block *b = ebb__smap_block_in(hi, addr);
-  if (b) {
-    struct ebb__arena *a = b->arena; /* fixed for the record's whole life */
-    ebb__lock(&a->mu);
-    /* Freed (the record perhaps reused elsewhere) since the lookup: only a live block at addr
-     * that is in the map is an answer (a racing bad free can see an old entry whose record now
-     * holds a smaller block at the same address, which the ptrmap tracks). */
-    if (b->addr == addr && b->state == EBB__B_ALLOC && ebb__block_in_amap(b)) {
-      if (take == b->kind) atomic_store_explicit(&e->hi, 0, memory_order_relaxed); /* written under the lock */
-      *bout = b;
-      return NULL;
-    }
-    ebb__unlock(&a->mu);
-  }
-  struct ebb__slab *sl = ebb__smap_slab_in(e, hi, addr);
-  if (!sl) return NULL;
-  struct ebb__arena *a = sl->arena;
-  ebb__lock(&a->mu);
-  /* The slab may have gone back to the engine (and its record to another slab) since the
-   * lookup: only a live slab holding addr is an answer. */
-  if (sl->live && addr >= sl->addr && addr < sl->addr + ebb__slab_bytes(sl)) return sl;
-  ebb__unlock(&a->mu);
-  return NULL;
-}
-
-/* ---- counters (as arena.c's: current and peak) ---------------------------------------------- */
-
-static inline void ebb__sstat_add(ebb_arena_stat *st, uint64_t n) {
-  st->current += n;
-  if (st->current > st->peak) st->peak = st->current;
-}
-
-static inline void ebb__sstat_sub(ebb_arena_stat *st, uint64_t n) {
-  EBB_ASSERT(st->current >= n);
-  st->current -= n;
-}
+/* ---- counters ------------------------------------------------------------------------------ */
 
 /* Free slots are inactive_split: free memory inside a split piece (the slab), which no other
  * size can use until the whole slab is empty and goes back to the engine. */
 static inline void ebb__stat_add_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
-  ebb__sstat_add(&s->inactive_split, n);
-  ebb__sstat_add(&s->inactive_split_bytes, bytes);
+  ebb__stat_add(&s->inactive_split, n);
+  ebb__stat_add(&s->inactive_split_bytes, bytes);
 }
 
 static inline void ebb__stat_sub_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
-  ebb__sstat_sub(&s->inactive_split, n);
-  ebb__sstat_sub(&s->inactive_split_bytes, bytes);
+  ebb__stat_sub(&s->inactive_split, n);
+  ebb__stat_sub(&s->inactive_split_bytes, bytes);
 }
 
 static inline void ebb__stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_t requested) {
-  ebb__sstat_add(&s->allocated_bytes, slot);
-  ebb__sstat_add(&s->active_bytes, slot);
-  ebb__sstat_add(&s->requested_bytes, requested);
+  ebb__stat_add(&s->allocated_bytes, slot);
+  ebb__stat_add(&s->active_bytes, slot);
+  ebb__stat_add(&s->requested_bytes, requested);
 }
 
 /* ---- slab records -------------------------------------------------------------------------- */
@@ -373,7 +135,7 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
     t->owner_cat = EBB_OWNER_OTHER;
     t->requested = 0;
   }
-  if (!ebb__smap_set(sl, true)) {
+  if (!ebb__amap_slab_set(sl, true)) {
     ebb_list_insert_head(&a->slab_spare, &sl->node);
     return NULL;
   }
@@ -392,7 +154,7 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
 static void ebb__slab_drop(struct ebb__arena *a, struct ebb__slab *sl) {
   EBB_ASSERT(sl->nfree == sl->nslots && !sl->npend);
   ebb__stat_sub_slab(&a->c.s, sl->nslots, ebb__slab_bytes(sl));
-  ebb__smap_set(sl, false);
+  ebb__amap_slab_set(sl, false);
   sl->live = 0;
   ebb__cls_of(sl)->nslabs--;
   ebb__arena_put_slab_block(a, sl->b);
@@ -462,7 +224,7 @@ static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsign
   t->owner_cat = EBB_OWNER_OTHER;
   t->state = EBB__B_FREE;
   t->requested = 0;
-  ebb__sstat_sub(&a->c.s.active_bytes, sl->slot);
+  ebb__stat_sub(&a->c.s.active_bytes, sl->slot);
   ebb__stat_add_slab(&a->c.s, 1, sl->slot);
   sl->bits[i / 64] |= 1ull << (i % 64);
   struct ebb__slab_cls *k = ebb__cls_of(sl);
@@ -532,7 +294,7 @@ void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t sl
 
 ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s, void **out) {
   ebb__lock(&a->mu);
-  if (a->npending) ebb__poll_pending_locked(a);
+  if (a->npending) ebb__poll_pending(a);
   struct ebb__spool *sp = ebb__spool_get(a, s);
   if (EBB_UNLIKELY(!sp)) {
     ebb__unlock(&a->mu);
@@ -663,8 +425,8 @@ ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, e
   if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
     return ebb__slot_bad(fn, sl, i, addr, kind, true);
   ebb_arena_stats *s = &a->c.s;
-  ebb__sstat_sub(&s->allocated_bytes, sl->slot);
-  ebb__sstat_sub(&s->requested_bytes, t->requested);
+  ebb__stat_sub(&s->allocated_bytes, sl->slot);
+  ebb__stat_sub(&s->requested_bytes, t->requested);
   s->free_count++;
   if (EBB_LIKELY(!sl->ext || !sl->ext[i].nuses)) {
     /* No other stream used it: the free completes now, both entries at the request's time. */
@@ -742,7 +504,37 @@ ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t add
 
 /* ---- walks --------------------------------------------------------------------------------- */
 
-struct ebb__slab *ebb__slab_of(const struct ebb__block *b) { return b->slab; }
+bool ebb__piece_next(struct ebb__piece_iter *it, struct ebb__piece *out) {
+  const struct ebb__block *b = it->b;
+  if (!b) return false;
+  if (b->state != EBB__B_SLAB) {
+    *out = (struct ebb__piece){.addr = b->addr,
+                               .size = b->size,
+                               .requested = b->requested,
+                               .stream = b->spool ? b->spool->stream.id : 0,
+                               .owner = b->owner,
+                               .state = b->state,
+                               .owner_cat = b->owner_cat,
+                               .slot = false};
+    it->b = b->next;
+    return true;
+  }
+  const struct ebb__slab *sl = b->slab;
+  const struct ebb__slot *t = &sl->slots[it->slot];
+  *out = (struct ebb__piece){.addr = sl->addr + (uint64_t)it->slot * sl->slot,
+                             .size = sl->slot,
+                             .requested = t->requested,
+                             .stream = b->spool->stream.id,
+                             .owner = t->owner,
+                             .state = t->state,
+                             .owner_cat = t->owner_cat,
+                             .slot = true};
+  if (++it->slot == sl->nslots) {
+    it->b = b->next;
+    it->slot = 0;
+  }
+  return true;
+}
 
 #define EBB__SCHECK(cond, ...)                   \
   do {                                           \
@@ -751,7 +543,7 @@ struct ebb__slab *ebb__slab_of(const struct ebb__block *b) { return b->slab; }
 
 ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, const char *fn, uint64_t *alloc,
                            uint64_t *active, uint64_t *requested, uint64_t *isplit, uint64_t *isplit_b,
-                           size_t *pend_events) {
+                           size_t *pend_events, size_t *ncached) {
   const struct ebb__slab *sl = b->slab;
   EBB__SCHECK(sl && sl->live && sl->b == b && sl->arena == a && sl->spool == b->spool,
               "%s: %s: slab block 0x%" PRIx64 " has no live slab record of its own", fn, a->label, b->addr);
@@ -768,7 +560,7 @@ ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, con
     uint64_t at = sl->addr + (uint64_t)i * sl->slot;
     EBB__SCHECK(bit == (t->state == EBB__B_FREE), "%s: %s: slot 0x%" PRIx64 " has state %d but free bit %d", fn, a->label,
                 at, t->state, bit);
-    EBB__SCHECK(ebb__smap_find(at) == sl && ebb__smap_find(at + sl->slot - 1) == sl,
+    EBB__SCHECK(ebb__amap_slab_find(at) == sl && ebb__amap_slab_find(at + sl->slot - 1) == sl,
                 "%s: %s: slot 0x%" PRIx64 " is not found through the slab address map", fn, a->label, at);
     switch (t->state) {
     case EBB__B_FREE:
@@ -802,6 +594,7 @@ ebb_status ebb__slab_check(struct ebb__arena *a, const struct ebb__block *b, con
   bool listed = sl->node.next != &sl->node;
   EBB__SCHECK(listed == (nfree > 0), "%s: %s: slab 0x%" PRIx64 " with %u free slots is %s its class list", fn, a->label,
               sl->addr, nfree, listed ? "on" : "off");
+  *ncached += sl->nfree == sl->nslots && !sl->npend;
   return EBB_OK;
 }
 
@@ -837,7 +630,7 @@ void ebb__slab_fini(struct ebb__arena *a) {
     struct ebb__slab *chunk = a->slab_chunks[c];
     for (int i = 0; i < EBB__SLAB_CHUNK; i++) {
       struct ebb__slab *sl = &chunk[i];
-      if (sl->live) ebb__smap_set(sl, false);
+      if (sl->live) ebb__amap_slab_set(sl, false);
       if (sl->ext)
         for (uint32_t k = 0; k < sl->cap; k++) free(sl->ext[k].uses);
       free(sl->ext);

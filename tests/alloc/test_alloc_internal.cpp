@@ -1,4 +1,4 @@
-// White-box tests of the arena engine (alloc/arena.c) through hooks the library keeps hidden:
+// White-box tests of the arena engine (alloc/) through hooks the library keeps hidden:
 // the tests link it statically, so they can reach them.
 #include "alloc_test_util.hpp"
 
