@@ -121,7 +121,7 @@ enum ebb__bstate {
  * so the first block of at least r is one walk down reading a node's sizes with sixteen
  * compares at a time: two or three levels at the few hundred free blocks a stream and pool
  * holds under the arena bench, where a tree over the block records took about eight levels of
- * dependent loads (perf/RESULTS.md, "The free index as a B+-tree"). A split's
+ * dependent loads (perf/JOURNAL.md, "The free index as a B+-tree"). A split's
  * remainder and a merge take their block's slot in place. Classic blocks of max_split and up
  * (max_split_size_mb) are never split and serve only requests near their size, so they stay
  * out of the tree, in a list scanned in the same order (few: whole segments); so does a block

@@ -8,7 +8,7 @@
  * a block's start or a slot is an address-map lookup (and a ptrmap probe for a small block with
  * slabs off) and the arena lock. An interior pointer of a block over 64 KiB reads the map back
  * granule by granule to the block's start (EBB__COPY_LOOKBACK at most); one of a smaller block
- * walks the segments of the arenas whose range holds it (under their locks). perf/RESULTS.md
+ * walks the segments of the arenas whose range holds it (under their locks). perf/JOURNAL.md
  * measures it ("copy_enqueue").
  *
  * Owns nothing: it reads the maps and records uses on blocks and slots (pending.c, slab.c).

@@ -6,8 +6,8 @@
  */
 /* Default visibility, against the build's hidden default: libjemalloc defines a weak
  * malloc_conf of its own, and only a definition the program exports takes its place (the linker
- * exports it because that library defines it too). Hidden until 2026-11-23, so jemalloc ran on
- * its defaults: dirty pages purged after 10 s, the stray MADV_DONTNEED calls of
- * perf/RESULTS.md. ebb-info shows the settings in effect; tools.ebb_info_json checks them. */
+ * exports it because that library defines it too); a hidden one would leave jemalloc on its
+ * defaults (dirty pages purged after 10 s: stray madvise calls in a warm process). ebb-info shows
+ * the settings in effect; tools.ebb_info_json checks them. */
 __attribute__((visibility("default"))) const char *malloc_conf =
     "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true,background_thread:false";

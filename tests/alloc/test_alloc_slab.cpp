@@ -414,7 +414,7 @@ TEST_CASE("slab: a slot allocated and freed in turn keeps its slab until somethi
 
 // A cached empty slab must not pin a segment that holds nothing else: at the end of a training
 // step that frees everything, slabs cached wherever they last emptied made the next step's
-// blocks fit differently and grow the arena (perf/RESULTS.md, the empty-slab cache).
+// blocks fit differently and grow the arena (perf/JOURNAL.md, the empty-slab cache).
 TEST_CASE("slab: a segment left with only cached empty slabs is whole again", "[alloc][slab]") {
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
