@@ -1,0 +1,269 @@
+// Review 3 of issue 21's engine (devices, streams, threads): cases that failed on the engine as
+// it landed, each kept as a regression test.
+//
+// Runs with the emulated driver's timing model (EBB_SIM_LAUNCH_US, set by CMakeLists.txt), so a
+// stream that reads before another stream's pending write sees stale memory. Hooks may run on
+// device worker or pool threads: they only record what they see, and the test thread checks it
+// afterwards (Catch2's assertions are not thread-safe).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ebb/autograd.h"
+#include "ebb/stream.h"
+#include "sanitizers.hpp"
+#include "tensor_test_util.hpp"
+
+using namespace ebb_test;
+
+namespace {
+
+using Stats = ebb_autograd_engine_stats;
+
+Stats stats() {
+  Stats s;
+  EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s));
+  return s;
+}
+
+struct EngineSettings {
+  ebb_engine_mode mode;
+  int depth;
+  bool warn, follow;
+  EngineSettings()
+      : mode(ebb_autograd_engine_mode()), depth(ebb_autograd_max_reentrant_depth()),
+        warn(ebb_autograd_warn_on_accumulate_grad_stream_mismatch()), follow(ebb_autograd_accumulate_grad_follows_producer()) {}
+  ~EngineSettings() {
+    ebb_autograd_set_engine_mode(mode);
+    ebb_autograd_set_max_reentrant_depth(depth);
+    ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(warn);
+    ebb_autograd_set_accumulate_grad_follows_producer(follow);
+  }
+};
+
+Tensor leaf(int dev, const std::vector<double> &v) {
+  Tensor t = make(dev, EBB_F64, {(int64_t)v.size()}, v);
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
+  return t;
+}
+
+Tensor scale(const ebb_tensor_t *a, double k) {
+  Tensor r;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(a, k, r.out()));
+  return r;
+}
+
+Tensor sum(const ebb_tensor_t *a) {
+  Tensor r;
+  EBB_REQUIRE_OK(ebb_op_sum(a, nullptr, 0, false, r.out()));
+  return r;
+}
+
+Tensor to_dev(const ebb_tensor_t *a, int dev) {
+  Tensor r;
+  EBB_REQUIRE_OK(ebb_tensor_to_device(a, dev, r.out()));
+  return r;
+}
+
+// t's .grad as work issued next on the calling thread's current stream of its device sees it.
+std::vector<double> grad_seen(const ebb_tensor_t *t) {
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(t, g.out()));
+  if (!g.get()) return {};
+  Tensor r = scale(g, 1.0);
+  return read(r);
+}
+
+void sync_all() {
+  int n = 0;
+  EBB_REQUIRE_OK(ebb_dev_count(&n));
+  for (int d = 0; d < n; d++) EBB_REQUIRE_OK(ebb_dev_synchronize(d));
+}
+
+std::vector<double> vals(int t, int n = 8) {
+  std::vector<double> v((size_t)n);
+  for (int i = 0; i < n; i++) v[(size_t)i] = (double)((i % 5) - 2 + (i == 2)) * 0.5 + (double)(t + 1) * 1.25;
+  return v;
+}
+
+bool timed_two_devices(std::string *why) {
+  int n = 0;
+  EBB_REQUIRE_OK(ebb_dev_count(&n));
+  REQUIRE(n >= 2);
+  ebb_dev_caps caps;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.emulated) {
+    *why = "not the emulated driver: the timing model that makes a missing wait visible is the emulator's";
+    return false;
+  }
+  const char *us = std::getenv("EBB_SIM_LAUNCH_US");
+  INFO("EBB_SIM_LAUNCH_US must be set (>= 1000) for this executable: tests/autograd/CMakeLists.txt does");
+  REQUIRE(us != nullptr);
+  REQUIRE(std::atof(us) >= 1000);
+  return true;
+}
+
+#define EBB_NEED_TIMED_DEVICES()                   \
+  do {                                             \
+    std::string why_;                              \
+    if (!timed_two_devices(&why_)) EBB_SKIP(why_); \
+  } while (0)
+
+}  // namespace
+
+// ---- the reentrant pool ------------------------------------------------------------------------
+
+namespace {
+
+// Two device workers hand a reentrant backward to the pool at the same moment, while exactly one
+// pool thread is idle. Per device i: the outer loss lo[i] (all on device i) has a leaf whose hook
+// runs the middle backward lm[i] (device i alone: on the worker itself, one level down); the
+// middle leaf's hook meets the other worker's at a barrier, then runs the inner backward ln[i],
+// which is past the depth limit (1) and goes to a pool thread. ln[i] crosses to the other
+// device, so it needs the other worker's queue served: by that worker's own pool thread while it
+// waits. Two hand-offs queued for one pool thread leave the second worker's queue unserved
+// while the first's inner backward waits for it.
+struct PoolRace {
+  struct Side {
+    PoolRace *race = nullptr;
+    int i = 0;
+    Tensor h, lo, m, lm, n, ln;
+  };
+  Side side[2];
+  std::atomic<int> arrived{0};
+  bool barrier = false;
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::string first_error;
+
+  void fail(const char *what) {
+    std::lock_guard<std::mutex> l(mu);
+    if (first_error.empty()) first_error = std::string(what) + ": " + ebb_last_error();
+    failures++;
+  }
+
+  static ebb_status outer_hook(const ebb_tensor_t *, ebb_tensor_t **, void *user) {
+    auto *s = static_cast<Side *>(user);
+    const ebb_tensor_t *r[1] = {s->lm.get()};
+    ebb_status st = ebb_backward(r, nullptr, 1, true, nullptr, 0);
+    if (st) s->race->fail("middle backward");
+    return st;
+  }
+
+  static ebb_status middle_hook(const ebb_tensor_t *, ebb_tensor_t **, void *user) {
+    auto *s = static_cast<Side *>(user);
+    PoolRace *r = s->race;
+    if (r->barrier) {  // both workers hand off together (a give-up after 2 s: only less likely then)
+      r->arrived.fetch_add(1);
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (r->arrived.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    }
+    const ebb_tensor_t *roots[1] = {s->ln.get()};
+    ebb_status st = ebb_backward(roots, nullptr, 1, true, nullptr, 0);
+    if (st) r->fail("inner backward");
+    return st;
+  }
+
+  PoolRace() {
+    for (int i = 0; i < 2; i++) {
+      Side &s = side[i];
+      s.race = this;
+      s.i = i;
+      s.h = leaf(i, vals(i, 4));
+      s.m = leaf(i, vals(i + 2, 4));
+      s.n = leaf(i, vals(i + 4, 4));
+      Tensor a = scale(s.h, 1);
+      s.lo = sum(a);
+      Tensor b = scale(s.m, 1);
+      s.lm = sum(b);
+      Tensor c = scale(s.n, 1), c1 = to_dev(c, 1 - i);
+      s.ln = sum(c1);
+      ebb_hook_handle hd;
+      EBB_REQUIRE_OK(ebb_tensor_register_hook(s.h, outer_hook, &s, &hd));
+      EBB_REQUIRE_OK(ebb_tensor_register_hook(s.m, middle_hook, &s, &hd));
+    }
+    sync_all();
+  }
+};
+
+// Ends the process with a message when `done` is not set within the limit: a deadlocked backward
+// never returns, and ctest's timeout would say less.
+struct HangBreaker {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread th;
+  HangBreaker(const char *what, int seconds) {
+    th = std::thread([this, what, seconds] {
+      std::unique_lock<std::mutex> l(mu);
+      if (!cv.wait_for(l, std::chrono::seconds(seconds), [this] { return done; })) {
+        std::fprintf(stderr, "review3: %s did not return in %d s: deadlocked\n", what, seconds);
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    });
+  }
+  ~HangBreaker() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      done = true;
+    }
+    cv.notify_all();
+    th.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("review3: two device workers handing reentrant backward calls to one idle pool thread at once do not deadlock",
+          "[autograd][review3][reentrant]") {
+  const char *env = std::getenv("EBB_REVIEW3_POOL_ROUNDS");
+  const int rounds = env ? std::atoi(env) : (kSanitized ? 15 : 40);
+  int handoffs_seen = 0;
+  for (int round = 0; round < rounds; round++) {
+    INFO("round " << round);
+    EbbSession session;  // a fresh engine each round: no pool thread yet
+    {
+      std::string why;
+      if (!timed_two_devices(&why)) EBB_SKIP(why);
+    }
+    EngineSettings keep;
+    EBB_REQUIRE_OK(ebb_autograd_set_max_reentrant_depth(1));
+    PoolRace race;
+    // One hand-off from the calling thread (device 0 alone): it leaves one idle pool thread.
+    {
+      HangBreaker hb("the warm-up backward", 60);
+      const ebb_tensor_t *r[1] = {race.side[0].lo.get()};
+      EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, nullptr, 0));
+    }
+    REQUIRE(stats().reentrant_handoffs == 1);
+    race.barrier = true;
+    Stats before = stats();
+    {
+      HangBreaker hb("the backward over both devices", 20);
+      const ebb_tensor_t *r[2] = {race.side[0].lo.get(), race.side[1].lo.get()};
+      EBB_REQUIRE_OK(ebb_backward(r, nullptr, 2, true, nullptr, 0));
+    }
+    Stats after = stats();
+    handoffs_seen += (int)(after.reentrant_handoffs - before.reentrant_handoffs);
+    {
+      std::lock_guard<std::mutex> l(race.mu);
+      INFO(race.first_error);
+      CHECK(race.failures.load() == 0);
+    }
+    CHECK(after.reentrant_handoffs - before.reentrant_handoffs == 2);
+    // h: one outer backward each (device 0 twice: the warm-up); m and n: once per outer.
+    CHECK(grad_seen(race.side[0].h) == std::vector<double>(4, 2.0));
+    CHECK(grad_seen(race.side[1].h) == std::vector<double>(4, 1.0));
+    CHECK(grad_seen(race.side[0].n) == std::vector<double>(4, 2.0));
+    CHECK(grad_seen(race.side[1].n) == std::vector<double>(4, 1.0));
+    sync_all();
+  }
+  CHECK(handoffs_seen == 2 * rounds);
+}
