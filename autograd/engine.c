@@ -91,11 +91,13 @@ struct ebb__tnode {
   int dev;                     /* its device (EBB_DEVICE_CPU: the owner's queue) */
   struct ebb__sref sr;         /* the stream it runs on (id 0: none) */
   struct ebb__slot *sync;      /* [nbufs]: stream state of its slots, made at the first device gradient */
-  /* AccumulateGrad: the stream mismatch seen by its slot (the first producer on another stream),
-   * or (follow-producer) the stream it had before taking the producer's. */
+  /* AccumulateGrad: the stream mismatch seen by its slot (the first producer on another stream);
+   * the id of the stream recorded on the node when the task started (which `sr` is not when that
+   * stream was released since), which a follow-producer move replaces; whether it follows. */
   struct ebb__sref mism;
   const struct ebb_node *mism_by;
-  uint64_t followed_from;
+  uint64_t recorded_id;
+  bool follows;
 };
 
 struct ebb__task {
@@ -322,8 +324,8 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
   struct ebb__slot *sl = &x->sync[k];
   if (x->n->op < 0 && prod->id != x->sr.id) { /* an AccumulateGrad on another stream than its producer */
     atomic_fetch_add_explicit(&t->n_mism, 1, memory_order_relaxed);
-    if (!sl->accum.id && !x->followed_from && prod->dev == x->dev && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
-      x->followed_from = x->sr.id; /* made permanent when it runs (ebb__node_stream_move) */
+    if (!sl->accum.id && !x->follows && prod->dev == x->dev && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
+      x->follows = true; /* made permanent when it runs (ebb__node_stream_move from recorded_id) */
       x->sr = *prod;
     } else if (!x->mism.id) {
       x->mism = *prod;
@@ -725,14 +727,19 @@ static void ebb__acc_warn(struct ebb__task *t, const struct ebb__tnode *x) {
   if (!others && edges <= 0) snprintf(held, sizeof held, "references outside this backward (hook registrations, other backward calls)");
   for (size_t i = 0; i < ncons; i++) ebb__node_unref(cons[i]);
   free(cons);
-  ebb__warn("%s: the AccumulateGrad of leaf %s on device %d runs on stream %llu, the stream current when it was made, but "
+  /* Made on a stream since released, it runs on the caller's current stream instead. */
+  char where[128] = "the stream current when it was made";
+  if (x->recorded_id != x->sr.id)
+    snprintf(where, sizeof where, "the caller's current stream (stream %llu, current when it was made, was released)",
+             (unsigned long long)x->recorded_id);
+  ebb__warn("%s: the AccumulateGrad of leaf %s on device %d runs on stream %llu, %s, but "
             "its gradient comes from stream %llu (%s); every backward through it makes stream %llu wait for stream %llu. "
             "The accumulator outlived the forward that made it: it is kept alive by %s. Gradients are right; this costs a "
             "cross-stream wait per step (and breaks CUDA-graph capture when stream %llu is outside it). Release those "
             "references before the next forward, or let accumulators follow their producer "
             "(ebb_autograd_set_accumulate_grad_follows_producer), or silence this "
             "(ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch). Said once per leaf and pair of streams.",
-            t->fn, leaf, x->dev, (unsigned long long)x->sr.id, (unsigned long long)x->mism.id,
+            t->fn, leaf, x->dev, (unsigned long long)x->sr.id, where, (unsigned long long)x->mism.id,
             x->mism_by ? ebb__node_name_of(x->mism_by) : "the caller's current stream: the leaf is a root", (unsigned long long)x->sr.id,
             (unsigned long long)x->mism.id, held, (unsigned long long)x->sr.id);
 }
@@ -769,7 +776,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   if (!x->run) return EBB_OK;
   if (n->op < 0) {
     if (!buf[0]) return EBB_OK;
-    if (x->followed_from && ebb__node_stream_move(n, x->followed_from, x->sr.s, x->sr.id)) /* (follow-producer) */
+    if (x->follows && ebb__node_stream_move(n, x->recorded_id, x->sr.s, x->sr.id)) /* (follow-producer) */
       atomic_fetch_add_explicit(&ebb__stats[EBB__S_FOLLOWED], 1, memory_order_relaxed);
     if (x->mism.id && atomic_load_explicit(&ebb__warn_acc, memory_order_relaxed)) ebb__acc_warn(t, x);
     if (x->sync && (st = ebb__leaf_stream(t, x))) return st;
@@ -919,6 +926,7 @@ static ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
     uint64_t id, live;
     int d;
     ebb__node_stream(x->n, &s, &id);
+    x->recorded_id = id;
     x->sr = id && ebb__stream_peek(s, &live, &d) && live == id && d == x->dev ? (struct ebb__sref){s, id, x->dev} : t->caller[x->dev];
     uint64_t bit = 1ull << (x->dev & 63);
     if (!(seen & bit)) ++*ndevs;

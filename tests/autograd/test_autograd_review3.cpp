@@ -6,6 +6,7 @@
 // device worker or pool threads: they only record what they see, and the test thread checks it
 // afterwards (Catch2's assertions are not thread-safe).
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -32,6 +33,32 @@ Stats stats() {
   return s;
 }
 
+uint64_t sid(const ebb_stream_t *s) {
+  uint64_t id = 0;
+  EBB_REQUIRE_OK(ebb_stream_id(s, &id));
+  return id;
+}
+
+struct Stream {
+  ebb_stream_t *s = nullptr;
+  explicit Stream(int dev) { EBB_REQUIRE_OK(ebb_stream_create(dev, EBB_PRIO_LOW, &s)); }
+  Stream(const Stream &) = delete;
+  Stream &operator=(const Stream &) = delete;
+  ~Stream() {
+    if (s) ebb_stream_release(s);
+  }
+  operator ebb_stream_t *() const { return s; }
+  uint64_t id() const { return sid(s); }
+};
+
+struct OnStream {
+  ebb_stream_guard g{};
+  explicit OnStream(ebb_stream_t *s) { EBB_REQUIRE_OK(ebb_stream_guard_enter(&g, s)); }
+  OnStream(const OnStream &) = delete;
+  OnStream &operator=(const OnStream &) = delete;
+  ~OnStream() { ebb_stream_guard_exit(&g); }
+};
+
 struct EngineSettings {
   ebb_engine_mode mode;
   int depth;
@@ -46,6 +73,44 @@ struct EngineSettings {
     ebb_autograd_set_accumulate_grad_follows_producer(follow);
   }
 };
+
+// Collects warnings (from any thread) for the scope; the default handler comes back after.
+struct Warnings {
+  std::mutex mu;
+  std::vector<std::string> msgs;
+  static void sink(const char *m, void *user) {
+    auto *w = static_cast<Warnings *>(user);
+    std::lock_guard<std::mutex> l(w->mu);
+    w->msgs.emplace_back(m);
+  }
+  Warnings() { ebb_set_warning_handler(sink, this); }
+  ~Warnings() { ebb_set_warning_handler(ebb_warning_to_stderr, nullptr); }
+  std::vector<std::string> take() {
+    std::lock_guard<std::mutex> l(mu);
+    return msgs;
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> l(mu);
+    return msgs.size();
+  }
+};
+
+// Whether `n` appears in s as a whole number (not inside a longer one).
+bool has_number(const std::string &s, uint64_t n) {
+  std::string d = std::to_string(n);
+  for (size_t p = s.find(d); p != std::string::npos; p = s.find(d, p + 1)) {
+    bool before = p > 0 && std::isdigit((unsigned char)s[p - 1]);
+    bool after = p + d.size() < s.size() && std::isdigit((unsigned char)s[p + d.size()]);
+    if (!before && !after) return true;
+  }
+  return false;
+}
+
+ebb_stream_t *current(int dev) {
+  ebb_stream_t *s = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_current(dev, &s));
+  return s;
+}
 
 Tensor leaf(int dev, const std::vector<double> &v) {
   Tensor t = make(dev, EBB_F64, {(int64_t)v.size()}, v);
@@ -69,6 +134,16 @@ Tensor to_dev(const ebb_tensor_t *a, int dev) {
   Tensor r;
   EBB_REQUIRE_OK(ebb_tensor_to_device(a, dev, r.out()));
   return r;
+}
+
+ebb_status backward(std::vector<const ebb_tensor_t *> roots, bool retain = false) {
+  return ebb_backward(roots.data(), nullptr, (int)roots.size(), retain, nullptr, 0);
+}
+
+uint64_t node_stream(const ebb_node_t *n) {
+  ebb_node_input_info info;
+  EBB_REQUIRE_OK(ebb_node_input_meta(n, 0, &info));
+  return info.stream_id;
 }
 
 // t's .grad as work issued next on the calling thread's current stream of its device sees it.
@@ -115,7 +190,77 @@ bool timed_two_devices(std::string *why) {
     if (!timed_two_devices(&why_)) EBB_SKIP(why_); \
   } while (0)
 
+// The AccumulateGrad of leaf w (kept alive by a graph the caller holds).
+const ebb_node_t *acc_of(const ebb_tensor_t *w) {
+  ebb_gradient_edge e;
+  EBB_REQUIRE_OK(ebb_tensor_gradient_edge(w, &e));
+  const ebb_node_t *n = e.node;
+  EBB_REQUIRE_OK(ebb_gradient_edge_release(&e));
+  return n;
+}
+
 }  // namespace
+
+// ---- follow-producer ----------------------------------------------------------------------------
+
+TEST_CASE("review3: an accumulator whose recorded stream was released: the warning says so, follow-producer moves it",
+          "[autograd][review3][accumulate]") {
+  // The accumulator was made on a stream since released: it runs on the caller's current stream
+  // (the header's rule). The mismatch warning names that, not "the stream current when it was
+  // made"; with follow-producer, a producer on another stream takes it over, for this backward
+  // and the next ones, as for a live stream.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  Warnings warn;
+  Stream s1(0);
+  auto v = vals(3);
+  Tensor w = leaf(0, v), warm_loss;
+  sync_all();
+  uint64_t gone = 0;
+  {
+    Stream tmp(0);
+    gone = tmp.id();
+    OnStream g(tmp);
+    Tensor y = scale(w, 2);
+    warm_loss = sum(y);
+    EBB_REQUIRE_OK(ebb_stream_synchronize(tmp));
+  }
+  const ebb_node_t *acc = acc_of(w);
+  REQUIRE(node_stream(acc) == gone);
+  uint64_t caller = sid(current(0));
+  // One step, the producer on s1, the caller on its default stream: the accumulator runs there.
+  auto step = [&] {
+    Tensor loss;
+    {
+      OnStream g(s1);
+      Tensor y = scale(w, 3);
+      loss = sum(y);
+    }
+    EBB_REQUIRE_OK(backward({loss}));
+  };
+  step();
+  auto msgs = warn.take();
+  REQUIRE(msgs.size() == 1);
+  INFO("warning: " << msgs[0]);
+  CHECK(has_number(msgs[0], caller));
+  CHECK(has_number(msgs[0], gone));
+  CHECK(has_number(msgs[0], s1.id()));
+  CHECK(msgs[0].find("released") != std::string::npos);
+  CHECK(msgs[0].find("the stream current when it was made") == std::string::npos);
+  CHECK(node_stream(acc) == gone);
+  ebb_autograd_set_accumulate_grad_follows_producer(true);
+  Stats before = stats();
+  step();
+  Stats after = stats();
+  CHECK(after.accumulate_grad_followed - before.accumulate_grad_followed == 1);
+  CHECK(node_stream(acc) == s1.id());
+  CHECK(warn.count() == 1);
+  CHECK(grad_seen(w) == std::vector<double>(v.size(), 6.0));
+  warm_loss.reset();
+  sync_all();
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
 
 // ---- the reentrant pool ------------------------------------------------------------------------
 
