@@ -550,33 +550,72 @@ static int ebb__heap_pop(struct ebb__heap *h) {
   return top.i;
 }
 
-/* AccumulateGrad, under the leaf's lock: the first gradient becomes .grad, taken from the buffer
- * without a copy when nothing else sees it (*g set to NULL then), else copied contiguous; later
- * ones are added into .grad in place (keeping the tensor the caller may hold). */
-static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
+/* .grad (meta m, grad_mu held) is about to be written on stream r (x's). When a backward last
+ * wrote it on another stream (a follow-producer move, an accumulator made again on another
+ * stream, another thread's backward through another accumulator of the leaf), r first waits for
+ * that stream: it holds the last write, which r's read-modify-write must come after. The caller
+ * never saw that stream (the engine chose both), so ordering them is the engine's job. */
+static ebb_status ebb__grad_order(struct ebb__task *t, struct ebb__meta *m, const struct ebb__sref *r) {
+  if (!m->grad || !r->id || !m->grad_stream_id || m->grad_stream_id == r->id) return EBB_OK;
+  int dev = m->grad_stream_dev;
+  ebb_event_t *e = ebb__ev_new(dev);
+  if (!e) return ebb__fail(EBB_ENOMEM, "%s: no event to order a .grad written on stream %llu (device %d) before stream %llu: %s", t->fn,
+                           (unsigned long long)m->grad_stream_id, dev, (unsigned long long)r->id, ebb_last_error());
+  /* (streams_export.h: recorded only while that stream lives; once released, its release's own
+   * event orders r after its work) */
+  ebb_status st = ebb__event_record_live(e, m->grad_stream, m->grad_stream_id);
+  if (st == EBB_EFREED) {
+    st = ebb__stream_wait_released(r->s, dev, m->grad_stream_id);
+  } else if (!st) {
+    atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
+    st = ebb__wait(t, e, r, 0);
+  }
+  ebb__ev_free(e);
+  if (st)
+    return ebb__fail(st, "%s: ordering .grad's last write on stream %llu (device %d) before stream %llu failed: %s", t->fn,
+                     (unsigned long long)m->grad_stream_id, dev, (unsigned long long)r->id, ebb_last_error());
+  return EBB_OK;
+}
+
+/* .grad was just written on stream r (grad_mu held). */
+static void ebb__grad_written(struct ebb__meta *m, const struct ebb__sref *r) {
+  m->grad_stream = r->s;
+  m->grad_stream_id = r->id;
+  m->grad_stream_dev = r->dev;
+}
+
+/* AccumulateGrad x, under the leaf's lock: the first gradient becomes .grad, taken from the
+ * buffer without a copy when nothing else sees it (*g set to NULL then), else copied contiguous;
+ * later ones are added into .grad in place (keeping the tensor the caller may hold). */
+static ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *x, ebb_tensor_t **g) {
+  struct ebb_node *n = x->n;
   struct ebb__meta *m = ebb__meta_of(n->leaf);
-  ebb_status st = EBB_OK;
   ebb__mutex_lock(&m->grad_mu);
-  if (m->grad) {
+  ebb_status st = ebb__grad_order(t, m, &x->sr);
+  if (!st && m->grad) {
     st = ebb_op_add_(m->grad, *g);
-  } else if (ebb__tensor_exclusive(*g)) {
+  } else if (!st && ebb__tensor_exclusive(*g)) {
     m->grad = *g;
     *g = NULL;
     ebb__owners_grad_new(n->leaf, m, m->grad); /* owners.c: the buffer is the leaf's gradient now */
-  } else {
+  } else if (!st) {
     bool named = ebb__owners_grad_enter(n->leaf, m); /* owners.c: the copy is the gradient's from the start */
     st = ebb_tensor_clone(*g, &m->grad);
     ebb__owners_leave(named);
     if (!st && !named) ebb__owners_grad_new(n->leaf, m, m->grad);
   }
+  if (!st) ebb__grad_written(m, &x->sr);
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
 
-/* A non-leaf input of ebb_backward (meta m): g added into its .grad, a copy the first time. */
-static ebb_status ebb__accumulate_into(struct ebb__meta *m, const ebb_tensor_t *g) {
+/* A non-leaf input of ebb_backward (meta m), captured at x: g added into its .grad, a copy the
+ * first time. */
+static ebb_status ebb__accumulate_into(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__meta *m, const ebb_tensor_t *g) {
   ebb__mutex_lock(&m->grad_mu);
-  ebb_status st = m->grad ? ebb_op_add_(m->grad, g) : ebb_tensor_clone(g, &m->grad);
+  ebb_status st = ebb__grad_order(t, m, &x->sr);
+  if (!st) st = m->grad ? ebb_op_add_(m->grad, g) : ebb_tensor_clone(g, &m->grad);
+  if (!st) ebb__grad_written(m, &x->sr);
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
@@ -768,7 +807,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
       t->results[x->capture - 1] = buf[x->capture_nr];
     } else if (ebb__retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
       /* retain_grad's hook (run with this node's tensor hooks) puts the gradient into .grad: once */
-    } else if ((st = ebb__accumulate_into(ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
+    } else if ((st = ebb__accumulate_into(t, x, ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
       return ebb__fail(st, "%s: adding the gradient of inputs[%d] (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
                        x->capture - 1, x->capture_nr, ebb__node_name_of(n), ebb_last_error());
     }
@@ -788,7 +827,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, 1))) return st;
     ebb_tensor_t *seen = nh ? buf[0] : NULL;
     if (seen) ebb_tensor_retain(seen);
-    st = ebb__accumulate(n, &buf[0]);
+    st = ebb__accumulate(t, x, &buf[0]);
     if (st) st = ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
     if (!st) st = ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
     if (!st && nh) st = ebb__node_post_hooks(t->fn, n, NULL, 0, &seen, 1);
@@ -1379,6 +1418,7 @@ ebb_status ebb_tensor_set_grad(ebb_tensor_t *t, const ebb_tensor_t *grad) {
   ebb__mutex_lock(&m->grad_mu);
   ebb_tensor_t *old = m->grad;
   m->grad = copy;
+  m->grad_stream_id = 0; /* the caller's tensor: ready on the caller's streams, as it ordered them */
   ebb__mutex_unlock(&m->grad_mu);
   if (old) ebb_tensor_release(old);
   return EBB_OK;

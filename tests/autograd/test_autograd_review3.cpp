@@ -25,6 +25,10 @@ using namespace ebb_test;
 
 namespace {
 
+// Kernels queued on a stream before the work a test checks: under the timing model that work
+// runs this many kernel durations later.
+constexpr int kBacklog = kSanitized ? 64 : 24;
+
 using Stats = ebb_autograd_engine_stats;
 
 Stats stats() {
@@ -58,6 +62,13 @@ struct OnStream {
   OnStream &operator=(const OnStream &) = delete;
   ~OnStream() { ebb_stream_guard_exit(&g); }
 };
+
+void busy(ebb_stream_t *s, int n) {
+  const ebb_kernel_t *k = nullptr;
+  EBB_REQUIRE_OK(ebb_kernel_find("ebb.noop", &k));
+  ebb_noop_args a{0};
+  for (int i = 0; i < n; i++) EBB_REQUIRE_OK(ebb_stream_launch(s, k, &a, nullptr));
+}
 
 struct EngineSettings {
   ebb_engine_mode mode;
@@ -202,6 +213,58 @@ const ebb_node_t *acc_of(const ebb_tensor_t *w) {
 }  // namespace
 
 // ---- follow-producer ----------------------------------------------------------------------------
+
+TEST_CASE("review3: follow-producer moving an accumulator to another stream orders the move after .grad's pending writes",
+          "[autograd][review3][accumulate]") {
+  // The warm-up ran a backward on s0 (behind a backlog there): .grad is written on s0, late. The
+  // accumulator, kept alive, then follows the producer to s1. Its first add into .grad on s1 must
+  // come after s0's write of .grad, as it did on s0 without the policy; the user never touched
+  // .grad on s1, so ordering it is the engine's job.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(false);
+  for (bool follow : {false, true}) {
+    INFO("follow-producer " << follow);
+    ebb_autograd_set_accumulate_grad_follows_producer(false);
+    Stream s0(0), s1(0), s2(0);
+    auto v = vals(follow ? 2 : 1);
+    Tensor w = leaf(0, v), warm_loss;
+    sync_all();
+    {
+      OnStream g(s0);
+      Tensor y = scale(w, 2);
+      warm_loss = sum(y);
+      busy(s0, kBacklog);
+      EBB_REQUIRE_OK(backward({warm_loss}, true));  // .grad = 2, written on s0 behind the backlog
+    }
+    const ebb_node_t *acc = acc_of(w);
+    REQUIRE(node_stream(acc) == s0.id());
+    ebb_autograd_set_accumulate_grad_follows_producer(follow);
+    Stats before = stats();
+    {
+      OnStream g(s1);
+      Tensor y = scale(w, 3), loss = sum(y);
+      EBB_REQUIRE_OK(backward({loss}));
+      CHECK(grad_seen(w) == std::vector<double>(v.size(), 5.0));
+    }
+    CHECK(stats().accumulate_grad_followed - before.accumulate_grad_followed == (follow ? 1u : 0u));
+    CHECK(node_stream(acc) == (follow ? s1.id() : s0.id()));
+    // And again from s2, behind a backlog on s1 (where the last add into .grad was made when
+    // following): the next move waits for s1 too.
+    busy(s1, kBacklog);
+    {
+      OnStream g(s2);
+      Tensor y = scale(w, 4), loss = sum(y);
+      EBB_REQUIRE_OK(backward({loss}));
+      CHECK(grad_seen(w) == std::vector<double>(v.size(), 9.0));
+    }
+    CHECK(node_stream(acc) == (follow ? s2.id() : s0.id()));
+    warm_loss.reset();
+    sync_all();
+  }
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
 
 TEST_CASE("review3: an accumulator whose recorded stream was released: the warning says so, follow-producer moves it",
           "[autograd][review3][accumulate]") {
