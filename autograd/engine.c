@@ -74,6 +74,11 @@ struct ebb__slot {
   ebb_event_t *ev;        /* recorded on `ready` when ev_ok, else to record before a wait */
   int ev_dev;
   bool ev_ok;
+  /* The slot's tensor was handed to consumers on other streams too (a producer returning one
+   * tensor for several inputs, as AddBackward does): their reads may still be pending there, so
+   * it is never written in place (no sum into it, no backward computed in it) however alone it
+   * looks by count once they let it go. */
+  bool shared;
 };
 
 /* One node of the task. Task nodes live in one array and are named by their index: the array
@@ -210,17 +215,19 @@ static void ebb__task_free(struct ebb__task *t) {
 
 /* Adds g (a new reference, consumed) into *slot: in place when nothing else sees one of the two
  * and they have one shape and dtype (into the slot's tensor, or into g, which then becomes the
- * slot's), else a new sum. On the current stream of their device. */
-static ebb_status ebb__sum_into(ebb_tensor_t **slot, ebb_tensor_t *g) {
+ * slot's), else a new sum. On the current stream of their device. slot_shared, g_shared: that
+ * tensor was handed to consumers on other streams too, which may not have read it yet: never
+ * written in place. */
+static ebb_status ebb__sum_into(ebb_tensor_t **slot, ebb_tensor_t *g, bool slot_shared, bool g_shared) {
   ebb__tensor_meta bm;
   ebb__tensor_meta_of(*slot, &bm);
   if (ebb__tensor_matches(g, &bm)) {
-    if (ebb__tensor_exclusive(*slot)) {
+    if (!slot_shared && ebb__tensor_exclusive(*slot)) {
       ebb_status st = ebb__lean_add_(*slot, g);
       ebb_tensor_release(g);
       return st;
     }
-    if (ebb__tensor_exclusive(g)) {
+    if (!g_shared && ebb__tensor_exclusive(g)) {
       ebb_status st = ebb__lean_add_(g, *slot);
       ebb_tensor_release(st ? g : *slot);
       if (!st) *slot = g;
@@ -293,12 +300,13 @@ static int ebb__slot_dev(const struct ebb__tnode *x, int k) {
 
 /* Adds g (a new reference, consumed) into slot k of x's buffer; `prod` is the stream it was
  * produced on (the producer node's, or the caller's for a root: id 0 for a CPU gradient) and pn
- * the producer (NULL for a root). For a device gradient, the spec's InputBuffer rules: the first
+ * the producer (NULL for a root); `shared`: the producer handed g to consumers on other streams
+ * too (see struct ebb__slot). For a device gradient, the spec's InputBuffer rules: the first
  * gradient is kept where it is, with an event when a later wait may need one; later ones are
  * summed on the accumulation stream (the consumer's when the gradient is on its device, else the
  * first producer's, else the caller's current stream of that device) after it waited for them. */
 static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_tensor_t *g, const struct ebb__sref *prod,
-                               const struct ebb_node *pn) {
+                               const struct ebb_node *pn, bool shared) {
   if (x->n->nout > 2 && !x->buf_heap && !(x->buf_heap = calloc((size_t)x->n->nout, sizeof *x->buf_heap))) {
     ebb_tensor_release(g);
     return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
@@ -315,7 +323,7 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
       b[k] = g;
       return EBB_OK;
     }
-    return ebb__sum_into(&b[k], g);
+    return ebb__sum_into(&b[k], g, false, false); /* (CPU kernels are done on return: nothing reads later) */
   }
   if (!x->sync && !(x->sync = calloc((size_t)ebb__nbufs(x), sizeof *x->sync))) {
     ebb_tensor_release(g);
@@ -337,6 +345,7 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
     sl->accum = x->sr.dev == gd ? x->sr : prod->dev == gd ? *prod : t->caller[gd];
     sl->ready = *prod;
     b[k] = g;
+    sl->shared = shared;
     sl->ev_ok = false;
     if (x->sr.id != prod->id || sl->accum.id != prod->id) {
       ebb_status st = ebb__record(t, &sl->ev, &sl->ev_dev, prod);
@@ -363,7 +372,8 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
   }
   ebb_stream_guard gu;
   bool in = ebb__enter(&gu, &sl->accum);
-  st = ebb__sum_into(&b[k], g);
+  st = ebb__sum_into(&b[k], g, sl->shared, shared);
+  sl->shared = false; /* the sum is in a tensor no one else was handed (never into a shared one) */
   ebb__leave(&gu, in);
   sl->ready = sl->accum;
   sl->ev_ok = false; /* recorded when the consumer needs it */
@@ -594,7 +604,7 @@ static ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *
   ebb_status st = ebb__grad_order(t, m, &x->sr);
   if (!st && m->grad) {
     st = ebb_op_add_(m->grad, *g);
-  } else if (!st && ebb__tensor_exclusive(*g)) {
+  } else if (!st && ebb__tensor_exclusive(*g) && !(x->sync && x->sync[0].shared)) { /* (shared: copied, .grad is summed into) */
     m->grad = *g;
     *g = NULL;
     ebb__owners_grad_new(n->leaf, m, m->grad); /* owners.c: the buffer is the leaf's gradient now */
@@ -785,6 +795,17 @@ static void ebb__acc_warn(struct ebb__task *t, const struct ebb__tnode *x) {
 
 static ebb_status ebb__ready_push(struct ebb__task *t, int i);
 
+/* Whether node x hands its gradient gin[i] to another of its consumers too (the same tensor for
+ * two inputs) that runs on another stream than gin[i]'s consumer: then either may read it after
+ * the other could write it in place. Consumers on one stream are ordered by it. */
+static bool ebb__handed_apart(const struct ebb__task *t, const struct ebb__tnode *x, ebb_tensor_t *const *gin, int i) {
+  const int *edges = t->edges + x->edge0;
+  uint64_t sid = t->nodes[edges[i]].sr.id;
+  for (int j = 0; j < x->n->nin; j++)
+    if (j != i && gin[j] == gin[i] && edges[j] >= 0 && t->nodes[edges[j]].sr.id != sid) return true;
+  return false;
+}
+
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
   ebb_tensor_t **buf = ebb__bufs(x);
@@ -860,7 +881,8 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     if (!st) {
       /* The buffers the engine holds alone: the backward may compute a gradient in them (not when
        * post-hooks will read them as the node's grad_outputs). */
-      bool mine[2] = {!nh && buf[0] && ebb__tensor_exclusive(buf[0]), !nh && n->nout > 1 && buf[1] && ebb__tensor_exclusive(buf[1])};
+      bool mine[2] = {!nh && buf[0] && ebb__tensor_exclusive(buf[0]) && !(x->sync && x->sync[0].shared),
+                      !nh && n->nout > 1 && buf[1] && ebb__tensor_exclusive(buf[1]) && !(x->sync && x->sync[1].shared)};
       const ebb__bw_ctx ctx = {&n->args, n->in_meta, saved, saved + n->nin, n->nin, need, mine};
       const ebb_tensor_t *go[2] = {buf[0], n->nout > 1 ? buf[1] : NULL};
       st = e->backward(&ctx, go, gin);
@@ -898,7 +920,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
       if (gin[i]) ebb_tensor_release(gin[i]);
       continue;
     }
-    if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n);
+    if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n, ebb__handed_apart(t, x, gin, i));
     else if (gin[i]) ebb_tensor_release(gin[i]);
     if (--cx->deps == 0 && cx->needed && !st && !cancelled) st = ebb__ready_push(t, edges[i]);
   }
@@ -1209,7 +1231,7 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     if (ri < 0 || !t.nodes[ri].needed) continue; /* a root that leads to no input: its gradient is not needed */
     int gd = ebb__slot_dev(&t.nodes[ri], rnr[i]);
     struct ebb__sref prod = gd >= 0 && t.caller ? t.caller[gd] : (struct ebb__sref){0}; /* made on the caller's stream */
-    st = ebb__buf_add(&t, &t.nodes[ri], rnr[i], rg[i], &prod, NULL);
+    st = ebb__buf_add(&t, &t.nodes[ri], rnr[i], rg[i], &prod, NULL, false);
     rg[i] = NULL;
   }
   for (size_t i = 0; !st && i < t.count; i++)

@@ -475,3 +475,55 @@ TEST_CASE("review3: two device workers handing reentrant backward calls to one i
   }
   CHECK(handoffs_seen == 2 * rounds);
 }
+
+// ---- the lean path: in-place sums into buffers ---------------------------------------------------
+
+TEST_CASE("review3: a gradient handed to two consumers on different streams is not summed into in place while one may still read it",
+          "[autograd][review3][lean]") {
+  // AddBackward (P, on sp) hands one tensor T to both its inputs: X's slot (MulScalarBackward on
+  // sx) and G's slot (MulScalarBackward on sg), which also gets Q's gradient later. X runs before
+  // Q delivers and reads T on sx, behind a backlog there; it then lets T go, so T is G's slot's
+  // alone by count. Q's sum into G's slot on sg must not write T in place: sx has not read it yet.
+  //   y = w2 * 2 (sg) ; q = y * 5 (sq) ; lq = sum(q) (sq) ; x = w * 3 (sx) ; z = x + y (sp) ;
+  //   l = sum(z * 2) (sp). d/dw (l + lq) = 6, d/dw2 = 2 * (2 + 5) = 14.
+  // Recorded in this order, the backward runs l's nodes, P, X, then lq's SumBackward, Q, G.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS}) {
+    INFO("mode " << mode);
+    EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+    Stream sg(0), sq(0), sx(0), sp(0);
+    Tensor w = leaf(0, vals(1)), w2 = leaf(0, vals(2)), y, lq, x, l;
+    sync_all();
+    {
+      OnStream g(sg);
+      y = scale(w2, 2);
+    }
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(sq, sg));
+    {
+      OnStream g(sq);
+      Tensor q = scale(y, 5);
+      lq = sum(q);
+    }
+    {
+      OnStream g(sx);
+      x = scale(w, 3);
+    }
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(sp, sx));
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(sp, sg));
+    {
+      OnStream g(sp);
+      Tensor z;
+      EBB_REQUIRE_OK(ebb_op_add(x, y, z.out()));
+      Tensor zz = scale(z, 2);  // its backward makes T a dense tensor of its own (sum's is a broadcast view)
+      l = sum(zz);
+    }
+    busy(sx, kBacklog);
+    EBB_REQUIRE_OK(backward({l, lq}));
+    CHECK(grad_seen(w) == std::vector<double>(8, 6.0));
+    CHECK(grad_seen(w2) == std::vector<double>(8, 14.0));
+    sync_all();
+  }
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
