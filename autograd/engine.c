@@ -1010,14 +1010,20 @@ static ebb_status ebb__ready_push(struct ebb__task *t, int i) {
   return ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue of device %d", t->fn, x->dev);
 }
 
-/* Runs node x: current node, owner scope and stream set around it; its buffers freed after. */
+/* Runs node x: current node, owner scope and stream set around it; its buffers freed after.
+ * The thread's grad and inference modes come back as they were, whatever its hooks left: a
+ * worker runs nodes of every backward after this one, which must not inherit them (PyTorch
+ * restores a thread's state around each node too). */
 static ebb_status ebb__run_one(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
   bool owned = ebb__owners_enter(x->n);        /* owners.c: what the node allocates is its own */
+  bool grad_was = ebb__grad_mode_on(), inference_was = ebb_inference_mode_enabled();
   ebb_stream_guard g;
   bool in = ebb__enter(&g, &x->sr);            /* its forward stream: the backward's ops go there */
   ebb_status st = ebb__run_node(t, x);
   ebb__leave(&g, in);
+  if (ebb__grad_mode_on() != grad_was) ebb_grad_set_enabled(grad_was, NULL);
+  if (ebb_inference_mode_enabled() != inference_was) ebb_inference_mode_set_enabled(inference_was, NULL);
   ebb__owners_leave(owned);
   ebb__node_enter(prev);
   if (st && x->dev >= 0) st = ebb__fail(st, "%s (the node ran on device %d)", ebb_last_error(), x->dev);

@@ -527,3 +527,85 @@ TEST_CASE("review3: a gradient handed to two consumers on different streams is n
   }
   CHECK(ebb_autograd_live_nodes() == 0);
 }
+
+// ---- thread-local state on the engine's threads --------------------------------------------------
+
+namespace {
+
+// A node pre-hook that turns a thread-local mode on and forgets to turn it off again.
+ebb_status leak_mode(const ebb_node_t *, const ebb_tensor_t *const *, int, ebb_tensor_t **, void *user) {
+  if (*static_cast<const bool *>(user)) ebb_inference_mode_set_enabled(true, nullptr);
+  else ebb_grad_set_enabled(true, nullptr);
+  return EBB_OK;
+}
+
+}  // namespace
+
+TEST_CASE("review3: a hook that leaves grad or inference mode on does not change the nodes that run after it on that thread",
+          "[autograd][review3][threads]") {
+  // A hook on a device-1 node (device 1's worker) leaves a mode on. The worker runs nodes of
+  // every backward after that: they must run as the engine runs nodes (grad mode off, no
+  // inference mode), not in what the hook left. PyTorch restores the thread's state around each
+  // node. Left on, inference mode made the next gradients on that worker inference tensors: a
+  // .grad that the next accumulation outside inference mode cannot add into. (Grad mode left on
+  // is checked the same way: no graph recorded by the backward's own ops.)
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_CALLING_THREAD})
+    for (bool inference : {true, false}) {
+      INFO("mode " << mode << (inference ? ", inference mode left on" : ", grad mode left on"));
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      bool grad_was = ebb_grad_enabled();
+      auto v0 = vals(1), v1 = vals(2);
+      Tensor w0 = leaf(0, v0), w1 = leaf(1, v1);
+      sync_all();
+      {
+        // The hook's own node (MulScalarBackward on device 1) runs after the hook as it left the
+        // thread; the nodes after it must not.
+        Tensor a = scale(w0, 2), a1 = to_dev(a, 1), b = scale(a1, 3), l = sum(b);
+        const ebb_node_t *n = nullptr;
+        EBB_REQUIRE_OK(ebb_tensor_grad_fn(b, &n, nullptr));
+        ebb_hook_handle h;
+        EBB_REQUIRE_OK(ebb_node_register_pre_hook(n, leak_mode, &inference, &h));
+        EBB_REQUIRE_OK(backward({l}));
+      }
+      // The calling thread is the user's: what a hook left there is theirs to see (restored at
+      // the end of the backward as the engine found it).
+      ebb_inference_mode_set_enabled(false, nullptr);
+      ebb_grad_set_enabled(grad_was, nullptr);
+      long nodes = ebb_autograd_live_nodes();
+      {
+        // Two devices again: device 1's nodes on its worker (AUTO), MulBackward saving w1.
+        Tensor a = scale(w0, 2), a1 = to_dev(a, 1), c, l;
+        EBB_REQUIRE_OK(ebb_op_mul(a1, w1, c.out()));
+        l = sum(c);
+        ebb_status st = backward({l});
+        INFO(ebb_last_error());
+        REQUIRE(st == EBB_OK);
+        CHECK(ebb_autograd_live_nodes() == nodes + 6);  // this graph's nodes only (none recorded by the backward)
+      }
+      for (const ebb_tensor_t *w : {w0.get(), w1.get()}) {
+        Tensor g;
+        EBB_REQUIRE_OK(ebb_tensor_grad(w, g.out()));
+        REQUIRE(g.get() != nullptr);
+        bool inf = true, req = true;
+        EBB_REQUIRE_OK(ebb_tensor_is_inference(g, &inf));
+        EBB_REQUIRE_OK(ebb_tensor_requires_grad(g, &req));
+        CHECK_FALSE(inf);
+        CHECK_FALSE(req);
+      }
+      {
+        // And .grad can still be added into on the calling thread (device 1 alone).
+        Tensor b = scale(w1, 3), l = sum(b);
+        ebb_status st = backward({l});
+        INFO(ebb_last_error());
+        CHECK(st == EBB_OK);
+      }
+      std::vector<double> want1(v1.size());
+      for (size_t i = 0; i < v1.size(); i++) want1[i] = 2 * v0[i] + 3;
+      CHECK(grad_seen(w1) == want1);
+      sync_all();
+    }
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
