@@ -609,3 +609,54 @@ TEST_CASE("review3: a hook that leaves grad or inference mode on does not change
     }
   CHECK(ebb_autograd_live_nodes() == 0);
 }
+
+TEST_CASE("review3: ebb_node_input_meta on an accumulator that follow-producer moves on another thread reads one stream or the other",
+          "[autograd][review3][accumulate][threads]") {
+  // The move happens under the engine's lock for node streams; the Node API read the stream id
+  // without it (a data race, reported under TSan). A reader on one thread, backward calls moving
+  // the accumulator between s1 and s2 on another.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(false);
+  ebb_autograd_set_accumulate_grad_follows_producer(true);
+  Stream s0(0), s1(0), s2(0);
+  const uint64_t ids[3] = {s0.id(), s1.id(), s2.id()};
+  Tensor w = leaf(0, vals(4)), warm_loss;
+  sync_all();
+  {
+    OnStream g(s0);
+    Tensor y = scale(w, 2);
+    warm_loss = sum(y);  // keeps the accumulator, made on s0
+  }
+  const ebb_node_t *acc = acc_of(w);
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, strange{0};
+  std::thread reader([&] {
+    while (!stop.load(std::memory_order_acquire)) {
+      ebb_node_input_info info;
+      if (ebb_node_input_meta(acc, 0, &info) != EBB_OK || (info.stream_id != ids[0] && info.stream_id != ids[1] && info.stream_id != ids[2]))
+        strange++;
+      reads++;
+      std::this_thread::yield();
+    }
+  });
+  const int steps = kSanitized ? 10 : 40;
+  Stats before = stats();
+  for (int i = 0; i < steps; i++) {
+    OnStream g(i % 2 ? s2 : s1);
+    Tensor y = scale(w, 1), loss = sum(y);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
+  stop.store(true, std::memory_order_release);
+  reader.join();
+  CHECK(stats().accumulate_grad_followed - before.accumulate_grad_followed == (uint64_t)steps);
+  CHECK(strange.load() == 0);
+  CHECK(reads.load() > 0);
+  CHECK(node_stream(acc) == ids[steps % 2 ? 1 : 2]);
+  sync_all();  // (.grad was last written on s1 or s2, which this thread's current stream did not wait for)
+  CHECK(grad_seen(w) == std::vector<double>(8, (double)steps));
+  warm_loss.reset();
+  sync_all();
+}
+
