@@ -72,6 +72,11 @@ struct ebb__meta {
   _Atomic uint64_t view_version;
   const char *grad_owner;    /* a leaf's gradient's owner name, interned (owners.c), under grad_mu */
   uint64_t uid;              /* never reused: names the leaf in the stream-mismatch warning's once-set */
+  /* engine.c, under grad_mu: the stream a backward last wrote .grad on (id 0: none known, as
+   * after ebb_tensor_set_grad). A backward writing it on another stream waits for that one first. */
+  ebb_stream_t *grad_stream;
+  uint64_t grad_stream_id;
+  int grad_stream_dev;
 };
 
 /* A registered hook (hooks.c). Lists are kept in registration order; a removed hook stays in its

@@ -74,6 +74,11 @@ struct ebb__slot {
   ebb_event_t *ev;        /* recorded on `ready` when ev_ok, else to record before a wait */
   int ev_dev;
   bool ev_ok;
+  /* The slot's tensor was handed to consumers on other streams too (a producer returning one
+   * tensor for several inputs, as AddBackward does): their reads may still be pending there, so
+   * it is never written in place (no sum into it, no backward computed in it) however alone it
+   * looks by count once they let it go. */
+  bool shared;
 };
 
 /* One node of the task. Task nodes live in one array and are named by their index: the array
@@ -91,11 +96,13 @@ struct ebb__tnode {
   int dev;                     /* its device (EBB_DEVICE_CPU: the owner's queue) */
   struct ebb__sref sr;         /* the stream it runs on (id 0: none) */
   struct ebb__slot *sync;      /* [nbufs]: stream state of its slots, made at the first device gradient */
-  /* AccumulateGrad: the stream mismatch seen by its slot (the first producer on another stream),
-   * or (follow-producer) the stream it had before taking the producer's. */
+  /* AccumulateGrad: the stream mismatch seen by its slot (the first producer on another stream);
+   * the id of the stream recorded on the node when the task started (which `sr` is not when that
+   * stream was released since), which a follow-producer move replaces; whether it follows. */
   struct ebb__sref mism;
   const struct ebb_node *mism_by;
-  uint64_t followed_from;
+  uint64_t recorded_id;
+  bool follows;
 };
 
 struct ebb__task {
@@ -208,17 +215,19 @@ static void ebb__task_free(struct ebb__task *t) {
 
 /* Adds g (a new reference, consumed) into *slot: in place when nothing else sees one of the two
  * and they have one shape and dtype (into the slot's tensor, or into g, which then becomes the
- * slot's), else a new sum. On the current stream of their device. */
-static ebb_status ebb__sum_into(ebb_tensor_t **slot, ebb_tensor_t *g) {
+ * slot's), else a new sum. On the current stream of their device. slot_shared, g_shared: that
+ * tensor was handed to consumers on other streams too, which may not have read it yet: never
+ * written in place. */
+static ebb_status ebb__sum_into(ebb_tensor_t **slot, ebb_tensor_t *g, bool slot_shared, bool g_shared) {
   ebb__tensor_meta bm;
   ebb__tensor_meta_of(*slot, &bm);
   if (ebb__tensor_matches(g, &bm)) {
-    if (ebb__tensor_exclusive(*slot)) {
+    if (!slot_shared && ebb__tensor_exclusive(*slot)) {
       ebb_status st = ebb__lean_add_(*slot, g);
       ebb_tensor_release(g);
       return st;
     }
-    if (ebb__tensor_exclusive(g)) {
+    if (!g_shared && ebb__tensor_exclusive(g)) {
       ebb_status st = ebb__lean_add_(g, *slot);
       ebb_tensor_release(st ? g : *slot);
       if (!st) *slot = g;
@@ -291,12 +300,13 @@ static int ebb__slot_dev(const struct ebb__tnode *x, int k) {
 
 /* Adds g (a new reference, consumed) into slot k of x's buffer; `prod` is the stream it was
  * produced on (the producer node's, or the caller's for a root: id 0 for a CPU gradient) and pn
- * the producer (NULL for a root). For a device gradient, the spec's InputBuffer rules: the first
+ * the producer (NULL for a root); `shared`: the producer handed g to consumers on other streams
+ * too (see struct ebb__slot). For a device gradient, the spec's InputBuffer rules: the first
  * gradient is kept where it is, with an event when a later wait may need one; later ones are
  * summed on the accumulation stream (the consumer's when the gradient is on its device, else the
  * first producer's, else the caller's current stream of that device) after it waited for them. */
 static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_tensor_t *g, const struct ebb__sref *prod,
-                               const struct ebb_node *pn) {
+                               const struct ebb_node *pn, bool shared) {
   if (x->n->nout > 2 && !x->buf_heap && !(x->buf_heap = calloc((size_t)x->n->nout, sizeof *x->buf_heap))) {
     ebb_tensor_release(g);
     return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
@@ -313,7 +323,7 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
       b[k] = g;
       return EBB_OK;
     }
-    return ebb__sum_into(&b[k], g);
+    return ebb__sum_into(&b[k], g, false, false); /* (CPU kernels are done on return: nothing reads later) */
   }
   if (!x->sync && !(x->sync = calloc((size_t)ebb__nbufs(x), sizeof *x->sync))) {
     ebb_tensor_release(g);
@@ -322,8 +332,8 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
   struct ebb__slot *sl = &x->sync[k];
   if (x->n->op < 0 && prod->id != x->sr.id) { /* an AccumulateGrad on another stream than its producer */
     atomic_fetch_add_explicit(&t->n_mism, 1, memory_order_relaxed);
-    if (!sl->accum.id && !x->followed_from && prod->dev == x->dev && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
-      x->followed_from = x->sr.id; /* made permanent when it runs (ebb__node_stream_move) */
+    if (!sl->accum.id && !x->follows && prod->dev == x->dev && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
+      x->follows = true; /* made permanent when it runs (ebb__node_stream_move from recorded_id) */
       x->sr = *prod;
     } else if (!x->mism.id) {
       x->mism = *prod;
@@ -335,6 +345,7 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
     sl->accum = x->sr.dev == gd ? x->sr : prod->dev == gd ? *prod : t->caller[gd];
     sl->ready = *prod;
     b[k] = g;
+    sl->shared = shared;
     sl->ev_ok = false;
     if (x->sr.id != prod->id || sl->accum.id != prod->id) {
       ebb_status st = ebb__record(t, &sl->ev, &sl->ev_dev, prod);
@@ -361,7 +372,8 @@ static ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k,
   }
   ebb_stream_guard gu;
   bool in = ebb__enter(&gu, &sl->accum);
-  st = ebb__sum_into(&b[k], g);
+  st = ebb__sum_into(&b[k], g, sl->shared, shared);
+  sl->shared = false; /* the sum is in a tensor no one else was handed (never into a shared one) */
   ebb__leave(&gu, in);
   sl->ready = sl->accum;
   sl->ev_ok = false; /* recorded when the consumer needs it */
@@ -548,33 +560,72 @@ static int ebb__heap_pop(struct ebb__heap *h) {
   return top.i;
 }
 
-/* AccumulateGrad, under the leaf's lock: the first gradient becomes .grad, taken from the buffer
- * without a copy when nothing else sees it (*g set to NULL then), else copied contiguous; later
- * ones are added into .grad in place (keeping the tensor the caller may hold). */
-static ebb_status ebb__accumulate(struct ebb_node *n, ebb_tensor_t **g) {
+/* .grad (meta m, grad_mu held) is about to be written on stream r (x's). When a backward last
+ * wrote it on another stream (a follow-producer move, an accumulator made again on another
+ * stream, another thread's backward through another accumulator of the leaf), r first waits for
+ * that stream: it holds the last write, which r's read-modify-write must come after. The caller
+ * never saw that stream (the engine chose both), so ordering them is the engine's job. */
+static ebb_status ebb__grad_order(struct ebb__task *t, struct ebb__meta *m, const struct ebb__sref *r) {
+  if (!m->grad || !r->id || !m->grad_stream_id || m->grad_stream_id == r->id) return EBB_OK;
+  int dev = m->grad_stream_dev;
+  ebb_event_t *e = ebb__ev_new(dev);
+  if (!e) return ebb__fail(EBB_ENOMEM, "%s: no event to order a .grad written on stream %llu (device %d) before stream %llu: %s", t->fn,
+                           (unsigned long long)m->grad_stream_id, dev, (unsigned long long)r->id, ebb_last_error());
+  /* (streams_export.h: recorded only while that stream lives; once released, its release's own
+   * event orders r after its work) */
+  ebb_status st = ebb__event_record_live(e, m->grad_stream, m->grad_stream_id);
+  if (st == EBB_EFREED) {
+    st = ebb__stream_wait_released(r->s, dev, m->grad_stream_id);
+  } else if (!st) {
+    atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
+    st = ebb__wait(t, e, r, 0);
+  }
+  ebb__ev_free(e);
+  if (st)
+    return ebb__fail(st, "%s: ordering .grad's last write on stream %llu (device %d) before stream %llu failed: %s", t->fn,
+                     (unsigned long long)m->grad_stream_id, dev, (unsigned long long)r->id, ebb_last_error());
+  return EBB_OK;
+}
+
+/* .grad was just written on stream r (grad_mu held). */
+static void ebb__grad_written(struct ebb__meta *m, const struct ebb__sref *r) {
+  m->grad_stream = r->s;
+  m->grad_stream_id = r->id;
+  m->grad_stream_dev = r->dev;
+}
+
+/* AccumulateGrad x, under the leaf's lock: the first gradient becomes .grad, taken from the
+ * buffer without a copy when nothing else sees it (*g set to NULL then), else copied contiguous;
+ * later ones are added into .grad in place (keeping the tensor the caller may hold). */
+static ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *x, ebb_tensor_t **g) {
+  struct ebb_node *n = x->n;
   struct ebb__meta *m = ebb__meta_of(n->leaf);
-  ebb_status st = EBB_OK;
   ebb__mutex_lock(&m->grad_mu);
-  if (m->grad) {
+  ebb_status st = ebb__grad_order(t, m, &x->sr);
+  if (!st && m->grad) {
     st = ebb_op_add_(m->grad, *g);
-  } else if (ebb__tensor_exclusive(*g)) {
+  } else if (!st && ebb__tensor_exclusive(*g) && !(x->sync && x->sync[0].shared)) { /* (shared: copied, .grad is summed into) */
     m->grad = *g;
     *g = NULL;
     ebb__owners_grad_new(n->leaf, m, m->grad); /* owners.c: the buffer is the leaf's gradient now */
-  } else {
+  } else if (!st) {
     bool named = ebb__owners_grad_enter(n->leaf, m); /* owners.c: the copy is the gradient's from the start */
     st = ebb_tensor_clone(*g, &m->grad);
     ebb__owners_leave(named);
     if (!st && !named) ebb__owners_grad_new(n->leaf, m, m->grad);
   }
+  if (!st) ebb__grad_written(m, &x->sr);
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
 
-/* A non-leaf input of ebb_backward (meta m): g added into its .grad, a copy the first time. */
-static ebb_status ebb__accumulate_into(struct ebb__meta *m, const ebb_tensor_t *g) {
+/* A non-leaf input of ebb_backward (meta m), captured at x: g added into its .grad, a copy the
+ * first time. */
+static ebb_status ebb__accumulate_into(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__meta *m, const ebb_tensor_t *g) {
   ebb__mutex_lock(&m->grad_mu);
-  ebb_status st = m->grad ? ebb_op_add_(m->grad, g) : ebb_tensor_clone(g, &m->grad);
+  ebb_status st = ebb__grad_order(t, m, &x->sr);
+  if (!st) st = m->grad ? ebb_op_add_(m->grad, g) : ebb_tensor_clone(g, &m->grad);
+  if (!st) ebb__grad_written(m, &x->sr);
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
@@ -725,19 +776,35 @@ static void ebb__acc_warn(struct ebb__task *t, const struct ebb__tnode *x) {
   if (!others && edges <= 0) snprintf(held, sizeof held, "references outside this backward (hook registrations, other backward calls)");
   for (size_t i = 0; i < ncons; i++) ebb__node_unref(cons[i]);
   free(cons);
-  ebb__warn("%s: the AccumulateGrad of leaf %s on device %d runs on stream %llu, the stream current when it was made, but "
+  /* Made on a stream since released, it runs on the caller's current stream instead. */
+  char where[128] = "the stream current when it was made";
+  if (x->recorded_id != x->sr.id)
+    snprintf(where, sizeof where, "the caller's current stream (stream %llu, current when it was made, was released)",
+             (unsigned long long)x->recorded_id);
+  ebb__warn("%s: the AccumulateGrad of leaf %s on device %d runs on stream %llu, %s, but "
             "its gradient comes from stream %llu (%s); every backward through it makes stream %llu wait for stream %llu. "
             "The accumulator outlived the forward that made it: it is kept alive by %s. Gradients are right; this costs a "
             "cross-stream wait per step (and breaks CUDA-graph capture when stream %llu is outside it). Release those "
             "references before the next forward, or let accumulators follow their producer "
             "(ebb_autograd_set_accumulate_grad_follows_producer), or silence this "
             "(ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch). Said once per leaf and pair of streams.",
-            t->fn, leaf, x->dev, (unsigned long long)x->sr.id, (unsigned long long)x->mism.id,
+            t->fn, leaf, x->dev, (unsigned long long)x->sr.id, where, (unsigned long long)x->mism.id,
             x->mism_by ? ebb__node_name_of(x->mism_by) : "the caller's current stream: the leaf is a root", (unsigned long long)x->sr.id,
             (unsigned long long)x->mism.id, held, (unsigned long long)x->sr.id);
 }
 
 static ebb_status ebb__ready_push(struct ebb__task *t, int i);
+
+/* Whether node x hands its gradient gin[i] to another of its consumers too (the same tensor for
+ * two inputs) that runs on another stream than gin[i]'s consumer: then either may read it after
+ * the other could write it in place. Consumers on one stream are ordered by it. */
+static bool ebb__handed_apart(const struct ebb__task *t, const struct ebb__tnode *x, ebb_tensor_t *const *gin, int i) {
+  const int *edges = t->edges + x->edge0;
+  uint64_t sid = t->nodes[edges[i]].sr.id;
+  for (int j = 0; j < x->n->nin; j++)
+    if (j != i && gin[j] == gin[i] && edges[j] >= 0 && t->nodes[edges[j]].sr.id != sid) return true;
+  return false;
+}
 
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
@@ -761,7 +828,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
       t->results[x->capture - 1] = buf[x->capture_nr];
     } else if (ebb__retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
       /* retain_grad's hook (run with this node's tensor hooks) puts the gradient into .grad: once */
-    } else if ((st = ebb__accumulate_into(ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
+    } else if ((st = ebb__accumulate_into(t, x, ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
       return ebb__fail(st, "%s: adding the gradient of inputs[%d] (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
                        x->capture - 1, x->capture_nr, ebb__node_name_of(n), ebb_last_error());
     }
@@ -769,7 +836,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   if (!x->run) return EBB_OK;
   if (n->op < 0) {
     if (!buf[0]) return EBB_OK;
-    if (x->followed_from && ebb__node_stream_move(n, x->followed_from, x->sr.s, x->sr.id)) /* (follow-producer) */
+    if (x->follows && ebb__node_stream_move(n, x->recorded_id, x->sr.s, x->sr.id)) /* (follow-producer) */
       atomic_fetch_add_explicit(&ebb__stats[EBB__S_FOLLOWED], 1, memory_order_relaxed);
     if (x->mism.id && atomic_load_explicit(&ebb__warn_acc, memory_order_relaxed)) ebb__acc_warn(t, x);
     if (x->sync && (st = ebb__leaf_stream(t, x))) return st;
@@ -781,7 +848,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, 1))) return st;
     ebb_tensor_t *seen = nh ? buf[0] : NULL;
     if (seen) ebb_tensor_retain(seen);
-    st = ebb__accumulate(n, &buf[0]);
+    st = ebb__accumulate(t, x, &buf[0]);
     if (st) st = ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
     if (!st) st = ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
     if (!st && nh) st = ebb__node_post_hooks(t->fn, n, NULL, 0, &seen, 1);
@@ -814,7 +881,8 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     if (!st) {
       /* The buffers the engine holds alone: the backward may compute a gradient in them (not when
        * post-hooks will read them as the node's grad_outputs). */
-      bool mine[2] = {!nh && buf[0] && ebb__tensor_exclusive(buf[0]), !nh && n->nout > 1 && buf[1] && ebb__tensor_exclusive(buf[1])};
+      bool mine[2] = {!nh && buf[0] && ebb__tensor_exclusive(buf[0]) && !(x->sync && x->sync[0].shared),
+                      !nh && n->nout > 1 && buf[1] && ebb__tensor_exclusive(buf[1]) && !(x->sync && x->sync[1].shared)};
       const ebb__bw_ctx ctx = {&n->args, n->in_meta, saved, saved + n->nin, n->nin, need, mine};
       const ebb_tensor_t *go[2] = {buf[0], n->nout > 1 ? buf[1] : NULL};
       st = e->backward(&ctx, go, gin);
@@ -852,7 +920,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
       if (gin[i]) ebb_tensor_release(gin[i]);
       continue;
     }
-    if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n);
+    if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n, ebb__handed_apart(t, x, gin, i));
     else if (gin[i]) ebb_tensor_release(gin[i]);
     if (--cx->deps == 0 && cx->needed && !st && !cancelled) st = ebb__ready_push(t, edges[i]);
   }
@@ -919,6 +987,7 @@ static ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
     uint64_t id, live;
     int d;
     ebb__node_stream(x->n, &s, &id);
+    x->recorded_id = id;
     x->sr = id && ebb__stream_peek(s, &live, &d) && live == id && d == x->dev ? (struct ebb__sref){s, id, x->dev} : t->caller[x->dev];
     uint64_t bit = 1ull << (x->dev & 63);
     if (!(seen & bit)) ++*ndevs;
@@ -941,14 +1010,20 @@ static ebb_status ebb__ready_push(struct ebb__task *t, int i) {
   return ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue of device %d", t->fn, x->dev);
 }
 
-/* Runs node x: current node, owner scope and stream set around it; its buffers freed after. */
+/* Runs node x: current node, owner scope and stream set around it; its buffers freed after.
+ * The thread's grad and inference modes come back as they were, whatever its hooks left: a
+ * worker runs nodes of every backward after this one, which must not inherit them (PyTorch
+ * restores a thread's state around each node too). */
 static ebb_status ebb__run_one(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
   bool owned = ebb__owners_enter(x->n);        /* owners.c: what the node allocates is its own */
+  bool grad_was = ebb__grad_mode_on(), inference_was = ebb_inference_mode_enabled();
   ebb_stream_guard g;
   bool in = ebb__enter(&g, &x->sr);            /* its forward stream: the backward's ops go there */
   ebb_status st = ebb__run_node(t, x);
   ebb__leave(&g, in);
+  if (ebb__grad_mode_on() != grad_was) ebb_grad_set_enabled(grad_was, NULL);
+  if (ebb_inference_mode_enabled() != inference_was) ebb_inference_mode_set_enabled(inference_was, NULL);
   ebb__owners_leave(owned);
   ebb__node_enter(prev);
   if (st && x->dev >= 0) st = ebb__fail(st, "%s (the node ran on device %d)", ebb_last_error(), x->dev);
@@ -1162,7 +1237,7 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     if (ri < 0 || !t.nodes[ri].needed) continue; /* a root that leads to no input: its gradient is not needed */
     int gd = ebb__slot_dev(&t.nodes[ri], rnr[i]);
     struct ebb__sref prod = gd >= 0 && t.caller ? t.caller[gd] : (struct ebb__sref){0}; /* made on the caller's stream */
-    st = ebb__buf_add(&t, &t.nodes[ri], rnr[i], rg[i], &prod, NULL);
+    st = ebb__buf_add(&t, &t.nodes[ri], rnr[i], rg[i], &prod, NULL, false);
     rg[i] = NULL;
   }
   for (size_t i = 0; !st && i < t.count; i++)
@@ -1371,6 +1446,7 @@ ebb_status ebb_tensor_set_grad(ebb_tensor_t *t, const ebb_tensor_t *grad) {
   ebb__mutex_lock(&m->grad_mu);
   ebb_tensor_t *old = m->grad;
   m->grad = copy;
+  m->grad_stream_id = 0; /* the caller's tensor: ready on the caller's streams, as it ordered them */
   ebb__mutex_unlock(&m->grad_mu);
   if (old) ebb_tensor_release(old);
   return EBB_OK;

@@ -235,7 +235,8 @@ ebb_status ebb_node_input_meta(const ebb_node_t *node, int i, ebb_node_input_inf
   out->dtype = m.dtype;
   out->ndim = m.ndim;
   memcpy(out->shape, m.shape, sizeof(int64_t) * (size_t)(m.ndim > 0 ? m.ndim : 0));
-  out->stream_id = node->stream_id;
+  ebb_stream_t *stream;
+  ebb__node_stream(node, &stream, &out->stream_id); /* (an accumulator's may move: read under graph.c's lock) */
   return EBB_OK;
 }
 

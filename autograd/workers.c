@@ -265,7 +265,14 @@ ebb_status ebb__pool_run(void (*fn)(void *), void *arg) {
   pthread_cond_init(&j.cv, NULL);
   ebb__mutex_lock(&ebb__threads_mu);
   ebb_status st = EBB_OK;
-  if (!ebb__pool.idle) {
+  /* Every queued job needs a thread of its own: one waiting behind another on the same pool
+   * thread leaves its caller's queue unserved, which the other may need (two workers handing
+   * off at once, each inner backward crossing to the other's device). An idle thread counts
+   * until it has taken a job, so idle threads cover only as many jobs as are queued. */
+  size_t queued = 0;
+  struct ebb__pool_job **tail = &ebb__pool.jobs;
+  for (; *tail; tail = &(*tail)->next) queued++;
+  if ((size_t)ebb__pool.idle <= queued) {
     struct ebb__pool_thread *p = calloc(1, sizeof *p);
     int rc = p ? pthread_create(&p->th, NULL, ebb__pool_main, NULL) : ENOMEM;
     if (rc) {
@@ -277,8 +284,6 @@ ebb_status ebb__pool_run(void (*fn)(void *), void *arg) {
     }
   }
   if (!st) {
-    struct ebb__pool_job **tail = &ebb__pool.jobs;
-    while (*tail) tail = &(*tail)->next;
     *tail = &j;
     pthread_cond_signal(&ebb__pool.cv);
   }

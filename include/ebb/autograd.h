@@ -356,7 +356,11 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  * current streams. When ebb_backward returns, the caller's current stream of every device waits
  * (on the device, not the host) for every stream that accumulated a .grad or captured an
  * ebb_grad result, so work issued next on those streams sees the gradients; other streams must
- * wait on them (ebb_stream_wait_stream). Hooks run with the node's stream current.
+ * wait on them (ebb_stream_wait_stream). A backward that adds into a .grad last written by a
+ * backward on another stream (an accumulator that followed its producer, or was made again on
+ * another stream, or another thread's backward) first makes its stream wait for that one; a .grad
+ * set with ebb_tensor_set_grad is the caller's to order. Hooks run with the node's stream current;
+ * a change a hook makes to its thread's grad or inference mode lasts until its node ends.
  *
  * Reentrant backward: a backward started inside a hook (or a node) runs on that thread, serving
  * its queue meanwhile, up to a depth of ebb_autograd_max_reentrant_depth (default 60) nested
