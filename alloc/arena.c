@@ -654,13 +654,14 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
  * OOM with the caller's size). Lock held. */
 static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
                                        struct ebb__order *o) {
-  struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r, o);
-  if (!b) b = ebb__take_run(a, sp, EBB__POOL_SMALL, r, o);
+  int pool = ebb__pool_of(a, r); /* the small pool, or an expandable segment's one */
+  struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
+  if (!b) b = ebb__take_run(a, sp, pool, r, o);
   if (b) {
     *out = b;
     return EBB_OK;
   }
-  return ebb__grow(a, sp, EBB__POOL_SMALL, r, out, NULL);
+  return ebb__grow(a, sp, pool, r, out, NULL);
 }
 
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
@@ -750,7 +751,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     return ebb__oom_snapshot(a, st);
   }
   size_t r = bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK);
-  int pool = r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
+  int pool = ebb__pool_of(a, r);
   ebb__lock(&a->mu);
   if (a->npending) ebb__poll_pending(a);
   if (EBB_UNLIKELY(!ebb_list_empty(&a->unpin_due))) ebb__unpin_due(a);

@@ -507,8 +507,22 @@ static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
  * from smaller requests, those made the arena map granule after granule
  * (perf/traces/multistream.trace with max_split_size_mb:64: frag_ratio 1.703, 7 112 granules
  * mapped). The setting is about classic segments. */
+static inline bool ebb__xmode(const struct ebb__arena *a) { return a->conf.expandable && a->up->map; }
+
 static inline size_t ebb__max_split(const struct ebb__arena *a) {
-  return a->conf.expandable && a->up->map ? SIZE_MAX : a->conf.max_split;
+  return ebb__xmode(a) ? SIZE_MAX : a->conf.max_split;
+}
+
+/* The pool a rounded request r is served from. Classic segments keep requests up to 1 MiB in
+ * 2 MiB segments of their own (the small pool), so that small blocks do not cut up the large
+ * ones' segments. An expandable segment has one pool: its memory is one range, and with two,
+ * what one pool freed could serve nothing of the other's. Where a training step's 1 MiB
+ * activations had been, its optimizer state could not go (perf/traces/real_mlp.trace: 6.4 MiB
+ * of the small pool's free at the reserved peak, 8 % of it; real_lstm: 29.6 MiB), and the
+ * segment grew instead (perf/JOURNAL.md, "Placement on real training traces"). */
+static inline int ebb__pool_of(const struct ebb__arena *a, size_t r) {
+  if (ebb__xmode(a)) return EBB__POOL_LARGE;
+  return r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
 }
 
 static inline size_t ebb__fit_limit(const struct ebb__arena *a, size_t r) {
@@ -600,8 +614,9 @@ EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
 EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
 /* For slabs (slab.c); lock not held unless said. */
-/* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
- * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
+/* A block of `bytes` (a 512-byte multiple; of the small pool, or of an expandable segment's one)
+ * on stream s, for a slab: state EBB__B_CARVED, no stats but reserved and segments, no history,
+ * no ptrmap entry. Its own stream's
  * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
  * chain and no OOM report: on failure the caller allocates the request as a plain block, which
  * runs both with the caller's own size. */

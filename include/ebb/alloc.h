@@ -7,9 +7,10 @@
  * split and merge, stream-ordered reuse: a block freed on stream S is reusable on S at once; a
  * block also used on other streams (declared with ebb_arena_record_stream) becomes reusable when
  * events recorded on those streams at free time complete, checked at allocation time without a
- * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) or
- * expandable growth step (at least 20 MiB) does not fit, one just large enough for the request
- * (large requests rounded to 2 MiB) is tried before anything else. On exhaustion the arena
+ * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) does not
+ * fit, one just large enough for the request (large requests rounded to 2 MiB) is tried before
+ * anything else. With expandable segments the arena is one VMM reservation per device, one pool
+ * for every size, grown at its end by the granules a request needs beyond the free tail. On exhaustion the arena
  * releases its cached free segments (waiting only for the events that must complete), retries,
  * and then fails with EBB_ENOMEM and a report that says which sizes it tried.
  *
