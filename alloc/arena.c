@@ -144,8 +144,8 @@ EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
      * before it in order); else n just leaves it. */
     if (left) ebb__index_remove(n);
     b->size += n->size;
+    b->next = n->next; /* first: whether b ends an expandable segment decides where it is kept */
     if (!left) ebb__index_replace(a, n, b);
-    b->next = n->next;
     if (n->next) n->next->prev = b;
     g->nblocks--;
     g->nfree--;

@@ -101,37 +101,46 @@ enum ebb__bstate {
                           ebb__slab_make attaches its record */
 };
 
-/* ---- the free index: oldest fit (fidx.c) --------------------------------------------------------
- * A request takes the first free block that holds it in (segment age, address) order: the
- * oldest segment that can serve it, the lowest such block inside. That order makes a repeated
- * sequence of requests reach a fixed point after one pass. In the pass that grows the arena, a
- * request that fits nowhere gets a segment made for it, younger than every other; in the next
- * pass the same request finds the older segments as the first pass left them (every earlier
- * request made the same choice), none of which fits, and then that segment, whole and free:
- * the same choice again, and no driver call (exact for blocks on one stream; slabs left cached
- * empty at a pass's end are the one difference, not seen to matter). Best fit has no such
- * property: with the younger segments there to choose from, it may split one made for a later
- * request, which then grows the arena (the arena bench's tensor sequence: 22 driver allocations
- * after the warm-up over 18 seeds x 6 replays with best fit, 0 with the oldest fit). RMM's
- * arena resource places by address-ordered first fit too, for its fragmentation (allocators.md
- * 3.3).
+/* ---- the free index: small holes first, the tail last (fidx.c) ---------------------------------
+ * A request takes, among its stream's free blocks of its pool that hold it:
+ *   1. a request below 2 MiB (EBB__SMALL_HOLE): the oldest free block below 2 MiB that holds it;
+ *   2. the oldest free block that holds it;
+ *   3. the free block at the end of an expandable segment, which growth extends;
+ * "oldest" in (segment age, address) order: the oldest segment that has one, the lowest address
+ * inside (in an expandable segment, address order). Plain oldest fit (rule 2 alone) put small
+ * requests (slab blocks, 64 KiB .. 1 MiB activations) into the first hole that held them, often
+ * one of a few MiB, which then could not take the next multi-MiB request: real_cnn.trace with
+ * expandable segments held 3.9 and 3.0 MiB holes and grew for a 4 MiB request, frag_ratio
+ * 1.211 against 1.118 with rule 1 (perf/JOURNAL.md, "Placement on real training traces", which
+ * also gives best fit, size bands and other thresholds: none better on the real traces, and
+ * best fit and bands 25-55 % more instructions a pair). Holes below a granule can neither be
+ * given back nor serve the large requests: they are filled first. Rule 3 keeps the tail whole
+ * for growth, as PyTorch's expandable segments do (its free tail counts as unbounded in best
+ * fit). The repeated-sequence property of plain oldest fit (a random sequence repeated exactly
+ * settles after one pass) is gone for some sequences; issue 22 dropped that target for the
+ * real traces' steps, which settle after the second (perf/RESULTS.md).
  *
  * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
- * entries, each entry with its key and the largest size under it (512-byte units, saturating),
- * so the first block of at least r is one walk down reading a node's sizes with sixteen
- * compares at a time: two or three levels at the few hundred free blocks a stream and pool
- * holds under the arena bench, where a tree over the block records took about eight levels of
- * dependent loads (perf/JOURNAL.md, "The free index as a B+-tree"). A split's
- * remainder and a merge take their block's slot in place. Classic blocks of max_split and up
- * (max_split_size_mb) are never split and serve only requests near their size, so they stay
- * out of the tree, in a list scanned in the same order (few: whole segments); so does a block
- * the tree found no host memory for a node for. */
+ * entries, each entry with its key, the largest size under it and the largest size below
+ * 2 MiB under it (512-byte units, saturating), so the first block of at least r, and the first
+ * such below 2 MiB, are each one walk down reading a node's sizes with sixteen compares at a
+ * time: two or three levels at the few hundred free blocks a stream and pool holds under the
+ * arena bench, where a tree over the block records took about eight levels of dependent loads
+ * (perf/JOURNAL.md, "The free index as a B+-tree"). A split's remainder and a merge take their
+ * block's slot in place. The expandable segment's free tail is kept beside the tree
+ * (ebb__fidx.tail). Classic blocks of max_split and up (max_split_size_mb) are never split and
+ * serve only requests near their size, so they stay out of the tree, in a list searched by the
+ * same rules (few: whole segments); so does a block the tree found no host memory for a node
+ * for. */
+#define EBB__SMALL_HOLE ((size_t)2 << 20)
 struct ebb__fxnode;
 struct ebb__fidx {
   struct ebb__fxnode *root;
   struct ebb_list big; /* free blocks >= max_split (classic segments only), and any block the
                           tree had no node for */
-  size_t count;        /* free blocks, both */
+  struct ebb__block *tail; /* the free block that ends the expandable segment, when it is this
+                              stream's and pool's: in neither the tree nor the list */
+  size_t count;        /* free blocks, all three */
 };
 
 struct ebb__stream_ref {
@@ -641,8 +650,9 @@ EBB_HIDDEN void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b);
 /* Indexed block old leaves the index and FREE block nw, next to it in order and of the same
  * stream and pool, comes in: in the tree, nw takes old's slot (no walk, no split). */
 EBB_HIDDEN void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb__block *nw);
-/* The first free block of x, in (segment age, address) order, whose size lies in
- * [r, ebb__fit_limit(a, r)), left in the index; NULL when none fits. */
+/* The free block of x that serves r by the index's rules ("free index": small holes first, the
+ * tail last) among those whose size lies in [r, ebb__fit_limit(a, r)), left in the index; NULL
+ * when none fits. */
 EBB_HIDDEN struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r);
 /* ebb__fidx_find, the block taken out of the index (still FREE). */
 EBB_HIDDEN struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, size_t r);

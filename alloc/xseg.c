@@ -180,7 +180,12 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
   b->pool = (uint8_t)pool;
   b->state = EBB__B_FREE;
   b->prev = tail;
+  /* A free tail of another stream stops being the segment's end: the index keeps it elsewhere
+   * now (fidx.c). */
+  bool rekey = tail->state == EBB__B_FREE;
+  if (rekey) ebb__index_remove(tail);
   tail->next = b;
+  if (rekey) ebb__index_insert(a, tail);
   g->nblocks++;
   g->nfree++;
   g->free_bytes += grow;
@@ -336,7 +341,12 @@ size_t ebb__x_shrink(struct ebb__arena *a) {
     }
     g->nblocks--;
     if (tail->prev) {
-      tail->prev->next = NULL;
+      struct ebb__block *np = tail->prev;
+      /* A free block that now ends the segment is the index's tail (fidx.c). */
+      bool rekey = np->state == EBB__B_FREE;
+      if (rekey) ebb__index_remove(np);
+      np->next = NULL;
+      if (rekey) ebb__index_insert(a, np);
       ebb__block_dead(a, tail);
       continue; /* the new tail may be a free block of another stream, or a hole */
     }

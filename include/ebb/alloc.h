@@ -14,13 +14,12 @@
  * releases its cached free segments (waiting only for the events that must complete), retries,
  * and then fails with EBB_ENOMEM and a report that says which sizes it tried.
  *
- * Placement is oldest fit: a request takes the first free block of its stream that holds it,
- * in the oldest segment that has one, lowest address first. So a sequence of requests on one
- * stream that repeats exactly (a training step of fixed shapes) makes its driver calls in its
- * first pass: every later pass makes the same choices in the segments the first one made. (Exact
- * for blocks; an empty slab kept cached at the end of a pass is the one difference from the first
- * pass's start, and has not made a later pass call the driver in any sequence tested. With
- * several streams, stealing each other's free blocks, there is no such argument.)
+ * Placement: among the free blocks of its stream that hold it, a request below 2 MiB takes the
+ * oldest one below 2 MiB (a hole that larger requests could not use); otherwise a request takes
+ * the oldest one (the oldest segment that has one, lowest address first); the free end of an
+ * expandable segment comes last, so that growth extends it. On PyTorch training traces a
+ * training step's driver calls are all made by its second repetition (perf/RESULTS.md); a
+ * random sequence repeated exactly may still grow the arena in a later pass.
  *
  * Small requests (rounded size <= slab_max_bytes, 64 KiB by default) are slots of slabs: a slab
  * is one block of the small pool, on one allocation stream, cut into slots of one rounded size.

@@ -91,6 +91,81 @@ TEST_CASE("expandable segments: memory freed by small blocks serves large ones a
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// In the one expandable segment (address order), a request below 2 MiB takes a hole below
+// 2 MiB before a lower, larger free block; the free tail, though below 2 MiB too, comes last, so
+// growth extends it (arena_impl.h, "free index", rules 1 and 3). (Plain oldest fit gave the
+// first two requests the 4 MiB block.)
+TEST_CASE("expandable segments: holes below 2 MiB first, the tail last", "[alloc][expandable]") {
+  EbbSession session;
+  ebb_dev_caps caps{};
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  ebb_stream_t *s = default_stream(0);
+  // [a 4 | g1 1 | h 1.5 | g2 1 | tail 0.5 free]: 8 MiB mapped; then a and h freed.
+  void *a = nullptr, *g1 = nullptr, *h = nullptr, *g2 = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, s, &a));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &g1));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB / 2, s, &h));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &g2));
+  REQUIRE(reinterpret_cast<uintptr_t>(h) == reinterpret_cast<uintptr_t>(a) + 5 * MiB); // the layout
+  REQUIRE(stats(0).reserved_bytes.current == 8 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_free(a));
+  EBB_REQUIRE_OK(ebb_arena_free(h));
+  ARENA_CHECK();
+  const uintptr_t uh = reinterpret_cast<uintptr_t>(h), ua = reinterpret_cast<uintptr_t>(a);
+  void *x = nullptr, *y = nullptr, *z = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &x));     // the 1.5 MiB hole, not a
+  CHECK(reinterpret_cast<uintptr_t>(x) == uh);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &y));     // what the hole left (0.5 MiB), not a
+  CHECK(reinterpret_cast<uintptr_t>(y) == uh + 1 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &z));     // no hole left but the tail: a
+  CHECK(reinterpret_cast<uintptr_t>(z) == ua);
+  CHECK(stats(0).reserved_bytes.current == 8 * MiB);
+  ARENA_CHECK();
+  for (void *q : {g1, g2, x, y, z}) EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// empty_cache cuts the segment's end back over a hole an earlier one left: the free block in
+// front of the hole ends the segment then, and becomes the index's tail (served last, extended
+// by the next growth).
+TEST_CASE("expandable segments: a free block left at the end by empty_cache is the tail", "[alloc][expandable]") {
+  EbbSession session;
+  ebb_dev_caps caps{};
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  size_t gran = 0;
+  EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
+  REQUIRE(gran == 2 * MiB);
+  ebb_stream_t *s = default_stream(0);
+  void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr, *e = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &a)); // [0, 1)
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, s, &b)); // [1, 5)
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &c)); // [5, 6): 6 MiB mapped, nothing free
+  const uintptr_t ua = reinterpret_cast<uintptr_t>(a);
+  REQUIRE(reinterpret_cast<uintptr_t>(c) == ua + 5 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_free(b));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0)); // [1, 2) free, [2, 4) a hole, [4, 5) free
+  CHECK(stats(0).reserved_bytes.current == 4 * MiB);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(c));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0)); // [4, 6) cut, then the hole: [1, 2) ends the segment
+  CHECK(stats(0).reserved_bytes.current == 2 * MiB);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &d)); // the tail, the one free block
+  CHECK(reinterpret_cast<uintptr_t>(d) == ua + 1 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &e)); // grows the tail in place
+  CHECK(reinterpret_cast<uintptr_t>(e) == ua + 3 * MiB / 2);
+  ARENA_CHECK();
+  for (void *q : {a, d, e}) EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("expandable segments: random sequences keep the invariants", "[alloc][expandable]") {
   EbbSession session;
   ebb_stream_t *ss[2] = {default_stream(0), pool_stream(0)};
