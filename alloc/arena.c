@@ -542,7 +542,7 @@ static inline size_t ebb__fallback_size(size_t r) {
 
 static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out,
                             struct ebb__tried *tried) {
-  if (a->conf.expandable && a->up->map) {
+  if (ebb__xmode(a)) {
     ebb_status st = ebb__x_grow(a, sp, pool, r, tried);
     if (st) return st;
     *out = ebb__fidx_take(a, &sp->pools[pool], r);

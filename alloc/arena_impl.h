@@ -333,7 +333,10 @@ struct ebb__upstream {
 
 struct ebb__conf {
   size_t max_split;  /* blocks of this size or more are never split (SIZE_MAX: no limit) */
-  bool expandable;
+  bool expandable;   /* an arena's: expandable segments on; the module's: what EBB_ALLOC_CONF
+                        asked, when expandable_set */
+  bool expandable_set; /* EBB_ALLOC_CONF named expandable_segments; else each device arena has
+                          them where its driver does VMM (module.c) */
   size_t history;            /* history ring entries per arena (0: off) */
   const char *oom_snapshot;  /* snapshot path on EBB_ENOMEM (NULL: none); module-owned text */
   size_t pinned_max;         /* cap on pinned bytes held from the driver (0: none) */

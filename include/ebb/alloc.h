@@ -2,17 +2,19 @@
  * host memory and plain host memory, each through its own upstream; allocation history and
  * snapshots that know who owns every byte.
  *
- * Device arena (one per device): blocks carved from driver segments, size classes (small
- * requests <= 1 MiB from 2 MiB segments, medium from 20 MiB segments, large rounded to 2 MiB),
+ * Device arena (one per device): blocks carved from an expandable segment (the default where
+ * the driver has VMM, see below) or from driver segments with size classes (small requests
+ * <= 1 MiB from 2 MiB segments, medium from 20 MiB segments, large rounded to 2 MiB),
  * split and merge, stream-ordered reuse: a block freed on stream S is reusable on S at once; a
  * block also used on other streams (declared with ebb_arena_record_stream) becomes reusable when
  * events recorded on those streams at free time complete, checked at allocation time without a
  * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) does not
  * fit, one just large enough for the request (large requests rounded to 2 MiB) is tried before
  * anything else. With expandable segments the arena is one VMM reservation per device, one pool
- * for every size, grown at its end by the granules a request needs beyond the free tail. On exhaustion the arena
- * releases its cached free segments (waiting only for the events that must complete), retries,
- * and then fails with EBB_ENOMEM and a report that says which sizes it tried.
+ * for every size, grown at its end by the granules a request needs beyond the free tail. On
+ * exhaustion the arena releases its cached free segments (and unmaps free granules, after a
+ * device synchronisation), retries, and then fails with EBB_ENOMEM and a report that says which
+ * sizes it tried.
  *
  * Placement: among the free blocks of its stream that hold it, a request below 2 MiB takes the
  * oldest one below 2 MiB (a hole that larger requests could not use); otherwise a request takes
@@ -36,6 +38,8 @@
  *                            its size, or a smaller one whose own segment would be as large.
  *                            No effect with expandable segments (their blocks are always split)
  *   expandable_segments:0|1  grow one VMM reservation per device instead of separate segments
+ *                            (default: 1 on a device whose driver has VMM, ebb_dev_caps.vmm:
+ *                            every current GPU and the emulated driver; 0 elsewhere)
  *   pinned_max_bytes:N       cap on pinned bytes held (default: no cap)
  *   oom_snapshot:PATH        write a memory snapshot (ebb_memory_snapshot_json) to PATH when an
  *                            allocation fails with EBB_ENOMEM

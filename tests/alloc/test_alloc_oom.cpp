@@ -1,6 +1,7 @@
 // Exhaustion on a small emulated device (EBB_SIM_MEM=256M): the release-and-retry chain, the
 // EBB_ENOMEM report, and a process that carries on after it.
 #include <random>
+#include <string>
 #include <vector>
 
 #include "alloc_test_util.hpp"
@@ -11,8 +12,10 @@ using namespace alloc_test;
 // The setting this executable is about, also when it is run by hand; ctest's ENV (same value)
 // takes precedence. Set before main, so before the driver's cuInit reads it.
 static const bool kEnvSet = setenv("EBB_SIM_MEM", "256M", 0) == 0;
-#ifdef EBB_OOM_EXPANDABLE
-static const bool kConfSet = setenv("EBB_ALLOC_CONF", "expandable_segments:1", 0) == 0;
+// test_alloc_oom_expandable runs with EBB_ALLOC_CONF empty: expandable segments are the
+// emulated driver's default (it has VMM); test_alloc_oom with expandable_segments:0.
+#ifndef EBB_OOM_EXPANDABLE
+static const bool kConfSet = setenv("EBB_ALLOC_CONF", "expandable_segments:0", 0) == 0;
 #endif
 
 // The same source with expandable segments (test_alloc_oom_expandable) runs only the cases
@@ -119,6 +122,34 @@ TEST_CASE("out of memory: the retry chain reuses what the empty slabs it gave ba
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 #endif // EBB_OOM_EXPANDABLE
+
+#ifdef EBB_OOM_EXPANDABLE
+// With EBB_ALLOC_CONF silent about them, a device whose driver has VMM gets expandable
+// segments: one reservation grown by granules (the classic policy would make a 20 MiB segment
+// for the 3 MiB request, and a second one for the 12 MiB request).
+TEST_CASE("by default a device whose driver has VMM has expandable segments", "[alloc][oom]") {
+  const char *conf = std::getenv("EBB_ALLOC_CONF");
+  REQUIRE((!conf || std::string(conf).find("expandable_segments") == std::string::npos));
+  EbbSession session;
+  ebb_dev_caps caps{};
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  REQUIRE(caps.vmm); // the emulated driver has it
+  ebb_stream_t *s = default_stream(0);
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &p));
+  CHECK(stats(0).reserved_bytes.current == 4 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s, &q));
+  CHECK(reinterpret_cast<uintptr_t>(q) == reinterpret_cast<uintptr_t>(p) + 3 * MiB);
+  CHECK(stats(0).segments.current == 1);
+  CHECK(stats(0).reserved_bytes.current == 16 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+#endif
 
 // Takes device memory from the driver until `left` bytes are free; returns what it took.
 static std::vector<uint64_t> fill_device_leaving(int dev, size_t left) {
