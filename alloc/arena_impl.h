@@ -10,7 +10,8 @@
  *   arena.c     the engine: block and segment records, split and merge, allocation (the hit
  *               path, steals, runs, growth, the retry chain, the OOM report), free, the release
  *               paths, limits and counters, the arena's life cycle
- *   fidx.c      the free index: per stream (spool) and pool, a B+-tree in oldest-fit order
+ *   fidx.c      the free index: per stream (spool) and pool, a B+-tree in (segment age,
+ *               address) order; holes below 2 MiB first, else the oldest fit, the tail last
  *   xseg.c      expandable segments: one VMM reservation mapped granule by granule
  *   pending.c   frees that wait for events on the streams that used the memory, those uses,
  *               and the event cache
