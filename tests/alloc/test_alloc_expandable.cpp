@@ -13,11 +13,17 @@ using namespace alloc_test;
 // takes precedence. Set before main, so before the driver's cuInit reads it.
 static const bool kEnvSet = setenv("EBB_ALLOC_CONF", "expandable_segments:1", 0) == 0;
 
+// Skips the test case on a driver without VMM (no expandable segments there).
+#define EBB_NEED_VMM()                                \
+  do {                                                \
+    ebb_dev_caps caps_{};                             \
+    EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps_));      \
+    if (!caps_.vmm) EBB_SKIP("driver without VMM");   \
+  } while (0)
+
 TEST_CASE("expandable segments grow in place and shrink on empty_cache", "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   ebb_stream_t *s = default_stream(0);
   size_t free0 = 0, total = 0, free1 = 0;
   EBB_REQUIRE_OK(ebb_dev_mem_info(0, &free0, &total));
@@ -59,9 +65,7 @@ TEST_CASE("expandable segments grow in place and shrink on empty_cache", "[alloc
 // (With a small and a large pool in the one reservation, each grew for its own requests.)
 TEST_CASE("expandable segments: memory freed by small blocks serves large ones and back", "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   ebb_stream_t *s = default_stream(0);
   std::vector<void *> act(8);
   for (void *&p : act) EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &p));
@@ -97,9 +101,7 @@ TEST_CASE("expandable segments: memory freed by small blocks serves large ones a
 // first two requests the 4 MiB block.)
 TEST_CASE("expandable segments: holes below 2 MiB first, the tail last", "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   ebb_stream_t *s = default_stream(0);
   // [a 4 | g1 1 | h 1.5 | g2 1 | tail 0.5 free]: 8 MiB mapped; then a and h freed.
   void *a = nullptr, *g1 = nullptr, *h = nullptr, *g2 = nullptr;
@@ -133,9 +135,7 @@ TEST_CASE("expandable segments: holes below 2 MiB first, the tail last", "[alloc
 // by the next growth).
 TEST_CASE("expandable segments: a free block left at the end by empty_cache is the tail", "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   size_t gran = 0;
   EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
   REQUIRE(gran == 2 * MiB);
@@ -198,9 +198,7 @@ TEST_CASE("expandable segments: random sequences keep the invariants", "[alloc][
 TEST_CASE("expandable segments: empty_cache unmaps free granules inside the segment, growth maps them again",
           "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   size_t gran = 0;
   EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
   REQUIRE(gran <= 2 * MiB);
@@ -242,9 +240,7 @@ TEST_CASE("expandable segments: empty_cache unmaps free granules inside the segm
 // 2026-11-23) the second pass of seeds 3, 5, 6 and 8 mapped 1 to 11 granules more.
 TEST_CASE("expandable segments: a repeated random sequence maps nothing after its first pass", "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   check_settles_after_one_pass(default_stream(0));
 }
 
@@ -254,9 +250,7 @@ TEST_CASE("expandable segments: a repeated random sequence maps nothing after it
 TEST_CASE("expandable segments: empty_cache unmaps granules that free blocks of several streams share",
           "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   ebb_stream_t *s[2] = {new_stream(0), new_stream(0)};
   void *p1 = nullptr, *p2 = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s[0], &p1));
@@ -290,9 +284,7 @@ TEST_CASE("expandable segments: empty_cache unmaps granules that free blocks of 
 // their granules can go back to the driver and be mapped again for the request.
 TEST_CASE("expandable segments: the retry chain unmaps what empty slabs held", "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   ebb_stream_t *s = default_stream(0);
   void *x = nullptr, *y = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &x));
@@ -332,9 +324,7 @@ extern "C" void ebb_test_fail_ctx_sync(int n);
 // empty_cache and from the OOM retry chain alike.
 TEST_CASE("a failed device wait before unmapping is reported and nothing is unmapped", "[alloc][expandable]") {
   EbbSession session;
-  ebb_dev_caps caps{};
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.vmm) EBB_SKIP("driver without VMM");
+  EBB_NEED_VMM();
   ebb_stream_t *s = default_stream(0), *t = new_stream(0);
   void *p = nullptr, *q = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 30 * MiB, s, &p));
