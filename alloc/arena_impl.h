@@ -113,13 +113,14 @@ enum ebb__bstate {
  * one of a few MiB, which then could not take the next multi-MiB request: real_cnn.trace with
  * expandable segments held 3.9 and 3.0 MiB holes and grew for a 4 MiB request, frag_ratio
  * 1.211 against 1.118 with rule 1 (perf/JOURNAL.md, "Placement on real training traces", which
- * also gives best fit, size bands and other thresholds: none better on the real traces, and
- * best fit and bands 25-55 % more instructions a pair). Holes below a granule can neither be
- * given back nor serve the large requests: they are filled first. Rule 3 keeps the tail whole
- * for growth, as PyTorch's expandable segments do (its free tail counts as unbounded in best
- * fit). The repeated-sequence property of plain oldest fit (a random sequence repeated exactly
- * settles after one pass) is gone for some sequences; issue 22 dropped that target for the
- * real traces' steps, which settle after the second (perf/RESULTS.md).
+ * also gives best fit, size bands and other thresholds: none better over the real traces taken
+ * together, and best fit and bands 25-55 % more instructions a pair). Holes below a granule can
+ * neither be given back nor serve the large requests: they are filled first. Rule 3 keeps the
+ * tail whole for growth, as PyTorch's expandable segments do (its free tail counts as unbounded
+ * in best fit). Plain oldest fit had an argument that a sequence repeated exactly settles after one
+ * pass; these rules have none (the sequences measured still do: the arena bench's 18, the
+ * tests' 8), and issue 22 moved that target to the real traces' steps, which settle after the
+ * second (perf/RESULTS.md).
  *
  * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
  * entries, each entry with its key, the largest size under it and the largest size below
