@@ -117,10 +117,10 @@ enum ebb__bstate {
  * together, and best fit and bands 25-55 % more instructions a pair). Holes below a granule can
  * neither be given back nor serve the large requests: they are filled first. Rule 3 keeps the
  * tail whole for growth, as PyTorch's expandable segments do (its free tail counts as unbounded
- * in best fit). Plain oldest fit had an argument that a sequence repeated exactly settles after one
- * pass; these rules have none (the sequences measured still do: the arena bench's 18, the
- * tests' 8), and issue 22 moved that target to the real traces' steps, which settle after the
- * second (perf/RESULTS.md).
+ * in best fit). Plain oldest fit had an argument that a sequence repeated exactly settles
+ * after one pass; these rules have none (the sequences measured still do: the arena bench's 18,
+ * the tests' 8), and issue 22 moved that target to the real traces' steps, which settle after
+ * the second (perf/RESULTS.md).
  *
  * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
  * entries, each entry with its key, the largest size under it and the largest size below
