@@ -144,8 +144,8 @@ EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
      * before it in order); else n just leaves it. */
     if (left) ebb__index_remove(n);
     b->size += n->size;
+    b->next = n->next; /* first: whether b ends an expandable segment decides where it is kept */
     if (!left) ebb__index_replace(a, n, b);
-    b->next = n->next;
     if (n->next) n->next->prev = b;
     g->nblocks--;
     g->nfree--;
@@ -542,7 +542,7 @@ static inline size_t ebb__fallback_size(size_t r) {
 
 static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out,
                             struct ebb__tried *tried) {
-  if (a->conf.expandable && a->up->map) {
+  if (ebb__xmode(a)) {
     ebb_status st = ebb__x_grow(a, sp, pool, r, tried);
     if (st) return st;
     *out = ebb__fidx_take(a, &sp->pools[pool], r);
@@ -654,13 +654,14 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
  * OOM with the caller's size). Lock held. */
 static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
                                        struct ebb__order *o) {
-  struct ebb__block *b = ebb__steal(a, sp, EBB__POOL_SMALL, r, o);
-  if (!b) b = ebb__take_run(a, sp, EBB__POOL_SMALL, r, o);
+  int pool = ebb__pool_of(a, r); /* the small pool, or an expandable segment's one */
+  struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
+  if (!b) b = ebb__take_run(a, sp, pool, r, o);
   if (b) {
     *out = b;
     return EBB_OK;
   }
-  return ebb__grow(a, sp, EBB__POOL_SMALL, r, out, NULL);
+  return ebb__grow(a, sp, pool, r, out, NULL);
 }
 
 static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
@@ -750,7 +751,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     return ebb__oom_snapshot(a, st);
   }
   size_t r = bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK);
-  int pool = r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
+  int pool = ebb__pool_of(a, r);
   ebb__lock(&a->mu);
   if (a->npending) ebb__poll_pending(a);
   if (EBB_UNLIKELY(!ebb_list_empty(&a->unpin_due))) ebb__unpin_due(a);

@@ -10,7 +10,8 @@
  *   arena.c     the engine: block and segment records, split and merge, allocation (the hit
  *               path, steals, runs, growth, the retry chain, the OOM report), free, the release
  *               paths, limits and counters, the arena's life cycle
- *   fidx.c      the free index: per stream (spool) and pool, a B+-tree in oldest-fit order
+ *   fidx.c      the free index: per stream (spool) and pool, a B+-tree in (segment age,
+ *               address) order; holes below 2 MiB first, else the oldest fit, the tail last
  *   xseg.c      expandable segments: one VMM reservation mapped granule by granule
  *   pending.c   frees that wait for events on the streams that used the memory, those uses,
  *               and the event cache
@@ -101,37 +102,47 @@ enum ebb__bstate {
                           ebb__slab_make attaches its record */
 };
 
-/* ---- the free index: oldest fit (fidx.c) --------------------------------------------------------
- * A request takes the first free block that holds it in (segment age, address) order: the
- * oldest segment that can serve it, the lowest such block inside. That order makes a repeated
- * sequence of requests reach a fixed point after one pass. In the pass that grows the arena, a
- * request that fits nowhere gets a segment made for it, younger than every other; in the next
- * pass the same request finds the older segments as the first pass left them (every earlier
- * request made the same choice), none of which fits, and then that segment, whole and free:
- * the same choice again, and no driver call (exact for blocks on one stream; slabs left cached
- * empty at a pass's end are the one difference, not seen to matter). Best fit has no such
- * property: with the younger segments there to choose from, it may split one made for a later
- * request, which then grows the arena (the arena bench's tensor sequence: 22 driver allocations
- * after the warm-up over 18 seeds x 6 replays with best fit, 0 with the oldest fit). RMM's
- * arena resource places by address-ordered first fit too, for its fragmentation (allocators.md
- * 3.3).
+/* ---- the free index: small holes first, the tail last (fidx.c) ---------------------------------
+ * A request takes, among its stream's free blocks of its pool that hold it:
+ *   1. a request below 2 MiB (EBB__SMALL_HOLE): the oldest free block below 2 MiB that holds it;
+ *   2. the oldest free block that holds it;
+ *   3. the free block at the end of an expandable segment, which growth extends;
+ * "oldest" in (segment age, address) order: the oldest segment that has one, the lowest address
+ * inside (in an expandable segment, address order). Plain oldest fit (rule 2 alone) put small
+ * requests (slab blocks, 64 KiB .. 1 MiB activations) into the first hole that held them, often
+ * one of a few MiB, which then could not take the next multi-MiB request: real_cnn.trace with
+ * expandable segments held 3.9 and 3.0 MiB holes and grew for a 4 MiB request, frag_ratio
+ * 1.211 against 1.118 with rule 1 (perf/JOURNAL.md, "Placement on real training traces", which
+ * also gives best fit, size bands and other thresholds: none better over the real traces taken
+ * together, and best fit and bands 25-55 % more instructions a pair). Holes below a granule can
+ * neither be given back nor serve the large requests: they are filled first. Rule 3 keeps the
+ * tail whole for growth, as PyTorch's expandable segments do (its free tail counts as unbounded
+ * in best fit). Plain oldest fit had an argument that a sequence repeated exactly settles
+ * after one pass; these rules have none (the sequences measured still do: the arena bench's 18,
+ * the tests' 8), and issue 22 moved that target to the real traces' steps, which settle after
+ * the second (perf/RESULTS.md).
  *
  * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
- * entries, each entry with its key and the largest size under it (512-byte units, saturating),
- * so the first block of at least r is one walk down reading a node's sizes with sixteen
- * compares at a time: two or three levels at the few hundred free blocks a stream and pool
- * holds under the arena bench, where a tree over the block records took about eight levels of
- * dependent loads (perf/JOURNAL.md, "The free index as a B+-tree"). A split's
- * remainder and a merge take their block's slot in place. Classic blocks of max_split and up
- * (max_split_size_mb) are never split and serve only requests near their size, so they stay
- * out of the tree, in a list scanned in the same order (few: whole segments); so does a block
- * the tree found no host memory for a node for. */
+ * entries, each entry with its key, the largest size under it and the largest size below
+ * 2 MiB under it (512-byte units, saturating), so the first block of at least r, and the first
+ * such below 2 MiB, are each one walk down reading a node's sizes with sixteen compares at a
+ * time: two or three levels at the few hundred free blocks a stream and pool holds under the
+ * arena bench, where a tree over the block records took about eight levels of dependent loads
+ * (perf/JOURNAL.md, "The free index as a B+-tree"). A split's remainder and a merge take their
+ * block's slot in place. The expandable segment's free tail is kept beside the tree
+ * (ebb__fidx.tail). Classic blocks of max_split and up (max_split_size_mb) are never split and
+ * serve only requests near their size, so they stay out of the tree, in a list searched by the
+ * same rules (few: whole segments); so does a block the tree found no host memory for a node
+ * for. */
+#define EBB__SMALL_HOLE ((size_t)2 << 20)
 struct ebb__fxnode;
 struct ebb__fidx {
   struct ebb__fxnode *root;
   struct ebb_list big; /* free blocks >= max_split (classic segments only), and any block the
                           tree had no node for */
-  size_t count;        /* free blocks, both */
+  struct ebb__block *tail; /* the free block that ends the expandable segment, when it is this
+                              stream's and pool's: in neither the tree nor the list */
+  size_t count;        /* free blocks, all three */
 };
 
 struct ebb__stream_ref {
@@ -324,7 +335,10 @@ struct ebb__upstream {
 
 struct ebb__conf {
   size_t max_split;  /* blocks of this size or more are never split (SIZE_MAX: no limit) */
-  bool expandable;
+  bool expandable;   /* an arena's: expandable segments on; the module's: what EBB_ALLOC_CONF
+                        asked, when expandable_set */
+  bool expandable_set; /* EBB_ALLOC_CONF named expandable_segments; else each device arena has
+                          them where its driver does VMM (module.c) */
   size_t history;            /* history ring entries per arena (0: off) */
   const char *oom_snapshot;  /* snapshot path on EBB_ENOMEM (NULL: none); module-owned text */
   size_t pinned_max;         /* cap on pinned bytes held from the driver (0: none) */
@@ -507,8 +521,22 @@ static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
  * from smaller requests, those made the arena map granule after granule
  * (perf/traces/multistream.trace with max_split_size_mb:64: frag_ratio 1.703, 7 112 granules
  * mapped). The setting is about classic segments. */
+static inline bool ebb__xmode(const struct ebb__arena *a) { return a->conf.expandable && a->up->map; }
+
 static inline size_t ebb__max_split(const struct ebb__arena *a) {
-  return a->conf.expandable && a->up->map ? SIZE_MAX : a->conf.max_split;
+  return ebb__xmode(a) ? SIZE_MAX : a->conf.max_split;
+}
+
+/* The pool a rounded request r is served from. Classic segments keep requests up to 1 MiB in
+ * 2 MiB segments of their own (the small pool), so that small blocks do not cut up the large
+ * ones' segments. An expandable segment has one pool: its memory is one range, and with two,
+ * what one pool freed could serve nothing of the other's. Where a training step's 1 MiB
+ * activations had been, its optimizer state could not go (perf/traces/real_mlp.trace: 6.4 MiB
+ * of the small pool's free at the reserved peak, 8 % of it; real_lstm: 29.6 MiB), and the
+ * segment grew instead (perf/JOURNAL.md, "Placement on real training traces"). */
+static inline int ebb__pool_of(const struct ebb__arena *a, size_t r) {
+  if (ebb__xmode(a)) return EBB__POOL_LARGE;
+  return r <= EBB__SMALL_SIZE ? EBB__POOL_SMALL : EBB__POOL_LARGE;
 }
 
 static inline size_t ebb__fit_limit(const struct ebb__arena *a, size_t r) {
@@ -600,8 +628,9 @@ EBB_HIDDEN void ebb__arena_reset_peak(struct ebb__arena *a);
 EBB_HIDDEN const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n);
 
 /* For slabs (slab.c); lock not held unless said. */
-/* A block of `bytes` (a 512-byte multiple, small pool) on stream s, for a slab: state
- * EBB__B_CARVED, no stats but reserved and segments, no history, no ptrmap entry. Its own stream's
+/* A block of `bytes` (a 512-byte multiple; of the small pool, or of an expandable segment's one)
+ * on stream s, for a slab: state EBB__B_CARVED, no stats but reserved and segments, no history,
+ * no ptrmap entry. Its own stream's
  * free index, another stream's (ordered by an event), then a new segment; no release-and-retry
  * chain and no OOM report: on failure the caller allocates the request as a plain block, which
  * runs both with the caller's own size. */
@@ -626,8 +655,9 @@ EBB_HIDDEN void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b);
 /* Indexed block old leaves the index and FREE block nw, next to it in order and of the same
  * stream and pool, comes in: in the tree, nw takes old's slot (no walk, no split). */
 EBB_HIDDEN void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb__block *nw);
-/* The first free block of x, in (segment age, address) order, whose size lies in
- * [r, ebb__fit_limit(a, r)), left in the index; NULL when none fits. */
+/* The free block of x that serves r by the index's rules ("free index": small holes first, the
+ * tail last) among those whose size lies in [r, ebb__fit_limit(a, r)), left in the index; NULL
+ * when none fits. */
 EBB_HIDDEN struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r);
 /* ebb__fidx_find, the block taken out of the index (still FREE). */
 EBB_HIDDEN struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, size_t r);

@@ -1,8 +1,9 @@
 /* fidx.c: the free index. Every allocation stream of an arena gets a spool (struct ebb__spool)
  * at its first allocation there, and a spool per pool an index of its free blocks in (segment
- * age, address) order, so that a request takes the oldest fit (arena_impl.h, "free index"): a
- * B+-tree of 16-entry nodes over the blocks below max_split, and a list, searched in the same
- * order, for oversize blocks and any block the tree found no node memory for.
+ * age, address) order, so that a request takes a small hole first, else the oldest fit, the
+ * expandable segment's tail last (arena_impl.h, "free index"): a B+-tree of 16-entry nodes over
+ * the blocks below max_split, the tail beside it, and a list, searched by the same rules, for
+ * oversize blocks and any block the tree found no node memory for.
  *
  * Owns: the tree nodes (carved from chunks kept until teardown, recycled through a spare list)
  * and the spools (one lives from its stream's first allocation until that stream is released
@@ -43,14 +44,23 @@ static inline bool ebb__tree_before(const struct ebb__block *x, const struct ebb
   return ebb__fx_key(x) < ebb__fx_key(y);
 }
 
+/* A block's size as the small-hole maxima count it: its units below EBB__SMALL_HOLE, else 0. */
+static inline uint32_t ebb__small_units(size_t size) { return size < EBB__SMALL_HOLE ? ebb__units(size) : 0; }
+
+/* Free block b ends an expandable segment: the index keeps it as its tail. Reads b->seg only
+ * for a block with no successor (the last of each segment). */
+static inline bool ebb__is_xtail(const struct ebb__block *b) { return !b->next && b->seg->expandable; }
+
 /* A node: up to EBB__FX_FAN entries in order. A leaf's entries are free blocks, an inner node's
- * its children; `max` is the largest size under the entry (the block's own in a leaf), 0 past
- * n, so a scan needs no bound; `key` the entry's first key (UINT64_MAX past n). The scans of one node read its
- * `max` line and one more: a find is a line or two per level, and 16 entries a node keep the
- * levels to two or three at the sizes measured (a few hundred free blocks a stream and pool). */
+ * its children; `max` is the largest size under the entry (the block's own in a leaf), `smax`
+ * the largest below EBB__SMALL_HOLE (0: none), both 0 past n, so a scan needs no bound; `key`
+ * the entry's first key (UINT64_MAX past n). The scans of one node read its `max` or `smax`
+ * line and one more: a find is a line or two per level, and 16 entries a node keep the levels
+ * to two or three at the sizes measured (a few hundred free blocks a stream and pool). */
 #define EBB__FX_FAN 16
 struct ebb__fxnode {
   _Alignas(64) uint32_t max[EBB__FX_FAN];
+  uint32_t smax[EBB__FX_FAN];
   uint64_t key[EBB__FX_FAN];
   void *ent[EBB__FX_FAN];          /* struct ebb__block * (leaf), struct ebb__fxnode * (inner) */
   struct ebb__fxnode *up;          /* parent (NULL: the root); the next spare while spare */
@@ -114,10 +124,10 @@ static inline __m128i ebb__fx_max4(__m128i x, __m128i y) {
 }
 #endif
 
-/* The largest max of n's entries. */
-static inline uint32_t ebb__fx_nmax(const struct ebb__fxnode *n) {
+/* The largest of the 16 values at m (a node's max or smax). */
+static inline uint32_t ebb__fx_vmax(const uint32_t *mx) {
 #if defined(__SSE2__)
-  const __m128i *v = (const __m128i *)n->max;
+  const __m128i *v = (const __m128i *)mx;
   __m128i m = ebb__fx_max4(ebb__fx_max4(_mm_load_si128(v), _mm_load_si128(v + 1)),
                            ebb__fx_max4(_mm_load_si128(v + 2), _mm_load_si128(v + 3)));
   m = ebb__fx_max4(m, _mm_shuffle_epi32(m, 0x4E));
@@ -125,23 +135,27 @@ static inline uint32_t ebb__fx_nmax(const struct ebb__fxnode *n) {
   return (uint32_t)_mm_cvtsi128_si32(m);
 #else
   uint32_t m = 0;
-  for (int i = 0; i < EBB__FX_FAN; i++) m = n->max[i] > m ? n->max[i] : m;
+  for (int i = 0; i < EBB__FX_FAN; i++) m = mx[i] > m ? mx[i] : m;
   return m;
 #endif
 }
 
-/* The first entry of n whose max is at least u (1 <= u <= EBB__UNITS_MAX), or -1: sixteen
- * compares packed into one mask (units are positive as signed lanes). */
-static inline int ebb__fx_first(const struct ebb__fxnode *n, uint32_t u) {
+static inline uint32_t ebb__fx_nmax(const struct ebb__fxnode *n) { return ebb__fx_vmax(n->max); }
+static inline uint32_t ebb__fx_nsmax(const struct ebb__fxnode *n) { return ebb__fx_vmax(n->smax); }
+
+/* The first of the 16 values at mx (a node's max or smax) that is at least u (1 <= u <=
+ * EBB__UNITS_MAX), or -1: sixteen compares packed into one mask (units are positive as signed
+ * lanes). */
+static inline int ebb__fx_first(const uint32_t *mx, uint32_t u) {
 #if defined(__SSE2__)
-  const __m128i *v = (const __m128i *)n->max;
+  const __m128i *v = (const __m128i *)mx;
   __m128i t = _mm_set1_epi32((int32_t)(u - 1));
   __m128i lo = _mm_packs_epi32(_mm_cmpgt_epi32(_mm_load_si128(v), t), _mm_cmpgt_epi32(_mm_load_si128(v + 1), t));
   __m128i hi = _mm_packs_epi32(_mm_cmpgt_epi32(_mm_load_si128(v + 2), t), _mm_cmpgt_epi32(_mm_load_si128(v + 3), t));
   unsigned m = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(lo, hi));
 #else
   unsigned m = 0;
-  for (int i = 0; i < EBB__FX_FAN; i++) m |= (unsigned)(n->max[i] >= u) << i;
+  for (int i = 0; i < EBB__FX_FAN; i++) m |= (unsigned)(mx[i] >= u) << i;
 #endif
   return m ? __builtin_ctz(m) : -1;
 }
@@ -193,20 +207,25 @@ static inline void ebb__fx_adopt(struct ebb__fxnode *n, int i) {
   }
 }
 
-/* One entry of n changed its max from o to v (0: gone; or came with o = 0), and n's first key
- * may have changed (key0): n's entry in each node up the path, while something changes. The
- * parent's max for n is n's max before the change, so the new one is known without a scan
- * unless the entry that held the max shrank. */
-static void ebb__fx_prop(struct ebb__fxnode *n, uint32_t o, uint32_t v, bool key0) {
-  for (struct ebb__fxnode *p; (p = n->up) && (o != v || key0); n = p) {
+/* One entry of n changed its max from o to v and its small-hole max from os to vs (0: gone;
+ * or came with o = os = 0), and n's first key may have changed (key0): n's entry in each node
+ * up the path, while something changes. The parent's max for n is n's max before the change,
+ * so the new one is known without a scan unless the entry that held the max shrank; the same
+ * for smax. */
+static void ebb__fx_prop(struct ebb__fxnode *n, uint32_t o, uint32_t v, uint32_t os, uint32_t vs, bool key0) {
+  for (struct ebb__fxnode *p; (p = n->up) && (o != v || os != vs || key0); n = p) {
     int i = n->pslot;
-    uint32_t pm = p->max[i];
+    uint32_t pm = p->max[i], ps = p->smax[i];
     uint32_t nm = v >= pm ? v : o < pm ? pm : ebb__fx_nmax(n);
+    uint32_t ns = os == vs ? ps : vs >= ps ? vs : os < ps ? ps : ebb__fx_nsmax(n);
     p->max[i] = nm;
+    p->smax[i] = ns;
     if (key0) p->key[i] = n->key[0];
     key0 = key0 && i == 0;
     o = pm;
     v = nm;
+    os = ps;
+    vs = ns;
   }
 }
 
@@ -214,6 +233,7 @@ static void ebb__fx_prop(struct ebb__fxnode *n, uint32_t o, uint32_t v, bool key
 static void ebb__fx_fix_all(struct ebb__fxnode *n) {
   for (struct ebb__fxnode *p; (p = n->up); n = p) {
     p->max[n->pslot] = ebb__fx_nmax(n);
+    p->smax[n->pslot] = ebb__fx_nsmax(n);
     p->key[n->pslot] = n->key[0];
   }
 }
@@ -225,14 +245,16 @@ static void ebb__fx_fix_all(struct ebb__fxnode *n) {
 #define EBB__NO_MEMMOVE
 #endif
 
-/* Puts entry (k, m, e) at slot i of n, which has room. */
-EBB__NO_MEMMOVE static void ebb__fx_place(struct ebb__fxnode *n, int i, uint64_t k, uint32_t m, void *e) {
+/* Puts entry (k, m, sm, e) at slot i of n, which has room. */
+EBB__NO_MEMMOVE static void ebb__fx_place(struct ebb__fxnode *n, int i, uint64_t k, uint32_t m, uint32_t sm, void *e) {
   for (int j = n->n; j > i; j--) {
     n->max[j] = n->max[j - 1];
+    n->smax[j] = n->smax[j - 1];
     n->key[j] = n->key[j - 1];
     n->ent[j] = n->ent[j - 1];
   }
   n->max[i] = m;
+  n->smax[i] = sm;
   n->key[i] = k;
   n->ent[i] = e;
   n->n++;
@@ -240,41 +262,44 @@ EBB__NO_MEMMOVE static void ebb__fx_place(struct ebb__fxnode *n, int i, uint64_t
   else ebb__fx_adopt(n, i);
 }
 
-/* Puts entry (k, m, e) at slot i of full node n: n splits, its upper half going to a new right
- * sibling entered in the parent (which may split in turn). The spare nodes were reserved; the
- * maxima and keys above the parent are the caller's (ebb__fx_fix_all). */
+/* Puts entry (k, m, sm, e) at slot i of full node n: n splits, its upper half going to a new
+ * right sibling entered in the parent (which may split in turn). The spare nodes were reserved;
+ * the maxima and keys above the parent are the caller's (ebb__fx_fix_all). */
 static void ebb__fx_split_ins(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__fxnode *n, int i, uint64_t k,
-                              uint32_t m, void *e) {
+                              uint32_t m, uint32_t sm, void *e) {
   enum { H = EBB__FX_FAN / 2 };
   struct ebb__fxnode *r = ebb__fx_new(a, n->leaf);
   memcpy(r->max, &n->max[H], H * sizeof n->max[0]);
+  memcpy(r->smax, &n->smax[H], H * sizeof n->smax[0]);
   memcpy(r->key, &n->key[H], H * sizeof n->key[0]);
   memcpy(r->ent, &n->ent[H], H * sizeof n->ent[0]);
   memset(&n->max[H], 0, H * sizeof n->max[0]);
+  memset(&n->smax[H], 0, H * sizeof n->smax[0]);
   memset(&n->key[H], 0xff, H * sizeof n->key[0]);
   n->n = r->n = H;
   ebb__fx_adopt(r, 0);
-  if (i <= H) ebb__fx_place(n, i, k, m, e);
-  else ebb__fx_place(r, i - H, k, m, e);
+  if (i <= H) ebb__fx_place(n, i, k, m, sm, e);
+  else ebb__fx_place(r, i - H, k, m, sm, e);
   struct ebb__fxnode *p = n->up;
   if (!p) { /* n was the root: one level more */
     p = ebb__fx_new(a, false);
     x->root = p;
-    ebb__fx_place(p, 0, n->key[0], ebb__fx_nmax(n), n);
-    ebb__fx_place(p, 1, r->key[0], ebb__fx_nmax(r), r);
+    ebb__fx_place(p, 0, n->key[0], ebb__fx_nmax(n), ebb__fx_nsmax(n), n);
+    ebb__fx_place(p, 1, r->key[0], ebb__fx_nmax(r), ebb__fx_nsmax(r), r);
     return;
   }
   int j = n->pslot;
   p->max[j] = ebb__fx_nmax(n);
+  p->smax[j] = ebb__fx_nsmax(n);
   p->key[j] = n->key[0];
-  if (p->n < EBB__FX_FAN) ebb__fx_place(p, j + 1, r->key[0], ebb__fx_nmax(r), r);
-  else ebb__fx_split_ins(a, x, p, j + 1, r->key[0], ebb__fx_nmax(r), r);
+  if (p->n < EBB__FX_FAN) ebb__fx_place(p, j + 1, r->key[0], ebb__fx_nmax(r), ebb__fx_nsmax(r), r);
+  else ebb__fx_split_ins(a, x, p, j + 1, r->key[0], ebb__fx_nmax(r), ebb__fx_nsmax(r), r);
 }
 
 /* Enters FREE block b in x's tree. False: no host memory for a node (b is not entered). */
 static bool ebb__fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__block *b) {
   uint64_t k = ebb__fx_key(b);
-  uint32_t u = ebb__units(b->size);
+  uint32_t u = ebb__units(b->size), su = ebb__small_units(b->size);
   struct ebb__fxnode *n = x->root;
   if (!n) {
     if (!ebb__fx_reserve(a, 1)) return false;
@@ -286,8 +311,8 @@ static bool ebb__fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb
   }
   int i = ebb__fx_rank(n, k, false);
   if (EBB_LIKELY(n->n < EBB__FX_FAN)) {
-    ebb__fx_place(n, i, k, u, b);
-    ebb__fx_prop(n, 0, u, i == 0);
+    ebb__fx_place(n, i, k, u, su, b);
+    ebb__fx_prop(n, 0, u, 0, su, i == 0);
     return true;
   }
   /* A split for each full node from the leaf up, and a new root if they all are. */
@@ -296,7 +321,7 @@ static bool ebb__fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb
   for (; t && t->n == EBB__FX_FAN; t = t->up) need++;
   if (!t) need++;
   if (!ebb__fx_reserve(a, need)) return false;
-  ebb__fx_split_ins(a, x, n, i, k, u, b);
+  ebb__fx_split_ins(a, x, n, i, k, u, su, b);
   ebb__fx_fix_all(b->leaf);
   return true;
 }
@@ -304,17 +329,19 @@ static bool ebb__fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb
 /* Takes entry i out of n; a node left empty leaves its parent (free at empty: no merging of
  * half-full siblings, which random deletions would mostly undo). */
 EBB__NO_MEMMOVE static void ebb__fx_drop(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__fxnode *n, int i) {
-  uint32_t o = n->max[i];
+  uint32_t o = n->max[i], os = n->smax[i];
   for (int j = i + 1; j < n->n; j++) {
     n->max[j - 1] = n->max[j];
+    n->smax[j - 1] = n->smax[j];
     n->key[j - 1] = n->key[j];
     n->ent[j - 1] = n->ent[j];
   }
   n->max[--n->n] = 0;
+  n->smax[n->n] = 0;
   n->key[n->n] = UINT64_MAX;
   if (n->n) {
     if (!n->leaf) ebb__fx_adopt(n, i);
-    ebb__fx_prop(n, o, 0, i == 0);
+    ebb__fx_prop(n, o, 0, os, 0, i == 0);
     return;
   }
   struct ebb__fxnode *p = n->up;
@@ -340,17 +367,19 @@ static void ebb__fx_remove(struct ebb__arena *a, struct ebb__fidx *x, struct ebb
 
 /* Leaf entry i of n (block b) now has b's size and key. */
 static inline void ebb__fx_set(struct ebb__fxnode *n, int i, const struct ebb__block *b, bool key) {
-  uint32_t o = n->max[i], v = ebb__units(b->size);
+  uint32_t o = n->max[i], v = ebb__units(b->size), os = n->smax[i], vs = ebb__small_units(b->size);
   n->max[i] = v;
+  n->smax[i] = vs;
   if (key) n->key[i] = ebb__fx_key(b);
-  ebb__fx_prop(n, o, v, key && i == 0);
+  ebb__fx_prop(n, o, v, os, vs, key && i == 0);
 }
 
-/* The first block in order of at least u units under n (1 <= u < EBB__UNITS_MAX), or NULL. */
-static struct ebb__block *ebb__fx_first_fit(const struct ebb__fxnode *n, uint32_t u) {
+/* The first block in order under n whose size, as the maxima `off` (offsetof max or smax)
+ * count it, is at least u (1 <= u < EBB__UNITS_MAX), or NULL. */
+static struct ebb__block *ebb__fx_first_fit(const struct ebb__fxnode *n, size_t off, uint32_t u) {
   for (;;) {
-    int i = ebb__fx_first(n, u);
-    if (i < 0) return NULL; /* only at the root: below it, the parent's max vouches */
+    int i = ebb__fx_first((const uint32_t *)((const char *)n + off), u);
+    if (i < 0) return NULL; /* only at the root: below it, the parent's maximum vouches */
     if (n->leaf) return n->ent[i];
     n = n->ent[i];
   }
@@ -383,9 +412,14 @@ void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__fidx *x = &b->spool->pools[b->pool];
   EBB_ASSERT(b->size % EBB__MIN_BLOCK == 0);
   x->count++;
-  if (EBB_LIKELY(b->size < ebb__max_split(a)) && EBB_LIKELY(ebb__fx_insert(a, x, b))) return;
-  /* Oversize, or no host memory for a node of the tree: the list, searched in the same order. */
   b->leaf = NULL;
+  if (EBB_UNLIKELY(ebb__is_xtail(b))) { /* beside the tree: taken last (rule 3) */
+    EBB_ASSERT(!x->tail);
+    x->tail = b;
+    return;
+  }
+  if (EBB_LIKELY(b->size < ebb__max_split(a)) && EBB_LIKELY(ebb__fx_insert(a, x, b))) return;
+  /* Oversize, or no host memory for a node of the tree: the list, searched by the same rules. */
   ebb_list_insert_tail(&x->big, &b->node);
 }
 
@@ -393,6 +427,10 @@ void ebb__index_remove(struct ebb__block *b) {
   struct ebb__fidx *x = &b->spool->pools[b->pool];
   x->count--;
   if (EBB_UNLIKELY(!b->leaf)) {
+    if (x->tail == b) {
+      x->tail = NULL;
+      return;
+    }
     ebb_list_remove(&b->node);
     ebb_list_init(&b->node);
     return;
@@ -402,8 +440,9 @@ void ebb__index_remove(struct ebb__block *b) {
 
 void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__fxnode *n = b->leaf;
-  if (!n) return; /* in the list: its scan reads sizes */
-  if (EBB_UNLIKELY(b->size >= ebb__max_split(a))) {
+  if (!n) return; /* the tail, or in the list: their searches read sizes */
+  /* Oversize now, or it took in the segment's tail and is the tail now. */
+  if (EBB_UNLIKELY(b->size >= ebb__max_split(a) || ebb__is_xtail(b))) {
     ebb__index_remove(b);
     ebb__index_insert(a, b);
     return;
@@ -413,7 +452,7 @@ void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b) {
 
 void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb__block *nw) {
   struct ebb__fxnode *n = old->leaf;
-  if (EBB_LIKELY(n && nw->size < ebb__max_split(a))) {
+  if (EBB_LIKELY(n && nw->size < ebb__max_split(a)) && EBB_LIKELY(!ebb__is_xtail(nw))) {
     int i = ebb__fx_slot(n, old);
     n->ent[i] = nw;
     nw->leaf = n;
@@ -425,22 +464,35 @@ void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb
   ebb__index_insert(a, nw);
 }
 
+/* c serves a request below EBB__SMALL_HOLE before best (rules 1 and 2 between two blocks that
+ * hold it): a small hole before a larger block, else the older. */
+static inline bool ebb__small_first(const struct ebb__block *c, const struct ebb__block *best) {
+  bool cs = c->size < EBB__SMALL_HOLE, bs = best->size < EBB__SMALL_HOLE;
+  return cs != bs ? cs : ebb__tree_before(c, best);
+}
+
 struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r) {
   if (!x->count) return NULL;
   struct ebb__block *best = NULL;
+  bool small = r < EBB__SMALL_HOLE;
   if (EBB_LIKELY(r < ebb__max_split(a)) && x->root) {
-    /* Every block in the tree is below max_split, so at least r is all it takes. */
+    /* Every block in the tree is below max_split, so at least r is all it takes. Rule 1, then
+     * rule 2 (which finds a block of 2 MiB or more when rule 1 found none). */
     uint32_t u = ebb__units(r);
-    best = EBB_LIKELY(u < EBB__UNITS_MAX) ? ebb__fx_first_fit(x->root, u) : ebb__fx_first_huge(x->root, r);
+    if (EBB_UNLIKELY(u >= EBB__UNITS_MAX)) best = ebb__fx_first_huge(x->root, r);
+    else if (small && (best = ebb__fx_first_fit(x->root, offsetof(struct ebb__fxnode, smax), u))) {}
+    else best = ebb__fx_first_fit(x->root, offsetof(struct ebb__fxnode, max), u);
   }
   if (EBB_UNLIKELY(!ebb_list_empty(&x->big))) {
-    /* Listed blocks that may serve r, and come before the tree's answer. */
+    /* Listed blocks that may serve r, and come before the tree's answer by the same rules. */
     size_t hi = ebb__fit_limit(a, r);
     for (struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
       struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
-      if (c->size - r < hi - r && (!best || ebb__tree_before(c, best))) best = c;
+      if (c->size - r < hi - r && (!best || (small ? ebb__small_first(c, best) : ebb__tree_before(c, best)))) best = c;
     }
   }
+  /* Rule 3: the expandable segment's tail, when nothing else holds r. */
+  if (!best && x->tail && x->tail->size >= r) best = x->tail;
   return best;
 }
 
@@ -452,6 +504,7 @@ struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, siz
 
 static size_t ebb__fidx_largest(const struct ebb__fidx *x) {
   size_t best = ebb__fx_largest(x->root);
+  if (x->tail && x->tail->size > best) best = x->tail->size;
   for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
     const struct ebb__block *c = ebb_container_of(n, const struct ebb__block, node);
     if (c->size > best) best = c->size;
@@ -522,6 +575,7 @@ struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__s
   sp->stream = *s;
   for (int p = 0; p < EBB__NPOOLS; p++) {
     sp->pools[p].root = NULL;
+    sp->pools[p].tail = NULL;
     sp->pools[p].count = 0;
     ebb_list_init(&sp->pools[p].big);
   }
@@ -547,8 +601,8 @@ static ebb_status ebb__fx_check(struct ebb__arena *a, const struct ebb__fxnode *
              "inner root)",
              fn, a->label, level, (int)n->n, EBB__FX_FAN);
   for (int i = n->n; i < EBB__FX_FAN; i++)
-    EBB__CHECK(!n->max[i] && n->key[i] == UINT64_MAX, "%s: %s: a free index node holds an entry past its %d", fn, a->label,
-               (int)n->n);
+    EBB__CHECK(!n->max[i] && !n->smax[i] && n->key[i] == UINT64_MAX, "%s: %s: a free index node holds an entry past its %d",
+               fn, a->label, (int)n->n);
   if (n->leaf) {
     if (*depth < 0) *depth = level;
     EBB__CHECK(*depth == level, "%s: %s: free index leaves at levels %d and %d", fn, a->label, *depth, level);
@@ -557,15 +611,17 @@ static ebb_status ebb__fx_check(struct ebb__arena *a, const struct ebb__fxnode *
     if (!n->leaf) {
       const struct ebb__fxnode *c = n->ent[i];
       if ((st = ebb__fx_check(a, c, n, level + 1, depth, sp, p, prev, count, fn))) return st;
-      EBB__CHECK(n->max[i] == ebb__fx_nmax(c) && n->key[i] == c->key[0],
+      EBB__CHECK(n->max[i] == ebb__fx_nmax(c) && n->smax[i] == ebb__fx_nsmax(c) && n->key[i] == c->key[0],
                  "%s: %s: a free index node at level %d holds a wrong maximum or key for its child %d", fn, a->label, level, i);
       continue;
     }
     const struct ebb__block *b = n->ent[i];
-    EBB__CHECK(b->state == EBB__B_FREE && b->spool == sp && b->pool == p && b->size < ebb__max_split(a) && b->leaf == n,
-               "%s: %s: indexed block 0x%" PRIx64 " is not a free block of its stream and pool in its leaf", fn, a->label,
-               b->addr);
-    EBB__CHECK(n->key[i] == ebb__fx_key(b) && n->max[i] == ebb__units(b->size),
+    EBB__CHECK(b->state == EBB__B_FREE && b->spool == sp && b->pool == p && b->size < ebb__max_split(a) && b->leaf == n &&
+                   !ebb__is_xtail(b),
+               "%s: %s: indexed block 0x%" PRIx64 " is not a free block of its stream and pool in its leaf (or is the "
+               "expandable segment's tail)",
+               fn, a->label, b->addr);
+    EBB__CHECK(n->key[i] == ebb__fx_key(b) && n->max[i] == ebb__units(b->size) && n->smax[i] == ebb__small_units(b->size),
                "%s: %s: the free index holds a wrong key or size for block 0x%" PRIx64, fn, a->label, b->addr);
     /* Not after its successor (keys tie only where ebb__fx_key saturates or wraps). */
     EBB__CHECK(!*prev || !ebb__tree_before(b, *prev),
@@ -590,8 +646,16 @@ ebb_status ebb__fidx_check(struct ebb__arena *a, const char *fn, size_t *indexed
       if (x->root && (st = ebb__fx_check(a, x->root, NULL, 0, &depth, a->spools[i], p, &prev, &c, fn))) goto done;
       for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
         const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
-        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf,
+        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && !ebb__is_xtail(b),
                    "%s: %s: block 0x%" PRIx64 " in the free index's list is not a free block of its stream and pool",
+                   fn, a->label, b->addr);
+        c++;
+      }
+      if (x->tail) {
+        const struct ebb__block *b = x->tail;
+        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && ebb__is_xtail(b),
+                   "%s: %s: block 0x%" PRIx64 " kept as the free index's tail is not the free end of the expandable "
+                   "segment, of its stream and pool",
                    fn, a->label, b->addr);
         c++;
       }

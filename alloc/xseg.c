@@ -135,18 +135,15 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
   if (g)
     for (tail = g->first; tail->next; tail = tail->next) {}
   size_t have = tail && tail->state == EBB__B_FREE && tail->spool == sp && tail->pool == pool ? tail->size : 0;
-  /* Grow by whole granules, at least a segment's worth of the pool, as PyTorch's pages; near
-   * capacity, by just the granules the request needs when that much does not fit. */
-  size_t step = pool == EBB__POOL_SMALL ? EBB__SMALL_SEGMENT : EBB__LARGE_SEGMENT;
-  size_t need = ebb__round_up(r - have, a->xgran);
-  size_t grow = need > step ? need : ebb__round_up(step, a->xgran);
+  /* Grow by the granules the request needs beyond the free tail, no more. Growing by a
+   * segment's worth at least (2 MiB for the small pool, 20 MiB for the large, as PyTorch's
+   * pages) left up to 20 MiB mapped and unused at the reserved peak: frag_ratio on the real
+   * training traces, with two pools, 1.229 -> 1.093 (real_mlp), 1.105 -> 1.033
+   * (real_transformer), 1.258 -> 1.211 (real_cnn) by this alone (perf/JOURNAL.md, "Placement
+   * on real training traces"). The driver calls are as many (one per granule), in more growths. */
+  size_t grow = ebb__round_up(r - have, a->xgran);
   if (tried) *tried = (struct ebb__tried){.first = grow, .second = 0, .expandable = true};
   ebb_status st = ebb__x_map_tail(a, mapped, grow);
-  if (st == EBB_ENOMEM && need < grow) {
-    if (tried) tried->second = need;
-    grow = need;
-    st = ebb__x_map_tail(a, mapped, grow);
-  }
   if (st) return st;
   uint8_t ocat;
   const char *oname;
@@ -183,7 +180,12 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
   b->pool = (uint8_t)pool;
   b->state = EBB__B_FREE;
   b->prev = tail;
+  /* A free tail of another stream stops being the segment's end: the index keeps it elsewhere
+   * now (fidx.c). */
+  bool rekey = tail->state == EBB__B_FREE;
+  if (rekey) ebb__index_remove(tail);
   tail->next = b;
+  if (rekey) ebb__index_insert(a, tail);
   g->nblocks++;
   g->nfree++;
   g->free_bytes += grow;
@@ -339,7 +341,12 @@ size_t ebb__x_shrink(struct ebb__arena *a) {
     }
     g->nblocks--;
     if (tail->prev) {
-      tail->prev->next = NULL;
+      struct ebb__block *np = tail->prev;
+      /* A free block that now ends the segment is the index's tail (fidx.c). */
+      bool rekey = np->state == EBB__B_FREE;
+      if (rekey) ebb__index_remove(np);
+      np->next = NULL;
+      if (rekey) ebb__index_insert(a, np);
       ebb__block_dead(a, tail);
       continue; /* the new tail may be a free block of another stream, or a hole */
     }

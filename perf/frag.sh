@@ -4,7 +4,9 @@
 # policy), and prints `bench=frag trace=<name> expandable=<0|1> <ebb's line> ref_peak_reserved=B
 # ref_frag_ratio=R ref_driver_allocs=N`. The traces are the synthetic *.trace
 # (tools/gen-alloc-trace.py) and the real real_*.trace.gz recorded from PyTorch training runs
-# (tools/record-traces.py), read through gzip -dc.
+# (tools/record-traces.py), read through gzip -dc. expandable=0 replays with classic segments
+# (--classic), expandable=1 with expandable segments (the default where the driver has VMM);
+# with expandable=1 the reference's variant with 2 MiB large-pool pages follows as ref2m_*.
 # usage: perf/frag.sh [bin_dir] [traces_dir]   (bin_dir: as run.sh; traces_dir: ./traces beside
 #        this script, which the build copies next to the programs)
 # Each trace is given as many streams as its highest stream index needs. Targets (issue 22): on the
@@ -37,14 +39,23 @@ for f in "${files[@]}"; do
   # Streams needed: one more than the highest stream index of an `a` line (comments aside).
   streams="$(trace_text "$f" | awk '$1 == "a" && $4 ~ /^[0-9]+$/ && $4 + 1 > n { n = $4 + 1 } END { print (n ? n : 1) }')"
   for x in 0 1; do
-    mode=()
-    [[ $x -eq 1 ]] && mode=(--expandable)
+    mode=(--classic) refmode=()
+    [[ $x -eq 1 ]] && mode=(--expandable) refmode=(--expandable)
     if line="$(trace_text "$f" | "$bin/ebb-alloc-replay" - --streams "$streams" "${mode[@]}")"; then
       # The reference's figures, renamed ref_*; its failure leaves ebb's line without them.
-      ref="$(trace_text "$f" | "$bin/ebb-frag-reference" - "${mode[@]}" |
+      # Expandable: also its variant with 2 MiB large-pool pages (ref2m_*), the granule ebb
+      # grows by.
+      ref="$(trace_text "$f" | "$bin/ebb-frag-reference" - "${refmode[@]}" |
              sed -n 's/.*\(peak_reserved=[0-9]*\).*\(frag_ratio=[0-9.]*\).*\(driver_allocs=[0-9]*\).*/ ref_\1 ref_\2 ref_\3/p')" ||
         true
       [[ -n $ref ]] || { echo "frag.sh: ebb-frag-reference failed on $f (expandable=$x)" >&2; status=1; }
+      if [[ $x -eq 1 ]]; then
+        ref2="$(trace_text "$f" | "$bin/ebb-frag-reference" - --expandable --large-page 2097152 |
+                sed -n 's/.*\(peak_reserved=[0-9]*\).*\(frag_ratio=[0-9.]*\).*\(driver_allocs=[0-9]*\).*/ ref2m_\1 ref2m_\2 ref2m_\3/p')" ||
+          true
+        [[ -n $ref2 ]] || { echo "frag.sh: ebb-frag-reference --large-page failed on $f" >&2; status=1; }
+        ref+="$ref2"
+      fi
       echo "bench=frag trace=$name expandable=$x $line$ref"
     else
       echo "frag.sh: ebb-alloc-replay failed on $f (expandable=$x)" >&2

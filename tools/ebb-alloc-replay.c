@@ -290,7 +290,7 @@ static uint64_t now_ns(void) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: " PROG " TRACE [--expandable] [--streams N] [--peak-snapshot PATH] [--help]\n"
+          "usage: " PROG " TRACE [--expandable | --classic] [--streams N] [--peak-snapshot PATH] [--help]\n"
           "Replays an allocation trace on device 0's arena and prints one line:\n"
           "  peak_requested=B peak_reserved=B frag_ratio=R ns_per_op=T allocs=N driver_allocs=N\n"
           "TRACE is a file, or - for standard input (e.g. zcat t.trace.gz | " PROG " - ...).\n"
@@ -298,7 +298,9 @@ static void usage(FILE *f) {
           "  a <id> <bytes> [<stream>]   allocate (stream index 0..N-1, default 0)\n"
           "  f <id>                      free\n"
           "ids are whole numbers 0..2^63; an id may be reused once freed.\n"
-          "  --expandable   EBB_ALLOC_CONF gains expandable_segments:1\n"
+          "  --expandable   EBB_ALLOC_CONF gains expandable_segments:1 (the default where the driver\n"
+          "                 has VMM, as the emulated driver does)\n"
+          "  --classic      EBB_ALLOC_CONF gains expandable_segments:0\n"
           "  --streams N    create N streams (1..%d, default 1) for the stream indices\n"
           "  --peak-snapshot PATH  write a memory snapshot (ebb_memory_snapshot_json) to PATH each\n"
           "                 time reserved bytes reach a new peak: the file left shows the arena at\n"
@@ -359,15 +361,20 @@ static int replay(const char *path, const trace *t, ebb_stream_t **streams, void
 
 int main(int argc, char **argv) {
   const char *path = NULL;
-  bool expandable = false;
+  int expandable = -1; /* -1: the driver's default; 0 --classic; 1 --expandable */
   unsigned nstreams = 1;
   const char *peak_snapshot = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
-    } else if (strcmp(argv[i], "--expandable") == 0) {
-      expandable = true;
+    } else if (strcmp(argv[i], "--expandable") == 0 || strcmp(argv[i], "--classic") == 0) {
+      int x = argv[i][2] == 'e';
+      if (expandable >= 0 && expandable != x) {
+        fprintf(stderr, PROG ": --expandable and --classic exclude each other\n");
+        return 2;
+      }
+      expandable = x;
     } else if (strcmp(argv[i], "--streams") == 0) {
       uint64_t n = 0;
       if (i + 1 >= argc || !parse_u64(argv[i + 1], &n) || n < 1 || n > MAX_STREAMS) {
@@ -409,11 +416,11 @@ int main(int argc, char **argv) {
    * settings win. */
   setenv("EBB_SIM_MEM", "64G", 0);
   setenv("EBB_SIM_COMMIT", "0", 0);
-  if (expandable) {
+  if (expandable >= 0) {
     /* Appended to the user's EBB_ALLOC_CONF: the parser reads keys in order. */
     const char *conf = getenv("EBB_ALLOC_CONF");
     char buf[512];
-    snprintf(buf, sizeof buf, "%s%sexpandable_segments:1", conf ? conf : "", conf && *conf ? "," : "");
+    snprintf(buf, sizeof buf, "%s%sexpandable_segments:%d", conf ? conf : "", conf && *conf ? "," : "", expandable);
     setenv("EBB_ALLOC_CONF", buf, 1);
   }
 

@@ -2,24 +2,26 @@
  * host memory and plain host memory, each through its own upstream; allocation history and
  * snapshots that know who owns every byte.
  *
- * Device arena (one per device): blocks carved from driver segments, size classes (small
- * requests <= 1 MiB from 2 MiB segments, medium from 20 MiB segments, large rounded to 2 MiB),
+ * Device arena (one per device): blocks carved from an expandable segment (the default where
+ * the driver has VMM, see below) or from driver segments with size classes (small requests
+ * <= 1 MiB from 2 MiB segments, medium from 20 MiB segments, large rounded to 2 MiB),
  * split and merge, stream-ordered reuse: a block freed on stream S is reusable on S at once; a
  * block also used on other streams (declared with ebb_arena_record_stream) becomes reusable when
  * events recorded on those streams at free time complete, checked at allocation time without a
- * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) or
- * expandable growth step (at least 20 MiB) does not fit, one just large enough for the request
- * (large requests rounded to 2 MiB) is tried before anything else. On exhaustion the arena
- * releases its cached free segments (waiting only for the events that must complete), retries,
- * and then fails with EBB_ENOMEM and a report that says which sizes it tried.
+ * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) does not
+ * fit, one just large enough for the request (large requests rounded to 2 MiB) is tried before
+ * anything else. With expandable segments the arena is one VMM reservation per device, one pool
+ * for every size, grown at its end by the granules a request needs beyond the free tail. On
+ * exhaustion the arena releases its cached free segments (and unmaps free granules, after a
+ * device synchronisation), retries, and then fails with EBB_ENOMEM and a report that says which
+ * sizes it tried.
  *
- * Placement is oldest fit: a request takes the first free block of its stream that holds it,
- * in the oldest segment that has one, lowest address first. So a sequence of requests on one
- * stream that repeats exactly (a training step of fixed shapes) makes its driver calls in its
- * first pass: every later pass makes the same choices in the segments the first one made. (Exact
- * for blocks; an empty slab kept cached at the end of a pass is the one difference from the first
- * pass's start, and has not made a later pass call the driver in any sequence tested. With
- * several streams, stealing each other's free blocks, there is no such argument.)
+ * Placement: among the free blocks of its stream that hold it, a request below 2 MiB takes the
+ * oldest one below 2 MiB (a hole that larger requests could not use); otherwise a request takes
+ * the oldest one (the oldest segment that has one, lowest address first); the free end of an
+ * expandable segment comes last, so that growth extends it. On PyTorch training traces a
+ * training step's driver calls are all made by its second repetition (perf/RESULTS.md); a
+ * random sequence repeated exactly may still grow the arena in a later pass.
  *
  * Small requests (rounded size <= slab_max_bytes, 64 KiB by default) are slots of slabs: a slab
  * is one block of the small pool, on one allocation stream, cut into slots of one rounded size.
@@ -36,6 +38,8 @@
  *                            its size, or a smaller one whose own segment would be as large.
  *                            No effect with expandable segments (their blocks are always split)
  *   expandable_segments:0|1  grow one VMM reservation per device instead of separate segments
+ *                            (default: 1 on a device whose driver has VMM, ebb_dev_caps.vmm:
+ *                            every current GPU and the emulated driver; 0 elsewhere)
  *   pinned_max_bytes:N       cap on pinned bytes held (default: no cap)
  *   oom_snapshot:PATH        write a memory snapshot (ebb_memory_snapshot_json) to PATH when an
  *                            allocation fails with EBB_ENOMEM

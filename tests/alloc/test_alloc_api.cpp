@@ -119,8 +119,9 @@ TEST_CASE("below 1 MiB, the oldest fit among many blocks of nearby sizes", "[all
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
   // 40 free blocks of 100 KiB + 512 B, then one of exactly 100 KiB, live separators (72 KiB:
-  // blocks, not slab slots) keeping them from merging. Every one of them fits 100 KiB: the
-  // lowest wins, not the exact one (best fit's answer), however they were freed.
+  // blocks, not slab slots) keeping them from merging. Every one of them fits 100 KiB, and all
+  // are holes below 2 MiB: the lowest wins, not the exact one (best fit's answer), however
+  // they were freed.
   const size_t exact = 100 * 1024, near = exact + 512, gap = 72 * 1024;
   std::vector<void *> sep, loose;
   void *tight = nullptr, *p = nullptr;
@@ -153,17 +154,49 @@ TEST_CASE("below 1 MiB, the oldest fit among many blocks of nearby sizes", "[all
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// (alloc_test_util.hpp, check_oldest_fit_model; its node-memory twin is white-box, in
-// test_alloc_internal.cpp.)
-TEST_CASE("the free index answers the oldest fit through thousands of splits and merges", "[alloc]") {
+// A request below 2 MiB takes a free block below 2 MiB before an older, larger one, which stays
+// whole for the larger requests (arena_impl.h, "free index", rule 1); from 2 MiB up, the oldest
+// fit. (Plain oldest fit gave the 1.25 MiB request the 4 MiB block.)
+TEST_CASE("a request below 2 MiB takes a hole below 2 MiB before an older, larger block", "[alloc]") {
   EbbSession session;
-  check_oldest_fit_model(nullptr, -1);
+  ebb_stream_t *s = default_stream(0);
+  // One 20 MiB segment: [a 4 | g1 1.5 | h 1.5 | g2 1.5 | 11.5 free], then a and h freed.
+  void *a = nullptr, *g1 = nullptr, *h = nullptr, *g2 = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, s, &a));
+  for (void **q : {&g1, &h, &g2}) EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB / 2, s, q));
+  REQUIRE(stats(0).segments.current == 1);
+  REQUIRE(reinterpret_cast<uintptr_t>(h) == reinterpret_cast<uintptr_t>(a) + 11 * MiB / 2); // the layout
+  EBB_REQUIRE_OK(ebb_arena_free(a));
+  EBB_REQUIRE_OK(ebb_arena_free(h));
+  ARENA_CHECK();
+  const uint64_t dev = stats(0).num_device_alloc;
+  void *x = nullptr, *y = nullptr, *z = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 5 * MiB / 4, s, &x)); // below 2 MiB: the 1.5 MiB hole
+  CHECK(x == h);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 5 * MiB / 2, s, &y)); // 2 MiB and up: the oldest fit, a
+  CHECK(y == a);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 5 * MiB / 4, s, &z)); // the 1.5 MiB y left of a, not the 11.5
+  CHECK(reinterpret_cast<uintptr_t>(z) == reinterpret_cast<uintptr_t>(a) + 5 * MiB / 2);
+  CHECK(stats(0).num_device_alloc == dev);
+  ARENA_CHECK();
+  for (void *q : {g1, g2, x, y, z}) EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// (alloc_test_util.hpp, check_fit_model; its node-memory twin is white-box, in
+// test_alloc_internal.cpp.)
+TEST_CASE("the free index follows its placement rules through thousands of splits and merges", "[alloc]") {
+  EbbSession session;
+  check_fit_model(nullptr, -1);
 }
 
 // The arena bench's pattern at a test's scale (1 000 live blocks of 512 B .. 16 MiB). With best
 // fit (before 2026-11-23) later passes of seeds 2, 3, 5, 6 and 7 grew the arena by 1 to 3
 // segments each, seeds 5 and 7 in the third pass too; with the oldest fit no pass after the
-// first makes a driver call (arena_impl.h, "free index").
+// first made a driver call, and with holes below 2 MiB taken first (arena_impl.h, "free index")
+// none does for these seeds either. Issue 22 dropped this as a target for random sequences (the
+// arena bench's 18 seeds x 6 replays make a few); kept as a check that these eight still settle.
 TEST_CASE("a repeated random sequence needs no driver allocation after its first pass", "[alloc]") {
   EbbSession session;
   check_settles_after_one_pass(default_stream(0));

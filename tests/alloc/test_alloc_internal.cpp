@@ -7,11 +7,11 @@ using namespace alloc_test;
 // While n > 0, the free index's next n node chunks are refused as if host memory had run out.
 extern "C" void ebb__fx_refuse_chunks(int n);
 
-// Out of host memory for its nodes, the index keeps blocks in its list, searched in the same
-// order: the same answers, first from the list alone, then from the list and the tree.
-TEST_CASE("internal: the free index keeps the oldest fit when its tree gets no node memory", "[alloc][internal]") {
+// Out of host memory for its nodes, the index keeps blocks in its list, searched by the same
+// rules: the same answers, first from the list alone, then from the list and the tree.
+TEST_CASE("internal: the free index keeps its placement rules when its tree gets no node memory", "[alloc][internal]") {
   EbbSession session;
-  check_oldest_fit_model(ebb__fx_refuse_chunks, 2000);
+  check_fit_model(ebb__fx_refuse_chunks, 2000);
 }
 
 extern "C" void ebb__arena_debug_counts(int device, size_t *nspools, size_t *nevqs);
