@@ -643,6 +643,7 @@ TEST_CASE("review3: ebb_node_input_meta on an accumulator that follow-producer m
   });
   const int steps = kSanitized ? 10 : 40;
   Stats before = stats();
+  while (reads.load() == 0) std::this_thread::yield(); /* (a loaded machine may start the reader late) */
   for (int i = 0; i < steps; i++) {
     OnStream g(i % 2 ? s2 : s1);
     Tensor y = scale(w, 1), loss = sum(y);
