@@ -18,61 +18,38 @@
 #include <string.h>
 
 #include "bench.h"
+#include "bench_pile.h"
 #include "ebb/autograd.h"
 #include "ebb/ops.h"
 #include "ebb/runtime.h"
 
-/* Handles made in a forward, released together (the graph's release). */
-struct pile {
-  ebb_tensor_t **t;
-  size_t n, cap;
-};
-
-static ebb_tensor_t *keep(struct pile *p, ebb_tensor_t *t) {
-  if (p->n == p->cap) {
-    p->cap = p->cap ? p->cap * 2 : 1024;
-    p->t = realloc(p->t, p->cap * sizeof *p->t);
-    if (!p->t) {
-      fprintf(stderr, "bench_engine: out of memory\n");
-      exit(1);
-    }
-  }
-  p->t[p->n++] = t;
-  return t;
-}
-
-static void drop_all(struct pile *p) {
-  for (size_t i = p->n; i-- > 0;) BENCH_CHECK(ebb_tensor_release(p->t[i]));
-  p->n = 0;
-}
-
-static ebb_tensor_t *scalar_leaf(struct pile *p, float v) {
+static ebb_tensor_t *scalar_leaf(struct bench_pile *p, float v) {
   const int64_t one = 1;
   ebb_tensor_t *t;
   BENCH_CHECK(ebb_tensor_full(EBB_DEVICE_CPU, EBB_F32, 1, &one, v, &t));
   BENCH_CHECK(ebb_tensor_set_requires_grad(t, true));
-  return keep(p, t);
+  return bench_pile_keep(p, t);
 }
 
-static ebb_tensor_t *op2(struct pile *p, ebb_status (*f)(const ebb_tensor_t *, const ebb_tensor_t *, ebb_tensor_t **),
+static ebb_tensor_t *op2(struct bench_pile *p, ebb_status (*f)(const ebb_tensor_t *, const ebb_tensor_t *, ebb_tensor_t **),
                          const ebb_tensor_t *a, const ebb_tensor_t *b) {
   ebb_tensor_t *o;
   BENCH_CHECK(f(a, b, &o));
-  return keep(p, o);
+  return bench_pile_keep(p, o);
 }
 
-static ebb_tensor_t *ops(struct pile *p, ebb_status (*f)(const ebb_tensor_t *, double, ebb_tensor_t **), const ebb_tensor_t *a,
+static ebb_tensor_t *ops(struct bench_pile *p, ebb_status (*f)(const ebb_tensor_t *, double, ebb_tensor_t **), const ebb_tensor_t *a,
                          double s) {
   ebb_tensor_t *o;
   BENCH_CHECK(f(a, s, &o));
-  return keep(p, o);
+  return bench_pile_keep(p, o);
 }
 
 enum graph { CHAIN, WIDE, TREE, REUSE, TREE_GRAD };
 
 /* Builds graph g over leaves (made beforehand, untimed) and returns the root; *nodes counts the
  * ops recorded. */
-static ebb_tensor_t *forward(enum graph g, struct pile *p, ebb_tensor_t **leaves, long *nodes) {
+static ebb_tensor_t *forward(enum graph g, struct bench_pile *p, ebb_tensor_t **leaves, long *nodes) {
   ebb_tensor_t *y = NULL;
   *nodes = 0;
   switch (g) {
@@ -116,7 +93,7 @@ static void run(const char *name, enum graph g, int k, int reps) {
   if (!fwd || !bwd || !fre || !grads) exit(1);
   long nodes = 0;
   for (int r = 0; r < reps; r++) {
-    struct pile leaves = {0}, graph = {0};
+    struct bench_pile leaves = {0}, graph = {0};
     for (int i = 0; i < nleaves; i++) scalar_leaf(&leaves, g == REUSE ? 1e-4f : 1.0f);
     uint64_t t0 = bench_now_ns();
     ebb_tensor_t *root = forward(g, &graph, leaves.t, &nodes);
@@ -131,12 +108,12 @@ static void run(const char *name, enum graph g, int k, int reps) {
       BENCH_CHECK(ebb_backward(roots, NULL, 1, false, NULL, 0));
     }
     uint64_t t2 = bench_now_ns();
-    drop_all(&graph);
+    bench_pile_release(&graph);
     uint64_t t3 = bench_now_ns();
     for (int i = 0; g == TREE_GRAD && i < k; i++) BENCH_CHECK(ebb_tensor_release(grads[i]));
-    drop_all(&leaves);
-    free(leaves.t);
-    free(graph.t);
+    bench_pile_release(&leaves);
+    bench_pile_free(&leaves);
+    bench_pile_free(&graph);
     fwd[r] = (double)(t1 - t0) / (double)nodes;
     bwd[r] = (double)(t2 - t1) / (double)nodes;
     fre[r] = (double)(t3 - t2) / (double)nodes;

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_pile.h"
 #include "ebb/autograd.h"
 #include "ebb/ops.h"
 #include "ebb/runtime.h"
@@ -75,49 +76,25 @@ struct shared {
 
 /* ---- graphs ------------------------------------------------------------------------------- */
 
-/* Handles made for one graph, released together. */
-struct pile {
-  ebb_tensor_t **t;
-  size_t n, cap;
-};
-
-static ebb_tensor_t *keep(struct pile *p, ebb_tensor_t *t) {
-  if (p->n == p->cap) {
-    p->cap = p->cap ? p->cap * 2 : 64;
-    p->t = realloc(p->t, p->cap * sizeof *p->t);
-    if (!p->t) {
-      fprintf(stderr, "bench_engine_devices: out of memory\n");
-      exit(1);
-    }
-  }
-  p->t[p->n++] = t;
-  return t;
-}
-
-static void drop_all(struct pile *p) {
-  for (size_t i = p->n; i-- > 0;) BENCH_CHECK(ebb_tensor_release(p->t[i]));
-  p->n = 0;
-}
-
 /* One branch on `device` (a device ordinal or EBB_DEVICE_CPU): a leaf x that requires grad,
  * CHAIN_OPS ops alternating y*0.9 and tanh(y) (each backward one elementwise kernel), summed to a
  * scalar loss, which is returned. 2 + CHAIN_OPS nodes run in its backward (AccumulateGrad, the
  * ops, SumBackward). */
-static const ebb_tensor_t *branch(struct pile *p, int device) {
+static const ebb_tensor_t *branch(struct bench_pile *p, int device) {
   const int64_t shape[2] = {SIDE, SIDE};
   ebb_tensor_t *x, *o;
   BENCH_CHECK(ebb_tensor_full(device, EBB_F32, 2, shape, 0.5, &x));
   BENCH_CHECK(ebb_tensor_set_requires_grad(x, true));
-  ebb_tensor_t *y = keep(p, x);
+  ebb_tensor_t *y = bench_pile_keep(p, x);
   for (int i = 0; i < CHAIN_OPS; i++) {
     if (i % 2)
       BENCH_CHECK(ebb_op_tanh(y, &o));
     else
       BENCH_CHECK(ebb_op_mul_scalar(y, 0.9, &o));
-    y = keep(p, o);
+    y = bench_pile_keep(p, o);
   }
   BENCH_CHECK(ebb_op_sum(y, NULL, 0, false, &o));
-  return keep(p, o);
+  return bench_pile_keep(p, o);
 }
 
 static void sync_devices(void) {
@@ -156,7 +133,7 @@ static void init_two_devices(void) {
  * retain_graph): that is a training step's backward, saved tensors released as it goes. The
  * forward's own kernels are waited for before the clock starts. */
 static double two_branch_ms(int dev_b, ebb_engine_mode mode, uint64_t *on_workers) {
-  struct pile p = {0};
+  struct bench_pile p = {0};
   const ebb_tensor_t *roots[2];
   roots[0] = branch(&p, 0);
   roots[1] = branch(&p, dev_b);
@@ -169,8 +146,8 @@ static double two_branch_ms(int dev_b, ebb_engine_mode mode, uint64_t *on_worker
   uint64_t t1 = bench_now_ns();
   *on_workers = stats().nodes_run_on_workers - s0.nodes_run_on_workers;
   BENCH_CHECK(ebb_autograd_set_engine_mode(EBB_ENGINE_AUTO));
-  drop_all(&p);
-  free(p.t);
+  bench_pile_release(&p);
+  bench_pile_free(&p);
   return (double)(t1 - t0) / 1e6;
 }
 
@@ -211,7 +188,7 @@ static void part_devices(struct shared *sh, int reps, const char *launch_us) {
  * the nodes it ran. Kernels run on without the timing model while the clock runs (on the
  * driver's threads, as a GPU's would); they are waited for outside the clock. */
 static double ns_per_node(ebb_engine_mode mode, uint64_t *nodes, uint64_t *on_workers) {
-  struct pile p = {0};
+  struct bench_pile p = {0};
   const ebb_tensor_t *roots[2];
   roots[0] = branch(&p, 0);
   roots[1] = branch(&p, 0);
@@ -224,8 +201,8 @@ static double ns_per_node(ebb_engine_mode mode, uint64_t *nodes, uint64_t *on_wo
   ebb_autograd_engine_stats s1 = stats();
   BENCH_CHECK(ebb_autograd_set_engine_mode(EBB_ENGINE_AUTO));
   sync_devices();
-  drop_all(&p);
-  free(p.t);
+  bench_pile_release(&p);
+  bench_pile_free(&p);
   *nodes = s1.nodes_run - s0.nodes_run;
   *on_workers = s1.nodes_run_on_workers - s0.nodes_run_on_workers;
   if (*nodes == 0) {
@@ -276,12 +253,12 @@ static void cross_stream_events(struct shared *sh) {
   ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(false);
   ebb_autograd_engine_stats s0 = stats();
   for (int r = 0; r < EDGE_REPS; r++) {
-    struct pile p = {0};
+    struct bench_pile p = {0};
     const int64_t shape[2] = {16, 16};
     ebb_tensor_t *x, *o;
     BENCH_CHECK(ebb_tensor_full(0, EBB_F32, 2, shape, 0.5, &x));
     BENCH_CHECK(ebb_tensor_set_requires_grad(x, true));
-    ebb_tensor_t *y = keep(&p, x);
+    ebb_tensor_t *y = bench_pile_keep(&p, x);
     ebb_gradient_edge acc;
     BENCH_CHECK(ebb_tensor_gradient_edge(x, &acc));
     ebb_stream_t *prev = a;
@@ -295,15 +272,15 @@ static void cross_stream_events(struct shared *sh) {
       else
         BENCH_CHECK(ebb_op_mul_scalar(y, 0.9, &o));
       BENCH_CHECK(ebb_stream_guard_exit(&g));
-      y = keep(&p, o);
+      y = bench_pile_keep(&p, o);
       prev = s;
     }
     const ebb_tensor_t *root = y;
     BENCH_CHECK(ebb_backward(&root, NULL, 1, false, NULL, 0));
     sync_devices();
     BENCH_CHECK(ebb_gradient_edge_release(&acc));
-    drop_all(&p);
-    free(p.t);
+    bench_pile_release(&p);
+    bench_pile_free(&p);
   }
   ebb_autograd_engine_stats s1 = stats();
   ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(warn);
@@ -354,15 +331,15 @@ static void part_syscalls(struct shared *sh) {
       for (int k = 0; k < CAL_CALLS; k++) (void)getppid(); /* glibc does not cache it: one call each */
       (void)access(mark_cal_end, F_OK);
     }
-    struct pile p = {0};
+    struct bench_pile p = {0};
     const ebb_tensor_t *roots[2];
     roots[0] = branch(&p, EBB_DEVICE_CPU);
     roots[1] = branch(&p, EBB_DEVICE_CPU);
     if (i >= SYS_WARM) (void)access(mark_begin, F_OK);
     BENCH_CHECK(ebb_backward(roots, NULL, 2, false, NULL, 0));
     if (i >= SYS_WARM) (void)access(mark_end, F_OK);
-    drop_all(&p);
-    free(p.t);
+    bench_pile_release(&p);
+    bench_pile_free(&p);
   }
   BENCH_CHECK(ebb_shutdown());
 }

@@ -23,17 +23,9 @@
 #include <thread>
 #include <vector>
 
-#include "ebb/autograd.h"
-#include "ebb/stream.h"
-#include "sanitizers.hpp"
-#include "tensor_test_util.hpp"
+#include "devices_test_util.hpp"
 
 using namespace ebb_test;
-
-// The engine's test switch (autograd/autograd_impl.h, a hidden symbol of the static
-// ebb_autograd this test links; the header itself is C11 that C++ does not compile): each set
-// bit makes the engine skip one kind of stream wait. Values as EBB__DROP_* there.
-extern "C" void ebb__engine_test_drop(unsigned mask);
 
 namespace {
 
@@ -41,238 +33,8 @@ constexpr unsigned kDropConsumerWait = 1;  // EBB__DROP_CONSUMER_WAIT
 constexpr unsigned kDropAccumWait = 2;     // EBB__DROP_ACCUM_WAIT
 constexpr unsigned kDropLeafSync = 4;      // EBB__DROP_LEAF_SYNC
 
-// Kernels queued on a producer's stream before a backward: its backward work runs after them,
-// long after the consumer's (kernels of a device run one at a time, 2 ms each under the timing
-// model). More under a sanitizer, whose slower host side must still issue the consumer's work
-// before the backlog drains.
-constexpr int kBacklog = kSanitized ? 64 : 24;
 // Tries of a scenario with a wait dropped (each should read wrong values) and without.
 constexpr int kTries = 3;
-
-using Stats = ebb_autograd_engine_stats;
-
-Stats stats() {
-  Stats s;
-  EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s));
-  return s;
-}
-
-uint64_t sid(const ebb_stream_t *s) {
-  uint64_t id = 0;
-  EBB_REQUIRE_OK(ebb_stream_id(s, &id));
-  return id;
-}
-
-ebb_stream_t *current(int dev) {
-  ebb_stream_t *s = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_current(dev, &s));
-  return s;
-}
-
-// A stream the test owns.
-struct Stream {
-  ebb_stream_t *s = nullptr;
-  explicit Stream(int dev, ebb_stream_prio prio = EBB_PRIO_LOW) { EBB_REQUIRE_OK(ebb_stream_create(dev, prio, &s)); }
-  Stream(const Stream &) = delete;
-  Stream &operator=(const Stream &) = delete;
-  ~Stream() {
-    if (s) ebb_stream_release(s);
-  }
-  operator ebb_stream_t *() const { return s; }
-  uint64_t id() const { return sid(s); }
-};
-
-// `s` current on its device (and that device current) for the scope.
-struct OnStream {
-  ebb_stream_guard g{};
-  explicit OnStream(ebb_stream_t *s) { EBB_REQUIRE_OK(ebb_stream_guard_enter(&g, s)); }
-  OnStream(const OnStream &) = delete;
-  OnStream &operator=(const OnStream &) = delete;
-  ~OnStream() { ebb_stream_guard_exit(&g); }
-};
-
-// Keeps `s` busy for n kernels: work issued to it afterwards runs n kernel durations later.
-void busy(ebb_stream_t *s, int n) {
-  const ebb_kernel_t *k = nullptr;
-  EBB_REQUIRE_OK(ebb_kernel_find("ebb.noop", &k));
-  ebb_noop_args a{0};
-  for (int i = 0; i < n; i++) EBB_REQUIRE_OK(ebb_stream_launch(s, k, &a, nullptr));
-}
-
-// The engine's process-wide settings, restored at scope exit (and the test switch cleared).
-struct EngineSettings {
-  ebb_engine_mode mode;
-  int depth;
-  bool warn, follow;
-  EngineSettings()
-      : mode(ebb_autograd_engine_mode()), depth(ebb_autograd_max_reentrant_depth()),
-        warn(ebb_autograd_warn_on_accumulate_grad_stream_mismatch()), follow(ebb_autograd_accumulate_grad_follows_producer()) {}
-  ~EngineSettings() {
-    ebb__engine_test_drop(0);
-    ebb_autograd_set_engine_mode(mode);
-    ebb_autograd_set_max_reentrant_depth(depth);
-    ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(warn);
-    ebb_autograd_set_accumulate_grad_follows_producer(follow);
-  }
-};
-
-// Collects warnings (from any thread) for the scope; the default handler comes back after.
-struct Warnings {
-  std::mutex mu;
-  std::vector<std::string> msgs;
-  static void sink(const char *m, void *user) {
-    auto *w = static_cast<Warnings *>(user);
-    std::lock_guard<std::mutex> l(w->mu);
-    w->msgs.emplace_back(m);
-  }
-  Warnings() { ebb_set_warning_handler(sink, this); }
-  ~Warnings() { ebb_set_warning_handler(ebb_warning_to_stderr, nullptr); }
-  std::vector<std::string> take() {
-    std::lock_guard<std::mutex> l(mu);
-    return msgs;
-  }
-  size_t count() {
-    std::lock_guard<std::mutex> l(mu);
-    return msgs.size();
-  }
-};
-
-// Whether `n` appears in s as a whole number (not inside a longer one).
-bool has_number(const std::string &s, uint64_t n) {
-  std::string d = std::to_string(n);
-  for (size_t p = s.find(d); p != std::string::npos; p = s.find(d, p + 1)) {
-    bool before = p > 0 && std::isdigit((unsigned char)s[p - 1]);
-    bool after = p + d.size() < s.size() && std::isdigit((unsigned char)s[p + d.size()]);
-    if (!before && !after) return true;
-  }
-  return false;
-}
-
-std::string lower(std::string s) {
-  for (auto &c : s) c = (char)std::tolower((unsigned char)c);
-  return s;
-}
-
-// ---- tensors ------------------------------------------------------------------------------------
-
-Tensor leaf(int dev, const std::vector<double> &v, const char *name = nullptr) {
-  Tensor t = make(dev, EBB_F64, {(int64_t)v.size()}, v);
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
-  if (name) EBB_REQUIRE_OK(ebb_tensor_set_name(t, name));
-  return t;
-}
-
-Tensor scale(const ebb_tensor_t *a, double k) {
-  Tensor r;
-  EBB_REQUIRE_OK(ebb_op_mul_scalar(a, k, r.out()));
-  return r;
-}
-
-Tensor mul(const ebb_tensor_t *a, const ebb_tensor_t *b) {
-  Tensor r;
-  EBB_REQUIRE_OK(ebb_op_mul(a, b, r.out()));
-  return r;
-}
-
-Tensor sum(const ebb_tensor_t *a) {
-  Tensor r;
-  EBB_REQUIRE_OK(ebb_op_sum(a, nullptr, 0, false, r.out()));
-  return r;
-}
-
-Tensor to_dev(const ebb_tensor_t *a, int dev) {
-  Tensor r;
-  EBB_REQUIRE_OK(ebb_tensor_to_device(a, dev, r.out()));
-  return r;
-}
-
-Tensor full(int dev, int64_t n, double v) {
-  Tensor r;
-  EBB_REQUIRE_OK(ebb_tensor_full(dev, EBB_F64, 1, &n, v, r.out()));
-  return r;
-}
-
-ebb_status backward(std::vector<const ebb_tensor_t *> roots, std::vector<const ebb_tensor_t *> grads = {},
-                    bool retain = false) {
-  return ebb_backward(roots.data(), grads.empty() ? nullptr : grads.data(), (int)roots.size(), retain, nullptr, 0);
-}
-
-const ebb_node_t *grad_fn(const ebb_tensor_t *t) {
-  const ebb_node_t *n = nullptr;
-  EBB_REQUIRE_OK(ebb_tensor_grad_fn(t, &n, nullptr));
-  REQUIRE(n != nullptr);
-  return n;
-}
-
-const ebb_node_t *next_of(const ebb_node_t *n, int i) {
-  const ebb_node_t *x = nullptr;
-  int nr = 0;
-  EBB_REQUIRE_OK(ebb_node_next(n, i, &x, &nr));
-  REQUIRE(x != nullptr);
-  return x;
-}
-
-uint64_t node_stream(const ebb_node_t *n) {
-  ebb_node_input_info info;
-  EBB_REQUIRE_OK(ebb_node_input_meta(n, 0, &info));
-  return info.stream_id;
-}
-
-// t's .grad as work issued next on the calling thread's current stream of its device sees it:
-// read by an op on that stream, then copied to the host. Empty when t has no .grad.
-std::vector<double> grad_seen(const ebb_tensor_t *t) {
-  Tensor g;
-  EBB_REQUIRE_OK(ebb_tensor_grad(t, g.out()));
-  if (!g.get()) return {};
-  Tensor r = scale(g, 1.0);
-  return read(r);
-}
-
-bool same(const std::vector<double> &got, const std::vector<double> &want) { return mismatch(got, want, 1e-9, 1e-12) == -1; }
-
-std::vector<double> times(const std::vector<double> &a, double k) {
-  std::vector<double> r(a);
-  for (auto &x : r) x *= k;
-  return r;
-}
-
-// Leaf values for try t: different every try, so memory left by an earlier try never holds
-// this try's answer.
-std::vector<double> vals(int t, int n = 8) {
-  std::vector<double> v((size_t)n);
-  for (int i = 0; i < n; i++) v[(size_t)i] = (double)((i % 5) - 2 + (i == 2)) * 0.5 + (double)(t + 1) * 1.25;
-  return v;
-}
-
-void sync_all() {
-  int n = 0;
-  EBB_REQUIRE_OK(ebb_dev_count(&n));
-  for (int d = 0; d < n; d++) EBB_REQUIRE_OK(ebb_dev_synchronize(d));
-}
-
-// The emulated driver with two devices and its timing model on: what the stream tests need.
-bool timed_two_devices(std::string *why) {
-  int n = 0;
-  EBB_REQUIRE_OK(ebb_dev_count(&n));
-  REQUIRE(n >= 2);  // the presets and CMakeLists.txt set EBB_SIM_DEVICES=2
-  ebb_dev_caps caps;
-  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
-  if (!caps.emulated) {
-    *why = "not the emulated driver: the timing model that makes a missing wait visible is the emulator's";
-    return false;
-  }
-  const char *us = std::getenv("EBB_SIM_LAUNCH_US");
-  INFO("EBB_SIM_LAUNCH_US must be set (>= 1000) for this executable: tests/autograd/CMakeLists.txt does");
-  REQUIRE(us != nullptr);
-  REQUIRE(std::atof(us) >= 1000);
-  return true;
-}
-
-#define EBB_NEED_TIMED_DEVICES()            \
-  do {                                      \
-    std::string why_;                       \
-    if (!timed_two_devices(&why_)) EBB_SKIP(why_); \
-  } while (0)
 
 // ---- probes: which stream and thread hooks run on ----------------------------------------------
 
@@ -461,6 +223,19 @@ int wrong_tries(Scenario sc, unsigned drop, int dev) {
   }
   ebb__engine_test_drop(0);
   return wrong;
+}
+
+// A scenario with its waits in place, on each device, under the two engine paths that can run
+// it (the calling thread's, the device workers'): right values every time. `extra` (may be null)
+// runs after it in each round, with that mode set.
+void check_each_mode_and_device(Scenario sc, void (*extra)(int dev) = nullptr) {
+  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      CHECK(sc(dev, dev));
+      if (extra) extra(dev);
+    }
 }
 
 // The proof pattern: wrong without the wait (at least once in kTries; with the backlog it should be
@@ -692,12 +467,7 @@ TEST_CASE("engine devices: a gradient crossing streams is waited for by its cons
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
-  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
-    for (int dev : {0, 1}) {
-      INFO("mode " << mode << ", device " << dev);
-      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
-      CHECK(scenario_cross_stream(dev, dev));
-    }
+  check_each_mode_and_device(scenario_cross_stream);
   sync_all();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
@@ -707,25 +477,21 @@ TEST_CASE("engine devices: the root's gradient made on the caller's stream is wa
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
-  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
-    for (int dev : {0, 1}) {
-      INFO("mode " << mode << ", device " << dev);
-      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
-      CHECK(scenario_root_grad(dev, dev));
-      // The implicit 1 of a scalar root counts as produced on the caller's stream too.
-      Stream s1(dev);
-      auto v = vals(4);
-      Tensor w = leaf(dev, v), loss;
-      sync_all();
-      {
-        OnStream g(s1);
-        Tensor y = scale(w, 6);
-        loss = sum(y);
-      }
-      busy(current(dev), kBacklog);
-      EBB_REQUIRE_OK(backward({loss}));
-      EBB_CHECK_CLOSE(grad_seen(w), std::vector<double>(v.size(), 6.0), 1e-12, 0);
+  // The implicit 1 of a scalar root counts as produced on the caller's stream too.
+  check_each_mode_and_device(scenario_root_grad, [](int dev) {
+    Stream s1(dev);
+    auto v = vals(4);
+    Tensor w = leaf(dev, v), loss;
+    sync_all();
+    {
+      OnStream g(s1);
+      Tensor y = scale(w, 6);
+      loss = sum(y);
     }
+    busy(current(dev), kBacklog);
+    EBB_REQUIRE_OK(backward({loss}));
+    EBB_CHECK_CLOSE(grad_seen(w), std::vector<double>(v.size(), 6.0), 1e-12, 0);
+  });
   sync_all();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
@@ -735,12 +501,7 @@ TEST_CASE("engine devices: several producers on different streams into one input
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
-  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
-    for (int dev : {0, 1}) {
-      INFO("mode " << mode << ", device " << dev);
-      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
-      CHECK(scenario_accumulate(dev, dev));
-    }
+  check_each_mode_and_device(scenario_accumulate);
   sync_all();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
@@ -750,12 +511,7 @@ TEST_CASE("engine devices: after ebb_backward returns, work on the caller's curr
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
-  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
-    for (int dev : {0, 1}) {
-      INFO("mode " << mode << ", device " << dev);
-      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
-      CHECK(scenario_leaf_sync(dev, dev));
-    }
+  check_each_mode_and_device(scenario_leaf_sync);
   // Over two devices, each device's caller stream waits for its own leaves.
   Stream s0(0), s1(1), c0(0), c1(1);
   PingPong g(s0, s1, 5);

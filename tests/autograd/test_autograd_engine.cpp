@@ -81,23 +81,29 @@ Leaf rnd(std::vector<int64_t> shape, unsigned seed, double lo = -1, double hi = 
   return Leaf{shape, values(numel_of(shape), seed, lo, hi)};
 }
 
+// A two-layer MLP's MSE loss on `dev` over fixed data: x [4,3] -> matmul p[0] [3,5] + p[1] ->
+// tanh -> matmul p[2] [5,2] + p[3] -> mse against a fixed target [4,2].
+LossFn mlp_loss(int dev) {
+  auto xv = values(4 * 3, 100), tv = values(4 * 2, 101);
+  return [dev, xv, tv](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
+    Tensor x = make(dev, EBB_F64, {4, 3}, xv), target = make(dev, EBB_F64, {4, 2}, tv), a, b, h, c, o;
+    ebb_status st = ebb_op_matmul(x, p[0], a.out());
+    if (!st) st = ebb_op_add(a, p[1], b.out());
+    if (!st) st = ebb_op_tanh(b, h.out());
+    if (!st) st = ebb_op_matmul(h, p[2], c.out());
+    if (!st) st = ebb_op_add(c, p[3], o.out());
+    if (!st) st = ebb_op_mse_loss(o, target, out);
+    return st;
+  };
+}
+
 }  // namespace
 
 TEST_CASE("engine: an MLP's gradients match finite differences", "[autograd][engine]") {
   EbbSession session;
   for (int dev : devices()) {
     INFO(dev_name(dev));
-    auto xv = values(4 * 3, 100), tv = values(4 * 2, 101);
-    LossFn mlp = [&](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
-      Tensor x = make(dev, EBB_F64, {4, 3}, xv), target = make(dev, EBB_F64, {4, 2}, tv), a, b, h, c, o;
-      ebb_status st = ebb_op_matmul(x, p[0], a.out());
-      if (!st) st = ebb_op_add(a, p[1], b.out());
-      if (!st) st = ebb_op_tanh(b, h.out());
-      if (!st) st = ebb_op_matmul(h, p[2], c.out());
-      if (!st) st = ebb_op_add(c, p[3], o.out());
-      if (!st) st = ebb_op_mse_loss(o, target, out);
-      return st;
-    };
+    LossFn mlp = mlp_loss(dev);
     check_gradients(dev, {rnd({3, 5}, 1), rnd({5}, 2), rnd({5, 2}, 3), rnd({2}, 4)}, mlp);
   }
   CHECK(ebb_autograd_live_nodes() == 0);
@@ -534,17 +540,7 @@ TEST_CASE("engine: backward with a non-leaf input adds the gradient that reached
 
 TEST_CASE("engine: device workers give the calling thread's gradients, for one device forced and for two", "[autograd][engine][workers]") {
   EbbSession session;
-  auto xv = values(4 * 3, 100), tv = values(4 * 2, 101);
-  LossFn mlp = [&](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
-    Tensor x = make(0, EBB_F64, {4, 3}, xv), target = make(0, EBB_F64, {4, 2}, tv), a, b, h, c, o;
-    ebb_status st = ebb_op_matmul(x, p[0], a.out());
-    if (!st) st = ebb_op_add(a, p[1], b.out());
-    if (!st) st = ebb_op_tanh(b, h.out());
-    if (!st) st = ebb_op_matmul(h, p[2], c.out());
-    if (!st) st = ebb_op_add(c, p[3], o.out());
-    if (!st) st = ebb_op_mse_loss(o, target, out);
-    return st;
-  };
+  LossFn mlp = mlp_loss(0);
   ebb_autograd_engine_stats s0, s1;
   EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s0));
   EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(EBB_ENGINE_WORKERS));
