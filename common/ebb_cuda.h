@@ -10,7 +10,7 @@
  *
  * EBB_DRV_ENTRIES(X) is the one list of Driver API entry points ebb loads: X(field, symbol,
  * required). The runtime resolves each `symbol` with dlsym; `required` entries must exist in any
- * driver ebb accepts, the others are optional (NULL means "unsupported", STYLE.md 7).
+ * driver ebb accepts, the others are optional (NULL means "unsupported").
  */
 #ifndef EBB_CUDA_H
 #define EBB_CUDA_H
@@ -265,7 +265,7 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemA
                                                CUmemAllocationGranularity_flags option);
 #endif /* EBB_HAVE_CUDA_H */
 
-/* The emulated driver's one extension (DESIGN.md §2): register a CPU function as kernel `name`.
+/* The emulated driver's one extension: register a CPU function as kernel `name`.
  * cuModuleGetFunction on any module then finds it and cuLaunchKernel copies `arg_bytes` from
  * kernelParams[0] at launch, as CUDA copies kernel parameters. Looked up with dlsym; a real
  * libcuda does not export it. */

@@ -27,7 +27,7 @@
 #endif
 #endif
 
-/* Debug levels (STYLE.md 6): 0 release, 1 EBB_ASSERT on, 2 EBB_ASSERT_EXPENSIVE on too
+/* Debug levels: 0 release, 1 EBB_ASSERT on, 2 EBB_ASSERT_EXPENSIVE on too
  * (the asan and tsan presets build with 2). */
 #ifndef EBB_DEBUG
 #ifdef NDEBUG

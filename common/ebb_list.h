@@ -1,4 +1,4 @@
-/* ebb_list.h: intrusive circular doubly linked list with a sentinel head (STYLE.md 10).
+/* ebb_list.h: intrusive circular doubly linked list with a sentinel head.
  * Objects embed a struct ebb_list and are found back with ebb_container_of, so queueing never
  * allocates. Not thread-safe: the owner's lock protects a list.
  */

@@ -1,4 +1,4 @@
-/* ebb_sync.h: mutexes with lock ranks (STYLE.md 12) and a spin-then-park wait.
+/* ebb_sync.h: mutexes with lock ranks and a spin-then-park wait.
  *
  * Every mutex has a rank from enum ebb_lock_rank; a thread may only take a lock of a higher
  * rank than the last one it holds. Under EBB_DEBUG >= 1 a thread-local stack of held ranks

@@ -6,7 +6,7 @@
  * reads a cleared magic and is reported as EBB_EFREED instead of touching freed memory), the
  * refcounted storages (device arena blocks or host-pool blocks), and the cache of ops' kernel
  * handles (declared at first use after each ebb_init, dropped by the module's stop, ebb__ops_stop).
- * Threading: handle refcounts are atomic (STYLE.md 9); the pool lock is a leaf lock that guards
+ * Threading: handle refcounts are atomic; the pool lock is a leaf lock that guards
  * only the free FIFO and chunk growth. Storage release is stream-ordered by the arena: freeing
  * a block right after enqueuing its last use is safe on its allocation stream, and other
  * streams are declared with ebb_arena_record_stream when an op first uses them.

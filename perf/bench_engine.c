@@ -1,5 +1,5 @@
 /* bench_engine.c: the backward engine's cost per node on CPU tensors of one f32 element, the
- * graph built fresh each iteration (issue 20's five graphs):
+ * graph built fresh each iteration, on five graphs:
  *   chain          10,000 ops alternating y*1.0001 and y+0.0001 from one leaf;
  *   wide           1,000 chains of 10 ops, each from its own leaf, summed into one loss by adds;
  *   tree           a binary reduction tree of adds over 4,096 leaves that require grad;

@@ -1,4 +1,4 @@
-/* bench_engine_devices.c: the multi-device backward engine (issue 21) on 2 emulated devices.
+/* bench_engine_devices.c: the multi-device backward engine on 2 emulated devices.
  *
  * Prints one line:
  *   bench=engine_devices one_dev_ms=X two_dev_ms=Y speedup=X/Y calling_thread_ns_per_node=A

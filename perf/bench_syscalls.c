@@ -1,7 +1,7 @@
 /* bench_syscalls.c: the workload that perf/syscalls.sh runs under strace.
  *
- * ebb's hot path should not call the OS once warm (DESIGN.md 3, "kernel bypass"): no mmap,
- * munmap, brk or madvise, and futex only when a thread really parks. This program initialises
+ * ebb's hot path should not call the OS once warm: no mmap, munmap, brk or madvise, and futex
+ * only when a thread really parks. This program initialises
  * ebb, warms up (the same steps as the loop, so every pool and cache is filled), then runs
  * `iters` iterations of: launch an empty kernel on stream A, record event E on A, make stream B
  * wait on E, all on device 0, and synchronizes both streams. The loop and its synchronize are

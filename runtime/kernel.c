@@ -1,7 +1,7 @@
 /* kernel.c: the kernel registry, its images, and launch.
  *
- * Images: each module registers its own module image (a fatbin; ops' "ebb.ops", later custom
- * ops theirs) with ebb_kernel_add_image; the runtime's own kernels live in "ebb.runtime". The
+ * Images: each module registers its own module image (a fatbin; ops' is "ebb.ops") with
+ * ebb_kernel_add_image; the runtime's own kernels live in "ebb.runtime". The
  * runtime loads an image on a device at the first launch of one of its kernels there, one driver
  * module per image and device, and knows no module above it.
  * A kernel is declared once against an image with its name, the size of its argument struct, its

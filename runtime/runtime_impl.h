@@ -1,6 +1,6 @@
 /* runtime_impl.h: the runtime's implementer-only structures. Never included outside runtime/.
  *
- * The driver table (STYLE.md 7): one struct of Driver API function pointers, filled once by
+ * The driver table: one struct of Driver API function pointers, filled once by
  * dlsym from libcuda.so.1 or libebb_simdrv.so by the versioned names in EBB_DRV_ENTRIES
  * (common/ebb_cuda.h). Optional entries may be NULL, meaning "unsupported": the wrappers in
  * seam.c answer EBB_ENOTSUP for them. The table is written during ebb_init under the runtime

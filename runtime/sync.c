@@ -1,4 +1,4 @@
-/* sync.c: ranked mutexes and the futex lock (STYLE.md 12).
+/* sync.c: ranked mutexes and the futex lock (common/ebb_sync.h).
  *
  * With EBB_DEBUG >= 1 each thread keeps a small stack of the ranks it holds; taking a lock whose
  * rank is not above the top of that stack aborts at once, naming both locks. Release builds keep

@@ -118,8 +118,8 @@ static void ebb__host_copy_run(void *user) {
   ebb__mutex_unlock(&d->rec_mu);
 }
 
-/* Enqueues chunk -> dst as a host function on `s`. On failure the record is returned and the
- * function never runs (STYLE.md 17). */
+/* Enqueues chunk -> dst as a host function on `s`. On failure the record is returned here: the
+ * function never runs, so nothing else would give it back. */
 static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const void *chunk, size_t n, ebb_stream_t *s) {
   ebb__mutex_lock(&d->rec_mu);
   struct ebb__host_copy *r = ebb__slot_take(&d->host_copies);

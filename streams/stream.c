@@ -438,8 +438,8 @@ ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **ou
 /* Adds the tomb of stream `id`; events of reaped tombs go to done[] (at most EBB__TOMBS of them,
  * returned to the pool by the caller after tomb_mu). When every tomb's work is still in flight
  * the table grows: waiting here would hold tomb_mu across that work, and a host function in it
- * that releases a stream needs tomb_mu (a deadlock a review found once 64 released streams were
- * busy). False: no host memory for the table (the caller waits for the stream instead). tomb_mu
+ * that releases a stream needs tomb_mu, so with every tomb busy the two would wait for each other).
+ * False: no host memory for the table (the caller waits for the stream instead). tomb_mu
  * held. */
 static bool ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *ev, struct CUevent_st **done,
                                  unsigned *nd) {
@@ -880,7 +880,7 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
     st = ebb__drv_launch_host_func(s->cu, ebb__host_call_run, c);
     ebb__stream_unpin(s);
   }
-  if (st) { /* the function will never run: the record goes back here (STYLE.md 17) */
+  if (st) { /* the function will never run, so nothing else gives the record back */
     ebb__mutex_lock(&d->call_mu);
     ebb__slot_give(&d->host_calls, c);
     ebb__mutex_unlock(&d->call_mu);

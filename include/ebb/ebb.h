@@ -1,4 +1,4 @@
-/* ebb/ebb.h: every public ebb header. Modules not built yet have no header here. */
+/* ebb/ebb.h: every public ebb header, for callers that want the whole API in one include. */
 #ifndef EBB_EBB_H
 #define EBB_EBB_H
 

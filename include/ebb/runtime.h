@@ -33,7 +33,7 @@ struct CUevent_st;  /* cuda.h's CUevent */
  * ebb_init checks the configuration, loads the driver chosen by EBB_DRIVER (auto|cuda|sim|
  * /path/to/lib.so, default auto: libcuda.so.1 if it loads and cuInit finds a device, else the
  * emulated driver), retains each device's primary context and starts ebb's modules (streams,
- * alloc, ops) lowest layer first. Reference-counted: each successful ebb_init needs one
+ * alloc, ops, autograd) lowest layer first. Reference-counted: each successful ebb_init needs one
  * ebb_shutdown; only the first one does the work. Every other call made before ebb_init returns
  * EBB_ENOTINIT.
  * Configuration: every variable ebb reads (EBB_DRIVER, EBB_LOG, EBB_TRACE, EBB_TRACE_FILE,

@@ -164,8 +164,8 @@ EBB_API ebb_status ebb_event_device(const ebb_event_t *e, int *device);
  * Blocks of ebb's arenas (ebb_arena_alloc, ebb_pinned_alloc, ebb_pageable_alloc; a side may point
  * inside a block): a copy on a stream other than the block's allocation stream records that
  * use itself, as ebb_arena_record_stream / ebb_pinned_record_stream would, so a block freed
- * before the copy ran is not handed to a new owner until it has (forgetting record_stream can
- * no longer corrupt the copy or the new owner's data). A side that runs past the bytes its
+ * before the copy ran is not handed to a new owner until it has (a forgotten record_stream cannot
+ * corrupt the copy or the new owner's data). A side that runs past the bytes its
  * block was asked for (not its rounded size) is EBB_EINVAL, with the block's address, requested
  * size and the side's offset in the message, and nothing is enqueued. A pageable block as the
  * source is read before the call returns, so nothing is recorded on it. Memory from elsewhere

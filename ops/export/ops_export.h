@@ -2,10 +2,13 @@
  * Never installed, not part of the API.
  *
  * Autograd keeps its per-tensor state in one slot of each tensor handle, which ops never reads.
- * ops cannot call autograd (layer order), so autograd hands ops two functions when it starts
- * (ebb__tensor_hooks_set): one that frees a slot's state when the handle holding it dies, and one
- * that lets a view of a tensor with state take its base's history. A tensor whose slot is NULL
- * (every tensor until autograd sets one) costs each path one load and a branch.
+ * ops cannot call autograd (layer order), so autograd hands ops a table of functions when it
+ * starts (ebb__tensor_hooks_set, below): `released` frees a slot's state when the handle holding
+ * it dies, `viewed` lets a view of a tensor with state take its base's history, `recorded`
+ * records the node of an operation, and `inplace` / `inplace_done` record an in-place op around
+ * it. It also offers the derivative table (ebb__deriv_of) and the lean in-place kernels the
+ * engine computes gradients with (ebb__lean_*). A tensor whose slot is NULL (every tensor until
+ * autograd sets one) costs each path one load and a branch.
  */
 #ifndef EBB_OPS_EXPORT_H
 #define EBB_OPS_EXPORT_H

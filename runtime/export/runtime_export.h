@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-/* Layer ranks (DESIGN.md 1): a module is started after, and stopped before, every lower rank. */
+/* Layer ranks: a module is started after, and stopped before, every lower rank. */
 enum {
   EBB__LAYER_STREAMS = 1,
   EBB__LAYER_ALLOC = 2,

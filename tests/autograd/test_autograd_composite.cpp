@@ -1,4 +1,4 @@
-// Composite graphs through the engine (issue 20's tests): a 2-layer MLP (matmul, bias, relu or
+// Composite graphs through the engine: a 2-layer MLP (matmul, bias, relu or
 // gelu, matmul, a loss) and layer_norm + softmax + cross_entropy against finite differences on
 // the CPU and on every device; the same graph twice gives the same gradients bit for bit; a node
 // failing mid-graph ends the task with its name and the engine carries on; 16 threads of

@@ -1,6 +1,6 @@
 // The engine across devices, streams and threads (ebb/autograd.h, "the engine: devices, streams,
-// threads"; issue 21): each node's backward and its hooks run on its forward stream; gradients
-// handed between streams and devices are waited for (spec §2.3-2.8), and each of those waits is
+// threads"): each node's backward and its hooks run on its forward stream; gradients
+// handed between streams and devices are waited for, and each of those waits is
 // shown to be needed (the test reads wrong values without it, through the engine's test switch);
 // events per edge; the AccumulateGrad stream-mismatch warning and the follow-producer policy
 // (spec §3.3); engine modes; multi-device backward with several roots and from several threads;

@@ -1,5 +1,5 @@
-// Review findings on the engine and the Node API: each case failed on the code it was written
-// against (see the commit that adds it for the fix).
+// The engine and the Node API, case by case: each pins one behaviour that a simpler
+// implementation gets wrong (said above each case).
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -184,9 +184,9 @@ void count_line(const char *, void *user) { ++*static_cast<int *>(user); }
 
 // The logging hooks promise a line for every node reachable from the roots, "a leaf's
 // AccumulateGrad" included; for a leaf root whose AccumulateGrad did not exist yet, the
-// registration made one, hooked it, and dropped it at its end: the hook went with it and the
-// backward's AccumulateGrad (a new node) logged nothing. The handle now holds those nodes until
-// it is removed (as a multi-grad registration does).
+// registration makes one and hooks it. Were it dropped at the registration's end, the hook would
+// go with it and the backward's AccumulateGrad (a new node) would log nothing, so the handle
+// holds those nodes until it is removed (as a multi-grad registration does).
 TEST_CASE("review: logging hooks on a leaf root log its AccumulateGrad", "[autograd][review][logging]") {
   EbbSession session;
   Tensor x = leaf({2});

@@ -1,6 +1,6 @@
-// Adversarial review of in-place ops, views and inference mode (inplace.c, CopySlices and
-// AsStrided) and of owner tags (owners.c): each case here failed on the code it was written
-// against, and pins the fix.
+// In-place ops, views and inference mode (inplace.c, CopySlices and AsStrided) and owner tags
+// (owners.c), case by case: each pins one behaviour that a simpler implementation gets wrong
+// (said above each case).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -107,9 +107,10 @@ TEST_CASE("review2: ebb_node_input_meta of the nodes in-place ops make describes
   CHECK(ebb_debug_live_handles() == 0);
 }
 
-// An unnamed leaf's gradient was named after its own block's owner name, read when the leaf
-// first gets a .grad; a leaf that some node saved (retain_graph, or a second graph not run yet)
-// then had its block tagged saved/<node>, and its gradient was named after that node for good.
+// An unnamed leaf's gradient is named after its own block's owner name, read when the leaf first
+// gets a .grad. A leaf that some node saved (retain_graph, or a second graph not run yet) has its
+// block tagged saved/<node> meanwhile: read then, the gradient would be named after that node for
+// good.
 TEST_CASE("review2: an unnamed leaf saved by a node still gets a gradient named after the leaf", "[autograd][review2][owners]") {
   EbbSession session;
   Tensor u = make(EBB_DEVICE_CPU, EBB_F64, {5}, values(5, 3));  // no scope: other/""
@@ -365,12 +366,12 @@ TEST_CASE("review2: with the owner-name table full, recording and backward succe
   CHECK(ebb_debug_live_handles() == 0);
 }
 
-// ops/elementwise.c ebb__inplace: add_ and mul_ ran the kernel straight from src into dst; when
-// src is a view that partly overlaps dst (a row of dst broadcast over it) the kernel read elements
-// it had already written, so the result depended on the order of the writes, and autograd's node
-// (which takes src's value before the op) described a value dst did not hold. src on dst's
-// storage in another geometry is now read through a copy; identical aliasing (x.add_(x)) needs
-// none. copy_ got the overlapping case right already.
+// ops/elementwise.c ebb__inplace: were add_ and mul_ to run the kernel straight from src into
+// dst, a src view that partly overlaps dst (a row of dst broadcast over it) would be read after
+// some of its elements were written, so the result would depend on the order of the writes, and
+// autograd's node (which takes src's value before the op) would describe a value dst does not
+// hold. So src on dst's storage in another geometry is read through a copy; identical aliasing
+// (x.add_(x)) needs none. copy_ is checked too.
 TEST_CASE("review2: add_ from a view that partly overlaps dst reads src as it was before the op",
           "[autograd][review2][inplace]") {
   EbbSession session;

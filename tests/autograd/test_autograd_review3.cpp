@@ -1,5 +1,5 @@
-// Review 3 of issue 21's engine (devices, streams, threads): cases that failed on the engine as
-// it landed, each kept as a regression test.
+// The engine over devices, streams and threads, case by case: each pins one behaviour that a
+// simpler engine gets wrong (said above each case).
 //
 // Runs with the emulated driver's timing model (EBB_SIM_LAUNCH_US, set by CMakeLists.txt), so a
 // stream that reads before another stream's pending write sees stale memory. Hooks may run on

@@ -1,6 +1,6 @@
 // test_link_malloc.cpp: a program that links libebb.so keeps its own malloc.
 //
-// libebb must never bring an allocator with it (DESIGN.md 4, STYLE.md "Caveats"): Debian's
+// libebb must never bring an allocator with it (README, "Dependencies"): Debian's
 // jemalloc exports unprefixed malloc/free, so a library depending on it would silently replace
 // its host's allocator. This program links libebb and nothing else of ours, and asks the dynamic
 // linker which object provides `malloc`, before and after a full ebb_init/ebb_shutdown cycle.

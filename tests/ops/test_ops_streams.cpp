@@ -39,7 +39,7 @@ ebb_stream_t *stream_reusing(int device, const ebb_stream_t *old) {
 // The scenario: tensor `a` (2^20 f32 ones) was used on a stream `old` that is then released; a new
 // stream gets old's handle and queues a late read of `a` (a clone behind a gate). `a` is released
 // and a new tensor of the same size, written with 2s on the default stream, may take its block
-// (before the fix it did, unordered after the late read, which then read 2s in all 2^20
+// (were it handed over unordered after the late read, that read would see 2s in all 2^20
 // elements). The late read must still see the ones. alloc_on_old: `a` was allocated on `old` itself (the
 // allocation stream is remembered too), else on the default stream and only read on `old`.
 void late_read_on_reused_stream(bool alloc_on_old) {
@@ -77,8 +77,8 @@ void late_read_on_reused_stream(bool alloc_on_old) {
   Tensor b;
   EBB_REQUIRE_OK(ebb_tensor_full(dev, EBB_F32, 1, &n, 2.0, b.out()));
   // The gate opens once b is written, or at once when b did not get a's block (then b cannot
-  // be what the late read sees). Before the fix b got the block with nothing ordering its write
-  // after the gate, so waiting for the write returned. (No host function opens it: the emulated
+  // be what the late read sees). A b that got the block with nothing ordering its write after
+  // the gate would make that wait return. (No host function opens it: the emulated
   // driver runs a device's host functions one at a time, so one queued behind the gate would
   // never run.)
   void *bptr = nullptr;
@@ -119,9 +119,9 @@ TEST_CASE("tensor streams: a new stream with the released allocation stream's ha
 }
 
 // tensor.h: "On failure nothing is enqueued and `done` is not recorded". Every refusal comes before
-// the copy: a released event (device and CPU tensors alike; before, a CPU tensor was copied and
-// the call succeeded, and a device tensor's message named the internal ebb_event_device), an
-// event of another device, pageable dst; dst keeps its bytes and the message names the call.
+// the copy: a released event (device and CPU tensors alike: a CPU tensor is not copied, and the
+// message names the user's call, never the internal ebb_event_device), an event of another
+// device, pageable dst; dst keeps its bytes and the message names the call.
 TEST_CASE("tensor streams: ebb_tensor_to_host_async copies nothing when it fails", "[ops][tensor][streams]") {
   EbbSession session;
   const std::string fn = "ebb_tensor_to_host_async:";

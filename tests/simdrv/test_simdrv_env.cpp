@@ -53,7 +53,7 @@ TEST_CASE("environment: EBB_SIM_COMMIT=0 leaves pages to first touch", "[simdrv]
   CUdeviceptr dev;
   CU_OK(d.MemAlloc(&dev, n));
   const void *p = reinterpret_cast<const void *>(dev);
-  CHECK(mapped_pages(p, n) == 0);  // address space only, as before commit at allocation
+  CHECK(mapped_pages(p, n) == 0);  // address space only: pages come at first touch
   std::memset(reinterpret_cast<void *>(dev), 1, n);
   CHECK(mapped_pages(p, n) == n / page());
   CU_OK(d.MemFree(dev));

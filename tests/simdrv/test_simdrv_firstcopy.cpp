@@ -7,8 +7,8 @@
 // Each case compares, by events, the first copy into a fresh allocation against the same copy
 // repeated: a ratio, not a time. Three fresh allocations each, and the best ratio is checked: a
 // scheduling hiccup on this shared machine can slow one first copy, while uncommitted memory
-// slows all three. (Before commit at allocation the best ratio was 2.8 to 3.7, first copies
-// 110-165 ms; after, about 1.)
+// slows all three. (Measured: with pages left to first touch the best ratio is 2.8 to 3.7,
+// first copies 110-165 ms; committed at allocation, about 1.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>

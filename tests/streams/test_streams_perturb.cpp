@@ -2,8 +2,8 @@
 // CMakeLists.txt whatever the preset says) a forgotten event shows up as wrong data: a copy on
 // one stream that consumes what a copy on another stream produced reads the new data when it
 // waits on the producer's event, and reads the old data, within a bounded number of attempts,
-// when that wait is removed. Without the mode both copies ran on one copy engine in issue order,
-// and the missing wait went unnoticed. The "removed wait" case asserts that stale data IS seen,
+// when that wait is removed. Without the mode both copies run on one copy engine in issue order,
+// and the missing wait goes unnoticed. The "removed wait" case asserts that stale data IS seen,
 // so it fails if the mode ever stops perturbing.
 #include "sanitizers.hpp"
 #include "streams_test_util.hpp"

@@ -94,9 +94,9 @@ TEST_CASE("races: calls on a stream racing its release succeed or get EBB_EFREED
 // A stale handle asked about on one thread while another thread creates the stream that takes
 // its slot: the EFREED message names the released stream and reads nothing the new stream
 // writes (it read the slot's id and device, a data race under TSan). The flag between the
-// threads is relaxed on purpose, so it orders nothing TSan could see. What fails on the old code
-// is TSan's report (the tsan preset); the other presets check only the message, which the old
-// plain read also got right whenever the threads did not overlap.
+// threads is relaxed on purpose, so it orders nothing TSan could see. A plain read of the slot
+// fails here through TSan's report (the tsan preset); the other presets check only the message,
+// which such a read also gets right whenever the threads do not overlap.
 TEST_CASE("races: a stale handle's EFREED message never reads a slot a new stream is taking", "[streams][threads]") {
   EbbSession session;
   ebb_stream_t *s = nullptr;
@@ -165,7 +165,8 @@ TEST_CASE("races: a stale event handle's EFREED message never reads a slot a new
 
 // A host function copying pageable memory: the staging chunk it needs is free only after work
 // queued behind the host function itself (a stream waiting for it, then a staged copy on that
-// stream with a ring of one chunk), so the copy used to wait for ever on the host. It must fail
+// stream with a ring of one chunk), so a copy that waited for the chunk would wait for ever on
+// the host. It must fail
 // at once with EBB_ESTATE and say why. A pinned copy from a host function is refused too: CUDA
 // forbids driver calls there, so it fails on a GPU however ebb would enqueue it.
 TEST_CASE("host functions: a pageable copy from a host function fails instead of deadlocking", "[streams][copy]") {

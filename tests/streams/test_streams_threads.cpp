@@ -95,9 +95,9 @@ TEST_CASE("threads: 8 threads create, use and release streams and events concurr
 
 // More released streams still busy than the first tomb table holds (64), behind one gate, and a
 // host function in that very work that tries to release a stream. A release must never wait for
-// other released streams' work while holding what that host function needs (it did when the
-// table was full: the 65th release waited for the gated stream under the tomb lock, and a host
-// function releasing a stream waited for that lock). A release from a host function is now
+// other released streams' work while holding what that host function needs (were the 65th
+// release to wait for the gated stream under the tomb lock, a host function releasing a stream
+// would wait for that lock, and neither would go on). A release from a host function is
 // refused at once (EBB_ESTATE, as CUDA forbids driver calls there), so the host thread does it.
 TEST_CASE("threads: releases past the tomb table while a host function in the pending work releases a stream",
           "[streams][threads]") {

@@ -5,7 +5,7 @@
 // every element j of every differentiable input, (L(x + h e_j) - L(x - h e_j)) / 2h is compared
 // with the analytic gradient within atol + rtol |numeric|. Inputs are built on `device` from
 // f64 values (non-differentiable inputs such as class indices may have another dtype). Reusable
-// by any suite: ops now, autograd's custom functions later.
+// by any suite (tests/ops, tests/autograd).
 #pragma once
 #include <functional>
 #include <sstream>

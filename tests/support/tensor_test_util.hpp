@@ -1,4 +1,4 @@
-// Helpers for suites that use tensors (ops now, autograd later): an owning handle, building a
+// Helpers for suites that use tensors (tests/ops, tests/autograd): an owning handle, building a
 // tensor of any dtype from doubles, reading one back as doubles, and the devices to run on
 // (the CPU and every driver device).
 #pragma once
