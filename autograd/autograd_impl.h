@@ -99,10 +99,16 @@ struct ebb__hook {
 };
 
 /* hooks.c */
+/* retain_grad's write: gradient g into non-leaf m's .grad (a copy the first time, then summed in
+ * place), by the engine, which knows the stream it is written on (engine.c: ordered after .grad's
+ * last write, and waited for by the caller's streams at the end of the backward). */
+typedef ebb_status (*ebb__retain_write_fn)(void *ctx, struct ebb__meta *m, const ebb_tensor_t *g);
 /* Runs the tensor hooks of list `h` that watch output `output_nr` on *grad, which a hook may
- * replace (a new reference, checked against the old one's shape, dtype and device); `who` names
- * the node for messages. Called by the engine with no lock held. */
-EBB_HIDDEN ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad);
+ * replace (a new reference, checked against the old one's shape, dtype and device), then its
+ * retain_grad hooks through `retain` (with ctx); `who` names the node for messages. Called by the
+ * engine with no lock held. */
+EBB_HIDDEN ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad,
+                                            ebb__retain_write_fn retain, void *ctx);
 /* Runs the post-accumulate hooks of a leaf (meta m, handle t). */
 EBB_HIDDEN ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t);
 /* Ends a non-leaf's retain_grad hook as its meta goes (the hook stays in the node's list,

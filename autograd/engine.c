@@ -340,8 +340,22 @@ static bool ebb__handed_apart(const struct ebb__task *t, const struct ebb__tnode
   return false;
 }
 
+/* retain_grad's write (hooks.c calls it with x's tensor hooks, x's stream current): into .grad
+ * after its last write (inbuf.c, as a non-leaf input's), and x's stream noted for the end sync:
+ * the caller reads this .grad as it reads a leaf's. */
+struct ebb__retain_ctx {
+  struct ebb__task *t;
+  const struct ebb__tnode *x;
+};
+static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_tensor_t *g) {
+  const struct ebb__retain_ctx *c = ctx;
+  ebb_status st = ebb__leaf_stream(c->t, c->x);
+  return st ? st : ebb__accumulate_into(c->t, c->x, m, g);
+}
+
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
+  struct ebb__retain_ctx rc = {t, x};
   ebb_tensor_t **buf = ebb__bufs(x);
   bool retain = t->retain;
   ebb_status st = ebb__consume_waits(t, x);
@@ -353,7 +367,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
      * would before it ran (PyTorch's order for captures of nodes that do not execute). */
     struct ebb__hook *hl = n->op < 0 ? ebb__meta_of(n->leaf)->hooks : n->hooks;
     st = ebb__run_tensor_hooks(t->fn, n->op < 0 ? "a leaf" : ebb__node_name_of(n), hl, n->op < 0 ? 0 : x->capture_nr,
-                               &buf[x->capture_nr]);
+                               &buf[x->capture_nr], ebb__retain_write, &rc);
     if (st) return st;
   }
   if (x->capture && buf && buf[x->capture_nr]) { /* what reached this node's input: ebb_grad's result, or .grad */
@@ -373,7 +387,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     ebb__acc_stream(t, x); /* inbuf.c: follow-producer made permanent, or the mismatch warning */
     if (x->sync && (st = ebb__leaf_stream(t, x))) return st;
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
-    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0]);
+    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0], ebb__retain_write, &rc);
     if (st) return st;
     /* node_api.c: the node's pre-hooks, and the gradient its post-hooks see (kept, so not stolen). */
     bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire);
@@ -388,7 +402,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     return st;
   }
   for (int k = 0; n->hooks && buf && k < n->nout && !st; k++)
-    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k]);
+    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k], ebb__retain_write, &rc);
   if (st) return st;
   bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire); /* node_api.c */
   if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, n->nout))) return st;

@@ -155,17 +155,6 @@ ebb_status ebb_hook_remove(ebb_hook_handle handle) {
 
 static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
 
-/* retain_grad's hook: the non-leaf's .grad gets the gradient (a copy, then sums in place). */
-static ebb_status ebb__retain_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
-  (void)replace;
-  struct ebb__meta *m = user;
-  ebb_status st;
-  ebb__mutex_lock(&m->grad_mu);
-  st = m->grad ? ebb_op_add_(m->grad, grad) : ebb_tensor_clone(grad, &m->grad);
-  ebb__mutex_unlock(&m->grad_mu);
-  return st;
-}
-
 ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
   static const char fn[] = "ebb_tensor_retain_grad";
   ebb_status st = ebb__tensor_check(t, fn, "t");
@@ -187,7 +176,9 @@ ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
 static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out) {
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "no host memory for the retain_grad hook");
-  *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = nr, .fn = ebb__retain_hook, .user = m};
+  /* (no fn: the engine writes .grad itself, ebb__run_tensor_hooks' `retain`, since only it knows
+   * the stream the write goes on, which the caller's streams must wait for) */
+  *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = nr, .user = m};
   ebb__mutex_lock(&ebb__hook_mu);
   bool ok = ebb__hook_add_locked(&node->hooks, h);
   ebb__mutex_unlock(&ebb__hook_mu);
@@ -220,10 +211,10 @@ void ebb__retain_end(struct ebb__meta *m) {
   m->retain = NULL;
 }
 
-/* One pass over the list for hooks of `kind`. */
-static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hook *h, int kind, int output_nr, ebb_tensor_t **grad) {
+/* One pass over the list for the tensor hooks of output_nr. */
+static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
   for (; h; h = h->next) {
-    if (h->kind != kind || h->output_nr != output_nr || h->removed || !*grad) continue;
+    if (h->kind != EBB__HOOK_TENSOR || h->output_nr != output_nr || h->removed || !*grad) continue;
     ebb_tensor_t *rep = NULL;
     ebb_status st = h->fn(*grad, &rep, h->user);
     if (st) {
@@ -251,10 +242,16 @@ static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hoo
   return EBB_OK;
 }
 
-ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
+ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad,
+                                 ebb__retain_write_fn retain, void *ctx) {
+  ebb_status st = ebb__run_kind(fn, who, h, output_nr, grad);
   /* retain_grad sees the gradient after every other tensor hook (PyTorch's order). */
-  ebb_status st = ebb__run_kind(fn, who, h, EBB__HOOK_TENSOR, output_nr, grad);
-  return st ? st : ebb__run_kind(fn, who, h, EBB__HOOK_RETAIN, output_nr, grad);
+  for (; !st && h; h = h->next) {
+    if (h->kind != EBB__HOOK_RETAIN || h->output_nr != output_nr || h->removed || !*grad) continue;
+    if ((st = retain(ctx, h->user, *grad)))
+      st = ebb__fail(st, "%s: retain_grad's update of the .grad of output %d of %s failed: %s", fn, output_nr, who, ebb_last_error());
+  }
+  return st;
 }
 
 ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t) {

@@ -209,6 +209,58 @@ bool scenario_leaf_sync(int dev, int t) {
   return same(grad_seen(w), times(wv, 2.0));
 }
 
+// A retained non-leaf: retain_grad writes its .grad on the stream of the node that made it (a's
+// forward stream s, behind a backlog). a is w moved from the other device to `dev`, so no leaf's
+// .grad is written on `dev`: only the end sync orders the caller's stream there after s. The
+// caller, on streams of its own on both devices, reads a's .grad right after ebb_backward
+// returns. Needs the retaining stream among those the end sync waits for.
+bool scenario_retain_sync(int dev, int t) {
+  Warnings quiet;  // w's AccumulateGrad (the other device) gets its gradient from s: the mismatch warning
+  int other = 1 - dev;
+  Stream s(dev), c(dev), co(other);
+  auto wv = vals(t);
+  Tensor w = leaf(other, wv), a, loss;
+  sync_all();
+  {
+    OnStream g(s);
+    a = to_dev(w, dev);
+    EBB_REQUIRE_OK(ebb_tensor_retain_grad(a));
+    loss = sum(mul(a, a));
+  }
+  busy(s, kBacklog);
+  OnStream go(co);
+  OnStream gc(c);
+  EBB_REQUIRE_OK(backward({loss}));
+  return same(grad_seen(a), times(wv, 2.0));  // d/da sum(a^2)
+}
+
+// A second backward into a retained .grad: backward 1 (retain_graph) writes a's .grad on a's
+// forward stream s behind a backlog, then s is released; backward 2, from a caller on another
+// stream c2, runs a's node on c2 (its forward stream is gone) and adds into that .grad in place.
+// Needs c2 to wait for .grad's last write on s first (as a leaf's .grad would).
+bool scenario_retain_twice(int dev, int t) {
+  Stream c1(dev), c2(dev);
+  auto wv = vals(t);
+  Tensor w = leaf(dev, wv), a, loss;
+  sync_all();
+  {
+    Stream s(dev);
+    {
+      OnStream g(s);
+      a = scale(w, 3);
+      EBB_REQUIRE_OK(ebb_tensor_retain_grad(a));
+      loss = sum(mul(a, a));
+    }
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(c2, s));  // backward 2 reads the forward's saved values, not backward 1's work
+    busy(s, kBacklog);
+    OnStream g(c1);
+    EBB_REQUIRE_OK(backward({loss}, {}, true));
+  }  // s released, its work still queued
+  OnStream g(c2);
+  EBB_REQUIRE_OK(backward({loss}));
+  return same(grad_seen(a), times(wv, 12.0));  // twice d/da sum(a^2) = 2 * 2 * 3w
+}
+
 using Scenario = bool (*)(int, int);
 
 // Runs a scenario kTries times with the engine waits in `drop` skipped: returns how many tries
@@ -524,6 +576,38 @@ TEST_CASE("engine devices: after ebb_backward returns, work on the caller's curr
   EBB_CHECK_CLOSE(grad_seen(g.w1), g.want1(), 1e-9, 1e-12);
 }
 
+TEST_CASE("engine devices: after ebb_backward returns, work on the caller's current stream sees a retained non-leaf's .grad",
+          "[autograd][devices][streams][retain]") {
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  // Two devices: the calling thread's path and the workers' (what AUTO picks here).
+  for (ebb_engine_mode mode : {EBB_ENGINE_CALLING_THREAD, EBB_ENGINE_WORKERS})
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      for (int t = 0; t < kTries; t++) CHECK(scenario_retain_sync(dev, t + 4 * dev + 8 * mode));
+      sync_all();
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("engine devices: a second backward adds into a retained .grad after its last write on another stream",
+          "[autograd][devices][streams][retain]") {
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  // One device: the calling thread's path (AUTO) and a worker's.
+  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      for (int t = 0; t < kTries; t++) CHECK(scenario_retain_twice(dev, t + 4 * dev + 8 * mode));
+      sync_all();
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 // ---- 2. spec §2.8: a forward that moved tensors between devices --------------------------------------
 
 TEST_CASE("engine devices: a forward moving tensors 0 to 1 and back gets right gradients on both devices, with no device-wide sync",
@@ -616,6 +700,11 @@ TEST_CASE("engine devices: without the accumulation stream's waits several produ
 TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads .grad too early",
           "[autograd][devices][proof]") {
   prove_wait(scenario_leaf_sync, kDropLeafSync, "the caller's stream after backward");
+}
+
+TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads a retained non-leaf's .grad too early",
+          "[autograd][devices][proof][retain]") {
+  prove_wait(scenario_retain_sync, kDropLeafSync, "the caller's stream after backward, a retained non-leaf's .grad");
 }
 
 // ---- 4. events ------------------------------------------------------------------------------------------
