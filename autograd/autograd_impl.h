@@ -96,7 +96,23 @@ struct ebb__hook {
   ebb_node_post_hook_fn npost; /* EBB__HOOK_NODE_POST */
   void (*user_free)(void *user); /* when the hook struct is freed (its owner goes, or a group is removed) */
   void (*on_remove)(void *user); /* EBB__HOOK_GROUP: removes its members (no lock held) */
+  bool internal;                 /* a hook of autograd's own (a multi-grad member), not the user's code */
 };
+
+/* Around a user's callback the engine runs (tensor, node, post-accumulate, multi-grad hooks):
+ * the calls it makes are the user's, failing as any call does (that thread's last error, the
+ * error hook), not diverted into the backward's one failure (ebb__fail_divert); leave gives the
+ * backward's message what the callback failed with: the message its calls left, else the status
+ * it returned. */
+struct ebb__user_call {
+  char *div;
+  uint64_t serial;
+};
+static inline void ebb__user_enter(struct ebb__user_call *u) {
+  u->div = ebb__fail_divert(NULL);
+  u->serial = ebb__fail_serial();
+}
+EBB_HIDDEN void ebb__user_leave(const struct ebb__user_call *u, ebb_status st);
 
 /* hooks.c */
 /* retain_grad's write: gradient g into non-leaf m's .grad (a copy the first time, then summed in

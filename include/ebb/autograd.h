@@ -372,7 +372,13 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  * calls per thread; deeper, the inner backward moves to a pool thread and the calling thread
  * waits for it (its stack does not grow further). Errors: the first failing node ends the task on
  * every device: nodes not started are skipped, the caller gets that node's status and a message
- * naming it and its device.
+ * naming it and its device. A failed backward is one failure, wherever its node ran: its message
+ * is the calling thread's ebb_last_error and the error hook (ebb_set_error_hook) is called once,
+ * on the calling thread; the engine's own steps leave a device worker's or pool thread's last
+ * error alone, and a backward that succeeds leaves the caller's alone. Calls a hook makes are the
+ * hook's own: one that fails is reported on the thread the hook ran on (a worker's, maybe) as
+ * any failing call, and when the hook then fails the backward its message is kept in the
+ * backward's.
  *
  * Threading of the settings below: each is process-wide, read at the start of a backward; set
  * them between training steps. */

@@ -1356,6 +1356,116 @@ TEST_CASE("engine devices: an error in a device-1 node's hook ends the task on b
   CHECK(ebb_autograd_live_nodes() == 0);  // the failed task dropped what it held
 }
 
+namespace {
+
+// The error hook's calls and the thread each came on (a device worker's, possibly).
+struct HookLog {
+  std::mutex mu;
+  std::vector<std::pair<std::thread::id, std::string>> calls;
+  static void fn(ebb_status, const char *m, void *user) {
+    auto *l = static_cast<HookLog *>(user);
+    std::lock_guard<std::mutex> g(l->mu);
+    l->calls.emplace_back(std::this_thread::get_id(), m);
+  }
+};
+
+// What a failing pre-hook saw: its thread, and that thread's last error when it started.
+struct Refusal {
+  std::mutex mu;
+  std::thread::id thread;
+  std::string last_error_at_entry;
+  bool own_call = false;  // fail through an ebb call of its own (else return a status, no message)
+};
+
+ebb_status refusing_pre(const ebb_node_t *, const ebb_tensor_t *const *, int, ebb_tensor_t **, void *user) {
+  auto *r = static_cast<Refusal *>(user);
+  {
+    std::lock_guard<std::mutex> g(r->mu);
+    r->thread = std::this_thread::get_id();
+    r->last_error_at_entry = ebb_last_error();
+  }
+  return r->own_call ? ebb_tensor_set_name(nullptr, "x") : EBB_EINVAL;
+}
+
+}  // namespace
+
+TEST_CASE("engine devices: a node failing on a device worker is one failure, reported on the thread that called ebb_backward",
+          "[autograd][devices][errors]") {
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  const auto me = std::this_thread::get_id();
+  for (ebb_engine_mode mode : {EBB_ENGINE_CALLING_THREAD, EBB_ENGINE_WORKERS})
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      Stream s(dev);
+      Tensor w = leaf(dev, vals(dev), "w"), l, c;
+      {
+        OnStream g(s);
+        Tensor a = scale(w, 2);
+        c = mul(a, a);
+        l = sum(c);
+      }
+      Refusal r;
+      ebb_hook_handle h;
+      EBB_REQUIRE_OK(ebb_node_register_pre_hook(grad_fn(c), refusing_pre, &r, &h));
+      HookLog log;
+      ebb_set_error_hook(HookLog::fn, &log);
+      // Twice: the second run's hook sees what the first left as its thread's last error.
+      for (int run = 0; run < 2; run++) {
+        INFO("run " << run);
+        ebb_clear_error();
+        {
+          std::lock_guard<std::mutex> g(log.mu);
+          log.calls.clear();
+        }
+        ebb_status st = backward({l}, {}, true);
+        std::string msg = ebb_last_error();
+        INFO("ebb_backward -> " << ebb_status_name(st) << ": " << msg);
+        CHECK(st == EBB_EINVAL);
+        CHECK(msg.find("MulBackward") != std::string::npos);
+        CHECK(msg.find("device " + std::to_string(dev)) != std::string::npos);
+        std::lock_guard<std::mutex> g(log.mu);
+        CHECK(log.calls.size() == 1);  // one failed call (the hook's own status has no message of ebb's)
+        for (auto &call : log.calls) {
+          CHECK(call.first == me);
+          CHECK(call.second == msg);
+        }
+        std::lock_guard<std::mutex> gr(r.mu);
+        if (mode == EBB_ENGINE_WORKERS) {
+          CHECK(r.thread != me);  // it did run on the worker
+          // The engine's message is the caller's: the worker's own last error never got it.
+          CHECK(r.last_error_at_entry.find("MulBackward") == std::string::npos);
+        }
+      }
+      // A hook that fails through a call of its own: that call's failure, on the thread it ran
+      // on, then the backward's, on the caller, keeping the call's message.
+      r.own_call = true;
+      {
+        std::lock_guard<std::mutex> g(log.mu);
+        log.calls.clear();
+      }
+      ebb_status st = backward({l});
+      std::string msg = ebb_last_error();
+      ebb_set_error_hook(nullptr, nullptr);
+      CHECK(st == EBB_EINVAL);
+      CHECK(msg.find("ebb_tensor_set_name") != std::string::npos);
+      std::lock_guard<std::mutex> g(log.mu);
+      CHECK(log.calls.size() == 2);
+      if (log.calls.size() == 2) {
+        CHECK(log.calls[0].first == r.thread);
+        CHECK(log.calls[0].second.find("ebb_tensor_set_name") == 0);
+        CHECK(log.calls[1].first == me);
+        CHECK(log.calls[1].second == msg);
+      }
+      EBB_REQUIRE_OK(ebb_hook_remove(h));
+      sync_all();
+    }
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 // ---- 9. reentrant backward -----------------------------------------------------------------------------
 
 namespace {
