@@ -96,13 +96,35 @@ struct ebb__hook {
   ebb_node_post_hook_fn npost; /* EBB__HOOK_NODE_POST */
   void (*user_free)(void *user); /* when the hook struct is freed (its owner goes, or a group is removed) */
   void (*on_remove)(void *user); /* EBB__HOOK_GROUP: removes its members (no lock held) */
+  bool internal;                 /* a hook of autograd's own (a multi-grad member), not the user's code */
 };
 
+/* Around a user's callback the engine runs (tensor, node, post-accumulate, multi-grad hooks):
+ * the calls it makes are the user's, failing as any call does (that thread's last error, the
+ * error hook), not diverted into the backward's one failure (ebb__fail_divert); leave gives the
+ * backward's message what the callback failed with: the message its calls left, else the status
+ * it returned. */
+struct ebb__user_call {
+  char *div;
+  uint64_t serial;
+};
+static inline void ebb__user_enter(struct ebb__user_call *u) {
+  u->div = ebb__fail_divert(NULL);
+  u->serial = ebb__fail_serial();
+}
+EBB_HIDDEN void ebb__user_leave(const struct ebb__user_call *u, ebb_status st);
+
 /* hooks.c */
+/* retain_grad's write: gradient g into non-leaf m's .grad (a copy the first time, then summed in
+ * place), by the engine, which knows the stream it is written on (engine.c: ordered after .grad's
+ * last write, and waited for by the caller's streams at the end of the backward). */
+typedef ebb_status (*ebb__retain_write_fn)(void *ctx, struct ebb__meta *m, const ebb_tensor_t *g);
 /* Runs the tensor hooks of list `h` that watch output `output_nr` on *grad, which a hook may
- * replace (a new reference, checked against the old one's shape, dtype and device); `who` names
- * the node for messages. Called by the engine with no lock held. */
-EBB_HIDDEN ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad);
+ * replace (a new reference, checked against the old one's shape, dtype and device), then its
+ * retain_grad hooks through `retain` (with ctx); `who` names the node for messages. Called by the
+ * engine with no lock held. */
+EBB_HIDDEN ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad,
+                                            ebb__retain_write_fn retain, void *ctx);
 /* Runs the post-accumulate hooks of a leaf (meta m, handle t). */
 EBB_HIDDEN ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t);
 /* Ends a non-leaf's retain_grad hook as its meta goes (the hook stays in the node's list,

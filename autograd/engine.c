@@ -340,8 +340,22 @@ static bool ebb__handed_apart(const struct ebb__task *t, const struct ebb__tnode
   return false;
 }
 
+/* retain_grad's write (hooks.c calls it with x's tensor hooks, x's stream current): into .grad
+ * after its last write (inbuf.c, as a non-leaf input's), and x's stream noted for the end sync:
+ * the caller reads this .grad as it reads a leaf's. */
+struct ebb__retain_ctx {
+  struct ebb__task *t;
+  const struct ebb__tnode *x;
+};
+static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_tensor_t *g) {
+  const struct ebb__retain_ctx *c = ctx;
+  ebb_status st = ebb__leaf_stream(c->t, c->x);
+  return st ? st : ebb__accumulate_into(c->t, c->x, m, g);
+}
+
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
+  struct ebb__retain_ctx rc = {t, x};
   ebb_tensor_t **buf = ebb__bufs(x);
   bool retain = t->retain;
   ebb_status st = ebb__consume_waits(t, x);
@@ -353,7 +367,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
      * would before it ran (PyTorch's order for captures of nodes that do not execute). */
     struct ebb__hook *hl = n->op < 0 ? ebb__meta_of(n->leaf)->hooks : n->hooks;
     st = ebb__run_tensor_hooks(t->fn, n->op < 0 ? "a leaf" : ebb__node_name_of(n), hl, n->op < 0 ? 0 : x->capture_nr,
-                               &buf[x->capture_nr]);
+                               &buf[x->capture_nr], ebb__retain_write, &rc);
     if (st) return st;
   }
   if (x->capture && buf && buf[x->capture_nr]) { /* what reached this node's input: ebb_grad's result, or .grad */
@@ -373,7 +387,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     ebb__acc_stream(t, x); /* inbuf.c: follow-producer made permanent, or the mismatch warning */
     if (x->sync && (st = ebb__leaf_stream(t, x))) return st;
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
-    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0]);
+    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0], ebb__retain_write, &rc);
     if (st) return st;
     /* node_api.c: the node's pre-hooks, and the gradient its post-hooks see (kept, so not stolen). */
     bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire);
@@ -388,7 +402,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     return st;
   }
   for (int k = 0; n->hooks && buf && k < n->nout && !st; k++)
-    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k]);
+    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k], ebb__retain_write, &rc);
   if (st) return st;
   bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire); /* node_api.c */
   if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, n->nout))) return st;
@@ -538,6 +552,10 @@ void ebb__item_run(const struct ebb__qitem *it) {
   struct ebb__task *t = it->t;
   if (!atomic_load_explicit(&t->failed, memory_order_relaxed)) {
     struct ebb__tnode *x = &t->nodes[it->i];
+    /* The node's failures are the task's, reported once by its owner (ebb__execute): on this
+     * thread (a device worker's) they touch neither its last error nor the error hook. */
+    char msg[EBB__ERRMSG_MAX] = "";
+    char *prev = ebb__fail_divert(msg);
     struct ebb__task_scope *ps = ebb__task_switch(t->scope); /* node_api.c: the task its hooks see */
     /* A backward a hook starts here is reentrant, one level below this task, as on its owner. */
     int depth = ebb__depth, total = ebb__total_depth;
@@ -548,6 +566,7 @@ void ebb__item_run(const struct ebb__qitem *it) {
     ebb__total_depth = total;
     ebb__task_switch(ps);
     if (st) ebb__task_fail(t, x, st);
+    ebb__fail_divert(prev);
     if (x->run && ebb__home_queue()) atomic_fetch_add_explicit(&t->n_nodes_w, 1, memory_order_relaxed);
   }
   ebb__queue_done(t->cpuq, &t->outstanding); /* the last: t may be gone once this returns */
@@ -786,7 +805,7 @@ struct ebb__call {
   ebb_stream_t **streams; /* the caller's current stream per device, made current on the pool thread */
   int nstreams;
   ebb_status st;
-  char msg[1024];
+  char msg[EBB__ERRMSG_MAX];
 };
 
 static ebb_status ebb__call_here(struct ebb__call *c) {
@@ -806,8 +825,10 @@ static void ebb__call_pooled(void *arg) {
   for (int d = 0; d < c->nstreams; d++)
     if (c->streams[d]) ebb_stream_set_current(c->streams[d]);
   ebb__total_depth = c->total_depth;
+  c->msg[0] = '\0';
+  char *prev = ebb__fail_divert(c->msg); /* (its failure is the caller's to report, not this thread's) */
   c->st = ebb__call_here(c);
-  if (c->st) snprintf(c->msg, sizeof c->msg, "%s", ebb_last_error());
+  ebb__fail_divert(prev);
   for (int d = 0; d < c->nstreams; d++) { /* the pool thread's own defaults again */
     ebb_stream_t *def = NULL;
     if (!ebb_stream_default(d, &def)) ebb_stream_set_current(def);
@@ -815,6 +836,12 @@ static void ebb__call_pooled(void *arg) {
   ebb__total_depth = 0;
 }
 
+static ebb_status ebb__execute_in(struct ebb__call *c);
+
+/* A backward call fails once: its steps (on this thread, device workers, a pool thread) build
+ * one message without reporting it (ebb__fail_divert), and it is reported here, on the calling
+ * thread, as this call's failure: that thread's last error and one error hook call. A call that
+ * succeeds leaves both alone, whatever its steps met on the way. */
 static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
                                const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
                                const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
@@ -822,24 +849,32 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
   struct ebb__call c = {.fn = fn, .roots = roots, .eroots = eroots, .grad_roots = grad_roots, .nroots = nroots, .retain = retain,
                         .inputs = inputs, .einputs = einputs, .ninputs = ninputs, .accumulate = accumulate,
                         .allow_unused = allow_unused, .results = results};
-  if (ebb__depth == 0) return ebb__call_here(&c);
+  char msg[EBB__ERRMSG_MAX] = "";
+  char *prev = ebb__fail_divert(msg);
+  ebb_status st = ebb__execute_in(&c);
+  ebb__fail_divert(prev);
+  return st ? ebb__fail(st, "%s", msg) : EBB_OK;
+}
+
+static ebb_status ebb__execute_in(struct ebb__call *c) {
+  if (ebb__depth == 0) return ebb__call_here(c);
   ebb__count(EBB__S_REENTRANT, 1);
   /* ebb__depth counts the calls this one is nested in, the outermost included. */
-  if (ebb__depth <= atomic_load_explicit(&ebb__max_depth, memory_order_relaxed)) return ebb__call_here(&c);
+  if (ebb__depth <= atomic_load_explicit(&ebb__max_depth, memory_order_relaxed)) return ebb__call_here(c);
   /* Past the depth limit: a pool thread runs it (serving this thread's queue meanwhile), so this
    * stack grows no further. */
   ebb__count(EBB__S_HANDOFFS, 1);
   int n = 0;
   ebb_status st = ebb_dev_count(&n);
-  if (!st && n > 0 && !(c.streams = calloc((size_t)n, sizeof *c.streams)))
-    st = ebb__fail(EBB_ENOMEM, "%s: no host memory to hand a reentrant backward to a pool thread", fn);
-  for (int d = 0; !st && d < n; d++) st = ebb_stream_current(d, &c.streams[d]);
-  c.nstreams = n;
-  c.total_depth = ebb__total_depth;
-  if (!st) st = ebb__pool_run(ebb__call_pooled, &c);
-  free(c.streams);
+  if (!st && n > 0 && !(c->streams = calloc((size_t)n, sizeof *c->streams)))
+    st = ebb__fail(EBB_ENOMEM, "%s: no host memory to hand a reentrant backward to a pool thread", c->fn);
+  for (int d = 0; !st && d < n; d++) st = ebb_stream_current(d, &c->streams[d]);
+  c->nstreams = n;
+  c->total_depth = ebb__total_depth;
+  if (!st) st = ebb__pool_run(ebb__call_pooled, c);
+  free(c->streams);
   if (st) return st;
-  return c.st ? ebb__fail(c.st, "%s", c.msg) : EBB_OK;
+  return c->st ? ebb__fail(c->st, "%s", c->msg) : EBB_OK;
 }
 
 ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,

@@ -112,7 +112,7 @@ EBB_HIDDEN ebb_status ebb__consume_waits(struct ebb__task *t, struct ebb__tnode 
 EBB_HIDDEN ebb_status ebb__leaf_stream(struct ebb__task *t, const struct ebb__tnode *x);
 /* AccumulateGrad x runs: its follow-producer move made permanent, or the mismatch warning. */
 EBB_HIDDEN void ebb__acc_stream(struct ebb__task *t, const struct ebb__tnode *x);
-/* The leaf's .grad updated (AccumulateGrad), and a non-leaf input's (ebb_backward's inputs). */
+/* The leaf's .grad updated (AccumulateGrad), and a non-leaf's (ebb_backward's inputs, retain_grad). */
 EBB_HIDDEN ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *x, ebb_tensor_t **g);
 EBB_HIDDEN ebb_status ebb__accumulate_into(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__meta *m, const ebb_tensor_t *g);
 /* The caller's current streams wait for the leaf streams. */

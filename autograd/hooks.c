@@ -10,6 +10,7 @@
  * lock). A group (multi-grad, logging hooks) is a registry entry in no list whose removal removes
  * its members; it lives until removed.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,7 +87,7 @@ bool ebb__hook_remove_id(uint64_t id) {
 }
 
 static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_tensor_hook_fn f, ebb_post_accumulate_hook_fn post,
-                                void *user, void (*user_free)(void *), ebb_hook_handle *out) {
+                                void *user, void (*user_free)(void *), bool internal, ebb_hook_handle *out) {
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
   if (!f && !post) return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a hook function", fn);
@@ -103,7 +104,8 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
                      ebb__node_name_of(gf));
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a hook", fn);
-  *h = (struct ebb__hook){.kind = kind, .output_nr = nr, .fn = f, .post = post, .user = user, .user_free = user_free};
+  *h = (struct ebb__hook){.kind = kind, .output_nr = nr, .fn = f, .post = post, .user = user, .user_free = user_free,
+                            .internal = internal};
   ebb__mutex_lock(&ebb__hook_mu);
   bool ok = ebb__hook_add_locked(gf ? &gf->hooks : &m->hooks, h);
   uint64_t id = h->id;
@@ -117,19 +119,19 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
 }
 
 ebb_status ebb_tensor_register_hook(ebb_tensor_t *t, ebb_tensor_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__register("ebb_tensor_register_hook", t, EBB__HOOK_TENSOR, fn, NULL, user, NULL, out);
+  return ebb__register("ebb_tensor_register_hook", t, EBB__HOOK_TENSOR, fn, NULL, user, NULL, false, out);
 }
 
 ebb_status ebb__tensor_hook_add(const char *fn, ebb_tensor_t *t, ebb_tensor_hook_fn f, void *user, void (*user_free)(void *),
                                 uint64_t *id) {
   ebb_hook_handle h = {0};
-  ebb_status st = ebb__register(fn, t, EBB__HOOK_TENSOR, f, NULL, user, user_free, &h);
+  ebb_status st = ebb__register(fn, t, EBB__HOOK_TENSOR, f, NULL, user, user_free, true, &h);
   if (!st) *id = h.id;
   return st;
 }
 
 ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb_post_accumulate_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__register("ebb_tensor_register_post_accumulate_hook", t, EBB__HOOK_POST_ACC, NULL, fn, user, NULL, out);
+  return ebb__register("ebb_tensor_register_post_accumulate_hook", t, EBB__HOOK_POST_ACC, NULL, fn, user, NULL, false, out);
 }
 
 ebb_status ebb_hook_remove(ebb_hook_handle handle) {
@@ -155,17 +157,6 @@ ebb_status ebb_hook_remove(ebb_hook_handle handle) {
 
 static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
 
-/* retain_grad's hook: the non-leaf's .grad gets the gradient (a copy, then sums in place). */
-static ebb_status ebb__retain_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
-  (void)replace;
-  struct ebb__meta *m = user;
-  ebb_status st;
-  ebb__mutex_lock(&m->grad_mu);
-  st = m->grad ? ebb_op_add_(m->grad, grad) : ebb_tensor_clone(grad, &m->grad);
-  ebb__mutex_unlock(&m->grad_mu);
-  return st;
-}
-
 ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
   static const char fn[] = "ebb_tensor_retain_grad";
   ebb_status st = ebb__tensor_check(t, fn, "t");
@@ -187,7 +178,9 @@ ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
 static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out) {
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "no host memory for the retain_grad hook");
-  *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = nr, .fn = ebb__retain_hook, .user = m};
+  /* (no fn: the engine writes .grad itself, ebb__run_tensor_hooks' `retain`, since only it knows
+   * the stream the write goes on, which the caller's streams must wait for) */
+  *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = nr, .user = m};
   ebb__mutex_lock(&ebb__hook_mu);
   bool ok = ebb__hook_add_locked(&node->hooks, h);
   ebb__mutex_unlock(&ebb__hook_mu);
@@ -220,12 +213,15 @@ void ebb__retain_end(struct ebb__meta *m) {
   m->retain = NULL;
 }
 
-/* One pass over the list for hooks of `kind`. */
-static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hook *h, int kind, int output_nr, ebb_tensor_t **grad) {
+/* One pass over the list for the tensor hooks of output_nr. */
+static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
   for (; h; h = h->next) {
-    if (h->kind != kind || h->output_nr != output_nr || h->removed || !*grad) continue;
+    if (h->kind != EBB__HOOK_TENSOR || h->output_nr != output_nr || h->removed || !*grad) continue;
     ebb_tensor_t *rep = NULL;
+    struct ebb__user_call uc;
+    if (!h->internal) ebb__user_enter(&uc);
     ebb_status st = h->fn(*grad, &rep, h->user);
+    if (!h->internal) ebb__user_leave(&uc, st);
     if (st) {
       if (rep) ebb_tensor_release(rep);
       return ebb__fail(st, "%s: a tensor hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, who, ebb_last_error());
@@ -251,18 +247,35 @@ static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hoo
   return EBB_OK;
 }
 
-ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
+ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad,
+                                 ebb__retain_write_fn retain, void *ctx) {
+  ebb_status st = ebb__run_kind(fn, who, h, output_nr, grad);
   /* retain_grad sees the gradient after every other tensor hook (PyTorch's order). */
-  ebb_status st = ebb__run_kind(fn, who, h, EBB__HOOK_TENSOR, output_nr, grad);
-  return st ? st : ebb__run_kind(fn, who, h, EBB__HOOK_RETAIN, output_nr, grad);
+  for (; !st && h; h = h->next) {
+    if (h->kind != EBB__HOOK_RETAIN || h->output_nr != output_nr || h->removed || !*grad) continue;
+    if ((st = retain(ctx, h->user, *grad)))
+      st = ebb__fail(st, "%s: retain_grad's update of the .grad of output %d of %s failed: %s", fn, output_nr, who, ebb_last_error());
+  }
+  return st;
 }
 
 ebb_status ebb__run_post_acc_hooks(const char *fn, struct ebb__hook *h, const ebb_tensor_t *t) {
   for (; h; h = h->next) {
     if (h->kind != EBB__HOOK_POST_ACC || h->removed) continue;
+    struct ebb__user_call uc;
+    ebb__user_enter(&uc);
     ebb_status st = h->post(t, h->user);
+    ebb__user_leave(&uc, st);
     if (st)
       return ebb__fail(st, "%s: a post-accumulate hook (hook %llu) failed: %s", fn, (unsigned long long)h->id, ebb_last_error());
   }
   return EBB_OK;
+}
+
+void ebb__user_leave(const struct ebb__user_call *u, ebb_status st) {
+  if (st && u->div) {
+    if (ebb__fail_serial() != u->serial) snprintf(u->div, EBB__ERRMSG_MAX, "%s", ebb_last_error());
+    else snprintf(u->div, EBB__ERRMSG_MAX, "it returned %s with no message of ebb's", ebb_status_name(st));
+  }
+  ebb__fail_divert(u->div);
 }

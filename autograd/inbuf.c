@@ -260,8 +260,11 @@ ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *x, ebb_
   return st;
 }
 
-/* A non-leaf input of ebb_backward (meta m), captured at x: g added into its .grad, a copy the
- * first time. */
+/* A non-leaf's .grad (meta m) written at x, on x's stream: an input of ebb_backward captured
+ * there, or a retained one (retain_grad's write): g added into its .grad, a copy the first time.
+ * In place after .grad's last write, as for a leaf (a retained .grad is summed over backward
+ * calls whose nodes may run on other streams: a forward stream released since, an in-place
+ * change that moved its history). */
 ebb_status ebb__accumulate_into(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__meta *m, const ebb_tensor_t *g) {
   ebb__mutex_lock(&m->grad_mu);
   ebb_status st = ebb__grad_order(t, m, &x->sr);

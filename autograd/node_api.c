@@ -306,7 +306,10 @@ ebb_status ebb__node_pre_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t 
   char lb[96];
   for (struct ebb__hook *h = n->hooks; h && !st; h = h->next) {
     if (h->kind != EBB__HOOK_NODE_PRE || h->removed) continue;
+    struct ebb__user_call uc;
+    ebb__user_enter(&uc);
     st = h->pre(n, (const ebb_tensor_t *const *)g, ngrads, rep, h->user);
+    ebb__user_leave(&uc, st);
     if (st) {
       st = ebb__fail(st, "%s: a pre-hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb),
                      ebb_last_error());
@@ -344,7 +347,10 @@ ebb_status ebb__node_post_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t
   char lb[96];
   for (struct ebb__hook *h = n->hooks; h && !st; h = h->next) {
     if (h->kind != EBB__HOOK_NODE_POST || h->removed) continue;
+    struct ebb__user_call uc;
+    ebb__user_enter(&uc);
     st = h->npost(n, (const ebb_tensor_t *const *)gin, nin, (const ebb_tensor_t *const *)o, nout, rep, h->user);
+    ebb__user_leave(&uc, st);
     if (st) {
       st = ebb__fail(st, "%s: a post-hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb),
                      ebb_last_error());
@@ -536,7 +542,10 @@ static void ebb__mg_state_free(struct ebb__mg_state *s) {
 
 /* Calls the user's function with grads[0..n) and releases them. */
 static ebb_status ebb__mg_fire(struct ebb__mg *mg, ebb_tensor_t **grads) {
+  struct ebb__user_call uc;
+  ebb__user_enter(&uc);
   ebb_status st = mg->fn((const ebb_tensor_t *const *)grads, mg->n, mg->user);
+  ebb__user_leave(&uc, st);
   if (st) st = ebb__fail(st, "a multi-grad hook failed: %s", ebb_last_error());
   ebb__release_all(grads, mg->n);
   free(grads);

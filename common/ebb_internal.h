@@ -59,6 +59,18 @@ EBB_HIDDEN ebb_status ebb__fail(ebb_status status, const char *fmt, ...) EBB_PRI
 EBB_HIDDEN void ebb__fail_mute(bool on);
 EBB_HIDDEN const char *ebb__muted_error(void);
 
+/* A call that reports its internal steps' failures once, itself (the backward engine, whose
+ * steps run on other threads too): while a thread has a divert buffer (EBB__ERRMSG_MAX bytes),
+ * failures on it are stored there, read back by ebb_last_error, and call no hook; the thread's own
+ * last error is left alone. Sets buf (NULL: none) and returns the one it replaces, to set back
+ * after (so diverts nest, and a user's callback runs with NULL: its failed calls are its own).
+ * The caller initialises buf. */
+#define EBB__ERRMSG_MAX 512
+EBB_HIDDEN char *ebb__fail_divert(char *buf);
+/* How many failures this thread stored as its last error (muted and diverted ones not counted):
+ * whether a callback's calls failed. */
+EBB_HIDDEN uint64_t ebb__fail_serial(void);
+
 /* Formats the message and hands it to the warning handler (ebb_set_warning_handler). Leaves
  * ebb_last_error and the error hook alone. */
 EBB_HIDDEN void ebb__warn(const char *fmt, ...) EBB_PRINTF(1, 2);

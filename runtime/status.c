@@ -2,7 +2,9 @@
  * the error hook, and the single place where a CUresult becomes an ebb_status.
  *
  * Threading: the message buffer is per thread (_Thread_local), written only by failing calls on
- * that thread. The error hook sits under a mutex taken only on failures.
+ * that thread; a call that reports its internal steps' failures once, itself, diverts them to a
+ * buffer of its own meanwhile (ebb__fail_divert). The error hook sits under a mutex taken only on
+ * failures.
  */
 #include <stdarg.h>
 #include <pthread.h>
@@ -35,10 +37,21 @@ const char *ebb_status_str(ebb_status s) {
   return "unknown status";
 }
 
-static _Thread_local char ebb__errbuf[512];
+static _Thread_local char ebb__errbuf[EBB__ERRMSG_MAX];
+static _Thread_local char *ebb__errdiv;      /* ebb__fail_divert's buffer, NULL: none */
+static _Thread_local uint64_t ebb__errserial; /* failures stored in ebb__errbuf */
 
-const char *ebb_last_error(void) { return ebb__errbuf; }
-void ebb_clear_error(void) { ebb__errbuf[0] = '\0'; }
+/* (while diverted, what the internal steps read back to build on is the diverted message) */
+const char *ebb_last_error(void) { return ebb__errdiv ? ebb__errdiv : ebb__errbuf; }
+void ebb_clear_error(void) { (ebb__errdiv ? ebb__errdiv : ebb__errbuf)[0] = '\0'; }
+
+char *ebb__fail_divert(char *buf) {
+  char *prev = ebb__errdiv;
+  ebb__errdiv = buf;
+  return prev;
+}
+
+uint64_t ebb__fail_serial(void) { return ebb__errserial; }
 
 /* The hook and its argument change together, so both sit under one small lock. Failures are
  * not a hot path; the lock is taken only there and in ebb_set_error_hook. */
@@ -74,8 +87,9 @@ ebb_status ebb__fail(ebb_status status, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  memcpy(ebb__muted ? ebb__muted_buf : ebb__errbuf, msg, sizeof msg);
-  if (ebb__muted) return status;
+  memcpy(ebb__muted ? ebb__muted_buf : ebb__errdiv ? ebb__errdiv : ebb__errbuf, msg, sizeof msg);
+  if (ebb__muted || ebb__errdiv) return status; /* (a diverted failure is reported by the call that diverted it) */
+  ebb__errserial++;
   pthread_mutex_lock(&ebb__hook_lock);
   ebb_error_hook_fn fn = ebb__hook_fn;
   void *user = ebb__hook_user;

@@ -175,8 +175,11 @@ EBB_API ebb_status ebb_tensor_register_hook(ebb_tensor_t *t, ebb_tensor_hook_fn 
 EBB_API ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb_post_accumulate_hook_fn fn, void *user,
                                                             ebb_hook_handle *out);
 /* Makes a non-leaf keep its gradient in .grad (ebb_tensor_grad) at each backward, summed over
- * backward calls like a leaf's, seen after its other tensor hooks. A leaf: nothing to do; twice:
- * once. EBB_EINVAL for a tensor that does not require a gradient. */
+ * backward calls like a leaf's, seen after its other tensor hooks. Streams as for a leaf's .grad
+ * ("the engine: devices, streams, threads"): written on the stream of the node that made the
+ * tensor, which the caller's current streams wait for when the backward returns; a later backward
+ * on another stream sums into it after that write. A leaf: nothing to do; twice: once.
+ * EBB_EINVAL for a tensor that does not require a gradient. */
 EBB_API ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t);
 /* Removes a hook (tensor, post-accumulate or node hook), or every hook of a multi-grad or logging
  * handle: it does not run again (a backward running on another thread may still call it once).
@@ -354,12 +357,14 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  * producer's, else on the caller's current stream of the gradient's device, with at most one event
  * per producer and one to the consumer. The roots' gradients count as produced on the caller's
  * current streams. When ebb_backward returns, the caller's current stream of every device waits
- * (on the device, not the host) for every stream that accumulated a .grad or captured an
- * ebb_grad result, so work issued next on those streams sees the gradients; other streams must
- * wait on them (ebb_stream_wait_stream). A backward that adds into a .grad last written by a
- * backward on another stream (an accumulator that followed its producer, or was made again on
- * another stream, or another thread's backward) first makes its stream wait for that one; a .grad
- * set with ebb_tensor_set_grad is the caller's to order. Hooks run with the node's stream current;
+ * (on the device, not the host) for every stream that accumulated a .grad (a leaf's, or a
+ * non-leaf's through retain_grad, written on the stream of the node that made the tensor) or
+ * captured an ebb_grad result, so work issued next on those streams sees the gradients; other
+ * streams must wait on them (ebb_stream_wait_stream). A backward that adds into a .grad last
+ * written by a backward on another stream (an accumulator that followed its producer, or was made
+ * again on another stream, a retained non-leaf whose node's forward stream was released since,
+ * or another thread's backward) first makes its stream wait for that one; a .grad set with
+ * ebb_tensor_set_grad is the caller's to order. Hooks run with the node's stream current;
  * a change a hook makes to its thread's grad or inference mode lasts until its node ends.
  *
  * Reentrant backward: a backward started inside a hook (or a node) runs on that thread, serving
@@ -367,7 +372,13 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  * calls per thread; deeper, the inner backward moves to a pool thread and the calling thread
  * waits for it (its stack does not grow further). Errors: the first failing node ends the task on
  * every device: nodes not started are skipped, the caller gets that node's status and a message
- * naming it and its device.
+ * naming it and its device. A failed backward is one failure, wherever its node ran: its message
+ * is the calling thread's ebb_last_error and the error hook (ebb_set_error_hook) is called once,
+ * on the calling thread; the engine's own steps leave a device worker's or pool thread's last
+ * error alone, and a backward that succeeds leaves the caller's alone. Calls a hook makes are the
+ * hook's own: one that fails is reported on the thread the hook ran on (a worker's, maybe) as
+ * any failing call, and when the hook then fails the backward its message is kept in the
+ * backward's.
  *
  * Threading of the settings below: each is process-wide, read at the start of a backward; set
  * them between training steps. */

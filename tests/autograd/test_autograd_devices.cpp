@@ -209,6 +209,58 @@ bool scenario_leaf_sync(int dev, int t) {
   return same(grad_seen(w), times(wv, 2.0));
 }
 
+// A retained non-leaf: retain_grad writes its .grad on the stream of the node that made it (a's
+// forward stream s, behind a backlog). a is w moved from the other device to `dev`, so no leaf's
+// .grad is written on `dev`: only the end sync orders the caller's stream there after s. The
+// caller, on streams of its own on both devices, reads a's .grad right after ebb_backward
+// returns. Needs the retaining stream among those the end sync waits for.
+bool scenario_retain_sync(int dev, int t) {
+  Warnings quiet;  // w's AccumulateGrad (the other device) gets its gradient from s: the mismatch warning
+  int other = 1 - dev;
+  Stream s(dev), c(dev), co(other);
+  auto wv = vals(t);
+  Tensor w = leaf(other, wv), a, loss;
+  sync_all();
+  {
+    OnStream g(s);
+    a = to_dev(w, dev);
+    EBB_REQUIRE_OK(ebb_tensor_retain_grad(a));
+    loss = sum(mul(a, a));
+  }
+  busy(s, kBacklog);
+  OnStream go(co);
+  OnStream gc(c);
+  EBB_REQUIRE_OK(backward({loss}));
+  return same(grad_seen(a), times(wv, 2.0));  // d/da sum(a^2)
+}
+
+// A second backward into a retained .grad: backward 1 (retain_graph) writes a's .grad on a's
+// forward stream s behind a backlog, then s is released; backward 2, from a caller on another
+// stream c2, runs a's node on c2 (its forward stream is gone) and adds into that .grad in place.
+// Needs c2 to wait for .grad's last write on s first (as a leaf's .grad would).
+bool scenario_retain_twice(int dev, int t) {
+  Stream c1(dev), c2(dev);
+  auto wv = vals(t);
+  Tensor w = leaf(dev, wv), a, loss;
+  sync_all();
+  {
+    Stream s(dev);
+    {
+      OnStream g(s);
+      a = scale(w, 3);
+      EBB_REQUIRE_OK(ebb_tensor_retain_grad(a));
+      loss = sum(mul(a, a));
+    }
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(c2, s));  // backward 2 reads the forward's saved values, not backward 1's work
+    busy(s, kBacklog);
+    OnStream g(c1);
+    EBB_REQUIRE_OK(backward({loss}, {}, true));
+  }  // s released, its work still queued
+  OnStream g(c2);
+  EBB_REQUIRE_OK(backward({loss}));
+  return same(grad_seen(a), times(wv, 12.0));  // twice d/da sum(a^2) = 2 * 2 * 3w
+}
+
 using Scenario = bool (*)(int, int);
 
 // Runs a scenario kTries times with the engine waits in `drop` skipped: returns how many tries
@@ -524,6 +576,38 @@ TEST_CASE("engine devices: after ebb_backward returns, work on the caller's curr
   EBB_CHECK_CLOSE(grad_seen(g.w1), g.want1(), 1e-9, 1e-12);
 }
 
+TEST_CASE("engine devices: after ebb_backward returns, work on the caller's current stream sees a retained non-leaf's .grad",
+          "[autograd][devices][streams][retain]") {
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  // Two devices: the calling thread's path and the workers' (what AUTO picks here).
+  for (ebb_engine_mode mode : {EBB_ENGINE_CALLING_THREAD, EBB_ENGINE_WORKERS})
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      for (int t = 0; t < kTries; t++) CHECK(scenario_retain_sync(dev, t + 4 * dev + 8 * mode));
+      sync_all();
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("engine devices: a second backward adds into a retained .grad after its last write on another stream",
+          "[autograd][devices][streams][retain]") {
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  // One device: the calling thread's path (AUTO) and a worker's.
+  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      for (int t = 0; t < kTries; t++) CHECK(scenario_retain_twice(dev, t + 4 * dev + 8 * mode));
+      sync_all();
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 // ---- 2. spec §2.8: a forward that moved tensors between devices --------------------------------------
 
 TEST_CASE("engine devices: a forward moving tensors 0 to 1 and back gets right gradients on both devices, with no device-wide sync",
@@ -616,6 +700,11 @@ TEST_CASE("engine devices: without the accumulation stream's waits several produ
 TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads .grad too early",
           "[autograd][devices][proof]") {
   prove_wait(scenario_leaf_sync, kDropLeafSync, "the caller's stream after backward");
+}
+
+TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads a retained non-leaf's .grad too early",
+          "[autograd][devices][proof][retain]") {
+  prove_wait(scenario_retain_sync, kDropLeafSync, "the caller's stream after backward, a retained non-leaf's .grad");
 }
 
 // ---- 4. events ------------------------------------------------------------------------------------------
@@ -1265,6 +1354,116 @@ TEST_CASE("engine devices: an error in a device-1 node's hook ends the task on b
   }
   sync_all();
   CHECK(ebb_autograd_live_nodes() == 0);  // the failed task dropped what it held
+}
+
+namespace {
+
+// The error hook's calls and the thread each came on (a device worker's, possibly).
+struct HookLog {
+  std::mutex mu;
+  std::vector<std::pair<std::thread::id, std::string>> calls;
+  static void fn(ebb_status, const char *m, void *user) {
+    auto *l = static_cast<HookLog *>(user);
+    std::lock_guard<std::mutex> g(l->mu);
+    l->calls.emplace_back(std::this_thread::get_id(), m);
+  }
+};
+
+// What a failing pre-hook saw: its thread, and that thread's last error when it started.
+struct Refusal {
+  std::mutex mu;
+  std::thread::id thread;
+  std::string last_error_at_entry;
+  bool own_call = false;  // fail through an ebb call of its own (else return a status, no message)
+};
+
+ebb_status refusing_pre(const ebb_node_t *, const ebb_tensor_t *const *, int, ebb_tensor_t **, void *user) {
+  auto *r = static_cast<Refusal *>(user);
+  {
+    std::lock_guard<std::mutex> g(r->mu);
+    r->thread = std::this_thread::get_id();
+    r->last_error_at_entry = ebb_last_error();
+  }
+  return r->own_call ? ebb_tensor_set_name(nullptr, "x") : EBB_EINVAL;
+}
+
+}  // namespace
+
+TEST_CASE("engine devices: a node failing on a device worker is one failure, reported on the thread that called ebb_backward",
+          "[autograd][devices][errors]") {
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  const auto me = std::this_thread::get_id();
+  for (ebb_engine_mode mode : {EBB_ENGINE_CALLING_THREAD, EBB_ENGINE_WORKERS})
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      Stream s(dev);
+      Tensor w = leaf(dev, vals(dev), "w"), l, c;
+      {
+        OnStream g(s);
+        Tensor a = scale(w, 2);
+        c = mul(a, a);
+        l = sum(c);
+      }
+      Refusal r;
+      ebb_hook_handle h;
+      EBB_REQUIRE_OK(ebb_node_register_pre_hook(grad_fn(c), refusing_pre, &r, &h));
+      HookLog log;
+      ebb_set_error_hook(HookLog::fn, &log);
+      // Twice: the second run's hook sees what the first left as its thread's last error.
+      for (int run = 0; run < 2; run++) {
+        INFO("run " << run);
+        ebb_clear_error();
+        {
+          std::lock_guard<std::mutex> g(log.mu);
+          log.calls.clear();
+        }
+        ebb_status st = backward({l}, {}, true);
+        std::string msg = ebb_last_error();
+        INFO("ebb_backward -> " << ebb_status_name(st) << ": " << msg);
+        CHECK(st == EBB_EINVAL);
+        CHECK(msg.find("MulBackward") != std::string::npos);
+        CHECK(msg.find("device " + std::to_string(dev)) != std::string::npos);
+        std::lock_guard<std::mutex> g(log.mu);
+        CHECK(log.calls.size() == 1);  // one failed call (the hook's own status has no message of ebb's)
+        for (auto &call : log.calls) {
+          CHECK(call.first == me);
+          CHECK(call.second == msg);
+        }
+        std::lock_guard<std::mutex> gr(r.mu);
+        if (mode == EBB_ENGINE_WORKERS) {
+          CHECK(r.thread != me);  // it did run on the worker
+          // The engine's message is the caller's: the worker's own last error never got it.
+          CHECK(r.last_error_at_entry.find("MulBackward") == std::string::npos);
+        }
+      }
+      // A hook that fails through a call of its own: that call's failure, on the thread it ran
+      // on, then the backward's, on the caller, keeping the call's message.
+      r.own_call = true;
+      {
+        std::lock_guard<std::mutex> g(log.mu);
+        log.calls.clear();
+      }
+      ebb_status st = backward({l});
+      std::string msg = ebb_last_error();
+      ebb_set_error_hook(nullptr, nullptr);
+      CHECK(st == EBB_EINVAL);
+      CHECK(msg.find("ebb_tensor_set_name") != std::string::npos);
+      std::lock_guard<std::mutex> g(log.mu);
+      CHECK(log.calls.size() == 2);
+      if (log.calls.size() == 2) {
+        CHECK(log.calls[0].first == r.thread);
+        CHECK(log.calls[0].second.find("ebb_tensor_set_name") == 0);
+        CHECK(log.calls[1].first == me);
+        CHECK(log.calls[1].second == msg);
+      }
+      EBB_REQUIRE_OK(ebb_hook_remove(h));
+      sync_all();
+    }
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
 }
 
 // ---- 9. reentrant backward -----------------------------------------------------------------------------
