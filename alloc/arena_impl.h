@@ -650,7 +650,8 @@ EBB_HIDDEN void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__bloc
 EBB_HIDDEN void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b);
 /* Takes indexed block b out of its index (it stays FREE). */
 EBB_HIDDEN void ebb__index_remove(struct ebb__block *b);
-/* Indexed block b (in the tree or the list) grew to its current size. */
+/* Indexed block b (in the tree, the list or the tail slot) grew to its current size; one that
+ * now ends an expandable segment (it took in the free tail) moves to the tail slot. */
 EBB_HIDDEN void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b);
 /* Indexed block old leaves the index and FREE block nw, next to it in order and of the same
  * stream and pool, comes in: in the tree, nw takes old's slot (no walk, no split). */

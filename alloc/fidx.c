@@ -440,9 +440,12 @@ void ebb__index_remove(struct ebb__block *b) {
 
 void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__fxnode *n = b->leaf;
-  if (!n) return; /* the tail, or in the list: their searches read sizes */
+  /* The tail, or in the list: their searches read sizes. A listed block (its tree had no node
+   * memory) that took in the segment's tail is the tail now, served last (rule 3), not by the
+   * list's rules 1 and 2. */
+  if (!n && EBB_LIKELY(!ebb__is_xtail(b) || b->spool->pools[b->pool].tail == b)) return;
   /* Oversize now, or it took in the segment's tail and is the tail now. */
-  if (EBB_UNLIKELY(b->size >= ebb__max_split(a) || ebb__is_xtail(b))) {
+  if (EBB_UNLIKELY(!n || b->size >= ebb__max_split(a) || ebb__is_xtail(b))) {
     ebb__index_remove(b);
     ebb__index_insert(a, b);
     return;

@@ -419,8 +419,17 @@ int main(int argc, char **argv) {
   if (expandable >= 0) {
     /* Appended to the user's EBB_ALLOC_CONF: the parser reads keys in order. */
     const char *conf = getenv("EBB_ALLOC_CONF");
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s%sexpandable_segments:%d", conf ? conf : "", conf && *conf ? "," : "", expandable);
+    char buf[512]; /* ebb reads at most 511 characters of it */
+    const char *sep = conf && *conf ? "," : "";
+    int n = snprintf(buf, sizeof buf, "%s%sexpandable_segments:%d", conf ? conf : "", sep, expandable);
+    if (n < 0 || (size_t)n >= sizeof buf) {
+      /* Cut short, the key (or all but its comma) would be lost and the replay would run the
+       * other kind of segments without a word. */
+      fprintf(stderr, PROG ": %s: EBB_ALLOC_CONF has no room for '%sexpandable_segments:%d' (at most %zu characters in all)\n",
+              expandable ? "--expandable" : "--classic", sep, expandable, sizeof buf - 1);
+      rc = 2;
+      goto out_trace;
+    }
     setenv("EBB_ALLOC_CONF", buf, 1);
   }
 

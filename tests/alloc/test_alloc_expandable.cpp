@@ -358,3 +358,46 @@ TEST_CASE("a failed device wait before unmapping is reported and nothing is unma
   EBB_REQUIRE_OK(ebb_stream_release(t));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// While n > 0, the free index's next n node chunks are refused as if host memory had run out
+// (white-box: the tests link the library statically).
+extern "C" void ebb__fx_refuse_chunks(int n);
+
+// A free block the index keeps in its list (its tree had no node memory) that takes in the free
+// block after it, the segment's last, ends the segment: it is the index's tail from then on,
+// served last (rule 3), not a listed block that a request below 2 MiB takes before an older,
+// larger one for being below 2 MiB (arena_impl.h, "free index").
+TEST_CASE("expandable segments: a listed free block that merges with the free tail becomes the tail",
+          "[alloc][expandable]") {
+  EbbSession session;
+  EBB_NEED_VMM();
+  size_t gran = 0;
+  EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
+  REQUIRE(gran == 2 * MiB); // the layout below counts 2 MiB granules
+  ebb_stream_t *s = default_stream(0);
+  ebb__fx_refuse_chunks(INT_MAX); // the fresh arena's tree gets no node: free blocks go to the list
+  void *z = nullptr, *a = nullptr, *b = nullptr, *c = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, s, &z));   // [z 4]
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &a));   // [z 4 | a 1 | tail 1]
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &b));   // [z 4 | a 1 | b 0.5 | tail 0.5]
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &c));   // [z 4 | a 1 | b 0.5 | c 0.5]
+  const uintptr_t uz = reinterpret_cast<uintptr_t>(z);
+  REQUIRE(reinterpret_cast<uintptr_t>(c) == uz + 5 * MiB + MiB / 2);
+  REQUIRE(stats(0).reserved_bytes.current == 6 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_free(z)); // the list
+  EBB_REQUIRE_OK(ebb_arena_free(b)); // the list
+  EBB_REQUIRE_OK(ebb_arena_free(c)); // merges into b, which ends the segment now: the tail
+  ebb_status st = ebb_arena_debug_check(0);
+  INFO(ebb_last_error());
+  CHECK(st == EBB_OK);
+  // A request below 2 MiB: no hole below 2 MiB but the tail, so the oldest fit, z.
+  void *x = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &x));
+  CHECK(x == z);
+  ebb__fx_refuse_chunks(0);
+  ARENA_CHECK();
+  for (void *q : {a, x}) EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
