@@ -248,6 +248,14 @@ static ebb_status ebb__alloc_start(const char *fn) {
      * times the peak live bytes, classic segments 1.02-1.26 (perf/RESULTS.md). */
     struct ebb__conf c = ebb__al.conf;
     if (!c.expandable_set) c.expandable = vmm[i];
+    /* Asked for where the driver cannot grow a reservation: every allocation would fail with an
+     * OOM that hides why. Classic segments serve, and the user hears it once per device. */
+    if (c.expandable && !vmm[i]) {
+      ebb__warn("EBB_ALLOC_CONF: expandable_segments:1, but device %d's driver has no VMM (virtual memory "
+                "management); device %d uses classic segments",
+                i, i);
+      c.expandable = false;
+    }
     ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &c, total[i]);
   }
   ebb__al.ndev = ndev;

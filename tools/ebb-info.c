@@ -48,6 +48,7 @@ static const config_var k_config[] = {
     {"EBB_SIM_DEVICES", "2", "emulated devices"},
     {"EBB_SIM_MEM", "8 GiB, at most 3/4 of host memory over the devices", "memory capacity of each emulated device"},
     {"EBB_SIM_COMMIT", "1", "emulated memory committed at allocation (0: at first touch)"},
+    {"EBB_SIM_VMM", "1", "emulated devices have VMM (0: none, as a driver without it)"},
     {"EBB_SIM_COPY_GBPS", "(off: copies run at memcpy speed)", "emulated link bandwidth"},
     {"EBB_SIM_LAUNCH_US", "(off: no launch latency)", "emulated launch latency"},
     {"EBB_SIM_PERTURB", "(off: work runs as soon as it may)", "perturbation seed: independent streams' work shuffled"},

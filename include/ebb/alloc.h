@@ -39,7 +39,9 @@
  *                            No effect with expandable segments (their blocks are always split)
  *   expandable_segments:0|1  grow one VMM reservation per device instead of separate segments
  *                            (default: 1 on a device whose driver has VMM, ebb_dev_caps.vmm:
- *                            every current GPU and the emulated driver; 0 elsewhere)
+ *                            every current GPU and the emulated driver; 0 elsewhere). 1 on a
+ *                            device without VMM: that device uses classic segments, and
+ *                            ebb_init says so through the warning handler, once per device
  *   pinned_max_bytes:N       cap on pinned bytes held (default: no cap)
  *   oom_snapshot:PATH        write a memory snapshot (ebb_memory_snapshot_json) to PATH when an
  *                            allocation fails with EBB_ENOMEM

@@ -166,7 +166,7 @@ static bool parse_bytes(const char *s, size_t *out) {
   return true;
 }
 
-/* EBB_SIM_COMMIT: 1 (the default) or 0. */
+/* EBB_SIM_COMMIT, EBB_SIM_VMM: 1 (the default) or 0. */
 static bool parse_bool01(const char *s, bool *out) {
   if ((s[0] != '0' && s[0] != '1') || s[1]) return false;
   *out = s[0] == '1';
@@ -309,7 +309,7 @@ static void init_body(void) {
   const char *e;
   int ndev = 2;
   size_t mem = 0; /* 0: default_capacity(ndev), once ndev is known */
-  bool commit = true;
+  bool commit = true, vmm = true;
   double gbps = 0, launch_us = 0;
   uint64_t perturb = 0;
   /* A bad setting fails cuInit loudly rather than silently simulating something else. */
@@ -325,6 +325,11 @@ static void init_body(void) {
   }
   if ((e = setting("EBB_SIM_COMMIT")) && !parse_bool01(e, &commit)) {
     snprintf(init_error, sizeof init_error, "EBB_SIM_COMMIT='%s' is not 0 or 1", e);
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
+  if ((e = setting("EBB_SIM_VMM")) && !parse_bool01(e, &vmm)) {
+    snprintf(init_error, sizeof init_error, "EBB_SIM_VMM='%s' is not 0 or 1", e);
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
@@ -348,6 +353,7 @@ static void init_body(void) {
   sim.ndev = ndev;
   sim.mem_capacity = mem;
   sim.commit = commit;
+  sim.vmm = vmm;
   sim.copy_gbps = gbps;
   sim.launch_ns = (int64_t)(launch_us * 1000.0);
   sim.perturb_seed = perturb;
@@ -513,7 +519,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = sim.vmm; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; break;       /* no cuMemAllocAsync */
     case CU_DEVICE_ATTRIBUTE_NUMA_ID: v = -1; break;                     /* not a NUMA node */
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: v = -1; break;                /* topology is the runtime's */

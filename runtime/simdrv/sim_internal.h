@@ -128,6 +128,7 @@ struct sim_globals {
   int ndev;
   size_t mem_capacity;
   bool commit;                 /* EBB_SIM_COMMIT: memory committed at allocation (default) */
+  bool vmm;                    /* EBB_SIM_VMM: the devices report and serve VMM (default) */
   double copy_gbps;            /* 0: copies take only their real time */
   int64_t launch_ns;           /* 0: kernels take only their real time */
   uint64_t perturb_seed;       /* EBB_SIM_PERTURB; 0: off (streams' work runs as soon as it may) */

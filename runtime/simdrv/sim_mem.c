@@ -381,6 +381,7 @@ static struct sim_device *location_device(const CUmemLocation *loc) {
 SIM_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                                       CUmemAllocationGranularity_flags option) {
   SIM_CHECK_INIT();
+  if (!sim.vmm) return CUDA_ERROR_NOT_SUPPORTED; /* EBB_SIM_VMM=0: a device without VMM */
   if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
   if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
     return CUDA_ERROR_INVALID_VALUE;
@@ -393,6 +394,7 @@ SIM_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, cons
 SIM_API CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                             unsigned long long flags) {
   SIM_CHECK_INIT();
+  if (!sim.vmm) return CUDA_ERROR_NOT_SUPPORTED; /* EBB_SIM_VMM=0: a device without VMM */
   (void)addr; /* a hint in CUDA too; the kernel picks the address */
   if (!ptr || size == 0 || size % SIM_GRANULE || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (alignment & (alignment - 1)) return CUDA_ERROR_INVALID_VALUE;
@@ -459,6 +461,7 @@ out_unlock:
 SIM_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                     const CUmemAllocationProp *prop, unsigned long long flags) {
   SIM_CHECK_INIT();
+  if (!sim.vmm) return CUDA_ERROR_NOT_SUPPORTED; /* EBB_SIM_VMM=0: a device without VMM */
   if (!handle || !prop || size == 0 || size % SIM_GRANULE || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return CUDA_ERROR_INVALID_VALUE;

@@ -1,7 +1,8 @@
 // test_simdrv_env.cpp: settings read at cuInit. test_simdrv_env runs with EBB_SIM_DEVICES=3,
-// EBB_SIM_MEM=1G, the largest EBB_SIM_PERTURB seed and EBB_SIM_COMMIT=0; test_simdrv_badenv with
-// EBB_SIM_DEVICES=0, test_simdrv_badperturb(_junk) with EBB_SIM_PERTURB=-1 and =7x, and
-// test_simdrv_badcommit with EBB_SIM_COMMIT=yes (all EBB_SIMDRV_EXPECT_BAD_ENV=1).
+// EBB_SIM_MEM=1G, the largest EBB_SIM_PERTURB seed, EBB_SIM_COMMIT=0 and EBB_SIM_VMM=0;
+// test_simdrv_badenv with EBB_SIM_DEVICES=0, test_simdrv_badperturb(_junk) with EBB_SIM_PERTURB=-1
+// and =7x, test_simdrv_badcommit with EBB_SIM_COMMIT=yes and test_simdrv_badvmm with EBB_SIM_VMM=2
+// (all EBB_SIMDRV_EXPECT_BAD_ENV=1).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -19,7 +20,7 @@ TEST_CASE("environment: device count and capacity", "[simdrv][env]") {
     CU_EQ(d.Init(0), CUDA_ERROR_INVALID_VALUE);
     std::string why = d.InitError();
     INFO("ebbsim_init_error: " << why);
-    const char *vars[] = {"EBB_SIM_DEVICES", "EBB_SIM_PERTURB", "EBB_SIM_COMMIT"};
+    const char *vars[] = {"EBB_SIM_DEVICES", "EBB_SIM_PERTURB", "EBB_SIM_COMMIT", "EBB_SIM_VMM"};
     bool named = false;
     for (const char *v : vars)
       if (const char *val = std::getenv(v))
@@ -57,4 +58,30 @@ TEST_CASE("environment: EBB_SIM_COMMIT=0 leaves pages to first touch", "[simdrv]
   std::memset(reinterpret_cast<void *>(dev), 1, n);
   CHECK(mapped_pages(p, n) == n / page());
   CU_OK(d.MemFree(dev));
+}
+
+TEST_CASE("environment: EBB_SIM_VMM=0 makes devices without VMM, whose VMM calls are refused", "[simdrv][env][vmm]") {
+  if (std::getenv("EBB_SIMDRV_EXPECT_BAD_ENV")) return;  // the first case checks the bad setting
+  const SimDrv &d = drv();
+  int n = sim_setup();
+  for (int i = 0; i < n; i++) {
+    int v = -1;
+    CU_OK(d.DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, i));
+    CHECK(v == 0);
+  }
+  CUmemAllocationProp prop;
+  std::memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  CU_EQ(d.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_ERROR_NOT_SUPPORTED);
+  CUdeviceptr va = 0;
+  CU_EQ(d.MemAddressReserve(&va, size_t(2) << 20, 0, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+  CUmemGenericAllocationHandle h = 0;
+  CU_EQ(d.MemCreate(&h, size_t(2) << 20, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+  // Plain device memory still works.
+  CUdeviceptr p = 0;
+  CU_OK(d.MemAlloc(&p, 1 << 20));
+  CU_OK(d.MemFree(p));
 }
