@@ -135,22 +135,27 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
   if (g)
     for (tail = g->first; tail->next; tail = tail->next) {}
   size_t have = tail && tail->state == EBB__B_FREE && tail->spool == sp && tail->pool == pool ? tail->size : 0;
-  /* Grow by the granules the request needs beyond the free tail, no more. Growing by a
-   * segment's worth at least (2 MiB for the small pool, 20 MiB for the large, as PyTorch's
-   * pages) left up to 20 MiB mapped and unused at the reserved peak: frag_ratio on the real
-   * training traces, with two pools, 1.229 -> 1.093 (real_mlp), 1.105 -> 1.033
-   * (real_transformer), 1.258 -> 1.211 (real_cnn) by this alone (perf/JOURNAL.md, "Placement
-   * on real training traces"). The driver calls are as many (one per granule), in more growths. */
+  /* Grow by the granules the request needs beyond the free tail, no more: a larger step (2 or
+   * 20 MiB, PyTorch's pages) leaves up to that much mapped and unused at the reserved peak
+   * (perf/JOURNAL.md, "Placement on real training traces"). The driver calls are as many (one per
+   * granule), in more growths. */
   size_t grow = ebb__round_up(r - have, a->xgran);
   if (tried) *tried = (struct ebb__tried){.first = grow, .second = 0, .expandable = true};
+  /* The record of a new tail block before mapping: once mapped and counted, the granules must be
+   * covered by a block, and a record that cannot be had then would leave them untiled. */
+  struct ebb__block *b = NULL;
+  if (g && !have && !(b = ebb__block_new(a)))
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for a block record", a->up->alloc_fn);
   ebb_status st = ebb__x_map_tail(a, mapped, grow);
-  if (st) return st;
+  if (st) {
+    if (b) ebb__block_dead(a, b);
+    return st;
+  }
   uint8_t ocat;
   const char *oname;
   ebb__owner_current(&ocat, &oname);
   ebb__hist_rec(a, EBB_ACT_SEGMENT_MAP, a->xva + mapped, grow, 0, sp->stream.id, ocat, oname);
   if (!g) {
-    struct ebb__block *b;
     g = ebb__segment_add(a, a->xva, grow, pool, sp, &b); /* counts reserved and segments */
     if (!g) {
       ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, a->xva, grow, 0, sp->stream.id, ocat, oname);
@@ -171,8 +176,6 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
     ebb__index_insert(a, tail);
     return EBB_OK;
   }
-  struct ebb__block *b = ebb__block_new(a);
-  if (!b) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a block record", a->up->alloc_fn);
   b->addr = a->xva + mapped;
   b->size = grow;
   b->seg = g;

@@ -401,3 +401,38 @@ TEST_CASE("expandable segments: a listed free block that merges with the free ta
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// arena.c's white-box switches: refuse new slabs of block records, and hold a device arena's
+// spare records aside (so the next record asked for needs a new slab).
+extern "C" void ebb__block_test_refuse_slabs(int n);
+extern "C" void ebb__block_test_hold(int device, bool hold);
+
+TEST_CASE("expandable segments: growth that can get no block record (no host memory) maps nothing and leaves the arena whole",
+          "[alloc][expandable][oom]") {
+  EbbSession session;
+  EBB_NEED_VMM();
+  ebb_stream_t *s = default_stream(0);
+  void *a = nullptr, *b = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 2 * MiB, s, &a));  // the whole first granule: no free tail
+  size_t reserved = stats(0).reserved_bytes.current;
+  REQUIRE(reserved == 2 * MiB);
+  ebb__block_test_hold(0, true);
+  ebb__block_test_refuse_slabs(1 << 20);
+  ebb_status st = ebb_arena_alloc(0, 2 * MiB, s, &b);  // growth needs a record for its new tail block
+  ebb__block_test_refuse_slabs(0);
+  ebb__block_test_hold(0, false);
+  INFO("ebb_arena_alloc: " << ebb_last_error());
+  CHECK(st == EBB_ENOMEM);
+  CHECK(b == nullptr);
+  ARENA_CHECK();  // every mapped byte is covered by a block
+  CHECK(stats(0).reserved_bytes.current == reserved);
+  // And the arena goes on: growth works once records can be had, and everything goes back.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 2 * MiB, s, &b));
+  CHECK(reinterpret_cast<uintptr_t>(b) == reinterpret_cast<uintptr_t>(a) + 2 * MiB);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(a));
+  EBB_REQUIRE_OK(ebb_arena_free(b));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+}
