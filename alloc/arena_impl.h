@@ -1,7 +1,7 @@
 /* arena_impl.h: what the files of alloc/ share; nothing outside alloc/ includes it.
  *
  * One engine (arena.c) carves blocks out of segments that an upstream provides; the memory kind
- * lives only in the upstream table (STYLE.md 14): device memory through the driver (device.c),
+ * lives only in the upstream table, one engine for every kind: device memory through the driver (device.c),
  * pinned and plain host memory through theirs (host.c). The engine never touches the memory it
  * hands out, so it works for memory the host cannot even read.
  *
@@ -81,7 +81,7 @@
 
 enum ebb__pool { EBB__POOL_SMALL = 0, EBB__POOL_LARGE = 1, EBB__NPOOLS = 2 };
 
-/* Where a block's memory comes from (STYLE.md 13): free routes by it, history reports it. */
+/* Where a block's memory comes from, recorded in the block: free routes by it, history reports it. */
 enum ebb__memkind { EBB__MEM_DEVICE_ARENA = 1, EBB__MEM_PINNED_POOL = 2, EBB__MEM_HOST_POOL = 3 };
 
 enum ebb__bstate {
@@ -117,10 +117,9 @@ enum ebb__bstate {
  * together, and best fit and bands 25-55 % more instructions a pair). Holes below a granule can
  * neither be given back nor serve the large requests: they are filled first. Rule 3 keeps the
  * tail whole for growth, as PyTorch's expandable segments do (its free tail counts as unbounded
- * in best fit). Plain oldest fit had an argument that a sequence repeated exactly settles
- * after one pass; these rules have none (the sequences measured still do: the arena bench's 18,
- * the tests' 8), and issue 22 moved that target to the real traces' steps, which settle after
- * the second (perf/RESULTS.md).
+ * in best fit). No rule here guarantees that a sequence repeated exactly settles after one
+ * pass; the real traces' steps make no driver call after the second, and the random sequences
+ * measured (the arena bench's 18, the tests' 8) none after the first (perf/RESULTS.md).
  *
  * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
  * entries, each entry with its key, the largest size under it and the largest size below
@@ -311,7 +310,8 @@ struct ebb__evcache {
 
 struct ebb__arena;
 
-/* The memory kind behind an arena (STYLE.md 8, 14). obtain/release are required; the VMM entries
+/* The memory kind behind an arena: a table of functions, so the engine has no branch on the
+ * kind. obtain/release are required; the VMM entries
  * (reserve, map, unmap, unreserve) may be NULL, and then expandable segments are unsupported.
  * Every entry is called with the arena's lock dropped, except map/unmap of expandable growth
  * (see xseg.c). */

@@ -191,12 +191,11 @@ TEST_CASE("the free index follows its placement rules through thousands of split
   check_fit_model(nullptr, -1);
 }
 
-// The arena bench's pattern at a test's scale (1 000 live blocks of 512 B .. 16 MiB). With best
-// fit (before 2026-11-23) later passes of seeds 2, 3, 5, 6 and 7 grew the arena by 1 to 3
-// segments each, seeds 5 and 7 in the third pass too; with the oldest fit no pass after the
-// first made a driver call, and with holes below 2 MiB taken first (arena_impl.h, "free index")
-// none does for these seeds either. Issue 22 dropped this as a target for random sequences (the
-// arena bench's 18 seeds x 6 replays make a few); kept as a check that these eight still settle.
+// The arena bench's pattern at a test's scale (1 000 live blocks of 512 B .. 16 MiB): with the
+// placement rules (arena_impl.h, "free index") no pass of these eight seeds after the first makes
+// a driver call. No rule guarantees that of a random sequence (best fit grows the arena by 1 to
+// 3 segments in later passes of five of these seeds), so a placement change that unsettles
+// them shows here.
 TEST_CASE("a repeated random sequence needs no driver allocation after its first pass", "[alloc]") {
   EbbSession session;
   check_settles_after_one_pass(default_stream(0));
@@ -562,8 +561,8 @@ TEST_CASE("a peer copy records its use on the destination block of the other dev
 // own, frees it at once with no record_stream, and takes and overwrites the same size on its
 // allocation stream; the copy must still read the original. Four threads do it at once on one
 // arena, so the hook's lookups and records race other threads' allocations, frees, steals and
-// slabs (a race check for TSan and ASan: without a gate the copy may also win on the old code;
-// the gated single-thread cases above are the ones that fail there). No gate here: with one per
+// slabs (a race check for TSan and ASan: without a gate the copy may win even with no record
+// taken; the gated single-thread cases above are the ones that fail without it). No gate here: with one per
 // thread, a steal orders one thread's stream after another's gated one, and each thread's
 // synchronize then waits for the other's gate.
 TEST_CASE("4 threads copy blocks on other streams and free them at once: no copy sees the new owner's data",

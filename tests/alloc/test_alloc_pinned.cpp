@@ -185,9 +185,9 @@ TEST_CASE("pinned: a block copied through on a stream is a valid staging buffer"
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// A copy from or into a pinned block on a stream records that use itself: forgetting
-// ebb_pinned_record_stream no longer lets a new owner take the block while the copy still
-// reads it (before: 12 288 of 12 288 words wrong) or writes it. Stream b is held by a host
+// A copy from or into a pinned block on a stream records that use itself: a caller that forgets
+// ebb_pinned_record_stream does not let a new owner take the block while the copy still reads it
+// (without the record, 12 288 of 12 288 words read wrong) or writes it. Stream b is held by a host
 // function so the copies are still queued when the blocks are freed, taken again and written
 // by the host.
 TEST_CASE("pinned: a copy on a stream keeps its block from a new owner without record_stream", "[alloc][pinned][copy]") {
