@@ -15,18 +15,6 @@ using namespace alloc_test;
 
 namespace {
 
-struct Warnings {
-  std::mutex mu;
-  std::vector<std::string> msgs;
-  static void sink(const char *m, void *user) {
-    auto *w = static_cast<Warnings *>(user);
-    std::lock_guard<std::mutex> l(w->mu);
-    w->msgs.emplace_back(m);
-  }
-  Warnings() { ebb_set_warning_handler(sink, this); }
-  ~Warnings() { ebb_set_warning_handler(ebb_warning_to_stderr, nullptr); }
-};
-
 bool asked_expandable() {
   const char *c = std::getenv("EBB_ALLOC_CONF");
   return c && std::strstr(c, "expandable_segments:1");
@@ -43,11 +31,7 @@ TEST_CASE("a driver without VMM: classic segments on every device, and a warning
   ebb_dev_caps caps{};
   EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
   if (caps.vmm) EBB_SKIP("the driver has VMM (this executable needs the emulated driver with EBB_SIM_VMM=0)");
-  std::vector<std::string> got;
-  {
-    std::lock_guard<std::mutex> l(w.mu);
-    got = w.msgs;
-  }
+  std::vector<std::string> got = w.take();
   if (asked_expandable()) {
     REQUIRE(got.size() == (size_t)ndev);
     for (int d = 0; d < ndev; d++) {

@@ -97,27 +97,6 @@ struct EngineSettings {
   }
 };
 
-// Collects warnings (from any thread) for the scope; the default handler comes back after.
-struct Warnings {
-  std::mutex mu;
-  std::vector<std::string> msgs;
-  static void sink(const char *m, void *user) {
-    auto *w = static_cast<Warnings *>(user);
-    std::lock_guard<std::mutex> l(w->mu);
-    w->msgs.emplace_back(m);
-  }
-  Warnings() { ebb_set_warning_handler(sink, this); }
-  ~Warnings() { ebb_set_warning_handler(ebb_warning_to_stderr, nullptr); }
-  std::vector<std::string> take() {
-    std::lock_guard<std::mutex> l(mu);
-    return msgs;
-  }
-  size_t count() {
-    std::lock_guard<std::mutex> l(mu);
-    return msgs.size();
-  }
-};
-
 // Whether `n` appears in s as a whole number (not inside a longer one).
 inline bool has_number(const std::string &s, uint64_t n) {
   std::string d = std::to_string(n);

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -287,6 +288,18 @@ void check_each_mode_and_device(Scenario sc, void (*extra)(int dev) = nullptr) {
       EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
       CHECK(sc(dev, dev));
       if (extra) extra(dev);
+    }
+}
+
+// A scenario with its waits in place, kTries times on each device under each of `modes`, a
+// different try number (so different values) in every round: right values every time.
+void check_tries_each(Scenario sc, std::initializer_list<ebb_engine_mode> modes) {
+  for (ebb_engine_mode mode : modes)
+    for (int dev : {0, 1}) {
+      INFO("mode " << mode << ", device " << dev);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      for (int t = 0; t < kTries; t++) CHECK(sc(dev, t + 4 * dev + 8 * mode));
+      sync_all();
     }
 }
 
@@ -582,13 +595,7 @@ TEST_CASE("engine devices: after ebb_backward returns, work on the caller's curr
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
   // Two devices: the calling thread's path and the workers' (what AUTO picks here).
-  for (ebb_engine_mode mode : {EBB_ENGINE_CALLING_THREAD, EBB_ENGINE_WORKERS})
-    for (int dev : {0, 1}) {
-      INFO("mode " << mode << ", device " << dev);
-      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
-      for (int t = 0; t < kTries; t++) CHECK(scenario_retain_sync(dev, t + 4 * dev + 8 * mode));
-      sync_all();
-    }
+  check_tries_each(scenario_retain_sync, {EBB_ENGINE_CALLING_THREAD, EBB_ENGINE_WORKERS});
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
@@ -598,13 +605,7 @@ TEST_CASE("engine devices: a second backward adds into a retained .grad after it
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
   // One device: the calling thread's path (AUTO) and a worker's.
-  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS})
-    for (int dev : {0, 1}) {
-      INFO("mode " << mode << ", device " << dev);
-      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
-      for (int t = 0; t < kTries; t++) CHECK(scenario_retain_twice(dev, t + 4 * dev + 8 * mode));
-      sync_all();
-    }
+  check_tries_each(scenario_retain_twice, {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS});
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 

@@ -2,7 +2,9 @@
 #pragma once
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "ebb/runtime.h"
 #include "ebb/status.h"
@@ -44,6 +46,27 @@ struct ScopedEnv {
 };
 
 // ebb_init for the scope of a test; checks that nothing the test created is still alive.
+// Collects warnings (from any thread) for the scope; the default handler comes back after.
+struct Warnings {
+  std::mutex mu;
+  std::vector<std::string> msgs;
+  static void sink(const char *m, void *user) {
+    auto *w = static_cast<Warnings *>(user);
+    std::lock_guard<std::mutex> l(w->mu);
+    w->msgs.emplace_back(m);
+  }
+  Warnings() { ebb_set_warning_handler(sink, this); }
+  ~Warnings() { ebb_set_warning_handler(ebb_warning_to_stderr, nullptr); }
+  std::vector<std::string> take() {
+    std::lock_guard<std::mutex> l(mu);
+    return msgs;
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> l(mu);
+    return msgs.size();
+  }
+};
+
 struct EbbSession {
   EbbSession() { EBB_REQUIRE_OK(ebb_init()); }
   // The last shutdown refuses (EBB_EBUSY) while a handle is live: a test that leaks fails here.
