@@ -1401,6 +1401,7 @@ TEST_CASE("engine devices: a node failing on a device worker is one failure, rep
       EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
       Stream s(dev);
       Tensor w = leaf(dev, vals(dev), "w"), l, c;
+      sync_all();  // w's upload (the default stream) lands before s reads it
       {
         OnStream g(s);
         Tensor a = scale(w, 2);
