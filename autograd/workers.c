@@ -160,7 +160,12 @@ static int ebb__nworkers;
 
 static void *ebb__worker_main(void *arg) {
   struct ebb__worker *w = arg;
-  (void)ebb_thread_bind_device(w->dev); /* best effort: a refused binding leaves the thread where it is */
+  /* Best effort: a refused binding (a container's cpuset, hwloc not loaded) leaves the thread
+   * where it is. It is no failure of the backward that started this worker, which goes on and
+   * may succeed: muted, so neither this thread's last error nor the error hook hears of it. */
+  ebb__fail_mute(true);
+  (void)ebb_thread_bind_device(w->dev);
+  ebb__fail_mute(false);
   ebb_grad_set_enabled(false, NULL);
   ebb__home = &w->q;
   uint64_t parks = 0;

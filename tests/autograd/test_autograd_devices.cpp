@@ -1402,6 +1402,7 @@ TEST_CASE("engine devices: a node failing on a device worker is one failure, rep
       EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
       Stream s(dev);
       Tensor w = leaf(dev, vals(dev), "w"), l, c;
+      sync_all();  // w's upload (the default stream) lands before s reads it
       {
         OnStream g(s);
         Tensor a = scale(w, 2);
@@ -1464,6 +1465,61 @@ TEST_CASE("engine devices: a node failing on a device worker is one failure, rep
       sync_all();
     }
   CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A device worker binds itself to its device's cores when it starts, best effort: where the OS
+// refuses (a container's cpuset) or hwloc did not load, the thread stays where it is. That refusal
+// is the engine's own step, not a failure of the backward that started the worker, which
+// succeeds: the error hook must not hear of it (it did, on the worker thread, once per worker).
+// The refusal is made certain with a synthetic hwloc topology whose second NUMA node's cores
+// (64-127) this machine does not have, device 1's cores under the emulated driver's placement.
+TEST_CASE("engine devices: a worker whose core binding the OS refuses leaves the error hook alone when the backward succeeds",
+          "[autograd][devices][errors]") {
+  struct Env {  // hwloc reads these when ebb_init loads the topology; gone for later sessions
+    Env() {
+      setenv("HWLOC_SYNTHETIC", "node:2 core:64 pu:1", 1);
+      setenv("HWLOC_THISSYSTEM", "1", 1);
+    }
+    ~Env() {
+      unsetenv("HWLOC_SYNTHETIC");
+      unsetenv("HWLOC_THISSYSTEM");
+    }
+  } env;
+  HookLog log;
+  ebb_set_error_hook(HookLog::fn, &log);
+  {
+    EbbSession session;
+    EBB_NEED_TIMED_DEVICES();
+    EngineSettings keep;
+    // The setup took: binding a thread to device 1 is refused (else there is nothing to test).
+    if (ebb_thread_bind_device(1) != EBB_ENOTSUP) {
+      ebb_set_error_hook(nullptr, nullptr);
+      EBB_SKIP("binding to device 1's cores was not refused under the synthetic topology");
+    }
+    ebb_tensor_set_name(nullptr, "x");  // a last error of the caller's own, which must stay
+    std::string before = ebb_last_error();
+    EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(EBB_ENGINE_WORKERS));
+    auto v0 = vals(0), v1 = vals(1);
+    Tensor w0 = leaf(0, v0), w1 = leaf(1, v1);
+    Tensor l0 = sum(scale(w0, 2)), l1 = sum(scale(w1, 3));
+    {
+      std::lock_guard<std::mutex> g(log.mu);
+      log.calls.clear();
+    }
+    ebb_status st = backward({l0, l1});  // starts both device workers
+    std::string after = ebb_last_error();
+    ebb_set_error_hook(nullptr, nullptr);
+    CHECK(st == EBB_OK);
+    CHECK(stats().nodes_run_on_workers > 0);
+    CHECK(same(grad_seen(w0), std::vector<double>(v0.size(), 2.0)));
+    CHECK(same(grad_seen(w1), std::vector<double>(v1.size(), 3.0)));
+    CHECK(after == before);
+    std::lock_guard<std::mutex> g(log.mu);
+    for (auto &c : log.calls) UNSCOPED_INFO("error hook called: " << c.second);
+    CHECK(log.calls.empty());
+  }
+  ebb_set_error_hook(nullptr, nullptr);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
