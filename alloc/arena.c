@@ -80,16 +80,9 @@ void ebb__block_test_hold(int device, bool hold) {
 
 /* A new slab of records onto the spare list; false when out of host memory. */
 static bool ebb__block_slab(struct ebb__arena *a) {
-  if (EBB_UNLIKELY(atomic_load_explicit(&ebb__blk_refuse, memory_order_relaxed) > 0)) {
-    atomic_fetch_sub_explicit(&ebb__blk_refuse, 1, memory_order_relaxed);
-    return false;
-  }
-  struct ebb__block *slab = aligned_alloc(_Alignof(struct ebb__block), EBB__SLAB_BLOCKS * sizeof *slab);
+  struct ebb__block *slab = ebb__chunk_new(&a->slabs, &a->nslabs, &a->capslabs, 16, _Alignof(struct ebb__block),
+                                           EBB__SLAB_BLOCKS * sizeof *slab, &ebb__blk_refuse);
   if (!slab) return false;
-  if (!ebb__chunk_keep(&a->slabs, &a->nslabs, &a->capslabs, slab, 16)) {
-    free(slab);
-    return false;
-  }
   memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
   for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
     slab[i].arena = a;

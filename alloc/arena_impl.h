@@ -555,19 +555,27 @@ static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
 }
 
 /* ---- inline: record chunks ----------------------------------------------------------------------
- * Block and slab records come in chunks that live until teardown; the arena keeps each chunk's
- * pointer in a growable array (doubling from `first`). Keeps chunk p in (*v, *n, *cap); false
- * when out of host memory (nothing kept: the caller frees p). Lock held. */
-static inline bool ebb__chunk_keep(void ***v, size_t *n, size_t *cap, void *p, size_t first) {
+ * Block, slab and free-index records come in chunks that live until teardown; the arena keeps
+ * each chunk's pointer in a growable array (doubling from `first`). A new chunk of `bytes`
+ * (aligned to `align`, not zeroed), kept in (*v, *n, *cap); NULL when out of host memory (nothing
+ * kept). `refuse` (may be NULL) is a white-box test switch: while positive, each chunk asked for
+ * is refused as if host memory had run out, and the count drops. Lock held. */
+static inline void *ebb__chunk_new(void ***v, size_t *n, size_t *cap, size_t first, size_t align, size_t bytes,
+                                   atomic_int *refuse) {
+  if (refuse && EBB_UNLIKELY(atomic_load_explicit(refuse, memory_order_relaxed) > 0)) {
+    atomic_fetch_sub_explicit(refuse, 1, memory_order_relaxed);
+    return NULL;
+  }
   if (*n == *cap) {
     size_t nc = *cap ? *cap * 2 : first;
     void **nv = realloc(*v, nc * sizeof *nv);
-    if (!nv) return false;
+    if (!nv) return NULL;
     *v = nv;
     *cap = nc;
   }
-  (*v)[(*n)++] = p;
-  return true;
+  void *p = aligned_alloc(align, bytes);
+  if (p) (*v)[(*n)++] = p;
+  return p;
 }
 
 /* ---- arena.c: the engine --------------------------------------------------------------------- */

@@ -80,16 +80,9 @@ void ebb__fx_refuse_chunks(int n) { atomic_store_explicit(&ebb__fx_refuse, n, me
  * half-way. False: out of host memory. Lock held. */
 static bool ebb__fx_reserve(struct ebb__arena *a, size_t need) {
   while (a->nfx_spare < need) {
-    if (EBB_UNLIKELY(atomic_load_explicit(&ebb__fx_refuse, memory_order_relaxed) > 0)) {
-      atomic_fetch_sub_explicit(&ebb__fx_refuse, 1, memory_order_relaxed);
-      return false;
-    }
-    struct ebb__fxnode *c = aligned_alloc(_Alignof(struct ebb__fxnode), EBB__FX_CHUNK * sizeof *c);
+    struct ebb__fxnode *c = ebb__chunk_new(&a->fx_chunks, &a->nfx_chunks, &a->capfx_chunks, 8, _Alignof(struct ebb__fxnode),
+                                           EBB__FX_CHUNK * sizeof *c, &ebb__fx_refuse);
     if (!c) return false;
-    if (!ebb__chunk_keep(&a->fx_chunks, &a->nfx_chunks, &a->capfx_chunks, c, 8)) {
-      free(c);
-      return false;
-    }
     for (int i = 0; i < EBB__FX_CHUNK; i++) {
       c[i].up = a->fx_spare;
       a->fx_spare = &c[i];

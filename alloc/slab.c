@@ -46,12 +46,9 @@ static inline void ebb__stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_
 static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->slab_spare);
   if (!n) {
-    struct ebb__slab *c = aligned_alloc(_Alignof(struct ebb__slab), EBB__SLAB_CHUNK * sizeof *c);
+    struct ebb__slab *c = ebb__chunk_new(&a->slab_chunks, &a->nslab_chunks, &a->capslab_chunks, 8, _Alignof(struct ebb__slab),
+                                         EBB__SLAB_CHUNK * sizeof *c, NULL);
     if (!c) return NULL;
-    if (!ebb__chunk_keep(&a->slab_chunks, &a->nslab_chunks, &a->capslab_chunks, c, 8)) {
-      free(c);
-      return NULL;
-    }
     memset(c, 0, EBB__SLAB_CHUNK * sizeof *c);
     for (int i = 0; i < EBB__SLAB_CHUNK; i++) {
       c[i].arena = a; /* written once, before the record can reach the map */
