@@ -54,8 +54,9 @@ _Noreturn EBB_HIDDEN void ebb__assert_fail(const char *expr, const char *file, i
  * `status`, so failures read `return ebb__fail(EBB_EINVAL, "ebb_x: ...", ...);`. */
 EBB_HIDDEN ebb_status ebb__fail(ebb_status status, const char *fmt, ...) EBB_PRINTF(2, 3);
 
-/* On: failures on this thread go to a scratch message (ebb__muted_error) and not to
- * ebb_last_error or the error hook, for internal steps of calls that succeed anyway. Nests. */
+/* On: failures on this thread go to a scratch message (ebb__muted_error, which ebb_last_error
+ * reads meanwhile) and not to the thread's last error or the error hook, for internal steps of
+ * calls that succeed anyway. Nests; a divert (below) into this thread's scratch message. */
 EBB_HIDDEN void ebb__fail_mute(bool on);
 EBB_HIDDEN const char *ebb__muted_error(void);
 

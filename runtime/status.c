@@ -66,15 +66,21 @@ void ebb_set_error_hook(ebb_error_hook_fn fn, void *user) {
   pthread_mutex_unlock(&ebb__hook_lock);
 }
 
-/* While muted, failures on this thread land in a scratch message and call no hook: an internal
- * step that may fail inside a call that succeeds (a trace file at shutdown) reports through the
- * warning handler instead. */
+/* Muting is a divert into this thread's scratch message: an internal step that may fail inside
+ * a call that succeeds (a trace file at shutdown) reports through the warning handler instead.
+ * The outermost mute sets the divert and puts back the one it found (a mute inside a diverted
+ * backward returns to the backward's buffer). */
 static _Thread_local int ebb__muted;
-static _Thread_local char ebb__muted_buf[512];
+static _Thread_local char ebb__muted_buf[EBB__ERRMSG_MAX];
+static _Thread_local char *ebb__mute_prev;
 
 void ebb__fail_mute(bool on) {
-  ebb__muted += on ? 1 : -1;
-  if (on) ebb__muted_buf[0] = '\0';
+  if (on) {
+    ebb__muted_buf[0] = '\0';
+    if (ebb__muted++ == 0) ebb__mute_prev = ebb__fail_divert(ebb__muted_buf);
+  } else if (--ebb__muted == 0) {
+    ebb__fail_divert(ebb__mute_prev);
+  }
 }
 
 const char *ebb__muted_error(void) { return ebb__muted_buf; }
@@ -87,8 +93,8 @@ ebb_status ebb__fail(ebb_status status, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  memcpy(ebb__muted ? ebb__muted_buf : ebb__errdiv ? ebb__errdiv : ebb__errbuf, msg, sizeof msg);
-  if (ebb__muted || ebb__errdiv) return status; /* (a diverted failure is reported by the call that diverted it) */
+  memcpy(ebb__errdiv ? ebb__errdiv : ebb__errbuf, msg, sizeof msg);
+  if (ebb__errdiv) return status; /* (a diverted or muted failure is reported by the call that diverted it, if at all) */
   ebb__errserial++;
   pthread_mutex_lock(&ebb__hook_lock);
   ebb_error_hook_fn fn = ebb__hook_fn;
