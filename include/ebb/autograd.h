@@ -350,8 +350,14 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  *
  * Streams (PyTorch's rules): a node's backward runs on its forward stream (ebb_node_input_meta's
  * stream_id: the current stream of its device when its op ran, or when an AccumulateGrad was
- * made); a node recorded on a stream since released, or with none, runs on the caller's current
- * stream of its device. A gradient produced on one stream and consumed on another is handed over
+ * made); a node recorded on a stream since released (or whose release was asked), or with none,
+ * runs on the caller's current stream of its device, which first waits for the work issued to
+ * that stream (the forward's, which made what the node reads). A backward holds the streams its
+ * nodes run on and the caller's current streams from its start to its return: releasing one
+ * meanwhile (from a hook, or another thread) returns at once and is carried out when the last
+ * backward holding it returns (ebb/stream.h, ebb_stream_release), so no step of a backward fails
+ * for a stream's release, and the holding costs one atomic pair per stream a backward uses, none
+ * per node. A gradient produced on one stream and consumed on another is handed over
  * with one event (none when the streams agree); several producers into one input are summed on
  * the consumer's stream when the gradient is on the consumer's device, else on the first
  * producer's, else on the caller's current stream of the gradient's device, with at most one event
@@ -372,7 +378,10 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  * calls per thread; deeper, the inner backward moves to a pool thread and the calling thread
  * waits for it (its stack does not grow further). Errors: the first failing node ends the task on
  * every device: nodes not started are skipped, the caller gets that node's status and a message
- * naming it and its device. A failed backward is one failure, wherever its node ran: its message
+ * naming it and its device; a failure of ebb_backward (or ebb_backward_edges) once its nodes
+ * started ends by saying which .grad fields it had written before it failed ("no .grad was
+ * changed", or the written tensors' names or roles with dtype and shape), so a caller knows
+ * whether a retry would add those gradients twice. A failed backward is one failure, wherever its node ran: its message
  * is the calling thread's ebb_last_error and the error hook (ebb_set_error_hook) is called once,
  * on the calling thread; the engine's own steps leave a device worker's or pool thread's last
  * error alone, and a backward that succeeds leaves the caller's alone. Calls a hook makes are the
