@@ -122,10 +122,18 @@ static ebb_status order_after(struct ebb__task *t, const struct ebb__sref *w, eb
   return EBB_OK;
 }
 
+/* The device's default stream, which nothing releases. */
+static ebb_status default_of(struct ebb__task *t, int dev, struct ebb__sref *out) {
+  out->dev = dev;
+  ebb_status st = ebb_stream_default(dev, &out->s);
+  if (!st) st = ebb_stream_id(out->s, &out->id);
+  return st ? ebb__fail(st, "%s: reading the default stream of device %d failed: %s", t->fn, dev, ebb_last_error()) : EBB_OK;
+}
+
 /* Holds stream *r for the task (once per stream). When that cannot be (its release was asked
- * already, or is done), *r becomes `instead` (a stream the task holds, or an immortal one),
- * ordered after the work issued to *r: what the task reads may have been written there. Under
- * the task's lock when shared. */
+ * already, or is done), *r becomes `instead` (a stream the task holds; NULL: the device's default
+ * stream), ordered after the work issued to *r: what the task reads may have been written there.
+ * Under the task's lock when shared. */
 static ebb_status hold_or(struct ebb__task *t, struct ebb__sref *r, const struct ebb__sref *instead) {
   for (size_t i = 0; i < t->nholds; i++)
     if (t->holds[i].id == r->id) {
@@ -145,8 +153,8 @@ static ebb_status hold_or(struct ebb__task *t, struct ebb__sref *r, const struct
     return EBB_OK;
   }
   struct ebb__sref gone = *r;
-  *r = *instead;
-  return order_after(t, r, gone.s, gone.id, gone.dev);
+  ebb_status st = instead ? (*r = *instead, EBB_OK) : default_of(t, gone.dev, r);
+  return st ? st : order_after(t, r, gone.s, gone.id, gone.dev);
 }
 
 void ebb__task_unhold(struct ebb__task *t) {
@@ -154,14 +162,6 @@ void ebb__task_unhold(struct ebb__task *t) {
   free(t->holds);
   t->holds = NULL;
   t->nholds = t->capholds = 0;
-}
-
-/* The device's default stream, which nothing releases. */
-static ebb_status default_of(struct ebb__task *t, int dev, struct ebb__sref *out) {
-  out->dev = dev;
-  ebb_status st = ebb_stream_default(dev, &out->s);
-  if (!st) st = ebb_stream_id(out->s, &out->id);
-  return st ? ebb__fail(st, "%s: reading the default stream of device %d failed: %s", t->fn, dev, ebb_last_error()) : EBB_OK;
 }
 
 /* Makes r current on its device for this thread; false when r is none (or cannot be entered:
@@ -198,10 +198,8 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
   struct ebb__sref cur;
   if (gd != EBB_DEVICE_CPU && !prod->id) { /* made by a CPU node (a copy to the device): on this thread's current stream */
     cur.dev = gd;
-    struct ebb__sref def;
     if (!ebb_stream_current(gd, &cur.s) && !ebb_stream_id(cur.s, &cur.id)) {
-      ebb_status st = default_of(t, gd, &def);
-      if (!st) st = hold_or(t, &cur, &def); /* (t's lock is held when shared) */
+      ebb_status st = hold_or(t, &cur, NULL); /* (t's lock is held when shared) */
       if (st) {
         ebb_tensor_release(g);
         return st;
@@ -581,11 +579,7 @@ ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
       if (st) return ebb__fail(st, "%s: reading the caller's current streams failed: %s", t->fn, ebb_last_error());
       t->ndev = n;
       /* Held too: a hook may release the caller's stream while the task still records on it. */
-      for (int d = 0; !st && d < n; d++) {
-        struct ebb__sref def;
-        st = default_of(t, d, &def);
-        if (!st) st = hold_or(t, &t->caller[d], &def);
-      }
+      for (int d = 0; !st && d < n; d++) st = hold_or(t, &t->caller[d], NULL);
       if (st) return st;
     }
     if (x->dev >= t->ndev)
