@@ -314,8 +314,8 @@ EBB_API ebb_status ebb_autograd_increment_version(ebb_tensor_t *const *tensors, 
  * from it fails the backward. Tensors that do not require a gradient are accepted and get NULL.
  * The registration holds the tensors' nodes (grad_fn, or a leaf's AccumulateGrad) until the handle
  * is removed: remove it (ebb_hook_remove removes all n hooks at once) to free them.
- * EBB_EINVAL: NULL tensors, fn or out, n <= 0, a NULL or released tensor, a mode outside the
- * enum (named). */
+ * EBB_EINVAL: NULL tensors, fn or out, n <= 0, a NULL tensor, a mode outside the enum (named);
+ * EBB_EFREED: a released tensor (naming it); on error nothing is registered. */
 typedef enum ebb_multi_grad_mode { EBB_MULTI_GRAD_ALL = 0, EBB_MULTI_GRAD_ANY = 1 } ebb_multi_grad_mode;
 typedef ebb_status (*ebb_multi_grad_fn)(const ebb_tensor_t *const *grads, int ngrads, void *user);
 EBB_API ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, int n, ebb_multi_grad_fn fn, void *user,

@@ -27,7 +27,8 @@
  * with respect to each requested input (pass NULL for those not wanted), with that input's
  * shape and dtype: broadcast dims are summed back (ebb_op_sum_to_shape). Only floating inputs
  * have gradients (EBB_EINVAL when one of another dtype is requested). Unary backward functions
- * take the forward input x and output y; each says which it reads (the other may be NULL).
+ * take the forward input x and output y; each says which it reads (the other may be NULL; given,
+ * it must be live: a released one is EBB_EFREED, as everywhere).
  *
  * Autograd (ebb/autograd.h) records the forward ops, the views and the copies. The backward
  * functions and ebb_op_sum_to_shape are gradient helpers it does not record: its engine calls
