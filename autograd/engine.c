@@ -655,8 +655,9 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     if (einputs) { /* an edge: its node (an AccumulateGrad for a leaf), held by the edge */
       st = ebb__edge_resolve(fn, "inputs", i, &einputs[i], &innode[i], &innr[i]);
       if (!st && accumulate && innode[i]->op >= 0)
-        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: an edge has no tensor whose .grad "
-                       "to fill (ebb_grad_edges gives its gradient)", fn, i, ebb__node_name_of(innode[i]));
+        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: it names a node's output, not a "
+                       "tensor, so there is no .grad to add its gradient into; pass the tensor to ebb_backward, or take the gradient "
+                       "from ebb_grad_edges", fn, i, ebb__node_name_of(innode[i]));
       continue;
     }
     st = ebb__tensor_check(inputs[i], fn, "inputs[i]");

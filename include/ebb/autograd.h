@@ -270,10 +270,12 @@ EBB_API ebb_status ebb_tensor_gradient_edge(const ebb_tensor_t *t, ebb_gradient_
 EBB_API ebb_status ebb_gradient_edge_release(ebb_gradient_edge *e);
 /* ebb_backward and ebb_grad with gradient edges for roots and inputs (the edges are borrowed).
  * A root edge's gradient is checked against the node's input metadata (ebb_node_input_meta;
- * NULL means 1 for one element). An input edge to an AccumulateGrad is its leaf; ebb_backward
- * with an input edge to any other node is EBB_ENOTSUP (as for non-leaf tensors). Otherwise as
- * ebb_backward and ebb_grad; additional EBB_EINVAL for an edge with a NULL node or an output_nr
- * out of the node's inputs. */
+ * NULL means 1 for one element). An input edge to an AccumulateGrad is its leaf, whose .grad
+ * ebb_backward_edges fills. An input edge to any other node is EBB_ENOTSUP there: the edge
+ * names a node's output, not a tensor, so there is no .grad to add its gradient into (pass the
+ * tensor itself to ebb_backward, which fills a non-leaf's .grad, or take the gradient from
+ * ebb_grad_edges). Otherwise as ebb_backward and ebb_grad; additional EBB_EINVAL for an edge
+ * with a NULL node or an output_nr out of the node's inputs. */
 EBB_API ebb_status ebb_backward_edges(const ebb_gradient_edge *roots, const ebb_tensor_t *const *grad_roots, int nroots,
                                       bool retain_graph, const ebb_gradient_edge *inputs, int ninputs);
 EBB_API ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
