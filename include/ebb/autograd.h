@@ -4,7 +4,23 @@
  * The same ebb_op_* and tensor calls (ebb/ops.h, ebb/tensor.h) record the graph: when grad mode
  * is on and an input requires a gradient, each call that produces new values or a view creates
  * one node, named after its backward ("MulBackward", "TransposeBackward"), and its outputs
- * require gradients with that node as their grad_fn. A leaf (a tensor the user created and marked
+ * require gradients with that node as their grad_fn. The calls recorded:
+ * - ops: ebb_op_add, ebb_op_sub, ebb_op_mul, ebb_op_div, ebb_op_add_scalar, ebb_op_sub_scalar,
+ *   ebb_op_mul_scalar, ebb_op_div_scalar, ebb_op_pow_scalar, ebb_op_clamp, ebb_op_neg, ebb_op_abs,
+ *   ebb_op_exp, ebb_op_log, ebb_op_sqrt, ebb_op_sin, ebb_op_cos, ebb_op_tanh, ebb_op_sigmoid,
+ *   ebb_op_relu, ebb_op_gelu, ebb_op_where, ebb_op_sum, ebb_op_mean, ebb_op_amax, ebb_op_max_dim,
+ *   ebb_op_matmul, ebb_op_softmax, ebb_op_log_softmax, ebb_op_cross_entropy, ebb_op_mse_loss,
+ *   ebb_op_layer_norm, ebb_op_cat, ebb_op_stack;
+ * - views: ebb_tensor_view, ebb_tensor_reshape (a view or a copy), ebb_tensor_transpose,
+ *   ebb_tensor_permute, ebb_tensor_slice, ebb_tensor_narrow, ebb_tensor_select,
+ *   ebb_tensor_expand, ebb_tensor_squeeze, ebb_tensor_unsqueeze;
+ * - copies: ebb_tensor_contiguous (when it copies), ebb_tensor_clone, ebb_tensor_to_dtype, and
+ *   ebb_tensor_to_device ("ToDeviceBackward", which runs on the copy's device and sends the
+ *   gradient back to the source's device);
+ * - in place (below): ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_,
+ *   ebb_tensor_zero_.
+ * Not recorded: comparisons (bool results), creation calls, ebb_tensor_detach, and the gradient
+ * helpers of ops.h (the ebb_op_*_backward functions, ebb_op_sum_to_shape). A leaf (a tensor the user created and marked
  * with ebb_tensor_set_requires_grad) gets an "AccumulateGrad" node the first time an op uses it:
  * created lazily, held by the nodes that use the leaf (never by the leaf), so it goes with the
  * graph. With no input requiring a gradient, an op records nothing and costs a branch.
