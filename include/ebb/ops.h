@@ -156,7 +156,9 @@ EBB_API ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const in
 EBB_API ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
 EBB_API ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
 EBB_API ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
-/* Max along one dim with the index (i64) of the first maximum. */
+/* Max along one dim with the index (i64) of the first maximum. indices may be NULL when the
+ * caller does not want them (values is required); they are computed all the same, since a
+ * recorded MaxBackward keeps them for its backward. */
 EBB_API ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices);
 /* grad broadcast back over the reduced dims (mean: divided by the count). x gives the shape. */
 EBB_API ebb_status ebb_op_sum_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims, bool keepdim,
