@@ -909,6 +909,35 @@ ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *cons
                       grads);
 }
 
+/* The options forms: one struct read by field name. A version this library does not know may
+ * carry fields it would ignore, so it is refused rather than half-read. */
+static ebb_status options_check(const char *fn, const void *opts, uint32_t version) {
+  if (!opts) return ebb__fail(EBB_EINVAL, "%s: opts is NULL; expected options (zero-initialised for the defaults)", fn);
+  if (version > EBB_AUTOGRAD_OPTIONS_VERSION)
+    return ebb__fail(EBB_ENOTSUP, "%s: opts->version is %u; this library reads options up to version %d (0 means %d)", fn,
+                     (unsigned)version, EBB_AUTOGRAD_OPTIONS_VERSION, EBB_AUTOGRAD_OPTIONS_VERSION);
+  return EBB_OK;
+}
+
+ebb_status ebb_autograd_backward(const ebb_tensor_t *const *roots, int nroots, const ebb_autograd_backward_options *opts) {
+  static const char fn[] = "ebb_autograd_backward";
+  ebb_status st = options_check(fn, opts, opts ? opts->version : 0);
+  if (st) return st;
+  return ebb__execute(fn, roots, NULL, opts->grad_roots, nroots, opts->retain_graph, opts->inputs, NULL, opts->ninputs, true, false,
+                      NULL);
+}
+
+ebb_status ebb_autograd_grad(const ebb_tensor_t *const *outputs, int noutputs, const ebb_tensor_t *const *inputs, int ninputs,
+                             ebb_tensor_t **grads, const ebb_autograd_grad_options *opts) {
+  static const char fn[] = "ebb_autograd_grad";
+  ebb_status st = options_check(fn, opts, opts ? opts->version : 0);
+  if (st) return st;
+  if (!grads) return ebb__fail(EBB_EINVAL, "%s: grads is NULL; expected an array of ninputs handles to fill", fn);
+  for (int i = 0; i < ninputs; i++) grads[i] = NULL;
+  return ebb__execute(fn, outputs, NULL, opts->grad_outputs, noutputs, opts->retain_graph, inputs, NULL, ninputs, false,
+                      opts->allow_unused, grads);
+}
+
 ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_grad", "t");
   if (st) return st;

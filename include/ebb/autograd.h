@@ -149,6 +149,9 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  * returned in grads[0..ninputs) (new references) and no .grad is touched. An input the outputs do
  * not depend on is EBB_EINVAL, or with allow_unused gets grads[i] NULL.
  *
+ * retain_graph and allow_unused are adjacent bools that a call can swap without a warning:
+ * ebb_autograd_backward and ebb_autograd_grad (below) take them by name.
+ *
  * Errors (a status and a message; the graph and the process carry on): EBB_EINVAL for no roots,
  * a root or input that does not require a gradient, a missing gradient for a root of more than
  * one element, a grad_roots entry of the wrong shape, dtype or device; EBB_ESTATE for a saved
@@ -163,6 +166,45 @@ EBB_API ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tens
 EBB_API ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                             const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused,
                             ebb_tensor_t **grads);
+
+/* ebb_autograd_backward and ebb_autograd_grad: ebb_backward and ebb_grad with their optional
+ * arguments in one options struct, so that a call site names each one
+ * (`.retain_graph = true, .allow_unused = true`) rather than passing adjacent bools by position.
+ * ebb_backward and ebb_grad are these calls with the options spelt out; everything said of them
+ * holds here: what is computed and written, the streams the caller's current streams wait for,
+ * threading, and the errors, with opts->grad_roots and opts->inputs (ebb_autograd_backward) or
+ * opts->grad_outputs (ebb_autograd_grad) standing for the arguments of the same name. Messages
+ * name ebb_autograd_backward or ebb_autograd_grad.
+ * Defaults: a zero-initialised struct (`ebb_autograd_backward_options o = {0};`) gives them:
+ * no gradients given (1 for each root of one element), no inputs (a full backward), retain_graph
+ * and allow_unused false.
+ * Versions: `version` is 0 or EBB_AUTOGRAD_OPTIONS_VERSION, both meaning the fields below. A later
+ * header may add fields at the end of a struct and raise EBB_AUTOGRAD_OPTIONS_VERSION; a library
+ * reads a field only when the caller's version has it, so code built against this header keeps
+ * its meaning, and code that sets a newer version (to use a newer field) is refused by an older
+ * library instead of having that field ignored.
+ * Ownership: opts and the arrays it points to are borrowed for the call; grads[i] are new
+ * references, as ebb_grad's.
+ * Errors, besides ebb_backward's and ebb_grad's: EBB_EINVAL for NULL opts; EBB_ENOTSUP for a
+ * version newer than this library reads (naming both); nothing runs and grads is not written. */
+#define EBB_AUTOGRAD_OPTIONS_VERSION 1
+typedef struct ebb_autograd_backward_options {
+  uint32_t version;                      /* 0 or EBB_AUTOGRAD_OPTIONS_VERSION */
+  bool retain_graph;                     /* keep the saved tensors: the graph may run again */
+  const ebb_tensor_t *const *grad_roots; /* nroots gradients (NULL entries: 1), or NULL: all 1 */
+  const ebb_tensor_t *const *inputs;     /* ninputs > 0: only their .grad, a partial backward */
+  int ninputs;
+} ebb_autograd_backward_options;
+typedef struct ebb_autograd_grad_options {
+  uint32_t version;                        /* 0 or EBB_AUTOGRAD_OPTIONS_VERSION */
+  bool retain_graph;                       /* keep the saved tensors: the graph may run again */
+  bool allow_unused;                       /* an input the outputs do not depend on: grads[i] NULL */
+  const ebb_tensor_t *const *grad_outputs; /* noutputs gradients (NULL entries: 1), or NULL: all 1 */
+} ebb_autograd_grad_options;
+EBB_API ebb_status ebb_autograd_backward(const ebb_tensor_t *const *roots, int nroots, const ebb_autograd_backward_options *opts);
+EBB_API ebb_status ebb_autograd_grad(const ebb_tensor_t *const *outputs, int noutputs, const ebb_tensor_t *const *inputs,
+                                     int ninputs, ebb_tensor_t **grads, const ebb_autograd_grad_options *opts);
+
 /* The gradient accumulated into t by ebb_backward: *out a new reference, NULL when none. */
 EBB_API ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out);
 /* Replaces t's .grad with `grad` (retained; t's shape, dtype and device, else EBB_EINVAL), or
@@ -302,9 +344,9 @@ EBB_API ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_te
  * The node being evaluated on the calling thread (from its tensor hooks to its post-hooks): *out
  * NULL outside a backward. Borrowed: valid while it runs. */
 EBB_API ebb_status ebb_autograd_current_node(const ebb_node_t **out);
-/* The id of the backward (ebb_backward, ebb_grad, or their _edges forms) running on the calling
- * thread: ids increase by exactly 1 per call, process-wide, from 0; -1 outside a backward. In a
- * backward started from a hook (reentrant), the inner call's id. */
+/* The id of the backward (ebb_backward, ebb_grad, their _edges and options forms) running on
+ * the calling thread: ids increase by exactly 1 per call, process-wide, from 0; -1 outside a
+ * backward. In a backward started from a hook (reentrant), the inner call's id. */
 EBB_API int64_t ebb_autograd_current_task_id(void);
 /* Whether the backward running on the calling thread will execute `node` (or, for ebb_grad,
  * reach it for an input's gradient): false for a node outside its graph or, in a partial
@@ -439,7 +481,7 @@ EBB_API bool ebb_autograd_accumulate_grad_follows_producer(void);
 /* Counters since the first ebb_init (they restart after the last ebb_shutdown), summed over
  * every backward and thread. */
 typedef struct ebb_autograd_engine_stats {
-  uint64_t backward_calls;        /* ebb_backward, ebb_grad and their _edges forms */
+  uint64_t backward_calls;        /* ebb_backward, ebb_grad, their _edges and options forms */
   uint64_t nodes_run;             /* nodes whose backward (or accumulation) ran */
   uint64_t nodes_run_on_workers;  /* of those, on a device worker thread */
   uint64_t cross_stream_edges;    /* gradients handed from one stream to another */

@@ -144,6 +144,24 @@ TEST_CASE("released tensors: every autograd call refuses one, alone or in an arr
          ebb_status st = ebb_grad(&a[0], &a[2], 2, &a[4], 2, true, false, g);
          return dropped(st, {g[0], g[1]});
        }},
+      {"ebb_autograd_backward", {l1, l2, one1, one2, w1, w2},
+       [](const Args &a) {
+         ebb_autograd_backward_options o = {};
+         o.retain_graph = true;
+         o.grad_roots = &a[2];
+         o.inputs = &a[4];
+         o.ninputs = 2;
+         return ebb_autograd_backward(&a[0], 2, &o);
+       }},
+      {"ebb_autograd_grad", {l1, l2, one1, one2, w1, y},
+       [](const Args &a) {
+         ebb_autograd_grad_options o = {};
+         o.retain_graph = true;
+         o.grad_outputs = &a[2];
+         ebb_tensor_t *g[2] = {nullptr, nullptr};
+         ebb_status st = ebb_autograd_grad(&a[0], 2, &a[4], 2, g, &o);
+         return dropped(st, {g[0], g[1]});
+       }},
       {"ebb_backward_edges", {one1, one2},
        [&](const Args &a) { return ebb_backward_edges(roots_e, &a[0], 2, true, &ein, 1); }},
       {"ebb_grad_edges", {one1, one2},
