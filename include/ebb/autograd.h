@@ -468,7 +468,10 @@ EBB_API int ebb_autograd_max_reentrant_depth(void);
  * that runs the AccumulateGrad, a device worker included) once per leaf and pair of streams,
  * naming the leaf (its name, else shape and dtype), both streams, the producing node, and what
  * keeps the accumulator alive (nodes of earlier graphs, gradient-edge handles). It never fires
- * when the streams agree, nor for CPU gradients.
+ * (nor counts) when the streams agree, for CPU gradients, or for a producer on another device
+ * than the leaf (a leaf used on another device through ebb_tensor_to_device): a gradient that
+ * crosses devices needs that hand-off whatever stream the accumulator has, and it is counted
+ * among cross_stream_edges like any other.
  * With follow-producer on (off by default), an accumulator whose stream differs takes the
  * producer's stream instead, for this backward and the next ones (ebb_node_input_meta reports
  * it): the gradient is added on the stream that produced it, with no cross-stream wait, and no
@@ -487,7 +490,7 @@ typedef struct ebb_autograd_engine_stats {
   uint64_t cross_stream_edges;    /* gradients handed from one stream to another */
   uint64_t events_recorded;       /* events the engine recorded for those hand-offs and at the end */
   uint64_t stream_waits;          /* waits of one stream on another's event it issued */
-  uint64_t accumulate_grad_stream_mismatches; /* gradients that reached an AccumulateGrad on another stream */
+  uint64_t accumulate_grad_stream_mismatches; /* gradients made on another stream of the AccumulateGrad's device */
   uint64_t accumulate_grad_warnings;          /* warnings issued for them (once per leaf and stream pair) */
   uint64_t accumulate_grad_followed;          /* accumulators moved to their producer's stream */
   uint64_t reentrant_backwards;   /* backward calls started inside a running backward */
