@@ -154,10 +154,12 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  *
  * Errors (a status and a message; the graph and the process carry on): EBB_EINVAL for no roots,
  * a root or input that does not require a gradient, a missing gradient for a root of more than
- * one element, a grad_roots entry of the wrong shape, dtype or device; EBB_ESTATE for a saved
- * tensor modified in place since it was saved (naming the node, which tensor, and both versions)
- * or freed by an earlier backward; a failing node's status with its name. On failure nothing is
- * returned in grads; .grad may hold the part of the gradient accumulated before the failure.
+ * one element, a grad_roots entry of the wrong shape, dtype or device; EBB_EFREED for a released
+ * tensor among the roots, their gradients or the inputs (naming the argument); EBB_ESTATE for a
+ * saved tensor modified in place since it was saved (naming the node, which tensor, and both
+ * versions) or freed by an earlier backward; a failing node's status with its name. On failure
+ * nothing is returned in grads; .grad may hold the part of the gradient accumulated before the
+ * failure.
  * Threading: backward calls on different threads may share leaves: each leaf's accumulation is
  * serialised, so sums are exact; sharing a graph's nodes between concurrent calls needs
  * retain_graph on all of them. */
