@@ -20,10 +20,11 @@
  * - in place (below): ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_,
  *   ebb_tensor_zero_.
  * Not recorded: comparisons (bool results), creation calls, ebb_tensor_detach, and the gradient
- * helpers of ops.h (the ebb_op_*_backward functions, ebb_op_sum_to_shape). A leaf (a tensor the user created and marked
- * with ebb_tensor_set_requires_grad) gets an "AccumulateGrad" node the first time an op uses it:
- * created lazily, held by the nodes that use the leaf (never by the leaf), so it goes with the
- * graph. With no input requiring a gradient, an op records nothing and costs a branch.
+ * helpers of ops.h (the ebb_op_*_backward functions, ebb_op_sum_to_shape).
+ * A leaf (a tensor the user created and marked with ebb_tensor_set_requires_grad) gets an
+ * "AccumulateGrad" node the first time an op uses it: created lazily, held by the nodes that use
+ * the leaf (never by the leaf), so it goes with the graph. With no input requiring a gradient,
+ * an op records nothing and costs a branch.
  *
  * In-place ops (ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_)
  * are recorded too, with grad mode on, when dst requires a gradient or src does:
