@@ -661,8 +661,9 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     if (einputs) { /* an edge: its node (an AccumulateGrad for a leaf), held by the edge */
       st = ebb__edge_resolve(fn, "inputs", i, &einputs[i], &innode[i], &innr[i]);
       if (!st && accumulate && innode[i]->op >= 0)
-        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: an edge has no tensor whose .grad "
-                       "to fill (ebb_grad_edges gives its gradient)", fn, i, ebb__node_name_of(innode[i]));
+        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: it names a node's output, not a "
+                       "tensor, so there is no .grad to add its gradient into; pass the tensor to ebb_backward, or take the gradient "
+                       "from ebb_grad_edges", fn, i, ebb__node_name_of(innode[i]));
       continue;
     }
     st = ebb__tensor_check(inputs[i], fn, "inputs[i]");
@@ -919,6 +920,35 @@ ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *cons
   for (int i = 0; i < ninputs; i++) grads[i] = NULL;
   return ebb__execute("ebb_grad", outputs, NULL, grad_outputs, noutputs, retain_graph, inputs, NULL, ninputs, false, allow_unused,
                       grads);
+}
+
+/* The options forms: one struct read by field name. A version this library does not know may
+ * carry fields it would ignore, so it is refused rather than half-read. */
+static ebb_status options_check(const char *fn, const void *opts, uint32_t version) {
+  if (!opts) return ebb__fail(EBB_EINVAL, "%s: opts is NULL; expected options (zero-initialised for the defaults)", fn);
+  if (version > EBB_AUTOGRAD_OPTIONS_VERSION)
+    return ebb__fail(EBB_ENOTSUP, "%s: opts->version is %u; this library reads options up to version %d (0 means %d)", fn,
+                     (unsigned)version, EBB_AUTOGRAD_OPTIONS_VERSION, EBB_AUTOGRAD_OPTIONS_VERSION);
+  return EBB_OK;
+}
+
+ebb_status ebb_autograd_backward(const ebb_tensor_t *const *roots, int nroots, const ebb_autograd_backward_options *opts) {
+  static const char fn[] = "ebb_autograd_backward";
+  ebb_status st = options_check(fn, opts, opts ? opts->version : 0);
+  if (st) return st;
+  return ebb__execute(fn, roots, NULL, opts->grad_roots, nroots, opts->retain_graph, opts->inputs, NULL, opts->ninputs, true, false,
+                      NULL);
+}
+
+ebb_status ebb_autograd_grad(const ebb_tensor_t *const *outputs, int noutputs, const ebb_tensor_t *const *inputs, int ninputs,
+                             ebb_tensor_t **grads, const ebb_autograd_grad_options *opts) {
+  static const char fn[] = "ebb_autograd_grad";
+  ebb_status st = options_check(fn, opts, opts ? opts->version : 0);
+  if (st) return st;
+  if (!grads) return ebb__fail(EBB_EINVAL, "%s: grads is NULL; expected an array of ninputs handles to fill", fn);
+  for (int i = 0; i < ninputs; i++) grads[i] = NULL;
+  return ebb__execute(fn, outputs, NULL, opts->grad_outputs, noutputs, opts->retain_graph, inputs, NULL, ninputs, false,
+                      opts->allow_unused, grads);
 }
 
 ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out) {

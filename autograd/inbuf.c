@@ -219,9 +219,13 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
     return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
   }
   struct ebb__slot *sl = &x->sync[k];
-  if (x->n->op < 0 && prod->id != x->sr.id) { /* an AccumulateGrad on another stream than its producer */
+  /* An AccumulateGrad on another stream of its device than its producer. A producer on another
+   * device (the leaf used there through ebb_tensor_to_device) is no mismatch: the gradient
+   * crosses devices whatever stream the accumulator has, and no stream of the leaf's device
+   * could be the producer's to follow. */
+  if (x->n->op < 0 && prod->dev == x->dev && prod->id != x->sr.id) {
     atomic_fetch_add_explicit(&t->n_mism, 1, memory_order_relaxed);
-    if (!sl->accum.id && !x->follows && prod->dev == x->dev && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
+    if (!sl->accum.id && !x->follows && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
       x->follows = true; /* made permanent when it runs (ebb__node_stream_move from recorded_id) */
       x->sr = *prod;
     } else if (!x->mism.id) {
