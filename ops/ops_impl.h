@@ -61,9 +61,11 @@ EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, c
  * composite op calls): rewrites the thread's last error as "fn: <it>" so the message starts with
  * the call the user made, unless it does already. Returns st. */
 EBB_HIDDEN ebb_status ebb__fail_in(const char *fn, ebb_status st);
-/* "[2,3,4]" into buf (cap >= 16); returns buf. */
+/* "[2, 3, 4]" into buf (cap >= 16); returns buf. */
 EBB_HIDDEN const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap);
 #define EBB__SHAPE(t, buf) ebb__shape_str((t)->shape, (t)->ndim, (buf), sizeof(buf))
+/* A tensor argument in a message (ops_export.h, ebb__tensor_desc): "grad 'g' (f32[3, 2] on the CPU)". */
+#define EBB__DESC(t, role, buf) ebb__tensor_desc((t), (role), -1, (buf), sizeof(buf))
 /* Normalises a possibly negative dim against ndim (range [-ndim, ndim)); EBB_EINVAL otherwise. */
 EBB_HIDDEN ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out);
 EBB_HIDDEN int64_t ebb__numel(const int64_t *shape, int ndim);

@@ -406,7 +406,7 @@ TEST_CASE("inplace: an expanded tensor, or a view of one, is refused", "[autogra
   EBB_REQUIRE_OK(ebb_tensor_unsqueeze(h, 0, u.out()));
   const int64_t s23[2] = {2, 3};
   EBB_REQUIRE_OK(ebb_tensor_expand(u, 2, s23, e.out()));
-  EBB_CHECK_FAILS(ebb_op_add_(e, ts[1]), EBB_EINVAL, "ebb_op_add_: dst of shape [2,3] is expanded along dim 0");
+  EBB_CHECK_FAILS(ebb_op_add_(e, ts[1]), EBB_EINVAL, "ebb_op_add_: dst (f64[2, 3] on the CPU) is expanded along dim 0");
   EBB_CHECK_FAILS(ebb_tensor_copy_(e, ts[1]), EBB_EINVAL, "is expanded along dim 0");
   // A row of a detached expanded tensor has its own elements, but its base does not.
   EBB_REQUIRE_OK(ebb_tensor_detach(e, d.out()));
@@ -491,7 +491,7 @@ TEST_CASE("inference mode: nothing recorded, inference tensors, and their misuse
   CHECK(requires_grad(s));
   EBB_CHECK_FAILS(ebb_op_mul(ts[0], y, p.out()), EBB_EINVAL, "ebb_op_mul: MulBackward must save its input 1 for backward, which is an inference tensor");
   CHECK(p.get() == nullptr);
-  EBB_CHECK_FAILS(ebb_op_add_(y, ts[0]), EBB_EINVAL, "ebb_op_add_: dst of shape [3] is an inference tensor");
+  EBB_CHECK_FAILS(ebb_op_add_(y, ts[0]), EBB_EINVAL, "ebb_op_add_: dst (f64[3] on the CPU) is an inference tensor");
   EBB_CHECK_FAILS(ebb_tensor_fill_(v, 0.0), EBB_EINVAL, "cannot be changed in place outside inference mode");
   EBB_CHECK_FAILS(ebb_tensor_set_requires_grad(y, true), EBB_EINVAL, "inference tensor");
   // A recorded in-place op that must save an inference src is refused too.
