@@ -109,8 +109,9 @@ EBB_HIDDEN ebb_status ebb__tensor_check_at(const ebb_tensor_t *t, const char *fn
  * quotes when it has one (ebb_tensor_set_name), then dtype, shape and device in parentheses:
  *   grad_roots[1] (f32[3, 2] on device 0)      t 'w1' (bf16[4] on the CPU)
  * A released tensor is never read: "roots[0] (0x..., released)"; NULL gives "grad (NULL)".
- * Writes into buf (truncated to cap, always terminated; EBB__DESC_MAX holds any description
- * with a role of up to 24 bytes), allocates nothing, and returns buf for use as a %s argument.
+ * Writes into buf (truncated to cap, always terminated; EBB__DESC_MAX holds a role of 24 bytes,
+ * an index, a full-length name and 8 extents of up to 13 digits), allocates nothing, and returns
+ * buf for use as a %s argument.
  * Thread-safe for live tensors as far as their names are (a concurrent ebb_tensor_set_name may
  * show either name). */
 #define EBB__DESC_MAX 256
