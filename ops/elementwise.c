@@ -57,12 +57,27 @@ static ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_
       return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device (copy with ebb_tensor_to_device)", fn,
                        EBB__DESC(in[k], names[k], x), EBB__DESC(in[0], names[0], y));
     }
-    /* a stand-in with the running shape, to reuse the pairwise rule and its message */
-    ebb_tensor_t cur;
-    cur.ndim = ndim;
-    memcpy(cur.shape, shape, sizeof shape);
-    ebb_status st = ebb__broadcast_shape(fn, k == 1 ? in[0] : &cur, in[k], &ndim, shape);
-    if (st) return ebb__fail_in(fn, st);
+    if (k == 1) {
+      ebb_status st = ebb__broadcast_shape(fn, in[0], names[0], in[0]->ndim, in[1], names[1], in[1]->ndim, &ndim, shape);
+      if (st) return ebb__fail_in(fn, st);
+      continue;
+    }
+    /* Shapes broadcast together exactly when every pair of them does, so a third input is
+     * checked against each earlier one (a failure names two real arguments), then folded in. */
+    for (int j = 0; j < k; j++) {
+      int nd;
+      int64_t s[EBB_TENSOR_MAX_DIMS];
+      ebb_status st = ebb__broadcast_shape(fn, in[j], names[j], in[j]->ndim, in[k], names[k], in[k]->ndim, &nd, s);
+      if (st) return ebb__fail_in(fn, st);
+    }
+    int n = ndim > in[k]->ndim ? ndim : in[k]->ndim;
+    int64_t folded[EBB_TENSOR_MAX_DIMS];
+    for (int d = n - 1, i = ndim - 1, j = in[k]->ndim - 1; d >= 0; d--, i--, j--) {
+      int64_t x = i >= 0 ? shape[i] : 1, y = j >= 0 ? in[k]->shape[j] : 1;
+      folded[d] = x == 1 ? y : x;
+    }
+    memcpy(shape, folded, sizeof(int64_t) * (size_t)n);
+    ndim = n;
   }
   ebb_tensor_t *r;
   ebb_status st = ebb__tensor_new(fn, in[0]->st->device, dt, ndim, shape, &r);
@@ -201,7 +216,7 @@ static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tenso
   if (st) return ebb__fail_in(fn, st);
   int nd;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
-  st = ebb__broadcast_shape(fn, a, b, &nd, shape);
+  st = ebb__broadcast_shape(fn, a, "a", a->ndim, b, "b", b->ndim, &nd, shape);
   if (st) return ebb__fail_in(fn, st);
   if (nd != grad->ndim || memcmp(shape, grad->shape, sizeof(int64_t) * (size_t)nd) != 0) {
     char x[EBB__DESC_MAX], y[128];

@@ -181,8 +181,10 @@ EBB_HIDDEN ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int
  * not broadcast, naming fn and arg. */
 EBB_HIDDEN ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_tensor_t *t, int ndim,
                                              const int64_t *shape, int64_t *strides);
-/* The broadcast shape of a and b; EBB_EINVAL naming both shapes. */
-EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, int *ndim,
+/* The broadcast shape of a's first na dims and b's first nb dims (their ndim, or fewer for
+ * matmul's batch dims); EBB_EINVAL describing both tensors by their argument names an and bn. */
+EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const char *an, int na, const ebb_tensor_t *b,
+                                           const char *bn, int nb, int *ndim,
                                            int64_t *shape);
 
 /* Philox 4x32-10 of counter (c0..c3) and key (k0, k1); out receives 4 words. */

@@ -430,14 +430,9 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
     return ebb__fail(EBB_EINVAL, "%s: %s and %s: inner dims %lld and %lld differ; expected a [..., m, k] and b [..., k, n]", fn,
                      EBB__DESC(a, "a", sa), EBB__DESC(b, "b", sb), (long long)k, (long long)b->shape[b->ndim - 2]);
   /* batch dims broadcast like elementwise shapes */
-  ebb_tensor_t ba, bb;
-  ba.ndim = a->ndim - 2;
-  bb.ndim = b->ndim - 2;
-  memcpy(ba.shape, a->shape, sizeof ba.shape);
-  memcpy(bb.shape, b->shape, sizeof bb.shape);
   int nb;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
-  st = ebb__broadcast_shape(fn, &ba, &bb, &nb, shape);
+  st = ebb__broadcast_shape(fn, a, "a", a->ndim - 2, b, "b", b->ndim - 2, &nb, shape);
   if (st) return ebb__fail_in(fn, st);
   shape[nb] = m;
   shape[nb + 1] = n;

@@ -690,14 +690,16 @@ fail:;
   return ebb__fail(EBB_EINVAL, "%s: %s does not broadcast to %s", fn, EBB__DESC(t, arg, a), ebb__shape_str(shape, ndim, b, sizeof b));
 }
 
-ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, int *ndim, int64_t *shape) {
-  int n = a->ndim > b->ndim ? a->ndim : b->ndim;
-  for (int d = n - 1, i = a->ndim - 1, j = b->ndim - 1; d >= 0; d--, i--, j--) {
+ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const char *an, int na, const ebb_tensor_t *b, const char *bn,
+                                int nb, int *ndim, int64_t *shape) {
+  int n = na > nb ? na : nb;
+  for (int d = n - 1, i = na - 1, j = nb - 1; d >= 0; d--, i--, j--) {
     int64_t x = i >= 0 ? a->shape[i] : 1, y = j >= 0 ? b->shape[j] : 1;
     if (x != y && x != 1 && y != 1) {
-      char sa[128], sb[128];
-      return ebb__fail(EBB_EINVAL, "%s: shapes %s (a) and %s (b) do not broadcast: dim %d has %lld and %lld; expected equal extents or 1",
-                       fn, EBB__SHAPE(a, sa), EBB__SHAPE(b, sb), d, (long long)x, (long long)y);
+      char sa[EBB__DESC_MAX], sb[EBB__DESC_MAX];
+      return ebb__fail(EBB_EINVAL, "%s: %s and %s do not broadcast%s: dim %d has %lld and %lld; expected equal extents or 1", fn,
+                       EBB__DESC(a, an, sa), EBB__DESC(b, bn, sb), na < a->ndim || nb < b->ndim ? " in their batch dims" : "", d,
+                       (long long)x, (long long)y);
     }
     shape[d] = x == 1 ? y : x;
   }
@@ -1391,7 +1393,8 @@ static ebb_status ebb__slice_view(const char *fn, const ebb_tensor_t *t, int d, 
 static ebb_status ebb__tensor_slice_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_slice");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: t is a scalar (0 dims); expected at least 1 dim");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: %s is a scalar (0 dims); expected at least 1 dim", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_slice", "dim", dim, t->ndim, &d);
   if (st) return st;
   if (step < 1) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: step is %lld; expected step >= 1", (long long)step);
@@ -1413,7 +1416,8 @@ ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64
 static ebb_status ebb__tensor_narrow_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_narrow");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: t is a scalar (0 dims); expected at least 1 dim");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: %s is a scalar (0 dims); expected at least 1 dim", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_narrow", "dim", dim, t->ndim, &d);
   if (st) return st;
   if (start < 0 || length < 0 || start + length > t->shape[d]) {
@@ -1447,7 +1451,8 @@ static ebb_status ebb__select_view(const char *fn, const ebb_tensor_t *t, int d,
 static ebb_status ebb__tensor_select_impl(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_select");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_select: t is a scalar (0 dims); expected at least 1 dim");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_select: %s is a scalar (0 dims); expected at least 1 dim", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_select", "dim", dim, t->ndim, &d);
   if (st) return st;
   int64_t i = index < 0 ? index + t->shape[d] : index;
@@ -1501,7 +1506,8 @@ ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *sha
 static ebb_status ebb__tensor_squeeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_squeeze");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: t is a scalar (0 dims); nothing to squeeze");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: %s is a scalar (0 dims); nothing to squeeze", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_squeeze", "dim", dim, t->ndim, &d);
   if (st) return st;
   if (t->shape[d] != 1) {

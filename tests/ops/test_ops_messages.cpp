@@ -85,6 +85,14 @@ TEST_CASE("messages: shape mismatches of the ops print both tensors with their n
                   "target 'labels' (i64[3] on the CPU)");
     Tensor cond = named(EBB_DEVICE_CPU, EBB_F32, {2, 3}, "mask");
     EBB_CHECK_MSG(ebb_op_where(cond, a, x, out.out()), EBB_EINVAL, "cond 'mask' (f32[2, 3] on the CPU) has dtype f32");
+    Tensor v4 = named(EBB_DEVICE_CPU, EBB_F32, {4}, nullptr), bmask;
+    EBB_CHECK_MSG(ebb_op_add(a, v4, out.out()), EBB_EINVAL, "a 'pred' (f32[2, 3] on the CPU) and b (f32[4] on the CPU) do not broadcast");
+    EBB_REQUIRE_OK(ebb_op_gt(a, a, bmask.out()));
+    EBB_CHECK_MSG(ebb_op_where(bmask, a, v4, out.out()), EBB_EINVAL,
+                  "cond (bool[2, 3] on the CPU) and b (f32[4] on the CPU) do not broadcast");
+    Tensor m1 = named(EBB_DEVICE_CPU, EBB_F32, {2, 2, 3}, "m1"), m2 = named(EBB_DEVICE_CPU, EBB_F32, {3, 3, 2}, nullptr);
+    EBB_CHECK_MSG(ebb_op_matmul(m1, m2, out.out()), EBB_EINVAL,
+                  "a 'm1' (f32[2, 2, 3] on the CPU) and b (f32[3, 3, 2] on the CPU) do not broadcast in their batch dims");
     const int64_t four = 4;
     EBB_CHECK_MSG(ebb_tensor_view(a, 1, &four, out.out()), EBB_EINVAL, "t 'pred' (f32[2, 3] on the CPU)", "[4]");
     Tensor big = named(EBB_DEVICE_CPU, EBB_F32, {3, 3}, "big");
