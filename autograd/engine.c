@@ -379,8 +379,10 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     } else if (ebb__retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
       /* retain_grad's hook (run with this node's tensor hooks) puts the gradient into .grad: once */
     } else if ((st = ebb__accumulate_into(t, x, ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
-      return ebb__fail(st, "%s: adding the gradient of inputs[%d] (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
-                       x->capture - 1, x->capture_nr, ebb__node_name_of(n), ebb_last_error());
+      char id[EBB__DESC_MAX];
+      return ebb__fail(st, "%s: adding the gradient of %s (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
+                       ebb__tensor_desc(t->inputs[x->capture - 1], "inputs", x->capture - 1, id, sizeof id), x->capture_nr,
+                       ebb__node_name_of(n), ebb_last_error());
     }
   }
   if (!x->run) return EBB_OK;
@@ -707,8 +709,10 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     else if (x->capture && x->capture_nr == innr[i]) {
       dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
     } else if (x->capture) {
-      st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] and inputs[%d] are two outputs of one node (%s); asking for both in one call is "
-                     "not supported yet", fn, x->capture - 1, i, ebb__node_name_of(innode[i]));
+      char ia[EBB__DESC_MAX], ib[EBB__DESC_MAX];
+      st = ebb__fail(EBB_ENOTSUP, "%s: %s and %s are two outputs of one node (%s); asking for both in one call is not supported yet",
+                     fn, input_desc(inputs, x->capture - 1, ia, sizeof ia), input_desc(inputs, i, ib, sizeof ib),
+                     ebb__node_name_of(innode[i]));
     } else {
       x->capture = i + 1;
       x->capture_nr = innr[i];
