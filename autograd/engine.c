@@ -353,6 +353,38 @@ static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_te
   return st ? st : ebb__accumulate_into(c->t, c->x, m, g);
 }
 
+/* The messages below describe tensors in stack buffers; these helpers keep those buffers out of
+ * ebb__run_node's frame, which every node pays for (most leaves have no hooks). */
+#if defined(__GNUC__)
+#define EBB__COLD __attribute__((noinline, cold))
+#else
+#define EBB__COLD
+#endif
+
+/* A leaf's tensor hooks (h non-NULL), with the leaf described by name and shape for their messages. */
+static EBB__COLD ebb_status leaf_tensor_hooks(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__hook *h,
+                                              ebb_tensor_t **grad, struct ebb__retain_ctx *rc) {
+  char who[EBB__DESC_MAX];
+  return ebb__run_tensor_hooks(t->fn, ebb__tensor_desc(x->n->leaf, "the leaf", -1, who, sizeof who), h, 0, grad, ebb__retain_write,
+                               rc);
+}
+
+/* The failure of adding a captured non-leaf input's gradient into its .grad. */
+static EBB__COLD ebb_status input_grad_failed(const struct ebb__task *t, const struct ebb__tnode *x, ebb_status st) {
+  char id[EBB__DESC_MAX];
+  return ebb__fail(st, "%s: adding the gradient of %s (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
+                   ebb__tensor_desc(t->inputs[x->capture - 1], "inputs", x->capture - 1, id, sizeof id), x->capture_nr,
+                   ebb__node_name_of(x->n), ebb_last_error());
+}
+
+/* A backward's gradient for input i that does not match the input's metadata. */
+static EBB__COLD ebb_status grad_mismatch(const struct ebb__task *t, const struct ebb_node *n, int i, const ebb_tensor_t *g) {
+  char gd[EBB__DESC_MAX], md[EBB__DESC_MAX];
+  return ebb__fail(EBB_EINTERNAL, "%s: %s (node %llu) returned %s for %s; expected its shape, dtype and device", t->fn,
+                   ebb__node_name_of(n), (unsigned long long)n->seq, ebb__tensor_desc(g, "a gradient", -1, gd, sizeof gd),
+                   ebb__meta_desc(&n->in_meta[i], "input", i, NULL, md, sizeof md));
+}
+
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
   struct ebb__retain_ctx rc = {t, x};
@@ -366,10 +398,8 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     /* A node only captured (not run): its tensor hooks still see the gradient first, as they
      * would before it ran (PyTorch's order for captures of nodes that do not execute). */
     struct ebb__hook *hl = n->op < 0 ? ebb__meta_of(n->leaf)->hooks : n->hooks;
-    char who[EBB__DESC_MAX]; /* a leaf by its name and shape, formatted only when it has hooks */
-    st = ebb__run_tensor_hooks(t->fn, n->op < 0 ? (hl ? ebb__tensor_desc(n->leaf, "the leaf", -1, who, sizeof who) : "a leaf")
-                                                : ebb__node_name_of(n),
-                               hl, n->op < 0 ? 0 : x->capture_nr, &buf[x->capture_nr], ebb__retain_write, &rc);
+    if (n->op < 0) st = hl ? leaf_tensor_hooks(t, x, hl, &buf[x->capture_nr], &rc) : EBB_OK;
+    else st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), hl, x->capture_nr, &buf[x->capture_nr], ebb__retain_write, &rc);
     if (st) return st;
   }
   if (x->capture && buf && buf[x->capture_nr]) { /* what reached this node's input: ebb_grad's result, or .grad */
@@ -379,10 +409,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     } else if (ebb__retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
       /* retain_grad's hook (run with this node's tensor hooks) puts the gradient into .grad: once */
     } else if ((st = ebb__accumulate_into(t, x, ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
-      char id[EBB__DESC_MAX];
-      return ebb__fail(st, "%s: adding the gradient of %s (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
-                       ebb__tensor_desc(t->inputs[x->capture - 1], "inputs", x->capture - 1, id, sizeof id), x->capture_nr,
-                       ebb__node_name_of(n), ebb_last_error());
+      return input_grad_failed(t, x, st);
     }
   }
   if (!x->run) return EBB_OK;
@@ -391,10 +418,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     ebb__acc_stream(t, x); /* inbuf.c: follow-producer made permanent, or the mismatch warning */
     if (x->sync && (st = ebb__leaf_stream(t, x))) return st;
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
-    char who[EBB__DESC_MAX]; /* the leaf by its name and shape, formatted only when it has hooks */
-    st = lm->hooks ? ebb__run_tensor_hooks(t->fn, ebb__tensor_desc(n->leaf, "the leaf", -1, who, sizeof who), lm->hooks, 0, &buf[0],
-                                           ebb__retain_write, &rc)
-                   : EBB_OK;
+    st = lm->hooks ? leaf_tensor_hooks(t, x, lm->hooks, &buf[0], &rc) : EBB_OK;
     if (st) return st;
     /* node_api.c: the node's pre-hooks, and the gradient its post-hooks see (kept, so not stolen). */
     bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire);
@@ -444,10 +468,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     /* Every gradient in its input's shape, dtype and device (validate_outputs' check). */
     for (int i = 0; !st && i < n->nin; i++) {
       if (!gin[i] || ebb__tensor_matches(gin[i], &n->in_meta[i])) continue;
-      char gd[EBB__DESC_MAX], md[EBB__DESC_MAX];
-      st = ebb__fail(EBB_EINTERNAL, "%s: %s (node %llu) returned %s for %s; expected its shape, dtype and device", t->fn,
-                     ebb__node_name_of(n), (unsigned long long)n->seq, ebb__tensor_desc(gin[i], "a gradient", -1, gd, sizeof gd),
-                     ebb__meta_desc(&n->in_meta[i], "input", i, NULL, md, sizeof md));
+      st = grad_mismatch(t, n, i, gin[i]);
     }
   }
   if (!st && nh) st = ebb__node_post_hooks(t->fn, n, gin, n->nin, buf, n->nout); /* node_api.c */
@@ -638,7 +659,8 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
                                const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
                                const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
                                ebb_tensor_t **results) {
-  if ((!roots && !eroots) || nroots <= 0) return ebb__fail(EBB_EINVAL, "%s: no roots; expected at least one tensor to differentiate", fn);
+  if ((!roots && !eroots) || nroots <= 0)
+    return ebb__fail(EBB_EINVAL, "%s: no %s; expected at least one tensor to differentiate", fn, ebb__roots_arg(fn));
   if (ninputs < 0 || (ninputs > 0 && !inputs && !einputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
   if (!accumulate && ((!inputs && !einputs) || ninputs == 0))
     return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
