@@ -353,16 +353,11 @@ static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_te
   return st ? st : ebb__accumulate_into(c->t, c->x, m, g);
 }
 
-/* The messages below describe tensors in stack buffers; these helpers keep those buffers out of
- * ebb__run_node's frame, which every node pays for (most leaves have no hooks). */
-#if defined(__GNUC__)
-#define EBB__COLD __attribute__((noinline, cold))
-#else
-#define EBB__COLD
-#endif
+/* The messages below describe tensors in stack buffers; these helpers (EBB_COLD) keep those
+ * buffers out of ebb__run_node's frame, which every node pays for (most leaves have no hooks). */
 
 /* A leaf's tensor hooks (h non-NULL), with the leaf described by name and shape for their messages. */
-static EBB__COLD ebb_status leaf_tensor_hooks(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__hook *h,
+static EBB_COLD ebb_status leaf_tensor_hooks(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__hook *h,
                                               ebb_tensor_t **grad, struct ebb__retain_ctx *rc) {
   char who[EBB__DESC_MAX];
   return ebb__run_tensor_hooks(t->fn, ebb__tensor_desc(x->n->leaf, "the leaf", -1, who, sizeof who), h, 0, grad, ebb__retain_write,
@@ -370,7 +365,7 @@ static EBB__COLD ebb_status leaf_tensor_hooks(struct ebb__task *t, const struct 
 }
 
 /* The failure of adding a captured non-leaf input's gradient into its .grad. */
-static EBB__COLD ebb_status input_grad_failed(const struct ebb__task *t, const struct ebb__tnode *x, ebb_status st) {
+static EBB_COLD ebb_status input_grad_failed(const struct ebb__task *t, const struct ebb__tnode *x, ebb_status st) {
   char id[EBB__DESC_MAX];
   return ebb__fail(st, "%s: adding the gradient of %s (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
                    ebb__tensor_desc(t->inputs[x->capture - 1], "inputs", x->capture - 1, id, sizeof id), x->capture_nr,
@@ -378,7 +373,7 @@ static EBB__COLD ebb_status input_grad_failed(const struct ebb__task *t, const s
 }
 
 /* A backward's gradient for input i that does not match the input's metadata. */
-static EBB__COLD ebb_status grad_mismatch(const struct ebb__task *t, const struct ebb_node *n, int i, const ebb_tensor_t *g) {
+static EBB_COLD ebb_status grad_mismatch(const struct ebb__task *t, const struct ebb_node *n, int i, const ebb_tensor_t *g) {
   char gd[EBB__DESC_MAX], md[EBB__DESC_MAX];
   return ebb__fail(EBB_EINTERNAL, "%s: %s (node %llu) returned %s for %s; expected its shape, dtype and device", t->fn,
                    ebb__node_name_of(n), (unsigned long long)n->seq, ebb__tensor_desc(g, "a gradient", -1, gd, sizeof gd),

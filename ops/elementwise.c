@@ -39,45 +39,56 @@ static ebb_status ebb__check_out(const char *fn, ebb_tensor_t **out) {
   return EBB_OK;
 }
 
+/* The public names of an elementwise op's inputs: where's are (cond, a, b). */
+static const char *const *ew_names(int nin) {
+  static const char *const names2[2] = {"a", "b"}, *const names3[3] = {"cond", "a", "b"};
+  return nin == 3 ? names3 : names2;
+}
+
+static EBB_COLD ebb_status ew_devices_differ(const char *fn, int nin, const ebb_tensor_t *const *in, int k) {
+  char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
+  return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device (copy with ebb_tensor_to_device)", fn,
+                   EBB__DESC(in[k], ew_names(nin)[k], x), EBB__DESC(in[0], ew_names(nin)[0], y));
+}
+
+/* where's three shapes broadcast together. They do exactly when every pair of them does, so
+ * each pair is checked (a failure names two real arguments), then b is folded into the shape of
+ * cond and a. */
+static ebb_status ew_shape3(const char *fn, const ebb_tensor_t *const *in, int *ndim, int64_t *shape) {
+  const char *const *names = ew_names(3);
+  ebb_status st = ebb__broadcast_shape(fn, in[0], names[0], in[0]->ndim, in[1], names[1], in[1]->ndim, ndim, shape);
+  for (int j = 0; j < 2 && !st; j++) {
+    int nd;
+    int64_t s[EBB_TENSOR_MAX_DIMS];
+    st = ebb__broadcast_shape(fn, in[j], names[j], in[j]->ndim, in[2], names[2], in[2]->ndim, &nd, s);
+  }
+  if (st) return st;
+  int n = *ndim > in[2]->ndim ? *ndim : in[2]->ndim;
+  int64_t folded[EBB_TENSOR_MAX_DIMS];
+  for (int d = n - 1, i = *ndim - 1, j = in[2]->ndim - 1; d >= 0; d--, i--, j--) {
+    int64_t x = i >= 0 ? shape[i] : 1, y = j >= 0 ? in[2]->shape[j] : 1;
+    folded[d] = x == 1 ? y : x;
+  }
+  memcpy(shape, folded, sizeof(int64_t) * (size_t)n);
+  *ndim = n;
+  return EBB_OK;
+}
+
 /* out = op(in...) with the shape of in broadcast together and dtype dt. */
-/* Every forward op ends here: broadcast the input shapes pairwise (so a three-input where
- * gets the same rule and message as a binary op), allocate the result, run one kernel. The
- * kernel converts each input's dtype as it loads, so mixed dtypes never need cast copies. */
+/* Every forward op ends here: broadcast the input shapes (where's three pairwise, so it gets the
+ * same rule and message as a binary op), allocate the result, run one kernel. The kernel
+ * converts each input's dtype as it loads, so mixed dtypes never need cast copies. */
 static ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_t *const *in, ebb_dtype dt, double s0, double s1,
                               ebb_tensor_t **out) {
   int ndim = in[0]->ndim;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   memcpy(shape, in[0]->shape, sizeof shape);
-  /* the public names of the inputs: where's are (cond, a, b) */
-  static const char *const names2[2] = {"a", "b"}, *const names3[3] = {"cond", "a", "b"};
-  const char *const *names = nin == 3 ? names3 : names2;
-  for (int k = 1; k < nin; k++) {
-    if (in[k]->st->device != in[0]->st->device) {
-      char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
-      return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device (copy with ebb_tensor_to_device)", fn,
-                       EBB__DESC(in[k], names[k], x), EBB__DESC(in[0], names[0], y));
-    }
-    if (k == 1) {
-      ebb_status st = ebb__broadcast_shape(fn, in[0], names[0], in[0]->ndim, in[1], names[1], in[1]->ndim, &ndim, shape);
-      if (st) return ebb__fail_in(fn, st);
-      continue;
-    }
-    /* Shapes broadcast together exactly when every pair of them does, so a third input is
-     * checked against each earlier one (a failure names two real arguments), then folded in. */
-    for (int j = 0; j < k; j++) {
-      int nd;
-      int64_t s[EBB_TENSOR_MAX_DIMS];
-      ebb_status st = ebb__broadcast_shape(fn, in[j], names[j], in[j]->ndim, in[k], names[k], in[k]->ndim, &nd, s);
-      if (st) return ebb__fail_in(fn, st);
-    }
-    int n = ndim > in[k]->ndim ? ndim : in[k]->ndim;
-    int64_t folded[EBB_TENSOR_MAX_DIMS];
-    for (int d = n - 1, i = ndim - 1, j = in[k]->ndim - 1; d >= 0; d--, i--, j--) {
-      int64_t x = i >= 0 ? shape[i] : 1, y = j >= 0 ? in[k]->shape[j] : 1;
-      folded[d] = x == 1 ? y : x;
-    }
-    memcpy(shape, folded, sizeof(int64_t) * (size_t)n);
-    ndim = n;
+  for (int k = 1; k < nin; k++)
+    if (in[k]->st->device != in[0]->st->device) return ew_devices_differ(fn, nin, in, k);
+  if (nin > 1) {
+    ebb_status st = nin == 2 ? ebb__broadcast_shape(fn, in[0], "a", in[0]->ndim, in[1], "b", in[1]->ndim, &ndim, shape)
+                             : ew_shape3(fn, in, &ndim, shape);
+    if (st) return ebb__fail_in(fn, st);
   }
   ebb_tensor_t *r;
   ebb_status st = ebb__tensor_new(fn, in[0]->st->device, dt, ndim, shape, &r);
@@ -100,11 +111,9 @@ static ebb_status ebb__binary(const char *fn, int op, int kind, const ebb_tensor
   if (st) return ebb__fail_in(fn, st);
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
-  if (kind == EBB__ARITH && dt == EBB_BOOL) {
-    char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
-    return ebb__fail(EBB_EINVAL, "%s: %s and %s are both bool; arithmetic needs a numeric operand (convert with ebb_tensor_to_dtype)", fn,
-                     EBB__DESC(a, "a", x), EBB__DESC(b, "b", y));
-  }
+  if (kind == EBB__ARITH && dt == EBB_BOOL)
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b",
+                            "are both bool; arithmetic needs a numeric operand (convert with ebb_tensor_to_dtype)");
   if (kind == EBB__DIVIDE) dt = ebb__float_of(dt);
   if (kind == EBB__COMPARE) dt = EBB_BOOL;
   const ebb_tensor_t *in[2] = {a, b};
@@ -129,13 +138,11 @@ static ebb_status ebb__bw_check(const char *fn, const ebb_tensor_t *grad, const 
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
   if (!st) st = ebb__tensor_check(x, fn, xname);
   if (st) return ebb__fail_in(fn, st);
-  char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
   if (!ebb_dtype_is_float(x->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s, which has no gradient; expected a floating input", fn, EBB__DESC(x, xname, a),
-                     ebb_dtype_name(x->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, x, xname, "has dtype %s, which has no gradient; expected a floating input",
+                           ebb_dtype_name(x->dtype));
   if (grad->st->device != x->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device", fn, EBB__DESC(grad, "grad", a),
-                     EBB__DESC(x, xname, b));
+    return ebb__fail_about2(EBB_EDEVICE, fn, grad, "grad", x, xname, "are on different devices; expected one device");
   return EBB_OK;
 }
 
@@ -370,9 +377,8 @@ ebb_status ebb_op_clamp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x
 /* ---- unary ----------------------------------------------------------------------------------------- */
 
 static ebb_status ebb__op_neg_impl(const ebb_tensor_t *a, ebb_tensor_t **out) {
-  char d[EBB__DESC_MAX];
   if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_neg", "a") == EBB_OK)
-    return ebb__fail(EBB_EINVAL, "ebb_op_neg: %s has dtype bool; expected a numeric dtype", EBB__DESC(a, "a", d));
+    return ebb__fail_about(EBB_EINVAL, "ebb_op_neg", a, "a", "has dtype bool; expected a numeric dtype");
   return ebb__unary("ebb_op_neg", EBB__EW_NEG, EBB__KEEP, a, 0, 0, out);
 }
 
@@ -381,9 +387,8 @@ ebb_status ebb_op_neg(const ebb_tensor_t *a, ebb_tensor_t **out) {
 }
 
 static ebb_status ebb__op_abs_impl(const ebb_tensor_t *a, ebb_tensor_t **out) {
-  char d[EBB__DESC_MAX];
   if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_abs", "a") == EBB_OK)
-    return ebb__fail(EBB_EINVAL, "ebb_op_abs: %s has dtype bool; expected a numeric dtype", EBB__DESC(a, "a", d));
+    return ebb__fail_about(EBB_EINVAL, "ebb_op_abs", a, "a", "has dtype bool; expected a numeric dtype");
   return ebb__unary("ebb_op_abs", EBB__EW_ABS, EBB__KEEP, a, 0, 0, out);
 }
 
@@ -524,10 +529,8 @@ static ebb_status ebb__op_where_impl(const ebb_tensor_t *cond, const ebb_tensor_
   if (!st) st = ebb__tensor_check(b, fn, "b");
   if (!st) st = ebb__check_out(fn, out);
   if (st) return ebb__fail_in(fn, st);
-  char cd[EBB__DESC_MAX];
   if (cond->dtype != EBB_BOOL)
-    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected bool (from a comparison)", fn, EBB__DESC(cond, "cond", cd),
-                     ebb_dtype_name(cond->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, cond, "cond", "has dtype %s; expected bool (from a comparison)", ebb_dtype_name(cond->dtype));
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
   const ebb_tensor_t *in[3] = {cond, a, b};
@@ -571,22 +574,23 @@ static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const 
   if (st) return ebb__fail_in(fn, st);
   ebb_dtype dt;
   ebb_op_promote(dst->dtype, src->dtype, &dt);
-  char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
   if (dt != dst->dtype || dt == EBB_BOOL)
-    return ebb__fail(EBB_EINVAL, "%s: %s and %s: the result (%s) cannot be stored in dst in place", fn, EBB__DESC(dst, "dst", a),
-                     EBB__DESC(src, "src", b), ebb_dtype_name(dt));
+    return ebb__fail_about2(EBB_EINVAL, fn, dst, "dst", src, "src", "do not fit: the result (%s) cannot be stored in dst in place",
+                            ebb_dtype_name(dt));
   if (src->st->device != dst->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device (copy with ebb_tensor_to_device)", fn,
-                     EBB__DESC(src, "src", b), EBB__DESC(dst, "dst", a));
+    return ebb__fail_about2(EBB_EDEVICE, fn, src, "src", dst, "dst", "are on different devices; expected one device (copy with "
+                            "ebb_tensor_to_device)");
   for (int d = 0; d < dst->ndim; d++)
     if (dst->strides[d] == 0 && dst->shape[d] > 1)
-      return ebb__fail(EBB_EINVAL, "%s: %s is expanded along dim %d (stride 0); expected a writable tensor", fn, EBB__DESC(dst, "dst", a), d);
+      return ebb__fail_about(EBB_EINVAL, fn, dst, "dst", "is expanded along dim %d (stride 0); expected a writable tensor", d);
   /* The result keeps dst's shape only where src broadcasts to it (trailing dims equal or 1). */
   bool fits = src->ndim <= dst->ndim;
   for (int d = 1; fits && d <= src->ndim; d++) fits = src->shape[src->ndim - d] == 1 || src->shape[src->ndim - d] == dst->shape[dst->ndim - d];
-  if (!fits)
-    return ebb__fail(EBB_EINVAL, "%s: %s does not broadcast to the shape of %s; an in-place op cannot change dst's shape", fn,
-                     EBB__DESC(src, "src", b), EBB__DESC(dst, "dst", a));
+  if (!fits) {
+    char d[EBB__DESC_MAX];
+    return ebb__fail_about(EBB_EINVAL, fn, src, "src", "does not broadcast to the shape of %s; an in-place op cannot change dst's shape",
+                           EBB__DESC(dst, "dst", d));
+  }
   void *token = NULL;
   st = ebb__inplace_check(fn, op == EBB__EW_ADD ? EBB__OP_ADD_ : EBB__OP_MUL_, dst, src, &token);
   if (st) return st;

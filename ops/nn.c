@@ -19,9 +19,8 @@
 static ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, fn, arg);
   if (st) return ebb__fail_in(fn, st);
-  char td[EBB__DESC_MAX];
   if (!ebb_dtype_is_float(t->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected a floating dtype", fn, EBB__DESC(t, arg, td), ebb_dtype_name(t->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, t, arg, "has dtype %s; expected a floating dtype", ebb_dtype_name(t->dtype));
   return EBB_OK;
 }
 

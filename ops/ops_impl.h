@@ -66,6 +66,13 @@ EBB_HIDDEN const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf,
 #define EBB__SHAPE(t, buf) ebb__shape_str((t)->shape, (t)->ndim, (buf), sizeof(buf))
 /* A tensor argument in a message (ops_export.h, ebb__tensor_desc): "grad 'g' (f32[3, 2] on the CPU)". */
 #define EBB__DESC(t, role, buf) ebb__tensor_desc((t), (role), -1, (buf), sizeof(buf))
+/* Failures about one tensor, "fn: <t described> <fmt...>", and about two, "fn: <a described> and
+ * <b described> <fmt...>". Out of line (EBB_COLD), so the checks on every op's path carry no
+ * description buffers in their frames. Return st. */
+EBB_HIDDEN EBB_COLD ebb_status ebb__fail_about(ebb_status st, const char *fn, const ebb_tensor_t *t, const char *role, const char *fmt,
+                                               ...) EBB_PRINTF(5, 6);
+EBB_HIDDEN EBB_COLD ebb_status ebb__fail_about2(ebb_status st, const char *fn, const ebb_tensor_t *a, const char *an,
+                                                const ebb_tensor_t *b, const char *bn, const char *fmt, ...) EBB_PRINTF(7, 8);
 /* Normalises a possibly negative dim against ndim (range [-ndim, ndim)); EBB_EINVAL otherwise. */
 EBB_HIDDEN ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out);
 EBB_HIDDEN int64_t ebb__numel(const int64_t *shape, int ndim);

@@ -62,8 +62,7 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
   for (int d = 0; d < t->ndim; d++)
     if (mask[d]) inner *= t->shape[d];
   if (op == EBB__RED_MAX && inner == 0) {
-    char b[EBB__DESC_MAX];
-    return ebb__fail(EBB_EINVAL, "%s: %s has an empty reduced dim; a maximum of no elements is undefined", fn, EBB__DESC(t, "t", b));
+    return ebb__fail_about(EBB_EINVAL, fn, t, "t", "has an empty reduced dim; a maximum of no elements is undefined");
   }
   ebb_tensor_t *r = NULL, *ix = NULL;
   st = ebb__tensor_new(fn, t->st->device, dt, nd, shape, &r);
@@ -226,13 +225,11 @@ static ebb_status ebb__reduce_bw_check(const char *fn, const ebb_tensor_t *grad,
   if (!st) st = ebb__tensor_check(x, fn, "x");
   if (st) return ebb__fail_in(fn, st);
   if (!gx) return ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
-  char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
   if (!ebb_dtype_is_float(x->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s, which has no gradient; expected a floating input", fn, EBB__DESC(x, "x", a),
-                     ebb_dtype_name(x->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, x, "x", "has dtype %s, which has no gradient; expected a floating input",
+                           ebb_dtype_name(x->dtype));
   if (grad->st->device != x->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device", fn, EBB__DESC(grad, "grad", a),
-                     EBB__DESC(x, "x", b));
+    return ebb__fail_about2(EBB_EDEVICE, fn, grad, "grad", x, "x", "are on different devices; expected one device");
   return ebb__dims_mask(fn, dims, ndims, x->ndim, mask);
 }
 
@@ -414,21 +411,18 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
   if (!st) st = ebb__tensor_check(b, fn, "b");
   if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
-  char sa[EBB__DESC_MAX], sb[EBB__DESC_MAX];
   if (a->ndim < 2 || b->ndim < 2)
-    return ebb__fail(EBB_EINVAL, "%s: %s and %s; expected at least 2 dims each (unsqueeze a vector)", fn, EBB__DESC(a, "a", sa),
-                     EBB__DESC(b, "b", sb));
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b", "do not fit; expected at least 2 dims each (unsqueeze a vector)");
   if (a->st->device != b->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device", fn, EBB__DESC(a, "a", sa),
-                     EBB__DESC(b, "b", sb));
+    return ebb__fail_about2(EBB_EDEVICE, fn, a, "a", b, "b", "are on different devices; expected one device");
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
   if (!ebb_dtype_is_float(a->dtype) || !ebb_dtype_is_float(b->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: %s and %s; expected floating dtypes", fn, EBB__DESC(a, "a", sa), EBB__DESC(b, "b", sb));
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b", "do not fit; expected floating dtypes");
   const int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
   if (b->shape[b->ndim - 2] != k)
-    return ebb__fail(EBB_EINVAL, "%s: %s and %s: inner dims %lld and %lld differ; expected a [..., m, k] and b [..., k, n]", fn,
-                     EBB__DESC(a, "a", sa), EBB__DESC(b, "b", sb), (long long)k, (long long)b->shape[b->ndim - 2]);
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b", "do not fit: inner dims %lld and %lld differ; expected a [..., m, k] and "
+                            "b [..., k, n]", (long long)k, (long long)b->shape[b->ndim - 2]);
   /* batch dims broadcast like elementwise shapes */
   int nb;
   int64_t shape[EBB_TENSOR_MAX_DIMS];

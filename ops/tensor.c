@@ -11,6 +11,7 @@
  * a block right after enqueuing its last use is safe on its allocation stream, and other
  * streams are declared with ebb_arena_record_stream when an op first uses them.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -128,6 +129,25 @@ const char *ebb__tensor_desc(const ebb_tensor_t *t, const char *role, int index,
   }
   if (!t) return desc_fmt(role, index, NULL, EBB_F32, 0, NULL, 0, buf, cap);
   return desc_fmt(role, index, t->name, t->dtype, t->ndim, t->shape, t->st->device, buf, cap);
+}
+
+ebb_status ebb__fail_about(ebb_status st, const char *fn, const ebb_tensor_t *t, const char *role, const char *fmt, ...) {
+  char d[EBB__DESC_MAX], rest[384];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rest, sizeof rest, fmt, ap);
+  va_end(ap);
+  return ebb__fail(st, "%s: %s %s", fn, EBB__DESC(t, role, d), rest);
+}
+
+ebb_status ebb__fail_about2(ebb_status st, const char *fn, const ebb_tensor_t *a, const char *an, const ebb_tensor_t *b, const char *bn,
+                            const char *fmt, ...) {
+  char da[EBB__DESC_MAX], db[EBB__DESC_MAX], rest[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rest, sizeof rest, fmt, ap);
+  va_end(ap);
+  return ebb__fail(st, "%s: %s and %s %s", fn, EBB__DESC(a, an, da), EBB__DESC(b, bn, db), rest);
 }
 
 const char *ebb__meta_desc(const ebb__tensor_meta *m, const char *role, int index, const char *name, char *buf, size_t cap) {
@@ -402,10 +422,8 @@ const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
 ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
   *token = NULL;
   if (EBB_UNLIKELY(dst->st->inference) && !ebb__inference) {
-    char a[EBB__DESC_MAX];
-    return ebb__fail(EBB_EINVAL, "%s: %s is an inference tensor (made in inference mode), which cannot be changed in place "
-                     "outside inference mode; expected the change inside inference mode, or a clone made outside it", fn,
-                     EBB__DESC(dst, "dst", a));
+    return ebb__fail_about(EBB_EINVAL, fn, dst, "dst", "is an inference tensor (made in inference mode), which cannot be changed in "
+                           "place outside inference mode; expected the change inside inference mode, or a clone made outside it");
   }
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
   const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
@@ -686,8 +704,15 @@ ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_ten
   }
   return EBB_OK;
 fail:;
-  char a[EBB__DESC_MAX], b[128];
-  return ebb__fail(EBB_EINVAL, "%s: %s does not broadcast to %s", fn, EBB__DESC(t, arg, a), ebb__shape_str(shape, ndim, b, sizeof b));
+  char b[128];
+  return ebb__fail_about(EBB_EINVAL, fn, t, arg, "does not broadcast to %s", ebb__shape_str(shape, ndim, b, sizeof b));
+}
+
+static EBB_COLD ebb_status no_broadcast(const char *fn, const ebb_tensor_t *a, const char *an, const ebb_tensor_t *b, const char *bn,
+                                       bool batch, int d, int64_t x, int64_t y) {
+  char sa[EBB__DESC_MAX], sb[EBB__DESC_MAX];
+  return ebb__fail(EBB_EINVAL, "%s: %s and %s do not broadcast%s: dim %d has %lld and %lld; expected equal extents or 1", fn,
+                   EBB__DESC(a, an, sa), EBB__DESC(b, bn, sb), batch ? " in their batch dims" : "", d, (long long)x, (long long)y);
 }
 
 ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const char *an, int na, const ebb_tensor_t *b, const char *bn,
@@ -695,12 +720,7 @@ ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const cha
   int n = na > nb ? na : nb;
   for (int d = n - 1, i = na - 1, j = nb - 1; d >= 0; d--, i--, j--) {
     int64_t x = i >= 0 ? a->shape[i] : 1, y = j >= 0 ? b->shape[j] : 1;
-    if (x != y && x != 1 && y != 1) {
-      char sa[EBB__DESC_MAX], sb[EBB__DESC_MAX];
-      return ebb__fail(EBB_EINVAL, "%s: %s and %s do not broadcast%s: dim %d has %lld and %lld; expected equal extents or 1", fn,
-                       EBB__DESC(a, an, sa), EBB__DESC(b, bn, sb), na < a->ndim || nb < b->ndim ? " in their batch dims" : "", d,
-                       (long long)x, (long long)y);
-    }
+    if (x != y && x != 1 && y != 1) return no_broadcast(fn, a, an, b, bn, na < a->ndim || nb < b->ndim, d, x, y);
     shape[d] = x == 1 ? y : x;
   }
   *ndim = n;
@@ -744,11 +764,9 @@ ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const
   static const char *const names[3] = {"a", "b", "c"};
   int64_t bst[3][EBB_TENSOR_MAX_DIMS];
   for (int k = 0; k < nin; k++) {
-    if (in[k]->st->device != out->st->device) {
-      char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
-      return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device (copy with ebb_tensor_to_device)",
-                       fn, EBB__DESC(in[k], names[k], x), EBB__DESC(out, "the result", y));
-    }
+    if (in[k]->st->device != out->st->device)
+      return ebb__fail_about2(EBB_EDEVICE, fn, in[k], names[k], out, "the result",
+                              "are on different devices; expected one device (copy with ebb_tensor_to_device)");
     ebb_status st = ebb__broadcast_strides(fn, names[k], in[k], out->ndim, out->shape, bst[k]);
     if (st) return st;
   }

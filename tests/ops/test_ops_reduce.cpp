@@ -291,7 +291,7 @@ TEST_CASE("reduce and matmul: bad inputs name the op, the argument and the shape
   EBB_CHECK_FAILS(ebb_op_amax(e, &one, 1, false, o.out()), EBB_EINVAL, "empty reduced dim");
   Tensor a = make(0, EBB_F32, {2, 3}, values(6, 2)), b = make(0, EBB_F32, {2, 3}, values(6, 3)), c = make(1, EBB_F32, {3, 2}, values(6, 4));
   Tensor v = make(0, EBB_F32, {3}, values(3, 5)), i = make(0, EBB_I64, {3, 2}, {1, 2, 3, 4, 5, 6});
-  EBB_CHECK_FAILS(ebb_op_matmul(a, b, o.out()), EBB_EINVAL, "a (f32[2, 3] on device 0) and b (f32[2, 3] on device 0): inner dims 3 and 2 differ");
+  EBB_CHECK_FAILS(ebb_op_matmul(a, b, o.out()), EBB_EINVAL, "a (f32[2, 3] on device 0) and b (f32[2, 3] on device 0) do not fit: inner dims 3 and 2 differ");
   EBB_CHECK_FAILS(ebb_op_matmul(a, c, o.out()), EBB_EDEVICE, "b (f32[3, 2] on device 1) are on different devices");
   EBB_CHECK_FAILS(ebb_op_matmul(a, v, o.out()), EBB_EINVAL, "at least 2 dims");
   EBB_CHECK_FAILS(ebb_op_matmul(a, i, o.out()), EBB_EINVAL, "floating");
