@@ -88,17 +88,25 @@ long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensor
 
 /* Reading the magic of a released record is defined (records are never freed); a pointer that
  * never was a tensor is the caller's undefined behaviour, as for any C handle. */
-ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg) { return ebb__tensor_check_at(t, fn, arg, -1); }
-
-ebb_status ebb__tensor_check_at(const ebb_tensor_t *t, const char *fn, const char *arg, int index) {
-  if (EBB_LIKELY(t && atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) == EBB__TENSOR_MAGIC)) return EBB_OK;
+static EBB_COLD ebb_status bad_tensor(const ebb_tensor_t *t, const char *fn, const char *arg, int index) {
   char idx[16] = "";
   if (index >= 0) snprintf(idx, sizeof idx, "[%d]", index);
   if (!t) return ebb__fail(EBB_EINVAL, "%s: %s%s is NULL; expected a tensor", fn, arg, idx);
   return ebb__fail(EBB_EFREED, "%s: %s%s (%p) is a released tensor", fn, arg, idx, (const void *)t);
 }
 
-/* The one format of a tensor in a message; every piece but the role is optional. */
+ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg) {
+  if (EBB_LIKELY(t && atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) == EBB__TENSOR_MAGIC)) return EBB_OK;
+  return bad_tensor(t, fn, arg, -1);
+}
+
+ebb_status ebb__tensor_check_at(const ebb_tensor_t *t, const char *fn, const char *arg, int index) {
+  if (EBB_LIKELY(t && atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) == EBB__TENSOR_MAGIC)) return EBB_OK;
+  return bad_tensor(t, fn, arg, index);
+}
+
+/* The one format of a tensor in a message (ebb__tensor_desc); a NULL role reads "tensor", a
+ * NULL shape "(NULL)". */
 static const char *desc_fmt(const char *role, int index, const char *name, ebb_dtype dt, int ndim, const int64_t *shape, int device,
                             char *buf, size_t cap) {
   if (!cap) return buf;
