@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ebb/autograd.h"
 #include "ebb_sync.h"
@@ -176,6 +177,13 @@ EBB_HIDDEN ebb_status ebb__edge_resolve(const char *fn, const char *what, int i,
 /* The starting gradient of a root edge: g checked against the node's input metadata, or ones. */
 EBB_HIDDEN ebb_status ebb__edge_root_grad(const char *fn, int i, const struct ebb_node *n, int nr, const ebb_tensor_t *g,
                                           ebb_tensor_t **out);
+/* The public names of a backward call's roots and of their gradients, for messages (fn is the
+ * call): ebb_grad, ebb_grad_edges and ebb_autograd_grad call them outputs and grad_outputs. */
+static inline bool ebb__is_grad_call(const char *fn) { return strncmp(fn, "ebb_grad", 8) == 0 || strcmp(fn, "ebb_autograd_grad") == 0; }
+static inline const char *ebb__roots_arg(const char *fn) { return ebb__is_grad_call(fn) ? "outputs" : "roots"; }
+static inline const char *ebb__grad_roots_arg(const char *fn) {
+  return ebb__is_grad_call(fn) ? "grad_outputs" : "grad_roots";
+}
 /* Node n's input k metadata (for an AccumulateGrad, its leaf's). */
 EBB_HIDDEN void ebb__node_input_meta(const struct ebb_node *n, int k, ebb__tensor_meta *out);
 

@@ -356,6 +356,33 @@ static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_te
   return st ? st : ebb__task_wrote(c->t, NULL, c->x->n);
 }
 
+/* The messages below describe tensors in stack buffers; these helpers (EBB_COLD) keep those
+ * buffers out of ebb__run_node's frame, which every node pays for (most leaves have no hooks). */
+
+/* A leaf's tensor hooks (h non-NULL), with the leaf described by name and shape for their messages. */
+static EBB_COLD ebb_status leaf_tensor_hooks(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__hook *h,
+                                              ebb_tensor_t **grad, struct ebb__retain_ctx *rc) {
+  char who[EBB__DESC_MAX];
+  return ebb__run_tensor_hooks(t->fn, ebb__tensor_desc(x->n->leaf, "the leaf", -1, who, sizeof who), h, 0, grad, ebb__retain_write,
+                               rc);
+}
+
+/* The failure of adding a captured non-leaf input's gradient into its .grad. */
+static EBB_COLD ebb_status input_grad_failed(const struct ebb__task *t, const struct ebb__tnode *x, ebb_status st) {
+  char id[EBB__DESC_MAX];
+  return ebb__fail(st, "%s: adding the gradient of %s (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
+                   ebb__tensor_desc(t->inputs[x->capture - 1], "inputs", x->capture - 1, id, sizeof id), x->capture_nr,
+                   ebb__node_name_of(x->n), ebb_last_error());
+}
+
+/* A backward's gradient for input i that does not match the input's metadata. */
+static EBB_COLD ebb_status grad_mismatch(const struct ebb__task *t, const struct ebb_node *n, int i, const ebb_tensor_t *g) {
+  char gd[EBB__DESC_MAX], md[EBB__DESC_MAX];
+  return ebb__fail(EBB_EINTERNAL, "%s: %s (node %llu) returned %s for %s; expected its shape, dtype and device", t->fn,
+                   ebb__node_name_of(n), (unsigned long long)n->seq, ebb__tensor_desc(g, "a gradient", -1, gd, sizeof gd),
+                   ebb__meta_desc(&n->in_meta[i], "input", i, NULL, md, sizeof md));
+}
+
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
   struct ebb__retain_ctx rc = {t, x};
@@ -369,8 +396,8 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     /* A node only captured (not run): its tensor hooks still see the gradient first, as they
      * would before it ran (PyTorch's order for captures of nodes that do not execute). */
     struct ebb__hook *hl = n->op < 0 ? ebb__meta_of(n->leaf)->hooks : n->hooks;
-    st = ebb__run_tensor_hooks(t->fn, n->op < 0 ? "a leaf" : ebb__node_name_of(n), hl, n->op < 0 ? 0 : x->capture_nr,
-                               &buf[x->capture_nr], ebb__retain_write, &rc);
+    if (n->op < 0) st = hl ? leaf_tensor_hooks(t, x, hl, &buf[x->capture_nr], &rc) : EBB_OK;
+    else st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), hl, x->capture_nr, &buf[x->capture_nr], ebb__retain_write, &rc);
     if (st) return st;
   }
   if (x->capture && buf && buf[x->capture_nr]) { /* what reached this node's input: ebb_grad's result, or .grad */
@@ -380,8 +407,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     } else if (ebb__retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
       /* retain_grad's hook (run with this node's tensor hooks) puts the gradient into .grad: once */
     } else if ((st = ebb__accumulate_into(t, x, ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
-      return ebb__fail(st, "%s: adding the gradient of inputs[%d] (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
-                       x->capture - 1, x->capture_nr, ebb__node_name_of(n), ebb_last_error());
+      return input_grad_failed(t, x, st);
     } else if ((st = ebb__task_wrote(t, t->inputs[x->capture - 1], NULL))) {
       return st;
     }
@@ -392,7 +418,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     ebb__acc_stream(t, x); /* inbuf.c: follow-producer made permanent, or the mismatch warning */
     if (x->sync && (st = ebb__leaf_stream(t, x))) return st;
     struct ebb__meta *lm = ebb__meta_of(n->leaf);
-    st = ebb__run_tensor_hooks(t->fn, "a leaf (its AccumulateGrad)", lm->hooks, 0, &buf[0], ebb__retain_write, &rc);
+    st = lm->hooks ? leaf_tensor_hooks(t, x, lm->hooks, &buf[0], &rc) : EBB_OK;
     if (st) return st;
     /* node_api.c: the node's pre-hooks, and the gradient its post-hooks see (kept, so not stolen). */
     bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire);
@@ -443,13 +469,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     /* Every gradient in its input's shape, dtype and device (validate_outputs' check). */
     for (int i = 0; !st && i < n->nin; i++) {
       if (!gin[i] || ebb__tensor_matches(gin[i], &n->in_meta[i])) continue;
-      ebb_tensor_info gi;
-      const ebb__tensor_meta *m = &n->in_meta[i];
-      st = ebb_tensor_get_info(gin[i], &gi);
-      if (!st)
-        st = ebb__fail(EBB_EINTERNAL, "%s: %s (node %llu) returned a gradient for input %d with %d dims, %s, device %d; expected %d "
-                       "dims, %s, device %d", t->fn, ebb__node_name_of(n), (unsigned long long)n->seq, i, gi.ndim,
-                       ebb_dtype_name(gi.dtype), gi.device, m->ndim, ebb_dtype_name(m->dtype), m->device);
+      st = grad_mismatch(t, n, i, gin[i]);
     }
   }
   if (!st && nh) st = ebb__node_post_hooks(t->fn, n, gin, n->nin, buf, n->nout); /* node_api.c */
@@ -580,17 +600,25 @@ void ebb__item_run(const struct ebb__qitem *it) {
 
 /* ---- the calls -------------------------------------------------------------------------------- */
 
+/* inputs[i] for a message; an edge (the _edges calls pass no tensors) by its index alone. */
+static const char *input_desc(const ebb_tensor_t *const *inputs, int i, char *buf, size_t cap) {
+  if (inputs) return ebb__tensor_desc(inputs[i], "inputs", i, buf, cap);
+  snprintf(buf, cap, "inputs[%d]", i);
+  return buf;
+}
+
 /* The edge a root's gradient enters the graph through: its grad_fn and output, or a leaf's
  * AccumulateGrad (a new reference in *acc to drop after the task). */
 static ebb_status ebb__root_edge(const char *fn, const char *what, int i, const ebb_tensor_t *r, struct ebb_node **node, int *nr,
                                  struct ebb_node **acc) {
-  ebb_status st = ebb__tensor_check(r, fn, what);
+  ebb_status st = ebb__tensor_check_at(r, fn, what, i);
   if (st) return st;
   struct ebb__meta *m = ebb__meta_of(r);
   *acc = NULL;
+  char rd[EBB__DESC_MAX];
   if (!m || !m->requires_grad)
-    return ebb__fail(EBB_EINVAL, "%s: %s[%d] does not require a gradient and has no grad_fn; expected a tensor computed from one "
-                     "that requires a gradient", fn, what, i);
+    return ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient and has no grad_fn; expected a tensor computed from one "
+                     "that requires a gradient", fn, ebb__tensor_desc(r, what, i, rd, sizeof rd));
   st = ebb__grad_fn_now(r, m, node, nr); /* inplace.c: a view's history may follow its base's */
   if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
   if (*node) return EBB_OK;
@@ -607,20 +635,21 @@ static ebb_status ebb__root_grad(const char *fn, int i, const ebb_tensor_t *r, c
   ebb_tensor_info ri, gi;
   ebb_status st = ebb_tensor_get_info(r, &ri);
   if (st) return st;
+  char rd[EBB__DESC_MAX], gd[EBB__DESC_MAX];
   if (!g) {
     if (ri.numel != 1)
-      return ebb__fail(EBB_EINVAL, "%s: root %d has %lld elements and no gradient was given; a gradient is implied only for a "
-                       "tensor of one element (pass grad_roots[%d])", fn, i, (long long)ri.numel, i);
+      return ebb__fail(EBB_EINVAL, "%s: %s has %lld elements and no gradient was given; a gradient is implied only for a "
+                       "tensor of one element (pass %s[%d])", fn, ebb__tensor_desc(r, ebb__roots_arg(fn), i, rd, sizeof rd),
+                       (long long)ri.numel, ebb__grad_roots_arg(fn), i);
     return ebb_tensor_ones(ri.device, ri.dtype, ri.ndim, ri.shape, out);
   }
-  st = ebb__tensor_check(g, fn, "grad_roots[i]");
+  st = ebb__tensor_check_at(g, fn, ebb__grad_roots_arg(fn), i);
   if (!st) st = ebb_tensor_get_info(g, &gi);
   if (st) return st;
   bool same = gi.ndim == ri.ndim && memcmp(gi.shape, ri.shape, sizeof(int64_t) * (size_t)ri.ndim) == 0;
   if (!same || gi.dtype != ri.dtype || gi.device != ri.device)
-    return ebb__fail(EBB_EINVAL, "%s: grad_roots[%d] (%d dims, %s, device %d) does not match root %d (%d dims, %s, device %d); "
-                     "expected the root's shape, dtype and device", fn, i, gi.ndim, ebb_dtype_name(gi.dtype), gi.device, i, ri.ndim,
-                     ebb_dtype_name(ri.dtype), ri.device);
+    return ebb__fail(EBB_EINVAL, "%s: %s does not match %s; expected its shape, dtype and device", fn,
+                     ebb__tensor_desc(g, ebb__grad_roots_arg(fn), i, gd, sizeof gd), ebb__tensor_desc(r, ebb__roots_arg(fn), i, rd, sizeof rd));
   ebb_tensor_retain((ebb_tensor_t *)g);
   *out = (ebb_tensor_t *)g;
   return EBB_OK;
@@ -631,7 +660,8 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
                                const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
                                const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
                                ebb_tensor_t **results) {
-  if ((!roots && !eroots) || nroots <= 0) return ebb__fail(EBB_EINVAL, "%s: no roots; expected at least one tensor to differentiate", fn);
+  if ((!roots && !eroots) || nroots <= 0)
+    return ebb__fail(EBB_EINVAL, "%s: no %s; expected at least one tensor to differentiate", fn, ebb__roots_arg(fn));
   if (ninputs < 0 || (ninputs > 0 && !inputs && !einputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
   if (!accumulate && ((!inputs && !einputs) || ninputs == 0))
     return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
@@ -652,8 +682,8 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
   struct ebb__task_scope scope; /* node_api.c: the task's id, current node, multi-grad state */
   ebb__task_begin(&scope, &t);
   for (int i = 0; !st && i < nroots; i++)
-    st = eroots ? ebb__edge_resolve(fn, "roots", i, &eroots[i], &rn[i], &rnr[i])
-                : ebb__root_edge(fn, "roots", i, roots[i], &rn[i], &rnr[i], &racc[i]);
+    st = eroots ? ebb__edge_resolve(fn, ebb__roots_arg(fn), i, &eroots[i], &rn[i], &rnr[i])
+                : ebb__root_edge(fn, ebb__roots_arg(fn), i, roots[i], &rn[i], &rnr[i], &racc[i]);
   for (int i = 0; !st && i < nroots; i++)
     st = eroots ? ebb__edge_root_grad(fn, i, rn[i], rnr[i], grad_roots ? grad_roots[i] : NULL, &rg[i])
                 : ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
@@ -666,10 +696,12 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
                        "from ebb_grad_edges", fn, i, ebb__node_name_of(innode[i]));
       continue;
     }
-    st = ebb__tensor_check(inputs[i], fn, "inputs[i]");
+    st = ebb__tensor_check_at(inputs[i], fn, "inputs", i);
     struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
+    char id[EBB__DESC_MAX];
     if (!st && (!m || !m->requires_grad))
-      st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] does not require a gradient; expected a tensor that does", fn, i);
+      st = ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient; expected a tensor that does", fn,
+                     ebb__tensor_desc(inputs[i], "inputs", i, id, sizeof id));
     struct ebb_node *in = NULL;
     int nr = 0;
     if (!st) st = ebb__grad_fn_now(inputs[i], m, &in, &nr); /* inplace.c: a view's history may follow its base's */
@@ -690,16 +722,21 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     int xi = innode[i] ? ebb__tfind(&t, innode[i]) : -1;
     struct ebb__tnode *x = xi >= 0 && t.nodes[xi].needed ? &t.nodes[xi] : NULL;
     if (!x) {
+      char id[EBB__DESC_MAX];
       if (!accumulate && !allow_unused)
-        st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] was not used to compute the roots; expected allow_unused to get no gradient for it", fn, i);
+        st = ebb__fail(EBB_EINVAL, "%s: %s was not used to compute the %s; expected allow_unused to get no gradient for it", fn,
+                       input_desc(inputs, i, id, sizeof id),
+                       ebb__roots_arg(fn));
       continue;
     }
     if (accumulate && x->n->op < 0) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
     else if (x->capture && x->capture_nr == innr[i]) {
       dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
     } else if (x->capture) {
-      st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] and inputs[%d] are two outputs of one node (%s); asking for both in one call is "
-                     "not supported yet", fn, x->capture - 1, i, ebb__node_name_of(innode[i]));
+      char ia[EBB__DESC_MAX], ib[EBB__DESC_MAX];
+      st = ebb__fail(EBB_ENOTSUP, "%s: %s and %s are two outputs of one node (%s); asking for both in one call is not supported yet",
+                     fn, input_desc(inputs, x->capture - 1, ia, sizeof ia), input_desc(inputs, i, ib, sizeof ib),
+                     ebb__node_name_of(innode[i]));
     } else {
       x->capture = i + 1;
       x->capture_nr = innr[i];
@@ -772,9 +809,13 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     }
   /* An input whose node was reached without a gradient (only a path that carries none). */
   for (int i = 0; !st && results && !allow_unused && i < ninputs; i++)
-    if (!results[i])
-      st = ebb__fail(EBB_EINVAL, "%s: inputs[%d] got no gradient from the roots (no path to it carries one); expected allow_unused "
-                     "to get no gradient for it", fn, i);
+    if (!results[i]) {
+      char id[EBB__DESC_MAX];
+      st = ebb__fail(EBB_EINVAL, "%s: %s got no gradient from the %s (no path to it carries one); expected allow_unused "
+                     "to get no gradient for it", fn,
+                     input_desc(inputs, i, id, sizeof id),
+                     ebb__roots_arg(fn));
+    }
   ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
   if (!st) st = end;
   ebb_grad_set_enabled(was, NULL);
@@ -979,10 +1020,10 @@ ebb_status ebb_tensor_set_grad(ebb_tensor_t *t, const ebb_tensor_t *grad) {
     ebb_tensor_get_info(t, &ti);
     ebb_tensor_get_info(grad, &gi);
     bool same = gi.ndim == ti.ndim && memcmp(gi.shape, ti.shape, sizeof(int64_t) * (size_t)ti.ndim) == 0;
+    char gd[EBB__DESC_MAX], td[EBB__DESC_MAX];
     if (!same || gi.dtype != ti.dtype || gi.device != ti.device)
-      return ebb__fail(EBB_EINVAL, "%s: grad (%d dims, %s, device %d) does not match the tensor (%d dims, %s, device %d); expected "
-                       "its shape, dtype and device", fn, gi.ndim, ebb_dtype_name(gi.dtype), gi.device, ti.ndim, ebb_dtype_name(ti.dtype),
-                       ti.device);
+      return ebb__fail(EBB_EINVAL, "%s: %s does not match %s; expected its shape, dtype and device", fn,
+                       ebb__tensor_desc(grad, "grad", -1, gd, sizeof gd), ebb__tensor_desc(t, "t", -1, td, sizeof td));
     if (!m && !(m = ebb__meta_new(t))) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the tensor's autograd state", fn);
     ebb_tensor_retain((ebb_tensor_t *)grad);
     copy = (ebb_tensor_t *)grad;

@@ -311,11 +311,12 @@ static void ebb__ag_released(ebb_tensor_t *t, void *slot) {
 }
 
 ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
+  char td[EBB__DESC_MAX];
   if (ebb__tensor_is_inference(t))
-    return ebb__fail(EBB_EINVAL, "%s must save its %s %d for backward, which is an inference tensor (made in inference mode) and "
+    return ebb__fail(EBB_EINVAL, "%s must save its %s for backward, which is an inference tensor (made in inference mode) and "
                      "cannot be saved; expected a tensor made outside inference mode (ebb_tensor_clone it there), or grad mode off "
-                     "(ebb_grad_set_enabled) instead of inference mode where no gradient is wanted",
-                     ebb__node_name_of(n), k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+                     "(ebb_grad_set_enabled) instead of inference mode where no gradient is wanted", ebb__node_name_of(n),
+                     ebb__tensor_desc(t, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin, td, sizeof td));
   uint64_t v = 0;
   ebb_status st = ebb__tensor_share(t, &n->saved[k]);
   if (!st) ebb__owners_saved(n, k, t);
@@ -437,16 +438,19 @@ ebb_status ebb_tensor_set_requires_grad(ebb_tensor_t *t, bool requires_grad) {
   ebb_status st = ebb__check_t(fn, t);
   if (st) return st;
   struct ebb__meta *m = ebb__meta_of(t);
+  char td[EBB__DESC_MAX];
   if (m && m->grad_fn)
-    return ebb__fail(EBB_EINVAL, "%s: the tensor was produced by %s, so whether it requires a gradient follows its inputs; "
-                     "expected a leaf (ebb_tensor_detach makes one)", fn, ebb__node_name_of(m->grad_fn));
+    return ebb__fail(EBB_EINVAL, "%s: %s was produced by %s, so whether it requires a gradient follows its inputs; "
+                     "expected a leaf (ebb_tensor_detach makes one)", fn, ebb__tensor_desc(t, "t", -1, td, sizeof td),
+                     ebb__node_name_of(m->grad_fn));
   ebb_dtype dt;
   ebb_tensor_dtype(t, &dt);
   if (requires_grad && !ebb_dtype_is_float(dt))
-    return ebb__fail(EBB_EINVAL, "%s: the tensor has dtype %s; only floating tensors have gradients", fn, ebb_dtype_name(dt));
+    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; only floating tensors have gradients", fn,
+                     ebb__tensor_desc(t, "t", -1, td, sizeof td), ebb_dtype_name(dt));
   if (requires_grad && ebb__tensor_is_inference(t) && !ebb__inference_on())
-    return ebb__fail(EBB_EINVAL, "%s: the tensor is an inference tensor (made in inference mode), which cannot require a gradient "
-                     "outside inference mode; expected a clone made outside the mode", fn);
+    return ebb__fail(EBB_EINVAL, "%s: %s is an inference tensor (made in inference mode), which cannot require a gradient "
+                     "outside inference mode; expected a clone made outside the mode", fn, ebb__tensor_desc(t, "t", -1, td, sizeof td));
   if (!m) {
     if (!requires_grad) return EBB_OK;
     if (!(m = ebb__meta_new(t))) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the tensor's autograd state", fn);

@@ -93,15 +93,16 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
   if (!f && !post) return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a hook function", fn);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a hook handle to fill", fn);
   struct ebb__meta *m = ebb__meta_of(t);
+  char td[EBB__DESC_MAX];
   if (!m || !m->requires_grad)
-    return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient, so no gradient will reach a hook; expected a tensor "
-                     "that requires one", fn);
+    return ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient, so no gradient will reach a hook; expected a tensor "
+                     "that requires one", fn, ebb__tensor_desc(t, "t", -1, td, sizeof td));
   struct ebb_node *gf = NULL;
   int nr = 0;
   if ((st = ebb__grad_fn_now(t, m, &gf, &nr))) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
   if (kind == EBB__HOOK_POST_ACC && gf)
-    return ebb__fail(EBB_EINVAL, "%s: the tensor was produced by %s; post-accumulate hooks are for leaves (their .grad)", fn,
-                     ebb__node_name_of(gf));
+    return ebb__fail(EBB_EINVAL, "%s: %s was produced by %s; post-accumulate hooks are for leaves (their .grad)", fn,
+                     ebb__tensor_desc(t, "t", -1, td, sizeof td), ebb__node_name_of(gf));
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a hook", fn);
   *h = (struct ebb__hook){.kind = kind, .output_nr = nr, .fn = f, .post = post, .user = user, .user_free = user_free,
@@ -162,8 +163,10 @@ ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
   struct ebb__meta *m = ebb__meta_of(t);
+  char td[EBB__DESC_MAX];
   if (!m || !m->requires_grad)
-    return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient; expected a tensor computed from one that does", fn);
+    return ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient; expected a tensor computed from one that does", fn,
+                     ebb__tensor_desc(t, "t", -1, td, sizeof td));
   struct ebb_node *gf = NULL;
   int nr = 0;
   if ((st = ebb__grad_fn_now(t, m, &gf, &nr))) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
@@ -232,10 +235,12 @@ static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hoo
     if (!st) st = ebb_tensor_get_info(*grad, &a);
     if (!st && (a.ndim != b.ndim || memcmp(a.shape, b.shape, sizeof(int64_t) * (size_t)a.ndim) != 0 || a.dtype != b.dtype ||
                 a.device != b.device)) {
+      char gd[EBB__DESC_MAX], rd[EBB__DESC_MAX];
+      st = ebb__fail(EBB_EINVAL, "%s: a tensor hook (hook %llu) of %s replaced %s with %s; expected the same shape, dtype and device", fn,
+                     (unsigned long long)h->id, who, ebb__tensor_desc(*grad, "the gradient", -1, gd, sizeof gd),
+                     ebb__tensor_desc(rep, "the replacement", -1, rd, sizeof rd));
       ebb_tensor_release(rep);
-      return ebb__fail(EBB_EINVAL, "%s: a tensor hook (hook %llu) of %s replaced a gradient of %d dims, %s, device %d with one of %d "
-                       "dims, %s, device %d; expected the same shape, dtype and device", fn, (unsigned long long)h->id, who, a.ndim,
-                       ebb_dtype_name(a.dtype), a.device, b.ndim, ebb_dtype_name(b.dtype), b.device);
+      return st;
     }
     if (st) {
       ebb_tensor_release(rep);

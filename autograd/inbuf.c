@@ -103,15 +103,17 @@ static ebb_status ebb__wait(struct ebb__task *t, ebb_event_t *e, const struct eb
   return EBB_OK;
 }
 
-/* Makes stream w wait for all the work issued so far to stream `id` of device dev (handle s),
- * live or released: an event recorded on it while it lives, else after its release's last work. */
+/* Makes stream w (held, or immortal) wait for all the work issued so far to stream `id` of
+ * device dev (handle s), live or released: an event recorded on it while it lives, else its
+ * release's own event of its last work. */
 static ebb_status order_after(struct ebb__task *t, const struct ebb__sref *w, ebb_stream_t *s, uint64_t id, int dev) {
   ebb_event_t *e = ebb__ev_new(dev);
   if (!e) return ebb__fail(EBB_ENOMEM, "%s: no event to order stream %llu after stream %llu (device %d): %s", t->fn,
                            (unsigned long long)w->id, (unsigned long long)id, dev, ebb_last_error());
   ebb_status st = ebb__event_record_live(e, s, id);
-  if (st == EBB_EFREED) st = ebb__event_record_released(e, dev, id);
-  if (!st) {
+  if (st == EBB_EFREED) {
+    st = ebb__stream_wait_released(w->s, dev, id); /* (w is held, or immortal) */
+  } else if (!st) {
     atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
     st = ebb__wait(t, e, w, 0);
   }
@@ -515,29 +517,20 @@ ebb_status ebb__task_wrote(struct ebb__task *t, const ebb_tensor_t *tensor, cons
   return st;
 }
 
-/* One written .grad's tensor for a message: its name in quotes, or its role; dtype and shape. */
+/* One written .grad's tensor for a message (ops' one form: its role, name, dtype, shape, device). */
 static int describe_one(const struct ebb__wrote *w, char *out, size_t n) {
   if (!w->t) return snprintf(out, n, "a retained output of %s (node %llu)", ebb__node_name_of(w->of), (unsigned long long)w->of->seq);
-  char name[EBB_TENSOR_NAME_MAX + 1] = "";
-  ebb_tensor_info ti;
-  ebb_tensor_name(w->t, name, sizeof name);
-  if (ebb_tensor_get_info(w->t, &ti)) return snprintf(out, n, "%s%s%s", name[0] ? "'" : "a tensor", name, name[0] ? "'" : "");
-  int off = snprintf(out, n, "%s%s%s %s[", name[0] ? "'" : "", name[0] ? name : w->of ? "a leaf" : "an input", name[0] ? "'" : "",
-                     ebb_dtype_name(ti.dtype));
-  for (int d = 0; d < ti.ndim && off > 0 && (size_t)off < n; d++)
-    off += snprintf(out + off, n - (size_t)off, "%s%lld", d ? ", " : "", (long long)ti.shape[d]);
-  if (off > 0 && (size_t)off < n) off += snprintf(out + off, n - (size_t)off, "]");
-  return off;
+  return (int)strlen(ebb__tensor_desc(w->t, w->of ? "the leaf" : "the input", -1, out, n));
 }
 
 void ebb__task_wrote_describe(const struct ebb__task *t, char *msg, size_t n) {
   size_t len = strlen(msg);
   if (len + 1 >= n) return;
   if (!t->nwrote) {
-    snprintf(msg + len, n - len, "; no .grad was changed");
+    snprintf(msg + len, n - len, "; no .grad was changed by this call");
     return;
   }
-  int off = snprintf(msg + len, n - len, "; .grad was already written (a retry would add to it again) for ");
+  int off = snprintf(msg + len, n - len, "; this call had already written .grad (a retry would add to it again) of ");
   for (size_t i = 0; i < t->nwrote && off > 0 && len + (size_t)off + 1 < n; i++) {
     if (i == 4 && t->nwrote > 5) {
       snprintf(msg + len + off, n - len - (size_t)off, " and %zu more", t->nwrote - 4);

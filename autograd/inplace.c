@@ -160,22 +160,6 @@ static void ebb__tok_free(struct ebb__inplace_tok *k) {
   free(k);
 }
 
-/* A tensor's name for messages: "'name'" or "of shape [2,3]". */
-static const char *ebb__who(const ebb_tensor_t *t, char *buf, size_t cap) {
-  char name[EBB_TENSOR_NAME_MAX + 1] = "";
-  ebb_tensor_name(t, name, sizeof name);
-  if (name[0]) {
-    snprintf(buf, cap, "'%s'", name);
-    return buf;
-  }
-  ebb_tensor_info ti;
-  ebb_tensor_get_info(t, &ti);
-  size_t n = (size_t)snprintf(buf, cap, "of shape [");
-  for (int d = 0; d < ti.ndim && n < cap; d++) n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)ti.shape[d]);
-  if (n < cap) snprintf(buf + n, cap - n, "]");
-  return buf;
-}
-
 /* The edge into t's history for a node that uses it (a new reference in e->fn). */
 static ebb_status ebb__edge_of(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb__edge *e) {
   struct ebb_node *gf = NULL;
@@ -202,20 +186,20 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   bool src_rg = sm && sm->requires_grad && (e->diff & 2);
   bool dst_rg = (dm && dm->requires_grad) || (bm && bm->requires_grad);
   if (!dst_rg && !src_rg) return EBB_OK;
-  char who[96];
+  char who[EBB__DESC_MAX];
   if (dm && dm->requires_grad && !dm->is_view && !dm->grad_fn)
-    return ebb__fail(EBB_EINVAL, "dst %s is a leaf that requires a gradient, and a leaf that requires a gradient cannot be changed "
+    return ebb__fail(EBB_EINVAL, "%s is a leaf that requires a gradient, and a leaf that requires a gradient cannot be changed "
                      "in place while grad mode is on (its gradient would be for a value it no longer holds); expected the change "
                      "with grad mode off (ebb_grad_set_enabled(false, ...), as an optimizer step does), or an out-of-place op",
-                     ebb__who(dst, who, sizeof who));
+                     ebb__tensor_desc(dst, "dst", -1, who, sizeof who));
   if (bm && bm->requires_grad && !bm->grad_fn)
-    return ebb__fail(EBB_EINVAL, "dst is a view of a leaf that requires a gradient (%s), and a leaf that requires a gradient cannot "
+    return ebb__fail(EBB_EINVAL, "dst is a view of a leaf that requires a gradient, %s, and a leaf that requires a gradient cannot "
                      "be changed in place while grad mode is on, through a view or not; expected the change with grad mode off "
-                     "(ebb_grad_set_enabled(false, ...)), or an out-of-place op", ebb__who(base, who, sizeof who));
+                     "(ebb_grad_set_enabled(false, ...)), or an out-of-place op", ebb__tensor_desc(base, "its base", -1, who, sizeof who));
   if (base && ebb__tensor_overlaps(base))
-    return ebb__fail(EBB_EINVAL, "dst is a view of an expanded tensor %s (its elements overlap in memory), so a change through it "
+    return ebb__fail(EBB_EINVAL, "dst is a view of %s, an expanded tensor whose elements overlap in memory, so a change through it "
                      "has no single gradient; expected a view of a tensor with its own elements (ebb_tensor_contiguous or clone it "
-                     "first)", ebb__who(base, who, sizeof who));
+                     "first)", ebb__tensor_desc(base, "its base", -1, who, sizeof who));
 
   /* src's history first, if it is a view whose base moved on: the node made for it must be
    * older than the ones made here (producers before consumers in sequence numbers). */

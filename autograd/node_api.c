@@ -61,15 +61,13 @@ static const char *ebb__fmt_meta(const ebb__tensor_meta *m, char *buf, size_t ca
 /* A replacement r for what meta m describes: EBB_OK if it matches, else the message. */
 static ebb_status ebb__check_replacement(const char *fn, const char *kind, const struct ebb__hook *h, const struct ebb_node *n,
                                          const char *what, int k, const ebb__tensor_meta *m, const ebb_tensor_t *r) {
-  char lb[96], a[160], b[160];
+  char lb[96], a[EBB__DESC_MAX], b[EBB__DESC_MAX];
   ebb_status st = ebb__tensor_check(r, fn, "a hook's replacement");
   if (st) return st;
   if (ebb__tensor_matches(r, m)) return EBB_OK;
-  ebb__tensor_meta rm;
-  ebb__tensor_meta_of(r, &rm);
-  return ebb__fail(EBB_EINVAL, "%s: a %s (hook %llu) of %s replaced %s %d (%s on device %d) with %s on device %d; expected the "
-                   "same shape, dtype and device", fn, kind, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb), what, k,
-                   ebb__fmt_meta(m, a, sizeof a), m->device, ebb__fmt_meta(&rm, b, sizeof b), rm.device);
+  return ebb__fail(EBB_EINVAL, "%s: a %s (hook %llu) of %s replaced %s with %s; expected the same shape, dtype and device", fn,
+                   kind, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb), ebb__meta_desc(m, what, k, NULL, a, sizeof a),
+                   ebb__tensor_desc(r, "the replacement", -1, b, sizeof b));
 }
 
 /* ---- the running task ----------------------------------------------------------------------- */
@@ -382,9 +380,10 @@ ebb_status ebb_tensor_gradient_edge(const ebb_tensor_t *t, ebb_gradient_edge *ou
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected an ebb_gradient_edge to fill", fn);
   struct ebb__meta *m = ebb__meta_of(t);
+  char td[EBB__DESC_MAX];
   if (!m || !m->requires_grad)
-    return ebb__fail(EBB_EINVAL, "%s: the tensor does not require a gradient, so no gradient flows into the graph from it; "
-                     "expected a tensor that requires one", fn);
+    return ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient, so no gradient flows into the graph from it; "
+                     "expected a tensor that requires one", fn, ebb__tensor_desc(t, "t", -1, td, sizeof td));
   struct ebb_node *gf = NULL;
   int nr = 0;
   if ((st = ebb__grad_fn_now(t, m, &gf, &nr))) /* inplace.c: a stale view's history is taken from its base first */
@@ -433,25 +432,22 @@ ebb_status ebb__edge_resolve(const char *fn, const char *what, int i, const ebb_
 ebb_status ebb__edge_root_grad(const char *fn, int i, const struct ebb_node *n, int nr, const ebb_tensor_t *g, ebb_tensor_t **out) {
   ebb__tensor_meta m;
   ebb__node_input_meta(n, nr, &m);
-  char a[160], b[160];
+  char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
   if (!g) {
     int64_t numel = 1;
     for (int d = 0; d < m.ndim; d++) numel *= m.shape[d];
     if (numel != 1)
-      return ebb__fail(EBB_EINVAL, "%s: root %d (input %d of %s: %s) has %lld elements and no gradient was given; a gradient is "
-                       "implied only for one element (pass grad_roots[%d])", fn, i, nr, ebb__node_name_of(n),
-                       ebb__fmt_meta(&m, a, sizeof a), (long long)numel, i);
+      return ebb__fail(EBB_EINVAL, "%s: %s, input %d of %s, has %lld elements and no gradient was given; a gradient is "
+                       "implied only for one element (pass %s[%d])", fn, ebb__meta_desc(&m, ebb__roots_arg(fn), i, NULL, a, sizeof a),
+                       nr, ebb__node_name_of(n), (long long)numel, ebb__grad_roots_arg(fn), i);
     return ebb_tensor_ones(m.device, m.dtype, m.ndim, m.shape, out);
   }
-  ebb_status st = ebb__tensor_check(g, fn, "grad_roots[i]");
+  ebb_status st = ebb__tensor_check_at(g, fn, ebb__grad_roots_arg(fn), i);
   if (st) return st;
-  if (!ebb__tensor_matches(g, &m)) {
-    ebb__tensor_meta gm;
-    ebb__tensor_meta_of(g, &gm);
-    return ebb__fail(EBB_EINVAL, "%s: grad_roots[%d] (%s on device %d) does not match root %d, input %d of %s (%s on device %d); "
-                     "expected its shape, dtype and device", fn, i, ebb__fmt_meta(&gm, a, sizeof a), gm.device, i, nr,
-                     ebb__node_name_of(n), ebb__fmt_meta(&m, b, sizeof b), m.device);
-  }
+  if (!ebb__tensor_matches(g, &m))
+    return ebb__fail(EBB_EINVAL, "%s: %s does not match %s, input %d of %s; expected its shape, dtype and device", fn,
+                     ebb__tensor_desc(g, ebb__grad_roots_arg(fn), i, a, sizeof a),
+                     ebb__meta_desc(&m, ebb__roots_arg(fn), i, NULL, b, sizeof b), nr, ebb__node_name_of(n));
   ebb_tensor_retain((ebb_tensor_t *)g);
   *out = (ebb_tensor_t *)g;
   return EBB_OK;
@@ -464,7 +460,7 @@ ebb_status ebb_autograd_increment_version(ebb_tensor_t *const *tensors, int n) {
   if (n < 0) return ebb__fail(EBB_EINVAL, "%s: n is %d; expected n >= 0", fn, n);
   if (n > 0 && !tensors) return ebb__fail(EBB_EINVAL, "%s: tensors is NULL with n %d; expected an array of n tensors", fn, n);
   for (int i = 0; i < n; i++) { /* all checked first: on error nothing was bumped */
-    ebb_status st = ebb__tensor_check(tensors[i], fn, "tensors[i]");
+    ebb_status st = ebb__tensor_check_at(tensors[i], fn, "tensors", i);
     if (st) return st;
   }
   for (int i = 0; i < n; i++) {
@@ -651,7 +647,7 @@ ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, int n, ebb
   if (mode != EBB_MULTI_GRAD_ALL && mode != EBB_MULTI_GRAD_ANY)
     return ebb__fail(EBB_EINVAL, "%s: mode %d is not a mode; expected EBB_MULTI_GRAD_ALL (0) or EBB_MULTI_GRAD_ANY (1)", name, (int)mode);
   for (int i = 0; i < n; i++) {
-    ebb_status st = ebb__tensor_check(tensors[i], name, "tensors[i]");
+    ebb_status st = ebb__tensor_check_at(tensors[i], name, "tensors", i);
     if (st) return st;
   }
   struct ebb__mg *mg = calloc(1, sizeof *mg);
@@ -819,10 +815,12 @@ ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots,
     atomic_store_explicit(&l->refs, 1, memory_order_relaxed); /* the group's */
   }
   for (int i = 0; !st && i < nroots; i++) {
-    st = ebb__tensor_check(roots[i], fn, "roots[i]");
+    st = ebb__tensor_check_at(roots[i], fn, "roots", i);
     struct ebb__meta *m = st ? NULL : ebb__meta_of(roots[i]);
+    char rd[EBB__DESC_MAX];
     if (!st && (!m || !m->requires_grad))
-      st = ebb__fail(EBB_EINVAL, "%s: roots[%d] does not require a gradient, so it has no graph; expected a tensor that does", fn, i);
+      st = ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient, so it has no graph; expected a tensor that does", fn,
+                     ebb__tensor_desc(roots[i], "roots", i, rd, sizeof rd));
     if (st) break;
     struct ebb_node *r = NULL;
     int rnr;

@@ -15,6 +15,9 @@
 #define EBB_LIKELY(x) __builtin_expect(!!(x), 1)
 #define EBB_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define EBB_PRINTF(f, a) __attribute__((format(printf, f, a)))
+/* A function only failures call (a message formatted in stack buffers): kept out of line, so its
+ * buffers do not grow the frame of the hot function that calls it, nor stop that one inlining. */
+#define EBB_COLD __attribute__((noinline, cold))
 #ifndef EBB_HIDDEN /* runtime_export.h defines it the same way */
 #define EBB_HIDDEN __attribute__((visibility("hidden")))
 #endif
@@ -22,6 +25,7 @@
 #define EBB_LIKELY(x) (x)
 #define EBB_UNLIKELY(x) (x)
 #define EBB_PRINTF(f, a)
+#define EBB_COLD
 #ifndef EBB_HIDDEN
 #define EBB_HIDDEN
 #endif

@@ -39,26 +39,55 @@ static ebb_status ebb__check_out(const char *fn, ebb_tensor_t **out) {
   return EBB_OK;
 }
 
+/* The public names of an elementwise op's inputs: where's are (cond, a, b). */
+static const char *const *ew_names(int nin) {
+  static const char *const names2[2] = {"a", "b"}, *const names3[3] = {"cond", "a", "b"};
+  return nin == 3 ? names3 : names2;
+}
+
+static EBB_COLD ebb_status ew_devices_differ(const char *fn, int nin, const ebb_tensor_t *const *in, int k) {
+  char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
+  return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device (copy with ebb_tensor_to_device)", fn,
+                   EBB__DESC(in[k], ew_names(nin)[k], x), EBB__DESC(in[0], ew_names(nin)[0], y));
+}
+
+/* where's three shapes broadcast together. They do exactly when every pair of them does, so
+ * each pair is checked (a failure names two real arguments), then b is folded into the shape of
+ * cond and a. */
+static ebb_status ew_shape3(const char *fn, const ebb_tensor_t *const *in, int *ndim, int64_t *shape) {
+  const char *const *names = ew_names(3);
+  ebb_status st = ebb__broadcast_shape(fn, in[0], names[0], in[0]->ndim, in[1], names[1], in[1]->ndim, ndim, shape);
+  for (int j = 0; j < 2 && !st; j++) {
+    int nd;
+    int64_t s[EBB_TENSOR_MAX_DIMS];
+    st = ebb__broadcast_shape(fn, in[j], names[j], in[j]->ndim, in[2], names[2], in[2]->ndim, &nd, s);
+  }
+  if (st) return st;
+  int n = *ndim > in[2]->ndim ? *ndim : in[2]->ndim;
+  int64_t folded[EBB_TENSOR_MAX_DIMS];
+  for (int d = n - 1, i = *ndim - 1, j = in[2]->ndim - 1; d >= 0; d--, i--, j--) {
+    int64_t x = i >= 0 ? shape[i] : 1, y = j >= 0 ? in[2]->shape[j] : 1;
+    folded[d] = x == 1 ? y : x;
+  }
+  memcpy(shape, folded, sizeof(int64_t) * (size_t)n);
+  *ndim = n;
+  return EBB_OK;
+}
+
 /* out = op(in...) with the shape of in broadcast together and dtype dt. */
-/* Every forward op ends here: broadcast the input shapes pairwise (so a three-input where
- * gets the same rule and message as a binary op), allocate the result, run one kernel. The
- * kernel converts each input's dtype as it loads, so mixed dtypes never need cast copies. */
+/* Every forward op ends here: broadcast the input shapes (where's three pairwise, so it gets the
+ * same rule and message as a binary op), allocate the result, run one kernel. The kernel
+ * converts each input's dtype as it loads, so mixed dtypes never need cast copies. */
 static ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_t *const *in, ebb_dtype dt, double s0, double s1,
                               ebb_tensor_t **out) {
   int ndim = in[0]->ndim;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   memcpy(shape, in[0]->shape, sizeof shape);
-  for (int k = 1; k < nin; k++) {
-    if (in[k]->st->device != in[0]->st->device) {
-      static const char *const names[3] = {"a", "b", "c"};
-      return ebb__fail(EBB_EDEVICE, "%s: argument %s is on device %d but argument a is on device %d (-1 is the CPU); expected one device",
-                       fn, names[k], in[k]->st->device, in[0]->st->device);
-    }
-    /* a stand-in with the running shape, to reuse the pairwise rule and its message */
-    ebb_tensor_t cur;
-    cur.ndim = ndim;
-    memcpy(cur.shape, shape, sizeof shape);
-    ebb_status st = ebb__broadcast_shape(fn, k == 1 ? in[0] : &cur, in[k], &ndim, shape);
+  for (int k = 1; k < nin; k++)
+    if (in[k]->st->device != in[0]->st->device) return ew_devices_differ(fn, nin, in, k);
+  if (nin > 1) {
+    ebb_status st = nin == 2 ? ebb__broadcast_shape(fn, in[0], "a", in[0]->ndim, in[1], "b", in[1]->ndim, &ndim, shape)
+                             : ew_shape3(fn, in, &ndim, shape);
     if (st) return ebb__fail_in(fn, st);
   }
   ebb_tensor_t *r;
@@ -83,7 +112,8 @@ static ebb_status ebb__binary(const char *fn, int op, int kind, const ebb_tensor
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
   if (kind == EBB__ARITH && dt == EBB_BOOL)
-    return ebb__fail(EBB_EINVAL, "%s: a and b are both bool; arithmetic needs a numeric operand (convert with ebb_tensor_to_dtype)", fn);
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b",
+                            "are both bool; arithmetic needs a numeric operand (convert with ebb_tensor_to_dtype)");
   if (kind == EBB__DIVIDE) dt = ebb__float_of(dt);
   if (kind == EBB__COMPARE) dt = EBB_BOOL;
   const ebb_tensor_t *in[2] = {a, b};
@@ -109,10 +139,10 @@ static ebb_status ebb__bw_check(const char *fn, const ebb_tensor_t *grad, const 
   if (!st) st = ebb__tensor_check(x, fn, xname);
   if (st) return ebb__fail_in(fn, st);
   if (!ebb_dtype_is_float(x->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s, which has no gradient; expected a floating input", fn, xname, ebb_dtype_name(x->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, x, xname, "has dtype %s, which has no gradient; expected a floating input",
+                           ebb_dtype_name(x->dtype));
   if (grad->st->device != x->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: grad is on device %d but %s is on device %d (-1 is the CPU)", fn, grad->st->device, xname,
-                     x->st->device);
+    return ebb__fail_about2(EBB_EDEVICE, fn, grad, "grad", x, xname, "are on different devices; expected one device");
   return EBB_OK;
 }
 
@@ -193,11 +223,11 @@ static ebb_status ebb__binary_backward(const char *fn, int mode, const ebb_tenso
   if (st) return ebb__fail_in(fn, st);
   int nd;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
-  st = ebb__broadcast_shape(fn, a, b, &nd, shape);
+  st = ebb__broadcast_shape(fn, a, "a", a->ndim, b, "b", b->ndim, &nd, shape);
   if (st) return ebb__fail_in(fn, st);
   if (nd != grad->ndim || memcmp(shape, grad->shape, sizeof(int64_t) * (size_t)nd) != 0) {
-    char x[128], y[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the forward output's shape %s", fn, EBB__SHAPE(grad, x),
+    char x[EBB__DESC_MAX], y[128];
+    return ebb__fail(EBB_EINVAL, "%s: %s does not have the forward output's shape; expected %s", fn, EBB__DESC(grad, "grad", x),
                      ebb__shape_str(shape, nd, y, sizeof y));
   }
   ebb_tensor_t *la = NULL, *lb = NULL, *ra = NULL, *rb = NULL;
@@ -292,8 +322,9 @@ static ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, 
   if (!st && !gx) st = ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
   if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != x->ndim || memcmp(grad->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
-    char a[128], b[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the input's shape %s", fn, EBB__SHAPE(grad, a), EBB__SHAPE(x, b));
+    char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s does not have the shape of %s; expected the input's shape", fn, EBB__DESC(grad, "grad", a),
+                     EBB__DESC(x, "x", b));
   }
   ebb_tensor_t *d = NULL, *p = NULL;
   if (op < 0) {
@@ -347,7 +378,7 @@ ebb_status ebb_op_clamp_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x
 
 static ebb_status ebb__op_neg_impl(const ebb_tensor_t *a, ebb_tensor_t **out) {
   if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_neg", "a") == EBB_OK)
-    return ebb__fail(EBB_EINVAL, "ebb_op_neg: a has dtype bool; expected a numeric dtype");
+    return ebb__fail_about(EBB_EINVAL, "ebb_op_neg", a, "a", "has dtype bool; expected a numeric dtype");
   return ebb__unary("ebb_op_neg", EBB__EW_NEG, EBB__KEEP, a, 0, 0, out);
 }
 
@@ -357,7 +388,7 @@ ebb_status ebb_op_neg(const ebb_tensor_t *a, ebb_tensor_t **out) {
 
 static ebb_status ebb__op_abs_impl(const ebb_tensor_t *a, ebb_tensor_t **out) {
   if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_abs", "a") == EBB_OK)
-    return ebb__fail(EBB_EINVAL, "ebb_op_abs: a has dtype bool; expected a numeric dtype");
+    return ebb__fail_about(EBB_EINVAL, "ebb_op_abs", a, "a", "has dtype bool; expected a numeric dtype");
   return ebb__unary("ebb_op_abs", EBB__EW_ABS, EBB__KEEP, a, 0, 0, out);
 }
 
@@ -446,8 +477,9 @@ static ebb_status ebb__y_backward(const char *fn, const ebb_tensor_t *grad, cons
     st = ebb__tensor_check(x, fn, "x");
     if (st) return ebb__fail_in(fn, st);
     if (x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)y->ndim) != 0) {
-      char a[128], b[128];
-      return ebb__fail(EBB_EINVAL, "%s: y has shape %s but x has %s; expected the forward output of x", fn, EBB__SHAPE(y, a), EBB__SHAPE(x, b));
+      char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
+      return ebb__fail(EBB_EINVAL, "%s: %s does not have the shape of %s; expected the forward output of x", fn, EBB__DESC(y, "y", a),
+                       EBB__DESC(x, "x", b));
     }
   }
   ebb_tensor_t *d = NULL, *e = NULL, *g = NULL;
@@ -510,7 +542,7 @@ static ebb_status ebb__op_where_impl(const ebb_tensor_t *cond, const ebb_tensor_
   if (!st) st = ebb__check_out(fn, out);
   if (st) return ebb__fail_in(fn, st);
   if (cond->dtype != EBB_BOOL)
-    return ebb__fail(EBB_EINVAL, "%s: cond has dtype %s; expected bool (from a comparison)", fn, ebb_dtype_name(cond->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, cond, "cond", "has dtype %s; expected bool (from a comparison)", ebb_dtype_name(cond->dtype));
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
   const ebb_tensor_t *in[3] = {cond, a, b};
@@ -555,22 +587,21 @@ static ebb_status ebb__inplace(const char *fn, int op, ebb_tensor_t *dst, const 
   ebb_dtype dt;
   ebb_op_promote(dst->dtype, src->dtype, &dt);
   if (dt != dst->dtype || dt == EBB_BOOL)
-    return ebb__fail(EBB_EINVAL, "%s: dst has dtype %s and src %s: the result (%s) cannot be stored in dst in place", fn,
-                     ebb_dtype_name(dst->dtype), ebb_dtype_name(src->dtype), ebb_dtype_name(dt));
+    return ebb__fail_about2(EBB_EINVAL, fn, dst, "dst", src, "src", "do not fit: the result (%s) cannot be stored in dst in place",
+                            ebb_dtype_name(dt));
+  if (src->st->device != dst->st->device)
+    return ebb__fail_about2(EBB_EDEVICE, fn, src, "src", dst, "dst", "are on different devices; expected one device (copy with "
+                            "ebb_tensor_to_device)");
   for (int d = 0; d < dst->ndim; d++)
-    if (dst->strides[d] == 0 && dst->shape[d] > 1) {
-      char a[128];
-      return ebb__fail(EBB_EINVAL, "%s: dst of shape %s is expanded along dim %d (stride 0); expected a writable tensor", fn,
-                       EBB__SHAPE(dst, a), d);
-    }
-  int nd;
-  int64_t shape[EBB_TENSOR_MAX_DIMS];
-  st = ebb__broadcast_shape(fn, dst, src, &nd, shape);
-  if (st) return ebb__fail_in(fn, st);
-  if (nd != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * (size_t)nd) != 0) {
-    char a[128], b[128], c[128];
-    return ebb__fail(EBB_EINVAL, "%s: dst has shape %s and src %s: the result would have shape %s; an in-place op cannot change dst's shape", fn,
-                     EBB__SHAPE(dst, a), EBB__SHAPE(src, b), ebb__shape_str(shape, nd, c, sizeof c));
+    if (dst->strides[d] == 0 && dst->shape[d] > 1)
+      return ebb__fail_about(EBB_EINVAL, fn, dst, "dst", "is expanded along dim %d (stride 0); expected a writable tensor", d);
+  /* The result keeps dst's shape only where src broadcasts to it (trailing dims equal or 1). */
+  bool fits = src->ndim <= dst->ndim;
+  for (int d = 1; fits && d <= src->ndim; d++) fits = src->shape[src->ndim - d] == 1 || src->shape[src->ndim - d] == dst->shape[dst->ndim - d];
+  if (!fits) {
+    char d[EBB__DESC_MAX];
+    return ebb__fail_about(EBB_EINVAL, fn, src, "src", "does not broadcast to the shape of %s; an in-place op cannot change dst's shape",
+                           EBB__DESC(dst, "dst", d));
   }
   void *token = NULL;
   st = ebb__inplace_check(fn, op == EBB__EW_ADD ? EBB__OP_ADD_ : EBB__OP_MUL_, dst, src, &token);

@@ -20,7 +20,7 @@ static ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_te
   ebb_status st = ebb__tensor_check(t, fn, arg);
   if (st) return ebb__fail_in(fn, st);
   if (!ebb_dtype_is_float(t->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected a floating dtype", fn, arg, ebb_dtype_name(t->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, t, arg, "has dtype %s; expected a floating dtype", ebb_dtype_name(t->dtype));
   return EBB_OK;
 }
 
@@ -86,8 +86,9 @@ static ebb_status ebb__softmax_bw_check(const char *fn, const ebb_tensor_t *grad
   if (!st) st = ebb__dim(fn, "dim", dim, y->ndim, d);
   if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != y->ndim || memcmp(grad->shape, y->shape, sizeof(int64_t) * (size_t)y->ndim) != 0) {
-    char a[128], b[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s but y %s; expected the forward output's shape", fn, EBB__SHAPE(grad, a), EBB__SHAPE(y, b));
+    char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s does not have the shape of %s; expected the forward output's shape", fn, EBB__DESC(grad, "grad", a),
+                     EBB__DESC(y, "y", b));
   }
   return EBB_OK;
 }
@@ -132,15 +133,16 @@ static ebb_status ebb__ce_check(const char *fn, const ebb_tensor_t *logits, cons
   ebb_status st = ebb__float_input(fn, "logits", logits);
   if (!st) st = ebb__tensor_check(target, fn, "target");
   if (st) return ebb__fail_in(fn, st);
-  char a[128], b[128];
+  char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
   if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0])
-    return ebb__fail(EBB_EINVAL, "%s: logits has shape %s and target %s; expected logits [N, C] and target [N]", fn, EBB__SHAPE(logits, a),
-                     EBB__SHAPE(target, b));
+    return ebb__fail(EBB_EINVAL, "%s: %s and %s do not fit; expected logits [N, C] and target [N]", fn, EBB__DESC(logits, "logits", a),
+                     EBB__DESC(target, "target", b));
   if (target->dtype != EBB_I64)
-    return ebb__fail(EBB_EINVAL, "%s: target has dtype %s; expected i64 class indices", fn, ebb_dtype_name(target->dtype));
+    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected i64 class indices", fn, EBB__DESC(target, "target", a),
+                     ebb_dtype_name(target->dtype));
   if (target->st->device != logits->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: target is on device %d but logits on device %d (-1 is the CPU)", fn, target->st->device,
-                     logits->st->device);
+    return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device", fn, EBB__DESC(target, "target", a),
+                     EBB__DESC(logits, "logits", b));
   return EBB_OK;
 }
 
@@ -188,8 +190,8 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
   if (!st) st = ebb__need_out(fn, "grad_logits", gx);
   if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != 0) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected a scalar (the loss is one)", fn, EBB__SHAPE(grad, a));
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s is not a scalar; expected a scalar (the loss is one)", fn, EBB__DESC(grad, "grad", a));
   }
   ebb_tensor_t *p = NULL, *oh = NULL, *d = NULL, *g = NULL;
   st = ebb_op_softmax(logits, 1, &p);
@@ -209,8 +211,8 @@ static ebb_status ebb__mse_check(const char *fn, const ebb_tensor_t *a, const eb
   if (!st) st = ebb__float_input(fn, "b", b);
   if (st) return ebb__fail_in(fn, st);
   if (a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) != 0) {
-    char x[128], y[128];
-    return ebb__fail(EBB_EINVAL, "%s: a has shape %s and b %s; expected one shape", fn, EBB__SHAPE(a, x), EBB__SHAPE(b, y));
+    char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s and %s differ in shape; expected one shape", fn, EBB__DESC(a, "a", x), EBB__DESC(b, "b", y));
   }
   return EBB_OK;
 }
@@ -242,8 +244,8 @@ ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t
   if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
   if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != 0) {
-    char x[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected a scalar (the loss is one)", fn, EBB__SHAPE(grad, x));
+    char x[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s is not a scalar; expected a scalar (the loss is one)", fn, EBB__DESC(grad, "grad", x));
   }
   int64_t n = ebb__numel(a->shape, a->ndim);
   ebb_tensor_t *d = NULL, *g = NULL, *r = NULL;
@@ -268,9 +270,9 @@ static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm
                                 int *dims) {
   ebb_status st = ebb__float_input(fn, "x", x);
   if (st) return ebb__fail_in(fn, st);
-  char s1[128], s2[128];
+  char s1[EBB__DESC_MAX], s2[EBB__DESC_MAX];
   if (nnorm < 1 || nnorm > x->ndim)
-    return ebb__fail(EBB_EINVAL, "%s: nnorm %d for x of shape %s; expected 1..%d", fn, nnorm, EBB__SHAPE(x, s1), x->ndim);
+    return ebb__fail(EBB_EINVAL, "%s: nnorm %d for %s; expected 1..%d", fn, nnorm, EBB__DESC(x, "x", s1), x->ndim);
   const ebb_tensor_t *p[2] = {w, b};
   static const char *const names[2] = {"weight", "bias"};
   for (int i = 0; i < 2; i++) {
@@ -278,8 +280,8 @@ static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm
     st = ebb__float_input(fn, names[i], p[i]);
     if (st) return ebb__fail_in(fn, st);
     if (p[i]->ndim != nnorm || memcmp(p[i]->shape, x->shape + x->ndim - nnorm, sizeof(int64_t) * (size_t)nnorm) != 0)
-      return ebb__fail(EBB_EINVAL, "%s: %s has shape %s; expected the last %d dims of x's shape %s", fn, names[i], EBB__SHAPE(p[i], s1), nnorm,
-                       EBB__SHAPE(x, s2));
+      return ebb__fail(EBB_EINVAL, "%s: %s does not match %s; expected the shape of x's last %d dims", fn, EBB__DESC(p[i], names[i], s1),
+                       EBB__DESC(x, "x", s2), nnorm);
   }
   for (int i = 0; i < nnorm; i++) dims[i] = x->ndim - nnorm + i;
   return EBB_OK;
@@ -351,8 +353,9 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
   if (!gx && !gw && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_x, grad_weight and grad_bias are all NULL; expected one to fill", fn);
   if ((gw && !w) || (gb && !b)) return ebb__fail(EBB_EINVAL, "%s: a gradient was asked for a NULL weight or bias", fn);
   if (grad->ndim != x->ndim || memcmp(grad->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
-    char s1[128], s2[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected x's shape %s", fn, EBB__SHAPE(grad, s1), EBB__SHAPE(x, s2));
+    char s1[EBB__DESC_MAX], s2[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s does not have the shape of %s; expected x's shape", fn, EBB__DESC(grad, "grad", s1),
+                     EBB__DESC(x, "x", s2));
   }
   ebb_tensor_t *xhat = NULL, *rstd = NULL, *gxh = NULL, *m1 = NULL, *p = NULL, *m2 = NULL, *q = NULL, *r1 = NULL, *r2 = NULL, *gp = NULL;
   ebb_tensor_t *rx = NULL, *rw = NULL, *rb = NULL;
@@ -401,11 +404,14 @@ static ebb_status ebb__op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim
   const char *fn = "ebb_op_cat";
   if (!ts || n < 1) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected at least one", fn, n, ts ? "given" : "NULL");
   ebb_status st = ebb__need_out(fn, "out", out);
-  for (int i = 0; i < n && !st; i++) st = ebb__tensor_check(ts[i], fn, "ts[i]");
+  for (int i = 0; i < n && !st; i++) st = ebb__tensor_check_at(ts[i], fn, "ts", i);
   if (st) return ebb__fail_in(fn, st);
   const ebb_tensor_t *t0 = ts[0];
   int d;
-  if (t0->ndim == 0) return ebb__fail(EBB_EINVAL, "%s: ts[0] is a scalar; expected tensors of at least 1 dim (use ebb_op_stack)", fn);
+  char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
+  if (t0->ndim == 0)
+    return ebb__fail(EBB_EINVAL, "%s: %s is a scalar; expected tensors of at least 1 dim (use ebb_op_stack)", fn,
+                     ebb__tensor_desc(t0, "ts", 0, a, sizeof a));
   st = ebb__dim(fn, "dim", dim, t0->ndim, &d);
   if (st) return ebb__fail_in(fn, st);
   int64_t shape[EBB_TENSOR_MAX_DIMS];
@@ -413,15 +419,14 @@ static ebb_status ebb__op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim
   shape[d] = 0;
   for (int i = 0; i < n; i++) {
     const ebb_tensor_t *t = ts[i];
-    char a[128], b[128];
     if (t->dtype != t0->dtype || t->st->device != t0->st->device)
-      return ebb__fail(EBB_EINVAL, "%s: ts[%d] is %s on device %d but ts[0] is %s on device %d; expected one dtype and device", fn, i,
-                       ebb_dtype_name(t->dtype), t->st->device, ebb_dtype_name(t0->dtype), t0->st->device);
+      return ebb__fail(EBB_EINVAL, "%s: %s and %s differ in dtype or device; expected one dtype and device", fn,
+                       ebb__tensor_desc(t, "ts", i, a, sizeof a), ebb__tensor_desc(t0, "ts", 0, b, sizeof b));
     bool ok = t->ndim == t0->ndim;
     for (int k = 0; ok && k < t->ndim; k++) ok = k == d || t->shape[k] == t0->shape[k];
     if (!ok)
-      return ebb__fail(EBB_EINVAL, "%s: ts[%d] has shape %s and ts[0] %s; expected equal extents except along dim %d", fn, i, EBB__SHAPE(t, a),
-                       EBB__SHAPE(t0, b), d);
+      return ebb__fail(EBB_EINVAL, "%s: %s and %s differ in shape; expected equal extents except along dim %d", fn,
+                       ebb__tensor_desc(t, "ts", i, a, sizeof a), ebb__tensor_desc(t0, "ts", 0, b, sizeof b), d);
     shape[d] += t->shape[d];
   }
   ebb_tensor_t *r;
@@ -456,12 +461,13 @@ static ebb_status ebb__op_stack_impl(const ebb_tensor_t *const *ts, int n, int d
   const char *fn = "ebb_op_stack";
   if (!ts || n < 1 || n > 4096) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected 1..4096", fn, n, ts ? "given" : "NULL");
   ebb_status st = ebb__need_out(fn, "out", out);
-  for (int i = 0; i < n && !st; i++) st = ebb__tensor_check(ts[i], fn, "ts[i]");
+  for (int i = 0; i < n && !st; i++) st = ebb__tensor_check_at(ts[i], fn, "ts", i);
   if (st) return ebb__fail_in(fn, st);
   for (int i = 1; i < n; i++)
     if (ts[i]->ndim != ts[0]->ndim || memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)ts[0]->ndim) != 0) {
-      char a[128], b[128];
-      return ebb__fail(EBB_EINVAL, "%s: ts[%d] has shape %s and ts[0] %s; expected one shape", fn, i, EBB__SHAPE(ts[i], a), EBB__SHAPE(ts[0], b));
+      char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
+      return ebb__fail(EBB_EINVAL, "%s: %s and %s differ in shape; expected one shape", fn, ebb__tensor_desc(ts[i], "ts", i, a, sizeof a),
+                       ebb__tensor_desc(ts[0], "ts", 0, b, sizeof b));
     }
   ebb_tensor_t **u = calloc((size_t)n, sizeof *u);
   if (!u) return ebb__fail(EBB_ENOMEM, "%s: no host memory for %d views", fn, n);
@@ -492,14 +498,15 @@ ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tensor_t *con
   st = ebb__dim(fn, "dim", dim, grad->ndim, &d);
   if (st) return ebb__fail_in(fn, st);
   int64_t at = 0;
-  for (int k = 0; k < i; k++) {
-    st = ebb__tensor_check(ts[k], fn, "ts[k]");
+  char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
+  for (int k = 0; k <= i; k++) {
+    st = ebb__tensor_check_at(ts[k], fn, "ts", k);
     if (st) return ebb__fail_in(fn, st);
-    if (ts[k]->ndim != grad->ndim) return ebb__fail(EBB_EINVAL, "%s: ts[%d] has %d dims but grad %d", fn, k, ts[k]->ndim, grad->ndim);
-    at += ts[k]->shape[d];
+    if (ts[k]->ndim != grad->ndim)
+      return ebb__fail(EBB_EINVAL, "%s: %s and %s differ in their number of dims; expected the inputs of the cat that gave grad", fn,
+                       ebb__tensor_desc(ts[k], "ts", k, a, sizeof a), EBB__DESC(grad, "grad", b));
+    if (k < i) at += ts[k]->shape[d];
   }
-  st = ebb__tensor_check(ts[i], fn, "ts[i]");
-  if (!st && ts[i]->ndim != grad->ndim) st = ebb__fail(EBB_EINVAL, "%s: ts[%d] has %d dims but grad %d", fn, i, ts[i]->ndim, grad->ndim);
   if (st) return ebb__fail_in(fn, st);
   return ebb__fail_in(fn, ebb_tensor_narrow(grad, d, at, ts[i]->shape[d], gi));
 }
@@ -514,8 +521,8 @@ ebb_status ebb_op_stack_backward(const ebb_tensor_t *grad, int n, int dim, int i
   st = ebb__dim(fn, "dim", dim, grad->ndim, &d);
   if (st) return ebb__fail_in(fn, st);
   if (grad->shape[d] != n) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad of shape %s has %lld entries along dim %d; expected n = %d", fn, EBB__SHAPE(grad, a),
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s has %lld entries along dim %d; expected n = %d", fn, EBB__DESC(grad, "grad", a),
                      (long long)grad->shape[d], d, n);
   }
   return ebb__fail_in(fn, ebb_tensor_select(grad, d, i, gi));

@@ -61,9 +61,18 @@ EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, c
  * composite op calls): rewrites the thread's last error as "fn: <it>" so the message starts with
  * the call the user made, unless it does already. Returns st. */
 EBB_HIDDEN ebb_status ebb__fail_in(const char *fn, ebb_status st);
-/* "[2,3,4]" into buf (cap >= 16); returns buf. */
+/* "[2, 3, 4]" into buf (cap >= 16); returns buf. */
 EBB_HIDDEN const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap);
 #define EBB__SHAPE(t, buf) ebb__shape_str((t)->shape, (t)->ndim, (buf), sizeof(buf))
+/* A tensor argument in a message (ops_export.h, ebb__tensor_desc): "grad 'g' (f32[3, 2] on the CPU)". */
+#define EBB__DESC(t, role, buf) ebb__tensor_desc((t), (role), -1, (buf), sizeof(buf))
+/* Failures about one tensor, "fn: <t described> <fmt...>", and about two, "fn: <a described> and
+ * <b described> <fmt...>". Out of line (EBB_COLD), so the checks on every op's path carry no
+ * description buffers in their frames. Return st. */
+EBB_HIDDEN EBB_COLD ebb_status ebb__fail_about(ebb_status st, const char *fn, const ebb_tensor_t *t, const char *role, const char *fmt,
+                                               ...) EBB_PRINTF(5, 6);
+EBB_HIDDEN EBB_COLD ebb_status ebb__fail_about2(ebb_status st, const char *fn, const ebb_tensor_t *a, const char *an,
+                                                const ebb_tensor_t *b, const char *bn, const char *fmt, ...) EBB_PRINTF(7, 8);
 /* Normalises a possibly negative dim against ndim (range [-ndim, ndim)); EBB_EINVAL otherwise. */
 EBB_HIDDEN ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out);
 EBB_HIDDEN int64_t ebb__numel(const int64_t *shape, int ndim);
@@ -179,8 +188,10 @@ EBB_HIDDEN ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int
  * not broadcast, naming fn and arg. */
 EBB_HIDDEN ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_tensor_t *t, int ndim,
                                              const int64_t *shape, int64_t *strides);
-/* The broadcast shape of a and b; EBB_EINVAL naming both shapes. */
-EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, int *ndim,
+/* The broadcast shape of a's first na dims and b's first nb dims (their ndim, or fewer for
+ * matmul's batch dims); EBB_EINVAL describing both tensors by their argument names an and bn. */
+EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const char *an, int na, const ebb_tensor_t *b,
+                                           const char *bn, int nb, int *ndim,
                                            int64_t *shape);
 
 /* Philox 4x32-10 of counter (c0..c3) and key (k0, k1); out receives 4 words. */

@@ -18,7 +18,9 @@ static ebb_status ebb__dims_mask(const char *fn, const int *dims, int ndims, int
     return ebb__fail(EBB_EINVAL, "%s: %d dims listed for a tensor of %d dims; expected 0..%d and a dims array", fn, ndims, ndim, ndim);
   for (int i = 0; i < ndims; i++) {
     int d;
-    ebb_status st = ebb__dim(fn, "dims[i]", dims[i], ndim, &d);
+    char arg[24];
+    snprintf(arg, sizeof arg, "dims[%d]", i);
+    ebb_status st = ebb__dim(fn, arg, dims[i], ndim, &d);
     if (st) return ebb__fail_in(fn, st);
     if (ndim == 0) continue; /* dim 0 or -1 of a scalar: nothing to reduce */
     if (mask[d]) return ebb__fail(EBB_EINVAL, "%s: dim %d is listed twice; expected distinct dims", fn, d);
@@ -60,8 +62,7 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
   for (int d = 0; d < t->ndim; d++)
     if (mask[d]) inner *= t->shape[d];
   if (op == EBB__RED_MAX && inner == 0) {
-    char b[128];
-    return ebb__fail(EBB_EINVAL, "%s: t of shape %s has an empty reduced dim; a maximum of no elements is undefined", fn, EBB__SHAPE(t, b));
+    return ebb__fail_about(EBB_EINVAL, fn, t, "t", "has an empty reduced dim; a maximum of no elements is undefined");
   }
   ebb_tensor_t *r = NULL, *ix = NULL;
   st = ebb__tensor_new(fn, t->st->device, dt, nd, shape, &r);
@@ -181,8 +182,8 @@ ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *s
   if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL", fn);
   if (ndim < 0 || ndim > t->ndim || (ndim && !shape)) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "%s: target of %d dims for t of shape %s; expected at most t's dims and a shape", fn, ndim, EBB__SHAPE(t, a));
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: target of %d dims for %s; expected at most t's dims and a shape", fn, ndim, EBB__DESC(t, "t", a));
   }
   int dims[EBB_TENSOR_MAX_DIMS], n = 0, lead = t->ndim - ndim;
   for (int d = 0; d < t->ndim; d++) {
@@ -190,9 +191,9 @@ ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *s
       dims[n++] = d;
     } else if (shape[d - lead] != t->shape[d]) {
       if (shape[d - lead] != 1) {
-        char a[128], b[128];
-        return ebb__fail(EBB_EINVAL, "%s: t of shape %s cannot be summed to %s (dim %d); expected a shape t broadcasts from", fn,
-                         EBB__SHAPE(t, a), ebb__shape_str(shape, ndim, b, sizeof b), d - lead);
+        char a[EBB__DESC_MAX], b[128];
+        return ebb__fail(EBB_EINVAL, "%s: %s cannot be summed to %s (dim %d); expected a shape t broadcasts from", fn,
+                         EBB__DESC(t, "t", a), ebb__shape_str(shape, ndim, b, sizeof b), d - lead);
       }
       dims[n++] = d;
     }
@@ -215,8 +216,8 @@ static ebb_status ebb__grad_keepdim(const char *fn, const ebb_tensor_t *grad, co
   int nw = ebb__reduced_shape(x, mask, keepdim, want);
   int nk = ebb__reduced_shape(x, mask, true, kshape);
   if (grad->ndim != nw || memcmp(grad->shape, want, sizeof(int64_t) * (size_t)nw) != 0) {
-    char a[128], b[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad has shape %s; expected the forward output's shape %s", fn, EBB__SHAPE(grad, a),
+    char a[EBB__DESC_MAX], b[128];
+    return ebb__fail(EBB_EINVAL, "%s: %s does not have the forward output's shape; expected %s", fn, EBB__DESC(grad, "grad", a),
                      ebb__shape_str(want, nw, b, sizeof b));
   }
   return ebb__fail_in(fn, ebb_tensor_reshape(grad, nk, kshape, out));
@@ -229,9 +230,10 @@ static ebb_status ebb__reduce_bw_check(const char *fn, const ebb_tensor_t *grad,
   if (st) return ebb__fail_in(fn, st);
   if (!gx) return ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
   if (!ebb_dtype_is_float(x->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: x has dtype %s, which has no gradient; expected a floating input", fn, ebb_dtype_name(x->dtype));
+    return ebb__fail_about(EBB_EINVAL, fn, x, "x", "has dtype %s, which has no gradient; expected a floating input",
+                           ebb_dtype_name(x->dtype));
   if (grad->st->device != x->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: grad is on device %d but x on device %d (-1 is the CPU)", fn, grad->st->device, x->st->device);
+    return ebb__fail_about2(EBB_EDEVICE, fn, grad, "grad", x, "x", "are on different devices; expected one device");
   return ebb__dims_mask(fn, dims, ndims, x->ndim, mask);
 }
 
@@ -313,8 +315,10 @@ ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   ebb_status st = ebb__reduce_bw_check(fn, grad, x, &dim, 1, gx, mask);
   if (!st) st = ebb__tensor_check(indices, fn, "indices");
   if (st) return ebb__fail_in(fn, st);
+  char id[EBB__DESC_MAX];
   if (indices->dtype != EBB_I64)
-    return ebb__fail(EBB_EINVAL, "%s: indices has dtype %s; expected i64 (from ebb_op_max_dim)", fn, ebb_dtype_name(indices->dtype));
+    return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected i64 (from ebb_op_max_dim)", fn, EBB__DESC(indices, "indices", id),
+                     ebb_dtype_name(indices->dtype));
   int d = 0;
   for (int k = 0; k < x->ndim; k++)
     if (mask[k]) d = k;
@@ -411,30 +415,22 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
   if (!st) st = ebb__tensor_check(b, fn, "b");
   if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
-  char sa[128], sb[128];
   if (a->ndim < 2 || b->ndim < 2)
-    return ebb__fail(EBB_EINVAL, "%s: a has shape %s and b %s; expected at least 2 dims each (unsqueeze a vector)", fn, EBB__SHAPE(a, sa),
-                     EBB__SHAPE(b, sb));
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b", "do not fit; expected at least 2 dims each (unsqueeze a vector)");
   if (a->st->device != b->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: a is on device %d and b on device %d (-1 is the CPU); expected one device", fn, a->st->device,
-                     b->st->device);
+    return ebb__fail_about2(EBB_EDEVICE, fn, a, "a", b, "b", "are on different devices; expected one device");
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
   if (!ebb_dtype_is_float(a->dtype) || !ebb_dtype_is_float(b->dtype))
-    return ebb__fail(EBB_EINVAL, "%s: a has dtype %s and b %s; expected floating dtypes", fn, ebb_dtype_name(a->dtype), ebb_dtype_name(b->dtype));
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b", "do not fit; expected floating dtypes");
   const int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
   if (b->shape[b->ndim - 2] != k)
-    return ebb__fail(EBB_EINVAL, "%s: a has shape %s and b %s: inner dims %lld and %lld differ; expected a [..., m, k] and b [..., k, n]", fn,
-                     EBB__SHAPE(a, sa), EBB__SHAPE(b, sb), (long long)k, (long long)b->shape[b->ndim - 2]);
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b", "do not fit: inner dims %lld and %lld differ; expected a [..., m, k] and "
+                            "b [..., k, n]", (long long)k, (long long)b->shape[b->ndim - 2]);
   /* batch dims broadcast like elementwise shapes */
-  ebb_tensor_t ba, bb;
-  ba.ndim = a->ndim - 2;
-  bb.ndim = b->ndim - 2;
-  memcpy(ba.shape, a->shape, sizeof ba.shape);
-  memcpy(bb.shape, b->shape, sizeof bb.shape);
   int nb;
   int64_t shape[EBB_TENSOR_MAX_DIMS];
-  st = ebb__broadcast_shape(fn, &ba, &bb, &nb, shape);
+  st = ebb__broadcast_shape(fn, a, "a", a->ndim - 2, b, "b", b->ndim - 2, &nb, shape);
   if (st) return ebb__fail_in(fn, st);
   shape[nb] = m;
   shape[nb + 1] = n;
@@ -504,9 +500,9 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   if (!ga && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
   if (a->ndim < 2 || b->ndim < 2 || grad->ndim < 2 || grad->shape[grad->ndim - 2] != a->shape[a->ndim - 2] ||
       grad->shape[grad->ndim - 1] != b->shape[b->ndim - 1] || a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) {
-    char x[128], y[128], z[128];
-    return ebb__fail(EBB_EINVAL, "%s: grad %s does not match a %s @ b %s; expected grad of shape [..., m, n]", fn, EBB__SHAPE(grad, x),
-                     EBB__SHAPE(a, y), EBB__SHAPE(b, z));
+    char x[EBB__DESC_MAX], y[EBB__DESC_MAX], z[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s does not match %s @ %s; expected grad of shape [..., m, n]", fn, EBB__DESC(grad, "grad", x),
+                     EBB__DESC(a, "a", y), EBB__DESC(b, "b", z));
   }
   ebb_tensor_t *bt = NULL, *at = NULL, *pa = NULL, *pb = NULL, *ra = NULL, *rb = NULL;
   if (ga) {

@@ -11,6 +11,7 @@
  * a block right after enqueuing its last use is safe on its allocation stream, and other
  * streams are declared with ebb_arena_record_stream when an op first uses them.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -87,11 +88,78 @@ long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensor
 
 /* Reading the magic of a released record is defined (records are never freed); a pointer that
  * never was a tensor is the caller's undefined behaviour, as for any C handle. */
+static EBB_COLD ebb_status bad_tensor(const ebb_tensor_t *t, const char *fn, const char *arg, int index) {
+  char idx[16] = "";
+  if (index >= 0) snprintf(idx, sizeof idx, "[%d]", index);
+  if (!t) return ebb__fail(EBB_EINVAL, "%s: %s%s is NULL; expected a tensor", fn, arg, idx);
+  return ebb__fail(EBB_EFREED, "%s: %s%s (%p) is a released tensor", fn, arg, idx, (const void *)t);
+}
+
 ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg) {
-  if (EBB_UNLIKELY(!t)) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected a tensor", fn, arg);
-  if (EBB_UNLIKELY(atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) != EBB__TENSOR_MAGIC))
-    return ebb__fail(EBB_EFREED, "%s: %s (%p) is a released tensor", fn, arg, (const void *)t);
-  return EBB_OK;
+  if (EBB_LIKELY(t && atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) == EBB__TENSOR_MAGIC)) return EBB_OK;
+  return bad_tensor(t, fn, arg, -1);
+}
+
+ebb_status ebb__tensor_check_at(const ebb_tensor_t *t, const char *fn, const char *arg, int index) {
+  if (EBB_LIKELY(t && atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) == EBB__TENSOR_MAGIC)) return EBB_OK;
+  return bad_tensor(t, fn, arg, index);
+}
+
+/* The one format of a tensor in a message (ebb__tensor_desc); a NULL role reads "tensor", a
+ * NULL shape "(NULL)". */
+static const char *desc_fmt(const char *role, int index, const char *name, ebb_dtype dt, int ndim, const int64_t *shape, int device,
+                            char *buf, size_t cap) {
+  if (!cap) return buf;
+  size_t n = 0;
+#define EBB__PUT(...) (n += n < cap ? (size_t)snprintf(buf + n, cap - n, __VA_ARGS__) : 0)
+  EBB__PUT("%s", role ? role : "tensor");
+  if (index >= 0) EBB__PUT("[%d]", index);
+  if (name && name[0]) EBB__PUT(" '%s'", name);
+  if (!shape) {
+    EBB__PUT(" (NULL)");
+    return buf;
+  }
+  EBB__PUT(" (%s[", ebb_dtype_name(dt));
+  for (int d = 0; d < ndim; d++) EBB__PUT(d ? ", %lld" : "%lld", (long long)shape[d]);
+  if (device == EBB_DEVICE_CPU) EBB__PUT("] on the CPU)");
+  else EBB__PUT("] on device %d)", device);
+#undef EBB__PUT
+  return buf;
+}
+
+const char *ebb__tensor_desc(const ebb_tensor_t *t, const char *role, int index, char *buf, size_t cap) {
+  if (t && atomic_load_explicit(&((ebb_tensor_t *)t)->magic, memory_order_relaxed) != EBB__TENSOR_MAGIC) {
+    /* a released record: its name and geometry may belong to whoever reuses it next */
+    char idx[16] = "";
+    if (index >= 0) snprintf(idx, sizeof idx, "[%d]", index);
+    snprintf(buf, cap, "%s%s (%p, released)", role ? role : "tensor", idx, (const void *)t);
+    return buf;
+  }
+  if (!t) return desc_fmt(role, index, NULL, EBB_F32, 0, NULL, 0, buf, cap);
+  return desc_fmt(role, index, t->name, t->dtype, t->ndim, t->shape, t->st->device, buf, cap);
+}
+
+ebb_status ebb__fail_about(ebb_status st, const char *fn, const ebb_tensor_t *t, const char *role, const char *fmt, ...) {
+  char d[EBB__DESC_MAX], rest[384];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rest, sizeof rest, fmt, ap);
+  va_end(ap);
+  return ebb__fail(st, "%s: %s %s", fn, EBB__DESC(t, role, d), rest);
+}
+
+ebb_status ebb__fail_about2(ebb_status st, const char *fn, const ebb_tensor_t *a, const char *an, const ebb_tensor_t *b, const char *bn,
+                            const char *fmt, ...) {
+  char da[EBB__DESC_MAX], db[EBB__DESC_MAX], rest[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rest, sizeof rest, fmt, ap);
+  va_end(ap);
+  return ebb__fail(st, "%s: %s and %s %s", fn, EBB__DESC(a, an, da), EBB__DESC(b, bn, db), rest);
+}
+
+const char *ebb__meta_desc(const ebb__tensor_meta *m, const char *role, int index, const char *name, char *buf, size_t cap) {
+  return desc_fmt(role, index, name, m->dtype, m->ndim, m->shape, m->device, buf, cap);
 }
 
 ebb_status ebb__fail_in(const char *fn, ebb_status st) {
@@ -107,13 +175,13 @@ ebb_status ebb__fail_in(const char *fn, ebb_status st) {
 const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
   size_t n = 0;
   n += (size_t)snprintf(buf + n, cap - n, "[");
-  for (int d = 0; d < ndim && n < cap; d++) n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)shape[d]);
+  for (int d = 0; d < ndim && n < cap; d++) n += (size_t)snprintf(buf + n, cap - n, d ? ", %lld" : "%lld", (long long)shape[d]);
   if (n < cap) snprintf(buf + n, cap - n, "]");
   return buf;
 }
 
 static const char *ebb__dev_str(int device, char *buf, size_t cap) {
-  if (device == EBB_DEVICE_CPU) snprintf(buf, cap, "cpu");
+  if (device == EBB_DEVICE_CPU) snprintf(buf, cap, "the CPU");
   else snprintf(buf, cap, "device %d", device);
   return buf;
 }
@@ -362,10 +430,8 @@ const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
 ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
   *token = NULL;
   if (EBB_UNLIKELY(dst->st->inference) && !ebb__inference) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "%s: dst %s%s%s is an inference tensor (made in inference mode), which cannot be changed in place "
-                     "outside inference mode; expected the change inside inference mode, or a clone made outside it", fn,
-                     dst->name[0] ? "'" : "of shape ", dst->name[0] ? dst->name : EBB__SHAPE(dst, a), dst->name[0] ? "'" : "");
+    return ebb__fail_about(EBB_EINVAL, fn, dst, "dst", "is an inference tensor (made in inference mode), which cannot be changed in "
+                           "place outside inference mode; expected the change inside inference mode, or a clone made outside it");
   }
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
   const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
@@ -495,13 +561,13 @@ ebb_status ebb_tensor_record_stream(const ebb_tensor_t *t, ebb_stream_t *stream)
   ebb_stream_info si;
   st = ebb_stream_get_info(stream, &si);
   if (st) return ebb__fail_in(fn, st);
-  char sh[96];
+  char sh[EBB__DESC_MAX];
   if (t->st->device == EBB_DEVICE_CPU)
-    return ebb__fail(EBB_EINVAL, "%s: tensor %s%s%s is a CPU tensor, whose memory is not stream-ordered; expected a device tensor",
-                     fn, t->name[0] ? "'" : "", t->name[0] ? t->name : EBB__SHAPE(t, sh), t->name[0] ? "'" : "");
+    return ebb__fail(EBB_EINVAL, "%s: %s is a CPU tensor, whose memory is not stream-ordered; expected a device tensor", fn,
+                     EBB__DESC(t, "t", sh));
   if (si.device != t->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: stream %llu is on device %d but tensor %s is on device %d; expected a stream of device %d", fn,
-                     (unsigned long long)sid, si.device, t->name[0] ? t->name : EBB__SHAPE(t, sh), t->st->device, t->st->device);
+    return ebb__fail(EBB_EDEVICE, "%s: stream %llu is on device %d but %s is not; expected a stream of device %d", fn,
+                     (unsigned long long)sid, si.device, EBB__DESC(t, "t", sh), t->st->device);
   st = ebb__storage_use(t->st, stream, sid);
   return st ? ebb__fail_in(fn, st) : EBB_OK;
 }
@@ -646,20 +712,23 @@ ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_ten
   }
   return EBB_OK;
 fail:;
-  char a[128], b[128];
-  return ebb__fail(EBB_EINVAL, "%s: %s has shape %s, which does not broadcast to %s", fn, arg, EBB__SHAPE(t, a),
-                   ebb__shape_str(shape, ndim, b, sizeof b));
+  char b[128];
+  return ebb__fail_about(EBB_EINVAL, fn, t, arg, "does not broadcast to %s", ebb__shape_str(shape, ndim, b, sizeof b));
 }
 
-ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, int *ndim, int64_t *shape) {
-  int n = a->ndim > b->ndim ? a->ndim : b->ndim;
-  for (int d = n - 1, i = a->ndim - 1, j = b->ndim - 1; d >= 0; d--, i--, j--) {
+static EBB_COLD ebb_status no_broadcast(const char *fn, const ebb_tensor_t *a, const char *an, const ebb_tensor_t *b, const char *bn,
+                                       bool batch, int d, int64_t x, int64_t y) {
+  char sa[EBB__DESC_MAX], sb[EBB__DESC_MAX];
+  return ebb__fail(EBB_EINVAL, "%s: %s and %s do not broadcast%s: dim %d has %lld and %lld; expected equal extents or 1", fn,
+                   EBB__DESC(a, an, sa), EBB__DESC(b, bn, sb), batch ? " in their batch dims" : "", d, (long long)x, (long long)y);
+}
+
+ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const char *an, int na, const ebb_tensor_t *b, const char *bn,
+                                int nb, int *ndim, int64_t *shape) {
+  int n = na > nb ? na : nb;
+  for (int d = n - 1, i = na - 1, j = nb - 1; d >= 0; d--, i--, j--) {
     int64_t x = i >= 0 ? a->shape[i] : 1, y = j >= 0 ? b->shape[j] : 1;
-    if (x != y && x != 1 && y != 1) {
-      char sa[128], sb[128];
-      return ebb__fail(EBB_EINVAL, "%s: shapes %s (a) and %s (b) do not broadcast: dim %d has %lld and %lld; expected equal extents or 1",
-                       fn, EBB__SHAPE(a, sa), EBB__SHAPE(b, sb), d, (long long)x, (long long)y);
-    }
+    if (x != y && x != 1 && y != 1) return no_broadcast(fn, a, an, b, bn, na < a->ndim || nb < b->ndim, d, x, y);
     shape[d] = x == 1 ? y : x;
   }
   *ndim = n;
@@ -703,11 +772,9 @@ ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const
   static const char *const names[3] = {"a", "b", "c"};
   int64_t bst[3][EBB_TENSOR_MAX_DIMS];
   for (int k = 0; k < nin; k++) {
-    if (in[k]->st->device != out->st->device) {
-      char x[32], y[32];
-      return ebb__fail(EBB_EDEVICE, "%s: argument %s is on %s but the result is on %s; expected one device (copy with ebb_tensor_to_device)",
-                       fn, names[k], ebb__dev_str(in[k]->st->device, x, sizeof x), ebb__dev_str(out->st->device, y, sizeof y));
-    }
+    if (in[k]->st->device != out->st->device)
+      return ebb__fail_about2(EBB_EDEVICE, fn, in[k], names[k], out, "the result",
+                              "are on different devices; expected one device (copy with ebb_tensor_to_device)");
     ebb_status st = ebb__broadcast_strides(fn, names[k], in[k], out->ndim, out->shape, bst[k]);
     if (st) return st;
   }
@@ -960,9 +1027,9 @@ ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t 
 static ebb_status ebb__check_host_dst(const char *fn, const ebb_tensor_t *t, const void *dst, size_t bytes) {
   size_t want = (size_t)ebb__numel(t->shape, t->ndim) * ebb__dtype_size[t->dtype];
   if (bytes == want && (dst || !bytes)) return EBB_OK;
-  char b[128];
-  return ebb__fail(EBB_EINVAL, "%s: dst is %s with %zu bytes for a tensor of shape %s and dtype %s; expected %zu bytes", fn,
-                   dst ? "given" : "NULL", bytes, EBB__SHAPE(t, b), ebb_dtype_name(t->dtype), want);
+  char b[EBB__DESC_MAX];
+  return ebb__fail(EBB_EINVAL, "%s: dst is %s with %zu bytes for %s; expected %zu bytes", fn, dst ? "given" : "NULL", bytes,
+                   EBB__DESC(t, "t", b), want);
 }
 
 ebb_status ebb_tensor_to_host(const ebb_tensor_t *t, void *dst, size_t bytes) {
@@ -999,7 +1066,8 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
     st = ebb_tensor_to_host(t, dst, bytes);
     return st ? ebb__fail_in(fn, st) : EBB_OK;
   }
-  if (!bytes) return ebb__fail(EBB_EINVAL, "%s: the tensor is empty; nothing to copy (use ebb_tensor_to_host)", fn);
+  char td[EBB__DESC_MAX];
+  if (!bytes) return ebb__fail(EBB_EINVAL, "%s: %s is empty; nothing to copy (use ebb_tensor_to_host)", fn, EBB__DESC(t, "t", td));
   ebb_ptr_info pi;
   st = ebb__drv_ptr_info(dst, &pi);
   if (st) return ebb__fail_in(fn, st);
@@ -1007,7 +1075,8 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
     return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,
                      pi.type == EBB_MEMTYPE_DEVICE ? "device" : "pageable host");
   if (edev != t->st->device)
-    return ebb__fail(EBB_EDEVICE, "%s: event done belongs to device %d but the tensor is on device %d", fn, edev, t->st->device);
+    return ebb__fail(EBB_EDEVICE, "%s: event done belongs to device %d but %s does not; expected an event of its device", fn, edev,
+                     EBB__DESC(t, "t", td));
   ebb_stream_t *s;
   uint64_t sid;
   st = ebb_stream_current(t->st->device, &s);
@@ -1223,8 +1292,8 @@ static ebb_status ebb__infer_shape(const char *fn, const ebb_tensor_t *t, int nd
   }
   return EBB_OK;
 bad:;
-  char a[128], b[128];
-  return ebb__fail(EBB_EINVAL, "%s: cannot view a tensor of shape %s (%lld elements) as %s", fn, EBB__SHAPE(t, a), (long long)n,
+  char a[EBB__DESC_MAX], b[128];
+  return ebb__fail(EBB_EINVAL, "%s: cannot view %s (%lld elements) as %s", fn, EBB__DESC(t, "t", a), (long long)n,
                    ebb__shape_str(shape, ndim, b, sizeof b));
 }
 
@@ -1234,9 +1303,9 @@ static ebb_status ebb__tensor_view_impl(const ebb_tensor_t *t, int ndim, const i
   st = ebb__infer_shape("ebb_tensor_view", t, ndim, shape, ns);
   if (st) return st;
   if (!ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) {
-    char a[128], b[128], c[128];
-    return ebb__fail(EBB_EINVAL, "ebb_tensor_view: a tensor of shape %s and strides %s cannot be viewed as %s without a copy; use ebb_tensor_reshape",
-                     EBB__SHAPE(t, a), ebb__shape_str(t->strides, t->ndim, b, sizeof b), ebb__shape_str(ns, ndim, c, sizeof c));
+    char a[EBB__DESC_MAX], b[128], c[128];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_view: %s with strides %s cannot be viewed as %s without a copy; use ebb_tensor_reshape",
+                     EBB__DESC(t, "t", a), ebb__shape_str(t->strides, t->ndim, b, sizeof b), ebb__shape_str(ns, ndim, c, sizeof c));
   }
   return ebb__tensor_alias("ebb_tensor_view", t, ndim, ns, nst, t->offset, out);
 }
@@ -1270,15 +1339,17 @@ ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *sh
 static ebb_status ebb__tensor_permute_impl(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_permute");
   if (ndim != t->ndim || (ndim && !dims)) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "ebb_tensor_permute: %d dims given for a tensor of shape %s; expected a permutation of its %d dims", ndim,
-                     EBB__SHAPE(t, a), t->ndim);
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_permute: %d dims given for %s; expected a permutation of its %d dims", ndim,
+                     EBB__DESC(t, "t", a), t->ndim);
   }
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   bool seen[EBB_TENSOR_MAX_DIMS] = {false};
   for (int i = 0; i < ndim; i++) {
     int d;
-    st = ebb__dim("ebb_tensor_permute", "dims[i]", dims[i], ndim, &d);
+    char arg[24];
+    snprintf(arg, sizeof arg, "dims[%d]", i);
+    st = ebb__dim("ebb_tensor_permute", arg, dims[i], ndim, &d);
     if (st) return st;
     if (seen[d]) return ebb__fail(EBB_EINVAL, "ebb_tensor_permute: dim %d appears twice in dims; expected a permutation", d);
     seen[d] = true;
@@ -1348,7 +1419,8 @@ static ebb_status ebb__slice_view(const char *fn, const ebb_tensor_t *t, int d, 
 static ebb_status ebb__tensor_slice_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_slice");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: t is a scalar (0 dims); expected at least 1 dim");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: %s is a scalar (0 dims); expected at least 1 dim", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_slice", "dim", dim, t->ndim, &d);
   if (st) return st;
   if (step < 1) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: step is %lld; expected step >= 1", (long long)step);
@@ -1370,13 +1442,14 @@ ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64
 static ebb_status ebb__tensor_narrow_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_narrow");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: t is a scalar (0 dims); expected at least 1 dim");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: %s is a scalar (0 dims); expected at least 1 dim", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_narrow", "dim", dim, t->ndim, &d);
   if (st) return st;
   if (start < 0 || length < 0 || start + length > t->shape[d]) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: start %lld and length %lld do not fit dim %d of shape %s", (long long)start,
-                     (long long)length, d, EBB__SHAPE(t, a));
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: start %lld and length %lld do not fit dim %d of %s", (long long)start,
+                     (long long)length, d, EBB__DESC(t, "t", a));
   }
   return ebb__slice_view("ebb_tensor_narrow", t, d, start, start + length, 1, out);
 }
@@ -1404,13 +1477,14 @@ static ebb_status ebb__select_view(const char *fn, const ebb_tensor_t *t, int d,
 static ebb_status ebb__tensor_select_impl(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_select");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_select: t is a scalar (0 dims); expected at least 1 dim");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_select: %s is a scalar (0 dims); expected at least 1 dim", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_select", "dim", dim, t->ndim, &d);
   if (st) return st;
   int64_t i = index < 0 ? index + t->shape[d] : index;
   if (i < 0 || i >= t->shape[d]) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "ebb_tensor_select: index %lld is out of range for dim %d of shape %s", (long long)index, d, EBB__SHAPE(t, a));
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_select: index %lld is out of range for dim %d of %s", (long long)index, d, EBB__DESC(t, "t", a));
   }
   return ebb__select_view("ebb_tensor_select", t, d, i, out);
 }
@@ -1430,9 +1504,9 @@ ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_
 static ebb_status ebb__tensor_expand_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_expand");
   if (ndim < t->ndim || ndim > EBB_TENSOR_MAX_DIMS || !shape) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "ebb_tensor_expand: %d target dims for a tensor of shape %s; expected %d..%d dims and a shape", ndim,
-                     EBB__SHAPE(t, a), t->ndim, EBB_TENSOR_MAX_DIMS);
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_expand: %d target dims for %s; expected %d..%d dims and a shape", ndim,
+                     EBB__DESC(t, "t", a), t->ndim, EBB_TENSOR_MAX_DIMS);
   }
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   for (int d = ndim - 1, j = t->ndim - 1; d >= 0; d--, j--) {
@@ -1443,9 +1517,9 @@ static ebb_status ebb__tensor_expand_impl(const ebb_tensor_t *t, int ndim, const
       ns[d] = shape[d];
       nst[d] = 0;
     } else {
-      char a[128], b[128];
-      return ebb__fail(EBB_EINVAL, "ebb_tensor_expand: shape %s cannot be expanded to %s (dim %d); expected equal extents or 1",
-                       EBB__SHAPE(t, a), ebb__shape_str(shape, ndim, b, sizeof b), d);
+      char a[EBB__DESC_MAX], b[128];
+      return ebb__fail(EBB_EINVAL, "ebb_tensor_expand: %s cannot be expanded to %s (dim %d); expected equal extents or 1",
+                       EBB__DESC(t, "t", a), ebb__shape_str(shape, ndim, b, sizeof b), d);
     }
   }
   return ebb__tensor_alias("ebb_tensor_expand", t, ndim, ns, nst, t->offset, out);
@@ -1458,12 +1532,13 @@ ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *sha
 static ebb_status ebb__tensor_squeeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_squeeze");
   int d;
-  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: t is a scalar (0 dims); nothing to squeeze");
+  char sd[EBB__DESC_MAX];
+  if (t->ndim == 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: %s is a scalar (0 dims); nothing to squeeze", EBB__DESC(t, "t", sd));
   st = ebb__dim("ebb_tensor_squeeze", "dim", dim, t->ndim, &d);
   if (st) return st;
   if (t->shape[d] != 1) {
-    char a[128];
-    return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: dim %d of shape %s has extent %lld; expected 1", d, EBB__SHAPE(t, a),
+    char a[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: dim %d of %s has extent %lld; expected 1", d, EBB__DESC(t, "t", a),
                      (long long)t->shape[d]);
   }
   return ebb__select_view("ebb_tensor_squeeze", t, d, 0, out);
@@ -1502,9 +1577,9 @@ ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **o
 static ebb_status ebb__check_writable(const char *fn, const ebb_tensor_t *t) {
   for (int d = 0; d < t->ndim; d++)
     if (t->strides[d] == 0 && t->shape[d] > 1) {
-      char a[128];
-      return ebb__fail(EBB_EINVAL, "%s: dst of shape %s is expanded along dim %d (stride 0): its elements alias; expected a writable tensor",
-                       fn, EBB__SHAPE(t, a), d);
+      char a[EBB__DESC_MAX];
+      return ebb__fail(EBB_EINVAL, "%s: %s is expanded along dim %d (stride 0): its elements alias; expected a writable tensor",
+                       fn, EBB__DESC(t, "dst", a), d);
     }
   return EBB_OK;
 }

@@ -348,7 +348,7 @@ static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream
   s->prio = prio;
   s->kind = kind;
   s->cu = cu;
-  atomic_store_explicit(&s->release_state, 0, memory_order_relaxed);
+  atomic_fetch_and_explicit(&s->hold, EBB__HOLD_COUNT, memory_order_relaxed); /* (published by the magic's release store) */
   /* release: pairs with the acquire in ebb__check_stream (fields before the live magic). */
   atomic_store_explicit(&s->slot.magic, EBB__STREAM_LIVE, memory_order_release);
   *out = s;
@@ -563,19 +563,17 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
   if (s->kind != EBB__STREAM_USER)
     return ebb__fail(EBB_EINVAL, "ebb_stream_release: %s stream %llu of device %d is owned by ebb; only streams from ebb_stream_create are released",
                      s->kind == EBB__STREAM_POOL ? "pool" : "default", (unsigned long long)s->id, s->device);
-  /* Held by a running backward (ebb__stream_hold): the release is asked for here and carried
-   * out by the last ebb__stream_unhold. One release per stream: a second call finds the state
-   * taken. seq_cst: with the load of holds after it, against ebb__stream_hold's increment and
-   * load of the state (store-load order: either the hold sees the release asked, or this load
-   * sees the hold). */
-  uint32_t none = 0;
-  if (!atomic_compare_exchange_strong_explicit(&s->release_state, &none, 1, memory_order_seq_cst, memory_order_seq_cst))
-    return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was already released (a backward that holds it "
-                     "finishes the release when it returns)", (unsigned long long)s->id, s->device);
-  if (atomic_load_explicit(&s->holds, memory_order_seq_cst) != 0) return EBB_OK;
-  uint32_t asked = 1;
-  /* The last holder may have seen the state asked and taken the release over meanwhile. */
-  if (!atomic_compare_exchange_strong_explicit(&s->release_state, &asked, 2, memory_order_seq_cst, memory_order_seq_cst)) return EBB_OK;
+  /* Held (ebb__stream_hold: a running backward): the release is asked for here and carried out
+   * by the last holder to let go (ebb__stream_unhold). One release per stream: a second call
+   * finds it asked. acq_rel: against the holders' CAS and decrements of the same word. */
+  uint64_t w = atomic_load_explicit(&s->hold, memory_order_acquire);
+  do {
+    if (w & EBB__HOLD_ASKED)
+      return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was already released (a backward that holds it "
+                       "carries the release out when it returns)", (unsigned long long)s->id, s->device);
+  } while (!atomic_compare_exchange_weak_explicit(&s->hold, &w, w | EBB__HOLD_ASKED | ((w & EBB__HOLD_COUNT) ? 0 : EBB__HOLD_DONE),
+                                                  memory_order_acq_rel, memory_order_acquire));
+  if (w & EBB__HOLD_COUNT) return EBB_OK; /* deferred to the last holder */
   return stream_release_now(s);
 }
 
@@ -584,23 +582,29 @@ bool ebb__stream_hold(ebb_stream_t *s, uint64_t id) {
   int dev;
   if (!ebb__stream_peek(s, &sid, &dev) || sid != id) return false;
   if (s->kind != EBB__STREAM_USER) return true; /* immortal */
-  /* seq_cst, all three: against ebb_stream_release's CAS of the state and load of holds. */
-  atomic_fetch_add_explicit(&s->holds, 1, memory_order_seq_cst);
-  if (atomic_load_explicit(&s->slot.magic, memory_order_seq_cst) == EBB__STREAM_LIVE && s->id == id &&
-      atomic_load_explicit(&s->release_state, memory_order_seq_cst) == 0)
-    return true;
+  /* A release asked while others hold the stream is joined (it stays live until the last one
+   * lets go); asked with no holder left, or done, it is refused. acq_rel: as in the release. */
+  uint64_t w = atomic_load_explicit(&s->hold, memory_order_acquire);
+  do {
+    if ((w & EBB__HOLD_DONE) || ((w & EBB__HOLD_ASKED) && !(w & EBB__HOLD_COUNT))) return false;
+  } while (!atomic_compare_exchange_weak_explicit(&s->hold, &w, w + 1, memory_order_acq_rel, memory_order_acquire));
+  /* The slot may have passed to another stream between the peek and the count (it would take
+   * a thousand releases meanwhile): then the count goes back, and with it any release it held. */
+  if (atomic_load_explicit(&s->slot.magic, memory_order_acquire) == EBB__STREAM_LIVE && s->id == id) return true;
   ebb__stream_unhold(s);
   return false;
 }
 
 void ebb__stream_unhold(ebb_stream_t *s) {
   if (s->kind != EBB__STREAM_USER) return;
-  /* seq_cst: as in ebb__stream_hold; the last holder to leave carries out a release asked
-   * meanwhile (the CAS elects one against the releaser's own). */
-  if (atomic_fetch_sub_explicit(&s->holds, 1, memory_order_seq_cst) != 1) return;
-  uint32_t asked = 1;
-  if (atomic_compare_exchange_strong_explicit(&s->release_state, &asked, 2, memory_order_seq_cst, memory_order_seq_cst))
+  /* acq_rel: the holder's work on the stream happens before a release this decrement lets run.
+   * Bringing the count to 0 with the release asked makes it this thread's to carry out: no hold
+   * joins a count of 0, so nothing can intervene. */
+  uint64_t w = atomic_fetch_sub_explicit(&s->hold, 1, memory_order_acq_rel);
+  if ((w & EBB__HOLD_COUNT) == 1 && (w & EBB__HOLD_ASKED) && !(w & EBB__HOLD_DONE)) {
+    atomic_fetch_or_explicit(&s->hold, EBB__HOLD_DONE, memory_order_relaxed);
     (void)stream_release_now(s); /* (nobody to tell of a failed destroy: as at a driver's teardown) */
+  }
 }
 
 /* The release itself, once no backward holds the stream: its last work gets a tomb, the driver
@@ -623,7 +627,7 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
   /* seq_cst: with the loads of pins below, against ebb__stream_pin (see there); its release half
    * publishes the gone_ fields to the acquire loads of the magic in the checks. acquire on
    * failure: the message of the loser reads them too. (One caller reaches here per stream: the
-   * release state elected it.) */
+   * hold word elected it.) */
   if (!atomic_compare_exchange_strong_explicit(&s->slot.magic, &live, EBB__STREAM_RELEASING, memory_order_seq_cst,
                                                memory_order_acquire))
     return ebb__stream_freed("ebb_stream_release", s);

@@ -109,13 +109,16 @@ struct ebb_stream {
   /* Calls using `cu` of a caller-owned stream right now (ebb__stream_pin); its release waits
    * for none to be left before it records the stream's last work and destroys `cu`. */
   _Atomic uint32_t pins;
-  /* Modules holding a caller-owned stream for a while (ebb__stream_hold: a running backward),
-   * and its release's state: 0 none, 1 asked while held (the last ebb__stream_unhold carries it
-   * out), 2 carried out (or under way). Reset to 0 when the slot gets a new stream; `holds` never
-   * is (a stale holder's decrement may still come). */
-  _Atomic uint32_t holds;
-  _Atomic uint32_t release_state;
+  /* Modules holding a caller-owned stream for a while (ebb__stream_hold: a running backward)
+   * and its release, in one word so that one compare-and-swap decides between them: the low 32
+   * bits count the holders, EBB__HOLD_ASKED says ebb_stream_release was called (carried out by
+   * whoever brings the count to 0), EBB__HOLD_DONE that the release is carried out or under way.
+   * The flags are cleared when the slot gets a new stream. */
+  _Atomic uint64_t hold;
 };
+#define EBB__HOLD_COUNT 0xffffffffull
+#define EBB__HOLD_ASKED (1ull << 32)
+#define EBB__HOLD_DONE (1ull << 33)
 
 struct ebb_event {
   struct ebb__slot slot;

@@ -99,6 +99,26 @@ EBB_HIDDEN bool ebb__tensor_is_inference(const ebb_tensor_t *t);
 
 /* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, the message naming fn and arg. */
 EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
+/* The same for element `index` of an array argument (-1: not an array), so the message names
+ * arg[index]: "ebb_backward: roots[1] is NULL; expected a tensor". */
+EBB_HIDDEN ebb_status ebb__tensor_check_at(const ebb_tensor_t *t, const char *fn, const char *arg, int index);
+
+/* ---- a tensor in a message -----------------------------------------------------------------
+ * Every message of ops and autograd that describes a tensor writes it one way: the argument (its
+ * role, with "[index]" when index >= 0; NULL role: "tensor"), the tensor's own name in single
+ * quotes when it has one (ebb_tensor_set_name), then dtype, shape and device in parentheses:
+ *   grad_roots[1] (f32[3, 2] on device 0)      t 'w1' (bf16[4] on the CPU)
+ * A released tensor is never read: "roots[0] (0x..., released)"; NULL gives "grad (NULL)".
+ * Writes into buf (truncated to cap, always terminated; EBB__DESC_MAX holds a role of 24 bytes,
+ * an index, a full-length name and 8 extents of up to 13 digits), allocates nothing, and returns
+ * buf for use as a %s argument.
+ * Thread-safe for live tensors as far as their names are (a concurrent ebb_tensor_set_name may
+ * show either name). */
+#define EBB__DESC_MAX 256
+EBB_HIDDEN const char *ebb__tensor_desc(const ebb_tensor_t *t, const char *role, int index, char *buf, size_t cap);
+/* The same from metadata (a node's record of a forward input or output) and an optional name. */
+EBB_HIDDEN const char *ebb__meta_desc(const struct ebb__tensor_meta *m, const char *role, int index, const char *name, char *buf,
+                                      size_t cap);
 
 /* The slot of a live handle, and setting it (nothing retained). Callers hold a valid tensor;
  * concurrent setters of one handle are the caller's to order. */

@@ -32,10 +32,11 @@ EBB_HIDDEN bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *devic
 /* Holds `s`, the live stream whose id is `id`, for a while (a backward, from its start to its
  * return): a release of `s` asked meanwhile (ebb_stream_release returns EBB_OK at once) is
  * carried out by the last ebb__stream_unhold, so until then `s` stays live for everyone, and
- * work issued to it, or to it as a current stream, never fails for its release. Pool and default
+ * work issued to it, or to it as a current stream, never fails for its release. A release asked
+ * while others hold `s` is joined (the stream stays live for this holder too). Pool and default
  * streams need no hold (true, nothing counted). False, quietly, when `s` is not live, not the
- * stream `id`, or its release was asked already: the caller then orders after its work
- * (ebb__event_record_live, else ebb__event_record_released). Lock-free: three seq_cst atomics.
+ * stream `id`, or its release was asked with no holder left: the caller then orders after its
+ * work (ebb__event_record_live, else ebb__stream_wait_released). Lock-free: a compare-and-swap.
  * Each true is paired with one ebb__stream_unhold, on any thread; the holder must not wait on
  * the host for a release of `s` (it would wait for itself). */
 EBB_HIDDEN bool ebb__stream_hold(ebb_stream_t *s, uint64_t id);

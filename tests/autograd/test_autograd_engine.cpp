@@ -181,7 +181,8 @@ TEST_CASE("engine: grad() returns gradients without touching .grad, partial back
   ebb_tensor_t *gu[1] = {nullptr};
   ebb_autograd_grad_options retain = {};
   retain.retain_graph = true;
-  EBB_CHECK_FAILS(ebb_autograd_grad(roots, 1, unused, 1, gu, &retain), EBB_EINVAL, "inputs[0] was not used to compute the roots");
+  EBB_CHECK_FAILS(ebb_autograd_grad(roots, 1, unused, 1, gu, &retain), EBB_EINVAL,
+                  "inputs[0] (f64[2] on the CPU) was not used to compute the outputs");
   retain.allow_unused = true;
   EBB_REQUIRE_OK(ebb_autograd_grad(roots, 1, unused, 1, gu, &retain));
   CHECK(gu[0] == nullptr);
@@ -231,13 +232,13 @@ TEST_CASE("engine: bad input and failures name what was wrong, the engine carrie
   Tensor y, plain;
   EBB_REQUIRE_OK(ebb_op_exp(ts[0], y.out()));
   const ebb_tensor_t *roots[1] = {y.get()};
-  EBB_CHECK_FAILS(ebb_backward(roots, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "root 0 has 4 elements and no gradient was given");
+  EBB_CHECK_FAILS(ebb_backward(roots, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "roots[0] (f64[2, 2] on the CPU) has 4 elements and no gradient was given");
   Tensor wrong = make(EBB_DEVICE_CPU, EBB_F64, {4}, values(4, 14));
   const ebb_tensor_t *grads[1] = {wrong.get()};
-  EBB_CHECK_FAILS(ebb_backward(roots, grads, 1, false, nullptr, 0), EBB_EINVAL, "grad_roots[0] (1 dims, f64, device -1) does not match root 0");
+  EBB_CHECK_FAILS(ebb_backward(roots, grads, 1, false, nullptr, 0), EBB_EINVAL, "grad_roots[0] (f64[4] on the CPU) does not match roots[0] (f64[2, 2] on the CPU)");
   plain = make(EBB_DEVICE_CPU, EBB_F64, {1}, {1.0});
   const ebb_tensor_t *nog[1] = {plain.get()};
-  EBB_CHECK_FAILS(ebb_backward(nog, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "roots[0] does not require a gradient");
+  EBB_CHECK_FAILS(ebb_backward(nog, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "roots[0] (f64[1] on the CPU) does not require a gradient");
   EBB_CHECK_FAILS(ebb_backward(nullptr, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "no roots");
   ebb_tensor_t *g1[1];
   EBB_CHECK_FAILS(ebb_grad(roots, nullptr, 1, nullptr, 0, false, false, g1), EBB_EINVAL, "no inputs");
@@ -436,7 +437,7 @@ TEST_CASE("engine: a partial backward runs only the nodes between its inputs and
   CHECK(other_calls.load() == 0);
   // A root that leads to no input is no error; the input is unused.
   const ebb_tensor_t *only2[1] = {loss2.get()};
-  EBB_CHECK_FAILS(ebb_grad(only2, nullptr, 1, in, 1, true, false, g), EBB_EINVAL, "inputs[0] was not used to compute the roots");
+  EBB_CHECK_FAILS(ebb_grad(only2, nullptr, 1, in, 1, true, false, g), EBB_EINVAL, "inputs[0] (f64[3] on the CPU) was not used to compute the outputs");
   for (Tensor *t : {&other, &other_sum, &wx, &ex, &y, &loss, &xx, &loss2, &gw, &gw2, &gxx}) t->reset();
   for (auto &t : ts) t.reset();
   CHECK(ebb_autograd_live_nodes() == 0);

@@ -80,7 +80,7 @@ TEST_CASE("options: grad_roots and inputs by name give a seeded, partial backwar
   EBB_REQUIRE_OK(ebb_op_mul(a, b, y2.out()));
   const ebb_tensor_t *roots2[1] = {y2.get()};
   ebb_autograd_backward_options none = {};
-  EBB_CHECK_FAILS(ebb_autograd_backward(roots2, 1, &none), EBB_EINVAL, "ebb_autograd_backward: root 0 has 3 elements");
+  EBB_CHECK_FAILS(ebb_autograd_backward(roots2, 1, &none), EBB_EINVAL, "ebb_autograd_backward: roots[0] (f64[3] on the CPU) has 3 elements");
 }
 
 TEST_CASE("options: ebb_autograd_grad takes retain_graph and allow_unused by name", "[autograd][engine][options]") {

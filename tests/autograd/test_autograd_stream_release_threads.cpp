@@ -2,6 +2,7 @@
 // recorded on: every call succeeds, and .grad counts every call exactly once. Without the
 // timing model (many calls), under the presets' perturbation.
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,4 +55,62 @@ TEST_CASE("threads running backward on graphs of a stream another thread release
     sync_all();
     CHECK(same(grad_seen(w), std::vector<double>(v.size(), k)));
   }
+}
+
+TEST_CASE("device workers, two devices and CPU-made gradients, with both streams released by another thread mid-run",
+          "[autograd][streams][release][threads]") {
+  EbbSession session;
+  EngineSettings keep;
+  EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(EBB_ENGINE_WORKERS));
+  constexpr int kThreads = 3;
+  const int calls = kSanitized ? 20 : 80;
+  auto v = vals(5, 4);
+  Tensor w = leaf(0, v, "w");
+  ebb_stream_t *s0 = nullptr, *s1 = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s0));
+  EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_LOW, &s1));
+  std::vector<Tensor> losses(kThreads);
+  for (int i = 0; i < kThreads; i++) {
+    Tensor a, c;
+    {
+      OnStream g(s0);
+      a = scale(w, (double)(i + 1));
+    }
+    {
+      OnStream g(s1);
+      Tensor b = to_dev(a, 1);
+      c = to_dev(b, EBB_DEVICE_CPU);
+    }
+    Tensor back = to_dev(scale(c, 1.0), 0);  // a CPU node's gradient, made on the caller's stream of device 0
+    OnStream g(s0);
+    losses[(size_t)i] = sum(back);
+  }
+  std::atomic<int> done{0}, failed{0};
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; i++)
+    threads.emplace_back([&, i] {
+      const ebb_tensor_t *root = losses[(size_t)i];
+      for (int c = 0; c < calls; c++) {
+        ebb_stream_guard g{};
+        bool cur = (c & 1) && ebb_stream_guard_enter(&g, s1) == EBB_OK;  // s1 the caller's, every other call
+        if (ebb_backward(&root, nullptr, 1, true, nullptr, 0) != EBB_OK && failed.fetch_add(1) == 0) errors[(size_t)i] = ebb_last_error();
+        if (cur) ebb_stream_guard_exit(&g);
+        done.fetch_add(1);
+      }
+    });
+  while (done.load() < kThreads * calls / 4) std::this_thread::yield();
+  ebb_status r0 = ebb_stream_release(s0);
+  while (done.load() < kThreads * calls / 2) std::this_thread::yield();
+  ebb_status r1 = ebb_stream_release(s1);
+  for (auto &t : threads) t.join();
+  for (auto &e : errors)
+    if (!e.empty()) INFO("a failed call: " << e);
+  CHECK(r0 == EBB_OK);
+  CHECK(r1 == EBB_OK);
+  CHECK(failed.load() == 0);
+  sync_all();
+  double k = (double)calls * kThreads * (kThreads + 1) / 2;
+  CHECK(same(grad_seen(w), std::vector<double>(v.size(), k)));
+  EBB_CHECK_FAILS(ebb_stream_release(s0), EBB_EFREED, "released");
 }

@@ -75,7 +75,7 @@ TEST_CASE("errors: out of memory in a creation call names it and the tensor", "[
     std::string msg = run_failing(c, EBB_ENOMEM);
     INFO(msg);
     std::string want = std::string(c.fn) + ": out of memory for a " +
-                       (std::string(c.fn) == "ebb_tensor_arange" ? "[268435456]" : "[16384,16384]") + " f32 tensor (1 GiB) on device 0: ";
+                       (std::string(c.fn) == "ebb_tensor_arange" ? "[268435456]" : "[16384, 16384]") + " f32 tensor (1 GiB) on device 0: ";
     CHECK(starts_with(msg, want));
     CHECK(msg.find("ebb_arena_alloc") == std::string::npos);
   }
@@ -88,9 +88,9 @@ TEST_CASE("errors: out of memory for a CPU tensor names the call and the tensor"
   Case c{"ebb_tensor_empty", [&](ebb_tensor_t **o) { return ebb_tensor_empty(EBB_DEVICE_CPU, EBB_F32, 1, shape, o); }};
   std::string msg = run_failing(c, EBB_ENOMEM);
   INFO(msg);
-  CHECK(starts_with(msg, "ebb_tensor_empty: out of memory for a [17592186044416] f32 tensor (64 TiB) on cpu: "));
+  CHECK(starts_with(msg, "ebb_tensor_empty: out of memory for a [17592186044416] f32 tensor (64 TiB) on the CPU: "));
   // The allocator's report follows whole: its own call's name is dropped, not a part of it.
-  std::string tail = msg.substr(msg.find("on cpu: ") + 8);
+  std::string tail = msg.substr(msg.find("on the CPU: ") + 12);
   CHECK(starts_with(tail, "host pool"));
   REQUIRE(ebb_debug_live_handles() == 0);
 }

@@ -99,7 +99,7 @@ TEST_CASE("record_stream: bad input is refused with a message", "[ops][tensor][s
   EBB_CHECK_FAILS(ebb_tensor_record_stream(nullptr, s0), EBB_EINVAL, "ebb_tensor_record_stream: ");
   EBB_CHECK_FAILS(ebb_tensor_record_stream(d, nullptr), EBB_EINVAL, "stream is NULL; expected a stream of device 0");
   EBB_CHECK_FAILS(ebb_tensor_record_stream(d, gone), EBB_EFREED, "ebb_tensor_record_stream: ");
-  EBB_CHECK_FAILS(ebb_tensor_record_stream(d, s1), EBB_EDEVICE, "is on device 1 but tensor [16] is on device 0");
+  EBB_CHECK_FAILS(ebb_tensor_record_stream(d, s1), EBB_EDEVICE, "is on device 1 but t (f32[16] on device 0) is not");
   EBB_CHECK_FAILS(ebb_tensor_record_stream(c, s0), EBB_EINVAL, "is a CPU tensor");
   ebb_tensor_t *dead = d.get();
   d.reset();

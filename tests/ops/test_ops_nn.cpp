@@ -194,25 +194,25 @@ TEST_CASE("nn: bad inputs name the op, the argument and the shapes", "[ops][nn][
   {
     Tensor x = make(0, EBB_F32, {3, 4}, values(12, 1)), i = make(0, EBB_I64, {3, 4}, std::vector<double>(12, 1)), o;
     Tensor t_bad = make(0, EBB_I64, {4}, {0, 1, 2, 3}), t_f = make(0, EBB_F32, {3}, {0, 1, 2}), t_cpu = make(EBB_DEVICE_CPU, EBB_I64, {3}, {0, 1, 2});
-    EBB_CHECK_FAILS(ebb_op_softmax(i, 0, o.out()), EBB_EINVAL, "ebb_op_softmax: t has dtype i64");
+    EBB_CHECK_FAILS(ebb_op_softmax(i, 0, o.out()), EBB_EINVAL, "ebb_op_softmax: t (i64[3, 4] on device 0) has dtype i64");
     EBB_CHECK_FAILS(ebb_op_log_softmax(x, 2, o.out()), EBB_EINVAL, "dim 2 is out of range");
-    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_bad, o.out()), EBB_EINVAL, "logits has shape [3,4] and target [4]");
-    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_f, o.out()), EBB_EINVAL, "target has dtype f32");
-    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_cpu, o.out()), EBB_EDEVICE, "target is on device -1");
+    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_bad, o.out()), EBB_EINVAL, "logits (f32[3, 4] on device 0) and target (i64[4] on device 0) do not fit");
+    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_f, o.out()), EBB_EINVAL, "target (f32[3] on device 0) has dtype f32");
+    EBB_CHECK_FAILS(ebb_op_cross_entropy(x, t_cpu, o.out()), EBB_EDEVICE, "target (i64[3] on the CPU) and logits (f32[3, 4] on device 0) are on different devices");
     Tensor y = make(0, EBB_F32, {4, 3}, values(12, 2));
-    EBB_CHECK_FAILS(ebb_op_mse_loss(x, y, o.out()), EBB_EINVAL, "a has shape [3,4] and b [4,3]");
+    EBB_CHECK_FAILS(ebb_op_mse_loss(x, y, o.out()), EBB_EINVAL, "a (f32[3, 4] on device 0) and b (f32[4, 3] on device 0) differ in shape");
     Tensor w = make(0, EBB_F32, {3}, values(3, 3));
-    EBB_CHECK_FAILS(ebb_op_layer_norm(x, 1, w, nullptr, 1e-5, o.out()), EBB_EINVAL, "weight has shape [3]");
+    EBB_CHECK_FAILS(ebb_op_layer_norm(x, 1, w, nullptr, 1e-5, o.out()), EBB_EINVAL, "weight (f32[3] on device 0) does not match x (f32[3, 4] on device 0)");
     EBB_CHECK_FAILS(ebb_op_layer_norm(x, 3, nullptr, nullptr, 1e-5, o.out()), EBB_EINVAL, "nnorm 3");
     const ebb_tensor_t *bad[2] = {x, y};
-    EBB_CHECK_FAILS(ebb_op_cat(bad, 2, 0, o.out()), EBB_EINVAL, "ts[1] has shape [4,3] and ts[0] [3,4]");
+    EBB_CHECK_FAILS(ebb_op_cat(bad, 2, 0, o.out()), EBB_EINVAL, "ts[1] (f32[4, 3] on device 0) and ts[0] (f32[3, 4] on device 0) differ in shape");
     EBB_CHECK_FAILS(ebb_op_stack(bad, 2, 0, o.out()), EBB_EINVAL, "expected one shape");
     const ebb_tensor_t *mixed[2] = {x, i};
     EBB_CHECK_FAILS(ebb_op_cat(mixed, 2, 0, o.out()), EBB_EINVAL, "expected one dtype and device");
     EBB_CHECK_FAILS(ebb_op_cat(nullptr, 0, 0, o.out()), EBB_EINVAL, "expected at least one");
     Tensor g = make(0, EBB_F32, {3}, values(3, 4)), gx;
     EBB_CHECK_FAILS(ebb_op_mse_loss_backward(g, x, x, gx.out(), nullptr), EBB_EINVAL, "expected a scalar");
-    EBB_CHECK_FAILS(ebb_op_softmax_backward(g, x, 0, gx.out()), EBB_EINVAL, "grad has shape [3] but y [3,4]");
+    EBB_CHECK_FAILS(ebb_op_softmax_backward(g, x, 0, gx.out()), EBB_EINVAL, "grad (f32[3] on device 0) does not have the shape of y (f32[3, 4] on device 0)");
     EBB_CHECK_FAILS(ebb_op_stack_backward(x, 2, 0, 0, gx.out()), EBB_EINVAL, "expected n = 2");
     REQUIRE(o.get() == nullptr);
   }

@@ -299,7 +299,7 @@ TEST_CASE("reduce and matmul: bad inputs name the op, the argument and the shape
   EbbSession session;
   Tensor t = make(0, EBB_F32, {2, 3}, values(6, 1)), o, ix, e;
   int bad = 2, dup[2] = {1, -1};
-  EBB_CHECK_FAILS(ebb_op_sum(t, &bad, 1, false, o.out()), EBB_EINVAL, "dims[i] 2 is out of range");
+  EBB_CHECK_FAILS(ebb_op_sum(t, &bad, 1, false, o.out()), EBB_EINVAL, "dims[0] 2 is out of range");
   EBB_CHECK_FAILS(ebb_op_mean(t, dup, 2, false, o.out()), EBB_EINVAL, "listed twice");
   EBB_CHECK_FAILS(ebb_op_amax(t, nullptr, 1, false, o.out()), EBB_EINVAL, "dims array");
   EBB_CHECK_FAILS(ebb_op_max_dim(t, 0, false, nullptr, ix.out()), EBB_EINVAL, "ebb_op_max_dim: ");
@@ -310,13 +310,13 @@ TEST_CASE("reduce and matmul: bad inputs name the op, the argument and the shape
   EBB_CHECK_FAILS(ebb_op_amax(e, &one, 1, false, o.out()), EBB_EINVAL, "empty reduced dim");
   Tensor a = make(0, EBB_F32, {2, 3}, values(6, 2)), b = make(0, EBB_F32, {2, 3}, values(6, 3)), c = make(1, EBB_F32, {3, 2}, values(6, 4));
   Tensor v = make(0, EBB_F32, {3}, values(3, 5)), i = make(0, EBB_I64, {3, 2}, {1, 2, 3, 4, 5, 6});
-  EBB_CHECK_FAILS(ebb_op_matmul(a, b, o.out()), EBB_EINVAL, "a has shape [2,3] and b [2,3]: inner dims 3 and 2 differ");
-  EBB_CHECK_FAILS(ebb_op_matmul(a, c, o.out()), EBB_EDEVICE, "b on device 1");
+  EBB_CHECK_FAILS(ebb_op_matmul(a, b, o.out()), EBB_EINVAL, "a (f32[2, 3] on device 0) and b (f32[2, 3] on device 0) do not fit: inner dims 3 and 2 differ");
+  EBB_CHECK_FAILS(ebb_op_matmul(a, c, o.out()), EBB_EDEVICE, "b (f32[3, 2] on device 1) are on different devices");
   EBB_CHECK_FAILS(ebb_op_matmul(a, v, o.out()), EBB_EINVAL, "at least 2 dims");
   EBB_CHECK_FAILS(ebb_op_matmul(a, i, o.out()), EBB_EINVAL, "floating");
   Tensor ga;
   EBB_CHECK_FAILS(ebb_op_matmul_backward(a, a, b, ga.out(), nullptr), EBB_EINVAL, "does not match");
-  EBB_CHECK_FAILS(ebb_op_sum_backward(v, t, &one, 1, false, ga.out()), EBB_EINVAL, "expected the forward output's shape [2]");
+  EBB_CHECK_FAILS(ebb_op_sum_backward(v, t, &one, 1, false, ga.out()), EBB_EINVAL, "grad (f32[3] on device 0) does not have the forward output's shape; expected [2]");
   REQUIRE(o.get() == nullptr);
   t.reset(), e.reset(), a.reset(), b.reset(), c.reset(), v.reset(), i.reset();
   REQUIRE(ebb_debug_live_handles() == 0);
@@ -343,9 +343,9 @@ TEST_CASE("reduce: along an empty dim sum gives 0, mean NaN, amax and max_dim re
     for (double v : read(o)) CHECK(std::isnan(v));
     EBB_REQUIRE_OK(ebb_op_mean(x, nullptr, 0, false, o.out()));
     CHECK(std::isnan(read(o).at(0)));
-    EBB_CHECK_FAILS(ebb_op_amax(x, &one, 1, false, o.out()), EBB_EINVAL, "ebb_op_amax: t of shape [3,0] has an empty reduced dim");
+    EBB_CHECK_FAILS(ebb_op_amax(x, &one, 1, false, o.out()), EBB_EINVAL, "ebb_op_amax: t (f32[3, 0] on ");
     EBB_CHECK_FAILS(ebb_op_amax(x, nullptr, 0, false, o.out()), EBB_EINVAL, "ebb_op_amax:");
-    EBB_CHECK_FAILS(ebb_op_max_dim(x, 1, false, o.out(), ix.out()), EBB_EINVAL, "ebb_op_max_dim: t of shape [3,0] has an empty reduced dim");
+    EBB_CHECK_FAILS(ebb_op_max_dim(x, 1, false, o.out(), ix.out()), EBB_EINVAL, "ebb_op_max_dim: t (f32[3, 0] on ");
     CHECK(std::string(ebb_last_error()).rfind("ebb_op_max_dim:", 0) == 0);
     // along dim 0 (3 elements each, but no outputs): empty results
     EBB_REQUIRE_OK(ebb_op_amax(x, &zero, 1, false, o.out()));
