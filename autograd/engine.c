@@ -655,193 +655,6 @@ static ebb_status ebb__root_grad(const char *fn, int i, const ebb_tensor_t *r, c
   return EBB_OK;
 }
 
-/* Roots and inputs are tensors, or (eroots, einputs: the _edges calls) gradient edges. */
-static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
-                               const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
-                               const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
-                               ebb_tensor_t **results) {
-  if ((!roots && !eroots) || nroots <= 0)
-    return ebb__fail(EBB_EINVAL, "%s: no %s; expected at least one tensor to differentiate", fn, ebb__roots_arg(fn));
-  if (ninputs < 0 || (ninputs > 0 && !inputs && !einputs)) return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", fn, ninputs);
-  if (!accumulate && ((!inputs && !einputs) || ninputs == 0))
-    return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", fn);
-  struct ebb__task t = {.fn = fn, .results = results, .inputs = inputs};
-  struct ebb_node **rn = calloc((size_t)nroots, sizeof *rn), **racc = calloc((size_t)nroots, sizeof *racc);
-  int *rnr = calloc((size_t)nroots, sizeof *rnr);
-  ebb_tensor_t **rg = calloc((size_t)nroots, sizeof *rg);
-  int *dup = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *dup);
-  /* The inputs' nodes (a leaf's AccumulateGrad, held by the task: its leaf holds it weakly). */
-  struct ebb_node **innode = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *innode);
-  int *innr = calloc((size_t)(ninputs > 0 ? ninputs : 1), sizeof *innr);
-  struct ebb__heap ready = {0};
-  bool was;
-  ebb_status st = rn && racc && rnr && rg && dup && innode && innr
-                      ? EBB_OK
-                      : ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots and %d inputs", fn, nroots, ninputs);
-  for (int i = 0; dup && i < ninputs; i++) dup[i] = -1;
-  struct ebb__task_scope scope; /* node_api.c: the task's id, current node, multi-grad state */
-  ebb__task_begin(&scope, &t);
-  for (int i = 0; !st && i < nroots; i++)
-    st = eroots ? ebb__edge_resolve(fn, ebb__roots_arg(fn), i, &eroots[i], &rn[i], &rnr[i])
-                : ebb__root_edge(fn, ebb__roots_arg(fn), i, roots[i], &rn[i], &rnr[i], &racc[i]);
-  for (int i = 0; !st && i < nroots; i++)
-    st = eroots ? ebb__edge_root_grad(fn, i, rn[i], rnr[i], grad_roots ? grad_roots[i] : NULL, &rg[i])
-                : ebb__root_grad(fn, i, roots[i], grad_roots ? grad_roots[i] : NULL, &rg[i]);
-  for (int i = 0; !st && i < ninputs; i++) {
-    if (einputs) { /* an edge: its node (an AccumulateGrad for a leaf), held by the edge */
-      st = ebb__edge_resolve(fn, "inputs", i, &einputs[i], &innode[i], &innr[i]);
-      if (!st && accumulate && innode[i]->op >= 0)
-        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: it names a node's output, not a "
-                       "tensor, so there is no .grad to add its gradient into; pass the tensor to ebb_backward, or take the gradient "
-                       "from ebb_grad_edges", fn, i, ebb__node_name_of(innode[i]));
-      continue;
-    }
-    st = ebb__tensor_check_at(inputs[i], fn, "inputs", i);
-    struct ebb__meta *m = st ? NULL : ebb__meta_of(inputs[i]);
-    char id[EBB__DESC_MAX];
-    if (!st && (!m || !m->requires_grad))
-      st = ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient; expected a tensor that does", fn,
-                     ebb__tensor_desc(inputs[i], "inputs", i, id, sizeof id));
-    struct ebb_node *in = NULL;
-    int nr = 0;
-    if (!st) st = ebb__grad_fn_now(inputs[i], m, &in, &nr); /* inplace.c: a view's history may follow its base's */
-    if (st) break;
-    innr[i] = in ? nr : 0;
-    if (in) innode[i] = in;
-    else if ((innode[i] = ebb__grad_acc_get(m)) && !(ebb__hold_room(&t) && (t.held[t.nheld++] = innode[i]))) {
-      ebb__node_unref(innode[i]);
-      st = ebb__fail(EBB_ENOMEM, "%s: no host memory for %d inputs", fn, ninputs);
-    }
-  }
-  /* The task: every node of the roots' graph, or with inputs only those on a path to one. */
-  uint64_t maxseq = 0;
-  for (int i = 0; !st && i < nroots; i++) maxseq = rn[i]->seq > maxseq ? rn[i]->seq : maxseq;
-  if (!st && ninputs > 0) st = ebb__find_from_inputs(&t, innode, ninputs, maxseq);
-  if (!st) st = ebb__discover(&t, rn, nroots, ninputs > 0);
-  for (int i = 0; !st && i < ninputs; i++) {
-    int xi = innode[i] ? ebb__tfind(&t, innode[i]) : -1;
-    struct ebb__tnode *x = xi >= 0 && t.nodes[xi].needed ? &t.nodes[xi] : NULL;
-    if (!x) {
-      char id[EBB__DESC_MAX];
-      if (!accumulate && !allow_unused)
-        st = ebb__fail(EBB_EINVAL, "%s: %s was not used to compute the %s; expected allow_unused to get no gradient for it", fn,
-                       input_desc(inputs, i, id, sizeof id),
-                       ebb__roots_arg(fn));
-      continue;
-    }
-    if (accumulate && x->n->op < 0) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
-    else if (x->capture && x->capture_nr == innr[i]) {
-      dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
-    } else if (x->capture) {
-      char ia[EBB__DESC_MAX], ib[EBB__DESC_MAX];
-      st = ebb__fail(EBB_ENOTSUP, "%s: %s and %s are two outputs of one node (%s); asking for both in one call is not supported yet",
-                     fn, input_desc(inputs, x->capture - 1, ia, sizeof ia), input_desc(inputs, i, ib, sizeof ib),
-                     ebb__node_name_of(innode[i]));
-    } else {
-      x->capture = i + 1;
-      x->capture_nr = innr[i];
-    }
-  }
-  ebb_grad_set_enabled(false, &was); /* no graph of the backward (create_graph is not supported) */
-  t.retain = retain;
-  t.depth = (uint32_t)ebb__total_depth;
-  t.scope = &scope;
-  t.ready = &ready;
-  int ndevs = 0;
-  if (!st) st = ebb__task_streams(&t, &ndevs);
-  bool ran = !st; /* (a failure from here on says which .grad fields it had written) */
-  int mode = atomic_load_explicit(&ebb__mode, memory_order_relaxed);
-  t.shared = !st && ndevs > 0 && (mode == EBB_ENGINE_WORKERS || (mode == EBB_ENGINE_AUTO && ndevs >= 2));
-  struct ebb__queue ownq;
-  bool own = false;
-  if (t.shared) {
-    ebb__mutex_init(&t.mu, "autograd.task", EBB_RANK_AG_TASK);
-    if (!(t.cpuq = ebb__home_queue())) { /* a device worker's reentrant call: its CPU nodes run there */
-      ebb__queue_init(&ownq);
-      t.cpuq = &ownq;
-      own = true;
-    }
-    ebb__mutex_lock(&t.mu); /* workers deliver as soon as the first push */
-  }
-  for (int i = 0; !st && i < nroots; i++) {
-    int ri = ebb__tfind(&t, rn[i]);
-    if (ri < 0 || !t.nodes[ri].needed) continue; /* a root that leads to no input: its gradient is not needed */
-    int gd = ebb__slot_dev(&t.nodes[ri], rnr[i]);
-    struct ebb__sref prod = gd >= 0 && t.caller ? t.caller[gd] : (struct ebb__sref){0}; /* made on the caller's stream */
-    st = ebb__buf_add(&t, &t.nodes[ri], rnr[i], rg[i], &prod, NULL, false);
-    rg[i] = NULL;
-  }
-  for (size_t i = 0; !st && i < t.count; i++)
-    if (t.nodes[i].deps == 0 && t.nodes[i].needed) st = ebb__ready_push(&t, (int)i);
-  if (t.shared) {
-    if (st) ebb__task_fail(&t, NULL, st); /* what was pushed is skipped */
-    ebb__mutex_unlock(&t.mu);
-    uint64_t parks = 0;
-    struct ebb__qitem it;
-    while (ebb__queue_pop_wait(t.cpuq, &t.outstanding, NULL, &it, &parks)) ebb__item_run(&it);
-    ebb__mutex_lock(&t.cpuq->mu); /* the last ebb__queue_done has left the lock: nothing touches t after */
-    ebb__mutex_unlock(&t.cpuq->mu);
-    ebb__count(EBB__S_PARKS, parks);
-    if (t.err) st = ebb__fail(t.err, "%s", t.errmsg);
-  } else {
-    while (!st && ready.n) st = ebb__run_one(&t, &t.nodes[ebb__heap_pop(&ready)]);
-  }
-  if (!st) st = ebb__end_sync(&t);
-  if (st && ran && !results) {
-    char why[EBB__ERRMSG_MAX];
-    snprintf(why, sizeof why, "%s", ebb_last_error());
-    ebb__task_wrote_describe(&t, why, sizeof why);
-    st = ebb__fail(st, "%s", why);
-  }
-  if (own) ebb__queue_destroy(&ownq);
-  if (t.shared) ebb__mutex_destroy(&t.mu);
-  ebb__count(EBB__S_CALLS, 1);
-  ebb__count(EBB__S_NODES, t.n_nodes);
-  ebb__count(EBB__S_NODES_W, t.n_nodes_w);
-  ebb__count(EBB__S_XEDGES, t.n_xedges);
-  ebb__count(EBB__S_EVENTS, t.n_events);
-  ebb__count(EBB__S_WAITS, t.n_waits);
-  ebb__count(EBB__S_MISM, t.n_mism);
-  for (int i = 0; !st && results && i < ninputs; i++)
-    if (dup[i] >= 0 && results[dup[i]]) {
-      ebb_tensor_retain(results[dup[i]]);
-      results[i] = results[dup[i]];
-    }
-  /* An input whose node was reached without a gradient (only a path that carries none). */
-  for (int i = 0; !st && results && !allow_unused && i < ninputs; i++)
-    if (!results[i]) {
-      char id[EBB__DESC_MAX];
-      st = ebb__fail(EBB_EINVAL, "%s: %s got no gradient from the %s (no path to it carries one); expected allow_unused "
-                     "to get no gradient for it", fn,
-                     input_desc(inputs, i, id, sizeof id),
-                     ebb__roots_arg(fn));
-    }
-  ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
-  if (!st) st = end;
-  ebb_grad_set_enabled(was, NULL);
-  for (int i = 0; rg && i < nroots; i++)
-    if (rg[i]) ebb_tensor_release(rg[i]);
-  free(rn);
-  free(dup);
-  free(rnr);
-  free(rg);
-  free(innode);
-  free(innr);
-  free(ready.a);
-  ebb__task_free(&t);
-  /* After the task: a leaf root's AccumulateGrad may be held by nothing else, and the task's
-   * entries read their nodes. */
-  for (int i = 0; racc && i < nroots; i++) ebb__node_unref(racc[i]);
-  free(racc);
-  if (st && results)
-    for (int i = 0; i < ninputs; i++)
-      if (results[i]) {
-        ebb_tensor_release(results[i]);
-        results[i] = NULL;
-      }
-  return st;
-}
-
 /* A backward call's arguments, for a pool thread to run it past the reentrant depth limit. */
 struct ebb__call {
   const char *fn;
@@ -863,11 +676,264 @@ struct ebb__call {
   char msg[EBB__ERRMSG_MAX];
 };
 
+/* What a call works with besides its task: the roots' nodes and output numbers (racc: the
+ * AccumulateGrad a leaf root got, a reference to drop after the task), the roots' starting
+ * gradients, and the inputs' nodes and output numbers (dup: an input given twice, the index of
+ * its first place). */
+struct ebb__work {
+  struct ebb_node **rn, **racc;
+  int *rnr;
+  ebb_tensor_t **rg;
+  int *dup;
+  struct ebb_node **innode;
+  int *innr;
+};
+
+static ebb_status work_alloc(const struct ebb__call *c, struct ebb__work *w) {
+  size_t nr = (size_t)c->nroots, ni = (size_t)(c->ninputs > 0 ? c->ninputs : 1);
+  *w = (struct ebb__work){calloc(nr, sizeof *w->rn), calloc(nr, sizeof *w->racc), calloc(nr, sizeof *w->rnr), calloc(nr, sizeof *w->rg),
+                          calloc(ni, sizeof *w->dup), calloc(ni, sizeof *w->innode), calloc(ni, sizeof *w->innr)};
+  if (!w->rn || !w->racc || !w->rnr || !w->rg || !w->dup || !w->innode || !w->innr)
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for %d roots and %d inputs", c->fn, c->nroots, c->ninputs);
+  for (int i = 0; i < c->ninputs; i++) w->dup[i] = -1;
+  return EBB_OK;
+}
+
+/* The arrays, the starting gradients not handed to the task, and (after the task, whose
+ * entries read them) the AccumulateGrad references of leaf roots. */
+static void work_free(const struct ebb__call *c, struct ebb__work *w) {
+  for (int i = 0; w->rg && i < c->nroots; i++)
+    if (w->rg[i]) ebb_tensor_release(w->rg[i]);
+  for (int i = 0; w->racc && i < c->nroots; i++) ebb__node_unref(w->racc[i]);
+  free(w->rn);
+  free(w->racc);
+  free(w->rnr);
+  free(w->rg);
+  free(w->dup);
+  free(w->innode);
+  free(w->innr);
+}
+
+/* The arguments' shape, before anything is looked at. */
+static ebb_status check_call(const struct ebb__call *c) {
+  if ((!c->roots && !c->eroots) || c->nroots <= 0)
+    return ebb__fail(EBB_EINVAL, "%s: no %s; expected at least one tensor to differentiate", c->fn, ebb__roots_arg(c->fn));
+  if (c->ninputs < 0 || (c->ninputs > 0 && !c->inputs && !c->einputs))
+    return ebb__fail(EBB_EINVAL, "%s: %d inputs and no inputs array", c->fn, c->ninputs);
+  if (!c->accumulate && ((!c->inputs && !c->einputs) || c->ninputs == 0))
+    return ebb__fail(EBB_EINVAL, "%s: no inputs; expected the tensors to differentiate with respect to", c->fn);
+  return EBB_OK;
+}
+
+/* Each root's edge into the graph and its starting gradient. */
+static ebb_status resolve_roots(const struct ebb__call *c, struct ebb__work *w) {
+  ebb_status st = EBB_OK;
+  const char *fn = c->fn;
+  for (int i = 0; !st && i < c->nroots; i++)
+    st = c->eroots ? ebb__edge_resolve(fn, ebb__roots_arg(fn), i, &c->eroots[i], &w->rn[i], &w->rnr[i])
+                   : ebb__root_edge(fn, ebb__roots_arg(fn), i, c->roots[i], &w->rn[i], &w->rnr[i], &w->racc[i]);
+  for (int i = 0; !st && i < c->nroots; i++) {
+    const ebb_tensor_t *g = c->grad_roots ? c->grad_roots[i] : NULL;
+    st = c->eroots ? ebb__edge_root_grad(fn, i, w->rn[i], w->rnr[i], g, &w->rg[i]) : ebb__root_grad(fn, i, c->roots[i], g, &w->rg[i]);
+  }
+  return st;
+}
+
+/* Each input's node: an edge's, a non-leaf's grad_fn, or a leaf's AccumulateGrad (held by the
+ * task: its leaf holds it weakly). */
+static ebb_status resolve_inputs(const struct ebb__call *c, struct ebb__work *w, struct ebb__task *t) {
+  const char *fn = c->fn;
+  for (int i = 0; i < c->ninputs; i++) {
+    ebb_status st;
+    if (c->einputs) { /* an edge: its node (an AccumulateGrad for a leaf), held by the edge */
+      st = ebb__edge_resolve(fn, "inputs", i, &c->einputs[i], &w->innode[i], &w->innr[i]);
+      if (!st && c->accumulate && w->innode[i]->op >= 0)
+        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: it names a node's output, not a "
+                       "tensor, so there is no .grad to add its gradient into; pass the tensor to ebb_backward, or take the gradient "
+                       "from ebb_grad_edges", fn, i, ebb__node_name_of(w->innode[i]));
+      if (st) return st;
+      continue;
+    }
+    const ebb_tensor_t *in = c->inputs[i];
+    st = ebb__tensor_check_at(in, fn, "inputs", i);
+    struct ebb__meta *m = st ? NULL : ebb__meta_of(in);
+    char id[EBB__DESC_MAX];
+    if (!st && (!m || !m->requires_grad))
+      st = ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient; expected a tensor that does", fn,
+                     ebb__tensor_desc(in, "inputs", i, id, sizeof id));
+    struct ebb_node *node = NULL;
+    int nr = 0;
+    if (!st) st = ebb__grad_fn_now(in, m, &node, &nr); /* inplace.c: a view's history may follow its base's */
+    if (st) return st;
+    w->innr[i] = node ? nr : 0;
+    if (node) w->innode[i] = node;
+    else if ((w->innode[i] = ebb__grad_acc_get(m)) && !(ebb__hold_room(t) && (t->held[t->nheld++] = w->innode[i]))) {
+      ebb__node_unref(w->innode[i]);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory for %d inputs", fn, c->ninputs);
+    }
+  }
+  return EBB_OK;
+}
+
+/* What each input's node does in the found graph: a leaf's AccumulateGrad runs (backward with
+ * inputs), another node's gradient is captured (grad, or a non-leaf's .grad). */
+static ebb_status mark_inputs(const struct ebb__call *c, struct ebb__work *w, struct ebb__task *t) {
+  const char *fn = c->fn;
+  for (int i = 0; i < c->ninputs; i++) {
+    int xi = w->innode[i] ? ebb__tfind(t, w->innode[i]) : -1;
+    struct ebb__tnode *x = xi >= 0 && t->nodes[xi].needed ? &t->nodes[xi] : NULL;
+    char ia[EBB__DESC_MAX], ib[EBB__DESC_MAX];
+    if (!x) {
+      if (!c->accumulate && !c->allow_unused)
+        return ebb__fail(EBB_EINVAL, "%s: %s was not used to compute the %s; expected allow_unused to get no gradient for it", fn,
+                         input_desc(c->inputs, i, ia, sizeof ia), ebb__roots_arg(fn));
+      continue;
+    }
+    if (c->accumulate && x->n->op < 0) x->run = true; /* backward(inputs): the leaf's AccumulateGrad */
+    else if (x->capture && x->capture_nr == w->innr[i]) {
+      w->dup[i] = x->capture - 1; /* the same input again: the same gradient, copied after the run */
+    } else if (x->capture) {
+      return ebb__fail(EBB_ENOTSUP, "%s: %s and %s are two outputs of one node (%s); asking for both in one call is not supported yet",
+                       fn, input_desc(c->inputs, x->capture - 1, ia, sizeof ia), input_desc(c->inputs, i, ib, sizeof ib),
+                       ebb__node_name_of(w->innode[i]));
+    } else {
+      x->capture = i + 1;
+      x->capture_nr = w->innr[i];
+    }
+  }
+  return EBB_OK;
+}
+
+/* Runs the found task: its streams, the roots' gradients delivered, its ready nodes on the
+ * calling thread or (shared) on the device workers, the end-of-backward sync. A failure once its
+ * nodes may have started says which .grad fields it had written. */
+static ebb_status run_task(const struct ebb__call *c, struct ebb__work *w, struct ebb__task *t) {
+  int ndevs = 0;
+  ebb_status st = ebb__task_streams(t, &ndevs);
+  if (st) return st;
+  int mode = atomic_load_explicit(&ebb__mode, memory_order_relaxed);
+  t->shared = ndevs > 0 && (mode == EBB_ENGINE_WORKERS || (mode == EBB_ENGINE_AUTO && ndevs >= 2));
+  struct ebb__queue ownq;
+  bool own = false;
+  if (t->shared) {
+    ebb__mutex_init(&t->mu, "autograd.task", EBB_RANK_AG_TASK);
+    if (!(t->cpuq = ebb__home_queue())) { /* a device worker's reentrant call: its CPU nodes run there */
+      ebb__queue_init(&ownq);
+      t->cpuq = &ownq;
+      own = true;
+    }
+    ebb__mutex_lock(&t->mu); /* workers deliver as soon as the first push */
+  }
+  for (int i = 0; !st && i < c->nroots; i++) {
+    int ri = ebb__tfind(t, w->rn[i]);
+    if (ri < 0 || !t->nodes[ri].needed) continue; /* a root that leads to no input: its gradient is not needed */
+    int gd = ebb__slot_dev(&t->nodes[ri], w->rnr[i]);
+    struct ebb__sref prod = gd >= 0 && t->caller ? t->caller[gd] : (struct ebb__sref){0}; /* made on the caller's stream */
+    st = ebb__buf_add(t, &t->nodes[ri], w->rnr[i], w->rg[i], &prod, NULL, false);
+    w->rg[i] = NULL;
+  }
+  for (size_t i = 0; !st && i < t->count; i++)
+    if (t->nodes[i].deps == 0 && t->nodes[i].needed) st = ebb__ready_push(t, (int)i);
+  if (t->shared) {
+    if (st) ebb__task_fail(t, NULL, st); /* what was pushed is skipped */
+    ebb__mutex_unlock(&t->mu);
+    uint64_t parks = 0;
+    struct ebb__qitem it;
+    while (ebb__queue_pop_wait(t->cpuq, &t->outstanding, NULL, &it, &parks)) ebb__item_run(&it);
+    ebb__mutex_lock(&t->cpuq->mu); /* the last ebb__queue_done has left the lock: nothing touches t after */
+    ebb__mutex_unlock(&t->cpuq->mu);
+    ebb__count(EBB__S_PARKS, parks);
+    if (t->err) st = ebb__fail(t->err, "%s", t->errmsg);
+  } else {
+    while (!st && t->ready->n) st = ebb__run_one(t, &t->nodes[ebb__heap_pop(t->ready)]);
+  }
+  if (!st) st = ebb__end_sync(t);
+  if (st && !c->results) {
+    char why[EBB__ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    ebb__task_wrote_describe(t, why, sizeof why);
+    st = ebb__fail(st, "%s", why);
+  }
+  if (own) ebb__queue_destroy(&ownq);
+  if (t->shared) ebb__mutex_destroy(&t->mu);
+  return st;
+}
+
+/* The engine's counters get the task's. */
+static void count_task(const struct ebb__task *t) {
+  ebb__count(EBB__S_CALLS, 1);
+  ebb__count(EBB__S_NODES, t->n_nodes);
+  ebb__count(EBB__S_NODES_W, t->n_nodes_w);
+  ebb__count(EBB__S_XEDGES, t->n_xedges);
+  ebb__count(EBB__S_EVENTS, t->n_events);
+  ebb__count(EBB__S_WAITS, t->n_waits);
+  ebb__count(EBB__S_MISM, t->n_mism);
+}
+
+/* ebb_grad's results after the task: an input given twice shares the first one's gradient; an
+ * input reached by no gradient fails unless allow_unused. */
+static ebb_status finish_results(const struct ebb__call *c, const struct ebb__work *w) {
+  for (int i = 0; i < c->ninputs; i++)
+    if (w->dup[i] >= 0 && c->results[w->dup[i]]) {
+      ebb_tensor_retain(c->results[w->dup[i]]);
+      c->results[i] = c->results[w->dup[i]];
+    }
+  for (int i = 0; !c->allow_unused && i < c->ninputs; i++)
+    if (!c->results[i]) {
+      char id[EBB__DESC_MAX];
+      return ebb__fail(EBB_EINVAL, "%s: %s got no gradient from the %s (no path to it carries one); expected allow_unused "
+                       "to get no gradient for it", c->fn, input_desc(c->inputs, i, id, sizeof id), ebb__roots_arg(c->fn));
+    }
+  return EBB_OK;
+}
+
+/* One backward call on this thread: roots and inputs are tensors, or (eroots, einputs: the
+ * _edges calls) gradient edges. The task is every node of the roots' graph, or with inputs only
+ * those on a path to one. */
+static ebb_status execute_here(const struct ebb__call *c) {
+  ebb_status st = check_call(c);
+  if (st) return st;
+  struct ebb__task t = {.fn = c->fn, .results = c->results, .inputs = c->inputs, .retain = c->retain};
+  struct ebb__work w;
+  struct ebb__heap ready = {0};
+  struct ebb__task_scope scope; /* node_api.c: the task's id, current node, multi-grad state */
+  ebb__task_begin(&scope, &t);
+  st = work_alloc(c, &w);
+  if (!st) st = resolve_roots(c, &w);
+  if (!st) st = resolve_inputs(c, &w, &t);
+  uint64_t maxseq = 0;
+  for (int i = 0; !st && i < c->nroots; i++) maxseq = w.rn[i]->seq > maxseq ? w.rn[i]->seq : maxseq;
+  if (!st && c->ninputs > 0) st = ebb__find_from_inputs(&t, w.innode, c->ninputs, maxseq);
+  if (!st) st = ebb__discover(&t, w.rn, c->nroots, c->ninputs > 0);
+  if (!st) st = mark_inputs(c, &w, &t);
+  bool was;
+  ebb_grad_set_enabled(false, &was); /* no graph of the backward (create_graph is not supported) */
+  t.depth = (uint32_t)ebb__total_depth;
+  t.scope = &scope;
+  t.ready = &ready;
+  if (!st) st = run_task(c, &w, &t);
+  count_task(&t);
+  if (!st && c->results) st = finish_results(c, &w);
+  ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
+  if (!st) st = end;
+  ebb_grad_set_enabled(was, NULL);
+  free(ready.a);
+  ebb__task_free(&t);
+  work_free(c, &w); /* (after the task: a leaf root's AccumulateGrad may be held by nothing else) */
+  if (st && c->results)
+    for (int i = 0; i < c->ninputs; i++)
+      if (c->results[i]) {
+        ebb_tensor_release(c->results[i]);
+        c->results[i] = NULL;
+      }
+  return st;
+}
+
+
 static ebb_status ebb__call_here(struct ebb__call *c) {
   ebb__depth++;
   ebb__total_depth++;
-  ebb_status st = ebb__execute_here(c->fn, c->roots, c->eroots, c->grad_roots, c->nroots, c->retain, c->inputs, c->einputs,
-                                    c->ninputs, c->accumulate, c->allow_unused, c->results);
+  ebb_status st = execute_here(c);
   ebb__total_depth--;
   ebb__depth--;
   return st;
