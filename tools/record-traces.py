@@ -336,7 +336,7 @@ def child(name, tracer_path):
         opt.step()
         loss = loss.item()
         del x, y
-    tracer.ebb_alloc_tracer_mark(f"end: the parameters, gradients and optimizer state are still live (loss {loss:.3f})".encode())
+    tracer.ebb_alloc_tracer_mark(f"end: the parameters, gradients and {type(opt).__name__} state are still live (loss {loss:.3f})".encode())
     tracer.ebb_alloc_tracer_stop()
 
 
