@@ -240,10 +240,9 @@ struct ebb__pend {
 #define EBB__SLAB_CLASSES 128 /* slot sizes 512 B .. 64 KiB: the largest slab_max */
 #define EBB__SLAB_MAX_LIMIT ((size_t)64 << 10) /* largest slab_max_bytes */
 #define EBB__SLAB_MAX_DEFAULT ((size_t)64 << 10)
-#define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a class's first slab holds max(2, TARGET / slot)
-                                                  slots: every slab spans more than 64 KiB (the
-                                                  granule map); later ones 2x and 4x that while the stream
-                                                  holds 1 and 2+ slabs of the class */
+#define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a slab holds max(2, TARGET / slot) slots:
+                                                  every slab spans more than 64 KiB (the
+                                                  granule map) */
 #define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class */
 
 /* One slot's own state, in the slab's out-of-band array (the slot's memory is never touched):
@@ -292,7 +291,6 @@ struct ebb__slab {
 struct ebb__slab_cls {
   struct ebb_list slabs;
   uint32_t nempty;
-  uint32_t nslabs; /* live slabs of the class: a new one is larger the more there are */
 };
 
 /* The bytes of a slab's span: its slots. */

@@ -43,6 +43,12 @@
  *    request is split off it as above. Each page is one cuMemCreate, so driver_allocs counts
  *    pages (as ebb counts granules); PyTorch's own num_device_alloc counts map calls.
  *
+ * --best-fit is not PyTorch's policy but the plain one the others are judged against: one pool
+ * per stream for every size (no small pool), one range per stream grown by 2 MiB granules as
+ * ebb's expandable segment grows, best fit among all its free blocks, the free block at the
+ * mapped end measured by its mapped size like any other (no "tail last" rule), split whenever
+ * 512 B or more is left, merge as above. Growth and rounding are those of --expandable.
+ *
  * Simplifications: no event or record_stream delays (a trace frees a block when its stream
  * may reuse it); no capacity, so no OOM path and no unmapping; classic segments take
  * increasing addresses in creation order (the address tie-break of best fit then prefers
@@ -102,6 +108,7 @@ struct pool {
 
 typedef struct sim {
   bool expandable;
+  bool best_fit;       /* --best-fit: one pool, 2 MiB pages, the end block by its size */
   uint64_t large_page; /* expandable: the large pool's page */
   pool **pools;        /* [2 * stream + (large ? 1 : 0)], NULL until used */
   size_t npools;
@@ -155,13 +162,14 @@ static pool *pool_of(sim *s, uint32_t stream, bool small) {
 
 /* Best fit: the smallest free block of p that holds `size`, ties to the lower address. With
  * expandable segments the free block at the mapped end counts as unbounded (get_free_block's
- * expandable_size), so it is the answer only when no other block fits. */
+ * expandable_size), so it is the answer only when no other block fits; with --best-fit it
+ * counts by its size. */
 static block *best_fit(const sim *s, const pool *p, uint64_t size) {
   block *best = NULL;
   block *tail = NULL;
   for (block *b = p->free_list; b; b = b->fnext) {
     if (b->size < size) continue;
-    if (s->expandable && b == p->xlast) {
+    if (s->expandable && !s->best_fit && b == p->xlast) {
       tail = b;
       continue;
     }
@@ -247,7 +255,7 @@ static bool take(sim *s, block *b, uint64_t size) {
 /* Allocates `bytes` (> 0) on `stream`. Returns the block, NULL when out of host memory. */
 static block *sim_alloc(sim *s, uint32_t stream, uint64_t bytes) {
   uint64_t size = request_size(bytes);
-  pool *p = pool_of(s, stream, size <= small_size);
+  pool *p = pool_of(s, stream, !s->best_fit && size <= small_size);
   if (p == NULL) return NULL;
   block *b = best_fit(s, p, size);
   if (b == NULL) b = grow(s, p, size);
@@ -458,7 +466,7 @@ static int replay(sim *s, run *r, live_table *t, FILE *f) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: " PROG " TRACE|- [--expandable] [--large-page BYTES] [--help]\n"
+          "usage: " PROG " TRACE|- [--expandable] [--large-page BYTES] [--best-fit] [--help]\n"
           "Replays an allocation trace (ebb-alloc-replay's format; '-' reads standard input, e.g.\n"
           "from zcat) against a simulation of PyTorch's CUDA caching allocator and prints:\n"
           "  peak_requested=B peak_reserved=B frag_ratio=R allocs=N driver_allocs=N\n"
@@ -467,6 +475,9 @@ static void usage(FILE *f) {
           "                     counts segments)\n"
           "  --large-page BYTES the large pool's page with --expandable (a multiple of 2097152;\n"
           "                     default 20971520, PyTorch's; the small pool's is 2097152)\n"
+          "  --best-fit         not PyTorch's policy: plain best fit over one pool per stream for\n"
+          "                     every size, grown by 2 MiB pages, the free block at the mapped end\n"
+          "                     measured by its size (implies --expandable --large-page 2097152)\n"
           "frag_ratio is peak_reserved / peak_requested (0.000 when nothing was requested).\n"
           "The rules and what was checked in PyTorch's source: the header of perf/frag_reference.c.\n"
           "Exit: 0 ok, 1 out of host memory, 2 bad command line or bad trace.\n");
@@ -482,6 +493,10 @@ static int parse_args(int argc, char **argv, sim *s, const char **path) {
     }
     if (strcmp(arg, "--expandable") == 0) {
       s->expandable = true;
+      continue;
+    }
+    if (strcmp(arg, "--best-fit") == 0) {
+      s->best_fit = true;
       continue;
     }
     if (strcmp(arg, "--large-page") == 0) {
@@ -500,6 +515,14 @@ static int parse_args(int argc, char **argv, sim *s, const char **path) {
       return 2;
     }
     *path = arg;
+  }
+  if (s->best_fit) {
+    if (s->large_page != large_buffer && s->large_page != small_buffer) {
+      fprintf(stderr, PROG ": --best-fit grows by 2 MiB pages; --large-page must be 2097152 or left out\n");
+      return 2;
+    }
+    s->expandable = true;
+    s->large_page = small_buffer;
   }
   if (*path != NULL) return -1;
   usage(stderr);

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """record-traces.py: records allocation traces of real PyTorch training runs for ebb-alloc-replay.
 
-Each model is trained on the CPU for a few steps with Adam (optimizer state lives across steps),
+Each model is trained on the CPU for a few steps with Adam or SGD with momentum (optimizer state
+lives across steps),
 in a child process run under the allocation tracer (tools/alloc-tracer.c, LD_PRELOAD): every heap
 block of 4 KiB or more that the run allocates from building the model to the last step is
 recorded, with a `# step N` comment at the start of each step. On the CPU, PyTorch takes each
@@ -15,7 +16,7 @@ Writes <out>/real_<model>.trace.gz (gzip with no time stamp, so a re-recording t
 same sequence writes the same file) and prints a line of statistics per trace.
 
     /usr/bin/python3 tools/record-traces.py [--tracer build/default/lib/libebb-alloc-tracer.so]
-                                            [--out perf/traces] [--models mlp,cnn,transformer,lstm]
+                                            [--out perf/traces] [--models mlp,cnn,...]
 
 Needs Debian's python3-torch (1.13, CPU) for /usr/bin/python3, and the tracer built
 (`cmake --build build/default --target ebb-alloc-tracer`). Two intra-op threads.
@@ -27,7 +28,8 @@ import subprocess
 import sys
 import tempfile
 
-MODELS = ("mlp", "cnn", "transformer", "lstm")
+MODELS = ("mlp", "cnn", "transformer", "lstm", "gpt_varlen", "resnet", "unet", "gru_packed", "finetune",
+          "accum")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -35,7 +37,10 @@ ROOT = os.path.dirname(HERE)
 # ---- the models (run in the traced child) -----------------------------------------------------
 
 def build(name, torch):
-    """Returns (model, batch(step) -> (input, target), loss_fn, steps, description)."""
+    """Returns (model, batch(step) -> (input, target), loss_fn, steps, description), or the same
+    with a sixth item, a dict of what differs from the plain loop: "opt" (params -> optimizer;
+    default Adam at 1e-3 over every parameter that requires grad), "micro" (backward passes per
+    optimizer step, each with its own batch(step, k); default 1)."""
     nn = torch.nn
     if name == "mlp":
         # 4 hidden layers of 1024 at batch 256: each activation is exactly 1 MiB.
@@ -111,6 +116,190 @@ def build(name, torch):
 
         return LM(), batch, nn.CrossEntropyLoss(), len(lengths), "LSTM LM, 2 layers hidden 512, batch 32, seq 32/48/64 by step, vocab 4096"
 
+    if name == "gpt_varlen":
+        # Larger than "transformer", and each step's sequence length differs (packed batches of
+        # documents cut to the longest in the batch), so every activation changes size per step.
+        vocab, d, heads, layers, bs = 8192, 384, 6, 6, 8
+        lengths = (96, 160, 64, 128, 192, 80, 144, 112)
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                self.pos = nn.Parameter(torch.zeros(max(lengths), d))
+                layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True,
+                                                   activation="gelu")
+                self.enc = nn.TransformerEncoder(layer, layers)
+                self.norm = nn.LayerNorm(d)
+                self.head = nn.Linear(d, vocab, bias=False)
+
+            def forward(self, x):
+                t = x.shape[1]
+                mask = torch.triu(torch.full((t, t), float("-inf")), 1)
+                h = self.enc(self.emb(x) + self.pos[:t], mask=mask)
+                return self.head(self.norm(h)).reshape(-1, vocab)
+
+        def batch(step):
+            tok = torch.randint(0, vocab, (bs, lengths[step % len(lengths)] + 1))
+            return tok[:, :-1].contiguous(), tok[:, 1:].reshape(-1)
+
+        return (GPT(), batch, nn.CrossEntropyLoss(), len(lengths),
+                "GPT-style LM, 6 layers d 384, 6 heads, GELU, seq 64-192 by step, batch 8, vocab 8192; AdamW",
+                {"opt": lambda p: torch.optim.AdamW(p, lr=3e-4, weight_decay=0.1)})
+
+    if name == "resnet":
+        # Residual blocks (identity or 1x1 projection shortcuts) with batch norm, SGD with momentum.
+        class Basic(nn.Module):
+            def __init__(self, cin, cout, stride):
+                super().__init__()
+                self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+                self.b1 = nn.BatchNorm2d(cout)
+                self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+                self.b2 = nn.BatchNorm2d(cout)
+                self.short = (nn.Sequential() if stride == 1 and cin == cout else
+                              nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+            def forward(self, x):
+                h = torch.relu(self.b1(self.c1(x)))
+                return torch.relu(self.b2(self.c2(h)) + self.short(x))
+
+        stages, cin, mods = (32, 64, 128, 256), 32, []
+        for i, c in enumerate(stages):
+            mods += [Basic(cin, c, 1 if i == 0 else 2), Basic(c, c, 1)]
+            cin = c
+        model = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), *mods,
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 100))
+
+        def batch(step):
+            return torch.randn(32, 3, 32, 32), torch.randint(0, 100, (32,))
+
+        return (model, batch, nn.CrossEntropyLoss(), 6,
+                "ResNet-18-style, 4 stages 32-256 of 2 basic blocks with batch norm, 32x32 images, batch 32; SGD momentum",
+                {"opt": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=5e-4)})
+
+    if name == "unet":
+        # Encoder-decoder whose decoder concatenates the encoder's maps at each scale (skip
+        # connections keep every encoder activation live until the decoder used it).
+        def conv2(cin, cout):
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                                 nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+        class UNet(nn.Module):
+            def __init__(self, ch=(16, 32, 64, 128)):
+                super().__init__()
+                self.down = nn.ModuleList()
+                cin = 3
+                for c in ch:
+                    self.down.append(conv2(cin, c))
+                    cin = c
+                self.mid = conv2(ch[-1], 2 * ch[-1])
+                self.up = nn.ModuleList()
+                self.dec = nn.ModuleList()
+                cin = 2 * ch[-1]
+                for c in reversed(ch):
+                    self.up.append(nn.ConvTranspose2d(cin, c, 2, 2))
+                    self.dec.append(conv2(2 * c, c))
+                    cin = c
+                self.out = nn.Conv2d(ch[0], 5, 1)
+
+            def forward(self, x):
+                skips = []
+                for m in self.down:
+                    x = m(x)
+                    skips.append(x)
+                    x = torch.max_pool2d(x, 2)
+                x = self.mid(x)
+                for up, dec, s in zip(self.up, self.dec, reversed(skips)):
+                    x = dec(torch.cat([up(x), s], 1))
+                return self.out(x)
+
+        def batch(step):
+            return torch.randn(4, 3, 96, 96), torch.randint(0, 5, (4, 96, 96))
+
+        return UNet(), batch, nn.CrossEntropyLoss(), 5, "U-Net 16-32-64-128 with concatenated skips, 96x96 images, 5 classes per pixel, batch 4"
+
+    if name == "gru_packed":
+        # Variable-length sequences through pack_padded_sequence: each step's batch has its own
+        # lengths, so the packed buffers and the gates' workspaces change size every step.
+        vocab, d, hidden, bs, classes = 8192, 192, 384, 32, 20
+        g = torch.Generator().manual_seed(1)
+
+        class Clf(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                self.rnn = nn.GRU(d, hidden, 2, batch_first=True, bidirectional=True)
+                self.head = nn.Linear(2 * hidden, classes)
+
+            def forward(self, xl):
+                x, lengths = xl
+                packed = nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+                _, h = self.rnn(packed)
+                return self.head(torch.cat([h[-2], h[-1]], 1))
+
+        def batch(step):
+            lengths = torch.randint(8, 24 + 12 * (step % 4), (bs,), generator=g)
+            x = torch.randint(1, vocab, (bs, int(lengths.max())), generator=g)
+            return (x, lengths), torch.randint(0, classes, (bs,), generator=g)
+
+        return (Clf(), batch, nn.CrossEntropyLoss(), 8,
+                "bidirectional GRU classifier, 2 layers hidden 384, packed sequences of 8-59 tokens, batch 32",
+                {"opt": lambda p: torch.optim.Adam(p, lr=1e-3)})
+
+    if name == "finetune":
+        # A frozen backbone (no gradients, no optimizer state) under a trained head: the backward
+        # stops at the head, and the backbone's activations are freed as the forward goes.
+        vocab, d, seq, bs, classes = 8192, 256, 128, 16, 4
+
+        class Tuned(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True)
+                self.backbone = nn.TransformerEncoder(layer, 4)
+                top = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True)
+                self.top = nn.TransformerEncoder(top, 1)  # the one encoder layer trained
+                self.head = nn.Sequential(nn.Linear(d, 512), nn.GELU(), nn.Linear(512, classes))
+                for p in list(self.emb.parameters()) + list(self.backbone.parameters()):
+                    p.requires_grad_(False)
+
+            def forward(self, x):
+                return self.head(self.top(self.backbone(self.emb(x))).mean(1))
+
+        def batch(step):
+            return torch.randint(0, vocab, (bs, seq)), torch.randint(0, classes, (bs,))
+
+        return (Tuned(), batch, nn.CrossEntropyLoss(), 8,
+                "fine-tuning: frozen embedding and 4 encoder layers d 256, one trained layer and an MLP head, seq 128, batch 16",
+                {"opt": lambda p: torch.optim.AdamW(p, lr=1e-4)})
+
+    if name == "accum":
+        # Gradient accumulation: four micro-batches' backward passes add into .grad before each
+        # optimizer step, so the gradients stay live through the forward passes between.
+        vocab, d, seq, bs = 4096, 256, 96, 4
+
+        class LM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                self.rnn = nn.Conv1d(d, d, 5, padding=2)
+                layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+                self.enc = nn.TransformerEncoder(layer, 3)
+                self.head = nn.Linear(d, vocab)
+
+            def forward(self, x):
+                h = self.emb(x)
+                h = h + self.rnn(h.transpose(1, 2)).transpose(1, 2)
+                return self.head(self.enc(h)).reshape(-1, vocab)
+
+        def batch(step, k=0):
+            tok = torch.randint(0, vocab, (bs, seq + 1))
+            return tok[:, :-1].contiguous(), tok[:, 1:].reshape(-1)
+
+        return (LM(), batch, nn.CrossEntropyLoss(), 5,
+                "LM with a conv and 3 encoder layers d 256, seq 96, micro-batch 4, 4 micro-batches per step",
+                {"opt": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), "micro": 4})
+
     raise SystemExit(f"record-traces.py: unknown model '{name}'; expected one of {', '.join(MODELS)}")
 
 
@@ -127,20 +316,27 @@ def child(name, tracer_path):
     # started paused. From here on the trace holds what a device allocator would see, parameters
     # first.
     tracer.ebb_alloc_tracer_resume()
-    model, batch, loss_fn, steps, desc = build(name, torch)
-    tracer.ebb_alloc_tracer_mark(f"model {name}: {desc}; Adam; torch {torch.__version__} (Debian python3-torch), 2 threads".encode())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    built = build(name, torch)
+    model, batch, loss_fn, steps, desc = built[:5]
+    extra = built[5] if len(built) > 5 else {}
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = extra["opt"](params) if "opt" in extra else torch.optim.Adam(params, lr=1e-3)
+    micro = extra.get("micro", 1)
+    tracer.ebb_alloc_tracer_mark(f"model {name}: {desc}; {type(opt).__name__}; torch {torch.__version__} "
+                                 "(Debian python3-torch), 2 threads".encode())
     model.train()
     for step in range(steps):
         tracer.ebb_alloc_tracer_mark(f"step {step}".encode())
-        x, y = batch(step)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
+        for k in range(micro):
+            x, y = batch(step, k) if micro > 1 else batch(step)
+            if k == 0:
+                opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            (loss / micro if micro > 1 else loss).backward()
         opt.step()
         loss = loss.item()
         del x, y
-    tracer.ebb_alloc_tracer_mark(f"end: the parameters, gradients and Adam state are still live (loss {loss:.3f})".encode())
+    tracer.ebb_alloc_tracer_mark(f"end: the parameters, gradients and {type(opt).__name__} state are still live (loss {loss:.3f})".encode())
     tracer.ebb_alloc_tracer_stop()
 
 
