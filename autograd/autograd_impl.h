@@ -272,8 +272,6 @@ EBB_HIDDEN ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t
 EBB_HIDDEN bool ebb__grad_mode_on(void);
 EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
 EBB_HIDDEN void ebb__node_unref(struct ebb_node *n);
-/* A leaf's AccumulateGrad if it has one (no reference: compared by address only). */
-EBB_HIDDEN struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m);
 /* The stream n's backward runs on, as recorded (handle and id; NULL and 0: none). */
 EBB_HIDDEN void ebb__node_stream(const struct ebb_node *n, ebb_stream_t **s, uint64_t *id);
 /* Makes AccumulateGrad a run on stream s (id) from now on; false when it was not on `from` any
