@@ -69,7 +69,7 @@
  * The records the files share; each says which file owns it where that is not arena.c.
  * ============================================================================================== */
 
-/* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
+/* ---- sizes (the constants of PyTorch's CUDA caching allocator) ------------------------------ */
 
 #define EBB__MIN_BLOCK ((size_t)512)             /* every size is rounded up to this */
 #define EBB__SMALL_SIZE ((size_t)1 << 20)        /* largest request of the small pool */
@@ -499,8 +499,9 @@ static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to
 
 static inline size_t ebb__round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-/* The size a new segment gets for a rounded request (allocators.md 1.2 get_allocation_size),
- * unless the upstream has its own policy (the pinned pool's exact sizes). */
+/* The size a new segment gets for a rounded request, unless the upstream has its own policy (the
+ * pinned pool's exact sizes): a small request (<= 1 MiB) a 2 MiB segment, one below 10 MiB a 20
+ * MiB segment, a larger one its size rounded up to 2 MiB (PyTorch's get_allocation_size). */
 static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
   if (a->up->segment_size) return a->up->segment_size(r);
   if (r <= EBB__SMALL_SIZE) return EBB__SMALL_SEGMENT;
@@ -508,10 +509,9 @@ static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
   return ebb__round_up(r, EBB__ROUND_LARGE);
 }
 
-/* The free block sizes that may serve rounded request r are [r, ebb__fit_limit) (allocators.md
- * 1.4): oversize blocks (>= max_split) are never split; they serve oversize requests within the
- * slack, and a smaller request only up to the size of the segment that request would get
- * itself. PyTorch keeps oversize blocks from every smaller request, but a request just below
+/* The free block sizes that may serve rounded request r are [r, ebb__fit_limit): oversize
+ * blocks (>= max_split) are never split; they serve oversize requests within the slack, and a
+ * smaller request only up to the size of the segment that request would get itself. PyTorch keeps oversize blocks from every smaller request, but a request just below
  * max_split gets a segment rounded up to 2 MiB, which is then oversize: freed, it could serve no
  * request of its own size, and each such request grew the arena again (the arena bench's tensor
  * sequence with max_split_size_mb:64: ~500 driver allocations a replay, 64 GiB reserved before

@@ -9,7 +9,7 @@
 # with expandable=1 the reference's variant with 2 MiB large-pool pages follows as ref2m_*.
 # usage: perf/frag.sh [bin_dir] [traces_dir]   (bin_dir: as run.sh; traces_dir: ./traces beside
 #        this script, which the build copies next to the programs)
-# Each trace is given as many streams as its highest stream index needs. Targets (issue 22): on the
+# Each trace is given as many streams as its highest stream index needs. Targets: on the
 # real traces, frag_ratio no worse than ref_frag_ratio in the same mode, and <= 1.05 in the mode
 # that is ebb's default where the driver has VMM.
 set -euo pipefail

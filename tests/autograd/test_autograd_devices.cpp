@@ -2,8 +2,8 @@
 // threads"): each node's backward and its hooks run on its forward stream; gradients
 // handed between streams and devices are waited for, and each of those waits is
 // shown to be needed (the test reads wrong values without it, through the engine's test switch);
-// events per edge; the AccumulateGrad stream-mismatch warning and the follow-producer policy
-// (spec §3.3); engine modes; multi-device backward with several roots and from several threads;
+// events per edge; the AccumulateGrad stream-mismatch warning and the follow-producer policy;
+// engine modes; multi-device backward with several roots and from several threads;
 // errors from a device worker; reentrant backward at and past the depth limit.
 //
 // Runs with the emulated driver's timing model (EBB_SIM_LAUNCH_US, set by CMakeLists.txt): every
@@ -120,7 +120,7 @@ int total_runs(Probe &p) {
   return n;
 }
 
-// ---- scenarios of spec §2.7, each returning whether the values came out right ------------------
+// ---- scenarios of the backward's stream rules, each returning whether the values came out right ---
 // Every one runs on device `dev` with streams of its own, makes the stream that produces a
 // gradient slow (a backlog), and reads the result with an op on the caller's current stream.
 
@@ -165,7 +165,8 @@ bool scenario_root_grad(int dev, int t) {
 }
 
 // Several producers into one input: a's gradient comes from s1 (slow) and s2 and is summed on
-// the consumer's stream sc (spec §2.3 case A). Needs the accumulation stream's waits.
+// the consumer's stream sc (the consumer is on the gradients' device: sums are made on its stream).
+// Needs the accumulation stream's waits.
 bool scenario_accumulate(int dev, int t) {
   Stream sc(dev), s1(dev), s2(dev);
   auto wv = vals(t);
@@ -372,7 +373,7 @@ struct Gate {
 
 }  // namespace
 
-// ---- 1. spec §2.7 on two devices with side streams -------------------------------------------------
+// ---- 1. the stream rules on two devices with side streams -------------------------------------------
 
 TEST_CASE("engine devices: each node's backward and its hooks run on the node's forward stream",
           "[autograd][devices][streams]") {
@@ -609,7 +610,7 @@ TEST_CASE("engine devices: a second backward adds into a retained .grad after it
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// ---- 2. spec §2.8: a forward that moved tensors between devices --------------------------------------
+// ---- 2. a forward that moved tensors between devices ------------------------------------------------
 
 TEST_CASE("engine devices: a forward moving tensors 0 to 1 and back gets right gradients on both devices, with no device-wide sync",
           "[autograd][devices][multi]") {
