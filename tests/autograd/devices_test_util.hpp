@@ -1,7 +1,7 @@
 // Helpers of the engine tests that run across devices and streams under the emulated driver's
-// timing model (test_autograd_devices, test_autograd_review3): streams the test owns, a stream
-// made current for a scope, a backlog of kernels, the engine's settings restored at scope exit,
-// warnings collected from any thread, and small tensor and graph helpers.
+// timing model (test_autograd_devices): streams the test owns, a stream made current for a
+// scope, a backlog of kernels, the engine's settings restored at scope exit, warnings collected
+// from any thread, and small tensor and graph helpers.
 //
 // Each test file that includes this links the static ebb_autograd (for the hidden test switch
 // ebb__engine_test_drop) and runs with EBB_SIM_LAUNCH_US set (tests/autograd/CMakeLists.txt).
