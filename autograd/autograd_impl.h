@@ -224,15 +224,6 @@ EBB_HIDDEN void ebb__engine_count_parks(uint64_t n);
 EBB_HIDDEN void ebb__engine_stop(void);
 
 /* engine.c */
-/* For tests that prove a stream hand-off is needed: each set bit makes the engine skip one kind
- * of wait (the events are still recorded and counted), so a test can show it reads stale data
- * without it. Process-wide; 0 (the default) skips nothing. */
-enum {
-  EBB__DROP_CONSUMER_WAIT = 1, /* the consumer's wait for a gradient ready on another stream */
-  EBB__DROP_ACCUM_WAIT = 2,    /* the accumulation stream's waits for the producers (several into one input) */
-  EBB__DROP_LEAF_SYNC = 4,     /* the caller's current streams' wait for the leaf streams at the end */
-};
-EBB_HIDDEN void ebb__engine_test_drop(unsigned mask);
 /* Whether task t will execute n (or reach it for a capture). */
 EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
 

@@ -1,7 +1,7 @@
 // The engine across devices, streams and threads (ebb/autograd.h, "the engine: devices, streams,
 // threads"): each node's backward and its hooks run on its forward stream; gradients
 // handed between streams and devices are waited for, and each of those waits is
-// shown to be needed (the test reads wrong values without it, through the engine's test switch);
+// shown to be needed (the test reads wrong values when the emulated driver skips it);
 // events per edge; the AccumulateGrad stream-mismatch warning and the follow-producer policy;
 // engine modes; multi-device backward with several roots and from several threads;
 // errors from a device worker; reentrant backward at and past the depth limit, and hand-offs of
@@ -35,9 +35,10 @@ using namespace ebb_test;
 
 namespace {
 
-constexpr unsigned kDropConsumerWait = 1;  // EBB__DROP_CONSUMER_WAIT
-constexpr unsigned kDropAccumWait = 2;     // EBB__DROP_ACCUM_WAIT
-constexpr unsigned kDropLeafSync = 4;      // EBB__DROP_LEAF_SYNC
+// Set by wrong_tries: the scenarios below have the emulated driver skip the one wait they pin
+// (SkipWaits), and count the waits it skipped.
+bool g_skip_wait = false;
+unsigned long long g_skipped_waits = 0;
 
 // Tries of a scenario with a wait dropped (each should read wrong values) and without.
 constexpr int kTries = 3;
@@ -128,10 +129,13 @@ int total_runs(Probe &p) {
 // ---- scenarios of the backward's stream rules, each returning whether the values came out right ---
 // Every one runs on device `dev` with streams of its own, makes the stream that produces a
 // gradient slow (a backlog), and reads the result with an op on the caller's current stream.
+// Under g_skip_wait, the driver skips the waits of the stream pair the scenario names (the
+// backward makes no other wait between those two streams).
 
 // A gradient crossing streams: producer (MulBackward, SumBackward) on sp, consumer
-// (MulScalarBackward, and the leaf's AccumulateGrad) on sc. Needs the consumer's wait. (One
-// gradient into a's slot: a * a would send two, summed on sc after the accumulation's waits.)
+// (MulScalarBackward, and the leaf's AccumulateGrad) on sc. Needs the consumer's wait: sc for
+// sp. (One gradient into a's slot: a * a would send two, summed on sc after the accumulation's
+// waits.)
 bool scenario_cross_stream(int dev, int t) {
   Stream sp(dev), sc(dev);
   auto wv = vals(t), cv = vals(t + 3);
@@ -148,12 +152,15 @@ bool scenario_cross_stream(int dev, int t) {
     loss = sum(b);
   }
   busy(sp, kBacklog);
-  EBB_REQUIRE_OK(backward({loss}));
+  {
+    SkipWaits skip(g_skip_wait, sc, sp, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
   return same(grad_seen(w), times(cv, 3.0));  // d/dw sum(3 w c)
 }
 
 // The root's gradient, made on the caller's current stream after a backlog there, consumed by a
-// node on another stream. Needs the consumer's wait for the caller's stream.
+// node on another stream. Needs the consumer's wait for the caller's stream: s1 for it.
 bool scenario_root_grad(int dev, int t) {
   Stream s1(dev);
   auto wv = vals(t);
@@ -165,13 +172,17 @@ bool scenario_root_grad(int dev, int t) {
   }
   busy(current(dev), kBacklog);
   Tensor gy = full(dev, (int64_t)wv.size(), 1.5 + t);  // written by a kernel behind the backlog
-  EBB_REQUIRE_OK(backward({y}, {gy}));
+  {
+    SkipWaits skip(g_skip_wait, s1, current(dev), &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({y}, {gy}));
+  }
   return same(grad_seen(w), std::vector<double>(wv.size(), 2 * (1.5 + t)));
 }
 
 // Several producers into one input: a's gradient comes from s1 (slow) and s2 and is summed on
 // the consumer's stream sc (the consumer is on the gradients' device: sums are made on its stream).
-// Needs the accumulation stream's waits.
+// Needs the accumulation stream's waits: sc for s1 (a's only consumer is on sc, so sc waits for
+// s1 only to sum).
 bool scenario_accumulate(int dev, int t) {
   Stream sc(dev), s1(dev), s2(dev);
   auto wv = vals(t);
@@ -194,12 +205,16 @@ bool scenario_accumulate(int dev, int t) {
     l2 = sum(p2);
   }
   busy(s1, kBacklog);
-  EBB_REQUIRE_OK(backward({l1, l2}));
+  {
+    SkipWaits skip(g_skip_wait, sc, s1, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({l1, l2}));
+  }
   return same(grad_seen(w), std::vector<double>(wv.size(), 2.0 * (3 + t + 5)));
 }
 
 // The end of a backward: everything ran on s0 behind a backlog; the caller, on a stream of its
-// own, reads .grad with an op right after ebb_backward returns. Needs the leaf streams' sync.
+// own, reads .grad with an op right after ebb_backward returns. Needs the leaf streams' sync:
+// the caller's stream for s0.
 bool scenario_leaf_sync(int dev, int t) {
   Stream s0(dev), caller(dev);
   auto wv = vals(t);
@@ -212,7 +227,10 @@ bool scenario_leaf_sync(int dev, int t) {
   }
   busy(s0, kBacklog);
   OnStream g(caller);
-  EBB_REQUIRE_OK(backward({loss}));
+  {
+    SkipWaits skip(g_skip_wait, caller, s0, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
   return same(grad_seen(w), times(wv, 2.0));
 }
 
@@ -220,7 +238,7 @@ bool scenario_leaf_sync(int dev, int t) {
 // forward stream s, behind a backlog). a is w moved from the other device to `dev`, so no leaf's
 // .grad is written on `dev`: only the end sync orders the caller's stream there after s. The
 // caller, on streams of its own on both devices, reads a's .grad right after ebb_backward
-// returns. Needs the retaining stream among those the end sync waits for.
+// returns. Needs the retaining stream among those the end sync waits for: c for s.
 bool scenario_retain_sync(int dev, int t) {
   Warnings quiet;  // w's AccumulateGrad (the other device) gets its gradient from s: the mismatch warning
   int other = 1 - dev;
@@ -237,7 +255,10 @@ bool scenario_retain_sync(int dev, int t) {
   busy(s, kBacklog);
   OnStream go(co);
   OnStream gc(c);
-  EBB_REQUIRE_OK(backward({loss}));
+  {
+    SkipWaits skip(g_skip_wait, c, s, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
   return same(grad_seen(a), times(wv, 2.0));  // d/da sum(a^2)
 }
 
@@ -270,17 +291,17 @@ bool scenario_retain_twice(int dev, int t) {
 
 using Scenario = bool (*)(int, int);
 
-// Runs a scenario kTries times with the engine waits in `drop` skipped: returns how many tries
-// read wrong values. The switch is cleared again before returning.
-int wrong_tries(Scenario sc, unsigned drop, int dev) {
+// Runs a scenario kTries times, with the wait it pins skipped by the driver when `skip`: returns
+// how many tries read wrong values.
+int wrong_tries(Scenario sc, bool skip, int dev) {
   int wrong = 0;
-  ebb__engine_test_drop(drop);
+  g_skip_wait = skip;
   for (int t = 0; t < kTries; t++) {
     bool ok = sc(dev, t);
     sync_all();  // the next try starts from idle devices
     if (!ok) wrong++;
   }
-  ebb__engine_test_drop(0);
+  g_skip_wait = false;
   return wrong;
 }
 
@@ -309,18 +330,21 @@ void check_tries_each(Scenario sc, std::initializer_list<ebb_engine_mode> modes)
     }
 }
 
-// The proof pattern: wrong without the wait (at least once in kTries; with the backlog it should be
-// every time), right with it every time.
-void prove_wait(Scenario sc, unsigned drop, const char *what) {
+// The proof pattern: the engine makes the wait (the driver skipped at least one), and without it
+// the values are wrong (at least once in kTries; with the backlog it should be every time), with
+// it right every time.
+void prove_wait(Scenario sc, const char *what) {
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
   for (int dev : {0, 1}) {
     INFO(what << " on device " << dev);
-    int without = wrong_tries(sc, drop, dev);
-    INFO("wrong values in " << without << " of " << kTries << " tries without the wait");
+    g_skipped_waits = 0;
+    int without = wrong_tries(sc, true, dev);
+    INFO("wrong values in " << without << " of " << kTries << " tries without the wait (" << g_skipped_waits << " waits skipped)");
+    CHECK(g_skipped_waits >= 1);
     CHECK(without >= 1);
-    int with = wrong_tries(sc, 0, dev);
+    int with = wrong_tries(sc, false, dev);
     INFO("wrong values in " << with << " of " << kTries << " tries with the wait");
     CHECK(with == 0);
   }
@@ -692,26 +716,26 @@ TEST_CASE("engine devices: gradients summed across devices (a device-1 producer 
 
 TEST_CASE("engine devices: without the consumer's wait a gradient crossing streams reads stale data",
           "[autograd][devices][proof]") {
-  prove_wait(scenario_cross_stream, kDropConsumerWait, "a gradient crossing streams");
+  prove_wait(scenario_cross_stream, "a gradient crossing streams");
 }
 
 TEST_CASE("engine devices: without the consumer's wait the root's gradient reads stale data", "[autograd][devices][proof]") {
-  prove_wait(scenario_root_grad, kDropConsumerWait, "the root's gradient on the caller's stream");
+  prove_wait(scenario_root_grad, "the root's gradient on the caller's stream");
 }
 
 TEST_CASE("engine devices: without the accumulation stream's waits several producers sum stale data",
           "[autograd][devices][proof]") {
-  prove_wait(scenario_accumulate, kDropAccumWait, "two producers into one input");
+  prove_wait(scenario_accumulate, "two producers into one input");
 }
 
 TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads .grad too early",
           "[autograd][devices][proof]") {
-  prove_wait(scenario_leaf_sync, kDropLeafSync, "the caller's stream after backward");
+  prove_wait(scenario_leaf_sync, "the caller's stream after backward");
 }
 
 TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads a retained non-leaf's .grad too early",
           "[autograd][devices][proof][retain]") {
-  prove_wait(scenario_retain_sync, kDropLeafSync, "the caller's stream after backward, a retained non-leaf's .grad");
+  prove_wait(scenario_retain_sync, "the caller's stream after backward, a retained non-leaf's .grad");
 }
 
 // ---- 4. events ------------------------------------------------------------------------------------------
