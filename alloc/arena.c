@@ -61,27 +61,10 @@ const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n) {
  * use). The spare list is LIFO: the record reused next is the one retired last, still in cache.
  * Slabs are 128-byte aligned, so each record is exactly its two lines and leaves the address
  * map its 7 low bits. */
-/* White-box tests (tests/alloc): while ebb__blk_refuse is positive, each slab of records asked
- * for is refused as if host memory had run out; ebb__block_test_hold moves a device arena's spare
- * records aside (so the next record asked for needs a new slab) and back. Cold paths only. */
-static atomic_int ebb__blk_refuse;
-static struct ebb_list ebb__blk_held = {&ebb__blk_held, &ebb__blk_held};
-EBB_HIDDEN void ebb__block_test_refuse_slabs(int n);
-EBB_HIDDEN void ebb__block_test_hold(int device, bool hold);
-void ebb__block_test_refuse_slabs(int n) { atomic_store_explicit(&ebb__blk_refuse, n, memory_order_relaxed); }
-void ebb__block_test_hold(int device, bool hold) {
-  struct ebb__arena *a = ebb__arena_nth(device);
-  if (!a) return;
-  ebb__lock(&a->mu);
-  struct ebb_list *from = hold ? &a->block_spare : &ebb__blk_held, *to = hold ? &ebb__blk_held : &a->block_spare;
-  for (struct ebb_list *n; (n = ebb_list_pop_head(from));) ebb_list_insert_tail(to, n);
-  ebb__unlock(&a->mu);
-}
-
 /* A new slab of records onto the spare list; false when out of host memory. */
 static bool ebb__block_slab(struct ebb__arena *a) {
   struct ebb__block *slab = ebb__chunk_new(&a->slabs, &a->nslabs, &a->capslabs, 16, _Alignof(struct ebb__block),
-                                           EBB__SLAB_BLOCKS * sizeof *slab, &ebb__blk_refuse);
+                                           EBB__SLAB_BLOCKS * sizeof *slab, EBB__CHUNK_BLOCKS);
   if (!slab) return false;
   memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
   for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {

@@ -557,15 +557,15 @@ static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
 /* ---- inline: record chunks ----------------------------------------------------------------------
  * Block, slab and free-index records come in chunks that live until teardown; the arena keeps
  * each chunk's pointer in a growable array (doubling from `first`). A new chunk of `bytes`
- * (aligned to `align`, not zeroed), kept in (*v, *n, *cap); NULL when out of host memory (nothing
- * kept). `refuse` (may be NULL) is a white-box test switch: while positive, each chunk asked for
- * is refused as if host memory had run out, and the count drops. Lock held. */
+ * (aligned to `align`, not zeroed) of records of `kind`, kept in (*v, *n, *cap); NULL when out of
+ * host memory (nothing kept). Lock held. */
+enum ebb__chunk_kind { EBB__CHUNK_BLOCKS, EBB__CHUNK_SLABS, EBB__CHUNK_FXNODES };
+/* The host memory of one chunk (chunk.c: aligned_alloc; NULL when out of memory). Its own file,
+ * so that a white-box test can link a version that fails for one kind in its place and drive the
+ * paths that find no host memory for records (tests/alloc/chunk_refusal.c). */
+EBB_HIDDEN void *ebb__chunk_mem(enum ebb__chunk_kind kind, size_t align, size_t bytes);
 static inline void *ebb__chunk_new(void ***v, size_t *n, size_t *cap, size_t first, size_t align, size_t bytes,
-                                   atomic_int *refuse) {
-  if (refuse && EBB_UNLIKELY(atomic_load_explicit(refuse, memory_order_relaxed) > 0)) {
-    atomic_fetch_sub_explicit(refuse, 1, memory_order_relaxed);
-    return NULL;
-  }
+                                   enum ebb__chunk_kind kind) {
   if (*n == *cap) {
     size_t nc = *cap ? *cap * 2 : first;
     void **nv = realloc(*v, nc * sizeof *nv);
@@ -573,7 +573,7 @@ static inline void *ebb__chunk_new(void ***v, size_t *n, size_t *cap, size_t fir
     *v = nv;
     *cap = nc;
   }
-  void *p = aligned_alloc(align, bytes);
+  void *p = ebb__chunk_mem(kind, align, bytes);
   if (p) (*v)[(*n)++] = p;
   return p;
 }
