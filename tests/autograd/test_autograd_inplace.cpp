@@ -851,21 +851,30 @@ TEST_CASE("inplace: add_ from a view that partly overlaps dst reads src as it wa
   }
 }
 
+namespace {
+// Leaves x [4] and z [2]; h = 2x with two views, s = h[0:2] and r = h[2:4]; then r += z in place,
+// which leaves s stale (its base changed through another view since s took its grad_fn).
+struct StaleView {
+  Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {4}, {1, 2, 3, 4}), z = make(EBB_DEVICE_CPU, EBB_F64, {2}, {10, 20}), h, s, r;
+  StaleView() {
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(z, true));
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 2.0, h.out()));
+    EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 0, 2, 1, s.out()));
+    EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 2, 4, 1, r.out()));
+    EBB_REQUIRE_OK(ebb_op_add_(r, z));
+  }
+};
+}  // namespace
+
 // A view whose base was changed in place through another view takes its grad_fn again from the
 // base when next read (ebb__grad_fn_now). ebb_tensor_gradient_edge, ebb_register_multi_grad_hook
 // ("all") and ebb_register_logging_hooks read m->grad_fn directly: a stale view's old node, which
 // is not in the graph its later uses build.
 TEST_CASE("inplace: a stale view's gradient edge is the node its uses build on", "[autograd][inplace][views]") {
   EbbSession session;
-  Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {4}, {1, 2, 3, 4});
-  Tensor z = make(EBB_DEVICE_CPU, EBB_F64, {2}, {10, 20});
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(z, true));
-  Tensor h, s, r, m, l;
-  EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 2.0, h.out()));
-  EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 0, 2, 1, s.out()));
-  EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 2, 4, 1, r.out()));
-  EBB_REQUIRE_OK(ebb_op_add_(r, z));  // s is stale now
+  StaleView sv;
+  Tensor &x = sv.x, &z = sv.z, &h = sv.h, &s = sv.s, &r = sv.r, m, l;
   ebb_gradient_edge e;
   EBB_REQUIRE_OK(ebb_tensor_gradient_edge(s, &e));
   CHECK(e.node == grad_fn(s));
@@ -903,15 +912,8 @@ ebb_status mg_record(const ebb_tensor_t *const *grads, int n, void *user) {
 
 TEST_CASE("inplace: a multi-grad hook (all) over a stale view waits for the view's gradient", "[autograd][inplace][views]") {
   EbbSession session;
-  Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {4}, {1, 2, 3, 4});
-  Tensor z = make(EBB_DEVICE_CPU, EBB_F64, {2}, {10, 20});
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(z, true));
-  Tensor h, s, r, m, l;
-  EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 2.0, h.out()));
-  EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 0, 2, 1, s.out()));
-  EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 2, 4, 1, r.out()));
-  EBB_REQUIRE_OK(ebb_op_add_(r, z));  // s is stale now
+  StaleView sv;
+  Tensor &x = sv.x, &z = sv.z, &h = sv.h, &s = sv.s, &r = sv.r, m, l;
   MgSeen seen;
   ebb_hook_handle hh;
   ebb_tensor_t *ts[2] = {s.get(), x.get()};
@@ -930,15 +932,8 @@ TEST_CASE("inplace: a multi-grad hook (all) over a stale view waits for the view
 
 TEST_CASE("inplace: logging hooks from a stale view cover the nodes its backward runs", "[autograd][inplace][views]") {
   EbbSession session;
-  Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {4}, {1, 2, 3, 4});
-  Tensor z = make(EBB_DEVICE_CPU, EBB_F64, {2}, {10, 20});
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(z, true));
-  Tensor h, s, r;
-  EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 2.0, h.out()));
-  EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 0, 2, 1, s.out()));
-  EBB_REQUIRE_OK(ebb_tensor_slice(h, 0, 2, 4, 1, r.out()));
-  EBB_REQUIRE_OK(ebb_op_add_(r, z));  // s is stale now
+  StaleView sv;
+  Tensor &x = sv.x, &z = sv.z, &h = sv.h, &s = sv.s, &r = sv.r;
   std::vector<std::string> lines;
   ebb_hook_handle lh;
   const ebb_tensor_t *lroots[1] = {s.get()};

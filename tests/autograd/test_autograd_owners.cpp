@@ -41,17 +41,22 @@ Owner owner_of(const ebb_tensor_t *t) {
 
 std::string str(const Owner &o) { return std::string(ebb_owner_cat_name(o.cat)) + "/" + o.name; }
 
-// The "owner" object a snapshot gives the block at t's data pointer ("" when not found).
-std::string snapshot_owner(const ebb_tensor_t *t) {
-  void *p = nullptr;
-  EBB_REQUIRE_OK(ebb_tensor_data(t, &p));
+// A memory snapshot's JSON, written to a file of this process's and read back.
+std::string snapshot_json() {
   std::string path = "/tmp/ebb-ag-owners-" + std::to_string(getpid()) + ".json";
   EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
   std::remove(path.c_str());
-  std::string s = ss.str(), key = "{\"address\":" + std::to_string((unsigned long long)(uintptr_t)p) + ",";
+  return ss.str();
+}
+
+// The "owner" object a snapshot gives the block at t's data pointer ("" when not found).
+std::string snapshot_owner(const ebb_tensor_t *t) {
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_tensor_data(t, &p));
+  std::string s = snapshot_json(), key = "{\"address\":" + std::to_string((unsigned long long)(uintptr_t)p) + ",";
   size_t at = s.find(key);
   if (at == std::string::npos) return "";
   size_t o = s.find("\"owner\":", at), e = s.find('}', o);
@@ -225,25 +230,10 @@ TEST_CASE("shutdown: a live graph makes ebb_shutdown refuse, naming its nodes, a
 
 namespace {
 
-std::string owner_str(const ebb_tensor_t *t) {
-  void *p = nullptr;
-  EBB_REQUIRE_OK(ebb_tensor_data(t, &p));
-  ebb_owner_cat cat = EBB_OWNER_OTHER;
-  const char *n = nullptr;
-  EBB_REQUIRE_OK(ebb_alloc_block_owner(p, &cat, &n));
-  return std::string(ebb_owner_cat_name(cat)) + "/" + n;
-}
-
 // The segments part of a snapshot (live blocks and their owners).
 std::string snapshot_text() {
-  std::string path = "/tmp/ebb-ag-owners-" + std::to_string(getpid()) + ".json";
-  EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::remove(path.c_str());
   // The segments lists (live blocks), not the rings of past actions ("device_traces", "trace").
-  std::string s = ss.str(), seg;
+  std::string s = snapshot_json(), seg;
   for (size_t at = s.find("\"segments\":["); at != std::string::npos; at = s.find("\"segments\":[", at + 1)) {
     size_t end = std::min(s.find("\"trace\":", at), s.find("\"device_traces\"", at));
     seg += s.substr(at, end == std::string::npos ? std::string::npos : end - at);
@@ -269,16 +259,16 @@ TEST_CASE("owners: an unnamed leaf saved by a node still gets a gradient named a
   Tensor v = make(EBB_DEVICE_CPU, EBB_F64, {5}, values(5, 4));
   Tensor y, l;
   EBB_REQUIRE_OK(ebb_op_mul(u, v, y.out()));  // saves u and v
-  CHECK(owner_str(u) == "saved/MulBackward");
+  CHECK(str(owner_of(u)) == "saved/MulBackward");
   EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
   const ebb_tensor_t *roots[1] = {l.get()};
   EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, true, nullptr, 0));  // the graph (and the tag) stays
   Tensor g;
   EBB_REQUIRE_OK(ebb_tensor_grad(u, g.out()));
   REQUIRE(g.get() != nullptr);
-  CHECK(owner_str(g) == "gradient/leaf [5] f64");
+  CHECK(str(owner_of(g)) == "gradient/leaf [5] f64");
   l.reset(), y.reset();
-  CHECK(owner_str(u) == "other/");
+  CHECK(str(owner_of(u)) == "other/");
   g.reset(), u.reset(), v.reset();
   CHECK(ebb_autograd_live_nodes() == 0);
   CHECK(ebb_debug_live_handles() == 0);
@@ -302,7 +292,7 @@ TEST_CASE("owners: the copy of dst's old value mul_ keeps for backward is tagged
   size_t before = count_of(snapshot_text(), tag);
   EBB_REQUIRE_OK(ebb_op_mul_(y, w));  // saves y's old value (a clone) and w (a parameter: keeps its tag)
   EBB_REQUIRE_OK(ebb_alloc_owner_pop());
-  CHECK(owner_str(w) == "parameter/w");
+  CHECK(str(owner_of(w)) == "parameter/w");
   CHECK(count_of(snapshot_text(), tag) == before + 1);
   Tensor l;
   EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
@@ -403,7 +393,7 @@ TEST_CASE("owners: threads saving one activation give it back once all let go", 
     });
   for (auto &th : ts) th.join();
   for (int t = 0; t < threads; t++) CHECK(bad[t] == 0);
-  CHECK(owner_str(x) == "activation/shared act");
+  CHECK(str(owner_of(x)) == "activation/shared act");
   x.reset();
   ws.clear();
   CHECK(ebb_autograd_live_nodes() == 0);
