@@ -108,6 +108,8 @@ static void ebb__task_free(struct ebb__task *t) {
     free(x->buf_heap);
     free(x->sync);
   }
+  ebb__task_unhold(t); /* inbuf.c: a release asked meanwhile is carried out now */
+  free(t->wrote);
   free(t->caller);
   free(t->leaves);
   free(t->nodes);
@@ -350,7 +352,8 @@ struct ebb__retain_ctx {
 static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_tensor_t *g) {
   const struct ebb__retain_ctx *c = ctx;
   ebb_status st = ebb__leaf_stream(c->t, c->x);
-  return st ? st : ebb__accumulate_into(c->t, c->x, m, g);
+  if (!st) st = ebb__accumulate_into(c->t, c->x, m, g);
+  return st ? st : ebb__task_wrote(c->t, NULL, c->x->n);
 }
 
 static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
@@ -379,6 +382,8 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     } else if ((st = ebb__accumulate_into(t, x, ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
       return ebb__fail(st, "%s: adding the gradient of inputs[%d] (a non-leaf, output %d of %s) into its .grad failed: %s", t->fn,
                        x->capture - 1, x->capture_nr, ebb__node_name_of(n), ebb_last_error());
+    } else if ((st = ebb__task_wrote(t, t->inputs[x->capture - 1], NULL))) {
+      return st;
     }
   }
   if (!x->run) return EBB_OK;
@@ -396,6 +401,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     if (seen) ebb_tensor_retain(seen);
     st = ebb__accumulate(t, x, &buf[0]);
     if (st) st = ebb__fail(st, "%s: AccumulateGrad failed: %s", t->fn, ebb_last_error());
+    else st = ebb__task_wrote(t, n->leaf, n);
     if (!st) st = ebb__run_post_acc_hooks(t->fn, lm->hooks, n->leaf);
     if (!st && nh) st = ebb__node_post_hooks(t->fn, n, NULL, 0, &seen, 1);
     if (seen) ebb_tensor_release(seen);
@@ -655,8 +661,9 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     if (einputs) { /* an edge: its node (an AccumulateGrad for a leaf), held by the edge */
       st = ebb__edge_resolve(fn, "inputs", i, &einputs[i], &innode[i], &innr[i]);
       if (!st && accumulate && innode[i]->op >= 0)
-        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: an edge has no tensor whose .grad "
-                       "to fill (ebb_grad_edges gives its gradient)", fn, i, ebb__node_name_of(innode[i]));
+        st = ebb__fail(EBB_ENOTSUP, "%s: inputs[%d] is an edge to %s, not to a leaf's AccumulateGrad: it names a node's output, not a "
+                       "tensor, so there is no .grad to add its gradient into; pass the tensor to ebb_backward, or take the gradient "
+                       "from ebb_grad_edges", fn, i, ebb__node_name_of(innode[i]));
       continue;
     }
     st = ebb__tensor_check(inputs[i], fn, "inputs[i]");
@@ -705,6 +712,7 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
   t.ready = &ready;
   int ndevs = 0;
   if (!st) st = ebb__task_streams(&t, &ndevs);
+  bool ran = !st; /* (a failure from here on says which .grad fields it had written) */
   int mode = atomic_load_explicit(&ebb__mode, memory_order_relaxed);
   t.shared = !st && ndevs > 0 && (mode == EBB_ENGINE_WORKERS || (mode == EBB_ENGINE_AUTO && ndevs >= 2));
   struct ebb__queue ownq;
@@ -742,6 +750,12 @@ static ebb_status ebb__execute_here(const char *fn, const ebb_tensor_t *const *r
     while (!st && ready.n) st = ebb__run_one(&t, &t.nodes[ebb__heap_pop(&ready)]);
   }
   if (!st) st = ebb__end_sync(&t);
+  if (st && ran && !results) {
+    char why[EBB__ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    ebb__task_wrote_describe(&t, why, sizeof why);
+    st = ebb__fail(st, "%s", why);
+  }
   if (own) ebb__queue_destroy(&ownq);
   if (t.shared) ebb__mutex_destroy(&t.mu);
   ebb__count(EBB__S_CALLS, 1);
@@ -906,6 +920,35 @@ ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *cons
   for (int i = 0; i < ninputs; i++) grads[i] = NULL;
   return ebb__execute("ebb_grad", outputs, NULL, grad_outputs, noutputs, retain_graph, inputs, NULL, ninputs, false, allow_unused,
                       grads);
+}
+
+/* The options forms: one struct read by field name. A version this library does not know may
+ * carry fields it would ignore, so it is refused rather than half-read. */
+static ebb_status options_check(const char *fn, const void *opts, uint32_t version) {
+  if (!opts) return ebb__fail(EBB_EINVAL, "%s: opts is NULL; expected options (zero-initialised for the defaults)", fn);
+  if (version > EBB_AUTOGRAD_OPTIONS_VERSION)
+    return ebb__fail(EBB_ENOTSUP, "%s: opts->version is %u; this library reads options up to version %d (0 means %d)", fn,
+                     (unsigned)version, EBB_AUTOGRAD_OPTIONS_VERSION, EBB_AUTOGRAD_OPTIONS_VERSION);
+  return EBB_OK;
+}
+
+ebb_status ebb_autograd_backward(const ebb_tensor_t *const *roots, int nroots, const ebb_autograd_backward_options *opts) {
+  static const char fn[] = "ebb_autograd_backward";
+  ebb_status st = options_check(fn, opts, opts ? opts->version : 0);
+  if (st) return st;
+  return ebb__execute(fn, roots, NULL, opts->grad_roots, nroots, opts->retain_graph, opts->inputs, NULL, opts->ninputs, true, false,
+                      NULL);
+}
+
+ebb_status ebb_autograd_grad(const ebb_tensor_t *const *outputs, int noutputs, const ebb_tensor_t *const *inputs, int ninputs,
+                             ebb_tensor_t **grads, const ebb_autograd_grad_options *opts) {
+  static const char fn[] = "ebb_autograd_grad";
+  ebb_status st = options_check(fn, opts, opts ? opts->version : 0);
+  if (st) return st;
+  if (!grads) return ebb__fail(EBB_EINVAL, "%s: grads is NULL; expected an array of ninputs handles to fill", fn);
+  for (int i = 0; i < ninputs; i++) grads[i] = NULL;
+  return ebb__execute(fn, outputs, NULL, opts->grad_outputs, noutputs, opts->retain_graph, inputs, NULL, ninputs, false,
+                      opts->allow_unused, grads);
 }
 
 ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out) {

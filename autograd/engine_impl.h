@@ -70,6 +70,20 @@ struct ebb__task {
   int ndev;
   struct ebb__sref *leaves;
   size_t nleaves, capleaves;
+  /* The streams the task holds (ebb__stream_hold) from its start to its end: its nodes' and the
+   * caller's current ones, so a release asked meanwhile (a hook's, another thread's) is carried
+   * out after it and never fails one of its steps; the last one taken, for the next node's
+   * quick check. */
+  struct ebb__sref *holds;
+  size_t nholds, capholds;
+  uint64_t last_held;
+  /* The .grad fields written so far (a leaf's or an input's tensor; NULL with the node of a
+   * retained non-leaf), for the message of a backward that fails after writing some. */
+  struct ebb__wrote {
+    const ebb_tensor_t *t;
+    const struct ebb_node *of;
+  } *wrote;
+  size_t nwrote, capwrote;
   /* Shared tasks (device workers run some of its nodes). */
   bool shared;
   uint32_t depth;            /* reentrant depth of the call: queue order */
@@ -117,6 +131,13 @@ EBB_HIDDEN ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tno
 EBB_HIDDEN ebb_status ebb__accumulate_into(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__meta *m, const ebb_tensor_t *g);
 /* The caller's current streams wait for the leaf streams. */
 EBB_HIDDEN ebb_status ebb__end_sync(struct ebb__task *t);
+/* The streams the task held, let go (a release asked meanwhile is carried out here). */
+EBB_HIDDEN void ebb__task_unhold(struct ebb__task *t);
+/* A .grad written by the task (t: the leaf or input tensor; NULL with `of`, a retained output
+ * of that node); under the task's lock when shared. */
+EBB_HIDDEN ebb_status ebb__task_wrote(struct ebb__task *t, const ebb_tensor_t *tensor, const struct ebb_node *of);
+/* Appends to msg (of size n) which .grad fields the task wrote: for the message of a failure. */
+EBB_HIDDEN void ebb__task_wrote_describe(const struct ebb__task *t, char *msg, size_t n);
 /* Makes r current (a guard) when it is a live stream; leave with the answer. */
 EBB_HIDDEN bool ebb__enter(ebb_stream_guard *g, const struct ebb__sref *r);
 EBB_HIDDEN void ebb__leave(ebb_stream_guard *g, bool entered);

@@ -100,6 +100,67 @@ static ebb_status ebb__wait(struct ebb__task *t, ebb_event_t *e, const struct eb
   return EBB_OK;
 }
 
+/* Makes stream w wait for all the work issued so far to stream `id` of device dev (handle s),
+ * live or released: an event recorded on it while it lives, else after its release's last work. */
+static ebb_status order_after(struct ebb__task *t, const struct ebb__sref *w, ebb_stream_t *s, uint64_t id, int dev) {
+  ebb_event_t *e = ebb__ev_new(dev);
+  if (!e) return ebb__fail(EBB_ENOMEM, "%s: no event to order stream %llu after stream %llu (device %d): %s", t->fn,
+                           (unsigned long long)w->id, (unsigned long long)id, dev, ebb_last_error());
+  ebb_status st = ebb__event_record_live(e, s, id);
+  if (st == EBB_EFREED) st = ebb__event_record_released(e, dev, id);
+  if (!st) {
+    atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
+    st = ebb__wait(t, e, w);
+  }
+  ebb__ev_free(e);
+  if (st)
+    return ebb__fail(st, "%s: ordering stream %llu after the work of stream %llu (device %d) failed: %s", t->fn,
+                     (unsigned long long)w->id, (unsigned long long)id, dev, ebb_last_error());
+  return EBB_OK;
+}
+
+/* The device's default stream, which nothing releases. */
+static ebb_status default_of(struct ebb__task *t, int dev, struct ebb__sref *out) {
+  out->dev = dev;
+  ebb_status st = ebb_stream_default(dev, &out->s);
+  if (!st) st = ebb_stream_id(out->s, &out->id);
+  return st ? ebb__fail(st, "%s: reading the default stream of device %d failed: %s", t->fn, dev, ebb_last_error()) : EBB_OK;
+}
+
+/* Holds stream *r for the task (once per stream). When that cannot be (its release was asked
+ * already, or is done), *r becomes `instead` (a stream the task holds; NULL: the device's default
+ * stream), ordered after the work issued to *r: what the task reads may have been written there.
+ * Under the task's lock when shared. */
+static ebb_status hold_or(struct ebb__task *t, struct ebb__sref *r, const struct ebb__sref *instead) {
+  for (size_t i = 0; i < t->nholds; i++)
+    if (t->holds[i].id == r->id) {
+      t->last_held = r->id;
+      return EBB_OK;
+    }
+  if (t->nholds == t->capholds) {
+    size_t nc = t->capholds ? t->capholds * 2 : 4;
+    struct ebb__sref *bigger = realloc(t->holds, nc * sizeof *bigger);
+    if (!bigger) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the streams the backward holds", t->fn);
+    t->holds = bigger;
+    t->capholds = nc;
+  }
+  if (ebb__stream_hold(r->s, r->id)) {
+    t->holds[t->nholds++] = *r;
+    t->last_held = r->id;
+    return EBB_OK;
+  }
+  struct ebb__sref gone = *r;
+  ebb_status st = instead ? (*r = *instead, EBB_OK) : default_of(t, gone.dev, r);
+  return st ? st : order_after(t, r, gone.s, gone.id, gone.dev);
+}
+
+void ebb__task_unhold(struct ebb__task *t) {
+  for (size_t i = 0; i < t->nholds; i++) ebb__stream_unhold(t->holds[i].s);
+  free(t->holds);
+  t->holds = NULL;
+  t->nholds = t->capholds = 0;
+}
+
 /* Makes r current on its device for this thread; false when r is none (or cannot be entered:
  * the engine then runs on whatever is current). */
 bool ebb__enter(ebb_stream_guard *g, const struct ebb__sref *r) {
@@ -134,7 +195,14 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
   struct ebb__sref cur;
   if (gd != EBB_DEVICE_CPU && !prod->id) { /* made by a CPU node (a copy to the device): on this thread's current stream */
     cur.dev = gd;
-    if (!ebb_stream_current(gd, &cur.s) && !ebb_stream_id(cur.s, &cur.id)) prod = &cur;
+    if (!ebb_stream_current(gd, &cur.s) && !ebb_stream_id(cur.s, &cur.id)) {
+      ebb_status st = hold_or(t, &cur, NULL); /* (t's lock is held when shared) */
+      if (st) {
+        ebb_tensor_release(g);
+        return st;
+      }
+      prod = &cur;
+    }
   }
   if (gd == EBB_DEVICE_CPU || !prod->id || !x->sr.id) { /* no stream logic for the CPU */
     if (!b[k]) {
@@ -148,9 +216,13 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
     return ebb__fail(EBB_ENOMEM, "no host memory for an input buffer");
   }
   struct ebb__slot *sl = &x->sync[k];
-  if (x->n->op < 0 && prod->id != x->sr.id) { /* an AccumulateGrad on another stream than its producer */
+  /* An AccumulateGrad on another stream of its device than its producer. A producer on another
+   * device (the leaf used there through ebb_tensor_to_device) is no mismatch: the gradient
+   * crosses devices whatever stream the accumulator has, and no stream of the leaf's device
+   * could be the producer's to follow. */
+  if (x->n->op < 0 && prod->dev == x->dev && prod->id != x->sr.id) {
     atomic_fetch_add_explicit(&t->n_mism, 1, memory_order_relaxed);
-    if (!sl->accum.id && !x->follows && prod->dev == x->dev && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
+    if (!sl->accum.id && !x->follows && atomic_load_explicit(&ebb__follow, memory_order_relaxed)) {
       x->follows = true; /* made permanent when it runs (ebb__node_stream_move from recorded_id) */
       x->sr = *prod;
     } else if (!x->mism.id) {
@@ -421,6 +493,58 @@ void ebb__inbuf_stop(void) {
   ebb__mutex_unlock(&ebb__warned_mu);
 }
 
+/* ---- what a task wrote ------------------------------------------------------------------------ */
+
+ebb_status ebb__task_wrote(struct ebb__task *t, const ebb_tensor_t *tensor, const struct ebb_node *of) {
+  ebb_status st = EBB_OK;
+  if (t->shared) ebb__mutex_lock(&t->mu);
+  if (t->nwrote == t->capwrote) {
+    size_t nc = t->capwrote ? t->capwrote * 2 : 8;
+    struct ebb__wrote *bigger = realloc(t->wrote, nc * sizeof *bigger);
+    if (!bigger) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to note a written .grad", t->fn);
+    else {
+      t->wrote = bigger;
+      t->capwrote = nc;
+    }
+  }
+  if (!st) t->wrote[t->nwrote++] = (struct ebb__wrote){tensor, of};
+  if (t->shared) ebb__mutex_unlock(&t->mu);
+  return st;
+}
+
+/* One written .grad's tensor for a message: its name in quotes, or its role; dtype and shape. */
+static int describe_one(const struct ebb__wrote *w, char *out, size_t n) {
+  if (!w->t) return snprintf(out, n, "a retained output of %s (node %llu)", ebb__node_name_of(w->of), (unsigned long long)w->of->seq);
+  char name[EBB_TENSOR_NAME_MAX + 1] = "";
+  ebb_tensor_info ti;
+  ebb_tensor_name(w->t, name, sizeof name);
+  if (ebb_tensor_get_info(w->t, &ti)) return snprintf(out, n, "%s%s%s", name[0] ? "'" : "a tensor", name, name[0] ? "'" : "");
+  int off = snprintf(out, n, "%s%s%s %s[", name[0] ? "'" : "", name[0] ? name : w->of ? "a leaf" : "an input", name[0] ? "'" : "",
+                     ebb_dtype_name(ti.dtype));
+  for (int d = 0; d < ti.ndim && off > 0 && (size_t)off < n; d++)
+    off += snprintf(out + off, n - (size_t)off, "%s%lld", d ? ", " : "", (long long)ti.shape[d]);
+  if (off > 0 && (size_t)off < n) off += snprintf(out + off, n - (size_t)off, "]");
+  return off;
+}
+
+void ebb__task_wrote_describe(const struct ebb__task *t, char *msg, size_t n) {
+  size_t len = strlen(msg);
+  if (len + 1 >= n) return;
+  if (!t->nwrote) {
+    snprintf(msg + len, n - len, "; no .grad was changed");
+    return;
+  }
+  int off = snprintf(msg + len, n - len, "; .grad was already written (a retry would add to it again) for ");
+  for (size_t i = 0; i < t->nwrote && off > 0 && len + (size_t)off + 1 < n; i++) {
+    if (i == 4 && t->nwrote > 5) {
+      snprintf(msg + len + off, n - len - (size_t)off, " and %zu more", t->nwrote - 4);
+      return;
+    }
+    if (i) off += snprintf(msg + len + off, n - len - (size_t)off, ", ");
+    if (len + (size_t)off + 1 < n) off += describe_one(&t->wrote[i], msg + len + off, n - len - (size_t)off);
+  }
+}
+
 /* ---- a task's streams --------------------------------------------------------------------------- */
 
 /* The device of node n: its forward outputs' (an AccumulateGrad: its leaf's), or the CPU. */
@@ -437,7 +561,7 @@ static int ebb__node_dev(const struct ebb_node *n) {
  * caller's current stream of its device), the caller's current streams (when a node is on a
  * device), and how many devices the task touches. */
 ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
-  uint64_t seen = 0;
+  uint64_t seen = 0, gone_id = 0;
   *ndevs = 0;
   for (size_t i = 0; i < t->count; i++) {
     struct ebb__tnode *x = &t->nodes[i];
@@ -455,6 +579,9 @@ ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
       }
       if (st) return ebb__fail(st, "%s: reading the caller's current streams failed: %s", t->fn, ebb_last_error());
       t->ndev = n;
+      /* Held too: a hook may release the caller's stream while the task still records on it. */
+      for (int d = 0; !st && d < n; d++) st = hold_or(t, &t->caller[d], NULL);
+      if (st) return st;
     }
     if (x->dev >= t->ndev)
       return ebb__fail(EBB_EDEVICE, "%s: %s (node %llu) is on device %d, but there are %d devices", t->fn, ebb__node_name_of(x->n),
@@ -464,7 +591,23 @@ ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
     int d;
     ebb__node_stream(x->n, &s, &id);
     x->recorded_id = id;
-    x->sr = id && ebb__stream_peek(s, &live, &d) && live == id && d == x->dev ? (struct ebb__sref){s, id, x->dev} : t->caller[x->dev];
+    x->sr = (struct ebb__sref){s, id, x->dev};
+    /* Its forward stream while it lives, held to the task's end (a run of nodes on one stream
+     * takes it once); else (none, released since the forward, or its release asked) the
+     * caller's, after the work of that stream, which made what the node reads. */
+    bool peeked = id && ebb__stream_peek(s, &live, &d) && live == id;
+    ebb_status st = EBB_OK;
+    if (!id) {
+      x->sr = t->caller[x->dev];
+    } else if (peeked && d == x->dev && id != gone_id) {
+      if (id != t->last_held) st = hold_or(t, &x->sr, &t->caller[x->dev]);
+      if (x->sr.id != id) gone_id = id;
+    } else {
+      x->sr = t->caller[x->dev];
+      if (id != gone_id) st = order_after(t, &x->sr, s, id, peeked ? d : x->dev);
+      gone_id = id;
+    }
+    if (st) return st;
     uint64_t bit = 1ull << (x->dev & 63);
     if (!(seen & bit)) ++*ndevs;
     seen |= bit;

@@ -380,42 +380,54 @@ EBB__UNARY(relu, EBB__OP_RELU, EBB__EW_RELU, EBB__KEEP)
 EBB__UNARY(gelu, EBB__OP_GELU, EBB__EW_GELU, EBB__FLOAT)
 #undef EBB__UNARY
 
+/* The tensor a unary backward does not read (y, for the formulas of x) may be NULL; one that is
+ * given must still be live, since a released handle is EBB_EFREED wherever it is passed. */
+static ebb_status unread_check(const char *fn, const char *arg, const ebb_tensor_t *t) {
+  return t ? ebb__fail_in(fn, ebb__tensor_check(t, fn, arg)) : EBB_OK;
+}
+
 ebb_status ebb_op_neg_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
-  (void)y;
+  ebb_status st = unread_check("ebb_op_neg_backward", "y", y);
+  if (st) return st;
   return ebb__local_backward("ebb_op_neg_backward", grad, x, -1, -1.0, 0, gx);
 }
 
 ebb_status ebb_op_abs_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
-  (void)y;
+  ebb_status st = unread_check("ebb_op_abs_backward", "y", y);
+  if (st) return st;
   return ebb__local_backward("ebb_op_abs_backward", grad, x, EBB__EW_SIGN, 0, 0, gx);
 }
 
 ebb_status ebb_op_log_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
-  (void)y;
+  ebb_status st = unread_check("ebb_op_log_backward", "y", y);
+  if (st) return st;
   return ebb__local_backward("ebb_op_log_backward", grad, x, EBB__EW_RDIVS, 1.0, 0, gx);
 }
 
 ebb_status ebb_op_sin_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
-  (void)y;
+  ebb_status st = unread_check("ebb_op_sin_backward", "y", y);
+  if (st) return st;
   return ebb__local_backward("ebb_op_sin_backward", grad, x, EBB__EW_COS, 0, 0, gx);
 }
 
 ebb_status ebb_op_relu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
-  (void)y;
+  ebb_status st = unread_check("ebb_op_relu_backward", "y", y);
+  if (st) return st;
   return ebb__local_backward("ebb_op_relu_backward", grad, x, EBB__EW_GT_S, 0, 0, gx);
 }
 
 ebb_status ebb_op_gelu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
-  (void)y;
+  ebb_status st = unread_check("ebb_op_gelu_backward", "y", y);
+  if (st) return st;
   return ebb__local_backward("ebb_op_gelu_backward", grad, x, EBB__EW_GELU_GRAD, 0, 0, gx);
 }
 
 ebb_status ebb_op_cos_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
-  (void)y;
   /* -sin(x) * grad */
   const char *fn = "ebb_op_cos_backward";
   ebb_tensor_t *t = NULL;
-  ebb_status st = ebb__local_backward(fn, grad, x, EBB__EW_SIN, 0, 0, &t);
+  ebb_status st = unread_check(fn, "y", y);
+  if (!st) st = ebb__local_backward(fn, grad, x, EBB__EW_SIN, 0, 0, &t);
   if (st) return ebb__fail_in(fn, st);
   st = ebb__ew_new(fn, EBB__EW_NEG, 1, (const ebb_tensor_t *const *)&t, t->dtype, 0, 0, gx);
   ebb__tensor_put(t);

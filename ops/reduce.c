@@ -152,18 +152,22 @@ ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool k
 }
 
 static ebb_status ebb__op_max_dim_impl(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
-  if (!indices) return ebb__fail(EBB_EINVAL, "ebb_op_max_dim: indices is NULL; expected a tensor handle to fill");
   ebb_dtype dt = t ? t->dtype : EBB_F32;
   return ebb__reduce("ebb_op_max_dim", EBB__RED_MAX, t, &dim, 1, keepdim, dt, values, indices);
 }
 
+/* indices NULL: they are made anyway and dropped after the record, because a recorded
+ * MaxBackward saves them (its own handle on their storage) to place the gradient. */
 ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
+  ebb_tensor_t *own = NULL, **ix = indices ? indices : &own;
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__op_max_dim_impl(t, dim, keepdim, values, indices);
+  ebb_status st = ebb__op_max_dim_impl(t, dim, keepdim, values, ix);
   ebb__op_args a = {.keepdim = keepdim};
   if (h && !st) a.dim = dim < 0 ? dim + t->ndim : dim;
   const ebb_tensor_t *in[1] = {t};
-  return ebb__rec_done("ebb_op_max_dim", h, st, EBB__OP_MAX_DIM, in, 1, values, indices, &a);
+  st = ebb__rec_done("ebb_op_max_dim", h, st, EBB__OP_MAX_DIM, in, 1, values, ix, &a);
+  ebb__tensor_put(own);
+  return st;
 }
 
 /* ---- sum to shape ------------------------------------------------------------------------------ */

@@ -348,6 +348,7 @@ static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream
   s->prio = prio;
   s->kind = kind;
   s->cu = cu;
+  atomic_store_explicit(&s->release_state, 0, memory_order_relaxed);
   /* release: pairs with the acquire in ebb__check_stream (fields before the live magic). */
   atomic_store_explicit(&s->slot.magic, EBB__STREAM_LIVE, memory_order_release);
   *out = s;
@@ -549,6 +550,8 @@ ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_
   return st;
 }
 
+static ebb_status stream_release_now(ebb_stream_t *s);
+
 ebb_status ebb_stream_release(ebb_stream_t *s) {
   ebb_status st = ebb__check_stream("ebb_stream_release", s);
   if (st) return st;
@@ -560,6 +563,49 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
   if (s->kind != EBB__STREAM_USER)
     return ebb__fail(EBB_EINVAL, "ebb_stream_release: %s stream %llu of device %d is owned by ebb; only streams from ebb_stream_create are released",
                      s->kind == EBB__STREAM_POOL ? "pool" : "default", (unsigned long long)s->id, s->device);
+  /* Held by a running backward (ebb__stream_hold): the release is asked for here and carried
+   * out by the last ebb__stream_unhold. One release per stream: a second call finds the state
+   * taken. seq_cst: with the load of holds after it, against ebb__stream_hold's increment and
+   * load of the state (store-load order: either the hold sees the release asked, or this load
+   * sees the hold). */
+  uint32_t none = 0;
+  if (!atomic_compare_exchange_strong_explicit(&s->release_state, &none, 1, memory_order_seq_cst, memory_order_seq_cst))
+    return ebb__fail(EBB_EFREED, "ebb_stream_release: stream %llu (device %d) was already released (a backward that holds it "
+                     "finishes the release when it returns)", (unsigned long long)s->id, s->device);
+  if (atomic_load_explicit(&s->holds, memory_order_seq_cst) != 0) return EBB_OK;
+  uint32_t asked = 1;
+  /* The last holder may have seen the state asked and taken the release over meanwhile. */
+  if (!atomic_compare_exchange_strong_explicit(&s->release_state, &asked, 2, memory_order_seq_cst, memory_order_seq_cst)) return EBB_OK;
+  return stream_release_now(s);
+}
+
+bool ebb__stream_hold(ebb_stream_t *s, uint64_t id) {
+  uint64_t sid;
+  int dev;
+  if (!ebb__stream_peek(s, &sid, &dev) || sid != id) return false;
+  if (s->kind != EBB__STREAM_USER) return true; /* immortal */
+  /* seq_cst, all three: against ebb_stream_release's CAS of the state and load of holds. */
+  atomic_fetch_add_explicit(&s->holds, 1, memory_order_seq_cst);
+  if (atomic_load_explicit(&s->slot.magic, memory_order_seq_cst) == EBB__STREAM_LIVE && s->id == id &&
+      atomic_load_explicit(&s->release_state, memory_order_seq_cst) == 0)
+    return true;
+  ebb__stream_unhold(s);
+  return false;
+}
+
+void ebb__stream_unhold(ebb_stream_t *s) {
+  if (s->kind != EBB__STREAM_USER) return;
+  /* seq_cst: as in ebb__stream_hold; the last holder to leave carries out a release asked
+   * meanwhile (the CAS elects one against the releaser's own). */
+  if (atomic_fetch_sub_explicit(&s->holds, 1, memory_order_seq_cst) != 1) return;
+  uint32_t asked = 1;
+  if (atomic_compare_exchange_strong_explicit(&s->release_state, &asked, 2, memory_order_seq_cst, memory_order_seq_cst))
+    (void)stream_release_now(s); /* (nobody to tell of a failed destroy: as at a driver's teardown) */
+}
+
+/* The release itself, once no backward holds the stream: its last work gets a tomb, the driver
+ * stream goes. */
+static ebb_status stream_release_now(ebb_stream_t *s) {
   struct ebb__dev *d = &ebb__st.dev[s->device];
   /* Three steps. (1) The CAS to RELEASING elects one releaser among racing calls and makes every
    * later pin fail (EBB_EFREED). (2) The calls that pinned the stream before are still issuing
@@ -576,7 +622,8 @@ ebb_status ebb_stream_release(ebb_stream_t *s) {
   uint32_t live = EBB__STREAM_LIVE;
   /* seq_cst: with the loads of pins below, against ebb__stream_pin (see there); its release half
    * publishes the gone_ fields to the acquire loads of the magic in the checks. acquire on
-   * failure: the message of the loser reads them too. */
+   * failure: the message of the loser reads them too. (One caller reaches here per stream: the
+   * release state elected it.) */
   if (!atomic_compare_exchange_strong_explicit(&s->slot.magic, &live, EBB__STREAM_RELEASING, memory_order_seq_cst,
                                                memory_order_acquire))
     return ebb__stream_freed("ebb_stream_release", s);

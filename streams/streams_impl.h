@@ -109,6 +109,12 @@ struct ebb_stream {
   /* Calls using `cu` of a caller-owned stream right now (ebb__stream_pin); its release waits
    * for none to be left before it records the stream's last work and destroys `cu`. */
   _Atomic uint32_t pins;
+  /* Modules holding a caller-owned stream for a while (ebb__stream_hold: a running backward),
+   * and its release's state: 0 none, 1 asked while held (the last ebb__stream_unhold carries it
+   * out), 2 carried out (or under way). Reset to 0 when the slot gets a new stream; `holds` never
+   * is (a stale holder's decrement may still come). */
+  _Atomic uint32_t holds;
+  _Atomic uint32_t release_state;
 };
 
 struct ebb_event {

@@ -4,10 +4,27 @@
  * The same ebb_op_* and tensor calls (ebb/ops.h, ebb/tensor.h) record the graph: when grad mode
  * is on and an input requires a gradient, each call that produces new values or a view creates
  * one node, named after its backward ("MulBackward", "TransposeBackward"), and its outputs
- * require gradients with that node as their grad_fn. A leaf (a tensor the user created and marked
- * with ebb_tensor_set_requires_grad) gets an "AccumulateGrad" node the first time an op uses it:
- * created lazily, held by the nodes that use the leaf (never by the leaf), so it goes with the
- * graph. With no input requiring a gradient, an op records nothing and costs a branch.
+ * require gradients with that node as their grad_fn. The calls recorded:
+ * - ops: ebb_op_add, ebb_op_sub, ebb_op_mul, ebb_op_div, ebb_op_add_scalar, ebb_op_sub_scalar,
+ *   ebb_op_mul_scalar, ebb_op_div_scalar, ebb_op_pow_scalar, ebb_op_clamp, ebb_op_neg, ebb_op_abs,
+ *   ebb_op_exp, ebb_op_log, ebb_op_sqrt, ebb_op_sin, ebb_op_cos, ebb_op_tanh, ebb_op_sigmoid,
+ *   ebb_op_relu, ebb_op_gelu, ebb_op_where, ebb_op_sum, ebb_op_mean, ebb_op_amax, ebb_op_max_dim,
+ *   ebb_op_matmul, ebb_op_softmax, ebb_op_log_softmax, ebb_op_cross_entropy, ebb_op_mse_loss,
+ *   ebb_op_layer_norm, ebb_op_cat, ebb_op_stack;
+ * - views: ebb_tensor_view, ebb_tensor_reshape (a view or a copy), ebb_tensor_transpose,
+ *   ebb_tensor_permute, ebb_tensor_slice, ebb_tensor_narrow, ebb_tensor_select,
+ *   ebb_tensor_expand, ebb_tensor_squeeze, ebb_tensor_unsqueeze;
+ * - copies: ebb_tensor_contiguous (when it copies), ebb_tensor_clone, ebb_tensor_to_dtype, and
+ *   ebb_tensor_to_device ("ToDeviceBackward", which runs on the copy's device and sends the
+ *   gradient back to the source's device);
+ * - in place (below): ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_,
+ *   ebb_tensor_zero_.
+ * Not recorded: comparisons (bool results), creation calls, ebb_tensor_detach, and the gradient
+ * helpers of ops.h (the ebb_op_*_backward functions, ebb_op_sum_to_shape).
+ * A leaf (a tensor the user created and marked with ebb_tensor_set_requires_grad) gets an
+ * "AccumulateGrad" node the first time an op uses it: created lazily, held by the nodes that use
+ * the leaf (never by the leaf), so it goes with the graph. With no input requiring a gradient,
+ * an op records nothing and costs a branch.
  *
  * In-place ops (ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_)
  * are recorded too, with grad mode on, when dst requires a gradient or src does:
@@ -133,12 +150,17 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  * returned in grads[0..ninputs) (new references) and no .grad is touched. An input the outputs do
  * not depend on is EBB_EINVAL, or with allow_unused gets grads[i] NULL.
  *
+ * retain_graph and allow_unused are adjacent bools that a call can swap without a warning:
+ * ebb_autograd_backward and ebb_autograd_grad (below) take them by name.
+ *
  * Errors (a status and a message; the graph and the process carry on): EBB_EINVAL for no roots,
  * a root or input that does not require a gradient, a missing gradient for a root of more than
- * one element, a grad_roots entry of the wrong shape, dtype or device; EBB_ESTATE for a saved
- * tensor modified in place since it was saved (naming the node, which tensor, and both versions)
- * or freed by an earlier backward; a failing node's status with its name. On failure nothing is
- * returned in grads; .grad may hold the part of the gradient accumulated before the failure.
+ * one element, a grad_roots entry of the wrong shape, dtype or device; EBB_EFREED for a released
+ * tensor among the roots, their gradients or the inputs (naming the argument); EBB_ESTATE for a
+ * saved tensor modified in place since it was saved (naming the node, which tensor, and both
+ * versions) or freed by an earlier backward; a failing node's status with its name. On failure
+ * nothing is returned in grads; .grad may hold the part of the gradient accumulated before the
+ * failure.
  * Threading: backward calls on different threads may share leaves: each leaf's accumulation is
  * serialised, so sums are exact; sharing a graph's nodes between concurrent calls needs
  * retain_graph on all of them. */
@@ -147,6 +169,45 @@ EBB_API ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tens
 EBB_API ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                             const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused,
                             ebb_tensor_t **grads);
+
+/* ebb_autograd_backward and ebb_autograd_grad: ebb_backward and ebb_grad with their optional
+ * arguments in one options struct, so that a call site names each one
+ * (`.retain_graph = true, .allow_unused = true`) rather than passing adjacent bools by position.
+ * ebb_backward and ebb_grad are these calls with the options spelt out; everything said of them
+ * holds here: what is computed and written, the streams the caller's current streams wait for,
+ * threading, and the errors, with opts->grad_roots and opts->inputs (ebb_autograd_backward) or
+ * opts->grad_outputs (ebb_autograd_grad) standing for the arguments of the same name. Messages
+ * name ebb_autograd_backward or ebb_autograd_grad.
+ * Defaults: a zero-initialised struct (`ebb_autograd_backward_options o = {0};`) gives them:
+ * no gradients given (1 for each root of one element), no inputs (a full backward), retain_graph
+ * and allow_unused false.
+ * Versions: `version` is 0 or EBB_AUTOGRAD_OPTIONS_VERSION, both meaning the fields below. A later
+ * header may add fields at the end of a struct and raise EBB_AUTOGRAD_OPTIONS_VERSION; a library
+ * reads a field only when the caller's version has it, so code built against this header keeps
+ * its meaning, and code that sets a newer version (to use a newer field) is refused by an older
+ * library instead of having that field ignored.
+ * Ownership: opts and the arrays it points to are borrowed for the call; grads[i] are new
+ * references, as ebb_grad's.
+ * Errors, besides ebb_backward's and ebb_grad's: EBB_EINVAL for NULL opts; EBB_ENOTSUP for a
+ * version newer than this library reads (naming both); nothing runs and grads is not written. */
+#define EBB_AUTOGRAD_OPTIONS_VERSION 1
+typedef struct ebb_autograd_backward_options {
+  uint32_t version;                      /* 0 or EBB_AUTOGRAD_OPTIONS_VERSION */
+  bool retain_graph;                     /* keep the saved tensors: the graph may run again */
+  const ebb_tensor_t *const *grad_roots; /* nroots gradients (NULL entries: 1), or NULL: all 1 */
+  const ebb_tensor_t *const *inputs;     /* ninputs > 0: only their .grad, a partial backward */
+  int ninputs;
+} ebb_autograd_backward_options;
+typedef struct ebb_autograd_grad_options {
+  uint32_t version;                        /* 0 or EBB_AUTOGRAD_OPTIONS_VERSION */
+  bool retain_graph;                       /* keep the saved tensors: the graph may run again */
+  bool allow_unused;                       /* an input the outputs do not depend on: grads[i] NULL */
+  const ebb_tensor_t *const *grad_outputs; /* noutputs gradients (NULL entries: 1), or NULL: all 1 */
+} ebb_autograd_grad_options;
+EBB_API ebb_status ebb_autograd_backward(const ebb_tensor_t *const *roots, int nroots, const ebb_autograd_backward_options *opts);
+EBB_API ebb_status ebb_autograd_grad(const ebb_tensor_t *const *outputs, int noutputs, const ebb_tensor_t *const *inputs,
+                                     int ninputs, ebb_tensor_t **grads, const ebb_autograd_grad_options *opts);
+
 /* The gradient accumulated into t by ebb_backward: *out a new reference, NULL when none. */
 EBB_API ebb_status ebb_tensor_grad(const ebb_tensor_t *t, ebb_tensor_t **out);
 /* Replaces t's .grad with `grad` (retained; t's shape, dtype and device, else EBB_EINVAL), or
@@ -270,10 +331,12 @@ EBB_API ebb_status ebb_tensor_gradient_edge(const ebb_tensor_t *t, ebb_gradient_
 EBB_API ebb_status ebb_gradient_edge_release(ebb_gradient_edge *e);
 /* ebb_backward and ebb_grad with gradient edges for roots and inputs (the edges are borrowed).
  * A root edge's gradient is checked against the node's input metadata (ebb_node_input_meta;
- * NULL means 1 for one element). An input edge to an AccumulateGrad is its leaf; ebb_backward
- * with an input edge to any other node is EBB_ENOTSUP (as for non-leaf tensors). Otherwise as
- * ebb_backward and ebb_grad; additional EBB_EINVAL for an edge with a NULL node or an output_nr
- * out of the node's inputs. */
+ * NULL means 1 for one element). An input edge to an AccumulateGrad is its leaf, whose .grad
+ * ebb_backward_edges fills. An input edge to any other node is EBB_ENOTSUP there: the edge
+ * names a node's output, not a tensor, so there is no .grad to add its gradient into (pass the
+ * tensor itself to ebb_backward, which fills a non-leaf's .grad, or take the gradient from
+ * ebb_grad_edges). Otherwise as ebb_backward and ebb_grad; additional EBB_EINVAL for an edge
+ * with a NULL node or an output_nr out of the node's inputs. */
 EBB_API ebb_status ebb_backward_edges(const ebb_gradient_edge *roots, const ebb_tensor_t *const *grad_roots, int nroots,
                                       bool retain_graph, const ebb_gradient_edge *inputs, int ninputs);
 EBB_API ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
@@ -284,9 +347,9 @@ EBB_API ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_te
  * The node being evaluated on the calling thread (from its tensor hooks to its post-hooks): *out
  * NULL outside a backward. Borrowed: valid while it runs. */
 EBB_API ebb_status ebb_autograd_current_node(const ebb_node_t **out);
-/* The id of the backward (ebb_backward, ebb_grad, or their _edges forms) running on the calling
- * thread: ids increase by exactly 1 per call, process-wide, from 0; -1 outside a backward. In a
- * backward started from a hook (reentrant), the inner call's id. */
+/* The id of the backward (ebb_backward, ebb_grad, their _edges and options forms) running on
+ * the calling thread: ids increase by exactly 1 per call, process-wide, from 0; -1 outside a
+ * backward. In a backward started from a hook (reentrant), the inner call's id. */
 EBB_API int64_t ebb_autograd_current_task_id(void);
 /* Whether the backward running on the calling thread will execute `node` (or, for ebb_grad,
  * reach it for an input's gradient): false for a node outside its graph or, in a partial
@@ -314,8 +377,8 @@ EBB_API ebb_status ebb_autograd_increment_version(ebb_tensor_t *const *tensors, 
  * from it fails the backward. Tensors that do not require a gradient are accepted and get NULL.
  * The registration holds the tensors' nodes (grad_fn, or a leaf's AccumulateGrad) until the handle
  * is removed: remove it (ebb_hook_remove removes all n hooks at once) to free them.
- * EBB_EINVAL: NULL tensors, fn or out, n <= 0, a NULL or released tensor, a mode outside the
- * enum (named). */
+ * EBB_EINVAL: NULL tensors, fn or out, n <= 0, a NULL tensor, a mode outside the enum (named);
+ * EBB_EFREED: a released tensor (naming it); on error nothing is registered. */
 typedef enum ebb_multi_grad_mode { EBB_MULTI_GRAD_ALL = 0, EBB_MULTI_GRAD_ANY = 1 } ebb_multi_grad_mode;
 typedef ebb_status (*ebb_multi_grad_fn)(const ebb_tensor_t *const *grads, int ngrads, void *user);
 EBB_API ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, int n, ebb_multi_grad_fn fn, void *user,
@@ -350,8 +413,14 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  *
  * Streams (PyTorch's rules): a node's backward runs on its forward stream (ebb_node_input_meta's
  * stream_id: the current stream of its device when its op ran, or when an AccumulateGrad was
- * made); a node recorded on a stream since released, or with none, runs on the caller's current
- * stream of its device. A gradient produced on one stream and consumed on another is handed over
+ * made); a node recorded on a stream since released (or whose release was asked), or with none,
+ * runs on the caller's current stream of its device, which first waits for the work issued to
+ * that stream (the forward's, which made what the node reads). A backward holds the streams its
+ * nodes run on and the caller's current streams from its start to its return: releasing one
+ * meanwhile (from a hook, or another thread) returns at once and is carried out when the last
+ * backward holding it returns (ebb/stream.h, ebb_stream_release), so no step of a backward fails
+ * for a stream's release, and the holding costs one atomic pair per stream a backward uses, none
+ * per node. A gradient produced on one stream and consumed on another is handed over
  * with one event (none when the streams agree); several producers into one input are summed on
  * the consumer's stream when the gradient is on the consumer's device, else on the first
  * producer's, else on the caller's current stream of the gradient's device, with at most one event
@@ -372,7 +441,10 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  * calls per thread; deeper, the inner backward moves to a pool thread and the calling thread
  * waits for it (its stack does not grow further). Errors: the first failing node ends the task on
  * every device: nodes not started are skipped, the caller gets that node's status and a message
- * naming it and its device. A failed backward is one failure, wherever its node ran: its message
+ * naming it and its device; a failure of ebb_backward (or ebb_backward_edges) once its nodes
+ * started ends by saying which .grad fields it had written before it failed ("no .grad was
+ * changed", or the written tensors' names or roles with dtype and shape), so a caller knows
+ * whether a retry would add those gradients twice. A failed backward is one failure, wherever its node ran: its message
  * is the calling thread's ebb_last_error and the error hook (ebb_set_error_hook) is called once,
  * on the calling thread; the engine's own steps leave a device worker's or pool thread's last
  * error alone, and a backward that succeeds leaves the caller's alone. Calls a hook makes are the
@@ -408,7 +480,10 @@ EBB_API int ebb_autograd_max_reentrant_depth(void);
  * that runs the AccumulateGrad, a device worker included) once per leaf and pair of streams,
  * naming the leaf (its name, else shape and dtype), both streams, the producing node, and what
  * keeps the accumulator alive (nodes of earlier graphs, gradient-edge handles). It never fires
- * when the streams agree, nor for CPU gradients.
+ * (nor counts) when the streams agree, for CPU gradients, or for a producer on another device
+ * than the leaf (a leaf used on another device through ebb_tensor_to_device): a gradient that
+ * crosses devices needs that hand-off whatever stream the accumulator has, and it is counted
+ * among cross_stream_edges like any other.
  * With follow-producer on (off by default), an accumulator whose stream differs takes the
  * producer's stream instead, for this backward and the next ones (ebb_node_input_meta reports
  * it): the gradient is added on the stream that produced it, with no cross-stream wait, and no
@@ -421,13 +496,13 @@ EBB_API bool ebb_autograd_accumulate_grad_follows_producer(void);
 /* Counters since the first ebb_init (they restart after the last ebb_shutdown), summed over
  * every backward and thread. */
 typedef struct ebb_autograd_engine_stats {
-  uint64_t backward_calls;        /* ebb_backward, ebb_grad and their _edges forms */
+  uint64_t backward_calls;        /* ebb_backward, ebb_grad, their _edges and options forms */
   uint64_t nodes_run;             /* nodes whose backward (or accumulation) ran */
   uint64_t nodes_run_on_workers;  /* of those, on a device worker thread */
   uint64_t cross_stream_edges;    /* gradients handed from one stream to another */
   uint64_t events_recorded;       /* events the engine recorded for those hand-offs and at the end */
   uint64_t stream_waits;          /* waits of one stream on another's event it issued */
-  uint64_t accumulate_grad_stream_mismatches; /* gradients that reached an AccumulateGrad on another stream */
+  uint64_t accumulate_grad_stream_mismatches; /* gradients made on another stream of the AccumulateGrad's device */
   uint64_t accumulate_grad_warnings;          /* warnings issued for them (once per leaf and stream pair) */
   uint64_t accumulate_grad_followed;          /* accumulators moved to their producer's stream */
   uint64_t reentrant_backwards;   /* backward calls started inside a running backward */

@@ -27,7 +27,8 @@
  * with respect to each requested input (pass NULL for those not wanted), with that input's
  * shape and dtype: broadcast dims are summed back (ebb_op_sum_to_shape). Only floating inputs
  * have gradients (EBB_EINVAL when one of another dtype is requested). Unary backward functions
- * take the forward input x and output y; each says which it reads (the other may be NULL).
+ * take the forward input x and output y; each says which it reads (the other may be NULL; given,
+ * it must be live: a released one is EBB_EFREED, as everywhere).
  *
  * Autograd (ebb/autograd.h) records the forward ops, the views and the copies. The backward
  * functions and ebb_op_sum_to_shape are gradient helpers it does not record: its engine calls
@@ -155,7 +156,9 @@ EBB_API ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const in
 EBB_API ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
 EBB_API ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
 EBB_API ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out);
-/* Max along one dim with the index (i64) of the first maximum. */
+/* Max along one dim with the index (i64) of the first maximum. indices may be NULL when the
+ * caller does not want them (values is required); they are computed all the same, since a
+ * recorded MaxBackward keeps them for its backward. */
 EBB_API ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices);
 /* grad broadcast back over the reduced dims (mean: divided by the count). x gives the shape. */
 EBB_API ebb_status ebb_op_sum_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims, bool keepdim,

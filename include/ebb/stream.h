@@ -56,7 +56,14 @@ EBB_API ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_st
  * enqueueing (see Threading above). The
  * release records an event of that last work, so arena memory the stream used is reused after
  * it on the device, without a host wait. Releasing a pool or default stream is EBB_EINVAL;
- * releasing twice is EBB_EFREED. */
+ * releasing twice is EBB_EFREED.
+ * A backward running with nodes on the stream (ebb/autograd.h: a backward holds the streams its
+ * nodes run on, and the caller's current streams, from its start to its return) defers the
+ * release: ebb_stream_release returns EBB_OK at once, and the last such backward to return
+ * carries the release out on its own thread. Until then the stream stays live for every caller
+ * (work issued to it, or to it as a current stream, runs there), a second release is
+ * EBB_EFREED, and ebb_shutdown counts it as live. So a hook, or another thread, may release a
+ * stream a backward uses without failing that backward. */
 EBB_API ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **out);
 EBB_API ebb_status ebb_stream_release(ebb_stream_t *s);
 

@@ -29,6 +29,18 @@ EBB_HIDDEN void ebb__events_live_add(long delta);
  * load of the module phase and of the slot's magic. */
 EBB_HIDDEN bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device);
 
+/* Holds `s`, the live stream whose id is `id`, for a while (a backward, from its start to its
+ * return): a release of `s` asked meanwhile (ebb_stream_release returns EBB_OK at once) is
+ * carried out by the last ebb__stream_unhold, so until then `s` stays live for everyone, and
+ * work issued to it, or to it as a current stream, never fails for its release. Pool and default
+ * streams need no hold (true, nothing counted). False, quietly, when `s` is not live, not the
+ * stream `id`, or its release was asked already: the caller then orders after its work
+ * (ebb__event_record_live, else ebb__event_record_released). Lock-free: three seq_cst atomics.
+ * Each true is paired with one ebb__stream_unhold, on any thread; the holder must not wait on
+ * the host for a release of `s` (it would wait for itself). */
+EBB_HIDDEN bool ebb__stream_hold(ebb_stream_t *s, uint64_t id);
+EBB_HIDDEN void ebb__stream_unhold(ebb_stream_t *s);
+
 /* Makes `waiter` wait, on the device and never the host, for all the work issued to the stream
  * of `device` whose id was `id` and which has since been released (ebb_stream_release records an
  * event on a stream before destroying it). For a module that kept a stream's id and must order

@@ -1014,6 +1014,80 @@ TEST_CASE("engine devices: no AccumulateGrad warning when the streams agree, nor
   CHECK(ebb_autograd_live_nodes() == 0);
 }
 
+// A leaf on device 1 used on device 0 through ebb_tensor_to_device: its gradient is made on a
+// device 0 stream (ToDeviceBackward's) and must cross to device 1, where the accumulator runs,
+// whatever stream that has. That hand-off is no stale accumulator and no follow-producer case:
+// no warning, no mismatch counted, the gradient right. The same leaf with a kept-alive warm-up
+// accumulator on device 1 and a producer on another device 1 stream still warns.
+TEST_CASE("engine devices: no AccumulateGrad warning for a leaf whose gradient comes from another device",
+          "[autograd][devices][accumulate]") {
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  Warnings warn;
+  for (bool follow : {false, true}) {
+    INFO("follow-producer " << follow);
+    ebb_autograd_set_accumulate_grad_follows_producer(follow);
+    Stream s1(1);
+    WarmUp wu(1, "remote_weight");
+    Stats before = stats();
+    Tensor loss;
+    {
+      OnStream g(s1);  // the accumulator is made on s1 (the forward's stream on device 1)
+      Tensor w0 = to_dev(wu.w, 0);
+      Tensor y = scale(w0, 3);
+      loss = sum(y);
+    }
+    const ebb_node_t *acc = next_of(next_of(next_of(grad_fn(loss), 0), 0), 0);
+    REQUIRE(std::string(ebb_node_name(next_of(next_of(grad_fn(loss), 0), 0))) == "ToDeviceBackward");
+    REQUIRE(std::string(ebb_node_name(acc)) == "AccumulateGrad");
+    REQUIRE(node_stream(acc) == s1.id());
+    busy(current(0), kBacklog);
+    EBB_REQUIRE_OK(backward({loss}));
+    Stats after = stats();
+    auto msgs = warn.take();
+    INFO((msgs.empty() ? std::string() : msgs[0]));
+    CHECK(msgs.empty());
+    CHECK(after.accumulate_grad_stream_mismatches == before.accumulate_grad_stream_mismatches);
+    CHECK(after.accumulate_grad_warnings == before.accumulate_grad_warnings);
+    CHECK(after.accumulate_grad_followed == before.accumulate_grad_followed);
+    CHECK(after.cross_stream_edges > before.cross_stream_edges);  // the hand-off is still made
+    CHECK(node_stream(acc) == s1.id());                            // and the accumulator stays
+    {
+      OnStream g(s1);
+      EBB_CHECK_CLOSE(grad_seen(wu.w), std::vector<double>(wu.v.size(), 3.0), 1e-12, 0);
+    }
+    loss.reset();
+    sync_all();
+    CHECK(ebb_autograd_live_nodes() == 0);
+  }
+  ebb_autograd_set_accumulate_grad_follows_producer(false);
+  // On one device the mismatch is still warned about: a warm-up accumulator on s0 of device 1,
+  // kept alive, and a step on s1 of device 1.
+  Stream s0(1), s1(1);
+  WarmUp wu(1, "local_weight");
+  wu.warm(s0);
+  Stats before = stats();
+  busy(s1, kBacklog);
+  EBB_REQUIRE_OK(wu.step(s1));
+  Stats after = stats();
+  auto msgs = warn.take();
+  REQUIRE(msgs.size() == 1);
+  INFO("warning: " << msgs[0]);
+  CHECK(msgs[0].find("local_weight") != std::string::npos);
+  CHECK(has_number(msgs[0], s0.id()));
+  CHECK(has_number(msgs[0], s1.id()));
+  CHECK(after.accumulate_grad_stream_mismatches - before.accumulate_grad_stream_mismatches == 1);
+  CHECK(after.accumulate_grad_warnings - before.accumulate_grad_warnings == 1);
+  {
+    OnStream g(s1);
+    EBB_CHECK_CLOSE(grad_seen(wu.w), std::vector<double>(wu.v.size(), 3.0), 1e-12, 0);
+  }
+  wu.warm_loss.reset();
+  sync_all();
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
+
 TEST_CASE("engine devices: with the mismatch warning off a mismatch is counted but not warned", "[autograd][devices][accumulate]") {
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();

@@ -161,9 +161,13 @@ TEST_CASE("engine: grad() returns gradients without touching .grad, partial back
     EBB_REQUIRE_OK(ebb_tensor_grad(t, none.out()));
     CHECK(none.get() == nullptr);  // grad() leaves .grad alone
   }
-  // backward(inputs = {b}): only b's .grad.
+  // backward(inputs = {b}): only b's .grad (the options form: each option by name).
   const ebb_tensor_t *only_b[1] = {ts[1].get()};
-  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, true, only_b, 1));
+  ebb_autograd_backward_options partial = {};
+  partial.retain_graph = true;
+  partial.inputs = only_b;
+  partial.ninputs = 1;
+  EBB_REQUIRE_OK(ebb_autograd_backward(roots, 1, &partial));
   Tensor gb, ga;
   EBB_REQUIRE_OK(ebb_tensor_grad(ts[1], gb.out()));
   EBB_REQUIRE_OK(ebb_tensor_grad(ts[0], ga.out()));
@@ -175,8 +179,11 @@ TEST_CASE("engine: grad() returns gradients without touching .grad, partial back
   auto other = make_leaves(EBB_DEVICE_CPU, {rnd({2}, 11)}, true);
   const ebb_tensor_t *unused[1] = {other[0].get()};
   ebb_tensor_t *gu[1] = {nullptr};
-  EBB_CHECK_FAILS(ebb_grad(roots, nullptr, 1, unused, 1, true, false, gu), EBB_EINVAL, "inputs[0] was not used to compute the roots");
-  EBB_REQUIRE_OK(ebb_grad(roots, nullptr, 1, unused, 1, true, true, gu));
+  ebb_autograd_grad_options retain = {};
+  retain.retain_graph = true;
+  EBB_CHECK_FAILS(ebb_autograd_grad(roots, 1, unused, 1, gu, &retain), EBB_EINVAL, "inputs[0] was not used to compute the roots");
+  retain.allow_unused = true;
+  EBB_REQUIRE_OK(ebb_autograd_grad(roots, 1, unused, 1, gu, &retain));
   CHECK(gu[0] == nullptr);
   // The gradient with respect to a non-leaf.
   Tensor ab;

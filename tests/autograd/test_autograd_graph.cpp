@@ -118,6 +118,27 @@ TEST_CASE("graph: multi-output ops, views and outputs without gradients", "[auto
   CHECK(next_of(grad_fn(w), 1) != nullptr);
 }
 
+TEST_CASE("graph: max_dim without indices (NULL) still records a MaxBackward that places the gradient at the maximum",
+          "[autograd][graph]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    Tensor x = make(dev, EBB_F32, {2, 3}, {1, 7, 3, 9, -2, 9});
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
+    Tensor v, loss, g;
+    EBB_REQUIRE_OK(ebb_op_max_dim(x, 1, false, v.out(), nullptr));
+    CHECK(std::string(ebb_node_name(grad_fn(v))) == "MaxBackward");
+    EBB_REQUIRE_OK(ebb_op_sum(v, nullptr, 0, false, loss.out()));
+    const ebb_tensor_t *roots[1] = {loss.get()};
+    EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));
+    EBB_REQUIRE_OK(ebb_tensor_grad(x, g.out()));
+    REQUIRE(g.get() != nullptr);
+    CHECK(read(g) == std::vector<double>{0, 1, 0, 1, 0, 0});  // the first maximum of each row
+  }
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("graph: grad mode off records nothing, per thread, detach cuts the graph", "[autograd][graph][mode]") {
   EbbSession session;
   Tensor x = leaf(EBB_DEVICE_CPU, {4}, 5), y, z, d, e;

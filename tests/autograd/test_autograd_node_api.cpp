@@ -441,7 +441,10 @@ TEST_CASE("gradient edges: grad and backward through edges - an edge keeps its n
   CHECK(grad_of(x) == std::vector<double>{2, 40, 600});
   EBB_CHECK_FAILS(ebb_backward_edges(&ey, grb, 1, true, nullptr, 0), EBB_EINVAL, "MulBackward (f64[3] on device -1)");
   EBB_CHECK_FAILS(ebb_backward_edges(&ey, nullptr, 1, true, nullptr, 0), EBB_EINVAL, "has 3 elements");
+  // An input edge to a non-leaf node is refused, for the reason the message gives: an edge names
+  // a node's output, not a tensor with a .grad (a non-leaf tensor is a valid ebb_backward input).
   EBB_CHECK_FAILS(ebb_backward_edges(&el, nullptr, 1, true, &ey, 1), EBB_ENOTSUP, "not to a leaf");
+  EBB_CHECK_FAILS(ebb_backward_edges(&el, nullptr, 1, true, &ey, 1), EBB_ENOTSUP, "not a tensor, so there is no .grad");
   ebb_gradient_edge off = ey;
   off.output_nr = 1;
   EBB_CHECK_FAILS(ebb_grad_edges(&el, nullptr, 1, &off, 1, true, false, g), EBB_EINVAL, "output_nr 1");

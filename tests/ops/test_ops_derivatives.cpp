@@ -1,10 +1,14 @@
 // The derivative table (ops_export.h, white-box): every entry's backward, called as autograd will
 // call it (the inputs' metadata, only the tensors the entry says it saves, the wanted inputs),
 // against central finite differences of its forward, on the CPU and a device; and the table's
-// own shape: every operation has an entry, names are unique, saves and gradients are declared.
+// own shape: every operation has an entry, names are unique, saves and gradients are declared;
+// and autograd.h's list of recorded calls against the table.
+#include <cctype>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -356,6 +360,31 @@ TEST_CASE("derivatives: the table has an entry for every operation, each well fo
   tested.insert(EBB__OP_CONTIGUOUS);  // by hand in the next case (its forward needs a non-contiguous input)
   for (int op = 0; op < EBB__OP_COUNT; op++)
     if (ebb__deriv_of(static_cast<ebb__op_id>(op))->diff) CHECK(tested.count(op) == 1);
+}
+
+// autograd.h lists the calls that record a node; the list must name every public call the table
+// has an entry for (the entries for AsStrided and CopySlices are made by autograd itself).
+TEST_CASE("derivatives: autograd.h's list of recorded calls names every call of the table", "[ops][derivatives][docs]") {
+  std::ifstream f(EBB_AUTOGRAD_HEADER);
+  REQUIRE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string h = ss.str();
+  auto named = [&](const std::string &call) {
+    auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+    for (size_t p = h.find(call); p != std::string::npos; p = h.find(call, p + 1))
+      if ((p == 0 || !word(h[p - 1])) && (p + call.size() >= h.size() || !word(h[p + call.size()]))) return true;
+    return false;
+  };
+  int listed = 0;
+  for (int op = 0; op < EBB__OP_COUNT; op++) {
+    const ebb__deriv *e = ebb__deriv_of(static_cast<ebb__op_id>(op));
+    if (std::string(e->forward).rfind("ebb_", 0) != 0) continue;  // "(an in-place op on a view)"
+    INFO(e->forward << " (" << e->node << ")");
+    CHECK(named(e->forward));
+    listed++;
+  }
+  CHECK(listed > 40);
 }
 
 TEST_CASE("derivatives: contiguous, fill_ and zero_ through the table", "[ops][derivatives]") {

@@ -147,6 +147,24 @@ TEST_CASE("reduce: random permuted inputs and dim subsets match the reference", 
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("reduce: max_dim without indices (NULL) gives the same values", "[ops][reduce]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    Tensor t = make(dev, EBB_F32, {2, 4}, {1, 5, 5, 2, -1, -3, -1, -7}), v, w, ix;
+    long live = ebb_tensor_live_count();
+    EBB_REQUIRE_OK(ebb_op_max_dim(t, 1, false, v.out(), nullptr));
+    CHECK(ebb_tensor_live_count() == live + 1);  // the values only: the indices made for it are gone
+    EBB_REQUIRE_OK(ebb_op_max_dim(t, 1, false, w.out(), ix.out()));
+    CHECK(read(v) == read(w));
+    CHECK(read(v) == std::vector<double>{5, -1});
+    EBB_REQUIRE_OK(ebb_op_max_dim(t, 0, true, v.out(), nullptr));
+    CHECK(shape_of(v) == std::vector<int64_t>{1, 4});
+    CHECK(read(v) == std::vector<double>{1, 5, 5, 2});
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("reduce: max_dim gives the first index of the maximum, NaN wins, integers sum to i64", "[ops][reduce]") {
   EbbSession session;
   for (int dev : devices()) {
@@ -284,7 +302,8 @@ TEST_CASE("reduce and matmul: bad inputs name the op, the argument and the shape
   EBB_CHECK_FAILS(ebb_op_sum(t, &bad, 1, false, o.out()), EBB_EINVAL, "dims[i] 2 is out of range");
   EBB_CHECK_FAILS(ebb_op_mean(t, dup, 2, false, o.out()), EBB_EINVAL, "listed twice");
   EBB_CHECK_FAILS(ebb_op_amax(t, nullptr, 1, false, o.out()), EBB_EINVAL, "dims array");
-  EBB_CHECK_FAILS(ebb_op_max_dim(t, 0, false, o.out(), nullptr), EBB_EINVAL, "indices is NULL");
+  EBB_CHECK_FAILS(ebb_op_max_dim(t, 0, false, nullptr, ix.out()), EBB_EINVAL, "ebb_op_max_dim: ");
+  CHECK(ix.get() == nullptr);
   int64_t zs[2] = {2, 0};
   EBB_REQUIRE_OK(ebb_tensor_zeros(0, EBB_F32, 2, zs, e.out()));
   int one = 1;
