@@ -241,8 +241,8 @@ struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__blo
 /* ---- the ptrmap --------------------------------------------------------------------------------
  * 64 shards, each an open-addressing table (linear probing, deletion by backward shift, so no
  * tombstones) behind its own spin lock; the shard comes from a hash of the address, so threads
- * freeing on different devices rarely meet (PyTorch shards its map the same way, allocators.md
- * 1.1). A table grows by doubling when half full; nothing is allocated per operation otherwise.
+ * freeing on different devices rarely meet (PyTorch shards its map of live blocks the same way).
+ * A table grows by doubling when half full; nothing is allocated per operation otherwise.
  * Growing at a quarter saved ~9 instructions per pair in shorter probe runs but doubled the
  * table, 64 bytes per live block: more cache misses at 10^5 live blocks, where the pair is bound
  * by memory, not instructions. A shard's lock is a leaf held for a few probes, so spinning beats

@@ -61,27 +61,10 @@ const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n) {
  * use). The spare list is LIFO: the record reused next is the one retired last, still in cache.
  * Slabs are 128-byte aligned, so each record is exactly its two lines and leaves the address
  * map its 7 low bits. */
-/* White-box tests (tests/alloc): while ebb__blk_refuse is positive, each slab of records asked
- * for is refused as if host memory had run out; ebb__block_test_hold moves a device arena's spare
- * records aside (so the next record asked for needs a new slab) and back. Cold paths only. */
-static atomic_int ebb__blk_refuse;
-static struct ebb_list ebb__blk_held = {&ebb__blk_held, &ebb__blk_held};
-EBB_HIDDEN void ebb__block_test_refuse_slabs(int n);
-EBB_HIDDEN void ebb__block_test_hold(int device, bool hold);
-void ebb__block_test_refuse_slabs(int n) { atomic_store_explicit(&ebb__blk_refuse, n, memory_order_relaxed); }
-void ebb__block_test_hold(int device, bool hold) {
-  struct ebb__arena *a = ebb__arena_nth(device);
-  if (!a) return;
-  ebb__lock(&a->mu);
-  struct ebb_list *from = hold ? &a->block_spare : &ebb__blk_held, *to = hold ? &ebb__blk_held : &a->block_spare;
-  for (struct ebb_list *n; (n = ebb_list_pop_head(from));) ebb_list_insert_tail(to, n);
-  ebb__unlock(&a->mu);
-}
-
 /* A new slab of records onto the spare list; false when out of host memory. */
 static bool ebb__block_slab(struct ebb__arena *a) {
   struct ebb__block *slab = ebb__chunk_new(&a->slabs, &a->nslabs, &a->capslabs, 16, _Alignof(struct ebb__block),
-                                           EBB__SLAB_BLOCKS * sizeof *slab, &ebb__blk_refuse);
+                                           EBB__SLAB_BLOCKS * sizeof *slab, EBB__CHUNK_BLOCKS);
   if (!slab) return false;
   memset(slab, 0, EBB__SLAB_BLOCKS * sizeof *slab);
   for (int i = 0; i < EBB__SLAB_BLOCKS; i++) {
@@ -326,9 +309,10 @@ static bool ebb__order_add(struct ebb__order *o, const struct ebb__spool *sp, co
   return true;
 }
 
-/* Another stream's free block for a request that missed its own stream (allocators.md 8.1:
- * memory should not stay stranded per stream). Its owner goes into o: the caller orders the new
- * stream after it with an event before handing the block out. Lock held. */
+/* Another stream's free block for a request that missed its own stream: free memory must not
+ * stay stranded with the stream that freed it while another stream grows the arena. Its owner
+ * goes into o: the caller orders the new stream after it with an event before handing the block
+ * out. Lock held. */
 static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
                                      struct ebb__order *o) {
   for (size_t i = 0; i < a->nspools; i++) {
@@ -412,10 +396,11 @@ static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool 
 }
 
 /* Hands out free block b (still in its stream's index when `indexed`, else out of every index)
- * for rounded request r on stream spool sp:
- * splits off the remainder when the pool's rule allows (allocators.md 1.5). The remainder is
- * b->spool's (the stream that freed b) and goes into its index, or, with `aside` (b came from
- * other streams), is set aside (EBB__B_ASIDE) for ebb__aside_settle. Lock held. */
+ * for rounded request r on stream spool sp: splits off the remainder when the pool's rule allows
+ * (the small pool and expandable segments: a remainder of at least 512 bytes; classic large
+ * segments: more than 1 MiB, from a block below max_split). The remainder is b->spool's (the
+ * stream that freed b) and goes into its index, or, with `aside` (b came from other streams), is
+ * set aside (EBB__B_ASIDE) for ebb__aside_settle. Lock held. */
 static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed, struct ebb__spool *sp, size_t r,
                        size_t bytes, bool slab, struct ebb__block **aside) {
   struct ebb__segment *g = b->seg;
@@ -589,8 +574,10 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
 }
 
 /* The miss path: another stream's block, a run of free blocks of several streams, then the
- * upstream, then the release-and-retry chain (allocators.md 1.8, with the re-search after syncing
- * that PyTorch misses, #189504). The streams the block must be ordered after go into o. */
+ * upstream, then once the release-and-retry chain: the completed pending frees, then waiting for
+ * the rest, each followed by a new search (a step PyTorch's chain skips: the blocks they free may
+ * fit), empty slabs, every fully free segment and granule given back, and the upstream again.
+ * The streams the block must be ordered after go into o. */
 static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
                                   const struct ebb__stream_ref *s, struct ebb__block **out, struct ebb__order *o) {
   ebb_status gst = EBB_OK;
@@ -625,9 +612,10 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     }
     if (a->xseg) {
       a->c.s.num_syncs++;
-      /* Unmapping must not race queued work (allocators.md 1.11). A failed synchronisation
-       * says the device is failing: unmapping under work that may still run would corrupt it,
-       * and an OOM report would hide the cause, so the driver's failure is the answer. */
+      /* Unmapping must not race queued work (the driver does not wait for it). A failed
+       * synchronisation says the device is failing: unmapping under work that may still run
+       * would corrupt it, and an OOM report would hide the cause, so the driver's failure is
+       * the answer. */
       ebb_status sst = ebb_dev_synchronize(a->device);
       if (sst) return ebb__sync_failed(a, a->up->alloc_fn, sst);
       ebb__x_shrink(a);
@@ -922,9 +910,9 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
   /* Empty slabs first: their blocks merge back, so the segments below may become free. */
   ebb__slab_release_empty(a);
   if (a->xseg) {
-    /* Unmapping does not synchronise on every driver (allocators.md 1.11, #196258): wait for
-     * this arena's device (not the caller's current one) first, with the lock held, as the OOM
-     * retry chain does (and PyTorch). With it dropped, another thread could free a block whose
+    /* Unmapping does not wait for queued work on every driver: wait for this arena's device
+     * (not the caller's current one) first, with the lock held, as the OOM retry chain does
+     * (and PyTorch). With it dropped, another thread could free a block whose
      * stream still has work queued on it after the synchronisation began; x_shrink would then
      * unmap memory that work is using. When the synchronisation fails nothing is unmapped
      * (work may still run there) and the caller hears why; classic segments below are still

@@ -69,7 +69,7 @@
  * The records the files share; each says which file owns it where that is not arena.c.
  * ============================================================================================== */
 
-/* ---- sizes (PyTorch's caching allocator constants, allocators.md 1.2) ---------------------- */
+/* ---- sizes (the constants of PyTorch's CUDA caching allocator) ------------------------------ */
 
 #define EBB__MIN_BLOCK ((size_t)512)             /* every size is rounded up to this */
 #define EBB__SMALL_SIZE ((size_t)1 << 20)        /* largest request of the small pool */
@@ -497,8 +497,9 @@ static inline void ebb__stat_move(ebb_arena_stat *st, uint64_t from, uint64_t to
 
 static inline size_t ebb__round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-/* The size a new segment gets for a rounded request (allocators.md 1.2 get_allocation_size),
- * unless the upstream has its own policy (the pinned pool's exact sizes). */
+/* The size a new segment gets for a rounded request, unless the upstream has its own policy (the
+ * pinned pool's exact sizes): a small request (<= 1 MiB) a 2 MiB segment, one below 10 MiB a 20
+ * MiB segment, a larger one its size rounded up to 2 MiB (PyTorch's get_allocation_size). */
 static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
   if (a->up->segment_size) return a->up->segment_size(r);
   if (r <= EBB__SMALL_SIZE) return EBB__SMALL_SEGMENT;
@@ -506,10 +507,9 @@ static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
   return ebb__round_up(r, EBB__ROUND_LARGE);
 }
 
-/* The free block sizes that may serve rounded request r are [r, ebb__fit_limit) (allocators.md
- * 1.4): oversize blocks (>= max_split) are never split; they serve oversize requests within the
- * slack, and a smaller request only up to the size of the segment that request would get
- * itself. PyTorch keeps oversize blocks from every smaller request, but a request just below
+/* The free block sizes that may serve rounded request r are [r, ebb__fit_limit): oversize
+ * blocks (>= max_split) are never split; they serve oversize requests within the slack, and a
+ * smaller request only up to the size of the segment that request would get itself. PyTorch keeps oversize blocks from every smaller request, but a request just below
  * max_split gets a segment rounded up to 2 MiB, which is then oversize: freed, it could serve no
  * request of its own size, and each such request grew the arena again (the arena bench's tensor
  * sequence with max_split_size_mb:64: ~500 driver allocations a replay, 64 GiB reserved before
@@ -555,15 +555,15 @@ static inline bool ebb__ref_live(const struct ebb__stream_ref *r) {
 /* ---- inline: record chunks ----------------------------------------------------------------------
  * Block, slab and free-index records come in chunks that live until teardown; the arena keeps
  * each chunk's pointer in a growable array (doubling from `first`). A new chunk of `bytes`
- * (aligned to `align`, not zeroed), kept in (*v, *n, *cap); NULL when out of host memory (nothing
- * kept). `refuse` (may be NULL) is a white-box test switch: while positive, each chunk asked for
- * is refused as if host memory had run out, and the count drops. Lock held. */
+ * (aligned to `align`, not zeroed) of records of `kind`, kept in (*v, *n, *cap); NULL when out of
+ * host memory (nothing kept). Lock held. */
+enum ebb__chunk_kind { EBB__CHUNK_BLOCKS, EBB__CHUNK_SLABS, EBB__CHUNK_FXNODES };
+/* The host memory of one chunk (chunk.c: aligned_alloc; NULL when out of memory). Its own file,
+ * so that a white-box test can link a version that fails for one kind in its place and drive the
+ * paths that find no host memory for records (tests/alloc/chunk_refusal.c). */
+EBB_HIDDEN void *ebb__chunk_mem(enum ebb__chunk_kind kind, size_t align, size_t bytes);
 static inline void *ebb__chunk_new(void ***v, size_t *n, size_t *cap, size_t first, size_t align, size_t bytes,
-                                   atomic_int *refuse) {
-  if (refuse && EBB_UNLIKELY(atomic_load_explicit(refuse, memory_order_relaxed) > 0)) {
-    atomic_fetch_sub_explicit(refuse, 1, memory_order_relaxed);
-    return NULL;
-  }
+                                   enum ebb__chunk_kind kind) {
   if (*n == *cap) {
     size_t nc = *cap ? *cap * 2 : first;
     void **nv = realloc(*v, nc * sizeof *nv);
@@ -571,7 +571,7 @@ static inline void *ebb__chunk_new(void ***v, size_t *n, size_t *cap, size_t fir
     *v = nv;
     *cap = nc;
   }
-  void *p = aligned_alloc(align, bytes);
+  void *p = ebb__chunk_mem(kind, align, bytes);
   if (p) (*v)[(*n)++] = p;
   return p;
 }

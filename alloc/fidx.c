@@ -70,18 +70,12 @@ struct ebb__fxnode {
 };
 #define EBB__FX_CHUNK 64 /* nodes a chunk */
 
-/* While positive, each node chunk asked for is refused as if host memory had run out, and the
- * count drops: white-box tests (tests/alloc) drive the index's list path with it. */
-static atomic_int ebb__fx_refuse;
-EBB_HIDDEN void ebb__fx_refuse_chunks(int n);
-void ebb__fx_refuse_chunks(int n) { atomic_store_explicit(&ebb__fx_refuse, n, memory_order_relaxed); }
-
 /* Makes sure the arena holds `need` spare nodes, so that an insertion's splits cannot fail
  * half-way. False: out of host memory. Lock held. */
 static bool ebb__fx_reserve(struct ebb__arena *a, size_t need) {
   while (a->nfx_spare < need) {
     struct ebb__fxnode *c = ebb__chunk_new(&a->fx_chunks, &a->nfx_chunks, &a->capfx_chunks, 8, _Alignof(struct ebb__fxnode),
-                                           EBB__FX_CHUNK * sizeof *c, &ebb__fx_refuse);
+                                           EBB__FX_CHUNK * sizeof *c, EBB__CHUNK_FXNODES);
     if (!c) return false;
     for (int i = 0; i < EBB__FX_CHUNK; i++) {
       c[i].up = a->fx_spare;

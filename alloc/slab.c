@@ -47,7 +47,7 @@ static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->slab_spare);
   if (!n) {
     struct ebb__slab *c = ebb__chunk_new(&a->slab_chunks, &a->nslab_chunks, &a->capslab_chunks, 8, _Alignof(struct ebb__slab),
-                                         EBB__SLAB_CHUNK * sizeof *c, NULL);
+                                         EBB__SLAB_CHUNK * sizeof *c, EBB__CHUNK_SLABS);
     if (!c) return NULL;
     memset(c, 0, EBB__SLAB_CHUNK * sizeof *c);
     for (int i = 0; i < EBB__SLAB_CHUNK; i++) {

@@ -1,7 +1,7 @@
-/* snapshot.c: the memory as it stands, for people: the JSON snapshot in PyTorch's layout
- * (allocators.md 1.15, 1.16) of every arena's segments, blocks, slots and history, and the
- * top-owners line of the OOM report. Both walk the live blocks and slots through the slabs'
- * piece iterator (slab.c), never a slab's records.
+/* snapshot.c: the memory as it stands, for people: the JSON snapshot in the layout of PyTorch's
+ * torch.cuda.memory._snapshot() (with _record_memory_history's trace) of every arena's segments,
+ * blocks, slots and history, and the top-owners line of the OOM report. Both walk the live
+ * blocks and slots through the slabs' piece iterator (slab.c), never a slab's records.
  *
  * Owns nothing past a call: the text is built in growing buffers and written at the end.
  *

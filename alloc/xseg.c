@@ -308,8 +308,8 @@ ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb_status st)
 /* Gives the expandable segment's fully free granules back to the driver: free runs are joined
  * (ebb__x_join), the free tail is cut (the span shrinks), then every whole granule inside a
  * free block becomes a hole that later growth maps again (ebb__x_fill_hole). Lock held. The
- * caller synchronised pending events and the device: unmapping must not race queued work
- * (allocators.md 1.11). */
+ * caller synchronised pending events and the device: unmapping must not race queued work, which
+ * may still read or write the granules (the driver does not wait for it). */
 size_t ebb__x_shrink(struct ebb__arena *a) {
   struct ebb__segment *g = a->xseg;
   if (!g) return 0;

@@ -232,15 +232,6 @@ EBB_HIDDEN void ebb__engine_count_parks(uint64_t n);
 EBB_HIDDEN void ebb__engine_stop(void);
 
 /* engine.c */
-/* For tests that prove a stream hand-off is needed: each set bit makes the engine skip one kind
- * of wait (the events are still recorded and counted), so a test can show it reads stale data
- * without it. Process-wide; 0 (the default) skips nothing. */
-enum {
-  EBB__DROP_CONSUMER_WAIT = 1, /* the consumer's wait for a gradient ready on another stream */
-  EBB__DROP_ACCUM_WAIT = 2,    /* the accumulation stream's waits for the producers (several into one input) */
-  EBB__DROP_LEAF_SYNC = 4,     /* the caller's current streams' wait for the leaf streams at the end */
-};
-EBB_HIDDEN void ebb__engine_test_drop(unsigned mask);
 /* Whether task t will execute n (or reach it for a capture). */
 EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
 
@@ -280,8 +271,6 @@ EBB_HIDDEN ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t
 EBB_HIDDEN bool ebb__grad_mode_on(void);
 EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
 EBB_HIDDEN void ebb__node_unref(struct ebb_node *n);
-/* A leaf's AccumulateGrad if it has one (no reference: compared by address only). */
-EBB_HIDDEN struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m);
 /* The stream n's backward runs on, as recorded (handle and id; NULL and 0: none). */
 EBB_HIDDEN void ebb__node_stream(const struct ebb_node *n, ebb_stream_t **s, uint64_t *id);
 /* Makes AccumulateGrad a run on stream s (id) from now on; false when it was not on `from` any

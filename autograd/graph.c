@@ -261,13 +261,6 @@ bool ebb__node_stream_move(struct ebb_node *a, uint64_t from, ebb_stream_t *s, u
   return ok;
 }
 
-struct ebb_node *ebb__grad_acc_peek(const struct ebb__meta *m) {
-  ebb__mutex_lock(&ebb__acc_mu);
-  struct ebb_node *a = m->grad_acc;
-  ebb__mutex_unlock(&ebb__acc_mu);
-  return a;
-}
-
 ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out) {
   ebb__mutex_lock(&ebb__acc_mu);
   struct ebb_node *a = m->grad_acc;

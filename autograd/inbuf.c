@@ -21,9 +21,7 @@
 
 static _Atomic bool ebb__warn_acc = true;
 static _Atomic bool ebb__follow = false;
-static _Atomic unsigned ebb__drop;
 
-void ebb__engine_test_drop(unsigned mask) { atomic_store_explicit(&ebb__drop, mask, memory_order_relaxed); }
 void ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(bool enabled) {
   atomic_store_explicit(&ebb__warn_acc, enabled, memory_order_relaxed);
 }
@@ -93,9 +91,8 @@ static ebb_status ebb__record(struct ebb__task *t, ebb_event_t **e, int *edev, c
   return EBB_OK;
 }
 
-/* Makes stream r wait (on the device) for event e; the test switch may skip it (`kind`). */
-static ebb_status ebb__wait(struct ebb__task *t, ebb_event_t *e, const struct ebb__sref *r, unsigned kind) {
-  if (atomic_load_explicit(&ebb__drop, memory_order_relaxed) & kind) return EBB_OK;
+/* Makes stream r wait (on the device) for event e. */
+static ebb_status ebb__wait(struct ebb__task *t, ebb_event_t *e, const struct ebb__sref *r) {
   ebb_status st = ebb_event_wait(e, r->s);
   if (st) return ebb__fail(st, "%s: making stream %llu (device %d) wait for a gradient failed: %s", t->fn,
                            (unsigned long long)r->id, r->dev, ebb_last_error());
@@ -115,7 +112,7 @@ static ebb_status order_after(struct ebb__task *t, const struct ebb__sref *w, eb
     st = ebb__stream_wait_released(w->s, dev, id); /* (w is held, or immortal) */
   } else if (!st) {
     atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
-    st = ebb__wait(t, e, w, 0);
+    st = ebb__wait(t, e, w);
   }
   ebb__ev_free(e);
   if (st)
@@ -254,12 +251,12 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
     ebb_event_t *e = NULL;
     int edev = 0;
     st = ebb__record(t, &e, &edev, prod);
-    if (!st) st = ebb__wait(t, e, &sl->accum, EBB__DROP_ACCUM_WAIT);
+    if (!st) st = ebb__wait(t, e, &sl->accum);
     ebb__ev_free(e);
   }
   if (!st && sl->accum.id != sl->ready.id) { /* ... and for the value already there */
     if (!sl->ev_ok) st = ebb__record(t, &sl->ev, &sl->ev_dev, &sl->ready);
-    if (!st) st = ebb__wait(t, sl->ev, &sl->accum, EBB__DROP_ACCUM_WAIT);
+    if (!st) st = ebb__wait(t, sl->ev, &sl->accum);
   }
   if (st) {
     ebb_tensor_release(g);
@@ -293,7 +290,7 @@ static ebb_status ebb__grad_order(struct ebb__task *t, struct ebb__meta *m, cons
     st = ebb__stream_wait_released(r->s, dev, m->grad_stream_id);
   } else if (!st) {
     atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
-    st = ebb__wait(t, e, r, 0);
+    st = ebb__wait(t, e, r);
   }
   ebb__ev_free(e);
   if (st)
@@ -359,7 +356,7 @@ ebb_status ebb__consume_waits(struct ebb__task *t, struct ebb__tnode *x) {
     struct ebb__slot *sl = &x->sync[k];
     if (!buf[k] || !sl->accum.id || sl->ready.id == x->sr.id) continue;
     if (!sl->ev_ok) st = ebb__record(t, &sl->ev, &sl->ev_dev, &sl->ready);
-    if (!st) st = ebb__wait(t, sl->ev, &x->sr, EBB__DROP_CONSUMER_WAIT);
+    if (!st) st = ebb__wait(t, sl->ev, &x->sr);
   }
   return st;
 }
@@ -621,7 +618,7 @@ ebb_status ebb__end_sync(struct ebb__task *t) {
     ebb_event_t *e = NULL;
     int edev = 0;
     st = ebb__record(t, &e, &edev, l);
-    if (!st) st = ebb__wait(t, e, c, EBB__DROP_LEAF_SYNC);
+    if (!st) st = ebb__wait(t, e, c);
     ebb__ev_free(e);
   }
   return st;

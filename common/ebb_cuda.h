@@ -277,6 +277,14 @@ typedef CUresult (*ebbsim_register_kernel_fn)(const char *name, ebbsim_kernel_fn
  * the driver's, valid until it is unloaded. */
 typedef const char *(*ebbsim_init_error_fn)(void);
 #define EBBSIM_INIT_ERROR_SYMBOL "ebbsim_init_error"
+/* Its third, for tests that prove a wait between two streams is needed: while on, every
+ * cuStreamWaitEvent that makes `waiter` wait for an event last recorded on `producer` (and not yet
+ * complete) succeeds and enqueues nothing, so the waiter reads what the producer has not written
+ * yet. One pair at a time; setting a pair or turning it off (on = 0) writes to *skipped (may be
+ * NULL) how many waits the previous setting skipped. CUDA_ERROR_INVALID_HANDLE for a stream that
+ * is not live; the streams may belong to different devices. */
+typedef CUresult (*ebbsim_skip_waits_fn)(CUstream waiter, CUstream producer, int on, unsigned long long *skipped);
+#define EBBSIM_SKIP_WAITS_SYMBOL "ebbsim_skip_waits"
 
 /* X(field, symbol, required): every Driver API entry point ebb resolves, by its versioned name. */
 #define EBB_DRV_ENTRIES(X)                                          \

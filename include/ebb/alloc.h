@@ -197,9 +197,9 @@ EBB_API ebb_status ebb_pageable_debug_check(void);
 /* ---- owners, history, snapshots ------------------------------------------------------------
  * Every block records who asked for it: the innermost owner scope of the allocating thread
  * (category + name), or EBB_OWNER_OTHER with the name "" outside any scope. Each device keeps a
- * bounded ring of allocator actions (PyTorch's _record_memory_history, allocators.md 1.16) and
+ * bounded ring of allocator actions (as PyTorch's _record_memory_history) and
  * a snapshot writes segments, blocks and those rings as JSON in the layout of PyTorch's
- * torch.cuda.memory._snapshot() (allocators.md 1.15), with the owner added to blocks and
+ * torch.cuda.memory._snapshot(), with the owner added to blocks and
  * actions. */
 
 typedef enum ebb_owner_cat {

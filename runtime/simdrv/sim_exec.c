@@ -753,6 +753,45 @@ SIM_API CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart
   return r;
 }
 
+/* The pair of streams whose waits ebbsim_skip_waits (ebb_cuda.h) turns into nothing, each with the
+ * slot generation it had then, so a newer stream in a reused slot does not match. Under sched. */
+static struct {
+  struct sim_stream *waiter, *producer; /* NULL: none */
+  uint32_t waiter_gen, producer_gen;
+  unsigned long long skipped;
+} skip;
+
+SIM_API CUresult ebbsim_skip_waits(CUstream waiter, CUstream producer, int on, unsigned long long *skipped) {
+  SIM_CHECK_INIT();
+  struct sim_stream *w = NULL, *p = NULL;
+  uint32_t wg = 0, pg = 0;
+  CUresult r;
+  if (on && ((r = stream_resolve(waiter, &w, &wg)) != CUDA_SUCCESS || (r = stream_resolve(producer, &p, &pg)) != CUDA_SUCCESS))
+    return r;
+  sched_lock();
+  /* relaxed: destroy changes a generation under sched, which we hold */
+  if (on && (atomic_load_explicit(&w->slot.gen, memory_order_relaxed) != wg ||
+             atomic_load_explicit(&p->slot.gen, memory_order_relaxed) != pg)) {
+    pthread_mutex_unlock(&sched);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (skipped) *skipped = skip.skipped;
+  skip.waiter = w;
+  skip.producer = p;
+  skip.waiter_gen = wg;
+  skip.producer_gen = pg;
+  skip.skipped = 0;
+  pthread_mutex_unlock(&sched);
+  return CUDA_SUCCESS;
+}
+
+/* Whether ebbsim_skip_waits asks that s skip its wait for ev (recorded, not complete). Under sched. */
+static bool wait_skipped(const struct sim_stream *s, const struct sim_event *ev) {
+  if (!skip.waiter || s != skip.waiter || ev->stream != skip.producer) return false;
+  return atomic_load_explicit(&s->slot.gen, memory_order_relaxed) == skip.waiter_gen &&
+         atomic_load_explicit(&ev->stream->slot.gen, memory_order_relaxed) == skip.producer_gen;
+}
+
 /* Later work on hStream waits for the event's record as it stands now; a never-recorded or
  * already complete event adds nothing. The event may belong to another device. */
 SIM_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
@@ -766,6 +805,8 @@ SIM_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, uns
   if (r != CUDA_SUCCESS || (r = stream_lock_push(s, sgen)) != CUDA_SUCCESS) return r;
   if (atomic_load_explicit(&ev->slot.gen, memory_order_relaxed) != egen) {
     r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (!event_done(ev) && wait_skipped(s, ev)) {
+    skip.skipped++;
   } else if (!event_done(ev)) {
     struct sim_cmd *c = cmd_alloc();
     if (!c) {

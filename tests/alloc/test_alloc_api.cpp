@@ -690,8 +690,8 @@ TEST_CASE("a stream's miss takes another stream's free block after an event wait
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// A stream made per call and released after it (vLLM#52951: blocks cached per stream, 2 GiB
-// stranded a step): each call's block serves the next call's new stream, ordered on the device
+// A stream made per call and released after it (an allocator that caches blocks per stream and
+// never hands them to a new stream strands a step's memory each step): each call's block serves the next call's new stream, ordered on the device
 // after the released one's work (its release event), with neither growth nor a host wait.
 TEST_CASE("a stream made per call reuses the previous call's block, without a host wait", "[alloc]") {
   EbbSession session;

@@ -360,8 +360,8 @@ TEST_CASE("a failed device wait before unmapping is reported and nothing is unma
 }
 
 // While n > 0, the free index's next n node chunks are refused as if host memory had run out
-// (white-box: the tests link the library statically).
-extern "C" void ebb__fx_refuse_chunks(int n);
+// (chunk_refusal.c, linked in place of the library's chunk memory).
+extern "C" void ebb_test_refuse_fidx_chunks(int n);
 
 // A free block the index keeps in its list (its tree had no node memory) that takes in the free
 // block after it, the segment's last, ends the segment: it is the index's tail from then on,
@@ -375,7 +375,7 @@ TEST_CASE("expandable segments: a listed free block that merges with the free ta
   EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
   REQUIRE(gran == 2 * MiB); // the layout below counts 2 MiB granules
   ebb_stream_t *s = default_stream(0);
-  ebb__fx_refuse_chunks(INT_MAX); // the fresh arena's tree gets no node: free blocks go to the list
+  ebb_test_refuse_fidx_chunks(INT_MAX); // the fresh arena's tree gets no node: free blocks go to the list
   void *z = nullptr, *a = nullptr, *b = nullptr, *c = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, s, &z));   // [z 4]
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &a));   // [z 4 | a 1 | tail 1]
@@ -394,7 +394,7 @@ TEST_CASE("expandable segments: a listed free block that merges with the free ta
   void *x = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &x));
   CHECK(x == z);
-  ebb__fx_refuse_chunks(0);
+  ebb_test_refuse_fidx_chunks(0);
   ARENA_CHECK();
   for (void *q : {a, x}) EBB_REQUIRE_OK(ebb_arena_free(q));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
@@ -402,10 +402,10 @@ TEST_CASE("expandable segments: a listed free block that merges with the free ta
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// arena.c's white-box switches: refuse new slabs of block records, and hold a device arena's
-// spare records aside (so the next record asked for needs a new slab).
-extern "C" void ebb__block_test_refuse_slabs(int n);
-extern "C" void ebb__block_test_hold(int device, bool hold);
+// chunk_refusal.c: refuse new slabs of block records, and hold a device arena's spare records
+// aside (so the next record asked for needs a new slab).
+extern "C" void ebb_test_refuse_block_slabs(int n);
+extern "C" void ebb_test_hold_block_records(int device, bool hold);
 
 TEST_CASE("expandable segments: growth that can get no block record (no host memory) maps nothing and leaves the arena whole",
           "[alloc][expandable][oom]") {
@@ -416,11 +416,11 @@ TEST_CASE("expandable segments: growth that can get no block record (no host mem
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 2 * MiB, s, &a));  // the whole first granule: no free tail
   size_t reserved = stats(0).reserved_bytes.current;
   REQUIRE(reserved == 2 * MiB);
-  ebb__block_test_hold(0, true);
-  ebb__block_test_refuse_slabs(1 << 20);
+  ebb_test_hold_block_records(0, true);
+  ebb_test_refuse_block_slabs(1 << 20);
   ebb_status st = ebb_arena_alloc(0, 2 * MiB, s, &b);  // growth needs a record for its new tail block
-  ebb__block_test_refuse_slabs(0);
-  ebb__block_test_hold(0, false);
+  ebb_test_refuse_block_slabs(0);
+  ebb_test_hold_block_records(0, false);
   INFO("ebb_arena_alloc: " << ebb_last_error());
   CHECK(st == EBB_ENOMEM);
   CHECK(b == nullptr);

@@ -18,7 +18,7 @@
 
 using namespace alloc_test;
 
-extern "C" void ebb__fx_refuse_chunks(int n);
+extern "C" void ebb_test_refuse_fidx_chunks(int n);
 
 static int env_int(const char *k, int d) {
   const char *v = std::getenv(k);
@@ -85,7 +85,7 @@ static std::string fuzz_one(uint64_t seed, int ops, bool solo) {
   int gate_close_at = -1;
   size_t limit = 0, live_bytes = 0;
   int refuse_until = solo && seed % 2 ? static_cast<int>(rng() % 500) : -1;
-  if (refuse_until >= 0) ebb__fx_refuse_chunks(INT_MAX);
+  if (refuse_until >= 0) ebb_test_refuse_fidx_chunks(INT_MAX);
   const size_t kLiveCap = (solo ? 512 : 160) * MiB; // of EBB_SIM_MEM=1G: room for fragmentation
   auto drop = [&](size_t i) {
     live_bytes -= live[i].bytes;
@@ -94,7 +94,7 @@ static std::string fuzz_one(uint64_t seed, int ops, bool solo) {
   };
   for (op = 0; op < ops; op++) {
     unsigned c = rng() % 1000;
-    if (op == refuse_until) ebb__fx_refuse_chunks(0);
+    if (op == refuse_until) ebb_test_refuse_fidx_chunks(0);
     if (gate.load() == 0 && op >= gate_close_at) gate.store(1, std::memory_order_release);
     if (live.empty() || (c < 450 && live_bytes < kLiveCap)) {
       void *p = nullptr;
@@ -137,7 +137,7 @@ static std::string fuzz_one(uint64_t seed, int ops, bool solo) {
       }
       FUZZ_OK(ebb_arena_set_limit(0, limit));
     } else if (c < 980 && solo) {
-      ebb__fx_refuse_chunks(INT_MAX); // no node memory for a while: blocks go to the lists
+      ebb_test_refuse_fidx_chunks(INT_MAX); // no node memory for a while: blocks go to the lists
       refuse_until = op + static_cast<int>(rng() % 300);
     } else if (c >= 980) {
       // A request that fails under a limit, or grows the arena a lot.
@@ -153,7 +153,7 @@ static std::string fuzz_one(uint64_t seed, int ops, bool solo) {
   }
   gate.store(1, std::memory_order_release);
   if (solo) {
-    ebb__fx_refuse_chunks(0);
+    ebb_test_refuse_fidx_chunks(0);
     FUZZ_OK(ebb_arena_set_limit(0, 0));
   }
   for (Live &l : live) FUZZ_OK(ebb_arena_free(l.p));

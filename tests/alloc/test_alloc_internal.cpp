@@ -1,17 +1,18 @@
-// White-box tests of the arena engine (alloc/) through hooks the library keeps hidden:
-// the tests link it statically, so they can reach them.
+// White-box tests of the arena engine (alloc/) through hooks the library keeps hidden (the tests
+// link it statically, so they can reach them) and chunk_refusal.c's failing chunk memory.
 #include "alloc_test_util.hpp"
 
 using namespace alloc_test;
 
-// While n > 0, the free index's next n node chunks are refused as if host memory had run out.
-extern "C" void ebb__fx_refuse_chunks(int n);
+// While n > 0, the free index's next n node chunks are refused as if host memory had run out
+// (chunk_refusal.c).
+extern "C" void ebb_test_refuse_fidx_chunks(int n);
 
 // Out of host memory for its nodes, the index keeps blocks in its list, searched by the same
 // rules: the same answers, first from the list alone, then from the list and the tree.
 TEST_CASE("internal: the free index keeps its placement rules when its tree gets no node memory", "[alloc][internal]") {
   EbbSession session;
-  check_fit_model(ebb__fx_refuse_chunks, 2000);
+  check_fit_model(ebb_test_refuse_fidx_chunks, 2000);
 }
 
 extern "C" void ebb__arena_debug_counts(int device, size_t *nspools, size_t *nevqs);

@@ -1,11 +1,12 @@
 // Helpers of the engine tests that run across devices and streams under the emulated driver's
-// timing model (test_autograd_devices, test_autograd_review3): streams the test owns, a stream
-// made current for a scope, a backlog of kernels, the engine's settings restored at scope exit,
-// warnings collected from any thread, and small tensor and graph helpers.
+// timing model (test_autograd_devices): streams the test owns, a stream made current for a
+// scope, a backlog of kernels, the engine's settings restored at scope exit, warnings collected
+// from any thread, and small tensor and graph helpers.
 //
-// Each test file that includes this links the static ebb_autograd (for the hidden test switch
-// ebb__engine_test_drop) and runs with EBB_SIM_LAUNCH_US set (tests/autograd/CMakeLists.txt).
+// Each test file that includes this runs with EBB_SIM_LAUNCH_US set (tests/autograd/CMakeLists.txt).
 #pragma once
+
+#include <dlfcn.h>
 
 #include <cctype>
 #include <cstdlib>
@@ -14,14 +15,11 @@
 #include <vector>
 
 #include "ebb/autograd.h"
+#include "ebb/runtime.h"
 #include "ebb/stream.h"
+#include "ebb_cuda.h"
 #include "sanitizers.hpp"
 #include "tensor_test_util.hpp"
-
-// The engine's test switch (autograd/autograd_impl.h, a hidden symbol of the static
-// ebb_autograd the test links; the header itself is C11 that C++ does not compile): each set
-// bit makes the engine skip one kind of stream wait. Values as EBB__DROP_* there.
-extern "C" void ebb__engine_test_drop(unsigned mask);
 
 namespace ebb_test {
 
@@ -80,7 +78,7 @@ inline void busy(ebb_stream_t *s, int n) {
   for (int i = 0; i < n; i++) EBB_REQUIRE_OK(ebb_stream_launch(s, k, &a, nullptr));
 }
 
-// The engine's process-wide settings, restored at scope exit (and the test switch cleared).
+// The engine's process-wide settings, restored at scope exit.
 struct EngineSettings {
   ebb_engine_mode mode;
   int depth;
@@ -89,7 +87,6 @@ struct EngineSettings {
       : mode(ebb_autograd_engine_mode()), depth(ebb_autograd_max_reentrant_depth()),
         warn(ebb_autograd_warn_on_accumulate_grad_stream_mismatch()), follow(ebb_autograd_accumulate_grad_follows_producer()) {}
   ~EngineSettings() {
-    ebb__engine_test_drop(0);
     ebb_autograd_set_engine_mode(mode);
     ebb_autograd_set_max_reentrant_depth(depth);
     ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(warn);
@@ -233,5 +230,36 @@ inline bool timed_two_devices(std::string *why) {
     std::string why_;                       \
     if (!timed_two_devices(&why_)) EBB_SKIP(why_); \
   } while (0)
+
+// For the scope, when `on`: the emulated driver skips every wait of stream `waiter` for an event
+// recorded on stream `producer` (ebbsim_skip_waits, ebb_cuda.h), so a test shows that a hand-off
+// the engine makes between them is needed. Found in the driver ebb loaded (the emulated one:
+// EBB_NEED_TIMED_DEVICES). `skipped` counts the waits skipped, for the caller to check that the
+// wait it means to remove was made at all.
+struct SkipWaits {
+  ebbsim_skip_waits_fn fn = nullptr;
+  unsigned long long *skipped;
+  SkipWaits(bool on, ebb_stream_t *waiter, ebb_stream_t *producer, unsigned long long *skipped_out) : skipped(skipped_out) {
+    if (!on) return;
+    ebb_driver_info info;
+    EBB_REQUIRE_OK(ebb_driver_get_info(&info));
+    void *dl = dlopen(info.path, RTLD_NOW | RTLD_NOLOAD);  // ebb's own handle stays: this one only counts up
+    REQUIRE(dl != nullptr);
+    // POSIX guarantees that dlsym's object pointer converts to a function pointer.
+    fn = reinterpret_cast<ebbsim_skip_waits_fn>(dlsym(dl, EBBSIM_SKIP_WAITS_SYMBOL));
+    dlclose(dl);
+    REQUIRE(fn != nullptr);
+    CUstream w = nullptr, p = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_cu(waiter, &w));
+    EBB_REQUIRE_OK(ebb_stream_cu(producer, &p));
+    REQUIRE(fn(w, p, 1, nullptr) == CUDA_SUCCESS);
+  }
+  SkipWaits(const SkipWaits &) = delete;
+  SkipWaits &operator=(const SkipWaits &) = delete;
+  ~SkipWaits() {
+    unsigned long long n = 0;
+    if (fn && fn(nullptr, nullptr, 0, &n) == CUDA_SUCCESS && skipped) *skipped += n;
+  }
+};
 
 }  // namespace ebb_test

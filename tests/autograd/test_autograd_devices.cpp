@@ -1,10 +1,12 @@
 // The engine across devices, streams and threads (ebb/autograd.h, "the engine: devices, streams,
 // threads"): each node's backward and its hooks run on its forward stream; gradients
 // handed between streams and devices are waited for, and each of those waits is
-// shown to be needed (the test reads wrong values without it, through the engine's test switch);
-// events per edge; the AccumulateGrad stream-mismatch warning and the follow-producer policy
-// (spec §3.3); engine modes; multi-device backward with several roots and from several threads;
-// errors from a device worker; reentrant backward at and past the depth limit.
+// shown to be needed (the test reads wrong values when the emulated driver skips it);
+// events per edge; the AccumulateGrad stream-mismatch warning and the follow-producer policy;
+// engine modes; multi-device backward with several roots and from several threads;
+// errors from a device worker; reentrant backward at and past the depth limit, and hand-offs of
+// several workers to the pool at once; in-place sums into a gradient other streams may still read;
+// modes a hook leaves on an engine thread.
 //
 // Runs with the emulated driver's timing model (EBB_SIM_LAUNCH_US, set by CMakeLists.txt): every
 // kernel keeps its device's compute engine busy for that long, so a backlog of kernels on one
@@ -14,7 +16,10 @@
 // the test thread checks it afterwards (Catch2's assertions are not thread-safe).
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <map>
@@ -30,9 +35,10 @@ using namespace ebb_test;
 
 namespace {
 
-constexpr unsigned kDropConsumerWait = 1;  // EBB__DROP_CONSUMER_WAIT
-constexpr unsigned kDropAccumWait = 2;     // EBB__DROP_ACCUM_WAIT
-constexpr unsigned kDropLeafSync = 4;      // EBB__DROP_LEAF_SYNC
+// Set by wrong_tries: the scenarios below have the emulated driver skip the one wait they pin
+// (SkipWaits), and count the waits it skipped.
+bool g_skip_wait = false;
+unsigned long long g_skipped_waits = 0;
 
 // Tries of a scenario with a wait dropped (each should read wrong values) and without.
 constexpr int kTries = 3;
@@ -120,13 +126,16 @@ int total_runs(Probe &p) {
   return n;
 }
 
-// ---- scenarios of spec §2.7, each returning whether the values came out right ------------------
+// ---- scenarios of the backward's stream rules, each returning whether the values came out right ---
 // Every one runs on device `dev` with streams of its own, makes the stream that produces a
 // gradient slow (a backlog), and reads the result with an op on the caller's current stream.
+// Under g_skip_wait, the driver skips the waits of the stream pair the scenario names (the
+// backward makes no other wait between those two streams).
 
 // A gradient crossing streams: producer (MulBackward, SumBackward) on sp, consumer
-// (MulScalarBackward, and the leaf's AccumulateGrad) on sc. Needs the consumer's wait. (One
-// gradient into a's slot: a * a would send two, summed on sc after the accumulation's waits.)
+// (MulScalarBackward, and the leaf's AccumulateGrad) on sc. Needs the consumer's wait: sc for
+// sp. (One gradient into a's slot: a * a would send two, summed on sc after the accumulation's
+// waits.)
 bool scenario_cross_stream(int dev, int t) {
   Stream sp(dev), sc(dev);
   auto wv = vals(t), cv = vals(t + 3);
@@ -143,12 +152,15 @@ bool scenario_cross_stream(int dev, int t) {
     loss = sum(b);
   }
   busy(sp, kBacklog);
-  EBB_REQUIRE_OK(backward({loss}));
+  {
+    SkipWaits skip(g_skip_wait, sc, sp, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
   return same(grad_seen(w), times(cv, 3.0));  // d/dw sum(3 w c)
 }
 
 // The root's gradient, made on the caller's current stream after a backlog there, consumed by a
-// node on another stream. Needs the consumer's wait for the caller's stream.
+// node on another stream. Needs the consumer's wait for the caller's stream: s1 for it.
 bool scenario_root_grad(int dev, int t) {
   Stream s1(dev);
   auto wv = vals(t);
@@ -160,12 +172,17 @@ bool scenario_root_grad(int dev, int t) {
   }
   busy(current(dev), kBacklog);
   Tensor gy = full(dev, (int64_t)wv.size(), 1.5 + t);  // written by a kernel behind the backlog
-  EBB_REQUIRE_OK(backward({y}, {gy}));
+  {
+    SkipWaits skip(g_skip_wait, s1, current(dev), &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({y}, {gy}));
+  }
   return same(grad_seen(w), std::vector<double>(wv.size(), 2 * (1.5 + t)));
 }
 
 // Several producers into one input: a's gradient comes from s1 (slow) and s2 and is summed on
-// the consumer's stream sc (spec §2.3 case A). Needs the accumulation stream's waits.
+// the consumer's stream sc (the consumer is on the gradients' device: sums are made on its stream).
+// Needs the accumulation stream's waits: sc for s1 (a's only consumer is on sc, so sc waits for
+// s1 only to sum).
 bool scenario_accumulate(int dev, int t) {
   Stream sc(dev), s1(dev), s2(dev);
   auto wv = vals(t);
@@ -188,12 +205,16 @@ bool scenario_accumulate(int dev, int t) {
     l2 = sum(p2);
   }
   busy(s1, kBacklog);
-  EBB_REQUIRE_OK(backward({l1, l2}));
+  {
+    SkipWaits skip(g_skip_wait, sc, s1, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({l1, l2}));
+  }
   return same(grad_seen(w), std::vector<double>(wv.size(), 2.0 * (3 + t + 5)));
 }
 
 // The end of a backward: everything ran on s0 behind a backlog; the caller, on a stream of its
-// own, reads .grad with an op right after ebb_backward returns. Needs the leaf streams' sync.
+// own, reads .grad with an op right after ebb_backward returns. Needs the leaf streams' sync:
+// the caller's stream for s0.
 bool scenario_leaf_sync(int dev, int t) {
   Stream s0(dev), caller(dev);
   auto wv = vals(t);
@@ -206,7 +227,10 @@ bool scenario_leaf_sync(int dev, int t) {
   }
   busy(s0, kBacklog);
   OnStream g(caller);
-  EBB_REQUIRE_OK(backward({loss}));
+  {
+    SkipWaits skip(g_skip_wait, caller, s0, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
   return same(grad_seen(w), times(wv, 2.0));
 }
 
@@ -214,7 +238,7 @@ bool scenario_leaf_sync(int dev, int t) {
 // forward stream s, behind a backlog). a is w moved from the other device to `dev`, so no leaf's
 // .grad is written on `dev`: only the end sync orders the caller's stream there after s. The
 // caller, on streams of its own on both devices, reads a's .grad right after ebb_backward
-// returns. Needs the retaining stream among those the end sync waits for.
+// returns. Needs the retaining stream among those the end sync waits for: c for s.
 bool scenario_retain_sync(int dev, int t) {
   Warnings quiet;  // w's AccumulateGrad (the other device) gets its gradient from s: the mismatch warning
   int other = 1 - dev;
@@ -231,7 +255,10 @@ bool scenario_retain_sync(int dev, int t) {
   busy(s, kBacklog);
   OnStream go(co);
   OnStream gc(c);
-  EBB_REQUIRE_OK(backward({loss}));
+  {
+    SkipWaits skip(g_skip_wait, c, s, &g_skipped_waits);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
   return same(grad_seen(a), times(wv, 2.0));  // d/da sum(a^2)
 }
 
@@ -264,17 +291,17 @@ bool scenario_retain_twice(int dev, int t) {
 
 using Scenario = bool (*)(int, int);
 
-// Runs a scenario kTries times with the engine waits in `drop` skipped: returns how many tries
-// read wrong values. The switch is cleared again before returning.
-int wrong_tries(Scenario sc, unsigned drop, int dev) {
+// Runs a scenario kTries times, with the wait it pins skipped by the driver when `skip`: returns
+// how many tries read wrong values.
+int wrong_tries(Scenario sc, bool skip, int dev) {
   int wrong = 0;
-  ebb__engine_test_drop(drop);
+  g_skip_wait = skip;
   for (int t = 0; t < kTries; t++) {
     bool ok = sc(dev, t);
     sync_all();  // the next try starts from idle devices
     if (!ok) wrong++;
   }
-  ebb__engine_test_drop(0);
+  g_skip_wait = false;
   return wrong;
 }
 
@@ -303,18 +330,21 @@ void check_tries_each(Scenario sc, std::initializer_list<ebb_engine_mode> modes)
     }
 }
 
-// The proof pattern: wrong without the wait (at least once in kTries; with the backlog it should be
-// every time), right with it every time.
-void prove_wait(Scenario sc, unsigned drop, const char *what) {
+// The proof pattern: the engine makes the wait (the driver skipped at least one), and without it
+// the values are wrong (at least once in kTries; with the backlog it should be every time), with
+// it right every time.
+void prove_wait(Scenario sc, const char *what) {
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
   EngineSettings keep;
   for (int dev : {0, 1}) {
     INFO(what << " on device " << dev);
-    int without = wrong_tries(sc, drop, dev);
-    INFO("wrong values in " << without << " of " << kTries << " tries without the wait");
+    g_skipped_waits = 0;
+    int without = wrong_tries(sc, true, dev);
+    INFO("wrong values in " << without << " of " << kTries << " tries without the wait (" << g_skipped_waits << " waits skipped)");
+    CHECK(g_skipped_waits >= 1);
     CHECK(without >= 1);
-    int with = wrong_tries(sc, 0, dev);
+    int with = wrong_tries(sc, false, dev);
     INFO("wrong values in " << with << " of " << kTries << " tries with the wait");
     CHECK(with == 0);
   }
@@ -372,7 +402,7 @@ struct Gate {
 
 }  // namespace
 
-// ---- 1. spec §2.7 on two devices with side streams -------------------------------------------------
+// ---- 1. the stream rules on two devices with side streams -------------------------------------------
 
 TEST_CASE("engine devices: each node's backward and its hooks run on the node's forward stream",
           "[autograd][devices][streams]") {
@@ -609,7 +639,7 @@ TEST_CASE("engine devices: a second backward adds into a retained .grad after it
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// ---- 2. spec §2.8: a forward that moved tensors between devices --------------------------------------
+// ---- 2. a forward that moved tensors between devices ------------------------------------------------
 
 TEST_CASE("engine devices: a forward moving tensors 0 to 1 and back gets right gradients on both devices, with no device-wide sync",
           "[autograd][devices][multi]") {
@@ -686,26 +716,26 @@ TEST_CASE("engine devices: gradients summed across devices (a device-1 producer 
 
 TEST_CASE("engine devices: without the consumer's wait a gradient crossing streams reads stale data",
           "[autograd][devices][proof]") {
-  prove_wait(scenario_cross_stream, kDropConsumerWait, "a gradient crossing streams");
+  prove_wait(scenario_cross_stream, "a gradient crossing streams");
 }
 
 TEST_CASE("engine devices: without the consumer's wait the root's gradient reads stale data", "[autograd][devices][proof]") {
-  prove_wait(scenario_root_grad, kDropConsumerWait, "the root's gradient on the caller's stream");
+  prove_wait(scenario_root_grad, "the root's gradient on the caller's stream");
 }
 
 TEST_CASE("engine devices: without the accumulation stream's waits several producers sum stale data",
           "[autograd][devices][proof]") {
-  prove_wait(scenario_accumulate, kDropAccumWait, "two producers into one input");
+  prove_wait(scenario_accumulate, "two producers into one input");
 }
 
 TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads .grad too early",
           "[autograd][devices][proof]") {
-  prove_wait(scenario_leaf_sync, kDropLeafSync, "the caller's stream after backward");
+  prove_wait(scenario_leaf_sync, "the caller's stream after backward");
 }
 
 TEST_CASE("engine devices: without the leaf streams' sync the caller's stream reads a retained non-leaf's .grad too early",
           "[autograd][devices][proof][retain]") {
-  prove_wait(scenario_retain_sync, kDropLeafSync, "the caller's stream after backward, a retained non-leaf's .grad");
+  prove_wait(scenario_retain_sync, "the caller's stream after backward, a retained non-leaf's .grad");
 }
 
 // ---- 4. events ------------------------------------------------------------------------------------------
@@ -1132,6 +1162,181 @@ TEST_CASE("engine devices: with follow-producer the accumulator moves to the pro
   CHECK_FALSE(ebb_autograd_accumulate_grad_follows_producer());
   EBB_REQUIRE_OK(ebb_gradient_edge_release(&e));
   wu.warm_loss.reset();
+  sync_all();
+}
+
+namespace {
+
+// The AccumulateGrad of leaf w (kept alive by a graph the caller holds).
+const ebb_node_t *acc_of(const ebb_tensor_t *w) {
+  ebb_gradient_edge e;
+  EBB_REQUIRE_OK(ebb_tensor_gradient_edge(w, &e));
+  const ebb_node_t *n = e.node;
+  EBB_REQUIRE_OK(ebb_gradient_edge_release(&e));
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("engine devices: follow-producer moving an accumulator to another stream orders the move after .grad's pending writes",
+          "[autograd][devices][accumulate]") {
+  // The warm-up ran a backward on s0 (behind a backlog there): .grad is written on s0, late. The
+  // accumulator, kept alive, then follows the producer to s1. Its first add into .grad on s1 must
+  // come after s0's write of .grad, as it did on s0 without the policy; the user never touched
+  // .grad on s1, so ordering it is the engine's job.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(false);
+  for (bool follow : {false, true}) {
+    INFO("follow-producer " << follow);
+    ebb_autograd_set_accumulate_grad_follows_producer(false);
+    Stream s0(0), s1(0), s2(0);
+    auto v = vals(follow ? 2 : 1);
+    Tensor w = leaf(0, v), warm_loss;
+    sync_all();
+    {
+      OnStream g(s0);
+      Tensor y = scale(w, 2);
+      warm_loss = sum(y);
+      busy(s0, kBacklog);
+      EBB_REQUIRE_OK(backward({warm_loss}, {}, true));  // .grad = 2, written on s0 behind the backlog
+    }
+    const ebb_node_t *acc = acc_of(w);
+    REQUIRE(node_stream(acc) == s0.id());
+    ebb_autograd_set_accumulate_grad_follows_producer(follow);
+    Stats before = stats();
+    {
+      OnStream g(s1);
+      Tensor y = scale(w, 3), loss = sum(y);
+      EBB_REQUIRE_OK(backward({loss}));
+      CHECK(grad_seen(w) == std::vector<double>(v.size(), 5.0));
+    }
+    CHECK(stats().accumulate_grad_followed - before.accumulate_grad_followed == (follow ? 1u : 0u));
+    CHECK(node_stream(acc) == (follow ? s1.id() : s0.id()));
+    // And again from s2, behind a backlog on s1 (where the last add into .grad was made when
+    // following): the next move waits for s1 too.
+    busy(s1, kBacklog);
+    {
+      OnStream g(s2);
+      Tensor y = scale(w, 4), loss = sum(y);
+      EBB_REQUIRE_OK(backward({loss}));
+      CHECK(grad_seen(w) == std::vector<double>(v.size(), 9.0));
+    }
+    CHECK(node_stream(acc) == (follow ? s2.id() : s0.id()));
+    warm_loss.reset();
+    sync_all();
+  }
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
+
+TEST_CASE("engine devices: an accumulator whose recorded stream was released: the warning says so, follow-producer moves it",
+          "[autograd][devices][accumulate]") {
+  // The accumulator was made on a stream since released: it runs on the caller's current stream
+  // (the header's rule). The mismatch warning names that, not "the stream current when it was
+  // made"; with follow-producer, a producer on another stream takes it over, for this backward
+  // and the next ones, as for a live stream.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  Warnings warn;
+  Stream s1(0);
+  auto v = vals(3);
+  Tensor w = leaf(0, v), warm_loss;
+  sync_all();
+  uint64_t gone = 0;
+  {
+    Stream tmp(0);
+    gone = tmp.id();
+    OnStream g(tmp);
+    Tensor y = scale(w, 2);
+    warm_loss = sum(y);
+    EBB_REQUIRE_OK(ebb_stream_synchronize(tmp));
+  }
+  const ebb_node_t *acc = acc_of(w);
+  REQUIRE(node_stream(acc) == gone);
+  uint64_t caller = sid(current(0));
+  // One step, the producer on s1, the caller on its default stream: the accumulator runs there.
+  auto step = [&] {
+    Tensor loss;
+    {
+      OnStream g(s1);
+      Tensor y = scale(w, 3);
+      loss = sum(y);
+    }
+    EBB_REQUIRE_OK(backward({loss}));
+  };
+  step();
+  auto msgs = warn.take();
+  REQUIRE(msgs.size() == 1);
+  INFO("warning: " << msgs[0]);
+  CHECK(has_number(msgs[0], caller));
+  CHECK(has_number(msgs[0], gone));
+  CHECK(has_number(msgs[0], s1.id()));
+  CHECK(msgs[0].find("released") != std::string::npos);
+  CHECK(msgs[0].find("the stream current when it was made") == std::string::npos);
+  CHECK(node_stream(acc) == gone);
+  ebb_autograd_set_accumulate_grad_follows_producer(true);
+  Stats before = stats();
+  step();
+  Stats after = stats();
+  CHECK(after.accumulate_grad_followed - before.accumulate_grad_followed == 1);
+  CHECK(node_stream(acc) == s1.id());
+  CHECK(warn.count() == 1);
+  CHECK(grad_seen(w) == std::vector<double>(v.size(), 6.0));
+  warm_loss.reset();
+  sync_all();
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
+
+TEST_CASE("engine devices: ebb_node_input_meta on an accumulator that follow-producer moves on another thread reads one stream or the other",
+          "[autograd][devices][accumulate][threads]") {
+  // The move happens under the engine's lock for node streams, and the Node API reads the stream
+  // id under it too (without it: a data race, which TSan reports). A reader on one thread, backward calls moving
+  // the accumulator between s1 and s2 on another.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  ebb_autograd_set_warn_on_accumulate_grad_stream_mismatch(false);
+  ebb_autograd_set_accumulate_grad_follows_producer(true);
+  Stream s0(0), s1(0), s2(0);
+  const uint64_t ids[3] = {s0.id(), s1.id(), s2.id()};
+  Tensor w = leaf(0, vals(4)), warm_loss;
+  sync_all();
+  {
+    OnStream g(s0);
+    Tensor y = scale(w, 2);
+    warm_loss = sum(y);  // keeps the accumulator, made on s0
+  }
+  const ebb_node_t *acc = acc_of(w);
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, strange{0};
+  std::thread reader([&] {
+    while (!stop.load(std::memory_order_acquire)) {
+      ebb_node_input_info info;
+      if (ebb_node_input_meta(acc, 0, &info) != EBB_OK || (info.stream_id != ids[0] && info.stream_id != ids[1] && info.stream_id != ids[2]))
+        strange++;
+      reads++;
+      std::this_thread::yield();
+    }
+  });
+  const int steps = kSanitized ? 10 : 40;
+  Stats before = stats();
+  while (reads.load() == 0) std::this_thread::yield(); /* (a loaded machine may start the reader late) */
+  for (int i = 0; i < steps; i++) {
+    OnStream g(i % 2 ? s2 : s1);
+    Tensor y = scale(w, 1), loss = sum(y);
+    EBB_REQUIRE_OK(backward({loss}));
+  }
+  stop.store(true, std::memory_order_release);
+  reader.join();
+  CHECK(stats().accumulate_grad_followed - before.accumulate_grad_followed == (uint64_t)steps);
+  CHECK(strange.load() == 0);
+  CHECK(reads.load() > 0);
+  CHECK(node_stream(acc) == ids[steps % 2 ? 1 : 2]);
+  sync_all();  // (.grad was last written on s1 or s2, which this thread's current stream did not wait for)
+  CHECK(grad_seen(w) == std::vector<double>(8, (double)steps));
+  warm_loss.reset();
   sync_all();
 }
 
@@ -1821,4 +2026,287 @@ TEST_CASE("engine devices: a backward started in a hook on a device worker count
   EBB_CHECK_CLOSE(grad_seen(v), std::vector<double>(vv.size(), 2.0), 1e-12, 0);
   EBB_CHECK_CLOSE(grad_seen(u), std::vector<double>(vu.size(), 1.0), 1e-12, 0);
   EBB_CHECK_CLOSE(grad_seen(h), std::vector<double>(vh.size(), 3.0), 1e-12, 0);
+}
+
+namespace {
+
+// Two device workers hand a reentrant backward to the pool at the same moment, while exactly one
+// pool thread is idle. Per device i: the outer loss lo[i] (all on device i) has a leaf whose hook
+// runs the middle backward lm[i] (device i alone: on the worker itself, one level down); the
+// middle leaf's hook meets the other worker's at a barrier, then runs the inner backward ln[i],
+// which is past the depth limit (1) and goes to a pool thread. ln[i] crosses to the other
+// device, so it needs the other worker's queue served: by that worker's own pool thread while it
+// waits. Two hand-offs queued for one pool thread leave the second worker's queue unserved
+// while the first's inner backward waits for it.
+struct PoolRace {
+  struct Side {
+    PoolRace *race = nullptr;
+    int i = 0;
+    Tensor h, lo, m, lm, n, ln;
+  };
+  Side side[2];
+  std::atomic<int> arrived{0};
+  bool barrier = false;
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::string first_error;
+
+  void fail(const char *what) {
+    std::lock_guard<std::mutex> l(mu);
+    if (first_error.empty()) first_error = std::string(what) + ": " + ebb_last_error();
+    failures++;
+  }
+
+  static ebb_status outer_hook(const ebb_tensor_t *, ebb_tensor_t **, void *user) {
+    auto *s = static_cast<Side *>(user);
+    const ebb_tensor_t *r[1] = {s->lm.get()};
+    ebb_status st = ebb_backward(r, nullptr, 1, true, nullptr, 0);
+    if (st) s->race->fail("middle backward");
+    return st;
+  }
+
+  static ebb_status middle_hook(const ebb_tensor_t *, ebb_tensor_t **, void *user) {
+    auto *s = static_cast<Side *>(user);
+    PoolRace *r = s->race;
+    if (r->barrier) {  // both workers hand off together (a give-up after 2 s: only less likely then)
+      r->arrived.fetch_add(1);
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (r->arrived.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    }
+    const ebb_tensor_t *roots[1] = {s->ln.get()};
+    ebb_status st = ebb_backward(roots, nullptr, 1, true, nullptr, 0);
+    if (st) r->fail("inner backward");
+    return st;
+  }
+
+  PoolRace() {
+    for (int i = 0; i < 2; i++) {
+      Side &s = side[i];
+      s.race = this;
+      s.i = i;
+      s.h = leaf(i, vals(i, 4));
+      s.m = leaf(i, vals(i + 2, 4));
+      s.n = leaf(i, vals(i + 4, 4));
+      Tensor a = scale(s.h, 1);
+      s.lo = sum(a);
+      Tensor b = scale(s.m, 1);
+      s.lm = sum(b);
+      Tensor c = scale(s.n, 1), c1 = to_dev(c, 1 - i);
+      s.ln = sum(c1);
+      ebb_hook_handle hd;
+      EBB_REQUIRE_OK(ebb_tensor_register_hook(s.h, outer_hook, &s, &hd));
+      EBB_REQUIRE_OK(ebb_tensor_register_hook(s.m, middle_hook, &s, &hd));
+    }
+    sync_all();
+  }
+};
+
+// Ends the process with a message when `done` is not set within the limit: a deadlocked backward
+// never returns, and ctest's timeout would say less.
+struct HangBreaker {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread th;
+  HangBreaker(const char *what, int seconds) {
+    th = std::thread([this, what, seconds] {
+      std::unique_lock<std::mutex> l(mu);
+      if (!cv.wait_for(l, std::chrono::seconds(seconds), [this] { return done; })) {
+        std::fprintf(stderr, "engine devices: %s did not return in %d s: deadlocked\n", what, seconds);
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    });
+  }
+  ~HangBreaker() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      done = true;
+    }
+    cv.notify_all();
+    th.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("engine devices: two device workers handing reentrant backward calls to one idle pool thread at once do not deadlock",
+          "[autograd][devices][reentrant]") {
+  const char *env = std::getenv("EBB_TEST_REENTRANT_POOL_ROUNDS");
+  const int rounds = env ? std::atoi(env) : (kSanitized ? 15 : 40);
+  int handoffs_seen = 0;
+  for (int round = 0; round < rounds; round++) {
+    INFO("round " << round);
+    EbbSession session;  // a fresh engine each round: no pool thread yet
+    {
+      std::string why;
+      if (!timed_two_devices(&why)) EBB_SKIP(why);
+    }
+    EngineSettings keep;
+    EBB_REQUIRE_OK(ebb_autograd_set_max_reentrant_depth(1));
+    PoolRace race;
+    // One hand-off from the calling thread (device 0 alone): it leaves one idle pool thread.
+    {
+      HangBreaker hb("the warm-up backward", 60);
+      const ebb_tensor_t *r[1] = {race.side[0].lo.get()};
+      EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, nullptr, 0));
+    }
+    REQUIRE(stats().reentrant_handoffs == 1);
+    race.barrier = true;
+    Stats before = stats();
+    {
+      HangBreaker hb("the backward over both devices", 20);
+      const ebb_tensor_t *r[2] = {race.side[0].lo.get(), race.side[1].lo.get()};
+      EBB_REQUIRE_OK(ebb_backward(r, nullptr, 2, true, nullptr, 0));
+    }
+    Stats after = stats();
+    handoffs_seen += (int)(after.reentrant_handoffs - before.reentrant_handoffs);
+    {
+      std::lock_guard<std::mutex> l(race.mu);
+      INFO(race.first_error);
+      CHECK(race.failures.load() == 0);
+    }
+    CHECK(after.reentrant_handoffs - before.reentrant_handoffs == 2);
+    // h: one outer backward each (device 0 twice: the warm-up); m and n: once per outer.
+    CHECK(grad_seen(race.side[0].h) == std::vector<double>(4, 2.0));
+    CHECK(grad_seen(race.side[1].h) == std::vector<double>(4, 1.0));
+    CHECK(grad_seen(race.side[0].n) == std::vector<double>(4, 2.0));
+    CHECK(grad_seen(race.side[1].n) == std::vector<double>(4, 1.0));
+    sync_all();
+  }
+  CHECK(handoffs_seen == 2 * rounds);
+}
+
+// ---- 10. the lean path: in-place sums into buffers ---------------------------------------------------
+
+TEST_CASE("engine devices: a gradient handed to two consumers on different streams is not summed into in place while one may still read it",
+          "[autograd][devices][lean]") {
+  // AddBackward (P, on sp) hands one tensor T to both its inputs: X's slot (MulScalarBackward on
+  // sx) and G's slot (MulScalarBackward on sg), which also gets Q's gradient later. X runs before
+  // Q delivers and reads T on sx, behind a backlog there; it then lets T go, so T is G's slot's
+  // alone by count. Q's sum into G's slot on sg must not write T in place: sx has not read it yet.
+  //   y = w2 * 2 (sg) ; q = y * 5 (sq) ; lq = sum(q) (sq) ; x = w * 3 (sx) ; z = x + y (sp) ;
+  //   l = sum(z * 2) (sp). d/dw (l + lq) = 6, d/dw2 = 2 * (2 + 5) = 14.
+  // Recorded in this order, the backward runs l's nodes, P, X, then lq's SumBackward, Q, G.
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS}) {
+    INFO("mode " << mode);
+    EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+    Stream sg(0), sq(0), sx(0), sp(0);
+    Tensor w = leaf(0, vals(1)), w2 = leaf(0, vals(2)), y, lq, x, l;
+    sync_all();
+    {
+      OnStream g(sg);
+      y = scale(w2, 2);
+    }
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(sq, sg));
+    {
+      OnStream g(sq);
+      Tensor q = scale(y, 5);
+      lq = sum(q);
+    }
+    {
+      OnStream g(sx);
+      x = scale(w, 3);
+    }
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(sp, sx));
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(sp, sg));
+    {
+      OnStream g(sp);
+      Tensor z;
+      EBB_REQUIRE_OK(ebb_op_add(x, y, z.out()));
+      Tensor zz = scale(z, 2);  // its backward makes T a dense tensor of its own (sum's is a broadcast view)
+      l = sum(zz);
+    }
+    busy(sx, kBacklog);
+    EBB_REQUIRE_OK(backward({l, lq}));
+    CHECK(grad_seen(w) == std::vector<double>(8, 6.0));
+    CHECK(grad_seen(w2) == std::vector<double>(8, 14.0));
+    sync_all();
+  }
+  CHECK(ebb_autograd_live_nodes() == 0);
+}
+
+// ---- 11. thread-local state on the engine's threads --------------------------------------------------
+
+namespace {
+
+// A node pre-hook that turns a thread-local mode on and forgets to turn it off again.
+ebb_status leak_mode(const ebb_node_t *, const ebb_tensor_t *const *, int, ebb_tensor_t **, void *user) {
+  if (*static_cast<const bool *>(user)) ebb_inference_mode_set_enabled(true, nullptr);
+  else ebb_grad_set_enabled(true, nullptr);
+  return EBB_OK;
+}
+
+}  // namespace
+
+TEST_CASE("engine devices: a hook that leaves grad or inference mode on does not change the nodes that run after it on that thread",
+          "[autograd][devices][threads]") {
+  // A hook on a device-1 node (device 1's worker) leaves a mode on. The worker runs nodes of
+  // every backward after that: they must run as the engine runs nodes (grad mode off, no
+  // inference mode), not in what the hook left. PyTorch restores the thread's state around each
+  // node. Left on, inference mode would make the next gradients on that worker inference tensors:
+  // a .grad that the next accumulation outside inference mode cannot add into. (Grad mode left on
+  // is checked the same way: no graph recorded by the backward's own ops.)
+  EbbSession session;
+  EBB_NEED_TIMED_DEVICES();
+  EngineSettings keep;
+  for (ebb_engine_mode mode : {EBB_ENGINE_AUTO, EBB_ENGINE_CALLING_THREAD})
+    for (bool inference : {true, false}) {
+      INFO("mode " << mode << (inference ? ", inference mode left on" : ", grad mode left on"));
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+      bool grad_was = ebb_grad_enabled();
+      auto v0 = vals(1), v1 = vals(2);
+      Tensor w0 = leaf(0, v0), w1 = leaf(1, v1);
+      sync_all();
+      {
+        // The hook's own node (MulScalarBackward on device 1) runs after the hook as it left the
+        // thread; the nodes after it must not.
+        Tensor a = scale(w0, 2), a1 = to_dev(a, 1), b = scale(a1, 3), l = sum(b);
+        const ebb_node_t *n = nullptr;
+        EBB_REQUIRE_OK(ebb_tensor_grad_fn(b, &n, nullptr));
+        ebb_hook_handle h;
+        EBB_REQUIRE_OK(ebb_node_register_pre_hook(n, leak_mode, &inference, &h));
+        EBB_REQUIRE_OK(backward({l}));
+      }
+      // The calling thread is the user's: what a hook left there is theirs to see (restored at
+      // the end of the backward as the engine found it).
+      ebb_inference_mode_set_enabled(false, nullptr);
+      ebb_grad_set_enabled(grad_was, nullptr);
+      long nodes = ebb_autograd_live_nodes();
+      {
+        // Two devices again: device 1's nodes on its worker (AUTO), MulBackward saving w1.
+        Tensor a = scale(w0, 2), a1 = to_dev(a, 1), c, l;
+        EBB_REQUIRE_OK(ebb_op_mul(a1, w1, c.out()));
+        l = sum(c);
+        ebb_status st = backward({l});
+        INFO(ebb_last_error());
+        REQUIRE(st == EBB_OK);
+        CHECK(ebb_autograd_live_nodes() == nodes + 6);  // this graph's nodes only (none recorded by the backward)
+      }
+      for (const ebb_tensor_t *w : {w0.get(), w1.get()}) {
+        Tensor g;
+        EBB_REQUIRE_OK(ebb_tensor_grad(w, g.out()));
+        REQUIRE(g.get() != nullptr);
+        bool inf = true, req = true;
+        EBB_REQUIRE_OK(ebb_tensor_is_inference(g, &inf));
+        EBB_REQUIRE_OK(ebb_tensor_requires_grad(g, &req));
+        CHECK_FALSE(inf);
+        CHECK_FALSE(req);
+      }
+      {
+        // And .grad can still be added into on the calling thread (device 1 alone).
+        Tensor b = scale(w1, 3), l = sum(b);
+        ebb_status st = backward({l});
+        INFO(ebb_last_error());
+        CHECK(st == EBB_OK);
+      }
+      std::vector<double> want1(v1.size());
+      for (size_t i = 0; i < v1.size(); i++) want1[i] = 2 * v0[i] + 3;
+      CHECK(grad_seen(w1) == want1);
+      sync_all();
+    }
+  CHECK(ebb_autograd_live_nodes() == 0);
 }

@@ -583,3 +583,62 @@ TEST_CASE("engine: device workers give the calling thread's gradients, for one d
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// ---- partial backward into a retained non-leaf, and a leaf as the root -------------------------
+
+namespace {
+
+Tensor cpu_leaf(std::vector<double> v) {
+  Tensor t = make(EBB_DEVICE_CPU, EBB_F64, {static_cast<int64_t>(v.size())}, v);
+  REQUIRE(ebb_tensor_set_requires_grad(t, true) == EBB_OK);
+  return t;
+}
+
+std::vector<double> grad_of(const ebb_tensor_t *t) {
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(t, g.out()));
+  return g.get() ? read(g) : std::vector<double>{};
+}
+
+}  // namespace
+
+// retain_grad on y and ebb_backward(inputs = {y}) both put y's gradient into y.grad: it must be
+// there once (PyTorch implements backward(inputs=[non-leaf]) with retain_grad itself).
+TEST_CASE("engine: a retained non-leaf that is also a backward input gets its gradient once", "[autograd][engine]") {
+  EbbSession session;
+  Tensor x = cpu_leaf({1, 2, 3}), y, l;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 2.0, y.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+  EBB_REQUIRE_OK(ebb_tensor_retain_grad(y));
+  const ebb_tensor_t *r[1] = {l.get()}, *in[1] = {y.get()};
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, in, 1));
+  CHECK(grad_of(y) == std::vector<double>{1, 1, 1});
+  CHECK(grad_of(x).empty());
+  // With x as an input too, y's node also runs: still once.
+  EBB_REQUIRE_OK(ebb_tensor_set_grad(y, nullptr));
+  const ebb_tensor_t *in2[2] = {y.get(), x.get()};
+  EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, in2, 2));
+  CHECK(grad_of(y) == std::vector<double>{1, 1, 1});
+  CHECK(grad_of(x) == std::vector<double>{2, 2, 2});
+  for (Tensor *t : {&x, &y, &l}) t->reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A leaf root whose AccumulateGrad nothing else holds: the task reads that node until its end, so
+// the call's reference must outlive the task (else ASan: heap-use-after-free in ebb__task_free).
+TEST_CASE("engine: backward and grad on a leaf root that nothing else uses", "[autograd][engine]") {
+  EbbSession session;
+  Tensor x = cpu_leaf({2});
+  const ebb_tensor_t *roots[1] = {x.get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));
+  CHECK(grad_of(x) == std::vector<double>{1});
+  ebb_tensor_t *g[1] = {nullptr};
+  EBB_REQUIRE_OK(ebb_grad(roots, nullptr, 1, roots, 1, false, false, g));
+  Tensor gx(g[0]);
+  CHECK(read(gx) == std::vector<double>{1});
+  gx.reset();
+  x.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

@@ -2,6 +2,7 @@
 // CPU and a device: node names from the derivative table, next edges to the producers and to the
 // leaves' AccumulateGrad, grad mode, detach, leaves, lifetimes (a graph goes with its last
 // tensor, a deep chain without recursion), and bad input.
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -207,4 +208,73 @@ TEST_CASE("graph: bad input is refused with a message naming the call", "[autogr
   EBB_REQUIRE_OK(ebb_op_exp(x, z.out()));
   CHECK_FALSE(requires(z));
   CHECK(requires(y));
+}
+
+// ---- lifetimes: partial walks meeting nodes being freed ----------------------------------------
+
+namespace {
+// Holds a node's free (its metadata destructor runs after its producers' references were
+// dropped, before the producers that went with it are unlinked) until the walkers made `calls`
+// more partial backward calls each.
+struct Gate {
+  std::atomic<int> *walked[2];
+  int calls;
+};
+void gate_wait(void *p) {
+  auto *g = static_cast<Gate *>(p);
+  int start[2] = {g->walked[0]->load(), g->walked[1]->load()};
+  while (g->walked[0]->load() < start[0] + g->calls || g->walked[1]->load() < start[1] + g->calls) std::this_thread::yield();
+}
+}  // namespace
+
+// Nodes whose last reference went stay linked in their producers' consumer lists until their
+// free unlinks them. Two partial backward calls walking up from two different leaves (two
+// consumer locks) meet such a node at once: the first's probe takes its count 0 -> 1, the
+// second's then reads 1, takes it for alive and keeps a reference: the node is freed twice.
+TEST_CASE("graph: partial backward calls from two leaves never take a reference on a node being freed",
+          "[autograd][graph][lifetime][partial][threads]") {
+  EbbSession session;
+  const int rounds = kSanitized ? 40 : 500, calls = kSanitized ? 50 : 200, k = 16;
+  Tensor a = make(EBB_DEVICE_CPU, EBB_F64, {4}, {1, 2, 3, 4}), b = make(EBB_DEVICE_CPU, EBB_F64, {4}, {5, 6, 7, 8});
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(a, true));
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(b, true));
+  Tensor a3, b3, ra, rb;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 3.0, a3.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(a3, nullptr, 0, false, ra.out()));
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(b, 3.0, b3.out()));
+  EBB_REQUIRE_OK(ebb_op_sum(b3, nullptr, 0, false, rb.out()));
+  std::atomic<int> walked[2] = {{0}, {0}}, failures{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> walkers;
+  for (int w = 0; w < 2; w++)
+    walkers.emplace_back([&, w] {
+      const ebb_tensor_t *r[1] = {w ? rb.get() : ra.get()}, *in[1] = {w ? b.get() : a.get()};
+      while (!stop.load()) {
+        ebb_tensor_t *g[1] = {nullptr};
+        if (ebb_grad(r, nullptr, 1, in, 1, true, false, g) != EBB_OK) failures++;
+        if (g[0]) ebb_tensor_release(g[0]);
+        walked[w]++;
+      }
+    });
+  Gate gate{{&walked[0], &walked[1]}, calls};
+  for (int round = 0; round < rounds; round++) {
+    // k nodes on both leaves, all consumed by one cat: freeing the cat drops them together.
+    std::vector<ebb_tensor_t *> cs(k, nullptr);
+    for (auto &c : cs) EBB_REQUIRE_OK(ebb_op_mul(a, b, &c));
+    ebb_tensor_t *cat = nullptr;
+    EBB_REQUIRE_OK(ebb_op_cat(cs.data(), k, 0, &cat));
+    for (auto c : cs) ebb_tensor_release(c);
+    const ebb_node_t *cn = nullptr;
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(cat, &cn, nullptr));
+    EBB_REQUIRE_OK(ebb_node_metadata_set(cn, "gate", &gate, gate_wait));
+    ebb_tensor_release(cat);  // the cat's node goes, its k producers with it, held by the gate meanwhile
+  }
+  stop = true;
+  for (auto &th : walkers) th.join();
+  CHECK(failures.load() == 0);
+  for (Tensor *t : {&a3, &b3, &ra, &rb}) t->reset();
+  a.reset();
+  b.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
 }

@@ -1,9 +1,12 @@
 // Tensor hooks and post-accumulate hooks (ebb/autograd.h): when they run, what they see, what a
 // replacement does, their order around a leaf, removal, and bad input.
+#include <thread>
+#include <atomic>
 #include <string>
 #include <vector>
 
 #include "ebb/autograd.h"
+#include "sanitizers.hpp"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -176,4 +179,46 @@ TEST_CASE("hooks: retain_grad keeps a non-leaf's gradient, after its other hooks
   EBB_REQUIRE_OK(ebb_backward(r2, nullptr, 1, false, nullptr, 0));
   Tensor plain = make(EBB_DEVICE_CPU, EBB_F64, {1}, {1.0});
   EBB_CHECK_FAILS(ebb_tensor_retain_grad(plain), EBB_EINVAL, "does not require a gradient");
+}
+
+// ---- registration racing backward ---------------------------------------------------------------
+
+namespace {
+ebb_status keep_hook(const ebb_tensor_t *, ebb_tensor_t **, void *user) {
+  ++*static_cast<std::atomic<int> *>(user);
+  return EBB_OK;
+}
+}  // namespace
+
+// Backward calls on threads sharing a leaf while another thread registers and removes hooks on
+// that leaf: the engine walks the leaf's hook list without the lock while the registration
+// appends to it (hooks.c: "only appended, a release store of the link"), so the append must be
+// an atomic store and the walk atomic loads. (TSan reports the plain ones.)
+TEST_CASE("hooks: registering hooks on a leaf while other threads run backward through it", "[autograd][hooks][threads]") {
+  EbbSession session;
+  const int rounds = kSanitized ? 200 : 2000;
+  Tensor w = leaf({1, 2, 3});
+  std::atomic<int> calls{0}, failures{0};
+  std::atomic<bool> stop{false};
+  std::thread bw([&] {
+    while (!stop.load()) {
+      ebb_tensor_t *y = nullptr, *l = nullptr;
+      if (ebb_op_mul_scalar(w, 2.0, &y) != EBB_OK || ebb_op_sum(y, nullptr, 0, false, &l) != EBB_OK) failures++;
+      const ebb_tensor_t *r[1] = {l};
+      if (l && ebb_backward(r, nullptr, 1, false, nullptr, 0) != EBB_OK) failures++;
+      if (l) ebb_tensor_release(l);
+      if (y) ebb_tensor_release(y);
+    }
+  });
+  for (int i = 0; i < rounds; i++) {
+    ebb_hook_handle h{0};
+    EBB_REQUIRE_OK(ebb_tensor_register_hook(w, keep_hook, &calls, &h));
+    if (i % 2) EBB_REQUIRE_OK(ebb_hook_remove(h));
+  }
+  stop = true;
+  bw.join();
+  CHECK(failures.load() == 0);
+  w.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
 }

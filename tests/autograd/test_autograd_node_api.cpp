@@ -750,3 +750,51 @@ TEST_CASE("logging hooks: one line per node executed with its gradients' dtypes 
   EBB_CHECK_FAILS(ebb_autograd_register_logging_hooks(nullptr, 1, sink, &lines, &h), EBB_EINVAL, "expected an array");
   EBB_CHECK_FAILS(ebb_autograd_register_logging_hooks(roots, 1, sink, &lines, nullptr), EBB_EINVAL, "out is NULL");
 }
+
+// ---- gradient edges and logging hooks at the graph's ends -----------------------------------------
+
+// A root edge that reaches an input's node but brings it no gradient (max_dim's indices output)
+// leaves the input without one: without allow_unused that is EBB_EINVAL (ebb_grad's contract),
+// never EBB_OK with grads[0] NULL.
+TEST_CASE("node api: ebb_grad_edges without allow_unused fails for an input no gradient reached", "[autograd][node_api][edges]") {
+  EbbSession session;
+  Tensor x = leaf({1, 5, 3}), v, idx;
+  EBB_REQUIRE_OK(ebb_op_max_dim(x, 0, false, v.out(), idx.out()));
+  const ebb_node_t *mx = nullptr;
+  EBB_REQUIRE_OK(ebb_tensor_grad_fn(v, &mx, nullptr));
+  ebb_gradient_edge root{mx, 1}, in{};  // the indices' input of MaxBackward
+  EBB_REQUIRE_OK(ebb_tensor_gradient_edge(x, &in));
+  ebb_tensor_t *g[1] = {nullptr};
+  ebb_status st = ebb_grad_edges(&root, nullptr, 1, &in, 1, true, false, g);
+  CHECK(st == EBB_EINVAL);
+  CHECK(g[0] == nullptr);
+  if (g[0]) ebb_tensor_release(g[0]);
+  EBB_REQUIRE_OK(ebb_gradient_edge_release(&in));
+  for (Tensor *t : {&x, &v, &idx}) t->reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+namespace {
+void count_lines(const char *, void *user) { ++*static_cast<int *>(user); }
+}  // namespace
+
+// The logging hooks promise a line for every node reachable from the roots, "a leaf's
+// AccumulateGrad" included; for a leaf root whose AccumulateGrad did not exist yet, the
+// registration makes one and hooks it. Were it dropped at the registration's end, the hook would
+// go with it and the backward's AccumulateGrad (a new node) would log nothing, so the handle
+// holds those nodes until it is removed (as a multi-grad registration does).
+TEST_CASE("node api: logging hooks on a leaf root log its AccumulateGrad", "[autograd][node_api][logging]") {
+  EbbSession session;
+  Tensor x = leaf({2});
+  int lines = 0;
+  const ebb_tensor_t *roots[1] = {x.get()};
+  ebb_hook_handle h{0};
+  EBB_REQUIRE_OK(ebb_autograd_register_logging_hooks(roots, 1, count_lines, &lines, &h));
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));
+  ebb_hook_remove(h);
+  x.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+  CHECK(lines == 1);
+}

@@ -2,6 +2,9 @@
 // is its gradient, an activation a node saved is saved by that node (and its own again once the
 // node lets go), a backward's temporaries are the node's, so snapshots and OOM reports name them;
 // and ebb_shutdown refuses while a graph is alive, naming its nodes.
+#include <thread>
+#include <cmath>
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include "ebb/alloc.h"
 #include "ebb/autograd.h"
 #include "ebb/runtime.h"
+#include "sanitizers.hpp"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -37,17 +41,22 @@ Owner owner_of(const ebb_tensor_t *t) {
 
 std::string str(const Owner &o) { return std::string(ebb_owner_cat_name(o.cat)) + "/" + o.name; }
 
-// The "owner" object a snapshot gives the block at t's data pointer ("" when not found).
-std::string snapshot_owner(const ebb_tensor_t *t) {
-  void *p = nullptr;
-  EBB_REQUIRE_OK(ebb_tensor_data(t, &p));
+// A memory snapshot's JSON, written to a file of this process's and read back.
+std::string snapshot_json() {
   std::string path = "/tmp/ebb-ag-owners-" + std::to_string(getpid()) + ".json";
   EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
   std::remove(path.c_str());
-  std::string s = ss.str(), key = "{\"address\":" + std::to_string((unsigned long long)(uintptr_t)p) + ",";
+  return ss.str();
+}
+
+// The "owner" object a snapshot gives the block at t's data pointer ("" when not found).
+std::string snapshot_owner(const ebb_tensor_t *t) {
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_tensor_data(t, &p));
+  std::string s = snapshot_json(), key = "{\"address\":" + std::to_string((unsigned long long)(uintptr_t)p) + ",";
   size_t at = s.find(key);
   if (at == std::string::npos) return "";
   size_t o = s.find("\"owner\":", at), e = s.find('}', o);
@@ -215,4 +224,178 @@ TEST_CASE("shutdown: a live graph makes ebb_shutdown refuse, naming its nodes, a
   EBB_REQUIRE_OK(ebb_tensor_release(l));
   CHECK(ebb_autograd_live_nodes() == 0);
   EBB_REQUIRE_OK(ebb_shutdown());
+}
+
+// ---- tags of in-place clones and unnamed leaves, a full name table, threads ------------------------
+
+namespace {
+
+// The segments part of a snapshot (live blocks and their owners).
+std::string snapshot_text() {
+  // The segments lists (live blocks), not the rings of past actions ("device_traces", "trace").
+  std::string s = snapshot_json(), seg;
+  for (size_t at = s.find("\"segments\":["); at != std::string::npos; at = s.find("\"segments\":[", at + 1)) {
+    size_t end = std::min(s.find("\"trace\":", at), s.find("\"device_traces\"", at));
+    seg += s.substr(at, end == std::string::npos ? std::string::npos : end - at);
+  }
+  return seg;
+}
+
+size_t count_of(const std::string &s, const std::string &what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) n++;
+  return n;
+}
+}  // namespace
+
+// An unnamed leaf's gradient is named after its own block's owner name, read when the leaf first
+// gets a .grad. A leaf that some node saved (retain_graph, or a second graph not run yet) has its
+// block tagged saved/<node> meanwhile: read then, the gradient would be named after that node for
+// good.
+TEST_CASE("owners: an unnamed leaf saved by a node still gets a gradient named after the leaf", "[autograd][owners]") {
+  EbbSession session;
+  Tensor u = make(EBB_DEVICE_CPU, EBB_F64, {5}, values(5, 3));  // no scope: other/""
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(u, true));
+  Tensor v = make(EBB_DEVICE_CPU, EBB_F64, {5}, values(5, 4));
+  Tensor y, l;
+  EBB_REQUIRE_OK(ebb_op_mul(u, v, y.out()));  // saves u and v
+  CHECK(str(owner_of(u)) == "saved/MulBackward");
+  EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+  const ebb_tensor_t *roots[1] = {l.get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, true, nullptr, 0));  // the graph (and the tag) stays
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(u, g.out()));
+  REQUIRE(g.get() != nullptr);
+  CHECK(str(owner_of(g)) == "gradient/leaf [5] f64");
+  l.reset(), y.reset();
+  CHECK(str(owner_of(u)) == "other/");
+  g.reset(), u.reset(), v.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  CHECK(ebb_debug_live_handles() == 0);
+}
+
+// mul_ saves dst's old value as a clone the node alone holds: memory kept alive for backward,
+// which owners.c tags saved/<node> as every other saved tensor, not with the tag of whatever
+// scope the op ran in.
+TEST_CASE("owners: the copy of dst's old value mul_ keeps for backward is tagged as saved by its node",
+          "[autograd][owners][inplace]") {
+  EbbSession session;
+  const int64_t n = 333;
+  Tensor w, x, y;
+  EBB_REQUIRE_OK(ebb_tensor_empty_named(EBB_DEVICE_CPU, EBB_F64, 1, &n, EBB_OWNER_PARAMETER, "w", w.out()));
+  EBB_REQUIRE_OK(ebb_tensor_fill_(w, 0.5));
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(w, true));
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "fwd"));
+  x = make(EBB_DEVICE_CPU, EBB_F64, {n}, values(n, 5));
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(w, 2.0, y.out()));  // y, a non-leaf; saves nothing
+  const std::string tag = "{\"category\":\"saved\",\"name\":\"MulInplaceBackward\"}";
+  size_t before = count_of(snapshot_text(), tag);
+  EBB_REQUIRE_OK(ebb_op_mul_(y, w));  // saves y's old value (a clone) and w (a parameter: keeps its tag)
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  CHECK(str(owner_of(w)) == "parameter/w");
+  CHECK(count_of(snapshot_text(), tag) == before + 1);
+  Tensor l;
+  EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+  const ebb_tensor_t *roots[1] = {l.get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));
+  CHECK(count_of(snapshot_text(), tag) == before);
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(w, g.out()));
+  auto gw = read(g), wv = read(w);
+  for (int64_t i = 0; i < n; i++) CHECK(std::fabs(gw[(size_t)i] - 4 * wv[(size_t)i]) < 1e-12);  // d/dw sum(2w * w)
+  g.reset(), l.reset(), y.reset(), x.reset(), w.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  CHECK(ebb_debug_live_handles() == 0);
+}
+
+namespace {
+int g_hook_calls = 0;
+std::string g_hook_msg;
+void count_hook(ebb_status, const char *msg, void *) {
+  g_hook_calls++;
+  g_hook_msg = msg;
+}
+}  // namespace
+// Owner tags are bookkeeping: when the allocator cannot tag (its table of interned names full),
+// the op or backward still succeeds, and must then leave ebb_last_error and the error hook alone,
+// though each of owners.c's allocator calls fails: a recording op saving a tensor, every node a
+// backward runs (the node's name cannot be interned) and a leaf's first gradient.
+TEST_CASE("owners: with the owner-name table full, recording and backward succeed without reporting errors",
+          "[autograd][owners]") {
+  EbbSession session;
+  // Fill the process's table of owner names (a fresh process per test case).
+  char name[64];
+  int filled = 0;
+  for (;; filled++) {
+    std::snprintf(name, sizeof name, "owner name filler %d", filled);
+    ebb_status st = ebb_alloc_owner_push(EBB_OWNER_OTHER, name);
+    if (st == EBB_ELIMIT) break;
+    EBB_REQUIRE_OK(st);
+    EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+    REQUIRE(filled < (1 << 17));
+  }
+  Tensor u = make(EBB_DEVICE_CPU, EBB_F64, {6}, values(6, 3));
+  Tensor v = make(EBB_DEVICE_CPU, EBB_F64, {6}, values(6, 4));
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(u, true));
+  CHECK(ebb_tensor_requires_grad(nullptr, nullptr) == EBB_EINVAL);  // a known last error
+  const std::string before = ebb_last_error();
+  g_hook_calls = 0;
+  ebb_set_error_hook(count_hook, nullptr);
+  Tensor y, l;
+  EBB_REQUIRE_OK(ebb_op_mul(u, v, y.out()));  // saves u and v: their tag needs "MulBackward"
+  EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+  const ebb_tensor_t *roots[1] = {l.get()};
+  EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, nullptr, 0));
+  ebb_set_error_hook(nullptr, nullptr);
+  INFO("hook saw: " << g_hook_msg);
+  CHECK(g_hook_calls == 0);
+  CHECK(ebb_last_error() == before);
+  Tensor g;
+  EBB_REQUIRE_OK(ebb_tensor_grad(u, g.out()));
+  CHECK(read(g) == read(v));
+  g.reset(), l.reset(), y.reset(), u.reset(), v.reset();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  CHECK(ebb_debug_live_handles() == 0);
+}
+
+// Threads whose nodes save one shared activation (and views of it) and let go in any order, by
+// backward or by release, and whose leaves get gradients named meanwhile: the block is tagged
+// saved while any node holds it and is the activation's again once all let go (tsan: the table
+// and the tags change together under one lock).
+TEST_CASE("owners: threads saving one activation give it back once all let go", "[autograd][owners][threads]") {
+  EbbSession session;
+  const int threads = 8, rounds = 200 / kSanitizerScale;
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_ACTIVATION, "shared act"));
+  Tensor x = make(EBB_DEVICE_CPU, EBB_F64, {64}, values(64, 7));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  std::vector<std::thread> ts;
+  std::vector<int> bad(threads, 0);
+  std::vector<Tensor> ws;  // (made here: Catch's assertions are not for other threads)
+  for (int t = 0; t < threads; t++) ws.push_back(make(EBB_DEVICE_CPU, EBB_F64, {64}, values(64, 100 + t)));
+  for (int t = 0; t < threads; t++)
+    ts.emplace_back([&, t] {
+      ebb_tensor_t *w = ws[t].get();
+      if (ebb_tensor_set_requires_grad(w, true)) bad[t]++;
+      for (int r = 0; r < rounds; r++) {
+        Tensor xs, y, y2, l;
+        if (ebb_tensor_slice(x, 0, r % 3, 64, 1, xs.out())) bad[t]++;          // a view of the shared block
+        Tensor w2;
+        if (ebb_tensor_slice(w, 0, r % 3, 64, 1, w2.out())) bad[t]++;
+        if (ebb_op_mul(w2, xs, y.out()) || ebb_op_mul(y, xs, y2.out())) bad[t]++;  // two nodes save it
+        if (ebb_op_sum(y2, nullptr, 0, false, l.out())) bad[t]++;
+        if (r % 2 == 0) {
+          const ebb_tensor_t *roots[1] = {l.get()};
+          if (ebb_backward(roots, nullptr, 1, r % 4 == 0, nullptr, 0)) bad[t]++;
+        }
+      }
+      Tensor g;
+      if (ebb_tensor_grad(w, g.out()) || !g.get()) bad[t]++;
+    });
+  for (auto &th : ts) th.join();
+  for (int t = 0; t < threads; t++) CHECK(bad[t] == 0);
+  CHECK(str(owner_of(x)) == "activation/shared act");
+  x.reset();
+  ws.clear();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  CHECK(ebb_debug_live_handles() == 0);
 }

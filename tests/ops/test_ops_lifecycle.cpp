@@ -119,7 +119,7 @@ TEST_CASE("record_stream: bad input is refused with a message", "[ops][tensor][s
 
 // ---- lifecycle hooks -------------------------------------------------------------------------
 
-// The library's failure helper (common/ebb_internal.h, C only): sets the thread's message.
+// The library's failure helper (runtime/export/ebb_internal.h, C only): sets the thread's message.
 extern "C" ebb_status ebb__fail(ebb_status status, const char *fmt, ...);
 
 namespace {

@@ -51,6 +51,7 @@ SimDrv load() {
   d.StreamGetPriority = reinterpret_cast<decltype(d.StreamGetPriority)>(must_sym(h, "cuStreamGetPriority"));
   d.RegisterKernel = reinterpret_cast<ebbsim_register_kernel_fn>(must_sym(h, EBBSIM_REGISTER_KERNEL_SYMBOL));
   d.InitError = reinterpret_cast<ebbsim_init_error_fn>(must_sym(h, EBBSIM_INIT_ERROR_SYMBOL));
+  d.SkipWaits = reinterpret_cast<ebbsim_skip_waits_fn>(must_sym(h, EBBSIM_SKIP_WAITS_SYMBOL));
   return d;
 }
 

@@ -25,6 +25,7 @@ struct SimDrv {
   decltype(&cuStreamGetPriority) StreamGetPriority;
   ebbsim_register_kernel_fn RegisterKernel;
   ebbsim_init_error_fn InitError;
+  ebbsim_skip_waits_fn SkipWaits;
 };
 
 // The loaded driver (loaded on first use; Catch2 REQUIREs that every symbol resolves). Does not

@@ -364,6 +364,52 @@ TEST_CASE("cross-stream order comes only from event waits, across devices too", 
   CU_OK(d.EventDestroy(fresh));
 }
 
+// The test extension that proves a wait is needed: waits of one stream for events recorded on
+// one other stream enqueue nothing while it is on, and only those.
+TEST_CASE("ebbsim_skip_waits: one stream's waits for another's events enqueue nothing, counted", "[simdrv][event][skip]") {
+  const SimDrv &d = drv();
+  sim_setup();
+  CUfunction gate_k = get_kernel("gate");
+  CUstream a = make_stream(), b = make_stream(), c = make_stream(), other = make_stream();
+  int *buf_b = dev_ints(8), *buf_c = dev_ints(8);
+  CUevent ev = make_event(CU_EVENT_DISABLE_TIMING), ev2 = make_event(CU_EVENT_DISABLE_TIMING);
+  Gate gate;
+  gate.close_on(gate_k, a);
+  CU_OK(d.EventRecord(ev, a));
+  unsigned long long skipped = 99;
+  CU_OK(d.SkipWaits(b, a, 1, &skipped));
+  CHECK(skipped == 0);
+  CU_OK(d.StreamWaitEvent(b, ev, 0));  // skipped: b runs ahead of a's gate
+  CU_OK(d.StreamWaitEvent(c, ev, 0));  // another waiter still waits
+  CU_OK(d.EventRecord(ev2, other));
+  CU_OK(d.StreamWaitEvent(b, ev2, 0));  // an event of another stream (complete anyway): not counted
+  // Host functions observe the streams' progress (the gate holds the compute engine).
+  AppendArgs arg_b{buf_b, 1}, arg_c{buf_c, 1};
+  CU_OK(d.LaunchHostFunc(b, host_append, &arg_b));
+  CU_OK(d.LaunchHostFunc(c, host_append, &arg_c));
+  CU_OK(d.StreamSynchronize(b));
+  CHECK(buf_b[0] == 1);
+  CU_EQ(d.StreamQuery(c), CUDA_ERROR_NOT_READY);
+  CU_OK(d.SkipWaits(nullptr, nullptr, 0, &skipped));
+  CHECK(skipped == 1);
+  CU_OK(d.StreamWaitEvent(b, ev, 0));  // off: waits again
+  CU_OK(d.LaunchHostFunc(b, host_append, &arg_b));
+  sleep_ms(10);
+  CU_EQ(d.StreamQuery(b), CUDA_ERROR_NOT_READY);
+  gate.open();
+  CU_OK(d.StreamSynchronize(b));
+  CU_OK(d.StreamSynchronize(c));
+  CHECK(buf_b[0] == 2);
+  CHECK(buf_c[0] == 1);
+  // Bad input: a stream that is not live.
+  CU_EQ(d.SkipWaits(reinterpret_cast<CUstream>(0x10), a, 1, nullptr), CUDA_ERROR_INVALID_HANDLE);
+  CU_OK(d.SkipWaits(nullptr, nullptr, 0, &skipped));
+  CHECK(skipped == 0);
+  for (CUstream s : {a, b, c, other}) CU_OK(d.StreamDestroy(s));
+  CU_OK(d.EventDestroy(ev));
+  CU_OK(d.EventDestroy(ev2));
+}
+
 TEST_CASE("a wait captures the event's record at the time of the call", "[simdrv][event][order]") {
   const SimDrv &d = drv();
   sim_setup();

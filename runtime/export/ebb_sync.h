@@ -1,4 +1,5 @@
-/* ebb_sync.h: mutexes with lock ranks and a spin-then-park wait.
+/* ebb_sync.h: mutexes with lock ranks and a spin-then-park wait, for every module; implemented
+ * in runtime/sync.c.
  *
  * Every mutex has a rank from enum ebb_lock_rank; a thread may only take a lock of a higher
  * rank than the last one it holds. Under EBB_DEBUG >= 1 a thread-local stack of held ranks

@@ -1,6 +1,7 @@
 /* ebb_internal.h: what every ebb module shares inside the library and nothing outside it:
  * the failure helper, assertions in levels, branch hints and the module-to-module live counter.
- * Not installed; never included by public headers.
+ * The runtime provides its functions (runtime/status.c), hence its place among the runtime's
+ * exports. Not installed; never included by public headers.
  */
 #ifndef EBB_INTERNAL_H
 #define EBB_INTERNAL_H
