@@ -13,33 +13,10 @@ using namespace ebb_test;
 
 namespace {
 
-// The call fails with `code` and its message holds every needle.
-#define EBB_CHECK_MSG(expr, code, ...)                                    \
-  do {                                                                    \
-    ebb_clear_error();                                                    \
-    ebb_status st_ = (expr);                                              \
-    std::string msg_ = ebb_last_error();                                  \
-    INFO(#expr << " -> " << ebb_status_name(st_) << ": " << msg_);        \
-    CHECK(st_ == (code));                                                 \
-    for (const char *needle_ : {__VA_ARGS__}) {                           \
-      INFO("expected in the message: " << needle_);                       \
-      CHECK(msg_.find(needle_) != std::string::npos);                     \
-    }                                                                     \
-  } while (0)
-
 Tensor named(int dev, ebb_dtype dt, std::vector<int64_t> shape, const char *name, bool requires_grad = false) {
   Tensor t = make(dev, dt, shape, values(numel_of(shape), 7));
   if (name) EBB_REQUIRE_OK(ebb_tensor_set_name(t, name));
   if (requires_grad) EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
-  return t;
-}
-
-// A pointer to a tensor already released (the record is quarantined, so it reads as released).
-const ebb_tensor_t *released_tensor() {
-  ebb_tensor_t *t = nullptr;
-  const int64_t n = 2;
-  EBB_REQUIRE_OK(ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_F32, 1, &n, &t));
-  EBB_REQUIRE_OK(ebb_tensor_release(t));
   return t;
 }
 

@@ -14,40 +14,6 @@ using namespace ebb_test;
 
 namespace {
 
-using Args = std::vector<const ebb_tensor_t *>;
-
-struct Case {
-  const char *fn;
-  Args args;
-  // Runs the call with args (tensor positions in order, arrays flattened) and undoes what a
-  // success made (removes hooks, releases results and edges).
-  std::function<ebb_status(const Args &)> call;
-};
-
-const ebb_tensor_t *released() {
-  ebb_tensor_t *t = nullptr;
-  int64_t n = 3;
-  EBB_REQUIRE_OK(ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_F64, 1, &n, &t));
-  EBB_REQUIRE_OK(ebb_tensor_release(t));
-  return t;
-}
-
-void check_case(const Case &c) {
-  INFO(c.fn);
-  {
-    ebb_status st = c.call(c.args);
-    INFO("with live tensors -> " << ebb_status_name(st) << ": " << ebb_last_error());
-    REQUIRE(st == EBB_OK);
-  }
-  for (size_t k = 0; k < c.args.size(); k++) {
-    Args a = c.args;
-    a[k] = released();
-    INFO("a released tensor at tensor position " << k);
-    EBB_CHECK_FAILS(c.call(a), EBB_EFREED, std::string(c.fn) + ": ");
-    CHECK(std::string(ebb_last_error()).rfind(std::string(c.fn) + ": ", 0) == 0);
-  }
-}
-
 ebb_tensor_t *mut(const ebb_tensor_t *t) { return const_cast<ebb_tensor_t *>(t); }
 
 ebb_status keep_hook(const ebb_tensor_t *, ebb_tensor_t **, void *) { return EBB_OK; }
@@ -93,43 +59,43 @@ TEST_CASE("released tensors: every autograd call refuses one, alone or in an arr
   EBB_REQUIRE_OK(ebb_tensor_gradient_edge(w1, &ein));
   const ebb_gradient_edge roots_e[2] = {e1, e2};
 
-  std::vector<Case> cases = {
-      {"ebb_tensor_is_inference", {w1}, [](const Args &a) { bool b; return ebb_tensor_is_inference(a[0], &b); }},
-      {"ebb_tensor_set_requires_grad", {plain1}, [](const Args &a) { return ebb_tensor_set_requires_grad(mut(a[0]), false); }},
-      {"ebb_tensor_requires_grad", {w1}, [](const Args &a) { bool b; return ebb_tensor_requires_grad(a[0], &b); }},
-      {"ebb_tensor_is_leaf", {w1}, [](const Args &a) { bool b; return ebb_tensor_is_leaf(a[0], &b); }},
+  std::vector<ReleasedCase> cases = {
+      {"ebb_tensor_is_inference", {w1}, [](const TensorArgs &a) { bool b; return ebb_tensor_is_inference(a[0], &b); }},
+      {"ebb_tensor_set_requires_grad", {plain1}, [](const TensorArgs &a) { return ebb_tensor_set_requires_grad(mut(a[0]), false); }},
+      {"ebb_tensor_requires_grad", {w1}, [](const TensorArgs &a) { bool b; return ebb_tensor_requires_grad(a[0], &b); }},
+      {"ebb_tensor_is_leaf", {w1}, [](const TensorArgs &a) { bool b; return ebb_tensor_is_leaf(a[0], &b); }},
       {"ebb_tensor_grad_fn", {y},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          const ebb_node_t *n = nullptr;
          int nr = 0;
          return ebb_tensor_grad_fn(a[0], &n, &nr);
        }},
       {"ebb_tensor_detach", {y},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_tensor_t *o = nullptr;
          ebb_status st = ebb_tensor_detach(a[0], &o);
          return dropped(st, {o});
        }},
       {"ebb_tensor_grad", {w1},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_tensor_t *o = nullptr;
          ebb_status st = ebb_tensor_grad(a[0], &o);
          return dropped(st, {o});
        }},
-      {"ebb_tensor_set_grad", {w2, g3}, [](const Args &a) { return ebb_tensor_set_grad(mut(a[0]), a[1]); }},
+      {"ebb_tensor_set_grad", {w2, g3}, [](const TensorArgs &a) { return ebb_tensor_set_grad(mut(a[0]), a[1]); }},
       {"ebb_tensor_register_hook", {w1},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_hook_handle h{};
          return removed(ebb_tensor_register_hook(mut(a[0]), keep_hook, nullptr, &h), h);
        }},
       {"ebb_tensor_register_post_accumulate_hook", {w1},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_hook_handle h{};
          return removed(ebb_tensor_register_post_accumulate_hook(mut(a[0]), keep_post, nullptr, &h), h);
        }},
-      {"ebb_tensor_retain_grad", {y}, [](const Args &a) { return ebb_tensor_retain_grad(mut(a[0])); }},
+      {"ebb_tensor_retain_grad", {y}, [](const TensorArgs &a) { return ebb_tensor_retain_grad(mut(a[0])); }},
       {"ebb_tensor_gradient_edge", {w1},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_gradient_edge e{};
          ebb_status st = ebb_tensor_gradient_edge(a[0], &e);
          if (st == EBB_OK) REQUIRE(ebb_gradient_edge_release(&e) == EBB_OK);
@@ -137,15 +103,15 @@ TEST_CASE("released tensors: every autograd call refuses one, alone or in an arr
        }},
       // Arrays: roots, their gradients, inputs.
       {"ebb_backward", {l1, l2, one1, one2, w1, w2},
-       [](const Args &a) { return ebb_backward(&a[0], &a[2], 2, true, &a[4], 2); }},
+       [](const TensorArgs &a) { return ebb_backward(&a[0], &a[2], 2, true, &a[4], 2); }},
       {"ebb_grad", {l1, l2, one1, one2, w1, y},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_tensor_t *g[2] = {nullptr, nullptr};
          ebb_status st = ebb_grad(&a[0], &a[2], 2, &a[4], 2, true, false, g);
          return dropped(st, {g[0], g[1]});
        }},
       {"ebb_autograd_backward", {l1, l2, one1, one2, w1, w2},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_autograd_backward_options o = {};
          o.retain_graph = true;
          o.grad_roots = &a[2];
@@ -154,7 +120,7 @@ TEST_CASE("released tensors: every autograd call refuses one, alone or in an arr
          return ebb_autograd_backward(&a[0], 2, &o);
        }},
       {"ebb_autograd_grad", {l1, l2, one1, one2, w1, y},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_autograd_grad_options o = {};
          o.retain_graph = true;
          o.grad_outputs = &a[2];
@@ -163,31 +129,31 @@ TEST_CASE("released tensors: every autograd call refuses one, alone or in an arr
          return dropped(st, {g[0], g[1]});
        }},
       {"ebb_backward_edges", {one1, one2},
-       [&](const Args &a) { return ebb_backward_edges(roots_e, &a[0], 2, true, &ein, 1); }},
+       [&](const TensorArgs &a) { return ebb_backward_edges(roots_e, &a[0], 2, true, &ein, 1); }},
       {"ebb_grad_edges", {one1, one2},
-       [&](const Args &a) {
+       [&](const TensorArgs &a) {
          ebb_tensor_t *g[1] = {nullptr};
          ebb_status st = ebb_grad_edges(roots_e, &a[0], 2, &ein, 1, true, false, g);
          return dropped(st, {g[0]});
        }},
       {"ebb_autograd_increment_version", {plain1, plain2},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_tensor_t *ts[2] = {mut(a[0]), mut(a[1])};
          return ebb_autograd_increment_version(ts, 2);
        }},
       {"ebb_register_multi_grad_hook", {w1, y},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_tensor_t *ts[2] = {mut(a[0]), mut(a[1])};
          ebb_hook_handle h{};
          return removed(ebb_register_multi_grad_hook(ts, 2, keep_multi, nullptr, EBB_MULTI_GRAD_ALL, &h), h);
        }},
       {"ebb_autograd_register_logging_hooks", {l1, l2},
-       [](const Args &a) {
+       [](const TensorArgs &a) {
          ebb_hook_handle h{};
          return removed(ebb_autograd_register_logging_hooks(a.data(), 2, no_log, nullptr, &h), h);
        }},
   };
-  for (const auto &c : cases) check_case(c);
+  for (const auto &c : cases) check_released_case(c);
 
   // Nothing a refused call touched: one more backward gives the gradients of l1 + l2 once more.
   EBB_REQUIRE_OK(ebb_tensor_set_grad(w1, nullptr));

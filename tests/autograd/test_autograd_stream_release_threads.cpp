@@ -2,6 +2,7 @@
 // recorded on: every call succeeds, and .grad counts every call exactly once. Without the
 // timing model (many calls), under the presets' perturbation.
 #include <atomic>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -9,6 +10,41 @@
 #include "devices_test_util.hpp"
 
 using namespace ebb_test;
+
+namespace {
+
+// Thread i runs `calls` backward calls of losses[i] with retain_graph, each with `around` (which
+// may make a stream current for it); the test thread waits on `done` and joins.
+struct Callers {
+  std::atomic<int> done{0}, failed{0};
+  std::vector<std::string> errors;
+  std::vector<std::thread> threads;
+  Callers(const std::vector<Tensor> &losses, int calls, std::function<void(int, const std::function<void()> &)> around)
+      : errors(losses.size()) {
+    for (size_t i = 0; i < losses.size(); i++)
+      threads.emplace_back([this, &losses, calls, around, i] {
+        const ebb_tensor_t *root = losses[i];
+        for (int c = 0; c < calls; c++) {
+          around(c, [&] {
+            if (ebb_backward(&root, nullptr, 1, true, nullptr, 0) != EBB_OK && failed.fetch_add(1) == 0) errors[i] = ebb_last_error();
+          });
+          done.fetch_add(1);
+        }
+      });
+  }
+  void wait_for(int n) {
+    while (done.load() < n) std::this_thread::yield();
+  }
+  void join() {
+    for (auto &t : threads) t.join();
+    for (auto &e : errors)
+      if (!e.empty()) INFO("a failed call: " << e);
+  }
+};
+
+void plain(int, const std::function<void()> &call) { call(); }
+
+}  // namespace
 
 TEST_CASE("threads running backward on graphs of a stream another thread releases all succeed, each counted once",
           "[autograd][streams][release][threads]") {
@@ -26,29 +62,15 @@ TEST_CASE("threads running backward on graphs of a stream another thread release
       OnStream g(s);  // w's AccumulateGrad and every node: recorded on s
       for (int i = 0; i < kThreads; i++) losses[(size_t)i] = sum(scale(w, (double)(i + 1)));
     }
-    std::atomic<int> done{0}, failed{0};
-    std::vector<std::string> errors(kThreads);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < kThreads; i++)
-      threads.emplace_back([&, i] {
-        const ebb_tensor_t *root = losses[(size_t)i];
-        for (int c = 0; c < calls; c++) {
-          if (ebb_backward(&root, nullptr, 1, true, nullptr, 0) != EBB_OK) {
-            if (failed.fetch_add(1) == 0) errors[(size_t)i] = ebb_last_error();
-          }
-          done.fetch_add(1);
-        }
-      });
+    Callers run(losses, calls, plain);
     // Released once the calls are well under way, while they go on.
-    while (done.load() < kThreads * calls / 4) std::this_thread::yield();
+    run.wait_for(kThreads * calls / 4);
     ebb_status rst = ebb_stream_release(s);
-    int at_release = done.load();
-    for (auto &t : threads) t.join();
+    int at_release = run.done.load();
+    run.join();
     INFO("round " << round << ", released after " << at_release << " of " << kThreads * calls << " calls");
-    for (auto &e : errors)
-      if (!e.empty()) INFO("a failed call: " << e);
     CHECK(rst == EBB_OK);
-    CHECK(failed.load() == 0);
+    CHECK(run.failed.load() == 0);
     CHECK(at_release < kThreads * calls);
     // Each thread's loss is sum((i+1) w): calls * (1 + 2 + ... + kThreads) per element.
     double k = (double)calls * kThreads * (kThreads + 1) / 2;
@@ -85,30 +107,20 @@ TEST_CASE("device workers, two devices and CPU-made gradients, with both streams
     OnStream g(s0);
     losses[(size_t)i] = sum(back);
   }
-  std::atomic<int> done{0}, failed{0};
-  std::vector<std::string> errors(kThreads);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; i++)
-    threads.emplace_back([&, i] {
-      const ebb_tensor_t *root = losses[(size_t)i];
-      for (int c = 0; c < calls; c++) {
-        ebb_stream_guard g{};
-        bool cur = (c & 1) && ebb_stream_guard_enter(&g, s1) == EBB_OK;  // s1 the caller's, every other call
-        if (ebb_backward(&root, nullptr, 1, true, nullptr, 0) != EBB_OK && failed.fetch_add(1) == 0) errors[(size_t)i] = ebb_last_error();
-        if (cur) ebb_stream_guard_exit(&g);
-        done.fetch_add(1);
-      }
-    });
-  while (done.load() < kThreads * calls / 4) std::this_thread::yield();
+  Callers run(losses, calls, [&](int c, const std::function<void()> &call) {
+    ebb_stream_guard g{};
+    bool cur = (c & 1) && ebb_stream_guard_enter(&g, s1) == EBB_OK;  // s1 the caller's, every other call
+    call();
+    if (cur) ebb_stream_guard_exit(&g);
+  });
+  run.wait_for(kThreads * calls / 4);
   ebb_status r0 = ebb_stream_release(s0);
-  while (done.load() < kThreads * calls / 2) std::this_thread::yield();
+  run.wait_for(kThreads * calls / 2);
   ebb_status r1 = ebb_stream_release(s1);
-  for (auto &t : threads) t.join();
-  for (auto &e : errors)
-    if (!e.empty()) INFO("a failed call: " << e);
+  run.join();
   CHECK(r0 == EBB_OK);
   CHECK(r1 == EBB_OK);
-  CHECK(failed.load() == 0);
+  CHECK(run.failed.load() == 0);
   sync_all();
   double k = (double)calls * kThreads * (kThreads + 1) / 2;
   CHECK(same(grad_seen(w), std::vector<double>(v.size(), k)));

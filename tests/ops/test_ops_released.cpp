@@ -12,16 +12,6 @@ using namespace ebb_test;
 
 namespace {
 
-using Args = std::vector<const ebb_tensor_t *>;
-
-// An op with its tensor arguments: `call` runs it with args (one per tensor position, arrays
-// flattened) and releases whatever it returned.
-struct OpCase {
-  const char *fn;
-  Args args;
-  std::function<ebb_status(const Args &)> call;
-};
-
 // Releases the outputs a call gave, so a case can run many times.
 struct Outs {
   ebb_tensor_t *o[3] = {nullptr, nullptr, nullptr};
@@ -31,33 +21,6 @@ struct Outs {
   }
   bool none() const { return !o[0] && !o[1] && !o[2]; }
 };
-
-// A tensor released just now (a fresh one for each call, so the stale handle is never a
-// record reused since).
-const ebb_tensor_t *released() {
-  ebb_tensor_t *t = nullptr;
-  int64_t shape[2] = {2, 3};
-  EBB_REQUIRE_OK(ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_F64, 2, shape, &t));
-  EBB_REQUIRE_OK(ebb_tensor_release(t));
-  return t;
-}
-
-// Runs c with all-live arguments (must succeed), then with a released tensor at each position.
-void check_case(const OpCase &c) {
-  INFO(c.fn);
-  {
-    ebb_status st = c.call(c.args);
-    INFO("with live tensors -> " << ebb_status_name(st) << ": " << ebb_last_error());
-    REQUIRE(st == EBB_OK);
-  }
-  for (size_t k = 0; k < c.args.size(); k++) {
-    Args a = c.args;
-    a[k] = released();
-    INFO("a released tensor at tensor position " << k);
-    EBB_CHECK_FAILS(c.call(a), EBB_EFREED, std::string(c.fn) + ": ");
-    CHECK(std::string(ebb_last_error()).rfind(std::string(c.fn) + ": ", 0) == 0);
-  }
-}
 
 // On failure nothing was returned.
 #define OUTS_CHECK(o)          \
@@ -86,7 +49,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
 
   using T = const ebb_tensor_t *;
   auto binary = [&](const char *fn, ebb_status (*f)(T, T, ebb_tensor_t **)) {
-    return OpCase{fn, {x, y}, [f](const Args &a) {
+    return ReleasedCase{fn, {x, y}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], a[1], &o.o[0]);
                     OUTS_CHECK(o);
@@ -94,7 +57,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto binary_bw = [&](const char *fn, ebb_status (*f)(T, T, T, ebb_tensor_t **, ebb_tensor_t **)) {
-    return OpCase{fn, {x, x, y}, [f](const Args &a) {
+    return ReleasedCase{fn, {x, x, y}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], a[1], a[2], &o.o[0], &o.o[1]);
                     OUTS_CHECK(o);
@@ -102,7 +65,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto with_scalar = [&](const char *fn, ebb_status (*f)(T, double, ebb_tensor_t **)) {
-    return OpCase{fn, {x}, [f](const Args &a) {
+    return ReleasedCase{fn, {x}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], 2.0, &o.o[0]);
                     OUTS_CHECK(o);
@@ -110,7 +73,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto scalar_bw = [&](const char *fn, ebb_status (*f)(T, T, double, ebb_tensor_t **)) {
-    return OpCase{fn, {x, y}, [f](const Args &a) {
+    return ReleasedCase{fn, {x, y}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], a[1], 2.0, &o.o[0]);
                     OUTS_CHECK(o);
@@ -118,7 +81,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto unary = [&](const char *fn, ebb_status (*f)(T, ebb_tensor_t **)) {
-    return OpCase{fn, {x}, [f](const Args &a) {
+    return ReleasedCase{fn, {x}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], &o.o[0]);
                     OUTS_CHECK(o);
@@ -128,7 +91,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
   // Unary backward functions get all three of grad, x and y: a released one is refused even
   // where the formula does not read it.
   auto unary_bw = [&](const char *fn, ebb_status (*f)(T, T, T, ebb_tensor_t **)) {
-    return OpCase{fn, {x, y, x}, [f](const Args &a) {
+    return ReleasedCase{fn, {x, y, x}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], a[1], a[2], &o.o[0]);
                     OUTS_CHECK(o);
@@ -136,10 +99,10 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto inplace = [&](const char *fn, ebb_status (*f)(ebb_tensor_t *, T)) {
-    return OpCase{fn, {dst, x}, [f](const Args &a) { return f(const_cast<ebb_tensor_t *>(a[0]), a[1]); }};
+    return ReleasedCase{fn, {dst, x}, [f](const TensorArgs &a) { return f(const_cast<ebb_tensor_t *>(a[0]), a[1]); }};
   };
   auto reduction = [&](const char *fn, ebb_status (*f)(T, const int *, int, bool, ebb_tensor_t **)) {
-    return OpCase{fn, {x}, [f](const Args &a) {
+    return ReleasedCase{fn, {x}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], nullptr, 0, false, &o.o[0]);
                     OUTS_CHECK(o);
@@ -147,7 +110,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto reduction_bw = [&](const char *fn, ebb_status (*f)(T, T, const int *, int, bool, ebb_tensor_t **)) {
-    return OpCase{fn, {scalar, x}, [f](const Args &a) {
+    return ReleasedCase{fn, {scalar, x}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], a[1], nullptr, 0, false, &o.o[0]);
                     OUTS_CHECK(o);
@@ -155,7 +118,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto softmax = [&](const char *fn, ebb_status (*f)(T, int, ebb_tensor_t **)) {
-    return OpCase{fn, {x}, [f](const Args &a) {
+    return ReleasedCase{fn, {x}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], 1, &o.o[0]);
                     OUTS_CHECK(o);
@@ -163,7 +126,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
   auto softmax_bw = [&](const char *fn, ebb_status (*f)(T, T, int, ebb_tensor_t **)) {
-    return OpCase{fn, {x, y}, [f](const Args &a) {
+    return ReleasedCase{fn, {x, y}, [f](const TensorArgs &a) {
                     Outs o;
                     ebb_status st = f(a[0], a[1], 1, &o.o[0]);
                     OUTS_CHECK(o);
@@ -171,7 +134,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
                   }};
   };
 
-  std::vector<OpCase> cases = {
+  std::vector<ReleasedCase> cases = {
       binary("ebb_op_add", ebb_op_add),
       binary("ebb_op_sub", ebb_op_sub),
       binary("ebb_op_mul", ebb_op_mul),
@@ -185,7 +148,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
       with_scalar("ebb_op_mul_scalar", ebb_op_mul_scalar),
       with_scalar("ebb_op_div_scalar", ebb_op_div_scalar),
       with_scalar("ebb_op_pow_scalar", ebb_op_pow_scalar),
-      {"ebb_op_clamp", {x}, [](const Args &a) {
+      {"ebb_op_clamp", {x}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_clamp(a[0], 0.0, 1.0, &o.o[0]);
          OUTS_CHECK(o);
@@ -195,7 +158,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
       scalar_bw("ebb_op_mul_scalar_backward", ebb_op_mul_scalar_backward),
       scalar_bw("ebb_op_div_scalar_backward", ebb_op_div_scalar_backward),
       scalar_bw("ebb_op_pow_scalar_backward", ebb_op_pow_scalar_backward),
-      {"ebb_op_clamp_backward", {x, y}, [](const Args &a) {
+      {"ebb_op_clamp_backward", {x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_clamp_backward(a[0], a[1], 0.0, 1.0, &o.o[0]);
          OUTS_CHECK(o);
@@ -229,13 +192,13 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
       binary("ebb_op_le", ebb_op_le),
       binary("ebb_op_gt", ebb_op_gt),
       binary("ebb_op_ge", ebb_op_ge),
-      {"ebb_op_where", {cond, x, y}, [](const Args &a) {
+      {"ebb_op_where", {cond, x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_where(a[0], a[1], a[2], &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_where_backward", {x, cond, x, y}, [](const Args &a) {
+      {"ebb_op_where_backward", {x, cond, x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_where_backward(a[0], a[1], a[2], a[3], &o.o[0], &o.o[1]);
          OUTS_CHECK(o);
@@ -243,7 +206,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
        }},
       inplace("ebb_op_add_", ebb_op_add_),
       inplace("ebb_op_mul_", ebb_op_mul_),
-      {"ebb_op_sum_to_shape", {x}, [&](const Args &a) {
+      {"ebb_op_sum_to_shape", {x}, [&](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_sum_to_shape(a[0], 2, shape23, &o.o[0]);
          OUTS_CHECK(o);
@@ -252,7 +215,7 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
       reduction("ebb_op_sum", ebb_op_sum),
       reduction("ebb_op_mean", ebb_op_mean),
       reduction("ebb_op_amax", ebb_op_amax),
-      {"ebb_op_max_dim", {x}, [](const Args &a) {
+      {"ebb_op_max_dim", {x}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_max_dim(a[0], 1, false, &o.o[0], &o.o[1]);
          OUTS_CHECK(o);
@@ -260,25 +223,25 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
        }},
       reduction_bw("ebb_op_sum_backward", ebb_op_sum_backward),
       reduction_bw("ebb_op_mean_backward", ebb_op_mean_backward),
-      {"ebb_op_amax_backward", {scalar, x, scalar}, [](const Args &a) {
+      {"ebb_op_amax_backward", {scalar, x, scalar}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_amax_backward(a[0], a[1], a[2], nullptr, 0, false, &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_max_dim_backward", {row, x, idx}, [](const Args &a) {
+      {"ebb_op_max_dim_backward", {row, x, idx}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_max_dim_backward(a[0], a[1], a[2], 1, false, &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_matmul", {x, xt}, [](const Args &a) {
+      {"ebb_op_matmul", {x, xt}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_matmul(a[0], a[1], &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_matmul_backward", {g22, x, xt}, [](const Args &a) {
+      {"ebb_op_matmul_backward", {g22, x, xt}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_matmul_backward(a[0], a[1], a[2], &o.o[0], &o.o[1]);
          OUTS_CHECK(o);
@@ -288,73 +251,73 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
       softmax("ebb_op_log_softmax", ebb_op_log_softmax),
       softmax_bw("ebb_op_softmax_backward", ebb_op_softmax_backward),
       softmax_bw("ebb_op_log_softmax_backward", ebb_op_log_softmax_backward),
-      {"ebb_op_cross_entropy", {x, idx}, [](const Args &a) {
+      {"ebb_op_cross_entropy", {x, idx}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_cross_entropy(a[0], a[1], &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_cross_entropy_backward", {scalar, x, idx}, [](const Args &a) {
+      {"ebb_op_cross_entropy_backward", {scalar, x, idx}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_cross_entropy_backward(a[0], a[1], a[2], &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_mse_loss", {x, y}, [](const Args &a) {
+      {"ebb_op_mse_loss", {x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_mse_loss(a[0], a[1], &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_mse_loss_backward", {scalar, x, y}, [](const Args &a) {
+      {"ebb_op_mse_loss_backward", {scalar, x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_mse_loss_backward(a[0], a[1], a[2], &o.o[0], &o.o[1]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_layer_norm", {x, w, b}, [](const Args &a) {
+      {"ebb_op_layer_norm", {x, w, b}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_layer_norm(a[0], 1, a[1], a[2], 1e-5, &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_layer_norm_backward", {y, x, w, b}, [](const Args &a) {
+      {"ebb_op_layer_norm_backward", {y, x, w, b}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_layer_norm_backward(a[0], a[1], 1, a[2], a[3], 1e-5, &o.o[0], &o.o[1], &o.o[2]);
          OUTS_CHECK(o);
          return st;
        }},
       // Arrays: the released tensor at each slot.
-      {"ebb_op_cat", {x, y}, [](const Args &a) {
+      {"ebb_op_cat", {x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_cat(a.data(), 2, 0, &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_stack", {x, y}, [](const Args &a) {
+      {"ebb_op_stack", {x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_stack(a.data(), 2, 0, &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_cat_backward", {g43, x, y}, [](const Args &a) {
+      {"ebb_op_cat_backward", {g43, x, y}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_cat_backward(a[0], a.data() + 1, 2, 0, 1, &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
-      {"ebb_op_stack_backward", {g223}, [](const Args &a) {
+      {"ebb_op_stack_backward", {g223}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_stack_backward(a[0], 2, 0, 1, &o.o[0]);
          OUTS_CHECK(o);
          return st;
        }},
   };
-  for (const auto &c : cases) check_case(c);
+  for (const auto &c : cases) check_released_case(c);
   // layer_norm without its optional weight and bias still refuses a released x.
   {
     Outs o;
-    EBB_CHECK_FAILS(ebb_op_layer_norm(released(), 1, nullptr, nullptr, 1e-5, &o.o[0]), EBB_EFREED, "ebb_op_layer_norm: ");
+    EBB_CHECK_FAILS(ebb_op_layer_norm(released_tensor(), 1, nullptr, nullptr, 1e-5, &o.o[0]), EBB_EFREED, "ebb_op_layer_norm: ");
     CHECK(o.none());
   }
 }

@@ -2,6 +2,7 @@
 #pragma once
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -17,16 +18,22 @@
     REQUIRE(st_ == EBB_OK);                                                     \
   } while (0)
 
-// CHECK that a call fails with `code` and that its message mentions `needle`.
-#define EBB_CHECK_FAILS(expr, code, needle)                                           \
-  do {                                                                                \
-    ebb_clear_error();                                                                \
-    ebb_status st_ = (expr);                                                          \
-    std::string msg_ = ebb_last_error();                                              \
-    INFO(#expr << " -> " << ebb_status_name(st_) << ": " << msg_);                   \
-    CHECK(st_ == (code));                                                             \
-    CHECK(msg_.find(needle) != std::string::npos);                                    \
+// CHECK that a call fails with `code` and that its message holds every needle.
+#define EBB_CHECK_MSG(expr, code, ...)                                    \
+  do {                                                                    \
+    ebb_clear_error();                                                    \
+    ebb_status st_ = (expr);                                              \
+    std::string msg_ = ebb_last_error();                                  \
+    INFO(#expr << " -> " << ebb_status_name(st_) << ": " << msg_);        \
+    CHECK(st_ == (code));                                                 \
+    for (const std::string &needle_ : std::initializer_list<std::string>{__VA_ARGS__}) { \
+      INFO("expected in the message: " << needle_);                       \
+      CHECK(msg_.find(needle_) != std::string::npos);                     \
+    }                                                                     \
   } while (0)
+
+// CHECK that a call fails with `code` and that its message mentions `needle`.
+#define EBB_CHECK_FAILS(expr, code, needle) EBB_CHECK_MSG(expr, code, needle)
 
 // Sets an environment variable for the scope, restoring the previous value after.
 struct ScopedEnv {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -188,6 +189,46 @@ inline std::vector<int64_t> broadcast_shape(const std::vector<int64_t> &a, const
     r[i] = x == 1 ? y : x;
   }
   return r;
+}
+
+// ---- a released tensor at each position of a call -------------------------------------------------
+
+using TensorArgs = std::vector<const ebb_tensor_t *>;
+
+// A call with its tensor arguments: `call` runs it with args (one per tensor position, arrays
+// flattened) and undoes what a success made (releases results, removes hooks).
+struct ReleasedCase {
+  const char *fn;
+  TensorArgs args;
+  std::function<ebb_status(const TensorArgs &)> call;
+};
+
+// A tensor released just now (a fresh one for each use, so the stale handle is never a record
+// reused since).
+inline const ebb_tensor_t *released_tensor() {
+  ebb_tensor_t *t = nullptr;
+  int64_t shape[2] = {2, 3};
+  EBB_REQUIRE_OK(ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_F64, 2, shape, &t));
+  EBB_REQUIRE_OK(ebb_tensor_release(t));
+  return t;
+}
+
+// Runs c with all-live arguments (it must succeed), then with a released tensor at each
+// position: EBB_EFREED with a message that starts with the call's name.
+inline void check_released_case(const ReleasedCase &c) {
+  INFO(c.fn);
+  {
+    ebb_status st = c.call(c.args);
+    INFO("with live tensors -> " << ebb_status_name(st) << ": " << ebb_last_error());
+    REQUIRE(st == EBB_OK);
+  }
+  for (size_t k = 0; k < c.args.size(); k++) {
+    TensorArgs a = c.args;
+    a[k] = released_tensor();
+    INFO("a released tensor at tensor position " << k);
+    EBB_CHECK_FAILS(c.call(a), EBB_EFREED, std::string(c.fn) + ": ");
+    CHECK(std::string(ebb_last_error()).rfind(std::string(c.fn) + ": ", 0) == 0);
+  }
 }
 
 } // namespace ebb_test
