@@ -1,6 +1,8 @@
 // test_runtime_driver_faults.cpp: what ebb makes of a failing driver call, with faults injected
 // by the emulated driver (EBB_SIM_FAULT). A failure ends in a clean status and a message naming
-// the CUDA error, and the calls after it are untouched by it.
+// the CUDA error, and the calls after it are untouched by it; a sticky error (a kernel's fault
+// on a GPU) puts the device in an error state that every later call reports at once, and
+// ebb_shutdown still completes.
 //
 // The driver reads EBB_SIM_FAULT once per process, at its cuInit, so each case sets it before
 // its first ebb_init and needs a process of its own, as ctest gives every case. Run together,
@@ -65,6 +67,37 @@ TEST_CASE("a failing driver call ends in a clean status naming the CUDA error, a
   CHECK(t2 == t);
   CHECK(std::string(ebb_last_error()) == msg);
   CHECK(hook.calls == 1);
+  EBB_REQUIRE_OK(ebb_dev_status(0));
   EBB_REQUIRE_OK(ebb_dev_synchronize(0));
   CHECK(hook.calls == 1);
+}
+
+TEST_CASE("a sticky driver error puts the device in an error state that every later call reports at once",
+          "[runtime][driver][fault][sticky]") {
+  // The first cuCtxSynchronize fails with the default for a non-allocation: LAUNCH_FAILED.
+  if (!faults_for_this_process("cuCtxSynchronize:1")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EBB_REQUIRE_OK(ebb_init());
+  int n = 0;
+  EBB_REQUIRE_OK(ebb_dev_count(&n));
+  REQUIRE(n >= 2);
+  const std::string state =
+      "device 0 is in an error state after CUDA_ERROR_LAUNCH_FAILED in cuCtxSynchronize; release every handle and call "
+      "ebb_shutdown";
+  EBB_CHECK_FAILS(ebb_dev_synchronize(0), EBB_EDEVICE, "ebb_dev_synchronize: " + state);
+  // From now on device 0 answers at once with its state, whatever the call.
+  EBB_CHECK_FAILS(ebb_dev_status(0), EBB_EDEVICE, "ebb_dev_status: " + state);
+  EBB_CHECK_FAILS(ebb_dev_synchronize(0), EBB_EDEVICE, "ebb_dev_synchronize: " + state);
+  size_t f = 0, t = 0;
+  EBB_CHECK_FAILS(ebb_dev_mem_info(0, &f, &t), EBB_EDEVICE, "ebb_dev_mem_info: " + state);
+  // Device 1 works on.
+  EBB_REQUIRE_OK(ebb_dev_status(1));
+  EBB_REQUIRE_OK(ebb_dev_synchronize(1));
+  EBB_REQUIRE_OK(ebb_dev_mem_info(1, &f, &t));
+  // Shutdown completes; the last one destroys the contexts, so a new init starts afresh.
+  EBB_REQUIRE_OK(ebb_shutdown());
+  EBB_REQUIRE_OK(ebb_init());
+  EBB_REQUIRE_OK(ebb_dev_status(0));
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
+  EBB_REQUIRE_OK(ebb_shutdown());
 }
