@@ -47,7 +47,8 @@ ebb_status ebb__dev_activate(const char *fn, int device) {
 /* Which device's context holds a sticky error: each context's default stream is asked
  * (cuStreamQuery never waits; in a failed context it returns the error). A driver that does not
  * keep the error makes no context answer: then the device whose context the thread made current
- * for the failing call. The thread's cached context is forgotten, so its next call sets it again. */
+ * for the failing call. The thread's context is set back to the one its cache names (with none
+ * cached, its next call sets one). */
 static int ebb__sticky_owner(void) {
   const ebb_drv *d = &ebb__rt.drv;
   int owner = -1;
@@ -84,7 +85,9 @@ ebb_status ebb__dev_live_slow(const char *fn, int device) {
    * instructions: wait for it rather than report a state without its cause. */
   while ((r = atomic_load_explicit(&dv->failed, memory_order_acquire)) == EBB__DEV_MARKING) ebb__cpu_relax();
   if (r == 0) return EBB_OK;
-  const char *name = ebb__cu_name((CUresult)r);
+  const char *name = NULL;
+  if (ebb__rt.drv.GetErrorName && ebb__rt.drv.GetErrorName((CUresult)r, &name) != CUDA_SUCCESS) name = NULL;
+  if (!name) name = ebb__cu_name((CUresult)r);
   char num[16];
   if (!name) {
     snprintf(num, sizeof num, "CUresult %d", r);
