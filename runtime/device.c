@@ -155,11 +155,15 @@ ebb_status ebb__devices_init(void) {
   for (int i = 0; i < n; i++) {
     ebb_device *dv = &ebb__rt.dev[i];
     memset(dv, 0, sizeof *dv);
+    const char *call = "cuDeviceGet";
     CUresult r = d->DeviceGet(&dv->cu, i);
-    if (r == CUDA_SUCCESS) r = d->DevicePrimaryCtxRetain(&dv->ctx, dv->cu);
+    if (r == CUDA_SUCCESS) {
+      call = "cuDevicePrimaryCtxRetain";
+      r = d->DevicePrimaryCtxRetain(&dv->ctx, dv->cu);
+    }
     if (r != CUDA_SUCCESS) {
       ebb__devices_fini();
-      return ebb__cu_fail(r, "ebb_init", "cuDevicePrimaryCtxRetain");
+      return ebb__cu_fail(r, "ebb_init", call);
     }
     ebb__rt.ndev = i + 1;
   }
