@@ -589,7 +589,13 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
       *out = b;
       return EBB_OK;
     }
-    if ((gst = ebb__grow(a, sp, pool, r, out, &tried)) == EBB_OK) return EBB_OK;
+    /* The first growth's failure (the driver out of memory, or failing once) is absorbed when
+     * the retry below succeeds, so it is muted: a call that succeeds leaves the last error and
+     * the hook alone. The second growth's failure, or the OOM report, is the caller's. */
+    if (!attempt) ebb__fail_mute(true);
+    gst = ebb__grow(a, sp, pool, r, out, &tried);
+    if (!attempt) ebb__fail_mute(false);
+    if (gst == EBB_OK) return EBB_OK;
     if (attempt) break;
     /* (1) completed pending frees, (2) wait for the rest and re-search, (3) give back every
      * fully free segment, then try once more. */
@@ -634,6 +640,8 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
     a->c.s.num_ooms++;
     return gst;
   }
+  /* A device in its error state (a sticky driver error) is no OOM: its own message is the answer. */
+  if (gst == EBB_EDEVICE) return gst;
   return ebb__oom(a, bytes, r, s, &tried);
 }
 

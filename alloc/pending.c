@@ -126,8 +126,12 @@ void ebb__poll_pending(struct ebb__arena *a) {
       struct ebb__pend *p = ebb_container_of(h->next, struct ebb__pend, node);
       bool done = false;
       /* A query that fails (event of a device gone wrong) counts as incomplete: the block stays
-       * pending until a release path synchronises it, which reports the error. */
-      if (ebb_event_query(p->ev, &done) != EBB_OK || !done) break;
+       * pending until a release path synchronises it, which reports the error. Muted: the
+       * call polling here may well succeed. */
+      ebb__fail_mute(true);
+      ebb_status qst = ebb_event_query(p->ev, &done);
+      ebb__fail_mute(false);
+      if (qst != EBB_OK || !done) break;
       ebb_event_t *orphan = ebb__pend_done(a, p);
       if (orphan) {
         /* Cache growth failed: release it outside the lock (rank order). */
@@ -222,6 +226,9 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
   for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, uses[i].device);
   ebb__unlock(&a->mu);
   uint32_t syncs = 0;
+  /* Muted: each failure here is absorbed by a device wait, and the free that records goes on
+   * (a device in its error state says so at its next call). */
+  ebb__fail_mute(true);
   for (uint32_t i = 0; i < n; i++) {
     const struct ebb__stream_ref *u = &uses[i];
     ebb_status st = evs[i] ? EBB_OK : ebb__ev_create(u->device, &evs[i]);
@@ -237,6 +244,7 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
       }
     }
   }
+  ebb__fail_mute(false);
   ebb__lock(&a->mu);
   a->c.s.num_syncs += syncs;
 }

@@ -37,6 +37,73 @@ ebb_status ebb__dev_activate(const char *fn, int device) {
   return EBB_OK;
 }
 
+/* ---- the error state ----
+ * On a GPU a kernel's fault (CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_ILLEGAL_ADDRESS, ...) is sticky:
+ * every later call in that context returns it, until the context is destroyed. The first such
+ * error ebb sees (ebb__cu_fail) puts the device in an error state, so every later call that would
+ * give it work or wait for it answers at once, with the error and the call that met it, instead
+ * of asking the driver again (or polling an event that will never complete). */
+
+/* Which device's context holds a sticky error: each context's default stream is asked
+ * (cuStreamQuery never waits; in a failed context it returns the error). A driver that does not
+ * keep the error makes no context answer: then the device whose context the thread made current
+ * for the failing call. The thread's context is set back to the one its cache names (with none
+ * cached, its next call sets one). */
+static int ebb__sticky_owner(void) {
+  const ebb_drv *d = &ebb__rt.drv;
+  int owner = -1;
+  for (int i = 0; i < ebb__rt.ndev && owner < 0 && d->StreamQuery; i++) {
+    if (d->CtxSetCurrent(ebb__rt.dev[i].ctx) != CUDA_SUCCESS) continue;
+    if (ebb__cu_sticky(d->StreamQuery(NULL))) owner = i;
+  }
+  if (owner < 0) owner = ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__rt.ndev ? ebb__tl_ctx_dev : ebb__tl_cur_dev;
+  if (owner < 0 || owner >= ebb__rt.ndev) owner = 0;
+  if (ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__rt.ndev) d->CtxSetCurrent(ebb__rt.dev[ebb__tl_ctx_dev].ctx);
+  return owner;
+}
+
+int ebb__dev_mark_failed(CUresult r, const char *call) {
+  int dev = ebb__sticky_owner();
+  ebb_device *dv = &ebb__rt.dev[dev];
+  int none = 0;
+  /* relaxed: the winner alone writes failed_call, published by the release store below */
+  if (atomic_compare_exchange_strong_explicit(&dv->failed, &none, EBB__DEV_MARKING, memory_order_relaxed,
+                                              memory_order_relaxed)) {
+    snprintf(dv->failed_call, sizeof dv->failed_call, "%s", call);
+    /* release: pairs with the acquire in ebb__dev_live_slow; failed_call is written */
+    atomic_store_explicit(&dv->failed, (int)r, memory_order_release);
+    atomic_store_explicit(&ebb__rt.any_failed, 1, memory_order_relaxed);
+  }
+  return dev;
+}
+
+ebb_status ebb__dev_live_slow(const char *fn, int device) {
+  if (device < 0 || device >= ebb__rt.ndev) return EBB_OK; /* (the range check is the caller's) */
+  ebb_device *dv = &ebb__rt.dev[device];
+  int r;
+  /* acquire: pairs with the release in ebb__dev_mark_failed. A marking in progress takes a few
+   * instructions: wait for it rather than report a state without its cause. */
+  while ((r = atomic_load_explicit(&dv->failed, memory_order_acquire)) == EBB__DEV_MARKING) ebb__cpu_relax();
+  if (r == 0) return EBB_OK;
+  const char *name = NULL;
+  if (ebb__rt.drv.GetErrorName && ebb__rt.drv.GetErrorName((CUresult)r, &name) != CUDA_SUCCESS) name = NULL;
+  if (!name) name = ebb__cu_name((CUresult)r);
+  char num[16];
+  if (!name) {
+    snprintf(num, sizeof num, "CUresult %d", r);
+    name = num;
+  }
+  return ebb__fail(EBB_EDEVICE, "%s: device %d is in an error state after %s in %s; release every handle and call ebb_shutdown",
+                   fn, device, name, dv->failed_call);
+}
+
+ebb_status ebb__check_dev_live(const char *fn, int device) {
+  ebb_status st = ebb__check_dev(fn, device);
+  return st ? st : ebb__dev_live(fn, device);
+}
+
+ebb_status ebb_dev_status(int device) { return ebb__check_dev_live("ebb_dev_status", device); }
+
 static int ebb__attr(CUdevice d, CUdevice_attribute a) {
   int v = 0;
   if (ebb__rt.drv.DeviceGetAttribute(&v, a, d) != CUDA_SUCCESS) v = 0;
@@ -84,14 +151,19 @@ ebb_status ebb__devices_init(void) {
   /* A new generation invalidates every thread's cached current context. */
   atomic_fetch_add_explicit(&ebb__init_gen, 1, memory_order_relaxed);
   ebb__rt.ndev = 0;
+  atomic_store_explicit(&ebb__rt.any_failed, 0, memory_order_relaxed); /* fresh contexts, no error state */
   for (int i = 0; i < n; i++) {
     ebb_device *dv = &ebb__rt.dev[i];
     memset(dv, 0, sizeof *dv);
+    const char *call = "cuDeviceGet";
     CUresult r = d->DeviceGet(&dv->cu, i);
-    if (r == CUDA_SUCCESS) r = d->DevicePrimaryCtxRetain(&dv->ctx, dv->cu);
+    if (r == CUDA_SUCCESS) {
+      call = "cuDevicePrimaryCtxRetain";
+      r = d->DevicePrimaryCtxRetain(&dv->ctx, dv->cu);
+    }
     if (r != CUDA_SUCCESS) {
       ebb__devices_fini();
-      return ebb__cu_fail(r, "ebb_init", "cuDevicePrimaryCtxRetain");
+      return ebb__cu_fail(r, "ebb_init", call);
     }
     ebb__rt.ndev = i + 1;
   }
@@ -182,7 +254,7 @@ ebb_status ebb_dev_guard_exit(ebb_dev_guard *g) {
 }
 
 ebb_status ebb_dev_synchronize(int device) {
-  ebb_status st = ebb__check_dev("ebb_dev_synchronize", device);
+  ebb_status st = ebb__check_dev_live("ebb_dev_synchronize", device);
   if (st) return st;
   st = ebb__dev_activate("ebb_dev_synchronize", device);
   if (st) return st;
@@ -191,7 +263,7 @@ ebb_status ebb_dev_synchronize(int device) {
 }
 
 ebb_status ebb_dev_mem_info(int device, size_t *free_bytes, size_t *total_bytes) {
-  ebb_status st = ebb__check_dev("ebb_dev_mem_info", device);
+  ebb_status st = ebb__check_dev_live("ebb_dev_mem_info", device);
   if (st) return st;
   if (!free_bytes || !total_bytes)
     return ebb__fail(EBB_EINVAL, "ebb_dev_mem_info: free_bytes and total_bytes must both be non-NULL");
@@ -220,8 +292,8 @@ ebb_status ebb_dev_can_access_peer(int device, int peer, bool *can) {
 }
 
 ebb_status ebb_dev_enable_peer(int device, int peer) {
-  ebb_status st = ebb__check_dev("ebb_dev_enable_peer", device);
-  if (!st) st = ebb__check_dev("ebb_dev_enable_peer (peer)", peer);
+  ebb_status st = ebb__check_dev_live("ebb_dev_enable_peer", device);
+  if (!st) st = ebb__check_dev_live("ebb_dev_enable_peer (peer)", peer);
   if (st) return st;
   if (device == peer)
     return ebb__fail(EBB_EINVAL, "ebb_dev_enable_peer: device %d and peer %d are the same; expected two devices", device, peer);

@@ -254,7 +254,7 @@ static ebb_status ebb__launch_check(const struct ebb_kernel *k, int device, cons
 
 ebb_status ebb_kernel_launch(const ebb_kernel_t *kc, int device, struct CUstream_st *stream, const void *args,
                              const ebb_launch_cfg *cfg) {
-  ebb_status st = ebb__check_dev("ebb_kernel_launch", device);
+  ebb_status st = ebb__check_dev_live("ebb_kernel_launch", device);
   if (st) return st;
   if (EBB_UNLIKELY(!kc || kc->magic != EBB_KERNEL_MAGIC))
     return ebb__fail(EBB_EINVAL, "ebb_kernel_launch: kernel handle %p is %s; expected one from ebb_kernel_declare", (const void *)kc,

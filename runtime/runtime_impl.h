@@ -84,7 +84,13 @@ typedef struct ebb_device {
   CUcontext ctx;        /* retained primary context */
   ebb_dev_caps caps;
   ebb_topo topo;
+  /* The error state (ebb_dev_status): 0 while the device works, EBB__DEV_MARKING while the
+   * first sticky error is being written down, then that CUresult; `failed_call` names the
+   * driver call that returned it and is written before the release store of the CUresult. */
+  atomic_int failed;
+  char failed_call[64];
 } ebb_device;
+#define EBB__DEV_MARKING (-1)
 
 typedef struct ebb_runtime {
   ebb_mutex lock;              /* init/shutdown and lazy per-device state (rank RUNTIME) */
@@ -94,6 +100,7 @@ typedef struct ebb_runtime {
   ebb_drv drv;
   ebb_driver_info info;
   int ndev;
+  atomic_int any_failed;       /* some device is in the error state: the checks take their slow path */
   ebb_device dev[EBB_MAX_DEVICES];
 } ebb_runtime;
 
@@ -105,6 +112,22 @@ EBB_HIDDEN ebb_status ebb__check_init(const char *fn);
 EBB_HIDDEN ebb_status ebb__check_dev(const char *fn, int device);
 /* Makes `device`'s primary context current on this thread (cached per thread). */
 EBB_HIDDEN ebb_status ebb__dev_activate(const char *fn, int device);
+/* The error state of a device (device.c). ebb__dev_live: EBB_EDEVICE with the state's message
+ * (naming `fn`) once `device` is in the error state, else EBB_OK; one relaxed load while no
+ * device is. ebb__check_dev_live: ebb__check_dev, then ebb__dev_live; for calls that give a
+ * device work or wait for it (releases use ebb__check_dev: they must work in the error state). */
+EBB_HIDDEN ebb_status ebb__dev_live_slow(const char *fn, int device);
+static inline ebb_status ebb__dev_live(const char *fn, int device) {
+  /* relaxed: a hint; the slow path reads the device's state with acquire */
+  if (EBB_LIKELY(!atomic_load_explicit(&ebb__rt.any_failed, memory_order_relaxed))) return EBB_OK;
+  return ebb__dev_live_slow(fn, device);
+}
+EBB_HIDDEN ebb_status ebb__check_dev_live(const char *fn, int device);
+/* Whether `r` leaves its context unusable on a GPU (every later call there returns it). */
+EBB_HIDDEN bool ebb__cu_sticky(CUresult r);
+/* Puts the device whose context holds the sticky error `r` (returned by `call`) in the error
+ * state, the first such error only; returns that device. */
+EBB_HIDDEN int ebb__dev_mark_failed(CUresult r, const char *call);
 /* Maps a CUresult to an ebb_status and a message "fn: <driver call> failed: NAME (text)". */
 EBB_HIDDEN ebb_status ebb__cu_fail(CUresult r, const char *fn, const char *call);
 EBB_HIDDEN ebb_status ebb__cu_status(CUresult r);

@@ -38,10 +38,20 @@ static ebb_status ebb__ensure_ctx(const char *fn) {
   return ebb__dev_activate(fn, dev);
 }
 
+/* ebb__ensure_ctx for calls that give work or wait for it: refused at once while the current
+ * device is in its error state (a driver keeps a sticky error in the context the thread has
+ * current when it meets it). Teardown (destroy, free, unregister) uses ebb__ensure_ctx. */
+static ebb_status ebb__ensure_ctx_live(const char *fn) {
+  int dev = 0;
+  ebb_dev_get_current(&dev);
+  ebb_status st = ebb__dev_live(fn, dev);
+  return st ? st : ebb__dev_activate(fn, dev);
+}
+
 ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
   EBB_SEAM_ENTRY("ebb__drv_ptr_info", PointerGetAttribute);
   EBB_SEAM_NONNULL("ebb__drv_ptr_info", out, "a struct to fill");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_ptr_info");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_ptr_info");
   if (st) return st;
   unsigned int type = 0;
   CUresult r = ebb__rt.drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)ptr);
@@ -68,7 +78,7 @@ ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
 /* ---- streams ---- */
 
 ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st **out) {
-  ebb_status st = ebb__check_dev("ebb__drv_stream_create", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_stream_create", device);
   if (st) return st;
   EBB_SEAM_NONNULL("ebb__drv_stream_create", out, "a CUstream to fill");
   st = ebb__dev_activate("ebb__drv_stream_create", device);
@@ -92,7 +102,7 @@ ebb_status ebb__drv_stream_destroy(struct CUstream_st *s) {
 ebb_status ebb__drv_stream_synchronize(struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_stream_synchronize", StreamSynchronize);
   EBB_SEAM_NONNULL("ebb__drv_stream_synchronize", s, "a driver stream");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_synchronize");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_stream_synchronize");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_stream_synchronize", "cuStreamSynchronize", ebb__rt.drv.StreamSynchronize(s));
   return EBB_OK;
@@ -102,7 +112,7 @@ ebb_status ebb__drv_stream_query(struct CUstream_st *s, bool *idle) {
   EBB_SEAM_ENTRY("ebb__drv_stream_query", StreamQuery);
   EBB_SEAM_NONNULL("ebb__drv_stream_query", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_stream_query", idle, "a bool to fill");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_query");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_stream_query");
   if (st) return st;
   CUresult r = ebb__rt.drv.StreamQuery(s);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_stream_query", "cuStreamQuery");
@@ -114,7 +124,7 @@ ebb_status ebb__drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *
   EBB_SEAM_ENTRY("ebb__drv_stream_wait_event", StreamWaitEvent);
   EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_wait_event");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_stream_wait_event");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_stream_wait_event", "cuStreamWaitEvent", ebb__rt.drv.StreamWaitEvent(s, e, 0));
   return EBB_OK;
@@ -124,7 +134,7 @@ ebb_status ebb__drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void
   EBB_SEAM_ENTRY("ebb__drv_launch_host_func", LaunchHostFunc);
   EBB_SEAM_NONNULL("ebb__drv_launch_host_func", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_launch_host_func", fn, "a function to run");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_launch_host_func");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_launch_host_func");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_launch_host_func", "cuLaunchHostFunc", ebb__rt.drv.LaunchHostFunc(s, fn, user));
   return EBB_OK;
@@ -133,7 +143,7 @@ ebb_status ebb__drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void
 /* ---- events ---- */
 
 ebb_status ebb__drv_event_create(int device, bool timing, struct CUevent_st **out) {
-  ebb_status st = ebb__check_dev("ebb__drv_event_create", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_event_create", device);
   if (st) return st;
   EBB_SEAM_NONNULL("ebb__drv_event_create", out, "a CUevent to fill");
   st = ebb__dev_activate("ebb__drv_event_create", device);
@@ -158,7 +168,7 @@ ebb_status ebb__drv_event_record(struct CUevent_st *e, struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_event_record", EventRecord);
   EBB_SEAM_NONNULL("ebb__drv_event_record", e, "a driver event");
   EBB_SEAM_NONNULL("ebb__drv_event_record", s, "a driver stream");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_event_record");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_record");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_event_record", "cuEventRecord", ebb__rt.drv.EventRecord(e, s));
   return EBB_OK;
@@ -168,7 +178,7 @@ ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done) {
   EBB_SEAM_ENTRY("ebb__drv_event_query", EventQuery);
   EBB_SEAM_NONNULL("ebb__drv_event_query", e, "a driver event");
   EBB_SEAM_NONNULL("ebb__drv_event_query", done, "a bool to fill");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_event_query");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_query");
   if (st) return st;
   CUresult r = ebb__rt.drv.EventQuery(e);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_event_query", "cuEventQuery");
@@ -179,7 +189,7 @@ ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done) {
 ebb_status ebb__drv_event_synchronize(struct CUevent_st *e) {
   EBB_SEAM_ENTRY("ebb__drv_event_synchronize", EventSynchronize);
   EBB_SEAM_NONNULL("ebb__drv_event_synchronize", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_event_synchronize");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_synchronize");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_event_synchronize", "cuEventSynchronize", ebb__rt.drv.EventSynchronize(e));
   return EBB_OK;
@@ -190,7 +200,7 @@ ebb_status ebb__drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *e
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", start, "a recorded timing event");
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", end, "a recorded timing event");
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", ms, "a float to fill");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_event_elapsed");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_elapsed");
   if (st) return st;
   float v = 0;
   EBB_SEAM_CALL("ebb__drv_event_elapsed", "cuEventElapsedTime", ebb__rt.drv.EventElapsedTime(&v, start, end));
@@ -201,7 +211,7 @@ ebb_status ebb__drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *e
 /* ---- memory ---- */
 
 ebb_status ebb__drv_mem_alloc(int device, size_t bytes, uint64_t *dptr) {
-  ebb_status st = ebb__check_dev("ebb__drv_mem_alloc", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_mem_alloc", device);
   if (st) return st;
   EBB_SEAM_NONNULL("ebb__drv_mem_alloc", dptr, "a uint64_t to fill");
   if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_mem_alloc: 0 bytes requested on device %d; expected at least 1", device);
@@ -227,7 +237,7 @@ ebb_status ebb__drv_mem_free(int device, uint64_t dptr) {
 }
 
 ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out) {
-  ebb_status st = ebb__check_dev("ebb__drv_pinned_alloc", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_pinned_alloc", device);
   if (st) return st;
   EBB_SEAM_ENTRY("ebb__drv_pinned_alloc", MemHostAlloc);
   EBB_SEAM_NONNULL("ebb__drv_pinned_alloc", out, "a pointer to fill");
@@ -256,7 +266,7 @@ ebb_status ebb__drv_host_register(void *p, size_t bytes) {
   EBB_SEAM_ENTRY("ebb__drv_host_register", MemHostRegister);
   EBB_SEAM_NONNULL("ebb__drv_host_register", p, "host memory to register");
   if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_host_register: 0 bytes; expected at least 1");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_host_register");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_host_register");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_host_register", "cuMemHostRegister",
                 ebb__rt.drv.MemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE));
@@ -278,7 +288,7 @@ ebb_status ebb__drv_memcpy_async(void *dst, const void *src, size_t bytes, struc
   EBB_SEAM_NONNULL("ebb__drv_memcpy_async", src, "a source pointer");
   EBB_SEAM_NONNULL("ebb__drv_memcpy_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ebb__ensure_ctx("ebb__drv_memcpy_async");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_memcpy_async");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_memcpy_async", "cuMemcpyAsync",
                 ebb__rt.drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, s));
@@ -290,7 +300,7 @@ ebb_status ebb__drv_memset_async(void *dst, unsigned char value, size_t bytes, s
   EBB_SEAM_NONNULL("ebb__drv_memset_async", dst, "device memory");
   EBB_SEAM_NONNULL("ebb__drv_memset_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ebb__ensure_ctx("ebb__drv_memset_async");
+  ebb_status st = ebb__ensure_ctx_live("ebb__drv_memset_async");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_memset_async", "cuMemsetD8Async",
                 ebb__rt.drv.MemsetD8Async((CUdeviceptr)(uintptr_t)dst, value, bytes, s));
@@ -307,7 +317,7 @@ static void ebb__vmm_prop(int device, CUmemAllocationProp *prop) {
 }
 
 ebb_status ebb__drv_vmm_granularity(int device, size_t *granularity) {
-  ebb_status st = ebb__check_dev("ebb__drv_vmm_granularity", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_vmm_granularity", device);
   if (st) return st;
   EBB_SEAM_ENTRY("ebb__drv_vmm_granularity", MemGetAllocationGranularity);
   EBB_SEAM_NONNULL("ebb__drv_vmm_granularity", granularity, "a size_t to fill");
@@ -321,7 +331,7 @@ ebb_status ebb__drv_vmm_granularity(int device, size_t *granularity) {
 }
 
 ebb_status ebb__drv_vmm_reserve(int device, size_t bytes, uint64_t *va) {
-  ebb_status st = ebb__check_dev("ebb__drv_vmm_reserve", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_vmm_reserve", device);
   if (st) return st;
   EBB_SEAM_ENTRY("ebb__drv_vmm_reserve", MemAddressReserve);
   EBB_SEAM_NONNULL("ebb__drv_vmm_reserve", va, "a uint64_t to fill");
@@ -341,7 +351,7 @@ ebb_status ebb__drv_vmm_free(uint64_t va, size_t bytes) {
 }
 
 ebb_status ebb__drv_vmm_create(int device, size_t bytes, uint64_t *handle) {
-  ebb_status st = ebb__check_dev("ebb__drv_vmm_create", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_vmm_create", device);
   if (st) return st;
   EBB_SEAM_ENTRY("ebb__drv_vmm_create", MemCreate);
   EBB_SEAM_NONNULL("ebb__drv_vmm_create", handle, "a uint64_t to fill");
@@ -365,7 +375,7 @@ ebb_status ebb__drv_vmm_release(uint64_t handle) {
 }
 
 ebb_status ebb__drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device) {
-  ebb_status st = ebb__check_dev("ebb__drv_vmm_map", device);
+  ebb_status st = ebb__check_dev_live("ebb__drv_vmm_map", device);
   if (st) return st;
   EBB_SEAM_ENTRY("ebb__drv_vmm_map", MemMap);
   EBB_SEAM_CALL("ebb__drv_vmm_map", "cuMemMap", ebb__rt.drv.MemMap((CUdeviceptr)va, bytes, 0, (CUmemGenericAllocationHandle)handle, 0));

@@ -148,8 +148,28 @@ uint64_t ebb__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Every CUresult ebb can meet, mapped once. Errors not listed are EBB_EDRIVER. */
+bool ebb__cu_sticky(CUresult r) {
+  switch ((int)r) { /* by value: ebb_cuda.h names only some of them */
+  case 214: /* CUDA_ERROR_ECC_UNCORRECTABLE */
+  case 700: /* CUDA_ERROR_ILLEGAL_ADDRESS */
+  case 702: /* CUDA_ERROR_LAUNCH_TIMEOUT */
+  case 710: /* CUDA_ERROR_ASSERT */
+  case 714: /* CUDA_ERROR_HARDWARE_STACK_ERROR */
+  case 715: /* CUDA_ERROR_ILLEGAL_INSTRUCTION */
+  case 716: /* CUDA_ERROR_MISALIGNED_ADDRESS */
+  case 717: /* CUDA_ERROR_INVALID_ADDRESS_SPACE */
+  case 718: /* CUDA_ERROR_INVALID_PC */
+  case 719: /* CUDA_ERROR_LAUNCH_FAILED */
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* Every CUresult ebb can meet, mapped once. Errors not listed are EBB_EDRIVER; the sticky ones
+ * (ebb__cu_sticky) are EBB_EDEVICE: the device is lost until its context is destroyed. */
 ebb_status ebb__cu_status(CUresult r) {
+  if (ebb__cu_sticky(r)) return EBB_EDEVICE;
   switch (r) {
   case CUDA_SUCCESS: return EBB_OK;
   case CUDA_ERROR_INVALID_VALUE:
@@ -224,6 +244,10 @@ const char *ebb__cu_name(CUresult r) {
 }
 
 ebb_status ebb__cu_fail(CUresult r, const char *fn, const char *call) {
+  /* A sticky error: the device goes into its error state, and the message says so (naming the
+   * error and the call that met it first) from this call on. Not while ebb_init has no device
+   * table yet: then the init's own failure is the answer. */
+  if (ebb__cu_sticky(r) && ebb__rt.ndev > 0) return ebb__dev_live_slow(fn, ebb__dev_mark_failed(r, call));
   const char *name = NULL, *text = NULL;
   if (ebb__rt.drv.GetErrorName && ebb__rt.drv.GetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
   if (!name) name = ebb__cu_name(r);

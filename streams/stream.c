@@ -448,7 +448,10 @@ static bool ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent
     unsigned kept = 0;
     for (unsigned i = 0; i < d->ntombs; i++) {
       bool fin = false;
-      if (*nd < EBB__TOMBS && ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin) done[(*nd)++] = d->tombs[i].ev;
+      ebb__fail_mute(true); /* a failed query keeps the tomb: absorbed */
+      bool reap = *nd < EBB__TOMBS && ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin;
+      ebb__fail_mute(false);
+      if (reap) done[(*nd)++] = d->tombs[i].ev;
       else d->tombs[kept++] = d->tombs[i];
     }
     d->ntombs = kept;
@@ -500,7 +503,9 @@ bool ebb__stream_released_done(int device, uint64_t id) {
   for (unsigned i = 0; i < d->ntombs; i++) {
     if (d->tombs[i].id != id) continue;
     bool fin = false;
+    ebb__fail_mute(true); /* a failed query reads as work not done: absorbed */
     done = ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin;
+    ebb__fail_mute(false);
     break;
   }
   ebb__mutex_unlock(&d->tomb_mu);
@@ -639,12 +644,16 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
   }
   struct CUevent_st *ev = NULL, *done[EBB__TOMBS + 1];
   unsigned nd = 0;
+  /* Muted: a failure to get or record the tomb's event is absorbed by waiting for the stream
+   * (and that wait's failure by the release itself: nothing is left to order after). */
+  ebb__fail_mute(true);
   if (ebb__drv_event_get(d, false, &ev) != EBB_OK) ev = NULL;
   ebb__mutex_lock(&d->tomb_mu);
   if (!ev || ebb__drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
     (void)ebb__drv_stream_synchronize(s->cu);
     if (ev) done[nd++] = ev;
   }
+  ebb__fail_mute(false);
   /* release: the tomb is in the table before anyone sees the stream released (the peeks' acquire
    * loads, then tomb_mu). */
   atomic_store_explicit(&s->slot.magic, EBB__SLOT_FREED, memory_order_release);

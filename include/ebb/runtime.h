@@ -110,6 +110,13 @@ EBB_API ebb_status ebb_dev_guard_enter(ebb_dev_guard *g, int device);
 EBB_API ebb_status ebb_dev_guard_exit(ebb_dev_guard *g);
 /* Waits for all work on the device (host-blocking; tests and teardown, never the hot path). */
 EBB_API ebb_status ebb_dev_synchronize(int device);
+/* EBB_OK while the device works. Once the driver returned an error that leaves a context
+ * unusable (CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_ILLEGAL_ADDRESS, ...: a kernel fault), the
+ * device is in an error state: this call, and every later call that would give the device work
+ * or wait for it, fails at once with EBB_EDEVICE and a message naming the error and the driver
+ * call that returned it. Releases still work; release every handle and call ebb_shutdown (the
+ * last one destroys the contexts; a later ebb_init starts afresh). */
+EBB_API ebb_status ebb_dev_status(int device);
 EBB_API ebb_status ebb_dev_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
 EBB_API ebb_status ebb_dev_can_access_peer(int device, int peer, bool *can);
 /* Lets `device` access `peer`'s memory. Idempotent: a second call is success. */

@@ -27,7 +27,7 @@ struct sim_globals sim;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 /* Why init_body failed, for ebbsim_init_error; written once under the cuInit once-guard. */
-static char init_error[256];
+static char init_error[512];
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local struct sim_device *tls_current;
 
@@ -132,6 +132,45 @@ struct sim_device *sim_device_of_ctx(CUcontext c) {
 }
 
 struct sim_device *sim_current_device(void) { return tls_current; }
+
+/* ---------------------------------------------------------------- errors */
+
+#define SIM_ERRORS(X)                                                                              \
+  X(CUDA_SUCCESS, "no error")                                                                      \
+  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                  \
+  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                     \
+  X(CUDA_ERROR_NOT_INITIALIZED, "driver not initialized: call cuInit(0) first")                    \
+  X(CUDA_ERROR_DEINITIALIZED, "driver is shutting down")                                           \
+  X(CUDA_ERROR_STUB_LIBRARY, "stub driver library loaded instead of a real driver")                \
+  X(CUDA_ERROR_NO_DEVICE, "no device found")                                                       \
+  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                           \
+  X(CUDA_ERROR_INVALID_IMAGE, "invalid module image")                                              \
+  X(CUDA_ERROR_INVALID_CONTEXT, "invalid or missing current context")                              \
+  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                                 \
+  X(CUDA_ERROR_ALREADY_MAPPED, "address range already mapped")                                     \
+  X(CUDA_ERROR_NOT_MAPPED, "address range not mapped")                                             \
+  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "resource not mapped as a pointer")                          \
+  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access not supported between these devices")         \
+  X(CUDA_ERROR_INVALID_PTX, "invalid PTX")                                                         \
+  X(CUDA_ERROR_INVALID_SOURCE, "invalid kernel source")                                            \
+  X(CUDA_ERROR_OPERATING_SYSTEM, "an operating system call failed")                                \
+  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle (bogus or destroyed)")                     \
+  X(CUDA_ERROR_ILLEGAL_STATE, "operation not valid in the current state")                          \
+  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                                \
+  X(CUDA_ERROR_NOT_READY, "work not complete yet")                                                 \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, "illegal memory address")                                          \
+  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")                 \
+  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access already enabled")                         \
+  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access not enabled")                                 \
+  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context already active")                           \
+  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context destroyed")                                          \
+  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "host memory range already registered")             \
+  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "host memory range not registered")                     \
+  X(CUDA_ERROR_LAUNCH_FAILED, "kernel launch failed")                                              \
+  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                           \
+  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                           \
+  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "driver and kernel module versions differ")                 \
+  X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 /* ---------------------------------------------------------------- environment and cuInit */
 
@@ -299,6 +338,171 @@ static bool parse_seed(const char *s, uint64_t *out) {
   return true;
 }
 
+/* ---------------------------------------------------------------- fault injection */
+
+/* EBB_SIM_FAULT=<entry|*>:<n>[:<CUresult>][,...]: the n-th call of `entry` (of any entry point
+ * for `*`), counted from cuInit, fails once with the CUresult. Every call of an entry point is
+ * numbered by an atomic counter (one per entry, one for all), so exactly one call meets each
+ * fault whatever the threads do, and the counters run only while a fault is left to fire. */
+#define SIM_MAX_FAULTS 16
+#define SIM_FAULT_ANY (-1)
+
+struct sim_fault {
+  int entry;        /* enum sim_entry, or SIM_FAULT_ANY */
+  uint64_t n;       /* the call that fails, from 1 */
+  CUresult result;  /* 0: the entry's default */
+};
+
+static struct sim_fault faults[SIM_MAX_FAULTS]; /* written by cuInit before `ready` */
+static int nfaults;
+static _Atomic int faults_left;                 /* not yet fired; the last one clears SIM_SLOW_FAULT */
+static _Atomic uint64_t calls_of[SIM_NENTRIES];
+static _Atomic uint64_t calls_all;
+
+static const struct {
+  const char *name;   /* as in cuda.h's prototypes: cuMemAlloc */
+  const char *symbol; /* as exported: cuMemAlloc_v2 */
+  unsigned flags;     /* SIM_EF_* */
+} entries[SIM_NENTRIES] = {
+#define SIM_STR_(x) #x
+#define SIM_STR(x) SIM_STR_(x) /* expands ebb_cuda.h's redirection first: the exported name */
+#define SIM_ENTRY_ROW(name, fl) [SIM_E_##name] = {#name, SIM_STR(name), (fl)},
+    SIM_ENTRIES(SIM_ENTRY_ROW)
+#undef SIM_ENTRY_ROW
+};
+
+bool sim_error_is_sticky(CUresult r) {
+  switch ((int)r) { /* by value: ebb_cuda.h names only some of them */
+    case 214: /* CUDA_ERROR_ECC_UNCORRECTABLE */
+    case 700: /* CUDA_ERROR_ILLEGAL_ADDRESS */
+    case 702: /* CUDA_ERROR_LAUNCH_TIMEOUT */
+    case 710: /* CUDA_ERROR_ASSERT */
+    case 714: /* CUDA_ERROR_HARDWARE_STACK_ERROR */
+    case 715: /* CUDA_ERROR_ILLEGAL_INSTRUCTION */
+    case 716: /* CUDA_ERROR_MISALIGNED_ADDRESS */
+    case 717: /* CUDA_ERROR_INVALID_ADDRESS_SPACE */
+    case 718: /* CUDA_ERROR_INVALID_PC */
+    case 719: /* CUDA_ERROR_LAUNCH_FAILED */
+      return true;
+    default:
+      return false;
+  }
+}
+
+/* Makes `r` the sticky error of the calling thread's current context, the first one only (a
+ * GPU's context keeps the error that poisoned it). Without a current context nothing is
+ * poisoned. */
+static void sticky_set(CUresult r) {
+  struct sim_device *d = tls_current;
+  if (!d) return;
+  int none = CUDA_SUCCESS;
+  atomic_compare_exchange_strong_explicit(&d->sticky, &none, (int)r, memory_order_relaxed, memory_order_relaxed);
+  atomic_fetch_or_explicit(&sim.slow, SIM_SLOW_STICKY, memory_order_relaxed);
+}
+
+static CUresult fault_hit(enum sim_entry e) {
+  /* relaxed: the counters only number the calls; each number is handed out once */
+  uint64_t mine = atomic_fetch_add_explicit(&calls_of[e], 1, memory_order_relaxed) + 1;
+  uint64_t all = atomic_fetch_add_explicit(&calls_all, 1, memory_order_relaxed) + 1;
+  for (int i = 0; i < nfaults; i++) {
+    const struct sim_fault *f = &faults[i];
+    if (f->entry == SIM_FAULT_ANY ? f->n != all : (f->entry != (int)e || f->n != mine)) continue;
+    if (atomic_fetch_sub_explicit(&faults_left, 1, memory_order_relaxed) == 1)
+      atomic_fetch_and_explicit(&sim.slow, ~SIM_SLOW_FAULT, memory_order_relaxed);
+    CUresult r = f->result ? f->result
+                           : (entries[e].flags & SIM_EF_ALLOC) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_LAUNCH_FAILED;
+    if (sim_error_is_sticky(r)) sticky_set(r);
+    return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult sim_enter_slow(enum sim_entry e) {
+  unsigned slow = atomic_load_explicit(&sim.slow, memory_order_relaxed);
+  if (slow & SIM_SLOW_FAULT) {
+    CUresult r = fault_hit(e);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  if ((slow & SIM_SLOW_STICKY) && !(entries[e].flags & SIM_EF_AFTER_STICKY) && tls_current)
+    return sim_device_sticky(tls_current);
+  return CUDA_SUCCESS;
+}
+
+/* A CUresult by name (CUDA_ERROR_LAUNCH_FAILED) or by number (719); false for CUDA_SUCCESS. */
+static bool parse_curesult(const char *s, size_t len, CUresult *out) {
+#define SIM_ERR_MATCH(code, text)                                        \
+  if (len == sizeof #code - 1 && strncmp(s, #code, len) == 0) {          \
+    *out = code;                                                         \
+    return code != CUDA_SUCCESS;                                         \
+  }
+  SIM_ERRORS(SIM_ERR_MATCH)
+#undef SIM_ERR_MATCH
+  unsigned long v = 0;
+  if (len == 0 || len > 9) return false;
+  for (size_t i = 0; i < len; i++) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (unsigned long)(s[i] - '0');
+  }
+  if (v == 0) return false;
+  *out = (CUresult)v;
+  return true;
+}
+
+/* EBB_SIM_FAULT: a comma-separated list of <entry|*>:<n>[:<CUresult>]. On a bad item, writes
+ * why (naming the item) into init_error and returns false. */
+static bool parse_faults(const char *v) {
+  nfaults = 0;
+  for (const char *p = v;;) {
+    size_t len = strcspn(p, ",");
+    char item[160];
+    if (len == 0 || len >= sizeof item) {
+      snprintf(init_error, sizeof init_error, "EBB_SIM_FAULT='%s': an empty or overlong fault; expected <entry|*>:<n>[:<CUresult>][,...]", v);
+      return false;
+    }
+    if (nfaults == SIM_MAX_FAULTS) {
+      snprintf(init_error, sizeof init_error, "EBB_SIM_FAULT='%s': more than %d faults", v, SIM_MAX_FAULTS);
+      return false;
+    }
+    memcpy(item, p, len);
+    item[len] = 0;
+    char *c1 = strchr(item, ':');
+    if (!c1) {
+      snprintf(init_error, sizeof init_error, "EBB_SIM_FAULT='%s': '%s' has no call number; expected <entry|*>:<n>[:<CUresult>]", v, item);
+      return false;
+    }
+    *c1 = 0;
+    char *num = c1 + 1, *c2 = strchr(num, ':');
+    if (c2) *c2 = 0;
+    struct sim_fault f = {.entry = SIM_FAULT_ANY};
+    if (strcmp(item, "*") != 0) {
+      f.entry = -2;
+      for (int e = 0; e < SIM_NENTRIES; e++)
+        if (strcmp(item, entries[e].name) == 0 || strcmp(item, entries[e].symbol) == 0) f.entry = e;
+      if (f.entry == -2) {
+        snprintf(init_error, sizeof init_error, "EBB_SIM_FAULT='%s': unknown entry point '%s'; expected * or a Driver API entry simdrv exports (cuMemAlloc_v2, cuEventQuery, cuLaunchKernel, ...)", v, item);
+        return false;
+      }
+    }
+    char *end;
+    errno = 0;
+    unsigned long long n = num[0] >= '0' && num[0] <= '9' ? strtoull(num, &end, 10) : 0;
+    if (errno || n < 1 || *end) {
+      snprintf(init_error, sizeof init_error, "EBB_SIM_FAULT='%s': call number '%s' of %s is not an integer >= 1", v, num, item);
+      return false;
+    }
+    f.n = n;
+    if (c2 && !parse_curesult(c2 + 1, strlen(c2 + 1), &f.result)) {
+      snprintf(init_error, sizeof init_error, "EBB_SIM_FAULT='%s': '%s' is not a CUresult name (CUDA_ERROR_LAUNCH_FAILED, ...) or a number >= 1", v, c2 + 1);
+      return false;
+    }
+    faults[nfaults++] = f;
+    if (!p[len]) break;
+    p += len + 1;
+  }
+  atomic_store_explicit(&faults_left, nfaults, memory_order_relaxed);
+  return true;
+}
+
 /* A setting, NULL when unset or empty (README: an empty variable reads as unset). */
 static const char *setting(const char *name) {
   const char *v = getenv(name);
@@ -348,6 +552,10 @@ static void init_body(void) {
     init_result = CUDA_ERROR_INVALID_VALUE;
     return;
   }
+  if ((e = setting("EBB_SIM_FAULT")) && !parse_faults(e)) {
+    init_result = CUDA_ERROR_INVALID_VALUE;
+    return;
+  }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (!mem) mem = default_capacity(ndev);
   sim.ndev = ndev;
@@ -364,6 +572,7 @@ static void init_body(void) {
     d->ctx.ordinal = i;
     d->capacity = mem;
     atomic_init(&d->used, 0);
+    atomic_init(&d->sticky, CUDA_SUCCESS);
     sim_exec_init_device(d);
     if (!sim_exec_create_null_stream(d)) {
       snprintf(init_error, sizeof init_error, "no host memory or thread for device %d's null stream", i);
@@ -372,6 +581,7 @@ static void init_body(void) {
     }
   }
   init_result = CUDA_SUCCESS;
+  atomic_store_explicit(&sim.slow, nfaults ? SIM_SLOW_FAULT : 0u, memory_order_relaxed); /* published below */
   /* release: pairs with the acquire in sim_initialized; publishes everything above */
   atomic_store_explicit(&sim.ready, 1, memory_order_release);
 }
@@ -391,45 +601,6 @@ SIM_API CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
   *driverVersion = 13000;
   return CUDA_SUCCESS;
 }
-
-/* ---------------------------------------------------------------- errors */
-
-#define SIM_ERRORS(X)                                                                              \
-  X(CUDA_SUCCESS, "no error")                                                                      \
-  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                  \
-  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                     \
-  X(CUDA_ERROR_NOT_INITIALIZED, "driver not initialized: call cuInit(0) first")                    \
-  X(CUDA_ERROR_DEINITIALIZED, "driver is shutting down")                                           \
-  X(CUDA_ERROR_STUB_LIBRARY, "stub driver library loaded instead of a real driver")                \
-  X(CUDA_ERROR_NO_DEVICE, "no device found")                                                       \
-  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                           \
-  X(CUDA_ERROR_INVALID_IMAGE, "invalid module image")                                              \
-  X(CUDA_ERROR_INVALID_CONTEXT, "invalid or missing current context")                              \
-  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                                 \
-  X(CUDA_ERROR_ALREADY_MAPPED, "address range already mapped")                                     \
-  X(CUDA_ERROR_NOT_MAPPED, "address range not mapped")                                             \
-  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "resource not mapped as a pointer")                          \
-  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access not supported between these devices")         \
-  X(CUDA_ERROR_INVALID_PTX, "invalid PTX")                                                         \
-  X(CUDA_ERROR_INVALID_SOURCE, "invalid kernel source")                                            \
-  X(CUDA_ERROR_OPERATING_SYSTEM, "an operating system call failed")                                \
-  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle (bogus or destroyed)")                     \
-  X(CUDA_ERROR_ILLEGAL_STATE, "operation not valid in the current state")                          \
-  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                                \
-  X(CUDA_ERROR_NOT_READY, "work not complete yet")                                                 \
-  X(CUDA_ERROR_ILLEGAL_ADDRESS, "illegal memory address")                                          \
-  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")                 \
-  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access already enabled")                         \
-  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access not enabled")                                 \
-  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context already active")                           \
-  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context destroyed")                                          \
-  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "host memory range already registered")             \
-  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "host memory range not registered")                     \
-  X(CUDA_ERROR_LAUNCH_FAILED, "kernel launch failed")                                              \
-  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                           \
-  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                           \
-  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "driver and kernel module versions differ")                 \
-  X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 SIM_API CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
   if (!pStr) return CUDA_ERROR_INVALID_VALUE;
@@ -460,14 +631,14 @@ SIM_API CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
 /* ---------------------------------------------------------------- devices */
 
 SIM_API CUresult CUDAAPI cuDeviceGetCount(int *count) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDeviceGetCount);
   if (!count) return CUDA_ERROR_INVALID_VALUE;
   *count = sim.ndev;
   return CUDA_SUCCESS;
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDeviceGet);
   if (!device) return CUDA_ERROR_INVALID_VALUE;
   if (!sim_device_get(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
   *device = ordinal;
@@ -475,7 +646,7 @@ SIM_API CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDeviceGetName);
   if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (!sim_device_get(dev)) return CUDA_ERROR_INVALID_DEVICE;
   snprintf(name, (size_t)len, "ebb simdrv device %d", dev); /* truncates like CUDA */
@@ -483,7 +654,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
 }
 
 SIM_API CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDeviceTotalMem);
   if (!bytes) return CUDA_ERROR_INVALID_VALUE;
   struct sim_device *d = sim_device_get(dev);
   if (!d) return CUDA_ERROR_INVALID_DEVICE;
@@ -495,7 +666,7 @@ SIM_API CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
  * code path by architecture must not mistake a CPU for a GPU generation; everything else is the
  * capability a CUDA program checks before using a feature. */
 SIM_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDeviceGetAttribute);
   if (!pi) return CUDA_ERROR_INVALID_VALUE;
   if (!sim_device_get(dev)) return CUDA_ERROR_INVALID_DEVICE;
   int v;
@@ -530,7 +701,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib
 }
 
 SIM_API CUresult CUDAAPI cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDeviceGetPCIBusId);
   if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (!sim_device_get(dev)) return CUDA_ERROR_INVALID_DEVICE;
   /* Bus 0x100 + ordinal: well-formed, and never a real PCI device (buses end at 0xff). */
@@ -539,7 +710,7 @@ SIM_API CUresult CUDAAPI cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice d
 }
 
 SIM_API CUresult CUDAAPI cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDeviceCanAccessPeer);
   if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
   if (!sim_device_get(dev) || !sim_device_get(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
   *canAccessPeer = dev != peerDev;
@@ -549,7 +720,7 @@ SIM_API CUresult CUDAAPI cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev,
 /* ---------------------------------------------------------------- primary contexts */
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDevicePrimaryCtxRetain);
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   struct sim_device *d = sim_device_get(dev);
   if (!d) return CUDA_ERROR_INVALID_DEVICE;
@@ -561,15 +732,17 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 }
 
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDevicePrimaryCtxRelease);
   struct sim_device *d = sim_device_get(dev);
   if (!d) return CUDA_ERROR_INVALID_DEVICE;
   CUresult r = CUDA_SUCCESS;
   pthread_mutex_lock(&ctx_lock);
   if (d->ctx.refcount == 0)
     r = CUDA_ERROR_INVALID_CONTEXT; /* released more often than retained */
-  else
-    d->ctx.refcount--;
+  else if (--d->ctx.refcount == 0)
+    /* CUDA destroys the primary context with its last release, and a sticky error with it; the
+     * emulated context lives on, but without the error. */
+    atomic_store_explicit(&d->sticky, CUDA_SUCCESS, memory_order_relaxed);
   pthread_mutex_unlock(&ctx_lock);
   return r;
 }
@@ -577,10 +750,12 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
 /* Waits for the device's work and drops every retain. Unlike CUDA, allocations, streams and
  * events stay valid: the emulated context is never torn down. */
 SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuDevicePrimaryCtxReset);
   struct sim_device *d = sim_device_get(dev);
   if (!d) return CUDA_ERROR_INVALID_DEVICE;
   sim_exec_sync_device(d);
+  /* A reset is how a CUDA program leaves a sticky error: the context starts afresh. */
+  atomic_store_explicit(&d->sticky, CUDA_SUCCESS, memory_order_relaxed);
   pthread_mutex_lock(&ctx_lock);
   d->ctx.refcount = 0;
   d->ctx.peer_mask = 0;
@@ -589,7 +764,7 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
 }
 
 SIM_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuCtxSetCurrent);
   if (!ctx) {
     tls_current = NULL;
     return CUDA_SUCCESS;
@@ -601,14 +776,14 @@ SIM_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
 }
 
 SIM_API CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuCtxGetCurrent);
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   *pctx = tls_current ? sim_ctx_handle(tls_current) : NULL;
   return CUDA_SUCCESS;
 }
 
 SIM_API CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuCtxGetDevice);
   if (!device) return CUDA_ERROR_INVALID_VALUE;
   if (!tls_current) return CUDA_ERROR_INVALID_CONTEXT;
   *device = tls_current->ordinal;
@@ -616,14 +791,14 @@ SIM_API CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) {
 }
 
 SIM_API CUresult CUDAAPI cuCtxSynchronize(void) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuCtxSynchronize);
   if (!tls_current) return CUDA_ERROR_INVALID_CONTEXT;
   sim_exec_sync_device(tls_current);
   return CUDA_SUCCESS;
 }
 
 SIM_API CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuCtxGetStreamPriorityRange);
   /* Either pointer may be NULL, as in CUDA. */
   if (leastPriority) *leastPriority = SIM_PRIO_LEAST;
   if (greatestPriority) *greatestPriority = SIM_PRIO_GREATEST;
@@ -634,7 +809,7 @@ SIM_API CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *leastPriority, int *gr
  * without NVLink, so enabling it changes no behaviour a program could observe except these
  * return codes. */
 SIM_API CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuCtxEnablePeerAccess);
   struct sim_device *self = tls_current;
   if (!self) return CUDA_ERROR_INVALID_CONTEXT;
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -652,7 +827,7 @@ SIM_API CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned i
 }
 
 SIM_API CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peerContext) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuCtxDisablePeerAccess);
   struct sim_device *self = tls_current;
   if (!self) return CUDA_ERROR_INVALID_CONTEXT;
   struct sim_device *peer = sim_device_of_ctx(peerContext);

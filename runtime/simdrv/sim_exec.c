@@ -507,7 +507,11 @@ static CUresult stream_lock(struct sim_stream *s, uint32_t gen) {
     pthread_mutex_unlock(&sched);
     return CUDA_ERROR_INVALID_HANDLE;
   }
-  return CUDA_SUCCESS;
+  /* A stream of a context holding a sticky error takes no work and answers with the error,
+   * whichever context the calling thread has current. */
+  CUresult r = sim_device_sticky(s->dev);
+  if (r != CUDA_SUCCESS) pthread_mutex_unlock(&sched);
+  return r;
 }
 
 /* stream_lock for calls that add a command: while `s` already holds SIM_STREAM_DEPTH commands,
@@ -551,7 +555,7 @@ static int clamp_prio(int p) {
 }
 
 SIM_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuStreamCreateWithPriority);
   struct sim_device *d = sim_current_device();
   if (!d) return CUDA_ERROR_INVALID_CONTEXT;
   if (!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) return CUDA_ERROR_INVALID_VALUE;
@@ -567,7 +571,7 @@ SIM_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned
 
 /* Returns at once; work already queued still runs, and the slot is reused only after it has. */
 SIM_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuStreamDestroy);
   if ((uintptr_t)hStream <= 2) return CUDA_ERROR_INVALID_HANDLE; /* the default stream is not ours to end */
   struct sim_stream *s;
   uint32_t gen;
@@ -587,7 +591,7 @@ SIM_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
 }
 
 SIM_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuStreamSynchronize);
   struct sim_stream *s;
   uint32_t gen;
   CUresult r = stream_resolve(hStream, &s, &gen);
@@ -600,7 +604,7 @@ SIM_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
 }
 
 SIM_API CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuStreamQuery);
   struct sim_stream *s;
   uint32_t gen;
   CUresult r = stream_resolve(hStream, &s, &gen);
@@ -611,7 +615,7 @@ SIM_API CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
 }
 
 SIM_API CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuStreamGetPriority);
   if (!priority) return CUDA_ERROR_INVALID_VALUE;
   struct sim_stream *s;
   uint32_t gen;
@@ -625,7 +629,7 @@ SIM_API CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority) {
 /* ---------------------------------------------------------------- events */
 
 SIM_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuEventCreate);
   struct sim_device *d = sim_current_device();
   if (!d) return CUDA_ERROR_INVALID_CONTEXT;
   const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
@@ -645,7 +649,7 @@ SIM_API CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 }
 
 SIM_API CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuEventDestroy);
   uint32_t gen;
   struct sim_event *ev = sim_table_get(&event_table, (uintptr_t)hEvent, &gen);
   if (!ev) return CUDA_ERROR_INVALID_HANDLE;
@@ -668,6 +672,11 @@ static CUresult event_lock(CUevent h, struct sim_event **out) {
     pthread_mutex_unlock(&sched);
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  CUresult r = sim_device_sticky(ev->dev); /* as for streams (stream_lock) */
+  if (r != CUDA_SUCCESS) {
+    pthread_mutex_unlock(&sched);
+    return r;
+  }
   *out = ev;
   return CUDA_SUCCESS;
 }
@@ -677,7 +686,7 @@ static bool event_done(const struct sim_event *ev) {
 }
 
 SIM_API CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuEventRecord);
   uint32_t egen, sgen;
   struct sim_event *ev = sim_table_get(&event_table, (uintptr_t)hEvent, &egen);
   if (!ev) return CUDA_ERROR_INVALID_HANDLE;
@@ -710,7 +719,7 @@ out_unlock:
 }
 
 SIM_API CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuEventQuery);
   struct sim_event *ev;
   CUresult r = event_lock(hEvent, &ev);
   if (r != CUDA_SUCCESS) return r;
@@ -720,7 +729,7 @@ SIM_API CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
 }
 
 SIM_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuEventSynchronize);
   struct sim_event *ev;
   CUresult r = event_lock(hEvent, &ev);
   if (r != CUDA_SUCCESS) return r;
@@ -733,7 +742,7 @@ SIM_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
 }
 
 SIM_API CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuEventElapsedTime);
   if (!pMilliseconds) return CUDA_ERROR_INVALID_VALUE;
   uint32_t g0, g1;
   struct sim_event *a = sim_table_get(&event_table, (uintptr_t)hStart, &g0);
@@ -762,7 +771,7 @@ static struct {
 } skip;
 
 SIM_API CUresult ebbsim_skip_waits(CUstream waiter, CUstream producer, int on, unsigned long long *skipped) {
-  SIM_CHECK_INIT();
+  if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED; /* (a test entry: not counted by EBB_SIM_FAULT) */
   struct sim_stream *w = NULL, *p = NULL;
   uint32_t wg = 0, pg = 0;
   CUresult r;
@@ -795,7 +804,7 @@ static bool wait_skipped(const struct sim_stream *s, const struct sim_event *ev)
 /* Later work on hStream waits for the event's record as it stands now; a never-recorded or
  * already complete event adds nothing. The event may belong to another device. */
 SIM_API CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuStreamWaitEvent);
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   uint32_t egen, sgen;
   struct sim_event *ev = sim_table_get(&event_table, (uintptr_t)hEvent, &egen);
@@ -865,7 +874,7 @@ static int copy_engine(const struct sim_ptr *dst, const struct sim_ptr *src) {
 }
 
 SIM_API CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemcpyAsync);
   if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
   struct sim_ptr pd, ps;
   if (sim_mem_span((uintptr_t)dst, ByteCount, &pd) != CUDA_SUCCESS ||
@@ -876,7 +885,7 @@ SIM_API CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t 
 
 SIM_API CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
                                           CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemcpyHtoDAsync);
   struct sim_ptr pd;
   if (!dstDevice || !srcHost || sim_mem_span((uintptr_t)dstDevice, ByteCount, &pd) != CUDA_SUCCESS ||
       !sim_is_device_mem(pd.kind))
@@ -885,7 +894,7 @@ SIM_API CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *sr
 }
 
 SIM_API CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemcpyDtoHAsync);
   struct sim_ptr ps;
   if (!dstHost || !srcDevice || sim_mem_span((uintptr_t)srcDevice, ByteCount, &ps) != CUDA_SUCCESS ||
       !sim_is_device_mem(ps.kind))
@@ -895,7 +904,7 @@ SIM_API CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice,
 
 SIM_API CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
                                           CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemcpyDtoDAsync);
   struct sim_ptr pd, ps;
   if (!dstDevice || !srcDevice || sim_mem_span((uintptr_t)dstDevice, ByteCount, &pd) != CUDA_SUCCESS ||
       sim_mem_span((uintptr_t)srcDevice, ByteCount, &ps) != CUDA_SUCCESS || !sim_is_device_mem(pd.kind) ||
@@ -908,7 +917,7 @@ SIM_API CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr sr
 /* Works with or without cuCtxEnablePeerAccess: the emulated link stages like PCIe without P2P. */
 SIM_API CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                                           CUcontext srcContext, size_t ByteCount, CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemcpyPeerAsync);
   struct sim_device *dd = sim_device_of_ctx(dstContext), *sd = sim_device_of_ctx(srcContext);
   if (!dd || !sd) return CUDA_ERROR_INVALID_CONTEXT;
   struct sim_ptr pd, ps;
@@ -921,7 +930,7 @@ SIM_API CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstC
 }
 
 SIM_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemsetD8Async);
   struct sim_ptr pd;
   if (!dstDevice || sim_mem_span((uintptr_t)dstDevice, N, &pd) != CUDA_SUCCESS || pd.kind == SIM_MEM_NONE)
     return CUDA_ERROR_INVALID_VALUE;
@@ -935,7 +944,7 @@ SIM_API CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc
 /* ---------------------------------------------------------------- host functions and kernels */
 
 SIM_API CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuLaunchHostFunc);
   if (!fn) return CUDA_ERROR_INVALID_VALUE;
   struct sim_stream *s;
   uint32_t gen;
@@ -961,7 +970,7 @@ SIM_API CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, uns
                                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
                                        void **kernelParams, void **extra) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuLaunchKernel);
   (void)sharedMemBytes;
   ebbsim_kernel_fn fn;
   size_t arg_bytes;

@@ -113,6 +113,7 @@ struct sim_ctx {
 struct sim_device {
   int ordinal;
   struct sim_ctx ctx;          /* CUcontext is &ctx; validated by address, never dereferenced blind */
+  _Atomic int sticky;          /* the CUresult every later call in this context returns; 0: none */
   size_t capacity;             /* EBB_SIM_MEM */
   _Atomic size_t used;         /* bytes charged against capacity */
   /* execution, all under the sched lock unless atomic */
@@ -133,19 +134,122 @@ struct sim_globals {
   int64_t launch_ns;           /* 0: kernels take only their real time */
   uint64_t perturb_seed;       /* EBB_SIM_PERTURB; 0: off (streams' work runs as soon as it may) */
   int ncores;
+  /* SIM_SLOW_* bits: an entry point takes its slow path (sim_enter_slow) only when one is set,
+   * so with no fault configured and no sticky error each call pays one relaxed load. */
+  _Atomic unsigned slow;
   struct sim_device dev[SIM_MAX_DEVICES];
 };
 extern struct sim_globals sim;
+#define SIM_SLOW_FAULT 1u  /* EBB_SIM_FAULT has faults left to fire */
+#define SIM_SLOW_STICKY 2u /* some context holds a sticky error */
+
+/* ---- entry points, fault injection and sticky errors (sim_core.c) ----
+ * X(name, flags) for every Driver API entry point that counts for EBB_SIM_FAULT, by its cuda.h
+ * name (the exported symbol is what ebb_cuda.h's #define makes of it: cuMemAlloc_v2). Flags:
+ * SIM_EF_ALLOC: an injected fault defaults to CUDA_ERROR_OUT_OF_MEMORY (else
+ * CUDA_ERROR_LAUNCH_FAILED); SIM_EF_AFTER_STICKY: the call still works in a context that holds
+ * a sticky error (device queries, context selection, and teardown: destroy, free, unmap and
+ * unregister calls release host resources and succeed). */
+#define SIM_EF_ALLOC 1u
+#define SIM_EF_AFTER_STICKY 2u
+#define SIM_ENTRIES(X)                                           \
+  X(cuDeviceGetCount, SIM_EF_AFTER_STICKY)                       \
+  X(cuDeviceGet, SIM_EF_AFTER_STICKY)                            \
+  X(cuDeviceGetName, SIM_EF_AFTER_STICKY)                        \
+  X(cuDeviceTotalMem, SIM_EF_AFTER_STICKY)                       \
+  X(cuDeviceGetAttribute, SIM_EF_AFTER_STICKY)                   \
+  X(cuDeviceGetPCIBusId, SIM_EF_AFTER_STICKY)                    \
+  X(cuDeviceCanAccessPeer, SIM_EF_AFTER_STICKY)                  \
+  X(cuDevicePrimaryCtxRetain, SIM_EF_AFTER_STICKY)               \
+  X(cuDevicePrimaryCtxRelease, SIM_EF_AFTER_STICKY)              \
+  X(cuDevicePrimaryCtxReset, SIM_EF_AFTER_STICKY)                \
+  X(cuCtxSetCurrent, SIM_EF_AFTER_STICKY)                        \
+  X(cuCtxGetCurrent, SIM_EF_AFTER_STICKY)                        \
+  X(cuCtxGetDevice, SIM_EF_AFTER_STICKY)                         \
+  X(cuCtxSynchronize, 0)                                         \
+  X(cuCtxGetStreamPriorityRange, 0)                              \
+  X(cuCtxEnablePeerAccess, 0)                                    \
+  X(cuCtxDisablePeerAccess, 0)                                   \
+  X(cuStreamCreateWithPriority, 0)                               \
+  X(cuStreamDestroy, SIM_EF_AFTER_STICKY)                        \
+  X(cuStreamSynchronize, 0)                                      \
+  X(cuStreamQuery, 0)                                            \
+  X(cuStreamGetPriority, 0)                                      \
+  X(cuEventCreate, 0)                                            \
+  X(cuEventDestroy, SIM_EF_AFTER_STICKY)                         \
+  X(cuEventRecord, 0)                                            \
+  X(cuEventQuery, 0)                                             \
+  X(cuEventSynchronize, 0)                                       \
+  X(cuEventElapsedTime, 0)                                       \
+  X(cuStreamWaitEvent, 0)                                        \
+  X(cuMemcpyAsync, 0)                                            \
+  X(cuMemcpyHtoDAsync, 0)                                        \
+  X(cuMemcpyDtoHAsync, 0)                                        \
+  X(cuMemcpyDtoDAsync, 0)                                        \
+  X(cuMemcpyPeerAsync, 0)                                        \
+  X(cuMemsetD8Async, 0)                                          \
+  X(cuLaunchHostFunc, 0)                                         \
+  X(cuLaunchKernel, 0)                                           \
+  X(cuModuleLoadData, 0)                                         \
+  X(cuModuleUnload, SIM_EF_AFTER_STICKY)                         \
+  X(cuModuleGetFunction, 0)                                      \
+  X(cuMemAlloc, SIM_EF_ALLOC)                                    \
+  X(cuMemFree, SIM_EF_AFTER_STICKY)                              \
+  X(cuMemGetInfo, 0)                                             \
+  X(cuMemHostAlloc, SIM_EF_ALLOC)                                \
+  X(cuMemFreeHost, SIM_EF_AFTER_STICKY)                          \
+  X(cuMemHostRegister, SIM_EF_ALLOC)                             \
+  X(cuMemHostUnregister, SIM_EF_AFTER_STICKY)                    \
+  X(cuPointerGetAttribute, 0)                                    \
+  X(cuMemGetAllocationGranularity, 0)                            \
+  X(cuMemAddressReserve, SIM_EF_ALLOC)                           \
+  X(cuMemAddressFree, SIM_EF_AFTER_STICKY)                       \
+  X(cuMemCreate, SIM_EF_ALLOC)                                   \
+  X(cuMemRelease, SIM_EF_AFTER_STICKY)                           \
+  X(cuMemMap, 0)                                                 \
+  X(cuMemSetAccess, 0)                                           \
+  X(cuMemUnmap, SIM_EF_AFTER_STICKY)
+
+enum sim_entry {
+#define SIM_ENTRY_ENUM(name, flags) SIM_E_##name,
+  SIM_ENTRIES(SIM_ENTRY_ENUM)
+#undef SIM_ENTRY_ENUM
+  SIM_NENTRIES
+};
+
+/* The slow path of an entry point: counts the call against EBB_SIM_FAULT and returns the
+ * injected error when it is the call to fail; else the sticky error of the calling thread's
+ * current context, for entries without SIM_EF_AFTER_STICKY; else CUDA_SUCCESS. */
+CUresult sim_enter_slow(enum sim_entry e);
+
+/* Every entry point (except cuInit, cuDriverGetVersion and the error-name calls) starts here. */
+#define SIM_ENTER(name)                                                                     \
+  do {                                                                                      \
+    if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED;                              \
+    if (__builtin_expect(atomic_load_explicit(&sim.slow, memory_order_relaxed) != 0, 0)) { \
+      CUresult sim_enter_r_ = sim_enter_slow(SIM_E_##name);                                 \
+      if (sim_enter_r_ != CUDA_SUCCESS) return sim_enter_r_;                                \
+    }                                                                                       \
+  } while (0)
+
+/* Whether `r` is an error that poisons its context on a GPU: a kernel's fault (illegal address
+ * or instruction, misaligned address, hardware stack error, invalid PC, device assert, launch
+ * failure or timeout) or an uncorrectable ECC error. */
+bool sim_error_is_sticky(CUresult r);
+
+/* The sticky error of device `d`'s context, CUDA_SUCCESS when it has none. */
+static inline CUresult sim_device_sticky(struct sim_device *d) {
+  /* relaxed: the error is a value in itself; nothing else is published with it */
+  if (__builtin_expect(!(atomic_load_explicit(&sim.slow, memory_order_relaxed) & SIM_SLOW_STICKY), 1))
+    return CUDA_SUCCESS;
+  return (CUresult)atomic_load_explicit(&d->sticky, memory_order_relaxed);
+}
 
 static inline bool sim_initialized(void) {
   /* acquire: pairs with the release store at the end of cuInit, so the device table and the
    * timing settings written before it are visible to every caller that sees ready == 1 */
   return atomic_load_explicit(&sim.ready, memory_order_acquire) != 0;
 }
-#define SIM_CHECK_INIT()                                   \
-  do {                                                     \
-    if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
-  } while (0)
 
 /* sim_core.c */
 struct sim_device *sim_current_device(void);            /* NULL when no context is current */

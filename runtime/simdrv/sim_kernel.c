@@ -86,7 +86,7 @@ out_unlock:
 }
 
 SIM_API CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuModuleLoadData);
   struct sim_device *d = sim_current_device();
   if (!d) return CUDA_ERROR_INVALID_CONTEXT;
   if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
@@ -104,7 +104,7 @@ SIM_API CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
 }
 
 SIM_API CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuModuleUnload);
   uint32_t gen;
   struct sim_module *m = sim_table_get(&module_table, (uintptr_t)hmod, &gen);
   if (!m || !sim_table_kill(&m->slot, gen)) return CUDA_ERROR_INVALID_HANDLE;
@@ -113,7 +113,7 @@ SIM_API CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
 }
 
 SIM_API CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuModuleGetFunction);
   if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
   uint32_t gen;
   struct sim_module *m = sim_table_get(&module_table, (uintptr_t)hmod, &gen);

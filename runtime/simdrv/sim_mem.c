@@ -210,7 +210,7 @@ out_unlock:
 /* ---------------------------------------------------------------- device memory */
 
 SIM_API CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemAlloc);
   struct sim_device *d = sim_current_device();
   if (!d) return CUDA_ERROR_INVALID_CONTEXT;
   if (!dptr || bytesize == 0 || bytesize > SIZE_MAX / 2) return CUDA_ERROR_INVALID_VALUE;
@@ -236,7 +236,7 @@ fail_uncharge:
 }
 
 SIM_API CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemFree);
   if (!dptr) return CUDA_SUCCESS; /* free(NULL), as libcuda */
   struct sim_range r;
   if (!reg_take((uintptr_t)dptr, SIM_MEM_DEVICE, &r)) return CUDA_ERROR_INVALID_VALUE;
@@ -247,7 +247,7 @@ SIM_API CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
 }
 
 SIM_API CUresult CUDAAPI cuMemGetInfo(size_t *free, size_t *total) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemGetInfo);
   struct sim_device *d = sim_current_device();
   if (!d) return CUDA_ERROR_INVALID_CONTEXT;
   if (!free || !total) return CUDA_ERROR_INVALID_VALUE;
@@ -260,7 +260,7 @@ SIM_API CUresult CUDAAPI cuMemGetInfo(size_t *free, size_t *total) {
 /* ---------------------------------------------------------------- host memory */
 
 SIM_API CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemHostAlloc);
   struct sim_device *d = sim_current_device();
   if (!d) return CUDA_ERROR_INVALID_CONTEXT;
   const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
@@ -287,7 +287,7 @@ SIM_API CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int
 }
 
 SIM_API CUresult CUDAAPI cuMemFreeHost(void *p) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemFreeHost);
   if (!p) return CUDA_SUCCESS; /* free(NULL), as libcuda */
   struct sim_range r;
   if (!reg_take((uintptr_t)p, SIM_MEM_HOST_ALLOC, &r)) return CUDA_ERROR_INVALID_VALUE;
@@ -297,7 +297,7 @@ SIM_API CUresult CUDAAPI cuMemFreeHost(void *p) {
 }
 
 SIM_API CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemHostRegister);
   struct sim_device *d = sim_current_device();
   if (!d) return CUDA_ERROR_INVALID_CONTEXT;
   /* PORTABLE, DEVICEMAP, IOMEMORY (0x04) and READ_ONLY (0x08) are CUDA's flags */
@@ -314,7 +314,7 @@ SIM_API CUresult CUDAAPI cuMemHostRegister(void *p, size_t bytesize, unsigned in
 }
 
 SIM_API CUresult CUDAAPI cuMemHostUnregister(void *p) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemHostUnregister);
   if (!p) return CUDA_ERROR_INVALID_VALUE;
   struct sim_range r;
   if (!reg_take((uintptr_t)p, SIM_MEM_HOST_REG, &r)) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
@@ -327,7 +327,7 @@ SIM_API CUresult CUDAAPI cuMemHostUnregister(void *p) {
 /* ---------------------------------------------------------------- pointer attributes */
 
 SIM_API CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuPointerGetAttribute);
   if (!data || !ptr) return CUDA_ERROR_INVALID_VALUE;
   struct sim_range r;
   pthread_rwlock_rdlock(&reg.lock);
@@ -380,7 +380,7 @@ static struct sim_device *location_device(const CUmemLocation *loc) {
 
 SIM_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                                       CUmemAllocationGranularity_flags option) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemGetAllocationGranularity);
   if (!sim.vmm) return CUDA_ERROR_NOT_SUPPORTED; /* EBB_SIM_VMM=0: a device without VMM */
   if (!granularity || !prop) return CUDA_ERROR_INVALID_VALUE;
   if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
@@ -393,7 +393,7 @@ SIM_API CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, cons
 
 SIM_API CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                             unsigned long long flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemAddressReserve);
   if (!sim.vmm) return CUDA_ERROR_NOT_SUPPORTED; /* EBB_SIM_VMM=0: a device without VMM */
   (void)addr; /* a hint in CUDA too; the kernel picks the address */
   if (!ptr || size == 0 || size % SIM_GRANULE || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -434,7 +434,7 @@ static long resv_find(uintptr_t p, size_t n) {
 }
 
 SIM_API CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemAddressFree);
   CUresult r = CUDA_SUCCESS;
   pthread_mutex_lock(&vmm_lock);
   long i = resv_find((uintptr_t)ptr, size);
@@ -460,7 +460,7 @@ out_unlock:
 
 SIM_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                     const CUmemAllocationProp *prop, unsigned long long flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemCreate);
   if (!sim.vmm) return CUDA_ERROR_NOT_SUPPORTED; /* EBB_SIM_VMM=0: a device without VMM */
   if (!handle || !prop || size == 0 || size % SIM_GRANULE || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -502,7 +502,7 @@ static void vmm_alloc_destroy(struct sim_vmm_alloc *a) {
 }
 
 SIM_API CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemRelease);
   uint32_t gen;
   pthread_mutex_lock(&vmm_lock);
   struct sim_vmm_alloc *a = sim_table_get(&vmm_table, handle, &gen);
@@ -519,7 +519,7 @@ SIM_API CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 SIM_API CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                                  unsigned long long flags) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemMap);
   if (!ptr || size == 0 || size % SIM_GRANULE || offset % SIM_GRANULE || flags != 0 || ptr % SIM_GRANULE)
     return CUDA_ERROR_INVALID_VALUE;
   CUresult r = CUDA_SUCCESS;
@@ -569,7 +569,7 @@ static bool vmm_covered(uintptr_t p, size_t n, bool exact, size_t *first) {
 }
 
 SIM_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemSetAccess);
   if (!ptr || size == 0 || !desc || count == 0 || ptr + size < ptr) return CUDA_ERROR_INVALID_VALUE;
   int prot = PROT_NONE;
   bool any = false;
@@ -605,7 +605,7 @@ SIM_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUme
 }
 
 SIM_API CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
-  SIM_CHECK_INIT();
+  SIM_ENTER(cuMemUnmap);
   if (!ptr || size == 0 || ptr + size < ptr) return CUDA_ERROR_INVALID_VALUE;
   size_t first;
   pthread_mutex_lock(&vmm_lock);

@@ -14,12 +14,12 @@ static CUresult CUDAAPI ebb_test_failing_ctx_sync(void) {
   int left = atomic_load_explicit(&ebb_test_ctx_sync_fails, memory_order_relaxed);
   if (left > 0) {
     atomic_store_explicit(&ebb_test_ctx_sync_fails, left - 1, memory_order_relaxed);
-    return CUDA_ERROR_LAUNCH_FAILED;
+    return CUDA_ERROR_UNKNOWN; /* a failure that leaves the context usable (not sticky) */
   }
   return ebb_test_real_ctx_sync();
 }
 
-/* The next n cuCtxSynchronize calls fail with CUDA_ERROR_LAUNCH_FAILED. */
+/* The next n cuCtxSynchronize calls fail with CUDA_ERROR_UNKNOWN. */
 void ebb_test_fail_ctx_sync(int n) {
   if (ebb__rt.drv.CtxSynchronize != ebb_test_failing_ctx_sync) {
     ebb_test_real_ctx_sync = ebb__rt.drv.CtxSynchronize;

@@ -1,8 +1,9 @@
 // test_simdrv_env.cpp: settings read at cuInit. test_simdrv_env runs with EBB_SIM_DEVICES=3,
 // EBB_SIM_MEM=1G, the largest EBB_SIM_PERTURB seed, EBB_SIM_COMMIT=0 and EBB_SIM_VMM=0;
 // test_simdrv_badenv with EBB_SIM_DEVICES=0, test_simdrv_badperturb(_junk) with EBB_SIM_PERTURB=-1
-// and =7x, test_simdrv_badcommit with EBB_SIM_COMMIT=yes and test_simdrv_badvmm with EBB_SIM_VMM=2
-// (all EBB_SIMDRV_EXPECT_BAD_ENV=1).
+// and =7x, test_simdrv_badcommit with EBB_SIM_COMMIT=yes, test_simdrv_badvmm with EBB_SIM_VMM=2
+// and test_simdrv_badfault_* with an EBB_SIM_FAULT naming an unknown entry point, a call number
+// below 1 or an unknown CUresult (all EBB_SIMDRV_EXPECT_BAD_ENV=1).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -20,7 +21,7 @@ TEST_CASE("environment: device count and capacity", "[simdrv][env]") {
     CU_EQ(d.Init(0), CUDA_ERROR_INVALID_VALUE);
     std::string why = d.InitError();
     INFO("ebbsim_init_error: " << why);
-    const char *vars[] = {"EBB_SIM_DEVICES", "EBB_SIM_PERTURB", "EBB_SIM_COMMIT", "EBB_SIM_VMM"};
+    const char *vars[] = {"EBB_SIM_DEVICES", "EBB_SIM_PERTURB", "EBB_SIM_COMMIT", "EBB_SIM_VMM", "EBB_SIM_FAULT"};
     bool named = false;
     for (const char *v : vars)
       if (const char *val = std::getenv(v))

@@ -1,0 +1,132 @@
+// test_alloc_absorbed_faults.cpp: driver failures the arena and the streams absorb (the call
+// that meets one still succeeds, by another way) leave the caller's last error and the error
+// hook untouched, as any successful call does. The failures are injected by the emulated driver
+// (EBB_SIM_FAULT, set by each case before its first ebb_init: every case needs a process of its
+// own, as ctest gives it; run together, the cases after the first skip themselves).
+//
+// Absorbed: a failing first growth of an expandable segment (the granularity query, the address
+// reservation, the physical chunk, its mapping or its access), which the OOM retry chain tries
+// again; a failing event query of a pending free (the block stays pending); a failing event
+// create or record when a free must wait for another stream's work (the arena waits for the
+// device instead); a failing record of a released stream's last work (the release waits for the
+// stream instead).
+#include <cstdlib>
+#include <string>
+
+#include "alloc_test_util.hpp"
+#include "ebb/alloc.h"
+#include "ebb/stream.h"
+
+using namespace alloc_test;
+
+namespace {
+
+bool faults_for_this_process(const char *value) {
+  static std::string first;
+  if (!first.empty() && first != value) {
+    WARN("skipped: the driver already started with EBB_SIM_FAULT=" << first << "; run this case alone (ctest does)");
+    return false;
+  }
+  first = value;
+  REQUIRE(setenv("EBB_SIM_FAULT", value, 1) == 0);
+  return true;
+}
+
+// A failure of the test's own making, so the checks can tell "untouched" from "empty", and a
+// count of the hook's calls from then on.
+struct LastError {
+  std::string msg;
+  int hook_calls = 0;
+  static void hook(ebb_status, const char *, void *user) { static_cast<LastError *>(user)->hook_calls++; }
+  LastError() {
+    ebb_set_error_hook(hook, this);
+    CHECK(ebb_dev_synchronize(99) == EBB_EDEVICE);
+    msg = ebb_last_error();
+    hook_calls = 0;
+  }
+  ~LastError() { ebb_set_error_hook(nullptr, nullptr); }
+  void check_untouched() {
+    INFO("ebb_last_error: " << ebb_last_error());
+    CHECK(std::string(ebb_last_error()) == msg);
+    CHECK(hook_calls == 0);
+  }
+};
+
+// One growth of device 0's arena with the given fault in force: the allocation succeeds and the
+// last error is the test's own.
+void growth_absorbs(const char *fault) {
+  if (!faults_for_this_process(fault)) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0);
+  LastError le;
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 << 20, s, &p));
+  le.check_untouched();
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  le.check_untouched();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("absorbed: a failed VMM granularity query at the first growth", "[alloc][fault][absorbed]") {
+  growth_absorbs("cuMemGetAllocationGranularity:1:CUDA_ERROR_UNKNOWN");
+}
+TEST_CASE("absorbed: a failed address reservation at the first growth", "[alloc][fault][absorbed]") {
+  growth_absorbs("cuMemAddressReserve:1");
+}
+TEST_CASE("absorbed: a failed physical chunk at the first growth", "[alloc][fault][absorbed]") {
+  growth_absorbs("cuMemCreate:1");
+}
+TEST_CASE("absorbed: a failed mapping at the first growth", "[alloc][fault][absorbed]") {
+  growth_absorbs("cuMemMap:1:CUDA_ERROR_UNKNOWN");
+}
+TEST_CASE("absorbed: a failed access grant at the first growth", "[alloc][fault][absorbed]") {
+  growth_absorbs("cuMemSetAccess:1:CUDA_ERROR_UNKNOWN");
+}
+
+// A block used by another stream, then freed: its event goes to the pending queue (or, when the
+// event cannot be had, the free waits for the device). `fault` strikes in that path.
+static void free_after_use_absorbs(const char *fault) {
+  if (!faults_for_this_process(fault)) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 << 20, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
+  LastError le;
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  le.check_untouched();
+  // The next allocation polls the pending frees.
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 << 20, s, &q));
+  le.check_untouched();
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  le.check_untouched();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("absorbed: a failed event query of a pending free", "[alloc][fault][absorbed]") {
+  free_after_use_absorbs("cuEventQuery:1:CUDA_ERROR_UNKNOWN");
+}
+TEST_CASE("absorbed: a failed event create for a free after another stream's use", "[alloc][fault][absorbed]") {
+  free_after_use_absorbs("cuEventCreate:1:CUDA_ERROR_UNKNOWN");
+}
+TEST_CASE("absorbed: a failed event record for a free after another stream's use", "[alloc][fault][absorbed]") {
+  free_after_use_absorbs("cuEventRecord:1:CUDA_ERROR_UNKNOWN");
+}
+
+TEST_CASE("absorbed: a failed record of a released stream's last work", "[streams][fault][absorbed]") {
+  if (!faults_for_this_process("cuEventRecord:1:CUDA_ERROR_UNKNOWN")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *t = new_stream(0);
+  LastError le;
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  le.check_untouched();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

@@ -1,0 +1,54 @@
+// test_streams_device_error.cpp: a sticky driver error (CUDA_ERROR_LAUNCH_FAILED, as a kernel's
+// fault leaves on a GPU) met while waiting for a stream: the wait ends at once with the device's
+// error state, every later call that gives the device work or waits for it reports that state at
+// once, releases still work and ebb_shutdown completes. The fault is injected by the emulated
+// driver (EBB_SIM_FAULT, set below before the first ebb_init: this case needs its own process,
+// as ctest gives it).
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "ebb/runtime.h"
+#include "ebb/stream.h"
+#include "ebb_test_util.hpp"
+
+TEST_CASE("a sticky fault during a stream synchronize ends it at once in the device error state, which every later call reports, and shutdown completes",
+          "[streams][fault][sticky]") {
+  // The first cuEventQuery is the synchronize's first poll of its event.
+  REQUIRE(setenv("EBB_SIM_FAULT", "cuEventQuery:1:CUDA_ERROR_LAUNCH_FAILED", 1) == 0);
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EBB_REQUIRE_OK(ebb_init());
+  ebb_stream_t *s = nullptr, *s1 = nullptr;
+  ebb_event_t *e = nullptr;
+  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+  EBB_REQUIRE_OK(ebb_event_create(0, 0, &e));
+  const std::string state = "device 0 is in an error state after CUDA_ERROR_LAUNCH_FAILED in cuEventQuery; release every "
+                            "handle and call ebb_shutdown";
+  auto t0 = std::chrono::steady_clock::now();
+  EBB_CHECK_FAILS(ebb_stream_synchronize(s), EBB_EDEVICE, state);
+  // Later calls on the device: the same state, without asking the driver again.
+  EBB_CHECK_FAILS(ebb_stream_synchronize(s), EBB_EDEVICE, state);
+  bool idle = false;
+  EBB_CHECK_FAILS(ebb_stream_query(s, &idle), EBB_EDEVICE, state);
+  EBB_CHECK_FAILS(ebb_event_record(e, s), EBB_EDEVICE, state);
+  EBB_CHECK_FAILS(ebb_dev_synchronize(0), EBB_EDEVICE, "ebb_dev_synchronize: " + state);
+  EBB_CHECK_FAILS(ebb_dev_status(0), EBB_EDEVICE, "ebb_dev_status: " + state);
+  ebb_stream_t *s2 = nullptr;
+  EBB_CHECK_FAILS(ebb_stream_create(0, EBB_PRIO_LOW, &s2), EBB_EDEVICE, state);
+  CHECK(s2 == nullptr);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(secs < 5.0);  // nothing polled or waited on the failed device
+  // Device 1 works on.
+  EBB_REQUIRE_OK(ebb_dev_set_current(1));
+  EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_LOW, &s1));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s1));
+  EBB_REQUIRE_OK(ebb_dev_status(1));
+  EBB_REQUIRE_OK(ebb_stream_release(s1));
+  EBB_REQUIRE_OK(ebb_dev_set_current(0));
+  // Releases work in the error state, and then shutdown completes.
+  EBB_REQUIRE_OK(ebb_event_release(e));
+  EBB_REQUIRE_OK(ebb_stream_release(s));
+  CHECK(ebb_debug_live_handles() == 0);
+  EBB_REQUIRE_OK(ebb_shutdown());
+  CHECK_FALSE(ebb_is_initialized());
+}
