@@ -60,7 +60,7 @@ _Static_assert(EBB__SLAB_TARGET >= 2 * ((size_t)1 << EBB__SMAP_GRAN),
 #define EBB__SMAP_LEAF_BYTES (((size_t)1 << EBB__SMAP_LEAF) * sizeof(struct ebb__smap_ent))
 #define EBB__HUGE ((size_t)2 << 20)
 
-static struct ebb__smap_ent *ebb__smap_leaf_alloc(void) {
+static struct ebb__smap_ent *smap_leaf_alloc(void) {
   size_t bytes = EBB__SMAP_LEAF_BYTES < EBB__HUGE ? EBB__HUGE : EBB__SMAP_LEAF_BYTES;
   void *p = aligned_alloc(EBB__HUGE, bytes);
   if (!p) return NULL;
@@ -73,7 +73,7 @@ static struct ebb__smap_ent *ebb__smap_leaf_alloc(void) {
 
 __attribute__((noinline, cold)) static struct ebb__smap_ent *ebb__smap_leaf_make(_Atomic(struct ebb__smap_ent *) *top) {
   struct ebb__smap_ent *leaf = NULL;
-  struct ebb__smap_ent *nl = ebb__smap_leaf_alloc();
+  struct ebb__smap_ent *nl = smap_leaf_alloc();
   if (!nl) return NULL;
   /* release: the zeroed leaf is visible before its pointer. Two arenas may race to make it. */
   if (atomic_compare_exchange_strong_explicit(top, &leaf, nl, memory_order_release, memory_order_acquire)) return nl;
@@ -81,7 +81,7 @@ __attribute__((noinline, cold)) static struct ebb__smap_ent *ebb__smap_leaf_make
   return leaf;
 }
 
-static inline struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
+static inline struct ebb__smap_ent *smap_leaf(uint64_t g, bool make) {
   _Atomic(struct ebb__smap_ent *) *top = &ebb__smap[g >> EBB__SMAP_LEAF];
   /* acquire: pairs with the release CAS that published the zeroed leaf. */
   struct ebb__smap_ent *leaf = atomic_load_explicit(top, memory_order_acquire);
@@ -90,18 +90,18 @@ static inline struct ebb__smap_ent *ebb__smap_leaf(uint64_t g, bool make) {
 }
 
 /* The entry of addr's granule; NULL when its leaf was never made. */
-static inline struct ebb__smap_ent *ebb__smap_ent_of(uint64_t addr) {
+static inline struct ebb__smap_ent *smap_ent_of(uint64_t addr) {
   if (EBB_UNLIKELY(addr >> 48)) return NULL;
   uint64_t g = addr >> EBB__SMAP_GRAN;
-  struct ebb__smap_ent *leaf = ebb__smap_leaf(g, false);
+  struct ebb__smap_ent *leaf = smap_leaf(g, false);
   return leaf ? &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)] : NULL;
 }
 
 /* The slab whose entry e (addr's granule, `hi` already loaded) covers addr, unvalidated (NULL:
  * none). */
-static inline struct ebb__slab *ebb__smap_slab_in(const struct ebb__smap_ent *e, uintptr_t hi, uint64_t addr) {
+static inline struct ebb__slab *smap_slab_in(const struct ebb__smap_ent *e, uintptr_t hi, uint64_t addr) {
   uintptr_t unit = (uintptr_t)(addr >> 9) & EBB__SMAP_UNITS;
-  /* acquire (hi's and lo's): pair with the release stores of ebb__smap_put, so the record's
+  /* acquire (hi's and lo's): pair with the release stores of smap_put, so the record's
    * fixed `arena` is seen. */
   if (hi && !(hi & EBB__SMAP_BLOCK) && unit >= (hi & EBB__SMAP_UNITS)) return (struct ebb__slab *)(hi & ~EBB__SMAP_UNITS);
   /* (A block in `hi` starts after any slab that covers the granule's start: lo's bound below
@@ -111,19 +111,19 @@ static inline struct ebb__slab *ebb__smap_slab_in(const struct ebb__smap_ent *e,
   return NULL;
 }
 
-static inline uintptr_t ebb__smap_hi(const struct ebb__smap_ent *e) {
+static inline uintptr_t smap_hi(const struct ebb__smap_ent *e) {
   return atomic_load_explicit(&e->hi, memory_order_acquire);
 }
 
 struct ebb__slab *ebb__amap_slab_find(uint64_t addr) {
-  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
-  return e ? ebb__smap_slab_in(e, ebb__smap_hi(e), addr) : NULL;
+  struct ebb__smap_ent *e = smap_ent_of(addr);
+  return e ? smap_slab_in(e, smap_hi(e), addr) : NULL;
 }
 
 /* The live block entered at addr, from its granule's `hi` word w; unvalidated (NULL: none).
  * (w's acquire load pairs with the release store of ebb__amap_block_put, so the record's fixed
  * `arena` is seen.) */
-static inline struct ebb__block *ebb__smap_block_in(uintptr_t w, uint64_t addr) {
+static inline struct ebb__block *smap_block_in(uintptr_t w, uint64_t addr) {
   if ((w & EBB__SMAP_BLOCK) && !(addr & (EBB__MIN_BLOCK - 1)) &&
       (w & EBB__SMAP_UNITS) == ((uintptr_t)(addr >> 9) & EBB__SMAP_UNITS))
     return (struct ebb__block *)(w & ~(EBB__SMAP_BLOCK | EBB__SMAP_UNITS));
@@ -143,32 +143,32 @@ _Static_assert(EBB__AMAP_BLOCK_MIN == ((size_t)1 << EBB__SMAP_GRAN), "blocks abo
 bool ebb__amap_block_put(struct ebb__block *b) {
   EBB_ASSERT(ebb__block_in_amap(b));
   uint64_t g = b->addr >> EBB__SMAP_GRAN;
-  struct ebb__smap_ent *leaf = ebb__smap_leaf(g, true);
+  struct ebb__smap_ent *leaf = smap_leaf(g, true);
   if (!leaf) return false;
   struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
   EBB_ASSERT(!atomic_load_explicit(&e->hi, memory_order_relaxed) && !((uintptr_t)b & EBB__SMAP_BLOCK));
-  /* release: pairs with the acquire in ebb__smap_block_in. */
+  /* release: pairs with the acquire in smap_block_in. */
   atomic_store_explicit(&e->hi, (uintptr_t)b | EBB__SMAP_BLOCK | ((uintptr_t)(b->addr >> 9) & EBB__SMAP_UNITS),
                         memory_order_release);
   return true;
 }
 
 struct ebb__block *ebb__amap_block_find(uint64_t addr) {
-  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
-  return e ? ebb__smap_block_in(ebb__smap_hi(e), addr) : NULL;
+  struct ebb__smap_ent *e = smap_ent_of(addr);
+  return e ? smap_block_in(smap_hi(e), addr) : NULL;
 }
 
 struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules) {
   if (EBB_UNLIKELY(addr >> 48)) return NULL;
   uint64_t g = addr >> EBB__SMAP_GRAN;
   for (unsigned k = 0; k <= max_granules; k++, g--) {
-    struct ebb__smap_ent *e = ebb__smap_ent_of(g << EBB__SMAP_GRAN);
+    struct ebb__smap_ent *e = smap_ent_of(g << EBB__SMAP_GRAN);
     if (!e) return NULL; /* no leaf: nothing starts in its gigabyte; the caller walks segments */
-    uintptr_t hi = ebb__smap_hi(e);
+    uintptr_t hi = smap_hi(e);
     uint64_t start = (g << EBB__SMAP_GRAN) + (uint64_t)(hi & EBB__SMAP_UNITS) * EBB__MIN_BLOCK;
     if (hi && start <= addr) /* the nearest start at or below addr: a live block's, or a slab's */
       return (hi & EBB__SMAP_BLOCK) ? (struct ebb__block *)(hi & ~(EBB__SMAP_BLOCK | EBB__SMAP_UNITS)) : NULL;
-    /* acquire: pairs with the release stores of ebb__smap_put. A slab over the granule's start
+    /* acquire: pairs with the release stores of smap_put. A slab over the granule's start
      * is the nearest thing below: addr is in no live block of the map. */
     if (atomic_load_explicit(&e->lo, memory_order_acquire)) return NULL;
     if (!g) return NULL;
@@ -180,10 +180,10 @@ struct ebb__block *ebb__amap_block_before(uint64_t addr, unsigned max_granules) 
  * a slab covers are its own while it is live (no other slab can cover the same granule start or
  * start inside the same granule), so removal needs no compare. false: no host memory for a leaf
  * (on only). Lock of sl's arena held. */
-static bool ebb__smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g1, uint64_t *failed_at) {
+static bool smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g1, uint64_t *failed_at) {
   uint64_t start = sl->addr, end = start + ebb__slab_bytes(sl);
   for (uint64_t g = g0; g < g1; g++) {
-    struct ebb__smap_ent *leaf = ebb__smap_leaf(g, on);
+    struct ebb__smap_ent *leaf = smap_leaf(g, on);
     if (!leaf) {
       if (!on) continue; /* never made: nothing of ours in it */
       *failed_at = g;
@@ -191,7 +191,7 @@ static bool ebb__smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g
     }
     struct ebb__smap_ent *e = &leaf[g & (((uint64_t)1 << EBB__SMAP_LEAF) - 1)];
     uint64_t gb = g << EBB__SMAP_GRAN, ge = gb + ((uint64_t)1 << EBB__SMAP_GRAN);
-    /* release: pairs with the acquire in ebb__smap_slab_in. */
+    /* release: pairs with the acquire in smap_slab_in. */
     if (gb >= start)
       atomic_store_explicit(&e->lo, on ? (uintptr_t)sl | (end >= ge ? 0 : (uintptr_t)((end - gb) >> 9)) : 0,
                             memory_order_release);
@@ -203,17 +203,17 @@ static bool ebb__smap_put(struct ebb__slab *sl, bool on, uint64_t g0, uint64_t g
 
 bool ebb__amap_slab_set(struct ebb__slab *sl, bool on) {
   uint64_t g0 = sl->addr >> EBB__SMAP_GRAN, g1 = ((sl->addr + ebb__slab_bytes(sl) - 1) >> EBB__SMAP_GRAN) + 1, at = g1;
-  if (ebb__smap_put(sl, on, g0, g1, &at)) return true;
-  ebb__smap_put(sl, false, g0, at, &at);
+  if (smap_put(sl, on, g0, g1, &at)) return true;
+  smap_put(sl, false, g0, at, &at);
   return false;
 }
 
 struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__block **bout) {
   *bout = NULL;
-  struct ebb__smap_ent *e = ebb__smap_ent_of(addr);
+  struct ebb__smap_ent *e = smap_ent_of(addr);
   if (!e) return NULL;
-  uintptr_t hi = ebb__smap_hi(e);
-  struct ebb__block *b = ebb__smap_block_in(hi, addr);
+  uintptr_t hi = smap_hi(e);
+  struct ebb__block *b = smap_block_in(hi, addr);
   if (b) {
     struct ebb__arena *a = b->arena; /* fixed for the record's whole life */
     ebb__lock(&a->mu);
@@ -227,7 +227,7 @@ struct ebb__slab *ebb__addr_lookup_lock(uint64_t addr, int take, struct ebb__blo
     }
     ebb__unlock(&a->mu);
   }
-  struct ebb__slab *sl = ebb__smap_slab_in(e, hi, addr);
+  struct ebb__slab *sl = smap_slab_in(e, hi, addr);
   if (!sl) return NULL;
   struct ebb__arena *a = sl->arena;
   ebb__lock(&a->mu);
@@ -269,26 +269,26 @@ static struct ebb__pm_shard ebb__pm[EBB__SHARDS];
  * times 2^64 / golden ratio; its top 6 bits pick the shard, the next ones the slot. Consecutive
  * blocks land far apart, and the hash is one multiply: a free re-hashes every entry its
  * backward shift moves, so a finaliser's extra rounds were a visible share of the pair. */
-static inline uint64_t ebb__pm_hash(uint64_t k) { return (k >> 9) * 0x9e3779b97f4a7c15ull; }
+static inline uint64_t pm_hash(uint64_t k) { return (k >> 9) * 0x9e3779b97f4a7c15ull; }
 
-static inline void ebb__pm_lock(struct ebb__pm_shard *s) {
+static inline void pm_lock(struct ebb__pm_shard *s) {
   for (;;) {
-    /* acquire: pairs with the release store in ebb__pm_unlock of the previous holder. */
+    /* acquire: pairs with the release store in pm_unlock of the previous holder. */
     if (!atomic_exchange_explicit(&s->lock, 1, memory_order_acquire)) return;
     while (atomic_load_explicit(&s->lock, memory_order_relaxed)) ebb__cpu_relax();
   }
 }
 
-static inline void ebb__pm_unlock(struct ebb__pm_shard *s) {
-  /* release: publishes the table changes to the next acquirer in ebb__pm_lock. */
+static inline void pm_unlock(struct ebb__pm_shard *s) {
+  /* release: publishes the table changes to the next acquirer in pm_lock. */
   atomic_store_explicit(&s->lock, 0, memory_order_release);
 }
 
-static inline struct ebb__pm_shard *ebb__pm_shard_of(uint64_t h) { return &ebb__pm[h >> 58]; }
+static inline struct ebb__pm_shard *pm_shard_of(uint64_t h) { return &ebb__pm[h >> 58]; }
 
-static inline size_t ebb__pm_slot(const struct ebb__pm_shard *s, uint64_t h) { return (size_t)((h << 6) >> s->shift); }
+static inline size_t pm_slot(const struct ebb__pm_shard *s, uint64_t h) { return (size_t)((h << 6) >> s->shift); }
 
-static bool ebb__pm_grow(struct ebb__pm_shard *s) {
+static bool pm_grow(struct ebb__pm_shard *s) {
   size_t ncap = s->cap ? s->cap * 2 : EBB__SHARD_MIN_CAP;
   struct ebb__pm_entry *ne = calloc(ncap, sizeof *ne);
   if (!ne) return false;
@@ -299,7 +299,7 @@ static bool ebb__pm_grow(struct ebb__pm_shard *s) {
   s->shift = 64u - (unsigned)__builtin_ctzll((unsigned long long)ncap);
   for (size_t i = 0; i < ocap; i++) {
     if (!old[i].key) continue;
-    size_t j = ebb__pm_slot(s, ebb__pm_hash(old[i].key));
+    size_t j = pm_slot(s, pm_hash(old[i].key));
     while (ne[j].key) j = (j + 1) & (ncap - 1);
     ne[j] = old[i];
   }
@@ -308,9 +308,9 @@ static bool ebb__pm_grow(struct ebb__pm_shard *s) {
 }
 
 /* Stores key -> b in shard s (locked, with room) and unlocks it. */
-static inline void ebb__pm_put(struct ebb__pm_shard *s, uint64_t h, uint64_t key, struct ebb__block *b) {
+static inline void pm_put(struct ebb__pm_shard *s, uint64_t h, uint64_t key, struct ebb__block *b) {
   struct ebb__pm_entry *e = s->e;
-  size_t mask = s->cap - 1, j = ebb__pm_slot(s, h);
+  size_t mask = s->cap - 1, j = pm_slot(s, h);
   while (e[j].key) {
     EBB_ASSERT(e[j].key != key); /* a live address is in the map once */
     j = (j + 1) & mask;
@@ -318,56 +318,56 @@ static inline void ebb__pm_put(struct ebb__pm_shard *s, uint64_t h, uint64_t key
   e[j].key = key;
   e[j].b = b;
   s->count++;
-  ebb__pm_unlock(s);
+  pm_unlock(s);
 }
 
 /* The insert that must grow the table first (locked on entry, unlocked on return). Apart, so
  * the common insert keeps nothing live across a call and saves no registers. */
 __attribute__((noinline, cold)) static bool ebb__pm_insert_grow(struct ebb__pm_shard *s, uint64_t h, uint64_t key,
                                                                 struct ebb__block *b) {
-  if (!ebb__pm_grow(s)) {
-    ebb__pm_unlock(s);
+  if (!pm_grow(s)) {
+    pm_unlock(s);
     return false;
   }
-  ebb__pm_put(s, h, key, b);
+  pm_put(s, h, key, b);
   return true;
 }
 
 bool ebb__ptrmap_insert(struct ebb__block *b) {
-  uint64_t key = b->addr, h = ebb__pm_hash(key);
-  struct ebb__pm_shard *s = ebb__pm_shard_of(h);
-  ebb__pm_lock(s);
+  uint64_t key = b->addr, h = pm_hash(key);
+  struct ebb__pm_shard *s = pm_shard_of(h);
+  pm_lock(s);
   if (EBB_UNLIKELY((s->count + 1) * 2 > s->cap)) return ebb__pm_insert_grow(s, h, key, b);
-  ebb__pm_put(s, h, key, b);
+  pm_put(s, h, key, b);
   return true;
 }
 
 /* Index of `addr` in the shard, or SIZE_MAX. Shard locked by the caller. */
-static size_t ebb__pm_index(const struct ebb__pm_shard *s, uint64_t h, uint64_t addr) {
+static size_t pm_index(const struct ebb__pm_shard *s, uint64_t h, uint64_t addr) {
   if (!s->cap) return SIZE_MAX;
-  for (size_t j = ebb__pm_slot(s, h);; j = (j + 1) & (s->cap - 1)) {
+  for (size_t j = pm_slot(s, h);; j = (j + 1) & (s->cap - 1)) {
     if (s->e[j].key == addr) return j;
     if (!s->e[j].key) return SIZE_MAX;
   }
 }
 
 struct ebb__block *ebb__ptrmap_find(uint64_t addr) {
-  uint64_t h = ebb__pm_hash(addr);
-  struct ebb__pm_shard *s = ebb__pm_shard_of(h);
-  ebb__pm_lock(s);
-  size_t j = ebb__pm_index(s, h, addr);
+  uint64_t h = pm_hash(addr);
+  struct ebb__pm_shard *s = pm_shard_of(h);
+  pm_lock(s);
+  size_t j = pm_index(s, h, addr);
   struct ebb__block *b = j == SIZE_MAX ? NULL : s->e[j].b;
-  ebb__pm_unlock(s);
+  pm_unlock(s);
   return b;
 }
 
 struct ebb__block *ebb__ptrmap_take(uint64_t addr) {
-  uint64_t h = ebb__pm_hash(addr);
-  struct ebb__pm_shard *s = ebb__pm_shard_of(h);
-  ebb__pm_lock(s);
-  size_t j = ebb__pm_index(s, h, addr);
+  uint64_t h = pm_hash(addr);
+  struct ebb__pm_shard *s = pm_shard_of(h);
+  pm_lock(s);
+  size_t j = pm_index(s, h, addr);
   if (EBB_UNLIKELY(j == SIZE_MAX)) {
-    ebb__pm_unlock(s);
+    pm_unlock(s);
     return NULL;
   }
   struct ebb__pm_entry *e = s->e;
@@ -377,7 +377,7 @@ struct ebb__block *ebb__ptrmap_take(uint64_t addr) {
   size_t mask = s->cap - 1, hole = j;
   unsigned shift = s->shift;
   for (size_t k = (j + 1) & mask; e[k].key; k = (k + 1) & mask) {
-    size_t home = (size_t)((ebb__pm_hash(e[k].key) << 6) >> shift); /* ebb__pm_slot */
+    size_t home = (size_t)((pm_hash(e[k].key) << 6) >> shift); /* pm_slot */
     /* Move e[k] into the hole unless its home lies cyclically in (hole, k]. */
     bool stays = hole <= k ? (home > hole && home <= k) : (home > hole || home <= k);
     if (!stays) {
@@ -388,24 +388,24 @@ struct ebb__block *ebb__ptrmap_take(uint64_t addr) {
   e[hole].key = 0;
   e[hole].b = NULL;
   s->count--;
-  ebb__pm_unlock(s);
+  pm_unlock(s);
   return b;
 }
 
-static void ebb__ptrmap_clear(void) {
+static void ptrmap_clear(void) {
   for (int i = 0; i < EBB__SHARDS; i++) {
     struct ebb__pm_shard *s = &ebb__pm[i];
-    ebb__pm_lock(s);
+    pm_lock(s);
     free(s->e);
     s->e = NULL;
     s->cap = s->count = 0;
     s->shift = 0;
-    ebb__pm_unlock(s);
+    pm_unlock(s);
   }
 }
 
 void ebb__addrmap_clear(void) {
-  ebb__ptrmap_clear();
+  ptrmap_clear();
   for (size_t i = 0; i < EBB_ARRAY_LEN(ebb__smap); i++) {
     struct ebb__smap_ent *leaf = atomic_exchange_explicit(&ebb__smap[i], NULL, memory_order_acq_rel);
     free(leaf);

@@ -62,7 +62,7 @@ const char *ebb__fmt_bytes(char *buf, size_t cap, uint64_t n) {
  * Slabs are 128-byte aligned, so each record is exactly its two lines and leaves the address
  * map its 7 low bits. */
 /* A new slab of records onto the spare list; false when out of host memory. */
-static bool ebb__block_slab(struct ebb__arena *a) {
+static bool block_slab(struct ebb__arena *a) {
   struct ebb__block *slab = ebb__chunk_new(&a->slabs, &a->nslabs, &a->capslabs, 16, _Alignof(struct ebb__block),
                                            EBB__SLAB_BLOCKS * sizeof *slab, EBB__CHUNK_BLOCKS);
   if (!slab) return false;
@@ -79,7 +79,7 @@ static bool ebb__block_slab(struct ebb__arena *a) {
 EBB__HOT struct ebb__block *ebb__block_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->block_spare);
   if (EBB_UNLIKELY(!n)) {
-    if (!ebb__block_slab(a)) return NULL;
+    if (!block_slab(a)) return NULL;
     n = ebb_list_pop_head(&a->block_spare);
   }
   struct ebb__block *b = ebb_container_of(n, struct ebb__block, node);
@@ -117,10 +117,10 @@ inline void ebb__block_dead(struct ebb__arena *a, struct ebb__block *b) {
 
 /* A segment's share of inactive_split: its free pieces when it is split into several blocks.
  * Expandable segments are left out, as PyTorch does: their free pieces are unmappable. */
-static inline bool ebb__seg_is_split(const struct ebb__segment *g) { return !g->expandable && g->nblocks >= 2; }
+static inline bool seg_is_split(const struct ebb__segment *g) { return !g->expandable && g->nblocks >= 2; }
 
-static void ebb__seg_split_stat(struct ebb__arena *a, const struct ebb__segment *g, bool add) {
-  if (!ebb__seg_is_split(g)) return;
+static void seg_split_stat(struct ebb__arena *a, const struct ebb__segment *g, bool add) {
+  if (!seg_is_split(g)) return;
   if (add) {
     ebb__stat_add(&a->c.s.inactive_split, g->nfree);
     ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
@@ -165,7 +165,7 @@ EBB__HOT void ebb__merge_insert(struct ebb__arena *a, struct ebb__block *b) {
 /* Returns a block whose uses are over to its stream's free index, merged with free neighbours
  * of the same stream and pool. Stats: allocated was dropped at the free request; active now.
  * recorded: the caller recorded FREE_COMPLETED with the request (ebb__hist_rec_free_pair). */
-static EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__block *b, bool recorded) {
+static EBB__HOT void block_release_t(struct ebb__arena *a, struct ebb__block *b, bool recorded) {
   struct ebb__segment *g = b->seg;
   if (!recorded)
     ebb__hist_rec(a, EBB_ACT_FREE_COMPLETED, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
@@ -173,7 +173,7 @@ static EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__bloc
   b->owner = "";
   b->owner_cat = EBB_OWNER_OTHER;
   ebb__stat_sub(&a->c.s.active_bytes, b->size);
-  bool counted = ebb__seg_is_split(g);
+  bool counted = seg_is_split(g);
   size_t nf0 = g->nfree, fb0 = g->free_bytes;
   b->spool->nlive--;
   b->state = EBB__B_FREE;
@@ -184,7 +184,7 @@ static EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__bloc
   /* inactive_split by the change just made, not by re-adding the segment's whole share (a
    * segment of one block never counted and cannot merge). */
   if (EBB_LIKELY(counted)) {
-    if (EBB_LIKELY(ebb__seg_is_split(g))) {
+    if (EBB_LIKELY(seg_is_split(g))) {
       /* Still split: one more free piece, less those it merged with; the freed bytes. */
       if (g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
       ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes - fb0);
@@ -198,7 +198,7 @@ static EBB__HOT void ebb__block_release_t(struct ebb__arena *a, struct ebb__bloc
   ebb__seg_unpin_check(a, g);
 }
 
-void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { ebb__block_release_t(a, b, false); }
+void ebb__block_release(struct ebb__arena *a, struct ebb__block *b) { block_release_t(a, b, false); }
 
 /* ---- segments ------------------------------------------------------------------------------ */
 
@@ -208,7 +208,7 @@ void ebb__span_add(struct ebb__arena *a, uint64_t base, size_t size) {
   uint64_t blo = ebb__span_unit(base), bhi = ebb__span_unit(base + size - 1) + 1;
   if (!hi || blo < lo) lo = blo;
   if (bhi > hi) hi = bhi;
-  /* relaxed: a filter only (see ebb__in_span). */
+  /* relaxed: a filter only (see in_span, copy.c). */
   atomic_store_explicit(&a->span, lo | hi << 32, memory_order_relaxed);
 }
 
@@ -246,7 +246,7 @@ struct ebb__segment *ebb__segment_add(struct ebb__arena *a, uint64_t base, size_
 /* Detaches every classic segment whose blocks are all free (any stream) and returns them to
  * the upstream with the lock dropped. Free blocks need no wait: their streams' later work is
  * ordered by the driver's free (cuMemFree synchronises). Lock held on entry and exit. */
-static size_t ebb__release_free_segments(struct ebb__arena *a) {
+static size_t release_free_segments(struct ebb__arena *a) {
   struct ebb_list gone;
   ebb_list_init(&gone);
   size_t released = 0;
@@ -254,7 +254,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
     nx = n->next;
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     if (g->expandable || g->nfree != g->nblocks) continue;
-    ebb__seg_split_stat(a, g, false);
+    seg_split_stat(a, g, false);
     ebb__hist_rec(a, EBB_ACT_SEGMENT_FREE, g->base, g->size, 0, g->first->spool->stream.id, EBB_OWNER_OTHER, "");
     for (struct ebb__block *b = g->first, *bn; b; b = bn) {
       bn = b->next;
@@ -290,7 +290,7 @@ static size_t ebb__release_free_segments(struct ebb__arena *a) {
 
 /* The streams whose last work on a block's memory the allocation stream must be ordered after,
  * one event each, before the block is handed out: the owner of a stolen block, or the owners of
- * the pieces of a run (ebb__take_run). Filled under the lock by the miss path; ebb__alloc_impl
+ * the pieces of a run (take_run). Filled under the lock by the miss path; alloc_impl
  * records and waits for the events. */
 #define EBB__ORDER_MAX 4 /* streams one allocation may be ordered after */
 struct ebb__order {
@@ -300,7 +300,7 @@ struct ebb__order {
 };
 
 /* Adds the stream of `sp` to o unless it is `own` or already there; false when o is full. */
-static bool ebb__order_add(struct ebb__order *o, const struct ebb__spool *sp, const struct ebb__spool *own) {
+static bool order_add(struct ebb__order *o, const struct ebb__spool *sp, const struct ebb__spool *own) {
   if (sp == own) return true;
   for (unsigned i = 0; i < o->n; i++)
     if (o->from[i].id == sp->stream.id) return true;
@@ -313,14 +313,14 @@ static bool ebb__order_add(struct ebb__order *o, const struct ebb__spool *sp, co
  * stay stranded with the stream that freed it while another stream grows the arena. Its owner
  * goes into o: the caller orders the new stream after it with an event before handing the block
  * out. Lock held. */
-static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
+static struct ebb__block *arena_steal(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
                                      struct ebb__order *o) {
   for (size_t i = 0; i < a->nspools; i++) {
     struct ebb__spool *sp = a->spools[i];
     if (sp == own || !sp->pools[pool].count) continue;
     struct ebb__block *b = ebb__fidx_take(a, &sp->pools[pool], r);
     if (b) {
-      ebb__order_add(o, sp, own);
+      order_add(o, sp, own);
       return b;
     }
   }
@@ -334,11 +334,11 @@ static struct ebb__block *ebb__steal(struct ebb__arena *a, struct ebb__spool *ow
  * that no stream can use alone. The run's other owners go into o, as for a steal (at most
  * EBB__ORDER_MAX of them: else the caller grows instead). Best fit over the maximal runs (the
  * smallest that holds r), taken from its start up to the piece that covers r; that last piece's
- * owner owns the merged block, so ebb__carve leaves it the remainder, which lies inside its
- * piece (or gives it to `own`, when ebb__alloc_impl could order `own` after every owner under
+ * owner owns the merged block, so carve leaves it the remainder, which lies inside its
+ * piece (or gives it to `own`, when alloc_impl could order `own` after every owner under
  * the lock). Oversize blocks (max_split) are never part of a run. A walk over the blocks of the
  * pool's segments, only on the miss path, just before the upstream is asked. Lock held. */
-static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
+static struct ebb__block *take_run(struct ebb__arena *a, struct ebb__spool *own, int pool, size_t r,
                                         struct ebb__order *o) {
   size_t ms = ebb__max_split(a);
   /* One stream's adjacent free blocks of one pool are always merged: no run without two. */
@@ -372,13 +372,13 @@ static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool 
   struct ebb__order w = *o;
   struct ebb__block *last = best;
   for (size_t sum = 0;; last = last->next) {
-    if (!ebb__order_add(&w, last->spool, own)) return NULL;
+    if (!order_add(&w, last->spool, own)) return NULL;
     if ((sum += last->size) >= r) break;
   }
   *o = w;
   struct ebb__segment *g = best->seg;
   struct ebb__block *after = last->next;
-  ebb__seg_split_stat(a, g, false);
+  seg_split_stat(a, g, false);
   ebb__index_remove(best);
   for (struct ebb__block *b = best->next, *bn; b != after; b = bn) {
     bn = b->next;
@@ -391,7 +391,7 @@ static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool 
   best->next = after;
   if (after) after->prev = best;
   best->spool = last->spool;
-  ebb__seg_split_stat(a, g, true);
+  seg_split_stat(a, g, true);
   return best;
 }
 
@@ -400,14 +400,14 @@ static struct ebb__block *ebb__take_run(struct ebb__arena *a, struct ebb__spool 
  * (the small pool and expandable segments: a remainder of at least 512 bytes; classic large
  * segments: more than 1 MiB, from a block below max_split). The remainder is b->spool's (the
  * stream that freed b) and goes into its index, or, with `aside` (b came from other streams), is
- * set aside (EBB__B_ASIDE) for ebb__aside_settle. Lock held. */
-static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed, struct ebb__spool *sp, size_t r,
+ * set aside (EBB__B_ASIDE) for aside_settle. Lock held. */
+static void carve(struct ebb__arena *a, struct ebb__block *b, bool indexed, struct ebb__spool *sp, size_t r,
                        size_t bytes, bool slab, struct ebb__block **aside) {
   struct ebb__segment *g = b->seg;
   size_t rest = b->size - r;
   bool split = g->expandable || b->pool == EBB__POOL_SMALL ? rest >= EBB__MIN_BLOCK
                                                             : rest > EBB__SMALL_SIZE && b->size < a->conf.max_split;
-  bool counted = ebb__seg_is_split(g);
+  bool counted = seg_is_split(g);
   size_t nf0 = g->nfree;
   if (split) {
     struct ebb__block *nb = ebb__block_new(a);
@@ -426,8 +426,8 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed,
       g->nblocks++;
       g->nfree++; /* free_bytes already counts the remainder: it was part of b */
       if (EBB_UNLIKELY(aside)) {
-        /* Counted free, but in no index and merging with nothing until ebb__aside_settle; sp's
-         * already (the old owner's spool may go meanwhile: ebb__spool_reap). */
+        /* Counted free, but in no index and merging with nothing until aside_settle; sp's
+         * already (the old owner's spool may go meanwhile: spool_reap, fidx.c). */
         nb->state = EBB__B_ASIDE;
         nb->spool = sp;
         *aside = nb;
@@ -442,13 +442,13 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed,
   if (indexed) ebb__index_remove(b);
   g->nfree--;
   g->free_bytes -= b->size;
-  /* inactive_split by the change just made (see ebb__block_release_t). */
+  /* inactive_split by the change just made (see block_release_t). */
   if (EBB_LIKELY(counted)) {
     /* Still split: the block handed out leaves the free pieces (its remainder, if split off,
      * takes its place). */
     if (g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
     ebb__stat_sub(&a->c.s.inactive_split_bytes, b->size);
-  } else if (ebb__seg_is_split(g)) {
+  } else if (seg_is_split(g)) {
     /* The segment's first split: its free pieces start to count. */
     ebb__stat_add(&a->c.s.inactive_split, g->nfree);
     ebb__stat_add(&a->c.s.inactive_split_bytes, g->free_bytes);
@@ -476,7 +476,7 @@ static void ebb__carve(struct ebb__arena *a, struct ebb__block *b, bool indexed,
 
 /* The OOM report. Lock held: the driver's free memory is asked through the seam, which takes no
  * ebb lock. */
-static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
+static ebb_status arena_oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
                            const struct ebb__tried *tried) {
   a->c.s.num_ooms++;
   char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[256], tr[96] = "";
@@ -521,7 +521,7 @@ static ebb_status ebb__oom(struct ebb__arena *a, size_t bytes, size_t r, const s
  * allocations see them against the limit. On success *out is a FREE block not in the index. */
 /* One segment of `seg` bytes from the upstream, within the limit; the lock dropped around the
  * call. Lock held on entry and exit. */
-static ebb_status ebb__obtain(struct ebb__arena *a, size_t seg, uint64_t *base) {
+static ebb_status arena_obtain(struct ebb__arena *a, size_t seg, uint64_t *base) {
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + seg > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
   a->inflight += seg;
@@ -535,11 +535,11 @@ static ebb_status ebb__obtain(struct ebb__arena *a, size_t seg, uint64_t *base) 
 /* The least a segment (or expandable growth) for rounded request r may be when the size policy's
  * one does not fit: r itself, large requests rounded to 2 MiB (what a driver hands out for them
  * anyway), small ones to a block. */
-static inline size_t ebb__fallback_size(size_t r) {
+static inline size_t fallback_size(size_t r) {
   return ebb__round_up(r, r > EBB__SMALL_SIZE ? EBB__ROUND_LARGE : EBB__MIN_BLOCK);
 }
 
-static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out,
+static ebb_status arena_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, struct ebb__block **out,
                             struct ebb__tried *tried) {
   if (ebb__xmode(a)) {
     ebb_status st = ebb__x_grow(a, sp, pool, r, tried);
@@ -547,16 +547,16 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
     *out = ebb__fidx_take(a, &sp->pools[pool], r);
     return *out ? EBB_OK : ebb__fail(EBB_EINTERNAL, "%s: %s grew but found no block", a->up->alloc_fn, a->label);
   }
-  size_t seg = ebb__segment_size(a, r), fb = ebb__fallback_size(r);
+  size_t seg = ebb__segment_size(a, r), fb = fallback_size(r);
   uint64_t base = 0;
-  ebb_status st = ebb__obtain(a, seg, &base);
+  ebb_status st = arena_obtain(a, seg, &base);
   if (tried) *tried = (struct ebb__tried){.first = seg, .second = 0, .expandable = false};
   /* Near capacity the policy's segment (20 MiB for a 3 MiB request) may not fit where the
    * request would: one just large enough before the retry chain and the OOM report. */
   if (st == EBB_ENOMEM && fb < seg) {
     if (tried) tried->second = fb;
     seg = fb;
-    st = ebb__obtain(a, seg, &base);
+    st = arena_obtain(a, seg, &base);
   }
   if (st) return st;
   a->c.s.num_device_alloc++;
@@ -578,13 +578,13 @@ static ebb_status ebb__grow(struct ebb__arena *a, struct ebb__spool *sp, int poo
  * the rest, each followed by a new search (a step PyTorch's chain skips: the blocks they free may
  * fit), empty slabs, every fully free segment and granule given back, and the upstream again.
  * The streams the block must be ordered after go into o. */
-static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
+static ebb_status alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r, size_t bytes,
                                   const struct ebb__stream_ref *s, struct ebb__block **out, struct ebb__order *o) {
   ebb_status gst = EBB_OK;
   struct ebb__tried tried = {0, 0, false};
   for (int attempt = 0;; attempt++) {
-    struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
-    if (!b) b = ebb__take_run(a, sp, pool, r, o);
+    struct ebb__block *b = arena_steal(a, sp, pool, r, o);
+    if (!b) b = take_run(a, sp, pool, r, o);
     if (b) {
       *out = b;
       return EBB_OK;
@@ -593,7 +593,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
      * the retry below succeeds, so it is muted: a call that succeeds leaves the last error and
      * the hook alone. The second growth's failure, or the OOM report, is the caller's. */
     if (!attempt) ebb__fail_mute(true);
-    gst = ebb__grow(a, sp, pool, r, out, &tried);
+    gst = arena_grow(a, sp, pool, r, out, &tried);
     if (!attempt) ebb__fail_mute(false);
     if (gst == EBB_OK) return EBB_OK;
     if (attempt) break;
@@ -626,7 +626,7 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
       if (sst) return ebb__sync_failed(a, a->up->alloc_fn, sst);
       ebb__x_shrink(a);
     }
-    ebb__release_free_segments(a);
+    release_free_segments(a);
     a->c.s.num_alloc_retries++;
     /* x_shrink joins free blocks of several streams: the join may be this stream's now. */
     if ((b = ebb__fidx_take(a, &sp->pools[pool], r))) {
@@ -642,13 +642,13 @@ static ebb_status ebb__alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, i
   }
   /* A device in its error state (a sticky driver error) is no OOM: its own message is the answer. */
   if (gst == EBB_EDEVICE) return gst;
-  return ebb__oom(a, bytes, r, s, &tried);
+  return arena_oom(a, bytes, r, s, &tried);
 }
 
 /* The oom_snapshot setting: after the report is composed and the lock dropped (the snapshot
  * takes every arena's lock in turn, as PyTorch calls its OOM observers unlocked). The report
  * stays this thread's last error; a snapshot that cannot be written goes to the warning handler. */
-static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
+static ebb_status arena_oom_snapshot(struct ebb__arena *a, ebb_status st) {
   if (st != EBB_ENOMEM || !a->conf.oom_snapshot) return st;
   char report[512];
   snprintf(report, sizeof report, "%s", ebb_last_error());
@@ -662,19 +662,19 @@ static ebb_status ebb__oom_snapshot(struct ebb__arena *a, ebb_status st) {
 /* The miss path of a slab's block: another stream's free block or a run, then the upstream. No release
  * chain: the caller falls back to a plain block, whose own miss path runs it (and reports an
  * OOM with the caller's size). Lock held. */
-static ebb_status ebb__alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
+static ebb_status alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, size_t r, struct ebb__block **out,
                                        struct ebb__order *o) {
   int pool = ebb__pool_of(a, r); /* the small pool, or an expandable segment's one */
-  struct ebb__block *b = ebb__steal(a, sp, pool, r, o);
-  if (!b) b = ebb__take_run(a, sp, pool, r, o);
+  struct ebb__block *b = arena_steal(a, sp, pool, r, o);
+  if (!b) b = take_run(a, sp, pool, r, o);
   if (b) {
     *out = b;
     return EBB_OK;
   }
-  return ebb__grow(a, sp, pool, r, out, NULL);
+  return arena_grow(a, sp, pool, r, out, NULL);
 }
 
-static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
+static ebb_status alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout);
 
 /* Makes stream `to` wait on the device for the work issued so far to `from`: an event recorded
@@ -683,7 +683,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
  * *ev: an event of
  * from's device, or NULL (one is made when needed); left for the caller to recycle. Lock not
  * held. */
-static ebb_status ebb__order_after(ebb_stream_t *to, const struct ebb__stream_ref *from, ebb_event_t **ev) {
+static ebb_status order_after(ebb_stream_t *to, const struct ebb__stream_ref *from, ebb_event_t **ev) {
   if (ebb__ref_live(from)) {
     ebb_status st = *ev ? EBB_OK : ebb__ev_create(from->device, ev);
     /* Its owner may release it meanwhile: the record is made only while it is live, else
@@ -695,7 +695,7 @@ static ebb_status ebb__order_after(ebb_stream_t *to, const struct ebb__stream_re
   return ebb__stream_wait_released(to, from->device, from->id);
 }
 
-/* What a stolen block (or run) leaves after the request, set aside by ebb__carve while the lock
+/* What a stolen block (or run) leaves after the request, set aside by carve while the lock
  * is dropped to order the new stream after the old owners: then it becomes `sp`'s (the new
  * stream's, once ordered) and merges with sp's free neighbours. Left with its old owner, a
  * stream that asks for other sizes, such a remainder was stranded: with three streams on one
@@ -705,7 +705,7 @@ static ebb_status ebb__order_after(ebb_stream_t *to, const struct ebb__stream_re
  * no allocation on sp can take it before sp waits for the old owners, and no event is recorded
  * or waited for under the lock (either can block on a full stream queue, which a host function
  * that frees memory of this arena may be holding up). Lock held. */
-static void ebb__aside_settle(struct ebb__arena *a, struct ebb__block *nb, struct ebb__spool *sp) {
+static void aside_settle(struct ebb__arena *a, struct ebb__block *nb, struct ebb__spool *sp) {
   struct ebb__segment *g = nb->seg;
   size_t nf0 = g->nfree;
   EBB_ASSERT(nb->state == EBB__B_ASIDE);
@@ -714,7 +714,7 @@ static void ebb__aside_settle(struct ebb__arena *a, struct ebb__block *nb, struc
   ebb__merge_insert(a, nb);
   /* The block handed out shares the segment, so a counted segment stays split: fewer pieces,
    * same bytes. */
-  if (ebb__seg_is_split(g) && g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
+  if (seg_is_split(g) && g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
 }
 
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
@@ -722,16 +722,16 @@ ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb
    * slab_max is a 512-byte multiple, so this is "rounded size <= slab_max". */
   if (bytes <= a->conf.slab_max)
     return ebb__slab_alloc(a, bytes, bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK), s, out);
-  return ebb__alloc_impl(a, bytes, s, false, out, NULL);
+  return alloc_impl(a, bytes, s, false, out, NULL);
 }
 
 ebb_status ebb__arena_alloc_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
-  return ebb__alloc_impl(a, bytes, s, false, out, NULL);
+  return alloc_impl(a, bytes, s, false, out, NULL);
 }
 
 ebb_status ebb__arena_alloc_slab_block(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s,
                                        struct ebb__block **out) {
-  return ebb__alloc_impl(a, bytes, s, true, NULL, out);
+  return alloc_impl(a, bytes, s, true, NULL, out);
 }
 
 /* A slab's block goes back as a free block: no stats of its own to drop (slab.c dropped its
@@ -741,24 +741,24 @@ void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b) {
   EBB_ASSERT(b->state == EBB__B_SLAB || b->state == EBB__B_CARVED);
   b->spool->nlive--;
   b->slab = NULL;
-  ebb__seg_split_stat(a, g, false);
+  seg_split_stat(a, g, false);
   b->state = EBB__B_FREE;
   g->nfree++;
   g->free_bytes += b->size;
   ebb__merge_insert(a, b);
-  ebb__seg_split_stat(a, g, true);
+  seg_split_stat(a, g, true);
 }
 
 /* A plain block, or (slab) the block of a new slab: *bout, state EBB__B_CARVED, no ptrmap entry,
  * no stats but the engine's own (cache hits, reserved, segments). */
-static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
+static ebb_status alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
     ebb__lock(&a->mu);
     const struct ebb__tried none = {0, 0, false}; /* nothing asked: beyond any device */
-    ebb_status st = ebb__oom(a, bytes, bytes, s, &none);
+    ebb_status st = arena_oom(a, bytes, bytes, s, &none);
     ebb__unlock(&a->mu);
-    return ebb__oom_snapshot(a, st);
+    return arena_oom_snapshot(a, st);
   }
   size_t r = bytes < EBB__MIN_BLOCK ? EBB__MIN_BLOCK : ebb__round_up(bytes, EBB__MIN_BLOCK);
   int pool = ebb__pool_of(a, r);
@@ -770,7 +770,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
     ebb__unlock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the free index of stream %" PRIu64, a->up->alloc_fn, s->id);
   }
-  /* Left in the index: ebb__carve puts what the request leaves of it in its place. */
+  /* Left in the index: carve puts what the request leaves of it in its place. */
   struct ebb__block *b = ebb__fidx_find(a, &sp->pools[pool], r);
   bool in_index = b != NULL;
   struct ebb__order o;
@@ -779,10 +779,10 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
   if (EBB_LIKELY(b)) {
     a->c.s.cache_hits++;
   } else {
-    ebb_status st = slab ? ebb__alloc_slab_slow(a, sp, r, &b, &o) : ebb__alloc_slow(a, sp, pool, r, bytes, s, &b, &o);
+    ebb_status st = slab ? alloc_slab_slow(a, sp, r, &b, &o) : alloc_slow(a, sp, pool, r, bytes, s, &b, &o);
     if (st) {
       ebb__unlock(&a->mu);
-      return slab ? st : ebb__oom_snapshot(a, st);
+      return slab ? st : arena_oom_snapshot(a, st);
     }
     if (o.n) {
       a->c.steals++;
@@ -790,7 +790,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
       for (unsigned i = 0; i < o.n; i++) o.ev[i] = ebb__ev_pop(a, o.from[i].device);
     }
   }
-  ebb__carve(a, b, in_index, sp, r, bytes, slab, o.n ? &aside : NULL);
+  carve(a, b, in_index, sp, r, bytes, slab, o.n ? &aside : NULL);
   bool indexed = slab || (ebb__block_in_amap(b) ? ebb__amap_block_put(b) : ebb__ptrmap_insert(b));
   if (EBB_UNLIKELY(!indexed)) {
     ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
@@ -810,7 +810,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
      * wait for them on the device. The block is ours (ALLOC, not yet returned) and its
      * remainder is set aside, so the lock may stay dropped. */
     const struct ebb__stream_ref *from = &o.from[i];
-    ebb_status st = ebb__order_after(s->s, from, &ev);
+    ebb_status st = order_after(s->s, from, &ev);
     if (st) {
       /* Neither an event nor the stream's release event could order s (no host memory, a failed
        * device): wait for the device on the host instead. Counted as a sync. */
@@ -828,7 +828,7 @@ static ebb_status ebb__alloc_impl(struct ebb__arena *a, size_t bytes, const stru
   }
   if (aside || !indexed) { /* s now waits for every old owner: the remainder is s's */
     ebb__lock(&a->mu);
-    if (aside) ebb__aside_settle(a, aside, sp);
+    if (aside) aside_settle(a, aside, sp);
     if (!indexed) ebb__block_release(a, b);
     ebb__unlock(&a->mu);
     if (!indexed) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the pointer map", a->up->alloc_fn);
@@ -886,7 +886,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
     /* No other stream used it: the free completes now. Both entries at once, one clock read
      * and the fields gathered once (the completion repeats the request). */
     ebb__hist_rec_free_pair(a, b->addr, b->size, b->requested, b->spool->stream.id, b->owner_cat, b->owner);
-    ebb__block_release_t(a, b, true);
+    block_release_t(a, b, true);
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
@@ -930,7 +930,7 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
     if (st) st = ebb__sync_failed(a, "ebb_arena_empty_cache", st);
     else ebb__x_shrink(a);
   }
-  ebb__release_free_segments(a);
+  release_free_segments(a);
   ebb__unlock(&a->mu);
   return st;
 }
@@ -938,7 +938,7 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
 size_t ebb__arena_trim(struct ebb__arena *a) {
   ebb__lock(&a->mu);
   ebb__slab_release_empty(a);
-  size_t n = ebb__release_free_segments(a);
+  size_t n = release_free_segments(a);
   ebb__unlock(&a->mu);
   return n;
 }

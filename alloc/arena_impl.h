@@ -99,7 +99,7 @@ enum ebb__bstate {
                           the lock is dropped to order the stealing stream after the old owners */
   EBB__B_CARVED = 8    /* carved for a slab that slab.c is still making (the lock may be dropped
                           meanwhile): no slab record yet, no slots, no stats; EBB__B_SLAB once
-                          ebb__slab_make attaches its record */
+                          slab_make (slab.c) attaches its record */
 };
 
 /* ---- the free index: small holes first, the tail last (fidx.c) ---------------------------------
@@ -158,7 +158,7 @@ struct ebb__spool {
   struct ebb__slab_cls *slab_cls; /* slab.c: per size class; NULL until the stream's first slot */
   size_t nlive;   /* its blocks that are not free (handed out, pending, slabs) */
   size_t nmaking; /* slabs slab.c is making for it with the lock dropped (no block yet) */
-  /* While either count is not 0, or its indexes hold a block, the spool stays (ebb__spool_reap). */
+  /* While either count is not 0, or its indexes hold a block, the spool stays (spool_reap, fidx.c). */
 };
 
 struct ebb__segment;
@@ -462,7 +462,7 @@ struct ebb__arena {
   struct ebb__hist hist;
   /* A range that holds every segment the arena ever had (the expandable reservation whole), in
    * 64 KiB units: low half the first unit, high half one past the last (0: none yet). Only
-   * widened, under `mu`; read without the lock by the copy hook as a filter (ebb__in_span).
+   * widened, under `mu`; read without the lock by the copy hook as a filter (in_span, copy.c).
    * One word, not two: the arena stays 1 136 bytes, whose multiple the allocation entry
    * computes in one instruction (two at 1 152). */
   _Atomic uint64_t span;
@@ -515,7 +515,7 @@ static inline size_t ebb__segment_size(const struct ebb__arena *a, size_t r) {
  * sequence with max_split_size_mb:64: ~500 driver allocations a replay, 64 GiB reserved before
  * the OOM retry gave it back). */
 /* max_split as the fit rules and runs see it: none with expandable segments. Their blocks are
- * always split (ebb__carve), and their free blocks merge into runs far above max_split: kept
+ * always split (carve, arena.c), and their free blocks merge into runs far above max_split: kept
  * from smaller requests, those made the arena map granule after granule
  * (perf/traces/multistream.trace with max_split_size_mb:64: frag_ratio 1.703, 7 112 granules
  * mapped). The setting is about classic segments. */
@@ -922,12 +922,12 @@ struct ebb__owner_tls {
   struct ebb__owner stack[EBB_OWNER_MAX_DEPTH];
 };
 
-EBB_HIDDEN extern _Thread_local struct ebb__owner_tls ebb__os;
+EBB_HIDDEN extern _Thread_local struct ebb__owner_tls ebb__owner_stack;
 
 /* The calling thread's innermost owner scope ({EBB_OWNER_OTHER, ""} outside any). */
 static inline void ebb__owner_current(uint8_t *cat, const char **name) {
-  *cat = ebb__os.top.cat;
-  *name = ebb__os.top.name;
+  *cat = ebb__owner_stack.top.cat;
+  *name = ebb__owner_stack.top.name;
 }
 /* The interned copy of name (n bytes, n <= EBB_OWNER_NAME_MAX) into *out: EBB_ELIMIT when the
  * table is full, EBB_ENOMEM without host memory, the message naming fn. A thread-local cache
@@ -1028,14 +1028,14 @@ struct ebb__alloc_state {
   char env[512];      /* conf.env points here */
   struct ebb__arena dev[EBB_MAX_DEVICES];
 };
-EBB_HIDDEN extern struct ebb__alloc_state ebb__al;
+EBB_HIDDEN extern struct ebb__alloc_state ebb__alloc_module;
 
 /* The module started: one acquire load, the whole entry check of every call once it is up.
  * UP implies ebb is initialised: the teardown hook stores DOWN while `ready` is still set. */
 static inline bool ebb__alloc_up(void) {
   /* acquire: pairs with the release store of EBB__AL_UP in ebb__alloc_enter_slow: the arenas
    * are initialised. */
-  return atomic_load_explicit(&ebb__al.phase, memory_order_acquire) == EBB__AL_UP;
+  return atomic_load_explicit(&ebb__alloc_module.phase, memory_order_acquire) == EBB__AL_UP;
 }
 /* Entry check of every public call of the module: ebb initialised, the module started (started
  * here by the first call that finds it down). _slow: the part after ebb__alloc_up. */

@@ -18,16 +18,16 @@
 #include "arena_impl.h"
 
 /* Whether the index for b's size (address map or ptrmap) holds b at its address; and its name. */
-static bool ebb__block_indexed(const struct ebb__block *b) {
+static bool block_indexed(const struct ebb__block *b) {
   return (ebb__block_in_amap(b) ? ebb__amap_block_find(b->addr) : ebb__ptrmap_find(b->addr)) == b;
 }
-static const char *ebb__block_index_name(const struct ebb__block *b) {
+static const char *block_index_name(const struct ebb__block *b) {
   return ebb__block_in_amap(b) ? "address map" : "pointer map";
 }
 
 /* Every block's spool is one the arena holds (a hole's is none), and each spool counts exactly
- * its blocks in use (ebb__spool_reap frees one only at zero). Lock held. */
-static ebb_status ebb__spool_check(struct ebb__arena *a, const char *fn) {
+ * its blocks in use (spool_reap (fidx.c) frees one only at zero). Lock held. */
+static ebb_status spool_check(struct ebb__arena *a, const char *fn) {
   size_t *inuse = calloc(a->nspools + 1, sizeof *inuse);
   if (!inuse) return EBB_OK; /* no host memory for the tally: this part of the walk is skipped */
   ebb_status st = EBB_OK;
@@ -77,15 +77,15 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
         nfree++;
         EBB__CHECK(!ebb__mergeable(b, b->next), "%s: %s: free blocks 0x%" PRIx64 " and 0x%" PRIx64 " of one stream were not merged",
                    fn, a->label, b->addr, b->next->addr);
-        EBB__CHECK(!ebb__block_indexed(b), "%s: %s: free block 0x%" PRIx64 " is still in the %s", fn, a->label, b->addr,
-                   ebb__block_index_name(b));
+        EBB__CHECK(!block_indexed(b), "%s: %s: free block 0x%" PRIx64 " is still in the %s", fn, a->label, b->addr,
+                   block_index_name(b));
         break;
       case EBB__B_ALLOC:
         alloc += b->size;
         active += b->size;
         requested += b->requested;
-        EBB__CHECK(ebb__block_indexed(b), "%s: %s: live block 0x%" PRIx64 " is missing from the %s", fn, a->label,
-                   b->addr, ebb__block_index_name(b));
+        EBB__CHECK(block_indexed(b), "%s: %s: live block 0x%" PRIx64 " is missing from the %s", fn, a->label,
+                   b->addr, block_index_name(b));
         break;
       case EBB__B_UNMAPPED:
         holes += b->size;
@@ -137,7 +137,7 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   size_t indexed = 0;
   if ((st = ebb__fidx_check(a, fn, &indexed))) goto done;
   EBB__CHECK(indexed == nfree, "%s: %s: %zu free blocks but %zu indexed", fn, a->label, nfree, indexed);
-  if ((st = ebb__spool_check(a, fn))) goto done;
+  if ((st = spool_check(a, fn))) goto done;
   if ((st = ebb__slab_check_classes(a, fn))) goto done;
   EBB__CHECK(pend_events == a->npending, "%s: %s: %zu pending events, blocks expect %zu", fn, a->label, a->npending, pend_events);
   const ebb_arena_stats *s = &a->c.s;

@@ -25,7 +25,7 @@
 /* Whether addr lies in the range of arena a's segments (a filter: no lock). relaxed: a block
  * handed to this thread was made after its segment widened the range, and that hand-off
  * ordered the store before this load. */
-static inline bool ebb__in_span(const struct ebb__arena *a, uint64_t addr) {
+static inline bool in_span(const struct ebb__arena *a, uint64_t addr) {
   uint64_t w = atomic_load_explicit(&a->span, memory_order_relaxed), u = ebb__span_unit(addr);
   return u >= (w & UINT32_MAX) && u < (w >> 32);
 }
@@ -38,10 +38,10 @@ static inline bool ebb__in_span(const struct ebb__arena *a, uint64_t addr) {
 /* The live block that holds addr, locked, found by walking the segments of the arenas from
  * all[i] on whose range holds it: for an interior pointer of a block that is not a slot. NULL
  * (nothing locked) when none. */
-static struct ebb__block *ebb__live_containing_lock(uint64_t addr, struct ebb__arena *const *all, int i, int n) {
+static struct ebb__block *live_containing_lock(uint64_t addr, struct ebb__arena *const *all, int i, int n) {
   for (; i < n; i++) {
     struct ebb__arena *a = all[i];
-    if (!ebb__in_span(a, addr)) continue;
+    if (!in_span(a, addr)) continue;
     ebb__lock(&a->mu);
     struct ebb__block *b = ebb__find_containing(a, addr);
     if (b && b->state == EBB__B_ALLOC) return b;
@@ -56,7 +56,7 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
   /* Memory of no arena (driver or malloc'ed) is the common miss: a range compare per arena. */
   int n, i = 0;
   struct ebb__arena *const *all = ebb__arenas_all(&n);
-  while (i < n && !ebb__in_span(all[i], addr)) i++;
+  while (i < n && !in_span(all[i], addr)) i++;
   if (i == n) return EBB_OK;
   /* From a host function, the arena lock could be held by a thread waiting for this very
    * function's device work (empty_cache with expandable segments, an OOM retry): refuse rather
@@ -86,7 +86,7 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
       b = NULL;
     }
   }
-  if (!b && !(b = ebb__live_containing_lock(addr, all, i, n))) return EBB_OK;
+  if (!b && !(b = live_containing_lock(addr, all, i, n))) return EBB_OK;
   struct ebb__arena *a = b->arena;
   uint64_t off = addr - b->addr;
   /* The bytes the caller asked for, not the rounded block: past them is another request's
@@ -97,8 +97,8 @@ ebb_status ebb__arena_copy_use(void *ptr, size_t bytes, bool is_dst, ebb_stream_
     ebb__unlock(&a->mu);
     return ebb__copy_past_end(fn, ptr, bytes, is_dst, a, base, size);
   }
-  /* A pageable source is read into the staging chunks before ebb_copy_async returns (streams'
-   * ebb__stage): no work on s reads it later, so there is no use to record. */
+  /* A pageable source is read into the staging chunks before ebb_copy_async returns (streams/copy.c
+   * stage): no work on s reads it later, so there is no use to record. */
   if (!is_dst && a->up->kind == EBB__MEM_HOST_POOL) {
     ebb__unlock(&a->mu);
     return EBB_OK;

@@ -14,34 +14,34 @@
 
 /* ---- the device upstream ------------------------------------------------------------------- */
 
-static ebb_status ebb__dev_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
+static ebb_status dev_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
   return ebb__drv_mem_alloc(a->device, bytes, addr);
 }
 
-static ebb_status ebb__dev_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
+static ebb_status dev_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
   (void)bytes;
   return ebb__drv_mem_free(a->device, addr);
 }
 
-static ebb_status ebb__dev_mem_info(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes) {
+static ebb_status dev_mem_info(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes) {
   return ebb_dev_mem_info(a->device, free_bytes, total_bytes);
 }
 
-static ebb_status ebb__dev_granularity(struct ebb__arena *a, size_t *gran) {
+static ebb_status dev_granularity(struct ebb__arena *a, size_t *gran) {
   return ebb__drv_vmm_granularity(a->device, gran);
 }
 
-static ebb_status ebb__dev_reserve(struct ebb__arena *a, size_t bytes, uint64_t *va) {
+static ebb_status dev_reserve(struct ebb__arena *a, size_t bytes, uint64_t *va) {
   return ebb__drv_vmm_reserve(a->device, bytes, va);
 }
 
-static ebb_status ebb__dev_unreserve(struct ebb__arena *a, uint64_t va, size_t bytes) {
+static ebb_status dev_unreserve(struct ebb__arena *a, uint64_t va, size_t bytes) {
   (void)a;
   return ebb__drv_vmm_free(va, bytes);
 }
 
 /* One physical chunk per granule, mapped at `va` for the owning device. */
-static ebb_status ebb__dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t *handle) {
+static ebb_status dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t *handle) {
   uint64_t h = 0;
   ebb_status st = ebb__drv_vmm_create(a->device, bytes, &h);
   if (st) return st;
@@ -54,7 +54,7 @@ static ebb_status ebb__dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, 
   return EBB_OK;
 }
 
-static ebb_status ebb__dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle) {
+static ebb_status dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle) {
   (void)a;
   ebb_status st = ebb__drv_vmm_unmap(va, bytes);
   ebb_status st2 = ebb__drv_vmm_release(handle);
@@ -66,37 +66,37 @@ const struct ebb__upstream ebb__device_upstream = {
     .alloc_fn = "ebb_arena_alloc",
     .free_fn = "ebb_arena_free",
     .kind = EBB__MEM_DEVICE_ARENA,
-    .obtain = ebb__dev_obtain,
-    .release = ebb__dev_release,
-    .mem_info = ebb__dev_mem_info,
-    .granularity = ebb__dev_granularity,
-    .reserve = ebb__dev_reserve,
-    .unreserve = ebb__dev_unreserve,
-    .map = ebb__dev_map,
-    .unmap = ebb__dev_unmap,
+    .obtain = dev_obtain,
+    .release = dev_release,
+    .mem_info = dev_mem_info,
+    .granularity = dev_granularity,
+    .reserve = dev_reserve,
+    .unreserve = dev_unreserve,
+    .map = dev_map,
+    .unmap = dev_unmap,
 };
 
 /* ---- public API ---------------------------------------------------------------------------- */
 
 /* The module's entry check inline (ebb__alloc_enter); and the device in range. */
-static inline ebb_status ebb__enter(const char *fn) {
+static inline ebb_status device_enter(const char *fn) {
   if (EBB_LIKELY(ebb__alloc_up())) return EBB_OK;
   return ebb__alloc_enter_slow(fn);
 }
 
-static inline ebb_status ebb__enter_dev(const char *fn, int device) {
-  ebb_status st = ebb__enter(fn);
+static inline ebb_status enter_dev(const char *fn, int device) {
+  ebb_status st = device_enter(fn);
   if (st) return st;
-  if (EBB_UNLIKELY(device < 0 || device >= ebb__al.ndev))
-    return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__al.ndev);
+  if (EBB_UNLIKELY(device < 0 || device >= ebb__alloc_module.ndev))
+    return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__alloc_module.ndev);
   return EBB_OK;
 }
 
 /* ebb_arena_alloc's checks one by one, in their order, each with its message; also the path of
  * a NULL stream (the current one) and of zero bytes. */
-static ebb_status ebb__arena_alloc_entry(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
+static ebb_status arena_alloc_entry(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
   static const char fn[] = "ebb_arena_alloc";
-  ebb_status st = ebb__enter_dev(fn, device);
+  ebb_status st = enter_dev(fn, device);
   if (EBB_UNLIKELY(st)) return st;
   if (EBB_UNLIKELY(!ptr)) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected a void * to fill", fn);
   struct ebb__stream_ref s;
@@ -109,7 +109,7 @@ static ebb_status ebb__arena_alloc_entry(int device, size_t bytes, ebb_stream_t 
     *ptr = NULL;
     return EBB_OK;
   }
-  return ebb__arena_alloc(&ebb__al.dev[device], bytes, &s, ptr);
+  return ebb__arena_alloc(&ebb__alloc_module.dev[device], bytes, &s, ptr);
 }
 
 ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr) {
@@ -117,17 +117,17 @@ ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void 
    * a live stream of that device, a size. Anything else takes the checks one by one for the
    * message of the first that fails (or the NULL-stream and zero-byte paths). */
   struct ebb__stream_ref s;
-  if (EBB_LIKELY(ebb__alloc_up() && (unsigned)device < (unsigned)ebb__al.ndev && ptr && bytes &&
+  if (EBB_LIKELY(ebb__alloc_up() && (unsigned)device < (unsigned)ebb__alloc_module.ndev && ptr && bytes &&
                  ebb__stream_peek(stream, &s.id, &s.device) && s.device == device)) {
     s.s = stream;
-    return ebb__arena_alloc(&ebb__al.dev[device], bytes, &s, ptr);
+    return ebb__arena_alloc(&ebb__alloc_module.dev[device], bytes, &s, ptr);
   }
-  return ebb__arena_alloc_entry(device, bytes, stream, ptr);
+  return arena_alloc_entry(device, bytes, stream, ptr);
 }
 
 ebb_status ebb_arena_free(void *ptr) {
   static const char fn[] = "ebb_arena_free";
-  ebb_status st = ebb__enter(fn);
+  ebb_status st = device_enter(fn);
   if (EBB_UNLIKELY(st)) return st;
   if (!ptr) return EBB_OK;
   return ebb__arena_free(fn, ptr, EBB__MEM_DEVICE_ARENA);
@@ -144,25 +144,25 @@ ebb_status ebb_arena_record_stream(void *ptr, ebb_stream_t *stream) {
 }
 
 ebb_status ebb_arena_empty_cache(int device) {
-  ebb_status st = ebb__enter_dev("ebb_arena_empty_cache", device);
+  ebb_status st = enter_dev("ebb_arena_empty_cache", device);
   if (st) return st;
-  return ebb__arena_empty_cache(&ebb__al.dev[device]);
+  return ebb__arena_empty_cache(&ebb__alloc_module.dev[device]);
 }
 
 ebb_status ebb_arena_set_limit(int device, size_t bytes) {
-  ebb_status st = ebb__enter_dev("ebb_arena_set_limit", device);
+  ebb_status st = enter_dev("ebb_arena_set_limit", device);
   if (st) return st;
-  ebb__arena_set_limit(&ebb__al.dev[device], bytes);
+  ebb__arena_set_limit(&ebb__alloc_module.dev[device], bytes);
   return EBB_OK;
 }
 
 ebb_status ebb_arena_set_limit_fraction(int device, double fraction) {
   static const char fn[] = "ebb_arena_set_limit_fraction";
-  ebb_status st = ebb__enter_dev(fn, device);
+  ebb_status st = enter_dev(fn, device);
   if (st) return st;
   if (!(fraction > 0.0 && fraction <= 1.0))
     return ebb__fail(EBB_EINVAL, "%s: fraction %g is not valid; expected 0 < fraction <= 1", fn, fraction);
-  struct ebb__arena *a = &ebb__al.dev[device];
+  struct ebb__arena *a = &ebb__alloc_module.dev[device];
   size_t bytes = (size_t)((double)a->total_mem * fraction);
   ebb__arena_set_limit(a, bytes ? bytes : 1);
   return EBB_OK;
@@ -170,35 +170,35 @@ ebb_status ebb_arena_set_limit_fraction(int device, double fraction) {
 
 ebb_status ebb_arena_get_stats(int device, ebb_arena_stats *out) {
   static const char fn[] = "ebb_arena_get_stats";
-  ebb_status st = ebb__enter_dev(fn, device);
+  ebb_status st = enter_dev(fn, device);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected an ebb_arena_stats to fill", fn);
-  ebb__arena_get_stats(&ebb__al.dev[device], out);
+  ebb__arena_get_stats(&ebb__alloc_module.dev[device], out);
   return EBB_OK;
 }
 
 ebb_status ebb_arena_reset_peak(int device) {
-  ebb_status st = ebb__enter_dev("ebb_arena_reset_peak", device);
+  ebb_status st = enter_dev("ebb_arena_reset_peak", device);
   if (st) return st;
-  ebb__arena_reset_peak(&ebb__al.dev[device]);
+  ebb__arena_reset_peak(&ebb__alloc_module.dev[device]);
   return EBB_OK;
 }
 
 ebb_status ebb_arena_debug_check(int device) {
   static const char fn[] = "ebb_arena_debug_check";
-  ebb_status st = ebb__enter_dev(fn, device);
+  ebb_status st = enter_dev(fn, device);
   if (st) return st;
-  return ebb__arena_check(&ebb__al.dev[device], fn);
+  return ebb__arena_check(&ebb__alloc_module.dev[device], fn);
 }
 
 
 ebb_status ebb_alloc_history_get(int device, ebb_alloc_trace_entry *out, size_t cap, size_t *count, uint64_t *total) {
   static const char fn[] = "ebb_alloc_history_get";
-  ebb_status st = ebb__enter_dev(fn, device);
+  ebb_status st = enter_dev(fn, device);
   if (st) return st;
   if (!count) return ebb__fail(EBB_EINVAL, "%s: count is NULL; expected a size_t to fill", fn);
   if (!out && cap) return ebb__fail(EBB_EINVAL, "%s: out is NULL with cap %zu; expected an array of cap entries", fn, cap);
-  return ebb__hist_get(&ebb__al.dev[device], out, cap, count, total);
+  return ebb__hist_get(&ebb__alloc_module.dev[device], out, cap, count, total);
 }
 
 ebb_status ebb_memory_snapshot_json(const char *path) {

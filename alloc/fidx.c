@@ -7,7 +7,7 @@
  *
  * Owns: the tree nodes (carved from chunks kept until teardown, recycled through a spare list)
  * and the spools (one lives from its stream's first allocation until that stream is released
- * and the spool holds nothing: ebb__spool_reap).
+ * and the spool holds nothing: spool_reap).
  *
  * Threading: all of it is under the arena's lock; nothing here drops it or takes another.
  */
@@ -25,7 +25,7 @@
 /* Size in 512-byte units, saturating at EBB__UNITS_MAX: exact for every block below 1 TiB. The
  * bound keeps units positive as signed 32-bit lanes (the node scans' compares). */
 #define EBB__UNITS_MAX ((uint32_t)INT32_MAX)
-static inline uint32_t ebb__units(size_t size) {
+static inline uint32_t fidx_units(size_t size) {
   size >>= 9;
   return size > EBB__UNITS_MAX ? EBB__UNITS_MAX : (uint32_t)size;
 }
@@ -34,22 +34,22 @@ static inline uint32_t ebb__units(size_t size) {
  * in 512-byte units in the low half. The age wraps past 2^32 segments made and the offset
  * saturates in a segment of 2 TiB: the order is then not oldest first there, but the tree
  * stays sound, its order being the keys'. Never UINT64_MAX (a node's empty entries). */
-static inline uint64_t ebb__fx_key(const struct ebb__block *b) {
+static inline uint64_t fx_key(const struct ebb__block *b) {
   uint64_t off = (b->addr - b->seg->base) >> 9;
   return (uint64_t)(uint32_t)b->seg->seq << 32 | (off >= UINT32_MAX ? UINT32_MAX - 1 : off);
 }
 
 /* x comes before y in the index's order: older segment, then lower address. */
-static inline bool ebb__tree_before(const struct ebb__block *x, const struct ebb__block *y) {
-  return ebb__fx_key(x) < ebb__fx_key(y);
+static inline bool tree_before(const struct ebb__block *x, const struct ebb__block *y) {
+  return fx_key(x) < fx_key(y);
 }
 
 /* A block's size as the small-hole maxima count it: its units below EBB__SMALL_HOLE, else 0. */
-static inline uint32_t ebb__small_units(size_t size) { return size < EBB__SMALL_HOLE ? ebb__units(size) : 0; }
+static inline uint32_t small_units(size_t size) { return size < EBB__SMALL_HOLE ? fidx_units(size) : 0; }
 
 /* Free block b ends an expandable segment: the index keeps it as its tail. Reads b->seg only
  * for a block with no successor (the last of each segment). */
-static inline bool ebb__is_xtail(const struct ebb__block *b) { return !b->next && b->seg->expandable; }
+static inline bool is_xtail(const struct ebb__block *b) { return !b->next && b->seg->expandable; }
 
 /* A node: up to EBB__FX_FAN entries in order. A leaf's entries are free blocks, an inner node's
  * its children; `max` is the largest size under the entry (the block's own in a leaf), `smax`
@@ -72,7 +72,7 @@ struct ebb__fxnode {
 
 /* Makes sure the arena holds `need` spare nodes, so that an insertion's splits cannot fail
  * half-way. False: out of host memory. Lock held. */
-static bool ebb__fx_reserve(struct ebb__arena *a, size_t need) {
+static bool fx_reserve(struct ebb__arena *a, size_t need) {
   while (a->nfx_spare < need) {
     struct ebb__fxnode *c = ebb__chunk_new(&a->fx_chunks, &a->nfx_chunks, &a->capfx_chunks, 8, _Alignof(struct ebb__fxnode),
                                            EBB__FX_CHUNK * sizeof *c, EBB__CHUNK_FXNODES);
@@ -87,7 +87,7 @@ static bool ebb__fx_reserve(struct ebb__arena *a, size_t need) {
 }
 
 /* A reserved spare node, empty. */
-static struct ebb__fxnode *ebb__fx_new(struct ebb__arena *a, bool leaf) {
+static struct ebb__fxnode *fx_new(struct ebb__arena *a, bool leaf) {
   struct ebb__fxnode *n = a->fx_spare;
   EBB_ASSERT(n);
   a->fx_spare = n->up;
@@ -98,27 +98,27 @@ static struct ebb__fxnode *ebb__fx_new(struct ebb__arena *a, bool leaf) {
   return n;
 }
 
-static void ebb__fx_put(struct ebb__arena *a, struct ebb__fxnode *n) {
+static void fx_put(struct ebb__arena *a, struct ebb__fxnode *n) {
   n->up = a->fx_spare;
   a->fx_spare = n;
   a->nfx_spare++;
 }
 
 #if defined(__SSE2__)
-static inline __m128i ebb__fx_max4(__m128i x, __m128i y) {
+static inline __m128i fx_max4(__m128i x, __m128i y) {
   __m128i gt = _mm_cmpgt_epi32(x, y);
   return _mm_or_si128(_mm_and_si128(gt, x), _mm_andnot_si128(gt, y));
 }
 #endif
 
 /* The largest of the 16 values at m (a node's max or smax). */
-static inline uint32_t ebb__fx_vmax(const uint32_t *mx) {
+static inline uint32_t fx_vmax(const uint32_t *mx) {
 #if defined(__SSE2__)
   const __m128i *v = (const __m128i *)mx;
-  __m128i m = ebb__fx_max4(ebb__fx_max4(_mm_load_si128(v), _mm_load_si128(v + 1)),
-                           ebb__fx_max4(_mm_load_si128(v + 2), _mm_load_si128(v + 3)));
-  m = ebb__fx_max4(m, _mm_shuffle_epi32(m, 0x4E));
-  m = ebb__fx_max4(m, _mm_shuffle_epi32(m, 0xB1));
+  __m128i m = fx_max4(fx_max4(_mm_load_si128(v), _mm_load_si128(v + 1)),
+                           fx_max4(_mm_load_si128(v + 2), _mm_load_si128(v + 3)));
+  m = fx_max4(m, _mm_shuffle_epi32(m, 0x4E));
+  m = fx_max4(m, _mm_shuffle_epi32(m, 0xB1));
   return (uint32_t)_mm_cvtsi128_si32(m);
 #else
   uint32_t m = 0;
@@ -127,13 +127,13 @@ static inline uint32_t ebb__fx_vmax(const uint32_t *mx) {
 #endif
 }
 
-static inline uint32_t ebb__fx_nmax(const struct ebb__fxnode *n) { return ebb__fx_vmax(n->max); }
-static inline uint32_t ebb__fx_nsmax(const struct ebb__fxnode *n) { return ebb__fx_vmax(n->smax); }
+static inline uint32_t fx_nmax(const struct ebb__fxnode *n) { return fx_vmax(n->max); }
+static inline uint32_t fx_nsmax(const struct ebb__fxnode *n) { return fx_vmax(n->smax); }
 
 /* The first of the 16 values at mx (a node's max or smax) that is at least u (1 <= u <=
  * EBB__UNITS_MAX), or -1: sixteen compares packed into one mask (units are positive as signed
  * lanes). */
-static inline int ebb__fx_first(const uint32_t *mx, uint32_t u) {
+static inline int fx_first(const uint32_t *mx, uint32_t u) {
 #if defined(__SSE2__)
   const __m128i *v = (const __m128i *)mx;
   __m128i t = _mm_set1_epi32((int32_t)(u - 1));
@@ -149,8 +149,8 @@ static inline int ebb__fx_first(const uint32_t *mx, uint32_t u) {
 
 /* How many keys of n are below k (at or below: le): a binary search of four halvings and a
  * last compare, each a conditional add, so no branch on the data (keys past n are UINT64_MAX). */
-static inline int ebb__fx_rank(const struct ebb__fxnode *n, uint64_t k, bool le) {
-  _Static_assert(EBB__FX_FAN == 16, "ebb__fx_rank halves 16 keys");
+static inline int fx_rank(const struct ebb__fxnode *n, uint64_t k, bool le) {
+  _Static_assert(EBB__FX_FAN == 16, "fx_rank halves 16 keys");
   const uint64_t *y = n->key;
   int c = (le ? y[7] <= k : y[7] < k) ? 8 : 0;
   c += (le ? y[c + 3] <= k : y[c + 3] < k) ? 4 : 0;
@@ -160,7 +160,7 @@ static inline int ebb__fx_rank(const struct ebb__fxnode *n, uint64_t k, bool le)
 }
 
 /* The slot of block b in leaf n (b is there). */
-static inline int ebb__fx_slot(const struct ebb__fxnode *n, const struct ebb__block *b) {
+static inline int fx_slot(const struct ebb__fxnode *n, const struct ebb__block *b) {
 #if defined(__SSE2__) && UINTPTR_MAX == UINT64_MAX
   /* Sixteen pointer compares as 32 half compares packed into one mask, two bits a pointer: no
    * branch on where b sits. */
@@ -182,7 +182,7 @@ static inline int ebb__fx_slot(const struct ebb__fxnode *n, const struct ebb__bl
 }
 
 /* Entries i.. of n point back to n. */
-static inline void ebb__fx_adopt(struct ebb__fxnode *n, int i) {
+static inline void fx_adopt(struct ebb__fxnode *n, int i) {
   for (; i < n->n; i++) {
     if (n->leaf) {
       ((struct ebb__block *)n->ent[i])->leaf = n;
@@ -199,12 +199,12 @@ static inline void ebb__fx_adopt(struct ebb__fxnode *n, int i) {
  * up the path, while something changes. The parent's max for n is n's max before the change,
  * so the new one is known without a scan unless the entry that held the max shrank; the same
  * for smax. */
-static void ebb__fx_prop(struct ebb__fxnode *n, uint32_t o, uint32_t v, uint32_t os, uint32_t vs, bool key0) {
+static void fx_prop(struct ebb__fxnode *n, uint32_t o, uint32_t v, uint32_t os, uint32_t vs, bool key0) {
   for (struct ebb__fxnode *p; (p = n->up) && (o != v || os != vs || key0); n = p) {
     int i = n->pslot;
     uint32_t pm = p->max[i], ps = p->smax[i];
-    uint32_t nm = v >= pm ? v : o < pm ? pm : ebb__fx_nmax(n);
-    uint32_t ns = os == vs ? ps : vs >= ps ? vs : os < ps ? ps : ebb__fx_nsmax(n);
+    uint32_t nm = v >= pm ? v : o < pm ? pm : fx_nmax(n);
+    uint32_t ns = os == vs ? ps : vs >= ps ? vs : os < ps ? ps : fx_nsmax(n);
     p->max[i] = nm;
     p->smax[i] = ns;
     if (key0) p->key[i] = n->key[0];
@@ -217,10 +217,10 @@ static void ebb__fx_prop(struct ebb__fxnode *n, uint32_t o, uint32_t v, uint32_t
 }
 
 /* Every entry on the path from n up, recomputed (after splits). */
-static void ebb__fx_fix_all(struct ebb__fxnode *n) {
+static void fx_fix_all(struct ebb__fxnode *n) {
   for (struct ebb__fxnode *p; (p = n->up); n = p) {
-    p->max[n->pslot] = ebb__fx_nmax(n);
-    p->smax[n->pslot] = ebb__fx_nsmax(n);
+    p->max[n->pslot] = fx_nmax(n);
+    p->smax[n->pslot] = fx_nsmax(n);
     p->key[n->pslot] = n->key[0];
   }
 }
@@ -246,16 +246,16 @@ EBB__NO_MEMMOVE static void ebb__fx_place(struct ebb__fxnode *n, int i, uint64_t
   n->ent[i] = e;
   n->n++;
   if (n->leaf) ((struct ebb__block *)e)->leaf = n;
-  else ebb__fx_adopt(n, i);
+  else fx_adopt(n, i);
 }
 
 /* Puts entry (k, m, sm, e) at slot i of full node n: n splits, its upper half going to a new
  * right sibling entered in the parent (which may split in turn). The spare nodes were reserved;
- * the maxima and keys above the parent are the caller's (ebb__fx_fix_all). */
-static void ebb__fx_split_ins(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__fxnode *n, int i, uint64_t k,
+ * the maxima and keys above the parent are the caller's (fx_fix_all). */
+static void fx_split_ins(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__fxnode *n, int i, uint64_t k,
                               uint32_t m, uint32_t sm, void *e) {
   enum { H = EBB__FX_FAN / 2 };
-  struct ebb__fxnode *r = ebb__fx_new(a, n->leaf);
+  struct ebb__fxnode *r = fx_new(a, n->leaf);
   memcpy(r->max, &n->max[H], H * sizeof n->max[0]);
   memcpy(r->smax, &n->smax[H], H * sizeof n->smax[0]);
   memcpy(r->key, &n->key[H], H * sizeof n->key[0]);
@@ -264,42 +264,42 @@ static void ebb__fx_split_ins(struct ebb__arena *a, struct ebb__fidx *x, struct 
   memset(&n->smax[H], 0, H * sizeof n->smax[0]);
   memset(&n->key[H], 0xff, H * sizeof n->key[0]);
   n->n = r->n = H;
-  ebb__fx_adopt(r, 0);
+  fx_adopt(r, 0);
   if (i <= H) ebb__fx_place(n, i, k, m, sm, e);
   else ebb__fx_place(r, i - H, k, m, sm, e);
   struct ebb__fxnode *p = n->up;
   if (!p) { /* n was the root: one level more */
-    p = ebb__fx_new(a, false);
+    p = fx_new(a, false);
     x->root = p;
-    ebb__fx_place(p, 0, n->key[0], ebb__fx_nmax(n), ebb__fx_nsmax(n), n);
-    ebb__fx_place(p, 1, r->key[0], ebb__fx_nmax(r), ebb__fx_nsmax(r), r);
+    ebb__fx_place(p, 0, n->key[0], fx_nmax(n), fx_nsmax(n), n);
+    ebb__fx_place(p, 1, r->key[0], fx_nmax(r), fx_nsmax(r), r);
     return;
   }
   int j = n->pslot;
-  p->max[j] = ebb__fx_nmax(n);
-  p->smax[j] = ebb__fx_nsmax(n);
+  p->max[j] = fx_nmax(n);
+  p->smax[j] = fx_nsmax(n);
   p->key[j] = n->key[0];
-  if (p->n < EBB__FX_FAN) ebb__fx_place(p, j + 1, r->key[0], ebb__fx_nmax(r), ebb__fx_nsmax(r), r);
-  else ebb__fx_split_ins(a, x, p, j + 1, r->key[0], ebb__fx_nmax(r), ebb__fx_nsmax(r), r);
+  if (p->n < EBB__FX_FAN) ebb__fx_place(p, j + 1, r->key[0], fx_nmax(r), fx_nsmax(r), r);
+  else fx_split_ins(a, x, p, j + 1, r->key[0], fx_nmax(r), fx_nsmax(r), r);
 }
 
 /* Enters FREE block b in x's tree. False: no host memory for a node (b is not entered). */
-static bool ebb__fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__block *b) {
-  uint64_t k = ebb__fx_key(b);
-  uint32_t u = ebb__units(b->size), su = ebb__small_units(b->size);
+static bool fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__block *b) {
+  uint64_t k = fx_key(b);
+  uint32_t u = fidx_units(b->size), su = small_units(b->size);
   struct ebb__fxnode *n = x->root;
   if (!n) {
-    if (!ebb__fx_reserve(a, 1)) return false;
-    n = x->root = ebb__fx_new(a, true);
+    if (!fx_reserve(a, 1)) return false;
+    n = x->root = fx_new(a, true);
   }
   while (!n->leaf) {
-    int i = ebb__fx_rank(n, k, true);
+    int i = fx_rank(n, k, true);
     n = n->ent[i ? i - 1 : 0];
   }
-  int i = ebb__fx_rank(n, k, false);
+  int i = fx_rank(n, k, false);
   if (EBB_LIKELY(n->n < EBB__FX_FAN)) {
     ebb__fx_place(n, i, k, u, su, b);
-    ebb__fx_prop(n, 0, u, 0, su, i == 0);
+    fx_prop(n, 0, u, 0, su, i == 0);
     return true;
   }
   /* A split for each full node from the leaf up, and a new root if they all are. */
@@ -307,9 +307,9 @@ static bool ebb__fx_insert(struct ebb__arena *a, struct ebb__fidx *x, struct ebb
   const struct ebb__fxnode *t = n;
   for (; t && t->n == EBB__FX_FAN; t = t->up) need++;
   if (!t) need++;
-  if (!ebb__fx_reserve(a, need)) return false;
-  ebb__fx_split_ins(a, x, n, i, k, u, su, b);
-  ebb__fx_fix_all(b->leaf);
+  if (!fx_reserve(a, need)) return false;
+  fx_split_ins(a, x, n, i, k, u, su, b);
+  fx_fix_all(b->leaf);
   return true;
 }
 
@@ -327,45 +327,45 @@ EBB__NO_MEMMOVE static void ebb__fx_drop(struct ebb__arena *a, struct ebb__fidx 
   n->smax[n->n] = 0;
   n->key[n->n] = UINT64_MAX;
   if (n->n) {
-    if (!n->leaf) ebb__fx_adopt(n, i);
-    ebb__fx_prop(n, o, 0, os, 0, i == 0);
+    if (!n->leaf) fx_adopt(n, i);
+    fx_prop(n, o, 0, os, 0, i == 0);
     return;
   }
   struct ebb__fxnode *p = n->up;
   int j = n->pslot;
-  ebb__fx_put(a, n);
+  fx_put(a, n);
   if (!p) x->root = NULL;
   else ebb__fx_drop(a, x, p, j);
 }
 
-static void ebb__fx_remove(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__block *b) {
+static void fx_remove(struct ebb__arena *a, struct ebb__fidx *x, struct ebb__block *b) {
   struct ebb__fxnode *n = b->leaf;
   b->leaf = NULL;
-  ebb__fx_drop(a, x, n, ebb__fx_slot(n, b));
+  ebb__fx_drop(a, x, n, fx_slot(n, b));
   /* A root with one child gives way to it. */
   struct ebb__fxnode *r = x->root;
   while (r && !r->leaf && r->n == 1) {
     struct ebb__fxnode *c = r->ent[0];
     c->up = NULL;
-    ebb__fx_put(a, r);
+    fx_put(a, r);
     x->root = r = c;
   }
 }
 
 /* Leaf entry i of n (block b) now has b's size and key. */
-static inline void ebb__fx_set(struct ebb__fxnode *n, int i, const struct ebb__block *b, bool key) {
-  uint32_t o = n->max[i], v = ebb__units(b->size), os = n->smax[i], vs = ebb__small_units(b->size);
+static inline void fx_set(struct ebb__fxnode *n, int i, const struct ebb__block *b, bool key) {
+  uint32_t o = n->max[i], v = fidx_units(b->size), os = n->smax[i], vs = small_units(b->size);
   n->max[i] = v;
   n->smax[i] = vs;
-  if (key) n->key[i] = ebb__fx_key(b);
-  ebb__fx_prop(n, o, v, os, vs, key && i == 0);
+  if (key) n->key[i] = fx_key(b);
+  fx_prop(n, o, v, os, vs, key && i == 0);
 }
 
 /* The first block in order under n whose size, as the maxima `off` (offsetof max or smax)
  * count it, is at least u (1 <= u < EBB__UNITS_MAX), or NULL. */
-static struct ebb__block *ebb__fx_first_fit(const struct ebb__fxnode *n, size_t off, uint32_t u) {
+static struct ebb__block *fx_first_fit(const struct ebb__fxnode *n, size_t off, uint32_t u) {
   for (;;) {
-    int i = ebb__fx_first((const uint32_t *)((const char *)n + off), u);
+    int i = fx_first((const uint32_t *)((const char *)n + off), u);
     if (i < 0) return NULL; /* only at the root: below it, the parent's maximum vouches */
     if (n->leaf) return n->ent[i];
     n = n->ent[i];
@@ -374,22 +374,22 @@ static struct ebb__block *ebb__fx_first_fit(const struct ebb__fxnode *n, size_t 
 
 /* The first block in order of at least r bytes under n, for r of 1 TiB and up (beyond exact
  * units): a walk of the saturated entries. */
-static struct ebb__block *ebb__fx_first_huge(const struct ebb__fxnode *n, size_t r) {
+static struct ebb__block *fx_first_huge(const struct ebb__fxnode *n, size_t r) {
   for (int i = 0; i < n->n; i++) {
     if (n->max[i] < EBB__UNITS_MAX) continue;
-    struct ebb__block *b = n->leaf ? n->ent[i] : ebb__fx_first_huge(n->ent[i], r);
+    struct ebb__block *b = n->leaf ? n->ent[i] : fx_first_huge(n->ent[i], r);
     if (b && b->size >= r) return b;
   }
   return NULL;
 }
 
 /* The largest size under n. */
-static size_t ebb__fx_largest(const struct ebb__fxnode *n) {
+static size_t fx_largest(const struct ebb__fxnode *n) {
   size_t best = 0;
   for (int i = 0; n && i < n->n; i++) {
     size_t s = (size_t)n->max[i] << 9;
     if (n->max[i] == EBB__UNITS_MAX)
-      s = n->leaf ? ((const struct ebb__block *)n->ent[i])->size : ebb__fx_largest(n->ent[i]);
+      s = n->leaf ? ((const struct ebb__block *)n->ent[i])->size : fx_largest(n->ent[i]);
     if (s > best) best = s;
   }
   return best;
@@ -400,12 +400,12 @@ void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   EBB_ASSERT(b->size % EBB__MIN_BLOCK == 0);
   x->count++;
   b->leaf = NULL;
-  if (EBB_UNLIKELY(ebb__is_xtail(b))) { /* beside the tree: taken last (rule 3) */
+  if (EBB_UNLIKELY(is_xtail(b))) { /* beside the tree: taken last (rule 3) */
     EBB_ASSERT(!x->tail);
     x->tail = b;
     return;
   }
-  if (EBB_LIKELY(b->size < ebb__max_split(a)) && EBB_LIKELY(ebb__fx_insert(a, x, b))) return;
+  if (EBB_LIKELY(b->size < ebb__max_split(a)) && EBB_LIKELY(fx_insert(a, x, b))) return;
   /* Oversize, or no host memory for a node of the tree: the list, searched by the same rules. */
   ebb_list_insert_tail(&x->big, &b->node);
 }
@@ -422,7 +422,7 @@ void ebb__index_remove(struct ebb__block *b) {
     ebb_list_init(&b->node);
     return;
   }
-  ebb__fx_remove(b->arena, x, b);
+  fx_remove(b->arena, x, b);
 }
 
 void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b) {
@@ -430,24 +430,24 @@ void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b) {
   /* The tail, or in the list: their searches read sizes. A listed block (its tree had no node
    * memory) that took in the segment's tail is the tail now, served last (rule 3), not by the
    * list's rules 1 and 2. */
-  if (!n && EBB_LIKELY(!ebb__is_xtail(b) || b->spool->pools[b->pool].tail == b)) return;
+  if (!n && EBB_LIKELY(!is_xtail(b) || b->spool->pools[b->pool].tail == b)) return;
   /* Oversize now, or it took in the segment's tail and is the tail now. */
-  if (EBB_UNLIKELY(!n || b->size >= ebb__max_split(a) || ebb__is_xtail(b))) {
+  if (EBB_UNLIKELY(!n || b->size >= ebb__max_split(a) || is_xtail(b))) {
     ebb__index_remove(b);
     ebb__index_insert(a, b);
     return;
   }
-  ebb__fx_set(n, ebb__fx_slot(n, b), b, false);
+  fx_set(n, fx_slot(n, b), b, false);
 }
 
 void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb__block *nw) {
   struct ebb__fxnode *n = old->leaf;
-  if (EBB_LIKELY(n && nw->size < ebb__max_split(a)) && EBB_LIKELY(!ebb__is_xtail(nw))) {
-    int i = ebb__fx_slot(n, old);
+  if (EBB_LIKELY(n && nw->size < ebb__max_split(a)) && EBB_LIKELY(!is_xtail(nw))) {
+    int i = fx_slot(n, old);
     n->ent[i] = nw;
     nw->leaf = n;
     old->leaf = NULL;
-    ebb__fx_set(n, i, nw, true);
+    fx_set(n, i, nw, true);
     return;
   }
   ebb__index_remove(old);
@@ -456,9 +456,9 @@ void ebb__index_replace(struct ebb__arena *a, struct ebb__block *old, struct ebb
 
 /* c serves a request below EBB__SMALL_HOLE before best (rules 1 and 2 between two blocks that
  * hold it): a small hole before a larger block, else the older. */
-static inline bool ebb__small_first(const struct ebb__block *c, const struct ebb__block *best) {
+static inline bool small_first(const struct ebb__block *c, const struct ebb__block *best) {
   bool cs = c->size < EBB__SMALL_HOLE, bs = best->size < EBB__SMALL_HOLE;
-  return cs != bs ? cs : ebb__tree_before(c, best);
+  return cs != bs ? cs : tree_before(c, best);
 }
 
 struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r) {
@@ -468,17 +468,17 @@ struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, siz
   if (EBB_LIKELY(r < ebb__max_split(a)) && x->root) {
     /* Every block in the tree is below max_split, so at least r is all it takes. Rule 1, then
      * rule 2 (which finds a block of 2 MiB or more when rule 1 found none). */
-    uint32_t u = ebb__units(r);
-    if (EBB_UNLIKELY(u >= EBB__UNITS_MAX)) best = ebb__fx_first_huge(x->root, r);
-    else if (small && (best = ebb__fx_first_fit(x->root, offsetof(struct ebb__fxnode, smax), u))) {}
-    else best = ebb__fx_first_fit(x->root, offsetof(struct ebb__fxnode, max), u);
+    uint32_t u = fidx_units(r);
+    if (EBB_UNLIKELY(u >= EBB__UNITS_MAX)) best = fx_first_huge(x->root, r);
+    else if (small && (best = fx_first_fit(x->root, offsetof(struct ebb__fxnode, smax), u))) {}
+    else best = fx_first_fit(x->root, offsetof(struct ebb__fxnode, max), u);
   }
   if (EBB_UNLIKELY(!ebb_list_empty(&x->big))) {
     /* Listed blocks that may serve r, and come before the tree's answer by the same rules. */
     size_t hi = ebb__fit_limit(a, r);
     for (struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
       struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
-      if (c->size - r < hi - r && (!best || (small ? ebb__small_first(c, best) : ebb__tree_before(c, best)))) best = c;
+      if (c->size - r < hi - r && (!best || (small ? small_first(c, best) : tree_before(c, best)))) best = c;
     }
   }
   /* Rule 3: the expandable segment's tail, when nothing else holds r. */
@@ -492,8 +492,8 @@ struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, siz
   return b;
 }
 
-static size_t ebb__fidx_largest(const struct ebb__fidx *x) {
-  size_t best = ebb__fx_largest(x->root);
+static size_t fidx_largest(const struct ebb__fidx *x) {
+  size_t best = fx_largest(x->root);
   if (x->tail && x->tail->size > best) best = x->tail->size;
   for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
     const struct ebb__block *c = ebb_container_of(n, const struct ebb__block, node);
@@ -506,7 +506,7 @@ size_t ebb__fidx_largest_free(const struct ebb__arena *a) {
   size_t best = 0;
   for (size_t i = 0; i < a->nspools; i++)
     for (int p = 0; p < EBB__NPOOLS; p++) {
-      size_t l = ebb__fidx_largest(&a->spools[i]->pools[p]);
+      size_t l = fidx_largest(&a->spools[i]->pools[p]);
       if (l > best) best = l;
     }
   return best;
@@ -520,7 +520,7 @@ size_t ebb__fidx_largest_free(const struct ebb__arena *a) {
  * (stream lookups, steals) would grow with it. A released stream's free blocks and cached
  * slabs keep its spool until other streams steal them or empty_cache gives them back. Lock
  * held. */
-static void ebb__spool_reap(struct ebb__arena *a) {
+static void spool_reap(struct ebb__arena *a) {
   for (size_t i = 0; i < a->nspools;) {
     struct ebb__spool *sp = a->spools[i];
     bool empty = !sp->nlive && !sp->nmaking;
@@ -552,7 +552,7 @@ void ebb__arena_debug_counts(int device, size_t *nspools, size_t *nevqs) {
 struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__stream_ref *s) {
   for (size_t i = 0; i < a->nspools; i++)
     if (a->spools[i]->stream.id == s->id) return a->last_spool = a->spools[i];
-  ebb__spool_reap(a); /* a new stream: the released ones' spools that hold nothing go first */
+  spool_reap(a); /* a new stream: the released ones' spools that hold nothing go first */
   if (a->nspools == a->capspools) {
     size_t nc = a->capspools ? a->capspools * 2 : 8;
     struct ebb__spool **ns = realloc(a->spools, nc * sizeof *ns);
@@ -581,7 +581,7 @@ struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__s
  * first leaf), each entry a free block of stream sp and pool p below max_split that points back
  * to its leaf, keys in (segment age, address) order (after *prev), and every entry's max and
  * key those of what it holds; *count counts the blocks. */
-static ebb_status ebb__fx_check(struct ebb__arena *a, const struct ebb__fxnode *n, const struct ebb__fxnode *parent,
+static ebb_status fx_check(struct ebb__arena *a, const struct ebb__fxnode *n, const struct ebb__fxnode *parent,
                                 int level, int *depth, const struct ebb__spool *sp, int p, const struct ebb__block **prev,
                                 size_t *count, const char *fn) {
   ebb_status st = EBB_OK;
@@ -600,21 +600,21 @@ static ebb_status ebb__fx_check(struct ebb__arena *a, const struct ebb__fxnode *
   for (int i = 0; i < n->n; i++) {
     if (!n->leaf) {
       const struct ebb__fxnode *c = n->ent[i];
-      if ((st = ebb__fx_check(a, c, n, level + 1, depth, sp, p, prev, count, fn))) return st;
-      EBB__CHECK(n->max[i] == ebb__fx_nmax(c) && n->smax[i] == ebb__fx_nsmax(c) && n->key[i] == c->key[0],
+      if ((st = fx_check(a, c, n, level + 1, depth, sp, p, prev, count, fn))) return st;
+      EBB__CHECK(n->max[i] == fx_nmax(c) && n->smax[i] == fx_nsmax(c) && n->key[i] == c->key[0],
                  "%s: %s: a free index node at level %d holds a wrong maximum or key for its child %d", fn, a->label, level, i);
       continue;
     }
     const struct ebb__block *b = n->ent[i];
     EBB__CHECK(b->state == EBB__B_FREE && b->spool == sp && b->pool == p && b->size < ebb__max_split(a) && b->leaf == n &&
-                   !ebb__is_xtail(b),
+                   !is_xtail(b),
                "%s: %s: indexed block 0x%" PRIx64 " is not a free block of its stream and pool in its leaf (or is the "
                "expandable segment's tail)",
                fn, a->label, b->addr);
-    EBB__CHECK(n->key[i] == ebb__fx_key(b) && n->max[i] == ebb__units(b->size) && n->smax[i] == ebb__small_units(b->size),
+    EBB__CHECK(n->key[i] == fx_key(b) && n->max[i] == fidx_units(b->size) && n->smax[i] == small_units(b->size),
                "%s: %s: the free index holds a wrong key or size for block 0x%" PRIx64, fn, a->label, b->addr);
-    /* Not after its successor (keys tie only where ebb__fx_key saturates or wraps). */
-    EBB__CHECK(!*prev || !ebb__tree_before(b, *prev),
+    /* Not after its successor (keys tie only where fx_key saturates or wraps). */
+    EBB__CHECK(!*prev || !tree_before(b, *prev),
                "%s: %s: free block 0x%" PRIx64 " is out of (segment age, address) order", fn, a->label, b->addr);
     *prev = b;
     ++*count;
@@ -633,17 +633,17 @@ ebb_status ebb__fidx_check(struct ebb__arena *a, const char *fn, size_t *indexed
       size_t c = 0;
       const struct ebb__block *prev = NULL;
       int depth = -1;
-      if (x->root && (st = ebb__fx_check(a, x->root, NULL, 0, &depth, a->spools[i], p, &prev, &c, fn))) goto done;
+      if (x->root && (st = fx_check(a, x->root, NULL, 0, &depth, a->spools[i], p, &prev, &c, fn))) goto done;
       for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
         const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
-        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && !ebb__is_xtail(b),
+        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && !is_xtail(b),
                    "%s: %s: block 0x%" PRIx64 " in the free index's list is not a free block of its stream and pool",
                    fn, a->label, b->addr);
         c++;
       }
       if (x->tail) {
         const struct ebb__block *b = x->tail;
-        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && ebb__is_xtail(b),
+        EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && is_xtail(b),
                    "%s: %s: block 0x%" PRIx64 " kept as the free index's tail is not the free end of the expandable "
                    "segment, of its stream and pool",
                    fn, a->label, b->addr);

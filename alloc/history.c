@@ -79,17 +79,17 @@ void ebb__hist_fini(struct ebb__arena *a) {
 }
 
 /* The actions the views show: the newest min(total, cap) (struct ebb__hist). */
-static size_t ebb__hist_held(const struct ebb__hist *h) { return h->total < h->cap ? (size_t)h->total : h->cap; }
+static size_t hist_held(const struct ebb__hist *h) { return h->total < h->cap ? (size_t)h->total : h->cap; }
 
-/* Hands the newest n actions (n <= ebb__hist_held) to emit, oldest first: an
+/* Hands the newest n actions (n <= hist_held) to emit, oldest first: an
  * EBB__HIST_FREE_PAIR slot becomes its FREE_REQUESTED and FREE_COMPLETED entries. Lock held. */
-static void ebb__hist_expand(const struct ebb__hist *h, size_t n,
+static void hist_expand(const struct ebb__hist *h, size_t n,
                              void (*emit)(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action),
                              void *ctx) {
   if (!n) return;
   /* Back from the newest slot until n actions are covered; the oldest slot reached may hold
    * one more than needed (the FREE_REQUESTED half of a pair), skipped. The ring holds at least
-   * ebb__hist_held actions, so this stops within cap slots. */
+   * hist_held actions, so this stops within cap slots. */
   size_t slot = h->head, got = 0;
   while (got < n) {
     slot = (slot ? slot : h->cap) - 1;
@@ -109,7 +109,7 @@ static void ebb__hist_expand(const struct ebb__hist *h, size_t n,
   }
 }
 
-static void ebb__hist_emit_entry(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action) {
+static void hist_emit_entry(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action) {
   struct ebb__hist_entry *out = ctx;
   out[k] = *e;
   out[k].sac = ebb__he_sac(ebb__he_stream(e), action, ebb__he_cat(e));
@@ -120,7 +120,7 @@ struct ebb__hist_trace_out {
   int device;
 };
 
-static void ebb__hist_emit_trace(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action) {
+static void hist_emit_trace(void *ctx, size_t k, const struct ebb__hist_entry *e, uint8_t action) {
   const struct ebb__hist_trace_out *o = ctx;
   o->out[k] = (ebb_alloc_trace_entry){.time_ns = e->time_ns,
                                       .addr = e->addr,
@@ -134,16 +134,16 @@ static void ebb__hist_emit_trace(void *ctx, size_t k, const struct ebb__hist_ent
 }
 
 size_t ebb__hist_copy(const struct ebb__arena *a, struct ebb__hist_entry *out, size_t cap) {
-  size_t held = ebb__hist_held(&a->hist);
+  size_t held = hist_held(&a->hist);
   size_t n = held < cap ? held : cap;
-  ebb__hist_expand(&a->hist, n, ebb__hist_emit_entry, out);
+  hist_expand(&a->hist, n, hist_emit_entry, out);
   return n;
 }
 
 ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_t cap, size_t *count,
                          uint64_t *total) {
   ebb__lock(&a->mu);
-  size_t held = ebb__hist_held(&a->hist);
+  size_t held = hist_held(&a->hist);
   uint64_t tot = a->hist.total;
   if (!out) {
     ebb__unlock(&a->mu);
@@ -153,7 +153,7 @@ ebb_status ebb__hist_get(struct ebb__arena *a, ebb_alloc_trace_entry *out, size_
   }
   size_t n = held < cap ? held : cap;
   struct ebb__hist_trace_out o = {out, a->device};
-  ebb__hist_expand(&a->hist, n, ebb__hist_emit_trace, &o);
+  hist_expand(&a->hist, n, hist_emit_trace, &o);
   ebb__unlock(&a->mu);
   *count = n;
   if (total) *total = tot;

@@ -47,13 +47,13 @@ static const struct ebb__stream_ref ebb__nostream = {.s = NULL, .id = 0, .device
 
 /* Up to 1 MiB: 2 MiB segments shared by small blocks. Above: a segment of exactly the request,
  * rounded to a page (PyTorch's host allocator doubles to a power of two: up to 2x waste). */
-static size_t ebb__pin_segment_size(size_t r) {
+static size_t pin_segment_size(size_t r) {
   if (r <= EBB__SMALL_SIZE) return EBB__SMALL_SEGMENT;
   return (r + EBB__PAGE - 1) / EBB__PAGE * EBB__PAGE;
 }
 
 /* Counts `bytes` against the cap before asking the driver; false (with the message) past it. */
-static ebb_status ebb__pin_charge(struct ebb__arena *a, size_t bytes) {
+static ebb_status pin_charge(struct ebb__arena *a, size_t bytes) {
   /* relaxed: `held` is a counter checked against a cap, ordering nothing else. */
   size_t prev = atomic_fetch_add_explicit(&ebb__hp.held, bytes, memory_order_relaxed);
   if (!ebb__hp.cap || prev + bytes <= ebb__hp.cap) return EBB_OK;
@@ -66,13 +66,13 @@ static ebb_status ebb__pin_charge(struct ebb__arena *a, size_t bytes) {
                    ebb__fmt_bytes(n, sizeof n, bytes), a->label);
 }
 
-static void ebb__pin_uncharge(size_t bytes) {
+static void pin_uncharge(size_t bytes) {
   atomic_fetch_sub_explicit(&ebb__hp.held, bytes, memory_order_relaxed);
 }
 
 /* Node arenas: hwloc-placed pages, then registered. The driver-placed arena: cuMemHostAlloc. */
-static ebb_status ebb__pin_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
-  ebb_status st = ebb__pin_charge(a, bytes);
+static ebb_status pin_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
+  ebb_status st = pin_charge(a, bytes);
   if (st == EBB_ELIMIT) {
     /* The cap is the pool's, the cached segments each arena's: what the other arenas hold
      * free counts against this one's request until they give it back (a's own go in its
@@ -80,7 +80,7 @@ static ebb_status ebb__pin_obtain(struct ebb__arena *a, size_t bytes, uint64_t *
     size_t back = 0;
     for (int i = 0; i < ebb__hp.npin; i++)
       if (&ebb__hp.pin[i] != a) back += ebb__arena_trim(&ebb__hp.pin[i]);
-    if (back) st = ebb__pin_charge(a, bytes);
+    if (back) st = pin_charge(a, bytes);
   }
   if (st) return st;
   void *p = NULL;
@@ -92,14 +92,14 @@ static ebb_status ebb__pin_obtain(struct ebb__arena *a, size_t bytes, uint64_t *
     if (!st && (st = ebb__drv_host_register(p, bytes))) ebb_numa_pages_free(p, bytes);
   }
   if (st) {
-    ebb__pin_uncharge(bytes);
+    pin_uncharge(bytes);
     return st;
   }
   *addr = (uint64_t)(uintptr_t)p;
   return EBB_OK;
 }
 
-static ebb_status ebb__pin_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
+static ebb_status pin_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
   void *p = (void *)(uintptr_t)addr;
   ebb_status st;
   if (a->numa_node < 0) {
@@ -109,12 +109,12 @@ static ebb_status ebb__pin_release(struct ebb__arena *a, uint64_t addr, size_t b
     /* Unmapping pages the driver still holds pinned would be worse than leaking them. */
     if (!st) st = ebb_numa_pages_free(p, bytes);
   }
-  if (!st) ebb__pin_uncharge(bytes);
+  if (!st) pin_uncharge(bytes);
   return st;
 }
 
 /* Host RAM for reports: what the system has, what is left. */
-static ebb_status ebb__ram_info(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes) {
+static ebb_status ram_info(struct ebb__arena *a, size_t *free_bytes, size_t *total_bytes) {
   (void)a;
   long pg = sysconf(_SC_PAGESIZE), tot = sysconf(_SC_PHYS_PAGES), av = sysconf(_SC_AVPHYS_PAGES);
   if (pg <= 0 || tot <= 0 || av < 0) return ebb__fail(EBB_ENOTSUP, "the system does not report its memory size");
@@ -128,15 +128,15 @@ static const struct ebb__upstream ebb__pinned_upstream = {
     .alloc_fn = "ebb_pinned_alloc",
     .free_fn = "ebb_pinned_free",
     .kind = EBB__MEM_PINNED_POOL,
-    .segment_size = ebb__pin_segment_size,
-    .obtain = ebb__pin_obtain,
-    .release = ebb__pin_release,
-    .mem_info = ebb__ram_info,
+    .segment_size = pin_segment_size,
+    .obtain = pin_obtain,
+    .release = pin_release,
+    .mem_info = ram_info,
 };
 
 /* ---- the host upstream ---------------------------------------------------------------------- */
 
-static ebb_status ebb__host_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
+static ebb_status host_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr) {
   (void)a;
   void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
@@ -145,7 +145,7 @@ static ebb_status ebb__host_obtain(struct ebb__arena *a, size_t bytes, uint64_t 
   return EBB_OK;
 }
 
-static ebb_status ebb__host_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
+static ebb_status host_release(struct ebb__arena *a, uint64_t addr, size_t bytes) {
   (void)a;
   if (munmap((void *)(uintptr_t)addr, bytes) != 0)
     return ebb__fail(EBB_EINTERNAL, "munmap of a host segment (0x%" PRIx64 ", %zu bytes) failed: %s", addr, bytes,
@@ -158,16 +158,16 @@ static const struct ebb__upstream ebb__host_upstream = {
     .alloc_fn = "ebb_pageable_alloc",
     .free_fn = "ebb_pageable_free",
     .kind = EBB__MEM_HOST_POOL,
-    .obtain = ebb__host_obtain,
-    .release = ebb__host_release,
-    .mem_info = ebb__ram_info,
+    .obtain = host_obtain,
+    .release = host_release,
+    .mem_info = ram_info,
 };
 
 /* ---- start and teardown --------------------------------------------------------------------- */
 
 ebb_status ebb__hostpools_start(const struct ebb__conf *conf, int ndev) {
   size_t fr = 0, ram = 0;
-  if (ebb__ram_info(NULL, &fr, &ram)) ram = 0;
+  if (ram_info(NULL, &fr, &ram)) ram = 0;
   ebb__hp.cap = conf->pinned_max;
   atomic_store_explicit(&ebb__hp.held, 0, memory_order_relaxed);
   ebb__hp.ndev = ndev;
@@ -213,7 +213,7 @@ struct ebb__arena *ebb__hostpool_nth(int i) {
 
 /* The stats of several arenas added field by field (pinned: one per NUMA node). Peaks are the
  * sums of each arena's peak: exact with one node, an upper bound with several. */
-static void ebb__stats_sum(struct ebb__arena *arenas, int n, ebb_arena_stats *out) {
+static void stats_sum(struct ebb__arena *arenas, int n, ebb_arena_stats *out) {
   memset(out, 0, sizeof *out);
   for (int i = 0; i < n; i++) {
     ebb_arena_stats s;
@@ -290,7 +290,7 @@ ebb_status ebb_pinned_get_stats(ebb_arena_stats *out) {
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected an ebb_arena_stats to fill", fn);
-  ebb__stats_sum(ebb__hp.pin, ebb__hp.npin, out);
+  stats_sum(ebb__hp.pin, ebb__hp.npin, out);
   out->limit = ebb__hp.cap;
   return EBB_OK;
 }
@@ -326,7 +326,7 @@ ebb_status ebb_pageable_get_stats(ebb_arena_stats *out) {
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected an ebb_arena_stats to fill", fn);
-  ebb__stats_sum(&ebb__hp.host, 1, out);
+  stats_sum(&ebb__hp.host, 1, out);
   return EBB_OK;
 }
 

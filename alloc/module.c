@@ -23,11 +23,11 @@
 
 /* ---- the registry ---------------------------------------------------------------------------- */
 
-struct ebb__alloc_state ebb__al;
+struct ebb__alloc_state ebb__alloc_module;
 
 /* Every arena of the module (devices, pinned pools, host pool), listed once at start for the
  * copy hook's range filter (ebb__arenas_all): no call per arena on every copy. Apart from
- * ebb__al, whose layout the allocation entry's code depends on (one more instruction a call
+ * ebb__alloc_module, whose layout the allocation entry's code depends on (one more instruction a call
  * with them inside). Written at start and teardown only. */
 static struct {
   struct ebb__arena *all[EBB__ARENAS_MAX];
@@ -38,7 +38,7 @@ static struct {
 #define EBB__HISTORY_MAX ((size_t)1 << 26) /* 3 GiB of ring (48-byte slots) per device: surely a typo beyond */
 
 struct ebb__arena *ebb__arena_nth(int i) {
-  return i >= 0 && i < ebb__al.ndev ? &ebb__al.dev[i] : NULL;
+  return i >= 0 && i < ebb__alloc_module.ndev ? &ebb__alloc_module.dev[i] : NULL;
 }
 
 struct ebb__arena *const *ebb__arenas_all(int *n) {
@@ -48,13 +48,13 @@ struct ebb__arena *const *ebb__arenas_all(int *n) {
 
 struct ebb__arena *ebb__arena_any(int i) {
   if (i < 0) return NULL;
-  return i < ebb__al.ndev ? &ebb__al.dev[i] : ebb__hostpool_nth(i - ebb__al.ndev);
+  return i < ebb__alloc_module.ndev ? &ebb__alloc_module.dev[i] : ebb__hostpool_nth(i - ebb__alloc_module.ndev);
 }
 
 /* ---- EBB_ALLOC_CONF ---------------------------------------------------------------------------- */
 
 /* "1073741824", "512M", "4G": bytes with an optional K/M/G/T suffix (powers of 1024). */
-static bool ebb__parse_bytes(const char *val, size_t *out) {
+static bool parse_bytes(const char *val, size_t *out) {
   char *end = NULL;
   errno = 0;
   unsigned long long v = strtoull(val, &end, 10);
@@ -75,7 +75,7 @@ static bool ebb__parse_bytes(const char *val, size_t *out) {
 
 /* EBB_ALLOC_CONF: "key:value,key:value", checked by the first ebb_init (runtime_export.h): an
  * unknown key or a bad value fails ebb_init with EBB_EINVAL naming the item and what is
- * accepted, so a typo is never silently ignored. Parsed straight into ebb__al.conf: the check
+ * accepted, so a typo is never silently ignored. Parsed straight into ebb__alloc_module.conf: the check
  * runs while the module is stopped, and the start uses what it parsed. */
 #define EBB__CONF_BAD(...)                   \
   do {                                       \
@@ -83,8 +83,8 @@ static bool ebb__parse_bytes(const char *val, size_t *out) {
     return false;                            \
   } while (0)
 
-static bool ebb__conf_check(const char *env, char *expected, size_t len) {
-  struct ebb__conf *c = &ebb__al.conf;
+static bool conf_check(const char *env, char *expected, size_t len) {
+  struct ebb__conf *c = &ebb__alloc_module.conf;
   c->max_split = SIZE_MAX;
   c->expandable = false;
   c->expandable_set = false;
@@ -92,12 +92,12 @@ static bool ebb__conf_check(const char *env, char *expected, size_t len) {
   c->oom_snapshot = NULL;
   c->pinned_max = 0;
   c->slab_max = EBB__SLAB_MAX_DEFAULT;
-  ebb__al.env[0] = '\0';
-  c->env = ebb__al.env;
+  ebb__alloc_module.env[0] = '\0';
+  c->env = ebb__alloc_module.env;
   if (!env) return true;
-  if (strlen(env) >= sizeof ebb__al.env) EBB__CONF_BAD("at most %zu characters", sizeof ebb__al.env - 1);
-  snprintf(ebb__al.env, sizeof ebb__al.env, "%s", env);
-  char buf[sizeof ebb__al.env];
+  if (strlen(env) >= sizeof ebb__alloc_module.env) EBB__CONF_BAD("at most %zu characters", sizeof ebb__alloc_module.env - 1);
+  snprintf(ebb__alloc_module.env, sizeof ebb__alloc_module.env, "%s", env);
+  char buf[sizeof ebb__alloc_module.env];
   snprintf(buf, sizeof buf, "%s", env);
   char *save = NULL;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -124,16 +124,16 @@ static bool ebb__conf_check(const char *env, char *expected, size_t len) {
       c->history = (size_t)v;
     } else if (!strcmp(key, "oom_snapshot")) {
       if (!*val) EBB__CONF_BAD("oom_snapshot:PATH with a non-empty path");
-      snprintf(ebb__al.oom_path, sizeof ebb__al.oom_path, "%s", val);
-      c->oom_snapshot = ebb__al.oom_path;
+      snprintf(ebb__alloc_module.oom_path, sizeof ebb__alloc_module.oom_path, "%s", val);
+      c->oom_snapshot = ebb__alloc_module.oom_path;
     } else if (!strcmp(key, "pinned_max_bytes")) {
-      if (!ebb__parse_bytes(val, &c->pinned_max))
+      if (!parse_bytes(val, &c->pinned_max))
         EBB__CONF_BAD("pinned_max_bytes:N with N bytes and an optional K/M/G/T suffix (0: no cap), not '%s'", val);
     } else if (!strcmp(key, "slab_max_bytes")) {
       /* Rounded down to 512 B (sizes are 512-byte multiples); 64 KiB at most: the slab address
        * map relies on every slab spanning more than one 64 KiB granule (addrmap.c). */
       size_t v2 = 0;
-      if (!ebb__parse_bytes(val, &v2) || v2 > EBB__SLAB_MAX_LIMIT)
+      if (!parse_bytes(val, &v2) || v2 > EBB__SLAB_MAX_LIMIT)
         EBB__CONF_BAD("slab_max_bytes:N with N bytes in [0, 64K] and an optional K suffix (0: no slabs), not '%s'", val);
       c->slab_max = v2 / EBB__MIN_BLOCK * EBB__MIN_BLOCK;
     } else {
@@ -144,7 +144,7 @@ static bool ebb__conf_check(const char *env, char *expected, size_t len) {
   return true;
 }
 
-static const ebb__config_var ebb__alloc_vars[] = {{"EBB_ALLOC_CONF", ebb__conf_check}};
+static const ebb__config_var ebb__alloc_vars[] = {{"EBB_ALLOC_CONF", conf_check}};
 
 /* ---- pointers from before a completed ebb_shutdown ---------------------------------------- */
 
@@ -166,7 +166,7 @@ static struct ebb__grave {
 } ebb__graves[EBB__GRAVES];
 static unsigned ebb__ngraves, ebb__sessions; /* (graves_mu) sessions: alloc module starts */
 
-static void ebb__grave_put(const struct ebb__arena *a, uint64_t base, size_t size, bool at_shutdown) {
+static void grave_put(const struct ebb__arena *a, uint64_t base, size_t size, bool at_shutdown) {
   ebb__mutex_lock(&ebb__graves_mu);
   struct ebb__grave *g = &ebb__graves[ebb__ngraves++ % EBB__GRAVES];
   *g = (struct ebb__grave){.base = base, .size = size, .session = ebb__sessions, .at_shutdown = at_shutdown,
@@ -175,12 +175,12 @@ static void ebb__grave_put(const struct ebb__arena *a, uint64_t base, size_t siz
   ebb__mutex_unlock(&ebb__graves_mu);
 }
 
-void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size) { ebb__grave_put(a, base, size, false); }
+void ebb__grave_add(const struct ebb__arena *a, uint64_t base, size_t size) { grave_put(a, base, size, false); }
 
-static void ebb__graves_add(struct ebb__arena *a) {
+static void graves_add(struct ebb__arena *a) {
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
     const struct ebb__segment *sg = ebb_container_of(n, struct ebb__segment, node);
-    ebb__grave_put(a, sg->base, sg->size, true);
+    grave_put(a, sg->base, sg->size, true);
   }
 }
 
@@ -202,26 +202,26 @@ const char *ebb__grave_find(uint64_t addr, enum ebb__memkind kind, char *label, 
 /* ---- start, teardown and the entry check ------------------------------------------------------ */
 
 /* The module's stop, run by the last ebb_shutdown once no block is live. */
-static void ebb__alloc_teardown(void *user) {
+static void alloc_teardown(void *user) {
   (void)user;
   /* acquire: pairs with the release store of UP (the arenas are visible). */
-  if (atomic_load_explicit(&ebb__al.phase, memory_order_acquire) != EBB__AL_UP) return;
+  if (atomic_load_explicit(&ebb__alloc_module.phase, memory_order_acquire) != EBB__AL_UP) return;
   ebb__copy_hook_set(NULL); /* before the maps it reads are cleared */
   ebb__al_all.n = 0;
-  for (int i = 0; i < ebb__al.ndev; i++) ebb__graves_add(&ebb__al.dev[i]);
+  for (int i = 0; i < ebb__alloc_module.ndev; i++) graves_add(&ebb__alloc_module.dev[i]);
   struct ebb__arena *hp;
-  for (int i = 0; (hp = ebb__hostpool_nth(i)) != NULL; i++) ebb__graves_add(hp);
-  for (int i = 0; i < ebb__al.ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
+  for (int i = 0; (hp = ebb__hostpool_nth(i)) != NULL; i++) graves_add(hp);
+  for (int i = 0; i < ebb__alloc_module.ndev; i++) ebb__arena_fini(&ebb__alloc_module.dev[i]);
   ebb__hostpools_fini();
   ebb__addrmap_clear();
-  ebb__al.ndev = 0;
+  ebb__alloc_module.ndev = 0;
   /* release: pairs with the acquire CAS of the next start in ebb__alloc_enter. */
-  atomic_store_explicit(&ebb__al.phase, EBB__AL_DOWN, memory_order_release);
+  atomic_store_explicit(&ebb__alloc_module.phase, EBB__AL_DOWN, memory_order_release);
 }
 
 /* Runs with phase == STARTING owned by this thread, after streams started (the runtime starts
- * modules in layer order), with the configuration ebb_init checked in ebb__al.conf. */
-static ebb_status ebb__alloc_start(const char *fn) {
+ * modules in layer order), with the configuration ebb_init checked in ebb__alloc_module.conf. */
+static ebb_status alloc_start(const char *fn) {
   int ndev = 0;
   ebb_status st = ebb_dev_count(&ndev);
   if (st) return st;
@@ -246,7 +246,7 @@ static ebb_status ebb__alloc_start(const char *fn) {
     /* Expandable segments unless EBB_ALLOC_CONF says otherwise, where the driver does VMM (every
      * current GPU, and the emulated driver): on the real training traces they reserve 1.02-1.12
      * times the peak live bytes, classic segments 1.02-1.26 (perf/RESULTS.md). */
-    struct ebb__conf c = ebb__al.conf;
+    struct ebb__conf c = ebb__alloc_module.conf;
     if (!c.expandable_set) c.expandable = vmm[i];
     /* Asked for where the driver cannot grow a reservation: every allocation would fail with an
      * OOM that hides why. Classic segments serve, and the user hears it once per device. */
@@ -256,10 +256,10 @@ static ebb_status ebb__alloc_start(const char *fn) {
                 i, i);
       c.expandable = false;
     }
-    ebb__arena_init(&ebb__al.dev[i], &ebb__device_upstream, i, &c, total[i]);
+    ebb__arena_init(&ebb__alloc_module.dev[i], &ebb__device_upstream, i, &c, total[i]);
   }
-  ebb__al.ndev = ndev;
-  st = ebb__hostpools_start(&ebb__al.conf, ndev);
+  ebb__alloc_module.ndev = ndev;
+  st = ebb__hostpools_start(&ebb__alloc_module.conf, ndev);
   if (!st) {
     ebb__al_all.n = 0;
     for (struct ebb__arena *a; ebb__al_all.n < EBB__ARENAS_MAX && (a = ebb__arena_any(ebb__al_all.n));)
@@ -268,9 +268,9 @@ static ebb_status ebb__alloc_start(const char *fn) {
     ebb__copy_hook_set(ebb__arena_copy_use);
   }
   if (st) {
-    for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__al.dev[i]);
+    for (int i = 0; i < ndev; i++) ebb__arena_fini(&ebb__alloc_module.dev[i]);
     ebb__hostpools_fini();
-    ebb__al.ndev = 0;
+    ebb__alloc_module.ndev = 0;
   }
   return st;
 }
@@ -283,15 +283,15 @@ ebb_status ebb__alloc_enter_slow(const char *fn) {
     int ph = EBB__AL_DOWN;
     /* acquire on success: pairs with the teardown's release store of DOWN; on failure with the
      * release store of UP. */
-    if (atomic_compare_exchange_strong_explicit(&ebb__al.phase, &ph, EBB__AL_STARTING, memory_order_acquire,
+    if (atomic_compare_exchange_strong_explicit(&ebb__alloc_module.phase, &ph, EBB__AL_STARTING, memory_order_acquire,
                                                 memory_order_acquire))
       break;
     if (ph == EBB__AL_UP) return EBB_OK;
     ebb__cpu_relax(); /* another thread is starting the module */
   }
-  ebb_status st = ebb__alloc_start(fn);
+  ebb_status st = alloc_start(fn);
   /* release: publishes the started (or undone) state to the acquires above. */
-  atomic_store_explicit(&ebb__al.phase, st ? EBB__AL_DOWN : EBB__AL_UP, memory_order_release);
+  atomic_store_explicit(&ebb__alloc_module.phase, st ? EBB__AL_DOWN : EBB__AL_UP, memory_order_release);
   return st;
 }
 
@@ -300,12 +300,12 @@ ebb_status ebb__alloc_enter(const char *fn) {
   return ebb__alloc_enter_slow(fn);
 }
 
-static ebb_status ebb__alloc_module_start(void) { return ebb__alloc_enter("ebb_init"); }
-static void ebb__alloc_module_stop(void) { ebb__alloc_teardown(NULL); }
+static ebb_status alloc_module_start(void) { return ebb__alloc_enter("ebb_init"); }
+static void alloc_module_stop(void) { alloc_teardown(NULL); }
 
 /* Blocks handed out and not freed, per pool. Kinds name the pool ("blocks of the device 0
  * arena"); their strings are static. */
-static int ebb__alloc_count(ebb__live_count *out, int max) {
+static int module_alloc_count(ebb__live_count *out, int max) {
   static const char *const dev_kinds[EBB_MAX_DEVICES] = {
     "blocks of the device 0 arena", "blocks of the device 1 arena", "blocks of the device 2 arena",
     "blocks of the device 3 arena", "blocks of the device 4 arena", "blocks of the device 5 arena",
@@ -315,9 +315,9 @@ static int ebb__alloc_count(ebb__live_count *out, int max) {
     "blocks of the device 15 arena"};
   if (!ebb__alloc_up()) return 0;
   int n = 0;
-  for (int i = 0; i < ebb__al.ndev && n < max; i++) {
+  for (int i = 0; i < ebb__alloc_module.ndev && n < max; i++) {
     ebb_arena_stats s;
-    ebb__arena_get_stats(&ebb__al.dev[i], &s);
+    ebb__arena_get_stats(&ebb__alloc_module.dev[i], &s);
     out[n++] = (ebb__live_count){dev_kinds[i], (long)(s.alloc_count - s.free_count)};
   }
   long pinned = 0, host = 0;
@@ -338,16 +338,16 @@ const ebb__module_desc ebb__module_alloc = {
   .layer = EBB__LAYER_ALLOC,
   .vars = ebb__alloc_vars,
   .nvars = (int)EBB_ARRAY_LEN(ebb__alloc_vars),
-  .start = ebb__alloc_module_start,
-  .stop = ebb__alloc_module_stop,
-  .count = ebb__alloc_count,
+  .start = alloc_module_start,
+  .stop = alloc_module_stop,
+  .count = module_alloc_count,
 };
 
 /* ---- stream references --------------------------------------------------------------------- */
 
 /* The stream an allocation or a use is for, validated, with its id and device: the message of
  * a bad one is that of ebb_stream_get_info, prefixed with `fn`. */
-static ebb_status ebb__stream_ref_slow(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
+static ebb_status stream_ref_slow(const char *fn, ebb_stream_t *s, struct ebb__stream_ref *out) {
   ebb_stream_info info;
   ebb_status st = ebb_stream_get_info(s, &info);
   if (st) {
@@ -368,5 +368,5 @@ ebb_status ebb__stream_ref(const char *fn, ebb_stream_t *s, struct ebb__stream_r
     out->s = s;
     return EBB_OK;
   }
-  return ebb__stream_ref_slow(fn, s, out);
+  return stream_ref_slow(fn, s, out);
 }

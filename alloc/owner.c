@@ -31,14 +31,14 @@ static struct {
   size_t used;
 } ebb__names = {.mu = {PTHREAD_MUTEX_INITIALIZER, "owner-names", EBB_RANK_LEAF}};
 
-static uint64_t ebb__hash(const char *s, size_t n) {
+static uint64_t owner_hash(const char *s, size_t n) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
   return h;
 }
 
 /* Copies n bytes + NUL into chunk memory. Lock held. NULL when out of host memory. */
-static const char *ebb__name_store(const char *s, size_t n) {
+static const char *name_store(const char *s, size_t n) {
   if (!ebb__names.chunk || ebb__names.used + n + 1 > EBB__NAME_CHUNK) {
     char *c = malloc(EBB__NAME_CHUNK);
     if (!c) return NULL;
@@ -54,14 +54,14 @@ static const char *ebb__name_store(const char *s, size_t n) {
 }
 
 /* Lock held. Doubles the table (load factor <= 1/2). */
-static bool ebb__names_grow(void) {
+static bool names_grow(void) {
   size_t nc = ebb__names.cap ? ebb__names.cap * 2 : 256;
   const char **ns = calloc(nc, sizeof *ns);
   if (!ns) return false;
   for (size_t i = 0; i < ebb__names.cap; i++) {
     const char *e = ebb__names.slot[i];
     if (!e) continue;
-    size_t j = ebb__hash(e, strlen(e)) & (nc - 1);
+    size_t j = owner_hash(e, strlen(e)) & (nc - 1);
     while (ns[j]) j = (j + 1) & (nc - 1);
     ns[j] = e;
   }
@@ -71,7 +71,7 @@ static bool ebb__names_grow(void) {
   return true;
 }
 
-static ebb_status ebb__intern_locked(const char *fn, const char *name, size_t n, const char **out);
+static ebb_status intern_locked(const char *fn, const char *name, size_t n, const char **out);
 
 /* A thread's recently interned names, keyed by the caller's pointer and checked by content (the
  * caller's buffer may hold another name since): autograd pushes a scope per backward node with
@@ -92,7 +92,7 @@ ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **
     *out = hit;
     return EBB_OK;
   }
-  ebb_status st = ebb__intern_locked(fn, name, n, out);
+  ebb_status st = intern_locked(fn, name, n, out);
   if (!st) {
     ebb__name_cache[ci].key = name;
     ebb__name_cache[ci].interned = *out;
@@ -100,8 +100,8 @@ ebb_status ebb__intern(const char *fn, const char *name, size_t n, const char **
   return st;
 }
 
-static ebb_status ebb__intern_locked(const char *fn, const char *name, size_t n, const char **out) {
-  uint64_t h = ebb__hash(name, n);
+static ebb_status intern_locked(const char *fn, const char *name, size_t n, const char **out) {
+  uint64_t h = owner_hash(name, n);
   ebb__mutex_lock(&ebb__names.mu);
   if (ebb__names.cap) {
     for (size_t j = h & (ebb__names.cap - 1);; j = (j + 1) & (ebb__names.cap - 1)) {
@@ -122,7 +122,7 @@ static ebb_status ebb__intern_locked(const char *fn, const char *name, size_t n,
                      fn, EBB__NAMES_MAX);
   }
   const char *d = NULL;
-  if ((ebb__names.count + 1) * 2 <= ebb__names.cap || ebb__names_grow()) d = ebb__name_store(name, n);
+  if ((ebb__names.count + 1) * 2 <= ebb__names.cap || names_grow()) d = name_store(name, n);
   if (!d) {
     ebb__mutex_unlock(&ebb__names.mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory to intern the owner name '%.*s'", fn, (int)n, name);
@@ -141,7 +141,7 @@ static ebb_status ebb__intern_locked(const char *fn, const char *name, size_t n,
 /* The owner stack (arena_impl.h): one thread-local object, not two, since each reaches the
  * thread's TLS block through its own descriptor call (libebb may be dlopen'ed: no initial-exec
  * model); `top` mirrors stack[depth - 1] ({OTHER, ""} at depth 0) for ebb__owner_current. */
-_Thread_local struct ebb__owner_tls ebb__os = {0, {"", EBB_OWNER_OTHER}, {{NULL, 0}}};
+_Thread_local struct ebb__owner_tls ebb__owner_stack = {0, {"", EBB_OWNER_OTHER}, {{NULL, 0}}};
 
 static const char *const ebb__cat_names[EBB_OWNER_CAT_COUNT] = {
     "other", "parameter", "gradient", "saved", "activation", "optimizer", "staging", "backward",
@@ -152,7 +152,7 @@ const char *ebb_owner_cat_name(ebb_owner_cat cat) {
 }
 
 /* The checks of an owner (cat, name) a public call `fn` was given; *n: the name's length. */
-static ebb_status ebb__owner_check(const char *fn, ebb_owner_cat cat, const char *name, size_t *n) {
+static ebb_status owner_check(const char *fn, ebb_owner_cat cat, const char *name, size_t *n) {
   if ((unsigned)cat >= EBB_OWNER_CAT_COUNT)
     return ebb__fail(EBB_EINVAL, "%s: category %d is not an ebb_owner_cat; expected 0 <= cat < %d", fn, (int)cat,
                      EBB_OWNER_CAT_COUNT);
@@ -167,19 +167,19 @@ static ebb_status ebb__owner_check(const char *fn, ebb_owner_cat cat, const char
 ebb_status ebb_alloc_owner_push(ebb_owner_cat cat, const char *name) {
   static const char fn[] = "ebb_alloc_owner_push";
   size_t n = 0;
-  ebb_status st = ebb__owner_check(fn, cat, name, &n);
+  ebb_status st = owner_check(fn, cat, name, &n);
   if (st) return st;
-  if (ebb__os.depth == EBB_OWNER_MAX_DEPTH)
+  if (ebb__owner_stack.depth == EBB_OWNER_MAX_DEPTH)
     return ebb__fail(EBB_ELIMIT, "%s: this thread already holds %d owner scopes (the maximum), innermost %s/%s; expected "
                      "an ebb_alloc_owner_pop for every push",
-                     fn, EBB_OWNER_MAX_DEPTH, ebb__cat_names[ebb__os.stack[ebb__os.depth - 1].cat],
-                     ebb__os.stack[ebb__os.depth - 1].name);
+                     fn, EBB_OWNER_MAX_DEPTH, ebb__cat_names[ebb__owner_stack.stack[ebb__owner_stack.depth - 1].cat],
+                     ebb__owner_stack.stack[ebb__owner_stack.depth - 1].name);
   const char *in = NULL;
   if ((st = ebb__intern(fn, name, n, &in))) return st;
-  ebb__os.stack[ebb__os.depth].name = in;
-  ebb__os.stack[ebb__os.depth].cat = (uint8_t)cat;
-  ebb__os.top = ebb__os.stack[ebb__os.depth];
-  ebb__os.depth++;
+  ebb__owner_stack.stack[ebb__owner_stack.depth].name = in;
+  ebb__owner_stack.stack[ebb__owner_stack.depth].cat = (uint8_t)cat;
+  ebb__owner_stack.top = ebb__owner_stack.stack[ebb__owner_stack.depth];
+  ebb__owner_stack.depth++;
   return EBB_OK;
 }
 
@@ -192,29 +192,29 @@ ebb_status ebb__alloc_intern(const char *fn, const char *name, const char **out)
 }
 
 bool ebb__alloc_owner_push_interned(ebb_owner_cat cat, const char *interned) {
-  if (ebb__os.depth == EBB_OWNER_MAX_DEPTH) return false;
-  ebb__os.stack[ebb__os.depth].name = interned;
-  ebb__os.stack[ebb__os.depth].cat = (uint8_t)cat;
-  ebb__os.top = ebb__os.stack[ebb__os.depth];
-  ebb__os.depth++;
+  if (ebb__owner_stack.depth == EBB_OWNER_MAX_DEPTH) return false;
+  ebb__owner_stack.stack[ebb__owner_stack.depth].name = interned;
+  ebb__owner_stack.stack[ebb__owner_stack.depth].cat = (uint8_t)cat;
+  ebb__owner_stack.top = ebb__owner_stack.stack[ebb__owner_stack.depth];
+  ebb__owner_stack.depth++;
   return true;
 }
 
 /* Checks shared by the block-owner calls; the name interned into *in when setting. */
-static ebb_status ebb__block_owner_args(const char *fn, const void *ptr, bool set, ebb_owner_cat cat, const char *name,
+static ebb_status block_owner_args(const char *fn, const void *ptr, bool set, ebb_owner_cat cat, const char *name,
                                         const char **in) {
   ebb_status st = ebb__alloc_enter(fn);
   if (st) return st;
   if (!ptr) return ebb__fail(EBB_EINVAL, "%s: ptr is NULL; expected the start of a live block", fn);
   if (!set) return EBB_OK;
   size_t n = 0;
-  if ((st = ebb__owner_check(fn, cat, name, &n))) return st;
+  if ((st = owner_check(fn, cat, name, &n))) return st;
   return ebb__intern(fn, name, n, in);
 }
 
 ebb_status ebb_alloc_block_owner(const void *ptr, ebb_owner_cat *cat, const char **name) {
   static const char fn[] = "ebb_alloc_block_owner";
-  ebb_status st = ebb__block_owner_args(fn, ptr, false, EBB_OWNER_OTHER, NULL, NULL);
+  ebb_status st = block_owner_args(fn, ptr, false, EBB_OWNER_OTHER, NULL, NULL);
   if (st) return st;
   if (!cat) return ebb__fail(EBB_EINVAL, "%s: cat is NULL; expected an ebb_owner_cat to fill", fn);
   return ebb__arena_owner(fn, ptr, false, 0, NULL, cat, name);
@@ -224,17 +224,17 @@ ebb_status ebb_alloc_block_set_owner(void *ptr, ebb_owner_cat cat, const char *n
                                      const char **old_name) {
   static const char fn[] = "ebb_alloc_block_set_owner";
   const char *in = NULL;
-  ebb_status st = ebb__block_owner_args(fn, ptr, true, cat, name, &in);
+  ebb_status st = block_owner_args(fn, ptr, true, cat, name, &in);
   if (st) return st;
   return ebb__arena_owner(fn, ptr, true, (uint8_t)cat, in, old_cat, old_name);
 }
 
 ebb_status ebb_alloc_owner_pop(void) {
-  if (ebb__os.depth == 0)
+  if (ebb__owner_stack.depth == 0)
     return ebb__fail(EBB_ESTATE, "ebb_alloc_owner_pop: this thread has no owner scope open; expected a matching "
                                  "ebb_alloc_owner_push before");
-  ebb__os.depth--;
-  ebb__os.top = ebb__os.depth ? ebb__os.stack[ebb__os.depth - 1] : (struct ebb__owner){"", EBB_OWNER_OTHER};
+  ebb__owner_stack.depth--;
+  ebb__owner_stack.top = ebb__owner_stack.depth ? ebb__owner_stack.stack[ebb__owner_stack.depth - 1] : (struct ebb__owner){"", EBB_OWNER_OTHER};
   return EBB_OK;
 }
 

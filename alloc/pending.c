@@ -60,7 +60,7 @@ void ebb__ev_destroy(ebb_event_t *e) {
 }
 
 /* Moves queue *src to *dst: the list's sentinel moves, so its ends are pointed at the new one. */
-static void ebb__evq_move(struct ebb__evq *dst, const struct ebb__evq *src) {
+static void evq_move(struct ebb__evq *dst, const struct ebb__evq *src) {
   dst->stream_id = src->stream_id;
   if (ebb_list_empty(&src->q)) {
     ebb_list_init(&dst->q);
@@ -80,7 +80,7 @@ struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id) {
     size_t k = 0;
     for (size_t i = 0; i < a->nevqs; i++)
       if (!ebb_list_empty(&a->evqs[i].q)) {
-        if (k != i) ebb__evq_move(&a->evqs[k], &a->evqs[i]);
+        if (k != i) evq_move(&a->evqs[k], &a->evqs[i]);
         k++;
       }
     a->nevqs = k;
@@ -89,7 +89,7 @@ struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id) {
     size_t nc = a->capevqs ? a->capevqs * 2 : 8;
     struct ebb__evq *nq = malloc(nc * sizeof *nq);
     if (!nq) return NULL;
-    for (size_t i = 0; i < a->nevqs; i++) ebb__evq_move(&nq[i], &a->evqs[i]);
+    for (size_t i = 0; i < a->nevqs; i++) evq_move(&nq[i], &a->evqs[i]);
     free(a->evqs);
     a->evqs = nq;
     a->capevqs = nc;
@@ -102,7 +102,7 @@ struct ebb__evq *ebb__evq_get(struct ebb__arena *a, uint64_t stream_id) {
 
 /* One pend entry done: its event goes back to the cache, its block to the free index when it
  * was the last. Returns an event the cache could not take (to release with the lock dropped). */
-static ebb_event_t *ebb__pend_done(struct ebb__arena *a, struct ebb__pend *p) {
+static ebb_event_t *pend_done(struct ebb__arena *a, struct ebb__pend *p) {
   ebb_list_remove(&p->node);
   a->npending--;
   struct ebb__block *b = p->b;
@@ -132,7 +132,7 @@ void ebb__poll_pending(struct ebb__arena *a) {
       ebb_status qst = ebb_event_query(p->ev, &done);
       ebb__fail_mute(false);
       if (qst != EBB_OK || !done) break;
-      ebb_event_t *orphan = ebb__pend_done(a, p);
+      ebb_event_t *orphan = pend_done(a, p);
       if (orphan) {
         /* Cache growth failed: release it outside the lock (rank order). */
         ebb__unlock(&a->mu);
@@ -170,7 +170,7 @@ void ebb__sync_pending(struct ebb__arena *a) {
 
 /* Records ev after the work issued so far to the stream that used a block: on the stream while
  * it is the live stream it was, else after the event its release recorded. Lock not held. */
-static ebb_status ebb__record_use(ebb_event_t *ev, const struct ebb__stream_ref *u) {
+static ebb_status record_use(ebb_event_t *ev, const struct ebb__stream_ref *u) {
   ebb_status st = ebb__event_record_live(ev, u->s, u->id); /* (its owner may release it meanwhile) */
   if (st != EBB_EFREED) return st;
   return ebb__event_record_released(ev, u->device, u->id);
@@ -190,7 +190,7 @@ ebb_status ebb__uses_grow(struct ebb__stream_ref **uses, uint16_t *ucap, const c
 
 /* Whether use u no longer matters to a free: its stream was released and all the work issued
  * to it is done (the release's event completed), so a free would wait for nothing. */
-static bool ebb__use_retired(const struct ebb__stream_ref *u) {
+static bool use_retired(const struct ebb__stream_ref *u) {
   if (ebb__ref_live(u)) return false; /* (stream slots are reused, ids never) */
   return ebb__stream_released_done(u->device, u->id);
 }
@@ -202,7 +202,7 @@ ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **uses, uint16_t
   if (*n == *cap) { /* full: drop the uses of released streams whose work is done first */
     uint16_t kept = 0;
     for (uint32_t i = 0; i < *n; i++)
-      if (!ebb__use_retired(&(*uses)[i])) (*uses)[kept++] = (*uses)[i];
+      if (!use_retired(&(*uses)[i])) (*uses)[kept++] = (*uses)[i];
     *n = kept;
   }
   if (*n == *cap) {
@@ -232,7 +232,7 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
   for (uint32_t i = 0; i < n; i++) {
     const struct ebb__stream_ref *u = &uses[i];
     ebb_status st = evs[i] ? EBB_OK : ebb__ev_create(u->device, &evs[i]);
-    if (!st) st = ebb__record_use(evs[i], u);
+    if (!st) st = record_use(evs[i], u);
     if (st) {
       /* No event could capture the using stream's work (no host memory, a failed device):
        * wait for its device now. */

@@ -23,17 +23,17 @@
 
 /* Free slots are inactive_split: free memory inside a split piece (the slab), which no other
  * size can use until the whole slab is empty and goes back to the engine. */
-static inline void ebb__stat_add_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
+static inline void stat_add_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
   ebb__stat_add(&s->inactive_split, n);
   ebb__stat_add(&s->inactive_split_bytes, bytes);
 }
 
-static inline void ebb__stat_sub_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
+static inline void stat_sub_slab(ebb_arena_stats *s, uint64_t n, uint64_t bytes) {
   ebb__stat_sub(&s->inactive_split, n);
   ebb__stat_sub(&s->inactive_split_bytes, bytes);
 }
 
-static inline void ebb__stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_t requested) {
+static inline void stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_t requested) {
   ebb__stat_add(&s->allocated_bytes, slot);
   ebb__stat_add(&s->active_bytes, slot);
   ebb__stat_add(&s->requested_bytes, requested);
@@ -43,7 +43,7 @@ static inline void ebb__stat_add_live(ebb_arena_stats *s, uint64_t slot, uint64_
 
 #define EBB__SLAB_CHUNK 64
 
-static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
+static struct ebb__slab *slab_rec_new(struct ebb__arena *a) {
   struct ebb_list *n = ebb_list_pop_head(&a->slab_spare);
   if (!n) {
     struct ebb__slab *c = ebb__chunk_new(&a->slab_chunks, &a->nslab_chunks, &a->capslab_chunks, 8, _Alignof(struct ebb__slab),
@@ -59,7 +59,7 @@ static struct ebb__slab *ebb__slab_rec_new(struct ebb__arena *a) {
   return ebb_container_of(n, struct ebb__slab, node);
 }
 
-static struct ebb__slab_cls *ebb__cls_of(struct ebb__slab *sl) { return &sl->spool->slab_cls[sl->cls]; }
+static struct ebb__slab_cls *cls_of(struct ebb__slab *sl) { return &sl->spool->slab_cls[sl->cls]; }
 
 /* Slots per slab for slot size r: about EBB__SLAB_TARGET bytes, at least 2 slots, whatever the
  * class already holds. Slabs that grew with their class (2x, then 4x from the third) kept fewer
@@ -67,7 +67,7 @@ static struct ebb__slab_cls *ebb__cls_of(struct ebb__slab *sl) { return &sl->spo
  * 50 classes in use (real_gru_packed, sequence lengths that differ per sample) 14 MiB of free
  * slots stood at the reserved peak, 1.250 of the peak requested against 1.170 this way
  * (perf/JOURNAL.md, "Placement on traces it was not tuned on"). */
-static uint32_t ebb__slab_nslots(size_t r) {
+static uint32_t slab_nslots(size_t r) {
   size_t n = EBB__SLAB_TARGET / r;
   if (n < 2) n = 2;
   if (n > EBB__SLAB_MAX_SLOTS) n = EBB__SLAB_MAX_SLOTS;
@@ -75,28 +75,28 @@ static uint32_t ebb__slab_nslots(size_t r) {
 }
 
 /* The slot of sl holding addr (sl->addr <= addr < its end). */
-static inline unsigned ebb__slot_index(const struct ebb__slab *sl, uint64_t addr) {
+static inline unsigned slot_index(const struct ebb__slab *sl, uint64_t addr) {
   return (unsigned)((((addr - sl->addr) >> 9) * sl->inv) >> 32);
 }
 
 /* Slab sl enters or leaves its class's cached empty slabs (k->nempty), counted in its segment
  * too (ebb__slab_unpin). Lock held. */
-static inline void ebb__cached_inc(struct ebb__slab_cls *k, struct ebb__slab *sl) {
+static inline void cached_inc(struct ebb__slab_cls *k, struct ebb__slab *sl) {
   k->nempty++;
   sl->b->seg->ncached++;
 }
-static inline void ebb__cached_dec(struct ebb__slab_cls *k, struct ebb__slab *sl) {
+static inline void cached_dec(struct ebb__slab_cls *k, struct ebb__slab *sl) {
   k->nempty--;
   sl->b->seg->ncached--;
 }
 
 /* Makes block b (state EBB__B_CARVED) a live slab of n slots of r bytes on spool sp, entered in
  * the map and its class list. NULL: no host memory (b untouched). Lock held. */
-static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool *sp, struct ebb__block *b, size_t r,
+static struct ebb__slab *slab_make(struct ebb__arena *a, struct ebb__spool *sp, struct ebb__block *b, size_t r,
                                         uint32_t n) {
   if (b->addr >> 48 || b->addr + b->size > ((uint64_t)1 << 48) || b->addr % EBB__MIN_BLOCK)
     return NULL; /* outside the map, or not in its 512-byte units (segments are page-aligned) */
-  struct ebb__slab *sl = ebb__slab_rec_new(a);
+  struct ebb__slab *sl = slab_rec_new(a);
   if (!sl) return NULL;
   if (sl->cap < n) {
     /* The old slot records go, with their use arrays. */
@@ -139,17 +139,17 @@ static struct ebb__slab *ebb__slab_make(struct ebb__arena *a, struct ebb__spool 
   sl->live = 1;
   b->slab = sl;
   b->state = EBB__B_SLAB;
-  struct ebb__slab_cls *k = ebb__cls_of(sl);
+  struct ebb__slab_cls *k = cls_of(sl);
   ebb_list_insert_tail(&k->slabs, &sl->node);
-  ebb__cached_inc(k, sl);
+  cached_inc(k, sl);
   return sl;
 }
 
 /* Empty slab sl (out of its class list) goes back to the engine; its record to the spare list.
  * Lock held. */
-static void ebb__slab_drop(struct ebb__arena *a, struct ebb__slab *sl) {
+static void slab_drop(struct ebb__arena *a, struct ebb__slab *sl) {
   EBB_ASSERT(sl->nfree == sl->nslots && !sl->npend);
-  ebb__stat_sub_slab(&a->c.s, sl->nslots, ebb__slab_bytes(sl));
+  stat_sub_slab(&a->c.s, sl->nslots, ebb__slab_bytes(sl));
   ebb__amap_slab_set(sl, false);
   sl->live = 0;
   ebb__arena_put_slab_block(a, sl->b);
@@ -168,8 +168,8 @@ void ebb__slab_release_empty(struct ebb__arena *a) {
         struct ebb__slab *sl = ebb_container_of(k->slabs.prev, struct ebb__slab, node);
         EBB_ASSERT(sl->nfree == sl->nslots);
         ebb_list_remove(&sl->node);
-        ebb__cached_dec(k, sl);
-        ebb__slab_drop(a, sl);
+        cached_dec(k, sl);
+        slab_drop(a, sl);
       }
     }
   }
@@ -179,13 +179,13 @@ void ebb__slab_release_empty(struct ebb__arena *a) {
 
 /* The lowest free slot of sl (which has one) for a request of `bytes`; fresh: sl was just made,
  * and its slots are not yet counted. Lock held. */
-static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_t bytes, bool fresh) {
+static uint64_t slab_slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_t bytes, bool fresh) {
   unsigned w = 0;
   while (!sl->bits[w]) w++;
   unsigned i = w * 64 + (unsigned)__builtin_ctzll(sl->bits[w]);
   sl->bits[w] &= sl->bits[w] - 1;
-  struct ebb__slab_cls *k = ebb__cls_of(sl);
-  if (sl->nfree-- == sl->nslots) ebb__cached_dec(k, sl);
+  struct ebb__slab_cls *k = cls_of(sl);
+  if (sl->nfree-- == sl->nslots) cached_dec(k, sl);
   if (!sl->nfree) {
     /* Full: off the class list until a slot comes back. */
     ebb_list_remove(&sl->node);
@@ -200,9 +200,9 @@ static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_
   ebb_arena_stats *s = &a->c.s;
   /* A new slab's other slots are free memory held by a split piece (inactive_split), counted
    * net of the slot taken: no peak above the value this call leaves. */
-  if (EBB_UNLIKELY(fresh)) ebb__stat_add_slab(s, sl->nslots - 1u, (uint64_t)(sl->nslots - 1u) * sl->slot);
-  else ebb__stat_sub_slab(s, 1, sl->slot);
-  ebb__stat_add_live(s, sl->slot, bytes);
+  if (EBB_UNLIKELY(fresh)) stat_add_slab(s, sl->nslots - 1u, (uint64_t)(sl->nslots - 1u) * sl->slot);
+  else stat_sub_slab(s, 1, sl->slot);
+  stat_add_live(s, sl->slot, bytes);
   s->alloc_count++;
   return addr;
 }
@@ -210,7 +210,7 @@ static uint64_t ebb__slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_
 /* Slot i's uses are over: it is free for its stream at once. An empty slab stays cached (at
  * most EBB__SLAB_EMPTY_CACHE per stream and class) or goes back to the engine. recorded: the
  * caller recorded FREE_COMPLETED with the request (ebb__hist_rec_free_pair). Lock held. */
-static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsigned i, bool recorded) {
+static void slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsigned i, bool recorded) {
   struct ebb__slot *t = &sl->slots[i];
   uint64_t addr = sl->addr + (uint64_t)i * sl->slot;
   if (!recorded)
@@ -220,9 +220,9 @@ static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsign
   t->state = EBB__B_FREE;
   t->requested = 0;
   ebb__stat_sub(&a->c.s.active_bytes, sl->slot);
-  ebb__stat_add_slab(&a->c.s, 1, sl->slot);
+  stat_add_slab(&a->c.s, 1, sl->slot);
   sl->bits[i / 64] |= 1ull << (i % 64);
-  struct ebb__slab_cls *k = ebb__cls_of(sl);
+  struct ebb__slab_cls *k = cls_of(sl);
   /* Partly used slabs stay ahead of empty ones, so allocation fills them first and empties
    * drain to the tail, where they are cached or given back. */
   if (!sl->nfree++) ebb_list_insert_head(&k->slabs, &sl->node);
@@ -234,10 +234,10 @@ static void ebb__slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsign
     bool sticky = false;
     if (k->nempty < EBB__SLAB_EMPTY_CACHE) {
       ebb_list_insert_tail(&k->slabs, &sl->node);
-      ebb__cached_inc(k, sl);
+      cached_inc(k, sl);
       sticky = sl->sticky;
     } else {
-      ebb__slab_drop(a, sl);
+      slab_drop(a, sl);
     }
     if (EBB_UNLIKELY(g->ncached) && g->nfree + g->ncached == g->nblocks) {
       if (sticky) {
@@ -259,8 +259,8 @@ void ebb__slab_unpin(struct ebb__arena *a, struct ebb__segment *g) {
     if (!b) break; /* (ncached counts exactly these: the debug walk checks it) */
     struct ebb__slab *sl = b->slab;
     ebb_list_remove(&sl->node);
-    ebb__cached_dec(ebb__cls_of(sl), sl);
-    ebb__slab_drop(a, sl);
+    cached_dec(cls_of(sl), sl);
+    slab_drop(a, sl);
   }
 }
 
@@ -269,7 +269,7 @@ void ebb__slab_unpin(struct ebb__arena *a, struct ebb__segment *g) {
  * staging buffer, a scalar) then made and dropped its slab every time: 4 KiB pinned pairs went
  * from 122 to 200-340 ns. So a slab made for the very next allocation after its class's slab
  * (same stream) was given back is sticky: when it empties, its segment joins a->unpin_due and
- * the slab stays cached until an allocation of anything else (ebb__alloc_impl, or
+ * the slab stays cached until an allocation of anything else (alloc_impl in arena.c, or
  * ebb__slab_alloc reusing another slab) gives it back. Only such slabs wait: deferring every
  * emptied slab to the next allocation that is not its own reuse left slabs where a step's last
  * frees emptied them, and the next step's blocks fitted around them (arena bench, 18 sequences
@@ -284,7 +284,7 @@ void ebb__slab_pend_done(struct ebb__arena *a, struct ebb__slab *sl, uint32_t sl
   EBB_ASSERT(sl->slots[slot].state == EBB__B_PENDING && sl->ext && sl->ext[slot].event_count > 0);
   if (--sl->ext[slot].event_count) return;
   sl->npend--;
-  ebb__slot_release(a, sl, slot, false);
+  slot_release(a, sl, slot, false);
 }
 
 ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s, void **out) {
@@ -316,7 +316,7 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
       ebb__unpin_due(a);
     }
     a->c.s.cache_hits++;
-    *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes, false);
+    *out = (void *)(uintptr_t)slab_slot_take(a, sl, bytes, false);
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
@@ -329,14 +329,14 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     if (!ok || !ok->nempty) continue;
     struct ebb__slab *e = ebb_container_of(ok->slabs.prev, struct ebb__slab, node);
     ebb_list_remove(&e->node);
-    ebb__cached_dec(ok, e);
+    cached_dec(ok, e);
     struct ebb__segment *g = e->b->seg;
-    ebb__slab_drop(a, e);
+    slab_drop(a, e);
     ebb__seg_unpin_check(a, g);
     break;
   }
-  uint32_t n = ebb__slab_nslots(r);
-  sp->nmaking++; /* sp stays while the lock is dropped (ebb__spool_reap) */
+  uint32_t n = slab_nslots(r);
+  sp->nmaking++; /* sp stays while the lock is dropped (spool_reap, fidx.c) */
   ebb__unlock(&a->mu);
   /* A new slab: the engine carves its block with the lock its own (it may drop it to grow or to
    * order a stolen block); the block is ours alone until it is entered in the map. */
@@ -348,20 +348,20 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
     ebb__unlock(&a->mu);
     return ebb__arena_alloc_block(a, bytes, s, out);
   }
-  struct ebb__slab *sl = ebb__slab_make(a, sp, b, r, n);
+  struct ebb__slab *sl = slab_make(a, sp, b, r, n);
   if (!sl) {
     ebb__arena_put_slab_block(a, b);
     ebb__unlock(&a->mu);
     return ebb__arena_alloc_block(a, bytes, s, out);
   }
-  *out = (void *)(uintptr_t)ebb__slot_take(a, sl, bytes, true);
+  *out = (void *)(uintptr_t)slab_slot_take(a, sl, bytes, true);
   /* Partly used now: ahead of the empty slabs. Other threads may have added slabs of this class
-   * while the lock was dropped, so the tail where ebb__slab_make put it can be behind empty
+   * while the lock was dropped, so the tail where slab_make put it can be behind empty
    * ones; there it would break the order that lets the empty-slab cache and empty_cache take
    * empty slabs from the tail (and drop a slab with live slots). */
   if (sl->nfree) {
     ebb_list_remove(&sl->node);
-    ebb_list_insert_head(&ebb__cls_of(sl)->slabs, &sl->node);
+    ebb_list_insert_head(&cls_of(sl)->slabs, &sl->node);
   }
   ebb__unlock(&a->mu);
   return EBB_OK;
@@ -371,7 +371,7 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
 
 /* Why addr in slot i of sl is not a live slot of `kind`, as ebb__arena_free words it for
  * blocks. Unlocks. */
-static ebb_status ebb__slot_bad(const char *fn, struct ebb__slab *sl, unsigned i, uint64_t addr,
+static ebb_status slot_bad(const char *fn, struct ebb__slab *sl, unsigned i, uint64_t addr,
                                 enum ebb__memkind kind, bool is_free) {
   struct ebb__arena *a = sl->arena;
   const struct ebb__slot *t = &sl->slots[i];
@@ -391,21 +391,21 @@ static ebb_status ebb__slot_bad(const char *fn, struct ebb__slab *sl, unsigned i
  * slot is PENDING until they complete (ebb__slab_pend_done). FREEING keeps every other call off
  * it meanwhile (a second free finds it not ALLOC; its slab cannot empty). Lock held on entry,
  * dropped on return. */
-static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, unsigned i) {
-  struct ebb__slot *st = &sl->slots[i];
+static ebb_status slot_defer(struct ebb__arena *a, struct ebb__slab *sl, unsigned i) {
+  struct ebb__slot *slot = &sl->slots[i];
   struct ebb__slot_ext *t = &sl->ext[i];
-  st->state = EBB__B_FREEING;
+  slot->state = EBB__B_FREEING;
   sl->npend++;
   uint32_t n = t->nuses;
   ebb_event_t *small[EBB__SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
   ebb__uses_record(a, t->uses, n, evs); /* the slot's use array is ours while FREEING */
-  st->state = EBB__B_PENDING;
+  slot->state = EBB__B_PENDING;
   t->event_count = 0;
   ebb__uses_queue(a, t->uses, n, evs, NULL, sl, i, &t->event_count);
   t->nuses = 0;
   if (!t->event_count) {
     sl->npend--;
-    ebb__slot_release(a, sl, i, false);
+    slot_release(a, sl, i, false);
   }
   ebb__unlock(&a->mu);
   if (evs != small) free(evs);
@@ -414,10 +414,10 @@ static ebb_status ebb__slot_defer(struct ebb__arena *a, struct ebb__slab *sl, un
 
 ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind) {
   struct ebb__arena *a = sl->arena;
-  unsigned i = ebb__slot_index(sl, addr);
+  unsigned i = slot_index(sl, addr);
   struct ebb__slot *t = &sl->slots[i];
   if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
-    return ebb__slot_bad(fn, sl, i, addr, kind, true);
+    return slot_bad(fn, sl, i, addr, kind, true);
   ebb_arena_stats *s = &a->c.s;
   ebb__stat_sub(&s->allocated_bytes, sl->slot);
   ebb__stat_sub(&s->requested_bytes, t->requested);
@@ -425,20 +425,20 @@ ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, e
   if (EBB_LIKELY(!sl->ext || !sl->ext[i].nuses)) {
     /* No other stream used it: the free completes now, both entries at the request's time. */
     ebb__hist_rec_free_pair(a, addr, sl->slot, t->requested, sl->spool->stream.id, t->owner_cat, t->owner);
-    ebb__slot_release(a, sl, i, true);
+    slot_release(a, sl, i, true);
     ebb__unlock(&a->mu);
     return EBB_OK;
   }
   ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, addr, sl->slot, t->requested, sl->spool->stream.id, t->owner_cat, t->owner);
-  return ebb__slot_defer(a, sl, i);
+  return slot_defer(a, sl, i);
 }
 
 ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr, const struct ebb__stream_ref *s,
                             enum ebb__memkind kind) {
   struct ebb__arena *a = sl->arena;
-  unsigned i = ebb__slot_index(sl, addr);
+  unsigned i = slot_index(sl, addr);
   if (EBB_UNLIKELY(sl->slots[i].state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot || a->up->kind != kind))
-    return ebb__slot_bad(fn, sl, i, addr, kind, false);
+    return slot_bad(fn, sl, i, addr, kind, false);
   if (s->id == sl->spool->stream.id) {
     ebb__unlock(&a->mu);
     return EBB_OK;
@@ -457,7 +457,7 @@ ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
 ebb_status ebb__slab_owner(const char *fn, struct ebb__slab *sl, uint64_t addr, bool set, uint8_t cat, const char *name,
                            ebb_owner_cat *old_cat, const char **old_name) {
   struct ebb__arena *a = sl->arena;
-  unsigned i = ebb__slot_index(sl, addr);
+  unsigned i = slot_index(sl, addr);
   struct ebb__slot *t = &sl->slots[i];
   if (EBB_UNLIKELY(t->state != EBB__B_ALLOC || addr != sl->addr + (uint64_t)i * sl->slot)) {
     bool inside = t->state == EBB__B_ALLOC;
@@ -478,7 +478,7 @@ ebb_status ebb__slab_owner(const char *fn, struct ebb__slab *sl, uint64_t addr, 
 ebb_status ebb__slab_copy_use(const char *fn, struct ebb__slab *sl, uint64_t addr, size_t bytes, bool is_dst,
                               const struct ebb__stream_ref *s) {
   struct ebb__arena *a = sl->arena;
-  unsigned i = ebb__slot_index(sl, addr);
+  unsigned i = slot_index(sl, addr);
   uint64_t start = sl->addr + (uint64_t)i * sl->slot;
   if (sl->slots[i].state != EBB__B_ALLOC) { /* free memory of the slab: not a block's */
     ebb__unlock(&a->mu);

@@ -27,7 +27,7 @@ struct ebb__oagg {
   bool used;
 };
 
-static void ebb__oagg_add(struct ebb__oagg *t, size_t tcap, const char *owner, uint8_t cat, uint64_t bytes) {
+static void oagg_add(struct ebb__oagg *t, size_t tcap, const char *owner, uint8_t cat, uint64_t bytes) {
   const char *nm = owner ? owner : "";
   size_t j = (size_t)(((uintptr_t)nm >> 3) * 31 + cat) & (tcap - 1);
   while (t[j].used && (t[j].name != nm || t[j].cat != cat)) j = (j + 1) & (tcap - 1);
@@ -56,7 +56,7 @@ void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap) {
     const struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     struct ebb__piece p;
     for (struct ebb__piece_iter it = ebb__pieces(g); ebb__piece_next(&it, &p);)
-      if (p.state == EBB__B_ALLOC) ebb__oagg_add(t, tcap, p.owner, p.owner_cat, p.size);
+      if (p.state == EBB__B_ALLOC) oagg_add(t, tcap, p.owner, p.owner_cat, p.size);
   }
   size_t at = (size_t)snprintf(buf, cap, ", top owners:");
   for (int k = 0; k < 5 && at < cap; k++) {
@@ -82,7 +82,7 @@ struct ebb__sbuf {
   bool bad;
 };
 
-static void ebb__sb_reserve(struct ebb__sbuf *b, size_t more) {
+static void sb_reserve(struct ebb__sbuf *b, size_t more) {
   if (b->bad || b->n + more + 1 <= b->cap) return;
   size_t nc = b->cap ? b->cap : 4096;
   while (nc < b->n + more + 1) nc *= 2;
@@ -95,8 +95,8 @@ static void ebb__sb_reserve(struct ebb__sbuf *b, size_t more) {
   b->cap = nc;
 }
 
-static void ebb__sb_printf(struct ebb__sbuf *b, const char *fmt, ...) EBB_PRINTF(2, 3);
-static void ebb__sb_printf(struct ebb__sbuf *b, const char *fmt, ...) {
+static void sb_printf(struct ebb__sbuf *b, const char *fmt, ...) EBB_PRINTF(2, 3);
+static void sb_printf(struct ebb__sbuf *b, const char *fmt, ...) {
   if (b->bad) return;
   va_list ap;
   va_start(ap, fmt);
@@ -107,7 +107,7 @@ static void ebb__sb_printf(struct ebb__sbuf *b, const char *fmt, ...) {
     b->bad = true;
     return;
   }
-  ebb__sb_reserve(b, (size_t)k);
+  sb_reserve(b, (size_t)k);
   if (b->bad) return;
   if ((size_t)k < sizeof tmp) {
     memcpy(b->p + b->n, tmp, (size_t)k + 1);
@@ -119,8 +119,8 @@ static void ebb__sb_printf(struct ebb__sbuf *b, const char *fmt, ...) {
   b->n += (size_t)k;
 }
 
-static void ebb__sb_put(struct ebb__sbuf *b, const char *s, size_t n) {
-  ebb__sb_reserve(b, n);
+static void sb_put(struct ebb__sbuf *b, const char *s, size_t n) {
+  sb_reserve(b, n);
   if (b->bad) return;
   memcpy(b->p + b->n, s, n);
   b->n += n;
@@ -128,28 +128,28 @@ static void ebb__sb_put(struct ebb__sbuf *b, const char *s, size_t n) {
 }
 
 /* A JSON string: owner names and paths are caller text and may hold quotes or controls. */
-static void ebb__sb_str(struct ebb__sbuf *b, const char *s) {
-  ebb__sb_put(b, "\"", 1);
+static void sb_str(struct ebb__sbuf *b, const char *s) {
+  sb_put(b, "\"", 1);
   for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
     if (*c == '"' || *c == '\\') {
       char e[2] = {'\\', (char)*c};
-      ebb__sb_put(b, e, 2);
+      sb_put(b, e, 2);
     } else if (*c < 0x20) {
-      ebb__sb_printf(b, "\\u%04x", *c);
+      sb_printf(b, "\\u%04x", *c);
     } else {
-      ebb__sb_put(b, (const char *)c, 1);
+      sb_put(b, (const char *)c, 1);
     }
   }
-  ebb__sb_put(b, "\"", 1);
+  sb_put(b, "\"", 1);
 }
 
-static void ebb__sb_owner(struct ebb__sbuf *b, uint8_t cat, const char *name) {
-  ebb__sb_printf(b, ",\"owner\":{\"category\":\"%s\",\"name\":", ebb_owner_cat_name((ebb_owner_cat)cat));
-  ebb__sb_str(b, name);
-  ebb__sb_put(b, "}", 1);
+static void sb_owner(struct ebb__sbuf *b, uint8_t cat, const char *name) {
+  sb_printf(b, ",\"owner\":{\"category\":\"%s\",\"name\":", ebb_owner_cat_name((ebb_owner_cat)cat));
+  sb_str(b, name);
+  sb_put(b, "}", 1);
 }
 
-static const char *ebb__state_name(int state) {
+static const char *state_name(int state) {
   switch (state) {
   case EBB__B_ALLOC: return "active_allocated";
   case EBB__B_PENDING:
@@ -159,20 +159,20 @@ static const char *ebb__state_name(int state) {
 }
 
 /* Appends one block (or slot) of a segment's list. */
-static void ebb__snap_block(struct ebb__sbuf *segs, bool *bfirst, uint64_t addr, uint64_t size, uint64_t requested,
+static void snap_block(struct ebb__sbuf *segs, bool *bfirst, uint64_t addr, uint64_t size, uint64_t requested,
                             uint64_t stream, int state, uint8_t owner_cat, const char *owner) {
   bool act = state != EBB__B_FREE;
-  ebb__sb_printf(segs,
+  sb_printf(segs,
                  "%s{\"address\":%" PRIu64 ",\"size\":%" PRIu64 ",\"requested_size\":%" PRIu64 ",\"stream\":%" PRIu64
                  ",\"state\":\"%s\",\"frames\":[]",
-                 *bfirst ? "" : ",", addr, size, act ? requested : 0, stream, ebb__state_name(state));
+                 *bfirst ? "" : ",", addr, size, act ? requested : 0, stream, state_name(state));
   *bfirst = false;
-  ebb__sb_owner(segs, act ? owner_cat : EBB_OWNER_OTHER, act ? (owner ? owner : "") : "");
-  ebb__sb_put(segs, "}", 1);
+  sb_owner(segs, act ? owner_cat : EBB_OWNER_OTHER, act ? (owner ? owner : "") : "");
+  sb_put(segs, "}", 1);
 }
 
 /* The stream a segment is shown under: its first mapped block's (a hole is nobody's). */
-static uint64_t ebb__seg_stream(const struct ebb__segment *g) {
+static uint64_t seg_stream(const struct ebb__segment *g) {
   for (const struct ebb__block *b = g->first; b; b = b->next)
     if (b->spool) return b->spool->stream.id;
   return 0;
@@ -180,7 +180,7 @@ static uint64_t ebb__seg_stream(const struct ebb__segment *g) {
 
 /* Appends the arena's segments (each preceded by a comma when *first is false) to `segs`. Lock
  * held. */
-static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, bool *first) {
+static void snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, bool *first) {
   for (struct ebb_list *n = a->segments.next; n != &a->segments; n = n->next) {
     const struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
     uint64_t alloc = 0, active = 0, req = 0;
@@ -192,11 +192,11 @@ static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, boo
       }
       if (p.state == EBB__B_ALLOC || p.state == EBB__B_PENDING || p.state == EBB__B_FREEING) active += p.size;
     }
-    ebb__sb_printf(segs,
+    sb_printf(segs,
                    "%s{\"device\":%d,\"address\":%" PRIu64 ",\"total_size\":%zu,\"allocated_size\":%" PRIu64
                    ",\"active_size\":%" PRIu64 ",\"requested_size\":%" PRIu64 ",\"stream\":%" PRIu64,
-                   *first ? "" : ",", a->device, g->base, g->size - g->unmapped, alloc, active, req, ebb__seg_stream(g));
-    ebb__sb_printf(segs, ",\"segment_type\":\"%s\",\"segment_pool_id\":[0,0],\"is_expandable\":%s,\"frames\":[],\"blocks\":[",
+                   *first ? "" : ",", a->device, g->base, g->size - g->unmapped, alloc, active, req, seg_stream(g));
+    sb_printf(segs, ",\"segment_type\":\"%s\",\"segment_pool_id\":[0,0],\"is_expandable\":%s,\"frames\":[],\"blocks\":[",
                    g->pool == EBB__POOL_SMALL ? "small" : "large", g->expandable ? "true" : "false");
     *first = false;
     bool bfirst = true;
@@ -205,34 +205,34 @@ static void ebb__snap_segments(struct ebb__arena *a, struct ebb__sbuf *segs, boo
     for (struct ebb__piece_iter it = ebb__pieces(g); ebb__piece_next(&it, &p);) {
       /* Holes of an expandable segment hold no memory: left out, as from total_size. */
       if (p.state == EBB__B_UNMAPPED) continue;
-      ebb__snap_block(segs, &bfirst, p.addr, p.size, p.requested, p.stream, p.state, p.owner_cat, p.owner);
+      snap_block(segs, &bfirst, p.addr, p.size, p.requested, p.stream, p.state, p.owner_cat, p.owner);
     }
-    ebb__sb_put(segs, "]}", 2);
+    sb_put(segs, "]}", 2);
   }
 }
 
-static void ebb__snap_trace(const struct ebb__arena *a, const struct ebb__hist_entry *e, size_t n,
+static void snap_trace(const struct ebb__arena *a, const struct ebb__hist_entry *e, size_t n,
                             struct ebb__sbuf *tr) {
-  ebb__sb_put(tr, "[", 1);
+  sb_put(tr, "[", 1);
   for (size_t i = 0; i < n; i++, e++) {
     const char *act = ebb_alloc_action_name((ebb_alloc_action)ebb__he_action(e));
-    ebb__sb_printf(tr,
+    sb_printf(tr,
                    "%s{\"action\":\"%s\",\"addr\":%" PRIu64 ",\"size\":%" PRIu64 ",\"requested_size\":%" PRIu64
                    ",\"stream\":%" PRIu64 ",\"time_us\":%" PRIu64 ",\"device\":%d,\"frames\":[]",
                    i ? "," : "", act, e->addr, e->size, e->requested, ebb__he_stream(e), e->time_ns / 1000, a->device);
     /* PyTorch's viewer reads an oom's free bytes from "device_free"; "addr" stays for tools. */
-    if (ebb__he_action(e) == EBB_ACT_OOM) ebb__sb_printf(tr, ",\"device_free\":%" PRIu64, e->addr);
-    ebb__sb_owner(tr, (uint8_t)ebb__he_cat(e), e->owner ? e->owner : "");
-    ebb__sb_put(tr, "}", 1);
+    if (ebb__he_action(e) == EBB_ACT_OOM) sb_printf(tr, ",\"device_free\":%" PRIu64, e->addr);
+    sb_owner(tr, (uint8_t)ebb__he_cat(e), e->owner ? e->owner : "");
+    sb_put(tr, "}", 1);
   }
-  ebb__sb_put(tr, "]", 1);
+  sb_put(tr, "]", 1);
 }
 
 /* One arena's segments and trace, copied under its lock and formatted after it. The ring is
  * copied, not printed, under the lock: the lock is held for a memcpy-sized moment, not for
  * 65536 printf calls. `*copy` is grown to the ring's capacity (fixed while the arena lives)
  * before locking. */
-static ebb_status ebb__snap_arena(const char *fn, struct ebb__arena *a, struct ebb__sbuf *segs, bool *first_seg,
+static ebb_status snap_arena(const char *fn, struct ebb__arena *a, struct ebb__sbuf *segs, bool *first_seg,
                                   struct ebb__sbuf *trace, struct ebb__hist_entry **copy, size_t *copy_cap) {
   size_t cap = a->hist.cap;
   if (cap > *copy_cap) {
@@ -242,10 +242,10 @@ static ebb_status ebb__snap_arena(const char *fn, struct ebb__arena *a, struct e
     *copy_cap = cap;
   }
   ebb__lock(&a->mu);
-  ebb__snap_segments(a, segs, first_seg);
+  snap_segments(a, segs, first_seg);
   size_t n = cap ? ebb__hist_copy(a, *copy, cap) : 0;
   ebb__unlock(&a->mu);
-  ebb__snap_trace(a, *copy, n, trace);
+  snap_trace(a, *copy, n, trace);
   return EBB_OK;
 }
 
@@ -260,44 +260,44 @@ ebb_status ebb__snapshot_write(const char *fn, const char *path) {
     struct ebb__arena *a = ebb__arena_nth(i);
     if (!a) break;
     conf = &a->conf;
-    if (i) ebb__sb_put(&traces, ",", 1);
-    if ((st = ebb__snap_arena(fn, a, &segs, &first_seg, &traces, &copy, &copy_cap))) goto done;
+    if (i) sb_put(&traces, ",", 1);
+    if ((st = snap_arena(fn, a, &segs, &first_seg, &traces, &copy, &copy_cap))) goto done;
   }
   /* The pinned and host pools: the same engine, so the same records, kept apart from the
    * device lists PyTorch's viewers read. */
   for (int i = 0;; i++) {
     struct ebb__arena *a = ebb__hostpool_nth(i);
     if (!a) break;
-    ebb__sb_printf(&pools, "%s{\"pool\":\"%s\",\"label\":", i ? "," : "", a->up->name);
-    ebb__sb_str(&pools, a->label);
-    ebb__sb_printf(&pools, ",\"numa_node\":%d,\"segments\":[", a->numa_node);
+    sb_printf(&pools, "%s{\"pool\":\"%s\",\"label\":", i ? "," : "", a->up->name);
+    sb_str(&pools, a->label);
+    sb_printf(&pools, ",\"numa_node\":%d,\"segments\":[", a->numa_node);
     bool first = true;
     struct ebb__sbuf trace = {0};
-    st = ebb__snap_arena(fn, a, &pools, &first, &trace, &copy, &copy_cap);
-    ebb__sb_put(&pools, "],\"trace\":", 10);
-    if (trace.n) ebb__sb_put(&pools, trace.p, trace.n);
-    ebb__sb_put(&pools, "}", 1);
+    st = snap_arena(fn, a, &pools, &first, &trace, &copy, &copy_cap);
+    sb_put(&pools, "],\"trace\":", 10);
+    if (trace.n) sb_put(&pools, trace.p, trace.n);
+    sb_put(&pools, "}", 1);
     pools.bad |= trace.bad;
     free(trace.p);
     if (st) goto done;
   }
-  ebb__sb_put(&out, "{\"segments\":[", 13);
-  if (segs.n) ebb__sb_put(&out, segs.p, segs.n);
-  ebb__sb_put(&out, "],\"device_traces\":[", 19);
-  if (traces.n) ebb__sb_put(&out, traces.p, traces.n);
-  ebb__sb_put(&out, "],\"host_pools\":[", 16);
-  if (pools.n) ebb__sb_put(&out, pools.p, pools.n);
-  ebb__sb_put(&out, "],\"allocator_settings\":{\"EBB_ALLOC_CONF\":", 41);
-  ebb__sb_str(&out, conf ? conf->env : "");
+  sb_put(&out, "{\"segments\":[", 13);
+  if (segs.n) sb_put(&out, segs.p, segs.n);
+  sb_put(&out, "],\"device_traces\":[", 19);
+  if (traces.n) sb_put(&out, traces.p, traces.n);
+  sb_put(&out, "],\"host_pools\":[", 16);
+  if (pools.n) sb_put(&out, pools.p, pools.n);
+  sb_put(&out, "],\"allocator_settings\":{\"EBB_ALLOC_CONF\":", 41);
+  sb_str(&out, conf ? conf->env : "");
   if (conf && conf->max_split != SIZE_MAX)
-    ebb__sb_printf(&out, ",\"max_split_size\":%zu", conf->max_split);
+    sb_printf(&out, ",\"max_split_size\":%zu", conf->max_split);
   else
-    ebb__sb_put(&out, ",\"max_split_size\":-1", 20); /* PyTorch's value for "no limit" */
-  ebb__sb_printf(&out, ",\"expandable_segments\":%s,\"history\":%zu,\"oom_snapshot\":",
+    sb_put(&out, ",\"max_split_size\":-1", 20); /* PyTorch's value for "no limit" */
+  sb_printf(&out, ",\"expandable_segments\":%s,\"history\":%zu,\"oom_snapshot\":",
                  conf && conf->expandable ? "true" : "false", conf ? conf->history : 0);
-  ebb__sb_str(&out, conf && conf->oom_snapshot ? conf->oom_snapshot : "");
-  ebb__sb_printf(&out, ",\"slab_max_bytes\":%zu", conf ? conf->slab_max : 0);
-  ebb__sb_put(&out, "}}\n", 3);
+  sb_str(&out, conf && conf->oom_snapshot ? conf->oom_snapshot : "");
+  sb_printf(&out, ",\"slab_max_bytes\":%zu", conf ? conf->slab_max : 0);
+  sb_put(&out, "}}\n", 3);
   if (segs.bad || traces.bad || out.bad || pools.bad) {
     st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the snapshot text", fn);
     goto done;

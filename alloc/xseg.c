@@ -18,7 +18,7 @@
 #include "arena_impl.h"
 
 /* Maps granules [va, va + bytes) of the reservation, all or nothing. Lock held. */
-static ebb_status ebb__x_map(struct ebb__arena *a, uint64_t va, size_t bytes) {
+static ebb_status x_map(struct ebb__arena *a, uint64_t va, size_t bytes) {
   size_t done = 0;
   ebb_status st = EBB_OK;
   for (; done < bytes; done += a->xgran) {
@@ -39,7 +39,7 @@ static ebb_status ebb__x_map(struct ebb__arena *a, uint64_t va, size_t bytes) {
 }
 
 /* Unmaps granules [va, va + bytes) of the reservation. Lock held. */
-static void ebb__x_unmap(struct ebb__arena *a, uint64_t va, size_t bytes) {
+static void x_unmap(struct ebb__arena *a, uint64_t va, size_t bytes) {
   for (uint64_t at = va; at < va + bytes; at += a->xgran) {
     uint64_t *h = &a->xhandles[(at - a->xva) / a->xgran];
     if (a->up->unmap(a, at, a->xgran, *h) == EBB_OK) a->c.s.num_device_free++;
@@ -51,7 +51,7 @@ static void ebb__x_unmap(struct ebb__arena *a, uint64_t va, size_t bytes) {
  * start and hands the mapped piece to stream `sp`, pool `pool`, merged with its free
  * neighbours. EBB_ENOTFOUND when no hole is big enough (the caller grows the tail). First fit
  * by address keeps the mapped range dense at the start of the reservation. Lock held. */
-static ebb_status ebb__x_fill_hole(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r) {
+static ebb_status x_fill_hole(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r) {
   struct ebb__segment *g = a->xseg;
   size_t need = ebb__round_up(r, a->xgran);
   struct ebb__block *h = g->first;
@@ -62,7 +62,7 @@ static ebb_status ebb__x_fill_hole(struct ebb__arena *a, struct ebb__spool *sp, 
   struct ebb__block *m = h;
   if (h->size > need && !(m = ebb__block_new(a)))
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for a block record", a->up->alloc_fn);
-  ebb_status st = ebb__x_map(a, h->addr, need);
+  ebb_status st = x_map(a, h->addr, need);
   if (st) {
     if (m != h) ebb__block_dead(a, m);
     return st;
@@ -97,11 +97,11 @@ static ebb_status ebb__x_fill_hole(struct ebb__arena *a, struct ebb__spool *sp, 
 
 /* Maps `grow` bytes after the first `mapped` of the reservation, all or nothing (which keeps the
  * tail simple), within the reservation and the limit. Lock held. */
-static ebb_status ebb__x_map_tail(struct ebb__arena *a, size_t mapped, size_t grow) {
+static ebb_status x_map_tail(struct ebb__arena *a, size_t mapped, size_t grow) {
   if (mapped + grow > a->xva_size) return ebb__fail(EBB_ENOMEM, "the expandable reservation of %s is full", a->label);
   if (a->limit && a->c.s.reserved_bytes.current + a->inflight + grow > a->limit)
     return ebb__fail(EBB_ENOMEM, "limit of %s reached", a->label);
-  return ebb__x_map(a, a->xva + mapped, grow);
+  return x_map(a, a->xva + mapped, grow);
 }
 
 /* Maps granules at the end of the reservation so that the tail offers `r` bytes to stream
@@ -127,7 +127,7 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
   }
   struct ebb__segment *g = a->xseg;
   if (g && g->unmapped) {
-    ebb_status st = ebb__x_fill_hole(a, sp, pool, r);
+    ebb_status st = x_fill_hole(a, sp, pool, r);
     if (st != EBB_ENOTFOUND) return st;
   }
   size_t mapped = g ? g->size : 0;
@@ -146,7 +146,7 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
   struct ebb__block *b = NULL;
   if (g && !have && !(b = ebb__block_new(a)))
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for a block record", a->up->alloc_fn);
-  ebb_status st = ebb__x_map_tail(a, mapped, grow);
+  ebb_status st = x_map_tail(a, mapped, grow);
   if (st) {
     if (b) ebb__block_dead(a, b);
     return st;
@@ -159,7 +159,7 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
     g = ebb__segment_add(a, a->xva, grow, pool, sp, &b); /* counts reserved and segments */
     if (!g) {
       ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, a->xva, grow, 0, sp->stream.id, ocat, oname);
-      ebb__x_unmap(a, a->xva, grow);
+      x_unmap(a, a->xva, grow);
       return ebb__fail(EBB_ENOMEM, "%s: no host memory for a segment record", a->up->alloc_fn);
     }
     g->expandable = true;
@@ -201,7 +201,7 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
  * neighbouring holes. Returns the bytes unmapped (0 when b holds no whole granule or no block
  * record is left for the pieces) and, when some were, points *bp at the (merged) hole. Lock
  * held; the caller synchronised the device. */
-static size_t ebb__x_hole(struct ebb__arena *a, struct ebb__segment *g, struct ebb__block **bp) {
+static size_t x_hole(struct ebb__arena *a, struct ebb__segment *g, struct ebb__block **bp) {
   struct ebb__block *b = *bp;
   uint64_t lo = a->xva + ebb__round_up(b->addr - a->xva, a->xgran);
   uint64_t hi = a->xva + (b->addr + b->size - a->xva) / a->xgran * a->xgran;
@@ -214,7 +214,7 @@ static size_t ebb__x_hole(struct ebb__arena *a, struct ebb__segment *g, struct e
     return 0;
   }
   ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, lo, hole, 0, b->spool->stream.id, EBB_OWNER_OTHER, "");
-  ebb__x_unmap(a, lo, hole);
+  x_unmap(a, lo, hole);
   ebb__index_remove(b);
   struct ebb__block *pieces[2] = {nh, nt};
   for (int k = 0; k < 2; k++) {
@@ -277,7 +277,7 @@ static size_t ebb__x_hole(struct ebb__arena *a, struct ebb__segment *g, struct e
  * neither, and could never be unmapped. After a wait for the whole device no stream has work
  * left on free memory, so any stream may own it. Lock held; the caller synchronised the
  * device. */
-static void ebb__x_join(struct ebb__arena *a, struct ebb__segment *g) {
+static void x_join(struct ebb__arena *a, struct ebb__segment *g) {
   for (struct ebb__block *b = g->first; b; b = b->next) {
     struct ebb__block *n = b->next;
     if (b->state != EBB__B_FREE || !n || n->state != EBB__B_FREE) continue;
@@ -306,14 +306,14 @@ ebb_status ebb__sync_failed(struct ebb__arena *a, const char *fn, ebb_status st)
 }
 
 /* Gives the expandable segment's fully free granules back to the driver: free runs are joined
- * (ebb__x_join), the free tail is cut (the span shrinks), then every whole granule inside a
- * free block becomes a hole that later growth maps again (ebb__x_fill_hole). Lock held. The
+ * (x_join), the free tail is cut (the span shrinks), then every whole granule inside a
+ * free block becomes a hole that later growth maps again (x_fill_hole). Lock held. The
  * caller synchronised pending events and the device: unmapping must not race queued work, which
  * may still read or write the granules (the driver does not wait for it). */
 size_t ebb__x_shrink(struct ebb__arena *a) {
   struct ebb__segment *g = a->xseg;
   if (!g) return 0;
-  ebb__x_join(a, g);
+  x_join(a, g);
   size_t released = 0;
   for (;;) {
     struct ebb__block *tail;
@@ -328,7 +328,7 @@ size_t ebb__x_shrink(struct ebb__arena *a) {
       uint64_t end = a->xva + g->size;
       if (cut >= end) break;
       ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, cut, end - cut, 0, tail->spool->stream.id, EBB_OWNER_OTHER, "");
-      ebb__x_unmap(a, cut, end - cut);
+      x_unmap(a, cut, end - cut);
       size_t cutn = end - cut;
       ebb__index_remove(tail);
       g->size -= cutn;
@@ -364,7 +364,7 @@ size_t ebb__x_shrink(struct ebb__arena *a) {
   }
   for (struct ebb__block *b = g->first; b; b = b->next) {
     if (b->state != EBB__B_FREE) continue;
-    released += ebb__x_hole(a, g, &b); /* b: the hole now, when one was made; resume after it */
+    released += x_hole(a, g, &b); /* b: the hole now, when one was made; resume after it */
   }
   return released;
 }

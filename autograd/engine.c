@@ -50,14 +50,14 @@ static _Thread_local int ebb__depth;
 static _Thread_local int ebb__total_depth;
 
 /* The next edges a node has in the graph walk (AccumulateGrad has none). */
-static int ebb__nedges(const struct ebb_node *n) { return n->op < 0 ? 0 : n->nin; }
+static int engine_nedges(const struct ebb_node *n) { return n->op < 0 ? 0 : n->nin; }
 
-static size_t ebb__hash(const struct ebb_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull); }
+static size_t engine_hash(const struct ebb_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull); }
 
 /* The task index of n, or -1. */
 int ebb__tfind(const struct ebb__task *t, const struct ebb_node *n) {
   if (!t->hcap) return -1;
-  for (size_t j = ebb__hash(n) & (t->hcap - 1);; j = (j + 1) & (t->hcap - 1)) {
+  for (size_t j = engine_hash(n) & (t->hcap - 1);; j = (j + 1) & (t->hcap - 1)) {
     int i = t->hash[j] - 1;
     if (i < 0 || t->nodes[i].n == n) return i;
   }
@@ -65,7 +65,7 @@ int ebb__tfind(const struct ebb__task *t, const struct ebb_node *n) {
 
 /* The task index of n, added (deps 0, nothing marked) if it is not there; *added says which.
  * -1 without memory. */
-static int ebb__tadd(struct ebb__task *t, struct ebb_node *n, bool *added) {
+static int tadd(struct ebb__task *t, struct ebb_node *n, bool *added) {
   *added = false;
   int i = ebb__tfind(t, n);
   if (i >= 0) return i;
@@ -81,7 +81,7 @@ static int ebb__tadd(struct ebb__task *t, struct ebb_node *n, bool *added) {
     int *nh = calloc(nc, sizeof *nh);
     if (!nh) return -1;
     for (size_t k = 0; k < t->count; k++) {
-      size_t j = ebb__hash(t->nodes[k].n) & (nc - 1);
+      size_t j = engine_hash(t->nodes[k].n) & (nc - 1);
       while (nh[j]) j = (j + 1) & (nc - 1);
       nh[j] = (int)k + 1;
     }
@@ -89,7 +89,7 @@ static int ebb__tadd(struct ebb__task *t, struct ebb_node *n, bool *added) {
     t->hash = nh;
     t->hcap = nc;
   }
-  size_t j = ebb__hash(n) & (t->hcap - 1);
+  size_t j = engine_hash(n) & (t->hcap - 1);
   while (t->hash[j]) j = (j + 1) & (t->hcap - 1);
   i = (int)t->count++;
   t->hash[j] = i + 1;
@@ -98,7 +98,7 @@ static int ebb__tadd(struct ebb__task *t, struct ebb_node *n, bool *added) {
   return i;
 }
 
-static void ebb__task_free(struct ebb__task *t) {
+static void task_free(struct ebb__task *t) {
   for (size_t i = 0; i < t->count; i++) {
     struct ebb__tnode *x = &t->nodes[i];
     ebb_tensor_t **b = ebb__bufs(x);
@@ -125,16 +125,16 @@ static void ebb__task_free(struct ebb__task *t) {
  * indices (so running the task never looks a node up again), all marked to run.
  *
  * With `within` (a partial backward), only the nodes already in the task are walked: those found
- * from the inputs by ebb__find_from_inputs, each of which leads to an input. A node reached from
+ * from the inputs by find_from_inputs, each of which leads to an input. A node reached from
  * the roots is needed; it runs when one of its next edges leads to a node of the task (a target
  * none of whose edges does is only captured); its dependencies count the reached nodes' edges. */
-static ebb_status ebb__discover(struct ebb__task *t, struct ebb_node *const *roots, int nroots, bool within) {
+static ebb_status discover(struct ebb__task *t, struct ebb_node *const *roots, int nroots, bool within) {
   size_t cap = 64, depth = 0;
   int *stack = malloc(cap * sizeof *stack);
   if (!stack) return ebb__fail(EBB_ENOMEM, "%s: no host memory to walk the graph", t->fn);
   for (int r = 0; r < nroots; r++) {
     bool added = false;
-    int ri = within ? ebb__tfind(t, roots[r]) : ebb__tadd(t, roots[r], &added);
+    int ri = within ? ebb__tfind(t, roots[r]) : tadd(t, roots[r], &added);
     if (within && (ri < 0 || t->nodes[ri].needed)) continue; /* a root that leads to no input, or seen */
     if (ri < 0) goto oom;
     if (!within && !added) continue;
@@ -143,7 +143,7 @@ static ebb_status ebb__discover(struct ebb__task *t, struct ebb_node *const *roo
     while (depth) {
       int i = stack[--depth];
       struct ebb_node *n = t->nodes[i].n;
-      int ne = ebb__nedges(n);
+      int ne = engine_nedges(n);
       if (t->nedges + (size_t)ne > t->capedges) {
         size_t nc = t->capedges ? t->capedges * 2 : 256;
         while (nc < t->nedges + (size_t)ne) nc *= 2;
@@ -165,7 +165,7 @@ static ebb_status ebb__discover(struct ebb__task *t, struct ebb_node *const *roo
             t->nodes[i].run = true;
           }
         } else if (c) {
-          if ((ci = ebb__tadd(t, c, &fresh)) < 0) goto oom;
+          if ((ci = tadd(t, c, &fresh)) < 0) goto oom;
           if (fresh) t->nodes[ci].needed = true;
         }
         if (fresh) {
@@ -192,7 +192,7 @@ oom:
 }
 
 /* Room for one more reference the task keeps (held, dropped at its end). */
-static bool ebb__hold_room(struct ebb__task *t) {
+static bool hold_room(struct ebb__task *t) {
   if (t->nheld < t->capheld) return true;
   size_t nc = t->capheld ? t->capheld * 2 : 64;
   struct ebb_node **bigger = realloc(t->held, nc * sizeof *bigger);
@@ -208,14 +208,14 @@ static bool ebb__hold_room(struct ebb__task *t) {
  * made after the last root (sequence number above `maxseq`) cannot be in the roots' graph (a
  * node's producers are older than it) and is not followed, so graphs recorded later on the same
  * leaves cost nothing; older live graphs that use the inputs are walked. */
-static ebb_status ebb__find_from_inputs(struct ebb__task *t, struct ebb_node *const *from, int nfrom, uint64_t maxseq) {
+static ebb_status find_from_inputs(struct ebb__task *t, struct ebb_node *const *from, int nfrom, uint64_t maxseq) {
   struct ebb_node **found = NULL;
   size_t nfound = 0, capfound = 0, done = 0;
   ebb_status st = EBB_OK;
   for (int i = 0; i < nfrom && !st; i++) {
     bool added;
     if (!from[i]) continue;
-    if (ebb__tadd(t, from[i], &added) < 0) st = EBB_ENOMEM;
+    if (tadd(t, from[i], &added) < 0) st = EBB_ENOMEM;
     else if (added) {
       if (nfound == capfound) {
         size_t nc = capfound ? capfound * 2 : 64;
@@ -239,7 +239,7 @@ static ebb_status ebb__find_from_inputs(struct ebb__task *t, struct ebb_node *co
     for (size_t k = before; k < nfound; k++) {
       struct ebb_node *c = found[k];
       bool added = false;
-      if (!st && c->seq <= maxseq && (!ebb__hold_room(t) || ebb__tadd(t, c, &added) < 0)) st = EBB_ENOMEM;
+      if (!st && c->seq <= maxseq && (!hold_room(t) || tadd(t, c, &added) < 0)) st = EBB_ENOMEM;
       if (added) {
         t->held[t->nheld++] = c;
         found[keep++] = c;
@@ -266,7 +266,7 @@ struct ebb__heap {
   size_t n, cap;
 };
 
-static bool ebb__heap_push(struct ebb__heap *h, const struct ebb__task *t, int i) {
+static bool heap_push(struct ebb__heap *h, const struct ebb__task *t, int i) {
   if (h->n == h->cap) {
     size_t nc = h->cap ? h->cap * 2 : 64;
     struct ebb__ready *na = realloc(h->a, nc * sizeof *na);
@@ -284,7 +284,7 @@ static bool ebb__heap_push(struct ebb__heap *h, const struct ebb__task *t, int i
   return true;
 }
 
-static int ebb__heap_pop(struct ebb__heap *h) {
+static int heap_pop(struct ebb__heap *h) {
   struct ebb__ready top = h->a[0], last = h->a[--h->n];
   size_t k = 0;
   for (;;) {
@@ -300,7 +300,7 @@ static int ebb__heap_pop(struct ebb__heap *h) {
 }
 
 /* Whether non-leaf m keeps its gradient through retain_grad (its hook adds into .grad). */
-static bool ebb__retained(const struct ebb__meta *m) { return m->retain && !atomic_load(&m->retain->removed); }
+static bool engine_retained(const struct ebb__meta *m) { return m->retain && !atomic_load(&m->retain->removed); }
 
 /* A node's saved tensors are read and released under one of 16 locks chosen by its address, so
  * backward calls on other threads sharing the node (retain_graph on all but the last) never read
@@ -308,11 +308,11 @@ static bool ebb__retained(const struct ebb__meta *m) { return m->retain && !atom
 #define EBB__SM(i) {PTHREAD_MUTEX_INITIALIZER, "autograd.saved", EBB_RANK_LEAF}
 #define EBB__SM4(i) EBB__SM(i), EBB__SM(i), EBB__SM(i), EBB__SM(i)
 static ebb_mutex ebb__saved_mu[16] = {EBB__SM4(0), EBB__SM4(1), EBB__SM4(2), EBB__SM4(3)};
-static ebb_mutex *ebb__saved_lock(const struct ebb_node *n) { return &ebb__saved_mu[((uintptr_t)n >> 7) & 15]; }
+static ebb_mutex *saved_lock(const struct ebb_node *n) { return &ebb__saved_mu[((uintptr_t)n >> 7) & 15]; }
 
 /* The saved tensor k of n (a new reference in *out, NULL when none), checked against in-place
  * changes since it was saved. Saved lock held. */
-static ebb_status ebb__unpack(const struct ebb__task *t, const struct ebb_node *n, int k, const ebb_tensor_t **out) {
+static ebb_status unpack(const struct ebb__task *t, const struct ebb_node *n, int k, const ebb_tensor_t **out) {
   *out = n->saved ? n->saved[k] : NULL;
   if (!*out) return EBB_OK;
   ebb_tensor_retain((ebb_tensor_t *)*out);
@@ -329,12 +329,12 @@ static ebb_status ebb__unpack(const struct ebb__task *t, const struct ebb_node *
   return EBB_OK;
 }
 
-static ebb_status ebb__ready_push(struct ebb__task *t, int i);
+static ebb_status ready_push(struct ebb__task *t, int i);
 
 /* Whether node x hands its gradient gin[i] to another of its consumers too (the same tensor for
  * two inputs) that runs on another stream than gin[i]'s consumer: then either may read it after
  * the other could write it in place. Consumers on one stream are ordered by it. */
-static bool ebb__handed_apart(const struct ebb__task *t, const struct ebb__tnode *x, ebb_tensor_t *const *gin, int i) {
+static bool handed_apart(const struct ebb__task *t, const struct ebb__tnode *x, ebb_tensor_t *const *gin, int i) {
   const int *edges = t->edges + x->edge0;
   uint64_t sid = t->nodes[edges[i]].sr.id;
   for (int j = 0; j < x->n->nin; j++)
@@ -349,7 +349,7 @@ struct ebb__retain_ctx {
   struct ebb__task *t;
   const struct ebb__tnode *x;
 };
-static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_tensor_t *g) {
+static ebb_status retain_write(void *ctx, struct ebb__meta *m, const ebb_tensor_t *g) {
   const struct ebb__retain_ctx *c = ctx;
   ebb_status st = ebb__leaf_stream(c->t, c->x);
   if (!st) st = ebb__accumulate_into(c->t, c->x, m, g);
@@ -357,13 +357,13 @@ static ebb_status ebb__retain_write(void *ctx, struct ebb__meta *m, const ebb_te
 }
 
 /* The messages below describe tensors in stack buffers; these helpers (EBB_COLD) keep those
- * buffers out of ebb__run_node's frame, which every node pays for (most leaves have no hooks). */
+ * buffers out of run_node's frame, which every node pays for (most leaves have no hooks). */
 
 /* A leaf's tensor hooks (h non-NULL), with the leaf described by name and shape for their messages. */
 static EBB_COLD ebb_status leaf_tensor_hooks(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__hook *h,
                                               ebb_tensor_t **grad, struct ebb__retain_ctx *rc) {
   char who[EBB__DESC_MAX];
-  return ebb__run_tensor_hooks(t->fn, ebb__tensor_desc(x->n->leaf, "the leaf", -1, who, sizeof who), h, 0, grad, ebb__retain_write,
+  return ebb__run_tensor_hooks(t->fn, ebb__tensor_desc(x->n->leaf, "the leaf", -1, who, sizeof who), h, 0, grad, retain_write,
                                rc);
 }
 
@@ -383,7 +383,7 @@ static EBB_COLD ebb_status grad_mismatch(const struct ebb__task *t, const struct
                    ebb__meta_desc(&n->in_meta[i], "input", i, NULL, md, sizeof md));
 }
 
-static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
+static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
   struct ebb__retain_ctx rc = {t, x};
   ebb_tensor_t **buf = ebb__bufs(x);
@@ -397,14 +397,14 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
      * would before it ran (PyTorch's order for captures of nodes that do not execute). */
     struct ebb__hook *hl = n->op < 0 ? ebb__meta_of(n->leaf)->hooks : n->hooks;
     if (n->op < 0) st = hl ? leaf_tensor_hooks(t, x, hl, &buf[x->capture_nr], &rc) : EBB_OK;
-    else st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), hl, x->capture_nr, &buf[x->capture_nr], ebb__retain_write, &rc);
+    else st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), hl, x->capture_nr, &buf[x->capture_nr], retain_write, &rc);
     if (st) return st;
   }
   if (x->capture && buf && buf[x->capture_nr]) { /* what reached this node's input: ebb_grad's result, or .grad */
     if (t->results) {
       ebb_tensor_retain(buf[x->capture_nr]);
       t->results[x->capture - 1] = buf[x->capture_nr];
-    } else if (ebb__retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
+    } else if (engine_retained(ebb__meta_of(t->inputs[x->capture - 1]))) {
       /* retain_grad's hook (run with this node's tensor hooks) puts the gradient into .grad: once */
     } else if ((st = ebb__accumulate_into(t, x, ebb__meta_of(t->inputs[x->capture - 1]), buf[x->capture_nr]))) {
       return input_grad_failed(t, x, st);
@@ -434,7 +434,7 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
     return st;
   }
   for (int k = 0; n->hooks && buf && k < n->nout && !st; k++)
-    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k], ebb__retain_write, &rc);
+    st = ebb__run_tensor_hooks(t->fn, ebb__node_name_of(n), n->hooks, k, &buf[k], retain_write, &rc);
   if (st) return st;
   bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire); /* node_api.c */
   if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, n->nout))) return st;
@@ -447,14 +447,14 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nin + n->nout <= 10 ? saved_small : calloc((size_t)(n->nin + n->nout), sizeof *saved);
   if (!gin || !saved || !need) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
   if (!st && any && e->backward) {
-    if (n->saved) ebb__mutex_lock(ebb__saved_lock(n)); /* (a node that saves nothing has nothing to guard) */
+    if (n->saved) ebb__mutex_lock(saved_lock(n)); /* (a node that saves nothing has nothing to guard) */
     if (atomic_load_explicit(&n->freed_saved, memory_order_acquire) && e->save)
       st = ebb__fail(EBB_ESTATE, "%s: %s (node %llu) needs its saved tensors, freed by an earlier backward through this graph; "
                      "expected retain_graph on that backward (or on every backward but the last, when several threads share "
                      "the graph) to go through the graph again",
                      t->fn, ebb__node_name_of(n), (unsigned long long)n->seq);
-    for (int k = 0; n->saved && !st && k < n->nin + n->nout; k++) st = ebb__unpack(t, n, k, &saved[k]);
-    if (n->saved) ebb__mutex_unlock(ebb__saved_lock(n));
+    for (int k = 0; n->saved && !st && k < n->nin + n->nout; k++) st = unpack(t, n, k, &saved[k]);
+    if (n->saved) ebb__mutex_unlock(saved_lock(n));
     for (int i = 0; !st && i < n->nin; i++) need[i] = edges[i] >= 0 && t->nodes[edges[i]].needed;
     if (!st) {
       /* The buffers the engine holds alone: the backward may compute a gradient in them (not when
@@ -492,9 +492,9 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
       if (gin[i]) ebb_tensor_release(gin[i]);
       continue;
     }
-    if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n, ebb__handed_apart(t, x, gin, i));
+    if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n, handed_apart(t, x, gin, i));
     else if (gin[i]) ebb_tensor_release(gin[i]);
-    if (--cx->deps == 0 && cx->needed && !st && !cancelled) st = ebb__ready_push(t, edges[i]);
+    if (--cx->deps == 0 && cx->needed && !st && !cancelled) st = ready_push(t, edges[i]);
   }
   if (t->shared) ebb__mutex_unlock(&t->mu);
   /* Without retain_graph the node's saved tensors go. The first backward to get here claims
@@ -503,9 +503,9 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
   int nsaved = saved ? n->nin + n->nout : 0;
   bool took = false;
   if (!st && !retain && n->saved) {
-    ebb__mutex_lock(ebb__saved_lock(n));
+    ebb__mutex_lock(saved_lock(n));
     took = !atomic_exchange_explicit(&n->freed_saved, true, memory_order_acq_rel);
-    ebb__mutex_unlock(ebb__saved_lock(n));
+    ebb__mutex_unlock(saved_lock(n));
   }
   for (int k = 0; k < nsaved; k++)
     if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]);
@@ -520,9 +520,9 @@ static ebb_status ebb__run_node(struct ebb__task *t, struct ebb__tnode *x) {
 /* ---- running a task ------------------------------------------------------------------------ */
 
 /* Node i is ready: onto the calling thread's heap, or (shared) its device's queue or the owner's. */
-static ebb_status ebb__ready_push(struct ebb__task *t, int i) {
+static ebb_status ready_push(struct ebb__task *t, int i) {
   if (!t->shared)
-    return ebb__heap_push(t->ready, t, i) ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", t->fn);
+    return heap_push(t->ready, t, i) ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue", t->fn);
   struct ebb__tnode *x = &t->nodes[i];
   struct ebb__queue *q = x->dev >= 0 ? ebb__device_queue(x->dev) : t->cpuq;
   if (!q) return ebb__fail(EBB_ENOMEM, "%s: %s", t->fn, ebb_last_error());
@@ -537,13 +537,13 @@ static ebb_status ebb__ready_push(struct ebb__task *t, int i) {
  * The thread's grad and inference modes come back as they were, whatever its hooks left: a
  * worker runs nodes of every backward after this one, which must not inherit them (PyTorch
  * restores a thread's state around each node too). */
-static ebb_status ebb__run_one(struct ebb__task *t, struct ebb__tnode *x) {
+static ebb_status run_one(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
   bool owned = ebb__owners_enter(x->n);        /* owners.c: what the node allocates is its own */
   bool grad_was = ebb__grad_mode_on(), inference_was = ebb_inference_mode_enabled();
   ebb_stream_guard g;
   bool in = ebb__enter(&g, &x->sr);            /* its forward stream: the backward's ops go there */
-  ebb_status st = ebb__run_node(t, x);
+  ebb_status st = run_node(t, x);
   ebb__leave(&g, in);
   if (ebb__grad_mode_on() != grad_was) ebb_grad_set_enabled(grad_was, NULL);
   if (ebb_inference_mode_enabled() != inference_was) ebb_inference_mode_set_enabled(inference_was, NULL);
@@ -563,7 +563,7 @@ static ebb_status ebb__run_one(struct ebb__task *t, struct ebb__tnode *x) {
 
 /* The first error of a shared task (x the failing node, NULL before any ran): kept with its
  * message (and the device it ran on) for the owner; later nodes are skipped. */
-static void ebb__task_fail(struct ebb__task *t, const struct ebb__tnode *x, ebb_status st) {
+static void task_fail(struct ebb__task *t, const struct ebb__tnode *x, ebb_status st) {
   bool locked = t->shared && x; /* (the start's pushes hold the lock already) */
   if (locked) ebb__mutex_lock(&t->mu);
   if (!atomic_load_explicit(&t->failed, memory_order_relaxed)) {
@@ -578,7 +578,7 @@ void ebb__item_run(const struct ebb__qitem *it) {
   struct ebb__task *t = it->t;
   if (!atomic_load_explicit(&t->failed, memory_order_relaxed)) {
     struct ebb__tnode *x = &t->nodes[it->i];
-    /* The node's failures are the task's, reported once by its owner (ebb__execute): on this
+    /* The node's failures are the task's, reported once by its owner (engine_execute): on this
      * thread (a device worker's) they touch neither its last error nor the error hook. */
     char msg[EBB__ERRMSG_MAX] = "";
     char *prev = ebb__fail_divert(msg);
@@ -587,11 +587,11 @@ void ebb__item_run(const struct ebb__qitem *it) {
     int depth = ebb__depth, total = ebb__total_depth;
     if (!ebb__depth) ebb__depth = 1;
     ebb__total_depth = (int)t->depth + 1;
-    ebb_status st = ebb__run_one(t, x);
+    ebb_status st = run_one(t, x);
     ebb__depth = depth;
     ebb__total_depth = total;
     ebb__task_switch(ps);
-    if (st) ebb__task_fail(t, x, st);
+    if (st) task_fail(t, x, st);
     ebb__fail_divert(prev);
     if (x->run && ebb__home_queue()) atomic_fetch_add_explicit(&t->n_nodes_w, 1, memory_order_relaxed);
   }
@@ -609,7 +609,7 @@ static const char *input_desc(const ebb_tensor_t *const *inputs, int i, char *bu
 
 /* The edge a root's gradient enters the graph through: its grad_fn and output, or a leaf's
  * AccumulateGrad (a new reference in *acc to drop after the task). */
-static ebb_status ebb__root_edge(const char *fn, const char *what, int i, const ebb_tensor_t *r, struct ebb_node **node, int *nr,
+static ebb_status root_edge(const char *fn, const char *what, int i, const ebb_tensor_t *r, struct ebb_node **node, int *nr,
                                  struct ebb_node **acc) {
   ebb_status st = ebb__tensor_check_at(r, fn, what, i);
   if (st) return st;
@@ -631,7 +631,7 @@ static ebb_status ebb__root_edge(const char *fn, const char *what, int i, const 
 
 /* The gradient a root starts with: the caller's (checked against the root) or 1 for a tensor of
  * one element; a new reference. */
-static ebb_status ebb__root_grad(const char *fn, int i, const ebb_tensor_t *r, const ebb_tensor_t *g, ebb_tensor_t **out) {
+static ebb_status root_grad(const char *fn, int i, const ebb_tensor_t *r, const ebb_tensor_t *g, ebb_tensor_t **out) {
   ebb_tensor_info ri, gi;
   ebb_status st = ebb_tensor_get_info(r, &ri);
   if (st) return st;
@@ -731,10 +731,10 @@ static ebb_status resolve_roots(const struct ebb__call *c, struct ebb__work *w) 
   const char *fn = c->fn;
   for (int i = 0; !st && i < c->nroots; i++)
     st = c->eroots ? ebb__edge_resolve(fn, ebb__roots_arg(fn), i, &c->eroots[i], &w->rn[i], &w->rnr[i])
-                   : ebb__root_edge(fn, ebb__roots_arg(fn), i, c->roots[i], &w->rn[i], &w->rnr[i], &w->racc[i]);
+                   : root_edge(fn, ebb__roots_arg(fn), i, c->roots[i], &w->rn[i], &w->rnr[i], &w->racc[i]);
   for (int i = 0; !st && i < c->nroots; i++) {
     const ebb_tensor_t *g = c->grad_roots ? c->grad_roots[i] : NULL;
-    st = c->eroots ? ebb__edge_root_grad(fn, i, w->rn[i], w->rnr[i], g, &w->rg[i]) : ebb__root_grad(fn, i, c->roots[i], g, &w->rg[i]);
+    st = c->eroots ? ebb__edge_root_grad(fn, i, w->rn[i], w->rnr[i], g, &w->rg[i]) : root_grad(fn, i, c->roots[i], g, &w->rg[i]);
   }
   return st;
 }
@@ -767,7 +767,7 @@ static ebb_status resolve_inputs(const struct ebb__call *c, struct ebb__work *w,
     if (st) return st;
     w->innr[i] = node ? nr : 0;
     if (node) w->innode[i] = node;
-    else if ((w->innode[i] = ebb__grad_acc_get(m)) && !(ebb__hold_room(t) && (t->held[t->nheld++] = w->innode[i]))) {
+    else if ((w->innode[i] = ebb__grad_acc_get(m)) && !(hold_room(t) && (t->held[t->nheld++] = w->innode[i]))) {
       ebb__node_unref(w->innode[i]);
       return ebb__fail(EBB_ENOMEM, "%s: no host memory for %d inputs", fn, c->ninputs);
     }
@@ -833,9 +833,9 @@ static ebb_status run_task(const struct ebb__call *c, struct ebb__work *w, struc
     w->rg[i] = NULL;
   }
   for (size_t i = 0; !st && i < t->count; i++)
-    if (t->nodes[i].deps == 0 && t->nodes[i].needed) st = ebb__ready_push(t, (int)i);
+    if (t->nodes[i].deps == 0 && t->nodes[i].needed) st = ready_push(t, (int)i);
   if (t->shared) {
-    if (st) ebb__task_fail(t, NULL, st); /* what was pushed is skipped */
+    if (st) task_fail(t, NULL, st); /* what was pushed is skipped */
     ebb__mutex_unlock(&t->mu);
     uint64_t parks = 0;
     struct ebb__qitem it;
@@ -845,7 +845,7 @@ static ebb_status run_task(const struct ebb__call *c, struct ebb__work *w, struc
     ebb__count(EBB__S_PARKS, parks);
     if (t->err) st = ebb__fail(t->err, "%s", t->errmsg);
   } else {
-    while (!st && t->ready->n) st = ebb__run_one(t, &t->nodes[ebb__heap_pop(t->ready)]);
+    while (!st && t->ready->n) st = run_one(t, &t->nodes[heap_pop(t->ready)]);
   }
   if (!st) st = ebb__end_sync(t);
   if (st && !c->results) {
@@ -903,8 +903,8 @@ static ebb_status execute_here(const struct ebb__call *c) {
   if (!st) st = resolve_inputs(c, &w, &t);
   uint64_t maxseq = 0;
   for (int i = 0; !st && i < c->nroots; i++) maxseq = w.rn[i]->seq > maxseq ? w.rn[i]->seq : maxseq;
-  if (!st && c->ninputs > 0) st = ebb__find_from_inputs(&t, w.innode, c->ninputs, maxseq);
-  if (!st) st = ebb__discover(&t, w.rn, c->nroots, c->ninputs > 0);
+  if (!st && c->ninputs > 0) st = find_from_inputs(&t, w.innode, c->ninputs, maxseq);
+  if (!st) st = discover(&t, w.rn, c->nroots, c->ninputs > 0);
   if (!st) st = mark_inputs(c, &w, &t);
   bool was;
   ebb_grad_set_enabled(false, &was); /* no graph of the backward (create_graph is not supported) */
@@ -918,7 +918,7 @@ static ebb_status execute_here(const struct ebb__call *c) {
   if (!st) st = end;
   ebb_grad_set_enabled(was, NULL);
   free(ready.a);
-  ebb__task_free(&t);
+  task_free(&t);
   work_free(c, &w); /* (after the task: a leaf root's AccumulateGrad may be held by nothing else) */
   if (st && c->results)
     for (int i = 0; i < c->ninputs; i++)
@@ -930,7 +930,7 @@ static ebb_status execute_here(const struct ebb__call *c) {
 }
 
 
-static ebb_status ebb__call_here(struct ebb__call *c) {
+static ebb_status call_here(struct ebb__call *c) {
   ebb__depth++;
   ebb__total_depth++;
   ebb_status st = execute_here(c);
@@ -941,14 +941,14 @@ static ebb_status ebb__call_here(struct ebb__call *c) {
 
 /* On a pool thread: the caller's streams current, its depth carried on, its status and message
  * carried back. */
-static void ebb__call_pooled(void *arg) {
+static void call_pooled(void *arg) {
   struct ebb__call *c = arg;
   for (int d = 0; d < c->nstreams; d++)
     if (c->streams[d]) ebb_stream_set_current(c->streams[d]);
   ebb__total_depth = c->total_depth;
   c->msg[0] = '\0';
   char *prev = ebb__fail_divert(c->msg); /* (its failure is the caller's to report, not this thread's) */
-  c->st = ebb__call_here(c);
+  c->st = call_here(c);
   ebb__fail_divert(prev);
   for (int d = 0; d < c->nstreams; d++) { /* the pool thread's own defaults again */
     ebb_stream_t *def = NULL;
@@ -957,13 +957,13 @@ static void ebb__call_pooled(void *arg) {
   ebb__total_depth = 0;
 }
 
-static ebb_status ebb__execute_in(struct ebb__call *c);
+static ebb_status execute_in(struct ebb__call *c);
 
 /* A backward call fails once: its steps (on this thread, device workers, a pool thread) build
  * one message without reporting it (ebb__fail_divert), and it is reported here, on the calling
  * thread, as this call's failure: that thread's last error and one error hook call. A call that
  * succeeds leaves both alone, whatever its steps met on the way. */
-static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
+static ebb_status engine_execute(const char *fn, const ebb_tensor_t *const *roots, const ebb_gradient_edge *eroots,
                                const ebb_tensor_t *const *grad_roots, int nroots, bool retain, const ebb_tensor_t *const *inputs,
                                const ebb_gradient_edge *einputs, int ninputs, bool accumulate, bool allow_unused,
                                ebb_tensor_t **results) {
@@ -972,16 +972,16 @@ static ebb_status ebb__execute(const char *fn, const ebb_tensor_t *const *roots,
                         .allow_unused = allow_unused, .results = results};
   char msg[EBB__ERRMSG_MAX] = "";
   char *prev = ebb__fail_divert(msg);
-  ebb_status st = ebb__execute_in(&c);
+  ebb_status st = execute_in(&c);
   ebb__fail_divert(prev);
   return st ? ebb__fail(st, "%s", msg) : EBB_OK;
 }
 
-static ebb_status ebb__execute_in(struct ebb__call *c) {
-  if (ebb__depth == 0) return ebb__call_here(c);
+static ebb_status execute_in(struct ebb__call *c) {
+  if (ebb__depth == 0) return call_here(c);
   ebb__count(EBB__S_REENTRANT, 1);
   /* ebb__depth counts the calls this one is nested in, the outermost included. */
-  if (ebb__depth <= atomic_load_explicit(&ebb__max_depth, memory_order_relaxed)) return ebb__call_here(c);
+  if (ebb__depth <= atomic_load_explicit(&ebb__max_depth, memory_order_relaxed)) return call_here(c);
   /* Past the depth limit: a pool thread runs it (serving this thread's queue meanwhile), so this
    * stack grows no further. */
   ebb__count(EBB__S_HANDOFFS, 1);
@@ -992,7 +992,7 @@ static ebb_status ebb__execute_in(struct ebb__call *c) {
   for (int d = 0; !st && d < n; d++) st = ebb_stream_current(d, &c->streams[d]);
   c->nstreams = n;
   c->total_depth = ebb__total_depth;
-  if (!st) st = ebb__pool_run(ebb__call_pooled, c);
+  if (!st) st = ebb__pool_run(call_pooled, c);
   free(c->streams);
   if (st) return st;
   return c->st ? ebb__fail(c->st, "%s", c->msg) : EBB_OK;
@@ -1000,19 +1000,19 @@ static ebb_status ebb__execute_in(struct ebb__call *c) {
 
 ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
                         const ebb_tensor_t *const *inputs, int ninputs) {
-  return ebb__execute("ebb_backward", roots, NULL, grad_roots, nroots, retain_graph, inputs, NULL, ninputs, true, false, NULL);
+  return engine_execute("ebb_backward", roots, NULL, grad_roots, nroots, retain_graph, inputs, NULL, ninputs, true, false, NULL);
 }
 
 ebb_status ebb_backward_edges(const ebb_gradient_edge *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
                               const ebb_gradient_edge *inputs, int ninputs) {
-  return ebb__execute("ebb_backward_edges", NULL, roots, grad_roots, nroots, retain_graph, NULL, inputs, ninputs, true, false, NULL);
+  return engine_execute("ebb_backward_edges", NULL, roots, grad_roots, nroots, retain_graph, NULL, inputs, ninputs, true, false, NULL);
 }
 
 ebb_status ebb_grad_edges(const ebb_gradient_edge *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                           const ebb_gradient_edge *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {
   if (!grads) return ebb__fail(EBB_EINVAL, "ebb_grad_edges: grads is NULL; expected an array of ninputs handles to fill");
   for (int i = 0; i < ninputs; i++) grads[i] = NULL;
-  return ebb__execute("ebb_grad_edges", NULL, outputs, grad_outputs, noutputs, retain_graph, NULL, inputs, ninputs, false,
+  return engine_execute("ebb_grad_edges", NULL, outputs, grad_outputs, noutputs, retain_graph, NULL, inputs, ninputs, false,
                       allow_unused, grads);
 }
 
@@ -1025,7 +1025,7 @@ ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *cons
                     const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {
   if (!grads) return ebb__fail(EBB_EINVAL, "ebb_grad: grads is NULL; expected an array of ninputs handles to fill");
   for (int i = 0; i < ninputs; i++) grads[i] = NULL;
-  return ebb__execute("ebb_grad", outputs, NULL, grad_outputs, noutputs, retain_graph, inputs, NULL, ninputs, false, allow_unused,
+  return engine_execute("ebb_grad", outputs, NULL, grad_outputs, noutputs, retain_graph, inputs, NULL, ninputs, false, allow_unused,
                       grads);
 }
 
@@ -1043,7 +1043,7 @@ ebb_status ebb_autograd_backward(const ebb_tensor_t *const *roots, int nroots, c
   static const char fn[] = "ebb_autograd_backward";
   ebb_status st = options_check(fn, opts, opts ? opts->version : 0);
   if (st) return st;
-  return ebb__execute(fn, roots, NULL, opts->grad_roots, nroots, opts->retain_graph, opts->inputs, NULL, opts->ninputs, true, false,
+  return engine_execute(fn, roots, NULL, opts->grad_roots, nroots, opts->retain_graph, opts->inputs, NULL, opts->ninputs, true, false,
                       NULL);
 }
 
@@ -1054,7 +1054,7 @@ ebb_status ebb_autograd_grad(const ebb_tensor_t *const *outputs, int noutputs, c
   if (st) return st;
   if (!grads) return ebb__fail(EBB_EINVAL, "%s: grads is NULL; expected an array of ninputs handles to fill", fn);
   for (int i = 0; i < ninputs; i++) grads[i] = NULL;
-  return ebb__execute(fn, outputs, NULL, opts->grad_outputs, noutputs, opts->retain_graph, inputs, NULL, ninputs, false,
+  return engine_execute(fn, outputs, NULL, opts->grad_outputs, noutputs, opts->retain_graph, inputs, NULL, ninputs, false,
                       opts->allow_unused, grads);
 }
 

@@ -36,10 +36,10 @@ static ebb_mutex ebb__acc_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.grad_acc", 
 #define EBB__CM16(i) EBB__CM4(i), EBB__CM4(i), EBB__CM4(i), EBB__CM4(i)
 static ebb_mutex ebb__cons_mu[64] = {EBB__CM16(0), EBB__CM16(1), EBB__CM16(2), EBB__CM16(3)};
 
-static ebb_mutex *ebb__cons_lock(const struct ebb_node *p) { return &ebb__cons_mu[((uintptr_t)p >> 7) & 63]; }
+static ebb_mutex *cons_lock(const struct ebb_node *p) { return &ebb__cons_mu[((uintptr_t)p >> 7) & 63]; }
 
-static void ebb__edge_link(struct ebb__edge *e) {
-  ebb_mutex *mu = ebb__cons_lock(e->fn);
+static void edge_link(struct ebb__edge *e) {
+  ebb_mutex *mu = cons_lock(e->fn);
   ebb__mutex_lock(mu);
   e->cnext = e->fn->consumers;
   if (e->cnext) e->cnext->cpprev = &e->cnext;
@@ -50,9 +50,9 @@ static void ebb__edge_link(struct ebb__edge *e) {
 
 /* Only an edge whose owner was set (by the owner's thread, before linking) is linked; its
  * links are read under the lock, since linking a neighbour rewrites them. */
-static void ebb__edge_unlink(struct ebb__edge *e) {
+static void edge_unlink(struct ebb__edge *e) {
   if (!e->owner) return;
-  ebb_mutex *mu = ebb__cons_lock(e->fn);
+  ebb_mutex *mu = cons_lock(e->fn);
   ebb__mutex_lock(mu);
   *e->cpprev = e->cnext;
   if (e->cnext) e->cnext->cpprev = e->cpprev;
@@ -61,20 +61,20 @@ static void ebb__edge_unlink(struct ebb__edge *e) {
   e->owner = NULL;
 }
 
-static void ebb__node_stream_set(struct ebb_node *n, int device);
+static void node_stream_set(struct ebb_node *n, int device);
 
 void ebb__node_link(struct ebb_node *n) {
   /* Its forward stream: the current stream of its outputs' device as it is recorded. */
-  if (n->op >= 0 && n->nout > 0 && n->in_meta && !n->stream_id) ebb__node_stream_set(n, n->in_meta[n->nin].device);
+  if (n->op >= 0 && n->nout > 0 && n->in_meta && !n->stream_id) node_stream_set(n, n->in_meta[n->nin].device);
   for (int i = 0; n->op >= 0 && i < n->nin; i++)
     if (n->next[i].fn) {
       n->next[i].owner = n;
-      ebb__edge_link(&n->next[i]);
+      edge_link(&n->next[i]);
     }
 }
 
 ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t *n, size_t *cap) {
-  ebb_mutex *mu = ebb__cons_lock(p);
+  ebb_mutex *mu = cons_lock(p);
   ebb_status st = EBB_OK;
   ebb__mutex_lock(mu);
   for (struct ebb__edge *e = p->consumers; e && !st; e = e->cnext) {
@@ -154,7 +154,7 @@ void ebb__node_unref(struct ebb_node *n) {
     struct ebb_node *x = stack[--depth];
     for (int i = 0; i < x->nin; i++) {
       struct ebb_node *c = x->next ? x->next[i].fn : NULL;
-      if (c) ebb__edge_unlink(&x->next[i]); /* before its reference goes: c outlives the link */
+      if (c) edge_unlink(&x->next[i]); /* before its reference goes: c outlives the link */
       if (!c || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) continue;
       if (depth == cap) {
         struct ebb_node **bigger = malloc(cap * 2 * sizeof *bigger);
@@ -226,7 +226,7 @@ struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m) {
 }
 
 /* n's forward stream: the calling thread's current stream on `device` (none for the CPU). */
-static void ebb__node_stream_set(struct ebb_node *n, int device) {
+static void node_stream_set(struct ebb_node *n, int device) {
   ebb_stream_t *s = NULL;
   uint64_t id = 0;
   if (device == EBB_DEVICE_CPU || ebb_stream_current(device, &s) || ebb_stream_id(s, &id)) return;
@@ -284,7 +284,7 @@ ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node *
     a->leaf = t;
     ebb__tensor_meta tm;
     ebb__tensor_meta_of(t, &tm);
-    ebb__node_stream_set(a, tm.device);
+    node_stream_set(a, tm.device);
     atomic_store_explicit(&a->refs, 1, memory_order_relaxed);
     m->grad_acc = a;
   }
@@ -295,7 +295,7 @@ ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node *
 
 /* ---- the hooks ops calls ------------------------------------------------------------------------ */
 
-static void ebb__ag_released(ebb_tensor_t *t, void *slot) {
+static void ag_released(ebb_tensor_t *t, void *slot) {
   (void)t;
   struct ebb__meta *m = slot;
   ebb__retain_end(m); /* before its node (whose list holds the retain hook) may go */
@@ -318,7 +318,7 @@ ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   return st;
 }
 
-static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
+static ebb_status ag_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
                                    const struct ebb__op_args *args) {
   if (ebb__grad_off || ebb__inference_on()) return EBB_OK;
   /* Views among the inputs take their history from their base first, if it moved on: a node
@@ -420,15 +420,15 @@ static ebb_status ebb__ag_recorded(int op, const ebb_tensor_t *const *in, int ni
   return EBB_OK;
 }
 
-static const ebb__tensor_hooks ebb__ag_hooks = {ebb__ag_released, NULL, ebb__ag_recorded, ebb__ag_inplace, ebb__ag_inplace_done};
+static const ebb__tensor_hooks ebb__ag_hooks = {ag_released, NULL, ag_recorded, ebb__ag_inplace, ebb__ag_inplace_done};
 
 /* ---- public API --------------------------------------------------------------------------------- */
 
-static ebb_status ebb__check_t(const char *fn, const ebb_tensor_t *t) { return ebb__tensor_check(t, fn, "t"); }
+static ebb_status check_t(const char *fn, const ebb_tensor_t *t) { return ebb__tensor_check(t, fn, "t"); }
 
 ebb_status ebb_tensor_set_requires_grad(ebb_tensor_t *t, bool requires_grad) {
   static const char fn[] = "ebb_tensor_set_requires_grad";
-  ebb_status st = ebb__check_t(fn, t);
+  ebb_status st = check_t(fn, t);
   if (st) return st;
   struct ebb__meta *m = ebb__meta_of(t);
   char td[EBB__DESC_MAX];
@@ -453,7 +453,7 @@ ebb_status ebb_tensor_set_requires_grad(ebb_tensor_t *t, bool requires_grad) {
 }
 
 ebb_status ebb_tensor_requires_grad(const ebb_tensor_t *t, bool *out) {
-  ebb_status st = ebb__check_t("ebb_tensor_requires_grad", t);
+  ebb_status st = check_t("ebb_tensor_requires_grad", t);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_requires_grad: out is NULL; expected a bool to fill");
   const struct ebb__meta *m = ebb__meta_of(t);
@@ -462,7 +462,7 @@ ebb_status ebb_tensor_requires_grad(const ebb_tensor_t *t, bool *out) {
 }
 
 ebb_status ebb_tensor_is_leaf(const ebb_tensor_t *t, bool *out) {
-  ebb_status st = ebb__check_t("ebb_tensor_is_leaf", t);
+  ebb_status st = check_t("ebb_tensor_is_leaf", t);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_is_leaf: out is NULL; expected a bool to fill");
   struct ebb__meta *m = ebb__meta_of(t);
@@ -474,7 +474,7 @@ ebb_status ebb_tensor_is_leaf(const ebb_tensor_t *t, bool *out) {
 }
 
 ebb_status ebb_tensor_grad_fn(const ebb_tensor_t *t, const ebb_node_t **out, int *output_nr) {
-  ebb_status st = ebb__check_t("ebb_tensor_grad_fn", t);
+  ebb_status st = check_t("ebb_tensor_grad_fn", t);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_grad_fn: out is NULL; expected a node pointer to fill");
   struct ebb__meta *m = ebb__meta_of(t);
@@ -487,14 +487,14 @@ ebb_status ebb_tensor_grad_fn(const ebb_tensor_t *t, const ebb_node_t **out, int
 }
 
 ebb_status ebb_tensor_detach(const ebb_tensor_t *t, ebb_tensor_t **out) {
-  ebb_status st = ebb__check_t("ebb_tensor_detach", t);
+  ebb_status st = check_t("ebb_tensor_detach", t);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_detach: out is NULL; expected a tensor handle to fill");
   st = ebb__tensor_share(t, out);
   return st ? ebb__fail(st, "ebb_tensor_detach: no host memory for a tensor handle") : EBB_OK;
 }
 
-static ebb_status ebb__check_node(const char *fn, const ebb_node_t *n) {
+static ebb_status check_node(const char *fn, const ebb_node_t *n) {
   if (!n) return ebb__fail(EBB_EINVAL, "%s: node is NULL; expected a node (ebb_tensor_grad_fn, ebb_node_next)", fn);
   if (n->magic != EBB__NODE_MAGIC) return ebb__fail(EBB_EFREED, "%s: node %p is not a live node", fn, (const void *)n);
   return EBB_OK;
@@ -505,7 +505,7 @@ const char *ebb_node_name(const ebb_node_t *node) {
 }
 
 ebb_status ebb_node_sequence_nr(const ebb_node_t *node, uint64_t *out) {
-  ebb_status st = ebb__check_node("ebb_node_sequence_nr", node);
+  ebb_status st = check_node("ebb_node_sequence_nr", node);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_node_sequence_nr: out is NULL; expected a uint64_t to fill");
   *out = node->seq;
@@ -513,7 +513,7 @@ ebb_status ebb_node_sequence_nr(const ebb_node_t *node, uint64_t *out) {
 }
 
 ebb_status ebb_node_num_next(const ebb_node_t *node, int *out) {
-  ebb_status st = ebb__check_node("ebb_node_num_next", node);
+  ebb_status st = check_node("ebb_node_num_next", node);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_node_num_next: out is NULL; expected an int to fill");
   *out = node->op < 0 ? 0 : node->nin;
@@ -521,7 +521,7 @@ ebb_status ebb_node_num_next(const ebb_node_t *node, int *out) {
 }
 
 ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t **next, int *input_nr) {
-  ebb_status st = ebb__check_node("ebb_node_next", node);
+  ebb_status st = check_node("ebb_node_next", node);
   if (st) return st;
   int n = node->op < 0 ? 0 : node->nin;
   if (i < 0 || i >= n)
@@ -536,17 +536,17 @@ long ebb_autograd_live_nodes(void) { return atomic_load_explicit(&ebb__live_node
 
 /* ---- the module ------------------------------------------------------------------------------ */
 
-static ebb_status ebb__autograd_start(void) {
+static ebb_status autograd_start(void) {
   ebb__tensor_hooks_set(&ebb__ag_hooks);
   return EBB_OK;
 }
 
-static void ebb__autograd_stop(void) {
+static void autograd_stop(void) {
   ebb__engine_stop(); /* workers joined first: none may run a node once the hooks are gone */
   ebb__tensor_hooks_set(NULL);
 }
 
-static int ebb__autograd_count(ebb__live_count *out, int max) {
+static int autograd_count(ebb__live_count *out, int max) {
   if (max < 1) return 0;
   out[0] = (ebb__live_count){"autograd nodes", ebb_autograd_live_nodes()};
   return 1;
@@ -555,7 +555,7 @@ static int ebb__autograd_count(ebb__live_count *out, int max) {
 const ebb__module_desc ebb__module_autograd = {
     .name = "autograd",
     .layer = EBB__LAYER_AUTOGRAD,
-    .start = ebb__autograd_start,
-    .stop = ebb__autograd_stop,
-    .count = ebb__autograd_count,
+    .start = autograd_start,
+    .stop = autograd_stop,
+    .count = autograd_count,
 };

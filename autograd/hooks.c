@@ -24,7 +24,7 @@ static size_t ebb__nreg, ebb__capreg;
 static uint64_t ebb__next_hook_id = 1;
 
 /* Adds h to the registry and appends it to *list. Lock held. */
-static bool ebb__hook_add_locked(_Atomic(struct ebb__hook *) *list, struct ebb__hook *h) {
+static bool hook_add_locked(_Atomic(struct ebb__hook *) *list, struct ebb__hook *h) {
   if (ebb__nreg == ebb__capreg) {
     size_t nc = ebb__capreg ? ebb__capreg * 2 : 16;
     struct ebb__hook **nr = realloc(ebb__reg, nc * sizeof *nr);
@@ -39,7 +39,7 @@ static bool ebb__hook_add_locked(_Atomic(struct ebb__hook *) *list, struct ebb__
   return true;
 }
 
-static void ebb__unregister_locked(const struct ebb__hook *h) {
+static void unregister_locked(const struct ebb__hook *h) {
   for (size_t i = 0; i < ebb__nreg; i++)
     if (ebb__reg[i] == h) {
       ebb__reg[i] = ebb__reg[--ebb__nreg];
@@ -51,7 +51,7 @@ void ebb__hooks_free(struct ebb__hook *h) {
   if (!h) return;
   ebb__mutex_lock(&ebb__hook_mu);
   for (struct ebb__hook *x = h; x; x = x->next)
-    if (!x->removed) ebb__unregister_locked(x);
+    if (!x->removed) unregister_locked(x);
   ebb__mutex_unlock(&ebb__hook_mu);
   /* Destructors without the lock: one may drop the last reference of a node, whose free comes
    * back here. */
@@ -66,7 +66,7 @@ void ebb__hooks_free(struct ebb__hook *h) {
 ebb_status ebb__hook_attach(const char *fn, _Atomic(struct ebb__hook *) *list, struct ebb__hook *h, uint64_t *id) {
   static _Atomic(struct ebb__hook *) none;
   ebb__mutex_lock(&ebb__hook_mu);
-  bool ok = ebb__hook_add_locked(list ? list : &none, h);
+  bool ok = hook_add_locked(list ? list : &none, h);
   if (!list) none = NULL; /* a group is in the registry only */
   if (ok) *id = h->id;
   ebb__mutex_unlock(&ebb__hook_mu);
@@ -80,13 +80,13 @@ bool ebb__hook_remove_id(uint64_t id) {
     if (ebb__reg[i]->id == id) h = ebb__reg[i];
   if (h) {
     h->removed = true;
-    ebb__unregister_locked(h);
+    unregister_locked(h);
   }
   ebb__mutex_unlock(&ebb__hook_mu);
   return h != NULL;
 }
 
-static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_tensor_hook_fn f, ebb_post_accumulate_hook_fn post,
+static ebb_status hooks_register(const char *fn, ebb_tensor_t *t, int kind, ebb_tensor_hook_fn f, ebb_post_accumulate_hook_fn post,
                                 void *user, void (*user_free)(void *), bool internal, ebb_hook_handle *out) {
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
@@ -108,7 +108,7 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
   *h = (struct ebb__hook){.kind = kind, .output_nr = nr, .fn = f, .post = post, .user = user, .user_free = user_free,
                             .internal = internal};
   ebb__mutex_lock(&ebb__hook_mu);
-  bool ok = ebb__hook_add_locked(gf ? &gf->hooks : &m->hooks, h);
+  bool ok = hook_add_locked(gf ? &gf->hooks : &m->hooks, h);
   uint64_t id = h->id;
   ebb__mutex_unlock(&ebb__hook_mu);
   if (!ok) {
@@ -120,19 +120,19 @@ static ebb_status ebb__register(const char *fn, ebb_tensor_t *t, int kind, ebb_t
 }
 
 ebb_status ebb_tensor_register_hook(ebb_tensor_t *t, ebb_tensor_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__register("ebb_tensor_register_hook", t, EBB__HOOK_TENSOR, fn, NULL, user, NULL, false, out);
+  return hooks_register("ebb_tensor_register_hook", t, EBB__HOOK_TENSOR, fn, NULL, user, NULL, false, out);
 }
 
 ebb_status ebb__tensor_hook_add(const char *fn, ebb_tensor_t *t, ebb_tensor_hook_fn f, void *user, void (*user_free)(void *),
                                 uint64_t *id) {
   ebb_hook_handle h = {0};
-  ebb_status st = ebb__register(fn, t, EBB__HOOK_TENSOR, f, NULL, user, user_free, true, &h);
+  ebb_status st = hooks_register(fn, t, EBB__HOOK_TENSOR, f, NULL, user, user_free, true, &h);
   if (!st) *id = h.id;
   return st;
 }
 
 ebb_status ebb_tensor_register_post_accumulate_hook(ebb_tensor_t *t, ebb_post_accumulate_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__register("ebb_tensor_register_post_accumulate_hook", t, EBB__HOOK_POST_ACC, NULL, fn, user, NULL, false, out);
+  return hooks_register("ebb_tensor_register_post_accumulate_hook", t, EBB__HOOK_POST_ACC, NULL, fn, user, NULL, false, out);
 }
 
 ebb_status ebb_hook_remove(ebb_hook_handle handle) {
@@ -142,7 +142,7 @@ ebb_status ebb_hook_remove(ebb_hook_handle handle) {
     if (ebb__reg[i]->id == handle.id) h = ebb__reg[i];
   if (h) {
     h->removed = true;
-    ebb__unregister_locked(h);
+    unregister_locked(h);
   }
   ebb__mutex_unlock(&ebb__hook_mu);
   if (!h)
@@ -156,7 +156,7 @@ ebb_status ebb_hook_remove(ebb_hook_handle handle) {
   return EBB_OK;
 }
 
-static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
+static ebb_status retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
 
 ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
   static const char fn[] = "ebb_tensor_retain_grad";
@@ -172,20 +172,20 @@ ebb_status ebb_tensor_retain_grad(ebb_tensor_t *t) {
   if ((st = ebb__grad_fn_now(t, m, &gf, &nr))) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
   if (!gf || m->retain) return EBB_OK; /* a leaf keeps its .grad anyway; twice is once */
   struct ebb__hook *h = NULL;
-  st = ebb__retain_add(m, gf, nr, &h);
+  st = retain_add(m, gf, nr, &h);
   if (!st) m->retain = h;
   return st ? ebb__fail(st, "%s: %s", fn, ebb_last_error()) : EBB_OK;
 }
 
 /* A retain hook for m on output nr of node. */
-static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out) {
+static ebb_status retain_add(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out) {
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "no host memory for the retain_grad hook");
   /* (no fn: the engine writes .grad itself, ebb__run_tensor_hooks' `retain`, since only it knows
    * the stream the write goes on, which the caller's streams must wait for) */
   *h = (struct ebb__hook){.kind = EBB__HOOK_RETAIN, .output_nr = nr, .user = m};
   ebb__mutex_lock(&ebb__hook_mu);
-  bool ok = ebb__hook_add_locked(&node->hooks, h);
+  bool ok = hook_add_locked(&node->hooks, h);
   ebb__mutex_unlock(&ebb__hook_mu);
   if (!ok) {
     free(h);
@@ -197,7 +197,7 @@ static ebb_status ebb__retain_add(struct ebb__meta *m, struct ebb_node *node, in
 
 ebb_status ebb__retain_prepare(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out) {
   *out = NULL;
-  return m && m->retain ? ebb__retain_add(m, node, nr, out) : EBB_OK;
+  return m && m->retain ? retain_add(m, node, nr, out) : EBB_OK;
 }
 
 void ebb__retain_commit(struct ebb__meta *m, struct ebb__hook *h) {
@@ -209,7 +209,7 @@ void ebb__retain_commit(struct ebb__meta *m, struct ebb__hook *h) {
 void ebb__retain_end(struct ebb__meta *m) {
   if (!m->retain) return;
   ebb__mutex_lock(&ebb__hook_mu);
-  if (!m->retain->removed) ebb__unregister_locked(m->retain);
+  if (!m->retain->removed) unregister_locked(m->retain);
   m->retain->removed = true;
   m->retain->user = NULL;
   ebb__mutex_unlock(&ebb__hook_mu);
@@ -217,7 +217,7 @@ void ebb__retain_end(struct ebb__meta *m) {
 }
 
 /* One pass over the list for the tensor hooks of output_nr. */
-static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
+static ebb_status run_kind(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad) {
   for (; h; h = h->next) {
     if (h->kind != EBB__HOOK_TENSOR || h->output_nr != output_nr || h->removed || !*grad) continue;
     ebb_tensor_t *rep = NULL;
@@ -254,7 +254,7 @@ static ebb_status ebb__run_kind(const char *fn, const char *who, struct ebb__hoo
 
 ebb_status ebb__run_tensor_hooks(const char *fn, const char *who, struct ebb__hook *h, int output_nr, ebb_tensor_t **grad,
                                  ebb__retain_write_fn retain, void *ctx) {
-  ebb_status st = ebb__run_kind(fn, who, h, output_nr, grad);
+  ebb_status st = run_kind(fn, who, h, output_nr, grad);
   /* retain_grad sees the gradient after every other tensor hook (PyTorch's order). */
   for (; !st && h; h = h->next) {
     if (h->kind != EBB__HOOK_RETAIN || h->output_nr != output_nr || h->removed || !*grad) continue;

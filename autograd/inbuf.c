@@ -37,7 +37,7 @@ bool ebb_autograd_accumulate_grad_follows_producer(void) { return atomic_load_ex
  * slot's), else a new sum. On the current stream of their device. slot_shared, g_shared: that
  * tensor was handed to consumers on other streams too, which may not have read it yet: never
  * written in place. */
-static ebb_status ebb__sum_into(ebb_tensor_t **slot, ebb_tensor_t *g, bool slot_shared, bool g_shared) {
+static ebb_status sum_into(ebb_tensor_t **slot, ebb_tensor_t *g, bool slot_shared, bool g_shared) {
   ebb__tensor_meta bm;
   ebb__tensor_meta_of(*slot, &bm);
   if (ebb__tensor_matches(g, &bm)) {
@@ -63,7 +63,7 @@ static ebb_status ebb__sum_into(ebb_tensor_t **slot, ebb_tensor_t *g, bool slot_
 }
 
 /* Pooled events of the engine's own: not counted as the caller's (ebb_shutdown's live check). */
-static ebb_event_t *ebb__ev_new(int dev) {
+static ebb_event_t *ev_new(int dev) {
   ebb_event_t *e = NULL;
   if (ebb_event_create(dev, EBB_EVENT_DEFAULT, &e)) return NULL;
   ebb__events_live_add(-1);
@@ -77,12 +77,12 @@ void ebb__ev_free(ebb_event_t *e) {
 }
 
 /* Records *e (made, or remade for another device, as needed) on stream r. */
-static ebb_status ebb__record(struct ebb__task *t, ebb_event_t **e, int *edev, const struct ebb__sref *r) {
+static ebb_status inbuf_record(struct ebb__task *t, ebb_event_t **e, int *edev, const struct ebb__sref *r) {
   if (*e && *edev != r->dev) {
     ebb__ev_free(*e);
     *e = NULL;
   }
-  if (!*e && !(*e = ebb__ev_new(r->dev))) return ebb__fail(EBB_ENOMEM, "%s: no event for a gradient on device %d: %s", t->fn, r->dev, ebb_last_error());
+  if (!*e && !(*e = ev_new(r->dev))) return ebb__fail(EBB_ENOMEM, "%s: no event for a gradient on device %d: %s", t->fn, r->dev, ebb_last_error());
   *edev = r->dev;
   ebb_status st = ebb_event_record(*e, r->s);
   if (st) return ebb__fail(st, "%s: recording a gradient's event on stream %llu (device %d) failed: %s", t->fn,
@@ -92,7 +92,7 @@ static ebb_status ebb__record(struct ebb__task *t, ebb_event_t **e, int *edev, c
 }
 
 /* Makes stream r wait (on the device) for event e. */
-static ebb_status ebb__wait(struct ebb__task *t, ebb_event_t *e, const struct ebb__sref *r) {
+static ebb_status inbuf_wait(struct ebb__task *t, ebb_event_t *e, const struct ebb__sref *r) {
   ebb_status st = ebb_event_wait(e, r->s);
   if (st) return ebb__fail(st, "%s: making stream %llu (device %d) wait for a gradient failed: %s", t->fn,
                            (unsigned long long)r->id, r->dev, ebb_last_error());
@@ -104,7 +104,7 @@ static ebb_status ebb__wait(struct ebb__task *t, ebb_event_t *e, const struct eb
  * device dev (handle s), live or released: an event recorded on it while it lives, else its
  * release's own event of its last work. */
 static ebb_status order_after(struct ebb__task *t, const struct ebb__sref *w, ebb_stream_t *s, uint64_t id, int dev) {
-  ebb_event_t *e = ebb__ev_new(dev);
+  ebb_event_t *e = ev_new(dev);
   if (!e) return ebb__fail(EBB_ENOMEM, "%s: no event to order stream %llu after stream %llu (device %d): %s", t->fn,
                            (unsigned long long)w->id, (unsigned long long)id, dev, ebb_last_error());
   ebb_status st = ebb__event_record_live(e, s, id);
@@ -112,7 +112,7 @@ static ebb_status order_after(struct ebb__task *t, const struct ebb__sref *w, eb
     st = ebb__stream_wait_released(w->s, dev, id); /* (w is held, or immortal) */
   } else if (!st) {
     atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
-    st = ebb__wait(t, e, w);
+    st = inbuf_wait(t, e, w);
   }
   ebb__ev_free(e);
   if (st)
@@ -211,7 +211,7 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
       b[k] = g;
       return EBB_OK;
     }
-    return ebb__sum_into(&b[k], g, false, false); /* (CPU kernels are done on return: nothing reads later) */
+    return sum_into(&b[k], g, false, false); /* (CPU kernels are done on return: nothing reads later) */
   }
   if (!x->sync && !(x->sync = calloc((size_t)ebb__nbufs(x), sizeof *x->sync))) {
     ebb_tensor_release(g);
@@ -240,7 +240,7 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
     sl->shared = shared;
     sl->ev_ok = false;
     if (x->sr.id != prod->id || sl->accum.id != prod->id) {
-      ebb_status st = ebb__record(t, &sl->ev, &sl->ev_dev, prod);
+      ebb_status st = inbuf_record(t, &sl->ev, &sl->ev_dev, prod);
       if (st) return st;
       sl->ev_ok = true;
     }
@@ -250,13 +250,13 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
   if (sl->accum.id != prod->id) { /* the sum waits for this producer */
     ebb_event_t *e = NULL;
     int edev = 0;
-    st = ebb__record(t, &e, &edev, prod);
-    if (!st) st = ebb__wait(t, e, &sl->accum);
+    st = inbuf_record(t, &e, &edev, prod);
+    if (!st) st = inbuf_wait(t, e, &sl->accum);
     ebb__ev_free(e);
   }
   if (!st && sl->accum.id != sl->ready.id) { /* ... and for the value already there */
-    if (!sl->ev_ok) st = ebb__record(t, &sl->ev, &sl->ev_dev, &sl->ready);
-    if (!st) st = ebb__wait(t, sl->ev, &sl->accum);
+    if (!sl->ev_ok) st = inbuf_record(t, &sl->ev, &sl->ev_dev, &sl->ready);
+    if (!st) st = inbuf_wait(t, sl->ev, &sl->accum);
   }
   if (st) {
     ebb_tensor_release(g);
@@ -264,7 +264,7 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
   }
   ebb_stream_guard gu;
   bool in = ebb__enter(&gu, &sl->accum);
-  st = ebb__sum_into(&b[k], g, sl->shared, shared);
+  st = sum_into(&b[k], g, sl->shared, shared);
   sl->shared = false; /* the sum is in a tensor no one else was handed (never into a shared one) */
   ebb__leave(&gu, in);
   sl->ready = sl->accum;
@@ -277,10 +277,10 @@ ebb_status ebb__buf_add(struct ebb__task *t, struct ebb__tnode *x, int k, ebb_te
  * stream, another thread's backward through another accumulator of the leaf), r first waits for
  * that stream: it holds the last write, which r's read-modify-write must come after. The caller
  * never saw that stream (the engine chose both), so ordering them is the engine's job. */
-static ebb_status ebb__grad_order(struct ebb__task *t, struct ebb__meta *m, const struct ebb__sref *r) {
+static ebb_status grad_order(struct ebb__task *t, struct ebb__meta *m, const struct ebb__sref *r) {
   if (!m->grad || !r->id || !m->grad_stream_id || m->grad_stream_id == r->id) return EBB_OK;
   int dev = m->grad_stream_dev;
-  ebb_event_t *e = ebb__ev_new(dev);
+  ebb_event_t *e = ev_new(dev);
   if (!e) return ebb__fail(EBB_ENOMEM, "%s: no event to order a .grad written on stream %llu (device %d) before stream %llu: %s", t->fn,
                            (unsigned long long)m->grad_stream_id, dev, (unsigned long long)r->id, ebb_last_error());
   /* (streams_export.h: recorded only while that stream lives; once released, its release's own
@@ -290,7 +290,7 @@ static ebb_status ebb__grad_order(struct ebb__task *t, struct ebb__meta *m, cons
     st = ebb__stream_wait_released(r->s, dev, m->grad_stream_id);
   } else if (!st) {
     atomic_fetch_add_explicit(&t->n_events, 1, memory_order_relaxed);
-    st = ebb__wait(t, e, r);
+    st = inbuf_wait(t, e, r);
   }
   ebb__ev_free(e);
   if (st)
@@ -300,7 +300,7 @@ static ebb_status ebb__grad_order(struct ebb__task *t, struct ebb__meta *m, cons
 }
 
 /* .grad was just written on stream r (grad_mu held). */
-static void ebb__grad_written(struct ebb__meta *m, const struct ebb__sref *r) {
+static void grad_written(struct ebb__meta *m, const struct ebb__sref *r) {
   m->grad_stream = r->s;
   m->grad_stream_id = r->id;
   m->grad_stream_dev = r->dev;
@@ -313,7 +313,7 @@ ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *x, ebb_
   struct ebb_node *n = x->n;
   struct ebb__meta *m = ebb__meta_of(n->leaf);
   ebb__mutex_lock(&m->grad_mu);
-  ebb_status st = ebb__grad_order(t, m, &x->sr);
+  ebb_status st = grad_order(t, m, &x->sr);
   if (!st && m->grad) {
     st = ebb_op_add_(m->grad, *g);
   } else if (!st && ebb__tensor_exclusive(*g) && !(x->sync && x->sync[0].shared)) { /* (shared: copied, .grad is summed into) */
@@ -326,7 +326,7 @@ ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *x, ebb_
     ebb__owners_leave(named);
     if (!st && !named) ebb__owners_grad_new(n->leaf, m, m->grad);
   }
-  if (!st) ebb__grad_written(m, &x->sr);
+  if (!st) grad_written(m, &x->sr);
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
@@ -338,9 +338,9 @@ ebb_status ebb__accumulate(struct ebb__task *t, const struct ebb__tnode *x, ebb_
  * change that moved its history). */
 ebb_status ebb__accumulate_into(struct ebb__task *t, const struct ebb__tnode *x, struct ebb__meta *m, const ebb_tensor_t *g) {
   ebb__mutex_lock(&m->grad_mu);
-  ebb_status st = ebb__grad_order(t, m, &x->sr);
+  ebb_status st = grad_order(t, m, &x->sr);
   if (!st) st = m->grad ? ebb_op_add_(m->grad, g) : ebb_tensor_clone(g, &m->grad);
-  if (!st) ebb__grad_written(m, &x->sr);
+  if (!st) grad_written(m, &x->sr);
   ebb__mutex_unlock(&m->grad_mu);
   return st;
 }
@@ -355,8 +355,8 @@ ebb_status ebb__consume_waits(struct ebb__task *t, struct ebb__tnode *x) {
   for (int k = 0; x->sync && buf && k < ebb__nbufs(x) && !st; k++) {
     struct ebb__slot *sl = &x->sync[k];
     if (!buf[k] || !sl->accum.id || sl->ready.id == x->sr.id) continue;
-    if (!sl->ev_ok) st = ebb__record(t, &sl->ev, &sl->ev_dev, &sl->ready);
-    if (!st) st = ebb__wait(t, sl->ev, &x->sr);
+    if (!sl->ev_ok) st = inbuf_record(t, &sl->ev, &sl->ev_dev, &sl->ready);
+    if (!st) st = inbuf_wait(t, sl->ev, &x->sr);
   }
   return st;
 }
@@ -392,7 +392,7 @@ static struct {
 } ebb__warned;
 
 /* True the first time (leaf, a, b) is seen (false too without memory: no warning then). */
-static bool ebb__warn_first(uint64_t leaf, uint64_t a, uint64_t b) {
+static bool warn_first(uint64_t leaf, uint64_t a, uint64_t b) {
   ebb__mutex_lock(&ebb__warned_mu);
   bool first = false;
   if ((ebb__warned.n + 1) * 2 > ebb__warned.cap) {
@@ -429,10 +429,10 @@ out:
 /* The stream-mismatch warning for AccumulateGrad x (its slot saw x->mism), once per leaf and pair
  * of streams: names the leaf, both streams, the producer and what keeps the accumulator alive
  * (the nodes of other graphs that use it, gradient-edge handles). */
-static void ebb__acc_warn(struct ebb__task *t, const struct ebb__tnode *x) {
+static void acc_warn(struct ebb__task *t, const struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
   struct ebb__meta *m = ebb__meta_of(n->leaf);
-  if (!ebb__warn_first(m->uid, x->sr.id, x->mism.id)) return;
+  if (!warn_first(m->uid, x->sr.id, x->mism.id)) return;
   ebb__count(EBB__S_WARNS, 1);
   char leaf[160], name[EBB_TENSOR_NAME_MAX + 1] = "";
   ebb_tensor_info ti;
@@ -484,7 +484,7 @@ static void ebb__acc_warn(struct ebb__task *t, const struct ebb__tnode *x) {
 /* Follow-producer made permanent on the node, or the mismatch warning: when AccumulateGrad x runs. */
 void ebb__acc_stream(struct ebb__task *t, const struct ebb__tnode *x) {
   if (x->follows && ebb__node_stream_move(x->n, x->recorded_id, x->sr.s, x->sr.id)) ebb__count(EBB__S_FOLLOWED, 1);
-  if (x->mism.id && atomic_load_explicit(&ebb__warn_acc, memory_order_relaxed)) ebb__acc_warn(t, x);
+  if (x->mism.id && atomic_load_explicit(&ebb__warn_acc, memory_order_relaxed)) acc_warn(t, x);
 }
 
 void ebb__inbuf_stop(void) {
@@ -541,7 +541,7 @@ void ebb__task_wrote_describe(const struct ebb__task *t, char *msg, size_t n) {
 /* ---- a task's streams --------------------------------------------------------------------------- */
 
 /* The device of node n: its forward outputs' (an AccumulateGrad: its leaf's), or the CPU. */
-static int ebb__node_dev(const struct ebb_node *n) {
+static int node_dev(const struct ebb_node *n) {
   if (n->op < 0) {
     ebb__tensor_meta m;
     ebb__tensor_meta_of(n->leaf, &m);
@@ -558,7 +558,7 @@ ebb_status ebb__task_streams(struct ebb__task *t, int *ndevs) {
   *ndevs = 0;
   for (size_t i = 0; i < t->count; i++) {
     struct ebb__tnode *x = &t->nodes[i];
-    x->dev = x->needed ? ebb__node_dev(x->n) : EBB_DEVICE_CPU;
+    x->dev = x->needed ? node_dev(x->n) : EBB_DEVICE_CPU;
     if (x->dev < 0) continue;
     if (!t->caller) {
       int n = 0;
@@ -617,8 +617,8 @@ ebb_status ebb__end_sync(struct ebb__task *t) {
     if (!c->id || c->id == l->id) continue;
     ebb_event_t *e = NULL;
     int edev = 0;
-    st = ebb__record(t, &e, &edev, l);
-    if (!st) st = ebb__wait(t, e, c);
+    st = inbuf_record(t, &e, &edev, l);
+    if (!st) st = inbuf_wait(t, e, c);
     ebb__ev_free(e);
   }
   return st;

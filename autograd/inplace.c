@@ -51,7 +51,7 @@ ebb_status ebb_tensor_is_inference(const ebb_tensor_t *t, bool *out) {
 /* ---- views ------------------------------------------------------------------------------------- */
 
 /* The edge into base's history (a new reference in e->fn; NULL when base needs no gradient). */
-static ebb_status ebb__base_edge(ebb_tensor_t *base, struct ebb__meta *bm, struct ebb__edge *e) {
+static ebb_status base_edge(ebb_tensor_t *base, struct ebb__meta *bm, struct ebb__edge *e) {
   *e = (struct ebb__edge){.fn = NULL};
   if (!bm || !bm->requires_grad) return EBB_OK;
   if (bm->grad_fn) {
@@ -65,7 +65,7 @@ static ebb_status ebb__base_edge(ebb_tensor_t *base, struct ebb__meta *bm, struc
 /* A node of op whose args.geom says where `view` lies in `base`, input 0 being base (nin
  * inputs); one reference. in_meta has nin + 1 entries, as a recorded node's: [nin] is its output's
  * (the base for CopySlices, the view for AsStridedBackward), which ebb_node_input_meta reads. */
-static struct ebb_node *ebb__geom_node(int op, int nin, const ebb_tensor_t *base, const ebb_tensor_t *view) {
+static struct ebb_node *geom_node(int op, int nin, const ebb_tensor_t *base, const ebb_tensor_t *view) {
   struct ebb_node *n = ebb__node_new(op, nin, 1);
   if (!n) return NULL;
   n->geom = calloc(1, sizeof *n->geom);
@@ -84,15 +84,15 @@ static struct ebb_node *ebb__geom_node(int op, int nin, const ebb_tensor_t *base
 
 /* View t's grad_fn taken again from its base's history, as of version v. Under ebb__view_mu;
  * the old grad_fn is returned in *old for the caller to drop after the lock. */
-static ebb_status ebb__view_rebuild_locked(const ebb_tensor_t *t, struct ebb__meta *m, uint64_t v, struct ebb_node **old) {
+static ebb_status view_rebuild_locked(const ebb_tensor_t *t, struct ebb__meta *m, uint64_t v, struct ebb_node **old) {
   ebb_tensor_t *base = ebb__tensor_base(t);
   struct ebb__meta *bm = ebb__meta_of(base);
   *old = NULL;
   if (bm && bm->requires_grad) {
     struct ebb__edge e;
-    ebb_status st = ebb__base_edge(base, bm, &e);
+    ebb_status st = base_edge(base, bm, &e);
     if (st) return st;
-    struct ebb_node *n = ebb__geom_node(EBB__OP_AS_STRIDED, 1, base, t);
+    struct ebb_node *n = geom_node(EBB__OP_AS_STRIDED, 1, base, t);
     struct ebb__hook *h = NULL;
     if (!n) {
       ebb__node_unref(e.fn);
@@ -126,7 +126,7 @@ ebb_status ebb__grad_fn_now(const ebb_tensor_t *t, struct ebb__meta *m, struct e
       struct ebb_node *old = NULL;
       ebb_status st = EBB_OK;
       ebb__mutex_lock(&ebb__view_mu);
-      if (atomic_load_explicit(&m->view_version, memory_order_relaxed) != v) st = ebb__view_rebuild_locked(t, m, v, &old);
+      if (atomic_load_explicit(&m->view_version, memory_order_relaxed) != v) st = view_rebuild_locked(t, m, v, &old);
       ebb__mutex_unlock(&ebb__view_mu);
       ebb__node_unref(old);
       if (st) return st;
@@ -151,7 +151,7 @@ struct ebb__inplace_tok {
   struct ebb__hook *bretain; /* the base's, likewise */
 };
 
-static void ebb__tok_free(struct ebb__inplace_tok *k) {
+static void tok_free(struct ebb__inplace_tok *k) {
   /* The dst view's node first: it holds a reference to the base's. */
   ebb__node_unref(k->vnode);
   ebb__node_unref(k->node); /* (frees the prepared retain hook with its list) */
@@ -161,7 +161,7 @@ static void ebb__tok_free(struct ebb__inplace_tok *k) {
 }
 
 /* The edge into t's history for a node that uses it (a new reference in e->fn). */
-static ebb_status ebb__edge_of(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb__edge *e) {
+static ebb_status edge_of(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb__edge *e) {
   struct ebb_node *gf = NULL;
   int nr = 0;
   ebb_status st = ebb__grad_fn_now(t, m, &gf, &nr);
@@ -216,7 +216,7 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   if (!st) {
     k->dst = dst;
     k->base = base;
-    n = base ? ebb__geom_node(EBB__OP_COPY_SLICES, nin, base, dst) : ebb__node_new(op, nin, 1);
+    n = base ? geom_node(EBB__OP_COPY_SLICES, nin, base, dst) : ebb__node_new(op, nin, 1);
     k->node = n;
     if (!n) st = EBB_ENOMEM;
   }
@@ -224,7 +224,7 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
     atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
     if (!(n->in_meta = calloc((size_t)nin + 1, sizeof *n->in_meta))) {
       st = EBB_ENOMEM;
-    } else { /* dst's old value, and [nin] its new one (the node's input, as ebb__geom_node's) */
+    } else { /* dst's old value, and [nin] its new one (the node's input, as geom_node's) */
       ebb__tensor_meta_of(dst, &n->in_meta[0]);
       ebb__tensor_meta_of(dst, &n->in_meta[nin]);
     }
@@ -237,13 +237,13 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   if (st == EBB_ENOMEM) st = ebb__fail(EBB_ENOMEM, "no host memory to record %s", base ? "CopySlices" : e->node);
   if (!st && base) {
     n->geom->inner_op = op;
-    st = ebb__base_edge(base, bm, &n->next[0]);
+    st = base_edge(base, bm, &n->next[0]);
   } else if (!st && (e->diff & 1) && dm && dm->requires_grad) {
     atomic_fetch_add_explicit(&dm->grad_fn->refs, 1, memory_order_relaxed);
     n->next[0] = (struct ebb__edge){.fn = dm->grad_fn, .input_nr = dm->output_nr};
   }
   if (!st && src) ebb__tensor_meta_of(src, &n->in_meta[1]);
-  if (!st && src_rg) st = ebb__edge_of(src, sm, &n->next[1]);
+  if (!st && src_rg) st = edge_of(src, sm, &n->next[1]);
   /* dst's value before the op, when the backward reads it (mul_): a copy, since the op is about
    * to overwrite it; made with grad mode off so it records nothing. */
   if (!st && (e->save & EBB__SAVE_IN(0))) {
@@ -256,7 +256,7 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   }
   if (!st && (e->save & EBB__SAVE_IN(1))) st = ebb__save(n, 1, src);
   if (!st && base) {
-    k->vnode = ebb__geom_node(EBB__OP_AS_STRIDED, 1, base, dst);
+    k->vnode = geom_node(EBB__OP_AS_STRIDED, 1, base, dst);
     if (!k->vnode) {
       st = ebb__fail(EBB_ENOMEM, "no host memory to record the view's new history");
     } else {
@@ -269,7 +269,7 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   if (!st) st = ebb__retain_prepare(dm, base ? k->vnode : n, 0, &k->retain);
   if (!st && base) st = ebb__retain_prepare(bm, n, 0, &k->bretain);
   if (st) {
-    if (k) ebb__tok_free(k);
+    if (k) tok_free(k);
     return st;
   }
   *token = k;
@@ -277,7 +277,7 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
 }
 
 /* Makes m's grad_fn `n` (taking the token's reference) and returns the old one, to drop. */
-static struct ebb_node *ebb__rebase(struct ebb__meta *m, struct ebb_node *n, struct ebb__hook *retain) {
+static struct ebb_node *rebase(struct ebb__meta *m, struct ebb_node *n, struct ebb__hook *retain) {
   ebb__retain_commit(m, retain); /* before the old node, which holds the old hook, may go */
   struct ebb_node *old = m->grad_fn;
   m->grad_fn = n;
@@ -289,7 +289,7 @@ static struct ebb_node *ebb__rebase(struct ebb__meta *m, struct ebb_node *n, str
 void ebb__ag_inplace_done(void *token, bool ok) {
   struct ebb__inplace_tok *k = token;
   if (!ok) {
-    ebb__tok_free(k);
+    tok_free(k);
     return;
   }
   ebb__node_link(k->node); /* whole now: partial backward walks may find them */
@@ -302,7 +302,7 @@ void ebb__ag_inplace_done(void *token, bool ok) {
   }
   struct ebb_node *old_d = NULL, *old_b = NULL;
   if (!k->base) {
-    old_d = ebb__rebase(dm, k->node, k->retain);
+    old_d = rebase(dm, k->node, k->retain);
   } else {
     struct ebb__meta *bm = ebb__meta_of(k->base);
     if (!bm) {
@@ -313,8 +313,8 @@ void ebb__ag_inplace_done(void *token, bool ok) {
     uint64_t v = 0;
     ebb_tensor_version(k->dst, &v);
     ebb__mutex_lock(&ebb__view_mu);
-    old_b = ebb__rebase(bm, k->node, k->bretain);
-    old_d = ebb__rebase(dm, k->vnode, k->retain);
+    old_b = rebase(bm, k->node, k->bretain);
+    old_d = rebase(dm, k->vnode, k->retain);
     dm->is_view = true;
     /* release: pairs with the acquire in ebb__grad_fn_now; grad_fn is written. */
     atomic_store_explicit(&dm->view_version, v, memory_order_release);

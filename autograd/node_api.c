@@ -30,13 +30,13 @@ static _Thread_local struct ebb_node *ebb__cur_node;
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static ebb_status ebb__node_check(const char *fn, const ebb_node_t *n) {
+static ebb_status node_check(const char *fn, const ebb_node_t *n) {
   if (!n) return ebb__fail(EBB_EINVAL, "%s: node is NULL; expected a node (ebb_tensor_grad_fn, ebb_node_next)", fn);
   if (n->magic != EBB__NODE_MAGIC) return ebb__fail(EBB_EFREED, "%s: node %p is not a live node", fn, (const void *)n);
   return EBB_OK;
 }
 
-static int ebb__num_inputs(const struct ebb_node *n) { return n->op < 0 ? 1 : n->nout; }
+static int num_inputs(const struct ebb_node *n) { return n->op < 0 ? 1 : n->nout; }
 
 void ebb__node_input_meta(const struct ebb_node *n, int k, ebb__tensor_meta *out) {
   if (n->op < 0) ebb__tensor_meta_of(n->leaf, out);
@@ -44,14 +44,14 @@ void ebb__node_input_meta(const struct ebb_node *n, int k, ebb__tensor_meta *out
 }
 
 /* "MulBackward (node 12)", or "AccumulateGrad" (whose sequence number says nothing). */
-static const char *ebb__label(const struct ebb_node *n, char *buf, size_t cap) {
+static const char *node_api_label(const struct ebb_node *n, char *buf, size_t cap) {
   if (n->op < 0) snprintf(buf, cap, "AccumulateGrad");
   else snprintf(buf, cap, "%s (node %llu)", ebb__node_name_of(n), (unsigned long long)n->seq);
   return buf;
 }
 
 /* "f32[2, 3]" into buf (cap >= 16); "f32[]" for a scalar. */
-static const char *ebb__fmt_meta(const ebb__tensor_meta *m, char *buf, size_t cap) {
+static const char *fmt_meta(const ebb__tensor_meta *m, char *buf, size_t cap) {
   size_t k = (size_t)snprintf(buf, cap, "%s[", ebb_dtype_name(m->dtype));
   for (int d = 0; d < m->ndim && k < cap; d++) k += (size_t)snprintf(buf + k, cap - k, d ? ", %lld" : "%lld", (long long)m->shape[d]);
   if (k < cap) snprintf(buf + k, cap - k, "]");
@@ -59,14 +59,14 @@ static const char *ebb__fmt_meta(const ebb__tensor_meta *m, char *buf, size_t ca
 }
 
 /* A replacement r for what meta m describes: EBB_OK if it matches, else the message. */
-static ebb_status ebb__check_replacement(const char *fn, const char *kind, const struct ebb__hook *h, const struct ebb_node *n,
+static ebb_status check_replacement(const char *fn, const char *kind, const struct ebb__hook *h, const struct ebb_node *n,
                                          const char *what, int k, const ebb__tensor_meta *m, const ebb_tensor_t *r) {
   char lb[96], a[EBB__DESC_MAX], b[EBB__DESC_MAX];
   ebb_status st = ebb__tensor_check(r, fn, "a hook's replacement");
   if (st) return st;
   if (ebb__tensor_matches(r, m)) return EBB_OK;
   return ebb__fail(EBB_EINVAL, "%s: a %s (hook %llu) of %s replaced %s with %s; expected the same shape, dtype and device", fn,
-                   kind, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb), ebb__meta_desc(m, what, k, NULL, a, sizeof a),
+                   kind, (unsigned long long)h->id, node_api_label(n, lb, sizeof lb), ebb__meta_desc(m, what, k, NULL, a, sizeof a),
                    ebb__tensor_desc(r, "the replacement", -1, b, sizeof b));
 }
 
@@ -104,7 +104,7 @@ int64_t ebb_autograd_current_task_id(void) { return ebb__cur_task ? ebb__cur_tas
 
 ebb_status ebb_autograd_will_execute(const ebb_node_t *node, bool *out) {
   static const char fn[] = "ebb_autograd_will_execute";
-  ebb_status st = ebb__node_check(fn, node);
+  ebb_status st = node_check(fn, node);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a bool to fill", fn);
   if (!ebb__cur_task)
@@ -122,14 +122,14 @@ struct ebb__kv {
   char key[]; /* NUL-terminated */
 };
 
-static ebb_status ebb__kv_args(const char *fn, const ebb_node_t *node, const char *key) {
-  ebb_status st = ebb__node_check(fn, node);
+static ebb_status kv_args(const char *fn, const ebb_node_t *node, const char *key) {
+  ebb_status st = node_check(fn, node);
   if (!st && !key) st = ebb__fail(EBB_EINVAL, "%s: key is NULL; expected a NUL-terminated string", fn);
   return st;
 }
 
 /* Unlinks key's entry from n (lock held); NULL if absent. */
-static struct ebb__kv *ebb__kv_take_locked(struct ebb_node *n, const char *key) {
+static struct ebb__kv *kv_take_locked(struct ebb_node *n, const char *key) {
   for (struct ebb__kv **p = &n->kv; *p; p = &(*p)->next)
     if (strcmp((*p)->key, key) == 0) {
       struct ebb__kv *e = *p;
@@ -139,7 +139,7 @@ static struct ebb__kv *ebb__kv_take_locked(struct ebb_node *n, const char *key) 
   return NULL;
 }
 
-static void ebb__kv_destroy(struct ebb__kv *e) {
+static void kv_destroy(struct ebb__kv *e) {
   if (!e) return;
   if (e->destroy) e->destroy(e->value);
   free(e);
@@ -147,7 +147,7 @@ static void ebb__kv_destroy(struct ebb__kv *e) {
 
 ebb_status ebb_node_metadata_set(const ebb_node_t *node, const char *key, void *value, ebb_node_metadata_destroy_fn destroy) {
   static const char fn[] = "ebb_node_metadata_set";
-  ebb_status st = ebb__kv_args(fn, node, key);
+  ebb_status st = kv_args(fn, node, key);
   if (st) return st;
   size_t len = strlen(key);
   struct ebb__kv *e = malloc(sizeof *e + len + 1);
@@ -157,17 +157,17 @@ ebb_status ebb_node_metadata_set(const ebb_node_t *node, const char *key, void *
   e->destroy = destroy;
   struct ebb_node *n = (struct ebb_node *)node;
   ebb__mutex_lock(&ebb__kv_mu);
-  struct ebb__kv *old = ebb__kv_take_locked(n, key);
+  struct ebb__kv *old = kv_take_locked(n, key);
   e->next = n->kv;
   n->kv = e;
   ebb__mutex_unlock(&ebb__kv_mu);
-  ebb__kv_destroy(old); /* the old value's destructor, without the lock */
+  kv_destroy(old); /* the old value's destructor, without the lock */
   return EBB_OK;
 }
 
 ebb_status ebb_node_metadata_get(const ebb_node_t *node, const char *key, void **value) {
   static const char fn[] = "ebb_node_metadata_get";
-  ebb_status st = ebb__kv_args(fn, node, key);
+  ebb_status st = kv_args(fn, node, key);
   if (st) return st;
   if (!value) return ebb__fail(EBB_EINVAL, "%s: value is NULL; expected a pointer to fill", fn);
   bool found = false;
@@ -185,14 +185,14 @@ ebb_status ebb_node_metadata_get(const ebb_node_t *node, const char *key, void *
 
 ebb_status ebb_node_metadata_remove(const ebb_node_t *node, const char *key) {
   static const char fn[] = "ebb_node_metadata_remove";
-  ebb_status st = ebb__kv_args(fn, node, key);
+  ebb_status st = kv_args(fn, node, key);
   if (st) return st;
   ebb__mutex_lock(&ebb__kv_mu);
-  struct ebb__kv *e = ebb__kv_take_locked((struct ebb_node *)node, key);
+  struct ebb__kv *e = kv_take_locked((struct ebb_node *)node, key);
   ebb__mutex_unlock(&ebb__kv_mu);
   if (!e) return ebb__fail(EBB_ENOTFOUND, "%s: %s has no metadata \"%s\" (removed already, or never set)", fn,
                            ebb__node_name_of(node), key);
-  ebb__kv_destroy(e);
+  kv_destroy(e);
   return EBB_OK;
 }
 
@@ -203,7 +203,7 @@ void ebb__node_kv_free(struct ebb_node *n) {
   n->kv = NULL;
   while (e) {
     struct ebb__kv *next = e->next;
-    ebb__kv_destroy(e);
+    kv_destroy(e);
     e = next;
   }
 }
@@ -211,18 +211,18 @@ void ebb__node_kv_free(struct ebb_node *n) {
 /* ---- input metadata ------------------------------------------------------------------------- */
 
 ebb_status ebb_node_num_inputs(const ebb_node_t *node, int *out) {
-  ebb_status st = ebb__node_check("ebb_node_num_inputs", node);
+  ebb_status st = node_check("ebb_node_num_inputs", node);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_node_num_inputs: out is NULL; expected an int to fill");
-  *out = ebb__num_inputs(node);
+  *out = num_inputs(node);
   return EBB_OK;
 }
 
 ebb_status ebb_node_input_meta(const ebb_node_t *node, int i, ebb_node_input_info *out) {
   static const char fn[] = "ebb_node_input_meta";
-  ebb_status st = ebb__node_check(fn, node);
+  ebb_status st = node_check(fn, node);
   if (st) return st;
-  int n = ebb__num_inputs(node);
+  int n = num_inputs(node);
   if (i < 0 || i >= n)
     return ebb__fail(EBB_EINVAL, "%s: input %d of %s, which has %d; expected 0 <= i < %d", fn, i, ebb__node_name_of(node), n, n);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected an ebb_node_input_info to fill", fn);
@@ -240,7 +240,7 @@ ebb_status ebb_node_input_meta(const ebb_node_t *node, int i, ebb_node_input_inf
 
 /* ---- node hooks ----------------------------------------------------------------------------- */
 
-static ebb_status ebb__node_hook_add(const char *fn, const ebb_node_t *node, int kind, ebb_node_pre_hook_fn pre,
+static ebb_status node_hook_add(const char *fn, const ebb_node_t *node, int kind, ebb_node_pre_hook_fn pre,
                                      ebb_node_post_hook_fn post, void *user, void (*user_free)(void *), uint64_t *id) {
   struct ebb__hook *h = calloc(1, sizeof *h);
   if (!h) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a hook", fn);
@@ -261,28 +261,28 @@ static ebb_status ebb__node_hook_add(const char *fn, const ebb_node_t *node, int
   return EBB_OK;
 }
 
-static ebb_status ebb__node_hook_register(const char *fn, const ebb_node_t *node, int kind, ebb_node_pre_hook_fn pre,
+static ebb_status node_hook_register(const char *fn, const ebb_node_t *node, int kind, ebb_node_pre_hook_fn pre,
                                           ebb_node_post_hook_fn post, void *user, ebb_hook_handle *out) {
-  ebb_status st = ebb__node_check(fn, node);
+  ebb_status st = node_check(fn, node);
   if (st) return st;
   if (!pre && !post) return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a hook function", fn);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a hook handle to fill", fn);
   uint64_t id = 0;
-  st = ebb__node_hook_add(fn, node, kind, pre, post, user, NULL, &id);
+  st = node_hook_add(fn, node, kind, pre, post, user, NULL, &id);
   if (!st) out->id = id;
   return st;
 }
 
 ebb_status ebb_node_register_pre_hook(const ebb_node_t *node, ebb_node_pre_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__node_hook_register("ebb_node_register_pre_hook", node, EBB__HOOK_NODE_PRE, fn, NULL, user, out);
+  return node_hook_register("ebb_node_register_pre_hook", node, EBB__HOOK_NODE_PRE, fn, NULL, user, out);
 }
 
 ebb_status ebb_node_register_post_hook(const ebb_node_t *node, ebb_node_post_hook_fn fn, void *user, ebb_hook_handle *out) {
-  return ebb__node_hook_register("ebb_node_register_post_hook", node, EBB__HOOK_NODE_POST, NULL, fn, user, out);
+  return node_hook_register("ebb_node_register_post_hook", node, EBB__HOOK_NODE_POST, NULL, fn, user, out);
 }
 
 /* An array of n NULL handles: `small` when it fits, else allocated (NULL without memory). */
-static ebb_tensor_t **ebb__nulls(ebb_tensor_t **small, int nsmall, int n) {
+static ebb_tensor_t **nulls(ebb_tensor_t **small, int nsmall, int n) {
   if (n <= nsmall) {
     for (int i = 0; i < nsmall; i++) small[i] = NULL;
     return small;
@@ -290,7 +290,7 @@ static ebb_tensor_t **ebb__nulls(ebb_tensor_t **small, int nsmall, int n) {
   return calloc((size_t)n, sizeof(ebb_tensor_t *));
 }
 
-static void ebb__release_all(ebb_tensor_t **a, int n) {
+static void release_all(ebb_tensor_t **a, int n) {
   for (int i = 0; i < n; i++)
     if (a[i]) {
       ebb_tensor_release(a[i]);
@@ -299,7 +299,7 @@ static void ebb__release_all(ebb_tensor_t **a, int n) {
 }
 
 ebb_status ebb__node_pre_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t **grads, int ngrads) {
-  ebb_tensor_t *gsmall[8], *rsmall[8], **g = grads ? grads : ebb__nulls(gsmall, 8, ngrads), **rep = ebb__nulls(rsmall, 8, ngrads);
+  ebb_tensor_t *gsmall[8], *rsmall[8], **g = grads ? grads : nulls(gsmall, 8, ngrads), **rep = nulls(rsmall, 8, ngrads);
   ebb_status st = g && rep ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory to run the pre-hooks of %s", fn, ebb__node_name_of(n));
   char lb[96];
   for (struct ebb__hook *h = n->hooks; h && !st; h = h->next) {
@@ -309,7 +309,7 @@ ebb_status ebb__node_pre_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t 
     st = h->pre(n, (const ebb_tensor_t *const *)g, ngrads, rep, h->user);
     ebb__user_leave(&uc, st);
     if (st) {
-      st = ebb__fail(st, "%s: a pre-hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb),
+      st = ebb__fail(st, "%s: a pre-hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, node_api_label(n, lb, sizeof lb),
                      ebb_last_error());
       break;
     }
@@ -320,17 +320,17 @@ ebb_status ebb__node_pre_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t 
       if (!g[k])
         st = ebb__fail(EBB_EINVAL, "%s: a pre-hook (hook %llu) of %s gave a gradient for input %d, which got none; expected "
                        "replacements of gradients that exist (a pre-hook cannot create one)", fn, (unsigned long long)h->id,
-                       ebb__label(n, lb, sizeof lb), k);
-      else st = ebb__check_replacement(fn, "pre-hook", h, n, "gradient", k, &m, rep[k]);
+                       node_api_label(n, lb, sizeof lb), k);
+      else st = check_replacement(fn, "pre-hook", h, n, "gradient", k, &m, rep[k]);
       if (st) break;
       ebb_tensor_release(g[k]);
       g[k] = rep[k];
       rep[k] = NULL;
     }
-    if (rep) ebb__release_all(rep, ngrads); /* what a failed check left */
+    if (rep) release_all(rep, ngrads); /* what a failed check left */
   }
   if (g && g != grads) {
-    ebb__release_all(g, ngrads);
+    release_all(g, ngrads);
     if (g != gsmall) free(g);
   }
   if (rep && rep != rsmall) free(rep);
@@ -339,8 +339,8 @@ ebb_status ebb__node_pre_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t 
 
 ebb_status ebb__node_post_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t **gin, int nin, ebb_tensor_t *const *gout,
                                 int nout) {
-  ebb_tensor_t *osmall[8], *rsmall[8], **rep = ebb__nulls(rsmall, 8, nin);
-  ebb_tensor_t *const *o = gout ? gout : ebb__nulls(osmall, 8, nout);
+  ebb_tensor_t *osmall[8], *rsmall[8], **rep = nulls(rsmall, 8, nin);
+  ebb_tensor_t *const *o = gout ? gout : nulls(osmall, 8, nout);
   ebb_status st = o && rep ? EBB_OK : ebb__fail(EBB_ENOMEM, "%s: no host memory to run the post-hooks of %s", fn, ebb__node_name_of(n));
   char lb[96];
   for (struct ebb__hook *h = n->hooks; h && !st; h = h->next) {
@@ -350,7 +350,7 @@ ebb_status ebb__node_post_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t
     st = h->npost(n, (const ebb_tensor_t *const *)gin, nin, (const ebb_tensor_t *const *)o, nout, rep, h->user);
     ebb__user_leave(&uc, st);
     if (st) {
-      st = ebb__fail(st, "%s: a post-hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb),
+      st = ebb__fail(st, "%s: a post-hook (hook %llu) of %s failed: %s", fn, (unsigned long long)h->id, node_api_label(n, lb, sizeof lb),
                      ebb_last_error());
       break;
     }
@@ -358,14 +358,14 @@ ebb_status ebb__node_post_hooks(const char *fn, struct ebb_node *n, ebb_tensor_t
       if (!rep[i]) continue;
       if (n->in_meta[i].ndim < 0)
         st = ebb__fail(EBB_EINVAL, "%s: a post-hook (hook %llu) of %s gave a gradient for input %d, an optional input the forward "
-                       "was not given; expected none there", fn, (unsigned long long)h->id, ebb__label(n, lb, sizeof lb), i);
-      else st = ebb__check_replacement(fn, "post-hook", h, n, "grad_input", i, &n->in_meta[i], rep[i]);
+                       "was not given; expected none there", fn, (unsigned long long)h->id, node_api_label(n, lb, sizeof lb), i);
+      else st = check_replacement(fn, "post-hook", h, n, "grad_input", i, &n->in_meta[i], rep[i]);
       if (st) break;
       if (gin[i]) ebb_tensor_release(gin[i]);
       gin[i] = rep[i];
       rep[i] = NULL;
     }
-    if (rep) ebb__release_all(rep, nin);
+    if (rep) release_all(rep, nin);
   }
   if (o && o != gout && o != osmall) free((void *)o);
   if (rep && rep != rsmall) free(rep);
@@ -406,7 +406,7 @@ ebb_status ebb_gradient_edge_release(ebb_gradient_edge *e) {
   static const char fn[] = "ebb_gradient_edge_release";
   if (!e) return ebb__fail(EBB_EINVAL, "%s: e is NULL; expected an edge from ebb_tensor_gradient_edge", fn);
   if (!e->node) return ebb__fail(EBB_EINVAL, "%s: the edge has no node: released already, or never filled", fn);
-  ebb_status st = ebb__node_check(fn, e->node);
+  ebb_status st = node_check(fn, e->node);
   if (st) return st;
   atomic_fetch_sub_explicit(&((struct ebb_node *)e->node)->edge_handles, 1, memory_order_relaxed);
   ebb__node_unref((struct ebb_node *)e->node);
@@ -420,7 +420,7 @@ ebb_status ebb__edge_resolve(const char *fn, const char *what, int i, const ebb_
                      "ebb_tensor_gradient_edge", fn, what, i);
   if (e->node->magic != EBB__NODE_MAGIC)
     return ebb__fail(EBB_EFREED, "%s: %s[%d] names node %p, which is not a live node", fn, what, i, (const void *)e->node);
-  int n = ebb__num_inputs(e->node);
+  int n = num_inputs(e->node);
   if (e->output_nr < 0 || e->output_nr >= n)
     return ebb__fail(EBB_EINVAL, "%s: %s[%d] has output_nr %d, but %s has %d inputs; expected 0 <= output_nr < %d", fn, what, i,
                      e->output_nr, ebb__node_name_of(e->node), n, n);
@@ -496,26 +496,26 @@ struct ebb__mg_state { /* one registration in one graph task */
   ebb_tensor_t **grads;       /* "all": [n] */
 };
 
-static void ebb__mg_release_nodes(struct ebb_node **nodes, int n) {
+static void mg_release_nodes(struct ebb_node **nodes, int n) {
   for (int i = 0; nodes && i < n; i++) ebb__node_unref(nodes[i]);
   free(nodes);
 }
 
-static void ebb__mg_unref(struct ebb__mg *mg) {
+static void mg_unref(struct ebb__mg *mg) {
   /* acq_rel: the thread freeing it sees every other holder's writes (mimalloc-style pairing). */
   if (atomic_fetch_sub_explicit(&mg->refs, 1, memory_order_acq_rel) != 1) return;
-  ebb__mg_release_nodes(mg->nodes, mg->n);
+  mg_release_nodes(mg->nodes, mg->n);
   free(mg->ids);
   free(mg->members);
   free(mg);
 }
 
-static void ebb__mg_member_free(void *user) { ebb__mg_unref(((struct ebb__mg_member *)user)->mg); }
-static void ebb__mg_group_free(void *user) { ebb__mg_unref(user); }
+static void mg_member_free(void *user) { mg_unref(((struct ebb__mg_member *)user)->mg); }
+static void mg_group_free(void *user) { mg_unref(user); }
 
 /* The group's removal: the member hooks stop, the nodes are let go (a backward on another thread
  * already past its check may still fire once). */
-static void ebb__mg_remove(void *user) {
+static void mg_remove(void *user) {
   struct ebb__mg *mg = user;
   for (int i = 0; i < mg->n; i++)
     if (mg->ids[i]) ebb__hook_remove_id(mg->ids[i]);
@@ -524,31 +524,31 @@ static void ebb__mg_remove(void *user) {
   mg->nodes = NULL;
   mg->removed = true;
   ebb__mutex_unlock(&ebb__mg_mu);
-  ebb__mg_release_nodes(nodes, mg->n); /* without the lock: a node's free may come back to ebb__mg_unref */
+  mg_release_nodes(nodes, mg->n); /* without the lock: a node's free may come back to mg_unref */
 }
 
-static void ebb__mg_state_free(struct ebb__mg_state *s) {
+static void mg_state_free(struct ebb__mg_state *s) {
   if (s->grads) {
-    ebb__release_all(s->grads, s->mg->n);
+    release_all(s->grads, s->mg->n);
     free(s->grads);
   }
-  ebb__mg_unref(s->mg);
+  mg_unref(s->mg);
   free(s);
 }
 
 /* Calls the user's function with grads[0..n) and releases them. */
-static ebb_status ebb__mg_fire(struct ebb__mg *mg, ebb_tensor_t **grads) {
+static ebb_status mg_fire(struct ebb__mg *mg, ebb_tensor_t **grads) {
   struct ebb__user_call uc;
   ebb__user_enter(&uc);
   ebb_status st = mg->fn((const ebb_tensor_t *const *)grads, mg->n, mg->user);
   ebb__user_leave(&uc, st);
   if (st) st = ebb__fail(st, "a multi-grad hook failed: %s", ebb_last_error());
-  ebb__release_all(grads, mg->n);
+  release_all(grads, mg->n);
   free(grads);
   return st;
 }
 
-static ebb_status ebb__mg_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
+static ebb_status mg_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
   (void)replace;
   struct ebb__mg_member *mb = user;
   struct ebb__mg *mg = mb->mg;
@@ -605,7 +605,7 @@ static ebb_status ebb__mg_hook(const ebb_tensor_t *grad, ebb_tensor_t **replace,
     free(fire);
     return EBB_OK;
   }
-  return ebb__mg_fire(mg, fire);
+  return mg_fire(mg, fire);
 }
 
 ebb_status ebb__task_end(struct ebb__task_scope *s, bool ok) {
@@ -627,11 +627,11 @@ ebb_status ebb__task_end(struct ebb__task_scope *s, bool ok) {
     if (ok && !st && !list->done && list->mg->mode == EBB_MULTI_GRAD_ALL && !removed) {
       struct ebb__task_scope *outer = ebb__cur_task;
       ebb__cur_task = s;
-      st = ebb__mg_fire(list->mg, list->grads);
+      st = mg_fire(list->mg, list->grads);
       ebb__cur_task = outer;
       list->grads = NULL;
     }
-    ebb__mg_state_free(list);
+    mg_state_free(list);
     list = next;
   }
   return st;
@@ -693,21 +693,21 @@ ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, int n, ebb
     }
     mg->members[i] = (struct ebb__mg_member){mg, i};
     atomic_fetch_add_explicit(&mg->refs, 1, memory_order_relaxed);
-    st = ebb__tensor_hook_add(name, tensors[i], ebb__mg_hook, &mg->members[i], ebb__mg_member_free, &mg->ids[i]);
+    st = ebb__tensor_hook_add(name, tensors[i], mg_hook, &mg->members[i], mg_member_free, &mg->ids[i]);
     if (st) atomic_fetch_sub_explicit(&mg->refs, 1, memory_order_relaxed);
   }
   uint64_t id = 0;
   if (!st) {
     group->kind = EBB__HOOK_GROUP;
     group->user = mg;
-    group->on_remove = ebb__mg_remove;
-    group->user_free = ebb__mg_group_free;
+    group->on_remove = mg_remove;
+    group->user_free = mg_group_free;
     st = ebb__hook_attach(name, NULL, group, &id);
   }
   if (st) {
     free(group);
-    ebb__mg_remove(mg);
-    ebb__mg_unref(mg);
+    mg_remove(mg);
+    mg_unref(mg);
     return st;
   }
   out->id = id;
@@ -729,14 +729,14 @@ struct ebb__log {
   int nacc;
 };
 
-static void ebb__log_unref(void *user) {
+static void log_unref(void *user) {
   struct ebb__log *l = user;
   if (atomic_fetch_sub_explicit(&l->refs, 1, memory_order_acq_rel) != 1) return;
   free(l->ids);
   free(l);
 }
 
-static void ebb__log_remove(void *user) {
+static void log_remove(void *user) {
   struct ebb__log *l = user;
   for (size_t i = 0; i < l->nids; i++) ebb__hook_remove_id(l->ids[i]);
   struct ebb_node **acc = l->acc;
@@ -747,16 +747,16 @@ static void ebb__log_remove(void *user) {
   free(acc);
 }
 
-static ebb_status ebb__log_hook(const ebb_node_t *node, const ebb_tensor_t *const *grads, int ngrads, ebb_tensor_t **replace,
+static ebb_status log_hook(const ebb_node_t *node, const ebb_tensor_t *const *grads, int ngrads, ebb_tensor_t **replace,
                                 void *user) {
   (void)replace;
   struct ebb__log *l = user;
   char line[768], lb[96], sb[160];
-  size_t k = (size_t)snprintf(line, sizeof line, "Executing: %s with grad_outputs: [", ebb__label(node, lb, sizeof lb));
+  size_t k = (size_t)snprintf(line, sizeof line, "Executing: %s with grad_outputs: [", node_api_label(node, lb, sizeof lb));
   for (int i = 0; i < ngrads && k < sizeof line; i++) {
     ebb__tensor_meta m;
     if (grads[i]) ebb__tensor_meta_of(grads[i], &m);
-    k += (size_t)snprintf(line + k, sizeof line - k, "%s%s", i ? ", " : "", grads[i] ? ebb__fmt_meta(&m, sb, sizeof sb) : "None");
+    k += (size_t)snprintf(line + k, sizeof line - k, "%s%s", i ? ", " : "", grads[i] ? fmt_meta(&m, sb, sizeof sb) : "None");
   }
   if (k < sizeof line) snprintf(line + k, sizeof line - k, "]");
   if (l->sink) l->sink(line, l->user);
@@ -770,17 +770,17 @@ struct ebb__nodeset {
   size_t cap, n;
 };
 
-static size_t ebb__nhash(const struct ebb_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull); }
+static size_t nhash(const struct ebb_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull); }
 
 /* Adds n: 1 if added, 0 if there already, -1 without memory. */
-static int ebb__nodeset_add(struct ebb__nodeset *s, struct ebb_node *n) {
+static int nodeset_add(struct ebb__nodeset *s, struct ebb_node *n) {
   if ((s->n + 1) * 2 > s->cap) {
     size_t nc = s->cap ? s->cap * 2 : 64;
     struct ebb_node **na = calloc(nc, sizeof *na);
     if (!na) return -1;
     for (size_t i = 0; i < s->cap; i++) {
       if (!s->a[i]) continue;
-      size_t j = ebb__nhash(s->a[i]) & (nc - 1);
+      size_t j = nhash(s->a[i]) & (nc - 1);
       while (na[j]) j = (j + 1) & (nc - 1);
       na[j] = s->a[i];
     }
@@ -788,7 +788,7 @@ static int ebb__nodeset_add(struct ebb__nodeset *s, struct ebb_node *n) {
     s->a = na;
     s->cap = nc;
   }
-  size_t j = ebb__nhash(n) & (s->cap - 1);
+  size_t j = nhash(n) & (s->cap - 1);
   while (s->a[j] && s->a[j] != n) j = (j + 1) & (s->cap - 1);
   if (s->a[j]) return 0;
   s->a[j] = n;
@@ -830,7 +830,7 @@ ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots,
     }
     if (!r && (st = ebb__grad_acc((ebb_tensor_t *)roots[i], m, &acc[i]))) break;
     if (!r) r = acc[i];
-    int added = ebb__nodeset_add(&seen, r);
+    int added = nodeset_add(&seen, r);
     if (added < 0) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to walk the graph", fn);
     if (added <= 0) continue;
     /* Depth-first over next edges from this root; every node gets one hook. */
@@ -858,7 +858,7 @@ ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots,
         l->cap = nc;
       }
       atomic_fetch_add_explicit(&l->refs, 1, memory_order_relaxed);
-      st = ebb__node_hook_add(fn, n, EBB__HOOK_NODE_PRE, ebb__log_hook, NULL, l, ebb__log_unref, &l->ids[l->nids]);
+      st = node_hook_add(fn, n, EBB__HOOK_NODE_PRE, log_hook, NULL, l, log_unref, &l->ids[l->nids]);
       if (st) {
         atomic_fetch_sub_explicit(&l->refs, 1, memory_order_relaxed);
         break;
@@ -866,7 +866,7 @@ ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots,
       l->nids++;
       for (int e = 0; n->op >= 0 && e < n->nin && !st; e++) {
         struct ebb_node *c = n->next[e].fn;
-        int a = c ? ebb__nodeset_add(&seen, c) : 0;
+        int a = c ? nodeset_add(&seen, c) : 0;
         if (a < 0) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to walk the graph", fn);
         if (a <= 0) continue;
         if (depth == cap) {
@@ -887,15 +887,15 @@ ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots,
   if (!st) {
     group->kind = EBB__HOOK_GROUP;
     group->user = l;
-    group->on_remove = ebb__log_remove;
-    group->user_free = ebb__log_unref;
+    group->on_remove = log_remove;
+    group->user_free = log_unref;
     st = ebb__hook_attach(fn, NULL, group, &id);
   }
   if (st) {
     free(group);
     if (l) {
-      ebb__log_remove(l);
-      ebb__log_unref(l);
+      log_remove(l);
+      log_unref(l);
     }
   } else {
     out->id = id;

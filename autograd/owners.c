@@ -47,17 +47,17 @@ static struct {
   size_t cap, count;
 } ebb__sv;
 
-static size_t ebb__sv_hash(const void *p) { return (size_t)(((uintptr_t)p >> 9) * 0x9e3779b97f4a7c15ull); }
+static size_t sv_hash(const void *p) { return (size_t)(((uintptr_t)p >> 9) * 0x9e3779b97f4a7c15ull); }
 
 /* The entry of block p, or the empty slot where it would go. Lock held, cap > 0. */
-static struct ebb__sv *ebb__sv_slot(void *p) {
-  size_t j = ebb__sv_hash(p) & (ebb__sv.cap - 1);
+static struct ebb__sv *sv_slot(void *p) {
+  size_t j = sv_hash(p) & (ebb__sv.cap - 1);
   while (ebb__sv.slot[j].block && ebb__sv.slot[j].block != p) j = (j + 1) & (ebb__sv.cap - 1);
   return &ebb__sv.slot[j];
 }
 
 /* Room for one more entry (load <= 1/2). Lock held. */
-static bool ebb__sv_reserve(void) {
+static bool sv_reserve(void) {
   if ((ebb__sv.count + 1) * 2 <= ebb__sv.cap) return true;
   size_t nc = ebb__sv.cap ? ebb__sv.cap * 2 : 256;
   struct ebb__sv *ns = calloc(nc, sizeof *ns), *old = ebb__sv.slot;
@@ -66,20 +66,20 @@ static bool ebb__sv_reserve(void) {
   ebb__sv.slot = ns;
   ebb__sv.cap = nc;
   for (size_t i = 0; i < oc; i++)
-    if (old[i].block) *ebb__sv_slot(old[i].block) = old[i];
+    if (old[i].block) *sv_slot(old[i].block) = old[i];
   free(old);
   return true;
 }
 
 /* Removes entry e, shifting back the entries of its probe run (no tombstones). Lock held. */
-static void ebb__sv_remove(struct ebb__sv *e) {
+static void sv_remove(struct ebb__sv *e) {
   size_t m = ebb__sv.cap - 1, i = (size_t)(e - ebb__sv.slot), j = i;
   ebb__sv.slot[i].block = NULL;
   ebb__sv.count--;
   for (;;) {
     j = (j + 1) & m;
     if (!ebb__sv.slot[j].block) return;
-    size_t home = ebb__sv_hash(ebb__sv.slot[j].block) & m;
+    size_t home = sv_hash(ebb__sv.slot[j].block) & m;
     /* j's entry may fill the hole at i when its home is not in (i, j] (cyclically). */
     bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
     if (stays) continue;
@@ -94,7 +94,7 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   void *p = ebb__tensor_block(t);
   if (!p) return;
   ebb__mutex_lock(&ebb__saved_mu);
-  struct ebb__sv *e = ebb__sv.cap ? ebb__sv_slot(p) : NULL;
+  struct ebb__sv *e = ebb__sv.cap ? sv_slot(p) : NULL;
   if (e && e->block) {
     e->count++;
     n->saved_owned |= 1ull << k;
@@ -106,10 +106,10 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   ebb_owner_cat cat = EBB_OWNER_OTHER;
   const char *name = "";
   ebb__fail_mute(true); /* (a tag that cannot be set, its name not interned, fails no op) */
-  if (ebb__sv_reserve() && ebb_alloc_block_owner(p, &cat, &name) == EBB_OK &&
+  if (sv_reserve() && ebb_alloc_block_owner(p, &cat, &name) == EBB_OK &&
       (cat == EBB_OWNER_ACTIVATION || cat == EBB_OWNER_OTHER) &&
       ebb_alloc_block_set_owner(p, EBB_OWNER_SAVED, ebb__node_name_of(n), NULL, NULL) == EBB_OK) {
-    *ebb__sv_slot(p) = (struct ebb__sv){p, 1, cat, name};
+    *sv_slot(p) = (struct ebb__sv){p, 1, cat, name};
     ebb__sv.count++;
     n->saved_owned |= 1ull << k;
   }
@@ -124,7 +124,7 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
     n->saved_owned &= ~(1ull << k);
     void *p = ebb__tensor_block(t);
     ebb__mutex_lock(&ebb__saved_mu);
-    struct ebb__sv *e = ebb__sv.cap ? ebb__sv_slot(p) : NULL;
+    struct ebb__sv *e = ebb__sv.cap ? sv_slot(p) : NULL;
     if (e && e->block && --e->count == 0) {
       /* Given back before the reference goes (after it the block may be freed and reused), unless
        * this handle is the storage's last: then the block is freed now, and its free is recorded
@@ -134,7 +134,7 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
         ebb_alloc_block_set_owner(p, e->cat, e->name, NULL, NULL);
         ebb__fail_mute(false);
       }
-      ebb__sv_remove(e);
+      sv_remove(e);
     }
     ebb__mutex_unlock(&ebb__saved_mu);
   }
@@ -143,9 +143,9 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
 
 /* The owner of block p as its allocator sees it, except that a block a node saved has the owner
  * it had before (the one the node gives back), not the node's. */
-static ebb_status ebb__owner_proper(void *p, ebb_owner_cat *cat, const char **name) {
+static ebb_status owner_proper(void *p, ebb_owner_cat *cat, const char **name) {
   ebb__mutex_lock(&ebb__saved_mu); /* (the tag and the table change together under it) */
-  struct ebb__sv *e = ebb__sv.cap ? ebb__sv_slot(p) : NULL;
+  struct ebb__sv *e = ebb__sv.cap ? sv_slot(p) : NULL;
   ebb_status st = EBB_OK;
   if (e && e->block) {
     *cat = e->cat;
@@ -183,7 +183,7 @@ void ebb__owners_leave(bool entered) {
 /* "leaf [2,3] f32" into buf (cap > 40), by hand: a backward gives thousands of fresh leaves their
  * first gradient in a step (each name once), and printf's machinery cost ~5,000 instructions a
  * name there. */
-static void ebb__leaf_name(const ebb_tensor_info *info, char *buf, size_t cap) {
+static void leaf_name(const ebb_tensor_info *info, char *buf, size_t cap) {
   size_t at = 0;
   const char *head = "leaf [";
   while (*head) buf[at++] = *head++;
@@ -212,7 +212,7 @@ static _Thread_local struct {
   const char *name; /* interned */
 } ebb__leaf_names[EBB__LEAF_NAMES];
 
-static uint64_t ebb__shape_key(const ebb_tensor_info *info) {
+static uint64_t shape_key(const ebb_tensor_info *info) {
   uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)info->dtype ^ ((uint64_t)info->ndim << 8);
   for (int d = 0; d < info->ndim; d++) h = (h ^ (uint64_t)info->shape[d]) * 0x100000001b3ull;
   return h | 1;
@@ -221,7 +221,7 @@ static uint64_t ebb__shape_key(const ebb_tensor_info *info) {
 /* The interned name a leaf's gradient is tagged with: the tensor's name, else its own block's
  * owner name (a parameter made under a scope), else "leaf [shape] dtype". Kept in m->grad_owner
  * (grad_mu held): worked out once per leaf. NULL if the allocator cannot intern it. */
-static const char *ebb__grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m, void *grad_block) {
+static const char *grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m, void *grad_block) {
   if (m->grad_owner) return m->grad_owner;
   char name[EBB_OWNER_NAME_MAX + 1] = "";
   const char *in = NULL;
@@ -230,13 +230,13 @@ static const char *ebb__grad_name(const ebb_tensor_t *leaf, struct ebb__meta *m,
   if (!name[0]) {
     void *lp = ebb__tensor_block(leaf);
     /* (a leaf a node saves is tagged saved by it meanwhile: its own owner is the one before) */
-    if (lp && ebb__owner_proper(lp, &cat, &in) == EBB_OK && in[0]) return m->grad_owner = in; /* interned already */
+    if (lp && owner_proper(lp, &cat, &in) == EBB_OK && in[0]) return m->grad_owner = in; /* interned already */
     ebb_tensor_info info;
     if (ebb_tensor_get_info(leaf, &info) != EBB_OK) return NULL;
-    uint64_t key = ebb__shape_key(&info);
+    uint64_t key = shape_key(&info);
     size_t slot = (size_t)(key >> 7) & (EBB__LEAF_NAMES - 1);
     if (ebb__leaf_names[slot].key == key) return m->grad_owner = ebb__leaf_names[slot].name;
-    ebb__leaf_name(&info, name, sizeof name);
+    leaf_name(&info, name, sizeof name);
     /* interned by tagging the gradient's block, read back */
     if (!grad_block || ebb_alloc_block_set_owner(grad_block, EBB_OWNER_GRADIENT, name, NULL, NULL) != EBB_OK ||
         ebb_alloc_block_owner(grad_block, &cat, &in) != EBB_OK)
@@ -257,14 +257,14 @@ void ebb__owners_grad_new(const ebb_tensor_t *leaf, struct ebb__meta *m, const e
   void *p = ebb__tensor_block(grad);
   if (!p) return;
   ebb__fail_mute(true);
-  const char *name = ebb__grad_name(leaf, m, p);
+  const char *name = grad_name(leaf, m, p);
   if (name) ebb_alloc_block_set_owner(p, EBB_OWNER_GRADIENT, name, NULL, NULL);
   ebb__fail_mute(false);
 }
 
 bool ebb__owners_grad_enter(const ebb_tensor_t *leaf, struct ebb__meta *m) {
   ebb__fail_mute(true);
-  const char *name = ebb__grad_name(leaf, m, NULL);
+  const char *name = grad_name(leaf, m, NULL);
   bool in = name && ebb_alloc_owner_push(EBB_OWNER_GRADIENT, name) == EBB_OK;
   ebb__fail_mute(false);
   return in;

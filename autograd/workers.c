@@ -41,7 +41,7 @@ void ebb__queue_destroy(struct ebb__queue *q) {
 }
 
 /* a before b: deeper first, then the larger sequence number. */
-static bool ebb__qbefore(const struct ebb__qitem *a, const struct ebb__qitem *b) {
+static bool qbefore(const struct ebb__qitem *a, const struct ebb__qitem *b) {
   return a->depth != b->depth ? a->depth > b->depth : a->seq > b->seq;
 }
 
@@ -58,7 +58,7 @@ bool ebb__queue_push(struct ebb__queue *q, const struct ebb__qitem *it) {
     q->cap = nc;
   }
   size_t k = q->n++;
-  while (k && ebb__qbefore(it, &q->a[(k - 1) / 2])) {
+  while (k && qbefore(it, &q->a[(k - 1) / 2])) {
     q->a[k] = q->a[(k - 1) / 2];
     k = (k - 1) / 2;
   }
@@ -70,14 +70,14 @@ bool ebb__queue_push(struct ebb__queue *q, const struct ebb__qitem *it) {
 }
 
 /* Under q->mu, q->n > 0. */
-static struct ebb__qitem ebb__qpop_locked(struct ebb__queue *q) {
+static struct ebb__qitem qpop_locked(struct ebb__queue *q) {
   struct ebb__qitem top = q->a[0], last = q->a[--q->n];
   size_t k = 0;
   for (;;) {
     size_t c = 2 * k + 1;
     if (c >= q->n) break;
-    if (c + 1 < q->n && ebb__qbefore(&q->a[c + 1], &q->a[c])) c++;
-    if (!ebb__qbefore(&q->a[c], &last)) break;
+    if (c + 1 < q->n && qbefore(&q->a[c + 1], &q->a[c])) c++;
+    if (!qbefore(&q->a[c], &last)) break;
     q->a[k] = q->a[c];
     k = c;
   }
@@ -88,7 +88,7 @@ static struct ebb__qitem ebb__qpop_locked(struct ebb__queue *q) {
 
 /* Whether a waiter should stop waiting without an item: the counter it waits for reached 0, or
  * (stop) the module is stopping. */
-static bool ebb__wait_over(_Atomic long *until_zero, _Atomic bool *stop) {
+static bool wait_over(_Atomic long *until_zero, _Atomic bool *stop) {
   return (until_zero && atomic_load_explicit(until_zero, memory_order_acquire) == 0) ||
          (stop && atomic_load_explicit(stop, memory_order_acquire));
 }
@@ -97,11 +97,11 @@ bool ebb__queue_pop_wait(struct ebb__queue *q, _Atomic long *until_zero, _Atomic
                          uint64_t *parks) {
   uint64_t deadline = 0;
   for (unsigned i = 0;; i++) {
-    if (ebb__wait_over(until_zero, stop)) return false; /* done: other tasks' items are not this waiter's business */
+    if (wait_over(until_zero, stop)) return false; /* done: other tasks' items are not this waiter's business */
     if (atomic_load_explicit(&q->count, memory_order_acquire) > 0) {
       ebb__mutex_lock(&q->mu);
       if (q->n > 0) {
-        *out = ebb__qpop_locked(q);
+        *out = qpop_locked(q);
         ebb__mutex_unlock(&q->mu);
         return true;
       }
@@ -118,14 +118,14 @@ bool ebb__queue_pop_wait(struct ebb__queue *q, _Atomic long *until_zero, _Atomic
    * broadcasts under the lock, so neither wake-up can slip between the check and the wait. */
   ebb__mutex_lock(&q->mu);
   bool over;
-  while (!(over = ebb__wait_over(until_zero, stop)) && q->n == 0) {
+  while (!(over = wait_over(until_zero, stop)) && q->n == 0) {
     q->sleepers++;
     if (parks) (*parks)++;
     ebb__cond_wait(&q->cv, &q->mu);
     q->sleepers--;
   }
   bool got = !over && q->n > 0;
-  if (got) *out = ebb__qpop_locked(q);
+  if (got) *out = qpop_locked(q);
   ebb__mutex_unlock(&q->mu);
   return got;
 }
@@ -158,7 +158,7 @@ static ebb_mutex ebb__threads_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.threads
 static struct ebb__worker *_Atomic ebb__workers; /* [ebb__nworkers], set once under the lock */
 static int ebb__nworkers;
 
-static void *ebb__worker_main(void *arg) {
+static void *worker_main(void *arg) {
   struct ebb__worker *w = arg;
   /* Best effort: a refused binding (a container's cpuset, hwloc not loaded) leaves the thread
    * where it is. It is no failure of the backward that started this worker, which goes on and
@@ -199,7 +199,7 @@ struct ebb__queue *ebb__device_queue(int dev) {
     struct ebb__worker *w = &ws[dev];
     if (!atomic_load_explicit(&w->started, memory_order_relaxed)) {
       atomic_store_explicit(&w->stop, false, memory_order_relaxed);
-      rc = pthread_create(&w->th, NULL, ebb__worker_main, w);
+      rc = pthread_create(&w->th, NULL, worker_main, w);
       if (!rc) atomic_store_explicit(&w->started, true, memory_order_release);
     }
     if (!rc) q = &w->q;
@@ -237,7 +237,7 @@ static struct {
   pthread_cond_t cv;
 } ebb__pool = {.cv = PTHREAD_COND_INITIALIZER};
 
-static void *ebb__pool_main(void *arg) {
+static void *pool_main(void *arg) {
   (void)arg;
   ebb_grad_set_enabled(false, NULL);
   ebb__mutex_lock(&ebb__threads_mu);
@@ -279,7 +279,7 @@ ebb_status ebb__pool_run(void (*fn)(void *), void *arg) {
   for (; *tail; tail = &(*tail)->next) queued++;
   if ((size_t)ebb__pool.idle <= queued) {
     struct ebb__pool_thread *p = calloc(1, sizeof *p);
-    int rc = p ? pthread_create(&p->th, NULL, ebb__pool_main, NULL) : ENOMEM;
+    int rc = p ? pthread_create(&p->th, NULL, pool_main, NULL) : ENOMEM;
     if (rc) {
       free(p);
       st = ebb__fail(EBB_ENOMEM, "could not start a thread for a reentrant backward past the depth limit: %s", strerror(rc));

@@ -60,7 +60,7 @@ void ebb__blas_stop(void) {
   }
 }
 
-static bool ebb__blas_load(void) {
+static bool blas_load(void) {
   static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
   for (size_t i = 0; i < EBB_ARRAY_LEN(names) && !ebb__blas.dl; i++) ebb__blas.dl = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
   if (!ebb__blas.dl) return false;
@@ -90,7 +90,7 @@ ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb_
   st = ebb_dev_guard_enter(&guard, device);
   if (st) return st;
   ebb__mutex_lock(&ebb__blas_lock);
-  if (ebb__blas.tried == 0) ebb__blas.tried = ebb__blas_load() ? 1 : -1;
+  if (ebb__blas.tried == 0) ebb__blas.tried = blas_load() ? 1 : -1;
   if (ebb__blas.tried < 0) {
     ebb__mutex_unlock(&ebb__blas_lock);
     ebb_dev_guard_exit(&guard);

@@ -21,7 +21,7 @@
 /* ---- shared steps ------------------------------------------------------------------------------ */
 
 /* g brought to input m's shape (summing broadcast dims), dtype and device; a new reference. */
-static ebb_status ebb__fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb_tensor_t **out) {
+static ebb_status derivatives_fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb_tensor_t **out) {
   ebb_tensor_t *r = NULL, *t = NULL;
   ebb_status st;
   if (g->ndim == m->ndim && memcmp(g->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) == 0) {
@@ -35,7 +35,7 @@ static ebb_status ebb__fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb
     ebb__tensor_put(r);
     r = st ? NULL : t;
   }
-  if (!st && r->st->device != m->device) {
+  if (!st && r->stor->device != m->device) {
     st = ebb_tensor_to_device(r, m->device, &t);
     ebb__tensor_put(r);
     r = st ? NULL : t;
@@ -47,35 +47,35 @@ static ebb_status ebb__fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb
 
 /* Whether grad_out[k] is the engine's alone to write into (ebb__bw_ctx.go_mine) and has input
  * m's shape, dtype and device, so a gradient for that input can be computed in it. */
-static bool ebb__reusable(const ebb__bw_ctx *c, int k, const ebb_tensor_t *g, const ebb__tensor_meta *m) {
+static bool derivatives_reusable(const ebb__bw_ctx *c, int k, const ebb_tensor_t *g, const ebb__tensor_meta *m) {
   return c->go_mine && c->go_mine[k] && ebb__tensor_matches(g, m);
 }
 
 /* g itself as a gradient: a new reference. */
-static ebb_tensor_t *ebb__keep(const ebb_tensor_t *g) {
+static ebb_tensor_t *derivatives_keep(const ebb_tensor_t *g) {
   atomic_fetch_add_explicit(&((ebb_tensor_t *)g)->refs, 1, memory_order_relaxed);
   return (ebb_tensor_t *)g;
 }
 
 /* grad * s, fitted to input 0 (in grad itself when the engine gives it up). */
-static ebb_status ebb__scaled(const ebb__bw_ctx *c, const ebb_tensor_t *g, double s, ebb_tensor_t **gin) {
+static ebb_status scaled(const ebb__bw_ctx *c, const ebb_tensor_t *g, double s, ebb_tensor_t **gin) {
   if (!WANT(c, 0)) return EBB_OK;
-  if (s == 1.0) return ebb__fit(&c->in[0], g, &gin[0]);
-  if (ebb__reusable(c, 0, g, &c->in[0])) {
+  if (s == 1.0) return derivatives_fit(&c->in[0], g, &gin[0]);
+  if (derivatives_reusable(c, 0, g, &c->in[0])) {
     ebb_status st = ebb__lean_scale_((ebb_tensor_t *)g, s);
-    if (!st) gin[0] = ebb__keep(g);
+    if (!st) gin[0] = derivatives_keep(g);
     return st;
   }
   ebb_tensor_t *t = NULL;
   ebb_status st = ebb_op_mul_scalar(g, s, &t);
   if (st) return st;
-  st = ebb__fit(&c->in[0], t, &gin[0]);
+  st = derivatives_fit(&c->in[0], t, &gin[0]);
   ebb__tensor_put(t);
   return st;
 }
 
 /* Releases grad_in[0..n) after a failure. */
-static ebb_status ebb__drop(ebb_status st, ebb_tensor_t **gin, int n) {
+static ebb_status derivatives_drop(ebb_status st, ebb_tensor_t **gin, int n) {
   if (st)
     for (int i = 0; i < n; i++) {
       ebb__tensor_put(gin[i]);
@@ -89,41 +89,41 @@ static ebb_status ebb__drop(ebb_status st, ebb_tensor_t **gin, int n) {
 typedef ebb_status (*ebb__bw2)(const ebb_tensor_t *, const ebb_tensor_t *, const ebb_tensor_t *, ebb_tensor_t **, ebb_tensor_t **);
 /* Each returned gradient brought to its input's shape, dtype and device (a public backward may
  * return the promoted dtype: mse_loss, layer_norm). */
-static ebb_status ebb__fit_all(const ebb__bw_ctx *c, ebb_tensor_t **gin, int n) {
+static ebb_status fit_all(const ebb__bw_ctx *c, ebb_tensor_t **gin, int n) {
   ebb_status st = EBB_OK;
   for (int i = 0; i < n; i++) {
     if (!gin[i] || st) continue;
     ebb_tensor_t *f = NULL;
-    st = ebb__fit(&c->in[i], gin[i], &f);
+    st = derivatives_fit(&c->in[i], gin[i], &f);
     ebb__tensor_put(gin[i]);
     gin[i] = st ? NULL : f;
   }
-  return ebb__drop(st, gin, n);
+  return derivatives_drop(st, gin, n);
 }
 
-static ebb_status ebb__two(ebb__bw2 f, const ebb__bw_ctx *c, const ebb_tensor_t *g, ebb_tensor_t **gin) {
+static ebb_status derivatives_two(ebb__bw2 f, const ebb__bw_ctx *c, const ebb_tensor_t *g, ebb_tensor_t **gin) {
   if (!WANT(c, 0) && !WANT(c, 1)) return EBB_OK;
   ebb_status st = f(g, c->saved_in[0], c->saved_in[1], WANT(c, 0) ? &gin[0] : NULL, WANT(c, 1) ? &gin[1] : NULL);
-  return st ? st : ebb__fit_all(c, gin, 2);
+  return st ? st : fit_all(c, gin, 2);
 }
 
 /* ---- binary and scalar ----------------------------------------------------------------------- */
 
 static ebb_status bw_add(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  ebb_status st = WANT(c, 0) ? ebb__fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
-  if (!st && WANT(c, 1)) st = ebb__fit(&c->in[1], go[0], &gin[1]);
-  return ebb__drop(st, gin, 2);
+  ebb_status st = WANT(c, 0) ? derivatives_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  if (!st && WANT(c, 1)) st = derivatives_fit(&c->in[1], go[0], &gin[1]);
+  return derivatives_drop(st, gin, 2);
 }
 
 static ebb_status bw_sub(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  ebb_status st = WANT(c, 0) ? ebb__fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  ebb_status st = WANT(c, 0) ? derivatives_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
   if (!st && WANT(c, 1)) {
     ebb_tensor_t *n = NULL;
     st = ebb_op_neg(go[0], &n);
-    if (!st) st = ebb__fit(&c->in[1], n, &gin[1]);
+    if (!st) st = derivatives_fit(&c->in[1], n, &gin[1]);
     ebb__tensor_put(n);
   }
-  return ebb__drop(st, gin, 2);
+  return derivatives_drop(st, gin, 2);
 }
 
 /* With a gradient the engine gives up and no broadcasting (a, b and grad of one shape, dtype and
@@ -131,32 +131,32 @@ static ebb_status bw_sub(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, eb
 static ebb_status bw_mul(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
   const ebb_tensor_t *g = go[0];
   if (!ebb__tensor_matches(g, &c->in[0]) || !ebb__tensor_matches(g, &c->in[1]) || (!WANT(c, 0) && !WANT(c, 1)))
-    return ebb__two(ebb_op_mul_backward, c, g, gin); /* broadcasting or promoting: the general path */
-  bool mine = ebb__reusable(c, 0, g, &c->in[0]);
+    return derivatives_two(ebb_op_mul_backward, c, g, gin); /* broadcasting or promoting: the general path */
+  bool mine = derivatives_reusable(c, 0, g, &c->in[0]);
   ebb_status st = EBB_OK;
   if (WANT(c, 0) && (WANT(c, 1) || !mine)) st = ebb_op_mul(g, c->saved_in[1], &gin[0]);
   if (!st && WANT(c, 1) && !mine) st = ebb_op_mul(g, c->saved_in[0], &gin[1]);
   if (!st && mine) {
     int k = WANT(c, 1) ? 1 : 0; /* the one computed in place: grad * a for b, grad * b for a */
     st = ebb__lean_mul_((ebb_tensor_t *)g, c->saved_in[1 - k]);
-    if (!st) gin[k] = ebb__keep(g);
+    if (!st) gin[k] = derivatives_keep(g);
   }
-  return ebb__drop(st, gin, 2);
+  return derivatives_drop(st, gin, 2);
 }
 static ebb_status bw_div(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__two(ebb_op_div_backward, c, go[0], gin);
+  return derivatives_two(ebb_op_div_backward, c, go[0], gin);
 }
 static ebb_status bw_add_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__scaled(c, go[0], 1.0, gin);
+  return scaled(c, go[0], 1.0, gin);
 }
 static ebb_status bw_mul_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__scaled(c, go[0], c->args->s[0], gin);
+  return scaled(c, go[0], c->args->s[0], gin);
 }
 static ebb_status bw_div_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__scaled(c, go[0], 1.0 / c->args->s[0], gin);
+  return scaled(c, go[0], 1.0 / c->args->s[0], gin);
 }
 static ebb_status bw_neg(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__scaled(c, go[0], -1.0, gin);
+  return scaled(c, go[0], -1.0, gin);
 }
 static ebb_status bw_pow_scalar(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
   return WANT(c, 0) ? ebb_op_pow_scalar_backward(go[0], c->saved_in[0], c->args->s[0], &gin[0]) : EBB_OK;
@@ -194,7 +194,7 @@ static ebb_status bw_where(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, 
 
 /* grad of a sum over args->dims (all when ndims 0) back to input 0's shape, times `scale`: the
  * reduced dims put back (keepdim false) and expanded, a view of grad when scale is 1. */
-static ebb_status ebb__unreduce(const ebb__bw_ctx *c, const ebb_tensor_t *g, double scale, ebb_tensor_t **gin) {
+static ebb_status unreduce(const ebb__bw_ctx *c, const ebb_tensor_t *g, double scale, ebb_tensor_t **gin) {
   const ebb__tensor_meta *m = &c->in[0];
   const ebb__op_args *a = c->args;
   ebb_tensor_t *t = NULL, *u = NULL;
@@ -222,14 +222,14 @@ static ebb_status ebb__unreduce(const ebb__bw_ctx *c, const ebb_tensor_t *g, dou
     t = st ? NULL : u;
   }
   if (!st) {
-    st = ebb__fit(m, t, gin);
+    st = derivatives_fit(m, t, gin);
     ebb__tensor_put(t);
   }
   return st;
 }
 
 static ebb_status bw_sum(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return WANT(c, 0) ? ebb__unreduce(c, go[0], 1.0, &gin[0]) : EBB_OK;
+  return WANT(c, 0) ? unreduce(c, go[0], 1.0, &gin[0]) : EBB_OK;
 }
 
 static ebb_status bw_mean(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
@@ -239,7 +239,7 @@ static ebb_status bw_mean(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, e
   if (c->args->ndims == 0)
     for (int d = 0; d < m->ndim; d++) count *= m->shape[d];
   for (int k = 0; k < c->args->ndims; k++) count *= m->shape[c->args->dims[k]];
-  return ebb__unreduce(c, go[0], count ? 1.0 / (double)count : 1.0, &gin[0]);
+  return unreduce(c, go[0], count ? 1.0 / (double)count : 1.0, &gin[0]);
 }
 
 static ebb_status bw_amax(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
@@ -254,7 +254,7 @@ static ebb_status bw_max_dim(const ebb__bw_ctx *c, const ebb_tensor_t *const *go
 }
 
 static ebb_status bw_matmul(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__two(ebb_op_matmul_backward, c, go[0], gin);
+  return derivatives_two(ebb_op_matmul_backward, c, go[0], gin);
 }
 static ebb_status bw_softmax(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
   return WANT(c, 0) ? ebb_op_softmax_backward(go[0], c->saved_out[0], c->args->dim, &gin[0]) : EBB_OK;
@@ -266,7 +266,7 @@ static ebb_status bw_cross_entropy(const ebb__bw_ctx *c, const ebb_tensor_t *con
   return WANT(c, 0) ? ebb_op_cross_entropy_backward(go[0], c->saved_in[0], c->saved_in[1], &gin[0]) : EBB_OK;
 }
 static ebb_status bw_mse_loss(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return ebb__two(ebb_op_mse_loss_backward, c, go[0], gin);
+  return derivatives_two(ebb_op_mse_loss_backward, c, go[0], gin);
 }
 
 static ebb_status bw_layer_norm(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
@@ -275,7 +275,7 @@ static ebb_status bw_layer_norm(const ebb__bw_ctx *c, const ebb_tensor_t *const 
   if (!WANT(c, 0) && !gw && !gb) return EBB_OK;
   ebb_status st = ebb_op_layer_norm_backward(go[0], c->saved_in[0], c->args->dim, w, b, c->args->s[0], WANT(c, 0) ? &gin[0] : NULL,
                                              gw ? &gin[1] : NULL, gb ? &gin[2] : NULL);
-  return st ? st : ebb__fit_all(c, gin, 3);
+  return st ? st : fit_all(c, gin, 3);
 }
 
 /* cat: input i's slice of grad along the dim, at the sum of the sizes before it (a view). */
@@ -287,14 +287,14 @@ static ebb_status bw_cat(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, eb
     if (WANT(c, i)) st = ebb_tensor_narrow(go[0], d, at, c->in[i].shape[d], &gin[i]);
     at += c->in[i].shape[d];
   }
-  return ebb__drop(st, gin, c->nin);
+  return derivatives_drop(st, gin, c->nin);
 }
 
 static ebb_status bw_stack(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
   ebb_status st = EBB_OK;
   for (int i = 0; !st && i < c->nin; i++)
     if (WANT(c, i)) st = ebb_tensor_select(go[0], c->args->dim, i, &gin[i]);
-  return ebb__drop(st, gin, c->nin);
+  return derivatives_drop(st, gin, c->nin);
 }
 
 /* ---- views ----------------------------------------------------------------------------------- */
@@ -316,7 +316,7 @@ static ebb_status bw_permute(const ebb__bw_ctx *c, const ebb_tensor_t *const *go
 }
 
 /* slice, narrow, select: zeros of the input's shape with grad written into the same view. */
-static ebb_status ebb__scatter_view(const ebb__bw_ctx *c, const ebb_tensor_t *g, bool select, ebb_tensor_t **gin) {
+static ebb_status scatter_view(const ebb__bw_ctx *c, const ebb_tensor_t *g, bool select, ebb_tensor_t **gin) {
   const ebb__tensor_meta *m = &c->in[0];
   const ebb__op_args *a = c->args;
   ebb_tensor_t *z = NULL, *v = NULL;
@@ -333,16 +333,16 @@ static ebb_status ebb__scatter_view(const ebb__bw_ctx *c, const ebb_tensor_t *g,
 }
 
 static ebb_status bw_slice(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return WANT(c, 0) ? ebb__scatter_view(c, go[0], false, &gin[0]) : EBB_OK;
+  return WANT(c, 0) ? scatter_view(c, go[0], false, &gin[0]) : EBB_OK;
 }
 static ebb_status bw_select(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return WANT(c, 0) ? ebb__scatter_view(c, go[0], true, &gin[0]) : EBB_OK;
+  return WANT(c, 0) ? scatter_view(c, go[0], true, &gin[0]) : EBB_OK;
 }
 
 /* expand, contiguous, clone, to_device, to_dtype: grad fitted back (summed over expanded dims,
  * to the input's dtype and device). */
 static ebb_status bw_fit(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return WANT(c, 0) ? ebb__fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  return WANT(c, 0) ? derivatives_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
 }
 
 /* ---- in place ------------------------------------------------------------------------------ */
@@ -356,14 +356,14 @@ static ebb_status bw_mul_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, e
 /* dst = src: dst's old value gets nothing (it is gone), src gets grad in its shape, dtype and
  * device. */
 static ebb_status bw_copy_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return WANT(c, 1) ? ebb__fit(&c->in[1], go[0], &gin[1]) : EBB_OK;
+  return WANT(c, 1) ? derivatives_fit(&c->in[1], go[0], &gin[1]) : EBB_OK;
 }
 
 /* ---- autograd's nodes for in-place ops on views ------------------------------------------------ */
 
 /* A tensor of the base's shape, dtype and device laid out with the base's strides (so the view's
  * strides and its offset from the base's find the same elements in it), zero-filled. */
-static ebb_status ebb__base_like(const ebb__tensor_meta *bm, const ebb__view_geom *g, ebb_tensor_t **out) {
+static ebb_status base_like(const ebb__tensor_meta *bm, const ebb__view_geom *g, ebb_tensor_t **out) {
   int64_t span = 1;
   for (int d = 0; d < bm->ndim; d++) {
     if (bm->shape[d] == 0) span = 0;
@@ -376,9 +376,9 @@ static ebb_status ebb__base_like(const ebb__tensor_meta *bm, const ebb__view_geo
   return st;
 }
 
-/* The view's elements within r (ebb__base_like's layout); with `collapse`, the view's expanded
+/* The view's elements within r (base_like's layout); with `collapse`, the view's expanded
  * dims (stride 0) taken as extent 1, so no two elements alias. */
-static ebb_status ebb__view_in(const ebb_tensor_t *r, const ebb__view_geom *g, bool collapse, ebb_tensor_t **out) {
+static ebb_status view_in(const ebb_tensor_t *r, const ebb__view_geom *g, bool collapse, ebb_tensor_t **out) {
   int64_t shape[EBB_TENSOR_MAX_DIMS];
   for (int d = 0; d < g->view.ndim; d++) shape[d] = collapse && g->strides[d] == 0 ? 1 : g->view.shape[d];
   return ebb__tensor_alias("ebb_backward", r, g->view.ndim, shape, g->strides, g->offset - g->base_offset, out);
@@ -394,9 +394,9 @@ static ebb_status bw_as_strided(const ebb__bw_ctx *c, const ebb_tensor_t *const 
   for (int d = 0; d < g->view.ndim; d++)
     if (g->strides[d] == 0 && g->view.shape[d] > 1) dims[nd++] = d;
   ebb_tensor_t *r = NULL, *v = NULL, *summed = NULL;
-  ebb_status st = ebb__base_like(&c->in[0], g, &r);
+  ebb_status st = base_like(&c->in[0], g, &r);
   if (!st && nd) st = ebb_op_sum(go[0], dims, nd, true, &summed);
-  if (!st) st = ebb__view_in(r, g, true, &v);
+  if (!st) st = view_in(r, g, true, &v);
   if (!st) st = ebb_tensor_copy_(v, summed ? summed : go[0]);
   ebb__tensor_put(v);
   ebb__tensor_put(summed);
@@ -416,9 +416,9 @@ static ebb_status bw_copy_slices(const ebb__bw_ctx *c, const ebb_tensor_t *const
   const ebb__view_geom *g = c->args->geom;
   const ebb__deriv *inner = ebb__deriv_of((ebb__op_id)g->inner_op);
   ebb_tensor_t *r = NULL, *v = NULL, *gv = NULL, *ig[2] = {NULL, NULL};
-  ebb_status st = ebb__base_like(&c->in[0], g, &r);
+  ebb_status st = base_like(&c->in[0], g, &r);
   if (!st) st = ebb_tensor_copy_(r, go[0]);
-  if (!st) st = ebb__view_in(r, g, false, &v);
+  if (!st) st = view_in(r, g, false, &v);
   if (!st) st = ebb_tensor_clone(v, &gv);
   if (!st && inner->backward) {
     ebb__tensor_meta in[2] = {g->view, c->nin > 1 ? c->in[1] : g->view};

@@ -31,7 +31,7 @@ void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]) { ebb
 
 /* Contiguous f32 (and f64) binary ops and same-dtype copies: the loops the compiler vectorises.
  * Returns false when the launch is not of that shape. */
-static bool ebb__ew_fast(const ebb__ew_args *a) {
+static bool ew_fast(const ebb__ew_args *a) {
   if (a->ndim != 1 || a->st_out[0] != 1) return false;
   const int64_t n = a->shape[0];
   for (int k = 0; k < a->nin; k++)
@@ -63,7 +63,7 @@ static bool ebb__ew_fast(const ebb__ew_args *a) {
 #define EBB__CHUNK 256 /* elements per chunk of the generic loops (3 x 2 KiB of f64 on the stack) */
 
 /* n elements of dtype dt, `stride` bytes apart, into f64. */
-static void ebb__load_row(double *dst, const char *p, int64_t stride, int64_t n, int dt) {
+static void load_row(double *dst, const char *p, int64_t stride, int64_t n, int dt) {
   switch (dt) {
   case EBB_F32:
     for (int64_t i = 0; i < n; i++, p += stride) {
@@ -76,12 +76,12 @@ static void ebb__load_row(double *dst, const char *p, int64_t stride, int64_t n,
     for (int64_t i = 0; i < n; i++, p += stride) memcpy(&dst[i], p, 8);
     break;
   default:
-    for (int64_t i = 0; i < n; i++, p += stride) dst[i] = ebb__ld(p, dt);
+    for (int64_t i = 0; i < n; i++, p += stride) dst[i] = ebb__load_dt(p, dt);
     break;
   }
 }
 
-static void ebb__store_row(char *p, int64_t stride, const double *src, int64_t n, int dt) {
+static void store_row(char *p, int64_t stride, const double *src, int64_t n, int dt) {
   switch (dt) {
   case EBB_F32:
     for (int64_t i = 0; i < n; i++, p += stride) {
@@ -93,7 +93,7 @@ static void ebb__store_row(char *p, int64_t stride, const double *src, int64_t n
     for (int64_t i = 0; i < n; i++, p += stride) memcpy(p, &src[i], 8);
     break;
   default:
-    for (int64_t i = 0; i < n; i++, p += stride) ebb__st(p, dt, src[i]);
+    for (int64_t i = 0; i < n; i++, p += stride) ebb__store_dt(p, dt, src[i]);
     break;
   }
 }
@@ -101,7 +101,7 @@ static void ebb__store_row(char *p, int64_t stride, const double *src, int64_t n
 /* x[i] = op(x[i], y[i], z[i]) for a chunk: the frequent ops get a loop of their own, in which
  * ebb__ew_f's switch folds away on the constant op (no switch per element, and the loop
  * vectorises); the rest go through ebb__ew_f's switch per element. One formula either way. */
-static void ebb__op_row(int op, double *restrict x, const double *restrict y, const double *restrict z, int64_t n, double s0,
+static void op_row(int op, double *restrict x, const double *restrict y, const double *restrict z, int64_t n, double s0,
                         double s1) {
   switch (op) {
   case EBB__EW_COPY: return;
@@ -128,7 +128,7 @@ static void ebb__op_row(int op, double *restrict x, const double *restrict y, co
  * ops take the fast path above. */
 void ebb__ew_cpu(void *args) {
   const ebb__ew_args *a = args;
-  if (ebb__ew_fast(a)) return;
+  if (ew_fast(a)) return;
   const int nd = a->ndim, nin = a->nin, op = a->op, dto = a->dt_out;
   const int64_t inner = nd ? a->shape[nd - 1] : 1;
   int64_t outer = 1;
@@ -158,15 +158,15 @@ void ebb__ew_cpu(void *args) {
       if (dto == EBB_I64)
         for (int64_t i = 0; i < inner; i++, po += so) ebb__sti(po, dto, is0);
       else
-        for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, a->s0);
+        for (int64_t i = 0; i < inner; i++, po += so) ebb__store_dt(po, dto, a->s0);
       break;
     case EBB__EW_ARANGE:
-      for (int64_t i = 0; i < inner; i++, po += so) ebb__st(po, dto, ebb__arange_at(a->s0, a->s1, lin + (uint64_t)i));
+      for (int64_t i = 0; i < inner; i++, po += so) ebb__store_dt(po, dto, ebb__arange_at(a->s0, a->s1, lin + (uint64_t)i));
       break;
     case EBB__EW_RAND:
     case EBB__EW_RANDN:
       for (int64_t i = 0; i < inner; i++, po += so)
-        ebb__st(po, dto, ebb__random_at(op, dto, a->seed, a->offset + lin + (uint64_t)i));
+        ebb__store_dt(po, dto, ebb__random_at(op, dto, a->seed, a->offset + lin + (uint64_t)i));
       break;
     default:
       if (ints) {
@@ -185,11 +185,11 @@ void ebb__ew_cpu(void *args) {
         for (int64_t i0 = 0; i0 < inner; i0 += EBB__CHUNK) {
           const int64_t m = inner - i0 < EBB__CHUNK ? inner - i0 : EBB__CHUNK;
           for (int k = 0; k < nin; k++) {
-            ebb__load_row(buf[k], pi[k], si[k], m, a->dt_in[k]);
+            load_row(buf[k], pi[k], si[k], m, a->dt_in[k]);
             pi[k] += si[k] * m;
           }
-          ebb__op_row(op, buf[0], nin > 1 ? buf[1] : NULL, nin > 2 ? buf[2] : NULL, m, a->s0, a->s1);
-          ebb__store_row(po, so, buf[0], m, dto);
+          op_row(op, buf[0], nin > 1 ? buf[1] : NULL, nin > 2 ? buf[2] : NULL, m, a->s0, a->s1);
+          store_row(po, so, buf[0], m, dto);
           po += so * m;
         }
       }
@@ -212,7 +212,7 @@ void ebb__ew_cpu(void *args) {
  * rows of a row-major matrix, say): a chunk of neighbouring outputs is accumulated at once,
  * each inner element j loading one contiguous-ish piece for all of them. Every output still
  * sees its inner elements in row-major order j = 0, 1, ..., so results match the other loop. */
-static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner) {
+static void reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner) {
   const size_t ei = ebb__dtype_size[a->dt_in], eo = ebb__dtype_size[a->dt_out];
   const int no = a->nouter, ni = a->ninner;
   const int64_t olast = a->oshape[no - 1], ostride = a->ost_in[no - 1] * (int64_t)ei;
@@ -238,7 +238,7 @@ static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t i
       for (int64_t j = 0; j < inner; j++) {
         int64_t off = ibase + k0 * a->ost_in[no - 1];
         for (int d = 0; d < ni; d++) off += iidx[d] * a->ist_in[d];
-        ebb__load_row(buf, (const char *)a->in + off * (int64_t)ei, ostride, m, a->dt_in);
+        load_row(buf, (const char *)a->in + off * (int64_t)ei, ostride, m, a->dt_in);
         if (a->op == EBB__RED_MAX) {
           for (int64_t k = 0; k < m; k++) ebb__red_max_step(&acc[k], &best[k], &nan[k], buf[k], j);
         } else {
@@ -252,7 +252,7 @@ static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t i
       for (int64_t k = 0; k < m; k++) {
         double v = ebb__red_finish(a->op, acc[k], inner);
         int64_t o = obase + (k0 + k) * a->ost_out[no - 1];
-        ebb__st((char *)a->out + o * (int64_t)eo, a->dt_out, v);
+        ebb__store_dt((char *)a->out + o * (int64_t)eo, a->dt_out, v);
         if (a->idx) a->idx[o] = best[k];
       }
     }
@@ -263,16 +263,16 @@ static void ebb__reduce_columns(const ebb__red_args *a, int64_t outer, int64_t i
   }
 }
 
-static int64_t ebb__abs64(int64_t x) { return x < 0 ? -x : x; }
+static int64_t abs64(int64_t x) { return x < 0 ? -x : x; }
 
 void ebb__reduce_cpu(void *args) {
   const ebb__red_args *a = args;
   if (a->nouter > 0 && a->ninner > 0 && a->oshape[a->nouter - 1] > 1 &&
-      ebb__abs64(a->ost_in[a->nouter - 1]) < ebb__abs64(a->ist_in[a->ninner - 1])) {
+      abs64(a->ost_in[a->nouter - 1]) < abs64(a->ist_in[a->ninner - 1])) {
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < a->nouter; d++) outer *= a->oshape[d];
     for (int d = 0; d < a->ninner; d++) inner *= a->ishape[d];
-    ebb__reduce_columns(a, outer, inner);
+    reduce_columns(a, outer, inner);
     return;
   }
   int64_t outer = 1, inner = 1;
@@ -302,7 +302,7 @@ void ebb__reduce_cpu(void *args) {
       const char *p = (const char *)a->in + off * (int64_t)ei;
       for (int64_t k0 = 0; k0 < last; k0 += EBB__CHUNK) {
         const int64_t m = last - k0 < EBB__CHUNK ? last - k0 : EBB__CHUNK;
-        ebb__load_row(buf, p + k0 * lstride, lstride, m, a->dt_in);
+        load_row(buf, p + k0 * lstride, lstride, m, a->dt_in);
         if (a->op == EBB__RED_MAX) {
           for (int64_t k = 0; k < m; k++) ebb__red_max_step(&acc, &best, &nan, buf[k], run * last + k0 + k);
         } else {
@@ -315,7 +315,7 @@ void ebb__reduce_cpu(void *args) {
       }
     }
     acc = ebb__red_finish(a->op, acc, inner);
-    ebb__st((char *)a->out + obase * (int64_t)eo, a->dt_out, acc);
+    ebb__store_dt((char *)a->out + obase * (int64_t)eo, a->dt_out, acc);
     if (a->idx) a->idx[obase] = best;
     for (int d = a->nouter - 1; d >= 0; d--) {
       if (++oidx[d] < a->oshape[d]) break;

@@ -16,7 +16,7 @@
     for (size_t i_ = 0; i_ < EBB_ARRAY_LEN(arr); i_++) ebb__tensor_put(arr[i_]); \
   } while (0)
 
-static ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_tensor_t *t) {
+static ebb_status float_input(const char *fn, const char *arg, const ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, fn, arg);
   if (st) return ebb__fail_in(fn, st);
   if (!ebb_dtype_is_float(t->dtype))
@@ -24,7 +24,7 @@ static ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_te
   return EBB_OK;
 }
 
-static ebb_status ebb__need_out(const char *fn, const char *arg, ebb_tensor_t **out) {
+static ebb_status need_out(const char *fn, const char *arg, ebb_tensor_t **out) {
   if (!out) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected a tensor handle to fill", fn, arg);
   return EBB_OK;
 }
@@ -35,15 +35,15 @@ static ebb_status ebb__need_out(const char *fn, const char *arg, ebb_tensor_t **
  * mathematically (it cancels in the ratio) but keeps exp from overflowing for large logits.
  * log_softmax is (x - m) - log(sum(exp(x - m))), computed without forming y, so it stays finite
  * where y would underflow to 0. */
-static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, bool logarithm, ebb_tensor_t **out) {
-  ebb_status st = ebb__float_input(fn, "t", t);
-  if (!st) st = ebb__need_out(fn, "out", out);
+static ebb_status nn_softmax(const char *fn, const ebb_tensor_t *t, int dim, bool logarithm, ebb_tensor_t **out) {
+  ebb_status st = float_input(fn, "t", t);
+  if (!st) st = need_out(fn, "out", out);
   int d;
   if (!st) st = ebb__dim(fn, "dim", dim, t->ndim, &d);
   if (st) return ebb__fail_in(fn, st);
   /* No elements (an empty dim, along `dim` or another): an empty result of t's shape, as
    * PyTorch gives; the max along an empty dim, which amax refuses, is never needed. */
-  if (ebb__numel(t->shape, t->ndim) == 0) return ebb__tensor_new(fn, t->st->device, t->dtype, t->ndim, t->shape, out);
+  if (ebb__numel(t->shape, t->ndim) == 0) return ebb__tensor_new(fn, t->stor->device, t->dtype, t->ndim, t->shape, out);
   ebb_tensor_t *m = NULL, *s = NULL, *e = NULL, *z = NULL, *lz = NULL;
   st = ebb_op_amax(t, &d, 1, true, &m);
   if (!st) st = ebb_op_sub(t, m, &s);
@@ -57,7 +57,7 @@ static ebb_status ebb__softmax(const char *fn, const ebb_tensor_t *t, int dim, b
 }
 
 /* The normalised dim of a softmax that succeeded (t is valid then). */
-static ebb__op_args ebb__dim_args(const ebb__tensor_hooks *h, ebb_status st, const ebb_tensor_t *t, int dim) {
+static ebb__op_args dim_args(const ebb__tensor_hooks *h, ebb_status st, const ebb_tensor_t *t, int dim) {
   ebb__op_args a = {.dim = dim};
   if (h && !st && dim < 0) a.dim = dim + t->ndim;
   return a;
@@ -65,24 +65,24 @@ static ebb__op_args ebb__dim_args(const ebb__tensor_hooks *h, ebb_status st, con
 
 ebb_status ebb_op_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__softmax("ebb_op_softmax", t, dim, false, out);
-  const ebb__op_args a = ebb__dim_args(h, st, t, dim);
+  ebb_status st = nn_softmax("ebb_op_softmax", t, dim, false, out);
+  const ebb__op_args a = dim_args(h, st, t, dim);
   const ebb_tensor_t *in[1] = {t};
   return ebb__rec_done("ebb_op_softmax", h, st, EBB__OP_SOFTMAX, in, 1, out, NULL, &a);
 }
 
 ebb_status ebb_op_log_softmax(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__softmax("ebb_op_log_softmax", t, dim, true, out);
-  const ebb__op_args a = ebb__dim_args(h, st, t, dim);
+  ebb_status st = nn_softmax("ebb_op_log_softmax", t, dim, true, out);
+  const ebb__op_args a = dim_args(h, st, t, dim);
   const ebb_tensor_t *in[1] = {t};
   return ebb__rec_done("ebb_op_log_softmax", h, st, EBB__OP_LOG_SOFTMAX, in, 1, out, NULL, &a);
 }
 
-static ebb_status ebb__softmax_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx, int *d) {
-  ebb_status st = ebb__float_input(fn, "grad", grad);
-  if (!st) st = ebb__float_input(fn, "y", y);
-  if (!st) st = ebb__need_out(fn, "grad_x", gx);
+static ebb_status softmax_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx, int *d) {
+  ebb_status st = float_input(fn, "grad", grad);
+  if (!st) st = float_input(fn, "y", y);
+  if (!st) st = need_out(fn, "grad_x", gx);
   if (!st) st = ebb__dim(fn, "dim", dim, y->ndim, d);
   if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != y->ndim || memcmp(grad->shape, y->shape, sizeof(int64_t) * (size_t)y->ndim) != 0) {
@@ -98,7 +98,7 @@ static ebb_status ebb__softmax_bw_check(const char *fn, const ebb_tensor_t *grad
 ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx) {
   const char *fn = "ebb_op_softmax_backward";
   int d;
-  ebb_status st = ebb__softmax_bw_check(fn, grad, y, dim, gx, &d);
+  ebb_status st = softmax_bw_check(fn, grad, y, dim, gx, &d);
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *gy = NULL, *sg = NULL, *df = NULL;
   st = ebb_op_mul(grad, y, &gy);
@@ -115,7 +115,7 @@ ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
 ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **gx) {
   const char *fn = "ebb_op_log_softmax_backward";
   int d;
-  ebb_status st = ebb__softmax_bw_check(fn, grad, y, dim, gx, &d);
+  ebb_status st = softmax_bw_check(fn, grad, y, dim, gx, &d);
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *sg = NULL, *e = NULL, *p = NULL;
   st = ebb_op_sum(grad, &d, 1, true, &sg);
@@ -129,8 +129,8 @@ ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tenso
 
 /* ---- cross entropy -------------------------------------------------------------------------------- */
 
-static ebb_status ebb__ce_check(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target) {
-  ebb_status st = ebb__float_input(fn, "logits", logits);
+static ebb_status ce_check(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target) {
+  ebb_status st = float_input(fn, "logits", logits);
   if (!st) st = ebb__tensor_check(target, fn, "target");
   if (st) return ebb__fail_in(fn, st);
   char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
@@ -140,16 +140,16 @@ static ebb_status ebb__ce_check(const char *fn, const ebb_tensor_t *logits, cons
   if (target->dtype != EBB_I64)
     return ebb__fail(EBB_EINVAL, "%s: %s has dtype %s; expected i64 class indices", fn, EBB__DESC(target, "target", a),
                      ebb_dtype_name(target->dtype));
-  if (target->st->device != logits->st->device)
+  if (target->stor->device != logits->stor->device)
     return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device", fn, EBB__DESC(target, "target", a),
                      EBB__DESC(logits, "logits", b));
   return EBB_OK;
 }
 
 /* onehot[i, c] = (target[i] == c), as a bool [N, C]. */
-static ebb_status ebb__onehot(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
+static ebb_status nn_onehot(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
   ebb_tensor_t *ar = NULL, *tc = NULL;
-  ebb_status st = ebb_tensor_arange(logits->st->device, EBB_I64, 0, 1, logits->shape[1], &ar);
+  ebb_status st = ebb_tensor_arange(logits->stor->device, EBB_I64, 0, 1, logits->shape[1], &ar);
   if (!st) st = ebb_tensor_unsqueeze(target, 1, &tc);
   if (!st) st = ebb_op_eq(tc, ar, out);
   ebb__tensor_put(ar);
@@ -160,15 +160,15 @@ static ebb_status ebb__onehot(const ebb_tensor_t *logits, const ebb_tensor_t *ta
 /* loss = -(1/N) sum_i log_softmax(logits)[i, t_i]. The target column is picked with a one-hot
  * mask and where() instead of a gather kernel: one more elementwise pass over [N, C], but the
  * same kernels run on every device, and a target outside [0, C) simply matches no column. */
-static ebb_status ebb__op_cross_entropy_impl(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
+static ebb_status op_cross_entropy_impl(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
   const char *fn = "ebb_op_cross_entropy";
-  ebb_status st = ebb__ce_check(fn, logits, target);
-  if (!st) st = ebb__need_out(fn, "out", out);
+  ebb_status st = ce_check(fn, logits, target);
+  if (!st) st = need_out(fn, "out", out);
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *ls = NULL, *oh = NULL, *zero = NULL, *picked = NULL, *total = NULL;
   st = ebb_op_log_softmax(logits, 1, &ls);
-  if (!st) st = ebb__onehot(logits, target, &oh);
-  if (!st) st = ebb_tensor_zeros(logits->st->device, logits->dtype, 0, NULL, &zero);
+  if (!st) st = nn_onehot(logits, target, &oh);
+  if (!st) st = ebb_tensor_zeros(logits->stor->device, logits->dtype, 0, NULL, &zero);
   if (!st) st = ebb_op_where(oh, ls, zero, &picked);
   if (!st) st = ebb_op_sum(picked, NULL, 0, false, &total);
   if (!st) st = ebb_op_mul_scalar(total, logits->shape[0] ? -1.0 / (double)logits->shape[0] : NAN, out);
@@ -178,16 +178,16 @@ static ebb_status ebb__op_cross_entropy_impl(const ebb_tensor_t *logits, const e
 }
 
 ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_op_cross_entropy", EBB__OP_CROSS_ENTROPY, NULL, out, ebb__op_cross_entropy_impl(logits, target, out), logits, target);
+  EBB__RECORDED("ebb_op_cross_entropy", EBB__OP_CROSS_ENTROPY, NULL, out, op_cross_entropy_impl(logits, target, out), logits, target);
 }
 
 /* d loss / d logits[i, c] = (softmax[i, c] - onehot[i, c]) / N, times the incoming scalar. */
 ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_tensor_t *logits, const ebb_tensor_t *target,
                                          ebb_tensor_t **gx) {
   const char *fn = "ebb_op_cross_entropy_backward";
-  ebb_status st = ebb__ce_check(fn, logits, target);
-  if (!st) st = ebb__float_input(fn, "grad", grad);
-  if (!st) st = ebb__need_out(fn, "grad_logits", gx);
+  ebb_status st = ce_check(fn, logits, target);
+  if (!st) st = float_input(fn, "grad", grad);
+  if (!st) st = need_out(fn, "grad_logits", gx);
   if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != 0) {
     char a[EBB__DESC_MAX];
@@ -195,7 +195,7 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
   }
   ebb_tensor_t *p = NULL, *oh = NULL, *d = NULL, *g = NULL;
   st = ebb_op_softmax(logits, 1, &p);
-  if (!st) st = ebb__onehot(logits, target, &oh);
+  if (!st) st = nn_onehot(logits, target, &oh);
   if (!st) st = ebb_op_sub(p, oh, &d);
   if (!st) st = ebb_op_mul(d, grad, &g);
   if (!st) st = ebb_op_mul_scalar(g, logits->shape[0] ? 1.0 / (double)logits->shape[0] : NAN, gx);
@@ -206,9 +206,9 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
 
 /* ---- mse ------------------------------------------------------------------------------------------ */
 
-static ebb_status ebb__mse_check(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b) {
-  ebb_status st = ebb__float_input(fn, "a", a);
-  if (!st) st = ebb__float_input(fn, "b", b);
+static ebb_status mse_check(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b) {
+  ebb_status st = float_input(fn, "a", a);
+  if (!st) st = float_input(fn, "b", b);
   if (st) return ebb__fail_in(fn, st);
   if (a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) != 0) {
     char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
@@ -217,10 +217,10 @@ static ebb_status ebb__mse_check(const char *fn, const ebb_tensor_t *a, const eb
   return EBB_OK;
 }
 
-static ebb_status ebb__op_mse_loss_impl(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+static ebb_status op_mse_loss_impl(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   const char *fn = "ebb_op_mse_loss";
-  ebb_status st = ebb__mse_check(fn, a, b);
-  if (!st) st = ebb__need_out(fn, "out", out);
+  ebb_status st = mse_check(fn, a, b);
+  if (!st) st = need_out(fn, "out", out);
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *d = NULL, *sq = NULL;
   st = ebb_op_sub(a, b, &d);
@@ -232,15 +232,15 @@ static ebb_status ebb__op_mse_loss_impl(const ebb_tensor_t *a, const ebb_tensor_
 }
 
 ebb_status ebb_op_mse_loss(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_op_mse_loss", EBB__OP_MSE_LOSS, NULL, out, ebb__op_mse_loss_impl(a, b, out), a, b);
+  EBB__RECORDED("ebb_op_mse_loss", EBB__OP_MSE_LOSS, NULL, out, op_mse_loss_impl(a, b, out), a, b);
 }
 
 /* loss = (1/n) sum (a - b)^2: d/da = 2 (a - b) / n, d/db = -d/da. */
 ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **ga,
                                     ebb_tensor_t **gb) {
   const char *fn = "ebb_op_mse_loss_backward";
-  ebb_status st = ebb__mse_check(fn, a, b);
-  if (!st) st = ebb__float_input(fn, "grad", grad);
+  ebb_status st = mse_check(fn, a, b);
+  if (!st) st = float_input(fn, "grad", grad);
   if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
   if (st) return ebb__fail_in(fn, st);
   if (grad->ndim != 0) {
@@ -266,9 +266,9 @@ ebb_status ebb_op_mse_loss_backward(const ebb_tensor_t *grad, const ebb_tensor_t
 
 /* ---- layer norm ------------------------------------------------------------------------------------ */
 
-static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b,
+static ebb_status ln_check(const char *fn, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b,
                                 int *dims) {
-  ebb_status st = ebb__float_input(fn, "x", x);
+  ebb_status st = float_input(fn, "x", x);
   if (st) return ebb__fail_in(fn, st);
   char s1[EBB__DESC_MAX], s2[EBB__DESC_MAX];
   if (nnorm < 1 || nnorm > x->ndim)
@@ -277,7 +277,7 @@ static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm
   static const char *const names[2] = {"weight", "bias"};
   for (int i = 0; i < 2; i++) {
     if (!p[i]) continue;
-    st = ebb__float_input(fn, names[i], p[i]);
+    st = float_input(fn, names[i], p[i]);
     if (st) return ebb__fail_in(fn, st);
     if (p[i]->ndim != nnorm || memcmp(p[i]->shape, x->shape + x->ndim - nnorm, sizeof(int64_t) * (size_t)nnorm) != 0)
       return ebb__fail(EBB_EINVAL, "%s: %s does not match %s; expected the shape of x's last %d dims", fn, EBB__DESC(p[i], names[i], s1),
@@ -288,7 +288,7 @@ static ebb_status ebb__ln_check(const char *fn, const ebb_tensor_t *x, int nnorm
 }
 
 /* xhat = (x - mean) * rstd, with rstd = (var + eps)^-1/2 (keepdim form). */
-static ebb_status ebb__ln_normalise(const ebb_tensor_t *x, const int *dims, int nnorm, double eps, ebb_tensor_t **xhat, ebb_tensor_t **rstd) {
+static ebb_status ln_normalise(const ebb_tensor_t *x, const int *dims, int nnorm, double eps, ebb_tensor_t **xhat, ebb_tensor_t **rstd) {
   ebb_tensor_t *mu = NULL, *xc = NULL, *sq = NULL, *var = NULL, *ve = NULL;
   ebb_status st = ebb_op_mean(x, dims, nnorm, true, &mu);
   if (!st) st = ebb_op_sub(x, mu, &xc);
@@ -305,14 +305,14 @@ static ebb_status ebb__ln_normalise(const ebb_tensor_t *x, const int *dims, int 
   return st;
 }
 
-static ebb_status ebb__op_layer_norm_impl(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps, ebb_tensor_t **out) {
+static ebb_status op_layer_norm_impl(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps, ebb_tensor_t **out) {
   const char *fn = "ebb_op_layer_norm";
   int dims[EBB_TENSOR_MAX_DIMS];
-  ebb_status st = ebb__ln_check(fn, x, nnorm, w, b, dims);
-  if (!st) st = ebb__need_out(fn, "out", out);
+  ebb_status st = ln_check(fn, x, nnorm, w, b, dims);
+  if (!st) st = need_out(fn, "out", out);
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *xhat = NULL, *rstd = NULL, *y = NULL;
-  st = ebb__ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
+  st = ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *cur = xhat;
   xhat = NULL;
@@ -334,7 +334,7 @@ static ebb_status ebb__op_layer_norm_impl(const ebb_tensor_t *x, int nnorm, cons
 
 ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps, ebb_tensor_t **out) {
   const ebb__op_args args = {.s = {eps}, .dim = nnorm};
-  EBB__RECORDED("ebb_op_layer_norm", EBB__OP_LAYER_NORM, &args, out, ebb__op_layer_norm_impl(x, nnorm, w, b, eps, out), x, w, b);
+  EBB__RECORDED("ebb_op_layer_norm", EBB__OP_LAYER_NORM, &args, out, op_layer_norm_impl(x, nnorm, w, b, eps, out), x, w, b);
 }
 
 /* With xhat = (x - mu) rstd over the normalised dims (n elements each), y = xhat w + b:
@@ -347,8 +347,8 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
                                       double eps, ebb_tensor_t **gx, ebb_tensor_t **gw, ebb_tensor_t **gb) {
   const char *fn = "ebb_op_layer_norm_backward";
   int dims[EBB_TENSOR_MAX_DIMS];
-  ebb_status st = ebb__ln_check(fn, x, nnorm, w, b, dims);
-  if (!st) st = ebb__float_input(fn, "grad", grad);
+  ebb_status st = ln_check(fn, x, nnorm, w, b, dims);
+  if (!st) st = float_input(fn, "grad", grad);
   if (st) return ebb__fail_in(fn, st);
   if (!gx && !gw && !gb) return ebb__fail(EBB_EINVAL, "%s: grad_x, grad_weight and grad_bias are all NULL; expected one to fill", fn);
   if ((gw && !w) || (gb && !b)) return ebb__fail(EBB_EINVAL, "%s: a gradient was asked for a NULL weight or bias", fn);
@@ -359,7 +359,7 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
   }
   ebb_tensor_t *xhat = NULL, *rstd = NULL, *gxh = NULL, *m1 = NULL, *p = NULL, *m2 = NULL, *q = NULL, *r1 = NULL, *r2 = NULL, *gp = NULL;
   ebb_tensor_t *rx = NULL, *rw = NULL, *rb = NULL;
-  st = ebb__ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
+  st = ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
   if (st) return ebb__fail_in(fn, st);
   /* dL/dxhat = grad * w; dL/dx = rstd * (gxh - mean(gxh) - xhat * mean(gxh * xhat)) */
   if (w) {
@@ -400,10 +400,10 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
 
 /* The result is allocated once and each input copied into its narrow() view of it, so cat is
  * n copy kernels and no temporary. Inputs may be any views (the copy kernel takes strides). */
-static ebb_status ebb__op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+static ebb_status op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
   const char *fn = "ebb_op_cat";
   if (!ts || n < 1) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected at least one", fn, n, ts ? "given" : "NULL");
-  ebb_status st = ebb__need_out(fn, "out", out);
+  ebb_status st = need_out(fn, "out", out);
   for (int i = 0; i < n && !st; i++) st = ebb__tensor_check_at(ts[i], fn, "ts", i);
   if (st) return ebb__fail_in(fn, st);
   const ebb_tensor_t *t0 = ts[0];
@@ -419,7 +419,7 @@ static ebb_status ebb__op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim
   shape[d] = 0;
   for (int i = 0; i < n; i++) {
     const ebb_tensor_t *t = ts[i];
-    if (t->dtype != t0->dtype || t->st->device != t0->st->device)
+    if (t->dtype != t0->dtype || t->stor->device != t0->stor->device)
       return ebb__fail(EBB_EINVAL, "%s: %s and %s differ in dtype or device; expected one dtype and device", fn,
                        ebb__tensor_desc(t, "ts", i, a, sizeof a), ebb__tensor_desc(t0, "ts", 0, b, sizeof b));
     bool ok = t->ndim == t0->ndim;
@@ -430,7 +430,7 @@ static ebb_status ebb__op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim
     shape[d] += t->shape[d];
   }
   ebb_tensor_t *r;
-  st = ebb__tensor_new(fn, t0->st->device, t0->dtype, t0->ndim, shape, &r);
+  st = ebb__tensor_new(fn, t0->stor->device, t0->dtype, t0->ndim, shape, &r);
   if (st) return ebb__fail_in(fn, st);
   int64_t at = 0;
   for (int i = 0; i < n && !st; i++) {
@@ -451,16 +451,16 @@ static ebb_status ebb__op_cat_impl(const ebb_tensor_t *const *ts, int n, int dim
 
 ebb_status ebb_op_cat(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__op_cat_impl(ts, n, dim, out);
+  ebb_status st = op_cat_impl(ts, n, dim, out);
   ebb__op_args a = {.dim = dim};
   if (h && !st && dim < 0) a.dim = dim + ts[0]->ndim;
   return ebb__rec_done("ebb_op_cat", h, st, EBB__OP_CAT, ts, n, out, NULL, &a);
 }
 
-static ebb_status ebb__op_stack_impl(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
+static ebb_status op_stack_impl(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
   const char *fn = "ebb_op_stack";
   if (!ts || n < 1 || n > 4096) return ebb__fail(EBB_EINVAL, "%s: %d tensors (array %s); expected 1..4096", fn, n, ts ? "given" : "NULL");
-  ebb_status st = ebb__need_out(fn, "out", out);
+  ebb_status st = need_out(fn, "out", out);
   for (int i = 0; i < n && !st; i++) st = ebb__tensor_check_at(ts[i], fn, "ts", i);
   if (st) return ebb__fail_in(fn, st);
   for (int i = 1; i < n; i++)
@@ -480,7 +480,7 @@ static ebb_status ebb__op_stack_impl(const ebb_tensor_t *const *ts, int n, int d
 
 ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__op_stack_impl(ts, n, dim, out);
+  ebb_status st = op_stack_impl(ts, n, dim, out);
   ebb__op_args a = {.dim = dim};
   if (h && !st && dim < 0) a.dim = dim + ts[0]->ndim + 1;
   return ebb__rec_done("ebb_op_stack", h, st, EBB__OP_STACK, ts, n, out, NULL, &a);
@@ -491,7 +491,7 @@ ebb_status ebb_op_stack(const ebb_tensor_t *const *ts, int n, int dim, ebb_tenso
 ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tensor_t *const *ts, int n, int dim, int i, ebb_tensor_t **gi) {
   const char *fn = "ebb_op_cat_backward";
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
-  if (!st) st = ebb__need_out(fn, "grad_i", gi);
+  if (!st) st = need_out(fn, "grad_i", gi);
   if (st) return ebb__fail_in(fn, st);
   if (!ts || i < 0 || i >= n) return ebb__fail(EBB_EINVAL, "%s: input %d of %d (array %s); expected 0 <= i < n", fn, i, n, ts ? "given" : "NULL");
   int d;
@@ -514,7 +514,7 @@ ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tensor_t *con
 ebb_status ebb_op_stack_backward(const ebb_tensor_t *grad, int n, int dim, int i, ebb_tensor_t **gi) {
   const char *fn = "ebb_op_stack_backward";
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
-  if (!st) st = ebb__need_out(fn, "grad_i", gi);
+  if (!st) st = need_out(fn, "grad_i", gi);
   if (st) return ebb__fail_in(fn, st);
   if (i < 0 || i >= n) return ebb__fail(EBB_EINVAL, "%s: input %d of %d; expected 0 <= i < n", fn, i, n);
   int d;

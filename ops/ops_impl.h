@@ -40,7 +40,7 @@ struct ebb_tensor {
   _Atomic uint32_t magic;    /* EBB__TENSOR_MAGIC while alive, 0 once released */
   _Atomic uint32_t refs;
   struct ebb_list free_link; /* in the pool's FIFO of released records */
-  struct ebb__storage *st;
+  struct ebb__storage *stor;
   int64_t offset;            /* elements */
   int ndim;
   ebb_dtype dtype;

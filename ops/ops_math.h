@@ -112,7 +112,7 @@ static inline EBB__HD int64_t ebb__d2i(double v) {
   return (int64_t)v;
 }
 
-static inline EBB__HD double ebb__ld(const char *p, int dt) {
+static inline EBB__HD double ebb__load_dt(const char *p, int dt) {
   switch (dt) {
   case EBB__KDT_F32: return ebb__raw_f32(p);
   case EBB__KDT_F64: return ebb__raw_f64(p);
@@ -123,7 +123,7 @@ static inline EBB__HD double ebb__ld(const char *p, int dt) {
   }
 }
 
-static inline EBB__HD void ebb__st(char *p, int dt, double v) {
+static inline EBB__HD void ebb__store_dt(char *p, int dt, double v) {
   switch (dt) {
   case EBB__KDT_F32: ebb__raw_put_f32(p, (float)v); break;
   case EBB__KDT_F64: ebb__raw_put_f64(p, v); break;
@@ -137,13 +137,13 @@ static inline EBB__HD void ebb__st(char *p, int dt, double v) {
 static inline EBB__HD int64_t ebb__ldi(const char *p, int dt) {
   if (dt == EBB__KDT_I64) return ebb__raw_i64(p);
   if (dt == EBB__KDT_BOOL) return *(const unsigned char *)p != 0;
-  return ebb__d2i(ebb__ld(p, dt));
+  return ebb__d2i(ebb__load_dt(p, dt));
 }
 
 static inline EBB__HD void ebb__sti(char *p, int dt, int64_t v) {
   if (dt == EBB__KDT_I64) ebb__raw_put_i64(p, v);
   else if (dt == EBB__KDT_BOOL) *(unsigned char *)p = v != 0;
-  else ebb__st(p, dt, (double)v);
+  else ebb__store_dt(p, dt, (double)v);
 }
 
 /* ---- Philox 4x32-10 and the draws made from it ----------------------------------------------- */

@@ -12,7 +12,7 @@
 #include "ops_impl.h"
 
 /* Which dims of an ndim tensor `dims` names (all when ndims == 0). */
-static ebb_status ebb__dims_mask(const char *fn, const int *dims, int ndims, int ndim, bool *mask) {
+static ebb_status dims_mask(const char *fn, const int *dims, int ndims, int ndim, bool *mask) {
   for (int d = 0; d < EBB_TENSOR_MAX_DIMS; d++) mask[d] = ndims == 0 && d < ndim;
   if (ndims < 0 || ndims > ndim || (ndims && !dims))
     return ebb__fail(EBB_EINVAL, "%s: %d dims listed for a tensor of %d dims; expected 0..%d and a dims array", fn, ndims, ndim, ndim);
@@ -30,7 +30,7 @@ static ebb_status ebb__dims_mask(const char *fn, const int *dims, int ndims, int
 }
 
 /* Shape of the reduction's result. */
-static int ebb__reduced_shape(const ebb_tensor_t *t, const bool *mask, bool keepdim, int64_t *shape) {
+static int reduced_shape(const ebb_tensor_t *t, const bool *mask, bool keepdim, int64_t *shape) {
   int n = 0;
   for (int d = 0; d < t->ndim; d++) {
     if (!mask[d]) shape[n++] = t->shape[d];
@@ -43,16 +43,16 @@ static int ebb__reduced_shape(const ebb_tensor_t *t, const bool *mask, bool keep
  * its kept dims the outer loop, each with the input's own strides, so transposed or sliced
  * inputs reduce in place without a contiguous copy. The result is contiguous; keepdim only
  * changes its shape (extent-1 dims), not the loop. */
-static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_dtype dt,
+static ebb_status reduce_reduce(const char *fn, int op, const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_dtype dt,
                               ebb_tensor_t **out, ebb_tensor_t **idx) {
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   bool mask[EBB_TENSOR_MAX_DIMS];
-  st = ebb__dims_mask(fn, dims, ndims, t->ndim, mask);
+  st = dims_mask(fn, dims, ndims, t->ndim, mask);
   if (st) return ebb__fail_in(fn, st);
   int64_t shape[EBB_TENSOR_MAX_DIMS];
-  int nd = ebb__reduced_shape(t, mask, keepdim, shape);
+  int nd = reduced_shape(t, mask, keepdim, shape);
   ebb__red_args a;
   memset(&a, 0, sizeof a);
   a.op = op;
@@ -65,8 +65,8 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
     return ebb__fail_about(EBB_EINVAL, fn, t, "t", "has an empty reduced dim; a maximum of no elements is undefined");
   }
   ebb_tensor_t *r = NULL, *ix = NULL;
-  st = ebb__tensor_new(fn, t->st->device, dt, nd, shape, &r);
-  if (!st && idx) st = ebb__tensor_new(fn, t->st->device, EBB_I64, nd, shape, &ix);
+  st = ebb__tensor_new(fn, t->stor->device, dt, nd, shape, &r);
+  if (!st && idx) st = ebb__tensor_new(fn, t->stor->device, EBB_I64, nd, shape, &ix);
   if (st) {
     ebb__tensor_put(r);
     return ebb__fail_in(fn, st);
@@ -87,7 +87,7 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
   a.idx = ix ? ebb__tensor_ptr(ix) : NULL;
   if (ebb__numel(shape, nd) > 0) {
     ebb__operand ops[3] = {{r, true}, {t, false}, {ix, true}};
-    st = ebb__launch(fn, EBB__K_REDUCE, t->st->device, &a, ops, ix ? 3 : 2, ebb__numel(shape, nd));
+    st = ebb__launch(fn, EBB__K_REDUCE, t->stor->device, &a, ops, ix ? 3 : 2, ebb__numel(shape, nd));
     if (st) {
       ebb__tensor_put(r);
       ebb__tensor_put(ix);
@@ -101,7 +101,7 @@ static ebb_status ebb__reduce(const char *fn, int op, const ebb_tensor_t *t, con
 
 /* The derivative table's arguments of a reduction that succeeded: its dims normalised and
  * sorted (none: all of them). */
-static void ebb__red_rec_args(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb__op_args *a) {
+static void red_rec_args(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb__op_args *a) {
   bool mask[EBB_TENSOR_MAX_DIMS] = {false};
   for (int i = 0; i < ndims && t->ndim > 0; i++) mask[dims[i] < 0 ? dims[i] + t->ndim : dims[i]] = true;
   a->ndims = 0;
@@ -110,51 +110,51 @@ static void ebb__red_rec_args(const ebb_tensor_t *t, const int *dims, int ndims,
   a->keepdim = keepdim;
 }
 
-static ebb_status ebb__op_sum_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+static ebb_status op_sum_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   ebb_dtype dt = t && ebb_dtype_is_float(t->dtype) ? t->dtype : EBB_I64;
-  return ebb__reduce("ebb_op_sum", EBB__RED_SUM, t, dims, ndims, keepdim, dt, out, NULL);
+  return reduce_reduce("ebb_op_sum", EBB__RED_SUM, t, dims, ndims, keepdim, dt, out, NULL);
 }
 
 ebb_status ebb_op_sum(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__op_sum_impl(t, dims, ndims, keepdim, out);
+  ebb_status st = op_sum_impl(t, dims, ndims, keepdim, out);
   ebb__op_args a = {.ndims = 0};
-  if (h && !st) ebb__red_rec_args(t, dims, ndims, keepdim, &a);
+  if (h && !st) red_rec_args(t, dims, ndims, keepdim, &a);
   const ebb_tensor_t *in[1] = {t};
   return ebb__rec_done("ebb_op_sum", h, st, EBB__OP_SUM, in, 1, out, NULL, &a);
 }
 
-static ebb_status ebb__op_mean_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+static ebb_status op_mean_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   ebb_dtype dt = t && ebb_dtype_is_float(t->dtype) ? t->dtype : EBB_F32;
-  return ebb__reduce("ebb_op_mean", EBB__RED_MEAN, t, dims, ndims, keepdim, dt, out, NULL);
+  return reduce_reduce("ebb_op_mean", EBB__RED_MEAN, t, dims, ndims, keepdim, dt, out, NULL);
 }
 
 ebb_status ebb_op_mean(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__op_mean_impl(t, dims, ndims, keepdim, out);
+  ebb_status st = op_mean_impl(t, dims, ndims, keepdim, out);
   ebb__op_args a = {.ndims = 0};
-  if (h && !st) ebb__red_rec_args(t, dims, ndims, keepdim, &a);
+  if (h && !st) red_rec_args(t, dims, ndims, keepdim, &a);
   const ebb_tensor_t *in[1] = {t};
   return ebb__rec_done("ebb_op_mean", h, st, EBB__OP_MEAN, in, 1, out, NULL, &a);
 }
 
-static ebb_status ebb__op_amax_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
+static ebb_status op_amax_impl(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   ebb_dtype dt = t ? t->dtype : EBB_F32;
-  return ebb__reduce("ebb_op_amax", EBB__RED_MAX, t, dims, ndims, keepdim, dt, out, NULL);
+  return reduce_reduce("ebb_op_amax", EBB__RED_MAX, t, dims, ndims, keepdim, dt, out, NULL);
 }
 
 ebb_status ebb_op_amax(const ebb_tensor_t *t, const int *dims, int ndims, bool keepdim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__op_amax_impl(t, dims, ndims, keepdim, out);
+  ebb_status st = op_amax_impl(t, dims, ndims, keepdim, out);
   ebb__op_args a = {.ndims = 0};
-  if (h && !st) ebb__red_rec_args(t, dims, ndims, keepdim, &a);
+  if (h && !st) red_rec_args(t, dims, ndims, keepdim, &a);
   const ebb_tensor_t *in[1] = {t};
   return ebb__rec_done("ebb_op_amax", h, st, EBB__OP_AMAX, in, 1, out, NULL, &a);
 }
 
-static ebb_status ebb__op_max_dim_impl(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
+static ebb_status op_max_dim_impl(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
   ebb_dtype dt = t ? t->dtype : EBB_F32;
-  return ebb__reduce("ebb_op_max_dim", EBB__RED_MAX, t, &dim, 1, keepdim, dt, values, indices);
+  return reduce_reduce("ebb_op_max_dim", EBB__RED_MAX, t, &dim, 1, keepdim, dt, values, indices);
 }
 
 /* indices NULL: they are made anyway and dropped after the record, because a recorded
@@ -162,7 +162,7 @@ static ebb_status ebb__op_max_dim_impl(const ebb_tensor_t *t, int dim, bool keep
 ebb_status ebb_op_max_dim(const ebb_tensor_t *t, int dim, bool keepdim, ebb_tensor_t **values, ebb_tensor_t **indices) {
   ebb_tensor_t *own = NULL, **ix = indices ? indices : &own;
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__op_max_dim_impl(t, dim, keepdim, values, ix);
+  ebb_status st = op_max_dim_impl(t, dim, keepdim, values, ix);
   ebb__op_args a = {.keepdim = keepdim};
   if (h && !st) a.dim = dim < 0 ? dim + t->ndim : dim;
   const ebb_tensor_t *in[1] = {t};
@@ -200,7 +200,7 @@ ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *s
   }
   if (n == 0) return ebb__fail_in(fn, ebb_tensor_contiguous(t, out));
   ebb_tensor_t *s;
-  st = ebb__reduce(fn, EBB__RED_SUM, t, dims, n, true, t->dtype == EBB_BOOL ? EBB_I64 : t->dtype, &s, NULL);
+  st = reduce_reduce(fn, EBB__RED_SUM, t, dims, n, true, t->dtype == EBB_BOOL ? EBB_I64 : t->dtype, &s, NULL);
   if (st) return ebb__fail_in(fn, st);
   st = ebb_tensor_view(s, ndim, shape, out);
   ebb__tensor_put(s);
@@ -210,11 +210,11 @@ ebb_status ebb_op_sum_to_shape(const ebb_tensor_t *t, int ndim, const int64_t *s
 /* ---- reduction backward ------------------------------------------------------------------------ */
 
 /* grad of a reduction, reshaped to keepdim form (extent 1 at the reduced dims): a view. */
-static ebb_status ebb__grad_keepdim(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const bool *mask, bool keepdim,
+static ebb_status grad_keepdim(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const bool *mask, bool keepdim,
                                     ebb_tensor_t **out) {
   int64_t want[EBB_TENSOR_MAX_DIMS], kshape[EBB_TENSOR_MAX_DIMS];
-  int nw = ebb__reduced_shape(x, mask, keepdim, want);
-  int nk = ebb__reduced_shape(x, mask, true, kshape);
+  int nw = reduced_shape(x, mask, keepdim, want);
+  int nk = reduced_shape(x, mask, true, kshape);
   if (grad->ndim != nw || memcmp(grad->shape, want, sizeof(int64_t) * (size_t)nw) != 0) {
     char a[EBB__DESC_MAX], b[128];
     return ebb__fail(EBB_EINVAL, "%s: %s does not have the forward output's shape; expected %s", fn, EBB__DESC(grad, "grad", a),
@@ -223,7 +223,7 @@ static ebb_status ebb__grad_keepdim(const char *fn, const ebb_tensor_t *grad, co
   return ebb__fail_in(fn, ebb_tensor_reshape(grad, nk, kshape, out));
 }
 
-static ebb_status ebb__reduce_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims,
+static ebb_status reduce_bw_check(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, const int *dims, int ndims,
                                        ebb_tensor_t **gx, bool *mask) {
   ebb_status st = ebb__tensor_check(grad, fn, "grad");
   if (!st) st = ebb__tensor_check(x, fn, "x");
@@ -232,15 +232,15 @@ static ebb_status ebb__reduce_bw_check(const char *fn, const ebb_tensor_t *grad,
   if (!ebb_dtype_is_float(x->dtype))
     return ebb__fail_about(EBB_EINVAL, fn, x, "x", "has dtype %s, which has no gradient; expected a floating input",
                            ebb_dtype_name(x->dtype));
-  if (grad->st->device != x->st->device)
+  if (grad->stor->device != x->stor->device)
     return ebb__fail_about2(EBB_EDEVICE, fn, grad, "grad", x, "x", "are on different devices; expected one device");
-  return ebb__dims_mask(fn, dims, ndims, x->ndim, mask);
+  return dims_mask(fn, dims, ndims, x->ndim, mask);
 }
 
 /* grad (keepdim form) times `scale`, broadcast to x's shape, as x's dtype. */
-static ebb_status ebb__expand_grad(const char *fn, const ebb_tensor_t *gk, const ebb_tensor_t *x, double scale, ebb_tensor_t **gx) {
+static ebb_status expand_grad(const char *fn, const ebb_tensor_t *gk, const ebb_tensor_t *x, double scale, ebb_tensor_t **gx) {
   ebb_tensor_t *r;
-  ebb_status st = ebb__tensor_new(fn, x->st->device, x->dtype, x->ndim, x->shape, &r);
+  ebb_status st = ebb__tensor_new(fn, x->stor->device, x->dtype, x->ndim, x->shape, &r);
   if (st) return ebb__fail_in(fn, st);
   st = ebb__ew_run(fn, EBB__EW_MULS, r, 1, &gk, scale, 0);
   if (st) {
@@ -255,12 +255,12 @@ ebb_status ebb_op_sum_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, 
                                ebb_tensor_t **gx) {
   const char *fn = "ebb_op_sum_backward";
   bool mask[EBB_TENSOR_MAX_DIMS];
-  ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
+  ebb_status st = reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *gk;
-  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  st = grad_keepdim(fn, grad, x, mask, keepdim, &gk);
   if (st) return ebb__fail_in(fn, st);
-  st = ebb__expand_grad(fn, gk, x, 1.0, gx);
+  st = expand_grad(fn, gk, x, 1.0, gx);
   ebb__tensor_put(gk);
   return ebb__fail_in(fn, st);
 }
@@ -269,15 +269,15 @@ ebb_status ebb_op_mean_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
                                 ebb_tensor_t **gx) {
   const char *fn = "ebb_op_mean_backward";
   bool mask[EBB_TENSOR_MAX_DIMS];
-  ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
+  ebb_status st = reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
   if (st) return ebb__fail_in(fn, st);
   int64_t count = 1;
   for (int d = 0; d < x->ndim; d++)
     if (mask[d]) count *= x->shape[d];
   ebb_tensor_t *gk;
-  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  st = grad_keepdim(fn, grad, x, mask, keepdim, &gk);
   if (st) return ebb__fail_in(fn, st);
-  st = ebb__expand_grad(fn, gk, x, count ? 1.0 / (double)count : NAN, gx);
+  st = expand_grad(fn, gk, x, count ? 1.0 / (double)count : NAN, gx);
   ebb__tensor_put(gk);
   return ebb__fail_in(fn, st);
 }
@@ -289,15 +289,15 @@ ebb_status ebb_op_amax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
                                 bool keepdim, ebb_tensor_t **gx) {
   const char *fn = "ebb_op_amax_backward";
   bool mask[EBB_TENSOR_MAX_DIMS];
-  ebb_status st = ebb__reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
+  ebb_status st = reduce_bw_check(fn, grad, x, dims, ndims, gx, mask);
   if (!st) st = ebb__tensor_check(y, fn, "y");
   if (st) return ebb__fail_in(fn, st);
   ebb_tensor_t *gk = NULL, *yk = NULL, *eq = NULL, *m = NULL, *cnt = NULL, *share = NULL;
-  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
-  if (!st) st = ebb__grad_keepdim(fn, y, x, mask, keepdim, &yk);
+  st = grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  if (!st) st = grad_keepdim(fn, y, x, mask, keepdim, &yk);
   if (!st) st = ebb_op_eq(x, yk, &eq);
   if (!st) st = ebb_tensor_to_dtype(eq, x->dtype, &m);
-  if (!st) st = ebb__reduce(fn, EBB__RED_SUM, m, dims, ndims, true, x->dtype, &cnt, NULL);
+  if (!st) st = reduce_reduce(fn, EBB__RED_SUM, m, dims, ndims, true, x->dtype, &cnt, NULL);
   if (!st) st = ebb_op_div(gk, cnt, &share);
   if (!st) st = ebb_op_mul(m, share, gx);
   ebb_tensor_t *tmp[] = {gk, yk, eq, m, cnt, share};
@@ -312,7 +312,7 @@ ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
                                    ebb_tensor_t **gx) {
   const char *fn = "ebb_op_max_dim_backward";
   bool mask[EBB_TENSOR_MAX_DIMS];
-  ebb_status st = ebb__reduce_bw_check(fn, grad, x, &dim, 1, gx, mask);
+  ebb_status st = reduce_bw_check(fn, grad, x, &dim, 1, gx, mask);
   if (!st) st = ebb__tensor_check(indices, fn, "indices");
   if (st) return ebb__fail_in(fn, st);
   char id[EBB__DESC_MAX];
@@ -323,16 +323,16 @@ ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   for (int k = 0; k < x->ndim; k++)
     if (mask[k]) d = k;
   ebb_tensor_t *gk = NULL, *ik = NULL, *ar = NULL, *arv = NULL, *hit = NULL, *zero = NULL;
-  st = ebb__grad_keepdim(fn, grad, x, mask, keepdim, &gk);
-  if (!st) st = ebb__grad_keepdim(fn, indices, x, mask, keepdim, &ik);
-  if (!st) st = ebb_tensor_arange(x->st->device, EBB_I64, 0, 1, x->ndim ? x->shape[d] : 1, &ar);
+  st = grad_keepdim(fn, grad, x, mask, keepdim, &gk);
+  if (!st) st = grad_keepdim(fn, indices, x, mask, keepdim, &ik);
+  if (!st) st = ebb_tensor_arange(x->stor->device, EBB_I64, 0, 1, x->ndim ? x->shape[d] : 1, &ar);
   if (!st) {
     int64_t shape[EBB_TENSOR_MAX_DIMS];
     for (int k = 0; k < x->ndim; k++) shape[k] = k == d ? x->shape[d] : 1;
     st = ebb_tensor_view(ar, x->ndim, shape, &arv);
   }
   if (!st) st = ebb_op_eq(arv, ik, &hit);
-  if (!st) st = ebb_tensor_zeros(x->st->device, x->dtype, 0, NULL, &zero);
+  if (!st) st = ebb_tensor_zeros(x->stor->device, x->dtype, 0, NULL, &zero);
   ebb_tensor_t *w = NULL;
   if (!st) st = ebb_op_where(hit, gk, zero, &w);
   if (!st && w->dtype != x->dtype) {
@@ -354,7 +354,7 @@ ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
  * transpose() view of a contiguous matrix therefore needs no copy (trans flag, ld = its row
  * stride). Other layouts, and operands with batch dims, are copied once to a contiguous
  * [batch..., rows, cols]; a 2-D operand shared by every batch entry keeps batch stride 0. */
-static ebb_status ebb__mm_operand(const char *fn, const ebb_tensor_t *t, int nb, const int64_t *bshape, int64_t rows, int64_t cols,
+static ebb_status mm_operand(const char *fn, const ebb_tensor_t *t, int nb, const int64_t *bshape, int64_t rows, int64_t cols,
                                   ebb_tensor_t **use, int32_t *trans, int64_t *ld, int64_t *bstride) {
   const int n = t->ndim;
   const int64_t rs = t->strides[n - 2], cs = t->strides[n - 1];
@@ -396,7 +396,7 @@ copy:;
 
 /* On a GPU (a device without CPU kernels), cuBLAS on the current stream; EBB_ENOTSUP on the
  * CPU, on the emulated driver, and where cuBLAS cannot be loaded. */
-static ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops) {
+static ebb_status mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops) {
   if (device == EBB_DEVICE_CPU) return EBB_ENOTSUP;
   ebb_dev_caps caps;
   ebb_status st = ebb_dev_get_caps(device, &caps);
@@ -410,14 +410,14 @@ static ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g,
   return ebb__fail_in(fn, st);
 }
 
-static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+static ebb_status reduce_matmul(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
   if (st) return ebb__fail_in(fn, st);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   if (a->ndim < 2 || b->ndim < 2)
     return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b", "do not fit; expected at least 2 dims each (unsqueeze a vector)");
-  if (a->st->device != b->st->device)
+  if (a->stor->device != b->stor->device)
     return ebb__fail_about2(EBB_EDEVICE, fn, a, "a", b, "b", "are on different devices; expected one device");
   ebb_dtype dt;
   ebb_op_promote(a->dtype, b->dtype, &dt);
@@ -440,7 +440,7 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
   ebb_tensor_t *ca = NULL, *cb = NULL, *ua = NULL, *ub = NULL, *r = NULL, *res = NULL;
   if (a->dtype != ct) st = ebb_tensor_to_dtype(a, ct, &ca);
   if (!st && b->dtype != ct) st = ebb_tensor_to_dtype(b, ct, &cb);
-  if (!st) st = ebb__tensor_new(fn, a->st->device, ct, nb + 2, shape, &r);
+  if (!st) st = ebb__tensor_new(fn, a->stor->device, ct, nb + 2, shape, &r);
   if (st) goto done;
   if (batch * m * n > 0) {
     if (k == 0) {
@@ -449,8 +449,8 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
     } else {
       ebb__mm_args g;
       memset(&g, 0, sizeof g);
-      st = ebb__mm_operand(fn, ca ? ca : a, nb, shape, m, k, &ua, &g.trans_a, &g.lda, &g.sa);
-      if (!st) st = ebb__mm_operand(fn, cb ? cb : b, nb, shape, k, n, &ub, &g.trans_b, &g.ldb, &g.sb);
+      st = mm_operand(fn, ca ? ca : a, nb, shape, m, k, &ua, &g.trans_a, &g.lda, &g.sa);
+      if (!st) st = mm_operand(fn, cb ? cb : b, nb, shape, k, n, &ub, &g.trans_b, &g.ldb, &g.sb);
       if (st) goto done;
       g.dtype = ct;
       g.batch = batch;
@@ -461,8 +461,8 @@ static ebb_status ebb__matmul(const char *fn, const ebb_tensor_t *a, const ebb_t
       g.b = ebb__tensor_ptr(ub);
       g.c = ebb__tensor_ptr(r);
       ebb__operand ops[3] = {{r, true}, {ua, false}, {ub, false}};
-      st = ebb__mm_gpu(fn, a->st->device, &g, ops);
-      if (st == EBB_ENOTSUP) st = ebb__launch(fn, EBB__K_MATMUL, a->st->device, &g, ops, 3, batch * m * n);
+      st = mm_gpu(fn, a->stor->device, &g, ops);
+      if (st == EBB_ENOTSUP) st = ebb__launch(fn, EBB__K_MATMUL, a->stor->device, &g, ops, 3, batch * m * n);
       if (st) goto done;
     }
   }
@@ -484,7 +484,7 @@ done:
 }
 
 ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_op_matmul", EBB__OP_MATMUL, NULL, out, ebb__matmul("ebb_op_matmul", a, b, out), a, b);
+  EBB__RECORDED("ebb_op_matmul", EBB__OP_MATMUL, NULL, out, reduce_matmul("ebb_op_matmul", a, b, out), a, b);
 }
 
 /* C = A B gives dA = dC B^T and dB = A^T dC per batch entry; an operand broadcast over the
@@ -507,7 +507,7 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   ebb_tensor_t *bt = NULL, *at = NULL, *pa = NULL, *pb = NULL, *ra = NULL, *rb = NULL;
   if (ga) {
     st = ebb_tensor_transpose(b, -1, -2, &bt);
-    if (!st) st = ebb__matmul(fn, grad, bt, &pa);
+    if (!st) st = reduce_matmul(fn, grad, bt, &pa);
     if (!st) st = ebb_op_sum_to_shape(pa, a->ndim, a->shape, &ra);
     if (!st && ra->dtype != a->dtype) {
       ebb_tensor_t *c;
@@ -518,7 +518,7 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   }
   if (!st && gb) {
     st = ebb_tensor_transpose(a, -1, -2, &at);
-    if (!st) st = ebb__matmul(fn, at, grad, &pb);
+    if (!st) st = reduce_matmul(fn, at, grad, &pb);
     if (!st) st = ebb_op_sum_to_shape(pb, b->ndim, b->shape, &rb);
     if (!st && rb->dtype != b->dtype) {
       ebb_tensor_t *c;

@@ -5,7 +5,7 @@
  * in a FIFO and are reused only after EBB__TENSOR_QUARANTINE more releases, so a stale handle
  * reads a cleared magic and is reported as EBB_EFREED instead of touching freed memory), the
  * refcounted storages (device arena blocks or host-pool blocks), and the cache of ops' kernel
- * handles (declared at first use after each ebb_init, dropped by the module's stop, ebb__ops_stop).
+ * handles (declared at first use after each ebb_init, dropped by the module's stop, ops_stop).
  * Threading: handle refcounts are atomic; the pool lock is a leaf lock that guards
  * only the free FIFO and chunk growth. Storage release is stream-ordered by the arena: freeing
  * a block right after enqueuing its last use is safe on its allocation stream, and other
@@ -41,7 +41,7 @@ static _Atomic long ebb__live_tensors;
  * released record is reused at the earliest 4096 releases later: until then a stale handle
  * still points at a record whose magic is 0, and every call reports EBB_EFREED instead of
  * acting on someone else's tensor. The cost is at most that many idle records (~0.6 MiB). */
-static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
+static ebb_status record_get(const char *fn, ebb_tensor_t **out) {
   ebb__mutex_lock(&ebb__pool_lock);
   if (ebb__pool_nfree <= EBB__TENSOR_QUARANTINE) {
     /* Chunks are never freed: a released record stays readable (magic 0) for stale handles.
@@ -58,7 +58,7 @@ static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
   ebb__pool_nfree--;
   ebb__mutex_unlock(&ebb__pool_lock);
   ebb_tensor_t *t = ebb_container_of(n, ebb_tensor_t, free_link);
-  t->st = NULL;
+  t->stor = NULL;
   t->offset = 0;
   t->ndim = 0;
   t->autograd = NULL;
@@ -72,7 +72,7 @@ static ebb_status ebb__record_get(const char *fn, ebb_tensor_t **out) {
   return EBB_OK;
 }
 
-static void ebb__record_put(ebb_tensor_t *t) {
+static void record_put(ebb_tensor_t *t) {
   atomic_store_explicit(&t->magic, 0, memory_order_relaxed);
   ebb__mutex_lock(&ebb__pool_lock);
   ebb_list_insert_tail(&ebb__pool_free, &t->free_link);
@@ -136,7 +136,7 @@ const char *ebb__tensor_desc(const ebb_tensor_t *t, const char *role, int index,
     return buf;
   }
   if (!t) return desc_fmt(role, index, NULL, EBB_F32, 0, NULL, 0, buf, cap);
-  return desc_fmt(role, index, t->name, t->dtype, t->ndim, t->shape, t->st->device, buf, cap);
+  return desc_fmt(role, index, t->name, t->dtype, t->ndim, t->shape, t->stor->device, buf, cap);
 }
 
 ebb_status ebb__fail_about(ebb_status st, const char *fn, const ebb_tensor_t *t, const char *role, const char *fmt, ...) {
@@ -180,7 +180,7 @@ const char *ebb__shape_str(const int64_t *shape, int ndim, char *buf, size_t cap
   return buf;
 }
 
-static const char *ebb__dev_str(int device, char *buf, size_t cap) {
+static const char *dev_str(int device, char *buf, size_t cap) {
   if (device == EBB_DEVICE_CPU) snprintf(buf, cap, "the CPU");
   else snprintf(buf, cap, "device %d", device);
   return buf;
@@ -213,10 +213,10 @@ bool ebb__is_contiguous(const ebb_tensor_t *t) {
 }
 
 void *ebb__tensor_ptr(const ebb_tensor_t *t) {
-  return t->st->data ? (char *)t->st->data + t->offset * (int64_t)ebb__dtype_size[t->dtype] : NULL;
+  return t->stor->data ? (char *)t->stor->data + t->offset * (int64_t)ebb__dtype_size[t->dtype] : NULL;
 }
 
-static void ebb__contig_strides(int ndim, const int64_t *shape, int64_t *strides) {
+static void contig_strides(int ndim, const int64_t *shape, int64_t *strides) {
   int64_t s = 1;
   for (int d = ndim - 1; d >= 0; d--) {
     strides[d] = s;
@@ -224,7 +224,7 @@ static void ebb__contig_strides(int ndim, const int64_t *shape, int64_t *strides
   }
 }
 
-static ebb_status ebb__check_shape(const char *fn, int ndim, const int64_t *shape) {
+static ebb_status check_shape(const char *fn, int ndim, const int64_t *shape) {
   if (ndim < 0 || ndim > EBB_TENSOR_MAX_DIMS)
     return ebb__fail(EBB_EINVAL, "%s: ndim %d is out of range; expected 0..%d", fn, ndim, EBB_TENSOR_MAX_DIMS);
   if (ndim > 0 && !shape) return ebb__fail(EBB_EINVAL, "%s: shape is NULL with ndim %d; expected %d extents", fn, ndim, ndim);
@@ -246,7 +246,7 @@ static ebb_status ebb__check_shape(const char *fn, int ndim, const int64_t *shap
 
 /* ---- storage -------------------------------------------------------------------------------- */
 
-static void ebb__storage_put(struct ebb__storage *s) {
+static void storage_put(struct ebb__storage *s) {
   /* acq_rel: the release half publishes this owner's writes; the acquire half lets the last
    * owner see every other owner's before it frees (an acquire fence would do, but TSan does not
    * model fences) */
@@ -262,7 +262,7 @@ static void ebb__storage_put(struct ebb__storage *s) {
 
 /* The id of the live stream `s`: one lock-free check (streams_export.h); anything else takes the
  * public call for its message, prefixed with `fn`. Ids are never reused, handles are. */
-static ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id) {
+static ebb_status stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id) {
   int dev;
   if (EBB_LIKELY(ebb__stream_peek(s, id, &dev))) return EBB_OK;
   ebb_stream_info info;
@@ -274,7 +274,7 @@ static ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *i
 
 /* Device storage is allocated on the calling thread's current stream of the device and
  * remembers it (handle and id): that is the stream the arena orders its reuse on. */
-static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
+static ebb_status storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
   ebb_stream_t *stream = NULL;
   uint64_t sid = 0;
   if (device != EBB_DEVICE_CPU) {
@@ -285,7 +285,7 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
       return ebb__fail(EBB_EDEVICE, "%s: device %d does not exist; expected EBB_DEVICE_CPU (-1) or 0..%d", fn, device, n - 1);
     st = ebb_stream_current(device, &stream);
     if (st) return ebb__fail_in(fn, st);
-    st = ebb__stream_id_of(fn, stream, &sid);
+    st = stream_id_of(fn, stream, &sid);
     if (st) return st;
   }
   struct ebb__storage *s = calloc(1, sizeof *s);
@@ -312,7 +312,7 @@ static ebb_status ebb__storage_new(const char *fn, int device, size_t bytes, str
  * to EBB__STORAGE_USED streams remembered; beyond that every use is declared again). Streams are
  * told apart by id: a stream created after another's release may get its handle, and taking it
  * for the old one would leave its use undeclared, so the block could be reused under it. */
-static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64_t sid) {
+static ebb_status storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64_t sid) {
   if (s->device == EBB_DEVICE_CPU || !s->data || sid == s->stream_id) return EBB_OK;
   for (int i = 0; i < EBB__STORAGE_USED; i++) {
     uint64_t u = atomic_load_explicit(&s->used[i], memory_order_relaxed);
@@ -333,7 +333,7 @@ static ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream,
 /* ---- handles -------------------------------------------------------------------------------- */
 
 /* "64 MiB", "1.5 GiB", "12 bytes". */
-static const char *ebb__bytes_str(size_t n, char *buf, size_t cap) {
+static const char *bytes_str(size_t n, char *buf, size_t cap) {
   static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = (double)n;
   int u = 0;
@@ -349,7 +349,7 @@ static const char *ebb__bytes_str(size_t n, char *buf, size_t cap) {
 /* The message of a storage that could not be made, naming the user's call; an out-of-memory
  * report also names the tensor (shape, dtype, bytes, device) before the allocator's report,
  * whose own "ebb_arena_alloc: " / "ebb_pageable_alloc: " is dropped (the user did not call it). */
-static ebb_status ebb__storage_failed(const char *fn, ebb_status st, int device, ebb_dtype dt, int ndim, const int64_t *shape,
+static ebb_status storage_failed(const char *fn, ebb_status st, int device, ebb_dtype dt, int ndim, const int64_t *shape,
                                       size_t bytes) {
   if (st != EBB_ENOMEM) return ebb__fail_in(fn, st);
   char why[512], sh[128], sz[32], dv[32];
@@ -362,7 +362,7 @@ static ebb_status ebb__storage_failed(const char *fn, ebb_status st, int device,
     }
   snprintf(why, sizeof why, "%s", e);
   return ebb__fail(st, "%s: out of memory for a %s %s tensor (%s) on %s: %s", fn, ebb__shape_str(shape, ndim, sh, sizeof sh),
-                   ebb_dtype_name(dt), ebb__bytes_str(bytes, sz, sizeof sz), ebb__dev_str(device, dv, sizeof dv), why);
+                   ebb_dtype_name(dt), bytes_str(bytes, sz, sizeof sz), dev_str(device, dv, sizeof dv), why);
 }
 
 ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
@@ -371,23 +371,23 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
   if (EBB_UNLIKELY(!ebb_is_initialized())) return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init() first", fn);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   if ((unsigned)dt >= EBB_DTYPE_COUNT) return ebb__fail(EBB_EINVAL, "%s: dtype %d is not an ebb_dtype", fn, (int)dt);
-  ebb_status st = ebb__check_shape(fn, ndim, shape);
+  ebb_status st = check_shape(fn, ndim, shape);
   if (st) return st;
   size_t bytes = (size_t)ebb__numel(shape, ndim) * ebb__dtype_size[dt];
   struct ebb__storage *s = NULL;
-  st = ebb__storage_new(fn, device, bytes, &s);
-  if (st) return ebb__storage_failed(fn, st, device, dt, ndim, shape, bytes);
+  st = storage_new(fn, device, bytes, &s);
+  if (st) return storage_failed(fn, st, device, dt, ndim, shape, bytes);
   ebb_tensor_t *t;
-  st = ebb__record_get(fn, &t);
+  st = record_get(fn, &t);
   if (st) {
-    ebb__storage_put(s);
+    storage_put(s);
     return st;
   }
-  t->st = s;
+  t->stor = s;
   t->dtype = dt;
   t->ndim = ndim;
   for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
-  ebb__contig_strides(ndim, t->shape, t->strides);
+  contig_strides(ndim, t->shape, t->strides);
   *out = t;
   return EBB_OK;
 }
@@ -403,7 +403,7 @@ static _Thread_local bool ebb__inference;
 
 void ebb__inference_set(bool on) { ebb__inference = on; }
 bool ebb__inference_on(void) { return ebb__inference; }
-bool ebb__tensor_is_inference(const ebb_tensor_t *t) { return t->st->inference; }
+bool ebb__tensor_is_inference(const ebb_tensor_t *t) { return t->stor->inference; }
 ebb_tensor_t *ebb__tensor_base(const ebb_tensor_t *t) { return t->base; }
 
 bool ebb__tensor_overlaps(const ebb_tensor_t *t) {
@@ -429,7 +429,7 @@ const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
 
 ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
   *token = NULL;
-  if (EBB_UNLIKELY(dst->st->inference) && !ebb__inference) {
+  if (EBB_UNLIKELY(dst->stor->inference) && !ebb__inference) {
     return ebb__fail_about(EBB_EINVAL, fn, dst, "dst", "is an inference tensor (made in inference mode), which cannot be changed in "
                            "place outside inference mode; expected the change inside inference mode, or a clone made outside it");
   }
@@ -480,10 +480,10 @@ void ebb__tensor_hooks_set(const ebb__tensor_hooks *h) {
 ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
                              ebb_tensor_t **out) {
   ebb_tensor_t *v;
-  ebb_status st = ebb__record_get(fn, &v);
+  ebb_status st = record_get(fn, &v);
   if (st) return st;
-  atomic_fetch_add_explicit(&t->st->refs, 1, memory_order_relaxed);
-  v->st = t->st;
+  atomic_fetch_add_explicit(&t->stor->refs, 1, memory_order_relaxed);
+  v->stor = t->stor;
   v->dtype = t->dtype;
   v->ndim = ndim;
   v->offset = offset;
@@ -509,7 +509,7 @@ ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, co
 
 void ebb__tensor_put(ebb_tensor_t *t) {
   if (!t) return;
-  /* acq_rel: as in ebb__storage_put */
+  /* acq_rel: as in storage_put */
   if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1) return;
   if (EBB_UNLIKELY(t->autograd != NULL)) {
     void *slot = t->autograd;
@@ -518,10 +518,10 @@ void ebb__tensor_put(ebb_tensor_t *t) {
     const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
     if (h && h->released) h->released(t, slot);
   }
-  struct ebb__storage *s = t->st;
+  struct ebb__storage *s = t->stor;
   ebb_tensor_t *base = t->base; /* (a base is never a view: this recurses once at most) */
-  ebb__record_put(t);
-  ebb__storage_put(s);
+  record_put(t);
+  storage_put(s);
   ebb__tensor_put(base);
 }
 
@@ -554,21 +554,21 @@ ebb_status ebb_tensor_record_stream(const ebb_tensor_t *t, ebb_stream_t *stream)
   static const char fn[] = "ebb_tensor_record_stream";
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
-  if (!stream) return ebb__fail(EBB_EINVAL, "%s: stream is NULL; expected a stream of device %d", fn, t->st->device);
+  if (!stream) return ebb__fail(EBB_EINVAL, "%s: stream is NULL; expected a stream of device %d", fn, t->stor->device);
   uint64_t sid;
-  st = ebb__stream_id_of(fn, stream, &sid);
+  st = stream_id_of(fn, stream, &sid);
   if (st) return st;
   ebb_stream_info si;
   st = ebb_stream_get_info(stream, &si);
   if (st) return ebb__fail_in(fn, st);
   char sh[EBB__DESC_MAX];
-  if (t->st->device == EBB_DEVICE_CPU)
+  if (t->stor->device == EBB_DEVICE_CPU)
     return ebb__fail(EBB_EINVAL, "%s: %s is a CPU tensor, whose memory is not stream-ordered; expected a device tensor", fn,
                      EBB__DESC(t, "t", sh));
-  if (si.device != t->st->device)
+  if (si.device != t->stor->device)
     return ebb__fail(EBB_EDEVICE, "%s: stream %llu is on device %d but %s is not; expected a stream of device %d", fn,
-                     (unsigned long long)sid, si.device, EBB__DESC(t, "t", sh), t->st->device);
-  st = ebb__storage_use(t->st, stream, sid);
+                     (unsigned long long)sid, si.device, EBB__DESC(t, "t", sh), t->stor->device);
+  st = storage_use(t->stor, stream, sid);
   return st ? ebb__fail_in(fn, st) : EBB_OK;
 }
 
@@ -600,17 +600,17 @@ extern const unsigned char ebb__fatbin_ops[];
  * read-only until the stop. */
 static const ebb_kernel_image_t *ebb__ops_image;
 
-static ebb_status ebb__ops_start(void) { return ebb_kernel_add_image("ebb.ops", EBB__OPS_IMAGE, &ebb__ops_image); }
+static ebb_status ops_start(void) { return ebb_kernel_add_image("ebb.ops", EBB__OPS_IMAGE, &ebb__ops_image); }
 
 /* The module's stop: the runtime forgets images and declared kernels at the last ebb_shutdown,
  * so does this cache; cuBLAS handles go too. */
-static void ebb__ops_stop(void) {
+static void ops_stop(void) {
   for (int i = 0; i < EBB__K_COUNT; i++) atomic_store_explicit(&ebb__kernels[i], NULL, memory_order_relaxed);
   ebb__ops_image = NULL;
   ebb__blas_stop();
 }
 
-static int ebb__ops_count(ebb__live_count *out, int max) {
+static int ops_count(ebb__live_count *out, int max) {
   if (max < 1) return 0;
   out[0] = (ebb__live_count){"tensors", atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed)};
   return 1;
@@ -619,12 +619,12 @@ static int ebb__ops_count(ebb__live_count *out, int max) {
 const ebb__module_desc ebb__module_ops = {
   .name = "ops",
   .layer = EBB__LAYER_OPS,
-  .start = ebb__ops_start,
-  .stop = ebb__ops_stop,
-  .count = ebb__ops_count,
+  .start = ops_start,
+  .stop = ops_stop,
+  .count = ops_count,
 };
 
-static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
+static ebb_status tensor_kernel(int kid, const ebb_kernel_t **out) {
   /* acquire: pairs with the release store below (the record is fully written) */
   const ebb_kernel_t *k = atomic_load_explicit(&ebb__kernels[kid], memory_order_acquire);
   if (EBB_LIKELY(k)) {
@@ -643,10 +643,10 @@ static ebb_status ebb__kernel(int kid, const ebb_kernel_t **out) {
 
 ebb_status ebb__operands_use(const char *fn, const ebb__operand *ops, int nops, ebb_stream_t *stream) {
   uint64_t sid;
-  ebb_status st = ebb__stream_id_of(fn, stream, &sid);
+  ebb_status st = stream_id_of(fn, stream, &sid);
   if (st) return st;
   for (int i = 0; i < nops; i++) {
-    st = ebb__storage_use(ops[i].t->st, stream, sid);
+    st = storage_use(ops[i].t->stor, stream, sid);
     if (st) return ebb__fail_in(fn, st);
   }
   return EBB_OK;
@@ -662,19 +662,19 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
     return EBB_OK;
   }
   const ebb_kernel_t *k;
-  ebb_status st = ebb__kernel(kid, &k);
+  ebb_status st = tensor_kernel(kid, &k);
   ebb_stream_t *s;
   uint64_t sid;
   if (!st) st = ebb_stream_current(device, &s);
   if (st) return ebb__fail_in(fn, st);
-  st = ebb__stream_id_of(fn, s, &sid);
+  st = stream_id_of(fn, s, &sid);
   if (st) return st;
   ebb_buf reads[8], writes[4];
   int nr = 0, nw = 0;
   for (int i = 0; i < nops; i++) {
-    struct ebb__storage *sg = ops[i].t->st;
+    struct ebb__storage *sg = ops[i].t->stor;
     if (!sg->data) continue;
-    st = ebb__storage_use(sg, s, sid);
+    st = storage_use(sg, s, sid);
     if (st) return ebb__fail_in(fn, st);
     ebb_buf b = {sg->data, sg->bytes};
     if (ops[i].write && nw < 4) writes[nw++] = b;
@@ -772,7 +772,7 @@ ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const
   static const char *const names[3] = {"a", "b", "c"};
   int64_t bst[3][EBB_TENSOR_MAX_DIMS];
   for (int k = 0; k < nin; k++) {
-    if (in[k]->st->device != out->st->device)
+    if (in[k]->stor->device != out->stor->device)
       return ebb__fail_about2(EBB_EDEVICE, fn, in[k], names[k], out, "the result",
                               "are on different devices; expected one device (copy with ebb_tensor_to_device)");
     ebb_status st = ebb__broadcast_strides(fn, names[k], in[k], out->ndim, out->shape, bst[k]);
@@ -787,12 +787,12 @@ ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const
   ebb__ew_geometry(&a, out, nin, in, (const int64_t(*)[EBB_TENSOR_MAX_DIMS])bst);
   ebb__operand ops[4] = {{out, true}};
   for (int k = 0; k < nin; k++) ops[k + 1] = (ebb__operand){in[k], false};
-  return ebb__launch(fn, EBB__K_EW, out->st->device, &a, ops, nin + 1, ebb__numel(out->shape, out->ndim));
+  return ebb__launch(fn, EBB__K_EW, out->stor->device, &a, ops, nin + 1, ebb__numel(out->shape, out->ndim));
 }
 
 /* ---- creation ------------------------------------------------------------------------------- */
 
-static ebb_status ebb__create_fill(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, int op, double s0,
+static ebb_status create_fill(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, int op, double s0,
                                    double s1, uint64_t seed, uint64_t offset, ebb_tensor_t **out) {
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
   ebb_tensor_t *t;
@@ -839,35 +839,35 @@ ebb_status ebb_tensor_empty_named(int device, ebb_dtype dt, int ndim, const int6
 }
 
 ebb_status ebb_tensor_full(int device, ebb_dtype dt, int ndim, const int64_t *shape, double value, ebb_tensor_t **out) {
-  return ebb__create_fill("ebb_tensor_full", device, dt, ndim, shape, EBB__EW_FILL, value, 0, 0, 0, out);
+  return create_fill("ebb_tensor_full", device, dt, ndim, shape, EBB__EW_FILL, value, 0, 0, 0, out);
 }
 
 ebb_status ebb_tensor_zeros(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
-  return ebb__create_fill("ebb_tensor_zeros", device, dt, ndim, shape, EBB__EW_FILL, 0.0, 0, 0, 0, out);
+  return create_fill("ebb_tensor_zeros", device, dt, ndim, shape, EBB__EW_FILL, 0.0, 0, 0, 0, out);
 }
 
 ebb_status ebb_tensor_ones(int device, ebb_dtype dt, int ndim, const int64_t *shape, ebb_tensor_t **out) {
-  return ebb__create_fill("ebb_tensor_ones", device, dt, ndim, shape, EBB__EW_FILL, 1.0, 0, 0, 0, out);
+  return create_fill("ebb_tensor_ones", device, dt, ndim, shape, EBB__EW_FILL, 1.0, 0, 0, 0, out);
 }
 
 ebb_status ebb_tensor_arange(int device, ebb_dtype dt, double start, double step, int64_t n, ebb_tensor_t **out) {
   if (n < 0) return ebb__fail(EBB_EINVAL, "ebb_tensor_arange: n is %lld; expected n >= 0", (long long)n);
   if (dt == EBB_BOOL) return ebb__fail(EBB_EINVAL, "ebb_tensor_arange: dtype bool; expected a numeric dtype");
-  return ebb__create_fill("ebb_tensor_arange", device, dt, 1, &n, EBB__EW_ARANGE, start, step, 0, 0, out);
+  return create_fill("ebb_tensor_arange", device, dt, 1, &n, EBB__EW_ARANGE, start, step, 0, 0, out);
 }
 
 ebb_status ebb_tensor_rand(int device, ebb_dtype dt, int ndim, const int64_t *shape, uint64_t seed, uint64_t offset,
                            ebb_tensor_t **out) {
   if ((unsigned)dt < EBB_DTYPE_COUNT && !ebb_dtype_is_float(dt))
     return ebb__fail(EBB_EINVAL, "ebb_tensor_rand: dtype %s; expected f32, f64, bf16 or f16", ebb_dtype_name(dt));
-  return ebb__create_fill("ebb_tensor_rand", device, dt, ndim, shape, EBB__EW_RAND, 0, 0, seed, offset, out);
+  return create_fill("ebb_tensor_rand", device, dt, ndim, shape, EBB__EW_RAND, 0, 0, seed, offset, out);
 }
 
 ebb_status ebb_tensor_randn(int device, ebb_dtype dt, int ndim, const int64_t *shape, uint64_t seed, uint64_t offset,
                             ebb_tensor_t **out) {
   if ((unsigned)dt < EBB_DTYPE_COUNT && !ebb_dtype_is_float(dt))
     return ebb__fail(EBB_EINVAL, "ebb_tensor_randn: dtype %s; expected f32, f64, bf16 or f16", ebb_dtype_name(dt));
-  return ebb__create_fill("ebb_tensor_randn", device, dt, ndim, shape, EBB__EW_RANDN, 0, 0, seed, offset, out);
+  return create_fill("ebb_tensor_randn", device, dt, ndim, shape, EBB__EW_RANDN, 0, 0, seed, offset, out);
 }
 
 ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_t *shape, const void *src, size_t bytes,
@@ -876,18 +876,18 @@ ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_
   ebb_tensor_t *t;
   ebb_status st = ebb__tensor_new(fn, device, dt, ndim, shape, &t);
   if (st) return st;
-  if (bytes != t->st->bytes || (!src && bytes)) {
+  if (bytes != t->stor->bytes || (!src && bytes)) {
     char b[128];
-    size_t want = t->st->bytes;
+    size_t want = t->stor->bytes;
     ebb__tensor_put(t);
     return ebb__fail(EBB_EINVAL, "%s: src is %s with %zu bytes for shape %s of %s; expected %zu bytes", fn, src ? "given" : "NULL",
                      bytes, ebb__shape_str(shape, ndim, b, sizeof b), ebb_dtype_name(dt), want);
   }
   if (bytes) {
     if (device == EBB_DEVICE_CPU) {
-      memcpy(t->st->data, src, bytes);
+      memcpy(t->stor->data, src, bytes);
     } else {
-      st = ebb_copy_async(t->st->data, src, bytes, t->st->stream);
+      st = ebb_copy_async(t->stor->data, src, bytes, t->stor->stream);
       if (st) {
         ebb__tensor_put(t);
         return ebb__fail_in(fn, st);
@@ -903,7 +903,7 @@ ebb_status ebb_tensor_from_host(int device, ebb_dtype dt, int ndim, const int64_
 /* A contiguous copy of t on its own device, converted to dt. */
 ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
   ebb_tensor_t *c;
-  ebb_status st = ebb__tensor_new(fn, t->st->device, dt, t->ndim, t->shape, &c);
+  ebb_status st = ebb__tensor_new(fn, t->stor->device, dt, t->ndim, t->shape, &c);
   if (st) return st;
   st = ebb__ew_run(fn, EBB__EW_COPY, c, 1, &t, 0, 0);
   if (st) {
@@ -914,7 +914,7 @@ ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb
   return EBB_OK;
 }
 
-static ebb_status ebb__tensor_contiguous_impl(const ebb_tensor_t *t, ebb_tensor_t **out) {
+static ebb_status tensor_contiguous_impl(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_contiguous", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_contiguous: out is NULL");
@@ -927,10 +927,10 @@ static ebb_status ebb__tensor_contiguous_impl(const ebb_tensor_t *t, ebb_tensor_
 }
 
 ebb_status ebb_tensor_contiguous(const ebb_tensor_t *t, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_contiguous", EBB__OP_CONTIGUOUS, NULL, out, ebb__tensor_contiguous_impl(t, out), t);
+  EBB__RECORDED("ebb_tensor_contiguous", EBB__OP_CONTIGUOUS, NULL, out, tensor_contiguous_impl(t, out), t);
 }
 
-static ebb_status ebb__tensor_clone_impl(const ebb_tensor_t *t, ebb_tensor_t **out) {
+static ebb_status tensor_clone_impl(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_clone", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_clone: out is NULL");
@@ -938,10 +938,10 @@ static ebb_status ebb__tensor_clone_impl(const ebb_tensor_t *t, ebb_tensor_t **o
 }
 
 ebb_status ebb_tensor_clone(const ebb_tensor_t *t, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_clone", EBB__OP_CLONE, NULL, out, ebb__tensor_clone_impl(t, out), t);
+  EBB__RECORDED("ebb_tensor_clone", EBB__OP_CLONE, NULL, out, tensor_clone_impl(t, out), t);
 }
 
-static ebb_status ebb__tensor_to_dtype_impl(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
+static ebb_status tensor_to_dtype_impl(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_to_dtype", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_dtype: out is NULL");
@@ -950,7 +950,7 @@ static ebb_status ebb__tensor_to_dtype_impl(const ebb_tensor_t *t, ebb_dtype dt,
 }
 
 ebb_status ebb_tensor_to_dtype(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_to_dtype", EBB__OP_TO_DTYPE, NULL, out, ebb__tensor_to_dtype_impl(t, dt, out), t);
+  EBB__RECORDED("ebb_tensor_to_dtype", EBB__OP_TO_DTYPE, NULL, out, tensor_to_dtype_impl(t, dt, out), t);
 }
 
 /* A contiguous copy of t (any device) on `device`. */
@@ -958,8 +958,8 @@ ebb_status ebb_tensor_to_dtype(const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t
  * kernel there), then one ebb_copy_async moves it. Which stream carries the copy decides the
  * ordering: the destination's current stream for anything arriving on a device; the source's
  * for device to CPU, followed by a host wait, since a CPU tensor must be ready on return. */
-static ebb_status ebb__to_device(const char *fn, const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
-  int from = t->st->device;
+static ebb_status to_device(const char *fn, const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
+  int from = t->stor->device;
   if (from == device) return ebb__copy_as(fn, t, t->dtype, out);
   ebb_tensor_t *c = NULL, *r = NULL;
   ebb_status st = EBB_OK;
@@ -972,7 +972,7 @@ static ebb_status ebb__to_device(const char *fn, const ebb_tensor_t *t, int devi
   }
   st = ebb__tensor_new(fn, device, t->dtype, t->ndim, t->shape, &r);
   if (st) goto fail_src;
-  size_t bytes = r->st->bytes;
+  size_t bytes = r->stor->bytes;
   if (bytes) {
     ebb_stream_t *s;
     if (device != EBB_DEVICE_CPU) {
@@ -985,19 +985,19 @@ static ebb_status ebb__to_device(const char *fn, const ebb_tensor_t *t, int devi
         ebb_stream_t *fs;
         uint64_t fid;
         st = ebb_stream_current(from, &fs);
-        if (!st) st = ebb__stream_id_of(fn, fs, &fid);
-        if (!st) st = ebb__storage_use(c->st, fs, fid);
+        if (!st) st = stream_id_of(fn, fs, &fid);
+        if (!st) st = storage_use(c->stor, fs, fid);
         if (st) goto fail_dst;
       }
-      st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
+      st = ebb_copy_async(r->stor->data, ebb__tensor_ptr(c), bytes, s);
       if (st) goto fail_dst;
     } else {
       /* onto the CPU: a CPU tensor is always ready, so wait for the copy */
       uint64_t sid;
       st = ebb_stream_current(from, &s);
-      if (!st) st = ebb__stream_id_of(fn, s, &sid);
-      if (!st) st = ebb__storage_use(c->st, s, sid);
-      if (!st) st = ebb_copy_async(r->st->data, ebb__tensor_ptr(c), bytes, s);
+      if (!st) st = stream_id_of(fn, s, &sid);
+      if (!st) st = storage_use(c->stor, s, sid);
+      if (!st) st = ebb_copy_async(r->stor->data, ebb__tensor_ptr(c), bytes, s);
       if (!st) st = ebb_stream_synchronize(s);
       if (st) goto fail_dst;
     }
@@ -1012,19 +1012,19 @@ fail_src:
   return ebb__fail_in(fn, st);
 }
 
-static ebb_status ebb__tensor_to_device_impl(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
+static ebb_status tensor_to_device_impl(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_to_device", "t");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_to_device: out is NULL");
-  return ebb__to_device("ebb_tensor_to_device", t, device, out);
+  return to_device("ebb_tensor_to_device", t, device, out);
 }
 
 ebb_status ebb_tensor_to_device(const ebb_tensor_t *t, int device, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_to_device", EBB__OP_TO_DEVICE, NULL, out, ebb__tensor_to_device_impl(t, device, out), t);
+  EBB__RECORDED("ebb_tensor_to_device", EBB__OP_TO_DEVICE, NULL, out, tensor_to_device_impl(t, device, out), t);
 }
 
 /* EBB_EINVAL unless dst (non-NULL where bytes > 0) holds exactly t's elements, packed. */
-static ebb_status ebb__check_host_dst(const char *fn, const ebb_tensor_t *t, const void *dst, size_t bytes) {
+static ebb_status check_host_dst(const char *fn, const ebb_tensor_t *t, const void *dst, size_t bytes) {
   size_t want = (size_t)ebb__numel(t->shape, t->ndim) * ebb__dtype_size[t->dtype];
   if (bytes == want && (dst || !bytes)) return EBB_OK;
   char b[EBB__DESC_MAX];
@@ -1036,13 +1036,13 @@ ebb_status ebb_tensor_to_host(const ebb_tensor_t *t, void *dst, size_t bytes) {
   const char *fn = "ebb_tensor_to_host";
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
-  st = ebb__check_host_dst(fn, t, dst, bytes);
+  st = check_host_dst(fn, t, dst, bytes);
   if (st) return st;
   if (!bytes) return EBB_OK;
   ebb_tensor_t *c;
-  st = ebb__to_device(fn, t, EBB_DEVICE_CPU, &c);
+  st = to_device(fn, t, EBB_DEVICE_CPU, &c);
   if (st) return st;
-  memcpy(dst, c->st->data, bytes);
+  memcpy(dst, c->stor->data, bytes);
   ebb__tensor_put(c);
   return EBB_OK;
 }
@@ -1056,13 +1056,13 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   const char *fn = "ebb_tensor_to_host_async";
   ebb_status st = ebb__tensor_check(t, fn, "t");
   if (st) return st;
-  st = ebb__check_host_dst(fn, t, dst, bytes);
+  st = check_host_dst(fn, t, dst, bytes);
   if (st) return st;
   if (!done) return ebb__fail(EBB_EINVAL, "%s: done is NULL; expected an event to record after the copy", fn);
   int edev;
   st = ebb_event_device(done, &edev); /* a released event: EBB_EFREED, for a CPU tensor too */
   if (st) return ebb__fail_in(fn, st);
-  if (t->st->device == EBB_DEVICE_CPU) {
+  if (t->stor->device == EBB_DEVICE_CPU) {
     st = ebb_tensor_to_host(t, dst, bytes);
     return st ? ebb__fail_in(fn, st) : EBB_OK;
   }
@@ -1074,14 +1074,14 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   if (pi.type != EBB_MEMTYPE_PINNED)
     return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,
                      pi.type == EBB_MEMTYPE_DEVICE ? "device" : "pageable host");
-  if (edev != t->st->device)
+  if (edev != t->stor->device)
     return ebb__fail(EBB_EDEVICE, "%s: event done belongs to device %d but %s does not; expected an event of its device", fn, edev,
                      EBB__DESC(t, "t", td));
   ebb_stream_t *s;
   uint64_t sid;
-  st = ebb_stream_current(t->st->device, &s);
+  st = ebb_stream_current(t->stor->device, &s);
   if (st) return ebb__fail_in(fn, st);
-  st = ebb__stream_id_of(fn, s, &sid);
+  st = stream_id_of(fn, s, &sid);
   if (st) return st;
   /* dst is checked against its pinned block (the copy's own check) before the contiguous copy
    * below is enqueued: a refusal leaves nothing behind. */
@@ -1090,7 +1090,7 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   /* The copy reads t's storage on s: declared before anything is enqueued. A contiguous copy
    * made below lives on s already. */
   if (ebb__is_contiguous(t)) {
-    st = ebb__storage_use(t->st, s, sid);
+    st = storage_use(t->stor, s, sid);
     if (st) return ebb__fail_in(fn, st);
   }
   ebb_tensor_t *c;
@@ -1109,7 +1109,7 @@ ebb_status ebb_tensor_get_info(const ebb_tensor_t *t, ebb_tensor_info *out) {
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_get_info: out is NULL");
   memset(out, 0, sizeof *out);
-  out->device = t->st->device;
+  out->device = t->stor->device;
   out->dtype = t->dtype;
   out->ndim = t->ndim;
   for (int d = 0; d < t->ndim; d++) {
@@ -1119,7 +1119,7 @@ ebb_status ebb_tensor_get_info(const ebb_tensor_t *t, ebb_tensor_info *out) {
   out->offset = t->offset;
   out->numel = ebb__numel(t->shape, t->ndim);
   out->contiguous = ebb__is_contiguous(t);
-  out->version = atomic_load_explicit(&t->st->version, memory_order_relaxed);
+  out->version = atomic_load_explicit(&t->stor->version, memory_order_relaxed);
   return EBB_OK;
 }
 
@@ -1132,10 +1132,10 @@ ebb_status ebb_tensor_get_info(const ebb_tensor_t *t, ebb_tensor_info *out) {
     return EBB_OK;                                                                   \
   }
 EBB__GETTER(ebb_tensor_dtype, ebb_dtype, t->dtype)
-EBB__GETTER(ebb_tensor_device, int, t->st->device)
+EBB__GETTER(ebb_tensor_device, int, t->stor->device)
 EBB__GETTER(ebb_tensor_numel, int64_t, ebb__numel(t->shape, t->ndim))
 EBB__GETTER(ebb_tensor_is_contiguous, bool, ebb__is_contiguous(t))
-EBB__GETTER(ebb_tensor_version, uint64_t, atomic_load_explicit(&t->st->version, memory_order_relaxed))
+EBB__GETTER(ebb_tensor_version, uint64_t, atomic_load_explicit(&t->stor->version, memory_order_relaxed))
 EBB__GETTER(ebb_tensor_data, void *, ebb__tensor_ptr(t))
 #undef EBB__GETTER
 
@@ -1161,7 +1161,7 @@ ebb_status ebb_tensor_same_storage(const ebb_tensor_t *a, const ebb_tensor_t *b,
   if (!st) st = ebb__tensor_check(b, "ebb_tensor_same_storage", "b");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_same_storage: out is NULL");
-  *out = a->st == b->st;
+  *out = a->stor == b->stor;
   return EBB_OK;
 }
 
@@ -1188,10 +1188,10 @@ ebb_status ebb_tensor_set_name(ebb_tensor_t *t, const char *name) {
 
 ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_tensor_t *v;
-  ebb_status st = ebb__record_get("ebb__tensor_share", &v);
+  ebb_status st = record_get("ebb__tensor_share", &v);
   if (st) return st;
-  atomic_fetch_add_explicit(&t->st->refs, 1, memory_order_relaxed);
-  v->st = t->st;
+  atomic_fetch_add_explicit(&t->stor->refs, 1, memory_order_relaxed);
+  v->stor = t->stor;
   v->dtype = t->dtype;
   v->ndim = t->ndim;
   v->offset = t->offset;
@@ -1202,12 +1202,12 @@ ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out) {
 }
 
 bool ebb__tensor_matches(const ebb_tensor_t *t, const ebb__tensor_meta *m) {
-  return t->ndim == m->ndim && t->dtype == m->dtype && t->st->device == m->device &&
+  return t->ndim == m->ndim && t->dtype == m->dtype && t->stor->device == m->device &&
          memcmp(t->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) == 0;
 }
 
 void ebb__tensor_meta_of(const ebb_tensor_t *t, ebb__tensor_meta *m) {
-  m->device = t->st->device;
+  m->device = t->stor->device;
   m->dtype = t->dtype;
   m->ndim = t->ndim;
   memcpy(m->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
@@ -1217,12 +1217,12 @@ bool ebb__tensor_exclusive(const ebb_tensor_t *t) {
   /* acquire: a reference dropped on another thread happened before this read of the count. A
    * view whose base only it holds is alone on the storage too (the base's handle is its). */
   if (atomic_load_explicit(&t->refs, memory_order_acquire) != 1 || t->autograd || !ebb__is_contiguous(t)) return false;
-  uint32_t srefs = atomic_load_explicit(&t->st->refs, memory_order_acquire);
+  uint32_t srefs = atomic_load_explicit(&t->stor->refs, memory_order_acquire);
   if (!t->base) return srefs == 1;
   return srefs == 2 && atomic_load_explicit(&t->base->refs, memory_order_acquire) == 1 && !t->base->autograd;
 }
 
-void *ebb__tensor_block(const ebb_tensor_t *t) { return t->st ? t->st->data : NULL; }
+void *ebb__tensor_block(const ebb_tensor_t *t) { return t->stor ? t->stor->data : NULL; }
 
 void *ebb__tensor_slot(const ebb_tensor_t *t) { return t->autograd; }
 void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot) { t->autograd = slot; }
@@ -1230,7 +1230,7 @@ void ebb__tensor_set_slot(ebb_tensor_t *t, void *slot) { t->autograd = slot; }
 ebb_status ebb_tensor_bump_version(ebb_tensor_t *t) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_bump_version", "t");
   if (st) return st;
-  atomic_fetch_add_explicit(&t->st->version, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&t->stor->version, 1, memory_order_relaxed);
   return EBB_OK;
 }
 
@@ -1246,9 +1246,9 @@ ebb_status ebb_tensor_bump_version(ebb_tensor_t *t) {
  * by a run of new dims with the same element count. */
 /* Example: a [2,3,4] tensor transposed to [4,3,2] has strides [1,4,12]; no run of its dims is
  * contiguous, so viewing it as [24] fails, while [4,6] fails too and [4,3,2,1] succeeds. */
-static bool ebb__view_strides(int od, const int64_t *oshape, const int64_t *ostrides, int nd, const int64_t *nshape, int64_t *nstrides) {
+static bool view_strides(int od, const int64_t *oshape, const int64_t *ostrides, int nd, const int64_t *nshape, int64_t *nstrides) {
   if (ebb__numel(oshape, od) == 0 || od == 0) {
-    ebb__contig_strides(nd, nshape, nstrides);
+    contig_strides(nd, nshape, nstrides);
     return true;
   }
   int vd = nd - 1;
@@ -1273,7 +1273,7 @@ static bool ebb__view_strides(int od, const int64_t *oshape, const int64_t *ostr
 }
 
 /* Resolves one -1 in shape against numel; EBB_EINVAL when impossible. */
-static ebb_status ebb__infer_shape(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, int64_t *res) {
+static ebb_status infer_shape(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, int64_t *res) {
   if (ndim < 0 || ndim > EBB_TENSOR_MAX_DIMS || (ndim && !shape))
     return ebb__fail(EBB_EINVAL, "%s: ndim %d with shape %s; expected 0..%d dims", fn, ndim, shape ? "given" : "NULL", EBB_TENSOR_MAX_DIMS);
   int64_t n = ebb__numel(t->shape, t->ndim), known = 1;
@@ -1297,12 +1297,12 @@ bad:;
                    ebb__shape_str(shape, ndim, b, sizeof b));
 }
 
-static ebb_status ebb__tensor_view_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+static ebb_status tensor_view_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_view");
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
-  st = ebb__infer_shape("ebb_tensor_view", t, ndim, shape, ns);
+  st = infer_shape("ebb_tensor_view", t, ndim, shape, ns);
   if (st) return st;
-  if (!ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) {
+  if (!view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst)) {
     char a[EBB__DESC_MAX], b[128], c[128];
     return ebb__fail(EBB_EINVAL, "ebb_tensor_view: %s with strides %s cannot be viewed as %s without a copy; use ebb_tensor_reshape",
                      EBB__DESC(t, "t", a), ebb__shape_str(t->strides, t->ndim, b, sizeof b), ebb__shape_str(ns, ndim, c, sizeof c));
@@ -1311,15 +1311,15 @@ static ebb_status ebb__tensor_view_impl(const ebb_tensor_t *t, int ndim, const i
 }
 
 ebb_status ebb_tensor_view(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_view", EBB__OP_VIEW, NULL, out, ebb__tensor_view_impl(t, ndim, shape, out), t);
+  EBB__RECORDED("ebb_tensor_view", EBB__OP_VIEW, NULL, out, tensor_view_impl(t, ndim, shape, out), t);
 }
 
-static ebb_status ebb__tensor_reshape_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+static ebb_status tensor_reshape_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_reshape");
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
-  st = ebb__infer_shape("ebb_tensor_reshape", t, ndim, shape, ns);
+  st = infer_shape("ebb_tensor_reshape", t, ndim, shape, ns);
   if (st) return st;
-  if (ebb__view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst))
+  if (view_strides(t->ndim, t->shape, t->strides, ndim, ns, nst))
     return ebb__tensor_alias("ebb_tensor_reshape", t, ndim, ns, nst, t->offset, out);
   /* A copy, reshaped in place: a new tensor, not a view of t (nor of the copy). */
   ebb_tensor_t *c;
@@ -1327,16 +1327,16 @@ static ebb_status ebb__tensor_reshape_impl(const ebb_tensor_t *t, int ndim, cons
   if (st) return st;
   c->ndim = ndim;
   memcpy(c->shape, ns, sizeof(int64_t) * (size_t)ndim);
-  ebb__contig_strides(ndim, c->shape, c->strides);
+  contig_strides(ndim, c->shape, c->strides);
   *out = c;
   return EBB_OK;
 }
 
 ebb_status ebb_tensor_reshape(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_reshape", EBB__OP_RESHAPE, NULL, out, ebb__tensor_reshape_impl(t, ndim, shape, out), t);
+  EBB__RECORDED("ebb_tensor_reshape", EBB__OP_RESHAPE, NULL, out, tensor_reshape_impl(t, ndim, shape, out), t);
 }
 
-static ebb_status ebb__tensor_permute_impl(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
+static ebb_status tensor_permute_impl(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_permute");
   if (ndim != t->ndim || (ndim && !dims)) {
     char a[EBB__DESC_MAX];
@@ -1361,14 +1361,14 @@ static ebb_status ebb__tensor_permute_impl(const ebb_tensor_t *t, const int *dim
 
 ebb_status ebb_tensor_permute(const ebb_tensor_t *t, const int *dims, int ndim, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__tensor_permute_impl(t, dims, ndim, out);
+  ebb_status st = tensor_permute_impl(t, dims, ndim, out);
   ebb__op_args a = {.ndims = ndim};
   for (int k = 0; h && !st && k < ndim; k++) a.dims[k] = dims[k] < 0 ? dims[k] + ndim : dims[k];
   const ebb_tensor_t *in[1] = {t};
   return ebb__rec_done("ebb_tensor_permute", h, st, EBB__OP_PERMUTE, in, 1, out, NULL, &a);
 }
 
-static ebb_status ebb__tensor_transpose_impl(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
+static ebb_status tensor_transpose_impl(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_transpose");
   int a, b;
   st = ebb__dim("ebb_tensor_transpose", "dim0", dim0, t->ndim, &a);
@@ -1385,7 +1385,7 @@ static ebb_status ebb__tensor_transpose_impl(const ebb_tensor_t *t, int dim0, in
 
 ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__tensor_transpose_impl(t, dim0, dim1, out);
+  ebb_status st = tensor_transpose_impl(t, dim0, dim1, out);
   ebb__op_args a = {.dim = dim0, .dim1 = dim1};
   if (h && !st) {
     if (a.dim < 0) a.dim += t->ndim;
@@ -1398,16 +1398,16 @@ ebb_status ebb_tensor_transpose(const ebb_tensor_t *t, int dim0, int dim1, ebb_t
 /* The slice view of t along dim d (normalised), start/end clamped; the view is made for `fn`
  * (slice or narrow, whose name the lifecycle hook and messages get). */
 /* Python's slice bounds on an extent: negative counts from the end, then clamped. */
-static void ebb__clamp_bounds(int64_t size, int64_t *start, int64_t *end) {
+static void clamp_bounds(int64_t size, int64_t *start, int64_t *end) {
   if (*start < 0) *start += size;
   if (*end < 0) *end += size;
   *start = *start < 0 ? 0 : *start > size ? size : *start;
   *end = *end < *start ? *start : *end > size ? size : *end;
 }
 
-static ebb_status ebb__slice_view(const char *fn, const ebb_tensor_t *t, int d, int64_t start, int64_t end, int64_t step,
+static ebb_status slice_view(const char *fn, const ebb_tensor_t *t, int d, int64_t start, int64_t end, int64_t step,
                                   ebb_tensor_t **out) {
-  ebb__clamp_bounds(t->shape[d], &start, &end);
+  clamp_bounds(t->shape[d], &start, &end);
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   memcpy(ns, t->shape, sizeof ns);
   memcpy(nst, t->strides, sizeof nst);
@@ -1416,7 +1416,7 @@ static ebb_status ebb__slice_view(const char *fn, const ebb_tensor_t *t, int d, 
   return ebb__tensor_alias(fn, t, t->ndim, ns, nst, t->offset + start * t->strides[d], out);
 }
 
-static ebb_status ebb__tensor_slice_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
+static ebb_status tensor_slice_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_slice");
   int d;
   char sd[EBB__DESC_MAX];
@@ -1424,22 +1424,22 @@ static ebb_status ebb__tensor_slice_impl(const ebb_tensor_t *t, int dim, int64_t
   st = ebb__dim("ebb_tensor_slice", "dim", dim, t->ndim, &d);
   if (st) return st;
   if (step < 1) return ebb__fail(EBB_EINVAL, "ebb_tensor_slice: step is %lld; expected step >= 1", (long long)step);
-  return ebb__slice_view("ebb_tensor_slice", t, d, start, end, step, out);
+  return slice_view("ebb_tensor_slice", t, d, start, end, step, out);
 }
 
 ebb_status ebb_tensor_slice(const ebb_tensor_t *t, int dim, int64_t start, int64_t end, int64_t step, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__tensor_slice_impl(t, dim, start, end, step, out);
+  ebb_status st = tensor_slice_impl(t, dim, start, end, step, out);
   ebb__op_args a = {.dim = dim, .start = start, .end = end, .step = step};
   if (h && !st) {
     if (a.dim < 0) a.dim += t->ndim;
-    ebb__clamp_bounds(t->shape[a.dim], &a.start, &a.end);
+    clamp_bounds(t->shape[a.dim], &a.start, &a.end);
   }
   const ebb_tensor_t *in[1] = {t};
   return ebb__rec_done("ebb_tensor_slice", h, st, EBB__OP_SLICE, in, 1, out, NULL, &a);
 }
 
-static ebb_status ebb__tensor_narrow_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
+static ebb_status tensor_narrow_impl(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_narrow");
   int d;
   char sd[EBB__DESC_MAX];
@@ -1451,12 +1451,12 @@ static ebb_status ebb__tensor_narrow_impl(const ebb_tensor_t *t, int dim, int64_
     return ebb__fail(EBB_EINVAL, "ebb_tensor_narrow: start %lld and length %lld do not fit dim %d of %s", (long long)start,
                      (long long)length, d, EBB__DESC(t, "t", a));
   }
-  return ebb__slice_view("ebb_tensor_narrow", t, d, start, start + length, 1, out);
+  return slice_view("ebb_tensor_narrow", t, d, start, start + length, 1, out);
 }
 
 ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int64_t length, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__tensor_narrow_impl(t, dim, start, length, out);
+  ebb_status st = tensor_narrow_impl(t, dim, start, length, out);
   ebb__op_args a = {.dim = dim, .start = start, .end = start + length, .step = 1};
   if (h && !st && a.dim < 0) a.dim += t->ndim;
   const ebb_tensor_t *in[1] = {t};
@@ -1464,7 +1464,7 @@ ebb_status ebb_tensor_narrow(const ebb_tensor_t *t, int dim, int64_t start, int6
 }
 
 /* The view of t without dim d at index i (both in range), made for `fn` (select or squeeze). */
-static ebb_status ebb__select_view(const char *fn, const ebb_tensor_t *t, int d, int64_t i, ebb_tensor_t **out) {
+static ebb_status select_view(const char *fn, const ebb_tensor_t *t, int d, int64_t i, ebb_tensor_t **out) {
   int64_t ns[EBB_TENSOR_MAX_DIMS], nst[EBB_TENSOR_MAX_DIMS];
   for (int k = 0, j = 0; k < t->ndim; k++) {
     if (k == d) continue;
@@ -1474,7 +1474,7 @@ static ebb_status ebb__select_view(const char *fn, const ebb_tensor_t *t, int d,
   return ebb__tensor_alias(fn, t, t->ndim - 1, ns, nst, t->offset + i * t->strides[d], out);
 }
 
-static ebb_status ebb__tensor_select_impl(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
+static ebb_status tensor_select_impl(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_select");
   int d;
   char sd[EBB__DESC_MAX];
@@ -1486,12 +1486,12 @@ static ebb_status ebb__tensor_select_impl(const ebb_tensor_t *t, int dim, int64_
     char a[EBB__DESC_MAX];
     return ebb__fail(EBB_EINVAL, "ebb_tensor_select: index %lld is out of range for dim %d of %s", (long long)index, d, EBB__DESC(t, "t", a));
   }
-  return ebb__select_view("ebb_tensor_select", t, d, i, out);
+  return select_view("ebb_tensor_select", t, d, i, out);
 }
 
 ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_tensor_t **out) {
   const ebb__tensor_hooks *h = ebb__rec_enter();
-  ebb_status st = ebb__tensor_select_impl(t, dim, index, out);
+  ebb_status st = tensor_select_impl(t, dim, index, out);
   ebb__op_args a = {.dim = dim, .start = index};
   if (h && !st) {
     if (a.dim < 0) a.dim += t->ndim;
@@ -1501,7 +1501,7 @@ ebb_status ebb_tensor_select(const ebb_tensor_t *t, int dim, int64_t index, ebb_
   return ebb__rec_done("ebb_tensor_select", h, st, EBB__OP_SELECT, in, 1, out, NULL, &a);
 }
 
-static ebb_status ebb__tensor_expand_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
+static ebb_status tensor_expand_impl(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_expand");
   if (ndim < t->ndim || ndim > EBB_TENSOR_MAX_DIMS || !shape) {
     char a[EBB__DESC_MAX];
@@ -1526,10 +1526,10 @@ static ebb_status ebb__tensor_expand_impl(const ebb_tensor_t *t, int ndim, const
 }
 
 ebb_status ebb_tensor_expand(const ebb_tensor_t *t, int ndim, const int64_t *shape, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_expand", EBB__OP_EXPAND, NULL, out, ebb__tensor_expand_impl(t, ndim, shape, out), t);
+  EBB__RECORDED("ebb_tensor_expand", EBB__OP_EXPAND, NULL, out, tensor_expand_impl(t, ndim, shape, out), t);
 }
 
-static ebb_status ebb__tensor_squeeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+static ebb_status tensor_squeeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_squeeze");
   int d;
   char sd[EBB__DESC_MAX];
@@ -1541,14 +1541,14 @@ static ebb_status ebb__tensor_squeeze_impl(const ebb_tensor_t *t, int dim, ebb_t
     return ebb__fail(EBB_EINVAL, "ebb_tensor_squeeze: dim %d of %s has extent %lld; expected 1", d, EBB__DESC(t, "t", a),
                      (long long)t->shape[d]);
   }
-  return ebb__select_view("ebb_tensor_squeeze", t, d, 0, out);
+  return select_view("ebb_tensor_squeeze", t, d, 0, out);
 }
 
 ebb_status ebb_tensor_squeeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_squeeze", EBB__OP_SQUEEZE, NULL, out, ebb__tensor_squeeze_impl(t, dim, out), t);
+  EBB__RECORDED("ebb_tensor_squeeze", EBB__OP_SQUEEZE, NULL, out, tensor_squeeze_impl(t, dim, out), t);
 }
 
-static ebb_status ebb__tensor_unsqueeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
+static ebb_status tensor_unsqueeze_impl(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
   EBB__VIEW_PROLOGUE("ebb_tensor_unsqueeze");
   if (t->ndim == EBB_TENSOR_MAX_DIMS)
     return ebb__fail(EBB_EINVAL, "ebb_tensor_unsqueeze: t has %d dims already (the maximum)", EBB_TENSOR_MAX_DIMS);
@@ -1569,12 +1569,12 @@ static ebb_status ebb__tensor_unsqueeze_impl(const ebb_tensor_t *t, int dim, ebb
 }
 
 ebb_status ebb_tensor_unsqueeze(const ebb_tensor_t *t, int dim, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_tensor_unsqueeze", EBB__OP_UNSQUEEZE, NULL, out, ebb__tensor_unsqueeze_impl(t, dim, out), t);
+  EBB__RECORDED("ebb_tensor_unsqueeze", EBB__OP_UNSQUEEZE, NULL, out, tensor_unsqueeze_impl(t, dim, out), t);
 }
 
 /* ---- in place --------------------------------------------------------------------------------- */
 
-static ebb_status ebb__check_writable(const char *fn, const ebb_tensor_t *t) {
+static ebb_status check_writable(const char *fn, const ebb_tensor_t *t) {
   for (int d = 0; d < t->ndim; d++)
     if (t->strides[d] == 0 && t->shape[d] > 1) {
       char a[EBB__DESC_MAX];
@@ -1584,20 +1584,20 @@ static ebb_status ebb__check_writable(const char *fn, const ebb_tensor_t *t) {
   return EBB_OK;
 }
 
-static ebb_status ebb__fill(const char *fn, int op, ebb_tensor_t *t, double value) {
+static ebb_status tensor_fill(const char *fn, int op, ebb_tensor_t *t, double value) {
   void *token = NULL;
   ebb_status st = ebb__tensor_check(t, fn, "dst");
-  if (!st) st = ebb__check_writable(fn, t);
+  if (!st) st = check_writable(fn, t);
   if (!st) st = ebb__inplace_check(fn, op, t, NULL, &token);
   if (st) return st;
   st = ebb__ew_run(fn, EBB__EW_FILL, t, 0, NULL, value, 0);
-  if (!st) atomic_fetch_add_explicit(&t->st->version, 1, memory_order_relaxed);
+  if (!st) atomic_fetch_add_explicit(&t->stor->version, 1, memory_order_relaxed);
   ebb__inplace_end(token, !st);
   return st;
 }
 
-ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) { return ebb__fill("ebb_tensor_fill_", EBB__OP_FILL_, t, value); }
-ebb_status ebb_tensor_zero_(ebb_tensor_t *t) { return ebb__fill("ebb_tensor_zero_", EBB__OP_ZERO_, t, 0.0); }
+ebb_status ebb_tensor_fill_(ebb_tensor_t *t, double value) { return tensor_fill("ebb_tensor_fill_", EBB__OP_FILL_, t, value); }
+ebb_status ebb_tensor_zero_(ebb_tensor_t *t) { return tensor_fill("ebb_tensor_zero_", EBB__OP_ZERO_, t, 0.0); }
 
 /* src may live on another device: it is first brought to dst's device (contiguous, through
  * ebb_copy_async), then the copy kernel broadcasts and converts it into dst's layout. */
@@ -1605,7 +1605,7 @@ ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
   const char *fn = "ebb_tensor_copy_";
   ebb_status st = ebb__tensor_check(dst, fn, "dst");
   if (!st) st = ebb__tensor_check(src, fn, "src");
-  if (!st) st = ebb__check_writable(fn, dst);
+  if (!st) st = check_writable(fn, dst);
   if (st) return st;
   int64_t bst[EBB_TENSOR_MAX_DIMS];
   st = ebb__broadcast_strides(fn, "src", src, dst->ndim, dst->shape, bst);
@@ -1613,10 +1613,10 @@ ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
   if (!st) st = ebb__inplace_check(fn, EBB__OP_COPY_, dst, src, &token);
   if (st) return st;
   ebb_tensor_t *moved = NULL;
-  if (src->st->device != dst->st->device) st = ebb__to_device(fn, src, dst->st->device, &moved);
+  if (src->stor->device != dst->stor->device) st = to_device(fn, src, dst->stor->device, &moved);
   if (!st) st = ebb__ew_run(fn, EBB__EW_COPY, dst, 1, moved ? (const ebb_tensor_t *const *)&moved : &src, 0, 0);
   ebb__tensor_put(moved);
-  if (!st) atomic_fetch_add_explicit(&dst->st->version, 1, memory_order_relaxed);
+  if (!st) atomic_fetch_add_explicit(&dst->stor->version, 1, memory_order_relaxed);
   ebb__inplace_end(token, !st);
   return st;
 }

@@ -21,16 +21,16 @@ static _Thread_local int ebb__tl_ctx_dev = -1;       /* device whose context we 
 ebb_status ebb__check_dev(const char *fn, int device) {
   ebb_status st = ebb__check_init(fn);
   if (st) return st;
-  if (EBB_UNLIKELY(device < 0 || device >= ebb__rt.ndev))
+  if (EBB_UNLIKELY(device < 0 || device >= ebb__runtime_state.ndev))
     return ebb__fail(EBB_EDEVICE, "%s: device %d does not exist; expected 0..%d (%d device(s) on the %s driver)", fn,
-                     device, ebb__rt.ndev - 1, ebb__rt.ndev, ebb__rt.info.name);
+                     device, ebb__runtime_state.ndev - 1, ebb__runtime_state.ndev, ebb__runtime_state.info.name);
   return EBB_OK;
 }
 
 ebb_status ebb__dev_activate(const char *fn, int device) {
   unsigned gen = atomic_load_explicit(&ebb__init_gen, memory_order_relaxed);
   if (EBB_LIKELY(ebb__tl_ctx_dev == device && ebb__tl_ctx_gen == gen)) return EBB_OK;
-  CUresult r = ebb__rt.drv.CtxSetCurrent(ebb__rt.dev[device].ctx);
+  CUresult r = ebb__runtime_state.drv.CtxSetCurrent(ebb__runtime_state.dev[device].ctx);
   if (r != CUDA_SUCCESS) return ebb__cu_fail(r, fn, "cuCtxSetCurrent");
   ebb__tl_ctx_dev = device;
   ebb__tl_ctx_gen = gen;
@@ -49,22 +49,22 @@ ebb_status ebb__dev_activate(const char *fn, int device) {
  * keep the error makes no context answer: then the device whose context the thread made current
  * for the failing call. The thread's context is set back to the one its cache names (with none
  * cached, its next call sets one). */
-static int ebb__sticky_owner(void) {
-  const ebb_drv *d = &ebb__rt.drv;
+static int sticky_owner(void) {
+  const ebb_drv *d = &ebb__runtime_state.drv;
   int owner = -1;
-  for (int i = 0; i < ebb__rt.ndev && owner < 0 && d->StreamQuery; i++) {
-    if (d->CtxSetCurrent(ebb__rt.dev[i].ctx) != CUDA_SUCCESS) continue;
+  for (int i = 0; i < ebb__runtime_state.ndev && owner < 0 && d->StreamQuery; i++) {
+    if (d->CtxSetCurrent(ebb__runtime_state.dev[i].ctx) != CUDA_SUCCESS) continue;
     if (ebb__cu_sticky(d->StreamQuery(NULL))) owner = i;
   }
-  if (owner < 0) owner = ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__rt.ndev ? ebb__tl_ctx_dev : ebb__tl_cur_dev;
-  if (owner < 0 || owner >= ebb__rt.ndev) owner = 0;
-  if (ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__rt.ndev) d->CtxSetCurrent(ebb__rt.dev[ebb__tl_ctx_dev].ctx);
+  if (owner < 0) owner = ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__runtime_state.ndev ? ebb__tl_ctx_dev : ebb__tl_cur_dev;
+  if (owner < 0 || owner >= ebb__runtime_state.ndev) owner = 0;
+  if (ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__runtime_state.ndev) d->CtxSetCurrent(ebb__runtime_state.dev[ebb__tl_ctx_dev].ctx);
   return owner;
 }
 
 int ebb__dev_mark_failed(CUresult r, const char *call) {
-  int dev = ebb__sticky_owner();
-  ebb_device *dv = &ebb__rt.dev[dev];
+  int dev = sticky_owner();
+  ebb_device *dv = &ebb__runtime_state.dev[dev];
   int none = 0;
   /* relaxed: the winner alone writes failed_call, published by the release store below */
   if (atomic_compare_exchange_strong_explicit(&dv->failed, &none, EBB__DEV_MARKING, memory_order_relaxed,
@@ -72,21 +72,21 @@ int ebb__dev_mark_failed(CUresult r, const char *call) {
     snprintf(dv->failed_call, sizeof dv->failed_call, "%s", call);
     /* release: pairs with the acquire in ebb__dev_live_slow; failed_call is written */
     atomic_store_explicit(&dv->failed, (int)r, memory_order_release);
-    atomic_store_explicit(&ebb__rt.any_failed, 1, memory_order_relaxed);
+    atomic_store_explicit(&ebb__runtime_state.any_failed, 1, memory_order_relaxed);
   }
   return dev;
 }
 
 ebb_status ebb__dev_live_slow(const char *fn, int device) {
-  if (device < 0 || device >= ebb__rt.ndev) return EBB_OK; /* (the range check is the caller's) */
-  ebb_device *dv = &ebb__rt.dev[device];
+  if (device < 0 || device >= ebb__runtime_state.ndev) return EBB_OK; /* (the range check is the caller's) */
+  ebb_device *dv = &ebb__runtime_state.dev[device];
   int r;
   /* acquire: pairs with the release in ebb__dev_mark_failed. A marking in progress takes a few
    * instructions: wait for it rather than report a state without its cause. */
   while ((r = atomic_load_explicit(&dv->failed, memory_order_acquire)) == EBB__DEV_MARKING) ebb__cpu_relax();
   if (r == 0) return EBB_OK;
   const char *name = NULL;
-  if (ebb__rt.drv.GetErrorName && ebb__rt.drv.GetErrorName((CUresult)r, &name) != CUDA_SUCCESS) name = NULL;
+  if (ebb__runtime_state.drv.GetErrorName && ebb__runtime_state.drv.GetErrorName((CUresult)r, &name) != CUDA_SUCCESS) name = NULL;
   if (!name) name = ebb__cu_name((CUresult)r);
   char num[16];
   if (!name) {
@@ -104,31 +104,31 @@ ebb_status ebb__check_dev_live(const char *fn, int device) {
 
 ebb_status ebb_dev_status(int device) { return ebb__check_dev_live("ebb_dev_status", device); }
 
-static int ebb__attr(CUdevice d, CUdevice_attribute a) {
+static int attr(CUdevice d, CUdevice_attribute a) {
   int v = 0;
-  if (ebb__rt.drv.DeviceGetAttribute(&v, a, d) != CUDA_SUCCESS) v = 0;
+  if (ebb__runtime_state.drv.DeviceGetAttribute(&v, a, d) != CUDA_SUCCESS) v = 0;
   return v;
 }
 
-static ebb_status ebb__dev_read_caps(int i) {
-  ebb_device *dv = &ebb__rt.dev[i];
+static ebb_status dev_read_caps(int i) {
+  ebb_device *dv = &ebb__runtime_state.dev[i];
   ebb_dev_caps *c = &dv->caps;
-  const ebb_drv *d = &ebb__rt.drv;
+  const ebb_drv *d = &ebb__runtime_state.drv;
   memset(c, 0, sizeof *c);
   c->ordinal = i;
   if (d->DeviceGetName(c->name, (int)sizeof c->name, dv->cu) != CUDA_SUCCESS) snprintf(c->name, sizeof c->name, "device %d", i);
   CUresult r = d->DeviceTotalMem(&c->total_mem, dv->cu);
   if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_init", "cuDeviceTotalMem");
-  c->cc_major = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-  c->cc_minor = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-  c->multiprocessors = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-  c->async_engines = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
-  c->unified_addressing = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING) != 0;
-  c->concurrent_kernels = ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS) != 0;
+  c->cc_major = attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  c->cc_minor = attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  c->multiprocessors = attr(dv->cu, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  c->async_engines = attr(dv->cu, CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
+  c->unified_addressing = attr(dv->cu, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING) != 0;
+  c->concurrent_kernels = attr(dv->cu, CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS) != 0;
   c->vmm = d->MemAddressReserve && d->MemCreate && d->MemMap && d->MemSetAccess && d->MemUnmap &&
-           ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
+           attr(dv->cu, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
   c->host_register = d->MemHostRegister && d->MemHostUnregister &&
-                     ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED) != 0;
+                     attr(dv->cu, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED) != 0;
   c->host_alloc = d->MemHostAlloc && d->MemFreeHost;
   c->host_func = d->LaunchHostFunc != NULL;
   c->cpu_kernels = d->RegisterKernel != NULL;
@@ -137,7 +137,7 @@ static ebb_status ebb__dev_read_caps(int i) {
   if (d->DeviceGetPCIBusId && d->DeviceGetPCIBusId(c->pci_bus_id, (int)sizeof c->pci_bus_id, dv->cu) != CUDA_SUCCESS)
     c->pci_bus_id[0] = '\0';
   c->prio_least = c->prio_greatest = 0;
-  if (d->CtxGetStreamPriorityRange && ebb__attr(dv->cu, CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED)) {
+  if (d->CtxGetStreamPriorityRange && attr(dv->cu, CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED)) {
     ebb_status st = ebb__dev_activate("ebb_init", i);
     if (st) return st;
     d->CtxGetStreamPriorityRange(&c->prio_least, &c->prio_greatest);
@@ -146,14 +146,14 @@ static ebb_status ebb__dev_read_caps(int i) {
 }
 
 ebb_status ebb__devices_init(void) {
-  const ebb_drv *d = &ebb__rt.drv;
-  int n = ebb__rt.info.device_count;
+  const ebb_drv *d = &ebb__runtime_state.drv;
+  int n = ebb__runtime_state.info.device_count;
   /* A new generation invalidates every thread's cached current context. */
   atomic_fetch_add_explicit(&ebb__init_gen, 1, memory_order_relaxed);
-  ebb__rt.ndev = 0;
-  atomic_store_explicit(&ebb__rt.any_failed, 0, memory_order_relaxed); /* fresh contexts, no error state */
+  ebb__runtime_state.ndev = 0;
+  atomic_store_explicit(&ebb__runtime_state.any_failed, 0, memory_order_relaxed); /* fresh contexts, no error state */
   for (int i = 0; i < n; i++) {
-    ebb_device *dv = &ebb__rt.dev[i];
+    ebb_device *dv = &ebb__runtime_state.dev[i];
     memset(dv, 0, sizeof *dv);
     const char *call = "cuDeviceGet";
     CUresult r = d->DeviceGet(&dv->cu, i);
@@ -165,10 +165,10 @@ ebb_status ebb__devices_init(void) {
       ebb__devices_fini();
       return ebb__cu_fail(r, "ebb_init", call);
     }
-    ebb__rt.ndev = i + 1;
+    ebb__runtime_state.ndev = i + 1;
   }
   for (int i = 0; i < n; i++) {
-    ebb_status st = ebb__dev_read_caps(i);
+    ebb_status st = dev_read_caps(i);
     if (st) {
       ebb__devices_fini();
       return st;
@@ -177,28 +177,28 @@ ebb_status ebb__devices_init(void) {
   for (int i = 0; i < n; i++) {
     for (int j = 0; j < n && d->DeviceCanAccessPeer; j++) {
       int can = 0;
-      if (i != j && d->DeviceCanAccessPeer(&can, ebb__rt.dev[i].cu, ebb__rt.dev[j].cu) == CUDA_SUCCESS && can)
-        ebb__rt.dev[i].caps.peer = true;
+      if (i != j && d->DeviceCanAccessPeer(&can, ebb__runtime_state.dev[i].cu, ebb__runtime_state.dev[j].cu) == CUDA_SUCCESS && can)
+        ebb__runtime_state.dev[i].caps.peer = true;
     }
   }
   return EBB_OK;
 }
 
 void ebb__devices_fini(void) {
-  for (int i = 0; i < ebb__rt.ndev; i++) {
-    if (ebb__rt.drv.CtxSetCurrent(ebb__rt.dev[i].ctx) == CUDA_SUCCESS) ebb__rt.drv.CtxSynchronize();
-    ebb__rt.drv.DevicePrimaryCtxRelease(ebb__rt.dev[i].cu);
+  for (int i = 0; i < ebb__runtime_state.ndev; i++) {
+    if (ebb__runtime_state.drv.CtxSetCurrent(ebb__runtime_state.dev[i].ctx) == CUDA_SUCCESS) ebb__runtime_state.drv.CtxSynchronize();
+    ebb__runtime_state.drv.DevicePrimaryCtxRelease(ebb__runtime_state.dev[i].cu);
   }
-  ebb__rt.drv.CtxSetCurrent(NULL);
+  ebb__runtime_state.drv.CtxSetCurrent(NULL);
   ebb__tl_ctx_dev = -1;
-  ebb__rt.ndev = 0;
+  ebb__runtime_state.ndev = 0;
 }
 
 ebb_status ebb_dev_count(int *count) {
   ebb_status st = ebb__check_init("ebb_dev_count");
   if (st) return st;
   if (!count) return ebb__fail(EBB_EINVAL, "ebb_dev_count: count is NULL; expected an int to fill");
-  *count = ebb__rt.ndev;
+  *count = ebb__runtime_state.ndev;
   return EBB_OK;
 }
 
@@ -206,7 +206,7 @@ ebb_status ebb_dev_get_caps(int device, ebb_dev_caps *out) {
   ebb_status st = ebb__check_dev("ebb_dev_get_caps", device);
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_dev_get_caps: out is NULL; expected a struct to fill");
-  *out = ebb__rt.dev[device].caps;
+  *out = ebb__runtime_state.dev[device].caps;
   return EBB_OK;
 }
 
@@ -224,7 +224,7 @@ ebb_status ebb_dev_get_current(int *device) {
   if (st) return st;
   if (!device) return ebb__fail(EBB_EINVAL, "ebb_dev_get_current: device is NULL; expected an int to fill");
   /* A thread's device chosen under an earlier init with more devices falls back to 0. */
-  *device = ebb__tl_cur_dev < ebb__rt.ndev ? ebb__tl_cur_dev : 0;
+  *device = ebb__tl_cur_dev < ebb__runtime_state.ndev ? ebb__tl_cur_dev : 0;
   return EBB_OK;
 }
 
@@ -258,7 +258,7 @@ ebb_status ebb_dev_synchronize(int device) {
   if (st) return st;
   st = ebb__dev_activate("ebb_dev_synchronize", device);
   if (st) return st;
-  CUresult r = ebb__rt.drv.CtxSynchronize();
+  CUresult r = ebb__runtime_state.drv.CtxSynchronize();
   return r == CUDA_SUCCESS ? EBB_OK : ebb__cu_fail(r, "ebb_dev_synchronize", "cuCtxSynchronize");
 }
 
@@ -270,7 +270,7 @@ ebb_status ebb_dev_mem_info(int device, size_t *free_bytes, size_t *total_bytes)
   st = ebb__dev_activate("ebb_dev_mem_info", device);
   if (st) return st;
   size_t f = 0, t = 0;
-  CUresult r = ebb__rt.drv.MemGetInfo(&f, &t);
+  CUresult r = ebb__runtime_state.drv.MemGetInfo(&f, &t);
   if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_dev_mem_info", "cuMemGetInfo");
   *free_bytes = f;
   *total_bytes = t;
@@ -283,8 +283,8 @@ ebb_status ebb_dev_can_access_peer(int device, int peer, bool *can) {
   if (st) return st;
   if (!can) return ebb__fail(EBB_EINVAL, "ebb_dev_can_access_peer: can is NULL; expected a bool to fill");
   int v = 0;
-  if (device != peer && ebb__rt.drv.DeviceCanAccessPeer) {
-    CUresult r = ebb__rt.drv.DeviceCanAccessPeer(&v, ebb__rt.dev[device].cu, ebb__rt.dev[peer].cu);
+  if (device != peer && ebb__runtime_state.drv.DeviceCanAccessPeer) {
+    CUresult r = ebb__runtime_state.drv.DeviceCanAccessPeer(&v, ebb__runtime_state.dev[device].cu, ebb__runtime_state.dev[peer].cu);
     if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_dev_can_access_peer", "cuDeviceCanAccessPeer");
   }
   *can = v != 0;
@@ -297,11 +297,11 @@ ebb_status ebb_dev_enable_peer(int device, int peer) {
   if (st) return st;
   if (device == peer)
     return ebb__fail(EBB_EINVAL, "ebb_dev_enable_peer: device %d and peer %d are the same; expected two devices", device, peer);
-  if (!ebb__rt.drv.CtxEnablePeerAccess)
-    return ebb__fail(EBB_ENOTSUP, "ebb_dev_enable_peer: the %s driver has no cuCtxEnablePeerAccess", ebb__rt.info.name);
+  if (!ebb__runtime_state.drv.CtxEnablePeerAccess)
+    return ebb__fail(EBB_ENOTSUP, "ebb_dev_enable_peer: the %s driver has no cuCtxEnablePeerAccess", ebb__runtime_state.info.name);
   st = ebb__dev_activate("ebb_dev_enable_peer", device);
   if (st) return st;
-  CUresult r = ebb__rt.drv.CtxEnablePeerAccess(ebb__rt.dev[peer].ctx, 0);
+  CUresult r = ebb__runtime_state.drv.CtxEnablePeerAccess(ebb__runtime_state.dev[peer].ctx, 0);
   if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return EBB_OK;
   return ebb__cu_fail(r, "ebb_dev_enable_peer", "cuCtxEnablePeerAccess");
 }

@@ -19,7 +19,7 @@
 
 #include "runtime_impl.h"
 
-ebb_runtime ebb__rt = {.lock = {PTHREAD_MUTEX_INITIALIZER, "runtime", EBB_RANK_RUNTIME}};
+ebb_runtime ebb__runtime_state = {.lock = {PTHREAD_MUTEX_INITIALIZER, "runtime", EBB_RANK_RUNTIME}};
 
 static bool ebb__closing; /* the last ebb_shutdown is stopping the modules (runtime lock dropped) */
 
@@ -32,13 +32,13 @@ static struct {
 
 ebb_status ebb__check_init(const char *fn) {
   /* acquire: pairs with the release store at the end of ebb_init (table and devices visible). */
-  if (EBB_LIKELY(atomic_load_explicit(&ebb__rt.ready, memory_order_acquire))) return EBB_OK;
+  if (EBB_LIKELY(atomic_load_explicit(&ebb__runtime_state.ready, memory_order_acquire))) return EBB_OK;
   return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init() first", fn);
 }
 
-bool ebb_is_initialized(void) { return atomic_load_explicit(&ebb__rt.ready, memory_order_acquire) != 0; }
+bool ebb_is_initialized(void) { return atomic_load_explicit(&ebb__runtime_state.ready, memory_order_acquire) != 0; }
 
-static void *ebb__dlopen_once(const char *path, char *err, size_t errlen) {
+static void *dlopen_once(const char *path, char *err, size_t errlen) {
   for (int i = 0; i < EBB_MAX_LOADED; i++)
     if (ebb__loaded[i].dl && strcmp(ebb__loaded[i].path, path) == 0) return ebb__loaded[i].dl;
   void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -58,7 +58,7 @@ static void *ebb__dlopen_once(const char *path, char *err, size_t errlen) {
 }
 
 /* Fills `d` from `dl`. On failure writes why into err and returns false. */
-static bool ebb__resolve(void *dl, ebb_drv *d, char *err, size_t errlen) {
+static bool driver_resolve(void *dl, ebb_drv *d, char *err, size_t errlen) {
   memset(d, 0, sizeof *d);
   d->abi_version = EBB_DRV_ABI;
 #define EBB_RESOLVE_(field, sym, required)                                      \
@@ -77,12 +77,12 @@ static bool ebb__resolve(void *dl, ebb_drv *d, char *err, size_t errlen) {
  * then fails with EBB_EINVAL, as for any bad configuration. Runtime lock held (ebb_init). */
 static bool ebb__bad_setting;
 
-/* dlopen + resolve + cuInit + at least one device. Fills ebb__rt.{dl,drv,info} on success. */
-static bool ebb__try_driver(const char *path, ebb_driver_kind kind, char *err, size_t errlen) {
-  void *dl = ebb__dlopen_once(path, err, errlen);
+/* dlopen + resolve + cuInit + at least one device. Fills ebb__runtime_state.{dl,drv,info} on success. */
+static bool try_driver(const char *path, ebb_driver_kind kind, char *err, size_t errlen) {
+  void *dl = dlopen_once(path, err, errlen);
   if (!dl) return false;
   ebb_drv d;
-  if (!ebb__resolve(dl, &d, err, errlen)) return false;
+  if (!driver_resolve(dl, &d, err, errlen)) return false;
   CUresult r = d.Init(0);
   if (r != CUDA_SUCCESS) {
     const char *name = NULL;
@@ -105,9 +105,9 @@ static bool ebb__try_driver(const char *path, ebb_driver_kind kind, char *err, s
   }
   int version = 0;
   d.DriverGetVersion(&version);
-  ebb__rt.dl = dl;
-  ebb__rt.drv = d;
-  ebb_driver_info *info = &ebb__rt.info;
+  ebb__runtime_state.dl = dl;
+  ebb__runtime_state.drv = d;
+  ebb_driver_info *info = &ebb__runtime_state.info;
   info->kind = kind;
   info->version = version;
   info->device_count = n < EBB_MAX_DEVICES ? n : EBB_MAX_DEVICES;
@@ -115,13 +115,13 @@ static bool ebb__try_driver(const char *path, ebb_driver_kind kind, char *err, s
   const char *base = strrchr(path, '/');
   snprintf(info->name, sizeof info->name, "%s",
            kind == EBB_DRIVER_CUDA ? "cuda" : kind == EBB_DRIVER_EMULATED ? "simdrv" : (base ? base + 1 : path));
-  ebb__rt.drv.name = kind == EBB_DRIVER_CUDA ? "cuda" : kind == EBB_DRIVER_EMULATED ? "simdrv" : "custom";
+  ebb__runtime_state.drv.name = kind == EBB_DRIVER_CUDA ? "cuda" : kind == EBB_DRIVER_EMULATED ? "simdrv" : "custom";
   return true;
 }
 
 /* The emulated driver: EBB_SIMDRV_PATH, next to libebb, the build tree, the install tree, then
  * the loader's search path. */
-static bool ebb__try_simdrv(char *err, size_t errlen) {
+static bool try_simdrv(char *err, size_t errlen) {
   const char *cands[5];
   int n = 0;
   const char *env = getenv("EBB_SIMDRV_PATH");
@@ -145,7 +145,7 @@ static bool ebb__try_simdrv(char *err, size_t errlen) {
   size_t used = 0;
   for (int i = 0; i < n; i++) {
     char e[512];
-    if (ebb__try_driver(cands[i], EBB_DRIVER_EMULATED, e, sizeof e)) return true;
+    if (try_driver(cands[i], EBB_DRIVER_EMULATED, e, sizeof e)) return true;
     if (used < errlen) used += (size_t)snprintf(err + used, errlen - used, "%s%s: %s", i ? "; " : "", cands[i], e);
     /* An explicit EBB_SIMDRV_PATH that fails is the answer; do not quietly load another. */
     if (i == 0 && env && *env) return false;
@@ -153,19 +153,19 @@ static bool ebb__try_simdrv(char *err, size_t errlen) {
   return false;
 }
 
-static ebb_status ebb__load_driver(void) {
+static ebb_status load_driver(void) {
   const char *want = getenv("EBB_DRIVER");
   if (!want || !*want) want = "auto";
-  ebb_driver_info *info = &ebb__rt.info;
+  ebb_driver_info *info = &ebb__runtime_state.info;
   char err[1024] = "", err2[1024] = "";
   ebb__bad_setting = false;
   if (strcmp(want, "auto") == 0) {
-    if (ebb__try_driver("libcuda.so.1", EBB_DRIVER_CUDA, err, sizeof err)) {
+    if (try_driver("libcuda.so.1", EBB_DRIVER_CUDA, err, sizeof err)) {
       snprintf(info->reason, sizeof info->reason, "auto: libcuda.so.1 loaded and cuInit found %d device(s)",
                info->device_count);
       return EBB_OK;
     }
-    if (ebb__try_simdrv(err2, sizeof err2)) {
+    if (try_simdrv(err2, sizeof err2)) {
       snprintf(info->reason, sizeof info->reason, "auto: libcuda.so.1 unusable (%.200s); emulated driver", err);
       return EBB_OK;
     }
@@ -173,14 +173,14 @@ static ebb_status ebb__load_driver(void) {
                      err, err2);
   }
   if (strcmp(want, "cuda") == 0) {
-    if (ebb__try_driver("libcuda.so.1", EBB_DRIVER_CUDA, err, sizeof err)) {
+    if (try_driver("libcuda.so.1", EBB_DRIVER_CUDA, err, sizeof err)) {
       snprintf(info->reason, sizeof info->reason, "EBB_DRIVER=cuda");
       return EBB_OK;
     }
     return ebb__fail(EBB_EDRIVER, "ebb_init: EBB_DRIVER=cuda but libcuda.so.1 is unusable: %s", err);
   }
   if (strcmp(want, "sim") == 0) {
-    if (ebb__try_simdrv(err, sizeof err)) {
+    if (try_simdrv(err, sizeof err)) {
       snprintf(info->reason, sizeof info->reason, "EBB_DRIVER=sim");
       return EBB_OK;
     }
@@ -188,7 +188,7 @@ static ebb_status ebb__load_driver(void) {
                      err);
   }
   if (strchr(want, '/') || strstr(want, ".so")) {
-    if (ebb__try_driver(want, EBB_DRIVER_CUSTOM, err, sizeof err)) {
+    if (try_driver(want, EBB_DRIVER_CUSTOM, err, sizeof err)) {
       snprintf(info->reason, sizeof info->reason, "EBB_DRIVER=%.200s", want);
       return EBB_OK;
     }
@@ -197,74 +197,74 @@ static ebb_status ebb__load_driver(void) {
   return ebb__fail(EBB_EINVAL, "ebb_init: EBB_DRIVER='%s' is not understood; expected auto, cuda, sim or a path to a driver library", want);
 }
 
-static void ebb__log_choice(void) {
+static void log_choice(void) {
   if (!ebb__rt_conf.log_info) return;
-  ebb__warn("driver %s (%s), %d device(s): %s", ebb__rt.info.name, ebb__rt.info.path, ebb__rt.info.device_count,
-            ebb__rt.info.reason);
+  ebb__warn("driver %s (%s), %d device(s): %s", ebb__runtime_state.info.name, ebb__runtime_state.info.path, ebb__runtime_state.info.device_count,
+            ebb__runtime_state.info.reason);
 }
 
 /* The runtime's own teardown, after the modules stopped (or never started). Runtime lock held. */
-static void ebb__runtime_down(void) {
+static void runtime_down(void) {
   ebb__trace_fini();
   ebb__kernels_fini();
   ebb__devices_fini();
   ebb__topo_fini();
-  atomic_store_explicit(&ebb__rt.ready, 0, memory_order_release);
+  atomic_store_explicit(&ebb__runtime_state.ready, 0, memory_order_release);
 }
 
 ebb_status ebb_init(void) {
-  ebb__mutex_lock(&ebb__rt.lock);
+  ebb__mutex_lock(&ebb__runtime_state.lock);
   if (ebb__closing) {
-    ebb__mutex_unlock(&ebb__rt.lock);
+    ebb__mutex_unlock(&ebb__runtime_state.lock);
     return ebb__fail(EBB_EBUSY, "ebb_init: the last ebb_shutdown is still running on another thread; retry after it returns");
   }
-  if (ebb__rt.refs > 0) {
-    ebb__rt.refs++;
-    ebb__mutex_unlock(&ebb__rt.lock);
+  if (ebb__runtime_state.refs > 0) {
+    ebb__runtime_state.refs++;
+    ebb__mutex_unlock(&ebb__runtime_state.lock);
     return EBB_OK;
   }
-  memset(&ebb__rt.info, 0, sizeof ebb__rt.info);
+  memset(&ebb__runtime_state.info, 0, sizeof ebb__runtime_state.info);
   /* Every variable of the runtime and of the linked modules, before anything is loaded. */
   ebb_status st = ebb__modules_configure();
-  if (st == EBB_OK) st = ebb__load_driver();
+  if (st == EBB_OK) st = load_driver();
   if (st == EBB_OK) st = ebb__devices_init();
   if (st == EBB_OK) {
     /* ready is needed by the public declare call; published for good below. */
-    atomic_store_explicit(&ebb__rt.ready, 1, memory_order_release);
+    atomic_store_explicit(&ebb__runtime_state.ready, 1, memory_order_release);
     st = ebb__kernels_builtin_init();
     if (st) {
       ebb__kernels_fini();
       ebb__devices_fini();
-      atomic_store_explicit(&ebb__rt.ready, 0, memory_order_release);
+      atomic_store_explicit(&ebb__runtime_state.ready, 0, memory_order_release);
     }
   }
   if (st == EBB_OK) {
     ebb__topo_init();
     ebb__trace_init_from_env();
     /* release: publishes the driver table and the device array to ebb__check_init's acquire. */
-    atomic_store_explicit(&ebb__rt.ready, 1, memory_order_release);
+    atomic_store_explicit(&ebb__runtime_state.ready, 1, memory_order_release);
     /* Modules start lowest layer first, the runtime lock held (a start takes only locks of higher
      * rank); one that fails has stopped them all again. */
     st = ebb__modules_start();
-    if (st) ebb__runtime_down();
+    if (st) runtime_down();
   }
   if (st == EBB_OK) {
-    ebb__rt.refs = 1;
-    ebb__log_choice();
+    ebb__runtime_state.refs = 1;
+    log_choice();
   }
-  ebb__mutex_unlock(&ebb__rt.lock);
+  ebb__mutex_unlock(&ebb__runtime_state.lock);
   return st;
 }
 
 ebb_status ebb_shutdown(void) {
-  ebb__mutex_lock(&ebb__rt.lock);
-  if (ebb__rt.refs == 0) {
-    ebb__mutex_unlock(&ebb__rt.lock);
+  ebb__mutex_lock(&ebb__runtime_state.lock);
+  if (ebb__runtime_state.refs == 0) {
+    ebb__mutex_unlock(&ebb__runtime_state.lock);
     return ebb__fail(EBB_ENOTINIT, "ebb_shutdown: ebb is not initialised (more ebb_shutdown than ebb_init calls)");
   }
-  if (ebb__rt.refs > 1) {
-    ebb__rt.refs--;
-    ebb__mutex_unlock(&ebb__rt.lock);
+  if (ebb__runtime_state.refs > 1) {
+    ebb__runtime_state.refs--;
+    ebb__mutex_unlock(&ebb__runtime_state.lock);
     return EBB_OK;
   }
   /* The last reference: nothing is torn down while a caller still owns a handle, so every
@@ -272,20 +272,20 @@ ebb_status ebb_shutdown(void) {
   char live[384];
   long nlive = ebb__modules_live(live, sizeof live);
   if (nlive > 0) {
-    ebb__mutex_unlock(&ebb__rt.lock);
+    ebb__mutex_unlock(&ebb__runtime_state.lock);
     return ebb__fail(EBB_EBUSY, "ebb_shutdown: %ld object%s still live (%s); release them and call ebb_shutdown again (nothing was torn down)",
                      nlive, nlive == 1 ? " is" : "s are", live);
   }
-  ebb__rt.refs = 0;
+  ebb__runtime_state.refs = 0;
   /* Module stops run without the runtime lock (they call back into ebb) but while `ready` is
    * still 1, highest layer first. */
   ebb__closing = true;
-  ebb__mutex_unlock(&ebb__rt.lock);
+  ebb__mutex_unlock(&ebb__runtime_state.lock);
   ebb__modules_stop();
-  ebb__mutex_lock(&ebb__rt.lock);
+  ebb__mutex_lock(&ebb__runtime_state.lock);
   ebb__closing = false;
-  ebb__runtime_down();
-  ebb__mutex_unlock(&ebb__rt.lock);
+  runtime_down();
+  ebb__mutex_unlock(&ebb__runtime_state.lock);
   return EBB_OK;
 }
 
@@ -293,6 +293,6 @@ ebb_status ebb_driver_get_info(ebb_driver_info *out) {
   ebb_status st = ebb__check_init("ebb_driver_get_info");
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_driver_get_info: out is NULL; expected a struct to fill");
-  *out = ebb__rt.info;
+  *out = ebb__runtime_state.info;
   return EBB_OK;
 }

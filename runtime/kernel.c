@@ -78,7 +78,7 @@ extern const unsigned char ebb__fatbin_runtime[];
 #endif
 
 /* Registry lock held. */
-static ebb_status ebb__image_add_locked(const char *name, const void *image, struct ebb_kernel_image **out) {
+static ebb_status image_add_locked(const char *name, const void *image, struct ebb_kernel_image **out) {
   for (int i = 0; i < ebb__nimages; i++) {
     struct ebb_kernel_image *im = EBB__IMG(i);
     if (strcmp(im->name, name) != 0) continue;
@@ -109,7 +109,7 @@ ebb_status ebb_kernel_add_image(const char *name, const void *image, const ebb_k
                      EBB_IMAGE_NAME_MAX - 1);
   struct ebb_kernel_image *im = NULL;
   ebb__mutex_lock(&ebb__kernels_lock);
-  st = ebb__image_add_locked(name, image, &im);
+  st = image_add_locked(name, image, &im);
   ebb__mutex_unlock(&ebb__kernels_lock);
   if (st) return st;
   *out = im;
@@ -120,7 +120,7 @@ const char *ebb_kernel_image_name(const ebb_kernel_image_t *img) {
   return img && img->magic == EBB_IMAGE_MAGIC ? img->name : "(invalid image)";
 }
 
-static bool ebb__same_str(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
+static bool same_str(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
 
 ebb_status ebb_kernel_declare(const char *name, size_t arg_bytes, ebb_kernel_cpu_fn cpu_fn, const char *cuda_name,
                               const ebb_kernel_t **out) {
@@ -150,7 +150,7 @@ ebb_status ebb_kernel_declare_in(const ebb_kernel_image_t *image, const char *na
   for (int i = 0; i < ebb__nkernels; i++) {
     struct ebb_kernel *k = EBB__KER(i);
     if (strcmp(k->name, name) != 0) continue;
-    bool same = k->arg_bytes == arg_bytes && k->cpu_fn == cpu_fn && ebb__same_str(k->cuda_name, cuda_name) && k->img == img;
+    bool same = k->arg_bytes == arg_bytes && k->cpu_fn == cpu_fn && same_str(k->cuda_name, cuda_name) && k->img == img;
     ebb__mutex_unlock(&ebb__kernels_lock);
     if (!same)
       return ebb__fail(EBB_EINVAL, "ebb_kernel_declare: kernel '%s' was declared before with other parameters (arg_bytes %zu, now %zu; image '%s', now '%s')",
@@ -200,9 +200,9 @@ const char *ebb_kernel_name(const ebb_kernel_t *k) {
 
 /* Slow path of the first launch of `k` on `device`: load the device's module and find the
  * function. Runs under the registry lock. */
-static ebb_status ebb__kernel_resolve(struct ebb_kernel *k, int device, CUfunction *out) {
-  const ebb_drv *d = &ebb__rt.drv;
-  ebb_device *dv = &ebb__rt.dev[device];
+static ebb_status kernel_resolve(struct ebb_kernel *k, int device, CUfunction *out) {
+  const ebb_drv *d = &ebb__runtime_state.drv;
+  ebb_device *dv = &ebb__runtime_state.dev[device];
   const bool cpu = dv->caps.cpu_kernels;
   const char *fname = cpu ? k->name : k->cuda_name;
   if (cpu && !k->cpu_fn)
@@ -210,7 +210,7 @@ static ebb_status ebb__kernel_resolve(struct ebb_kernel *k, int device, CUfuncti
   if (!cpu && !k->cuda_name[0])
     return ebb__fail(EBB_ENOTSUP, "ebb_kernel_launch: kernel '%s' has no CUDA function for GPU device %d", k->name, device);
   if (!d->ModuleLoadData || !d->ModuleGetFunction || !d->LaunchKernel)
-    return ebb__fail(EBB_ENOTSUP, "ebb_kernel_launch: the %s driver cannot load modules or launch kernels", ebb__rt.info.name);
+    return ebb__fail(EBB_ENOTSUP, "ebb_kernel_launch: the %s driver cannot load modules or launch kernels", ebb__runtime_state.info.name);
   struct ebb_kernel_image *img = k->img;
   if (!cpu && !img->image)
     return ebb__fail(EBB_ENOTSUP, "ebb_kernel_launch: kernel '%s': its image '%s' has no CUDA code (built without nvcc, or no .cu kernels yet)", k->name,
@@ -232,7 +232,7 @@ static ebb_status ebb__kernel_resolve(struct ebb_kernel *k, int device, CUfuncti
 }
 
 /* Declared buffers must be memory `device` can reach: its own, pinned host, or a peer's. */
-static ebb_status ebb__launch_check(const struct ebb_kernel *k, int device, const ebb_launch_cfg *cfg) {
+static ebb_status launch_check(const struct ebb_kernel *k, int device, const ebb_launch_cfg *cfg) {
   for (int pass = 0; pass < 2; pass++) {
     const ebb_buf *b = pass ? cfg->writes : cfg->reads;
     int n = pass ? cfg->nwrites : cfg->nreads;
@@ -242,7 +242,7 @@ static ebb_status ebb__launch_check(const struct ebb_kernel *k, int device, cons
       ebb_ptr_info pi;
       ebb_status st = ebb__drv_ptr_info(b[i].ptr, &pi);
       if (st) return st;
-      bool ok = pi.type == EBB_MEMTYPE_PINNED || (pi.type == EBB_MEMTYPE_DEVICE && (pi.device == device || ebb__rt.dev[device].caps.peer));
+      bool ok = pi.type == EBB_MEMTYPE_PINNED || (pi.type == EBB_MEMTYPE_DEVICE && (pi.device == device || ebb__runtime_state.dev[device].caps.peer));
       if (!ok)
         return ebb__fail(EBB_EDEVICE, "ebb_kernel_launch: kernel '%s' on device %d %s buffer %d at %p (%zu bytes), which is %s", k->name, device,
                          pass ? "writes" : "reads", i, b[i].ptr, b[i].bytes,
@@ -268,7 +268,7 @@ ebb_status ebb_kernel_launch(const ebb_kernel_t *kc, int device, struct CUstream
     ebb__mutex_lock(&ebb__kernels_lock);
     f = atomic_load_explicit(&k->fn[device], memory_order_relaxed);
     if (!f) {
-      st = ebb__kernel_resolve(k, device, &f);
+      st = kernel_resolve(k, device, &f);
       if (st == EBB_OK) atomic_store_explicit(&k->fn[device], f, memory_order_release);
     }
     ebb__mutex_unlock(&ebb__kernels_lock);
@@ -283,7 +283,7 @@ ebb_status ebb_kernel_launch(const ebb_kernel_t *kc, int device, struct CUstream
     }
     shm = cfg->shared_bytes;
     if (check) {
-      st = ebb__launch_check(k, device, cfg);
+      st = launch_check(k, device, cfg);
       if (st) return st;
     }
   }
@@ -291,7 +291,7 @@ ebb_status ebb_kernel_launch(const ebb_kernel_t *kc, int device, struct CUstream
   if (st) return st;
   uint64_t t0 = EBB_TRACE_ON() ? ebb__now_ns() : 0;
   void *params[1] = {(void *)(uintptr_t)args};
-  CUresult r = ebb__rt.drv.LaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], shm, stream, params, NULL);
+  CUresult r = ebb__runtime_state.drv.LaunchKernel(f, g[0], g[1], g[2], b[0], b[1], b[2], shm, stream, params, NULL);
   if (EBB_UNLIKELY(r != CUDA_SUCCESS)) return ebb__cu_fail(r, "ebb_kernel_launch", "cuLaunchKernel");
   if (EBB_TRACE_ON()) ebb_trace_span_add(k->name, device, (uint64_t)(uintptr_t)stream, t0, ebb__now_ns());
   return EBB_OK;
@@ -301,7 +301,7 @@ ebb_status ebb_kernel_launch(const ebb_kernel_t *kc, int device, struct CUstream
 ebb_status ebb__kernels_add_runtime_image(void) {
   struct ebb_kernel_image *im = NULL;
   ebb__mutex_lock(&ebb__kernels_lock);
-  ebb_status st = ebb__image_add_locked("ebb.runtime", EBB_RUNTIME_IMAGE, &im);
+  ebb_status st = image_add_locked("ebb.runtime", EBB_RUNTIME_IMAGE, &im);
   ebb__mutex_unlock(&ebb__kernels_lock);
   return st;
 }
@@ -310,10 +310,10 @@ void ebb__kernels_fini(void) {
   ebb__mutex_lock(&ebb__kernels_lock);
   for (int i = 0; i < ebb__nimages; i++) {
     struct ebb_kernel_image *im = EBB__IMG(i);
-    for (int d = 0; d < ebb__rt.ndev; d++) {
-      ebb_device *dv = &ebb__rt.dev[d];
-      if (im->module[d] && ebb__rt.drv.ModuleUnload && ebb__rt.drv.CtxSetCurrent(dv->ctx) == CUDA_SUCCESS)
-        ebb__rt.drv.ModuleUnload(im->module[d]);
+    for (int d = 0; d < ebb__runtime_state.ndev; d++) {
+      ebb_device *dv = &ebb__runtime_state.dev[d];
+      if (im->module[d] && ebb__runtime_state.drv.ModuleUnload && ebb__runtime_state.drv.CtxSetCurrent(dv->ctx) == CUDA_SUCCESS)
+        ebb__runtime_state.drv.ModuleUnload(im->module[d]);
       im->module[d] = NULL;
     }
     im->magic = 0;

@@ -6,9 +6,9 @@
  */
 #include "runtime_impl.h"
 
-static void ebb__noop_cpu(void *args) { (void)args; }
+static void noop_cpu(void *args) { (void)args; }
 
-static void ebb__fill_u32_cpu(void *args) {
+static void fill_u32_cpu(void *args) {
   const ebb_fill_u32_args *a = args;
   for (uint64_t i = 0; i < a->n; i++) a->dst[i] = a->value;
 }
@@ -16,7 +16,7 @@ static void ebb__fill_u32_cpu(void *args) {
 ebb_status ebb__kernels_builtin_init(void) {
   ebb_status st = ebb__kernels_add_runtime_image();
   const ebb_kernel_t *k = NULL;
-  if (st == EBB_OK) st = ebb_kernel_declare("ebb.noop", sizeof(ebb_noop_args), ebb__noop_cpu, "ebb_noop", &k);
-  if (st == EBB_OK) st = ebb_kernel_declare("ebb.fill_u32", sizeof(ebb_fill_u32_args), ebb__fill_u32_cpu, "ebb_fill_u32", &k);
+  if (st == EBB_OK) st = ebb_kernel_declare("ebb.noop", sizeof(ebb_noop_args), noop_cpu, "ebb_noop", &k);
+  if (st == EBB_OK) st = ebb_kernel_declare("ebb.fill_u32", sizeof(ebb_fill_u32_args), fill_u32_cpu, "ebb_fill_u32", &k);
   return st;
 }

@@ -25,13 +25,13 @@ ebb_rt_conf ebb__rt_conf;
 
 /* ---- the runtime's own variables ------------------------------------------------------------ */
 
-static bool ebb__check_driver(const char *v, char *expected, size_t len) {
+static bool check_driver(const char *v, char *expected, size_t len) {
   if (!v || !strcmp(v, "auto") || !strcmp(v, "cuda") || !strcmp(v, "sim") || strchr(v, '/') || strstr(v, ".so")) return true;
   snprintf(expected, len, "auto, cuda, sim or a path to a driver library");
   return false;
 }
 
-static bool ebb__check_log(const char *v, char *expected, size_t len) {
+static bool check_log(const char *v, char *expected, size_t len) {
   ebb__rt_conf.log_info = v && !strcmp(v, "info");
   if (!v || !strcmp(v, "info") || !strcmp(v, "warn")) return true;
   snprintf(expected, len, "warn (the default) or info (also say which driver was chosen)");
@@ -40,7 +40,7 @@ static bool ebb__check_log(const char *v, char *expected, size_t len) {
 
 #define EBB__TRACE_CAP_MAX ((unsigned long long)1 << 30)
 
-static bool ebb__check_trace(const char *v, char *expected, size_t len) {
+static bool check_trace(const char *v, char *expected, size_t len) {
   ebb__rt_conf.trace_cap = 0;
   if (!v) return true;
   char *end = NULL;
@@ -56,7 +56,7 @@ static bool ebb__check_trace(const char *v, char *expected, size_t len) {
 
 /* The file is written at the last ebb_shutdown; a path that cannot be written then would lose
  * the whole trace, so the directory is checked now. */
-static bool ebb__check_trace_file(const char *v, char *expected, size_t len) {
+static bool check_trace_file(const char *v, char *expected, size_t len) {
   ebb__rt_conf.trace_file[0] = '\0';
   if (!v) return true;
   char dir[sizeof ebb__rt_conf.trace_file];
@@ -75,7 +75,7 @@ static bool ebb__check_trace_file(const char *v, char *expected, size_t len) {
   return false;
 }
 
-static bool ebb__check_launch_var(const char *v, char *expected, size_t len) {
+static bool check_launch_var(const char *v, char *expected, size_t len) {
   ebb__rt_conf.check_launch = v && !strcmp(v, "1");
   if (!v || !strcmp(v, "0") || !strcmp(v, "1")) return true;
   snprintf(expected, len, "0 or 1");
@@ -83,14 +83,14 @@ static bool ebb__check_launch_var(const char *v, char *expected, size_t len) {
 }
 
 static const ebb__config_var ebb__rt_vars[] = {
-  {"EBB_DRIVER", ebb__check_driver},
-  {"EBB_LOG", ebb__check_log},
-  {"EBB_TRACE", ebb__check_trace},
-  {"EBB_TRACE_FILE", ebb__check_trace_file},
-  {"EBB_CHECK_LAUNCH", ebb__check_launch_var},
+  {"EBB_DRIVER", check_driver},
+  {"EBB_LOG", check_log},
+  {"EBB_TRACE", check_trace},
+  {"EBB_TRACE_FILE", check_trace_file},
+  {"EBB_CHECK_LAUNCH", check_launch_var},
 };
 
-static ebb_status ebb__check_vars(const ebb__config_var *vars, int n) {
+static ebb_status check_vars(const ebb__config_var *vars, int n) {
   for (int i = 0; i < n; i++) {
     const char *v = getenv(vars[i].name);
     if (v && !*v) v = NULL;
@@ -107,7 +107,7 @@ static ebb_status ebb__check_vars(const ebb__config_var *vars, int n) {
 #define EBB__MODULES_MAX 16
 
 /* The linked modules ordered by layer (lowest first); stable for equal layers. */
-static int ebb__modules_sorted(const ebb__module_desc **out) {
+static int modules_sorted(const ebb__module_desc **out) {
   int n = 0;
   for (const ebb__module_desc *const *m = ebb__module_table; *m && n < EBB__MODULES_MAX; m++) {
     int i = n++;
@@ -122,22 +122,22 @@ static int ebb__modules_sorted(const ebb__module_desc **out) {
 
 ebb_status ebb__modules_configure(void) {
   memset(&ebb__rt_conf, 0, sizeof ebb__rt_conf);
-  ebb_status st = ebb__check_vars(ebb__rt_vars, (int)EBB_ARRAY_LEN(ebb__rt_vars));
+  ebb_status st = check_vars(ebb__rt_vars, (int)EBB_ARRAY_LEN(ebb__rt_vars));
   const ebb__module_desc *mods[EBB__MODULES_MAX];
-  int n = ebb__modules_sorted(mods);
-  for (int i = 0; i < n && !st; i++) st = ebb__check_vars(mods[i]->vars, mods[i]->nvars);
+  int n = modules_sorted(mods);
+  for (int i = 0; i < n && !st; i++) st = check_vars(mods[i]->vars, mods[i]->nvars);
   return st;
 }
 
 void ebb__modules_stop(void) {
   const ebb__module_desc *mods[EBB__MODULES_MAX];
-  for (int i = ebb__modules_sorted(mods) - 1; i >= 0; i--)
+  for (int i = modules_sorted(mods) - 1; i >= 0; i--)
     if (mods[i]->stop) mods[i]->stop();
 }
 
 ebb_status ebb__modules_start(void) {
   const ebb__module_desc *mods[EBB__MODULES_MAX];
-  int n = ebb__modules_sorted(mods);
+  int n = modules_sorted(mods);
   for (int i = 0; i < n; i++) {
     ebb_status st = mods[i]->start ? mods[i]->start() : EBB_OK;
     if (st) {
@@ -153,7 +153,7 @@ ebb_status ebb__modules_start(void) {
 
 long ebb__modules_live(char *msg, size_t len) {
   const ebb__module_desc *mods[EBB__MODULES_MAX];
-  int n = ebb__modules_sorted(mods);
+  int n = modules_sorted(mods);
   long total = 0;
   size_t used = 0;
   msg[0] = '\0';

@@ -4,7 +4,7 @@
  * dlsym from libcuda.so.1 or libebb_simdrv.so by the versioned names in EBB_DRV_ENTRIES
  * (common/ebb_cuda.h). Optional entries may be NULL, meaning "unsupported": the wrappers in
  * seam.c answer EBB_ENOTSUP for them. The table is written during ebb_init under the runtime
- * lock and read without locks afterwards (ebb_init's release store of `ebb__rt.ready` publishes
+ * lock and read without locks afterwards (ebb_init's release store of `ebb__runtime_state.ready` publishes
  * it; see driver.c).
  */
 #ifndef EBB_RUNTIME_IMPL_H
@@ -104,7 +104,7 @@ typedef struct ebb_runtime {
   ebb_device dev[EBB_MAX_DEVICES];
 } ebb_runtime;
 
-EBB_HIDDEN extern ebb_runtime ebb__rt;
+EBB_HIDDEN extern ebb_runtime ebb__runtime_state;
 
 /* EBB_ENOTINIT with a message naming `fn` unless ebb is initialised. */
 EBB_HIDDEN ebb_status ebb__check_init(const char *fn);
@@ -119,7 +119,7 @@ EBB_HIDDEN ebb_status ebb__dev_activate(const char *fn, int device);
 EBB_HIDDEN ebb_status ebb__dev_live_slow(const char *fn, int device);
 static inline ebb_status ebb__dev_live(const char *fn, int device) {
   /* relaxed: a hint; the slow path reads the device's state with acquire */
-  if (EBB_LIKELY(!atomic_load_explicit(&ebb__rt.any_failed, memory_order_relaxed))) return EBB_OK;
+  if (EBB_LIKELY(!atomic_load_explicit(&ebb__runtime_state.any_failed, memory_order_relaxed))) return EBB_OK;
   return ebb__dev_live_slow(fn, device);
 }
 EBB_HIDDEN ebb_status ebb__check_dev_live(const char *fn, int device);

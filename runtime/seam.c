@@ -15,8 +15,8 @@
   do {                                                                                             \
     ebb_status st_ = ebb__check_init(fn);                                                          \
     if (st_) return st_;                                                                           \
-    if (EBB_UNLIKELY(!ebb__rt.drv.field))                                                          \
-      return ebb__fail(EBB_ENOTSUP, "%s: the %s driver does not provide cu%s", fn, ebb__rt.info.name, #field); \
+    if (EBB_UNLIKELY(!ebb__runtime_state.drv.field))                                                          \
+      return ebb__fail(EBB_ENOTSUP, "%s: the %s driver does not provide cu%s", fn, ebb__runtime_state.info.name, #field); \
   } while (0)
 
 #define EBB_SEAM_CALL(fn, call, expr)                        \
@@ -32,16 +32,16 @@
 
 /* Calls on a stream or event need some context current on the calling thread; the thread's
  * current device's primary context serves (the driver uses the stream's own context). */
-static ebb_status ebb__ensure_ctx(const char *fn) {
+static ebb_status ensure_ctx(const char *fn) {
   int dev = 0;
   ebb_dev_get_current(&dev);
   return ebb__dev_activate(fn, dev);
 }
 
-/* ebb__ensure_ctx for calls that give work or wait for it: refused at once while the current
+/* ensure_ctx for calls that give work or wait for it: refused at once while the current
  * device is in its error state (a driver keeps a sticky error in the context the thread has
- * current when it meets it). Teardown (destroy, free, unregister) uses ebb__ensure_ctx. */
-static ebb_status ebb__ensure_ctx_live(const char *fn) {
+ * current when it meets it). Teardown (destroy, free, unregister) uses ensure_ctx. */
+static ebb_status ensure_ctx_live(const char *fn) {
   int dev = 0;
   ebb_dev_get_current(&dev);
   ebb_status st = ebb__dev_live(fn, dev);
@@ -51,10 +51,10 @@ static ebb_status ebb__ensure_ctx_live(const char *fn) {
 ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
   EBB_SEAM_ENTRY("ebb__drv_ptr_info", PointerGetAttribute);
   EBB_SEAM_NONNULL("ebb__drv_ptr_info", out, "a struct to fill");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_ptr_info");
+  ebb_status st = ensure_ctx_live("ebb__drv_ptr_info");
   if (st) return st;
   unsigned int type = 0;
-  CUresult r = ebb__rt.drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)ptr);
+  CUresult r = ebb__runtime_state.drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)ptr);
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_MAPPED_AS_POINTER) {
     /* The driver does not know the address: ordinary (pageable) host memory. */
     out->type = EBB_MEMTYPE_PAGEABLE;
@@ -65,7 +65,7 @@ ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
   int ord = -1;
   if (type == CU_MEMORYTYPE_DEVICE) {
     EBB_SEAM_CALL("ebb__drv_ptr_info", "cuPointerGetAttribute(DEVICE_ORDINAL)",
-                  ebb__rt.drv.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)(uintptr_t)ptr));
+                  ebb__runtime_state.drv.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)(uintptr_t)ptr));
     out->type = EBB_MEMTYPE_DEVICE;
     out->device = ord;
   } else {
@@ -85,7 +85,7 @@ ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st *
   if (st) return st;
   CUstream s = NULL;
   EBB_SEAM_CALL("ebb__drv_stream_create", "cuStreamCreateWithPriority",
-                ebb__rt.drv.StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, priority));
+                ebb__runtime_state.drv.StreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, priority));
   *out = s;
   return EBB_OK;
 }
@@ -93,18 +93,18 @@ ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st *
 ebb_status ebb__drv_stream_destroy(struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_stream_destroy", StreamDestroy);
   EBB_SEAM_NONNULL("ebb__drv_stream_destroy", s, "a driver stream (the legacy NULL stream is never destroyed)");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_stream_destroy");
+  ebb_status st = ensure_ctx("ebb__drv_stream_destroy");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_stream_destroy", "cuStreamDestroy", ebb__rt.drv.StreamDestroy(s));
+  EBB_SEAM_CALL("ebb__drv_stream_destroy", "cuStreamDestroy", ebb__runtime_state.drv.StreamDestroy(s));
   return EBB_OK;
 }
 
 ebb_status ebb__drv_stream_synchronize(struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_stream_synchronize", StreamSynchronize);
   EBB_SEAM_NONNULL("ebb__drv_stream_synchronize", s, "a driver stream");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_stream_synchronize");
+  ebb_status st = ensure_ctx_live("ebb__drv_stream_synchronize");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_stream_synchronize", "cuStreamSynchronize", ebb__rt.drv.StreamSynchronize(s));
+  EBB_SEAM_CALL("ebb__drv_stream_synchronize", "cuStreamSynchronize", ebb__runtime_state.drv.StreamSynchronize(s));
   return EBB_OK;
 }
 
@@ -112,9 +112,9 @@ ebb_status ebb__drv_stream_query(struct CUstream_st *s, bool *idle) {
   EBB_SEAM_ENTRY("ebb__drv_stream_query", StreamQuery);
   EBB_SEAM_NONNULL("ebb__drv_stream_query", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_stream_query", idle, "a bool to fill");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_stream_query");
+  ebb_status st = ensure_ctx_live("ebb__drv_stream_query");
   if (st) return st;
-  CUresult r = ebb__rt.drv.StreamQuery(s);
+  CUresult r = ebb__runtime_state.drv.StreamQuery(s);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_stream_query", "cuStreamQuery");
   *idle = r == CUDA_SUCCESS;
   return EBB_OK;
@@ -124,9 +124,9 @@ ebb_status ebb__drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *
   EBB_SEAM_ENTRY("ebb__drv_stream_wait_event", StreamWaitEvent);
   EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_stream_wait_event");
+  ebb_status st = ensure_ctx_live("ebb__drv_stream_wait_event");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_stream_wait_event", "cuStreamWaitEvent", ebb__rt.drv.StreamWaitEvent(s, e, 0));
+  EBB_SEAM_CALL("ebb__drv_stream_wait_event", "cuStreamWaitEvent", ebb__runtime_state.drv.StreamWaitEvent(s, e, 0));
   return EBB_OK;
 }
 
@@ -134,9 +134,9 @@ ebb_status ebb__drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void
   EBB_SEAM_ENTRY("ebb__drv_launch_host_func", LaunchHostFunc);
   EBB_SEAM_NONNULL("ebb__drv_launch_host_func", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_launch_host_func", fn, "a function to run");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_launch_host_func");
+  ebb_status st = ensure_ctx_live("ebb__drv_launch_host_func");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_launch_host_func", "cuLaunchHostFunc", ebb__rt.drv.LaunchHostFunc(s, fn, user));
+  EBB_SEAM_CALL("ebb__drv_launch_host_func", "cuLaunchHostFunc", ebb__runtime_state.drv.LaunchHostFunc(s, fn, user));
   return EBB_OK;
 }
 
@@ -150,7 +150,7 @@ ebb_status ebb__drv_event_create(int device, bool timing, struct CUevent_st **ou
   if (st) return st;
   CUevent e = NULL;
   EBB_SEAM_CALL("ebb__drv_event_create", "cuEventCreate",
-                ebb__rt.drv.EventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING));
+                ebb__runtime_state.drv.EventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING));
   *out = e;
   return EBB_OK;
 }
@@ -158,9 +158,9 @@ ebb_status ebb__drv_event_create(int device, bool timing, struct CUevent_st **ou
 ebb_status ebb__drv_event_destroy(struct CUevent_st *e) {
   EBB_SEAM_ENTRY("ebb__drv_event_destroy", EventDestroy);
   EBB_SEAM_NONNULL("ebb__drv_event_destroy", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_event_destroy");
+  ebb_status st = ensure_ctx("ebb__drv_event_destroy");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_event_destroy", "cuEventDestroy", ebb__rt.drv.EventDestroy(e));
+  EBB_SEAM_CALL("ebb__drv_event_destroy", "cuEventDestroy", ebb__runtime_state.drv.EventDestroy(e));
   return EBB_OK;
 }
 
@@ -168,9 +168,9 @@ ebb_status ebb__drv_event_record(struct CUevent_st *e, struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_event_record", EventRecord);
   EBB_SEAM_NONNULL("ebb__drv_event_record", e, "a driver event");
   EBB_SEAM_NONNULL("ebb__drv_event_record", s, "a driver stream");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_record");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_record");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_event_record", "cuEventRecord", ebb__rt.drv.EventRecord(e, s));
+  EBB_SEAM_CALL("ebb__drv_event_record", "cuEventRecord", ebb__runtime_state.drv.EventRecord(e, s));
   return EBB_OK;
 }
 
@@ -178,9 +178,9 @@ ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done) {
   EBB_SEAM_ENTRY("ebb__drv_event_query", EventQuery);
   EBB_SEAM_NONNULL("ebb__drv_event_query", e, "a driver event");
   EBB_SEAM_NONNULL("ebb__drv_event_query", done, "a bool to fill");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_query");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_query");
   if (st) return st;
-  CUresult r = ebb__rt.drv.EventQuery(e);
+  CUresult r = ebb__runtime_state.drv.EventQuery(e);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_event_query", "cuEventQuery");
   *done = r == CUDA_SUCCESS;
   return EBB_OK;
@@ -189,9 +189,9 @@ ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done) {
 ebb_status ebb__drv_event_synchronize(struct CUevent_st *e) {
   EBB_SEAM_ENTRY("ebb__drv_event_synchronize", EventSynchronize);
   EBB_SEAM_NONNULL("ebb__drv_event_synchronize", e, "a driver event");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_synchronize");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_synchronize");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_event_synchronize", "cuEventSynchronize", ebb__rt.drv.EventSynchronize(e));
+  EBB_SEAM_CALL("ebb__drv_event_synchronize", "cuEventSynchronize", ebb__runtime_state.drv.EventSynchronize(e));
   return EBB_OK;
 }
 
@@ -200,10 +200,10 @@ ebb_status ebb__drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *e
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", start, "a recorded timing event");
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", end, "a recorded timing event");
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", ms, "a float to fill");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_event_elapsed");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_elapsed");
   if (st) return st;
   float v = 0;
-  EBB_SEAM_CALL("ebb__drv_event_elapsed", "cuEventElapsedTime", ebb__rt.drv.EventElapsedTime(&v, start, end));
+  EBB_SEAM_CALL("ebb__drv_event_elapsed", "cuEventElapsedTime", ebb__runtime_state.drv.EventElapsedTime(&v, start, end));
   *ms = v;
   return EBB_OK;
 }
@@ -218,7 +218,7 @@ ebb_status ebb__drv_mem_alloc(int device, size_t bytes, uint64_t *dptr) {
   st = ebb__dev_activate("ebb__drv_mem_alloc", device);
   if (st) return st;
   CUdeviceptr p = 0;
-  CUresult r = ebb__rt.drv.MemAlloc(&p, bytes);
+  CUresult r = ebb__runtime_state.drv.MemAlloc(&p, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
     return ebb__fail(EBB_ENOMEM, "ebb__drv_mem_alloc: device %d is out of memory for %zu bytes (cuMemAlloc)", device, bytes);
   if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb__drv_mem_alloc", "cuMemAlloc");
@@ -232,7 +232,7 @@ ebb_status ebb__drv_mem_free(int device, uint64_t dptr) {
   if (!dptr) return EBB_OK; /* free(NULL), as cuMemFree(0) and ebb_arena_free */
   st = ebb__dev_activate("ebb__drv_mem_free", device);
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_mem_free", "cuMemFree", ebb__rt.drv.MemFree((CUdeviceptr)dptr));
+  EBB_SEAM_CALL("ebb__drv_mem_free", "cuMemFree", ebb__runtime_state.drv.MemFree((CUdeviceptr)dptr));
   return EBB_OK;
 }
 
@@ -245,7 +245,7 @@ ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out) {
   st = ebb__dev_activate("ebb__drv_pinned_alloc", device);
   if (st) return st;
   void *p = NULL;
-  CUresult r = ebb__rt.drv.MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
+  CUresult r = ebb__runtime_state.drv.MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
     return ebb__fail(EBB_ENOMEM, "ebb__drv_pinned_alloc: no pinned host memory for %zu bytes (cuMemHostAlloc)", bytes);
   if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb__drv_pinned_alloc", "cuMemHostAlloc");
@@ -256,9 +256,9 @@ ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out) {
 ebb_status ebb__drv_pinned_free(void *p) {
   EBB_SEAM_ENTRY("ebb__drv_pinned_free", MemFreeHost);
   if (!p) return EBB_OK; /* free(NULL), as cuMemFreeHost(NULL) and ebb_pinned_free */
-  ebb_status st = ebb__ensure_ctx("ebb__drv_pinned_free");
+  ebb_status st = ensure_ctx("ebb__drv_pinned_free");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_pinned_free", "cuMemFreeHost", ebb__rt.drv.MemFreeHost(p));
+  EBB_SEAM_CALL("ebb__drv_pinned_free", "cuMemFreeHost", ebb__runtime_state.drv.MemFreeHost(p));
   return EBB_OK;
 }
 
@@ -266,19 +266,19 @@ ebb_status ebb__drv_host_register(void *p, size_t bytes) {
   EBB_SEAM_ENTRY("ebb__drv_host_register", MemHostRegister);
   EBB_SEAM_NONNULL("ebb__drv_host_register", p, "host memory to register");
   if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_host_register: 0 bytes; expected at least 1");
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_host_register");
+  ebb_status st = ensure_ctx_live("ebb__drv_host_register");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_host_register", "cuMemHostRegister",
-                ebb__rt.drv.MemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE));
+                ebb__runtime_state.drv.MemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE));
   return EBB_OK;
 }
 
 ebb_status ebb__drv_host_unregister(void *p) {
   EBB_SEAM_ENTRY("ebb__drv_host_unregister", MemHostUnregister);
   EBB_SEAM_NONNULL("ebb__drv_host_unregister", p, "a registered host pointer");
-  ebb_status st = ebb__ensure_ctx("ebb__drv_host_unregister");
+  ebb_status st = ensure_ctx("ebb__drv_host_unregister");
   if (st) return st;
-  EBB_SEAM_CALL("ebb__drv_host_unregister", "cuMemHostUnregister", ebb__rt.drv.MemHostUnregister(p));
+  EBB_SEAM_CALL("ebb__drv_host_unregister", "cuMemHostUnregister", ebb__runtime_state.drv.MemHostUnregister(p));
   return EBB_OK;
 }
 
@@ -288,10 +288,10 @@ ebb_status ebb__drv_memcpy_async(void *dst, const void *src, size_t bytes, struc
   EBB_SEAM_NONNULL("ebb__drv_memcpy_async", src, "a source pointer");
   EBB_SEAM_NONNULL("ebb__drv_memcpy_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_memcpy_async");
+  ebb_status st = ensure_ctx_live("ebb__drv_memcpy_async");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_memcpy_async", "cuMemcpyAsync",
-                ebb__rt.drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, s));
+                ebb__runtime_state.drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, s));
   return EBB_OK;
 }
 
@@ -300,16 +300,16 @@ ebb_status ebb__drv_memset_async(void *dst, unsigned char value, size_t bytes, s
   EBB_SEAM_NONNULL("ebb__drv_memset_async", dst, "device memory");
   EBB_SEAM_NONNULL("ebb__drv_memset_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ebb__ensure_ctx_live("ebb__drv_memset_async");
+  ebb_status st = ensure_ctx_live("ebb__drv_memset_async");
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_memset_async", "cuMemsetD8Async",
-                ebb__rt.drv.MemsetD8Async((CUdeviceptr)(uintptr_t)dst, value, bytes, s));
+                ebb__runtime_state.drv.MemsetD8Async((CUdeviceptr)(uintptr_t)dst, value, bytes, s));
   return EBB_OK;
 }
 
 /* ---- VMM ---- */
 
-static void ebb__vmm_prop(int device, CUmemAllocationProp *prop) {
+static void vmm_prop(int device, CUmemAllocationProp *prop) {
   memset(prop, 0, sizeof *prop);
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -322,10 +322,10 @@ ebb_status ebb__drv_vmm_granularity(int device, size_t *granularity) {
   EBB_SEAM_ENTRY("ebb__drv_vmm_granularity", MemGetAllocationGranularity);
   EBB_SEAM_NONNULL("ebb__drv_vmm_granularity", granularity, "a size_t to fill");
   CUmemAllocationProp prop;
-  ebb__vmm_prop(device, &prop);
+  vmm_prop(device, &prop);
   size_t g = 0;
   EBB_SEAM_CALL("ebb__drv_vmm_granularity", "cuMemGetAllocationGranularity",
-                ebb__rt.drv.MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+                ebb__runtime_state.drv.MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   *granularity = g;
   return EBB_OK;
 }
@@ -338,7 +338,7 @@ ebb_status ebb__drv_vmm_reserve(int device, size_t bytes, uint64_t *va) {
   st = ebb__dev_activate("ebb__drv_vmm_reserve", device);
   if (st) return st;
   CUdeviceptr p = 0;
-  EBB_SEAM_CALL("ebb__drv_vmm_reserve", "cuMemAddressReserve", ebb__rt.drv.MemAddressReserve(&p, bytes, 0, 0, 0));
+  EBB_SEAM_CALL("ebb__drv_vmm_reserve", "cuMemAddressReserve", ebb__runtime_state.drv.MemAddressReserve(&p, bytes, 0, 0, 0));
   *va = (uint64_t)p;
   return EBB_OK;
 }
@@ -346,7 +346,7 @@ ebb_status ebb__drv_vmm_reserve(int device, size_t bytes, uint64_t *va) {
 ebb_status ebb__drv_vmm_free(uint64_t va, size_t bytes) {
   EBB_SEAM_ENTRY("ebb__drv_vmm_free", MemAddressFree);
   if (!va) return ebb__fail(EBB_EINVAL, "ebb__drv_vmm_free: address is 0; expected a reservation");
-  EBB_SEAM_CALL("ebb__drv_vmm_free", "cuMemAddressFree", ebb__rt.drv.MemAddressFree((CUdeviceptr)va, bytes));
+  EBB_SEAM_CALL("ebb__drv_vmm_free", "cuMemAddressFree", ebb__runtime_state.drv.MemAddressFree((CUdeviceptr)va, bytes));
   return EBB_OK;
 }
 
@@ -358,9 +358,9 @@ ebb_status ebb__drv_vmm_create(int device, size_t bytes, uint64_t *handle) {
   st = ebb__dev_activate("ebb__drv_vmm_create", device);
   if (st) return st;
   CUmemAllocationProp prop;
-  ebb__vmm_prop(device, &prop);
+  vmm_prop(device, &prop);
   CUmemGenericAllocationHandle h = 0;
-  CUresult r = ebb__rt.drv.MemCreate(&h, bytes, &prop, 0);
+  CUresult r = ebb__runtime_state.drv.MemCreate(&h, bytes, &prop, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
     return ebb__fail(EBB_ENOMEM, "ebb__drv_vmm_create: device %d is out of memory for %zu bytes (cuMemCreate)", device, bytes);
   if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb__drv_vmm_create", "cuMemCreate");
@@ -370,7 +370,7 @@ ebb_status ebb__drv_vmm_create(int device, size_t bytes, uint64_t *handle) {
 
 ebb_status ebb__drv_vmm_release(uint64_t handle) {
   EBB_SEAM_ENTRY("ebb__drv_vmm_release", MemRelease);
-  EBB_SEAM_CALL("ebb__drv_vmm_release", "cuMemRelease", ebb__rt.drv.MemRelease((CUmemGenericAllocationHandle)handle));
+  EBB_SEAM_CALL("ebb__drv_vmm_release", "cuMemRelease", ebb__runtime_state.drv.MemRelease((CUmemGenericAllocationHandle)handle));
   return EBB_OK;
 }
 
@@ -378,15 +378,15 @@ ebb_status ebb__drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int devi
   ebb_status st = ebb__check_dev_live("ebb__drv_vmm_map", device);
   if (st) return st;
   EBB_SEAM_ENTRY("ebb__drv_vmm_map", MemMap);
-  EBB_SEAM_CALL("ebb__drv_vmm_map", "cuMemMap", ebb__rt.drv.MemMap((CUdeviceptr)va, bytes, 0, (CUmemGenericAllocationHandle)handle, 0));
+  EBB_SEAM_CALL("ebb__drv_vmm_map", "cuMemMap", ebb__runtime_state.drv.MemMap((CUdeviceptr)va, bytes, 0, (CUmemGenericAllocationHandle)handle, 0));
   CUmemAccessDesc acc;
   memset(&acc, 0, sizeof acc);
   acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   acc.location.id = device;
   acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CUresult r = ebb__rt.drv.MemSetAccess((CUdeviceptr)va, bytes, &acc, 1);
+  CUresult r = ebb__runtime_state.drv.MemSetAccess((CUdeviceptr)va, bytes, &acc, 1);
   if (r != CUDA_SUCCESS) {
-    ebb__rt.drv.MemUnmap((CUdeviceptr)va, bytes); /* leave the range as it was before the call */
+    ebb__runtime_state.drv.MemUnmap((CUdeviceptr)va, bytes); /* leave the range as it was before the call */
     return ebb__cu_fail(r, "ebb__drv_vmm_map", "cuMemSetAccess");
   }
   return EBB_OK;
@@ -394,7 +394,7 @@ ebb_status ebb__drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int devi
 
 ebb_status ebb__drv_vmm_unmap(uint64_t va, size_t bytes) {
   EBB_SEAM_ENTRY("ebb__drv_vmm_unmap", MemUnmap);
-  EBB_SEAM_CALL("ebb__drv_vmm_unmap", "cuMemUnmap", ebb__rt.drv.MemUnmap((CUdeviceptr)va, bytes));
+  EBB_SEAM_CALL("ebb__drv_vmm_unmap", "cuMemUnmap", ebb__runtime_state.drv.MemUnmap((CUdeviceptr)va, bytes));
   return EBB_OK;
 }
 

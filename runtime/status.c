@@ -247,12 +247,12 @@ ebb_status ebb__cu_fail(CUresult r, const char *fn, const char *call) {
   /* A sticky error: the device goes into its error state, and the message says so (naming the
    * error and the call that met it first) from this call on. Not while ebb_init has no device
    * table yet: then the init's own failure is the answer. */
-  if (ebb__cu_sticky(r) && ebb__rt.ndev > 0) return ebb__dev_live_slow(fn, ebb__dev_mark_failed(r, call));
+  if (ebb__cu_sticky(r) && ebb__runtime_state.ndev > 0) return ebb__dev_live_slow(fn, ebb__dev_mark_failed(r, call));
   const char *name = NULL, *text = NULL;
-  if (ebb__rt.drv.GetErrorName && ebb__rt.drv.GetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
+  if (ebb__runtime_state.drv.GetErrorName && ebb__runtime_state.drv.GetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
   if (!name) name = ebb__cu_name(r);
-  if (ebb__rt.drv.GetErrorString) ebb__rt.drv.GetErrorString(r, &text);
+  if (ebb__runtime_state.drv.GetErrorString) ebb__runtime_state.drv.GetErrorString(r, &text);
   return ebb__fail(ebb__cu_status(r), "%s: %s failed on the %s driver: %s (%d: %s)", fn, call,
-                   ebb__rt.drv.name ? ebb__rt.drv.name : "unloaded", name ? name : "CUDA_ERROR_?", (int)r,
+                   ebb__runtime_state.drv.name ? ebb__runtime_state.drv.name : "unloaded", name ? name : "CUDA_ERROR_?", (int)r,
                    text ? text : "no description");
 }

@@ -70,7 +70,7 @@ void ebb__lock_init(ebb_lock *l, const char *name, int rank) {
   l->rank = rank;
 }
 
-static void ebb__futex_wait(_Atomic uint32_t *addr, uint32_t val) {
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val) {
 #if defined(__linux__)
   /* Returns at once when *addr != val (EAGAIN), on a wake, or spuriously: the caller re-checks. */
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
@@ -92,7 +92,7 @@ void ebb__lock_wait(ebb_lock *l) {
   }
   /* Park. Swapping in 2 (not 1) marks the lock waited for, so its release wakes someone; a
    * thread that gets the lock this way keeps the 2, which may cost one needless wake later. */
-  while (atomic_exchange_explicit(&l->state, 2, memory_order_acquire) != 0) ebb__futex_wait(&l->state, 2);
+  while (atomic_exchange_explicit(&l->state, 2, memory_order_acquire) != 0) futex_wait(&l->state, 2);
 }
 
 void ebb__lock_wake(ebb_lock *l) {

@@ -22,8 +22,8 @@
 static hwloc_topology_t ebb__topo;
 static hwloc_cpuset_t ebb__dev_cpuset[EBB_MAX_DEVICES];
 
-static void ebb__topo_fill(int i) {
-  ebb_topo *t = &ebb__rt.dev[i].topo;
+static void topo_fill(int i) {
+  ebb_topo *t = &ebb__runtime_state.dev[i].topo;
   memset(t, 0, sizeof *t);
   t->numa_node = -1;
   int nnodes = hwloc_get_nbobjs_by_type(ebb__topo, HWLOC_OBJ_NUMANODE);
@@ -31,7 +31,7 @@ static void ebb__topo_fill(int i) {
   hwloc_cpuset_t set = hwloc_bitmap_alloc();
   hwloc_obj_t anc = NULL;
   unsigned dom = 0, bus = 0, dev = 0, fn = 0;
-  const char *busid = ebb__rt.dev[i].caps.pci_bus_id;
+  const char *busid = ebb__runtime_state.dev[i].caps.pci_bus_id;
   if (busid[0] && sscanf(busid, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) == 4) {
     hwloc_obj_t pci = hwloc_get_pcidev_by_busid(ebb__topo, dom, bus, dev, fn);
     if (pci) anc = hwloc_get_non_io_ancestor_obj(ebb__topo, pci);
@@ -65,14 +65,14 @@ void ebb__topo_init(void) {
   /* PCI objects are needed to place real GPUs (bridges and OS devices are not). Emulated devices
    * have no PCI location, so the PCI scan, its plugins and their cost are skipped for them. */
   bool any_pci = false;
-  for (int i = 0; i < ebb__rt.ndev; i++) any_pci |= !ebb__rt.dev[i].caps.emulated && ebb__rt.dev[i].caps.pci_bus_id[0];
+  for (int i = 0; i < ebb__runtime_state.ndev; i++) any_pci |= !ebb__runtime_state.dev[i].caps.emulated && ebb__runtime_state.dev[i].caps.pci_bus_id[0];
   if (any_pci) hwloc_topology_set_io_types_filter(ebb__topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   if (hwloc_topology_load(ebb__topo) != 0) {
     hwloc_topology_destroy(ebb__topo);
     ebb__topo = NULL;
     return;
   }
-  for (int i = 0; i < ebb__rt.ndev; i++) ebb__topo_fill(i);
+  for (int i = 0; i < ebb__runtime_state.ndev; i++) topo_fill(i);
 }
 
 void ebb__topo_fini(void) {
@@ -89,7 +89,7 @@ ebb_status ebb_dev_get_topo(int device, ebb_topo *out) {
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "ebb_dev_get_topo: out is NULL; expected a struct to fill");
   if (!ebb__topo) return ebb__fail(EBB_ENOTSUP, "ebb_dev_get_topo: hwloc could not load the machine's topology");
-  *out = ebb__rt.dev[device].topo;
+  *out = ebb__runtime_state.dev[device].topo;
   return EBB_OK;
 }
 
@@ -100,7 +100,7 @@ ebb_status ebb_thread_bind_device(int device) {
     return ebb__fail(EBB_ENOTSUP, "ebb_thread_bind_device: no topology for device %d (hwloc did not load)", device);
   if (hwloc_set_cpubind(ebb__topo, ebb__dev_cpuset[device], HWLOC_CPUBIND_THREAD) != 0)
     return ebb__fail(EBB_ENOTSUP, "ebb_thread_bind_device: the OS refused to bind this thread to cores %s of device %d",
-                     ebb__rt.dev[device].topo.cpus, device);
+                     ebb__runtime_state.dev[device].topo.cpus, device);
   return EBB_OK;
 }
 
@@ -109,13 +109,13 @@ ebb_status ebb_thread_bind_device(int device) {
  * memory; the kernel honours it at first touch. Where binding is refused the pages are still usable, only
  * unplaced, and the caller is told so through *bound. */
 
-static hwloc_obj_t ebb__numa_obj(int device) {
+static hwloc_obj_t numa_obj(int device) {
   if (!ebb__topo) return NULL;
-  int node = ebb__rt.dev[device].topo.numa_node;
+  int node = ebb__runtime_state.dev[device].topo.numa_node;
   return node < 0 ? NULL : hwloc_get_obj_by_type(ebb__topo, HWLOC_OBJ_NUMANODE, (unsigned)node);
 }
 
-static size_t ebb__page_round(size_t bytes) {
+static size_t page_round(size_t bytes) {
   long pg = sysconf(_SC_PAGESIZE);
   size_t p = pg > 0 ? (size_t)pg : 4096;
   return (bytes + p - 1) / p * p;
@@ -127,13 +127,13 @@ ebb_status ebb_numa_pages_alloc(int device, size_t bytes, void **out, bool *boun
   if (st) return st;
   if (!out || !bound) return ebb__fail(EBB_EINVAL, "%s: out or bound is NULL; expected pointers to fill", fn);
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: bytes is 0; expected a size of at least one byte", fn);
-  size_t len = ebb__page_round(bytes);
+  size_t len = page_round(bytes);
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return ebb__fail(EBB_ENOMEM, "%s: the system has no %zu bytes of host memory left for device %d: %s", fn, len, device,
                      strerror(errno));
   /* STRICT: report a refused binding instead of silently leaving the pages unplaced. */
-  hwloc_obj_t node = ebb__numa_obj(device);
+  hwloc_obj_t node = numa_obj(device);
   *bound = node && node->nodeset &&
            hwloc_set_area_membind(ebb__topo, p, len, node->nodeset, HWLOC_MEMBIND_BIND,
                                   HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT) == 0;
@@ -143,7 +143,7 @@ ebb_status ebb_numa_pages_alloc(int device, size_t bytes, void **out, bool *boun
 
 ebb_status ebb_numa_pages_free(void *p, size_t bytes) {
   if (!p) return EBB_OK;
-  if (munmap(p, ebb__page_round(bytes)) != 0)
+  if (munmap(p, page_round(bytes)) != 0)
     return ebb__fail(EBB_EINVAL, "ebb_numa_pages_free: munmap of %p (%zu bytes) failed: %s", p, bytes, strerror(errno));
   return EBB_OK;
 }

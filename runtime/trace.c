@@ -105,7 +105,7 @@ const char *ebb_trace_intern(const char *s) {
 }
 
 /* Copies complete spans oldest first. Caller holds the trace lock. */
-static size_t ebb__trace_copy(ebb_trace_span *out, size_t max) {
+static size_t trace_copy(ebb_trace_span *out, size_t max) {
   if (!ebb__ring) return 0;
   uint64_t head = atomic_load_explicit(&ebb__head, memory_order_relaxed);
   uint64_t cap = ebb__mask + 1;
@@ -143,12 +143,12 @@ ebb_status ebb_trace_counts(size_t *held, uint64_t *dropped) {
 ebb_status ebb_trace_snapshot(ebb_trace_span *out, size_t max, size_t *n) {
   if (!n || (!out && max)) return ebb__fail(EBB_EINVAL, "ebb_trace_snapshot: out (for max > 0) and n must be non-NULL");
   ebb__mutex_lock(&ebb__trace_lock);
-  *n = ebb__trace_copy(out, max);
+  *n = trace_copy(out, max);
   ebb__mutex_unlock(&ebb__trace_lock);
   return EBB_OK;
 }
 
-static void ebb__json_str(FILE *f, const char *s) {
+static void json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
@@ -168,7 +168,7 @@ ebb_status ebb_trace_export_json(const char *path) {
     ebb__mutex_unlock(&ebb__trace_lock);
     return ebb__fail(EBB_ENOMEM, "ebb_trace_export_json: no memory to copy %zu spans", cap);
   }
-  size_t n = ebb__trace_copy(spans, cap);
+  size_t n = trace_copy(spans, cap);
   ebb__mutex_unlock(&ebb__trace_lock);
   FILE *f = fopen(path, "w");
   if (!f) {
@@ -191,7 +191,7 @@ ebb_status ebb_trace_export_json(const char *path) {
     char nm[32];
     if (d < 0) snprintf(nm, sizeof nm, "host");
     else snprintf(nm, sizeof nm, "device %d", d);
-    ebb__json_str(f, nm);
+    json_str(f, nm);
     fputs("}}", f);
     first = false;
   }
@@ -199,7 +199,7 @@ ebb_status ebb_trace_export_json(const char *path) {
     const ebb_trace_span *sp = &spans[i];
     uint64_t dur = sp->end_ns > sp->start_ns ? sp->end_ns - sp->start_ns : 0;
     fprintf(f, "%s{\"ph\":\"X\",\"name\":", first ? "" : ",\n");
-    ebb__json_str(f, sp->name);
+    json_str(f, sp->name);
     fprintf(f, ",\"pid\":%d,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"stream\":\"0x%llx\"}}", sp->device, sp->tid,
             (double)(sp->start_ns - t0) / 1000.0, (double)dur / 1000.0, (unsigned long long)sp->stream);
     first = false;

@@ -26,12 +26,12 @@
 static _Atomic(ebb__copy_hook_fn) ebb__copy_hook;
 
 void ebb__copy_hook_set(ebb__copy_hook_fn fn) {
-  /* release: pairs with the acquire load in ebb__copy_hooks; the hook's module is up. */
+  /* release: pairs with the acquire load in copy_hooks; the hook's module is up. */
   atomic_store_explicit(&ebb__copy_hook, fn, memory_order_release);
 }
 
 /* Runs the copy hook on both sides of a copy that passed its own checks, before it is enqueued. */
-static inline ebb_status ebb__copy_hooks(void *dst, const void *src, size_t bytes, ebb_stream_t *s) {
+static inline ebb_status copy_hooks(void *dst, const void *src, size_t bytes, ebb_stream_t *s) {
   /* acquire: pairs with the release store in ebb__copy_hook_set. */
   ebb__copy_hook_fn h = atomic_load_explicit(&ebb__copy_hook, memory_order_acquire);
   if (!h) return EBB_OK;
@@ -47,14 +47,14 @@ ebb_status ebb__copy_side_check(void *ptr, size_t bytes, bool is_dst, ebb_stream
 }
 
 void ebb__copy_start(struct ebb__dev *d) {
-  for (unsigned i = 0; i < ebb__st.nchunks; i++) ebb__mutex_init(&d->chunks[i].mu, "streams.staging", EBB_RANK_STAGING);
+  for (unsigned i = 0; i < ebb__streams_state.nchunks; i++) ebb__mutex_init(&d->chunks[i].mu, "streams.staging", EBB_RANK_STAGING);
   ebb__mutex_init(&d->rec_mu, "streams.host_copy", EBB_RANK_LEAF);
   ebb__slot_pool_init(&d->host_copies, sizeof(struct ebb__host_copy), 0);
 }
 
 /* Runs after the module synchronised every device: no chunk or record is in flight. */
 void ebb__copy_teardown(struct ebb__dev *d) {
-  for (unsigned i = 0; i < ebb__st.nchunks; i++) {
+  for (unsigned i = 0; i < ebb__streams_state.nchunks; i++) {
     struct ebb__chunk *c = &d->chunks[i];
     if (c->mem) ebb__drv_pinned_free(c->mem);
     if (c->ev) ebb__drv_event_destroy(c->ev);
@@ -71,12 +71,12 @@ void ebb__copy_teardown(struct ebb__dev *d) {
 
 /* Takes the next chunk of the ring, locked and free: allocated if new, else its previous use
  * complete (waiting for it when not, which stats count). */
-static ebb_status ebb__chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) {
-  uint32_t i = atomic_fetch_add_explicit(&d->chunk_next, 1, memory_order_relaxed) % ebb__st.nchunks;
+static ebb_status chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) {
+  uint32_t i = atomic_fetch_add_explicit(&d->chunk_next, 1, memory_order_relaxed) % ebb__streams_state.nchunks;
   struct ebb__chunk *c = &d->chunks[i];
   ebb__mutex_lock(&c->mu);
   ebb_status st = EBB_OK;
-  if (!c->mem) st = ebb__drv_pinned_alloc(d->ordinal, ebb__st.chunk_bytes, &c->mem);
+  if (!c->mem) st = ebb__drv_pinned_alloc(d->ordinal, ebb__streams_state.chunk_bytes, &c->mem);
   if (!st && !c->ev) st = ebb__drv_event_create(d->ordinal, false, &c->ev);
   if (!st && c->used) {
     bool done = false;
@@ -97,7 +97,7 @@ static ebb_status ebb__chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) 
 /* Ends a use of `c` on stream `s` whose enqueue returned `st`: records the chunk's event after
  * whatever was enqueued and unlocks. If the record fails the chunk's state is unknown, so the
  * stream is drained before anyone may reuse it. */
-static ebb_status ebb__chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_stream_t *s, size_t bytes, ebb_status st) {
+static ebb_status chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_stream_t *s, size_t bytes, ebb_status st) {
   ebb_status rs = ebb__drv_event_record(c->ev, s->cu);
   if (rs == EBB_OK)
     c->used = true;
@@ -109,7 +109,7 @@ static ebb_status ebb__chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, eb
 }
 
 /* Host function of a staged device-to-pageable copy: the chunk holds the data by now. */
-static void ebb__host_copy_run(void *user) {
+static void host_copy_run(void *user) {
   struct ebb__host_copy *r = user;
   struct ebb__dev *d = r->dev;
   memcpy(r->dst, r->src, r->bytes);
@@ -120,7 +120,7 @@ static void ebb__host_copy_run(void *user) {
 
 /* Enqueues chunk -> dst as a host function on `s`. On failure the record is returned here: the
  * function never runs, so nothing else would give it back. */
-static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const void *chunk, size_t n, ebb_stream_t *s) {
+static ebb_status enqueue_host_copy(struct ebb__dev *d, void *dst, const void *chunk, size_t n, ebb_stream_t *s) {
   ebb__mutex_lock(&d->rec_mu);
   struct ebb__host_copy *r = ebb__slot_take(&d->host_copies);
   ebb__mutex_unlock(&d->rec_mu);
@@ -131,7 +131,7 @@ static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const vo
   r->src = chunk;
   r->bytes = n;
   r->dev = d;
-  ebb_status st = ebb__drv_launch_host_func(s->cu, ebb__host_copy_run, r);
+  ebb_status st = ebb__drv_launch_host_func(s->cu, host_copy_run, r);
   if (st) {
     ebb__mutex_lock(&d->rec_mu);
     ebb__slot_give(&d->host_copies, r);
@@ -145,12 +145,12 @@ static ebb_status ebb__enqueue_host_copy(struct ebb__dev *d, void *dst, const vo
  * Not from a caller's host function: a chunk may be free only after work queued behind that
  * very function, and the claim waits for it on the host (a deadlock). A release of `s` racing
  * the copy ends it with EBB_EFREED after the chunks already enqueued. */
-static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, size_t bytes, bool to_device, ebb_stream_t *s) {
+static ebb_status stage(struct ebb__dev *d, char *dst, const char *src, size_t bytes, bool to_device, ebb_stream_t *s) {
   static const char fn[] = "ebb_copy_async";
   for (size_t off = 0; off < bytes;) {
-    size_t n = bytes - off < ebb__st.chunk_bytes ? bytes - off : ebb__st.chunk_bytes;
+    size_t n = bytes - off < ebb__streams_state.chunk_bytes ? bytes - off : ebb__streams_state.chunk_bytes;
     struct ebb__chunk *c = NULL;
-    ebb_status st = ebb__chunk_claim(d, &c);
+    ebb_status st = chunk_claim(d, &c);
     if (st) return st;
     st = ebb__stream_pin(fn, s);
     if (st) { /* released meanwhile: the chunk was not used, its state is unchanged */
@@ -162,9 +162,9 @@ static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, siz
       st = ebb__drv_memcpy_async(dst + off, c->mem, n, s->cu);
     } else {
       st = ebb__drv_memcpy_async(c->mem, src + off, n, s->cu);
-      if (!st) st = ebb__enqueue_host_copy(d, dst + off, c->mem, n, s);
+      if (!st) st = enqueue_host_copy(d, dst + off, c->mem, n, s);
     }
-    st = ebb__chunk_finish(d, c, s, n, st);
+    st = chunk_finish(d, c, s, n, st);
     ebb__stream_unpin(s);
     if (st) return st;
     off += n;
@@ -174,13 +174,13 @@ static ebb_status ebb__stage(struct ebb__dev *d, char *dst, const char *src, siz
 
 /* ---- ebb_copy_async ------------------------------------------------------------------------ */
 
-static const char *ebb__memtype_name(ebb_mem_type t) {
+static const char *memtype_name(ebb_mem_type t) {
   return t == EBB_MEMTYPE_DEVICE ? "device" : t == EBB_MEMTYPE_PINNED ? "pinned host" : "pageable host";
 }
 
 /* Device A -> device B on a stream of A or B. The other device's current stream may still be
  * writing src or reading dst: `s` waits for it first, and it waits for the copy after. */
-static ebb_status ebb__copy_peer(void *dst, const void *src, size_t bytes, int dd, int sd, ebb_stream_t *s) {
+static ebb_status copy_peer(void *dst, const void *src, size_t bytes, int dd, int sd, ebb_stream_t *s) {
   static const char fn[] = "ebb_copy_async";
   if (s->device != sd && s->device != dd)
     return ebb__fail(EBB_EDEVICE, "%s: peer copy from device %d to device %d on stream %llu of device %d; expected a stream of device %d or %d",
@@ -191,7 +191,7 @@ static ebb_status ebb__copy_peer(void *dst, const void *src, size_t bytes, int d
   if (st) return st;
   st = ebb__stream_pin(fn, s);
   if (!st) {
-    st = ebb__copy_hooks(dst, src, bytes, s);
+    st = copy_hooks(dst, src, bytes, s);
     if (!st) st = ebb__stream_order(s, other);
     if (!st) st = ebb__drv_memcpy_async(dst, src, bytes, s->cu);
     if (!st) st = ebb__stream_order(other, s);
@@ -224,18 +224,18 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
   if (st) return st;
   if (di.type != EBB_MEMTYPE_DEVICE && si.type != EBB_MEMTYPE_DEVICE)
     return ebb__fail(EBB_EINVAL, "%s: %zu bytes from %s memory %p to %s memory %p is a host to host copy; use memcpy", fn, bytes,
-                     ebb__memtype_name(si.type), src, ebb__memtype_name(di.type), dst);
+                     memtype_name(si.type), src, memtype_name(di.type), dst);
   if (di.type == EBB_MEMTYPE_DEVICE && si.type == EBB_MEMTYPE_DEVICE && di.device != si.device)
-    return ebb__copy_peer(dst, src, bytes, di.device, si.device, s);
+    return copy_peer(dst, src, bytes, di.device, si.device, s);
   /* One device is involved; the copy runs on its stream so it orders with the device's work. */
   int dev = di.type == EBB_MEMTYPE_DEVICE ? di.device : si.device;
   if (s->device != dev)
     return ebb__fail(EBB_EDEVICE, "%s: copy from %s memory %p to %s memory %p involves device %d but stream %llu is on device %d; use a stream of device %d",
-                     fn, ebb__memtype_name(si.type), src, ebb__memtype_name(di.type), dst, dev, (unsigned long long)s->id, s->device, dev);
-  if ((st = ebb__copy_hooks(dst, src, bytes, s))) return st;
-  struct ebb__dev *d = &ebb__st.dev[dev];
+                     fn, memtype_name(si.type), src, memtype_name(di.type), dst, dev, (unsigned long long)s->id, s->device, dev);
+  if ((st = copy_hooks(dst, src, bytes, s))) return st;
+  struct ebb__dev *d = &ebb__streams_state.dev[dev];
   if (si.type == EBB_MEMTYPE_PAGEABLE || di.type == EBB_MEMTYPE_PAGEABLE)
-    return ebb__stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
+    return stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
   st = ebb__stream_pin(fn, s);
   if (st) return st;
   st = ebb__drv_memcpy_async(dst, src, bytes, s->cu);

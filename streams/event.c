@@ -20,7 +20,7 @@ void ebb__events_start(struct ebb__dev *d) {
   ebb__slot_pool_init(&d->event_slots, sizeof(struct ebb_event), EBB__SLOT_QUARANTINE);
 }
 
-static void ebb__event_slot_destroy(void *slot, void *ctx) {
+static void event_slot_destroy(void *slot, void *ctx) {
   (void)ctx;
   struct ebb_event *e = slot;
   /* Only live handles (leaked by the caller) still hold a driver event; released ones gave it
@@ -30,7 +30,7 @@ static void ebb__event_slot_destroy(void *slot, void *ctx) {
 }
 
 void ebb__events_teardown(struct ebb__dev *d) {
-  ebb__slot_pool_each(&d->event_slots, ebb__event_slot_destroy, NULL);
+  ebb__slot_pool_each(&d->event_slots, event_slot_destroy, NULL);
   ebb__slot_pool_fini(&d->event_slots);
   for (int t = 0; t < 2; t++) {
     for (size_t i = 0; i < d->drv_nevents[t]; i++) ebb__drv_event_destroy(d->drv_events[t][i]);
@@ -44,7 +44,7 @@ void ebb__events_teardown(struct ebb__dev *d) {
 /* As for streams (ebb__stream_freed): the released event is named from the slot's gone_ fields,
  * which its release wrote before the magic left LIVE, never from the fields a new event taking
  * the slot may be writing. */
-static ebb_status ebb__event_freed(const char *fn, const ebb_event_t *e) {
+static ebb_status event_freed(const char *fn, const ebb_event_t *e) {
   return ebb__fail(EBB_EFREED, "%s: event %llu (device %d) was released by ebb_event_release; expected a live event", fn,
                    (unsigned long long)atomic_load_explicit(&e->slot.gone_id, memory_order_relaxed),
                    atomic_load_explicit(&e->slot.gone_device, memory_order_relaxed));
@@ -57,7 +57,7 @@ ebb_status ebb__check_event(const char *fn, const ebb_event_t *e) {
   /* acquire: pairs with the release store of EBB__EVENT_LIVE in ebb_event_create. */
   uint32_t m = atomic_load_explicit(&e->slot.magic, memory_order_acquire);
   if (EBB_LIKELY(m == EBB__EVENT_LIVE)) return EBB_OK;
-  if (m == EBB__SLOT_FREED) return ebb__event_freed(fn, e);
+  if (m == EBB__SLOT_FREED) return event_freed(fn, e);
   return ebb__fail(EBB_EINVAL, "%s: %p is %s; expected an event handle", fn, (const void *)e,
                    m == EBB__STREAM_LIVE ? "a stream, not an event" : "not an event handle");
 }
@@ -104,7 +104,7 @@ void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu) 
  * record at the wait call, so a later re-record by another user cannot release the waiter
  * early. No handle slot is involved, so a warm call allocates nothing. */
 ebb_status ebb__stream_order(ebb_stream_t *waiter, ebb_stream_t *s) {
-  struct ebb__dev *d = &ebb__st.dev[s->device];
+  struct ebb__dev *d = &ebb__streams_state.dev[s->device];
   struct CUevent_st *cu = NULL;
   ebb_status st = ebb__drv_event_get(d, false, &cu);
   if (st) return st;
@@ -126,7 +126,7 @@ ebb_status ebb_event_create(int device, unsigned flags, ebb_event_t **out) {
     return ebb__fail(EBB_EINVAL, "%s: flags 0x%x are not valid; expected EBB_EVENT_DEFAULT or EBB_EVENT_TIMING", fn, flags);
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a pointer to an ebb_event_t * to fill", fn);
   const bool timing = (flags & EBB_EVENT_TIMING) != 0;
-  struct ebb__dev *d = &ebb__st.dev[device];
+  struct ebb__dev *d = &ebb__streams_state.dev[device];
   /* The slot first, so that running out of host memory fails before any driver call. */
   ebb__mutex_lock(&d->event_mu);
   struct ebb_event *e = ebb__slot_take(&d->event_slots);
@@ -166,12 +166,12 @@ ebb_status ebb_event_release(ebb_event_t *e) {
    * ebb_event_create. */
   if (!atomic_compare_exchange_strong_explicit(&e->slot.magic, &live, EBB__SLOT_FREED, memory_order_acq_rel,
                                                memory_order_acquire))
-    return ebb__event_freed("ebb_event_release", e);
+    return event_freed("ebb_event_release", e);
   ebb__debug_live_add(-1);
   ebb__events_live_add(-1);
   /* The driver keeps any capture of a pending record, so work already made to wait on this
    * event is unaffected by its reuse (CUDA semantics). */
-  struct ebb__dev *d = &ebb__st.dev[e->device];
+  struct ebb__dev *d = &ebb__streams_state.dev[e->device];
   struct CUevent_st *cu = e->cu;
   e->cu = NULL;
   ebb__drv_event_put(d, (e->flags & EBB_EVENT_TIMING) != 0, cu);
@@ -231,8 +231,8 @@ ebb_status ebb_event_query(ebb_event_t *e, bool *done) {
 }
 
 /* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
-static ebb_status ebb__event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
+static ebb_status event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
+static ebb_status event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
 
 ebb_status ebb_event_synchronize(ebb_event_t *e) {
   ebb_status st = ebb__check_event("ebb_event_synchronize", e);
@@ -242,11 +242,11 @@ ebb_status ebb_event_synchronize(ebb_event_t *e) {
                      "(ebb_stream_host_func), which must not wait for device work (it may be the wait's own); expected "
                      "the wait on a host thread", (unsigned long long)e->id, e->device);
   if (!atomic_load_explicit(&e->recorded, memory_order_relaxed)) return EBB_OK; /* as ebb_event_query */
-  return ebb__spin_then_park(e->cu, ebb__event_query_cb, ebb__event_park_cb);
+  return ebb__spin_then_park(e->cu, event_query_cb, event_park_cb);
 }
 
 /* EBB_ESTATE unless `e` was recorded and its record has completed. */
-static ebb_status ebb__event_finished(const char *fn, const char *which, ebb_event_t *e) {
+static ebb_status event_finished(const char *fn, const char *which, ebb_event_t *e) {
   if (!atomic_load_explicit(&e->recorded, memory_order_relaxed))
     return ebb__fail(EBB_ESTATE, "%s: %s event %llu (device %d) was never recorded; record both events first", fn, which,
                      (unsigned long long)e->id, e->device);
@@ -274,8 +274,8 @@ ebb_status ebb_event_elapsed(ebb_event_t *start, ebb_event_t *end, float *ms) {
   if (start->device != end->device)
     return ebb__fail(EBB_EDEVICE, "%s: start event %llu is on device %d but end event %llu on device %d; expected one device", fn,
                      (unsigned long long)start->id, start->device, (unsigned long long)end->id, end->device);
-  st = ebb__event_finished(fn, "start", start);
-  if (!st) st = ebb__event_finished(fn, "end", end);
+  st = event_finished(fn, "start", start);
+  if (!st) st = event_finished(fn, "end", end);
   if (st) return st;
   return ebb__drv_event_elapsed(start->cu, end->cu, ms);
 }

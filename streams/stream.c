@@ -1,6 +1,6 @@
 /* stream.c: streams of ebb/stream.h, the module's lifecycle and the slot pools under every handle.
  *
- * Owns: the module state ebb__st (started by the first ebb_init, torn down by the module's stop
+ * Owns: the module state ebb__streams_state (started by the first ebb_init, torn down by the module's stop
  * at the last ebb_shutdown), per device the default stream, the stream
  * pools (EBB_STREAM_POOL_SIZE per priority, created lazily, handed out round-robin), the slots of
  * caller-owned streams, and each thread's current stream per device.
@@ -22,7 +22,7 @@
 #include "streams_export.h"
 #include "streams_impl.h"
 
-struct ebb__streams ebb__st;
+struct ebb__streams ebb__streams_state;
 
 /* Ids of streams and events: process-unique, never reset, so messages and traces across
  * ebb_init cycles never confuse two handles. */
@@ -114,7 +114,7 @@ void ebb__slot_pool_fini(struct ebb__slot_pool *p) {
 /* ---- configuration: checked by the first ebb_init (runtime_export.h), used by the start ---- */
 
 /* An integer in [lo, hi]; NULL (unset) gives `def`. */
-static bool ebb__env_size(const char *v, size_t def, size_t lo, size_t hi, size_t *out, char *expected, size_t len) {
+static bool env_size(const char *v, size_t def, size_t lo, size_t hi, size_t *out, char *expected, size_t len) {
   if (!v) {
     *out = def;
     return true;
@@ -132,25 +132,25 @@ static bool ebb__env_size(const char *v, size_t def, size_t lo, size_t hi, size_
 
 static size_t ebb__conf_pool, ebb__conf_chunk, ebb__conf_nchunks;
 
-static bool ebb__check_pool_size(const char *v, char *expected, size_t len) {
-  return ebb__env_size(v, EBB__POOL_SIZE_DEFAULT, 1, EBB__POOL_SIZE_MAX, &ebb__conf_pool, expected, len);
+static bool check_pool_size(const char *v, char *expected, size_t len) {
+  return env_size(v, EBB__POOL_SIZE_DEFAULT, 1, EBB__POOL_SIZE_MAX, &ebb__conf_pool, expected, len);
 }
-static bool ebb__check_chunk(const char *v, char *expected, size_t len) {
-  return ebb__env_size(v, EBB__STAGING_CHUNK_DEFAULT, EBB__STAGING_CHUNK_MIN, EBB__STAGING_CHUNK_MAX, &ebb__conf_chunk, expected, len);
+static bool check_chunk(const char *v, char *expected, size_t len) {
+  return env_size(v, EBB__STAGING_CHUNK_DEFAULT, EBB__STAGING_CHUNK_MIN, EBB__STAGING_CHUNK_MAX, &ebb__conf_chunk, expected, len);
 }
-static bool ebb__check_nchunks(const char *v, char *expected, size_t len) {
-  return ebb__env_size(v, EBB__STAGING_CHUNKS_DEFAULT, 1, EBB__STAGING_CHUNKS_MAX, &ebb__conf_nchunks, expected, len);
+static bool check_nchunks(const char *v, char *expected, size_t len) {
+  return env_size(v, EBB__STAGING_CHUNKS_DEFAULT, 1, EBB__STAGING_CHUNKS_MAX, &ebb__conf_nchunks, expected, len);
 }
 
 static const ebb__config_var ebb__streams_vars[] = {
-  {"EBB_STREAM_POOL_SIZE", ebb__check_pool_size},
-  {"EBB_STAGING_CHUNK", ebb__check_chunk},
-  {"EBB_STAGING_CHUNKS", ebb__check_nchunks},
+  {"EBB_STREAM_POOL_SIZE", check_pool_size},
+  {"EBB_STAGING_CHUNK", check_chunk},
+  {"EBB_STAGING_CHUNKS", check_nchunks},
 };
 
-static void ebb__streams_teardown(void *user);
+static void streams_teardown(void *user);
 
-static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *caps) {
+static void dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *caps) {
   /* The slot pools keep their slabs across ebb_init cycles (ebb__slot_pool_fini); they are put
    * back in place, at the same address their lists point to. */
   struct ebb__slot_pool keep[4] = {d->stream_slots, d->event_slots, d->host_copies, d->host_calls};
@@ -173,7 +173,7 @@ static void ebb__dev_start(struct ebb__dev *d, int ordinal, const ebb_dev_caps *
 
 /* Takes the configuration ebb_init checked, the devices and their priority ranges. Runs with
  * phase == STARTING, owned by this thread. */
-static ebb_status ebb__streams_start(const char *fn) {
+static ebb_status streams_start(const char *fn) {
   (void)fn;
   size_t pool = ebb__conf_pool, chunk = ebb__conf_chunk, nchunks = ebb__conf_nchunks;
   int ndev = 0;
@@ -184,11 +184,11 @@ static ebb_status ebb__streams_start(const char *fn) {
     st = ebb_dev_get_caps(i, &caps[i]);
     if (st) return st;
   }
-  ebb__st.ndev = ndev;
-  ebb__st.pool_size = (unsigned)pool;
-  ebb__st.chunk_bytes = chunk;
-  ebb__st.nchunks = (unsigned)nchunks;
-  for (int i = 0; i < ndev; i++) ebb__dev_start(&ebb__st.dev[i], i, &caps[i]);
+  ebb__streams_state.ndev = ndev;
+  ebb__streams_state.pool_size = (unsigned)pool;
+  ebb__streams_state.chunk_bytes = chunk;
+  ebb__streams_state.nchunks = (unsigned)nchunks;
+  for (int i = 0; i < ndev; i++) dev_start(&ebb__streams_state.dev[i], i, &caps[i]);
   return EBB_OK;
 }
 
@@ -196,24 +196,24 @@ ebb_status ebb__streams_enter(const char *fn) {
   if (EBB_UNLIKELY(!ebb_is_initialized()))
     return ebb__fail(EBB_ENOTINIT, "%s: ebb is not initialised; call ebb_init first", fn);
   /* acquire: pairs with the release store of EBB__UP below, so the device state is visible. */
-  if (EBB_LIKELY(atomic_load_explicit(&ebb__st.phase, memory_order_acquire) == EBB__UP)) return EBB_OK;
+  if (EBB_LIKELY(atomic_load_explicit(&ebb__streams_state.phase, memory_order_acquire) == EBB__UP)) return EBB_OK;
   for (;;) {
     int ph = EBB__DOWN;
     /* acquire on success: pairs with the teardown's release store of EBB__DOWN, so this start
      * sees the state the last teardown left; on failure, with the release store of EBB__UP. */
-    if (atomic_compare_exchange_strong_explicit(&ebb__st.phase, &ph, EBB__STARTING, memory_order_acquire,
+    if (atomic_compare_exchange_strong_explicit(&ebb__streams_state.phase, &ph, EBB__STARTING, memory_order_acquire,
                                                 memory_order_acquire))
       break;
     if (ph == EBB__UP) return EBB_OK;
     ebb__cpu_relax(); /* another thread is starting the module: a few microseconds */
   }
-  ebb_status st = ebb__streams_start(fn);
+  ebb_status st = streams_start(fn);
   /* release: publishes the started state (or the undone one) to the acquires above. */
-  atomic_store_explicit(&ebb__st.phase, st ? EBB__DOWN : EBB__UP, memory_order_release);
+  atomic_store_explicit(&ebb__streams_state.phase, st ? EBB__DOWN : EBB__UP, memory_order_release);
   return st;
 }
 
-static void ebb__stream_slot_destroy(void *slot, void *ctx) {
+static void stream_slot_destroy(void *slot, void *ctx) {
   (void)ctx;
   struct ebb_stream *s = slot;
   if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb__drv_stream_destroy(s->cu);
@@ -222,13 +222,13 @@ static void ebb__stream_slot_destroy(void *slot, void *ctx) {
 /* The module's stop (run by the last ebb_shutdown once no caller handle is live): waits for
  * every device, then destroys every driver object the module made and marks every slot freed.
  * The driver is still loaded. */
-static void ebb__streams_teardown(void *user) {
+static void streams_teardown(void *user) {
   (void)user;
   /* acquire: pairs with the release store of EBB__UP (the devices' state is visible). */
-  if (atomic_load_explicit(&ebb__st.phase, memory_order_acquire) != EBB__UP) return;
-  for (int i = 0; i < ebb__st.ndev; i++) ebb_dev_synchronize(i);
-  for (int i = 0; i < ebb__st.ndev; i++) {
-    struct ebb__dev *d = &ebb__st.dev[i];
+  if (atomic_load_explicit(&ebb__streams_state.phase, memory_order_acquire) != EBB__UP) return;
+  for (int i = 0; i < ebb__streams_state.ndev; i++) ebb_dev_synchronize(i);
+  for (int i = 0; i < ebb__streams_state.ndev; i++) {
+    struct ebb__dev *d = &ebb__streams_state.dev[i];
     /* The devices are idle: every tomb's work is done, its event goes back before the pools go. */
     for (unsigned t = 0; t < d->ntombs; t++) ebb__drv_event_put(d, false, d->tombs[t].ev);
     free(d->tombs);
@@ -239,25 +239,25 @@ static void ebb__streams_teardown(void *user) {
     ebb__slot_pool_fini(&d->host_calls); /* the devices are idle: every host function has run */
     ebb__mutex_destroy(&d->call_mu);
     ebb__events_teardown(d);
-    ebb__slot_pool_each(&d->stream_slots, ebb__stream_slot_destroy, NULL);
+    ebb__slot_pool_each(&d->stream_slots, stream_slot_destroy, NULL);
     ebb__slot_pool_fini(&d->stream_slots);
     ebb__mutex_destroy(&d->stream_mu);
   }
-  ebb__st.ndev = 0;
+  ebb__streams_state.ndev = 0;
   atomic_fetch_add_explicit(&ebb__epoch, 1, memory_order_relaxed);
   /* release: pairs with the acquire CAS of the next start (see ebb__streams_enter). */
-  atomic_store_explicit(&ebb__st.phase, EBB__DOWN, memory_order_release);
+  atomic_store_explicit(&ebb__streams_state.phase, EBB__DOWN, memory_order_release);
 }
 
-static ebb_status ebb__streams_module_start(void) { return ebb__streams_enter("ebb_init"); }
-static void ebb__streams_module_stop(void) { ebb__streams_teardown(NULL); }
+static ebb_status streams_module_start(void) { return ebb__streams_enter("ebb_init"); }
+static void streams_module_stop(void) { streams_teardown(NULL); }
 
-void ebb__events_live_add(long delta) { atomic_fetch_add_explicit(&ebb__st.live_events, delta, memory_order_relaxed); }
+void ebb__events_live_add(long delta) { atomic_fetch_add_explicit(&ebb__streams_state.live_events, delta, memory_order_relaxed); }
 
-static int ebb__streams_count(ebb__live_count *out, int max) {
+static int streams_count(ebb__live_count *out, int max) {
   if (max < 2) return 0;
-  out[0] = (ebb__live_count){"streams (ebb_stream_create)", atomic_load_explicit(&ebb__st.live_streams, memory_order_relaxed)};
-  out[1] = (ebb__live_count){"events (ebb_event_create)", atomic_load_explicit(&ebb__st.live_events, memory_order_relaxed)};
+  out[0] = (ebb__live_count){"streams (ebb_stream_create)", atomic_load_explicit(&ebb__streams_state.live_streams, memory_order_relaxed)};
+  out[1] = (ebb__live_count){"events (ebb_event_create)", atomic_load_explicit(&ebb__streams_state.live_events, memory_order_relaxed)};
   return 2;
 }
 
@@ -266,9 +266,9 @@ const ebb__module_desc ebb__module_streams = {
   .layer = EBB__LAYER_STREAMS,
   .vars = ebb__streams_vars,
   .nvars = (int)EBB_ARRAY_LEN(ebb__streams_vars),
-  .start = ebb__streams_module_start,
-  .stop = ebb__streams_module_stop,
-  .count = ebb__streams_count,
+  .start = streams_module_start,
+  .stop = streams_module_stop,
+  .count = streams_count,
 };
 
 /* ---- checks -------------------------------------------------------------------------------- */
@@ -276,8 +276,8 @@ const ebb__module_desc ebb__module_streams = {
 /* ndev is read plainly: it is published with the module's start (the acquire in
  * ebb__streams_enter) and fixed until teardown. */
 ebb_status ebb__check_device(const char *fn, int device) {
-  if (EBB_UNLIKELY(device < 0 || device >= ebb__st.ndev))
-    return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__st.ndev);
+  if (EBB_UNLIKELY(device < 0 || device >= ebb__streams_state.ndev))
+    return ebb__fail(EBB_EDEVICE, "%s: device %d is out of range; expected 0 <= device < %d", fn, device, ebb__streams_state.ndev);
   return EBB_OK;
 }
 
@@ -286,7 +286,7 @@ ebb_status ebb__check_stream(const char *fn, const ebb_stream_t *s) {
   if (EBB_UNLIKELY(st)) return st;
   if (EBB_UNLIKELY(!s))
     return ebb__fail(EBB_EINVAL, "%s: stream is NULL; expected one from ebb_stream_default, ebb_stream_from_pool or ebb_stream_create", fn);
-  /* acquire: pairs with the release store of EBB__STREAM_LIVE in ebb__stream_new, so the
+  /* acquire: pairs with the release store of EBB__STREAM_LIVE in stream_new, so the
    * fields are those of the stream the magic announces. */
   uint32_t m = atomic_load_explicit(&s->slot.magic, memory_order_acquire);
   if (EBB_LIKELY(m == EBB__STREAM_LIVE)) return EBB_OK;
@@ -308,29 +308,29 @@ ebb_status ebb__stream_freed(const char *fn, const ebb_stream_t *s) {
                    atomic_load_explicit(&s->slot.gone_device, memory_order_relaxed));
 }
 
-static ebb_status ebb__check_out(const char *fn, const void *out, const char *what) {
+static ebb_status check_out(const char *fn, const void *out, const char *what) {
   if (EBB_UNLIKELY(!out)) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a pointer to %s to fill", fn, what);
   return EBB_OK;
 }
 
-static ebb_status ebb__check_prio(const char *fn, ebb_stream_prio prio) {
+static ebb_status check_prio(const char *fn, ebb_stream_prio prio) {
   if (EBB_UNLIKELY(prio != EBB_PRIO_LOW && prio != EBB_PRIO_HIGH))
     return ebb__fail(EBB_EINVAL, "%s: priority %d is not valid; expected EBB_PRIO_LOW (0) or EBB_PRIO_HIGH (1)", fn, (int)prio);
   return EBB_OK;
 }
 
 /* The common prologue of calls taking (device, out). */
-static ebb_status ebb__enter_dev(const char *fn, int device, const void *out) {
+static ebb_status enter_dev(const char *fn, int device, const void *out) {
   ebb_status st = ebb__streams_enter(fn);
   if (!st) st = ebb__check_device(fn, device);
-  if (!st) st = ebb__check_out(fn, out, "an ebb_stream_t *");
+  if (!st) st = check_out(fn, out, "an ebb_stream_t *");
   return st;
 }
 
 /* ---- creation ------------------------------------------------------------------------------ */
 
 /* Creates the driver stream first, with no lock held, then takes a slot for it. */
-static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio prio, enum ebb__stream_kind kind,
+static ebb_status stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio prio, enum ebb__stream_kind kind,
                                   ebb_stream_t **out) {
   struct CUstream_st *cu = NULL;
   ebb_status st = ebb__drv_stream_create(d->ordinal, d->prio_value[prio], &cu);
@@ -357,7 +357,7 @@ static ebb_status ebb__stream_new(const char *fn, struct ebb__dev *d, ebb_stream
 
 /* Destroys the driver stream (the driver finishes its pending work first) and returns the slot,
  * whose magic the caller has already turned to EBB__SLOT_FREED (with no pin left on it). */
-static ebb_status ebb__stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
+static ebb_status stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
   ebb_status st = ebb__drv_stream_destroy(s->cu);
   s->cu = NULL;
   ebb__mutex_lock(&d->stream_mu);
@@ -368,7 +368,7 @@ static ebb_status ebb__stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
 
 /* An immortal stream held in `cell`, created on first use. Two threads racing both create one;
  * the loser of the compare-and-swap retires its own. */
-static ebb_status ebb__stream_lazy(const char *fn, struct ebb__dev *d, _Atomic(ebb_stream_t *) *cell, ebb_stream_prio prio,
+static ebb_status stream_lazy(const char *fn, struct ebb__dev *d, _Atomic(ebb_stream_t *) *cell, ebb_stream_prio prio,
                                    enum ebb__stream_kind kind, ebb_stream_t **out) {
   /* acquire: pairs with the release half of the CAS below (a published stream is complete). */
   ebb_stream_t *s = atomic_load_explicit(cell, memory_order_acquire);
@@ -377,51 +377,51 @@ static ebb_status ebb__stream_lazy(const char *fn, struct ebb__dev *d, _Atomic(e
     return EBB_OK;
   }
   ebb_stream_t *mine = NULL;
-  ebb_status st = ebb__stream_new(fn, d, prio, kind, &mine);
+  ebb_status st = stream_new(fn, d, prio, kind, &mine);
   if (st) return st;
   /* acq_rel: release publishes `mine`; acquire (also on failure) pairs with the winner's. */
   if (atomic_compare_exchange_strong_explicit(cell, &s, mine, memory_order_acq_rel, memory_order_acquire)) {
     s = mine;
   } else {
     atomic_store_explicit(&mine->slot.magic, EBB__SLOT_FREED, memory_order_relaxed);
-    ebb__stream_retire(d, mine);
+    stream_retire(d, mine);
   }
   *out = s;
   return EBB_OK;
 }
 
-static ebb_status ebb__stream_default_of(const char *fn, int device, ebb_stream_t **out) {
-  struct ebb__dev *d = &ebb__st.dev[device];
-  return ebb__stream_lazy(fn, d, &d->default_stream, EBB_PRIO_LOW, EBB__STREAM_DEFAULT, out);
+static ebb_status stream_default_of(const char *fn, int device, ebb_stream_t **out) {
+  struct ebb__dev *d = &ebb__streams_state.dev[device];
+  return stream_lazy(fn, d, &d->default_stream, EBB_PRIO_LOW, EBB__STREAM_DEFAULT, out);
 }
 
 /* The default stream has the low priority and, like every ebb stream, is created non-blocking by
  * the seam: it never serialises with the legacy NULL stream other libraries may still use. */
 ebb_status ebb_stream_default(int device, ebb_stream_t **out) {
-  ebb_status st = ebb__enter_dev("ebb_stream_default", device, out);
+  ebb_status st = enter_dev("ebb_stream_default", device, out);
   if (st) return st;
-  return ebb__stream_default_of("ebb_stream_default", device, out);
+  return stream_default_of("ebb_stream_default", device, out);
 }
 
 ebb_status ebb_stream_from_pool(int device, ebb_stream_prio prio, ebb_stream_t **out) {
-  ebb_status st = ebb__enter_dev("ebb_stream_from_pool", device, out);
-  if (!st) st = ebb__check_prio("ebb_stream_from_pool", prio);
+  ebb_status st = enter_dev("ebb_stream_from_pool", device, out);
+  if (!st) st = check_prio("ebb_stream_from_pool", prio);
   if (st) return st;
-  struct ebb__dev *d = &ebb__st.dev[device];
+  struct ebb__dev *d = &ebb__streams_state.dev[device];
   /* The cursor only spreads work over the pool: two threads handed the same stream is harmless,
    * so a relaxed increment is enough and the hot path takes no lock. */
-  uint32_t i = atomic_fetch_add_explicit(&d->pool_next[prio], 1, memory_order_relaxed) % ebb__st.pool_size;
-  return ebb__stream_lazy("ebb_stream_from_pool", d, &d->pool[prio][i], prio, EBB__STREAM_POOL, out);
+  uint32_t i = atomic_fetch_add_explicit(&d->pool_next[prio], 1, memory_order_relaxed) % ebb__streams_state.pool_size;
+  return stream_lazy("ebb_stream_from_pool", d, &d->pool[prio][i], prio, EBB__STREAM_POOL, out);
 }
 
 /* Caller-owned streams count as live handles until released, so a test can prove none leaked. */
 ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **out) {
-  ebb_status st = ebb__enter_dev("ebb_stream_create", device, out);
-  if (!st) st = ebb__check_prio("ebb_stream_create", prio);
-  if (!st) st = ebb__stream_new("ebb_stream_create", &ebb__st.dev[device], prio, EBB__STREAM_USER, out);
+  ebb_status st = enter_dev("ebb_stream_create", device, out);
+  if (!st) st = check_prio("ebb_stream_create", prio);
+  if (!st) st = stream_new("ebb_stream_create", &ebb__streams_state.dev[device], prio, EBB__STREAM_USER, out);
   if (!st) {
     ebb__debug_live_add(1);
-    atomic_fetch_add_explicit(&ebb__st.live_streams, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ebb__streams_state.live_streams, 1, memory_order_relaxed);
   }
   return st;
 }
@@ -442,7 +442,7 @@ ebb_status ebb_stream_create(int device, ebb_stream_prio prio, ebb_stream_t **ou
  * that releases a stream needs tomb_mu, so with every tomb busy the two would wait for each other).
  * False: no host memory for the table (the caller waits for the stream instead). tomb_mu
  * held. */
-static bool ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *ev, struct CUevent_st **done,
+static bool tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *ev, struct CUevent_st **done,
                                  unsigned *nd) {
   if (d->ntombs == d->captombs) {
     unsigned kept = 0;
@@ -470,7 +470,7 @@ static bool ebb__tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent
 /* Makes driver stream `cu` wait for the tomb of stream `id`, if it has one (none: its work is
  * done). The wait is enqueued under tomb_mu, so the event cannot be reaped and recorded again by
  * another user in between (the driver captures the record at the wait call). */
-static ebb_status ebb__tomb_wait(struct ebb__dev *d, uint64_t id, struct CUstream_st *cu) {
+static ebb_status tomb_wait(struct ebb__dev *d, uint64_t id, struct CUstream_st *cu) {
   ebb_status st = EBB_OK;
   ebb__mutex_lock(&d->tomb_mu);
   for (unsigned i = 0; i < d->ntombs; i++) {
@@ -485,19 +485,19 @@ static ebb_status ebb__tomb_wait(struct ebb__dev *d, uint64_t id, struct CUstrea
 ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t id) {
   ebb_status st = ebb__check_stream("ebb__stream_wait_released", waiter);
   if (st) return st;
-  if ((unsigned)device >= (unsigned)ebb__st.ndev)
+  if ((unsigned)device >= (unsigned)ebb__streams_state.ndev)
     return ebb__fail(EBB_EDEVICE, "ebb__stream_wait_released: device %d of released stream %llu is out of range; expected 0..%d",
-                     device, (unsigned long long)id, ebb__st.ndev - 1);
+                     device, (unsigned long long)id, ebb__streams_state.ndev - 1);
   st = ebb__stream_pin("ebb__stream_wait_released", waiter);
   if (st) return st;
-  st = ebb__tomb_wait(&ebb__st.dev[device], id, waiter->cu);
+  st = tomb_wait(&ebb__streams_state.dev[device], id, waiter->cu);
   ebb__stream_unpin(waiter);
   return st;
 }
 
 bool ebb__stream_released_done(int device, uint64_t id) {
-  if ((unsigned)device >= (unsigned)ebb__st.ndev) return false;
-  struct ebb__dev *d = &ebb__st.dev[device];
+  if ((unsigned)device >= (unsigned)ebb__streams_state.ndev) return false;
+  struct ebb__dev *d = &ebb__streams_state.dev[device];
   bool done = true; /* no tomb: reaped once its work was done (or waited for at the release) */
   ebb__mutex_lock(&d->tomb_mu);
   for (unsigned i = 0; i < d->ntombs; i++) {
@@ -516,15 +516,15 @@ ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
   static const char fn[] = "ebb__event_record_released";
   ebb_status st = ebb__check_event(fn, e);
   if (st) return st;
-  if ((unsigned)device >= (unsigned)ebb__st.ndev || e->device != device)
+  if ((unsigned)device >= (unsigned)ebb__streams_state.ndev || e->device != device)
     return ebb__fail(EBB_EDEVICE, "%s: released stream %llu of device %d with event %llu of device %d; expected the same device", fn,
                      (unsigned long long)id, device, (unsigned long long)e->id, e->device);
-  struct ebb__dev *d = &ebb__st.dev[device];
+  struct ebb__dev *d = &ebb__streams_state.dev[device];
   ebb_stream_t *h = NULL;
-  st = ebb__stream_lazy(fn, d, &d->tomb_stream, EBB_PRIO_LOW, EBB__STREAM_POOL, &h);
+  st = stream_lazy(fn, d, &d->tomb_stream, EBB_PRIO_LOW, EBB__STREAM_POOL, &h);
   if (st) return st;
   /* The record after the wait on the same stream completes after that work. */
-  st = ebb__tomb_wait(d, id, h->cu);
+  st = tomb_wait(d, id, h->cu);
   return st ? st : ebb_event_record(e, h);
 }
 
@@ -538,7 +538,7 @@ ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_
   if (dev != e->device)
     return ebb__fail(EBB_EDEVICE, "%s: event %llu belongs to device %d but stream %llu to device %d", fn,
                      (unsigned long long)e->id, e->device, (unsigned long long)id, dev);
-  struct ebb__dev *d = &ebb__st.dev[dev];
+  struct ebb__dev *d = &ebb__streams_state.dev[dev];
   /* A release turns the stream from RELEASING to released under tomb_mu, after its pins are gone
    * and with its tomb, and destroys its driver stream only after: while tomb_mu is held and the
    * stream is live or releasing (what the peek accepts), s->cu is its driver stream, and a
@@ -615,7 +615,7 @@ void ebb__stream_unhold(ebb_stream_t *s) {
 /* The release itself, once no backward holds the stream: its last work gets a tomb, the driver
  * stream goes. */
 static ebb_status stream_release_now(ebb_stream_t *s) {
-  struct ebb__dev *d = &ebb__st.dev[s->device];
+  struct ebb__dev *d = &ebb__streams_state.dev[s->device];
   /* Three steps. (1) The CAS to RELEASING elects one releaser among racing calls and makes every
    * later pin fail (EBB_EFREED). (2) The calls that pinned the stream before are still issuing
    * work to it: they are waited out with no lock held (a pinned call never waits for device
@@ -649,7 +649,7 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
   ebb__fail_mute(true);
   if (ebb__drv_event_get(d, false, &ev) != EBB_OK) ev = NULL;
   ebb__mutex_lock(&d->tomb_mu);
-  if (!ev || ebb__drv_event_record(ev, s->cu) != EBB_OK || !ebb__tomb_add_locked(d, s->id, ev, done, &nd)) {
+  if (!ev || ebb__drv_event_record(ev, s->cu) != EBB_OK || !tomb_add_locked(d, s->id, ev, done, &nd)) {
     (void)ebb__drv_stream_synchronize(s->cu);
     if (ev) done[nd++] = ev;
   }
@@ -660,8 +660,8 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
   ebb__mutex_unlock(&d->tomb_mu);
   for (unsigned i = 0; i < nd; i++) ebb__drv_event_put(d, false, done[i]);
   ebb__debug_live_add(-1);
-  atomic_fetch_sub_explicit(&ebb__st.live_streams, 1, memory_order_relaxed);
-  return ebb__stream_retire(d, s);
+  atomic_fetch_sub_explicit(&ebb__streams_state.live_streams, 1, memory_order_relaxed);
+  return stream_retire(d, s);
 }
 
 /* ---- current stream and guards ------------------------------------------------------------- */
@@ -675,7 +675,7 @@ struct ebb__tls_current {
  * an earlier epoch have been freed. */
 static _Thread_local struct ebb__tls_current ebb__tls_cur[EBB_MAX_DEVICES];
 
-static void ebb__tls_set(int device, ebb_stream_t *s) {
+static void tls_set(int device, ebb_stream_t *s) {
   struct ebb__tls_current *c = &ebb__tls_cur[device];
   c->s = s;
   c->gen = s ? atomic_load_explicit(&s->slot.gen, memory_order_relaxed) : 0;
@@ -683,7 +683,7 @@ static void ebb__tls_set(int device, ebb_stream_t *s) {
 }
 
 /* Whether `s`, remembered with generation `gen`, is still the same live stream. */
-static bool ebb__stream_same(const ebb_stream_t *s, uint32_t gen) {
+static bool stream_same(const ebb_stream_t *s, uint32_t gen) {
   return atomic_load_explicit(&s->slot.magic, memory_order_acquire) == EBB__STREAM_LIVE && /* pairs as in ebb__check_stream */
          atomic_load_explicit(&s->slot.gen, memory_order_relaxed) == gen;
 }
@@ -692,15 +692,15 @@ static bool ebb__stream_same(const ebb_stream_t *s, uint32_t gen) {
  * generation tell whether the slot still holds the stream that was set. */
 ebb_status ebb__stream_current_of(const char *fn, int device, ebb_stream_t **out) {
   const struct ebb__tls_current *c = &ebb__tls_cur[device];
-  if (c->s && c->epoch == atomic_load_explicit(&ebb__epoch, memory_order_relaxed) && ebb__stream_same(c->s, c->gen)) {
+  if (c->s && c->epoch == atomic_load_explicit(&ebb__epoch, memory_order_relaxed) && stream_same(c->s, c->gen)) {
     *out = c->s;
     return EBB_OK;
   }
-  return ebb__stream_default_of(fn, device, out);
+  return stream_default_of(fn, device, out);
 }
 
 ebb_status ebb_stream_current(int device, ebb_stream_t **out) {
-  ebb_status st = ebb__enter_dev("ebb_stream_current", device, out);
+  ebb_status st = enter_dev("ebb_stream_current", device, out);
   if (st) return st;
   return ebb__stream_current_of("ebb_stream_current", device, out);
 }
@@ -708,7 +708,7 @@ ebb_status ebb_stream_current(int device, ebb_stream_t **out) {
 ebb_status ebb_stream_set_current(ebb_stream_t *s) {
   ebb_status st = ebb__check_stream("ebb_stream_set_current", s);
   if (st) return st;
-  ebb__tls_set(s->device, s);
+  tls_set(s->device, s);
   return EBB_OK;
 }
 
@@ -731,7 +731,7 @@ ebb_status ebb_stream_guard_enter(ebb_stream_guard *g, ebb_stream_t *s) {
   if (!st) st = ebb__stream_current_of(fn, s->device, &prev);
   if (!st) st = ebb_dev_set_current(s->device);
   if (st) return st;
-  ebb__tls_set(s->device, s);
+  tls_set(s->device, s);
   g->prev_stream = prev;
   g->stream = s;
   g->outer = ebb__tls_guard;
@@ -767,8 +767,8 @@ ebb_status ebb_stream_guard_exit(ebb_stream_guard *g) {
    * module epoch (else its slab is gone: not even read), live, and the generation it had at
    * enter (its slot may hold a newer stream by now). Otherwise the default stream. */
   ebb_stream_t *prev = g->prev_stream;
-  bool same = prev && g->epoch == atomic_load_explicit(&ebb__epoch, memory_order_relaxed) && ebb__stream_same(prev, g->prev_gen);
-  ebb__tls_set(g->device, same ? prev : NULL);
+  bool same = prev && g->epoch == atomic_load_explicit(&ebb__epoch, memory_order_relaxed) && stream_same(prev, g->prev_gen);
+  tls_set(g->device, same ? prev : NULL);
   ebb__tls_guard = g->outer;
   g->magic = 0;
   return EBB_OK;
@@ -778,21 +778,21 @@ ebb_status ebb_stream_guard_exit(ebb_stream_guard *g) {
 
 ebb_status ebb_stream_device(const ebb_stream_t *s, int *device) {
   ebb_status st = ebb__check_stream("ebb_stream_device", s);
-  if (!st) st = ebb__check_out("ebb_stream_device", device, "an int");
+  if (!st) st = check_out("ebb_stream_device", device, "an int");
   if (!st) *device = s->device;
   return st;
 }
 
 ebb_status ebb_stream_priority(const ebb_stream_t *s, ebb_stream_prio *prio) {
   ebb_status st = ebb__check_stream("ebb_stream_priority", s);
-  if (!st) st = ebb__check_out("ebb_stream_priority", prio, "an ebb_stream_prio");
+  if (!st) st = check_out("ebb_stream_priority", prio, "an ebb_stream_prio");
   if (!st) *prio = s->prio;
   return st;
 }
 
 ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id) {
   ebb_status st = ebb__check_stream("ebb_stream_id", s);
-  if (!st) st = ebb__check_out("ebb_stream_id", id, "a uint64_t");
+  if (!st) st = check_out("ebb_stream_id", id, "a uint64_t");
   if (!st) *id = s->id;
   return st;
 }
@@ -802,7 +802,7 @@ ebb_status ebb_stream_id(const ebb_stream_t *s, uint64_t *id) {
  * on it (under tomb_mu, before the tomb). */
 bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device) {
   /* acquire: as in ebb__streams_enter; a module that is not UP is left to the public check. */
-  if (EBB_UNLIKELY(atomic_load_explicit(&ebb__st.phase, memory_order_acquire) != EBB__UP || !s)) return false;
+  if (EBB_UNLIKELY(atomic_load_explicit(&ebb__streams_state.phase, memory_order_acquire) != EBB__UP || !s)) return false;
   /* acquire: as in ebb__check_stream (the fields are those of the stream the magic announces). */
   uint32_t m = atomic_load_explicit(&s->slot.magic, memory_order_acquire);
   if (EBB_UNLIKELY(m != EBB__STREAM_LIVE && m != EBB__STREAM_RELEASING)) return false;
@@ -813,7 +813,7 @@ bool ebb__stream_peek(const ebb_stream_t *s, uint64_t *id, int *device) {
 
 ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out) {
   ebb_status st = ebb__check_stream("ebb_stream_get_info", s);
-  if (!st) st = ebb__check_out("ebb_stream_get_info", out, "an ebb_stream_info");
+  if (!st) st = check_out("ebb_stream_get_info", out, "an ebb_stream_info");
   if (!st) *out = (ebb_stream_info){.device = s->device, .prio = s->prio, .id = s->id};
   return st;
 }
@@ -821,7 +821,7 @@ ebb_status ebb_stream_get_info(const ebb_stream_t *s, ebb_stream_info *out) {
 /* Pinned for the read only: what the caller does with the handle is ordered by the caller. The
  * pin counter is the handle's own state, not the stream's, hence the cast. */
 ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out) {
-  ebb_status st = ebb__check_out("ebb_stream_cu", out, "a CUstream");
+  ebb_status st = check_out("ebb_stream_cu", out, "a CUstream");
   if (!st) st = ebb__stream_pin("ebb_stream_cu", (ebb_stream_t *)s);
   if (st) return st;
   *out = s->cu;
@@ -847,11 +847,11 @@ ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park
 }
 
 /* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status ebb__stream_query_cb(void *obj, bool *done) { return ebb__drv_stream_query(obj, done); }
-static ebb_status ebb__stream_park_cb(void *obj) { return ebb__drv_stream_synchronize(obj); }
+static ebb_status stream_query_cb(void *obj, bool *done) { return ebb__drv_stream_query(obj, done); }
+static ebb_status stream_park_cb(void *obj) { return ebb__drv_stream_synchronize(obj); }
 
-static ebb_status ebb__event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
-static ebb_status ebb__event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
+static ebb_status event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
+static ebb_status event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
 
 /* A caller-owned stream is waited for through a pooled event recorded under the pin, not with
  * the pin held: the release of the stream, on another thread or in a host function of the work
@@ -860,19 +860,19 @@ ebb_status ebb_stream_synchronize(ebb_stream_t *s) {
   static const char fn[] = "ebb_stream_synchronize";
   ebb_status st = ebb__stream_pin(fn, s);
   if (st) return st;
-  if (s->kind != EBB__STREAM_USER) return ebb__spin_then_park(s->cu, ebb__stream_query_cb, ebb__stream_park_cb);
-  struct ebb__dev *d = &ebb__st.dev[s->device];
+  if (s->kind != EBB__STREAM_USER) return ebb__spin_then_park(s->cu, stream_query_cb, stream_park_cb);
+  struct ebb__dev *d = &ebb__streams_state.dev[s->device];
   struct CUevent_st *ev = NULL;
   st = ebb__drv_event_get(d, false, &ev);
   if (!st) st = ebb__drv_event_record(ev, s->cu);
   ebb__stream_unpin(s);
-  if (!st) st = ebb__spin_then_park(ev, ebb__event_query_cb, ebb__event_park_cb);
+  if (!st) st = ebb__spin_then_park(ev, event_query_cb, event_park_cb);
   if (ev) ebb__drv_event_put(d, false, ev);
   return st;
 }
 
 ebb_status ebb_stream_query(ebb_stream_t *s, bool *idle) {
-  ebb_status st = ebb__check_out("ebb_stream_query", idle, "a bool");
+  ebb_status st = check_out("ebb_stream_query", idle, "a bool");
   if (!st) st = ebb__stream_pin("ebb_stream_query", s);
   if (st) return st;
   st = ebb__drv_stream_query(s->cu, idle);
@@ -904,7 +904,7 @@ ebb_status ebb__host_fn_refused(const char *fn, const ebb_stream_t *s) {
 /* What the driver runs for ebb_stream_host_func: the caller's function, with the thread marked
  * (saved and restored, should a driver run host functions from inside one), then the record goes
  * back to its free list. */
-static void ebb__host_call_run(void *user) {
+static void host_call_run(void *user) {
   struct ebb__host_call *c = user;
   ebb_host_fn fn = c->fn;
   void *fn_user = c->user;
@@ -925,7 +925,7 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   if (!fn)
     return ebb__fail(EBB_EINVAL, "%s: fn is NULL; expected a function to run on stream %llu (device %d)", name,
                      (unsigned long long)s->id, s->device);
-  struct ebb__dev *d = &ebb__st.dev[s->device];
+  struct ebb__dev *d = &ebb__streams_state.dev[s->device];
   ebb__mutex_lock(&d->call_mu);
   struct ebb__host_call *c = ebb__slot_take(&d->host_calls);
   ebb__mutex_unlock(&d->call_mu);
@@ -937,7 +937,7 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   c->dev = d;
   st = ebb__stream_pin(name, s);
   if (!st) {
-    st = ebb__drv_launch_host_func(s->cu, ebb__host_call_run, c);
+    st = ebb__drv_launch_host_func(s->cu, host_call_run, c);
     ebb__stream_unpin(s);
   }
   if (st) { /* the function will never run, so nothing else gives the record back */
@@ -969,12 +969,12 @@ ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {
 
 ebb_status ebb_stream_get_stats(ebb_stream_stats *out) {
   ebb_status st = ebb__streams_enter("ebb_stream_get_stats");
-  if (!st) st = ebb__check_out("ebb_stream_get_stats", out, "an ebb_stream_stats");
+  if (!st) st = check_out("ebb_stream_get_stats", out, "an ebb_stream_stats");
   if (st) return st;
   /* No lock: each counter is exact on its own, the sum is a snapshot that may straddle a call. */
   memset(out, 0, sizeof *out);
-  for (int i = 0; i < ebb__st.ndev; i++) {
-    const struct ebb__dev_stats *c = &ebb__st.dev[i].stats;
+  for (int i = 0; i < ebb__streams_state.ndev; i++) {
+    const struct ebb__dev_stats *c = &ebb__streams_state.dev[i].stats;
     out->streams_created += atomic_load_explicit(&c->streams_created, memory_order_relaxed);
     out->events_created += atomic_load_explicit(&c->events_created, memory_order_relaxed);
     out->event_pool_hits += atomic_load_explicit(&c->event_pool_hits, memory_order_relaxed);

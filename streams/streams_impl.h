@@ -222,7 +222,7 @@ struct ebb__streams {
   struct ebb__dev dev[EBB_MAX_DEVICES];
 };
 
-EBB_HIDDEN extern struct ebb__streams ebb__st;
+EBB_HIDDEN extern struct ebb__streams ebb__streams_state;
 
 /* Entry check of every public call: ebb initialised (EBB_ENOTINIT naming `fn` otherwise) and the
  * module started (lazily, reading EBB_STREAM_POOL_SIZE, EBB_STAGING_CHUNK, EBB_STAGING_CHUNKS). */

@@ -35,11 +35,11 @@ extern "C" __global__ void ebb_ops_ew(ebb__ew_args a) {
     switch (op) {
     case EBB__EW_FILL:
       if (dto == EBB__KDT_I64) ebb__sti(po, dto, is0);
-      else ebb__st(po, dto, a.s0);
+      else ebb__store_dt(po, dto, a.s0);
       break;
-    case EBB__EW_ARANGE: ebb__st(po, dto, ebb__arange_at(a.s0, a.s1, (uint64_t)i)); break;
+    case EBB__EW_ARANGE: ebb__store_dt(po, dto, ebb__arange_at(a.s0, a.s1, (uint64_t)i)); break;
     case EBB__EW_RAND:
-    case EBB__EW_RANDN: ebb__st(po, dto, ebb__random_at(op, dto, a.seed, a.offset + (uint64_t)i)); break;
+    case EBB__EW_RANDN: ebb__store_dt(po, dto, ebb__random_at(op, dto, a.seed, a.offset + (uint64_t)i)); break;
     default:
       if (ints) {
         int64_t x = nin > 0 ? ebb__ldi(pi[0], a.dt_in[0]) : 0, y = nin > 1 ? ebb__ldi(pi[1], a.dt_in[1]) : 0;
@@ -48,9 +48,9 @@ extern "C" __global__ void ebb_ops_ew(ebb__ew_args a) {
         ebb__ew_i(op, x, y, z, is0, is1, &r);
         ebb__sti(po, dto, r);
       } else {
-        double x = nin > 0 ? ebb__ld(pi[0], a.dt_in[0]) : 0, y = nin > 1 ? ebb__ld(pi[1], a.dt_in[1]) : 0;
-        double z = nin > 2 ? ebb__ld(pi[2], a.dt_in[2]) : 0;
-        ebb__st(po, dto, ebb__ew_f(op, x, y, z, a.s0, a.s1));
+        double x = nin > 0 ? ebb__load_dt(pi[0], a.dt_in[0]) : 0, y = nin > 1 ? ebb__load_dt(pi[1], a.dt_in[1]) : 0;
+        double z = nin > 2 ? ebb__load_dt(pi[2], a.dt_in[2]) : 0;
+        ebb__store_dt(po, dto, ebb__ew_f(op, x, y, z, a.s0, a.s1));
       }
       break;
     }
@@ -78,12 +78,12 @@ extern "C" __global__ void ebb_ops_reduce(ebb__red_args a) {
         off += (jr % a.ishape[d]) * a.ist_in[d];
         jr /= a.ishape[d];
       }
-      double v = ebb__ld((const char *)a.in + off * dt_size[a.dt_in], a.dt_in);
+      double v = ebb__load_dt((const char *)a.in + off * dt_size[a.dt_in], a.dt_in);
       if (a.op == EBB__RED_MAX) ebb__red_max_step(&acc, &best, &nan, v, j);
       else acc += v;
     }
     acc = ebb__red_finish(a.op, acc, inner);
-    ebb__st((char *)a.out + obase * dt_size[a.dt_out], a.dt_out, acc);
+    ebb__store_dt((char *)a.out + obase * dt_size[a.dt_out], a.dt_out, acc);
     if (a.idx) a.idx[obase] = best;
   }
 }

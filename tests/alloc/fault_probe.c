@@ -21,9 +21,9 @@ static CUresult CUDAAPI ebb_test_failing_ctx_sync(void) {
 
 /* The next n cuCtxSynchronize calls fail with CUDA_ERROR_UNKNOWN. */
 void ebb_test_fail_ctx_sync(int n) {
-  if (ebb__rt.drv.CtxSynchronize != ebb_test_failing_ctx_sync) {
-    ebb_test_real_ctx_sync = ebb__rt.drv.CtxSynchronize;
-    ebb__rt.drv.CtxSynchronize = ebb_test_failing_ctx_sync;
+  if (ebb__runtime_state.drv.CtxSynchronize != ebb_test_failing_ctx_sync) {
+    ebb_test_real_ctx_sync = ebb__runtime_state.drv.CtxSynchronize;
+    ebb__runtime_state.drv.CtxSynchronize = ebb_test_failing_ctx_sync;
   }
   atomic_store_explicit(&ebb_test_ctx_sync_fails, n, memory_order_relaxed);
 }

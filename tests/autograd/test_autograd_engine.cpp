@@ -626,7 +626,7 @@ TEST_CASE("engine: a retained non-leaf that is also a backward input gets its gr
 }
 
 // A leaf root whose AccumulateGrad nothing else holds: the task reads that node until its end, so
-// the call's reference must outlive the task (else ASan: heap-use-after-free in ebb__task_free).
+// the call's reference must outlive the task (else ASan: heap-use-after-free in task_free).
 TEST_CASE("engine: backward and grad on a leaf root that nothing else uses", "[autograd][engine]") {
   EbbSession session;
   Tensor x = cpu_leaf({2});
