@@ -104,11 +104,23 @@ ebb_status ebb__check_dev_live(const char *fn, int device) {
 
 ebb_status ebb_dev_status(int device) { return ebb__check_dev_live("ebb_dev_status", device); }
 
-static int attr(CUdevice d, CUdevice_attribute a) {
-  int v = 0;
-  if (ebb__runtime_state.drv.DeviceGetAttribute(&v, a, d) != CUDA_SUCCESS) v = 0;
-  return v;
-}
+/* The device attributes ebb reads at ebb_init. A failed read fails ebb_init naming the attribute:
+ * read as 0 it would make a GPU look emulated (no compute capability) or without VMM. */
+enum { A_CC_MAJOR, A_CC_MINOR, A_SMS, A_ENGINES, A_UVA, A_CONCURRENT, A_VMM, A_HOST_REGISTER, A_PRIORITIES, A_COUNT };
+static const struct {
+  CUdevice_attribute a;
+  const char *name;
+} attrs[A_COUNT] = {
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"},
+    {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)"},
+    {CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, "cuDeviceGetAttribute(ASYNC_ENGINE_COUNT)"},
+    {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, "cuDeviceGetAttribute(UNIFIED_ADDRESSING)"},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, "cuDeviceGetAttribute(CONCURRENT_KERNELS)"},
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)"},
+    {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, "cuDeviceGetAttribute(HOST_REGISTER_SUPPORTED)"},
+    {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, "cuDeviceGetAttribute(STREAM_PRIORITIES_SUPPORTED)"},
+};
 
 static ebb_status dev_read_caps(int i) {
   ebb_device *dv = &ebb__runtime_state.dev[i];
@@ -116,19 +128,23 @@ static ebb_status dev_read_caps(int i) {
   const ebb_drv *d = &ebb__runtime_state.drv;
   memset(c, 0, sizeof *c);
   c->ordinal = i;
+  /* (the name and the PCI bus id are for messages: a default stands in when the driver has none) */
   if (d->DeviceGetName(c->name, (int)sizeof c->name, dv->cu) != CUDA_SUCCESS) snprintf(c->name, sizeof c->name, "device %d", i);
   CUresult r = d->DeviceTotalMem(&c->total_mem, dv->cu);
   if (r != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_init", "cuDeviceTotalMem");
-  c->cc_major = attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
-  c->cc_minor = attr(dv->cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-  c->multiprocessors = attr(dv->cu, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-  c->async_engines = attr(dv->cu, CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT);
-  c->unified_addressing = attr(dv->cu, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING) != 0;
-  c->concurrent_kernels = attr(dv->cu, CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS) != 0;
-  c->vmm = d->MemAddressReserve && d->MemCreate && d->MemMap && d->MemSetAccess && d->MemUnmap &&
-           attr(dv->cu, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
-  c->host_register = d->MemHostRegister && d->MemHostUnregister &&
-                     attr(dv->cu, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED) != 0;
+  int v[A_COUNT];
+  for (int k = 0; k < A_COUNT; k++) {
+    v[k] = 0;
+    if ((r = d->DeviceGetAttribute(&v[k], attrs[k].a, dv->cu)) != CUDA_SUCCESS) return ebb__cu_fail(r, "ebb_init", attrs[k].name);
+  }
+  c->cc_major = v[A_CC_MAJOR];
+  c->cc_minor = v[A_CC_MINOR];
+  c->multiprocessors = v[A_SMS];
+  c->async_engines = v[A_ENGINES];
+  c->unified_addressing = v[A_UVA] != 0;
+  c->concurrent_kernels = v[A_CONCURRENT] != 0;
+  c->vmm = d->MemAddressReserve && d->MemCreate && d->MemMap && d->MemSetAccess && d->MemUnmap && v[A_VMM] != 0;
+  c->host_register = d->MemHostRegister && d->MemHostUnregister && v[A_HOST_REGISTER] != 0;
   c->host_alloc = d->MemHostAlloc && d->MemFreeHost;
   c->host_func = d->LaunchHostFunc != NULL;
   c->cpu_kernels = d->RegisterKernel != NULL;
@@ -137,10 +153,11 @@ static ebb_status dev_read_caps(int i) {
   if (d->DeviceGetPCIBusId && d->DeviceGetPCIBusId(c->pci_bus_id, (int)sizeof c->pci_bus_id, dv->cu) != CUDA_SUCCESS)
     c->pci_bus_id[0] = '\0';
   c->prio_least = c->prio_greatest = 0;
-  if (d->CtxGetStreamPriorityRange && attr(dv->cu, CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED)) {
+  if (d->CtxGetStreamPriorityRange && v[A_PRIORITIES]) {
     ebb_status st = ebb__dev_activate("ebb_init", i);
     if (st) return st;
-    d->CtxGetStreamPriorityRange(&c->prio_least, &c->prio_greatest);
+    if ((r = d->CtxGetStreamPriorityRange(&c->prio_least, &c->prio_greatest)) != CUDA_SUCCESS)
+      return ebb__cu_fail(r, "ebb_init", "cuCtxGetStreamPriorityRange");
   }
   return EBB_OK;
 }

@@ -101,3 +101,27 @@ TEST_CASE("a sticky driver error puts the device in an error state that every la
   EBB_REQUIRE_OK(ebb_dev_synchronize(0));
   EBB_REQUIRE_OK(ebb_shutdown());
 }
+
+TEST_CASE("a device attribute the driver fails to report fails ebb_init naming it, never a device read as emulated",
+          "[runtime][driver][fault]") {
+  // Read as 0, a compute capability would make a GPU look emulated, a VMM attribute turn off
+  // expandable segments: the failure is ebb_init's.
+  if (!faults_for_this_process("cuDeviceGetAttribute:1:CUDA_ERROR_INVALID_VALUE")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  HookCount hook;
+  ebb_clear_error();
+  ebb_status st = ebb_init();
+  std::string msg = ebb_last_error();
+  INFO(ebb_status_name(st) << ": " << msg);
+  CHECK(st != EBB_OK);
+  CHECK(msg.find("ebb_init") != std::string::npos);
+  CHECK(msg.find("cuDeviceGetAttribute(") != std::string::npos);
+  CHECK(msg.find("CUDA_ERROR_INVALID_VALUE") != std::string::npos);
+  CHECK(hook.calls == 1);
+  // The fault fired once: the next ebb_init finds every attribute.
+  EBB_REQUIRE_OK(ebb_init());
+  ebb_dev_caps caps;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &caps));
+  CHECK(caps.emulated);
+  EBB_REQUIRE_OK(ebb_shutdown());
+}
