@@ -51,11 +51,16 @@ ebb_status ebb__dev_activate(const char *fn, int device) {
  * cached, its next call sets one). */
 static int sticky_owner(void) {
   const ebb_drv *d = &ebb__runtime_state.drv;
-  int owner = -1;
+  int owner = -1, marked = -1;
+  /* A device not yet in its error state first (a second device's fault is its own); else one
+   * already in it (the call met that device's error again). */
   for (int i = 0; i < ebb__runtime_state.ndev && owner < 0 && d->StreamQuery; i++) {
-    if (d->CtxSetCurrent(ebb__runtime_state.dev[i].ctx) != CUDA_SUCCESS) continue;
-    if (ebb__cu_sticky(d->StreamQuery(NULL))) owner = i;
+    if (d->CtxSetCurrent(ebb__runtime_state.dev[i].ctx) != CUDA_SUCCESS || !ebb__cu_sticky(d->StreamQuery(NULL))) continue;
+    /* relaxed: a hint; the marking's CAS decides */
+    if (atomic_load_explicit(&ebb__runtime_state.dev[i].failed, memory_order_relaxed) == 0) owner = i;
+    else if (marked < 0) marked = i;
   }
+  if (owner < 0) owner = marked;
   if (owner < 0) owner = ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__runtime_state.ndev ? ebb__tl_ctx_dev : ebb__tl_cur_dev;
   if (owner < 0 || owner >= ebb__runtime_state.ndev) owner = 0;
   if (ebb__tl_ctx_dev >= 0 && ebb__tl_ctx_dev < ebb__runtime_state.ndev) d->CtxSetCurrent(ebb__runtime_state.dev[ebb__tl_ctx_dev].ctx);

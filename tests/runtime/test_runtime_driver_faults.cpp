@@ -125,3 +125,16 @@ TEST_CASE("a device attribute the driver fails to report fails ebb_init naming i
   CHECK(caps.emulated);
   EBB_REQUIRE_OK(ebb_shutdown());
 }
+
+TEST_CASE("a second device's sticky error is that device's error state, not the first failed device's",
+          "[runtime][driver][fault][sticky]") {
+  // The first two cuCtxSynchronize calls fail (LAUNCH_FAILED): device 0's, then device 1's.
+  if (!faults_for_this_process("cuCtxSynchronize:1,cuCtxSynchronize:2")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EBB_REQUIRE_OK(ebb_init());
+  EBB_CHECK_FAILS(ebb_dev_synchronize(0), EBB_EDEVICE, "device 0 is in an error state");
+  EBB_CHECK_FAILS(ebb_dev_synchronize(1), EBB_EDEVICE, "device 1 is in an error state");
+  EBB_CHECK_FAILS(ebb_dev_status(1), EBB_EDEVICE, "ebb_dev_status: device 1 is in an error state");
+  EBB_CHECK_FAILS(ebb_dev_status(0), EBB_EDEVICE, "ebb_dev_status: device 0 is in an error state");
+  EBB_REQUIRE_OK(ebb_shutdown());
+}
