@@ -342,4 +342,25 @@ typedef CUresult (*ebbsim_skip_waits_fn)(CUstream waiter, CUstream producer, int
   X(MemSetAccess, "cuMemSetAccess", 0)                              \
   X(MemGetAllocationGranularity, "cuMemGetAllocationGranularity", 0)
 
+/* Whether r is an error that leaves its context unusable on a GPU (a kernel's fault, an
+ * uncorrectable ECC error): every later call in that context returns it. By value: this header
+ * names only some of them. The emulated driver and ebb's runtime ask the same question. */
+static inline int ebb__cu_error_sticky(int r) {
+  switch (r) {
+  case 214: /* CUDA_ERROR_ECC_UNCORRECTABLE */
+  case 700: /* CUDA_ERROR_ILLEGAL_ADDRESS */
+  case 702: /* CUDA_ERROR_LAUNCH_TIMEOUT */
+  case 710: /* CUDA_ERROR_ASSERT */
+  case 714: /* CUDA_ERROR_HARDWARE_STACK_ERROR */
+  case 715: /* CUDA_ERROR_ILLEGAL_INSTRUCTION */
+  case 716: /* CUDA_ERROR_MISALIGNED_ADDRESS */
+  case 717: /* CUDA_ERROR_INVALID_ADDRESS_SPACE */
+  case 718: /* CUDA_ERROR_INVALID_PC */
+  case 719: /* CUDA_ERROR_LAUNCH_FAILED */
+    return 1;
+  default:
+    return 0;
+  }
+}
+
 #endif /* EBB_CUDA_H */

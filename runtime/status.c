@@ -149,21 +149,7 @@ uint64_t ebb__now_ns(void) {
 }
 
 bool ebb__cu_sticky(CUresult r) {
-  switch ((int)r) { /* by value: ebb_cuda.h names only some of them */
-  case 214: /* CUDA_ERROR_ECC_UNCORRECTABLE */
-  case 700: /* CUDA_ERROR_ILLEGAL_ADDRESS */
-  case 702: /* CUDA_ERROR_LAUNCH_TIMEOUT */
-  case 710: /* CUDA_ERROR_ASSERT */
-  case 714: /* CUDA_ERROR_HARDWARE_STACK_ERROR */
-  case 715: /* CUDA_ERROR_ILLEGAL_INSTRUCTION */
-  case 716: /* CUDA_ERROR_MISALIGNED_ADDRESS */
-  case 717: /* CUDA_ERROR_INVALID_ADDRESS_SPACE */
-  case 718: /* CUDA_ERROR_INVALID_PC */
-  case 719: /* CUDA_ERROR_LAUNCH_FAILED */
-    return true;
-  default:
-    return false;
-  }
+  return ebb__cu_error_sticky((int)r) != 0; /* (ebb_cuda.h) */
 }
 
 /* Every CUresult ebb can meet, mapped once. Errors not listed are EBB_EDRIVER; the sticky ones

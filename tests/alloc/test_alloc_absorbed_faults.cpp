@@ -16,21 +16,11 @@
 #include "alloc_test_util.hpp"
 #include "ebb/alloc.h"
 #include "ebb/stream.h"
+#include "sim_fault_env.hpp"
 
 using namespace alloc_test;
 
 namespace {
-
-bool faults_for_this_process(const char *value) {
-  static std::string first;
-  if (!first.empty() && first != value) {
-    WARN("skipped: the driver already started with EBB_SIM_FAULT=" << first << "; run this case alone (ctest does)");
-    return false;
-  }
-  first = value;
-  REQUIRE(setenv("EBB_SIM_FAULT", value, 1) == 0);
-  return true;
-}
 
 // A failure of the test's own making, so the checks can tell "untouched" from "empty", and a
 // count of the hook's calls from then on.

@@ -160,39 +160,49 @@ ebb_status release_then_backward(const ebb_tensor_t *, ebb_tensor_t **, void *us
 }
 }  // namespace
 
+namespace {
+// Two graphs recorded on a created stream s: loss = sum(2 w) through y (where a hook goes), and
+// loss2 = sum(5 w2), whose .grad (5 everywhere) the checks read.
+struct TwoGraphs {
+  std::vector<double> v, v2;
+  Tensor w, w2, y, loss, loss2;
+  ebb_stream_t *s = nullptr;
+  explicit TwoGraphs(int t) : v(vals(t)), v2(vals(t + 1)), w(leaf(0, v)), w2(leaf(0, v2)) {
+    sync_all();
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
+    OnStream g(s);
+    y = scale(w, 2);
+    loss = sum(y);
+    loss2 = sum(scale(w2, 5));
+  }
+  std::vector<double> fives() const { return std::vector<double>(v2.size(), 5.0); }
+};
+}  // namespace
+
 TEST_CASE("a backward inside a hook, after the hook released the caller's stream, still writes its results for that stream",
           "[autograd][streams][release]") {
   // The inner backward's caller stream has a release asked while the outer backward holds it:
   // the inner one joins the hold, runs there and makes it wait for its .grad.
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
-  auto v = vals(1), v2 = vals(2);
-  Tensor w = leaf(0, v), w2 = leaf(0, v2);
+  TwoGraphs gr(1);
   sync_all();
   Inner c;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &c.s));
-  Tensor y, loss, loss2;
-  {
-    OnStream g(c.s);
-    y = scale(w, 2);
-    loss = sum(y);
-    loss2 = sum(scale(w2, 5));
-  }
-  sync_all();
-  c.loss = loss2;
-  c.w = w2;
-  register_hook(y, release_then_backward, &c);
+  c.s = gr.s;
+  c.loss = gr.loss2;
+  c.w = gr.w2;
+  register_hook(gr.y, release_then_backward, &c);
   ebb_status st;
   {
     OnStream g(c.s);
-    st = backward({loss});
+    st = backward({gr.loss});
   }
   INFO(ebb_last_error() << " / inner: " << c.err);
   REQUIRE(st == EBB_OK);
   CHECK(c.rel == EBB_OK);
   CHECK(c.bw == EBB_OK);
   CHECK(c.cur == c.s);
-  CHECK(same(c.seen, std::vector<double>(v2.size(), 5.0)));
+  CHECK(same(c.seen, gr.fives()));
   EBB_CHECK_FAILS(ebb_stream_release(c.s), EBB_EFREED, "released");
 }
 
@@ -200,18 +210,8 @@ TEST_CASE("a backward whose current stream another thread's backward holds, rele
           "[autograd][streams][release][threads]") {
   EbbSession session;
   EBB_NEED_TIMED_DEVICES();
-  auto v = vals(3), v2 = vals(4);
-  Tensor w = leaf(0, v), w2 = leaf(0, v2);
-  sync_all();
-  ebb_stream_t *s = nullptr;
-  EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
-  Tensor y, loss, loss2;
-  {
-    OnStream g(s);
-    y = scale(w, 2);
-    loss = sum(y);
-    loss2 = sum(scale(w2, 5));
-  }
+  TwoGraphs gr(3);
+  ebb_stream_t *s = gr.s;
   sync_all();
   // The other thread's backward parks in a hook, holding s.
   struct Park {
@@ -227,12 +227,12 @@ TEST_CASE("a backward whose current stream another thread's backward holds, rele
     p->cv.wait(l, [&] { return p->go; });
     return EBB_OK;
   };
-  register_hook(y, parked, &park);
+  register_hook(gr.y, parked, &park);
   ebb_status other = EBB_EINTERNAL;
   std::thread t([&] {
     ebb_stream_guard g{};
     if (ebb_stream_guard_enter(&g, s) != EBB_OK) return;
-    other = backward({loss});
+    other = backward({gr.loss});
     ebb_stream_guard_exit(&g);
   });
   {
@@ -246,9 +246,9 @@ TEST_CASE("a backward whose current stream another thread's backward holds, rele
   {
     OnStream g(s);  // still live until the holder returns
     busy(current_default(), kBacklog);
-    st = backward({loss2});
+    st = backward({gr.loss2});
     cur = current(0);
-    seen = grad_seen(w2);
+    seen = grad_seen(gr.w2);
   }
   {
     std::lock_guard<std::mutex> l(park.mu);
@@ -260,7 +260,7 @@ TEST_CASE("a backward whose current stream another thread's backward holds, rele
   CHECK(other == EBB_OK);
   REQUIRE(st == EBB_OK);
   CHECK(cur == s);
-  CHECK(same(seen, std::vector<double>(v2.size(), 5.0)));
+  CHECK(same(seen, gr.fives()));
   EBB_CHECK_FAILS(ebb_stream_release(s), EBB_EFREED, "released");
 }
 

@@ -13,19 +13,9 @@
 #include "ebb/runtime.h"
 #include "ebb/status.h"
 #include "ebb_test_util.hpp"
+#include "sim_fault_env.hpp"
 
 namespace {
-
-bool faults_for_this_process(const char *value) {
-  static std::string first;
-  if (!first.empty() && first != value) {
-    WARN("skipped: the driver already started with EBB_SIM_FAULT=" << first << "; run this case alone (ctest does)");
-    return false;
-  }
-  first = value;
-  REQUIRE(setenv("EBB_SIM_FAULT", value, 1) == 0);
-  return true;
-}
 
 struct HookCount {
   int calls = 0;

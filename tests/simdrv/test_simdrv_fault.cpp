@@ -15,23 +15,7 @@
 #include <vector>
 
 #include "simdrv_loader.hpp"
-
-namespace {
-
-// Sets EBB_SIM_FAULT for this process's cuInit; false (with a warning) when another case
-// already started the driver with another value in this process.
-bool faults_for_this_process(const char *value) {
-  static std::string first;
-  if (!first.empty() && first != value) {
-    WARN("skipped: the driver already started with EBB_SIM_FAULT=" << first << "; run this case alone (ctest does)");
-    return false;
-  }
-  first = value;
-  REQUIRE(setenv("EBB_SIM_FAULT", value, 1) == 0);
-  return true;
-}
-
-}  // namespace
+#include "sim_fault_env.hpp"
 
 TEST_CASE("EBB_SIM_FAULT fails the n-th call of an entry once, with the entry's default or the given CUresult",
           "[simdrv][fault]") {
