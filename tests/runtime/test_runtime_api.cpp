@@ -41,6 +41,7 @@ TEST_CASE("calls before ebb_init fail with ENOTINIT and say what to do", "[runti
   EBB_CHECK_FAILS(ebb_dev_count(&n), EBB_ENOTINIT, "ebb_init");
   ebb_dev_caps caps;
   EBB_CHECK_FAILS(ebb_dev_get_caps(0, &caps), EBB_ENOTINIT, "ebb_dev_get_caps");
+  EBB_CHECK_FAILS(ebb_dev_status(0), EBB_ENOTINIT, "ebb_dev_status");
   EBB_CHECK_FAILS(ebb_dev_set_current(0), EBB_ENOTINIT, "ebb_init");
   const ebb_kernel_t *k = nullptr;
   EBB_CHECK_FAILS(ebb_kernel_declare("k", 4, nullptr, "k", &k), EBB_ENOTINIT, "ebb_init");
@@ -162,6 +163,9 @@ TEST_CASE("devices: count, capabilities, bad ordinals", "[runtime][device]") {
   EBB_CHECK_FAILS(ebb_dev_mem_info(0, nullptr, &tot), EBB_EINVAL, "non-NULL");
   EBB_REQUIRE_OK(ebb_dev_synchronize(0));
   EBB_CHECK_FAILS(ebb_dev_synchronize(n), EBB_EDEVICE, "does not exist");
+  EBB_REQUIRE_OK(ebb_dev_status(0));  // a healthy device
+  EBB_CHECK_FAILS(ebb_dev_status(n), EBB_EDEVICE, "ebb_dev_status");
+  EBB_CHECK_FAILS(ebb_dev_status(-1), EBB_EDEVICE, "-1");
 }
 
 TEST_CASE("current device is per thread - guards nest and restore", "[runtime][device]") {
