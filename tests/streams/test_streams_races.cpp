@@ -79,6 +79,9 @@ TEST_CASE("races: calls on a stream racing its release succeed or get EBB_EFREED
     while (issued.load(std::memory_order_acquire) < round % 29) std::this_thread::yield();
     EBB_REQUIRE_OK(ebb_stream_release(s));
     user.join();
+    // The released stream's copies still run, and the next round's stream copies between the
+    // same buffers: without this wait the two rounds' copies race on them (as a user's would).
+    EBB_REQUIRE_OK(ebb_dev_synchronize(0));
     INFO("round " << round << ", call " << bad_call << ": " << ebb_status_name(bad) << ": " << bad_msg);
     REQUIRE(bad == EBB_EFREED);
     CHECK(bad_msg.find("released") != std::string::npos);
