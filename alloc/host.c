@@ -89,7 +89,7 @@ static ebb_status pin_obtain(struct ebb__arena *a, size_t bytes, uint64_t *addr)
   } else {
     bool bound = false;
     st = ebb_numa_pages_alloc(a->device, bytes, &p, &bound);
-    if (!st && (st = ebb__drv_host_register(p, bytes))) ebb_numa_pages_free(p, bytes);
+    if (!st && (st = ebb__drv_host_register(a->device, p, bytes))) ebb_numa_pages_free(p, bytes);
   }
   if (st) {
     pin_uncharge(bytes);
@@ -103,9 +103,9 @@ static ebb_status pin_release(struct ebb__arena *a, uint64_t addr, size_t bytes)
   void *p = (void *)(uintptr_t)addr;
   ebb_status st;
   if (a->numa_node < 0) {
-    st = ebb__drv_pinned_free(p);
+    st = ebb__drv_pinned_free(a->device, p);
   } else {
-    st = ebb__drv_host_unregister(p);
+    st = ebb__drv_host_unregister(a->device, p);
     /* Unmapping pages the driver still holds pinned would be worse than leaking them. */
     if (!st) st = ebb_numa_pages_free(p, bytes);
   }

@@ -1069,7 +1069,7 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   char td[EBB__DESC_MAX];
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: %s is empty; nothing to copy (use ebb_tensor_to_host)", fn, EBB__DESC(t, "t", td));
   ebb_ptr_info pi;
-  st = ebb__drv_ptr_info(dst, &pi);
+  st = ebb__drv_ptr_info(t->stor->device, dst, &pi);
   if (st) return ebb__fail_in(fn, st);
   if (pi.type != EBB_MEMTYPE_PINNED)
     return ebb__fail(EBB_EINVAL, "%s: dst %p is %s memory; expected pinned host memory (ebb_pinned_alloc)", fn, dst,

@@ -218,8 +218,8 @@ int main(int argc, char **argv) {
 
     free(pg_a);
     free(pg_b);
-    BENCH_CHECK(ebb__drv_pinned_free(pin_a));
-    BENCH_CHECK(ebb__drv_pinned_free(pin_b));
+    BENCH_CHECK(ebb__drv_pinned_free(0, pin_a));
+    BENCH_CHECK(ebb__drv_pinned_free(0, pin_b));
     BENCH_CHECK(ebb__drv_mem_free(0, d0));
     BENCH_CHECK(ebb__drv_mem_free(0, d1));
   }

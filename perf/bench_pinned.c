@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     t0 = bench_now_ns();
     for (long i = 0; i < diters; i++) {
       BENCH_CHECK(ebb__drv_pinned_alloc(0, n, &p));
-      BENCH_CHECK(ebb__drv_pinned_free(p));
+      BENCH_CHECK(ebb__drv_pinned_free(0, p));
     }
     t1 = bench_now_ns();
     double drv_ns = (double)(t1 - t0) / (double)diters;

@@ -240,7 +240,7 @@ static ebb_status launch_check(const struct ebb_kernel *k, int device, const ebb
       return ebb__fail(EBB_EINVAL, "ebb_kernel_launch: kernel '%s': %d %s declared but the array is NULL", k->name, n, pass ? "writes" : "reads");
     for (int i = 0; i < n; i++) {
       ebb_ptr_info pi;
-      ebb_status st = ebb__drv_ptr_info(b[i].ptr, &pi);
+      ebb_status st = ebb__drv_ptr_info(device, b[i].ptr, &pi);
       if (st) return st;
       bool ok = pi.type == EBB_MEMTYPE_PINNED || (pi.type == EBB_MEMTYPE_DEVICE && (pi.device == device || ebb__runtime_state.dev[device].caps.peer));
       if (!ok)

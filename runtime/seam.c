@@ -30,28 +30,24 @@
     if (EBB_UNLIKELY(!(p))) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected %s", fn, #p, what); \
   } while (0)
 
-/* Calls on a stream or event need some context current on the calling thread; the thread's
- * current device's primary context serves (the driver uses the stream's own context). */
-static ebb_status ensure_ctx(const char *fn) {
-  int dev = 0;
-  ebb_dev_get_current(&dev);
-  return ebb__dev_activate(fn, dev);
+/* Calls on a stream or event run with the context of the object's device made current: the
+ * driver judges a call by the context the thread has current (a sticky error in another
+ * device's context must not refuse it, nor a healthy current context hide the object's). The
+ * device is the caller's, taken from ebb's own stream and event handles (so in range). Teardown (destroy, free,
+ * unregister) uses ensure_ctx: it goes on in the error state. */
+static ebb_status ensure_ctx(const char *fn, int device) { return ebb__dev_activate(fn, device); }
+
+/* ensure_ctx for calls that give work or wait for it: refused at once while the device is in
+ * its error state. */
+static ebb_status ensure_ctx_live(const char *fn, int device) {
+  ebb_status st = ebb__dev_live(fn, device);
+  return st ? st : ebb__dev_activate(fn, device);
 }
 
-/* ensure_ctx for calls that give work or wait for it: refused at once while the current
- * device is in its error state (a driver keeps a sticky error in the context the thread has
- * current when it meets it). Teardown (destroy, free, unregister) uses ensure_ctx. */
-static ebb_status ensure_ctx_live(const char *fn) {
-  int dev = 0;
-  ebb_dev_get_current(&dev);
-  ebb_status st = ebb__dev_live(fn, dev);
-  return st ? st : ebb__dev_activate(fn, dev);
-}
-
-ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out) {
+ebb_status ebb__drv_ptr_info(int device, const void *ptr, ebb_ptr_info *out) {
   EBB_SEAM_ENTRY("ebb__drv_ptr_info", PointerGetAttribute);
   EBB_SEAM_NONNULL("ebb__drv_ptr_info", out, "a struct to fill");
-  ebb_status st = ensure_ctx_live("ebb__drv_ptr_info");
+  ebb_status st = ensure_ctx_live("ebb__drv_ptr_info", device);
   if (st) return st;
   unsigned int type = 0;
   CUresult r = ebb__runtime_state.drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)ptr);
@@ -90,29 +86,29 @@ ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st *
   return EBB_OK;
 }
 
-ebb_status ebb__drv_stream_destroy(struct CUstream_st *s) {
+ebb_status ebb__drv_stream_destroy(int device, struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_stream_destroy", StreamDestroy);
   EBB_SEAM_NONNULL("ebb__drv_stream_destroy", s, "a driver stream (the legacy NULL stream is never destroyed)");
-  ebb_status st = ensure_ctx("ebb__drv_stream_destroy");
+  ebb_status st = ensure_ctx("ebb__drv_stream_destroy", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_stream_destroy", "cuStreamDestroy", ebb__runtime_state.drv.StreamDestroy(s));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_stream_synchronize(struct CUstream_st *s) {
+ebb_status ebb__drv_stream_synchronize(int device, struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_stream_synchronize", StreamSynchronize);
   EBB_SEAM_NONNULL("ebb__drv_stream_synchronize", s, "a driver stream");
-  ebb_status st = ensure_ctx_live("ebb__drv_stream_synchronize");
+  ebb_status st = ensure_ctx_live("ebb__drv_stream_synchronize", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_stream_synchronize", "cuStreamSynchronize", ebb__runtime_state.drv.StreamSynchronize(s));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_stream_query(struct CUstream_st *s, bool *idle) {
+ebb_status ebb__drv_stream_query(int device, struct CUstream_st *s, bool *idle) {
   EBB_SEAM_ENTRY("ebb__drv_stream_query", StreamQuery);
   EBB_SEAM_NONNULL("ebb__drv_stream_query", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_stream_query", idle, "a bool to fill");
-  ebb_status st = ensure_ctx_live("ebb__drv_stream_query");
+  ebb_status st = ensure_ctx_live("ebb__drv_stream_query", device);
   if (st) return st;
   CUresult r = ebb__runtime_state.drv.StreamQuery(s);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_stream_query", "cuStreamQuery");
@@ -120,21 +116,23 @@ ebb_status ebb__drv_stream_query(struct CUstream_st *s, bool *idle) {
   return EBB_OK;
 }
 
-ebb_status ebb__drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e) {
+ebb_status ebb__drv_stream_wait_event(int device, struct CUstream_st *s, int event_device, struct CUevent_st *e) {
   EBB_SEAM_ENTRY("ebb__drv_stream_wait_event", StreamWaitEvent);
   EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_stream_wait_event", e, "a driver event");
-  ebb_status st = ensure_ctx_live("ebb__drv_stream_wait_event");
+  /* An event of a device in its error state never completes: the wait is refused too. */
+  ebb_status st = event_device == device ? EBB_OK : ebb__dev_live("ebb__drv_stream_wait_event", event_device);
+  if (!st) st = ensure_ctx_live("ebb__drv_stream_wait_event", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_stream_wait_event", "cuStreamWaitEvent", ebb__runtime_state.drv.StreamWaitEvent(s, e, 0));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user) {
+ebb_status ebb__drv_launch_host_func(int device, struct CUstream_st *s, ebb_host_fn fn, void *user) {
   EBB_SEAM_ENTRY("ebb__drv_launch_host_func", LaunchHostFunc);
   EBB_SEAM_NONNULL("ebb__drv_launch_host_func", s, "a driver stream");
   EBB_SEAM_NONNULL("ebb__drv_launch_host_func", fn, "a function to run");
-  ebb_status st = ensure_ctx_live("ebb__drv_launch_host_func");
+  ebb_status st = ensure_ctx_live("ebb__drv_launch_host_func", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_launch_host_func", "cuLaunchHostFunc", ebb__runtime_state.drv.LaunchHostFunc(s, fn, user));
   return EBB_OK;
@@ -155,30 +153,30 @@ ebb_status ebb__drv_event_create(int device, bool timing, struct CUevent_st **ou
   return EBB_OK;
 }
 
-ebb_status ebb__drv_event_destroy(struct CUevent_st *e) {
+ebb_status ebb__drv_event_destroy(int device, struct CUevent_st *e) {
   EBB_SEAM_ENTRY("ebb__drv_event_destroy", EventDestroy);
   EBB_SEAM_NONNULL("ebb__drv_event_destroy", e, "a driver event");
-  ebb_status st = ensure_ctx("ebb__drv_event_destroy");
+  ebb_status st = ensure_ctx("ebb__drv_event_destroy", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_event_destroy", "cuEventDestroy", ebb__runtime_state.drv.EventDestroy(e));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_event_record(struct CUevent_st *e, struct CUstream_st *s) {
+ebb_status ebb__drv_event_record(int device, struct CUevent_st *e, struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_event_record", EventRecord);
   EBB_SEAM_NONNULL("ebb__drv_event_record", e, "a driver event");
   EBB_SEAM_NONNULL("ebb__drv_event_record", s, "a driver stream");
-  ebb_status st = ensure_ctx_live("ebb__drv_event_record");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_record", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_event_record", "cuEventRecord", ebb__runtime_state.drv.EventRecord(e, s));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done) {
+ebb_status ebb__drv_event_query(int device, struct CUevent_st *e, bool *done) {
   EBB_SEAM_ENTRY("ebb__drv_event_query", EventQuery);
   EBB_SEAM_NONNULL("ebb__drv_event_query", e, "a driver event");
   EBB_SEAM_NONNULL("ebb__drv_event_query", done, "a bool to fill");
-  ebb_status st = ensure_ctx_live("ebb__drv_event_query");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_query", device);
   if (st) return st;
   CUresult r = ebb__runtime_state.drv.EventQuery(e);
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) return ebb__cu_fail(r, "ebb__drv_event_query", "cuEventQuery");
@@ -186,21 +184,21 @@ ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done) {
   return EBB_OK;
 }
 
-ebb_status ebb__drv_event_synchronize(struct CUevent_st *e) {
+ebb_status ebb__drv_event_synchronize(int device, struct CUevent_st *e) {
   EBB_SEAM_ENTRY("ebb__drv_event_synchronize", EventSynchronize);
   EBB_SEAM_NONNULL("ebb__drv_event_synchronize", e, "a driver event");
-  ebb_status st = ensure_ctx_live("ebb__drv_event_synchronize");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_synchronize", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_event_synchronize", "cuEventSynchronize", ebb__runtime_state.drv.EventSynchronize(e));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms) {
+ebb_status ebb__drv_event_elapsed(int device, struct CUevent_st *start, struct CUevent_st *end, float *ms) {
   EBB_SEAM_ENTRY("ebb__drv_event_elapsed", EventElapsedTime);
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", start, "a recorded timing event");
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", end, "a recorded timing event");
   EBB_SEAM_NONNULL("ebb__drv_event_elapsed", ms, "a float to fill");
-  ebb_status st = ensure_ctx_live("ebb__drv_event_elapsed");
+  ebb_status st = ensure_ctx_live("ebb__drv_event_elapsed", device);
   if (st) return st;
   float v = 0;
   EBB_SEAM_CALL("ebb__drv_event_elapsed", "cuEventElapsedTime", ebb__runtime_state.drv.EventElapsedTime(&v, start, end));
@@ -253,54 +251,54 @@ ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out) {
   return EBB_OK;
 }
 
-ebb_status ebb__drv_pinned_free(void *p) {
+ebb_status ebb__drv_pinned_free(int device, void *p) {
   EBB_SEAM_ENTRY("ebb__drv_pinned_free", MemFreeHost);
   if (!p) return EBB_OK; /* free(NULL), as cuMemFreeHost(NULL) and ebb_pinned_free */
-  ebb_status st = ensure_ctx("ebb__drv_pinned_free");
+  ebb_status st = ensure_ctx("ebb__drv_pinned_free", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_pinned_free", "cuMemFreeHost", ebb__runtime_state.drv.MemFreeHost(p));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_host_register(void *p, size_t bytes) {
+ebb_status ebb__drv_host_register(int device, void *p, size_t bytes) {
   EBB_SEAM_ENTRY("ebb__drv_host_register", MemHostRegister);
   EBB_SEAM_NONNULL("ebb__drv_host_register", p, "host memory to register");
   if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_host_register: 0 bytes; expected at least 1");
-  ebb_status st = ensure_ctx_live("ebb__drv_host_register");
+  ebb_status st = ensure_ctx_live("ebb__drv_host_register", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_host_register", "cuMemHostRegister",
                 ebb__runtime_state.drv.MemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_host_unregister(void *p) {
+ebb_status ebb__drv_host_unregister(int device, void *p) {
   EBB_SEAM_ENTRY("ebb__drv_host_unregister", MemHostUnregister);
   EBB_SEAM_NONNULL("ebb__drv_host_unregister", p, "a registered host pointer");
-  ebb_status st = ensure_ctx("ebb__drv_host_unregister");
+  ebb_status st = ensure_ctx("ebb__drv_host_unregister", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_host_unregister", "cuMemHostUnregister", ebb__runtime_state.drv.MemHostUnregister(p));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s) {
+ebb_status ebb__drv_memcpy_async(int device, void *dst, const void *src, size_t bytes, struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_memcpy_async", MemcpyAsync);
   EBB_SEAM_NONNULL("ebb__drv_memcpy_async", dst, "a destination pointer");
   EBB_SEAM_NONNULL("ebb__drv_memcpy_async", src, "a source pointer");
   EBB_SEAM_NONNULL("ebb__drv_memcpy_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ensure_ctx_live("ebb__drv_memcpy_async");
+  ebb_status st = ensure_ctx_live("ebb__drv_memcpy_async", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_memcpy_async", "cuMemcpyAsync",
                 ebb__runtime_state.drv.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, s));
   return EBB_OK;
 }
 
-ebb_status ebb__drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s) {
+ebb_status ebb__drv_memset_async(int device, void *dst, unsigned char value, size_t bytes, struct CUstream_st *s) {
   EBB_SEAM_ENTRY("ebb__drv_memset_async", MemsetD8Async);
   EBB_SEAM_NONNULL("ebb__drv_memset_async", dst, "device memory");
   EBB_SEAM_NONNULL("ebb__drv_memset_async", s, "a driver stream");
   if (bytes == 0) return EBB_OK;
-  ebb_status st = ensure_ctx_live("ebb__drv_memset_async");
+  ebb_status st = ensure_ctx_live("ebb__drv_memset_async", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_memset_async", "cuMemsetD8Async",
                 ebb__runtime_state.drv.MemsetD8Async((CUdeviceptr)(uintptr_t)dst, value, bytes, s));

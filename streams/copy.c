@@ -56,8 +56,8 @@ void ebb__copy_start(struct ebb__dev *d) {
 void ebb__copy_teardown(struct ebb__dev *d) {
   for (unsigned i = 0; i < ebb__streams_state.nchunks; i++) {
     struct ebb__chunk *c = &d->chunks[i];
-    if (c->mem) ebb__drv_pinned_free(c->mem);
-    if (c->ev) ebb__drv_event_destroy(c->ev);
+    if (c->mem) ebb__drv_pinned_free(d->ordinal, c->mem);
+    if (c->ev) ebb__drv_event_destroy(d->ordinal, c->ev);
     c->mem = NULL;
     c->ev = NULL;
     c->used = false;
@@ -80,10 +80,10 @@ static ebb_status chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) {
   if (!st && !c->ev) st = ebb__drv_event_create(d->ordinal, false, &c->ev);
   if (!st && c->used) {
     bool done = false;
-    st = ebb__drv_event_query(c->ev, &done);
+    st = ebb__drv_event_query(d->ordinal, c->ev, &done);
     if (!st && !done) {
       atomic_fetch_add_explicit(&d->stats.staging_waits, 1, memory_order_relaxed);
-      st = ebb__drv_event_synchronize(c->ev);
+      st = ebb__drv_event_synchronize(d->ordinal, c->ev);
     }
   }
   if (st) {
@@ -98,11 +98,11 @@ static ebb_status chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) {
  * whatever was enqueued and unlocks. If the record fails the chunk's state is unknown, so the
  * stream is drained before anyone may reuse it. */
 static ebb_status chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_stream_t *s, size_t bytes, ebb_status st) {
-  ebb_status rs = ebb__drv_event_record(c->ev, s->cu);
+  ebb_status rs = ebb__drv_event_record(s->device, c->ev, s->cu);
   if (rs == EBB_OK)
     c->used = true;
   else
-    ebb__drv_stream_synchronize(s->cu);
+    ebb__drv_stream_synchronize(s->device, s->cu);
   ebb__mutex_unlock(&c->mu);
   if (!st && !rs) atomic_fetch_add_explicit(&d->stats.staged_bytes, bytes, memory_order_relaxed);
   return st ? st : rs;
@@ -131,7 +131,7 @@ static ebb_status enqueue_host_copy(struct ebb__dev *d, void *dst, const void *c
   r->src = chunk;
   r->bytes = n;
   r->dev = d;
-  ebb_status st = ebb__drv_launch_host_func(s->cu, host_copy_run, r);
+  ebb_status st = ebb__drv_launch_host_func(s->device, s->cu, host_copy_run, r);
   if (st) {
     ebb__mutex_lock(&d->rec_mu);
     ebb__slot_give(&d->host_copies, r);
@@ -159,9 +159,9 @@ static ebb_status stage(struct ebb__dev *d, char *dst, const char *src, size_t b
     }
     if (to_device) {
       memcpy(c->mem, src + off, n);
-      st = ebb__drv_memcpy_async(dst + off, c->mem, n, s->cu);
+      st = ebb__drv_memcpy_async(s->device, dst + off, c->mem, n, s->cu);
     } else {
-      st = ebb__drv_memcpy_async(c->mem, src + off, n, s->cu);
+      st = ebb__drv_memcpy_async(s->device, c->mem, src + off, n, s->cu);
       if (!st) st = enqueue_host_copy(d, dst + off, c->mem, n, s);
     }
     st = chunk_finish(d, c, s, n, st);
@@ -193,7 +193,7 @@ static ebb_status copy_peer(void *dst, const void *src, size_t bytes, int dd, in
   if (!st) {
     st = copy_hooks(dst, src, bytes, s);
     if (!st) st = ebb__stream_order(s, other);
-    if (!st) st = ebb__drv_memcpy_async(dst, src, bytes, s->cu);
+    if (!st) st = ebb__drv_memcpy_async(s->device, dst, src, bytes, s->cu);
     if (!st) st = ebb__stream_order(other, s);
     ebb__stream_unpin(s);
   }
@@ -219,8 +219,8 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
     return ebb__fail(EBB_EINVAL, "%s: dst [%p, %p) and src [%p, %p) overlap; expected disjoint ranges (copy through a temporary)", fn,
                      dst, (void *)(d0 + bytes), src, (void *)(s0 + bytes));
   ebb_ptr_info di, si;
-  st = ebb__drv_ptr_info(dst, &di);
-  if (!st) st = ebb__drv_ptr_info(src, &si);
+  st = ebb__drv_ptr_info(s->device, dst, &di);
+  if (!st) st = ebb__drv_ptr_info(s->device, src, &si);
   if (st) return st;
   if (di.type != EBB_MEMTYPE_DEVICE && si.type != EBB_MEMTYPE_DEVICE)
     return ebb__fail(EBB_EINVAL, "%s: %zu bytes from %s memory %p to %s memory %p is a host to host copy; use memcpy", fn, bytes,
@@ -238,7 +238,7 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
     return stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
   st = ebb__stream_pin(fn, s);
   if (st) return st;
-  st = ebb__drv_memcpy_async(dst, src, bytes, s->cu);
+  st = ebb__drv_memcpy_async(s->device, dst, src, bytes, s->cu);
   ebb__stream_unpin(s);
   return st;
 }

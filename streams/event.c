@@ -25,7 +25,7 @@ static void event_slot_destroy(void *slot, void *ctx) {
   struct ebb_event *e = slot;
   /* Only live handles (leaked by the caller) still hold a driver event; released ones gave it
    * back to a stack, destroyed below. */
-  if (e->cu) ebb__drv_event_destroy(e->cu);
+  if (e->cu) ebb__drv_event_destroy(e->device, e->cu);
   e->cu = NULL;
 }
 
@@ -33,7 +33,7 @@ void ebb__events_teardown(struct ebb__dev *d) {
   ebb__slot_pool_each(&d->event_slots, event_slot_destroy, NULL);
   ebb__slot_pool_fini(&d->event_slots);
   for (int t = 0; t < 2; t++) {
-    for (size_t i = 0; i < d->drv_nevents[t]; i++) ebb__drv_event_destroy(d->drv_events[t][i]);
+    for (size_t i = 0; i < d->drv_nevents[t]; i++) ebb__drv_event_destroy(d->ordinal, d->drv_events[t][i]);
     free(d->drv_events[t]);
     d->drv_events[t] = NULL;
     d->drv_nevents[t] = d->drv_cap[t] = 0;
@@ -97,7 +97,7 @@ void ebb__drv_event_put(struct ebb__dev *d, bool timing, struct CUevent_st *cu) 
   bool kept = d->drv_nevents[t] < d->drv_cap[t];
   if (kept) d->drv_events[t][d->drv_nevents[t]++] = cu;
   ebb__mutex_unlock(&d->event_mu);
-  if (!kept) ebb__drv_event_destroy(cu);
+  if (!kept) ebb__drv_event_destroy(d->ordinal, cu);
 }
 
 /* The event goes back to the stack as soon as the wait is enqueued: the driver captured the
@@ -108,8 +108,8 @@ ebb_status ebb__stream_order(ebb_stream_t *waiter, ebb_stream_t *s) {
   struct CUevent_st *cu = NULL;
   ebb_status st = ebb__drv_event_get(d, false, &cu);
   if (st) return st;
-  st = ebb__drv_event_record(cu, s->cu);
-  if (!st) st = ebb__drv_stream_wait_event(waiter->cu, cu);
+  st = ebb__drv_event_record(s->device, cu, s->cu);
+  if (!st) st = ebb__drv_stream_wait_event(waiter->device, waiter->cu, s->device, cu);
   ebb__drv_event_put(d, false, cu);
   return st;
 }
@@ -196,7 +196,7 @@ ebb_status ebb_event_record(ebb_event_t *e, ebb_stream_t *s) {
     return ebb__fail(EBB_EDEVICE, "%s: event %llu belongs to device %d but stream %llu to device %d; record it on a stream of device %d",
                      fn, (unsigned long long)e->id, e->device, (unsigned long long)s->id, s->device, e->device);
   }
-  st = ebb__drv_event_record(e->cu, s->cu);
+  st = ebb__drv_event_record(s->device, e->cu, s->cu);
   ebb__stream_unpin(s);
   /* relaxed: `recorded` only says whether a record was ever made; the work it captures is
    * ordered by the driver, and a caller reading it from another thread has synchronised with
@@ -212,7 +212,7 @@ ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s) {
   if (!st) st = ebb__stream_pin(fn, s);
   if (st) return st;
   /* Never recorded: complete by definition, nothing to wait for (as CUDA). */
-  if (atomic_load_explicit(&e->recorded, memory_order_relaxed)) st = ebb__drv_stream_wait_event(s->cu, e->cu);
+  if (atomic_load_explicit(&e->recorded, memory_order_relaxed)) st = ebb__drv_stream_wait_event(s->device, s->cu, e->device, e->cu);
   ebb__stream_unpin(s);
   return st;
 }
@@ -227,12 +227,8 @@ ebb_status ebb_event_query(ebb_event_t *e, bool *done) {
     *done = true;
     return EBB_OK;
   }
-  return ebb__drv_event_query(e->cu, done);
+  return ebb__drv_event_query(e->device, e->cu, done);
 }
-
-/* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
-static ebb_status event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
 
 ebb_status ebb_event_synchronize(ebb_event_t *e) {
   ebb_status st = ebb__check_event("ebb_event_synchronize", e);
@@ -242,7 +238,7 @@ ebb_status ebb_event_synchronize(ebb_event_t *e) {
                      "(ebb_stream_host_func), which must not wait for device work (it may be the wait's own); expected "
                      "the wait on a host thread", (unsigned long long)e->id, e->device);
   if (!atomic_load_explicit(&e->recorded, memory_order_relaxed)) return EBB_OK; /* as ebb_event_query */
-  return ebb__spin_then_park(e->cu, event_query_cb, event_park_cb);
+  return ebb__spin_then_park(e->device, NULL, e->cu);
 }
 
 /* EBB_ESTATE unless `e` was recorded and its record has completed. */
@@ -251,7 +247,7 @@ static ebb_status event_finished(const char *fn, const char *which, ebb_event_t 
     return ebb__fail(EBB_ESTATE, "%s: %s event %llu (device %d) was never recorded; record both events first", fn, which,
                      (unsigned long long)e->id, e->device);
   bool done = false;
-  ebb_status st = ebb__drv_event_query(e->cu, &done);
+  ebb_status st = ebb__drv_event_query(e->device, e->cu, &done);
   if (st) return st;
   if (!done)
     return ebb__fail(EBB_ESTATE, "%s: %s event %llu (device %d) has not completed yet; synchronize it first", fn, which,
@@ -277,7 +273,7 @@ ebb_status ebb_event_elapsed(ebb_event_t *start, ebb_event_t *end, float *ms) {
   st = event_finished(fn, "start", start);
   if (!st) st = event_finished(fn, "end", end);
   if (st) return st;
-  return ebb__drv_event_elapsed(start->cu, end->cu, ms);
+  return ebb__drv_event_elapsed(start->device, start->cu, end->cu, ms);
 }
 
 ebb_status ebb_event_device(const ebb_event_t *e, int *device) {

@@ -216,7 +216,7 @@ ebb_status ebb__streams_enter(const char *fn) {
 static void stream_slot_destroy(void *slot, void *ctx) {
   (void)ctx;
   struct ebb_stream *s = slot;
-  if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb__drv_stream_destroy(s->cu);
+  if (atomic_load_explicit(&s->slot.magic, memory_order_relaxed) == EBB__STREAM_LIVE && s->cu) ebb__drv_stream_destroy(s->device, s->cu);
 }
 
 /* The module's stop (run by the last ebb_shutdown once no caller handle is live): waits for
@@ -340,7 +340,7 @@ static ebb_status stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio
   struct ebb_stream *s = ebb__slot_take(&d->stream_slots);
   ebb__mutex_unlock(&d->stream_mu);
   if (!s) {
-    ebb__drv_stream_destroy(cu);
+    ebb__drv_stream_destroy(d->ordinal, cu);
     return ebb__fail(EBB_ENOMEM, "%s: out of host memory for a stream slot of device %d", fn, d->ordinal);
   }
   s->id = ebb__new_id();
@@ -358,7 +358,7 @@ static ebb_status stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio
 /* Destroys the driver stream (the driver finishes its pending work first) and returns the slot,
  * whose magic the caller has already turned to EBB__SLOT_FREED (with no pin left on it). */
 static ebb_status stream_retire(struct ebb__dev *d, ebb_stream_t *s) {
-  ebb_status st = ebb__drv_stream_destroy(s->cu);
+  ebb_status st = ebb__drv_stream_destroy(s->device, s->cu);
   s->cu = NULL;
   ebb__mutex_lock(&d->stream_mu);
   ebb__slot_give(&d->stream_slots, s);
@@ -449,7 +449,7 @@ static bool tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *
     for (unsigned i = 0; i < d->ntombs; i++) {
       bool fin = false;
       ebb__fail_mute(true); /* a failed query keeps the tomb: absorbed */
-      bool reap = *nd < EBB__TOMBS && ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin;
+      bool reap = *nd < EBB__TOMBS && ebb__drv_event_query(d->ordinal, d->tombs[i].ev, &fin) == EBB_OK && fin;
       ebb__fail_mute(false);
       if (reap) done[(*nd)++] = d->tombs[i].ev;
       else d->tombs[kept++] = d->tombs[i];
@@ -467,15 +467,15 @@ static bool tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *
   return true;
 }
 
-/* Makes driver stream `cu` wait for the tomb of stream `id`, if it has one (none: its work is
+/* Makes `waiter` (pinned or internal) wait for the tomb of stream `id`, if it has one (none: its work is
  * done). The wait is enqueued under tomb_mu, so the event cannot be reaped and recorded again by
  * another user in between (the driver captures the record at the wait call). */
-static ebb_status tomb_wait(struct ebb__dev *d, uint64_t id, struct CUstream_st *cu) {
+static ebb_status tomb_wait(struct ebb__dev *d, uint64_t id, const ebb_stream_t *waiter) {
   ebb_status st = EBB_OK;
   ebb__mutex_lock(&d->tomb_mu);
   for (unsigned i = 0; i < d->ntombs; i++) {
     if (d->tombs[i].id != id) continue;
-    st = ebb__drv_stream_wait_event(cu, d->tombs[i].ev);
+    st = ebb__drv_stream_wait_event(waiter->device, waiter->cu, d->ordinal, d->tombs[i].ev);
     break;
   }
   ebb__mutex_unlock(&d->tomb_mu);
@@ -490,7 +490,7 @@ ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t 
                      device, (unsigned long long)id, ebb__streams_state.ndev - 1);
   st = ebb__stream_pin("ebb__stream_wait_released", waiter);
   if (st) return st;
-  st = tomb_wait(&ebb__streams_state.dev[device], id, waiter->cu);
+  st = tomb_wait(&ebb__streams_state.dev[device], id, waiter);
   ebb__stream_unpin(waiter);
   return st;
 }
@@ -504,7 +504,7 @@ bool ebb__stream_released_done(int device, uint64_t id) {
     if (d->tombs[i].id != id) continue;
     bool fin = false;
     ebb__fail_mute(true); /* a failed query reads as work not done: absorbed */
-    done = ebb__drv_event_query(d->tombs[i].ev, &fin) == EBB_OK && fin;
+    done = ebb__drv_event_query(d->ordinal, d->tombs[i].ev, &fin) == EBB_OK && fin;
     ebb__fail_mute(false);
     break;
   }
@@ -524,7 +524,7 @@ ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
   st = stream_lazy(fn, d, &d->tomb_stream, EBB_PRIO_LOW, EBB__STREAM_POOL, &h);
   if (st) return st;
   /* The record after the wait on the same stream completes after that work. */
-  st = tomb_wait(d, id, h->cu);
+  st = tomb_wait(d, id, h);
   return st ? st : ebb_event_record(e, h);
 }
 
@@ -548,7 +548,7 @@ ebb_status ebb__event_record_live(ebb_event_t *e, const ebb_stream_t *s, uint64_
     ebb__mutex_unlock(&d->tomb_mu);
     return EBB_EFREED;
   }
-  st = ebb__drv_event_record(e->cu, s->cu);
+  st = ebb__drv_event_record(dev, e->cu, s->cu);
   ebb__mutex_unlock(&d->tomb_mu);
   /* relaxed: as in ebb_event_record. */
   if (!st) atomic_store_explicit(&e->recorded, true, memory_order_relaxed);
@@ -649,8 +649,8 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
   ebb__fail_mute(true);
   if (ebb__drv_event_get(d, false, &ev) != EBB_OK) ev = NULL;
   ebb__mutex_lock(&d->tomb_mu);
-  if (!ev || ebb__drv_event_record(ev, s->cu) != EBB_OK || !tomb_add_locked(d, s->id, ev, done, &nd)) {
-    (void)ebb__drv_stream_synchronize(s->cu);
+  if (!ev || ebb__drv_event_record(s->device, ev, s->cu) != EBB_OK || !tomb_add_locked(d, s->id, ev, done, &nd)) {
+    (void)ebb__drv_stream_synchronize(s->device, s->cu);
     if (ev) done[nd++] = ev;
   }
   ebb__fail_mute(false);
@@ -834,24 +834,17 @@ ebb_status ebb_stream_cu(const ebb_stream_t *s, struct CUstream_st **out) {
 #define EBB__SPIN_POLLS 256u
 #define EBB__RELAX_PER_POLL 32u
 
-ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park) {
+ebb_status ebb__spin_then_park(int device, struct CUstream_st *s, struct CUevent_st *e) {
   uint64_t deadline = ebb__now_ns() + EBB__SPIN_NS;
   for (unsigned i = 0; i < EBB__SPIN_POLLS; i++) {
     bool done = false;
-    ebb_status st = query(obj, &done);
+    ebb_status st = s ? ebb__drv_stream_query(device, s, &done) : ebb__drv_event_query(device, e, &done);
     if (st || done) return st;
     for (unsigned k = 0; k < EBB__RELAX_PER_POLL; k++) ebb__cpu_relax();
     if (ebb__now_ns() >= deadline) break;
   }
-  return park(obj);
+  return s ? ebb__drv_stream_synchronize(device, s) : ebb__drv_event_synchronize(device, e);
 }
-
-/* Adapters from the typed seam calls to ebb__spin_then_park's untyped ones. */
-static ebb_status stream_query_cb(void *obj, bool *done) { return ebb__drv_stream_query(obj, done); }
-static ebb_status stream_park_cb(void *obj) { return ebb__drv_stream_synchronize(obj); }
-
-static ebb_status event_query_cb(void *obj, bool *done) { return ebb__drv_event_query(obj, done); }
-static ebb_status event_park_cb(void *obj) { return ebb__drv_event_synchronize(obj); }
 
 /* A caller-owned stream is waited for through a pooled event recorded under the pin, not with
  * the pin held: the release of the stream, on another thread or in a host function of the work
@@ -860,13 +853,13 @@ ebb_status ebb_stream_synchronize(ebb_stream_t *s) {
   static const char fn[] = "ebb_stream_synchronize";
   ebb_status st = ebb__stream_pin(fn, s);
   if (st) return st;
-  if (s->kind != EBB__STREAM_USER) return ebb__spin_then_park(s->cu, stream_query_cb, stream_park_cb);
+  if (s->kind != EBB__STREAM_USER) return ebb__spin_then_park(s->device, s->cu, NULL);
   struct ebb__dev *d = &ebb__streams_state.dev[s->device];
   struct CUevent_st *ev = NULL;
   st = ebb__drv_event_get(d, false, &ev);
-  if (!st) st = ebb__drv_event_record(ev, s->cu);
+  if (!st) st = ebb__drv_event_record(s->device, ev, s->cu);
   ebb__stream_unpin(s);
-  if (!st) st = ebb__spin_then_park(ev, event_query_cb, event_park_cb);
+  if (!st) st = ebb__spin_then_park(s->device, NULL, ev);
   if (ev) ebb__drv_event_put(d, false, ev);
   return st;
 }
@@ -875,7 +868,7 @@ ebb_status ebb_stream_query(ebb_stream_t *s, bool *idle) {
   ebb_status st = check_out("ebb_stream_query", idle, "a bool");
   if (!st) st = ebb__stream_pin("ebb_stream_query", s);
   if (st) return st;
-  st = ebb__drv_stream_query(s->cu, idle);
+  st = ebb__drv_stream_query(s->device, s->cu, idle);
   ebb__stream_unpin(s);
   return st;
 }
@@ -937,7 +930,7 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   c->dev = d;
   st = ebb__stream_pin(name, s);
   if (!st) {
-    st = ebb__drv_launch_host_func(s->cu, host_call_run, c);
+    st = ebb__drv_launch_host_func(s->device, s->cu, host_call_run, c);
     ebb__stream_unpin(s);
   }
   if (st) { /* the function will never run, so nothing else gives the record back */

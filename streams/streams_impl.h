@@ -278,11 +278,10 @@ EBB_HIDDEN ebb_status ebb__check_event(const char *fn, const ebb_event_t *e);
 /* The calling thread's current stream on `device` (creating the default stream if needed). */
 EBB_HIDDEN ebb_status ebb__stream_current_of(const char *fn, int device, ebb_stream_t **out);
 
-/* Polls `query` for about EBB__SPIN_NS, relaxing the CPU between polls, then calls the driver's
- * blocking `park`. Used by stream and event synchronize. */
-typedef ebb_status (*ebb__query_fn)(void *obj, bool *done);
-typedef ebb_status (*ebb__park_fn)(void *obj);
-EBB_HIDDEN ebb_status ebb__spin_then_park(void *obj, ebb__query_fn query, ebb__park_fn park);
+/* Waits for driver stream `s` (when not NULL) or else driver event `e`, both of `device`: polls
+ * the driver for about EBB__SPIN_NS, relaxing the CPU between polls, then calls its blocking
+ * synchronize. Used by stream and event synchronize. */
+EBB_HIDDEN ebb_status ebb__spin_then_park(int device, struct CUstream_st *s, struct CUevent_st *e);
 
 /* An idle driver event of `d` from its pool (a driver call only on a miss), and its return. */
 EBB_HIDDEN ebb_status ebb__drv_event_get(struct ebb__dev *d, bool timing, struct CUevent_st **out);

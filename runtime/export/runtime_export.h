@@ -84,8 +84,13 @@ typedef struct ebb__module_desc {
 extern const ebb__module_desc *const ebb__module_table[];
 
 /* ---- the driver seam -----------------------------------------------------------------------
- * Thin wrappers over the loaded driver for ebb's own modules (seam.c); tests use them too. Each checks its arguments, makes the device's primary context current where the
- * driver needs one, and turns a CUresult into an ebb_status with a message naming the call.
+ * Thin wrappers over the loaded driver for ebb's own modules (seam.c); tests use them too. Each
+ * checks its arguments, makes the device's primary context current where the driver needs one,
+ * and turns a CUresult into an ebb_status with a message naming the call. Calls on a stream or
+ * event take the device the object belongs to (in range: the caller's own handle's): the call
+ * runs in that device's context and, where it gives work or waits for it, is refused with
+ * EBB_EDEVICE while that device is in its error state, whatever the thread's current device.
+ * ebb__drv_ptr_info takes the device whose context asks (the stream's or kernel's device).
  * Device pointers are the driver's CUdeviceptr values carried as uint64_t. */
 
 typedef enum ebb_mem_type {
@@ -99,22 +104,22 @@ typedef struct ebb_ptr_info {
   int device;   /* owning device for EBB_MEMTYPE_DEVICE, else -1 */
 } ebb_ptr_info;
 
-EBB_HIDDEN ebb_status ebb__drv_ptr_info(const void *ptr, ebb_ptr_info *out);
+EBB_HIDDEN ebb_status ebb__drv_ptr_info(int device, const void *ptr, ebb_ptr_info *out);
 
 EBB_HIDDEN ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st **out);
-EBB_HIDDEN ebb_status ebb__drv_stream_destroy(struct CUstream_st *s);
-EBB_HIDDEN ebb_status ebb__drv_stream_synchronize(struct CUstream_st *s);
-EBB_HIDDEN ebb_status ebb__drv_stream_query(struct CUstream_st *s, bool *idle);
-EBB_HIDDEN ebb_status ebb__drv_stream_wait_event(struct CUstream_st *s, struct CUevent_st *e);
+EBB_HIDDEN ebb_status ebb__drv_stream_destroy(int device, struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_stream_synchronize(int device, struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_stream_query(int device, struct CUstream_st *s, bool *idle);
+EBB_HIDDEN ebb_status ebb__drv_stream_wait_event(int device, struct CUstream_st *s, int event_device, struct CUevent_st *e);
 
 EBB_HIDDEN ebb_status ebb__drv_event_create(int device, bool timing, struct CUevent_st **out);
-EBB_HIDDEN ebb_status ebb__drv_event_destroy(struct CUevent_st *e);
-EBB_HIDDEN ebb_status ebb__drv_event_record(struct CUevent_st *e, struct CUstream_st *s);
-EBB_HIDDEN ebb_status ebb__drv_event_query(struct CUevent_st *e, bool *done);
-EBB_HIDDEN ebb_status ebb__drv_event_synchronize(struct CUevent_st *e);
-EBB_HIDDEN ebb_status ebb__drv_event_elapsed(struct CUevent_st *start, struct CUevent_st *end, float *ms);
+EBB_HIDDEN ebb_status ebb__drv_event_destroy(int device, struct CUevent_st *e);
+EBB_HIDDEN ebb_status ebb__drv_event_record(int device, struct CUevent_st *e, struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_event_query(int device, struct CUevent_st *e, bool *done);
+EBB_HIDDEN ebb_status ebb__drv_event_synchronize(int device, struct CUevent_st *e);
+EBB_HIDDEN ebb_status ebb__drv_event_elapsed(int device, struct CUevent_st *start, struct CUevent_st *end, float *ms);
 
-EBB_HIDDEN ebb_status ebb__drv_launch_host_func(struct CUstream_st *s, ebb_host_fn fn, void *user);
+EBB_HIDDEN ebb_status ebb__drv_launch_host_func(int device, struct CUstream_st *s, ebb_host_fn fn, void *user);
 
 /* Device memory straight from the driver (cuMemAlloc), committed: on a GPU and on simdrv alike
  * (unless EBB_SIM_COMMIT=0) the first copy into it costs what any copy costs. EBB_ENOMEM past
@@ -128,12 +133,12 @@ EBB_HIDDEN ebb_status ebb__drv_mem_free(int device, uint64_t dptr);
  * a foreign or freed pointer is EBB_EINVAL. ebb__drv_host_unregister(NULL) stays EBB_EINVAL, as
  * cuMemHostUnregister(NULL). */
 EBB_HIDDEN ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out);
-EBB_HIDDEN ebb_status ebb__drv_pinned_free(void *p);
-EBB_HIDDEN ebb_status ebb__drv_host_register(void *p, size_t bytes);
-EBB_HIDDEN ebb_status ebb__drv_host_unregister(void *p);
+EBB_HIDDEN ebb_status ebb__drv_pinned_free(int device, void *p);
+EBB_HIDDEN ebb_status ebb__drv_host_register(int device, void *p, size_t bytes);
+EBB_HIDDEN ebb_status ebb__drv_host_unregister(int device, void *p);
 /* dst and src may be any mix of host and device pointers (unified addressing). */
-EBB_HIDDEN ebb_status ebb__drv_memcpy_async(void *dst, const void *src, size_t bytes, struct CUstream_st *s);
-EBB_HIDDEN ebb_status ebb__drv_memset_async(void *dst, unsigned char value, size_t bytes, struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_memcpy_async(int device, void *dst, const void *src, size_t bytes, struct CUstream_st *s);
+EBB_HIDDEN ebb_status ebb__drv_memset_async(int device, void *dst, unsigned char value, size_t bytes, struct CUstream_st *s);
 
 /* VMM: reserve an address range, create physical chunks on a device, map, grant access, unmap. */
 EBB_HIDDEN ebb_status ebb__drv_vmm_granularity(int device, size_t *granularity);

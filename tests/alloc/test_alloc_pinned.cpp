@@ -43,7 +43,7 @@ TEST_CASE("pinned: blocks are pinned, aligned, cached and reused", "[alloc][pinn
   REQUIRE(p != nullptr);
   CHECK(reinterpret_cast<uintptr_t>(p) % 512 == 0);
   ebb_ptr_info info{};
-  EBB_REQUIRE_OK(ebb__drv_ptr_info(p, &info));
+  EBB_REQUIRE_OK(ebb__drv_ptr_info(0, p, &info));
   CHECK(info.type == EBB_MEMTYPE_PINNED);
   std::memset(p, 0xab, 1000);  // host memory: the caller may write it
   ebb_arena_stats s = pstats();

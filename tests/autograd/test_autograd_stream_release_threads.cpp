@@ -14,21 +14,30 @@ using namespace ebb_test;
 namespace {
 
 // Thread i runs `calls` backward calls of losses[i] with retain_graph, each with `around` (which
-// may make a stream current for it); the test thread waits on `done` and joins.
+// may make a stream current for it), and, with `until`, goes on until it has made one call that
+// started after `until` was set (so calls run on both sides of what the test thread does, however
+// the threads are scheduled); ran[i] counts thread i's calls. The test thread waits on `done`
+// and joins.
 struct Callers {
   std::atomic<int> done{0}, failed{0};
   std::vector<std::string> errors;
+  std::vector<int> ran;
   std::vector<std::thread> threads;
-  Callers(const std::vector<Tensor> &losses, int calls, std::function<void(int, const std::function<void()> &)> around)
-      : errors(losses.size()) {
+  Callers(const std::vector<Tensor> &losses, int calls, std::function<void(int, const std::function<void()> &)> around,
+          const std::atomic<bool> *until = nullptr)
+      : errors(losses.size()), ran(losses.size()) {
     for (size_t i = 0; i < losses.size(); i++)
-      threads.emplace_back([this, &losses, calls, around, i] {
+      threads.emplace_back([this, &losses, calls, around, until, i] {
         const ebb_tensor_t *root = losses[i];
-        for (int c = 0; c < calls; c++) {
+        for (int c = 0;; c++) {
+          bool after = until && until->load();
+          if (c >= calls && (!until || after)) break;
           around(c, [&] {
             if (ebb_backward(&root, nullptr, 1, true, nullptr, 0) != EBB_OK && failed.fetch_add(1) == 0) errors[i] = ebb_last_error();
           });
+          ran[i]++;
           done.fetch_add(1);
+          if (c + 1 >= calls && after) break;
         }
       });
   }
@@ -62,18 +71,20 @@ TEST_CASE("threads running backward on graphs of a stream another thread release
       OnStream g(s);  // w's AccumulateGrad and every node: recorded on s
       for (int i = 0; i < kThreads; i++) losses[(size_t)i] = sum(scale(w, (double)(i + 1)));
     }
-    Callers run(losses, calls, plain);
-    // Released once the calls are well under way, while they go on.
+    std::atomic<bool> released{false};
+    Callers run(losses, calls, plain, &released);
+    // Released once the calls are well under way; every thread makes calls after it returns.
     run.wait_for(kThreads * calls / 4);
     ebb_status rst = ebb_stream_release(s);
+    released.store(true);
     int at_release = run.done.load();
     run.join();
-    INFO("round " << round << ", released after " << at_release << " of " << kThreads * calls << " calls");
+    INFO("round " << round << ", released after " << at_release << " of " << run.done.load() << " calls");
     CHECK(rst == EBB_OK);
     CHECK(run.failed.load() == 0);
-    CHECK(at_release < kThreads * calls);
-    // Each thread's loss is sum((i+1) w): calls * (1 + 2 + ... + kThreads) per element.
-    double k = (double)calls * kThreads * (kThreads + 1) / 2;
+    // Thread i's loss is sum((i+1) w): each of its calls adds i+1 to every element.
+    double k = 0;
+    for (int i = 0; i < kThreads; i++) k += (double)run.ran[(size_t)i] * (i + 1);
     sync_all();
     CHECK(same(grad_seen(w), std::vector<double>(v.size(), k)));
   }

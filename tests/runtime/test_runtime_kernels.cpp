@@ -62,20 +62,20 @@ TEST_CASE("kernels run in stream order and arguments are copied at launch", "[ru
   EBB_REQUIRE_OK(ebb__drv_mem_alloc(0, sizeof(int), &dcount));
   CUstream_st *st = nullptr;
   EBB_REQUIRE_OK(ebb__drv_stream_create(0, 0, &st));
-  EBB_REQUIRE_OK(ebb__drv_memset_async((void *)dcount, 0, sizeof(int), st));
+  EBB_REQUIRE_OK(ebb__drv_memset_async(0, (void *)dcount, 0, sizeof(int), st));
   AppendArgs a{(int *)dbuf, (int *)dcount, 0};
   for (int i = 0; i < 1000; i++) {
     a.value = i; // reused at once: the launch must have copied it
     EBB_REQUIRE_OK(ebb_kernel_launch(k, 0, st, &a, nullptr));
   }
-  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(0, st));
   int count = 0;
   std::vector<int> out(1000);
   std::memcpy(&count, (void *)dcount, sizeof count);
   std::memcpy(out.data(), (void *)dbuf, out.size() * sizeof(int));
   REQUIRE(count == 1000);
   for (int i = 0; i < 1000; i++) REQUIRE(out[i] == i);
-  EBB_REQUIRE_OK(ebb__drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_destroy(0, st));
   EBB_REQUIRE_OK(ebb__drv_mem_free(0, dbuf));
   EBB_REQUIRE_OK(ebb__drv_mem_free(0, dcount));
 }
@@ -101,8 +101,8 @@ TEST_CASE("kernel launch: bad input", "[runtime][kernel]") {
   } else {
     EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, st, &a, nullptr), EBB_ENOTSUP, "no CUDA function");
   }
-  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
-  EBB_REQUIRE_OK(ebb__drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(0, st));
+  EBB_REQUIRE_OK(ebb__drv_stream_destroy(0, st));
 }
 
 TEST_CASE("kernel launch: declared buffers are checked with EBB_CHECK_LAUNCH=1", "[runtime][kernel]") {
@@ -129,9 +129,9 @@ TEST_CASE("kernel launch: declared buffers are checked with EBB_CHECK_LAUNCH=1",
   EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, st, &a, &cfg), EBB_EDEVICE, "pageable");
   cfg.writes = nullptr;
   EBB_CHECK_FAILS(ebb_kernel_launch(k, 0, st, &a, &cfg), EBB_EINVAL, "NULL");
-  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(0, st));
   CHECK(((float *)d)[63] == 2.0f);
-  EBB_REQUIRE_OK(ebb__drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_destroy(0, st));
   EBB_REQUIRE_OK(ebb__drv_mem_free(0, d));
 }
 
@@ -158,13 +158,13 @@ TEST_CASE("built-in kernels exist on every driver and run", "[runtime][kernel]")
     std::vector<uint32_t> host(count);
     void *pinned = nullptr;
     EBB_REQUIRE_OK(ebb__drv_pinned_alloc(d, count * sizeof(uint32_t), &pinned));
-    EBB_REQUIRE_OK(ebb__drv_memcpy_async(pinned, (void *)dbuf, count * sizeof(uint32_t), st));
-    EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
+    EBB_REQUIRE_OK(ebb__drv_memcpy_async(d, pinned, (void *)dbuf, count * sizeof(uint32_t), st));
+    EBB_REQUIRE_OK(ebb__drv_stream_synchronize(d, st));
     std::memcpy(host.data(), pinned, count * sizeof(uint32_t));
     for (uint64_t i = 0; i < count; i++) REQUIRE(host[i] == 0xabcd0000u + (uint32_t)d);
-    EBB_REQUIRE_OK(ebb__drv_pinned_free(pinned));
+    EBB_REQUIRE_OK(ebb__drv_pinned_free(d, pinned));
     EBB_REQUIRE_OK(ebb__drv_mem_free(d, dbuf));
-    EBB_REQUIRE_OK(ebb__drv_stream_destroy(st));
+    EBB_REQUIRE_OK(ebb__drv_stream_destroy(d, st));
   }
 }
 
@@ -211,17 +211,17 @@ TEST_CASE("kernel images: each module adds its own, kernels are declared against
     FillArgs fa{(float *)d, 4, 1.0f}, fb{(float *)d + 4, 4, 2.0f};
     EBB_REQUIRE_OK(ebb_kernel_launch(ka, 0, st, &fa, nullptr));
     EBB_REQUIRE_OK(ebb_kernel_launch(kb, 0, st, &fb, nullptr));
-    EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
+    EBB_REQUIRE_OK(ebb__drv_stream_synchronize(0, st));
     std::vector<float> host(8);
-    EBB_REQUIRE_OK(ebb__drv_memcpy_async(host.data(), (void *)d, 8 * sizeof(float), st));
-    EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
+    EBB_REQUIRE_OK(ebb__drv_memcpy_async(0, host.data(), (void *)d, 8 * sizeof(float), st));
+    EBB_REQUIRE_OK(ebb__drv_stream_synchronize(0, st));
     CHECK(host == std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2});
     EBB_REQUIRE_OK(ebb__drv_mem_free(0, d));
   } else {
     FillArgs f{nullptr, 0, 0.0f};
     EBB_CHECK_FAILS(ebb_kernel_launch(gpu_only, 0, st, &f, nullptr), EBB_ENOTSUP, "its image 'test.none' has no CUDA code");
   }
-  EBB_REQUIRE_OK(ebb__drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_destroy(0, st));
 }
 
 TEST_CASE("kernel images are forgotten at the last shutdown and added again after init", "[runtime][kernel][image]") {

@@ -86,7 +86,7 @@ TEST_CASE("trace: kernel launches are traced when on (EBB_TRACE)", "[runtime][tr
   EBB_REQUIRE_OK(ebb__drv_stream_create(0, 0, &st));
   A a{1};
   for (int i = 0; i < 5; i++) EBB_REQUIRE_OK(ebb_kernel_launch(k, 0, st, &a, nullptr));
-  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_synchronize(0, st));
   std::vector<ebb_trace_span> spans(64);
   size_t n = 0;
   EBB_REQUIRE_OK(ebb_trace_snapshot(spans.data(), spans.size(), &n));
@@ -98,6 +98,6 @@ TEST_CASE("trace: kernel launches are traced when on (EBB_TRACE)", "[runtime][tr
       CHECK(spans[i].stream == (uint64_t)(uintptr_t)st);
     }
   CHECK(found == 5);
-  EBB_REQUIRE_OK(ebb__drv_stream_destroy(st));
+  EBB_REQUIRE_OK(ebb__drv_stream_destroy(0, st));
   ebb_trace_disable();
 }

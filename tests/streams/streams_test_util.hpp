@@ -110,9 +110,10 @@ struct DevBuf {
 struct PinnedBuf {
   void *ptr = nullptr;
   size_t bytes;
-  explicit PinnedBuf(size_t n, int dev = 0) : bytes(n) { EBB_REQUIRE_OK(ebb__drv_pinned_alloc(dev, n, &ptr)); }
+  int device;
+  explicit PinnedBuf(size_t n, int dev = 0) : bytes(n), device(dev) { EBB_REQUIRE_OK(ebb__drv_pinned_alloc(dev, n, &ptr)); }
   ~PinnedBuf() {
-    if (ptr) ebb__drv_pinned_free(ptr);
+    if (ptr) ebb__drv_pinned_free(device, ptr);
   }
   int *ints() const { return static_cast<int *>(ptr); }
   unsigned char *bytes_ptr() const { return static_cast<unsigned char *>(ptr); }

@@ -42,7 +42,7 @@ TEST_CASE("timing model: a consumer stream sees the producer's data only through
   }
   struct CUstream_st *pcu = nullptr;
   EBB_REQUIRE_OK(ebb_stream_cu(producer, &pcu));
-  EBB_REQUIRE_OK(ebb__drv_memset_async(a.p(), 0, kBytes, pcu));
+  EBB_REQUIRE_OK(ebb__drv_memset_async(0, a.p(), 0, kBytes, pcu));
   EBB_REQUIRE_OK(ebb_stream_synchronize(producer));
 
   // With the wait: the snapshot runs after the copy has landed.
