@@ -341,7 +341,11 @@ ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t r, const s
   /* A new slab: the engine carves its block with the lock its own (it may drop it to grow or to
    * order a stolen block); the block is ours alone until it is entered in the map. */
   struct ebb__block *b = NULL;
+  /* Muted: a failure here (the driver out of memory, or failing once) is absorbed by the plain
+   * block below, whose own miss path retries and reports what it cannot absorb. */
+  ebb__fail_mute(true);
   ebb_status bst = ebb__arena_alloc_slab_block(a, (size_t)n * r, s, &b);
+  ebb__fail_mute(false);
   ebb__lock(&a->mu);
   sp->nmaking--;
   if (bst != EBB_OK) {

@@ -286,6 +286,12 @@ typedef const char *(*ebbsim_init_error_fn)(void);
 typedef CUresult (*ebbsim_skip_waits_fn)(CUstream waiter, CUstream producer, int on, unsigned long long *skipped);
 #define EBBSIM_SKIP_WAITS_SYMBOL "ebbsim_skip_waits"
 
+/* The emulated driver's extension for fault sweeps: how many counted calls were made since cuInit
+ * while a fault of EBB_SIM_FAULT was left to fire (the counters stop with the last fault; a fault
+ * past the workload's last call keeps them running to the end), and how many faults fired. */
+typedef void (*ebbsim_fault_counts_fn)(unsigned long long *calls, int *fired);
+#define EBBSIM_FAULT_COUNTS_SYMBOL "ebbsim_fault_counts"
+
 /* X(field, symbol, required): every Driver API entry point ebb resolves, by its versioned name. */
 #define EBB_DRV_ENTRIES(X)                                          \
   X(Init, "cuInit", 1)                                              \

@@ -97,14 +97,22 @@ static bool try_driver(const char *path, ebb_driver_kind kind, char *err, size_t
              why && *why ? why : "");
     return false;
   }
-  int n = 0;
-  r = d.DeviceGetCount(&n);
-  if (r != CUDA_SUCCESS || n <= 0) {
+  int n = 0, version = 0;
+  const char *call = "cuDeviceGetCount";
+  if ((r = d.DeviceGetCount(&n)) == CUDA_SUCCESS) {
+    call = "cuDriverGetVersion";
+    r = d.DriverGetVersion(&version);
+  }
+  if (r != CUDA_SUCCESS) {
+    const char *name = NULL;
+    if (d.GetErrorName(r, &name) != CUDA_SUCCESS || !name) name = ebb__cu_name(r);
+    snprintf(err, errlen, "%s failed with %s (%d)", call, name ? name : "an unknown error", (int)r);
+    return false;
+  }
+  if (n <= 0) {
     snprintf(err, errlen, "the driver reports no device");
     return false;
   }
-  int version = 0;
-  d.DriverGetVersion(&version);
   ebb__runtime_state.dl = dl;
   ebb__runtime_state.drv = d;
   ebb_driver_info *info = &ebb__runtime_state.info;

@@ -375,18 +375,16 @@ bool sim_error_is_sticky(CUresult r) {
   return ebb__cu_error_sticky((int)r) != 0; /* (ebb_cuda.h) */
 }
 
-/* Makes `r` the sticky error of the calling thread's current context, the first one only (a
- * GPU's context keeps the error that poisoned it). Without a current context nothing is
- * poisoned. */
-static void sticky_set(CUresult r) {
-  struct sim_device *d = tls_current;
+/* Makes `r` the sticky error of `d`'s context (the context the failing call acted on), the first
+ * one only (a GPU's context keeps the error that poisoned it). Without one nothing is poisoned. */
+static void sticky_set(struct sim_device *d, CUresult r) {
   if (!d) return;
   int none = CUDA_SUCCESS;
   atomic_compare_exchange_strong_explicit(&d->sticky, &none, (int)r, memory_order_relaxed, memory_order_relaxed);
   atomic_fetch_or_explicit(&sim.slow, SIM_SLOW_STICKY, memory_order_relaxed);
 }
 
-static CUresult fault_hit(enum sim_entry e) {
+static CUresult fault_hit(enum sim_entry e, struct sim_device *target) {
   /* relaxed: the counters only number the calls; each number is handed out once */
   uint64_t mine = atomic_fetch_add_explicit(&calls_of[e], 1, memory_order_relaxed) + 1;
   uint64_t all = atomic_fetch_add_explicit(&calls_all, 1, memory_order_relaxed) + 1;
@@ -397,16 +395,16 @@ static CUresult fault_hit(enum sim_entry e) {
       atomic_fetch_and_explicit(&sim.slow, ~SIM_SLOW_FAULT, memory_order_relaxed);
     CUresult r = f->result ? f->result
                            : (entries[e].flags & SIM_EF_ALLOC) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_LAUNCH_FAILED;
-    if (sim_error_is_sticky(r)) sticky_set(r);
+    if (sim_error_is_sticky(r)) sticky_set(target, r);
     return r;
   }
   return CUDA_SUCCESS;
 }
 
-CUresult sim_enter_slow(enum sim_entry e) {
+CUresult sim_enter_slow(enum sim_entry e, struct sim_device *target) {
   unsigned slow = atomic_load_explicit(&sim.slow, memory_order_relaxed);
   if (slow & SIM_SLOW_FAULT) {
-    CUresult r = fault_hit(e);
+    CUresult r = fault_hit(e, target);
     if (r != CUDA_SUCCESS) return r;
   }
   if ((slow & SIM_SLOW_STICKY) && !(entries[e].flags & SIM_EF_AFTER_STICKY) && tls_current)
@@ -575,6 +573,13 @@ static void init_body(void) {
 /* The emulated driver's extension: why cuInit failed ("" before a failure). The once-guard of
  * cuInit orders init_error's write before any caller that saw cuInit return. */
 SIM_API const char *ebbsim_init_error(void) { return init_error; }
+
+/* The emulated driver's extension (ebb_cuda.h): the fault counters, for fault sweeps. */
+SIM_API void ebbsim_fault_counts(unsigned long long *calls, int *fired) {
+  /* relaxed: a count read by a test after its workload's calls returned */
+  if (calls) *calls = (unsigned long long)atomic_load_explicit(&calls_all, memory_order_relaxed);
+  if (fired) *fired = nfaults - atomic_load_explicit(&faults_left, memory_order_relaxed);
+}
 
 SIM_API CUresult CUDAAPI cuInit(unsigned int Flags) {
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -750,7 +755,7 @@ SIM_API CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
 }
 
 SIM_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
-  SIM_ENTER(cuCtxSetCurrent);
+  SIM_ENTER_ON(cuCtxSetCurrent, ctx ? sim_device_of_ctx(ctx) : NULL); /* a fault poisons the context made current */
   if (!ctx) {
     tls_current = NULL;
     return CUDA_SUCCESS;

@@ -218,16 +218,27 @@ enum sim_entry {
 };
 
 /* The slow path of an entry point: counts the call against EBB_SIM_FAULT and returns the
- * injected error when it is the call to fail; else the sticky error of the calling thread's
+ * injected error when it is the call to fail (a sticky one poisons `target`'s context); else the sticky error of the calling thread's
  * current context, for entries without SIM_EF_AFTER_STICKY; else CUDA_SUCCESS. */
-CUresult sim_enter_slow(enum sim_entry e);
+CUresult sim_enter_slow(enum sim_entry e, struct sim_device *target);
 
 /* Every entry point (except cuInit, cuDriverGetVersion and the error-name calls) starts here. */
 #define SIM_ENTER(name)                                                                     \
   do {                                                                                      \
     if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED;                              \
     if (__builtin_expect(atomic_load_explicit(&sim.slow, memory_order_relaxed) != 0, 0)) { \
-      CUresult sim_enter_r_ = sim_enter_slow(SIM_E_##name);                                 \
+      CUresult sim_enter_r_ = sim_enter_slow(SIM_E_##name, sim_current_device());          \
+      if (sim_enter_r_ != CUDA_SUCCESS) return sim_enter_r_;                                \
+    }                                                                                       \
+  } while (0)
+
+/* SIM_ENTER for an entry whose injected sticky fault poisons `target` (evaluated only on the
+ * slow path), the context the call acts on, rather than the thread's current one. */
+#define SIM_ENTER_ON(name, target)                                                          \
+  do {                                                                                      \
+    if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED;                              \
+    if (__builtin_expect(atomic_load_explicit(&sim.slow, memory_order_relaxed) != 0, 0)) { \
+      CUresult sim_enter_r_ = sim_enter_slow(SIM_E_##name, (target));                       \
       if (sim_enter_r_ != CUDA_SUCCESS) return sim_enter_r_;                                \
     }                                                                                       \
   } while (0)

@@ -6,7 +6,7 @@
 //
 // Absorbed: a failing first growth of an expandable segment (the granularity query, the address
 // reservation, the physical chunk, its mapping or its access), which the OOM retry chain tries
-// again; a failing event query of a pending free (the block stays pending); a failing event
+// again; a failing growth for a new slab, device or pinned, which a plain block replaces; a failing event query of a pending free (the block stays pending); a failing event
 // create or record when a free must wait for another stream's work (the arena waits for the
 // device instead); a failing record of a released stream's last work (the release waits for the
 // stream instead).
@@ -43,15 +43,16 @@ struct LastError {
 };
 
 // One growth of device 0's arena with the given fault in force: the allocation succeeds and the
-// last error is the test's own.
-void growth_absorbs(const char *fault) {
+// last error is the test's own. A small block (64 KiB) grows through a new slab, whose failure
+// the plain block after it absorbs.
+void growth_absorbs(const char *fault, size_t bytes = 1 << 20) {
   if (!faults_for_this_process(fault)) return;
   ScopedEnv drv("EBB_DRIVER", "sim");
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
   LastError le;
   void *p = nullptr;
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 << 20, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, s, &p));
   le.check_untouched();
   EBB_REQUIRE_OK(ebb_arena_free(p));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
@@ -75,6 +76,26 @@ TEST_CASE("absorbed: a failed mapping at the first growth", "[alloc][fault][abso
 }
 TEST_CASE("absorbed: a failed access grant at the first growth", "[alloc][fault][absorbed]") {
   growth_absorbs("cuMemSetAccess:1:CUDA_ERROR_UNKNOWN");
+}
+
+TEST_CASE("absorbed: a failed address reservation for a new slab", "[alloc][fault][absorbed]") {
+  growth_absorbs("cuMemAddressReserve:1", 64 << 10);
+}
+TEST_CASE("absorbed: a failed physical chunk for a new slab", "[alloc][fault][absorbed]") {
+  growth_absorbs("cuMemCreate:1", 64 << 10);
+}
+TEST_CASE("absorbed: failed pinned memory for a new pinned slab", "[alloc][fault][absorbed]") {
+  // Pinned memory comes from cuMemHostAlloc, or from placed pages and cuMemHostRegister where
+  // the machine has NUMA nodes: the first call of either fails.
+  if (!faults_for_this_process("cuMemHostAlloc:1,cuMemHostRegister:1")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  LastError le;
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_pinned_alloc(64 << 10, 0, &p));
+  le.check_untouched();
+  EBB_REQUIRE_OK(ebb_pinned_free(p));
+  le.check_untouched();
 }
 
 // A block used by another stream, then freed: its event goes to the pending queue (or, when the

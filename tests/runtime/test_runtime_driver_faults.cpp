@@ -128,3 +128,29 @@ TEST_CASE("a second device's sticky error is that device's error state, not the 
   EBB_CHECK_FAILS(ebb_dev_status(0), EBB_EDEVICE, "ebb_dev_status: device 0 is in an error state");
   EBB_REQUIRE_OK(ebb_shutdown());
 }
+
+TEST_CASE("a failing device count fails ebb_init naming cuDeviceGetCount and the CUDA error, never \"no device\"",
+          "[runtime][driver][fault]") {
+  if (!faults_for_this_process("cuDeviceGetCount:1")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  ebb_status st = ebb_init();
+  std::string msg = ebb_last_error();
+  INFO(ebb_status_name(st) << ": " << msg);
+  CHECK(st != EBB_OK);
+  CHECK(msg.find("cuDeviceGetCount failed with CUDA_ERROR_LAUNCH_FAILED") != std::string::npos);
+  CHECK(msg.find("no device") == std::string::npos);
+  CHECK_FALSE(ebb_is_initialized());
+}
+
+TEST_CASE("a sticky fault met making a device's context current is that device's error state, not the device left",
+          "[runtime][driver][fault][sticky]") {
+  // ebb_init makes device 0's context current, then device 1's (the second call).
+  if (!faults_for_this_process("cuCtxSetCurrent:2")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  ebb_status st = ebb_init();
+  std::string msg = ebb_last_error();
+  INFO(ebb_status_name(st) << ": " << msg);
+  REQUIRE(st == EBB_EDEVICE);
+  CHECK(msg.find("device 1 is in an error state after CUDA_ERROR_LAUNCH_FAILED in cuCtxSetCurrent") != std::string::npos);
+  CHECK(msg.find("device 0 is in an error state") == std::string::npos);
+}
