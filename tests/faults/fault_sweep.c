@@ -4,12 +4,15 @@
  * untouched). A crash, a hang, a sanitizer report, anything printed on stderr (the library never
  * prints), a changed last error, a wrong result or a failed shutdown fails the sweep.
  *
- * usage: fault_sweep <workload> [first [runs [timeout_s]]]
+ * usage: fault_sweep <workload> [first [runs [timeout_s [CUresult]]]]
  *   The reference run (a fault past the end: nothing fails) counts the workload's driver calls T.
  *   Then call n fails (EBB_SIM_FAULT=*:n) for every n in 1..first, and for about `runs` - `first`
  *   more calls spread evenly over the rest of 1..T (defaults 300, 450, 60 s a run). The calls a run
  *   makes vary a little with its threads' timing (polls), so call n is not the same call in every
- *   run; each run still meets exactly one fault, unless it ends before call n.
+ *   run; each run still meets exactly one fault, unless it ends before call n. The fault is the
+ *   emulated driver's default (CUDA_ERROR_OUT_OF_MEMORY for allocations, the sticky
+ *   CUDA_ERROR_LAUNCH_FAILED otherwise) or the CUresult given (a non-sticky CUDA_ERROR_UNKNOWN
+ *   reaches the paths that absorb a failure and go on).
  * Prints one line per unexpected run (with its output) and a summary line:
  *   fault_sweep calls=T runs=R clean=C absorbed=A not_reached=N bad=B
  * and exits 0 when bad is 0.
@@ -118,12 +121,13 @@ static bool names_driver(const char *line) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s <workload> [first [runs [timeout_s]]]\n", argv[0]);
+    fprintf(stderr, "usage: %s <workload> [first [runs [timeout_s [CUresult]]]]\n", argv[0]);
     return 2;
   }
   const char *workload = argv[1];
   long first = argc > 2 ? atol(argv[2]) : 300, runs = argc > 3 ? atol(argv[3]) : 450;
   double timeout_s = argc > 4 ? atof(argv[4]) : 60;
+  const char *result = argc > 5 ? argv[5] : NULL;
   char dir[] = "/tmp/ebb-fault-sweep-XXXXXX";
   if (!mkdtemp(dir)) {
     perror("mkdtemp");
@@ -151,8 +155,8 @@ int main(int argc, char **argv) {
   long n_runs = 0, clean = 0, absorbed = 0, not_reached = 0, bad = 0;
   double t0 = now_s();
   for (unsigned long long n = 1; n <= calls; n = n < (unsigned long long)first ? n + 1 : n + stride) {
-    char fault[64];
-    snprintf(fault, sizeof fault, "*:%llu", n);
+    char fault[128];
+    snprintf(fault, sizeof fault, "*:%llu%s%s", n, result ? ":" : "", result ? result : "");
     if (run_one(workload, fault, timeout_s, dir, &r) != 0) {
       perror("fault_sweep: fork or wait");
       return 2;
@@ -184,7 +188,7 @@ int main(int argc, char **argv) {
       printf("fault_sweep: EBB_SIM_FAULT=%s: %s (%s)\nstdout:\n%s\nstderr:\n%.4000s\n", fault, why, how, r.out, r.err);
     }
   }
-  printf("fault_sweep calls=%llu runs=%ld clean=%ld absorbed=%ld not_reached=%ld bad=%ld seconds=%.1f\n", calls, n_runs, clean, absorbed,
+  printf("fault_sweep fault=%s calls=%llu runs=%ld clean=%ld absorbed=%ld not_reached=%ld bad=%ld seconds=%.1f\n", result ? result : "default", calls, n_runs, clean, absorbed,
          not_reached, bad, now_s() - t0);
   char p[600];
   snprintf(p, sizeof p, "%s/out", dir);
