@@ -11,10 +11,16 @@
  * so every device and the CPU produce the same numbers. That element math (conversions, loads
  * and stores, Philox, the op switches, the reduction combiners) is ops_math.h's, the one text
  * the CUDA twins (cuda/ops_kernels.cu) compile too; this file owns the loops around it.
+ * Matmul also passes a process-wide gate that exit shuts, so no thread is inside OpenBLAS when
+ * OpenBLAS tears its thread pool down (see "Leaving OpenBLAS" below).
  */
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "ops_impl.h"
 
@@ -326,10 +332,68 @@ void ebb__reduce_cpu(void *args) {
 
 /* ---- matmul -------------------------------------------------------------------------------- */
 
+/* Leaving OpenBLAS before the process exits.
+ *
+ * OpenBLAS's own destructor (gotoblas_quit, at exit) stops its thread pool by storing a "quit"
+ * mark in each pool thread's job slot and joining the threads. A pool thread that is running a
+ * job at that moment overwrites the mark with "idle" when the job ends, then sleeps, and the join
+ * never returns: the process hangs in exit. ebb calls OpenBLAS from threads that exit() does not
+ * stop (the emulated driver's engines run queued matmuls, user threads run CPU ones), so a
+ * program that exits with matmuls in flight hits that window. OpenBLAS serialises concurrent
+ * level-3 callers itself (one gemm uses the pool at a time), so callers need no lock of ours; what
+ * must not happen is a call in flight when the pool is torn down.
+ *
+ * So every gemm passes a gate. At exit, blas_close_at_exit shuts it: calls already inside finish
+ * (it waits for them, bounded), and a call arriving later parks its thread for good, as a GPU
+ * kernel would be cut off by the process ending. The gate closes in an ELF destructor rather
+ * than an atexit handler, for two orders: destructors run after every atexit handler and C++
+ * static destructor, which may still compute (and sync on) matmuls; and the loader finalises an
+ * object before the libraries it depends on, and libebb (or a program linking the ops module)
+ * depends on libopenblas, so the gate is shut before gotoblas_quit runs. A dlclose that unloads
+ * libebb runs the destructor too, and the statics go with the mapping: a later dlopen starts with
+ * the gate open. */
+#define BLAS_EXIT_WAIT_NS (10ull * 1000000000ull) /* longest wait at exit for calls inside */
+#define BLAS_EXIT_POLL_NS 50000l                  /* how often that wait looks */
+
+static _Atomic unsigned blas_inside; /* gemm calls between blas_enter and blas_leave */
+static _Atomic bool blas_closed;     /* set once, by blas_close_at_exit */
+
+static void blas_enter(void) {
+  /* seq_cst, with the load below: pairs with blas_close_at_exit's store then load (a Dekker
+   * pair): either this call sees the gate shut, or the exit path sees it counted and waits. */
+  atomic_fetch_add_explicit(&blas_inside, 1, memory_order_seq_cst);
+  if (!atomic_load_explicit(&blas_closed, memory_order_seq_cst)) return;
+  /* seq_cst: as above; the exit path stops counting this call */
+  atomic_fetch_sub_explicit(&blas_inside, 1, memory_order_seq_cst);
+  for (;;) pause(); /* the process is exiting: this thread never runs OpenBLAS again */
+}
+
+static void blas_leave(void) {
+  /* seq_cst: pairs with the exit path's load of the count */
+  atomic_fetch_sub_explicit(&blas_inside, 1, memory_order_seq_cst);
+}
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+__attribute__((destructor)) static void blas_close_at_exit(void) {
+  /* seq_cst: pairs with blas_enter's increment then load */
+  atomic_store_explicit(&blas_closed, true, memory_order_seq_cst);
+  const uint64_t deadline = mono_ns() + BLAS_EXIT_WAIT_NS;
+  const struct timespec poll = {0, BLAS_EXIT_POLL_NS};
+  /* seq_cst: pairs with blas_enter and blas_leave. A call still inside at the deadline is stuck
+   * beyond saving, and exit goes on without it. */
+  while (atomic_load_explicit(&blas_inside, memory_order_seq_cst) != 0 && mono_ns() < deadline) nanosleep(&poll, NULL);
+}
+
 /* One gemm per batch entry, in row-major form; batch strides of 0 reuse one operand. OpenBLAS
- * runs its own threads inside each call. */
+ * runs its own threads inside each call; the whole batch passes the exit gate once. */
 void ebb__matmul_cpu(void *args) {
   const ebb__mm_args *a = args;
+  blas_enter();
   const enum CBLAS_TRANSPOSE ta = a->trans_a ? CblasTrans : CblasNoTrans, tb = a->trans_b ? CblasTrans : CblasNoTrans;
   for (int64_t b = 0; b < a->batch; b++) {
     if (a->dtype == EBB_F64)
@@ -341,4 +405,5 @@ void ebb__matmul_cpu(void *args) {
                   (int)a->lda, (const float *)a->b + b * a->sb, (int)a->ldb, 0.0f, (float *)a->c + b * a->sc,
                   (int)a->ldc);
   }
+  blas_leave();
 }
