@@ -255,7 +255,7 @@ struct ebb__pend {
 #define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a slab holds max(2, TARGET / slot) slots:
                                                   every slab spans more than 64 KiB (the
                                                   granule map) */
-#define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class */
+#define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class (classic segments) */
 
 /* One slot's own state, in the slab's out-of-band array (the slot's memory is never touched):
  * 16 bytes, so 10^5 live slots are 1.6 MB of records, what a free reads at random. */
