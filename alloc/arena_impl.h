@@ -102,38 +102,46 @@ enum ebb__bstate {
                           slab_make (slab.c) attaches its record */
 };
 
-/* ---- the free index: small holes first, the tail last (fidx.c) ---------------------------------
- * A request takes, among its stream's free blocks of its pool that hold it:
+/* ---- the free index: best fit in expandable segments, small holes first in classic ones (fidx.c)
+ * Expandable segments (the default where the driver has VMM): a request takes the smallest of
+ * its stream's free blocks that holds it, the lower address on a tie, and the free block at the
+ * end of the segment, which growth extends, only when no other holds it ("the tail last", as
+ * PyTorch's expandable segments count their free tail as unbounded). Found through bins (fidx.c:
+ * free lists by size, eight an octave, and a bitmap), in O(1). Against the classic rules below
+ * on ten real training traces (perf/RESULTS.md, frag rows), best fit with empty slabs given back
+ * at once (slab.c) reserves within a granule of plain best fit on every one, where the rules
+ * were 8 MiB over it on real_gpt_varlen and real_gru_packed and 1.058 of the peak requested on
+ * real_accum (perf/JOURNAL.md, "Best fit in bins").
+ *
+ * Classic segments: among the free blocks of its pool that hold it:
  *   1. a request below 2 MiB (EBB__SMALL_HOLE): the oldest free block below 2 MiB that holds it;
  *   2. the oldest free block that holds it;
- *   3. the free block at the end of an expandable segment, which growth extends;
  * "oldest" in (segment age, address) order: the oldest segment that has one, the lowest address
- * inside (in an expandable segment, address order). Plain oldest fit (rule 2 alone) put small
- * requests (slab blocks, 64 KiB .. 1 MiB activations) into the first hole that held them, often
- * one of a few MiB, which then could not take the next multi-MiB request: real_cnn.trace with
- * expandable segments held 3.9 and 3.0 MiB holes and grew for a 4 MiB request, frag_ratio
- * 1.211 against 1.118 with rule 1 (perf/JOURNAL.md, "Placement on real training traces", which
- * also gives best fit, size bands and other thresholds: none better over the real traces taken
- * together, and best fit and bands 25-55 % more instructions a pair). Holes below a granule can
- * neither be given back nor serve the large requests: they are filled first. Rule 3 keeps the
- * tail whole for growth, as PyTorch's expandable segments do (its free tail counts as unbounded
- * in best fit). No rule here guarantees that a sequence repeated exactly settles after one
- * pass; the real traces' steps make no driver call after the second, and the random sequences
- * measured (the arena bench's 18, the tests' 8) none after the first (perf/RESULTS.md).
+ * inside. Plain oldest fit (rule 2 alone) put small requests (slab blocks, 64 KiB .. 1 MiB
+ * activations) into the first hole that held them, often one of a few MiB, which then could not
+ * take the next multi-MiB request (perf/JOURNAL.md, "Placement on real training traces", which
+ * also gives size bands and other thresholds). Best fit here left a repeated random sequence
+ * making 1 to 4 driver calls in its second pass (seven of the tests' eight seeds), where the
+ * rules settle after the first. Holes below a granule can neither be given back nor serve the
+ * large requests: they are filled first. No rule here guarantees that a sequence repeated
+ * exactly settles after one pass; the real traces' steps make no driver call after the second,
+ * and the random sequences measured (the arena bench's 18, the tests' 8) none after the first
+ * (perf/RESULTS.md).
  *
- * Per stream and pool, a B+-tree ordered by (segment age, address) (fidx.c): nodes of 16
- * entries, each entry with its key, the largest size under it and the largest size below
- * 2 MiB under it (512-byte units, saturating), so the first block of at least r, and the first
- * such below 2 MiB, are each one walk down reading a node's sizes with sixteen compares at a
- * time: two or three levels at the few hundred free blocks a stream and pool holds under the
+ * Classic segments keep, per stream and pool, a B+-tree ordered by (segment age, address):
+ * nodes of 16 entries, each entry with its key, the largest size under it and the largest size
+ * below 2 MiB under it (512-byte units, saturating), so the first block of at least r, and the
+ * first such below 2 MiB, are each one walk down reading a node's sizes with sixteen compares at
+ * a time: two or three levels at the few hundred free blocks a stream and pool holds under the
  * arena bench, where a tree over the block records took about eight levels of dependent loads
  * (perf/JOURNAL.md, "The free index as a B+-tree"). A split's remainder and a merge take their
- * block's slot in place. The expandable segment's free tail is kept beside the tree
- * (ebb__fidx.tail). Classic blocks of max_split and up (max_split_size_mb) are never split and
- * serve only requests near their size, so they stay out of the tree, in a list searched by the
- * same rules (few: whole segments); so does a block the tree found no host memory for a node
- * for. */
+ * block's slot in place. Classic blocks of max_split and up (max_split_size_mb) are never split
+ * and serve only requests near their size, so they stay out of the tree, in a list searched by
+ * the same rules (few: whole segments); so does a block the tree found no host memory for a
+ * node for. An expandable mode arena has the bins in place of the tree (they need no node
+ * memory), and the segment's free tail beside them (ebb__fidx.tail). */
 #define EBB__SMALL_HOLE ((size_t)2 << 20)
+#define EBB__FX_BINS 256
 struct ebb__fxnode;
 struct ebb__fidx {
   struct ebb__fxnode *root;
@@ -142,6 +150,9 @@ struct ebb__fidx {
   struct ebb__block *tail; /* the free block that ends the expandable segment, when it is this
                               stream's and pool's: in neither the tree nor the list */
   size_t count;        /* free blocks, all three */
+  struct ebb_list *bins; /* expandable mode: EBB__FX_BINS free lists by size, in place of the
+                            tree (NULL: classic segments, the tree) */
+  uint64_t bmap[EBB__FX_BINS / 64]; /* the non-empty bins */
 };
 
 struct ebb__stream_ref {
@@ -188,6 +199,7 @@ struct ebb__block {
   uint8_t pool;                    /* enum ebb__pool */
   uint8_t kind;                    /* enum ebb__memkind */
   uint8_t owner_cat;               /* enum ebb_owner_cat */
+  uint16_t bin;                    /* FREE in a binned index: its bin + 1 (0 otherwise) */
   /* line 2: the block's own state */
   _Alignas(64) struct ebb__segment *seg;
   struct ebb__arena *arena;        /* fixed for the record's whole life */
@@ -243,7 +255,7 @@ struct ebb__pend {
 #define EBB__SLAB_TARGET ((size_t)128 << 10)   /* a slab holds max(2, TARGET / slot) slots:
                                                   every slab spans more than 64 KiB (the
                                                   granule map) */
-#define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class */
+#define EBB__SLAB_EMPTY_CACHE 1 /* empty slabs kept per stream and class (classic segments) */
 
 /* One slot's own state, in the slab's out-of-band array (the slot's memory is never touched):
  * 16 bytes, so 10^5 live slots are 1.6 MB of records, what a free reads at random. */

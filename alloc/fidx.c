@@ -1,13 +1,15 @@
 /* fidx.c: the free index. Every allocation stream of an arena gets a spool (struct ebb__spool)
- * at its first allocation there, and a spool per pool an index of its free blocks in (segment
- * age, address) order, so that a request takes a small hole first, else the oldest fit, the
- * expandable segment's tail last (arena_impl.h, "free index"): a B+-tree of 16-entry nodes over
- * the blocks below max_split, the tail beside it, and a list, searched by the same rules, for
+ * at its first allocation there, and a spool per pool an index of its free blocks
+ * (arena_impl.h, "free index"). With expandable segments: bins by size for best fit, the
+ * segment's free tail beside them, taken last. With classic segments: a B+-tree of 16-entry
+ * nodes in (segment age, address) order over the blocks below max_split, so that a request
+ * takes a small hole first, else the oldest fit, and a list, searched by the same rules, for
  * oversize blocks and any block the tree found no node memory for.
  *
- * Owns: the tree nodes (carved from chunks kept until teardown, recycled through a spare list)
- * and the spools (one lives from its stream's first allocation until that stream is released
- * and the spool holds nothing: spool_reap).
+ * Owns: the tree nodes (carved from chunks kept until teardown, recycled through a spare list),
+ * the bins' list heads (one array per spool and pool, made with the spool) and the spools (one
+ * lives from its stream's first allocation until that stream is released and the spool holds
+ * nothing: spool_reap).
  *
  * Threading: all of it is under the arena's lock; nothing here drops it or takes another.
  */
@@ -395,14 +397,84 @@ static size_t fx_largest(const struct ebb__fxnode *n) {
   return best;
 }
 
+/* ---- the bins (expandable mode) --------------------------------------------------------------
+ * Best fit, the lower address on a tie, among a stream's free blocks of an expandable segment:
+ * free lists by size, 16 of one size each below 8 KiB, then eight an octave (a bin's sizes lie
+ * within 1/8 of each other), and a bitmap of the non-empty ones. A request reads its own bin,
+ * else the next non-empty one above it (every block there holds it), and takes the smallest
+ * block that holds it among the first EBB__FB_SCAN of that bin: so a search and an update are
+ * O(1), where best fit in the tree's (segment age, address) order walks every fitting entry. */
+#define EBB__FB_SCAN 16
+
+static inline unsigned fb_bin(uint32_t u) {
+  if (u < 16) return u;
+  unsigned e = 31u - (unsigned)__builtin_clz(u); /* 4 .. 30: bins 16 .. 231 */
+  return 16 + (e - 4) * 8 + ((u >> (e - 3)) & 7);
+}
+_Static_assert(16 + 26 * 8 + 8 <= EBB__FX_BINS, "every unit count has a bin");
+
+static inline void fb_insert(struct ebb__fidx *x, struct ebb__block *b) {
+  unsigned i = fb_bin(fidx_units(b->size));
+  ebb_list_insert_tail(&x->bins[i], &b->node);
+  x->bmap[i / 64] |= 1ull << (i % 64);
+  b->bin = (uint16_t)(i + 1);
+}
+
+static inline void fb_remove(struct ebb__fidx *x, struct ebb__block *b) {
+  unsigned i = b->bin - 1u;
+  ebb_list_remove(&b->node);
+  ebb_list_init(&b->node);
+  if (ebb_list_empty(&x->bins[i])) x->bmap[i / 64] &= ~(1ull << (i % 64));
+  b->bin = 0;
+}
+
+/* The smallest block of at least r among the first EBB__FB_SCAN of bin list l (the lower
+ * address on a tie), or NULL. */
+static struct ebb__block *fb_best(const struct ebb_list *l, size_t r) {
+  struct ebb__block *best = NULL;
+  int k = 0;
+  for (const struct ebb_list *n = l->next; n != l && k < EBB__FB_SCAN; n = n->next, k++) {
+    struct ebb__block *c = ebb_container_of(n, struct ebb__block, node);
+    if (c->size >= r && (!best || c->size < best->size || (c->size == best->size && c->addr < best->addr))) best = c;
+  }
+  return best;
+}
+
+/* The first non-empty bin above i, or EBB__FX_BINS. */
+static inline unsigned fb_next(const struct ebb__fidx *x, unsigned i) {
+  for (unsigned j = i + 1; j < EBB__FX_BINS;) {
+    uint64_t m = x->bmap[j / 64] >> (j % 64);
+    if (m) return j + (unsigned)__builtin_ctzll(m);
+    j = (j / 64 + 1) * 64;
+  }
+  return EBB__FX_BINS;
+}
+
+static struct ebb__block *fb_find(const struct ebb__fidx *x, size_t r) {
+  unsigned i = fb_bin(fidx_units(r));
+  struct ebb__block *b = x->bmap[i / 64] >> (i % 64) & 1 ? fb_best(&x->bins[i], r) : NULL;
+  if (!b) {
+    unsigned j = fb_next(x, i);
+    if (j < EBB__FX_BINS) b = fb_best(&x->bins[j], r);
+  }
+  /* The tail last, as in the tree's rule 3: growth extends it. */
+  if (!b && x->tail && x->tail->size >= r) b = x->tail;
+  return b;
+}
+
 void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
   struct ebb__fidx *x = &b->spool->pools[b->pool];
   EBB_ASSERT(b->size % EBB__MIN_BLOCK == 0);
   x->count++;
   b->leaf = NULL;
+  b->bin = 0;
   if (EBB_UNLIKELY(is_xtail(b))) { /* beside the tree: taken last (rule 3) */
     EBB_ASSERT(!x->tail);
     x->tail = b;
+    return;
+  }
+  if (x->bins) {
+    fb_insert(x, b);
     return;
   }
   if (EBB_LIKELY(b->size < ebb__max_split(a)) && EBB_LIKELY(fx_insert(a, x, b))) return;
@@ -413,6 +485,10 @@ void ebb__index_insert(struct ebb__arena *a, struct ebb__block *b) {
 void ebb__index_remove(struct ebb__block *b) {
   struct ebb__fidx *x = &b->spool->pools[b->pool];
   x->count--;
+  if (b->bin) {
+    fb_remove(x, b);
+    return;
+  }
   if (EBB_UNLIKELY(!b->leaf)) {
     if (x->tail == b) {
       x->tail = NULL;
@@ -426,6 +502,13 @@ void ebb__index_remove(struct ebb__block *b) {
 }
 
 void ebb__index_grown(struct ebb__arena *a, struct ebb__block *b) {
+  if (b->bin) { /* to the bin of its new size, or the tail */
+    if (EBB_UNLIKELY(is_xtail(b)) || fb_bin(fidx_units(b->size)) != b->bin - 1u) {
+      ebb__index_remove(b);
+      ebb__index_insert(a, b);
+    }
+    return;
+  }
   struct ebb__fxnode *n = b->leaf;
   /* The tail, or in the list: their searches read sizes. A listed block (its tree had no node
    * memory) that took in the segment's tail is the tail now, served last (rule 3), not by the
@@ -463,6 +546,7 @@ static inline bool small_first(const struct ebb__block *c, const struct ebb__blo
 
 struct ebb__block *ebb__fidx_find(struct ebb__arena *a, struct ebb__fidx *x, size_t r) {
   if (!x->count) return NULL;
+  if (x->bins) return fb_find(x, r);
   struct ebb__block *best = NULL;
   bool small = r < EBB__SMALL_HOLE;
   if (EBB_LIKELY(r < ebb__max_split(a)) && x->root) {
@@ -494,6 +578,15 @@ struct ebb__block *ebb__fidx_take(struct ebb__arena *a, struct ebb__fidx *x, siz
 
 static size_t fidx_largest(const struct ebb__fidx *x) {
   size_t best = fx_largest(x->root);
+  if (x->bins) {
+    unsigned i = EBB__FX_BINS;
+    while (i-- > 0 && !(x->bmap[i / 64] >> (i % 64) & 1)) {}
+    if (i < EBB__FX_BINS)
+      for (const struct ebb_list *n = x->bins[i].next; n != &x->bins[i]; n = n->next) {
+        const struct ebb__block *c = ebb_container_of(n, const struct ebb__block, node);
+        if (c->size > best) best = c->size;
+      }
+  }
   if (x->tail && x->tail->size > best) best = x->tail->size;
   for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
     const struct ebb__block *c = ebb_container_of(n, const struct ebb__block, node);
@@ -516,10 +609,10 @@ size_t ebb__fidx_largest_free(const struct ebb__arena *a) {
 
 /* Frees the spools of released streams that hold nothing: no block in their free indexes, no
  * block or slab of theirs in use. A program that makes a stream per step would otherwise keep
- * one spool (~3 KiB with its slab lists) per stream it ever made, and every scan over them
- * (stream lookups, steals) would grow with it. A released stream's free blocks and cached
- * slabs keep its spool until other streams steal them or empty_cache gives them back. Lock
- * held. */
+ * one spool (~3 KiB with its slab lists, 8 KiB more with bins) per stream it ever made, and
+ * every scan over them (stream lookups, steals) would grow with it. A released stream's free
+ * blocks and cached slabs keep its spool until other streams steal them or empty_cache gives
+ * them back. Lock held. */
 static void spool_reap(struct ebb__arena *a) {
   for (size_t i = 0; i < a->nspools;) {
     struct ebb__spool *sp = a->spools[i];
@@ -532,6 +625,7 @@ static void spool_reap(struct ebb__arena *a) {
     if (a->last_spool == sp) a->last_spool = NULL;
     if (a->unpin_sp == sp) a->unpin_sp = NULL;
     free(sp->slab_cls);
+    for (int p = 0; p < EBB__NPOOLS; p++) free(sp->pools[p].bins);
     free(sp);
     a->spools[i] = a->spools[--a->nspools];
   }
@@ -564,10 +658,22 @@ struct ebb__spool *ebb__spool_get_slow(struct ebb__arena *a, const struct ebb__s
   if (!sp) return NULL;
   sp->stream = *s;
   for (int p = 0; p < EBB__NPOOLS; p++) {
-    sp->pools[p].root = NULL;
-    sp->pools[p].tail = NULL;
-    sp->pools[p].count = 0;
-    ebb_list_init(&sp->pools[p].big);
+    struct ebb__fidx *x = &sp->pools[p];
+    x->root = NULL;
+    x->tail = NULL;
+    x->count = 0;
+    ebb_list_init(&x->big);
+    memset(x->bmap, 0, sizeof x->bmap);
+    x->bins = NULL;
+    if (!ebb__xmode(a)) continue;
+    /* Expandable segments: best fit through bins (above), in place of the tree. */
+    x->bins = malloc(EBB__FX_BINS * sizeof *x->bins);
+    if (!x->bins) {
+      while (p-- > 0) free(sp->pools[p].bins);
+      free(sp);
+      return NULL;
+    }
+    for (unsigned i = 0; i < EBB__FX_BINS; i++) ebb_list_init(&x->bins[i]);
   }
   sp->slab_cls = NULL;
   sp->nlive = sp->nmaking = 0;
@@ -634,6 +740,20 @@ ebb_status ebb__fidx_check(struct ebb__arena *a, const char *fn, size_t *indexed
       const struct ebb__block *prev = NULL;
       int depth = -1;
       if (x->root && (st = fx_check(a, x->root, NULL, 0, &depth, a->spools[i], p, &prev, &c, fn))) goto done;
+      EBB__CHECK(!x->bins || !x->root, "%s: %s: a free index with both bins and a tree", fn, a->label);
+      for (unsigned k = 0; x->bins && k < EBB__FX_BINS; k++) {
+        EBB__CHECK(!ebb_list_empty(&x->bins[k]) == (x->bmap[k / 64] >> (k % 64) & 1),
+                   "%s: %s: free index bin %u is %s but its bit says otherwise", fn, a->label, k,
+                   ebb_list_empty(&x->bins[k]) ? "empty" : "not empty");
+        for (const struct ebb_list *n = x->bins[k].next; n != &x->bins[k]; n = n->next) {
+          const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
+          EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && !is_xtail(b) &&
+                         b->bin == k + 1 && fb_bin(fidx_units(b->size)) == k,
+                     "%s: %s: block 0x%" PRIx64 " in free index bin %u is not a free block of its stream, pool and size",
+                     fn, a->label, b->addr, k);
+          c++;
+        }
+      }
       for (const struct ebb_list *n = x->big.next; n != &x->big; n = n->next) {
         const struct ebb__block *b = ebb_container_of(n, const struct ebb__block, node);
         EBB__CHECK(b->state == EBB__B_FREE && b->spool == a->spools[i] && b->pool == p && !b->leaf && !is_xtail(b),
@@ -659,6 +779,9 @@ done:
 void ebb__fidx_fini(struct ebb__arena *a) {
   for (size_t i = 0; i < a->nfx_chunks; i++) free(a->fx_chunks[i]);
   free(a->fx_chunks);
-  for (size_t i = 0; i < a->nspools; i++) free(a->spools[i]);
+  for (size_t i = 0; i < a->nspools; i++) {
+    for (int p = 0; p < EBB__NPOOLS; p++) free(a->spools[i]->pools[p].bins);
+    free(a->spools[i]);
+  }
   free(a->spools);
 }

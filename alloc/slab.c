@@ -207,9 +207,17 @@ static uint64_t slab_slot_take(struct ebb__arena *a, struct ebb__slab *sl, size_
   return addr;
 }
 
+/* Empty slabs a stream keeps of each class. In an expandable segment none: best fit finds the
+ * block again at once, and a kept empty slab stood between free blocks that would have merged,
+ * the holes it split too small for the larger requests (real_gpt_varlen: five such slabs beside
+ * 1.4-2.1 MiB holes at the reserved peak, 12 MiB above plain best fit; perf/JOURNAL.md, "Best
+ * fit in bins"). Classic segments keep EBB__SLAB_EMPTY_CACHE, and with it the sticky slabs
+ * below. */
+static inline unsigned slab_keep(const struct ebb__arena *a) { return ebb__xmode(a) ? 0 : EBB__SLAB_EMPTY_CACHE; }
+
 /* Slot i's uses are over: it is free for its stream at once. An empty slab stays cached (at
- * most EBB__SLAB_EMPTY_CACHE per stream and class) or goes back to the engine. recorded: the
- * caller recorded FREE_COMPLETED with the request (ebb__hist_rec_free_pair). Lock held. */
+ * most slab_keep per stream and class) or goes back to the engine. recorded: the caller
+ * recorded FREE_COMPLETED with the request (ebb__hist_rec_free_pair). Lock held. */
 static void slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsigned i, bool recorded) {
   struct ebb__slot *t = &sl->slots[i];
   uint64_t addr = sl->addr + (uint64_t)i * sl->slot;
@@ -232,7 +240,7 @@ static void slot_release(struct ebb__arena *a, struct ebb__slab *sl, unsigned i,
     struct ebb__spool *sp = sl->spool;
     uint8_t cls = sl->cls;
     bool sticky = false;
-    if (k->nempty < EBB__SLAB_EMPTY_CACHE) {
+    if (k->nempty < slab_keep(a)) {
       ebb_list_insert_tail(&k->slabs, &sl->node);
       cached_inc(k, sl);
       sticky = sl->sticky;

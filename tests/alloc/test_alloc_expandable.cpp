@@ -95,9 +95,9 @@ TEST_CASE("expandable segments: memory freed by small blocks serves large ones a
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// In the one expandable segment (address order), a request below 2 MiB takes a hole below
-// 2 MiB before a lower, larger free block; the free tail, though below 2 MiB too, comes last, so
-// growth extends it (arena_impl.h, "free index", rules 1 and 3). (Plain oldest fit gave the
+// In the one expandable segment a request takes the smallest free block that holds it, so a
+// 1 MiB request takes a 1.5 MiB hole before a lower 4 MiB block; the free tail, though smaller,
+// comes last, so growth extends it (arena_impl.h, "free index"). (Plain oldest fit gave the
 // first two requests the 4 MiB block.)
 TEST_CASE("expandable segments: holes below 2 MiB first, the tail last", "[alloc][expandable]") {
   EbbSession session;
@@ -125,6 +125,48 @@ TEST_CASE("expandable segments: holes below 2 MiB first, the tail last", "[alloc
   CHECK(stats(0).reserved_bytes.current == 8 * MiB);
   ARENA_CHECK();
   for (void *q : {g1, g2, x, y, z}) EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// Best fit in an expandable segment: of two free blocks that hold a request, the smaller, the
+// lower address on a tie, whatever their order; the tail last. Oldest fit (the classic
+// segments' rule 2) gave the 3 MiB request the 6 MiB block at the start, and the 5 MiB request
+// that followed, fitting nowhere then, mapped two more granules.
+TEST_CASE("expandable segments: best fit, the lower address on a tie, the tail last", "[alloc][expandable]") {
+  EbbSession session;
+  EBB_NEED_VMM();
+  size_t gran = 0;
+  EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
+  REQUIRE(gran == 2 * MiB); // the layout below counts 2 MiB granules
+  ebb_stream_t *s = default_stream(0);
+  // [a 6 | g1 1 | b 3 | g2 1 | c 3 | g3 1 | tail 1 free]: 16 MiB mapped; then a, b and c freed.
+  void *a = nullptr, *g1 = nullptr, *b = nullptr, *g2 = nullptr, *c = nullptr, *g3 = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 6 * MiB, s, &a));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &g1));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &b));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &g2));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &c));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &g3));
+  const uintptr_t ua = reinterpret_cast<uintptr_t>(a);
+  REQUIRE(reinterpret_cast<uintptr_t>(b) == ua + 7 * MiB); // the layout
+  REQUIRE(reinterpret_cast<uintptr_t>(c) == ua + 11 * MiB);
+  REQUIRE(stats(0).reserved_bytes.current == 16 * MiB);
+  for (void *q : {a, b, c}) EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  void *x = nullptr, *y = nullptr, *z = nullptr, *w = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 3 * MiB, s, &x)); // b and c fit exactly: b, the lower
+  CHECK(x == b);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 5 * MiB, s, &y)); // only a holds it
+  CHECK(y == a);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &z)); // a's 1 MiB left, not c, not the 1 MiB tail
+  CHECK(reinterpret_cast<uintptr_t>(z) == ua + 5 * MiB);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &w)); // c, before the smaller tail
+  CHECK(w == c);
+  CHECK(stats(0).reserved_bytes.current == 16 * MiB);
+  ARENA_CHECK();
+  for (void *q : {g1, g2, g3, x, y, z, w}) EBB_REQUIRE_OK(ebb_arena_free(q));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
@@ -236,8 +278,8 @@ TEST_CASE("expandable segments: empty_cache unmaps free granules inside the segm
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// As in test_alloc_api: a repeated sequence settles after one pass. With best fit (before
-// 2026-11-23) the second pass of seeds 3, 5, 6 and 8 mapped 1 to 11 granules more.
+// As in test_alloc_api: a repeated sequence settles after one pass (eight seeds), under best
+// fit in bins as under the classic segments' rules.
 TEST_CASE("expandable segments: a repeated random sequence maps nothing after its first pass", "[alloc][expandable]") {
   EbbSession session;
   EBB_NEED_VMM();
@@ -280,32 +322,43 @@ TEST_CASE("expandable segments: empty_cache unmaps granules that free blocks of 
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-// The OOM retry chain gives cached empty slabs back before it unmaps (as empty_cache does), so
-// their granules can go back to the driver and be mapped again for the request.
-TEST_CASE("expandable segments: the retry chain unmaps what empty slabs held", "[alloc][expandable]") {
+// An expandable segment keeps no empty slab: its block goes back to the engine as the slab
+// empties and merges with its free neighbours, here the free tail, so the next request takes
+// those bytes and maps only what it lacks, with no retry chain. (Kept one a class, the 32 empty
+// slabs held 4 MiB between the block and the tail, and the request below needed the retry chain
+// to unmap them; classic segments still keep one, which their retry chain gives back:
+// test_alloc_oom.)
+TEST_CASE("expandable segments: an empty slab goes back at once, and its bytes serve the next request",
+          "[alloc][expandable]") {
   EbbSession session;
   EBB_NEED_VMM();
   ebb_stream_t *s = default_stream(0);
   void *x = nullptr, *y = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &x));
   std::vector<void *> slots;
-  for (int i = 0; i < 32; i++) { // 32 size classes: 32 slabs, cached empty once freed
+  for (int i = 0; i < 32; i++) { // 32 size classes: 32 slabs
     void *p = nullptr;
     EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * KiB - i * 512, s, &p));
     slots.push_back(p);
   }
+  CHECK(stats(0).inactive_split.current > 0); // the slabs' other slots
   for (void *p : slots) EBB_REQUIRE_OK(ebb_arena_free(p));
   ebb_arena_stats before = stats(0);
+  CHECK(before.inactive_split.current == 0); // no slab left, so no free slot
+  CHECK(before.inactive_split_bytes.current == 0);
   size_t reserved = before.reserved_bytes.current;
   REQUIRE(reserved >= 4 * MiB);
-  // A limit 2 MiB short of what the request needs on top: it fits only once at least one
-  // granule the slabs held is unmapped.
+  ARENA_CHECK();
+  // A limit 2 MiB short of the request on top of what is reserved: growth fits under it only
+  // when the request takes the free bytes the slabs left.
   const size_t want = 24 * MiB;
   EBB_REQUIRE_OK(ebb_arena_set_limit(0, reserved + want - 2 * MiB));
   EBB_REQUIRE_OK(ebb_arena_alloc(0, want, s, &y));
   ebb_arena_stats after = stats(0);
   CHECK(after.num_ooms == before.num_ooms);
-  CHECK(after.num_alloc_retries == before.num_alloc_retries + 1);
+  CHECK(after.num_alloc_retries == before.num_alloc_retries);
+  CHECK(after.num_device_free == before.num_device_free); // nothing unmapped
+  CHECK(reinterpret_cast<uintptr_t>(y) == reinterpret_cast<uintptr_t>(x) + 1 * MiB);
   CHECK(after.reserved_bytes.current <= reserved + want - 2 * MiB);
   ARENA_CHECK();
   EBB_REQUIRE_OK(ebb_arena_free(x));
@@ -363,11 +416,11 @@ TEST_CASE("a failed device wait before unmapping is reported and nothing is unma
 // (chunk_refusal.c, linked in place of the library's chunk memory).
 extern "C" void ebb_test_refuse_fidx_chunks(int n);
 
-// A free block the index keeps in its list (its tree had no node memory) that takes in the free
-// block after it, the segment's last, ends the segment: it is the index's tail from then on,
-// served last (rule 3), not a listed block that a request below 2 MiB takes before an older,
-// larger one for being below 2 MiB (arena_impl.h, "free index").
-TEST_CASE("expandable segments: a listed free block that merges with the free tail becomes the tail",
+// A free block that takes in the free block after it, the segment's last, ends the segment: it
+// is the index's tail from then on, served last, not by best fit as the smaller of two holes
+// (arena_impl.h, "free index"). The index's node chunks are refused throughout, as they once
+// sent such blocks to a list: an expandable segment's bins need none.
+TEST_CASE("expandable segments: a free block that merges with the free tail becomes the tail",
           "[alloc][expandable]") {
   EbbSession session;
   EBB_NEED_VMM();
@@ -375,7 +428,7 @@ TEST_CASE("expandable segments: a listed free block that merges with the free ta
   EBB_REQUIRE_OK(ebb__drv_vmm_granularity(0, &gran));
   REQUIRE(gran == 2 * MiB); // the layout below counts 2 MiB granules
   ebb_stream_t *s = default_stream(0);
-  ebb_test_refuse_fidx_chunks(INT_MAX); // the fresh arena's tree gets no node: free blocks go to the list
+  ebb_test_refuse_fidx_chunks(INT_MAX); // no tree node for the fresh arena: the bins need none
   void *z = nullptr, *a = nullptr, *b = nullptr, *c = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * MiB, s, &z));   // [z 4]
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &a));   // [z 4 | a 1 | tail 1]
@@ -384,13 +437,13 @@ TEST_CASE("expandable segments: a listed free block that merges with the free ta
   const uintptr_t uz = reinterpret_cast<uintptr_t>(z);
   REQUIRE(reinterpret_cast<uintptr_t>(c) == uz + 5 * MiB + MiB / 2);
   REQUIRE(stats(0).reserved_bytes.current == 6 * MiB);
-  EBB_REQUIRE_OK(ebb_arena_free(z)); // the list
-  EBB_REQUIRE_OK(ebb_arena_free(b)); // the list
+  EBB_REQUIRE_OK(ebb_arena_free(z)); // a bin
+  EBB_REQUIRE_OK(ebb_arena_free(b)); // a bin
   EBB_REQUIRE_OK(ebb_arena_free(c)); // merges into b, which ends the segment now: the tail
   ebb_status st = ebb_arena_debug_check(0);
   INFO(ebb_last_error());
   CHECK(st == EBB_OK);
-  // A request below 2 MiB: no hole below 2 MiB but the tail, so the oldest fit, z.
+  // A request below 2 MiB: no free block but z and the tail, so z, the tail last.
   void *x = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, MiB / 2, s, &x));
   CHECK(x == z);
