@@ -16,6 +16,7 @@
  */
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
@@ -352,24 +353,40 @@ void ebb__reduce_cpu(void *args) {
  * depends on libopenblas, so the gate is shut before gotoblas_quit runs. A dlclose that unloads
  * libebb runs the destructor too, and the statics go with the mapping: a later dlopen starts with
  * the gate open. */
-#define BLAS_EXIT_WAIT_NS (10ull * 1000000000ull) /* longest wait at exit for calls inside */
+#define BLAS_EXIT_WAIT_NS (10ull * 1000000000ull) /* longest wait at exit or fork for calls inside */
 #define BLAS_EXIT_POLL_NS 50000l                  /* how often that wait looks */
 
+/* The gate: open; shut for a fork (callers wait until the fork is done); shut for exit (callers
+ * park for good). fork() shuts it too: OpenBLAS's own fork handler tears its pool down the same
+ * way exit does, so a call inside would hang the fork; and a child must not inherit the count of
+ * calls made by threads it does not have (its exit would wait the whole bound for them). */
+enum { BLAS_OPEN, BLAS_FORKING, BLAS_EXITING };
 static _Atomic unsigned blas_inside; /* gemm calls between blas_enter and blas_leave */
-static _Atomic bool blas_closed;     /* set once, by blas_close_at_exit */
+static _Atomic int blas_gate;
+
+static void blas_pause(void) {
+  const struct timespec poll = {0, BLAS_EXIT_POLL_NS};
+  nanosleep(&poll, NULL);
+}
 
 static void blas_enter(void) {
-  /* seq_cst, with the load below: pairs with blas_close_at_exit's store then load (a Dekker
-   * pair): either this call sees the gate shut, or the exit path sees it counted and waits. */
-  atomic_fetch_add_explicit(&blas_inside, 1, memory_order_seq_cst);
-  if (!atomic_load_explicit(&blas_closed, memory_order_seq_cst)) return;
-  /* seq_cst: as above; the exit path stops counting this call */
-  atomic_fetch_sub_explicit(&blas_inside, 1, memory_order_seq_cst);
-  for (;;) pause(); /* the process is exiting: this thread never runs OpenBLAS again */
+  for (;;) {
+    /* seq_cst, with the load below: pairs with blas_shut's store then load (a Dekker pair):
+     * either this call sees the gate shut, or the shutting path sees it counted and waits. */
+    atomic_fetch_add_explicit(&blas_inside, 1, memory_order_seq_cst);
+    int g = atomic_load_explicit(&blas_gate, memory_order_seq_cst);
+    if (g == BLAS_OPEN) return;
+    /* seq_cst: as above; the shutting path stops counting this call */
+    atomic_fetch_sub_explicit(&blas_inside, 1, memory_order_seq_cst);
+    if (g == BLAS_EXITING)
+      for (;;) pause(); /* the process is exiting: this thread never runs OpenBLAS again */
+    /* acquire: pairs with the release that reopens the gate after the fork */
+    while (atomic_load_explicit(&blas_gate, memory_order_acquire) == BLAS_FORKING) blas_pause();
+  }
 }
 
 static void blas_leave(void) {
-  /* seq_cst: pairs with the exit path's load of the count */
+  /* seq_cst: pairs with the shutting path's load of the count */
   atomic_fetch_sub_explicit(&blas_inside, 1, memory_order_seq_cst);
 }
 
@@ -379,15 +396,41 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-__attribute__((destructor)) static void blas_close_at_exit(void) {
+/* Shuts the gate (state `to`, from open) and waits, bounded, for the calls inside to leave. A
+ * call still inside at the deadline is stuck beyond saving, and the caller goes on without it. */
+static void blas_shut(int to) {
+  int open = BLAS_OPEN;
   /* seq_cst: pairs with blas_enter's increment then load */
-  atomic_store_explicit(&blas_closed, true, memory_order_seq_cst);
+  if (!atomic_compare_exchange_strong_explicit(&blas_gate, &open, to, memory_order_seq_cst, memory_order_seq_cst) &&
+      to == BLAS_EXITING)
+    atomic_store_explicit(&blas_gate, BLAS_EXITING, memory_order_seq_cst); /* exit during a fork's shut */
   const uint64_t deadline = mono_ns() + BLAS_EXIT_WAIT_NS;
-  const struct timespec poll = {0, BLAS_EXIT_POLL_NS};
-  /* seq_cst: pairs with blas_enter and blas_leave. A call still inside at the deadline is stuck
-   * beyond saving, and exit goes on without it. */
-  while (atomic_load_explicit(&blas_inside, memory_order_seq_cst) != 0 && mono_ns() < deadline) nanosleep(&poll, NULL);
+  while (atomic_load_explicit(&blas_inside, memory_order_seq_cst) != 0 && mono_ns() < deadline) blas_pause();
 }
+
+static void blas_fork_prepare(void) { blas_shut(BLAS_FORKING); }
+
+static void blas_fork_reopen(void) {
+  int forking = BLAS_FORKING;
+  /* release: pairs with the waiting callers' acquire */
+  atomic_compare_exchange_strong_explicit(&blas_gate, &forking, BLAS_OPEN, memory_order_release, memory_order_relaxed);
+}
+
+static void blas_fork_child(void) {
+  /* The child has only the forking thread, which is inside no call: a count left by a call the
+   * prepare gave up waiting for belongs to a thread the child does not have. */
+  atomic_store_explicit(&blas_inside, 0, memory_order_relaxed);
+  blas_fork_reopen();
+}
+
+/* Registered after OpenBLAS's own fork handler (libebb, or a program with the ops module, loads
+ * after libopenblas), so this prepare runs before OpenBLAS's; glibc drops the handlers when the
+ * object that registered them is unloaded. */
+__attribute__((constructor)) static void blas_gate_init(void) {
+  (void)pthread_atfork(blas_fork_prepare, blas_fork_reopen, blas_fork_child);
+}
+
+__attribute__((destructor)) static void blas_close_at_exit(void) { blas_shut(BLAS_EXITING); }
 
 /* One gemm per batch entry, in row-major form; batch strides of 0 reuse one operand. OpenBLAS
  * runs its own threads inside each call; the whole batch passes the exit gate once. */

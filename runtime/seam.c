@@ -44,6 +44,24 @@ static ebb_status ensure_ctx_live(const char *fn, int device) {
   return st ? st : ebb__dev_activate(fn, device);
 }
 
+/* Portable pinned host memory belongs to no device: any live device's context may ask for it.
+ * `device` (the arena's or the caller's hint) when live, else the first live one; a device's
+ * error state refuses it only when every device is in one (then `device`'s state is the error). */
+static bool dev_healthy(int device) {
+  ebb__fail_mute(true);
+  bool ok = ebb__dev_live("", device) == EBB_OK;
+  ebb__fail_mute(false);
+  return ok;
+}
+
+static ebb_status host_ctx(const char *fn, int device) {
+  int use = dev_healthy(device) ? device : -1;
+  for (int d = 0; use < 0 && d < ebb__runtime_state.ndev; d++)
+    if (d != device && dev_healthy(d)) use = d;
+  if (use < 0) return ebb__dev_live(fn, device); /* every device failed: the hint's state */
+  return ebb__dev_activate(fn, use);
+}
+
 ebb_status ebb__drv_ptr_info(int device, const void *ptr, ebb_ptr_info *out) {
   EBB_SEAM_ENTRY("ebb__drv_ptr_info", PointerGetAttribute);
   EBB_SEAM_NONNULL("ebb__drv_ptr_info", out, "a struct to fill");
@@ -235,12 +253,12 @@ ebb_status ebb__drv_mem_free(int device, uint64_t dptr) {
 }
 
 ebb_status ebb__drv_pinned_alloc(int device, size_t bytes, void **out) {
-  ebb_status st = ebb__check_dev_live("ebb__drv_pinned_alloc", device);
+  ebb_status st = ebb__check_dev("ebb__drv_pinned_alloc", device);
   if (st) return st;
   EBB_SEAM_ENTRY("ebb__drv_pinned_alloc", MemHostAlloc);
   EBB_SEAM_NONNULL("ebb__drv_pinned_alloc", out, "a pointer to fill");
   if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_pinned_alloc: 0 bytes requested; expected at least 1");
-  st = ebb__dev_activate("ebb__drv_pinned_alloc", device);
+  st = host_ctx("ebb__drv_pinned_alloc", device);
   if (st) return st;
   void *p = NULL;
   CUresult r = ebb__runtime_state.drv.MemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE);
@@ -264,7 +282,7 @@ ebb_status ebb__drv_host_register(int device, void *p, size_t bytes) {
   EBB_SEAM_ENTRY("ebb__drv_host_register", MemHostRegister);
   EBB_SEAM_NONNULL("ebb__drv_host_register", p, "host memory to register");
   if (bytes == 0) return ebb__fail(EBB_EINVAL, "ebb__drv_host_register: 0 bytes; expected at least 1");
-  ebb_status st = ensure_ctx_live("ebb__drv_host_register", device);
+  ebb_status st = host_ctx("ebb__drv_host_register", device);
   if (st) return st;
   EBB_SEAM_CALL("ebb__drv_host_register", "cuMemHostRegister",
                 ebb__runtime_state.drv.MemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE));

@@ -179,7 +179,10 @@ EBB_API ebb_status ebb_op_max_dim_backward(const ebb_tensor_t *grad, const ebb_t
  * kernel (the GPU paths have not run on a GPU yet). bf16 and f16 are computed in f32 and
  * rounded; i64 and bool are EBB_EINVAL. A process may exit (with or without ebb_shutdown) while
  * matmuls run or are queued: CPU gemms already inside OpenBLAS finish first, and one that would
- * start after exit began never does (its thread waits for the process to end). */
+ * start after exit began never does (its thread waits for the process to end). Exit waits up to
+ * 10 s for CPU matmuls in flight; one still running then is left to OpenBLAS's teardown, which
+ * may hang on it. fork() likewise waits for those in flight (later ones wait for the fork), so
+ * OpenBLAS's own fork handler never meets one, and the child starts with none. */
 EBB_API ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out);
 /* grad_a = grad @ b^T, grad_b = a^T @ grad, each summed to its input's shape. */
 EBB_API ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,

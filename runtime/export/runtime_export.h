@@ -91,6 +91,8 @@ extern const ebb__module_desc *const ebb__module_table[];
  * runs in that device's context and, where it gives work or waits for it, is refused with
  * EBB_EDEVICE while that device is in its error state, whatever the thread's current device.
  * ebb__drv_ptr_info takes the device whose context asks (the stream's or kernel's device).
+ * Pinned host memory (ebb__drv_pinned_alloc, ebb__drv_host_register) is portable: the device is
+ * a hint, and another live device's context serves when it is in its error state.
  * Device pointers are the driver's CUdeviceptr values carried as uint64_t. */
 
 typedef enum ebb_mem_type {

@@ -133,3 +133,9 @@ TEST_CASE("exit in flight: a program exits while another thread runs CPU matmuls
   check_exits("cpu-thread", "4", kRuns);
   check_exits("cpu-thread", "1", kRuns);
 }
+
+TEST_CASE("exit in flight: a program forks while another thread runs CPU matmuls, and each child exits at once",
+          "[exit-in-flight][fork]") {
+  check_exits("fork", nullptr, kRuns / 4);
+  check_exits("fork", "1", kRuns / 4);
+}

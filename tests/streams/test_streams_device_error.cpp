@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "ebb/runtime.h"
 #include "ebb/stream.h"
@@ -91,6 +92,14 @@ TEST_CASE("the error state is judged by the device of the stream or event a call
     EBB_REQUIRE_OK(ebb_copy_async(dev1.p(), pinned.ptr, 256, s1));
     EBB_REQUIRE_OK(ebb_copy_async(pinned.ptr, dev1.p(), 256, s1));
     EBB_REQUIRE_OK(ebb_stream_synchronize(s1));
+  }
+
+  // Pinned host memory is portable: a failed device as its hint, another live device serves.
+  {
+    streams_test::PinnedBuf hinted(4 << 20, 0);
+    std::vector<unsigned char> pages(1 << 16);
+    EBB_REQUIRE_OK(ebb__drv_host_register(0, pages.data(), pages.size()));
+    EBB_REQUIRE_OK(ebb__drv_host_unregister(0, pages.data()));
   }
 
   // A healthy device current: device 0's objects, and waits on them, are refused by its state.
