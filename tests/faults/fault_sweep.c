@@ -5,7 +5,8 @@
  * prints), a changed last error, a wrong result or a failed shutdown fails the sweep.
  *
  * usage: fault_sweep <workload> [first [runs [timeout_s [CUresult]]]]
- *   The reference run (a fault past the end: nothing fails) counts the workload's driver calls T.
+ *   The reference run (a fault past the end: nothing fails) counts the workload's driver calls T,
+ *   shutdown included.
  *   Then call n fails (EBB_SIM_FAULT=*:n) for every n in 1..first, and for about `runs` - `first`
  *   more calls spread evenly over the rest of 1..T (defaults 300, 450, 60 s a run). The calls a run
  *   makes vary a little with its threads' timing (polls), so call n is not the same call in every
@@ -13,7 +14,9 @@
  *   emulated driver's default (CUDA_ERROR_OUT_OF_MEMORY for allocations, the sticky
  *   CUDA_ERROR_LAUNCH_FAILED otherwise) or the CUresult given (a non-sticky CUDA_ERROR_UNKNOWN
  *   reaches the paths that absorb a failure and go on).
- * Prints one line per unexpected run (with its output) and a summary line:
+ * A clean failure must come from the injected fault (the workload reports FIRED 1); the sweep
+ * stops after three hung runs. Prints one line per unexpected run (with its output) and a summary
+ * line:
  *   fault_sweep calls=T runs=R clean=C absorbed=A not_reached=N bad=B
  * and exits 0 when bad is 0.
  */
@@ -54,6 +57,15 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The workload being run, killed with its process group if the sweep itself is stopped. */
+static volatile sig_atomic_t current_child;
+
+static void on_stop(int sig) {
+  if (current_child > 0) kill(-(pid_t)current_child, SIGKILL);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 /* Runs `workload` with EBB_SIM_FAULT=`fault`, killing its process group after timeout_s. */
 static int run_one(const char *workload, const char *fault, double timeout_s, const char *dir, struct run *r) {
   char out_path[512], err_path[512];
@@ -72,6 +84,7 @@ static int run_one(const char *workload, const char *fault, double timeout_s, co
     _exit(127);
   }
   setpgid(pid, pid);
+  current_child = pid;
   r->timed_out = false;
   double deadline = now_s() + timeout_s;
   for (;;) {
@@ -87,6 +100,7 @@ static int run_one(const char *workload, const char *fault, double timeout_s, co
     struct timespec ts = {0, 2 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
+  current_child = 0;
   read_file(out_path, r->out);
   read_file(err_path, r->err);
   return 0;
@@ -124,6 +138,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s <workload> [first [runs [timeout_s [CUresult]]]]\n", argv[0]);
     return 2;
   }
+  /* Line-buffered: what was found so far is out even if ctest stops the sweep at its timeout. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  signal(SIGTERM, on_stop);
+  signal(SIGINT, on_stop);
   const char *workload = argv[1];
   long first = argc > 2 ? atol(argv[2]) : 300, runs = argc > 3 ? atol(argv[3]) : 450;
   double timeout_s = argc > 4 ? atof(argv[4]) : 60;
@@ -152,9 +170,10 @@ int main(int argc, char **argv) {
   if ((unsigned long long)first > calls) first = (long)calls;
   long rest = runs > first ? runs - first : 0;
   unsigned long long span = calls - (unsigned long long)first, stride = rest && span > (unsigned long long)rest ? span / (unsigned long long)rest : 1;
-  long n_runs = 0, clean = 0, absorbed = 0, not_reached = 0, bad = 0;
+  long n_runs = 0, clean = 0, absorbed = 0, not_reached = 0, bad = 0, hung = 0;
+  bool stop = false;
   double t0 = now_s();
-  for (unsigned long long n = 1; n <= calls; n = n < (unsigned long long)first ? n + 1 : n + stride) {
+  for (unsigned long long n = 1; n <= calls && !stop; n = n < (unsigned long long)first ? n + 1 : n + stride) {
     char fault[128];
     snprintf(fault, sizeof fault, "*:%llu%s%s", n, result ? ":" : "", result ? result : "");
     if (run_one(workload, fault, timeout_s, dir, &r) != 0) {
@@ -169,8 +188,9 @@ int main(int argc, char **argv) {
     else if (strstr(r.out, "LASTERR "))
       why = "a successful call changed the last error";
     else if (code == 3) {
-      const char *line = field(&r, "FAIL ");
-      if (!line || !names_driver(line)) why = "a failure whose message names no driver call or CUDA error";
+      const char *line = field(&r, "FAIL "), *fired = field(&r, "FIRED ");
+      if (!fired || atoi(fired) != 1) why = "a failure without the injected fault (a failure of its own)";
+      else if (!line || !names_driver(line)) why = "a failure whose message names no driver call or CUDA error";
       else clean++;
     } else if (code == 0) {
       char got[32] = {0};
@@ -183,6 +203,7 @@ int main(int argc, char **argv) {
       why = code == 4 ? "a successful call changed the last error" : code == 5 ? "ebb_shutdown failed after every handle was released" : "crashed, hung or exited abnormally";
     if (why) {
       bad++;
+      if (r.timed_out && ++hung == 3) stop = true; /* each costs a whole timeout: three say enough */
       char how[64];
       describe(&r, how, sizeof how);
       printf("fault_sweep: EBB_SIM_FAULT=%s: %s (%s)\nstdout:\n%s\nstderr:\n%.4000s\n", fault, why, how, r.out, r.err);

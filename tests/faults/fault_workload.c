@@ -9,9 +9,10 @@
  * A call that succeeds must leave ebb_last_error() as it was (a sentinel error is set before
  * ebb_init): otherwise it prints "LASTERR <call>: <message>", goes on, and exits 4 (3 if a later
  * call fails). A run to the end prints
- * "RESULT <hex>" (the losses and final weights, bit for bit), then "CALLS <n> FIRED <k>" (the
- * emulated driver's fault counters), releases everything and exits 0. A failed shutdown after
- * everything was released exits 5.
+ * "RESULT <hex>" (the losses and final weights, bit for bit), releases everything and exits 0.
+ * A failed shutdown after everything was released exits 5. Every run ends with "CALLS <n> FIRED
+ * <k>": the emulated driver's fault counters after shutdown (the calls counted, the faults that
+ * fired), so the sweep knows a failure came from its fault.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
@@ -48,14 +49,30 @@ static void release_all(void) {
   ntensors = nblocks = npinned = nevents = nstreams = 0;
 }
 
+/* Prints the emulated driver's fault counters, read after everything ran, shutdown included
+ * (absent on another driver: FIRED -1). */
+static void print_counts(void) {
+  unsigned long long calls = 0;
+  int fired = -1;
+  const char *path = getenv("EBB_SIMDRV_PATH");
+  void *sim = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (sim) {
+    void (*counts)(unsigned long long *, int *); /* the emulated driver's ebbsim_fault_counts */
+    *(void **)&counts = dlsym(sim, "ebbsim_fault_counts");
+    if (counts) counts(&calls, &fired);
+    dlclose(sim);
+  }
+  printf("CALLS %llu FIRED %d\n", calls, fired);
+}
+
 static void finish(int code) {
   release_all();
   ebb_status st = ebb_shutdown();
   if (st != EBB_OK && ebb_is_initialized()) {
     printf("SHUTDOWN %s: %s\n", ebb_status_name(st), ebb_last_error());
-    fflush(stdout);
-    exit(5);
+    code = 5;
   }
+  print_counts();
   fflush(stdout);
   exit(code == 0 && lasterr_seen ? 4 : code);
 }
@@ -216,18 +233,6 @@ int main(void) {
   h = fnv(h, w2, sizeof w2);
   printf("RESULT %016llx\n", (unsigned long long)h);
 
-  /* The emulated driver's fault counters (absent on another driver: -1). */
-  unsigned long long calls = 0;
-  int fired = -1;
-  const char *path = getenv("EBB_SIMDRV_PATH");
-  void *sim = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  if (sim) {
-    void (*counts)(unsigned long long *, int *); /* the emulated driver's ebbsim_fault_counts */
-    *(void **)&counts = dlsym(sim, "ebbsim_fault_counts");
-    if (counts) counts(&calls, &fired);
-    dlclose(sim);
-  }
-  printf("CALLS %llu FIRED %d\n", calls, fired);
   finish(0);
   return 0;
 }
