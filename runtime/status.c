@@ -76,8 +76,12 @@ static _Thread_local char *ebb__mute_prev;
 
 void ebb__fail_mute(bool on) {
   if (on) {
-    ebb__muted_buf[0] = '\0';
-    if (ebb__muted++ == 0) ebb__mute_prev = ebb__fail_divert(ebb__muted_buf);
+    /* Only the outermost mute starts afresh: an inner one must not wipe a failure the outer
+     * scope captured and may still report (a warning). */
+    if (ebb__muted++ == 0) {
+      ebb__muted_buf[0] = '\0';
+      ebb__mute_prev = ebb__fail_divert(ebb__muted_buf);
+    }
   } else if (--ebb__muted == 0) {
     ebb__fail_divert(ebb__mute_prev);
   }

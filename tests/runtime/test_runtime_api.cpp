@@ -240,3 +240,24 @@ TEST_CASE("topology: nearest NUMA node and cores - binding", "[runtime][topo]") 
   th.join();
   EBB_CHECK_FAILS(ebb_thread_bind_device(-2), EBB_EDEVICE, "-2");
 }
+
+// A muted step (a best-effort one inside a call that succeeds) keeps its failure for the scope
+// that muted it, which may report it as a warning: a mute nested inside, after the failure, must
+// not wipe it, and the caller's last error stays untouched throughout.
+extern "C" {  // as runtime/export/ebb_internal.h declares them (C++ tests cannot include it)
+ebb_status ebb__fail(ebb_status status, const char *fmt, ...);
+void ebb__fail_mute(bool on);
+const char *ebb__muted_error(void);
+}
+
+TEST_CASE("a nested mute keeps the failure the outer muted scope captured", "[runtime][errors]") {
+  CHECK(ebb_dev_synchronize(-3) != EBB_OK);  // the caller's own last error
+  const std::string mine = ebb_last_error();
+  ebb__fail_mute(true);
+  CHECK(ebb__fail(EBB_EINVAL, "the outer step failed") == EBB_EINVAL);
+  ebb__fail_mute(true);  // a best-effort step after it, which succeeds
+  ebb__fail_mute(false);
+  CHECK(std::string(ebb__muted_error()) == "the outer step failed");
+  ebb__fail_mute(false);
+  CHECK(std::string(ebb_last_error()) == mine);
+}
