@@ -15,6 +15,11 @@
 # traces: frag_ratio no worse than ref_frag_ratio in the same mode; in the default mode
 # (expandable=1), peak_reserved at most bf2m_peak_reserved + 2 MiB, and frag_ratio <= 1.05
 # wherever bf2m_frag_ratio is.
+# The real traces in three sets: real_cnn, real_gpt_varlen, real_lstm, real_mlp and
+# real_transformer chose the placement; real_accum, real_finetune, real_gru_packed, real_resnet and
+# real_unet were held out from that choice but seen before the present placement was; held out
+# (fresh), recorded after it and never used to choose: real_moe, real_seq2seq, real_tcn, real_vae
+# and real_vit.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
