@@ -717,6 +717,50 @@ static void aside_settle(struct ebb__arena *a, struct ebb__block *nb, struct ebb
   if (seg_is_split(g) && g->nfree != nf0) ebb__stat_move(&a->c.s.inactive_split, nf0, g->nfree);
 }
 
+/* Holds block x back for good: PENDING with one event that never comes (nheld). Lock held. */
+static void block_hold(struct ebb__arena *a, struct ebb__block *x) {
+  x->state = EBB__B_PENDING;
+  x->event_count = 1;
+  x->nuses = 0;
+  a->nheld++;
+}
+
+/* A stolen block whose old owners' work could be neither ordered after nor waited for: that
+ * work may still use it, so neither the block nor its remainder is handed out, ever, and the
+ * allocation fails. Both are held back; a slab's block, not yet made a slab, stays CARVED (a
+ * state nothing else touches). Lock not held. */
+static ebb_status steal_lost(struct ebb__arena *a, struct ebb__block *b, struct ebb__block *aside, bool indexed, bool slab,
+                             struct ebb__spool *sp, const struct ebb__lost *lost) {
+  struct ebb__block *m = NULL;
+  if (!slab && indexed && ebb__block_in_amap(b)) (void)ebb__addr_lookup_lock(b->addr, b->kind, &m); /* (locks a when found) */
+  if (!m) ebb__lock(&a->mu);
+  if (!slab && indexed) {
+    /* Out of the address maps, as a free takes it: a live block nobody was given would keep
+     * the arena busy for good. */
+    if (!m) m = ebb__ptrmap_take(b->addr);
+    EBB_ASSERT(m == b);
+    ebb__stat_sub(&a->c.s.allocated_bytes, b->size);
+    ebb__stat_sub(&a->c.s.requested_bytes, b->requested);
+  }
+  if (!slab) {
+    a->c.s.free_count++; /* not the caller's: the allocation fails */
+    block_hold(a, b);
+  }
+  if (aside) {
+    struct ebb__segment *g = aside->seg;
+    seg_split_stat(a, g, false);
+    g->nfree--;
+    g->free_bytes -= aside->size;
+    seg_split_stat(a, g, true);
+    ebb__stat_add(&a->c.s.active_bytes, aside->size);
+    sp->nlive++;
+    block_hold(a, aside);
+  }
+  uint64_t addr = b->addr;
+  ebb__unlock(&a->mu);
+  return ebb__lost_report(a->up->alloc_fn, (const void *)(uintptr_t)addr, lost);
+}
+
 ebb_status ebb__arena_alloc(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, void **out) {
   /* Small requests are slots of a slab (slab.c): no split, merge or ptrmap entry per request.
    * slab_max is a 512-byte multiple, so this is "rounded size <= slab_max". */
@@ -751,6 +795,42 @@ void ebb__arena_put_slab_block(struct ebb__arena *a, struct ebb__block *b) {
 
 /* A plain block, or (slab) the block of a new slab: *bout, state EBB__B_CARVED, no ptrmap entry,
  * no stats but the engine's own (cache hits, reserved, segments). */
+/* Orders stream s after the old owners of a stolen block b (and of its remainder, aside), one
+ * event each, with the lock dropped; the events go back to the cache. EBB_OK, or steal_lost's
+ * failure when an owner's work could be neither ordered after nor waited for. */
+static ebb_status steal_order(struct ebb__arena *a, const struct ebb__stream_ref *s, struct ebb__order *o,
+                              struct ebb__block *b, struct ebb__block *aside, bool indexed, bool slab, struct ebb__spool *sp) {
+  struct ebb__lost lost = {0};
+  for (unsigned i = 0; i < o->n; i++) {
+    ebb_event_t *ev = o->ev[i];
+    /* The last users of the block (or of a piece of its run) ran on `from`: make the new stream
+     * wait for them on the device. The block is ours (ALLOC, not yet returned) and its
+     * remainder is set aside, so the lock may stay dropped. Muted: a failed ordering is
+     * absorbed by the host wait below; a wait that fails too (the device not in its error
+     * state, where nothing runs any more) is this call's failure. */
+    const struct ebb__stream_ref *from = &o->from[i];
+    ebb__fail_mute(true);
+    ebb_status st = order_after(s->s, from, &ev);
+    if (st) {
+      /* Neither an event nor the stream's release event could order s (no host memory, a failed
+       * device): wait for the device on the host instead. Counted as a sync. */
+      st = ebb_dev_synchronize(from->device);
+      if (st) ebb__lost_note(&lost, from->id, from->device, st);
+      ebb__lock(&a->mu);
+      a->c.s.num_syncs++;
+      ebb__unlock(&a->mu);
+    }
+    ebb__fail_mute(false);
+    if (ev) {
+      ebb__lock(&a->mu);
+      bool kept = ebb__ev_push(a, from->device, ev);
+      ebb__unlock(&a->mu);
+      if (!kept) ebb__ev_destroy(ev);
+    }
+  }
+  return EBB_UNLIKELY(lost.n) ? steal_lost(a, b, aside, indexed, slab, sp, &lost) : EBB_OK;
+}
+
 static ebb_status alloc_impl(struct ebb__arena *a, size_t bytes, const struct ebb__stream_ref *s, bool slab,
                                   void **out, struct ebb__block **bout) {
   if (EBB_UNLIKELY(bytes > ((size_t)1 << 50))) {
@@ -804,27 +884,9 @@ static ebb_status alloc_impl(struct ebb__arena *a, size_t bytes, const struct eb
      * after the ordering (no map entry: nobody else can reach it meanwhile). */
   }
   ebb__unlock(&a->mu);
-  for (unsigned i = 0; i < o.n; i++) {
-    ebb_event_t *ev = o.ev[i];
-    /* The last users of the block (or of a piece of its run) ran on `from`: make the new stream
-     * wait for them on the device. The block is ours (ALLOC, not yet returned) and its
-     * remainder is set aside, so the lock may stay dropped. */
-    const struct ebb__stream_ref *from = &o.from[i];
-    ebb_status st = order_after(s->s, from, &ev);
-    if (st) {
-      /* Neither an event nor the stream's release event could order s (no host memory, a failed
-       * device): wait for the device on the host instead. Counted as a sync. */
-      ebb_dev_synchronize(from->device);
-      ebb__lock(&a->mu);
-      a->c.s.num_syncs++;
-      ebb__unlock(&a->mu);
-    }
-    if (ev) {
-      ebb__lock(&a->mu);
-      bool kept = ebb__ev_push(a, from->device, ev);
-      ebb__unlock(&a->mu);
-      if (!kept) ebb__ev_destroy(ev);
-    }
+  if (EBB_UNLIKELY(o.n)) {
+    ebb_status st = steal_order(a, s, &o, b, aside, indexed, slab, sp);
+    if (st) return st;
   }
   if (aside || !indexed) { /* s now waits for every old owner: the remainder is s's */
     ebb__lock(&a->mu);
@@ -897,14 +959,20 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
   b->state = EBB__B_FREEING;
   uint32_t n = b->nuses;
   ebb_event_t *small[EBB__SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
-  ebb__uses_record(a, b->uses, n, evs);
+  struct ebb__lost lost = {0};
+  ebb__uses_record(a, b->uses, n, evs, &lost);
   b->state = EBB__B_PENDING;
   b->event_count = 0;
-  ebb__uses_queue(a, b->uses, n, evs, b, NULL, 0, &b->event_count);
+  ebb__uses_queue(a, b->uses, n, evs, b, NULL, 0, &b->event_count, &lost);
   b->nuses = 0;
+  if (EBB_UNLIKELY(lost.n)) { /* held back: an event that never comes */
+    b->event_count++;
+    a->nheld++;
+  }
   if (!b->event_count) ebb__block_release(a, b);
   ebb__unlock(&a->mu);
   if (evs != small) free(evs);
+  if (EBB_UNLIKELY(lost.n)) ebb__lost_warn(fn, ptr, &lost);
   return EBB_OK;
 }
 

@@ -450,6 +450,8 @@ struct ebb__arena {
   struct ebb__evq *evqs;   /* pending frees per use stream */
   size_t nevqs, capevqs;
   size_t npending;         /* pend entries queued */
+  size_t nheld;            /* blocks and slots held back for good (struct ebb__lost): PENDING,
+                            * each with one event that never comes */
   struct ebb_list pend_spare;
   struct ebb__evcache evcache[EBB_MAX_DEVICES]; /* idle events by their device */
 
@@ -755,9 +757,32 @@ EBB_HIDDEN ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **use
  * `slot` of slab sl, counting them in *count (no host memory for a queue entry: that event is
  * waited for instead; evs NULL: nothing). Lock held (dropped only on that path). */
 #define EBB__SMALL_EVS 8 /* events of a deferred free recorded without a heap array */
-EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs);
+/* Uses whose work could be neither captured by an event nor waited for on the host (the record
+ * failed, then the wait did, on a device not in its error state): that work may still read or
+ * write the memory, so it is held back for good (PENDING with one event that never comes,
+ * counted in nheld). A free still succeeds (the pointer is released) and tells the warning
+ * handler why; a steal fails the allocation. Zero-initialised by the caller, filled by
+ * ebb__uses_record and ebb__uses_queue. */
+struct ebb__lost {
+  uint32_t n;              /* uses lost */
+  ebb_status st;           /* the failed wait's status, for the first */
+  uint64_t stream_id;      /* the first lost use's stream and device */
+  int device;
+  char why[256];           /* the failed wait's message */
+};
+EBB_HIDDEN void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
+                                 struct ebb__lost *lost);
 EBB_HIDDEN void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
-                                struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count);
+                                struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count,
+                                struct ebb__lost *lost);
+/* Notes a lost use, of stream stream_id on device, with the failed wait's status st (its message
+ * read from the muted buffer: call it with the failure muted). */
+EBB_HIDDEN void ebb__lost_note(struct ebb__lost *lost, uint64_t stream_id, int device, ebb_status st);
+/* What a free says through the warning handler of memory it held back: fn, the pointer and the
+ * first lost use named. */
+EBB_HIDDEN void ebb__lost_warn(const char *fn, const void *ptr, const struct ebb__lost *lost);
+/* The failure an allocation reports when the block it stole was held back. No lock held. */
+EBB_HIDDEN ebb_status ebb__lost_report(const char *fn, const void *ptr, const struct ebb__lost *lost);
 /* record_stream of a pointer of any arena of `kind`: a slot's or a live block's use of stream
  * s. No lock held. */
 EBB_HIDDEN ebb_status ebb__arena_record(const char *fn, void *ptr, const struct ebb__stream_ref *s,

@@ -139,7 +139,8 @@ ebb_status ebb__arena_check(struct ebb__arena *a, const char *fn) {
   EBB__CHECK(indexed == nfree, "%s: %s: %zu free blocks but %zu indexed", fn, a->label, nfree, indexed);
   if ((st = spool_check(a, fn))) goto done;
   if ((st = ebb__slab_check_classes(a, fn))) goto done;
-  EBB__CHECK(pend_events == a->npending, "%s: %s: %zu pending events, blocks expect %zu", fn, a->label, a->npending, pend_events);
+  EBB__CHECK(pend_events == a->npending + a->nheld, "%s: %s: %zu pending events and %zu held back, blocks expect %zu", fn,
+             a->label, a->npending, a->nheld, pend_events);
   const ebb_arena_stats *s = &a->c.s;
   EBB__CHECK(s->allocated_bytes.current == alloc && s->active_bytes.current == active && s->requested_bytes.current == requested,
              "%s: %s: stats allocated %" PRIu64 "/active %" PRIu64 "/requested %" PRIu64 ", walk found %" PRIu64 "/%" PRIu64

@@ -16,6 +16,7 @@
  * event never blocks and is done under the lock.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "arena_impl.h"
@@ -213,12 +214,44 @@ ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **uses, uint16_t
   return EBB_OK;
 }
 
-void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs) {
+void ebb__lost_note(struct ebb__lost *lost, uint64_t stream_id, int device, ebb_status st) {
+  /* A device in its error state runs no more work (its context is lost, every later call that
+   * would give it work fails): nothing is left to wait for, and the memory may go back. */
+  if (st == EBB_EDEVICE) return;
+  if (lost->n++) return;
+  lost->st = st;
+  lost->stream_id = stream_id;
+  lost->device = device;
+  snprintf(lost->why, sizeof lost->why, "%s", ebb__muted_error());
+}
+
+void ebb__lost_warn(const char *fn, const void *ptr, const struct ebb__lost *lost) {
+  ebb__warn("%s: pointer %p was used on stream %" PRIu64 " (device %d), whose work could be neither ordered after by an "
+            "event nor waited for (%s); its memory is held back until shutdown",
+            fn, ptr, lost->stream_id, lost->device, lost->why);
+}
+
+ebb_status ebb__lost_report(const char *fn, const void *ptr, const struct ebb__lost *lost) {
+  return ebb__fail(lost->st,
+                   "%s: pointer %p was used on stream %" PRIu64 " (device %d), whose work could be neither ordered after "
+                   "by an event nor waited for (%s); its memory is held back until shutdown",
+                   fn, ptr, lost->stream_id, lost->device, lost->why);
+}
+
+void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
+                      struct ebb__lost *lost) {
+  /* Muted: each failure to record is absorbed by a device wait, and the free that records goes
+   * on; a wait that fails too holds the memory back, which the free reports (ebb__lost_warn). */
   if (!evs) {
     /* No host memory for the event array: wait for the devices of the using streams instead,
      * correct if slow (ebb__uses_queue then queues nothing and the memory is free at once). */
     ebb__unlock(&a->mu);
-    for (uint32_t i = 0; i < n; i++) ebb_dev_synchronize(uses[i].device);
+    ebb__fail_mute(true);
+    for (uint32_t i = 0; i < n; i++) {
+      ebb_status st = ebb_dev_synchronize(uses[i].device);
+      if (st) ebb__lost_note(lost, uses[i].id, uses[i].device, st);
+    }
+    ebb__fail_mute(false);
     ebb__lock(&a->mu);
     a->c.s.num_syncs += n;
     return;
@@ -226,8 +259,6 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
   for (uint32_t i = 0; i < n; i++) evs[i] = ebb__ev_pop(a, uses[i].device);
   ebb__unlock(&a->mu);
   uint32_t syncs = 0;
-  /* Muted: each failure here is absorbed by a device wait, and the free that records goes on
-   * (a device in its error state says so at its next call). */
   ebb__fail_mute(true);
   for (uint32_t i = 0; i < n; i++) {
     const struct ebb__stream_ref *u = &uses[i];
@@ -236,7 +267,8 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
     if (st) {
       /* No event could capture the using stream's work (no host memory, a failed device):
        * wait for its device now. */
-      ebb_dev_synchronize(u->device);
+      st = ebb_dev_synchronize(u->device);
+      if (st) ebb__lost_note(lost, u->id, u->device, st);
       syncs++;
       if (evs[i]) {
         ebb__ev_destroy(evs[i]);
@@ -250,7 +282,7 @@ void ebb__uses_record(struct ebb__arena *a, const struct ebb__stream_ref *uses, 
 }
 
 void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, uint32_t n, ebb_event_t **evs,
-                     struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count) {
+                     struct ebb__block *b, struct ebb__slab *sl, uint32_t slot, uint32_t *count, struct ebb__lost *lost) {
   if (!evs) return;
   for (uint32_t i = 0; i < n; i++) {
     if (!evs[i]) continue;
@@ -263,7 +295,10 @@ void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, u
       free(pn ? NULL : p);
       if (pn) ebb_list_insert_tail(&a->pend_spare, pn);
       ebb__unlock(&a->mu);
-      ebb_event_synchronize(evs[i]);
+      ebb__fail_mute(true);
+      ebb_status st = ebb_event_synchronize(evs[i]);
+      if (st) ebb__lost_note(lost, u->id, u->device, st);
+      ebb__fail_mute(false);
       ebb__lock(&a->mu);
       a->c.s.num_syncs++;
       if (!ebb__ev_push(a, u->device, evs[i])) {

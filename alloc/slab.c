@@ -403,24 +403,30 @@ static ebb_status slot_bad(const char *fn, struct ebb__slab *sl, unsigned i, uin
  * slot is PENDING until they complete (ebb__slab_pend_done). FREEING keeps every other call off
  * it meanwhile (a second free finds it not ALLOC; its slab cannot empty). Lock held on entry,
  * dropped on return. */
-static ebb_status slot_defer(struct ebb__arena *a, struct ebb__slab *sl, unsigned i) {
+static ebb_status slot_defer(const char *fn, struct ebb__arena *a, struct ebb__slab *sl, unsigned i) {
   struct ebb__slot *slot = &sl->slots[i];
   struct ebb__slot_ext *t = &sl->ext[i];
   slot->state = EBB__B_FREEING;
   sl->npend++;
   uint32_t n = t->nuses;
   ebb_event_t *small[EBB__SMALL_EVS], **evs = n <= EBB_ARRAY_LEN(small) ? small : calloc(n, sizeof *evs);
-  ebb__uses_record(a, t->uses, n, evs); /* the slot's use array is ours while FREEING */
+  struct ebb__lost lost = {0};
+  ebb__uses_record(a, t->uses, n, evs, &lost); /* the slot's use array is ours while FREEING */
   slot->state = EBB__B_PENDING;
   t->event_count = 0;
-  ebb__uses_queue(a, t->uses, n, evs, NULL, sl, i, &t->event_count);
+  ebb__uses_queue(a, t->uses, n, evs, NULL, sl, i, &t->event_count, &lost);
   t->nuses = 0;
+  if (EBB_UNLIKELY(lost.n)) { /* held back: an event that never comes */
+    t->event_count++;
+    a->nheld++;
+  }
   if (!t->event_count) {
     sl->npend--;
     slot_release(a, sl, i, false);
   }
   ebb__unlock(&a->mu);
   if (evs != small) free(evs);
+  if (EBB_UNLIKELY(lost.n)) ebb__lost_warn(fn, (const void *)(uintptr_t)(sl->addr + (uint64_t)i * sl->slot), &lost);
   return EBB_OK;
 }
 
@@ -442,7 +448,7 @@ ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, e
     return EBB_OK;
   }
   ebb__hist_rec(a, EBB_ACT_FREE_REQUESTED, addr, sl->slot, t->requested, sl->spool->stream.id, t->owner_cat, t->owner);
-  return slot_defer(a, sl, i);
+  return slot_defer(fn, a, sl, i);
 }
 
 ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr, const struct ebb__stream_ref *s,

@@ -8,10 +8,13 @@
 // reservation, the physical chunk, its mapping or its access), which the OOM retry chain tries
 // again; a failing growth for a new slab, device or pinned, which a plain block replaces; a failing event query of a pending free (the block stays pending); a failing event
 // create or record when a free must wait for another stream's work (the arena waits for the
-// device instead); a failing record of a released stream's last work (the release waits for the
-// stream instead).
+// device instead, and likewise when a stream takes another stream's free block); a failing record
+// of a released stream's last work (the release waits for the stream instead).
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "alloc_test_util.hpp"
 #include "ebb/alloc.h"
@@ -138,6 +141,34 @@ TEST_CASE("absorbed: a failed record of a released stream's last work", "[stream
   ebb_stream_t *t = new_stream(0);
   LastError le;
   EBB_REQUIRE_OK(ebb_stream_release(t));
+  le.check_untouched();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// Another stream's free block taken by a stream that missed its own: the taker is ordered after
+// the old owner's work by an event. When the record fails, the wait for the device stands in for
+// it: the allocation succeeds, after that work, and the last error is the caller's own.
+TEST_CASE("absorbed: a failed event record when a stream takes another stream's free block", "[alloc][fault][absorbed]") {
+  if (!faults_for_this_process("cuEventRecord:1:CUDA_ERROR_UNKNOWN")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s1 = new_stream(0), *s2 = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 << 20, s1, &p));
+  EBB_REQUIRE_OK(ebb_stream_host_func(s1, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }, nullptr));
+  flag_after(s1, &done);
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  const uint64_t syncs = stats(0).num_syncs;
+  LastError le;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 << 20, s2, &q));
+  le.check_untouched();
+  CHECK(stats(0).num_syncs == syncs + 1); // the device wait that stood in for the event
+  CHECK((q != p || done.load() == 1));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s1));
+  EBB_REQUIRE_OK(ebb_stream_release(s1));
+  EBB_REQUIRE_OK(ebb_stream_release(s2));
   le.check_untouched();
   REQUIRE(ebb_debug_live_handles() == 0);
 }

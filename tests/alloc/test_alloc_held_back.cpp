@@ -1,0 +1,148 @@
+// test_alloc_held_back.cpp: memory is never handed out again before the work that used it has
+// run, even when the driver fails the calls that order the reuse. A free (or a steal of another
+// stream's free block) records an event after the users' work; when the record fails the arena
+// waits for the device instead; when that wait fails too, the work may still be running: the
+// memory is held back for good rather than handed out unordered. The free still succeeds (the
+// pointer is released, the last error untouched) and tells the warning handler why; the
+// allocation that stole the block fails.
+//
+// The faults come from the emulated driver (EBB_SIM_FAULT: the first cuEventRecord of the
+// process, and the first cuCtxSynchronize, which no call of these cases makes before the fault
+// point), so every case needs a process of its own, as ctest gives it.
+// The users' work is a host function that sleeps: a block handed out while it sleeps is one
+// handed out before the work that used it.
+#include <atomic>
+#include <chrono>
+#include <initializer_list>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "alloc_test_util.hpp"
+#include "ebb/alloc.h"
+#include "ebb/stream.h"
+#include "sim_fault_env.hpp"
+
+using namespace alloc_test;
+
+namespace {
+
+constexpr const char *kRecordAndWait = "cuEventRecord:1:CUDA_ERROR_UNKNOWN,cuCtxSynchronize:1:CUDA_ERROR_UNKNOWN";
+
+// The warnings issued while it lives (the default handler is put back after).
+struct WarningLog {
+  std::vector<std::string> got;
+  WarningLog() {
+    ebb_set_warning_handler([](const char *m, void *u) { static_cast<std::vector<std::string> *>(u)->push_back(m); }, &got);
+  }
+  ~WarningLog() { ebb_set_warning_handler(ebb_warning_to_stderr, nullptr); }
+  bool any_with(std::initializer_list<const char *> needles) const {
+    for (const std::string &w : got) {
+      bool all = true;
+      for (const char *n : needles) all = all && w.find(n) != std::string::npos;
+      if (all) return true;
+    }
+    return false;
+  }
+};
+
+// Queues on `s` a host function that sleeps 300 ms, then one that sets *flag: work that uses the
+// memory and is still running while the test goes on.
+void slow_then_flag(ebb_stream_t *s, std::atomic<int> *flag) {
+  EBB_REQUIRE_OK(ebb_stream_host_func(s, [](void *) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr));
+  flag_after(s, flag);
+}
+
+}  // namespace
+
+TEST_CASE("held back: a pinned block whose free can neither record nor wait is not handed out again",
+          "[alloc][fault][held-back]") {
+  if (!faults_for_this_process(kRecordAndWait)) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *t = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_pinned_alloc(1 * MiB, -1, &p));
+  EBB_REQUIRE_OK(ebb_pinned_record_stream(p, t));
+  slow_then_flag(t, &done);
+  WarningLog w;
+  ebb_clear_error();
+  EBB_REQUIRE_OK(ebb_pinned_free(p));
+  CHECK(std::string(ebb_last_error()).empty());
+  INFO("warnings: " << w.got.size() << (w.got.empty() ? "" : ", the first: " + w.got[0]));
+  CHECK(w.any_with({"ebb_pinned_free", "held back", "cuCtxSynchronize"}));
+  EBB_REQUIRE_OK(ebb_pinned_alloc(1 * MiB, -1, &q));
+  INFO("work done when the block came back: " << done.load());
+  CHECK(q != p);
+  EBB_REQUIRE_OK(ebb_pinned_debug_check());
+  EBB_REQUIRE_OK(ebb_pinned_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  EBB_REQUIRE_OK(ebb_pinned_empty_cache());
+  EBB_REQUIRE_OK(ebb_pinned_debug_check());
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("held back: a device slot whose free can neither record nor wait is not handed out again",
+          "[alloc][fault][held-back]") {
+  if (!faults_for_this_process(kRecordAndWait)) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
+  slow_then_flag(t, &done);
+  WarningLog w;
+  ebb_clear_error();
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  CHECK(std::string(ebb_last_error()).empty());
+  INFO("warnings: " << w.got.size() << (w.got.empty() ? "" : ", the first: " + w.got[0]));
+  CHECK(w.any_with({"ebb_arena_free", "held back", "cuCtxSynchronize"}));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &q));
+  INFO("work done when the memory came back: " << done.load());
+  CHECK(q != p);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// Another stream's free block, taken by a stream that missed its own: the taker must wait for
+// the old owner's work. With neither the event nor the device wait to be had, the block (and the
+// remainder the request leaves of it) is held back and the allocation fails; the next one gets
+// other memory.
+TEST_CASE("held back: a stolen block whose old owner's work can be neither ordered after nor waited for",
+          "[alloc][fault][held-back]") {
+  if (!faults_for_this_process(kRecordAndWait)) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s1 = new_stream(0), *s2 = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s1, &p));
+  slow_then_flag(s1, &done);
+  EBB_REQUIRE_OK(ebb_arena_free(p)); // s1's again at once: its own later work is ordered after
+  ebb_status st = ebb_arena_alloc(0, 1 * MiB, s2, &q);
+  INFO("ebb_arena_alloc -> " << ebb_status_name(st) << ": " << ebb_last_error() << "; work done: " << done.load());
+  CHECK((st != EBB_OK || q != p || done.load() == 1));
+  CHECK(st == EBB_EDRIVER);
+  CHECK(std::string(ebb_last_error()).find("held back") != std::string::npos);
+  if (st == EBB_OK) EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s2, &q));
+  CHECK(q != p);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s1));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s2));
+  EBB_REQUIRE_OK(ebb_stream_release(s1));
+  EBB_REQUIRE_OK(ebb_stream_release(s2));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
