@@ -226,11 +226,14 @@ static void streams_teardown(void *user) {
   (void)user;
   /* acquire: pairs with the release store of EBB__UP (the devices' state is visible). */
   if (atomic_load_explicit(&ebb__streams_state.phase, memory_order_acquire) != EBB__UP) return;
-  for (int i = 0; i < ebb__streams_state.ndev; i++) ebb_dev_synchronize(i);
+  /* Best effort: a device whose wait fails is in its error state (its work will not run) and
+   * teardown goes on; the primary context's release ends what is left. */
+  for (int i = 0; i < ebb__streams_state.ndev; i++) (void)ebb_dev_synchronize(i);
   for (int i = 0; i < ebb__streams_state.ndev; i++) {
     struct ebb__dev *d = &ebb__streams_state.dev[i];
     /* The devices are idle: every tomb's work is done, its event goes back before the pools go. */
-    for (unsigned t = 0; t < d->ntombs; t++) ebb__drv_event_put(d, false, d->tombs[t].ev);
+    for (unsigned t = 0; t < d->ntombs; t++)
+      if (d->tombs[t].ev) ebb__drv_event_put(d, false, d->tombs[t].ev);
     free(d->tombs);
     d->tombs = NULL;
     d->ntombs = d->captombs = 0;
@@ -449,7 +452,7 @@ static bool tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *
     for (unsigned i = 0; i < d->ntombs; i++) {
       bool fin = false;
       ebb__fail_mute(true); /* a failed query keeps the tomb: absorbed */
-      bool reap = *nd < EBB__TOMBS && ebb__drv_event_query(d->ordinal, d->tombs[i].ev, &fin) == EBB_OK && fin;
+      bool reap = *nd < EBB__TOMBS && d->tombs[i].ev && ebb__drv_event_query(d->ordinal, d->tombs[i].ev, &fin) == EBB_OK && fin;
       ebb__fail_mute(false);
       if (reap) done[(*nd)++] = d->tombs[i].ev;
       else d->tombs[kept++] = d->tombs[i];
@@ -475,7 +478,12 @@ static ebb_status tomb_wait(struct ebb__dev *d, uint64_t id, const ebb_stream_t 
   ebb__mutex_lock(&d->tomb_mu);
   for (unsigned i = 0; i < d->ntombs; i++) {
     if (d->tombs[i].id != id) continue;
-    st = ebb__drv_stream_wait_event(waiter->device, waiter->cu, d->ordinal, d->tombs[i].ev);
+    if (EBB_UNLIKELY(!d->tombs[i].ev))
+      st = ebb__fail(EBB_EDEVICE, "ebb__stream_wait_released: stream %llu of device %d was released when neither an event nor a "
+                     "stream wait could capture its last work; expected a wait for the device instead",
+                     (unsigned long long)id, d->ordinal);
+    else
+      st = ebb__drv_stream_wait_event(waiter->device, waiter->cu, d->ordinal, d->tombs[i].ev);
     break;
   }
   ebb__mutex_unlock(&d->tomb_mu);
@@ -504,7 +512,7 @@ bool ebb__stream_released_done(int device, uint64_t id) {
     if (d->tombs[i].id != id) continue;
     bool fin = false;
     ebb__fail_mute(true); /* a failed query reads as work not done: absorbed */
-    done = ebb__drv_event_query(d->ordinal, d->tombs[i].ev, &fin) == EBB_OK && fin;
+    done = d->tombs[i].ev && ebb__drv_event_query(d->ordinal, d->tombs[i].ev, &fin) == EBB_OK && fin;
     ebb__fail_mute(false);
     break;
   }
@@ -623,7 +631,9 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
    * gets its tomb and turns released, so whoever sees it released and then looks for its tomb
    * (ebb__stream_wait_released) finds it; until then the arena still records on it under
    * tomb_mu (ebb__event_record_live). Without an event (no host memory, a failing driver), its
-   * work is waited for here instead: then nothing is left to order after.
+   * work is waited for here instead: then nothing is left to order after. When that wait fails
+   * too, the work may still run: the stream gets a lost tomb, which makes whoever orders after
+   * it wait for the whole device (ebb__stream_wait_released fails, and its callers fall back).
    * The gone_ fields go first, for the messages of whoever sees the magic leave LIVE; racing
    * releasers of one stream write the same values. */
   atomic_store_explicit(&s->slot.gone_id, s->id, memory_order_relaxed);
@@ -644,14 +654,16 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
   }
   struct CUevent_st *ev = NULL, *done[EBB__TOMBS + 1];
   unsigned nd = 0;
-  /* Muted: a failure to get or record the tomb's event is absorbed by waiting for the stream
-   * (and that wait's failure by the release itself: nothing is left to order after). */
+  /* Muted: a failure to get or record the tomb's event is absorbed by waiting for the stream,
+   * and that wait's failure by a lost tomb (the release itself has nothing left to report: the
+   * handle is gone either way). With no host memory for even the lost tomb as well, nothing is
+   * left to order after. */
   ebb__fail_mute(true);
   if (ebb__drv_event_get(d, false, &ev) != EBB_OK) ev = NULL;
   ebb__mutex_lock(&d->tomb_mu);
   if (!ev || ebb__drv_event_record(s->device, ev, s->cu) != EBB_OK || !tomb_add_locked(d, s->id, ev, done, &nd)) {
-    (void)ebb__drv_stream_synchronize(s->device, s->cu);
     if (ev) done[nd++] = ev;
+    if (ebb__drv_stream_synchronize(s->device, s->cu) != EBB_OK) (void)tomb_add_locked(d, s->id, NULL, done, &nd);
   }
   ebb__fail_mute(false);
   /* release: the tomb is in the table before anyone sees the stream released (the peeks' acquire

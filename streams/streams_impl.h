@@ -133,7 +133,9 @@ struct ebb_event {
  * before destroying it (the driver finishes the work, the handle is gone). */
 struct ebb__tomb {
   uint64_t id;            /* the released stream's id */
-  struct CUevent_st *ev;  /* complete once all work issued to it has run */
+  struct CUevent_st *ev;  /* complete once all work issued to it has run; NULL: lost (its release
+                           * could neither record nor wait for that work), never reaped, and a
+                           * wait for it fails so that the waiter waits for the device instead */
 };
 
 /* One pinned staging chunk of a device's ring. `mu` is held for the whole use of the chunk:

@@ -4,11 +4,12 @@
 // waits for the device instead; when that wait fails too, the work may still be running: the
 // memory is held back for good rather than handed out unordered. The free still succeeds (the
 // pointer is released, the last error untouched) and tells the warning handler why; the
-// allocation that stole the block fails.
+// allocation that stole the block fails. A stream released while neither holds keeps a lost
+// tomb, which makes later frees of memory it used wait for the device.
 //
 // The faults come from the emulated driver (EBB_SIM_FAULT: the first cuEventRecord of the
-// process, and the first cuCtxSynchronize, which no call of these cases makes before the fault
-// point), so every case needs a process of its own, as ctest gives it.
+// process, and the first cuCtxSynchronize or cuStreamSynchronize, which no call of these cases
+// makes before the fault point), so every case needs a process of its own, as ctest gives it.
 // The users' work is a host function that sleeps: a block handed out while it sleeps is one
 // handed out before the work that used it.
 #include <atomic>
@@ -143,6 +144,35 @@ TEST_CASE("held back: a stolen block whose old owner's work can be neither order
   EBB_REQUIRE_OK(ebb_stream_release(s1));
   EBB_REQUIRE_OK(ebb_stream_release(s2));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// A stream released with work in flight gets a tomb: an event after its last work, which later
+// frees of memory it used order after. When the release can neither record that event nor wait
+// for the stream, the release still succeeds, and a later free of such memory waits for the
+// device instead of finding nothing to wait for.
+TEST_CASE("a released stream whose last work could be neither recorded nor waited for still orders a free",
+          "[alloc][fault][held-back]") {
+  if (!faults_for_this_process("cuEventRecord:1:CUDA_ERROR_UNKNOWN,cuStreamSynchronize:1:CUDA_ERROR_UNKNOWN")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
+  slow_then_flag(t, &done);
+  ebb_clear_error();
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+  CHECK(std::string(ebb_last_error()).empty());
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  CHECK(std::string(ebb_last_error()).empty());
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &q));
+  INFO("block back: " << (q == p) << ", work done: " << done.load());
+  CHECK((q != p || done.load() == 1));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_dev_synchronize(0));
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
