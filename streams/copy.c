@@ -95,14 +95,22 @@ static ebb_status chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) {
 }
 
 /* Ends a use of `c` on stream `s` whose enqueue returned `st`: records the chunk's event after
- * whatever was enqueued and unlocks. If the record fails the chunk's state is unknown, so the
- * stream is drained before anyone may reuse it. */
+ * whatever was enqueued and unlocks. If the record fails, no event marks the end of this use:
+ * the stream is drained before anyone may reuse the chunk. If that wait fails too, the work may
+ * still read or write the chunk, so its memory is abandoned (never reused nor freed; the next
+ * claim allocates a new one). Either way the record's failure is the copy's answer (the wait
+ * muted, so the message names the record). */
 static ebb_status chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_stream_t *s, size_t bytes, ebb_status st) {
   ebb_status rs = ebb__drv_event_record(s->device, c->ev, s->cu);
-  if (rs == EBB_OK)
+  if (EBB_LIKELY(rs == EBB_OK)) {
     c->used = true;
-  else
-    ebb__drv_stream_synchronize(s->device, s->cu);
+  } else {
+    ebb__fail_mute(true);
+    ebb_status ws = ebb__drv_stream_synchronize(s->device, s->cu);
+    ebb__fail_mute(false);
+    if (ws) c->mem = NULL;
+    c->used = false; /* drained, or a new chunk: no earlier use to wait for */
+  }
   ebb__mutex_unlock(&c->mu);
   if (!st && !rs) atomic_fetch_add_explicit(&d->stats.staged_bytes, bytes, memory_order_relaxed);
   return st ? st : rs;
