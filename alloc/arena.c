@@ -274,10 +274,17 @@ static size_t release_free_segments(struct ebb__arena *a) {
   struct ebb_list *n;
   while ((n = ebb_list_pop_head(&gone))) {
     struct ebb__segment *g = ebb_container_of(n, struct ebb__segment, node);
-    /* A failing release leaks the range rather than risk handing it out twice. */
-    if (a->up->release(a, g->base, g->size) == EBB_OK) {
+    /* A failing release leaks the range rather than risk handing it out twice. Muted, and said
+     * through the warning handler: the call that gives memory back goes on. */
+    ebb__fail_mute(true);
+    ebb_status rst = a->up->release(a, g->base, g->size);
+    ebb__fail_mute(false);
+    if (rst == EBB_OK) {
       nfreed++;
       ebb__grave_add(a, g->base, g->size);
+    } else {
+      ebb__warn("%s: a segment of %zu bytes at 0x%" PRIx64 " could not be given back and leaks: %s", a->label, g->size,
+                g->base, ebb__muted_error());
     }
     free(g);
   }
@@ -981,6 +988,7 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
 ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
   ebb_status st = EBB_OK;
   ebb__lock(&a->mu);
+  a->xunmap_fails = 0; /* (those of earlier retry chains were absorbed there) */
   ebb__poll_pending(a);
   ebb__sync_pending(a);
   /* Empty slabs first: their blocks merge back, so the segments below may become free. */
@@ -999,7 +1007,17 @@ ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
     else ebb__x_shrink(a);
   }
   release_free_segments(a);
+  /* Granules that failed to unmap stay mapped and are kept (xseg.c): the cache is not empty,
+   * and the caller hears why. */
+  unsigned xfails = a->xunmap_fails;
+  ebb_status xst = a->xunmap_st;
+  char why[sizeof a->xunmap_why];
+  if (EBB_UNLIKELY(xfails)) memcpy(why, a->xunmap_why, sizeof why);
+  a->xunmap_fails = 0;
   ebb__unlock(&a->mu);
+  if (EBB_UNLIKELY(xfails) && !st)
+    st = ebb__fail(xst, "ebb_arena_empty_cache: %u granule(s) of %s could not be given back (a failed unmap keeps the granule "
+                   "mapped for later growth; a failed release after the unmap leaks its chunk): %s", xfails, a->label, why);
   return st;
 }
 

@@ -471,6 +471,11 @@ struct ebb__arena {
   uint64_t xva;
   size_t xva_size, xgran;
   uint64_t *xhandles;          /* one physical handle per mapped granule */
+  size_t xstuck;               /* granules of holes (or past the span) whose unmap failed: still
+                                * mapped, their handles kept, taken again by the next growth */
+  unsigned xunmap_fails;       /* failed unmaps since ebb_arena_empty_cache last reported them */
+  ebb_status xunmap_st;        /* the first of them: its status and message */
+  char xunmap_why[192];
 
   struct ebb__counters c;
   struct ebb__hist hist;

@@ -9,6 +9,7 @@
  * with the arena's lock dropped (VMM map and unmap excepted, see xseg.c) and take no ebb lock.
  */
 #include <inttypes.h>
+#include <stdio.h>
 
 #include "arena_impl.h"
 
@@ -47,18 +48,31 @@ static ebb_status dev_map(struct ebb__arena *a, uint64_t va, size_t bytes, uint6
   if (st) return st;
   st = ebb__drv_vmm_map(va, bytes, h, a->device);
   if (st) {
-    ebb__drv_vmm_release(h);
+    /* Best effort, muted: the map's failure is the answer; a chunk that fails to go leaks. */
+    ebb__fail_mute(true);
+    (void)ebb__drv_vmm_release(h);
+    ebb__fail_mute(false);
     return st;
   }
   *handle = h;
   return EBB_OK;
 }
 
+/* A range that fails to unmap is still mapped: its handle is kept (the failure returned, the
+ * caller keeps the granule). Once unmapped the range is free whatever follows; a handle that
+ * then fails to be released leaks its physical chunk, noted with the arena's failed unmaps for
+ * ebb_arena_empty_cache to report (the arena's lock is held: no handler is called here). */
 static ebb_status dev_unmap(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle) {
-  (void)a;
   ebb_status st = ebb__drv_vmm_unmap(va, bytes);
-  ebb_status st2 = ebb__drv_vmm_release(handle);
-  return st ? st : st2;
+  if (st) return st;
+  ebb__fail_mute(true);
+  st = ebb__drv_vmm_release(handle);
+  if (EBB_UNLIKELY(st) && !a->xunmap_fails++) {
+    a->xunmap_st = st;
+    snprintf(a->xunmap_why, sizeof a->xunmap_why, "a physical chunk of %zu bytes leaks: %s", bytes, ebb__muted_error());
+  }
+  ebb__fail_mute(false);
+  return EBB_OK;
 }
 
 const struct ebb__upstream ebb__device_upstream = {

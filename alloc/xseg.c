@@ -17,34 +17,54 @@
 
 #include "arena_impl.h"
 
-/* Maps granules [va, va + bytes) of the reservation, all or nothing. Lock held. */
+/* Unmaps granule `at`. One that fails to unmap is still mapped: its handle stays in the table
+ * (released, it would leave the range mapped to memory nobody tracks), counted in xstuck, and
+ * the next growth over it takes it as it is. Muted: the caller goes on (an allocation's retry
+ * chain, or empty_cache, which reports the first failure). Lock held. */
+static bool granule_unmap(struct ebb__arena *a, uint64_t at) {
+  uint64_t *h = &a->xhandles[(at - a->xva) / a->xgran];
+  ebb__fail_mute(true);
+  ebb_status st = a->up->unmap(a, at, a->xgran, *h);
+  if (st && !a->xunmap_fails++) {
+    a->xunmap_st = st;
+    snprintf(a->xunmap_why, sizeof a->xunmap_why, "%s", ebb__muted_error());
+  }
+  ebb__fail_mute(false);
+  if (st) {
+    a->xstuck++;
+    return false;
+  }
+  *h = 0;
+  return true;
+}
+
+/* Maps granules [va, va + bytes) of the reservation, all or nothing. A granule still mapped
+ * (its unmap failed) is taken as it is. Lock held. */
 static ebb_status x_map(struct ebb__arena *a, uint64_t va, size_t bytes) {
   size_t done = 0;
   ebb_status st = EBB_OK;
   for (; done < bytes; done += a->xgran) {
+    uint64_t *slot = &a->xhandles[(va + done - a->xva) / a->xgran];
+    if (EBB_UNLIKELY(*slot)) {
+      a->xstuck--;
+      continue;
+    }
     uint64_t h = 0;
     if ((st = a->up->map(a, va + done, a->xgran, &h))) break;
-    a->xhandles[(va + done - a->xva) / a->xgran] = h;
+    *slot = h;
   }
   if (!st) {
     a->c.s.num_device_alloc += bytes / a->xgran;
     return EBB_OK;
   }
-  for (size_t k = 0; k < done; k += a->xgran) {
-    uint64_t *h = &a->xhandles[(va + k - a->xva) / a->xgran];
-    a->up->unmap(a, va + k, a->xgran, *h);
-    *h = 0;
-  }
+  for (size_t k = 0; k < done; k += a->xgran) granule_unmap(a, va + k);
   return st;
 }
 
 /* Unmaps granules [va, va + bytes) of the reservation. Lock held. */
 static void x_unmap(struct ebb__arena *a, uint64_t va, size_t bytes) {
-  for (uint64_t at = va; at < va + bytes; at += a->xgran) {
-    uint64_t *h = &a->xhandles[(at - a->xva) / a->xgran];
-    if (a->up->unmap(a, at, a->xgran, *h) == EBB_OK) a->c.s.num_device_free++;
-    *h = 0;
-  }
+  for (uint64_t at = va; at < va + bytes; at += a->xgran)
+    if (granule_unmap(a, at)) a->c.s.num_device_free++;
 }
 
 /* Growth into a hole: maps the first UNMAPPED hole that holds `r` (in whole granules) from its
@@ -374,8 +394,9 @@ void ebb__x_fini(struct ebb__arena *a) {
   size_t mapped = 0;
   for (size_t k = 0; k < a->xva_size / a->xgran; k++)
     if (a->xhandles[k]) mapped = (k + 1) * a->xgran;
+  /* Best effort at teardown: the device is idle and the context goes next, with what it holds. */
   for (size_t off = 0; off < mapped; off += a->xgran)
-    if (a->xhandles[off / a->xgran]) a->up->unmap(a, a->xva + off, a->xgran, a->xhandles[off / a->xgran]);
-  a->up->unreserve(a, a->xva, a->xva_size);
+    if (a->xhandles[off / a->xgran]) (void)a->up->unmap(a, a->xva + off, a->xgran, a->xhandles[off / a->xgran]);
+  (void)a->up->unreserve(a, a->xva, a->xva_size);
   free(a->xhandles);
 }

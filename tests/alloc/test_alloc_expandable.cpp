@@ -6,6 +6,7 @@
 
 #include "alloc_test_util.hpp"
 #include "runtime_export.h"  // the driver seam (ebb__drv_*), internal
+#include "sim_fault_env.hpp"
 
 using namespace alloc_test;
 
@@ -488,4 +489,47 @@ TEST_CASE("expandable segments: growth that can get no block record (no host mem
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   CHECK(stats(0).reserved_bytes.current == 0);
   ARENA_CHECK();
+}
+
+// A granule whose unmap fails is still mapped: its handle is kept (released, the range would stay
+// mapped to memory nobody tracks, and the next growth there would fail), empty_cache says which
+// call failed, and the next growth takes the granule as it is. The fault comes from the emulated
+// driver (the first cuMemUnmap of the process): a process of its own, as ctest gives it.
+TEST_CASE("a granule that fails to unmap stays mapped and is taken again by growth", "[alloc][expandable][fault]") {
+  if (!faults_for_this_process("cuMemUnmap:1:CUDA_ERROR_UNKNOWN")) return;
+  EbbSession session;
+  EBB_NEED_VMM();
+  ebb_stream_t *s = default_stream(0);
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_CHECK_MSG(ebb_arena_empty_cache(0), EBB_EDRIVER, "ebb_arena_empty_cache", "failed unmap keeps the granule", "cuMemUnmap");
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// Once a granule is unmapped its range is free; a physical chunk that then fails to be
+// released leaks, and empty_cache says so rather than dropping the driver's failure.
+TEST_CASE("a physical chunk that fails to be released after its unmap is reported", "[alloc][expandable][fault]") {
+  if (!faults_for_this_process("cuMemRelease:1:CUDA_ERROR_UNKNOWN")) return;
+  EbbSession session;
+  EBB_NEED_VMM();
+  ebb_stream_t *s = default_stream(0);
+  void *p = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_CHECK_MSG(ebb_arena_empty_cache(0), EBB_EDRIVER, "ebb_arena_empty_cache", "leaks", "cuMemRelease");
+  CHECK(stats(0).reserved_bytes.current == 0);
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
 }
