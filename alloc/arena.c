@@ -569,7 +569,7 @@ static ebb_status arena_grow(struct ebb__arena *a, struct ebb__spool *sp, int po
   a->c.s.num_device_alloc++;
   if (!ebb__segment_add(a, base, seg, pool, sp, out)) {
     ebb__unlock(&a->mu);
-    a->up->release(a, base, seg);
+    (void)a->up->release(a, base, seg); /* best effort: the ENOMEM below is the answer (its message replaces this one's) */
     ebb__lock(&a->mu);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for a segment record", a->up->alloc_fn);
   }

@@ -206,12 +206,16 @@ ebb_status ebb__devices_init(void) {
   return EBB_OK;
 }
 
+/* Best effort throughout, at the last shutdown (or a start that failed): each device's work is waited for where its
+ * context can be made current (a device in its error state fails the wait: its work will not
+ * run), and the primary context is released whatever happened, which is what ends its work and
+ * frees what it holds; nothing is left to hand a failure to. */
 void ebb__devices_fini(void) {
   for (int i = 0; i < ebb__runtime_state.ndev; i++) {
-    if (ebb__runtime_state.drv.CtxSetCurrent(ebb__runtime_state.dev[i].ctx) == CUDA_SUCCESS) ebb__runtime_state.drv.CtxSynchronize();
-    ebb__runtime_state.drv.DevicePrimaryCtxRelease(ebb__runtime_state.dev[i].cu);
+    if (ebb__runtime_state.drv.CtxSetCurrent(ebb__runtime_state.dev[i].ctx) == CUDA_SUCCESS) (void)ebb__runtime_state.drv.CtxSynchronize();
+    (void)ebb__runtime_state.drv.DevicePrimaryCtxRelease(ebb__runtime_state.dev[i].cu);
   }
-  ebb__runtime_state.drv.CtxSetCurrent(NULL);
+  (void)ebb__runtime_state.drv.CtxSetCurrent(NULL);
   ebb__tl_ctx_dev = -1;
   ebb__runtime_state.ndev = 0;
 }

@@ -312,8 +312,10 @@ void ebb__kernels_fini(void) {
     struct ebb_kernel_image *im = EBB__IMG(i);
     for (int d = 0; d < ebb__runtime_state.ndev; d++) {
       ebb_device *dv = &ebb__runtime_state.dev[d];
+      /* Best effort at the last shutdown: a module that cannot be unloaded goes with its
+       * context, released next (ebb__devices_fini). */
       if (im->module[d] && ebb__runtime_state.drv.ModuleUnload && ebb__runtime_state.drv.CtxSetCurrent(dv->ctx) == CUDA_SUCCESS)
-        ebb__runtime_state.drv.ModuleUnload(im->module[d]);
+        (void)ebb__runtime_state.drv.ModuleUnload(im->module[d]);
       im->module[d] = NULL;
     }
     im->magic = 0;

@@ -402,7 +402,9 @@ ebb_status ebb__drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int devi
   acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   CUresult r = ebb__runtime_state.drv.MemSetAccess((CUdeviceptr)va, bytes, &acc, 1);
   if (r != CUDA_SUCCESS) {
-    ebb__runtime_state.drv.MemUnmap((CUdeviceptr)va, bytes); /* leave the range as it was before the call */
+    /* Best effort: leave the range as it was before the call. If the unmap fails too the range
+     * stays mapped, and the next map at va fails and says so. */
+    (void)ebb__runtime_state.drv.MemUnmap((CUdeviceptr)va, bytes);
     return ebb__cu_fail(r, "ebb__drv_vmm_map", "cuMemSetAccess");
   }
   return EBB_OK;
