@@ -52,7 +52,13 @@ static _Thread_local int ebb__total_depth;
 /* The next edges a node has in the graph walk (AccumulateGrad has none). */
 static int engine_nedges(const struct ebb_node *n) { return n->op < 0 ? 0 : n->nin; }
 
-static size_t engine_hash(const struct ebb_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull); }
+/* The product's high half folded down: the table masks the low bits, which alone would depend
+ * only on the low bits of the address, and nodes come at a fixed stride (their allocator's size
+ * class: a power of two leaves most slots unused and probes long). */
+static size_t engine_hash(const struct ebb_node *n) {
+  uint64_t h = (uint64_t)((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull;
+  return (size_t)(h ^ (h >> 32));
+}
 
 /* The task index of n, or -1. */
 int ebb__tfind(const struct ebb__task *t, const struct ebb_node *n) {
