@@ -159,9 +159,9 @@ static void packed_free(struct ebb__packed *p) {
 void ebb__packed_get(struct ebb__packed *p) { atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed); }
 
 void ebb__packed_put(struct ebb__packed *p) {
-  /* release: this holder's reads of p happen before the free; the acquire fence pairs with it. */
-  if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_release) != 1) return;
-  atomic_thread_fence(memory_order_acquire);
+  /* acq_rel: each holder's reads of p (release) happen before the last one frees it (acquire);
+   * as the nodes' counts do, rather than a fence, which TSan cannot follow. */
+  if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1) return;
   packed_free(p);
 }
 

@@ -516,3 +516,32 @@ TEST_CASE("saved tensors: a node that saves its own output is freed with its gra
   }
   live.check();
 }
+
+TEST_CASE("saved hooks: an in-place op's saved old value and operand go through the hooks too", "[autograd][saved-hooks][inplace]") {
+  EbbSession session;
+  Live live;
+  auto run = [](Hooks *h) {
+    Tensor x = leaf_on(EBB_DEVICE_CPU, {0.5, -1.5, 2}), w = leaf_on(EBB_DEVICE_CPU, {3, 0.25, -1});
+    Tensor a, l;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(x, 3.0, a.out()));  // (saves nothing: a may change in place)
+    if (h) {
+      Push p(*h);
+      EBB_REQUIRE_OK(ebb_op_mul_(a, w));  // saves a's old value (a copy) and w
+    } else {
+      EBB_REQUIRE_OK(ebb_op_mul_(a, w));
+    }
+    EBB_REQUIRE_OK(ebb_op_sum(a, nullptr, 0, false, l.out()));
+    const ebb_tensor_t *r[1] = {l.get()};
+    EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+    return std::make_pair(grad_of(x), grad_of(w));
+  };
+  Hooks h;
+  auto plain = run(nullptr);
+  auto hooked = run(&h);
+  CHECK(hooked.first == plain.first);
+  CHECK(hooked.second == plain.second);
+  CHECK(h.packs == 2);
+  CHECK(h.unpacks == 2);
+  CHECK(h.frees == 2);
+  live.check();
+}
