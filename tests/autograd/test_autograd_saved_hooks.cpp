@@ -545,3 +545,82 @@ TEST_CASE("saved hooks: an in-place op's saved old value and operand go through 
   CHECK(h.frees == 2);
   live.check();
 }
+
+TEST_CASE("saved hooks: threads sharing a graph unpack while one releases it, and the value is freed once, after the last unpack",
+          "[autograd][saved-hooks][threads]") {
+  EbbSession session;
+  Live live;
+  for (int round = 0; round < 20; round++) {
+    Hooks h;
+    Tensor x = leaf_on(EBB_DEVICE_CPU, {0.5, 1, 1.5});
+    Tensor y, l;
+    {
+      Push p(h);
+      EBB_REQUIRE_OK(ebb_op_exp(x, y.out()));
+    }
+    EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+    const ebb_tensor_t *r[1] = {l.get()};
+    const ebb_tensor_t *in[1] = {x.get()};
+    ebb_status sa = EBB_OK, sb = EBB_OK;
+    std::string ma;
+    std::thread a([&] {  // retains: may come after b released the saved tensors
+      ebb_tensor_t *g[1] = {nullptr};
+      sa = ebb_grad(r, nullptr, 1, in, 1, true, false, g);
+      if (sa) ma = ebb_last_error();
+      if (g[0]) ebb_tensor_release(g[0]);
+    });
+    std::thread b([&] {
+      ebb_tensor_t *g[1] = {nullptr};
+      sb = ebb_grad(r, nullptr, 1, in, 1, false, false, g);
+      if (g[0]) ebb_tensor_release(g[0]);
+    });
+    a.join();
+    b.join();
+    CHECK(sb == EBB_OK);
+    if (sa) {
+      CHECK(sa == EBB_ESTATE);
+      CHECK(ma.find("retain_graph") != std::string::npos);
+    }
+    CHECK(h.unpacks == (sa ? 1 : 2));
+    CHECK(h.frees == 1);  // b's release, or a's last unpack after it
+    y.reset();
+    l.reset();
+    CHECK(h.frees == 1);
+  }
+  live.check();
+}
+
+TEST_CASE("saved hooks: pairs a hook leaves pushed on the calling thread are dropped when the backward ends",
+          "[autograd][saved-hooks]") {
+  EbbSession session;
+  Live live;
+  ebb_engine_mode mode = ebb_autograd_engine_mode();
+  EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(EBB_ENGINE_CALLING_THREAD));
+  {
+    static Hooks stray;
+    Tensor x = leaf_on(EBB_DEVICE_CPU, {1, 2});
+    Tensor y, l;
+    EBB_REQUIRE_OK(ebb_op_exp(x, y.out()));
+    EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, l.out()));
+    struct Seen {
+      ebb_status push = EBB_OK, pop = EBB_OK;
+    } seen;
+    auto hook = [](const ebb_tensor_t *, ebb_tensor_t **, void *user) -> ebb_status {
+      auto *s = static_cast<Seen *>(user);
+      ebb_saved_hooks sp = stray.pair();
+      s->push = ebb_saved_tensors_hooks_push(&sp);
+      s->push = s->push ? s->push : ebb_saved_tensors_hooks_push(&sp);  // two, one popped: one left
+      s->pop = ebb_saved_tensors_hooks_pop();
+      return EBB_OK;
+    };
+    ebb_hook_handle hh;
+    EBB_REQUIRE_OK(ebb_tensor_register_hook(y, hook, &seen, &hh));
+    const ebb_tensor_t *r[1] = {l.get()};
+    EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+    CHECK(seen.push == EBB_OK);
+    CHECK(seen.pop == EBB_OK);
+    EBB_CHECK_FAILS(ebb_saved_tensors_hooks_pop(), EBB_ESTATE, "no saved-tensor hooks pushed");
+  }
+  EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+  live.check();
+}
