@@ -35,8 +35,7 @@ struct ebb_node {
   int nin, nout;
   ebb__op_args args;
   ebb__tensor_meta *in_meta; /* [nin] */
-  ebb_tensor_t **saved;      /* [nin + nout]: what the table's entry saves (shared handles), else NULL */
-  uint64_t *saved_version;   /* [nin + nout]: the storage's version when saved */
+  struct ebb__saved *saved;  /* [nin + nout]: what the table's entry saves (saved.c), else NULL */
   struct ebb__edge *next;    /* [nin] */
   ebb_tensor_t *leaf;        /* AccumulateGrad: the leaf's handle (strong) */
   _Atomic bool freed_saved;  /* a backward without retain_graph released the saved tensors */
@@ -54,6 +53,16 @@ struct ebb_node {
    * and written through ebb__node_stream / ebb__node_stream_move. */
   ebb_stream_t *stream;
   _Atomic long edge_handles; /* ebb_gradient_edge handles on it (for the stream-mismatch warning) */
+};
+
+/* One tensor a node saved for its backward (saved.c). While the node holds it, exactly one of
+ * `t` and `packed` is set; both NULL: nothing saved there, or released. Written by the thread
+ * that records the node; read and released under the engine's saved lock of the node. */
+struct ebb__saved {
+  ebb_tensor_t *t;             /* the data: a slot-less handle on its storage (no hooks were on) */
+  struct ebb__packed *packed;  /* what a pack hook made of it (reference counted: a backward
+                                * unpacking it holds one while the unpack hook runs) */
+  uint64_t version;            /* t's storage's version when saved (checked at unpack; t only) */
 };
 
 struct ebb__meta {
@@ -236,9 +245,9 @@ EBB_HIDDEN void ebb__engine_stop(void);
 EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
 
 /* owners.c: what autograd's memory is tagged with in the allocator's owners. */
-/* n saved t as saved[k] (just shared): an activation's block becomes saved by n. */
+/* n saved t as saved[k].t (just shared): an activation's block becomes saved by n. */
 EBB_HIDDEN void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t);
-/* Releases n->saved[k] (non-NULL; set to NULL), giving its block its owner back when n was the
+/* Releases n->saved[k].t (non-NULL; set to NULL), giving its block its owner back when n was the
  * last node holding it. */
 EBB_HIDDEN void ebb__owners_saved_drop(struct ebb_node *n, int k);
 /* The engine runs n between these: its allocations are (EBB_OWNER_BACKWARD, n's name). Pass
@@ -265,8 +274,6 @@ EBB_HIDDEN void ebb__meta_free(struct ebb__meta *m);
 EBB_HIDDEN struct ebb_node *ebb__node_new(int op, int nin, int nout);
 /* Frees a node no one references yet (refs 0). */
 EBB_HIDDEN void ebb__node_drop(struct ebb_node *n);
-/* Saves t as n's saved tensor k (a shared handle and its version now). */
-EBB_HIDDEN ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t);
 /* Grad mode as set on this thread (ebb_grad_set_enabled), inference mode aside. */
 EBB_HIDDEN bool ebb__grad_mode_on(void);
 EBB_HIDDEN const char *ebb__node_name_of(const struct ebb_node *n);
@@ -287,6 +294,42 @@ EBB_HIDDEN struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m);
 EBB_HIDDEN ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t *n, size_t *cap);
 /* The AccumulateGrad of leaf t (meta m), made if needed; a new reference. */
 EBB_HIDDEN ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out);
+
+/* saved.c: saved tensors and the saved-tensor hooks stack. */
+/* Saves t as n's saved tensor k (n->saved allocated): through the hooks on top of this thread's
+ * stack when there are any (pack runs now), else a shared handle and its version now. t_owned:
+ * t is a reference the caller hands over (kept as is when no hook packs it, released
+ * otherwise), not a tensor to share. Failures name n and the saved input or output k. */
+EBB_HIDDEN ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t);
+EBB_HIDDEN ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t);
+/* Releases what n->saved[k] holds (its tensor, or its packed value's reference), leaving it empty. */
+EBB_HIDDEN void ebb__saved_drop(struct ebb_node *n, int k);
+/* A new reference on a packed value, and dropping one (the last frees it through free_packed). */
+EBB_HIDDEN void ebb__packed_get(struct ebb__packed *p);
+EBB_HIDDEN void ebb__packed_put(struct ebb__packed *p);
+/* Runs p's unpack hook for n's saved tensor k (p referenced by the caller, no lock held): *out a
+ * slot-less handle of the engine's own on what it returned, checked against what was saved.
+ * Failures name fn, n and k. */
+EBB_HIDDEN ebb_status ebb__packed_unpack(const char *fn, const struct ebb_node *n, int k, struct ebb__packed *p,
+                                         const ebb_tensor_t **out);
+/* The unpack hooks of the packed tensors the engine took a reference on (pk[k], NULL where
+ * none), run in order while st is OK, each reference dropped; pk freed. Returns st or the first
+ * failure. */
+EBB_HIDDEN ebb_status ebb__packed_unpack_all(const char *fn, const struct ebb_node *n, struct ebb__packed **pk,
+                                             const ebb_tensor_t **saved, ebb_status st);
+/* The failure of n's saved tensor k (handle sv) found at version v, changed in place since. */
+EBB_HIDDEN EBB_COLD ebb_status ebb__saved_modified(const char *fn, const struct ebb_node *n, int k, const ebb_tensor_t *sv,
+                                                   uint64_t v);
+/* The calling thread's hook stack as a backward carries it (opaque; NULL: empty). */
+EBB_HIDDEN const void *ebb__saved_hooks_now(void);
+/* A thread runs a backward's work between these: its stack becomes `stack` (the caller's, as
+ * ebb__saved_hooks_now gave it) and nothing of it can be popped; leave drops what was pushed
+ * meanwhile and gives the thread its own stack back. */
+struct ebb__saved_hooks_scope {
+  const void *top, *base;
+};
+EBB_HIDDEN void ebb__saved_hooks_enter(struct ebb__saved_hooks_scope *s, const void *stack);
+EBB_HIDDEN void ebb__saved_hooks_leave(const struct ebb__saved_hooks_scope *s);
 
 /* inplace.c */
 /* t's grad_fn and output_nr as they are now (*fn NULL for a leaf): a stale view's history is

@@ -52,7 +52,13 @@ static _Thread_local int ebb__total_depth;
 /* The next edges a node has in the graph walk (AccumulateGrad has none). */
 static int engine_nedges(const struct ebb_node *n) { return n->op < 0 ? 0 : n->nin; }
 
-static size_t engine_hash(const struct ebb_node *n) { return (size_t)(((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull); }
+/* The product's high half folded down: the table masks the low bits, which alone would depend
+ * only on the low bits of the address, and nodes come at a fixed stride (their allocator's size
+ * class: a power of two leaves most slots unused and probes long). */
+static size_t engine_hash(const struct ebb_node *n) {
+  uint64_t h = (uint64_t)((uintptr_t)n >> 4) * 0x9e3779b97f4a7c15ull;
+  return (size_t)(h ^ (h >> 32));
+}
 
 /* The task index of n, or -1. */
 int ebb__tfind(const struct ebb__task *t, const struct ebb_node *n) {
@@ -311,21 +317,24 @@ static ebb_mutex ebb__saved_mu[16] = {EBB__SM4(0), EBB__SM4(1), EBB__SM4(2), EBB
 static ebb_mutex *saved_lock(const struct ebb_node *n) { return &ebb__saved_mu[((uintptr_t)n >> 7) & 15]; }
 
 /* The saved tensor k of n (a new reference in *out, NULL when none), checked against in-place
- * changes since it was saved. Saved lock held. */
-static ebb_status unpack(const struct ebb__task *t, const struct ebb_node *n, int k, const ebb_tensor_t **out) {
-  *out = n->saved ? n->saved[k] : NULL;
-  if (!*out) return EBB_OK;
+ * changes since it was saved. A packed one (saved.c) gets a reference in pk[k] instead, *pk
+ * allocated at the first, for its unpack hook to run once the lock is dropped. Saved lock held. */
+static ebb_status unpack(const struct ebb__task *t, const struct ebb_node *n, int k, const ebb_tensor_t **out,
+                         struct ebb__packed ***pk) {
+  const struct ebb__saved *s = &n->saved[k];
+  *out = s->t;
+  if (!*out) {
+    if (EBB_LIKELY(!s->packed)) return EBB_OK;
+    if (!*pk && !(*pk = calloc((size_t)(n->nin + n->nout), sizeof **pk)))
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
+    ebb__packed_get(s->packed);
+    (*pk)[k] = s->packed;
+    return EBB_OK;
+  }
   ebb_tensor_retain((ebb_tensor_t *)*out);
   uint64_t v = 0;
   ebb_tensor_version(*out, &v);
-  if (v != n->saved_version[k]) {
-    bool is_out = k >= n->nin;
-    return ebb__fail(EBB_ESTATE,
-                     "%s: %s (node %llu) needs its saved %s %d, which was modified in place after it was saved: saved at "
-                     "version %llu, now %llu; expected it unchanged until backward (clone it before changing it)",
-                     t->fn, ebb__node_name_of(n), (unsigned long long)n->seq, is_out ? "output" : "input", is_out ? k - n->nin : k,
-                     (unsigned long long)n->saved_version[k], (unsigned long long)v);
-  }
+  if (v != s->version) return ebb__saved_modified(t->fn, n, k, *out, v); /* (saved.c) */
   return EBB_OK;
 }
 
@@ -453,8 +462,10 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
                      "expected retain_graph on that backward (or on every backward but the last, when several threads share "
                      "the graph) to go through the graph again",
                      t->fn, ebb__node_name_of(n), (unsigned long long)n->seq);
-    for (int k = 0; n->saved && !st && k < n->nin + n->nout; k++) st = unpack(t, n, k, &saved[k]);
+    struct ebb__packed **pk = NULL; /* (saved.c: packed tensors, unpacked by their hooks below) */
+    for (int k = 0; n->saved && !st && k < n->nin + n->nout; k++) st = unpack(t, n, k, &saved[k], &pk);
     if (n->saved) ebb__mutex_unlock(saved_lock(n));
+    if (EBB_UNLIKELY(pk != NULL)) st = ebb__packed_unpack_all(t->fn, n, pk, saved, st); /* (saved.c) */
     for (int i = 0; !st && i < n->nin; i++) need[i] = edges[i] >= 0 && t->nodes[edges[i]].needed;
     if (!st) {
       /* The buffers the engine holds alone: the backward may compute a gradient in them (not when
@@ -510,7 +521,7 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
   for (int k = 0; k < nsaved; k++)
     if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]);
   for (int k = 0; took && k < n->nin + n->nout; k++)
-    if (n->saved[k]) ebb__owners_saved_drop(n, k); /* (owners.c: its block's owner back) */
+    if (n->saved[k].t || n->saved[k].packed) ebb__saved_drop(n, k); /* (saved.c: owners and packed values) */
   if (gin != gin_small) free(gin);
   if (saved != saved_small) free(saved);
   if (need != need_small) free(need);
@@ -583,6 +594,8 @@ void ebb__item_run(const struct ebb__qitem *it) {
     char msg[EBB__ERRMSG_MAX] = "";
     char *prev = ebb__fail_divert(msg);
     struct ebb__task_scope *ps = ebb__task_switch(t->scope); /* node_api.c: the task its hooks see */
+    struct ebb__saved_hooks_scope hs; /* saved.c: and the caller's saved-tensor hooks */
+    ebb__saved_hooks_enter(&hs, t->hooks);
     /* A backward a hook starts here is reentrant, one level below this task, as on its owner. */
     int depth = ebb__depth, total = ebb__total_depth;
     if (!ebb__depth) ebb__depth = 1;
@@ -590,6 +603,7 @@ void ebb__item_run(const struct ebb__qitem *it) {
     ebb_status st = run_one(t, x);
     ebb__depth = depth;
     ebb__total_depth = total;
+    ebb__saved_hooks_leave(&hs);
     ebb__task_switch(ps);
     if (st) task_fail(t, x, st);
     ebb__fail_divert(prev);
@@ -672,6 +686,7 @@ struct ebb__call {
   int total_depth;
   ebb_stream_t **streams; /* the caller's current stream per device, made current on the pool thread */
   int nstreams;
+  const void *hooks; /* the caller's saved-tensor hook stack (saved.c), carried to every thread of the call */
   ebb_status st;
   char msg[EBB__ERRMSG_MAX];
 };
@@ -893,7 +908,9 @@ static ebb_status finish_results(const struct ebb__call *c, const struct ebb__wo
 static ebb_status execute_here(const struct ebb__call *c) {
   ebb_status st = check_call(c);
   if (st) return st;
-  struct ebb__task t = {.fn = c->fn, .results = c->results, .inputs = c->inputs, .retain = c->retain};
+  struct ebb__task t = {.fn = c->fn, .results = c->results, .inputs = c->inputs, .retain = c->retain, .hooks = c->hooks};
+  struct ebb__saved_hooks_scope hs; /* saved.c: the caller's hooks, whatever thread this runs on */
+  ebb__saved_hooks_enter(&hs, c->hooks);
   struct ebb__work w;
   struct ebb__heap ready = {0};
   struct ebb__task_scope scope; /* node_api.c: the task's id, current node, multi-grad state */
@@ -920,6 +937,7 @@ static ebb_status execute_here(const struct ebb__call *c) {
   free(ready.a);
   task_free(&t);
   work_free(c, &w); /* (after the task: a leaf root's AccumulateGrad may be held by nothing else) */
+  ebb__saved_hooks_leave(&hs);
   if (st && c->results)
     for (int i = 0; i < c->ninputs; i++)
       if (c->results[i]) {
@@ -969,7 +987,7 @@ static ebb_status engine_execute(const char *fn, const ebb_tensor_t *const *root
                                ebb_tensor_t **results) {
   struct ebb__call c = {.fn = fn, .roots = roots, .eroots = eroots, .grad_roots = grad_roots, .nroots = nroots, .retain = retain,
                         .inputs = inputs, .einputs = einputs, .ninputs = ninputs, .accumulate = accumulate,
-                        .allow_unused = allow_unused, .results = results};
+                        .allow_unused = allow_unused, .results = results, .hooks = ebb__saved_hooks_now()};
   char msg[EBB__ERRMSG_MAX] = "";
   char *prev = ebb__fail_divert(msg);
   ebb_status st = execute_in(&c);

@@ -94,6 +94,7 @@ struct ebb__task {
   char errmsg[1024];
   struct ebb__queue *cpuq;   /* where its CPU nodes go: the owner's queue */
   struct ebb__task_scope *scope;
+  const void *hooks;         /* the caller's saved-tensor hook stack, for the threads running its nodes (saved.c) */
   struct ebb__heap *ready;   /* a task on the calling thread: its ready nodes */
   _Atomic uint64_t n_nodes, n_nodes_w, n_xedges, n_events, n_waits, n_mism; /* counters, added to the totals at the end */
 };

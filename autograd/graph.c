@@ -168,8 +168,7 @@ void ebb__node_unref(struct ebb_node *n) {
       }
       stack[depth++] = c;
     }
-    for (int i = 0; x->saved && i < x->nin + x->nout; i++)
-      if (x->saved[i]) ebb__owners_saved_drop(x, i);
+    for (int i = 0; x->saved && i < x->nin + x->nout; i++) ebb__saved_drop(x, i); /* (saved.c) */
     if (x->leaf) {
       ebb__mutex_lock(&ebb__acc_mu);
       struct ebb__meta *m = ebb__meta_of(x->leaf);
@@ -182,7 +181,6 @@ void ebb__node_unref(struct ebb_node *n) {
     free(x->geom);
     free(x->in_meta);
     free(x->saved);
-    free(x->saved_version);
     free(x->next);
     x->magic = 0;
     free(x);
@@ -303,21 +301,6 @@ static void ag_released(ebb_tensor_t *t, void *slot) {
   ebb__meta_free(m);
 }
 
-ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
-  char td[EBB__DESC_MAX];
-  if (ebb__tensor_is_inference(t))
-    return ebb__fail(EBB_EINVAL, "%s must save its %s for backward, which is an inference tensor (made in inference mode) and "
-                     "cannot be saved; expected a tensor made outside inference mode (ebb_tensor_clone it there), or grad mode off "
-                     "(ebb_grad_set_enabled) instead of inference mode where no gradient is wanted", ebb__node_name_of(n),
-                     ebb__tensor_desc(t, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin, td, sizeof td));
-  uint64_t v = 0;
-  ebb_status st = ebb__tensor_share(t, &n->saved[k]);
-  if (!st) ebb__owners_saved(n, k, t);
-  if (!st) st = ebb_tensor_version(t, &v);
-  n->saved_version[k] = v;
-  return st;
-}
-
 static ebb_status ag_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
                                    const struct ebb__op_args *args) {
   if (ebb__grad_off || ebb__inference_on()) return EBB_OK;
@@ -337,15 +320,13 @@ static ebb_status ag_recorded(int op, const ebb_tensor_t *const *in, int nin, eb
   if (!any) return EBB_OK;
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)op);
   struct ebb_node *n = ebb__node_new(op, nin, nout);
+  bool saving = false; /* a failure while saving carries its message (a pack hook's, with the node and tensor) */
   ebb_status st = n ? EBB_OK : EBB_ENOMEM;
   if (!st) {
     n->args = *args;
     n->in_meta = calloc((size_t)(nin + nout), sizeof *n->in_meta); /* [nin + k]: output k's, the node's inputs */
-    if (e->save) {
-      n->saved = calloc((size_t)(nin + nout), sizeof *n->saved);
-      n->saved_version = calloc((size_t)(nin + nout), sizeof *n->saved_version);
-    }
-    if (!n->in_meta || (e->save && (!n->saved || !n->saved_version))) st = EBB_ENOMEM;
+    if (e->save) n->saved = calloc((size_t)(nin + nout), sizeof *n->saved);
+    if (!n->in_meta || (e->save && !n->saved)) st = EBB_ENOMEM;
   }
   for (int i = 0; !st && i < nin; i++) {
     if (!in[i]) {
@@ -369,10 +350,10 @@ static ebb_status ag_recorded(int op, const ebb_tensor_t *const *in, int nin, eb
         if (!st) n->next[i] = (struct ebb__edge){.fn = a};
       }
     }
-    if (!st && i < 8 && (e->save & EBB__SAVE_IN(i))) st = ebb__save(n, i, in[i]);
+    if (!st && i < 8 && (e->save & EBB__SAVE_IN(i))) saving = (st = ebb__save(n, i, in[i])) != EBB_OK;
   }
   for (int k = 0; !st && k < nout; k++)
-    if (e->save & EBB__SAVE_OUT(k)) st = ebb__save(n, nin + k, out[k]);
+    if (e->save & EBB__SAVE_OUT(k)) saving = (st = ebb__save(n, nin + k, out[k])) != EBB_OK;
   for (int k = 0; !st && k < nout; k++) ebb__tensor_meta_of(out[k], &n->in_meta[nin + k]);
   /* The outputs with a gradient (floating ones: max_dim's indices have none) point at the node. */
   for (int k = 0; !st && k < nout; k++) {
@@ -410,7 +391,7 @@ static ebb_status ag_recorded(int op, const ebb_tensor_t *const *in, int nin, eb
       atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
       ebb__node_unref(n);
     }
-    return st == EBB_ENOMEM ? ebb__fail(EBB_ENOMEM, "no host memory to record %s", e->node) : st;
+    return st == EBB_ENOMEM && !saving ? ebb__fail(EBB_ENOMEM, "no host memory to record %s", e->node) : st;
   }
   if (atomic_load_explicit(&n->refs, memory_order_relaxed) == 0) { /* no output has a gradient */
     ebb__node_drop(n);

@@ -231,8 +231,7 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   }
   if (!st && e->save) {
     n->saved = calloc((size_t)(nin + 1), sizeof *n->saved);
-    n->saved_version = calloc((size_t)(nin + 1), sizeof *n->saved_version);
-    if (!n->saved || !n->saved_version) st = EBB_ENOMEM;
+    if (!n->saved) st = EBB_ENOMEM;
   }
   if (st == EBB_ENOMEM) st = ebb__fail(EBB_ENOMEM, "no host memory to record %s", base ? "CopySlices" : e->node);
   if (!st && base) {
@@ -248,11 +247,13 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
    * to overwrite it; made with grad mode off so it records nothing. */
   if (!st && (e->save & EBB__SAVE_IN(0))) {
     bool was;
+    ebb_tensor_t *old = NULL;
     ebb_grad_set_enabled(false, &was);
-    st = ebb_tensor_clone(dst, &n->saved[0]);
+    st = ebb_tensor_clone(dst, &old);
     ebb_grad_set_enabled(was, NULL);
-    if (!st) ebb__owners_saved(n, 0, n->saved[0]); /* owners.c: the node keeps it, as any saved tensor */
-    if (!st) st = ebb_tensor_version(n->saved[0], &n->saved_version[0]);
+    char name[EBB_TENSOR_NAME_MAX + 1];
+    if (!st && !ebb_tensor_name(dst, name, sizeof name) && name[0]) ebb_tensor_set_name(old, name); /* (for messages) */
+    if (!st) st = ebb__save_owned(n, 0, old); /* saved.c: kept as any saved tensor, or packed */
   }
   if (!st && (e->save & EBB__SAVE_IN(1))) st = ebb__save(n, 1, src);
   if (!st && base) {

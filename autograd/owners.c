@@ -118,8 +118,8 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
 }
 
 void ebb__owners_saved_drop(struct ebb_node *n, int k) {
-  ebb_tensor_t *t = n->saved[k];
-  n->saved[k] = NULL;
+  ebb_tensor_t *t = n->saved[k].t;
+  n->saved[k].t = NULL;
   if (k < 64 && (n->saved_owned >> k & 1)) {
     n->saved_owned &= ~(1ull << k);
     void *p = ebb__tensor_block(t);

@@ -48,7 +48,7 @@
  * Status of this header: the graph is recorded and can be inspected; the engine runs a
  * backward on the calling thread or on per-device workers (see "the engine" below), stream-aware,
  * with tensor and post-accumulate hooks, retain_grad, node hooks and metadata, gradient edges,
- * multi-grad and logging hooks; in-place ops, views and inference mode as above. Not yet:
+ * multi-grad and logging hooks, saved-tensor hooks; in-place ops, views and inference mode as above. Not yet:
  * create_graph (a backward records nothing).
  *
  * Ownership: node handles are borrowed: valid while a tensor whose graph reaches the node lives
@@ -398,6 +398,81 @@ EBB_API ebb_status ebb_register_multi_grad_hook(ebb_tensor_t *const *tensors, in
 typedef void (*ebb_autograd_log_fn)(const char *line, void *user);
 EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const *roots, int nroots, ebb_autograd_log_fn sink,
                                                        void *user, ebb_hook_handle *out);
+
+/* ---- saved tensors and saved-tensor hooks ------------------------------------------------------
+ * A node keeps what its backward reads (MulBackward its inputs, ExpBackward its output): by
+ * default the data itself, through a handle of its own on the tensor's storage without the
+ * tensor's autograd state (so a node that keeps its own output makes no reference cycle), with
+ * the storage's version at that moment. A backward that finds the version moved on (an in-place
+ * op changed the tensor, or a view of its storage, after the node saved it) fails with
+ * EBB_ESTATE, naming the node (name and sequence number), which input or output it is, the
+ * tensor (its name, else dtype, shape and device) and both versions. A backward without
+ * retain_graph releases the saved tensors of the nodes it ran; a second backward through them
+ * fails with EBB_ESTATE naming the node and retain_graph. Saving an inference tensor fails the
+ * op (EBB_EINVAL).
+ *
+ * Saved-tensor hooks change what is kept. Each thread has a stack of hook pairs; while it is not
+ * empty, every tensor a node saves on that thread goes through the pair on top (only that one:
+ * the innermost wins), which stays bound to the saved tensor whatever is pushed or popped later:
+ * - pack(user, t, &packed) runs once, when the op records its node, with grad mode off, on the
+ *   thread of the op. t is borrowed for the call: a handle on the saved tensor's data without its
+ *   autograd state; pack may retain it (ebb_tensor_retain) or copy it, and must not change it in
+ *   place. The packed value is opaque to ebb; the original tensor is not kept.
+ * - unpack(user, packed, &out) runs each time a backward needs the tensor (so once per backward
+ *   through the node, retain_graph included), on the thread that runs the node (the caller's or
+ *   a device worker), with the node's stream current. *out: a new reference, which the engine
+ *   takes (it releases it once the node ran); it must have the saved tensor's shape, dtype and
+ *   device, any strides. The engine reads it through a handle of its own, so the tensor may be
+ *   one the hooks keep (the identity pair: pack retains t, unpack retains it again).
+ * - free_packed(user, packed) (may be NULL) runs once per packed value, when the node releases
+ *   it: after a backward without retain_graph went through the node, or when the node goes (its
+ *   graph released, backward or not); on whichever thread does that, possibly while another
+ *   thread's backward still unpacks it for the last time (then after that unpack).
+ * user is passed to all three and must stay valid until the last packed value made under the
+ * pair is freed. The hooks may call any ebb function; a failure of theirs stays the hook's own
+ * (that thread's ebb_last_error and error hook) until the hook returns it.
+ * Errors: a pack hook's failure fails the op that saves (its status; the message names the node,
+ * the saved input or output and what the hook said); so does a pack hook that changes its
+ * input in place (EBB_EINVAL; its packed value is freed). An unpack hook's failure fails the
+ * backward (its status), as does one returning NULL or a tensor of another shape, dtype or device
+ * (EBB_EINVAL; the message names what was expected and what came back). Versions are not checked
+ * for a packed tensor: what the hooks kept is what the backward reads.
+ *
+ * Threading: the stack is per thread. A backward carries its caller's stack to every thread that
+ * runs its nodes (device workers, a pool thread), for its duration, so a tensor saved during the
+ * backward (a hook that turns grad mode on) sees the caller's hooks. A hook running in a backward
+ * may push and pop its own pairs; what it leaves pushed is dropped when its node (on a worker) or
+ * the backward (on the caller) ends; it cannot pop what was on the stack when the backward began.
+ *
+ * Disabling: ebb_saved_tensors_hooks_disable(message) forbids pushing hooks on this thread until
+ * the matching ebb_saved_tensors_hooks_enable; a push meanwhile fails with EBB_ESTATE and the
+ * message. Disable scopes nest: each enable ends the innermost one and brings back the message of
+ * the one around it. */
+typedef ebb_status (*ebb_saved_pack_fn)(void *user, const ebb_tensor_t *t, void **packed);
+typedef ebb_status (*ebb_saved_unpack_fn)(void *user, void *packed, ebb_tensor_t **out);
+typedef void (*ebb_saved_free_fn)(void *user, void *packed);
+typedef struct ebb_saved_hooks {
+  ebb_saved_pack_fn pack;        /* required */
+  ebb_saved_unpack_fn unpack;    /* required */
+  ebb_saved_free_fn free_packed; /* NULL: packed values need no freeing */
+  void *user;
+} ebb_saved_hooks;
+/* Pushes a copy of *h on this thread's stack. EBB_EINVAL for NULL h, pack or unpack; EBB_ESTATE
+ * while disabled (the message is the disable's); EBB_ENOMEM. */
+EBB_API ebb_status ebb_saved_tensors_hooks_push(const ebb_saved_hooks *h);
+/* Pops the pair on top (saved tensors it packed keep it). EBB_ESTATE when this thread has none
+ * to pop (none pushed, or, inside a backward's hook, only those there before the backward began). */
+EBB_API ebb_status ebb_saved_tensors_hooks_pop(void);
+/* Starts a disable scope with `message` (copied; the message of a later push's failure).
+ * EBB_EINVAL for NULL message; EBB_ESTATE, with the message, when hooks are on this thread's
+ * stack (nothing changes); EBB_ENOMEM. */
+EBB_API ebb_status ebb_saved_tensors_hooks_disable(const char *message);
+/* Ends the innermost disable scope. EBB_ESTATE when none is open on this thread. */
+EBB_API ebb_status ebb_saved_tensors_hooks_enable(void);
+/* Whether pushing is allowed on this thread (no disable scope open). */
+EBB_API bool ebb_saved_tensors_hooks_is_enabled(void);
+/* The innermost disable scope's message (owned by ebb, valid until that scope ends), or NULL. */
+EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
 
 /* ---- the engine: devices, streams, threads -------------------------------------------------
  * Where nodes run. Each node belongs to a device: the device of its forward outputs (for an

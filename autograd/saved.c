@@ -1,0 +1,313 @@
+/* saved.c: the tensors a node saves for its backward, and the saved-tensor hooks.
+ *
+ * A saved slot (struct ebb__saved) holds either the data itself, a handle of the node's own on
+ * the tensor's storage without its autograd state (so a node keeping its own output holds no
+ * reference back to itself), with the storage's version then; or a packed value: what the pack
+ * hook on top of the thread's hook stack made of the tensor, with the pair that packed it and
+ * the saved tensor's metadata, to check what unpack gives back. A packed value is reference
+ * counted: the node holds one, and a backward unpacking it holds another while the unpack hook
+ * runs, outside the engine's saved lock, so a backward on another thread releasing the slot
+ * meanwhile frees it only after that unpack (free_packed runs once, with the last reference).
+ * The packed form is also where a later representation of a saved tensor (offloaded to host
+ * memory, being fetched back) fits: the engine sees only "unpack this".
+ *
+ * The hook stack is per thread: a linked list of entries, each a pair of hooks or a disable
+ * scope (never both kinds on one stack: pushing is refused while disabled, disabling while hooks
+ * are pushed). Entries are immutable once pushed, so a backward hands its caller's top entry to
+ * the threads running its nodes (ebb__saved_hooks_enter), which read the list without a lock;
+ * the part of the stack below that entry cannot be popped while the backward runs, so it lives
+ * until every thread has left.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ebb/autograd.h"
+#include "ebb_internal.h"
+#include "ops_export.h"
+#include "autograd_impl.h"
+
+struct ebb__packed {
+  _Atomic long refs;
+  void *data;                          /* what pack made (the user's) */
+  ebb_saved_hooks hooks;               /* the pair bound when the tensor was saved */
+  ebb__tensor_meta meta;               /* what unpack must give back */
+  char name[EBB_TENSOR_NAME_MAX + 1];  /* the saved tensor's name, for messages */
+};
+
+/* One entry of a thread's stack: a pair of hooks, or (disable) a disable scope's message. */
+struct sh_entry {
+  struct sh_entry *below;
+  bool disable;
+  ebb_saved_hooks hooks;
+  char msg[]; /* disable: the message */
+};
+
+/* This thread's stack, and the entry from which down nothing may be popped (a backward's
+ * caller's stack while the backward runs here; NULL: all of it is this thread's). */
+static _Thread_local struct sh_entry *sh_top, *sh_base;
+
+/* ---- the stack -------------------------------------------------------------------------------- */
+
+static bool sh_has_hooks(void) { return sh_top && !sh_top->disable; }
+
+ebb_status ebb_saved_tensors_hooks_push(const ebb_saved_hooks *h) {
+  if (!h) return ebb__fail(EBB_EINVAL, "ebb_saved_tensors_hooks_push: h is NULL; expected a pair of hooks");
+  if (!h->pack || !h->unpack)
+    return ebb__fail(EBB_EINVAL, "ebb_saved_tensors_hooks_push: h->%s is NULL; expected a pack and an unpack hook",
+                     h->pack ? "unpack" : "pack");
+  if (sh_top && sh_top->disable) return ebb__fail(EBB_ESTATE, "ebb_saved_tensors_hooks_push: %s", sh_top->msg);
+  struct sh_entry *e = malloc(sizeof *e);
+  if (!e) return ebb__fail(EBB_ENOMEM, "ebb_saved_tensors_hooks_push: no host memory for the pair");
+  e->below = sh_top;
+  e->disable = false;
+  e->hooks = *h;
+  sh_top = e;
+  return EBB_OK;
+}
+
+/* Pops the top entry, of the kind asked; fn names the call. */
+static ebb_status sh_pop(const char *fn, bool disable) {
+  const char *what = disable ? "disable scope open" : "saved-tensor hooks pushed";
+  if (!sh_top || sh_top->disable != disable)
+    return ebb__fail(EBB_ESTATE, "%s: no %s on this thread; expected one %s per %s", fn, what, disable ? "enable" : "pop",
+                     disable ? "disable" : "push");
+  if (sh_top == sh_base)
+    return ebb__fail(EBB_ESTATE, "%s: the %s on top of this thread's stack belongs to the running backward's caller; expected a "
+                     "hook running in a backward to end only what it began", fn, disable ? "disable scope" : "hooks");
+  struct sh_entry *e = sh_top;
+  sh_top = e->below;
+  free(e);
+  return EBB_OK;
+}
+
+ebb_status ebb_saved_tensors_hooks_pop(void) { return sh_pop("ebb_saved_tensors_hooks_pop", false); }
+
+ebb_status ebb_saved_tensors_hooks_disable(const char *message) {
+  if (!message) return ebb__fail(EBB_EINVAL, "ebb_saved_tensors_hooks_disable: message is NULL; expected the message of a refused push");
+  if (sh_has_hooks()) return ebb__fail(EBB_ESTATE, "ebb_saved_tensors_hooks_disable: %s", message);
+  size_t len = strlen(message);
+  struct sh_entry *e = malloc(sizeof *e + len + 1);
+  if (!e) return ebb__fail(EBB_ENOMEM, "ebb_saved_tensors_hooks_disable: no host memory for the message");
+  memset(&e->hooks, 0, sizeof e->hooks);
+  memcpy(e->msg, message, len + 1);
+  e->below = sh_top;
+  e->disable = true;
+  sh_top = e;
+  return EBB_OK;
+}
+
+ebb_status ebb_saved_tensors_hooks_enable(void) { return sh_pop("ebb_saved_tensors_hooks_enable", true); }
+
+bool ebb_saved_tensors_hooks_is_enabled(void) { return !(sh_top && sh_top->disable); }
+
+const char *ebb_saved_tensors_hooks_disabled_message(void) { return sh_top && sh_top->disable ? sh_top->msg : NULL; }
+
+const void *ebb__saved_hooks_now(void) { return sh_top; }
+
+void ebb__saved_hooks_enter(struct ebb__saved_hooks_scope *s, const void *stack) {
+  s->top = sh_top;
+  s->base = sh_base;
+  /* (entries are never written after their push: the cast only lets this thread link above it) */
+  sh_top = sh_base = (struct sh_entry *)stack;
+}
+
+void ebb__saved_hooks_leave(const struct ebb__saved_hooks_scope *s) {
+  while (sh_top && sh_top != sh_base) { /* what the backward's hooks left pushed */
+    struct sh_entry *e = sh_top;
+    sh_top = e->below;
+    free(e);
+  }
+  sh_top = (struct sh_entry *)s->top;
+  sh_base = (struct sh_entry *)s->base;
+}
+
+/* ---- saving ----------------------------------------------------------------------------------- */
+
+/* A saved handle carries the tensor's name, for the messages that describe it later. */
+static void copy_name(const ebb_tensor_t *from, ebb_tensor_t *to) {
+  char name[EBB_TENSOR_NAME_MAX + 1];
+  if (!ebb_tensor_name(from, name, sizeof name) && name[0]) ebb_tensor_set_name(to, name);
+}
+
+/* n's saved tensor k in a message: "saved input 0 'a' (f32[3] on the CPU)". */
+static const char *saved_desc(const struct ebb_node *n, int k, const ebb_tensor_t *t, char *buf, size_t cap) {
+  char role[40];
+  snprintf(role, sizeof role, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+  return ebb__tensor_desc(t, role, -1, buf, cap);
+}
+
+/* What a user's callback that returned st failed with: its own ebb message when it left one
+ * (ebb__user_leave copied it where ebb_last_error reads), else its status. Call after leave. */
+static const char *user_why(const struct ebb__user_call *uc, ebb_status st, char *buf, size_t cap) {
+  if (uc->div || ebb__fail_serial() != uc->serial) return ebb_last_error();
+  snprintf(buf, cap, "it returned %s with no message of ebb's", ebb_status_name(st));
+  return buf;
+}
+
+static void packed_free(struct ebb__packed *p) {
+  if (p->hooks.free_packed) {
+    struct ebb__user_call uc;
+    ebb__user_enter(&uc);
+    p->hooks.free_packed(p->hooks.user, p->data);
+    ebb__user_leave(&uc, EBB_OK);
+  }
+  free(p);
+}
+
+void ebb__packed_get(struct ebb__packed *p) { atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed); }
+
+void ebb__packed_put(struct ebb__packed *p) {
+  /* acq_rel: each holder's reads of p (release) happen before the last one frees it (acquire);
+   * as the nodes' counts do, rather than a fence, which TSan cannot follow. */
+  if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1) return;
+  packed_free(p);
+}
+
+/* Packs t through h as n's saved tensor k. */
+static ebb_status save_packed(struct ebb_node *n, int k, const ebb_tensor_t *t, const ebb_saved_hooks *h) {
+  char td[EBB__DESC_MAX], why[128];
+  struct ebb__packed *p = calloc(1, sizeof *p);
+  ebb_tensor_t *v = NULL; /* what pack sees: t's data without its graph (no cycle through a kept handle) */
+  ebb_status st = p ? ebb__tensor_share(t, &v) : EBB_ENOMEM;
+  if (st) {
+    free(p);
+    return ebb__fail(EBB_ENOMEM, "%s (node %llu) could not save its %s: no host memory", ebb__node_name_of(n),
+                     (unsigned long long)n->seq, saved_desc(n, k, t, td, sizeof td));
+  }
+  copy_name(t, v);
+  uint64_t before = 0, after = 0;
+  ebb_tensor_version(v, &before);
+  bool was;
+  ebb_grad_set_enabled(false, &was); /* (pack records nothing) */
+  struct ebb__user_call uc;
+  ebb__user_enter(&uc);
+  void *data = NULL;
+  st = h->pack(h->user, v, &data);
+  ebb__user_leave(&uc, st);
+  ebb_grad_set_enabled(was, NULL);
+  ebb_tensor_version(v, &after);
+  bool packed_ok = !st;
+  if (st) {
+    st = ebb__fail(st, "%s (node %llu) could not save its %s: the saved-tensor pack hook failed: %s", ebb__node_name_of(n),
+                   (unsigned long long)n->seq, saved_desc(n, k, v, td, sizeof td), user_why(&uc, st, why, sizeof why));
+  } else if (after != before) {
+    st = ebb__fail(EBB_EINVAL, "%s (node %llu) could not save its %s: a saved-tensor pack hook modified its input in place "
+                   "(version %llu, now %llu); expected the hook to leave the tensor it packs unchanged (pack a copy)",
+                   ebb__node_name_of(n), (unsigned long long)n->seq, saved_desc(n, k, v, td, sizeof td),
+                   (unsigned long long)before, (unsigned long long)after);
+  }
+  ebb__tensor_meta_of(v, &p->meta);
+  ebb_tensor_name(v, p->name, sizeof p->name);
+  ebb_tensor_release(v);
+  p->data = data;
+  p->hooks = *h;
+  atomic_store_explicit(&p->refs, 1, memory_order_relaxed);
+  if (st) {
+    if (packed_ok) packed_free(p); /* (a value pack made is freed once, even one the node refuses) */
+    else free(p);
+    return st;
+  }
+  n->saved[k].packed = p;
+  return EBB_OK;
+}
+
+/* An inference tensor cannot be saved (its storage may change in place under inference mode,
+ * where nothing counts versions). */
+static ebb_status check_savable(const struct ebb_node *n, int k, const ebb_tensor_t *t) {
+  if (!ebb__tensor_is_inference(t)) return EBB_OK;
+  char td[EBB__DESC_MAX];
+  return ebb__fail(EBB_EINVAL, "%s must save its %s for backward, which is an inference tensor (made in inference mode) and "
+                   "cannot be saved; expected a tensor made outside inference mode (ebb_tensor_clone it there), or grad mode off "
+                   "(ebb_grad_set_enabled) instead of inference mode where no gradient is wanted", ebb__node_name_of(n),
+                   ebb__tensor_desc(t, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin, td, sizeof td));
+}
+
+ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
+  ebb_status st = check_savable(n, k, t);
+  if (st) return st;
+  if (EBB_UNLIKELY(sh_has_hooks())) return save_packed(n, k, t, &sh_top->hooks);
+  struct ebb__saved *s = &n->saved[k];
+  if (ebb__tensor_share(t, &s->t)) return ebb__fail(EBB_ENOMEM, "no host memory to record %s", ebb__node_name_of(n));
+  copy_name(t, s->t);
+  ebb__owners_saved(n, k, t);
+  return ebb_tensor_version(t, &s->version);
+}
+
+ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t) {
+  ebb_status st = check_savable(n, k, t);
+  if (!st && sh_has_hooks()) st = save_packed(n, k, t, &sh_top->hooks);
+  if (st || n->saved[k].packed) {
+    ebb_tensor_release(t);
+    return st;
+  }
+  n->saved[k].t = t;
+  ebb__owners_saved(n, k, t);
+  return ebb_tensor_version(t, &n->saved[k].version);
+}
+
+void ebb__saved_drop(struct ebb_node *n, int k) {
+  struct ebb__saved *s = &n->saved[k];
+  if (s->t) ebb__owners_saved_drop(n, k); /* (owners.c: its block's owner back; releases it) */
+  if (s->packed) {
+    struct ebb__packed *p = s->packed;
+    s->packed = NULL;
+    ebb__packed_put(p);
+  }
+}
+
+/* ---- unpacking -------------------------------------------------------------------------------- */
+
+ebb_status ebb__packed_unpack(const char *fn, const struct ebb_node *n, int k, struct ebb__packed *p, const ebb_tensor_t **out) {
+  char want[EBB__DESC_MAX], got[EBB__DESC_MAX], why[128], role[40];
+  snprintf(role, sizeof role, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+  ebb_tensor_t *u = NULL;
+  struct ebb__user_call uc;
+  ebb__user_enter(&uc);
+  ebb_status st = p->hooks.unpack(p->hooks.user, p->data, &u);
+  ebb__user_leave(&uc, st);
+  if (st) {
+    if (u) ebb_tensor_release(u);
+    return ebb__fail(st, "%s: %s (node %llu) could not read its %s: the saved-tensor unpack hook failed: %s", fn,
+                     ebb__node_name_of(n), (unsigned long long)n->seq,
+                     ebb__meta_desc(&p->meta, role, -1, p->name, want, sizeof want), user_why(&uc, st, why, sizeof why));
+  }
+  bool live = u && !ebb__tensor_check(u, fn, "the unpacked tensor");
+  if (!live || !ebb__tensor_matches(u, &p->meta)) {
+    if (!u) snprintf(got, sizeof got, "no tensor (NULL)");
+    else ebb__tensor_desc(u, "a tensor", -1, got, sizeof got);
+    if (live) ebb_tensor_release(u);
+    return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) could not read its %s: the saved-tensor unpack hook returned %s; expected "
+                     "the saved tensor's shape, dtype and device", fn, ebb__node_name_of(n), (unsigned long long)n->seq,
+                     ebb__meta_desc(&p->meta, role, -1, p->name, want, sizeof want), got);
+  }
+  /* The engine reads a handle of its own: the hooks may keep u, and the backward must not see
+   * u's graph (nor add to it). */
+  ebb_tensor_t *v = NULL;
+  st = ebb__tensor_share(u, &v);
+  ebb_tensor_release(u);
+  if (st) return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  *out = v;
+  return EBB_OK;
+}
+
+ebb_status ebb__packed_unpack_all(const char *fn, const struct ebb_node *n, struct ebb__packed **pk, const ebb_tensor_t **saved,
+                                  ebb_status st) {
+  for (int k = 0; k < n->nin + n->nout; k++) {
+    if (!pk[k]) continue;
+    if (!st) st = ebb__packed_unpack(fn, n, k, pk[k], &saved[k]);
+    ebb__packed_put(pk[k]);
+  }
+  free(pk);
+  return st;
+}
+
+ebb_status ebb__saved_modified(const char *fn, const struct ebb_node *n, int k, const ebb_tensor_t *sv, uint64_t v) {
+  char d[EBB__DESC_MAX];
+  return ebb__fail(EBB_ESTATE,
+                   "%s: %s (node %llu) needs its %s, which was modified in place after it was saved: saved at version %llu, "
+                   "now %llu; expected it unchanged until backward (clone it before changing it)",
+                   fn, ebb__node_name_of(n), (unsigned long long)n->seq, saved_desc(n, k, sv, d, sizeof d),
+                   (unsigned long long)n->saved[k].version, (unsigned long long)v);
+}
