@@ -136,6 +136,11 @@ TEST_CASE("exit in flight: a program exits while another thread runs CPU matmuls
 
 TEST_CASE("exit in flight: a program forks while another thread runs CPU matmuls, and each child exits at once",
           "[exit-in-flight][fork]") {
+  // A forked child has none of its parent's other threads, so LeakSanitizer, at the child's exit,
+  // sees the matmul thread's objects as leaked (their only references were that thread's): not
+  // a leak of the child's, and not what this case pins.
+  const char *asan = std::getenv("ASAN_OPTIONS");
+  ScopedEnv no_leak_check("ASAN_OPTIONS", (std::string(asan ? asan : "") + (asan && *asan ? ":" : "") + "detect_leaks=0").c_str());
   check_exits("fork", nullptr, kRuns / 4);
   check_exits("fork", "1", kRuns / 4);
 }
