@@ -216,8 +216,10 @@ ebb_status ebb__uses_add(const char *fn, struct ebb__stream_ref **uses, uint16_t
 
 void ebb__lost_note(struct ebb__lost *lost, uint64_t stream_id, int device, ebb_status st) {
   /* A device in its error state runs no more work (its context is lost, every later call that
-   * would give it work fails): nothing is left to wait for, and the memory may go back. */
-  if (st == EBB_EDEVICE) return;
+   * would give it work fails): nothing is left to wait for, and the memory may go back. Judged
+   * by the device's state, not by the status: EBB_EDEVICE also reports errors that stop nothing
+   * (an invalid context, a peer-access error). */
+  if (ebb__dev_failed(device)) return;
   if (lost->n++) return;
   lost->st = st;
   lost->stream_id = stream_id;

@@ -227,7 +227,7 @@ static ebb_status check_savable(const struct ebb_node *n, int k, const ebb_tenso
 ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   ebb_status st = check_savable(n, k, t);
   if (st) return st;
-  if (EBB_UNLIKELY(sh_has_hooks())) return save_packed(n, k, t, &sh_top->hooks);
+  if (EBB_UNLIKELY(sh_has_hooks())) { ebb_saved_hooks h = sh_top->hooks; return save_packed(n, k, t, &h); }
   struct ebb__saved *s = &n->saved[k];
   if (ebb__tensor_share(t, &s->t)) return ebb__fail(EBB_ENOMEM, "no host memory to record %s", ebb__node_name_of(n));
   copy_name(t, s->t);
@@ -237,7 +237,7 @@ ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
 
 ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t) {
   ebb_status st = check_savable(n, k, t);
-  if (!st && sh_has_hooks()) st = save_packed(n, k, t, &sh_top->hooks);
+  if (!st && sh_has_hooks()) { ebb_saved_hooks h = sh_top->hooks; st = save_packed(n, k, t, &h); }
   if (st || n->saved[k].packed) {
     ebb_tensor_release(t);
     return st;

@@ -102,6 +102,13 @@ ebb_status ebb__dev_live_slow(const char *fn, int device) {
                    fn, device, name, dv->failed_call);
 }
 
+bool ebb__dev_failed(int device) {
+  if (device < 0 || device >= ebb__runtime_state.ndev) return false;
+  /* acquire: pairs with the release in ebb__dev_mark_failed (a marking in progress reads as
+   * failed: it is, a few instructions from now) */
+  return atomic_load_explicit(&ebb__runtime_state.dev[device].failed, memory_order_acquire) != 0;
+}
+
 ebb_status ebb__check_dev_live(const char *fn, int device) {
   ebb_status st = ebb__check_dev(fn, device);
   return st ? st : ebb__dev_live(fn, device);

@@ -47,12 +47,7 @@ static ebb_status ensure_ctx_live(const char *fn, int device) {
 /* Portable pinned host memory belongs to no device: any live device's context may ask for it.
  * `device` (the arena's or the caller's hint) when live, else the first live one; a device's
  * error state refuses it only when every device is in one (then `device`'s state is the error). */
-static bool dev_healthy(int device) {
-  ebb__fail_mute(true);
-  bool ok = ebb__dev_live("", device) == EBB_OK;
-  ebb__fail_mute(false);
-  return ok;
-}
+static bool dev_healthy(int device) { return !ebb__dev_failed(device); }
 
 static ebb_status host_ctx(const char *fn, int device) {
   int use = dev_healthy(device) ? device : -1;

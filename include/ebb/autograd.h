@@ -443,6 +443,8 @@ EBB_API ebb_status ebb_autograd_register_logging_hooks(const ebb_tensor_t *const
  * backward (a hook that turns grad mode on) sees the caller's hooks. A hook running in a backward
  * may push and pop its own pairs; what it leaves pushed is dropped when its node (on a worker) or
  * the backward (on the caller) ends; it cannot pop what was on the stack when the backward began.
+ * A thread of yours must pop what it pushed (and enable what it disabled) before it ends: the
+ * entries of a thread that ends with some left are not freed (a few dozen bytes each).
  *
  * Disabling: ebb_saved_tensors_hooks_disable(message) forbids pushing hooks on this thread until
  * the matching ebb_saved_tensors_hooks_enable; a push meanwhile fails with EBB_ESTATE and the

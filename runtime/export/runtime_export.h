@@ -108,6 +108,10 @@ typedef struct ebb_ptr_info {
 
 EBB_HIDDEN ebb_status ebb__drv_ptr_info(int device, const void *ptr, ebb_ptr_info *out);
 
+/* Whether `device` is in its error state (a sticky driver error met there): it runs no more
+ * work. Sets no error; false for a device out of range. Any thread. */
+EBB_HIDDEN bool ebb__dev_failed(int device);
+
 EBB_HIDDEN ebb_status ebb__drv_stream_create(int device, int priority, struct CUstream_st **out);
 EBB_HIDDEN ebb_status ebb__drv_stream_destroy(int device, struct CUstream_st *s);
 EBB_HIDDEN ebb_status ebb__drv_stream_synchronize(int device, struct CUstream_st *s);

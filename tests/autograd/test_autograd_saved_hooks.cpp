@@ -22,7 +22,7 @@ namespace {
 // What a pair of test hooks did, and how they misbehave when asked to.
 struct Hooks {
   enum Mode { IDENTITY, HOST_COPY, PACK_FAILS, PACK_FAILS_SILENT, PACK_INPLACE, UNPACK_FAILS, UNPACK_NULL, UNPACK_SHAPE,
-              UNPACK_DTYPE, UNPACK_DEVICE };
+              UNPACK_DTYPE, UNPACK_DEVICE, POP_IN_PACK };
   Mode mode = HOST_COPY;
   std::atomic<int> packs{0}, unpacks{0}, frees{0};
   std::atomic<int> off_main{0};
@@ -52,6 +52,10 @@ struct Hooks {
     if (st) return st;
     if (h->mode == PACK_FAILS) return ebb_tensor_set_requires_grad(nullptr, true);  // fails with a message of ebb's
     if (h->mode == PACK_FAILS_SILENT) return EBB_ENOMEM;
+    if (h->mode == POP_IN_PACK) {  // ends its own pair while it runs, then packs as HOST_COPY
+      st = ebb_saved_tensors_hooks_pop();
+      if (st) return st;
+    }
     if (h->mode == PACK_INPLACE) {
       st = ebb_tensor_fill_(const_cast<ebb_tensor_t *>(t), 0.0);
       if (st) return st;
@@ -623,4 +627,31 @@ TEST_CASE("saved hooks: pairs a hook leaves pushed on the calling thread are dro
   }
   EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
   live.check();
+}
+
+// A hook may call any ebb function, its own pair's pop included: the pair it was called for is
+// the one the saved tensor keeps, whatever happens to the stack meanwhile.
+TEST_CASE("saved hooks: a pack hook that pops its own pair still packs, unpacks and frees with it", "[autograd][saved-hooks]") {
+  EbbSession session;
+  const long tensors0 = ebb_tensor_live_count();
+  Hooks h;
+  h.mode = Hooks::POP_IN_PACK;
+  ebb_saved_hooks pair = h.pair();
+  EBB_REQUIRE_OK(ebb_saved_tensors_hooks_push(&pair));
+  {
+    Tensor x = leaf_on(EBB_DEVICE_CPU, {0.5, -1.0}), y, loss;
+    EBB_REQUIRE_OK(ebb_op_exp(x, y.out()));  // saves its output: one pack, which pops the pair
+    CHECK(h.packs == 1);
+    EBB_CHECK_FAILS(ebb_saved_tensors_hooks_pop(), EBB_ESTATE, "no saved-tensor hooks pushed");
+    EBB_REQUIRE_OK(ebb_op_sum(y, nullptr, 0, false, loss.out()));
+    const ebb_tensor_t *root = loss;
+    EBB_REQUIRE_OK(ebb_backward(&root, nullptr, 1, false, nullptr, 0));
+    CHECK(h.unpacks == 1);
+    CHECK(h.frees == 1);
+    Tensor g;
+    EBB_REQUIRE_OK(ebb_tensor_grad(x, g.out()));
+    CHECK(read(g) == std::vector<double>{std::exp(0.5), std::exp(-1.0)});
+  }
+  CHECK(h.frees == h.packs);
+  CHECK(ebb_tensor_live_count() == tensors0);
 }
