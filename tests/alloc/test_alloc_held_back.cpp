@@ -176,3 +176,29 @@ TEST_CASE("a released stream whose last work could be neither recorded nor waite
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// EBB_EDEVICE from the failed wait does not make the memory safe: a non-sticky error (an invalid
+// context here) reads as EBB_EDEVICE too, with the device working on and the users' work still
+// running. Only a device in its error state (which runs no more work) lets the memory go back.
+TEST_CASE("held back: a failed wait that reads as EBB_EDEVICE on a working device still holds the block",
+          "[alloc][fault][held-back]") {
+  if (!faults_for_this_process("cuEventRecord:1:CUDA_ERROR_UNKNOWN,cuCtxSynchronize:1:CUDA_ERROR_INVALID_CONTEXT")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &p));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
+  slow_then_flag(t, &done);
+  WarningLog w;
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &q));
+  const int work_done = done.load();
+  EBB_REQUIRE_OK(ebb_dev_status(0));  // the device works on
+  CHECK((q != p || work_done == 1));  // never handed out while t's work may still use it
+  CHECK(w.any_with({"held back"}));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
+  EBB_REQUIRE_OK(ebb_stream_release(t));
+}
