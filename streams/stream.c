@@ -477,23 +477,27 @@ static bool tomb_add_locked(struct ebb__dev *d, uint64_t id, struct CUevent_st *
   return true;
 }
 
-/* Makes `waiter` (pinned or internal) wait for the tomb of stream `id`, if it has one (none: its work is
- * done). The wait is enqueued under tomb_mu, so the event cannot be reaped and recorded again by
- * another user in between (the driver captures the record at the wait call). */
-static ebb_status tomb_wait(struct ebb__dev *d, uint64_t id, const ebb_stream_t *waiter) {
+/* Makes `waiter` (pinned or internal) wait for the tomb of stream `id`, if it has one (none: its
+ * work is done). The wait is enqueued under tomb_mu, so the event cannot be reaped and recorded
+ * again by another user in between (the driver captures the record at the wait call). A lost
+ * tomb (the release could neither record nor wait for the stream's last work) is waited for as
+ * the whole device, with no lock held: that work may still run, and nothing narrower orders
+ * after it. fn names the caller. */
+static ebb_status tomb_wait(const char *fn, struct ebb__dev *d, uint64_t id, const ebb_stream_t *waiter) {
   ebb_status st = EBB_OK;
+  bool lost = false;
   ebb__mutex_lock(&d->tomb_mu);
   for (unsigned i = 0; i < d->ntombs; i++) {
     if (d->tombs[i].id != id) continue;
-    if (EBB_UNLIKELY(!d->tombs[i].ev))
-      st = ebb__fail(EBB_EDEVICE, "ebb__stream_wait_released: stream %llu of device %d was released when neither an event nor a "
-                     "stream wait could capture its last work; expected a wait for the device instead",
-                     (unsigned long long)id, d->ordinal);
-    else
-      st = ebb__drv_stream_wait_event(waiter->device, waiter->cu, d->ordinal, d->tombs[i].ev);
+    if (EBB_UNLIKELY(!d->tombs[i].ev)) lost = true;
+    else st = ebb__drv_stream_wait_event(waiter->device, waiter->cu, d->ordinal, d->tombs[i].ev);
     break;
   }
   ebb__mutex_unlock(&d->tomb_mu);
+  if (EBB_UNLIKELY(lost) && (st = ebb_dev_synchronize(d->ordinal)))
+    return ebb__fail(st, "%s: stream %llu of device %d was released with its last work neither recorded nor waited for, and "
+                     "the wait for device %d instead failed: %s", fn, (unsigned long long)id, d->ordinal, d->ordinal,
+                     ebb_last_error());
   return st;
 }
 
@@ -505,7 +509,7 @@ ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t 
                      device, (unsigned long long)id, ebb__streams_state.ndev - 1);
   st = ebb__stream_pin("ebb__stream_wait_released", waiter);
   if (st) return st;
-  st = tomb_wait(&ebb__streams_state.dev[device], id, waiter);
+  st = tomb_wait("ebb__stream_wait_released", &ebb__streams_state.dev[device], id, waiter);
   ebb__stream_unpin(waiter);
   return st;
 }
@@ -539,7 +543,7 @@ ebb_status ebb__event_record_released(ebb_event_t *e, int device, uint64_t id) {
   st = stream_lazy(fn, d, &d->tomb_stream, EBB_PRIO_LOW, EBB__STREAM_POOL, &h);
   if (st) return st;
   /* The record after the wait on the same stream completes after that work. */
-  st = tomb_wait(d, id, h);
+  st = tomb_wait(fn, d, id, h);
   return st ? st : ebb_event_record(e, h);
 }
 
@@ -640,7 +644,7 @@ static ebb_status stream_release_now(ebb_stream_t *s) {
    * tomb_mu (ebb__event_record_live). Without an event (no host memory, a failing driver), its
    * work is waited for here instead: then nothing is left to order after. When that wait fails
    * too, the work may still run: the stream gets a lost tomb, which makes whoever orders after
-   * it wait for the whole device (ebb__stream_wait_released fails, and its callers fall back).
+   * it wait for the whole device (in tomb_wait).
    * The gone_ fields go first, for the messages of whoever sees the magic leave LIVE; racing
    * releasers of one stream write the same values. */
   atomic_store_explicit(&s->slot.gone_id, s->id, memory_order_relaxed);

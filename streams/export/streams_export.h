@@ -48,7 +48,9 @@ EBB_HIDDEN void ebb__stream_unhold(ebb_stream_t *s);
  * after it once its handle is gone: the arena, for blocks a released stream used. EBB_OK also
  * when there is nothing to wait for (that work is known complete); the caller vouches that `id`
  * was a stream of `device` and is no longer live (a live one is ordered with an event of its
- * own). An error status when `waiter` is not a live stream or `device` is out of range. */
+ * own). An error status when `waiter` is not a live stream or `device` is out of range. When the
+ * release could neither record nor wait for that work (a failing driver), the host waits for the
+ * whole device instead (ebb_dev_synchronize), and its failure is the call's. */
 EBB_HIDDEN ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t id);
 
 /* Records event `e` (of `device`) so that it completes after all the work issued to the

@@ -202,3 +202,26 @@ TEST_CASE("held back: a failed wait that reads as EBB_EDEVICE on a working devic
   EBB_REQUIRE_OK(ebb_stream_synchronize(t));
   EBB_REQUIRE_OK(ebb_stream_release(t));
 }
+
+// Ordering after a released stream that left a lost tomb (how the backward engine and the arena
+// order after a released stream's work) waits for the whole device on the host, and succeeds:
+// it neither fails the caller nor returns before that work.
+extern "C" ebb_status ebb__stream_wait_released(ebb_stream_t *waiter, int device, uint64_t id);  // streams_export.h
+
+TEST_CASE("ordering after a released stream whose last work was neither recorded nor waited for waits for its device",
+          "[alloc][fault][held-back]") {
+  if (!faults_for_this_process("cuEventRecord:1:CUDA_ERROR_UNKNOWN,cuStreamSynchronize:1:CUDA_ERROR_UNKNOWN")) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *t = new_stream(0), *w = default_stream(0);
+  uint64_t tid = 0;
+  EBB_REQUIRE_OK(ebb_stream_id(t, &tid));
+  std::atomic<int> done{0};
+  slow_then_flag(t, &done);
+  EBB_REQUIRE_OK(ebb_stream_release(t));  // its record and its stream wait fail: a lost tomb
+  ebb_clear_error();
+  EBB_REQUIRE_OK(ebb__stream_wait_released(w, 0, tid));
+  CHECK(done.load() == 1);
+  CHECK(std::string(ebb_last_error()).empty());
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
