@@ -988,7 +988,8 @@ ebb_status ebb__arena_free(const char *fn, void *ptr, enum ebb__memkind kind) {
 ebb_status ebb__arena_empty_cache(struct ebb__arena *a) {
   ebb_status st = EBB_OK;
   ebb__lock(&a->mu);
-  a->xunmap_fails = 0; /* (those of earlier retry chains were absorbed there) */
+  /* (failed unmaps and releases of earlier OOM retry chains, which report none, are reported
+   * below with this call's) */
   ebb__poll_pending(a);
   ebb__sync_pending(a);
   /* Empty slabs first: their blocks merge back, so the segments below may become free. */

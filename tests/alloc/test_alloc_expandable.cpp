@@ -514,6 +514,30 @@ TEST_CASE("a granule that fails to unmap stays mapped and is taken again by grow
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+// The OOM retry chain gives granules back too, and reports nothing (its allocation succeeds): a
+// release that fails there is reported by the next empty_cache, never forgotten.
+TEST_CASE("a physical chunk that fails to be released in the OOM retry chain is reported by the next empty_cache",
+          "[alloc][expandable][fault]") {
+  if (!faults_for_this_process("cuMemRelease:1:CUDA_ERROR_UNKNOWN")) return;
+  EbbSession session;
+  EBB_NEED_VMM();
+  ebb_stream_t *s1 = new_stream(0), *s2 = new_stream(0);
+  EBB_REQUIRE_OK(ebb_arena_set_limit(0, 16 * MiB));
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s1, &p));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  const uint64_t r0 = stats(0).num_alloc_retries;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, s2, &q));  // 8 + 12 > 16: the retry chain gives s1's 8 MiB back
+  CHECK(stats(0).num_alloc_retries == r0 + 1);
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_CHECK_MSG(ebb_arena_empty_cache(0), EBB_EDRIVER, "ebb_arena_empty_cache", "leaks", "cuMemRelease");
+  EBB_REQUIRE_OK(ebb_arena_empty_cache(0));  // reported once
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(s1));
+  EBB_REQUIRE_OK(ebb_stream_release(s2));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 // Once a granule is unmapped its range is free; a physical chunk that then fails to be
 // released leaks, and empty_cache says so rather than dropping the driver's failure.
 TEST_CASE("a physical chunk that fails to be released after its unmap is reported", "[alloc][expandable][fault]") {
