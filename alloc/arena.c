@@ -765,6 +765,9 @@ static ebb_status steal_lost(struct ebb__arena *a, struct ebb__block *b, struct 
   }
   uint64_t addr = b->addr;
   ebb__unlock(&a->mu);
+  /* A slab's block is asked for muted, and a plain block serves the request instead (slab.c):
+   * the memory held back would go untold but for a warning. */
+  if (slab) ebb__lost_warn(a->up->alloc_fn, (const void *)(uintptr_t)addr, lost);
   return ebb__lost_report(a->up->alloc_fn, (const void *)(uintptr_t)addr, lost);
 }
 

@@ -225,3 +225,29 @@ TEST_CASE("ordering after a released stream whose last work was neither recorded
   CHECK(std::string(ebb_last_error()).empty());
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// A slab's block stolen from another stream whose work can be neither ordered after nor waited
+// for is held back; the small allocation is served by a plain block instead and succeeds, and
+// the warning handler hears of the memory kept.
+TEST_CASE("held back: a stolen block for a new slab is held back with a warning, and the small allocation is served",
+          "[alloc][fault][held-back]") {
+  if (!faults_for_this_process(kRecordAndWait)) return;
+  ScopedEnv drv("EBB_DRIVER", "sim");
+  EbbSession session;
+  ebb_stream_t *s1 = new_stream(0), *s2 = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s1, &p));
+  slow_then_flag(s1, &done);
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  WarningLog w;
+  ebb_clear_error();
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s2, &q));
+  CHECK(w.any_with({"held back"}));
+  CHECK(std::string(ebb_last_error()).empty());
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(s1));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(s1));
+  EBB_REQUIRE_OK(ebb_stream_release(s2));
+}
