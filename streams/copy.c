@@ -17,6 +17,7 @@
  * is pinned (ebb__stream_pin) only while work is enqueued on it, never across the wait for a
  * chunk, so a release of it never waits for device work.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "streams_export.h"
@@ -50,6 +51,7 @@ void ebb__copy_start(struct ebb__dev *d) {
   for (unsigned i = 0; i < ebb__streams_state.nchunks; i++) ebb__mutex_init(&d->chunks[i].mu, "streams.staging", EBB_RANK_STAGING);
   ebb__mutex_init(&d->rec_mu, "streams.host_copy", EBB_RANK_LEAF);
   ebb__slot_pool_init(&d->host_copies, sizeof(struct ebb__host_copy), 0);
+  atomic_store_explicit(&d->abandoned, NULL, memory_order_relaxed);
 }
 
 /* Runs after the module synchronised every device: no chunk or record is in flight. */
@@ -64,6 +66,12 @@ void ebb__copy_teardown(struct ebb__dev *d) {
     c->used = false;
     ebb__mutex_destroy(&c->mu);
   }
+  for (struct ebb__abandoned *x = atomic_load_explicit(&d->abandoned, memory_order_relaxed), *next; x; x = next) {
+    next = x->next;
+    ebb__drv_pinned_free(d->ordinal, x->mem); /* (best effort, teardown) */
+    free(x);
+  }
+  atomic_store_explicit(&d->abandoned, NULL, memory_order_relaxed);
   ebb__slot_pool_fini(&d->host_copies);
   ebb__mutex_destroy(&d->rec_mu);
 }
@@ -98,8 +106,8 @@ static ebb_status chunk_claim(struct ebb__dev *d, struct ebb__chunk **out) {
 /* Ends a use of `c` on stream `s` whose enqueue returned `st`: records the chunk's event after
  * whatever was enqueued and unlocks. If the record fails, no event marks the end of this use:
  * the stream is drained before anyone may reuse the chunk. If that wait fails too, the work may
- * still read or write the chunk, so its memory is abandoned (never reused nor freed; the next
- * claim allocates a new one). Either way the record's failure is the copy's answer (the wait
+ * still read or write the chunk, so its memory is abandoned (never reused, freed at teardown
+ * after every device was waited for; the next claim allocates a new one). Either way the record's failure is the copy's answer (the wait
  * muted, so the message names the record). */
 static ebb_status chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_stream_t *s, size_t bytes, ebb_status st) {
   ebb_status rs = ebb__drv_event_record(s->device, c->ev, s->cu);
@@ -109,7 +117,17 @@ static ebb_status chunk_finish(struct ebb__dev *d, struct ebb__chunk *c, ebb_str
     ebb__fail_mute(true);
     ebb_status ws = ebb__drv_stream_synchronize(s->device, s->cu);
     ebb__fail_mute(false);
-    if (ws) c->mem = NULL;
+    if (ws) {
+      struct ebb__abandoned *x = malloc(sizeof *x);
+      if (x) { /* (without host memory for the note, the chunk's memory leaks: still never reused) */
+        x->mem = c->mem;
+        x->next = atomic_load_explicit(&d->abandoned, memory_order_relaxed);
+        /* relaxed: teardown reads the stack after every device and thread is done with it */
+        while (!atomic_compare_exchange_weak_explicit(&d->abandoned, &x->next, x, memory_order_relaxed, memory_order_relaxed)) {
+        }
+      }
+      c->mem = NULL;
+    }
     c->used = false; /* drained, or a new chunk: no earlier use to wait for */
   }
   ebb__mutex_unlock(&c->mu);

@@ -174,6 +174,11 @@ struct ebb__dev_stats {
   _Atomic uint64_t staging_waits;
 };
 
+struct ebb__abandoned {
+  struct ebb__abandoned *next;
+  void *mem;
+};
+
 struct ebb__dev {
   int ordinal;
   int prio_value[2]; /* driver priority of EBB_PRIO_LOW, EBB_PRIO_HIGH */
@@ -201,6 +206,9 @@ struct ebb__dev {
 
   _Alignas(EBB__CACHE_LINE) _Atomic uint32_t chunk_next; /* staging ring cursor */
   struct ebb__chunk chunks[EBB__STAGING_CHUNKS_MAX];
+  /* Staging memory that work may still use after a failing driver left it unordered: never
+   * reused, freed at teardown (after every device was waited for). A lock-free stack. */
+  _Atomic(struct ebb__abandoned *) abandoned;
   ebb_mutex rec_mu;                              /* protects host_copies */
   struct ebb__slot_pool host_copies;
   ebb_mutex call_mu;                             /* protects host_calls (a leaf) */
