@@ -39,32 +39,53 @@ static bool granule_unmap(struct ebb__arena *a, uint64_t at) {
 }
 
 /* Maps granules [va, va + bytes) of the reservation, all or nothing. A granule still mapped
- * (its unmap failed) is taken as it is. Lock held. */
+ * (its unmap failed) is taken as it is: it is counted in reserved_bytes already, so it is taken
+ * out here, the callers counting the whole range once mapped; on a failure only the granules
+ * this call mapped are unmapped again. Lock held. */
 static ebb_status x_map(struct ebb__arena *a, uint64_t va, size_t bytes) {
-  size_t done = 0;
+  const size_t n = bytes / a->xgran;
+  uint64_t *slots = &a->xhandles[(va - a->xva) / a->xgran];
+  uint64_t *mine = NULL; /* bit k: granule k mapped by this call (only with stuck granules about) */
+  if (EBB_UNLIKELY(a->xstuck)) {
+    mine = calloc((n + 63) / 64, sizeof *mine);
+    if (!mine) return ebb__fail(EBB_ENOMEM, "%s: no host memory to map %zu granules of %s", a->up->alloc_fn, n, a->label);
+  }
+  size_t k = 0, reused = 0;
   ebb_status st = EBB_OK;
-  for (; done < bytes; done += a->xgran) {
-    uint64_t *slot = &a->xhandles[(va + done - a->xva) / a->xgran];
-    if (EBB_UNLIKELY(*slot)) {
-      a->xstuck--;
+  for (; k < n; k++) {
+    if (EBB_UNLIKELY(slots[k])) {
+      reused++;
       continue;
     }
     uint64_t h = 0;
-    if ((st = a->up->map(a, va + done, a->xgran, &h))) break;
-    *slot = h;
+    if ((st = a->up->map(a, va + k * a->xgran, a->xgran, &h))) break;
+    slots[k] = h;
+    if (mine) mine[k / 64] |= 1ull << (k % 64);
   }
   if (!st) {
-    a->c.s.num_device_alloc += bytes / a->xgran;
-    return EBB_OK;
+    a->xstuck -= reused;
+    a->c.s.num_device_alloc += n - reused;
+    ebb__stat_sub(&a->c.s.reserved_bytes, reused * a->xgran);
+  } else {
+    /* One that fails to unmap now is stuck, still mapped: counted from now on. */
+    for (size_t j = 0; j < k; j++)
+      if ((!mine || (mine[j / 64] >> (j % 64) & 1)) && !granule_unmap(a, va + j * a->xgran))
+        ebb__stat_add(&a->c.s.reserved_bytes, a->xgran);
   }
-  for (size_t k = 0; k < done; k += a->xgran) granule_unmap(a, va + k);
+  free(mine);
   return st;
 }
 
-/* Unmaps granules [va, va + bytes) of the reservation. Lock held. */
-static void x_unmap(struct ebb__arena *a, uint64_t va, size_t bytes) {
-  for (uint64_t at = va; at < va + bytes; at += a->xgran)
+/* Unmaps granules [va, va + bytes) of the reservation; returns the bytes of those that failed
+ * to unmap and stay mapped (stuck), which the callers, taking the range out of reserved_bytes,
+ * count back. Lock held. */
+static size_t x_unmap(struct ebb__arena *a, uint64_t va, size_t bytes) {
+  size_t stuck = 0;
+  for (uint64_t at = va; at < va + bytes; at += a->xgran) {
     if (granule_unmap(a, at)) a->c.s.num_device_free++;
+    else stuck += a->xgran;
+  }
+  return stuck;
 }
 
 /* Growth into a hole: maps the first UNMAPPED hole that holds `r` (in whole granules) from its
@@ -179,7 +200,7 @@ ebb_status ebb__x_grow(struct ebb__arena *a, struct ebb__spool *sp, int pool, si
     g = ebb__segment_add(a, a->xva, grow, pool, sp, &b); /* counts reserved and segments */
     if (!g) {
       ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, a->xva, grow, 0, sp->stream.id, ocat, oname);
-      x_unmap(a, a->xva, grow);
+      ebb__stat_add(&a->c.s.reserved_bytes, x_unmap(a, a->xva, grow)); /* (stuck granules stay counted) */
       return ebb__fail(EBB_ENOMEM, "%s: no host memory for a segment record", a->up->alloc_fn);
     }
     g->expandable = true;
@@ -234,7 +255,7 @@ static size_t x_hole(struct ebb__arena *a, struct ebb__segment *g, struct ebb__b
     return 0;
   }
   ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, lo, hole, 0, b->spool->stream.id, EBB_OWNER_OTHER, "");
-  x_unmap(a, lo, hole);
+  size_t stuck = x_unmap(a, lo, hole);
   ebb__index_remove(b);
   struct ebb__block *pieces[2] = {nh, nt};
   for (int k = 0; k < 2; k++) {
@@ -269,6 +290,7 @@ static size_t x_hole(struct ebb__arena *a, struct ebb__segment *g, struct ebb__b
   g->free_bytes -= hole;
   g->unmapped += hole;
   ebb__stat_sub(&a->c.s.reserved_bytes, hole);
+  ebb__stat_add(&a->c.s.reserved_bytes, stuck); /* still mapped: counted until a growth takes them */
   /* Adjacent holes become one, so a later growth finds the whole gap. */
   struct ebb__block *p = b->prev, *n = b->next;
   if (p && p->state == EBB__B_UNMAPPED) {
@@ -348,12 +370,13 @@ size_t ebb__x_shrink(struct ebb__arena *a) {
       uint64_t end = a->xva + g->size;
       if (cut >= end) break;
       ebb__hist_rec(a, EBB_ACT_SEGMENT_UNMAP, cut, end - cut, 0, tail->spool->stream.id, EBB_OWNER_OTHER, "");
-      x_unmap(a, cut, end - cut);
+      size_t stuck = x_unmap(a, cut, end - cut);
       size_t cutn = end - cut;
       ebb__index_remove(tail);
       g->size -= cutn;
       g->free_bytes -= cutn;
       ebb__stat_sub(&a->c.s.reserved_bytes, cutn);
+      ebb__stat_add(&a->c.s.reserved_bytes, stuck); /* still mapped: counted until a growth takes them */
       released += cutn;
       tail->size -= cutn;
       if (tail->size) {

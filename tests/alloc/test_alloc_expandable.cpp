@@ -503,10 +503,18 @@ TEST_CASE("a granule that fails to unmap stays mapped and is taken again by grow
   void *p = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
   EBB_REQUIRE_OK(ebb_arena_free(p));
+  const uint64_t mapped0 = stats(0).num_device_alloc;
   EBB_CHECK_MSG(ebb_arena_empty_cache(0), EBB_EDRIVER, "ebb_arena_empty_cache", "failed unmap keeps the granule", "cuMemUnmap");
   ARENA_CHECK();
+  // The stuck granule is still the device's memory: reserved counts it (what the limit and an
+  // OOM depend on), and the growth that takes it back maps one granule fewer.
+  const ebb_arena_stats after = stats(0);
+  CHECK(after.reserved_bytes.current == 2 * MiB);
+  CHECK(after.num_device_free == mapped0 - 1);
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 8 * MiB, s, &p));
   ARENA_CHECK();
+  CHECK(stats(0).reserved_bytes.current == 8 * MiB);
+  CHECK(stats(0).num_device_alloc == 2 * mapped0 - 1);
   EBB_REQUIRE_OK(ebb_arena_free(p));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   CHECK(stats(0).reserved_bytes.current == 0);
