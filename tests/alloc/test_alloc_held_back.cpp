@@ -54,6 +54,39 @@ void slow_then_flag(ebb_stream_t *s, std::atomic<int> *flag) {
   flag_after(s, flag);
 }
 
+// A block of device 0 allocated on its default stream and used by a new stream t, whose work
+// (slow_then_flag) is still running. Needs an EbbSession first.
+struct UsedBySlowWork {
+  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr;
+  explicit UsedBySlowWork(size_t bytes) {
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, s, &p));
+    EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
+    slow_then_flag(t, &done);
+  }
+  // Whether q, handed out after p's free, was safe to hand out: other memory, or p once t's work ran.
+  bool safe(const void *q) const { return q != p || done.load() == 1; }
+};
+
+// A block stream s1 allocated and freed while its work (slow_then_flag) still runs: free again at
+// once for s1 (its own later work is ordered after), stolen by s2 only after that work.
+struct FreedUnderSlowWork {
+  ebb_stream_t *s1 = new_stream(0), *s2 = new_stream(0);
+  std::atomic<int> done{0};
+  void *p = nullptr;
+  FreedUnderSlowWork() {
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s1, &p));
+    slow_then_flag(s1, &done);
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+  }
+  ~FreedUnderSlowWork() {
+    CHECK(ebb_stream_synchronize(s1) == EBB_OK);
+    CHECK(ebb_stream_release(s1) == EBB_OK);
+    CHECK(ebb_stream_release(s2) == EBB_OK);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("held back: a pinned block whose free can neither record nor wait is not handed out again",
@@ -90,25 +123,21 @@ TEST_CASE("held back: a device slot whose free can neither record nor wait is no
   if (!faults_for_this_process(kRecordAndWait)) return;
   ScopedEnv drv("EBB_DRIVER", "sim");
   EbbSession session;
-  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
-  std::atomic<int> done{0};
-  void *p = nullptr, *q = nullptr;
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &p));
-  EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
-  slow_then_flag(t, &done);
+  UsedBySlowWork u(4 * KiB);
+  void *q = nullptr;
   WarningLog w;
   ebb_clear_error();
-  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_free(u.p));
   CHECK(std::string(ebb_last_error()).empty());
   INFO("warnings: " << w.got.size() << (w.got.empty() ? "" : ", the first: " + w.got[0]));
   CHECK(w.any_with({"ebb_arena_free", "held back", "cuCtxSynchronize"}));
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &q));
-  INFO("work done when the memory came back: " << done.load());
-  CHECK(q != p);
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, u.s, &q));
+  INFO("work done when the memory came back: " << u.done.load());
+  CHECK(q != u.p);
   ARENA_CHECK();
   EBB_REQUIRE_OK(ebb_arena_free(q));
-  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
-  EBB_REQUIRE_OK(ebb_stream_release(t));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(u.t));
+  EBB_REQUIRE_OK(ebb_stream_release(u.t));
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
@@ -123,26 +152,21 @@ TEST_CASE("held back: a stolen block whose old owner's work can be neither order
   if (!faults_for_this_process(kRecordAndWait)) return;
   ScopedEnv drv("EBB_DRIVER", "sim");
   EbbSession session;
-  ebb_stream_t *s1 = new_stream(0), *s2 = new_stream(0);
-  std::atomic<int> done{0};
-  void *p = nullptr, *q = nullptr;
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s1, &p));
-  slow_then_flag(s1, &done);
-  EBB_REQUIRE_OK(ebb_arena_free(p)); // s1's again at once: its own later work is ordered after
-  ebb_status st = ebb_arena_alloc(0, 1 * MiB, s2, &q);
-  INFO("ebb_arena_alloc -> " << ebb_status_name(st) << ": " << ebb_last_error() << "; work done: " << done.load());
-  CHECK((st != EBB_OK || q != p || done.load() == 1));
-  CHECK(st == EBB_EDRIVER);
-  CHECK(std::string(ebb_last_error()).find("held back") != std::string::npos);
-  if (st == EBB_OK) EBB_REQUIRE_OK(ebb_arena_free(q));
-  ARENA_CHECK();
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s2, &q));
-  CHECK(q != p);
-  EBB_REQUIRE_OK(ebb_arena_free(q));
-  EBB_REQUIRE_OK(ebb_stream_synchronize(s1));
-  EBB_REQUIRE_OK(ebb_stream_synchronize(s2));
-  EBB_REQUIRE_OK(ebb_stream_release(s1));
-  EBB_REQUIRE_OK(ebb_stream_release(s2));
+  {
+    FreedUnderSlowWork f;
+    void *q = nullptr;
+    ebb_status st = ebb_arena_alloc(0, 1 * MiB, f.s2, &q);
+    INFO("ebb_arena_alloc -> " << ebb_status_name(st) << ": " << ebb_last_error() << "; work done: " << f.done.load());
+    CHECK((st != EBB_OK || q != f.p || f.done.load() == 1));
+    CHECK(st == EBB_EDRIVER);
+    CHECK(std::string(ebb_last_error()).find("held back") != std::string::npos);
+    if (st == EBB_OK) EBB_REQUIRE_OK(ebb_arena_free(q));
+    ARENA_CHECK();
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, f.s2, &q));
+    CHECK(q != f.p);
+    EBB_REQUIRE_OK(ebb_arena_free(q));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(f.s2));
+  }
   EBB_REQUIRE_OK(ebb_arena_empty_cache(0));
   ARENA_CHECK();
   REQUIRE(ebb_debug_live_handles() == 0);
@@ -157,20 +181,16 @@ TEST_CASE("a released stream whose last work could be neither recorded nor waite
   if (!faults_for_this_process("cuEventRecord:1:CUDA_ERROR_UNKNOWN,cuStreamSynchronize:1:CUDA_ERROR_UNKNOWN")) return;
   ScopedEnv drv("EBB_DRIVER", "sim");
   EbbSession session;
-  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
-  std::atomic<int> done{0};
-  void *p = nullptr, *q = nullptr;
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &p));
-  EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
-  slow_then_flag(t, &done);
+  UsedBySlowWork u(1 * MiB);
+  void *q = nullptr;
   ebb_clear_error();
-  EBB_REQUIRE_OK(ebb_stream_release(t));
+  EBB_REQUIRE_OK(ebb_stream_release(u.t));
   CHECK(std::string(ebb_last_error()).empty());
-  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_free(u.p));
   CHECK(std::string(ebb_last_error()).empty());
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s, &q));
-  INFO("block back: " << (q == p) << ", work done: " << done.load());
-  CHECK((q != p || done.load() == 1));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, u.s, &q));
+  INFO("block back: " << (q == u.p) << ", work done: " << u.done.load());
+  CHECK(u.safe(q));
   EBB_REQUIRE_OK(ebb_arena_free(q));
   EBB_REQUIRE_OK(ebb_dev_synchronize(0));
   ARENA_CHECK();
@@ -185,22 +205,17 @@ TEST_CASE("held back: a failed wait that reads as EBB_EDEVICE on a working devic
   if (!faults_for_this_process("cuEventRecord:1:CUDA_ERROR_UNKNOWN,cuCtxSynchronize:1:CUDA_ERROR_INVALID_CONTEXT")) return;
   ScopedEnv drv("EBB_DRIVER", "sim");
   EbbSession session;
-  ebb_stream_t *s = default_stream(0), *t = new_stream(0);
-  std::atomic<int> done{0};
-  void *p = nullptr, *q = nullptr;
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &p));
-  EBB_REQUIRE_OK(ebb_arena_record_stream(p, t));
-  slow_then_flag(t, &done);
+  UsedBySlowWork u(4 * KiB);
+  void *q = nullptr;
   WarningLog w;
-  EBB_REQUIRE_OK(ebb_arena_free(p));
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s, &q));
-  const int work_done = done.load();
+  EBB_REQUIRE_OK(ebb_arena_free(u.p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, u.s, &q));
+  CHECK(u.safe(q));                   // never handed out while t's work may still use it
   EBB_REQUIRE_OK(ebb_dev_status(0));  // the device works on
-  CHECK((q != p || work_done == 1));  // never handed out while t's work may still use it
   CHECK(w.any_with({"held back"}));
   EBB_REQUIRE_OK(ebb_arena_free(q));
-  EBB_REQUIRE_OK(ebb_stream_synchronize(t));
-  EBB_REQUIRE_OK(ebb_stream_release(t));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(u.t));
+  EBB_REQUIRE_OK(ebb_stream_release(u.t));
 }
 
 // Ordering after a released stream that left a lost tomb (how the backward engine and the arena
@@ -234,20 +249,14 @@ TEST_CASE("held back: a stolen block for a new slab is held back with a warning,
   if (!faults_for_this_process(kRecordAndWait)) return;
   ScopedEnv drv("EBB_DRIVER", "sim");
   EbbSession session;
-  ebb_stream_t *s1 = new_stream(0), *s2 = new_stream(0);
-  std::atomic<int> done{0};
-  void *p = nullptr, *q = nullptr;
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 1 * MiB, s1, &p));
-  slow_then_flag(s1, &done);
-  EBB_REQUIRE_OK(ebb_arena_free(p));
+  FreedUnderSlowWork f;
+  void *q = nullptr;
   WarningLog w;
   ebb_clear_error();
-  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, s2, &q));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 4 * KiB, f.s2, &q));
   CHECK(w.any_with({"held back"}));
   CHECK(std::string(ebb_last_error()).empty());
   EBB_REQUIRE_OK(ebb_arena_free(q));
-  EBB_REQUIRE_OK(ebb_stream_synchronize(s1));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(f.s1));
   ARENA_CHECK();
-  EBB_REQUIRE_OK(ebb_stream_release(s1));
-  EBB_REQUIRE_OK(ebb_stream_release(s2));
 }

@@ -123,7 +123,7 @@ static void describe(const struct run *r, char *buf, size_t n) {
     snprintf(buf, n, "exit %d", WEXITSTATUS(r->status));
 }
 
-/* Whether a FAIL line names a driver call (cuXxx) or the CUDA error: a clean failure says what
+/* Whether a FAIL line names a driver call (cuMemAlloc, say) or the CUDA error: a clean failure says what
  * failed where. */
 static bool names_driver(const char *line) {
   if (strstr(line, "CUDA_ERROR_")) return true;
