@@ -331,6 +331,51 @@ struct ebb__saved_hooks_scope {
 EBB_HIDDEN void ebb__saved_hooks_enter(struct ebb__saved_hooks_scope *s, const void *stack);
 EBB_HIDDEN void ebb__saved_hooks_leave(const struct ebb__saved_hooks_scope *s);
 
+/* The record of an offloaded tensor a packed value holds (offload.c), or NULL: hooks packed it. */
+EBB_HIDDEN struct ebb__offl *ebb__packed_offl(const struct ebb__packed *p);
+
+/* offload.c: saved tensors offloaded to pinned memory (ebb/autograd.h). */
+struct ebb__offl;
+struct ebb__offl_scope;
+struct ebb__offl_plan;
+/* A scope for policy p (checked; failures name fn), one reference; put drops one. */
+EBB_HIDDEN ebb_status ebb__offl_scope_new(const char *fn, const ebb_offload_policy *p, struct ebb__offl_scope **out);
+EBB_HIDDEN void ebb__offl_scope_put(struct ebb__offl_scope *sc);
+/* The scope is popped: a look at the copies in flight (no wait). */
+EBB_HIDDEN void ebb__offl_scope_exit(struct ebb__offl_scope *sc);
+/* Offers t, n's saved tensor k, to the scope: *out a reference on the record of its storage, or
+ * NULL when it stays an ordinary saved tensor (CPU, small, a parameter, the pinned budget).
+ * Failures name n and k. */
+EBB_HIDDEN ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, int k, const ebb_tensor_t *t,
+                                     struct ebb__offl **out);
+EBB_HIDDEN void ebb__offl_put(struct ebb__offl *o);
+/* The whole storage of record o on its device (a new slot-less 1-D handle), with the current
+ * stream of its device made to wait for a reload; for n's saved tensor k (name: its name or "").
+ * Checks the version; failures name fn, n and k. No lock held. */
+EBB_HIDDEN ebb_status ebb__offl_unpack(const char *fn, const struct ebb_node *n, int k, struct ebb__offl *o, const char *name,
+                                       ebb_tensor_t **whole);
+/* Whether in-place ops must be shown to ebb__offl_inplace (records alive, and the write is not
+ * offload.c's own), and dst about to be changed in place: the records of its storage at its
+ * version are marked changed (their backward fails the version check), and the write waits on
+ * the device for a copy out still reading it. From the inplace hook, before the write. */
+EBB_HIDDEN bool ebb__offl_watching(void);
+EBB_HIDDEN void ebb__offl_inplace(const ebb_tensor_t *dst);
+/* Records alive (the engine makes a plan only when there are some). */
+EBB_HIDDEN long ebb__offl_live(void);
+/* A backward's plan: the engine adds each offloaded record of each task node it will run (ti its
+ * task index of nnodes, seq its sequence number; the plan takes a reference), starts the plan
+ * (the first reloads go out), brackets each node's run with enter (its reloads issued if not
+ * yet: a failure fails the node) and leave, and ends it (everything let go, NULL allowed). */
+EBB_HIDDEN ebb_status ebb__offl_plan_add(struct ebb__offl_plan **p, size_t nnodes, int ti, uint64_t seq, struct ebb__offl *o);
+EBB_HIDDEN ebb_status ebb__offl_plan_start(const char *fn, struct ebb__offl_plan *p);
+EBB_HIDDEN ebb_status ebb__offl_plan_enter(const char *fn, struct ebb__offl_plan *p, int ti);
+EBB_HIDDEN void ebb__offl_plan_leave(const char *fn, struct ebb__offl_plan *p, int ti);
+EBB_HIDDEN void ebb__offl_plan_end(struct ebb__offl_plan *p);
+/* The module stops: the offload streams are released, the statistics reset. */
+EBB_HIDDEN void ebb__offl_stop(void);
+/* The engine's saved lock of n (engine.c). */
+EBB_HIDDEN ebb_mutex *ebb__saved_lock(const struct ebb_node *n);
+
 /* inplace.c */
 /* t's grad_fn and output_nr as they are now (*fn NULL for a leaf): a stale view's history is
  * taken again from its base first (thread-safe: a read may do it). Borrowed: valid while t

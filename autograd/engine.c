@@ -315,6 +315,7 @@ static bool engine_retained(const struct ebb__meta *m) { return m->retain && !at
 #define EBB__SM4(i) EBB__SM(i), EBB__SM(i), EBB__SM(i), EBB__SM(i)
 static ebb_mutex ebb__saved_mu[16] = {EBB__SM4(0), EBB__SM4(1), EBB__SM4(2), EBB__SM4(3)};
 static ebb_mutex *saved_lock(const struct ebb_node *n) { return &ebb__saved_mu[((uintptr_t)n >> 7) & 15]; }
+ebb_mutex *ebb__saved_lock(const struct ebb_node *n) { return saved_lock(n); }
 
 /* The saved tensor k of n (a new reference in *out, NULL when none), checked against in-place
  * changes since it was saved. A packed one (saved.c) gets a reference in pk[k] instead, *pk
@@ -455,6 +456,8 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
   ebb_tensor_t *gin_small[8] = {NULL}, **gin = n->nin <= 8 ? gin_small : calloc((size_t)n->nin, sizeof *gin);
   const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nin + n->nout <= 10 ? saved_small : calloc((size_t)(n->nin + n->nout), sizeof *saved);
   if (!gin || !saved || !need) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
+  int ti = (int)(x - t->nodes);
+  if (EBB_UNLIKELY(t->offl != NULL) && !st && any && e->backward) st = ebb__offl_plan_enter(t->fn, t->offl, ti); /* (offload.c) */
   if (!st && any && e->backward) {
     if (n->saved) ebb__mutex_lock(saved_lock(n)); /* (a node that saves nothing has nothing to guard) */
     if (atomic_load_explicit(&n->freed_saved, memory_order_acquire) && e->save)
@@ -522,6 +525,7 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
     if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]);
   for (int k = 0; took && k < n->nin + n->nout; k++)
     if (n->saved[k].t || n->saved[k].packed) ebb__saved_drop(n, k); /* (saved.c: owners and packed values) */
+  if (EBB_UNLIKELY(t->offl != NULL)) ebb__offl_plan_leave(t->fn, t->offl, ti); /* (its reloads read for the last time go) */
   if (gin != gin_small) free(gin);
   if (saved != saved_small) free(saved);
   if (need != need_small) free(need);
@@ -822,10 +826,29 @@ static ebb_status mark_inputs(const struct ebb__call *c, struct ebb__work *w, st
 /* Runs the found task: its streams, the roots' gradients delivered, its ready nodes on the
  * calling thread or (shared) on the device workers, the end-of-backward sync. A failure once its
  * nodes may have started says which .grad fields it had written. */
+/* The task's offload plan (offload.c): the offloaded saved tensors of the nodes it will run. */
+static ebb_status offload_plan(struct ebb__task *t) {
+  ebb_status st = EBB_OK;
+  for (size_t i = 0; !st && i < t->count; i++) {
+    struct ebb__tnode *x = &t->nodes[i];
+    struct ebb_node *n = x->n;
+    if (!x->run || !n->saved) continue;
+    ebb__mutex_lock(saved_lock(n));
+    for (int k = 0; !st && !atomic_load_explicit(&n->freed_saved, memory_order_acquire) && k < n->nin + n->nout; k++) {
+      struct ebb__offl *o = n->saved[k].packed ? ebb__packed_offl(n->saved[k].packed) : NULL;
+      if (o) st = ebb__offl_plan_add(&t->offl, t->count, (int)i, n->seq, o);
+    }
+    ebb__mutex_unlock(saved_lock(n));
+  }
+  if (st) return ebb__fail(st, "%s: %s", t->fn, ebb_last_error());
+  return t->offl ? ebb__offl_plan_start(t->fn, t->offl) : EBB_OK;
+}
+
 static ebb_status run_task(const struct ebb__call *c, struct ebb__work *w, struct ebb__task *t) {
   int ndevs = 0;
   ebb_status st = ebb__task_streams(t, &ndevs);
   if (st) return st;
+  if (EBB_UNLIKELY(ebb__offl_live() > 0) && (st = offload_plan(t))) return st;
   int mode = atomic_load_explicit(&ebb__mode, memory_order_relaxed);
   t->shared = ndevs > 0 && (mode == EBB_ENGINE_WORKERS || (mode == EBB_ENGINE_AUTO && ndevs >= 2));
   struct ebb__queue ownq;
@@ -929,6 +952,7 @@ static ebb_status execute_here(const struct ebb__call *c) {
   t.scope = &scope;
   t.ready = &ready;
   if (!st) st = run_task(c, &w, &t);
+  ebb__offl_plan_end(t.offl); /* (offload.c: reloads still held go) */
   count_task(&t);
   if (!st && c->results) st = finish_results(c, &w);
   ebb_status end = ebb__task_end(&scope, st == EBB_OK); /* node_api.c: multi-grad "all" left incomplete */
@@ -1167,6 +1191,7 @@ ebb_status ebb_autograd_get_engine_stats(ebb_autograd_engine_stats *out) {
 
 void ebb__engine_stop(void) {
   ebb__workers_stop();
+  ebb__offl_stop();
   for (int k = 0; k < EBB__S_COUNT; k++) atomic_store_explicit(&ebb__stats[k], 0, memory_order_relaxed);
   ebb__inbuf_stop();
 }

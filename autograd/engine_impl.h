@@ -96,6 +96,7 @@ struct ebb__task {
   struct ebb__task_scope *scope;
   const void *hooks;         /* the caller's saved-tensor hook stack, for the threads running its nodes (saved.c) */
   struct ebb__heap *ready;   /* a task on the calling thread: its ready nodes */
+  struct ebb__offl_plan *offl; /* the reloads of its offloaded saved tensors (offload.c), NULL: none */
   _Atomic uint64_t n_nodes, n_nodes_w, n_xedges, n_events, n_waits, n_mism; /* counters, added to the totals at the end */
 };
 

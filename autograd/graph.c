@@ -530,7 +530,9 @@ static void autograd_stop(void) {
 static int autograd_count(ebb__live_count *out, int max) {
   if (max < 1) return 0;
   out[0] = (ebb__live_count){"autograd nodes", ebb_autograd_live_nodes()};
-  return 1;
+  if (max < 2) return 1;
+  out[1] = (ebb__live_count){"offloaded saved tensors", ebb__offl_live()};
+  return 2;
 }
 
 const ebb__module_desc ebb__module_autograd = {

@@ -176,6 +176,7 @@ static ebb_status edge_of(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb
 }
 
 ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
+  if (EBB_UNLIKELY(ebb__offl_watching())) ebb__offl_inplace(dst); /* (offload.c: a write to an offloaded storage) */
   /* Grad mode off or inference mode: the change is not recorded (an optimizer's step on its
    * leaves); nodes that saved dst see its version move and refuse to run. */
   if (!ebb_grad_enabled()) return EBB_OK;

@@ -34,14 +34,22 @@ struct ebb__packed {
   ebb_saved_hooks hooks;               /* the pair bound when the tensor was saved */
   ebb__tensor_meta meta;               /* what unpack must give back */
   char name[EBB_TENSOR_NAME_MAX + 1];  /* the saved tensor's name, for messages */
+  /* An offloaded tensor instead of hooks (offload.c): its storage's record (a reference) and
+   * where the tensor lies in that storage. */
+  struct ebb__offl *off;
+  int64_t strides[EBB_TENSOR_MAX_DIMS];
+  int64_t offset;
 };
 
-/* One entry of a thread's stack: a pair of hooks, or (disable) a disable scope's message. */
+/* One entry of a thread's stack: a pair of hooks, an offload scope (offload.c), or a disable
+ * scope's message. */
+enum sh_kind { SH_HOOKS, SH_OFFLOAD, SH_DISABLE };
 struct sh_entry {
   struct sh_entry *below;
-  bool disable;
-  ebb_saved_hooks hooks;
-  char msg[]; /* disable: the message */
+  enum sh_kind kind;
+  ebb_saved_hooks hooks;       /* SH_HOOKS */
+  struct ebb__offl_scope *off; /* SH_OFFLOAD: a reference */
+  char msg[];                  /* SH_DISABLE: the message */
 };
 
 /* This thread's stack, and the entry from which down nothing may be popped (a backward's
@@ -50,59 +58,97 @@ static _Thread_local struct sh_entry *sh_top, *sh_base;
 
 /* ---- the stack -------------------------------------------------------------------------------- */
 
-static bool sh_has_hooks(void) { return sh_top && !sh_top->disable; }
+static bool sh_disabled(void) { return sh_top && sh_top->kind == SH_DISABLE; }
+/* Whether saves on this thread go through an entry (hooks or an offload scope). */
+static bool sh_has_hooks(void) { return sh_top && sh_top->kind != SH_DISABLE; }
+
+static void sh_free(struct sh_entry *e) {
+  if (e->kind == SH_OFFLOAD) ebb__offl_scope_put(e->off);
+  free(e);
+}
 
 ebb_status ebb_saved_tensors_hooks_push(const ebb_saved_hooks *h) {
   if (!h) return ebb__fail(EBB_EINVAL, "ebb_saved_tensors_hooks_push: h is NULL; expected a pair of hooks");
   if (!h->pack || !h->unpack)
     return ebb__fail(EBB_EINVAL, "ebb_saved_tensors_hooks_push: h->%s is NULL; expected a pack and an unpack hook",
                      h->pack ? "unpack" : "pack");
-  if (sh_top && sh_top->disable) return ebb__fail(EBB_ESTATE, "ebb_saved_tensors_hooks_push: %s", sh_top->msg);
-  struct sh_entry *e = malloc(sizeof *e);
+  if (sh_disabled()) return ebb__fail(EBB_ESTATE, "ebb_saved_tensors_hooks_push: %s", sh_top->msg);
+  struct sh_entry *e = calloc(1, sizeof *e);
   if (!e) return ebb__fail(EBB_ENOMEM, "ebb_saved_tensors_hooks_push: no host memory for the pair");
   e->below = sh_top;
-  e->disable = false;
+  e->kind = SH_HOOKS;
   e->hooks = *h;
   sh_top = e;
   return EBB_OK;
 }
 
+/* What each kind of entry is called in messages ("no <none> on this thread", "is a <noun>"), and
+ * the call that ends it. */
+static const char *const sh_none[] = {"saved-tensor hooks pushed", "offload scope open", "disable scope open"};
+static const char *const sh_noun[] = {"pair of saved-tensor hooks", "offload scope", "disable scope"};
+static const char *const sh_end[] = {"ebb_saved_tensors_hooks_pop", "ebb_offload_scope_exit", "ebb_saved_tensors_hooks_enable"};
+
 /* Pops the top entry, of the kind asked; fn names the call. */
-static ebb_status sh_pop(const char *fn, bool disable) {
-  const char *what = disable ? "disable scope open" : "saved-tensor hooks pushed";
-  if (!sh_top || sh_top->disable != disable)
-    return ebb__fail(EBB_ESTATE, "%s: no %s on this thread; expected one %s per %s", fn, what, disable ? "enable" : "pop",
-                     disable ? "disable" : "push");
+static ebb_status sh_pop(const char *fn, enum sh_kind kind) {
+  if (!sh_top)
+    return ebb__fail(EBB_ESTATE, "%s: no %s on this thread; expected one %s per start on this thread", fn, sh_none[kind], fn);
+  if (sh_top->kind != kind)
+    return ebb__fail(EBB_ESTATE, "%s: the innermost entry of this thread's saved-tensor stack is a %s, not a %s; expected %s "
+                     "first (scopes end in the reverse order of their start)", fn, sh_noun[sh_top->kind], sh_noun[kind],
+                     sh_end[sh_top->kind]);
   if (sh_top == sh_base)
     return ebb__fail(EBB_ESTATE, "%s: the %s on top of this thread's stack belongs to the running backward's caller; expected a "
-                     "hook running in a backward to end only what it began", fn, disable ? "disable scope" : "hooks");
+                     "hook running in a backward to end only what it began", fn, sh_noun[kind]);
   struct sh_entry *e = sh_top;
   sh_top = e->below;
-  free(e);
+  sh_free(e);
   return EBB_OK;
 }
 
-ebb_status ebb_saved_tensors_hooks_pop(void) { return sh_pop("ebb_saved_tensors_hooks_pop", false); }
+ebb_status ebb_saved_tensors_hooks_pop(void) { return sh_pop("ebb_saved_tensors_hooks_pop", SH_HOOKS); }
 
 ebb_status ebb_saved_tensors_hooks_disable(const char *message) {
   if (!message) return ebb__fail(EBB_EINVAL, "ebb_saved_tensors_hooks_disable: message is NULL; expected the message of a refused push");
   if (sh_has_hooks()) return ebb__fail(EBB_ESTATE, "ebb_saved_tensors_hooks_disable: %s", message);
   size_t len = strlen(message);
-  struct sh_entry *e = malloc(sizeof *e + len + 1);
+  struct sh_entry *e = calloc(1, sizeof *e + len + 1);
   if (!e) return ebb__fail(EBB_ENOMEM, "ebb_saved_tensors_hooks_disable: no host memory for the message");
-  memset(&e->hooks, 0, sizeof e->hooks);
   memcpy(e->msg, message, len + 1);
   e->below = sh_top;
-  e->disable = true;
+  e->kind = SH_DISABLE;
   sh_top = e;
   return EBB_OK;
 }
 
-ebb_status ebb_saved_tensors_hooks_enable(void) { return sh_pop("ebb_saved_tensors_hooks_enable", true); }
+ebb_status ebb_saved_tensors_hooks_enable(void) { return sh_pop("ebb_saved_tensors_hooks_enable", SH_DISABLE); }
 
-bool ebb_saved_tensors_hooks_is_enabled(void) { return !(sh_top && sh_top->disable); }
+bool ebb_saved_tensors_hooks_is_enabled(void) { return !sh_disabled(); }
 
-const char *ebb_saved_tensors_hooks_disabled_message(void) { return sh_top && sh_top->disable ? sh_top->msg : NULL; }
+const char *ebb_saved_tensors_hooks_disabled_message(void) { return sh_disabled() ? sh_top->msg : NULL; }
+
+ebb_status ebb_offload_scope_enter(const ebb_offload_policy *policy) {
+  static const char fn[] = "ebb_offload_scope_enter";
+  if (sh_disabled()) return ebb__fail(EBB_ESTATE, "%s: %s", fn, sh_top->msg);
+  struct ebb__offl_scope *sc = NULL;
+  ebb_status st = ebb__offl_scope_new(fn, policy, &sc); /* (offload.c: checks the policy) */
+  if (st) return st;
+  struct sh_entry *e = calloc(1, sizeof *e);
+  if (!e) {
+    ebb__offl_scope_put(sc);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for the scope", fn);
+  }
+  e->below = sh_top;
+  e->kind = SH_OFFLOAD;
+  e->off = sc;
+  sh_top = e;
+  return EBB_OK;
+}
+
+ebb_status ebb_offload_scope_exit(void) {
+  struct ebb__offl_scope *sc = sh_top && sh_top->kind == SH_OFFLOAD ? sh_top->off : NULL;
+  if (sc) ebb__offl_scope_exit(sc); /* (offload.c: a look at its copies, no wait) */
+  return sh_pop("ebb_offload_scope_exit", SH_OFFLOAD);
+}
 
 const void *ebb__saved_hooks_now(void) { return sh_top; }
 
@@ -117,7 +163,7 @@ void ebb__saved_hooks_leave(const struct ebb__saved_hooks_scope *s) {
   while (sh_top && sh_top != sh_base) { /* what the backward's hooks left pushed */
     struct sh_entry *e = sh_top;
     sh_top = e->below;
-    free(e);
+    sh_free(e);
   }
   sh_top = (struct sh_entry *)s->top;
   sh_base = (struct sh_entry *)s->base;
@@ -147,6 +193,7 @@ static const char *user_why(const struct ebb__user_call *uc, ebb_status st, char
 }
 
 static void packed_free(struct ebb__packed *p) {
+  if (p->off) ebb__offl_put(p->off);
   if (p->hooks.free_packed) {
     struct ebb__user_call uc;
     ebb__user_enter(&uc);
@@ -155,6 +202,8 @@ static void packed_free(struct ebb__packed *p) {
   }
   free(p);
 }
+
+struct ebb__offl *ebb__packed_offl(const struct ebb__packed *p) { return p->off; }
 
 void ebb__packed_get(struct ebb__packed *p) { atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed); }
 
@@ -224,10 +273,46 @@ static ebb_status check_savable(const struct ebb_node *n, int k, const ebb_tenso
                    ebb__tensor_desc(t, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin, td, sizeof td));
 }
 
+/* Saves t as n's saved tensor k through the top of this thread's stack (hooks or an offload
+ * scope): *done false when the offload scope leaves it to be saved as is. */
+static ebb_status save_through(struct ebb_node *n, int k, const ebb_tensor_t *t, bool *done) {
+  *done = true;
+  if (sh_top->kind == SH_HOOKS) {
+    ebb_saved_hooks h = sh_top->hooks;
+    return save_packed(n, k, t, &h);
+  }
+  struct ebb__offl *o = NULL;
+  ebb_status st = ebb__offl_save(sh_top->off, n, k, t, &o); /* (offload.c) */
+  if (st || !o) {
+    *done = st != EBB_OK;
+    return st;
+  }
+  struct ebb__packed *p = calloc(1, sizeof *p);
+  if (!p) {
+    ebb__offl_put(o);
+    return ebb__fail(EBB_ENOMEM, "%s (node %llu) could not save its saved tensor %d: no host memory", ebb__node_name_of(n),
+                     (unsigned long long)n->seq, k);
+  }
+  ebb__storage_info si;
+  ebb__tensor_storage_info(t, &si);
+  ebb__tensor_meta_of(t, &p->meta);
+  ebb_tensor_name(t, p->name, sizeof p->name);
+  memcpy(p->strides, si.strides, sizeof p->strides);
+  p->offset = si.offset;
+  p->off = o;
+  atomic_store_explicit(&p->refs, 1, memory_order_relaxed);
+  n->saved[k].packed = p;
+  return EBB_OK;
+}
+
 ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   ebb_status st = check_savable(n, k, t);
   if (st) return st;
-  if (EBB_UNLIKELY(sh_has_hooks())) { ebb_saved_hooks h = sh_top->hooks; return save_packed(n, k, t, &h); }
+  if (EBB_UNLIKELY(sh_has_hooks())) {
+    bool done;
+    st = save_through(n, k, t, &done);
+    if (done) return st;
+  }
   struct ebb__saved *s = &n->saved[k];
   if (ebb__tensor_share(t, &s->t)) return ebb__fail(EBB_ENOMEM, "no host memory to record %s", ebb__node_name_of(n));
   copy_name(t, s->t);
@@ -237,8 +322,9 @@ ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
 
 ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t) {
   ebb_status st = check_savable(n, k, t);
-  if (!st && sh_has_hooks()) { ebb_saved_hooks h = sh_top->hooks; st = save_packed(n, k, t, &h); }
-  if (st || n->saved[k].packed) {
+  bool done = false;
+  if (!st && sh_has_hooks()) st = save_through(n, k, t, &done);
+  if (st || done) {
     ebb_tensor_release(t);
     return st;
   }
@@ -259,7 +345,22 @@ void ebb__saved_drop(struct ebb_node *n, int k) {
 
 /* ---- unpacking -------------------------------------------------------------------------------- */
 
+/* An offloaded tensor: its storage as it is now (on the device, reloaded or never let go) from
+ * offload.c, and the saved tensor's handle on it. */
+static ebb_status offl_unpack(const char *fn, const struct ebb_node *n, int k, struct ebb__packed *p, const ebb_tensor_t **out) {
+  ebb_tensor_t *whole = NULL, *v = NULL;
+  ebb_status st = ebb__offl_unpack(fn, n, k, p->off, p->name, &whole);
+  if (st) return st;
+  st = ebb__tensor_share_as(whole, p->meta.ndim, p->meta.shape, p->strides, p->offset, &v);
+  ebb_tensor_release(whole);
+  if (st) return ebb__fail(st, "%s: no host memory for a handle of %s's saved tensor", fn, ebb__node_name_of(n));
+  if (p->name[0]) ebb_tensor_set_name(v, p->name);
+  *out = v;
+  return EBB_OK;
+}
+
 ebb_status ebb__packed_unpack(const char *fn, const struct ebb_node *n, int k, struct ebb__packed *p, const ebb_tensor_t **out) {
+  if (p->off) return offl_unpack(fn, n, k, p, out);
   char want[EBB__DESC_MAX], got[EBB__DESC_MAX], why[128], role[40];
   snprintf(role, sizeof role, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
   ebb_tensor_t *u = NULL;

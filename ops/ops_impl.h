@@ -29,6 +29,7 @@ struct ebb__storage {
   ebb_stream_t *stream;      /* allocation stream (device storage), NULL on the CPU */
   uint64_t stream_id;        /* its id (0 on the CPU) */
   _Atomic uint64_t version;
+  uint64_t serial;           /* unique for the process's life (ebb__tensor_storage_info) */
   bool inference;            /* made in inference mode (ebb__inference_on): an inference tensor's */
   /* Ids of other streams already declared to the arena with ebb_arena_record_stream; 0 is an
    * empty entry (ids start at 1). Ids, not handles: a released stream's handle is reused by a

@@ -272,6 +272,9 @@ static ebb_status stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id) {
   return EBB_OK;
 }
 
+/* Storage serials: never reused (a record's address is, once it is freed). */
+static _Atomic uint64_t storage_serials = 1;
+
 /* Device storage is allocated on the calling thread's current stream of the device and
  * remembers it (handle and id): that is the stream the arena orders its reuse on. */
 static ebb_status storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
@@ -298,6 +301,7 @@ static ebb_status storage_new(const char *fn, int device, size_t bytes, struct e
     return st;
   }
   atomic_store_explicit(&s->refs, 1, memory_order_relaxed);
+  s->serial = atomic_fetch_add_explicit(&storage_serials, 1, memory_order_relaxed);
   s->device = device;
   s->data = p;
   s->bytes = bytes;
@@ -427,6 +431,10 @@ const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
   return h;
 }
 
+/* Modules watching every in-place op (ebb__inplace_watch_add). */
+static _Atomic long ebb__inplace_watch;
+void ebb__inplace_watch_add(long delta) { atomic_fetch_add_explicit(&ebb__inplace_watch, delta, memory_order_relaxed); }
+
 ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
   *token = NULL;
   if (EBB_UNLIKELY(dst->stor->inference) && !ebb__inference) {
@@ -436,7 +444,8 @@ ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const e
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
   const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
   if (EBB_LIKELY(!h || !h->inplace ||
-                 (!dst->autograd && !(src && src->autograd) && !(dst->base && dst->base->autograd))))
+                 (!dst->autograd && !(src && src->autograd) && !(dst->base && dst->base->autograd) &&
+                  !atomic_load_explicit(&ebb__inplace_watch, memory_order_relaxed))))
     return EBB_OK;
   ebb_status st = h->inplace(op, dst, src, token);
   return st ? ebb__fail_in(fn, st) : EBB_OK;
@@ -1199,6 +1208,31 @@ ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out) {
   memcpy(v->strides, t->strides, sizeof v->strides);
   *out = v;
   return EBB_OK;
+}
+
+ebb_status ebb__tensor_share_as(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
+                                ebb_tensor_t **out) {
+  ebb_tensor_t *v;
+  ebb_status st = ebb__tensor_share(t, &v);
+  if (st) return st;
+  v->ndim = ndim;
+  v->offset = offset;
+  for (int d = 0; d < ndim; d++) {
+    v->shape[d] = shape[d];
+    v->strides[d] = strides[d];
+  }
+  *out = v;
+  return EBB_OK;
+}
+
+void ebb__tensor_storage_info(const ebb_tensor_t *t, ebb__storage_info *out) {
+  const struct ebb__storage *s = t->stor;
+  out->block = s->data;
+  out->bytes = s->bytes;
+  out->serial = s->serial;
+  out->device = s->device;
+  out->offset = t->offset;
+  memcpy(out->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
 }
 
 bool ebb__tensor_matches(const ebb_tensor_t *t, const ebb__tensor_meta *m) {

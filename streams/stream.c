@@ -259,6 +259,7 @@ static ebb_status streams_module_start(void) { return ebb__streams_enter("ebb_in
 static void streams_module_stop(void) { streams_teardown(NULL); }
 
 void ebb__events_live_add(long delta) { atomic_fetch_add_explicit(&ebb__streams_state.live_events, delta, memory_order_relaxed); }
+void ebb__streams_live_add(long delta) { atomic_fetch_add_explicit(&ebb__streams_state.live_streams, delta, memory_order_relaxed); }
 
 static int streams_count(ebb__live_count *out, int max) {
   if (max < 2) return 0;

@@ -476,6 +476,96 @@ EBB_API bool ebb_saved_tensors_hooks_is_enabled(void);
 /* The innermost disable scope's message (owned by ebb, valid until that scope ends), or NULL. */
 EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
 
+/* ---- offloaded saved tensors -------------------------------------------------------------------
+ * An offload scope moves the device tensors that nodes save to pinned host memory during the
+ * forward and brings them back during the backward, ahead of the nodes that read them, so the
+ * activations of a deep model need not all stay on the device between forward and backward.
+ *
+ * ebb_offload_scope_enter(policy) pushes an offload entry on this thread's saved-tensor hook
+ * stack (above): while it is the innermost entry, every tensor a node saves on this thread is
+ * offered to it (a pair of hooks pushed later wins, as hooks do; an offload scope pushed inside
+ * hooks wins over them). ebb_offload_scope_exit pops it. What it saved stays offloaded after the
+ * exit: the backward may run anywhere later, on any thread, any number of times (retain_graph).
+ *
+ * Saving (the op's thread, never waiting for the device): a tensor stays as an ordinary saved
+ * tensor when it is on the CPU, smaller than min_bytes (its storage's bytes), a leaf that requires
+ * a gradient (a parameter) unless offload_params, or when the pinned budget cannot take it (counted
+ * in kept_pinned_budget, not an error). Otherwise its whole storage is copied to the pinned pool
+ * (NUMA-local to its device, ebb_pinned_alloc) on the device's offload stream (one per device,
+ * after an event on the device's current stream, where the op wrote it). Views of one storage
+ * saved while the scope is open share one copy, and so do two saves of the same storage at the
+ * same version. The device block is let go once ebb sees the copy done (checked, never waited
+ * for, at the next save of the scope, at the scope's exit and when a backward starts); until
+ * then a backward reads the device data directly. The device block's free, the pinned block
+ * (owned by EBB_OWNER_SAVED under the saving node's name) and the reloaded block (the same owner)
+ * appear in the memory history and snapshots.
+ *
+ * Device budget (device_budget_bytes > 0): at most that many bytes of the scope's saved device
+ * tensors stay resident per device, counting the ones being copied out and, in backward, the ones
+ * brought back. Saved tensors then stay on the device as long as the budget holds them; when a
+ * save goes over, the oldest resident ones are copied out first (the backward needs the newest
+ * first) and, when only copies in flight are left to give back, the save waits for the oldest to
+ * finish (counted in forward_waits). Only what must leave the device leaves.
+ *
+ * Backward: the engine knows, when a backward starts, every node it will run on each device and
+ * their order (by sequence number). It brings back the offloaded tensors of those nodes in that
+ * order on the device's reload stream, keeping at most prefetch_window_bytes brought back ahead
+ * of the node now running (and within the device budget), from the first backward on: no warm-up
+ * step, no schedule to write. A node's stream waits for its tensors' reload events on the device
+ * (the host never waits); a tensor not brought back yet when its node runs is reloaded then
+ * (counted in bytes_reloaded_on_demand). The reloaded copy goes when the last node of the backward
+ * reading it has run (the pinned copy stays while a node holds the saved tensor: retain_graph).
+ * Versions: an in-place change to a saved tensor made before its copy was seen done fails the
+ * backward as for any saved tensor; after that, the pinned copy holds the saved value.
+ *
+ * Policy fields (all zero: the defaults):
+ *   min_bytes              storages smaller than this stay; 0: 1 MiB
+ *   pinned_budget_bytes    pinned bytes the scope's copies may hold at once; 0: no cap
+ *   device_budget_bytes    per device, as above; 0: every eligible tensor leaves the device
+ *   prefetch_window_bytes  bytes brought back ahead of the running node; 0: 256 MiB
+ *   offload_params         offload leaves that require gradients too (default: they stay)
+ *   poison                 debug: a device block let go after its copy is filled with NaN (0xFF
+ *                          bytes) first, so a kernel that reads it before a reload lands sees it
+ * Errors of enter: EBB_EINVAL for NULL policy, a negative field, a window below min_bytes (no
+ * offloaded tensor would fit it), EBB_ENOTSUP for a newer version; EBB_ESTATE while saved-tensor
+ * hooks are disabled (the message is the disable's); EBB_ENOMEM. Errors of a save in the scope
+ * (the op fails, naming the node and the tensor): EBB_EINVAL for a storage larger than the window
+ * or than the device budget; the pinned pool's or the copy's failure. exit: EBB_ESTATE when the
+ * innermost entry of this thread's stack is not an offload scope.
+ * Threading: as the hook stack. */
+#define EBB_OFFLOAD_POLICY_VERSION 1
+typedef struct ebb_offload_policy {
+  uint32_t version; /* 0 or EBB_OFFLOAD_POLICY_VERSION */
+  int64_t min_bytes;
+  int64_t pinned_budget_bytes;
+  int64_t device_budget_bytes;
+  int64_t prefetch_window_bytes;
+  bool offload_params;
+  bool poison;
+} ebb_offload_policy;
+EBB_API ebb_status ebb_offload_scope_enter(const ebb_offload_policy *policy);
+EBB_API ebb_status ebb_offload_scope_exit(void);
+
+/* Counters since the first ebb_init or the last reset, summed over devices and scopes. A stall
+ * is a node stream that reached a saved tensor before its reload landed; its wait is measured on
+ * the device (two timing events) and counted once both have completed. */
+typedef struct ebb_offload_stats {
+  uint64_t tensors_offloaded;        /* storages copied out */
+  uint64_t bytes_offloaded;
+  uint64_t bytes_prefetched;         /* reloads the engine started ahead of the node reading them */
+  uint64_t bytes_reloaded_on_demand; /* reloads started by the node reading them */
+  uint64_t stalls, stall_ns;         /* node streams that waited for a reload, and their total wait */
+  uint64_t forward_waits, forward_wait_ns; /* saves that waited for a copy out (device budget) */
+  uint64_t pinned_bytes, pinned_peak_bytes;             /* pinned bytes the copies hold */
+  uint64_t device_bytes_saved, device_bytes_saved_peak; /* saved device bytes not resident now */
+  uint64_t kept_small, kept_cpu, kept_params, kept_pinned_budget; /* saves that stayed, by reason */
+  uint64_t deduplicated;             /* saves that shared an earlier save's copy */
+} ebb_offload_stats;
+/* EBB_EINVAL for NULL out. */
+EBB_API ebb_status ebb_offload_get_stats(ebb_offload_stats *out);
+/* Zeroes the counters and sets each peak to its current value. */
+EBB_API void ebb_offload_reset_stats(void);
+
 /* ---- the engine: devices, streams, threads -------------------------------------------------
  * Where nodes run. Each node belongs to a device: the device of its forward outputs (for an
  * AccumulateGrad, its leaf's), or the CPU. A backward whose nodes are all on the CPU or on one

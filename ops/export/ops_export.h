@@ -49,7 +49,7 @@ typedef struct ebb__tensor_hooks {
                          const struct ebb__op_args *args);
   /* An in-place op `op` (EBB__OP_ADD_, _MUL_, _COPY_, _FILL_, _ZERO_) is about to change dst
    * (src: its other input, NULL for fill and zero); dst or src has a slot, or dst is a view
-   * whose base has one. A failure refuses the op before anything changes, with the hook's
+   * whose base has one, or a module watches every in-place op (ebb__inplace_watch_add). A failure refuses the op before anything changes, with the hook's
    * status (its message prefixed by the call's name). The hook may set *token (NULL before the
    * call): ops then calls `inplace_done(token, ok)` once, after the op changed dst and bumped
    * its version (ok true) or failed (ok false), so what the hook prepared is committed or
@@ -57,6 +57,11 @@ typedef struct ebb__tensor_hooks {
   ebb_status (*inplace)(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
   void (*inplace_done)(void *token, bool ok);
 } ebb__tensor_hooks;
+
+/* While the count is above 0 the `inplace` hook runs for every in-place op, whether or not its
+ * tensors have slots: autograd counts the saved storages it has copied elsewhere (offloaded saved
+ * tensors), whose writers it must see. Without watchers the check costs one relaxed load. */
+EBB_HIDDEN void ebb__inplace_watch_add(long delta);
 
 /* Installs the hooks (NULL removes them): autograd at its start and stop. The struct must outlive
  * the installation. Release store; the paths load it with acquire. */
@@ -76,6 +81,23 @@ EBB_HIDDEN bool ebb__tensor_exclusive(const ebb_tensor_t *t);
  * t's data pointer: a view starts inside it); NULL for a storage of 0 bytes. For autograd to name
  * the owner of a saved tensor's or a gradient's memory (ebb_alloc_block_set_owner). */
 EBB_HIDDEN void *ebb__tensor_block(const ebb_tensor_t *t);
+
+/* A new handle like ebb__tensor_share's with the geometry given instead of t's (elements of t's
+ * dtype; the caller keeps it within the storage). */
+EBB_HIDDEN ebb_status ebb__tensor_share_as(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
+                                           int64_t offset, ebb_tensor_t **out);
+/* Where t lies: its storage's block (NULL for 0 bytes), bytes, device and serial (unique for the
+ * process's life: two handles see the same storage exactly when their serials agree), and t's
+ * offset (elements) and strides. */
+typedef struct ebb__storage_info {
+  void *block;
+  size_t bytes;
+  uint64_t serial;
+  int device;
+  int64_t offset;
+  int64_t strides[EBB_TENSOR_MAX_DIMS];
+} ebb__storage_info;
+EBB_HIDDEN void ebb__tensor_storage_info(const ebb_tensor_t *t, ebb__storage_info *out);
 
 /* Whether live tensor t has m's shape, dtype and device (no copy of its geometry). */
 EBB_HIDDEN bool ebb__tensor_matches(const ebb_tensor_t *t, const struct ebb__tensor_meta *m);

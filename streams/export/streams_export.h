@@ -19,6 +19,8 @@
  * module that creates events for its own use (the arena) takes them out of the count with -1
  * after ebb_event_create and gives it back with +1 before ebb_event_release. */
 EBB_HIDDEN void ebb__events_live_add(long delta);
+/* The same for streams (ebb_stream_create): the offload streams of autograd are its own. */
+EBB_HIDDEN void ebb__streams_live_add(long delta);
 
 /* Whether `s` is a live stream of a started module; if so its id and device in *id, *device.
  * A stream whose release has begun but has not recorded its last work yet counts as live (its

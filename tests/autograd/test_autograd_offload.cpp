@@ -1,0 +1,500 @@
+// Saved tensors offloaded to pinned memory (ebb/autograd.h, "offloaded saved tensors"): gradients
+// bitwise equal to no offload over several steps, with views, a second user stream, two devices,
+// device workers and retain_graph; the engine's reloads from the first backward; storage dedupe;
+// what stays on the device and why; the device budget; a backward that fails half-way; the pools
+// left empty; the policy's and the saves' bad input. The executable runs with the emulated
+// driver's link model on (EBB_SIM_COPY_GBPS) and its kernels taking time (EBB_SIM_LAUNCH_US), so
+// a copy lands in pieces and a reader that skips an event reads old or poisoned memory.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ebb/alloc.h"
+#include "ebb/autograd.h"
+#include "ebb/ops.h"
+#include "ebb/stream.h"
+#include "tensor_test_util.hpp"
+
+using namespace ebb_test;
+
+namespace {
+
+constexpr int64_t kBatch = 32, kWidth = 64; // activations of 8 KiB in f32
+
+struct Live {
+  long tensors = ebb_tensor_live_count(), nodes = ebb_autograd_live_nodes();
+  void check() const {
+    CHECK(ebb_tensor_live_count() == tensors);
+    CHECK(ebb_autograd_live_nodes() == nodes);
+  }
+};
+
+ebb_offload_policy every_tensor() {
+  ebb_offload_policy p = {};
+  p.min_bytes = 1;  // every device tensor that is not a parameter
+  p.poison = true;
+  return p;
+}
+
+struct Scope {
+  explicit Scope(const ebb_offload_policy &p) { EBB_REQUIRE_OK(ebb_offload_scope_enter(&p)); }
+  ~Scope() { CHECK(ebb_offload_scope_exit() == EBB_OK); }
+};
+
+// Layers on devs[i % devs.size()]: h = tanh(h @ w_i); every other layer multiplies h by a view
+// of itself (MulBackward saves two handles on one storage, TanhBackward saved it too).
+struct Net {
+  std::vector<int> devs;
+  std::vector<Tensor> w;
+  Tensor x;
+  Net(std::vector<int> d, int layers) : devs(std::move(d)) {
+    x = make(devs[0], EBB_F32, {kBatch, kWidth}, values(kBatch * kWidth, 7));
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(x, true));
+    for (int i = 0; i < layers; i++) {
+      Tensor t = make(devs[i % devs.size()], EBB_F32, {kWidth, kWidth}, values(kWidth * kWidth, 100 + i, -0.2, 0.2));
+      EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
+      w.push_back(std::move(t));
+    }
+  }
+  // New input values (seeded): each step's activations differ from the last one's, so a reload
+  // that reads a pinned block before its copy out landed reads another step's values.
+  void set_input(unsigned seed) {
+    Tensor v = make(devs[0], EBB_F32, {kBatch, kWidth}, values(kBatch * kWidth, seed));
+    bool was;
+    ebb_grad_set_enabled(false, &was);
+    EBB_REQUIRE_OK(ebb_tensor_copy_(x, v));
+    ebb_grad_set_enabled(was, nullptr);
+  }
+  Tensor forward() const {
+    Tensor h;
+    EBB_REQUIRE_OK(ebb_tensor_view(x, 2, std::vector<int64_t>{kBatch, kWidth}.data(), h.out()));
+    for (size_t i = 0; i < w.size(); i++) {
+      int d = devs[i % devs.size()];
+      Tensor hd, a, b;
+      EBB_REQUIRE_OK(ebb_tensor_to_device(h, d, hd.out()));
+      EBB_REQUIRE_OK(ebb_op_matmul(hd, w[i], a.out()));
+      EBB_REQUIRE_OK(ebb_op_tanh(a, b.out()));
+      if (i % 2) {
+        Tensor v, m;
+        EBB_REQUIRE_OK(ebb_tensor_view(b, 2, std::vector<int64_t>{kBatch, kWidth}.data(), v.out()));
+        EBB_REQUIRE_OK(ebb_op_mul(b, v, m.out()));
+        b = std::move(m);
+      }
+      h = std::move(b);
+    }
+    Tensor l;
+    EBB_REQUIRE_OK(ebb_op_sum(h, nullptr, 0, false, l.out()));
+    return l;
+  }
+  // One step: forward (under the policy when given), backward(s), the gradients read and cleared.
+  std::vector<std::vector<double>> step(const ebb_offload_policy *p, int backwards = 1) {
+    Tensor l;
+    if (p) {
+      Scope s(*p);
+      l = forward();
+    } else {
+      l = forward();
+    }
+    const ebb_tensor_t *r[1] = {l.get()};
+    for (int b = 0; b < backwards; b++) EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, b + 1 < backwards, nullptr, 0));
+    std::vector<const Tensor *> leaves{&x};
+    for (const Tensor &t : w) leaves.push_back(&t);
+    std::vector<std::vector<double>> g;
+    for (const Tensor *t : leaves) {
+      Tensor gt;
+      EBB_REQUIRE_OK(ebb_tensor_grad(*t, gt.out()));
+      REQUIRE(gt.get() != nullptr);
+      g.push_back(read(gt));
+      EBB_REQUIRE_OK(ebb_tensor_set_grad(*t, nullptr));
+    }
+    return g;
+  }
+};
+
+ebb_offload_stats stats() {
+  ebb_offload_stats s;
+  EBB_REQUIRE_OK(ebb_offload_get_stats(&s));
+  return s;
+}
+
+size_t pinned_allocated() {
+  ebb_arena_stats s;
+  EBB_REQUIRE_OK(ebb_pinned_get_stats(&s));
+  return s.allocated_bytes.current;
+}
+
+}  // namespace
+
+TEST_CASE("offload: gradients bitwise equal to no offload, step after step, on one device", "[autograd][offload]") {
+  EbbSession session;
+  Live live;
+  {
+    Net net({0}, 6);
+    ebb_offload_reset_stats();
+    ebb_offload_policy p = every_tensor();
+    for (unsigned s = 0; s < 4; s++) {
+      INFO("step " << s);
+      net.set_input(s);
+      auto want = net.step(nullptr);
+      net.set_input(s);
+      auto got = net.step(&p);
+      CHECK(got == want);  // bitwise: the same kernels on the same values
+    }
+    ebb_offload_stats st = stats();
+    // Per step: 6 matmul inputs (the first one is x's view: x is a parameter-like leaf... it
+    // requires grad, so it stays), tanh outputs and the mul's two views of one storage.
+    CHECK(st.tensors_offloaded > 0);
+    CHECK(st.bytes_offloaded == st.tensors_offloaded * kBatch * kWidth * 4);
+    CHECK(st.deduplicated >= 4 * 3);  // per step, each of the 3 muls saves a second handle on b
+    CHECK(st.kept_params >= 4 * 6);   // the weights
+    CHECK(st.bytes_prefetched + st.bytes_reloaded_on_demand > 0);
+    CHECK(st.bytes_prefetched > 0);   // the engine reloaded ahead from the first backward on
+    CHECK(st.pinned_bytes == 0);      // all freed with the graphs
+    CHECK(st.device_bytes_saved == 0);
+    CHECK(st.pinned_peak_bytes > 0);
+    CHECK(pinned_allocated() == 0);
+  }
+  live.check();
+}
+
+TEST_CASE("offload: retain_graph reloads for each backward, a second user stream, no pinned memory from the driver after step one",
+          "[autograd][offload][streams]") {
+  EbbSession session;
+  Live live;
+  {
+    Net net({0}, 5);
+    ebb_offload_policy p = every_tensor();
+    ebb_stream_t *user = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &user));
+    {
+      ebb_stream_guard g;
+      EBB_REQUIRE_OK(ebb_stream_guard_enter(&g, user));
+      auto check_step = [&](unsigned seed) {
+        net.set_input(seed);
+        auto want = net.step(nullptr, 3);  // three backward calls summed
+        net.set_input(seed);
+        CHECK(net.step(&p, 3) == want);
+      };
+      check_step(1);
+      ebb_arena_stats s1;
+      EBB_REQUIRE_OK(ebb_pinned_get_stats(&s1));
+      for (unsigned s = 2; s < 5; s++) check_step(s);
+      ebb_arena_stats s2;
+      EBB_REQUIRE_OK(ebb_pinned_get_stats(&s2));
+      CHECK(s2.num_device_alloc == s1.num_device_alloc);  // the pinned pool's cache serves later steps
+      EBB_REQUIRE_OK(ebb_stream_guard_exit(&g));
+    }
+    EBB_REQUIRE_OK(ebb_stream_release(user));
+    CHECK(pinned_allocated() == 0);
+  }
+  live.check();
+}
+
+TEST_CASE("offload: two devices, on the calling thread and on device workers", "[autograd][offload][devices]") {
+  EbbSession session;
+  int n = 0;
+  EBB_REQUIRE_OK(ebb_dev_count(&n));
+  if (n < 2) EBB_SKIP("needs two devices");
+  Live live;
+  ebb_engine_mode mode = ebb_autograd_engine_mode();
+  {
+    Net net({0, 1}, 6);
+    ebb_offload_policy p = every_tensor();
+    unsigned seed = 0;
+    for (ebb_engine_mode m : {EBB_ENGINE_AUTO, EBB_ENGINE_WORKERS, EBB_ENGINE_CALLING_THREAD}) {
+      INFO("engine mode " << (int)m);
+      EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(m));
+      for (int s = 0; s < 2; s++, seed++) {
+        net.set_input(seed);
+        auto want = net.step(nullptr);
+        net.set_input(seed);
+        CHECK(net.step(&p) == want);
+      }
+    }
+  }
+  EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(mode));
+  CHECK(pinned_allocated() == 0);
+  live.check();
+}
+
+TEST_CASE("offload: what stays on the device, and why", "[autograd][offload]") {
+  EbbSession session;
+  Live live;
+  {
+    ebb_offload_reset_stats();
+    Tensor w = make(0, EBB_F32, {kWidth, kWidth}, values(kWidth * kWidth, 3));
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(w, true));
+    Tensor c = make(EBB_DEVICE_CPU, EBB_F32, {kWidth}, values(kWidth, 4));
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(c, true));
+    Tensor small = make(0, EBB_F32, {4}, values(4, 5));
+    Tensor a, b, e, l;
+    {
+      ebb_offload_policy p = {};
+      p.min_bytes = 1024;
+      Scope s(p);
+      EBB_REQUIRE_OK(ebb_op_exp(w, a.out()));        // w: a parameter (stays); a: offloaded
+      EBB_REQUIRE_OK(ebb_op_mul(small, small, b.out()));  // 16 bytes: small (stays, twice)
+      EBB_REQUIRE_OK(ebb_op_exp(c, e.out()));        // CPU: stays (and its output)
+    }
+    ebb_offload_stats st = stats();
+    CHECK(st.kept_params == 0);  // ExpBackward saves its output, not w
+    CHECK(st.tensors_offloaded == 1);
+    CHECK(st.kept_small == 0);   // b's inputs need no grad: MulBackward was not recorded
+    CHECK(st.kept_cpu == 1);
+    Tensor m;
+    {
+      ebb_offload_policy p = {};
+      p.min_bytes = 1024;
+      Scope s(p);
+      EBB_REQUIRE_OK(ebb_op_mul(w, a, m.out()));  // saves w (a parameter: stays) and a (offloaded again: another scope)
+    }
+    st = stats();
+    CHECK(st.kept_params == 1);
+    CHECK(st.tensors_offloaded == 2);
+    {
+      ebb_offload_policy p = {};
+      p.min_bytes = 1024;
+      p.offload_params = true;
+      Scope s(p);
+      Tensor m2;
+      EBB_REQUIRE_OK(ebb_op_mul(w, w, m2.out()));  // w twice: one copy
+      st = stats();
+      CHECK(st.tensors_offloaded == 3);
+      CHECK(st.deduplicated == 1);
+    }
+    // Gradients through offloaded tensors still right: d/dw sum(w * exp(w)) = exp(w) (1 + w).
+    Tensor l2;
+    EBB_REQUIRE_OK(ebb_op_sum(m, nullptr, 0, false, l2.out()));
+    const ebb_tensor_t *r[1] = {l2.get()};
+    EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+    Tensor g;
+    EBB_REQUIRE_OK(ebb_tensor_grad(w, g.out()));
+    auto wv = read(w), gv = read(g);
+    std::vector<double> want;
+    for (double v : wv) want.push_back(std::exp((float)v) * (1 + v));
+    EBB_CHECK_CLOSE(gv, want, 1e-5, 1e-5);
+  }
+  CHECK(pinned_allocated() == 0);
+  live.check();
+}
+
+TEST_CASE("offload: the pinned budget keeps what it cannot take on the device, counted", "[autograd][offload]") {
+  EbbSession session;
+  Live live;
+  {
+    Net net({0}, 6);
+    auto want = net.step(nullptr);
+    ebb_offload_reset_stats();
+    ebb_offload_policy p = every_tensor();
+    p.pinned_budget_bytes = 3 * kBatch * kWidth * 4;  // three activations
+    CHECK(net.step(&p) == want);
+    ebb_offload_stats st = stats();
+    CHECK(st.tensors_offloaded == 3);
+    CHECK(st.kept_pinned_budget > 0);
+    CHECK(st.pinned_peak_bytes <= (uint64_t)p.pinned_budget_bytes);
+  }
+  live.check();
+}
+
+TEST_CASE("offload: under a device budget only what must leave leaves, newest kept, and resident bytes stay within it",
+          "[autograd][offload]") {
+  EbbSession session;
+  Live live;
+  {
+    Net net({0}, 8);
+    auto want = net.step(nullptr);
+    ebb_offload_reset_stats();
+    const int64_t act = kBatch * kWidth * 4;
+    ebb_offload_policy p = every_tensor();
+    p.device_budget_bytes = 4 * act;
+    // The device's allocated bytes at the end of the forward: parameters, the kept activations,
+    // and one layer's temporaries; without offload, every activation.
+    auto forward_peak = [&](const ebb_offload_policy *pp) {
+      EBB_REQUIRE_OK(ebb_arena_reset_peak(0));
+      Tensor l;
+      if (pp) {
+        Scope s(*pp);
+        l = net.forward();
+      } else {
+        l = net.forward();
+      }
+      ebb_arena_stats a;
+      EBB_REQUIRE_OK(ebb_arena_get_stats(0, &a));
+      const ebb_tensor_t *r[1] = {l.get()};
+      EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+      EBB_REQUIRE_OK(ebb_tensor_set_grad(net.x, nullptr));
+      for (auto &w : net.w) EBB_REQUIRE_OK(ebb_tensor_set_grad(w, nullptr));
+      return a.allocated_bytes.peak;
+    };
+    const uint64_t params = (8 * kWidth * kWidth + kBatch * kWidth) * 4;
+    const uint64_t peak_none = forward_peak(nullptr);
+    ebb_offload_reset_stats();
+    const uint64_t peak_budget = forward_peak(&p);
+    ebb_offload_stats st = stats();
+    // 8 layers save 8 matmul inputs (copies made by ebb_tensor_to_device) and 8 tanh outputs,
+    // 4 of them also saved twice by a mul (deduplicated): 16 storages of `act` bytes, of which
+    // the budget keeps the newest 4.
+    CHECK(st.tensors_offloaded == 16 - 4);
+    CHECK(st.bytes_prefetched == 12 * (uint64_t)act);  // all brought back ahead, within the budget
+    CHECK(peak_none >= params + 16 * (uint64_t)act);
+    CHECK(peak_budget <= params + (uint64_t)p.device_budget_bytes + 4 * (uint64_t)act);  // + one layer's temporaries
+    INFO("forward peak without offload " << peak_none << ", with a budget of 4 activations " << peak_budget);
+    CHECK(net.step(&p) == want);
+  }
+  live.check();
+}
+
+TEST_CASE("offload: a backward that fails half-way leaves nothing behind, and the next one works", "[autograd][offload][errors]") {
+  EbbSession session;
+  Live live;
+  {
+    Net net({0}, 6);
+    auto want = net.step(nullptr);
+    ebb_offload_policy p = every_tensor();
+    Tensor l;
+    {
+      Scope s(p);
+      l = net.forward();
+    }
+    // A hook on the loss's gradient path that fails: the backward stops after the first node.
+    struct Fail {
+      static ebb_status hook(const ebb_tensor_t *, ebb_tensor_t **, void *) {
+        return ebb_tensor_set_requires_grad(nullptr, true);
+      }
+    };
+    ebb_hook_handle h;
+    EBB_REQUIRE_OK(ebb_tensor_register_hook(l, Fail::hook, nullptr, &h));
+    const ebb_tensor_t *r[1] = {l.get()};
+    EBB_CHECK_FAILS(ebb_backward(r, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "t is NULL");
+    l.reset();
+    for (const Tensor *t : {&net.x}) EBB_REQUIRE_OK(ebb_tensor_set_grad(*t, nullptr));
+    for (auto &t : net.w) EBB_REQUIRE_OK(ebb_tensor_set_grad(t, nullptr));
+    CHECK(pinned_allocated() == 0);
+    CHECK(stats().device_bytes_saved == 0);
+    CHECK(net.step(&p) == want);
+  }
+  CHECK(pinned_allocated() == 0);
+  live.check();
+}
+
+TEST_CASE("offload: the reloaded blocks and the pinned copies are the saving node's in the memory history",
+          "[autograd][offload][history]") {
+  EbbSession session;
+  Live live;
+  {
+    Net net({0}, 4);
+    ebb_offload_policy p = every_tensor();
+    size_t before = 0;
+    EBB_REQUIRE_OK(ebb_alloc_history_get(0, nullptr, 0, &before, nullptr));
+    net.step(&p);
+    size_t n = 0;
+    EBB_REQUIRE_OK(ebb_alloc_history_get(0, nullptr, 0, &n, nullptr));
+    std::vector<ebb_alloc_trace_entry> h(n);
+    EBB_REQUIRE_OK(ebb_alloc_history_get(0, h.data(), n, &n, nullptr));
+    int reload_allocs = 0;
+    for (const auto &e : h)
+      if (e.action == EBB_ACT_ALLOC && e.owner_cat == EBB_OWNER_SAVED &&
+          (std::string(e.owner_name) == "TanhBackward" || std::string(e.owner_name) == "MatmulBackward" ||
+           std::string(e.owner_name) == "MulBackward"))
+        reload_allocs++;
+    CHECK(reload_allocs > 0);
+  }
+  live.check();
+}
+
+TEST_CASE("offload: bad policies, saves the policy cannot take, and scopes ended out of order", "[autograd][offload][errors]") {
+  EbbSession session;
+  Live live;
+  EBB_CHECK_FAILS(ebb_offload_scope_enter(nullptr), EBB_EINVAL, "policy is NULL");
+  ebb_offload_policy p = {};
+  p.version = EBB_OFFLOAD_POLICY_VERSION + 1;
+  EBB_CHECK_FAILS(ebb_offload_scope_enter(&p), EBB_ENOTSUP, "policy->version");
+  p = {};
+  p.pinned_budget_bytes = -1;
+  EBB_CHECK_FAILS(ebb_offload_scope_enter(&p), EBB_EINVAL, "policy->pinned_budget_bytes is -1");
+  p = {};
+  p.device_budget_bytes = -5;
+  EBB_CHECK_FAILS(ebb_offload_scope_enter(&p), EBB_EINVAL, "policy->device_budget_bytes is -5");
+  p = {};
+  p.min_bytes = 4096;
+  p.prefetch_window_bytes = 1024;
+  EBB_CHECK_FAILS(ebb_offload_scope_enter(&p), EBB_EINVAL, "prefetch_window_bytes is 1024");
+  EBB_CHECK_FAILS(ebb_offload_scope_exit(), EBB_ESTATE, "no offload scope open");
+  // Disabled hooks refuse an offload scope too, with the disable's message.
+  EBB_REQUIRE_OK(ebb_saved_tensors_hooks_disable("no offload in this region"));
+  p = {};
+  EBB_CHECK_FAILS(ebb_offload_scope_enter(&p), EBB_ESTATE, "no offload in this region");
+  EBB_REQUIRE_OK(ebb_saved_tensors_hooks_enable());
+  // Scopes and hooks end in reverse order.
+  struct Id {
+    static ebb_status pack(void *, const ebb_tensor_t *t, void **packed) {
+      *packed = const_cast<ebb_tensor_t *>(t);
+      return ebb_tensor_retain(const_cast<ebb_tensor_t *>(t));
+    }
+    static ebb_status unpack(void *, void *packed, ebb_tensor_t **out) {
+      *out = static_cast<ebb_tensor_t *>(packed);
+      return ebb_tensor_retain(*out);
+    }
+    static void free_packed(void *, void *packed) { ebb_tensor_release(static_cast<ebb_tensor_t *>(packed)); }
+  };
+  ebb_saved_hooks hk = {Id::pack, Id::unpack, Id::free_packed, nullptr};
+  EBB_REQUIRE_OK(ebb_offload_scope_enter(&p));
+  EBB_REQUIRE_OK(ebb_saved_tensors_hooks_push(&hk));
+  EBB_CHECK_FAILS(ebb_offload_scope_exit(), EBB_ESTATE, "is a pair of saved-tensor hooks, not a offload scope");
+  EBB_REQUIRE_OK(ebb_saved_tensors_hooks_pop());
+  EBB_CHECK_FAILS(ebb_saved_tensors_hooks_pop(), EBB_ESTATE, "is a offload scope");
+  EBB_REQUIRE_OK(ebb_offload_scope_exit());
+  {
+    // A saved storage larger than the window, or than the device budget.
+    Tensor a = make(0, EBB_F32, {kBatch, kWidth}, values(kBatch * kWidth, 1));
+    EBB_REQUIRE_OK(ebb_tensor_set_name(a, "act"));
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(a, true));
+    Tensor b, c;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 2.0, b.out()));  // b needs a gradient, is not a leaf
+    ebb_offload_policy q = {};
+    q.min_bytes = 1;
+    q.prefetch_window_bytes = 4096;
+    {
+      Scope s(q);
+      EBB_CHECK_MSG(ebb_op_exp(b, c.out()), EBB_EINVAL, "ExpBackward", "8192 bytes", "prefetch window (4096 bytes)");
+    }
+    q.prefetch_window_bytes = 0;
+    q.device_budget_bytes = 2048;
+    {
+      Scope s(q);
+      EBB_CHECK_MSG(ebb_op_tanh(b, c.out()), EBB_EINVAL, "TanhBackward", "device budget (2048 bytes)");
+    }
+  }
+  live.check();
+}
+
+TEST_CASE("offload: an in-place change before the copy was seen done fails the backward with both versions",
+          "[autograd][offload][errors]") {
+  EbbSession session;
+  Live live;
+  {
+    Tensor w = make(0, EBB_F32, {kBatch, kWidth}, values(kBatch * kWidth, 11));
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(w, true));
+    Tensor a, b, l;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(w, 1.0, a.out()));
+    EBB_REQUIRE_OK(ebb_tensor_set_name(a, "act"));
+    {
+      ebb_offload_policy p = every_tensor();
+      Scope s(p);
+      EBB_REQUIRE_OK(ebb_op_mul(a, w, b.out()));  // saves a (offloaded) and w (a parameter)
+    }
+    {
+      bool was;
+      ebb_grad_set_enabled(false, &was);
+      EBB_REQUIRE_OK(ebb_op_add_scalar(a, 1.0, l.out()));
+      EBB_REQUIRE_OK(ebb_tensor_copy_(a, l));  // the saved tensor changes (version 1)
+      ebb_grad_set_enabled(was, nullptr);
+    }
+    EBB_REQUIRE_OK(ebb_op_sum(b, nullptr, 0, false, l.out()));
+    const ebb_tensor_t *r[1] = {l.get()};
+    EBB_CHECK_MSG(ebb_backward(r, nullptr, 1, false, nullptr, 0), EBB_ESTATE, "MulBackward", "saved input 0", "'act'",
+                  "saved at version 0, now 1");
+  }
+  live.check();
+}
