@@ -492,20 +492,20 @@ EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
  * a gradient (a parameter) unless offload_params, or when the pinned budget cannot take it (counted
  * in kept_pinned_budget, not an error). Otherwise its whole storage is copied to the pinned pool
  * (NUMA-local to its device, ebb_pinned_alloc) on the device's offload stream (one per device,
- * after an event on the device's current stream, where the op wrote it). Views of one storage
- * saved while the scope is open share one copy, and so do two saves of the same storage at the
- * same version. The device block is let go once ebb sees the copy done (checked, never waited
- * for, at the next save of the scope, at the scope's exit and when a backward starts); until
- * then a backward reads the device data directly. The device block's free, the pinned block
- * (owned by EBB_OWNER_SAVED under the saving node's name) and the reloaded block (the same owner)
- * appear in the memory history and snapshots.
+ * ordered after the work issued so far on the device's current stream, which made it). Views of
+ * one storage saved while the scope is open share one copy, and so do two saves of the same
+ * storage at the same version. The node lets go of the device storage at once: its block goes
+ * back to the arena when nothing else holds it, reused after the copy (stream-ordered, no host
+ * wait). The device block's free, the pinned block (owned by EBB_OWNER_SAVED under the saving
+ * node's name) and the reloaded block (the same owner) appear in the memory history.
  *
  * Device budget (device_budget_bytes > 0): at most that many bytes of the scope's saved device
  * tensors stay resident per device, counting the ones being copied out and, in backward, the ones
  * brought back. Saved tensors then stay on the device as long as the budget holds them; when a
- * save goes over, the oldest resident ones are copied out first (the backward needs the newest
- * first) and, when only copies in flight are left to give back, the save waits for the oldest to
- * finish (counted in forward_waits). Only what must leave the device leaves.
+ * save goes over, the oldest resident ones are copied out until the rest fit (the backward needs
+ * the newest first), and while the blocks of copies in flight and the kept ones exceed the
+ * budget the save waits for the oldest copy (a host wait, counted in forward_waits). Only what
+ * must leave the device leaves.
  *
  * Backward: the engine knows, when a backward starts, every node it will run on each device and
  * their order (by sequence number). It brings back the offloaded tensors of those nodes in that
@@ -515,8 +515,10 @@ EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
  * (the host never waits); a tensor not brought back yet when its node runs is reloaded then
  * (counted in bytes_reloaded_on_demand). The reloaded copy goes when the last node of the backward
  * reading it has run (the pinned copy stays while a node holds the saved tensor: retain_graph).
- * Versions: an in-place change to a saved tensor made before its copy was seen done fails the
- * backward as for any saved tensor; after that, the pinned copy holds the saved value.
+ * Versions: an in-place change to an offloaded storage after the save (through any tensor or view
+ * of it) fails the backward with EBB_ESTATE as for any saved tensor, and the write is ordered
+ * after the copy out (its stream waits for it on the device). While offloaded tensors live, every
+ * in-place op pays a lookup for this.
  *
  * Policy fields (all zero: the defaults):
  *   min_bytes              storages smaller than this stay; 0: 1 MiB
