@@ -833,12 +833,24 @@ static ebb_status offload_plan(struct ebb__task *t) {
     struct ebb__tnode *x = &t->nodes[i];
     struct ebb_node *n = x->n;
     if (!x->run || !n->saved) continue;
+    /* The packed values are taken under the saved lock (a leaf lock), the plan's lock after it. */
+    struct ebb__packed *small[8], **pk = n->nin + n->nout <= 8 ? small : malloc((size_t)(n->nin + n->nout) * sizeof *pk);
+    if (!pk) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the backward's offload plan", t->fn);
+    int np = 0;
     ebb__mutex_lock(saved_lock(n));
-    for (int k = 0; !st && !atomic_load_explicit(&n->freed_saved, memory_order_acquire) && k < n->nin + n->nout; k++) {
-      struct ebb__offl *o = n->saved[k].packed ? ebb__packed_offl(n->saved[k].packed) : NULL;
-      if (o) st = ebb__offl_plan_add(&t->offl, t->count, (int)i, n->seq, o);
+    for (int k = 0; !atomic_load_explicit(&n->freed_saved, memory_order_acquire) && k < n->nin + n->nout; k++) {
+      struct ebb__packed *p = n->saved[k].packed;
+      if (p && ebb__packed_offl(p)) {
+        ebb__packed_get(p);
+        pk[np++] = p;
+      }
     }
     ebb__mutex_unlock(saved_lock(n));
+    for (int j = 0; j < np; j++) {
+      if (!st) st = ebb__offl_plan_add(&t->offl, t->count, (int)i, n->seq, ebb__packed_offl(pk[j]));
+      ebb__packed_put(pk[j]);
+    }
+    if (pk != small) free(pk);
   }
   if (st) return ebb__fail(st, "%s: %s", t->fn, ebb_last_error());
   return t->offl ? ebb__offl_plan_start(t->fn, t->offl) : EBB_OK;
