@@ -798,6 +798,8 @@ EBB_HIDDEN ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena
                                                const struct ebb__stream_ref *s);
 /* Waits for every pending event and releases the queues and the event cache (teardown, first). */
 EBB_HIDDEN void ebb__pending_fini(struct ebb__arena *a);
+/* Removes stream `sid` from the uses of the array uses[0..*n) (order not kept): true if it was there. */
+EBB_HIDDEN bool ebb__uses_drop(struct ebb__stream_ref *uses, uint16_t *n, uint64_t sid);
 
 /* ---- slab.c: size-class slabs ---------------------------------------------------------------- */
 
@@ -810,6 +812,8 @@ EBB_HIDDEN ebb_status ebb__slab_alloc(struct ebb__arena *a, size_t bytes, size_t
 EBB_HIDDEN ebb_status ebb__slab_free(const char *fn, struct ebb__slab *sl, uint64_t addr, enum ebb__memkind kind);
 EBB_HIDDEN ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
                                        const struct ebb__stream_ref *s, enum ebb__memkind kind);
+/* ebb__arena_use_forget for a slot of sl (locked by ebb__addr_lookup_lock; unlocked on return). */
+EBB_HIDDEN bool ebb__slab_forget(struct ebb__slab *sl, uint64_t addr, uint64_t sid);
 /* The copy hook's part for an address inside live slab sl (locked by the caller; unlocked on
  * return): nothing for a slot that is not handed out, else the bounds check against the slot's
  * end and the record of s on the slot (ebb__arena_copy_use). */

@@ -356,6 +356,35 @@ ebb_status ebb__block_record_locked(const char *fn, struct ebb__arena *a, struct
   return st;
 }
 
+bool ebb__uses_drop(struct ebb__stream_ref *uses, uint16_t *n, uint64_t sid) {
+  for (uint32_t i = 0; i < *n; i++)
+    if (uses[i].id == sid) {
+      uses[i] = uses[--*n];
+      return true;
+    }
+  return false;
+}
+
+bool ebb__arena_use_forget(void *ptr, uint64_t sid) {
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  struct ebb__block *b;
+  struct ebb__slab *sl = ebb__addr_lookup_lock(addr, 0, &b);
+  if (sl) return ebb__slab_forget(sl, addr, sid);
+  if (!b) {
+    b = ebb__ptrmap_find(addr);
+    if (!b) return false;
+    ebb__lock(&b->arena->mu);
+    if (b->addr != addr || b->state != EBB__B_ALLOC) {
+      ebb__unlock(&b->arena->mu);
+      return false;
+    }
+  }
+  struct ebb__arena *a = b->arena;
+  bool dropped = ebb__uses_drop(b->uses, &b->nuses, sid);
+  ebb__unlock(&a->mu);
+  return dropped;
+}
+
 void ebb__pending_fini(struct ebb__arena *a) {
   /* The shutdown hooks run before the runtime synchronises the devices: wait for pending
    * events so that no segment goes back to the driver under queued work. */

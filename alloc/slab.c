@@ -472,6 +472,15 @@ ebb_status ebb__slab_record(const char *fn, struct ebb__slab *sl, uint64_t addr,
   return st;
 }
 
+bool ebb__slab_forget(struct ebb__slab *sl, uint64_t addr, uint64_t sid) {
+  struct ebb__arena *a = sl->arena;
+  unsigned i = slot_index(sl, addr);
+  bool dropped = sl->slots[i].state == EBB__B_ALLOC && addr == sl->addr + (uint64_t)i * sl->slot && sl->ext &&
+                 ebb__uses_drop(sl->ext[i].uses, &sl->ext[i].nuses, sid);
+  ebb__unlock(&a->mu);
+  return dropped;
+}
+
 ebb_status ebb__slab_owner(const char *fn, struct ebb__slab *sl, uint64_t addr, bool set, uint8_t cat, const char *name,
                            ebb_owner_cat *old_cat, const char **old_name) {
   struct ebb__arena *a = sl->arena;

@@ -4,18 +4,29 @@
  *
  * A record (struct ebb__offl) stands for one storage saved under an offload scope: the packed
  * value of every saved slot that refers to it (saved.c) holds a reference, as does each backward
- * plan that lists it until its node has run. Its state:
- * - RESIDENT: kept on the device (a device budget holds it); `dev_t` is the original storage;
- * - COPYING: its copy to pinned memory was issued on the device's offload stream and the original
- *   let go at once (the arena reuses its block after the copy, which recorded its use): no host
- *   wait, ever; it still counts against its scope's budget until the copy is seen done;
- * - HOST: the copy was seen done (an event query, in issue order per device).
- * Out of RESIDENT, `dev_t` is a reload (or NULL), made on the device's reload stream after the
- * copy out, and let go after the last node of the backward reading it.
- * A write to an offloaded storage (any in-place op: ops shows every one of them to autograd while
- * records live, ebb__inplace_watch_add) marks its records changed, so the backward fails the
- * version check as for any saved tensor, and makes the writer's stream wait for a copy out still
- * reading the storage.
+ * plan that lists it, until its node has run. Its state:
+ * - RESIDENT: kept on the device (a device budget holds it), no copy made;
+ * - COPYING: its copy to pinned memory was issued on the device's offload stream;
+ * - HOST: the copy was seen done (an event query; copies of a device finish in issue order).
+ * `dev_t` is the storage on the device, if any: the original (`orig`: RESIDENT, or held for a
+ * little after the copy out) or a reload. Every byte of it counts against the scope's budget.
+ *
+ * No host wait, and no memory held by a host running ahead. A block freed with a use pending on
+ * another stream stays out of the arena's reach until the host sees that use's event complete,
+ * and a host that issues a whole forward before the device has run much of it would grow the
+ * arena by every activation it offloads. So a copied-out original is held for the next
+ * EBB__OFFL_HOLD saves on its device, then retired: its allocation stream waits (on the device)
+ * for the copy's event, the copy's use is dropped from the block (ebb__arena_use_forget), and the
+ * handle goes; the next allocation on that stream reuses the block in stream order. The stream
+ * waits only for a copy issued several layers earlier, which the link has long finished when it
+ * keeps up. Reloads work the same way from the other side: a reload is allocated on the current
+ * stream of the running node, written by the reload stream after it, and once the consuming
+ * node's stream has waited for the reload, the reload stream's use is dropped as well.
+ *
+ * A write to an offloaded storage after the save (any in-place op: ops shows every one to
+ * autograd while records live, ebb__inplace_watch_add) marks its records changed, so the backward
+ * fails the version check as for any saved tensor, and makes the writer's stream wait for a copy
+ * out still reading it.
  *
  * The plan (struct ebb__offl_plan): when a backward starts, the engine lists the offloaded
  * records of every node it will run (ebb__offl_plan_add), and the plan sorts them per device by
@@ -27,16 +38,16 @@
  * reloaded on demand.
  *
  * Threading: one lock (ebb__offl_mu, rank EBB_RANK_AG_OFFLOAD) guards every record's state and
- * reference count, the scopes' counters, the pending lists, the plans and the statistics; it is
- * held across the stream, allocator and event calls that change a record (never across a host
- * wait: a save waiting for a copy out under a device budget lets it go). A record is freed under
- * it when its last reference goes.
+ * reference count, the scopes' counters, the device lists, the plans and the statistics; it is
+ * held across the stream, allocator and event calls that change a record, never across a host
+ * wait. A record is freed under it when its last reference goes.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc_export.h"
 #include "ebb/alloc.h"
 #include "ebb/autograd.h"
 #include "ebb/stream.h"
@@ -49,7 +60,8 @@
 
 #define OFFL_DEFAULT_MIN ((int64_t)1 << 20)
 #define OFFL_DEFAULT_WINDOW ((int64_t)256 << 20)
-#define OFFL_STALL_MIN_MS 0.002f /* a node stream's wait shorter than this is an event's resolution, not a stall */
+#define OFFL_STALL_MIN_MS 0.002f /* a stream's wait shorter than this is an event's resolution, not a stall */
+#define EBB__OFFL_HOLD 2 /* copied-out originals a device holds before retiring the oldest (ebb/autograd.h says 2) */
 
 enum offl_state { OFFL_RESIDENT, OFFL_COPYING, OFFL_HOST };
 
@@ -57,7 +69,7 @@ struct ebb__offl_scope {
   long refs;                  /* the stack entry and each record; under the lock */
   ebb_offload_policy pol;     /* normalised: defaults filled in */
   int ndev;
-  int64_t *resident;          /* [ndev] bytes of its records' storages on each device, copies out in flight included */
+  int64_t *resident;          /* [ndev] bytes of its records' storages on each device */
   int64_t *kept_bytes;        /* [ndev] of which RESIDENT (never copied out) */
   struct ebb_list *kept;      /* [ndev] RESIDENT records not yet copied out, oldest first */
   int64_t pinned;             /* pinned bytes its records hold */
@@ -75,22 +87,29 @@ struct ebb__offl {
   char owner[EBB_OWNER_NAME_MAX + 1]; /* the saving node's name: the pinned and reloaded blocks' owner */
   enum offl_state state;
   ebb_tensor_t *dev_t;  /* the whole storage on the device (a slot-less 1-D handle), or NULL */
+  bool orig;            /* dev_t is the original (else a reload) */
+  ebb_stream_t *as;     /* dev_t's allocation stream, and its id */
+  uint64_t as_id;
+  bool in_forgot;       /* the reload stream's use of the reload was dropped */
   ebb_event_t *in_ev;   /* the last reload's completion */
   int users;            /* plans holding dev_t until their last node reading it has run */
   void *host;           /* the pinned copy */
   ebb_event_t *out_ev;  /* the copy out's completion */
-  bool modified;        /* the original changed in place before its copy was seen done */
+  bool modified;        /* the storage was changed in place after the save */
   uint64_t modified_version;
   bool in_list;         /* `link` is in its scope's kept list (RESIDENT) or the device's pending list (COPYING) */
   struct ebb_list link;
+  bool in_held;         /* `hlink` is in the device's list of held originals */
+  struct ebb_list hlink;
   struct ebb__offl *hnext; /* in its scope's table */
   struct ebb__offl *gnext; /* in the table of all records */
 };
 
-/* A stall probe: two timing events around a node stream's wait for a reload. */
+/* A stall probe: two timing events around a stream's wait for a copy. */
 struct offl_probe {
   struct offl_probe *next;
   ebb_event_t *before, *after;
+  bool forward; /* a retirement's wait for a copy out (else a node's for a reload) */
 };
 
 static ebb_mutex ebb__offl_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.offload", EBB_RANK_AG_OFFLOAD};
@@ -98,7 +117,10 @@ static struct {
   int ndev;
   struct offl_dev {
     ebb_stream_t *out, *in;  /* the offload and reload streams, made at first use */
+    uint64_t out_id, in_id;
     struct ebb_list pending; /* COPYING records in issue order */
+    struct ebb_list held;    /* records holding their copied-out original, oldest first */
+    size_t nheld;
   } *dev;
   struct offl_probe *probes;
   ebb_offload_stats st;
@@ -140,8 +162,8 @@ static void probes_resolve(void) {
     }
     float ms = 0;
     if (done && ebb_event_elapsed(p->before, p->after, &ms) == EBB_OK && ms >= OFFL_STALL_MIN_MS) {
-      M.st.stalls++;
-      M.st.stall_ns += (uint64_t)((double)ms * 1e6);
+      *(p->forward ? &M.st.forward_waits : &M.st.stalls) += 1;
+      *(p->forward ? &M.st.forward_wait_ns : &M.st.stall_ns) += (uint64_t)((double)ms * 1e6);
     }
     own_event_free(p->before);
     own_event_free(p->after);
@@ -183,7 +205,10 @@ static ebb_status devs_ready(const char *fn) {
   M.dev = calloc((size_t)(n > 0 ? n : 1), sizeof *M.dev);
   if (!M.dev) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the offload state", fn);
   M.ndev = n;
-  for (int d = 0; d < n; d++) ebb_list_init(&M.dev[d].pending);
+  for (int d = 0; d < n; d++) {
+    ebb_list_init(&M.dev[d].pending);
+    ebb_list_init(&M.dev[d].held);
+  }
   return EBB_OK;
 }
 
@@ -193,6 +218,7 @@ static ebb_status dev_stream(const char *fn, int dev, bool out, ebb_stream_t **s
   if (!*slot) {
     ebb_status st = ebb_stream_create(dev, out ? EBB_PRIO_LOW : EBB_PRIO_HIGH, slot);
     if (!st) ebb__streams_live_add(-1);
+    if (!st) st = ebb_stream_id(*slot, out ? &M.dev[dev].out_id : &M.dev[dev].in_id);
     if (st) return ebb__fail(st, "%s: could not make the %s stream of device %d: %s", fn, out ? "offload" : "reload", dev,
                              ebb_last_error());
   }
@@ -390,13 +416,80 @@ static void g_remove(struct ebb__offl *o) {
 /* Set while this thread works under the lock: the poison fill it makes is not a user's write. */
 static _Thread_local bool offl_busy;
 
-/* Lets go of a reload (the original went at the copy out). */
-static void reload_drop(struct ebb__offl *o) {
-  if (!o->dev_t || o->state == OFFL_RESIDENT) return;
+/* Stream s (live, id sid) waits on the device for event ev; with a probe around the wait when ev
+ * has not completed yet, so a wait that stalls the stream is measured. Lock held. */
+static ebb_status stream_wait(ebb_stream_t *s, ebb_event_t *ev, int dev, bool forward) {
+  bool done = false;
+  if (ebb_event_query(ev, &done) == EBB_OK && done) return EBB_OK;
+  struct offl_probe *p = calloc(1, sizeof *p);
+  if (p && (own_event(dev, EBB_EVENT_TIMING, &p->before) || own_event(dev, EBB_EVENT_TIMING, &p->after))) {
+    own_event_free(p->before);
+    free(p);
+    p = NULL;
+  }
+  if (p && ebb_event_record(p->before, s)) {
+    own_event_free(p->before);
+    own_event_free(p->after);
+    free(p);
+    p = NULL;
+  }
+  ebb_status st = ebb_event_wait(ev, s);
+  if (p) {
+    ebb_event_record(p->after, s);
+    p->forward = forward;
+    p->next = M.probes;
+    M.probes = p;
+  }
+  return st;
+}
+
+/* Lets go of dev_t. An original copied out is retired: its allocation stream waits for the copy
+ * (on the device) and the offload stream's use is dropped, so the block is reusable in that
+ * stream's order at once; poisoned first when the policy asks and nothing else holds it. A
+ * reload's stream use was dropped when its node waited for it (or its free waits for it). Lock
+ * held. */
+static void dev_t_drop(struct ebb__offl *o) {
+  if (!o->dev_t) return;
+  if (o->orig && o->state != OFFL_RESIDENT && o->as && ebb__stream_hold(o->as, o->as_id)) {
+    ebb__fail_mute(true);
+    if (!stream_wait(o->as, o->out_ev, o->dev, true)) {
+      (void)ebb__arena_use_forget(ebb__tensor_block(o->dev_t), M.dev[o->dev].out_id);
+      if (o->sc->pol.poison && ebb__tensor_exclusive(o->dev_t)) {
+        /* After the copy, in the block's stream order: a reader that does not wait for a reload
+         * sees NaN (or -1) where the arena hands the block out next. */
+        ebb_stream_guard g;
+        if (!ebb_stream_guard_enter(&g, o->as)) {
+          offl_busy = true;
+          (void)ebb_tensor_fill_(o->dev_t, ebb_dtype_is_float(o->dt) ? (double)NAN : -1.0);
+          offl_busy = false;
+          ebb_stream_guard_exit(&g);
+        }
+      }
+    }
+    ebb__fail_mute(false);
+    ebb__stream_unhold(o->as);
+  }
+  if (o->in_held) {
+    ebb_list_remove(&o->hlink);
+    o->in_held = false;
+    M.dev[o->dev].nheld--;
+  }
   ebb_tensor_release(o->dev_t);
   o->dev_t = NULL;
+  o->orig = false;
   o->sc->resident[o->dev] -= (int64_t)o->bytes;
-  stat_away((int64_t)o->bytes);
+  if (o->state != OFFL_RESIDENT) stat_away((int64_t)o->bytes);
+}
+
+/* Retires the held originals of device dev beyond the newest `keep` (those a plan reads stay
+ * until it is done). Lock held. */
+static void retire_held(int dev, size_t keep) {
+  struct ebb_list *l = M.dev[dev].held.next;
+  while (M.dev[dev].nheld > keep && l != &M.dev[dev].held) {
+    struct ebb__offl *o = ebb_container_of(l, struct ebb__offl, hlink);
+    l = l->next;
+    if (!o->users) dev_t_drop(o);
+  }
 }
 
 static void record_free(struct ebb__offl *o) {
@@ -404,9 +497,13 @@ static void record_free(struct ebb__offl *o) {
   scope_remove(sc, o);
   g_remove(o);
   if (o->in_list) ebb_list_remove(&o->link);
-  if (o->state == OFFL_COPYING) sc->resident[o->dev] -= (int64_t)o->bytes;
   if (o->state == OFFL_RESIDENT) sc->kept_bytes[o->dev] -= (int64_t)o->bytes;
   if (o->dev_t) {
+    /* (an original still copying: the copy's recorded use makes its free wait for it) */
+    if (o->in_held) {
+      ebb_list_remove(&o->hlink);
+      M.dev[o->dev].nheld--;
+    }
     ebb_tensor_release(o->dev_t);
     sc->resident[o->dev] -= (int64_t)o->bytes;
   } else if (o->state != OFFL_RESIDENT) {
@@ -437,8 +534,7 @@ void ebb__offl_put(struct ebb__offl *o) {
   ebb__fail_mute(false);
 }
 
-/* The copies out of device dev seen done, in issue order: they stop counting against their
- * scopes' budgets. Lock held. */
+/* The copies out of device dev seen done, in issue order. Lock held. */
 static void poll_dev(int dev) {
   while (!ebb_list_empty(&M.dev[dev].pending)) {
     struct ebb__offl *o = ebb_container_of(M.dev[dev].pending.next, struct ebb__offl, link);
@@ -447,13 +543,12 @@ static void poll_dev(int dev) {
     ebb_list_remove(&o->link);
     o->in_list = false;
     o->state = OFFL_HOST;
-    o->sc->resident[dev] -= (int64_t)o->bytes;
   }
 }
 
-/* Copies RESIDENT record o to pinned memory on the device's offload stream and lets go of the
- * original, whose block the arena reuses once the copy is done (the copy recorded its use).
- * *room false (EBB_OK): the pinned budget cannot take it, nothing done. Lock held. */
+/* Copies RESIDENT record o to pinned memory on the device's offload stream; its original is held
+ * (retired later, retire_held). *room false (EBB_OK): the pinned budget cannot take it, nothing
+ * done. Lock held. */
 static ebb_status copy_out(const char *fn, struct ebb__offl *o, bool *room) {
   struct ebb__offl_scope *sc = o->sc;
   *room = !sc->pol.pinned_budget_bytes || sc->pinned + (int64_t)o->bytes <= sc->pol.pinned_budget_bytes;
@@ -483,52 +578,40 @@ static ebb_status copy_out(const char *fn, struct ebb__offl *o, bool *room) {
     return ebb__fail(st, "%s: could not copy %s's saved tensor (%zu bytes on device %d) to pinned memory: %s", fn, o->owner,
                      o->bytes, o->dev, ebb_last_error());
   }
-  if (sc->pol.poison && ebb__tensor_exclusive(o->dev_t)) {
-    /* Nothing else holds the block: filled after the copy, on the offload stream, so a reader
-     * that does not wait for a reload sees NaN (or -1) where the arena hands it out next. */
-    ebb_stream_guard g;
-    if (!ebb_stream_guard_enter(&g, out)) {
-      offl_busy = true;
-      ebb__fail_mute(true);
-      (void)ebb_tensor_fill_(o->dev_t, ebb_dtype_is_float(o->dt) ? (double)NAN : -1.0);
-      ebb__fail_mute(false);
-      offl_busy = false;
-      ebb_stream_guard_exit(&g);
-    }
-  }
-  ebb_tensor_release(o->dev_t);
-  o->dev_t = NULL;
   if (o->in_list) ebb_list_remove(&o->link); /* (from the scope's kept list) */
   o->host = host;
-  o->state = OFFL_COPYING; /* (still counted in resident: its block is reused once the copy is done) */
+  o->state = OFFL_COPYING;
   sc->kept_bytes[o->dev] -= (int64_t)o->bytes;
   ebb_list_insert_tail(&M.dev[o->dev].pending, &o->link);
   o->in_list = true;
+  ebb_list_insert_tail(&M.dev[o->dev].held, &o->hlink);
+  o->in_held = true;
+  M.dev[o->dev].nheld++;
   sc->pinned += (int64_t)o->bytes;
   stat_pinned((int64_t)o->bytes);
-  stat_away((int64_t)o->bytes);
   M.st.tensors_offloaded++;
   M.st.bytes_offloaded += o->bytes;
   return EBB_OK;
 }
 
-/* Brings copied-out record o back to the device on its reload stream, after its copy out. Lock
- * held. */
+/* Brings copied-out record o back to the device: allocated on the current stream (which will
+ * read it), written by the reload stream after that stream's work so far and after the copy
+ * out. Lock held. */
 static ebb_status reload(const char *fn, struct ebb__offl *o) {
-  ebb_stream_t *in = NULL;
+  ebb_stream_t *in = NULL, *cur = NULL;
   ebb_status st = dev_stream(fn, o->dev, false, &in);
+  if (!st) st = ebb_stream_current(o->dev, &cur);
+  uint64_t cur_id = 0;
+  if (!st) st = ebb_stream_id(cur, &cur_id);
   ebb_tensor_t *t = NULL;
   if (!st) st = ebb_alloc_owner_push(EBB_OWNER_SAVED, o->owner);
   if (!st) {
-    ebb_stream_guard g;
-    st = ebb_stream_guard_enter(&g, in); /* (the block's allocation stream: the copy writes it there) */
-    if (!st) {
-      int64_t n = (int64_t)(o->bytes / ebb_dtype_size(o->dt));
-      st = ebb_tensor_empty(o->dev, o->dt, 1, &n, &t);
-      ebb_stream_guard_exit(&g);
-    }
+    int64_t n = (int64_t)(o->bytes / ebb_dtype_size(o->dt));
+    st = ebb_tensor_empty(o->dev, o->dt, 1, &n, &t);
     ebb_alloc_owner_pop();
   }
+  /* The block may be one the current stream's queued work still uses (reuse in its order). */
+  if (!st) st = ebb_stream_wait_stream(in, cur);
   if (!st && o->state == OFFL_COPYING) st = ebb_event_wait(o->out_ev, in);
   if (!st) st = ebb_copy_async(ebb__tensor_block(t), o->host, o->bytes, in);
   if (!st && !o->in_ev) st = own_event(o->dev, EBB_EVENT_DEFAULT, &o->in_ev);
@@ -539,6 +622,10 @@ static ebb_status reload(const char *fn, struct ebb__offl *o) {
                      ebb_last_error());
   }
   o->dev_t = t;
+  o->orig = false;
+  o->as = cur;
+  o->as_id = cur_id;
+  o->in_forgot = false;
   o->sc->resident[o->dev] += (int64_t)o->bytes;
   stat_away(-(int64_t)o->bytes);
   return EBB_OK;
@@ -582,14 +669,19 @@ static const char *saved_role(const struct ebb_node *n, int k, char *buf, size_t
   return buf;
 }
 
-/* Keeps the scope's resident bytes on dev within its budget: first its oldest RESIDENT records
- * are copied out until the ones left fit (the newest stay: the backward needs them first), then
- * the save waits for copies out in flight, oldest first, until their blocks and the kept ones fit
- * (lock let go meanwhile). What cannot leave (the pinned budget is spent) stays, counted. Lock
- * held. */
-static ebb_status keep_budget(const char *fn, struct ebb__offl_scope *sc, int dev) {
+/* Keeps the scope's resident bytes on dev within its budget, o being its newest save: its oldest
+ * RESIDENT records are copied out while the kept ones leave less than EBB__OFFL_HOLD tensors of
+ * o's size free under the budget (so the copies start a few saves before their blocks are
+ * needed), and its copied-out originals are retired, oldest first, while the total is over (the
+ * stream waits for their copies on the device, never the host). The newest saves stay: the
+ * backward needs them first. What cannot leave (the pinned budget is spent) stays, counted.
+ * Lock held. */
+static ebb_status keep_budget(const char *fn, struct ebb__offl_scope *sc, const struct ebb__offl *newest) {
+  const int dev = newest->dev;
   const int64_t budget = sc->pol.device_budget_bytes;
-  while (sc->kept_bytes[dev] > budget && !ebb_list_empty(&sc->kept[dev])) {
+  int64_t margin = EBB__OFFL_HOLD * (int64_t)newest->bytes;
+  if (margin > budget / 2) margin = budget / 2;
+  while (sc->kept_bytes[dev] > budget - margin && !ebb_list_empty(&sc->kept[dev])) {
     struct ebb__offl *o = ebb_container_of(sc->kept[dev].next, struct ebb__offl, link);
     bool room;
     ebb_status st = copy_out(fn, o, &room);
@@ -599,26 +691,11 @@ static ebb_status keep_budget(const char *fn, struct ebb__offl_scope *sc, int de
       o->in_list = false;
     }
   }
-  poll_dev(dev);
-  while (sc->resident[dev] > budget) {
-    struct ebb__offl *w = NULL;
-    for (struct ebb_list *l = M.dev[dev].pending.next; l != &M.dev[dev].pending && !w; l = l->next) {
-      struct ebb__offl *o = ebb_container_of(l, struct ebb__offl, link);
-      if (o->sc == sc) w = o;
-    }
-    if (!w) return EBB_OK;
-    w->refs++;
-    ebb_event_t *ev = w->out_ev;
-    ebb__mutex_unlock(&ebb__offl_mu);
-    uint64_t t0 = ebb__now_ns();
-    ebb_status st = ebb_event_synchronize(ev);
-    uint64_t t1 = ebb__now_ns();
-    ebb__mutex_lock(&ebb__offl_mu);
-    M.st.forward_waits++;
-    M.st.forward_wait_ns += t1 - t0;
-    put_locked(w);
-    if (st) return ebb__fail(st, "%s: waiting for a saved tensor's copy to pinned memory: %s", fn, ebb_last_error());
-    poll_dev(dev);
+  struct ebb_list *l = M.dev[dev].held.next;
+  while (sc->resident[dev] > budget && l != &M.dev[dev].held) {
+    struct ebb__offl *o = ebb_container_of(l, struct ebb__offl, hlink);
+    l = l->next;
+    if (o->sc == sc && !o->users) dev_t_drop(o);
   }
   return EBB_OK;
 }
@@ -680,6 +757,9 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
   o->sc = sc;
   sc->refs++;
   o->dev = si.device;
+  o->orig = true;
+  o->as = si.stream;
+  o->as_id = si.stream_id;
   o->dt = dt;
   o->bytes = si.bytes;
   o->serial = si.serial;
@@ -694,12 +774,11 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
   if (!budget) {
     bool room;
     st = copy_out(fn, o, &room);
+    if (!st) retire_held(o->dev, EBB__OFFL_HOLD);
   } else {
     ebb_list_insert_tail(&sc->kept[o->dev], &o->link);
     o->in_list = true;
-    o->refs++; /* (held while the budget may wait: another thread may drop the node meanwhile) */
-    st = keep_budget(fn, sc, o->dev);
-    put_locked(o);
+    st = keep_budget(fn, sc, o);
   }
   if (st) {
     char why[EBB__ERRMSG_MAX];
@@ -716,30 +795,6 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
 
 /* ---- unpacking -------------------------------------------------------------------------------- */
 
-/* The current stream of o's device waits for its reload (a probe around the wait when it has not
- * landed yet). Lock held. */
-static ebb_status wait_reload(const struct ebb__offl *o) {
-  ebb_stream_t *cur = NULL;
-  ebb_status st = ebb_stream_current(o->dev, &cur);
-  if (st) return st;
-  bool done = false;
-  if (ebb_event_query(o->in_ev, &done) == EBB_OK && done) return EBB_OK;
-  struct offl_probe *p = calloc(1, sizeof *p);
-  if (p && (own_event(o->dev, EBB_EVENT_TIMING, &p->before) || own_event(o->dev, EBB_EVENT_TIMING, &p->after))) {
-    if (p->before) own_event_free(p->before);
-    free(p);
-    p = NULL;
-  }
-  if (p) ebb_event_record(p->before, cur);
-  st = ebb_event_wait(o->in_ev, cur);
-  if (p) {
-    ebb_event_record(p->after, cur);
-    p->next = M.probes;
-    M.probes = p;
-  }
-  return st;
-}
-
 ebb_status ebb__offl_unpack(const char *fn, const struct ebb_node *n, int k, struct ebb__offl *o, const char *name,
                             ebb_tensor_t **whole) {
   char role[40];
@@ -747,13 +802,13 @@ ebb_status ebb__offl_unpack(const char *fn, const struct ebb_node *n, int k, str
   poll_dev(o->dev);
   probes_resolve();
   uint64_t v = o->version;
-  if (!o->modified && o->state == OFFL_RESIDENT) ebb_tensor_version(o->dev_t, &v);
+  if (!o->modified && o->orig) ebb_tensor_version(o->dev_t, &v);
   if (o->modified || v != o->version) {
     uint64_t now = o->modified ? o->modified_version : v;
     ebb__mutex_unlock(&ebb__offl_mu);
     return ebb__fail(EBB_ESTATE, "%s: %s (node %llu) needs its %s%s%s%s (offloaded, %zu bytes on device %d), which was modified in "
-                     "place after it was saved: saved at version %llu, now %llu; expected it unchanged until its copy to pinned "
-                     "memory was done (clone it before changing it)", fn, ebb__node_name_of(n), (unsigned long long)n->seq,
+                     "place after it was saved: saved at version %llu, now %llu; expected it unchanged until backward (clone it "
+                     "before changing it)", fn, ebb__node_name_of(n), (unsigned long long)n->seq,
                      saved_role(n, k, role, sizeof role), name[0] ? " '" : "", name, name[0] ? "'" : "", o->bytes, o->dev,
                      (unsigned long long)o->version, (unsigned long long)now);
   }
@@ -765,9 +820,18 @@ ebb_status ebb__offl_unpack(const char *fn, const struct ebb_node *n, int k, str
     fetched = !st;
   }
   ebb_tensor_t *w = NULL;
-  if (!st && o->state != OFFL_RESIDENT) st = wait_reload(o);
+  if (!st && !o->orig) {
+    /* The node's stream waits for the reload on the device; when it is the stream the reload
+     * was allocated on, that order covers the reload stream's use of the block too. */
+    ebb_stream_t *cur = NULL;
+    uint64_t cur_id = 0;
+    st = ebb_stream_current(o->dev, &cur);
+    if (!st) st = stream_wait(cur, o->in_ev, o->dev, false);
+    if (!st && !o->in_forgot && !ebb_stream_id(cur, &cur_id) && cur_id == o->as_id)
+      o->in_forgot = ebb__arena_use_forget(ebb__tensor_block(o->dev_t), M.dev[o->dev].in_id);
+  }
   if (!st) st = ebb__tensor_share(o->dev_t, &w);
-  if (fetched && !o->users) reload_drop(o); /* (w holds the reload until the node is done with it) */
+  if (fetched && !o->users) dev_t_drop(o); /* (w holds the reload until the node is done with it) */
   ebb__mutex_unlock(&ebb__offl_mu);
   if (st) return ebb__fail(st, "%s: %s (node %llu) could not read its offloaded %s: %s", fn, ebb__node_name_of(n),
                            (unsigned long long)n->seq, saved_role(n, k, role, sizeof role), ebb_last_error());
@@ -930,7 +994,7 @@ static void plan_release(struct pent *e) {
   if (!e->issued || e->released) return;
   e->released = true;
   struct ebb__offl *o = e->o;
-  if (--o->users == 0) reload_drop(o);
+  if (--o->users == 0 && o->state != OFFL_RESIDENT) dev_t_drop(o);
 }
 
 ebb_status ebb__offl_plan_enter(const char *fn, struct ebb__offl_plan *p, int ti) {

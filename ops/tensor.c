@@ -1230,6 +1230,8 @@ void ebb__tensor_storage_info(const ebb_tensor_t *t, ebb__storage_info *out) {
   out->block = s->data;
   out->bytes = s->bytes;
   out->serial = s->serial;
+  out->stream = s->stream;
+  out->stream_id = s->stream_id;
   out->device = s->device;
   out->offset = t->offset;
   memcpy(out->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);

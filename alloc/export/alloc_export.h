@@ -26,6 +26,15 @@ EBB_HIDDEN ebb_status ebb__alloc_intern(const char *fn, const char *name, const 
  * with ebb_alloc_owner_pop. */
 EBB_HIDDEN bool ebb__alloc_owner_push_interned(ebb_owner_cat cat, const char *interned);
 
+/* The live block (or slot) starting at ptr, of any arena, no longer needs its free to wait for
+ * stream `sid`: the caller has ordered the block's allocation stream after sid's use of it (an
+ * event wait on the device), so the stream order of frees covers that use. For a module that
+ * makes such waits itself where a free would otherwise stay pending until the host sees the
+ * use's event complete (autograd's offloaded saved tensors: a host running ahead of the device
+ * would grow the arena by every pending block). false when ptr is no live block's start or sid
+ * was not among its uses (nothing changes). Thread-safe; takes the arena's lock. */
+EBB_HIDDEN bool ebb__arena_use_forget(void *ptr, uint64_t sid);
+
 #ifdef __cplusplus
 }
 #endif

@@ -494,18 +494,21 @@ EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
  * (NUMA-local to its device, ebb_pinned_alloc) on the device's offload stream (one per device,
  * ordered after the work issued so far on the device's current stream, which made it). Views of
  * one storage saved while the scope is open share one copy, and so do two saves of the same
- * storage at the same version. The node lets go of the device storage at once: its block goes
- * back to the arena when nothing else holds it, reused after the copy (stream-ordered, no host
- * wait). The device block's free, the pinned block (owned by EBB_OWNER_SAVED under the saving
+ * storage at the same version. The device storage of the two newest copies on a device stays
+ * (the backward needs them first, and reads them there); an older one is let go: its allocation
+ * stream waits for the copy on the device (never the host) and the block goes back to the arena
+ * when nothing else holds it, reused in that stream's order, so a host running ahead of the
+ * device does not grow the arena by the blocks of copies still in flight. The device block's free, the pinned block (owned by EBB_OWNER_SAVED under the saving
  * node's name) and the reloaded block (the same owner) appear in the memory history.
  *
  * Device budget (device_budget_bytes > 0): at most that many bytes of the scope's saved device
  * tensors stay resident per device, counting the ones being copied out and, in backward, the ones
- * brought back. Saved tensors then stay on the device as long as the budget holds them; when a
- * save goes over, the oldest resident ones are copied out until the rest fit (the backward needs
- * the newest first), and while the blocks of copies in flight and the kept ones exceed the
- * budget the save waits for the oldest copy (a host wait, counted in forward_waits). Only what
- * must leave the device leaves.
+ * brought back. Saved tensors then stay on the device as long as the budget holds them: the
+ * oldest resident ones are copied out when the rest would leave less than two tensors' room (the
+ * backward needs the newest first, and copies started early are done when their blocks are let
+ * go), and copied-out ones are let go, oldest first, while the total is over the budget (their
+ * streams wait for the copies on the device: counted in forward_waits when that stalls). Only
+ * what must leave the device leaves, and two tensors more at most.
  *
  * Backward: the engine knows, when a backward starts, every node it will run on each device and
  * their order (by sequence number). It brings back the offloaded tensors of those nodes in that
@@ -557,7 +560,7 @@ typedef struct ebb_offload_stats {
   uint64_t bytes_prefetched;         /* reloads the engine started ahead of the node reading them */
   uint64_t bytes_reloaded_on_demand; /* reloads started by the node reading them */
   uint64_t stalls, stall_ns;         /* node streams that waited for a reload, and their total wait */
-  uint64_t forward_waits, forward_wait_ns; /* saves that waited for a copy out (device budget) */
+  uint64_t forward_waits, forward_wait_ns; /* streams that waited for a copy out before reusing its block */
   uint64_t pinned_bytes, pinned_peak_bytes;             /* pinned bytes the copies hold */
   uint64_t device_bytes_saved, device_bytes_saved_peak; /* saved device bytes not resident now */
   uint64_t kept_small, kept_cpu, kept_params, kept_pinned_budget; /* saves that stayed, by reason */

@@ -86,13 +86,15 @@ EBB_HIDDEN void *ebb__tensor_block(const ebb_tensor_t *t);
  * dtype; the caller keeps it within the storage). */
 EBB_HIDDEN ebb_status ebb__tensor_share_as(const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
                                            int64_t offset, ebb_tensor_t **out);
-/* Where t lies: its storage's block (NULL for 0 bytes), bytes, device and serial (unique for the
- * process's life: two handles see the same storage exactly when their serials agree), and t's
- * offset (elements) and strides. */
+/* Where t lies: its storage's block (NULL for 0 bytes), bytes, allocation stream, device and
+ * serial (unique for the process's life: two handles see the same storage exactly when their
+ * serials agree), and t's offset (elements) and strides. */
 typedef struct ebb__storage_info {
   void *block;
   size_t bytes;
   uint64_t serial;
+  ebb_stream_t *stream; /* the block's allocation stream and its id (NULL and 0 on the CPU) */
+  uint64_t stream_id;
   int device;
   int64_t offset;
   int64_t strides[EBB_TENSOR_MAX_DIMS];
