@@ -261,3 +261,43 @@ TEST_CASE("a block used on a stream released before its free waits for that stre
   EBB_REQUIRE_OK(ebb_stream_release(a));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+extern "C" bool ebb__arena_use_forget(void *ptr, uint64_t sid);
+
+// A module that orders a block's allocation stream after another stream's use itself (an event
+// wait on the device) may drop that use: the free is then ordered on the allocation stream alone
+// and the block is reused at once, in that stream's order, while the other stream is still busy.
+TEST_CASE("a use dropped after its stream was waited for frees the block in stream order at once", "[alloc][timing]") {
+  EbbSession session;
+  ebb_stream_t *a = new_stream(0), *b = new_stream(0);
+  uint64_t bid = 0;
+  EBB_REQUIRE_OK(ebb_stream_id(b, &bid));
+  for (size_t bytes : {(size_t)12 * MiB, (size_t)4096}) {  // a block, and a slab slot
+    INFO("bytes " << bytes);
+    void *p = nullptr, *q = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &p));
+    busy(b, 2);  // ~40 ms of work on B that reads p
+    EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));
+    EBB_REQUIRE_OK(ebb_stream_wait_stream(a, b));  // A's later work is ordered after B's
+    CHECK(ebb__arena_use_forget(p, bid));
+    CHECK_FALSE(ebb__arena_use_forget(p, bid));  // not among its uses any more
+    uint64_t aid = 0;
+    EBB_REQUIRE_OK(ebb_stream_id(a, &aid));
+    CHECK_FALSE(ebb__arena_use_forget(p, aid));  // the allocation stream is never a recorded use
+    EBB_REQUIRE_OK(ebb_arena_free(p));
+    bool idle = true;
+    EBB_REQUIRE_OK(ebb_stream_query(b, &idle));
+    REQUIRE_FALSE(idle);
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, bytes, a, &q));
+    CHECK(q == p);  // reused at once, in A's order
+    CHECK(stats(0).num_syncs == 0);
+    CHECK_FALSE(ebb__arena_use_forget(static_cast<char *>(q) + 512, bid));  // not a block's start
+    EBB_REQUIRE_OK(ebb_arena_free(q));
+    CHECK_FALSE(ebb__arena_use_forget(q, bid));  // freed
+    EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+    ARENA_CHECK();
+  }
+  EBB_REQUIRE_OK(ebb_stream_release(a));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
