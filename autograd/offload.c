@@ -5,11 +5,12 @@
  * A record (struct ebb__offl) stands for one storage saved under an offload scope: the packed
  * value of every saved slot that refers to it (saved.c) holds a reference, as does each backward
  * plan that lists it, until its node has run. Its state:
- * - RESIDENT: kept on the device (a device budget holds it), no copy made;
- * - COPYING: its copy to pinned memory was issued on the device's offload stream;
+ * - RESIDENT: made, its copy not issued yet (only while the save runs, or when the copy failed);
+ * - COPYING: its copy to pinned memory was issued on the device's offload stream, at the save;
  * - HOST: the copy was seen done (an event query; copies of a device finish in issue order).
- * `dev_t` is the storage on the device, if any: the original (`orig`: RESIDENT, or held for a
- * little after the copy out) or a reload. Every byte of it counts against the scope's budget.
+ * `dev_t` is the storage on the device, if any: the original (`orig`: held after the copy out for
+ * EBB__OFFL_HOLD more saves on the device, or, under a device budget, until the budget needs its
+ * room) or a reload. Every byte of it counts against the scope's budget.
  *
  * No host wait, and no memory held by a host running ahead. A block freed with a use pending on
  * another stream stays out of the arena's reach until the host sees that use's event complete,
@@ -70,8 +71,6 @@ struct ebb__offl_scope {
   ebb_offload_policy pol;     /* normalised: defaults filled in */
   int ndev;
   int64_t *resident;          /* [ndev] bytes of its records' storages on each device */
-  int64_t *kept_bytes;        /* [ndev] of which RESIDENT (never copied out) */
-  struct ebb_list *kept;      /* [ndev] RESIDENT records not yet copied out, oldest first */
   int64_t pinned;             /* pinned bytes its records hold */
   struct ebb__offl **bucket;  /* its records by storage serial, for one copy per storage */
   size_t nbucket, count;
@@ -97,7 +96,7 @@ struct ebb__offl {
   ebb_event_t *out_ev;  /* the copy out's completion */
   bool modified;        /* the storage was changed in place after the save */
   uint64_t modified_version;
-  bool in_list;         /* `link` is in its scope's kept list (RESIDENT) or the device's pending list (COPYING) */
+  bool in_list;         /* `link` is in the device's list of copies out in flight (COPYING) */
   struct ebb_list link;
   bool in_held;         /* `hlink` is in the device's list of held originals */
   struct ebb_list hlink;
@@ -284,22 +283,17 @@ ebb_status ebb__offl_scope_new(const char *fn, const ebb_offload_policy *p, stru
   struct ebb__offl_scope *sc = calloc(1, sizeof *sc);
   if (sc) {
     sc->resident = calloc((size_t)(ndev > 0 ? ndev : 1), sizeof *sc->resident);
-    sc->kept = calloc((size_t)(ndev > 0 ? ndev : 1), sizeof *sc->kept);
-    sc->kept_bytes = calloc((size_t)(ndev > 0 ? ndev : 1), sizeof *sc->kept_bytes);
     sc->nbucket = 64;
     sc->bucket = calloc(sc->nbucket, sizeof *sc->bucket);
   }
-  if (!sc || !sc->resident || !sc->kept || !sc->kept_bytes || !sc->bucket) {
+  if (!sc || !sc->resident || !sc->bucket) {
     if (sc) {
       free(sc->resident);
-      free(sc->kept);
-      free(sc->kept_bytes);
       free(sc->bucket);
     }
     free(sc);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the scope", fn);
   }
-  for (int d = 0; d < ndev; d++) ebb_list_init(&sc->kept[d]);
   sc->pol = pol;
   sc->ndev = ndev;
   sc->refs = 1;
@@ -310,8 +304,6 @@ ebb_status ebb__offl_scope_new(const char *fn, const ebb_offload_policy *p, stru
 static void scope_put_locked(struct ebb__offl_scope *sc) {
   if (--sc->refs) return;
   free(sc->resident);
-  free(sc->kept);
-  free(sc->kept_bytes);
   free(sc->bucket);
   free(sc);
 }
@@ -497,7 +489,6 @@ static void record_free(struct ebb__offl *o) {
   scope_remove(sc, o);
   g_remove(o);
   if (o->in_list) ebb_list_remove(&o->link);
-  if (o->state == OFFL_RESIDENT) sc->kept_bytes[o->dev] -= (int64_t)o->bytes;
   if (o->dev_t) {
     /* (an original still copying: the copy's recorded use makes its free wait for it) */
     if (o->in_held) {
@@ -578,10 +569,8 @@ static ebb_status copy_out(const char *fn, struct ebb__offl *o, bool *room) {
     return ebb__fail(st, "%s: could not copy %s's saved tensor (%zu bytes on device %d) to pinned memory: %s", fn, o->owner,
                      o->bytes, o->dev, ebb_last_error());
   }
-  if (o->in_list) ebb_list_remove(&o->link); /* (from the scope's kept list) */
   o->host = host;
   o->state = OFFL_COPYING;
-  sc->kept_bytes[o->dev] -= (int64_t)o->bytes;
   ebb_list_insert_tail(&M.dev[o->dev].pending, &o->link);
   o->in_list = true;
   ebb_list_insert_tail(&M.dev[o->dev].held, &o->hlink);
@@ -669,35 +658,18 @@ static const char *saved_role(const struct ebb_node *n, int k, char *buf, size_t
   return buf;
 }
 
-/* Keeps the scope's resident bytes on dev within its budget, o being its newest save: its oldest
- * RESIDENT records are copied out while the kept ones leave less than EBB__OFFL_HOLD tensors of
- * o's size free under the budget (so the copies start a few saves before their blocks are
- * needed), and its copied-out originals are retired, oldest first, while the total is over (the
- * stream waits for their copies on the device, never the host). The newest saves stay: the
- * backward needs them first. What cannot leave (the pinned budget is spent) stays, counted.
- * Lock held. */
-static ebb_status keep_budget(const char *fn, struct ebb__offl_scope *sc, const struct ebb__offl *newest) {
-  const int dev = newest->dev;
-  const int64_t budget = sc->pol.device_budget_bytes;
-  int64_t margin = EBB__OFFL_HOLD * (int64_t)newest->bytes;
-  if (margin > budget / 2) margin = budget / 2;
-  while (sc->kept_bytes[dev] > budget - margin && !ebb_list_empty(&sc->kept[dev])) {
-    struct ebb__offl *o = ebb_container_of(sc->kept[dev].next, struct ebb__offl, link);
-    bool room;
-    ebb_status st = copy_out(fn, o, &room);
-    if (st) return st;
-    if (!room) { /* it stays: out of the list of candidates */
-      ebb_list_remove(&o->link);
-      o->in_list = false;
-    }
-  }
+/* Keeps the scope's resident bytes on dev within its device budget: its copied-out originals are
+ * let go, oldest first, while the total is over (their streams wait for the copies on the
+ * device, never the host: copies started at their saves, long done by then when the link keeps
+ * up). The newest stay: the backward needs them first. What has no copy (the pinned budget was
+ * spent) stays, counted. Lock held. */
+static void keep_budget(struct ebb__offl_scope *sc, int dev) {
   struct ebb_list *l = M.dev[dev].held.next;
-  while (sc->resident[dev] > budget && l != &M.dev[dev].held) {
+  while (sc->resident[dev] > sc->pol.device_budget_bytes && l != &M.dev[dev].held) {
     struct ebb__offl *o = ebb_container_of(l, struct ebb__offl, hlink);
     l = l->next;
     if (o->sc == sc && !o->users) dev_t_drop(o);
   }
-  return EBB_OK;
 }
 
 ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, int k, const ebb_tensor_t *t,
@@ -735,7 +707,7 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
     *out = o;
     return EBB_OK;
   }
-  if (!budget && sc->pol.pinned_budget_bytes && sc->pinned + (int64_t)si.bytes > sc->pol.pinned_budget_bytes) {
+  if (sc->pol.pinned_budget_bytes && sc->pinned + (int64_t)si.bytes > sc->pol.pinned_budget_bytes) {
     M.st.kept_pinned_budget++; /* it stays, as an ordinary saved tensor */
     ebb__mutex_unlock(&ebb__offl_mu);
     return EBB_OK;
@@ -770,16 +742,13 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
   ebb__inplace_watch_add(1);
   scope_insert(sc, o);
   sc->resident[o->dev] += (int64_t)o->bytes;
-  sc->kept_bytes[o->dev] += (int64_t)o->bytes;
-  if (!budget) {
-    bool room;
-    st = copy_out(fn, o, &room);
-    if (!st) retire_held(o->dev, EBB__OFFL_HOLD);
-  } else {
-    ebb_list_insert_tail(&sc->kept[o->dev], &o->link);
-    o->in_list = true;
-    st = keep_budget(fn, sc, o);
-  }
+  /* Every save is copied out at once, so the copy engine works from the first one; the
+   * originals go after EBB__OFFL_HOLD more saves, or under a device budget when it needs their
+   * room. */
+  bool room;
+  st = copy_out(fn, o, &room);
+  if (!st && !budget) retire_held(o->dev, EBB__OFFL_HOLD);
+  if (!st && budget) keep_budget(sc, o->dev);
   if (st) {
     char why[EBB__ERRMSG_MAX];
     snprintf(why, sizeof why, "%s", ebb_last_error());

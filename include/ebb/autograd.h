@@ -503,12 +503,12 @@ EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
  *
  * Device budget (device_budget_bytes > 0): at most that many bytes of the scope's saved device
  * tensors stay resident per device, counting the ones being copied out and, in backward, the ones
- * brought back. Saved tensors then stay on the device as long as the budget holds them: the
- * oldest resident ones are copied out when the rest would leave less than two tensors' room (the
- * backward needs the newest first, and copies started early are done when their blocks are let
- * go), and copied-out ones are let go, oldest first, while the total is over the budget (their
- * streams wait for the copies on the device: counted in forward_waits when that stalls). Only
- * what must leave the device leaves, and two tensors more at most.
+ * brought back. Every saved tensor is still copied out at its save (the copy engine works from
+ * the first one), but the device storage stays as long as the budget holds it; while the total
+ * is over, the oldest are let go (their streams wait for their copies on the device, long done
+ * when the link keeps up: counted in forward_waits when that stalls). So only what must leave
+ * the device leaves (device_bytes_saved), the newest stay (the backward needs them first and reads
+ * them there), and the forward is bound by copying out what leaves, not by the copies' start.
  *
  * Backward: the engine knows, when a backward starts, every node it will run on each device and
  * their order (by sequence number). It brings back the offloaded tensors of those nodes in that
