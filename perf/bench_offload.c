@@ -21,7 +21,7 @@
  *      EBB_SIM_LAUNCH_US=0 and OPENBLAS_NUM_THREADS=1 (OpenBLAS reads it when libebb loads it,
  *      before main, so it must be in the environment of a fresh image), then execs stage 2;
  *   2. calibrate: no link model; times one layer's forward (matmul + relu, device events,
- *      median) and sets the rate so that copying one layer's saved activations (2 x BATCH x DIM
+ *      the minimum of 31) and sets the rate so that copying one layer's saved activations (2 x BATCH x DIM
  *      floats) takes TARGET_RATIO of it (0.5 here, 2.0 for offload_budget), then execs stage 3;
  *   3. run: times the layer's forward and the copies of its saved activations (two, as the
  *      offload makes them) again, under the link now modelled, and prints their ratio as
@@ -58,13 +58,14 @@
  * FREE_COMPLETED, the moment the arena may hand the block out again (after a copy out still
  * reading it), not the free request; the largest over the rounds.
  *
- * ebb-bench-offload_budget (link at 2.0): (a) runs first (steps timed with the device waited for
- * after the forward: its forward and backward times), then (b) without a cap; the budget is half
+ * ebb-bench-offload_budget (link at 2.0): (a) and (b) run once without a cap; the budget is half
  * of (a)'s peak reserved bytes, set as the arena's limit on all the device's bytes
  * (ebb_arena_set_limit), and the policy's device_budget_bytes is that budget less (b)'s peak
  * reserved bytes (what the device holds besides resident saved activations: parameters,
- * gradients, the working set). Then `rounds` rounds of the capped offload and (b) under the same
- * cap, rotated. It prints
+ * gradients, the working set). Then `rounds` rounds, rotated, of (a) without the cap, its steps
+ * split (the device waited for after the forward, for the bound's forward and backward), the
+ * capped offload (policy as prefetch's, with that device budget) and (b) under the same cap. It
+ * prints
  *   bench=offload_budget copy_ratio= step_ms= bound_ms= offloaded_bytes= peak_device_bytes=
  *     budget_bytes= sync_step_ms=
  * with B = (a)'s peak reserved bytes - the budget (the least that must leave the device for
@@ -122,9 +123,9 @@ _Static_assert(SAVED_BYTES >= 8 * PARAM_BYTES, "the saved activations must be at
 #define TARGET_RATIO 0.5
 #define RATIO_TOL 0.05
 #endif
-#define MAX_TRIES 4     /* stage-3 processes at most, the first included */
+#define MAX_TRIES 6     /* stage-3 processes at most, the first included */
 #define CAL_WARM 3      /* untimed layer forwards and copies before the timed ones */
-#define CAL_REPS 31     /* timed ones (median) */
+#define CAL_REPS 31     /* timed ones (their minimum) */
 #define MAX_STEPS 1000
 
 enum mode { MODE_NONE, MODE_SYNC, MODE_PREFETCH, MODE_BUDGET };
@@ -331,11 +332,14 @@ static double step(const struct model *m, enum mode mode, const ebb_offload_poli
   return (double)(t2 - t0) / 1e6;
 }
 
-/* ---- calibration: a layer's forward and a copy of its saved bytes -------------------------------- */
+/* ---- calibration: a layer's forward and a copy of its saved bytes --------------------------------
+ * Each the minimum of CAL_REPS device-timed runs: other programs on this host only add time (a
+ * median moved by 30 % between processes a minute apart under their builds; the copies, set by
+ * the link, hardly move), so the minimum is the estimate of the layer's own compute that repeats. */
 
-/* Device ms between e0 and e1 around one layer's forward (matmul + relu, as in the model). */
+/* The least device ms between e0 and e1 around one layer's forward (matmul + relu, as in the model). */
 static double layer_forward_ms(const struct model *m) {
-  double v[CAL_REPS];
+  double best = INFINITY;
   ebb_tensor_t *x = input();
   for (int r = 0; r < CAL_WARM + CAL_REPS; r++) {
     ebb_tensor_t *h, *y;
@@ -347,18 +351,18 @@ static double layer_forward_ms(const struct model *m) {
     BENCH_CHECK(ebb_event_synchronize(m->e1));
     float ms = 0;
     BENCH_CHECK(ebb_event_elapsed(m->e0, m->e1, &ms));
-    if (r >= CAL_WARM) v[r - CAL_WARM] = ms;
+    if (r >= CAL_WARM && ms < best) best = ms;
     BENCH_CHECK(ebb_tensor_release(y));
     BENCH_CHECK(ebb_tensor_release(h));
   }
   BENCH_CHECK(ebb_tensor_release(x));
-  return bench_median(v, CAL_REPS);
+  return best;
 }
 
-/* Device ms of the copies of one layer's saved activations (two of ACT_BYTES, back to back, as
+/* The least device ms of the copies of one layer's saved activations (two of ACT_BYTES, back to back, as
  * the offload makes them), device to pinned host (d2h) or back. */
 static double layer_copy_ms(const struct model *m, bool d2h) {
-  double v[CAL_REPS];
+  double best = INFINITY;
   void *dev = NULL, *host = NULL;
   BENCH_CHECK(ebb_arena_alloc(0, (size_t)LAYER_SAVED_BYTES, m->s, &dev));
   BENCH_CHECK(ebb_pinned_alloc((size_t)LAYER_SAVED_BYTES, 0, &host));
@@ -374,20 +378,20 @@ static double layer_copy_ms(const struct model *m, bool d2h) {
     BENCH_CHECK(ebb_event_synchronize(m->e1));
     float ms = 0;
     BENCH_CHECK(ebb_event_elapsed(m->e0, m->e1, &ms));
-    if (r >= CAL_WARM) v[r - CAL_WARM] = ms;
+    if (r >= CAL_WARM && ms < best) best = ms;
   }
   BENCH_CHECK(ebb_dev_synchronize(0));
   BENCH_CHECK(ebb_arena_free(dev));
   BENCH_CHECK(ebb_pinned_free(host));
-  return bench_median(v, CAL_REPS);
+  return best;
 }
 
 /* ---- a mode-run: caches emptied, one first step, `steps` timed ones -------------------------------- */
 
 struct run_result {
   double first_ms;
-  double *ms; /* steps entries */
-  double fwd_ms, bwd_ms; /* medians, split runs only */
+  double *ms;       /* steps entries */
+  double *fwd, *bwd; /* steps entries, split runs only: the two halves */
   uint64_t reserved_peak, allocated_peak, saved_peak;
   ebb_offload_stats off;
   ebb_arena_stats arena;
@@ -452,15 +456,9 @@ static void run_mode(const struct model *m, enum mode mode, const ebb_offload_po
   uint64_t h0 = history_total();
   ebb_arena_stats before;
   BENCH_CHECK(ebb_arena_get_stats(0, &before));
-  double f = 0, b = 0, fv[MAX_STEPS], bv[MAX_STEPS];
+  double f = 0, b = 0;
   r->first_ms = step(m, mode, pol, split, &f, &b);
-  for (int i = 0; i < steps; i++) {
-    r->ms[i] = step(m, mode, pol, split, &fv[i], &bv[i]);
-  }
-  if (split) {
-    r->fwd_ms = bench_median(fv, (size_t)steps);
-    r->bwd_ms = bench_median(bv, (size_t)steps);
-  }
+  for (int i = 0; i < steps; i++) r->ms[i] = step(m, mode, pol, split, &r->fwd[i], &r->bwd[i]);
   BENCH_CHECK(ebb_arena_get_stats(0, &r->arena));
   r->arena.num_ooms -= before.num_ooms; /* (counters since ebb_init: this run's own) */
   r->arena.num_alloc_retries -= before.num_alloc_retries;
@@ -473,7 +471,7 @@ static void run_mode(const struct model *m, enum mode mode, const ebb_offload_po
 
 /* What a mode gathered over its rounds. */
 struct mode_acc {
-  double ms[MAX_STEPS * 8];
+  double ms[MAX_STEPS * 8], fwd[MAX_STEPS * 8], bwd[MAX_STEPS * 8];
   int n;
   double first[8];
   int nfirst;
@@ -482,7 +480,11 @@ struct mode_acc {
 };
 
 static void acc_add(struct mode_acc *a, const struct run_result *r, int steps) {
-  for (int i = 0; i < steps; i++) a->ms[a->n++] = r->ms[i];
+  for (int i = 0; i < steps; i++) {
+    a->fwd[a->n] = r->fwd[i];
+    a->bwd[a->n] = r->bwd[i];
+    a->ms[a->n++] = r->ms[i];
+  }
   a->first[a->nfirst++] = r->first_ms;
   if (r->reserved_peak > a->reserved_peak) a->reserved_peak = r->reserved_peak;
   if (r->allocated_peak > a->allocated_peak) a->allocated_peak = r->allocated_peak;
@@ -570,12 +572,23 @@ static ebb_offload_policy prefetch_policy(int64_t device_budget) {
 
 static struct run_result *new_result(int steps) {
   struct run_result *r = calloc(1, sizeof *r);
-  if (r) r->ms = calloc((size_t)steps, sizeof *r->ms);
-  if (!r || !r->ms) {
+  if (r) {
+    r->ms = calloc((size_t)steps, sizeof *r->ms);
+    r->fwd = calloc((size_t)steps, sizeof *r->fwd);
+    r->bwd = calloc((size_t)steps, sizeof *r->bwd);
+  }
+  if (!r || !r->ms || !r->fwd || !r->bwd) {
     fprintf(stderr, BENCH_NAME ": out of memory\n");
     exit(1);
   }
   return r;
+}
+
+static void free_result(struct run_result *r) {
+  free(r->ms);
+  free(r->fwd);
+  free(r->bwd);
+  free(r);
 }
 
 #if !OFFLOAD_BUDGET
@@ -598,60 +611,66 @@ static void run_offload(const struct model *m, double ratio, int steps, int roun
            mode_names[order[k]], ratio, bench_median(a->ms, (size_t)a->n), first, (unsigned long long)a->reserved_peak,
            (unsigned long long)a->allocated_peak, (unsigned long long)a->saved_peak, (unsigned long long)a->stalls);
   }
-  free(r->ms);
-  free(r);
+  free_result(r);
 }
 #else
+/* Caps the device arena at `bytes` (0: no cap), its cache emptied first so the cap holds from
+ * the next allocation. */
+static void cap_device(uint64_t bytes) {
+  BENCH_CHECK(ebb_dev_synchronize(0));
+  BENCH_CHECK(ebb_arena_empty_cache(0));
+  BENCH_CHECK(ebb_arena_set_limit(0, (size_t)bytes));
+}
+
 static void run_budget(const struct model *m, double ratio, double d2h_ms, double h2d_ms, int steps, int rounds) {
   struct run_result *r = new_result(steps);
-  /* (a), with the device waited for after the forward: its peak and its forward and backward. */
-  run_mode(m, MODE_NONE, NULL, steps, true, r);
-  acc_add(&acc[MODE_NONE], r, steps);
-  double fwd_ms = r->fwd_ms, bwd_ms = r->bwd_ms;
+  /* The budget from (a)'s peak, and what the device holds besides resident saved activations
+   * from (b)'s, both without a cap (their peaks repeat to the byte from run to run). */
+  run_mode(m, MODE_NONE, NULL, steps, false, r);
   uint64_t peak_a = r->reserved_peak;
-  /* (b) without a cap: what the device holds besides resident saved activations. */
   run_mode(m, MODE_SYNC, NULL, steps, false, r);
   uint64_t rest = r->reserved_peak;
   uint64_t budget = peak_a / 2;
   int64_t saved_budget = (int64_t)budget - (int64_t)rest;
   uint64_t least = peak_a - budget; /* B: what must leave for (a)'s peak to fit */
-  fprintf(stderr, BENCH_NAME ": (a) peak %llu (forward %.3f ms, backward %.3f ms); (b) peak %llu; budget %llu, of which saved "
-          "activations %lld (device_budget_bytes); B %llu\n", (unsigned long long)peak_a, fwd_ms, bwd_ms,
-          (unsigned long long)rest, (unsigned long long)budget, (long long)saved_budget, (unsigned long long)least);
+  fprintf(stderr, BENCH_NAME ": (a) peak %llu; (b) peak %llu; budget %llu, of which saved activations %lld "
+          "(device_budget_bytes); B %llu\n", (unsigned long long)peak_a, (unsigned long long)rest,
+          (unsigned long long)budget, (long long)saved_budget, (unsigned long long)least);
   if (saved_budget < WINDOW_LAYERS * LAYER_SAVED_BYTES) {
     fprintf(stderr, BENCH_NAME ": the saved-tensor budget is below the prefetch window; no figure\n");
     exit(1);
   }
   ebb_offload_policy pol = prefetch_policy(saved_budget);
-  BENCH_CHECK(ebb_dev_synchronize(0));
-  BENCH_CHECK(ebb_arena_empty_cache(0));
-  BENCH_CHECK(ebb_arena_set_limit(0, (size_t)budget));
-  const enum mode order[2] = {MODE_BUDGET, MODE_SYNC};
+  /* Rounds, rotated: (a) without the cap, its steps split (the device waited for after the
+   * forward) for the bound's forward and backward; the offload and (b) under the cap. */
+  const enum mode order[3] = {MODE_NONE, MODE_BUDGET, MODE_SYNC};
   for (int round = 0; round < rounds; round++)
-    for (int k = 0; k < 2; k++) {
-      enum mode md = order[(round + k) % 2];
-      run_mode(m, md, &pol, steps, false, r);
+    for (int k = 0; k < 3; k++) {
+      enum mode md = order[(round + k) % 3];
+      cap_device(md == MODE_NONE ? 0 : budget);
+      run_mode(m, md, &pol, steps, md == MODE_NONE, r);
       acc_add(&acc[md], r, steps);
     }
-  acc_report(MODE_NONE, " (no cap)", steps);
+  cap_device(0);
+  acc_report(MODE_NONE, " (no cap, split)", steps);
   acc_report(MODE_SYNC, " (under the cap)", steps);
   acc_report(MODE_BUDGET, "", steps);
+  struct mode_acc *an = &acc[MODE_NONE], *a = &acc[MODE_BUDGET];
+  double fwd_ms = bench_median(an->fwd, (size_t)an->n), bwd_ms = bench_median(an->bwd, (size_t)an->n);
   /* The bound: copy-out of B beside the forward, its reload beside the backward, at the link's
    * measured rates. */
   double out_ms = (double)least * d2h_ms / (double)LAYER_SAVED_BYTES;
   double in_ms = (double)least * h2d_ms / (double)LAYER_SAVED_BYTES;
   double bound = fmax(fwd_ms, out_ms) + fmax(bwd_ms, in_ms);
-  struct mode_acc *a = &acc[MODE_BUDGET];
   uint64_t steps_all = (uint64_t)a->nfirst * (uint64_t)(steps + 1);
-  fprintf(stderr, BENCH_NAME ": bound: max(forward %.3f, copy-out of B %.3f) + max(backward %.3f, reload of B %.3f) ms\n",
-          fwd_ms, out_ms, bwd_ms, in_ms);
+  fprintf(stderr, BENCH_NAME ": bound: max((a)'s forward %.3f, copy-out of B %.3f) + max((a)'s backward %.3f, reload of B "
+          "%.3f) ms; (a)'s steps, split, %.3f ms\n", fwd_ms, out_ms, bwd_ms, in_ms, bench_median(an->ms, (size_t)an->n));
   printf("bench=offload_budget copy_ratio=%.3f step_ms=%.3f bound_ms=%.3f offloaded_bytes=%llu peak_device_bytes=%llu "
          "budget_bytes=%llu sync_step_ms=%.3f\n",
          ratio, bench_median(a->ms, (size_t)a->n), bound, (unsigned long long)(a->offloaded / steps_all),
          (unsigned long long)a->reserved_peak, (unsigned long long)budget,
          bench_median(acc[MODE_SYNC].ms, (size_t)acc[MODE_SYNC].n));
-  free(r->ms);
-  free(r);
+  free_result(r);
 }
 #endif
 
