@@ -60,9 +60,9 @@
  *
  * ebb-bench-offload_budget (link at 2.0): (a) and (b) run once without a cap; the budget is half
  * of (a)'s peak reserved bytes, set as the arena's limit on all the device's bytes
- * (ebb_arena_set_limit), and the policy's device_budget_bytes is that budget less (b)'s peak
- * reserved bytes (what the device holds besides resident saved activations: parameters,
- * gradients, the working set). Then `rounds` rounds, rotated, of (a) without the cap, its steps
+ * (ebb_arena_set_limit), and the policy's device_budget_bytes is that budget less what the
+ * device holds besides saved activations: (b)'s peak reserved bytes less its saved_peak_bytes
+ * (parameters, gradients, the working set). Then `rounds` rounds, rotated, of (a) without the cap, its steps
  * split (the device waited for after the forward, for the bound's forward and backward), the
  * capped offload (policy as prefetch's, with that device budget) and (b) under the same cap. It
  * prints
@@ -624,16 +624,18 @@ static void cap_device(uint64_t bytes) {
 
 static void run_budget(const struct model *m, double ratio, double d2h_ms, double h2d_ms, int steps, int rounds) {
   struct run_result *r = new_result(steps);
-  /* The budget from (a)'s peak, and what the device holds besides resident saved activations
-   * from (b)'s, both without a cap (their peaks repeat to the byte from run to run). */
+  /* The budget from (a)'s peak, and what the device holds besides saved activations from (b)'s
+   * (its reserved peak less its saved peak: a tensor being copied out or reloaded is a saved
+   * one, which device_budget_bytes counts), both without a cap (their peaks repeat to the byte
+   * from run to run). */
   run_mode(m, MODE_NONE, NULL, steps, false, r);
   uint64_t peak_a = r->reserved_peak;
   run_mode(m, MODE_SYNC, NULL, steps, false, r);
-  uint64_t rest = r->reserved_peak;
+  uint64_t rest = r->reserved_peak - r->saved_peak; /* (b)'s own saved tensors in flight are saved bytes */
   uint64_t budget = peak_a / 2;
   int64_t saved_budget = (int64_t)budget - (int64_t)rest;
   uint64_t least = peak_a - budget; /* B: what must leave for (a)'s peak to fit */
-  fprintf(stderr, BENCH_NAME ": (a) peak %llu; (b) peak %llu; budget %llu, of which saved activations %lld "
+  fprintf(stderr, BENCH_NAME ": (a) peak %llu; (b) peak less its saved peak %llu; budget %llu, of which saved activations %lld "
           "(device_budget_bytes); B %llu\n", (unsigned long long)peak_a, (unsigned long long)rest,
           (unsigned long long)budget, (long long)saved_budget, (unsigned long long)least);
   if (saved_budget < WINDOW_LAYERS * LAYER_SAVED_BYTES) {
