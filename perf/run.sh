@@ -22,7 +22,7 @@ if [[ -n "${EBB_SIM_PERTURB:-}" && "${EBB_SIM_PERTURB}" != 0 ]]; then
 fi
 
 status=0
-for b in launch event copy arena_fastpath pinned host stream_churn ops_elementwise ops_matmul ops_dispatch ops_reduce engine_devices; do
+for b in launch event copy arena_fastpath pinned host stream_churn ops_elementwise ops_matmul ops_dispatch ops_reduce engine_devices offload offload_budget; do
   if ! "$bin/ebb-bench-$b" | grep '^bench='; then
     echo "run.sh: ebb-bench-$b failed" >&2
     status=1
