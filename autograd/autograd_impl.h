@@ -363,10 +363,12 @@ EBB_HIDDEN void ebb__offl_inplace(const ebb_tensor_t *dst);
 /* Records alive (the engine makes a plan only when there are some). */
 EBB_HIDDEN long ebb__offl_live(void);
 /* A backward's plan: the engine adds each offloaded record of each task node it will run (ti its
- * task index of nnodes, seq its sequence number; the plan takes a reference), starts the plan
+ * task index of nnodes, seq its sequence number, s the stream it runs on, held by the backward,
+ * or NULL; the plan takes a reference), starts the plan
  * (the first reloads go out), brackets each node's run with enter (its reloads issued if not
  * yet: a failure fails the node) and leave, and ends it (everything let go, NULL allowed). */
-EBB_HIDDEN ebb_status ebb__offl_plan_add(struct ebb__offl_plan **p, size_t nnodes, int ti, uint64_t seq, struct ebb__offl *o);
+EBB_HIDDEN ebb_status ebb__offl_plan_add(struct ebb__offl_plan **p, size_t nnodes, int ti, uint64_t seq, ebb_stream_t *s,
+                                         struct ebb__offl *o);
 EBB_HIDDEN ebb_status ebb__offl_plan_start(const char *fn, struct ebb__offl_plan *p);
 EBB_HIDDEN ebb_status ebb__offl_plan_enter(const char *fn, struct ebb__offl_plan *p, int ti);
 EBB_HIDDEN void ebb__offl_plan_leave(const char *fn, struct ebb__offl_plan *p, int ti);

@@ -847,7 +847,7 @@ static ebb_status offload_plan(struct ebb__task *t) {
     }
     ebb__mutex_unlock(saved_lock(n));
     for (int j = 0; j < np; j++) {
-      if (!st) st = ebb__offl_plan_add(&t->offl, t->count, (int)i, n->seq, ebb__packed_offl(pk[j]));
+      if (!st) st = ebb__offl_plan_add(&t->offl, t->count, (int)i, n->seq, x->sr.id ? x->sr.s : NULL, ebb__packed_offl(pk[j]));
       ebb__packed_put(pk[j]);
     }
     if (pk != small) free(pk);

@@ -175,8 +175,17 @@ static ebb_status edge_of(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb
   return ebb__grad_acc((ebb_tensor_t *)t, m, &e->fn);
 }
 
+static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+
 ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
-  if (EBB_UNLIKELY(ebb__offl_watching())) ebb__offl_inplace(dst); /* (offload.c: a write to an offloaded storage) */
+  ebb_status st = ag_inplace(op, dst, src, token);
+  /* offload.c: a write to an offloaded storage, once the op is allowed (a refused one changes
+   * nothing) */
+  if (EBB_UNLIKELY(ebb__offl_watching()) && !st) ebb__offl_inplace(dst);
+  return st;
+}
+
+static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
   /* Grad mode off or inference mode: the change is not recorded (an optimizer's step on its
    * leaves); nodes that saved dst see its version move and refuse to run. */
   if (!ebb_grad_enabled()) return EBB_OK;

@@ -20,9 +20,10 @@
  * for the copy's event, the copy's use is dropped from the block (ebb__arena_use_forget), and the
  * handle goes; the next allocation on that stream reuses the block in stream order. The stream
  * waits only for a copy issued several layers earlier, which the link has long finished when it
- * keeps up. Reloads work the same way from the other side: a reload is allocated on the current
- * stream of the running node, written by the reload stream after it, and once the consuming
- * node's stream has waited for the reload, the reload stream's use is dropped as well.
+ * keeps up. Reloads work the same way from the other side: a reload is allocated on the stream
+ * of the node that reads it first, written by the reload stream after that stream's work so far,
+ * and once that node's stream has waited for the reload, the reload stream's use is dropped as
+ * well.
  *
  * A write to an offloaded storage after the save (any in-place op: ops shows every one to
  * autograd while records live, ebb__inplace_watch_add) marks its records changed, so the backward
@@ -125,6 +126,7 @@ static struct {
   ebb_offload_stats st;
 } M;
 static _Atomic long offl_live; /* records alive: the engine's check for a plan */
+static long offl_scopes;       /* scopes alive (under the lock): the device state stays while any does */
 
 /* Events and streams of the module's own: not counted as the caller's (ebb_shutdown's check). */
 static ebb_status own_event(int dev, unsigned flags, ebb_event_t **e) {
@@ -244,14 +246,14 @@ void ebb__offl_stop(void) {
   }
   /* Records still alive (a graph kept past the last ebb_shutdown, which counts them) keep the
    * device lists they are in. */
-  if (!ebb__offl_live()) {
+  if (!ebb__offl_live() && !offl_scopes) {
     free(M.dev);
     M.dev = NULL;
     M.ndev = 0;
   } else {
     for (int d = 0; d < M.ndev; d++) M.dev[d].out = M.dev[d].in = NULL;
   }
-  memset(&M.st, 0, sizeof M.st);
+  if (!ebb__offl_live()) memset(&M.st, 0, sizeof M.st); /* (else the survivors' frees would wrap them) */
   ebb__mutex_unlock(&ebb__offl_mu);
 }
 
@@ -297,12 +299,16 @@ ebb_status ebb__offl_scope_new(const char *fn, const ebb_offload_policy *p, stru
   sc->pol = pol;
   sc->ndev = ndev;
   sc->refs = 1;
+  ebb__mutex_lock(&ebb__offl_mu);
+  offl_scopes++;
+  ebb__mutex_unlock(&ebb__offl_mu);
   *out = sc;
   return EBB_OK;
 }
 
 static void scope_put_locked(struct ebb__offl_scope *sc) {
   if (--sc->refs) return;
+  offl_scopes--;
   free(sc->resident);
   free(sc->bucket);
   free(sc);
@@ -319,7 +325,7 @@ static void poll_dev(int dev);
 void ebb__offl_scope_exit(struct ebb__offl_scope *sc) {
   ebb__fail_mute(true);
   ebb__mutex_lock(&ebb__offl_mu);
-  for (int d = 0; d < sc->ndev; d++) poll_dev(d);
+  for (int d = 0; M.dev && d < sc->ndev && d < M.ndev; d++) poll_dev(d);
   ebb__mutex_unlock(&ebb__offl_mu);
   ebb__fail_mute(false);
 }
@@ -446,7 +452,9 @@ static void dev_t_drop(struct ebb__offl *o) {
     ebb__fail_mute(true);
     if (!stream_wait(o->as, o->out_ev, o->dev, true)) {
       (void)ebb__arena_use_forget(ebb__tensor_block(o->dev_t), M.dev[o->dev].out_id);
-      if (o->sc->pol.poison && ebb__tensor_exclusive(o->dev_t)) {
+      ebb__storage_info si;
+      ebb__tensor_storage_info(o->dev_t, &si);
+      if (o->sc->pol.poison && ebb__tensor_exclusive(o->dev_t) && !si.used_elsewhere) {
         /* After the copy, in the block's stream order: a reader that does not wait for a reload
          * sees NaN (or -1) where the arena hands the block out next. */
         ebb_stream_guard g;
@@ -583,23 +591,28 @@ static ebb_status copy_out(const char *fn, struct ebb__offl *o, bool *room) {
   return EBB_OK;
 }
 
-/* Brings copied-out record o back to the device: allocated on the current stream (which will
- * read it), written by the reload stream after that stream's work so far and after the copy
- * out. Lock held. */
-static ebb_status reload(const char *fn, struct ebb__offl *o) {
-  ebb_stream_t *in = NULL, *cur = NULL;
+/* Brings copied-out record o back to the device: allocated on stream `on` (the stream of the node
+ * that will read it; NULL: the current one), written by the reload stream after that stream's
+ * work so far and after the copy out. Lock held. */
+static ebb_status reload(const char *fn, struct ebb__offl *o, ebb_stream_t *on) {
+  ebb_stream_t *in = NULL, *cur = on;
   ebb_status st = dev_stream(fn, o->dev, false, &in);
-  if (!st) st = ebb_stream_current(o->dev, &cur);
+  if (!st && !cur) st = ebb_stream_current(o->dev, &cur);
   uint64_t cur_id = 0;
   if (!st) st = ebb_stream_id(cur, &cur_id);
   ebb_tensor_t *t = NULL;
   if (!st) st = ebb_alloc_owner_push(EBB_OWNER_SAVED, o->owner);
   if (!st) {
     int64_t n = (int64_t)(o->bytes / ebb_dtype_size(o->dt));
-    st = ebb_tensor_empty(o->dev, o->dt, 1, &n, &t);
+    ebb_stream_guard g;
+    st = ebb_stream_guard_enter(&g, cur);
+    if (!st) {
+      st = ebb_tensor_empty(o->dev, o->dt, 1, &n, &t);
+      ebb_stream_guard_exit(&g);
+    }
     ebb_alloc_owner_pop();
   }
-  /* The block may be one the current stream's queued work still uses (reuse in its order). */
+  /* The block may be one that stream's queued work still uses (reuse in its order). */
   if (!st) st = ebb_stream_wait_stream(in, cur);
   if (!st && o->state == OFFL_COPYING) st = ebb_event_wait(o->out_ev, in);
   if (!st) st = ebb_copy_async(ebb__tensor_block(t), o->host, o->bytes, in);
@@ -630,12 +643,12 @@ void ebb__offl_inplace(const ebb_tensor_t *dst) {
   ebb__fail_mute(true);
   ebb__mutex_lock(&ebb__offl_mu);
   for (struct ebb__offl *o = G.nbucket ? G.bucket[si.serial & (G.nbucket - 1)] : NULL; o; o = o->gnext) {
-    if (o->serial != si.serial || o->version != v || o->state == OFFL_RESIDENT || o->modified) continue;
+    if (o->serial != si.serial || o->version != v || o->modified) continue;
     /* The saved value is gone from the device once the write runs: the backward will refuse
      * it, as it refuses any saved tensor changed in place, and the write waits for the copy
      * out still reading the storage (on the device: no host wait). */
     o->modified = true;
-    o->modified_version = v + 1;
+    o->modified_version = v; /* (the write moves it on from there) */
     ebb_stream_t *cur = NULL;
     if (o->state == OFFL_COPYING && !ebb_stream_current(o->dev, &cur)) ebb_event_wait(o->out_ev, cur);
   }
@@ -698,6 +711,16 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
   ebb_tensor_version(t, &version);
   const char *fn = ebb__node_name_of(n);
   ebb__mutex_lock(&ebb__offl_mu);
+  ebb_status st = devs_ready(fn); /* (gone after the last ebb_shutdown when nothing held it) */
+  if (!st && (si.device >= M.ndev || si.device >= sc->ndev)) /* (a scope opened before a re-init with more devices) */
+    st = ebb__fail(EBB_ESTATE, "%s (node %llu) could not save its %s: the offload scope was opened when device %d did not "
+                   "exist (before the last ebb_shutdown); expected a scope opened after ebb_init", fn,
+                   (unsigned long long)n->seq, ebb__tensor_desc(t, saved_role(n, k, role, sizeof role), -1, td, sizeof td),
+                   si.device);
+  if (st) {
+    ebb__mutex_unlock(&ebb__offl_mu);
+    return st;
+  }
   poll_dev(si.device);
   struct ebb__offl *o = scope_find(sc, si.serial, version);
   if (o) {
@@ -712,7 +735,6 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
     ebb__mutex_unlock(&ebb__offl_mu);
     return EBB_OK;
   }
-  ebb_status st = EBB_OK;
   ebb_dtype dt = EBB_F32;
   ebb_tensor_dtype(t, &dt);
   o = calloc(1, sizeof *o);
@@ -773,18 +795,19 @@ ebb_status ebb__offl_unpack(const char *fn, const struct ebb_node *n, int k, str
   uint64_t v = o->version;
   if (!o->modified && o->orig) ebb_tensor_version(o->dev_t, &v);
   if (o->modified || v != o->version) {
-    uint64_t now = o->modified ? o->modified_version : v;
+    bool seen = o->modified; /* (a write seen by the in-place hook: the version it moved on from) */
+    uint64_t now = seen ? o->modified_version + 1 : v;
     ebb__mutex_unlock(&ebb__offl_mu);
     return ebb__fail(EBB_ESTATE, "%s: %s (node %llu) needs its %s%s%s%s (offloaded, %zu bytes on device %d), which was modified in "
-                     "place after it was saved: saved at version %llu, now %llu; expected it unchanged until backward (clone it "
-                     "before changing it)", fn, ebb__node_name_of(n), (unsigned long long)n->seq,
+                     "place after it was saved: saved at version %llu, now %s%llu; expected it unchanged until backward (clone "
+                     "it before changing it)", fn, ebb__node_name_of(n), (unsigned long long)n->seq,
                      saved_role(n, k, role, sizeof role), name[0] ? " '" : "", name, name[0] ? "'" : "", o->bytes, o->dev,
-                     (unsigned long long)o->version, (unsigned long long)now);
+                     (unsigned long long)o->version, seen ? "at least " : "", (unsigned long long)now);
   }
   ebb_status st = EBB_OK;
   bool fetched = false;
   if (!o->dev_t) { /* no plan brought it back: now, for this node */
-    st = reload(fn, o);
+    st = reload(fn, o, NULL);
     if (!st) M.st.bytes_reloaded_on_demand += o->bytes;
     fetched = !st;
   }
@@ -812,6 +835,7 @@ ebb_status ebb__offl_unpack(const char *fn, const struct ebb_node *n, int k, str
 
 struct pent {
   int ti;        /* task node */
+  ebb_stream_t *s; /* the stream it runs on (held by the backward), or NULL: the caller's current */
   uint64_t seq;
   struct ebb__offl *o;
   int first;     /* index of the record's first entry on this device (itself when first) */
@@ -836,7 +860,8 @@ struct ebb__offl_plan {
   size_t nnodes;
 };
 
-ebb_status ebb__offl_plan_add(struct ebb__offl_plan **pp, size_t nnodes, int ti, uint64_t seq, struct ebb__offl *o) {
+ebb_status ebb__offl_plan_add(struct ebb__offl_plan **pp, size_t nnodes, int ti, uint64_t seq, ebb_stream_t *s,
+                              struct ebb__offl *o) {
   struct ebb__offl_plan *p = *pp;
   if (!p) {
     p = calloc(1, sizeof *p);
@@ -871,7 +896,7 @@ ebb_status ebb__offl_plan_add(struct ebb__offl_plan **pp, size_t nnodes, int ti,
   ebb__mutex_lock(&ebb__offl_mu);
   o->refs++;
   ebb__mutex_unlock(&ebb__offl_mu);
-  d->e[d->n++] = (struct pent){.ti = ti, .seq = seq, .o = o, .first = -1};
+  d->e[d->n++] = (struct pent){.ti = ti, .s = s, .seq = seq, .o = o, .first = -1};
   return EBB_OK;
 }
 
@@ -886,7 +911,7 @@ static ebb_status issue(const char *fn, struct pdev *d, struct pent *e, bool ahe
   struct ebb__offl *o = e->o;
   int64_t bytes = 0;
   if (!o->dev_t) {
-    ebb_status st = reload(fn, o);
+    ebb_status st = reload(fn, o, e->s);
     if (st) return st;
     bytes = (int64_t)o->bytes;
     if (ahead) M.st.bytes_prefetched += o->bytes;
@@ -958,8 +983,10 @@ ebb_status ebb__offl_plan_start(const char *fn, struct ebb__offl_plan *p) {
   return EBB_OK;
 }
 
-/* The plan lets go of the record of first entry e. Lock held. */
-static void plan_release(struct pent *e) {
+/* The plan lets go of the record of first entry e (of device d). Lock held. */
+static void plan_release(struct pdev *d, struct pent *e) {
+  d->ahead -= e->ahead; /* (a node that never ran its backward leaves its reload counted otherwise) */
+  e->ahead = 0;
   if (!e->issued || e->released) return;
   e->released = true;
   struct ebb__offl *o = e->o;
@@ -994,7 +1021,7 @@ void ebb__offl_plan_leave(const char *fn, struct ebb__offl_plan *p, int ti) {
   ebb__mutex_lock(&ebb__offl_mu);
   struct pdev *d = &p->d[pn->dev];
   for (size_t j = (size_t)pn->at; j < d->n && d->e[j].ti == ti; j++)
-    if (d->e[j].last) plan_release(&d->e[d->e[j].first]);
+    if (d->e[j].last) plan_release(d, &d->e[d->e[j].first]);
   /* The node's references go now, not at the backward's end: a record its node released for
    * good (no retain_graph) frees its memory, which makes room for the next reloads. */
   for (size_t j = (size_t)pn->at; j < d->n && d->e[j].ti == ti; j++) {
@@ -1012,7 +1039,7 @@ void ebb__offl_plan_end(struct ebb__offl_plan *p) {
   for (int dev = 0; dev < p->ndev; dev++) {
     struct pdev *d = &p->d[dev];
     for (size_t i = 0; i < d->n; i++) {
-      if (d->e[i].first == (int)i) plan_release(&d->e[i]);
+      if (d->e[i].first == (int)i) plan_release(d, &d->e[i]);
     }
     for (size_t i = 0; i < d->n; i++)
       if (!d->e[i].put) put_locked(d->e[i].o);

@@ -1232,6 +1232,8 @@ void ebb__tensor_storage_info(const ebb_tensor_t *t, ebb__storage_info *out) {
   out->serial = s->serial;
   out->stream = s->stream;
   out->stream_id = s->stream_id;
+  out->used_elsewhere = false;
+  for (int i = 0; i < EBB__STORAGE_USED; i++) out->used_elsewhere |= atomic_load_explicit(&s->used[i], memory_order_relaxed) != 0;
   out->device = s->device;
   out->offset = t->offset;
   memcpy(out->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);

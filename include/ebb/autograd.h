@@ -551,7 +551,8 @@ typedef struct ebb_offload_policy {
 EBB_API ebb_status ebb_offload_scope_enter(const ebb_offload_policy *policy);
 EBB_API ebb_status ebb_offload_scope_exit(void);
 
-/* Counters since the first ebb_init or the last reset, summed over devices and scopes. A stall
+/* Counters since the first ebb_init (they restart after the last ebb_shutdown, unless offloaded
+ * tensors outlive it) or the last reset, summed over devices and scopes. A stall
  * is a node stream that reached a saved tensor before its reload landed; its wait is measured on
  * the device (two timing events) and counted once both have completed. */
 typedef struct ebb_offload_stats {

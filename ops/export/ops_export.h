@@ -95,6 +95,7 @@ typedef struct ebb__storage_info {
   uint64_t serial;
   ebb_stream_t *stream; /* the block's allocation stream and its id (NULL and 0 on the CPU) */
   uint64_t stream_id;
+  bool used_elsewhere;  /* ops recorded a use of the block on another stream (a kernel there) */
   int device;
   int64_t offset;
   int64_t strides[EBB_TENSOR_MAX_DIMS];
