@@ -72,6 +72,8 @@ struct ebb__offl_scope {
   ebb_offload_policy pol;     /* normalised: defaults filled in */
   int ndev;
   int64_t *resident;          /* [ndev] bytes of its records' storages on each device */
+  int64_t *saved_bytes;       /* [ndev] bytes of the storages it saved (distinct) on each device */
+  struct ebb_list *kept;      /* [ndev] its records not copied out yet (RESIDENT), oldest first */
   int64_t pinned;             /* pinned bytes its records hold */
   struct ebb__offl **bucket;  /* its records by storage serial, for one copy per storage */
   size_t nbucket, count;
@@ -97,7 +99,8 @@ struct ebb__offl {
   ebb_event_t *out_ev;  /* the copy out's completion */
   bool modified;        /* the storage was changed in place after the save */
   uint64_t modified_version;
-  bool in_list;         /* `link` is in the device's list of copies out in flight (COPYING) */
+  bool in_list;         /* `link` is in its scope's kept list (RESIDENT) or the device's list of copies in flight (COPYING) */
+  ebb_event_t *made_ev; /* RESIDENT: recorded at the save on the stream that made it (a later copy waits for it) */
   struct ebb_list link;
   bool in_held;         /* `hlink` is in the device's list of held originals */
   struct ebb_list hlink;
@@ -121,6 +124,7 @@ static struct {
     struct ebb_list pending; /* COPYING records in issue order */
     struct ebb_list held;    /* records holding their copied-out original, oldest first */
     size_t nheld;
+    int64_t expect;          /* bytes the last budgeted scope saved on the device (0: none yet) */
   } *dev;
   struct offl_probe *probes;
   ebb_offload_stats st;
@@ -285,17 +289,22 @@ ebb_status ebb__offl_scope_new(const char *fn, const ebb_offload_policy *p, stru
   struct ebb__offl_scope *sc = calloc(1, sizeof *sc);
   if (sc) {
     sc->resident = calloc((size_t)(ndev > 0 ? ndev : 1), sizeof *sc->resident);
+    sc->saved_bytes = calloc((size_t)(ndev > 0 ? ndev : 1), sizeof *sc->saved_bytes);
+    sc->kept = calloc((size_t)(ndev > 0 ? ndev : 1), sizeof *sc->kept);
     sc->nbucket = 64;
     sc->bucket = calloc(sc->nbucket, sizeof *sc->bucket);
   }
-  if (!sc || !sc->resident || !sc->bucket) {
+  if (!sc || !sc->resident || !sc->saved_bytes || !sc->kept || !sc->bucket) {
     if (sc) {
       free(sc->resident);
+      free(sc->saved_bytes);
+      free(sc->kept);
       free(sc->bucket);
     }
     free(sc);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory for the scope", fn);
   }
+  for (int d = 0; d < ndev; d++) ebb_list_init(&sc->kept[d]);
   sc->pol = pol;
   sc->ndev = ndev;
   sc->refs = 1;
@@ -310,6 +319,8 @@ static void scope_put_locked(struct ebb__offl_scope *sc) {
   if (--sc->refs) return;
   offl_scopes--;
   free(sc->resident);
+  free(sc->saved_bytes);
+  free(sc->kept);
   free(sc->bucket);
   free(sc);
 }
@@ -325,7 +336,11 @@ static void poll_dev(int dev);
 void ebb__offl_scope_exit(struct ebb__offl_scope *sc) {
   ebb__fail_mute(true);
   ebb__mutex_lock(&ebb__offl_mu);
-  for (int d = 0; M.dev && d < sc->ndev && d < M.ndev; d++) poll_dev(d);
+  for (int d = 0; M.dev && d < sc->ndev && d < M.ndev; d++) {
+    poll_dev(d);
+    /* What a budgeted forward saved: the next one copies out only what will have to leave. */
+    if (sc->pol.device_budget_bytes && sc->saved_bytes[d]) M.dev[d].expect = sc->saved_bytes[d];
+  }
   ebb__mutex_unlock(&ebb__offl_mu);
   ebb__fail_mute(false);
 }
@@ -515,6 +530,7 @@ static void record_free(struct ebb__offl *o) {
   }
   own_event_free(o->out_ev);
   own_event_free(o->in_ev);
+  own_event_free(o->made_ev);
   scope_put_locked(sc);
   free(o);
   atomic_fetch_sub_explicit(&offl_live, 1, memory_order_relaxed);
@@ -566,9 +582,9 @@ static ebb_status copy_out(const char *fn, struct ebb__offl *o, bool *room) {
       ebb_alloc_owner_pop();
     }
   }
-  /* The offload stream starts after the work issued so far on the current stream, which made
-   * the tensor. */
-  if (!st) st = ebb_stream_wait_stream(out, cur);
+  /* The offload stream starts after the stream that made the tensor: the work issued so far on
+   * the current stream at its save (now, or the event recorded then). */
+  if (!st) st = o->made_ev ? ebb_event_wait(o->made_ev, out) : ebb_stream_wait_stream(out, cur);
   if (!st) st = ebb_copy_async(host, ebb__tensor_block(o->dev_t), o->bytes, out);
   if (!st && !o->out_ev) st = own_event(o->dev, EBB_EVENT_DEFAULT, &o->out_ev);
   if (!st) st = ebb_event_record(o->out_ev, out);
@@ -577,6 +593,7 @@ static ebb_status copy_out(const char *fn, struct ebb__offl *o, bool *room) {
     return ebb__fail(st, "%s: could not copy %s's saved tensor (%zu bytes on device %d) to pinned memory: %s", fn, o->owner,
                      o->bytes, o->dev, ebb_last_error());
   }
+  if (o->in_list) ebb_list_remove(&o->link); /* (from the scope's kept list) */
   o->host = host;
   o->state = OFFL_COPYING;
   ebb_list_insert_tail(&M.dev[o->dev].pending, &o->link);
@@ -673,16 +690,43 @@ static const char *saved_role(const struct ebb_node *n, int k, char *buf, size_t
 
 /* Keeps the scope's resident bytes on dev within its device budget: its copied-out originals are
  * let go, oldest first, while the total is over (their streams wait for the copies on the
- * device, never the host: copies started at their saves, long done by then when the link keeps
- * up). The newest stay: the backward needs them first. What has no copy (the pinned budget was
- * spent) stays, counted. Lock held. */
-static void keep_budget(struct ebb__offl_scope *sc, int dev) {
-  struct ebb_list *l = M.dev[dev].held.next;
-  while (sc->resident[dev] > sc->pol.device_budget_bytes && l != &M.dev[dev].held) {
-    struct ebb__offl *o = ebb_container_of(l, struct ebb__offl, hlink);
-    l = l->next;
-    if (o->sc == sc && !o->users) dev_t_drop(o);
+ * device, never the host: copies started at their saves, long done when the link keeps up);
+ * with none left, the oldest kept one is copied out and let go at once (its stream waits for
+ * that copy). The newest stay: the backward needs them first. What cannot be copied (the pinned
+ * budget is spent) stays, counted. Lock held. */
+static ebb_status keep_budget(const char *fn, struct ebb__offl_scope *sc, int dev) {
+  while (sc->resident[dev] > sc->pol.device_budget_bytes) {
+    struct ebb__offl *w = NULL;
+    for (struct ebb_list *l = M.dev[dev].held.next; l != &M.dev[dev].held && !w; l = l->next) {
+      struct ebb__offl *o = ebb_container_of(l, struct ebb__offl, hlink);
+      if (o->sc == sc && !o->users) w = o;
+    }
+    if (!w && !ebb_list_empty(&sc->kept[dev])) {
+      struct ebb__offl *o = ebb_container_of(sc->kept[dev].next, struct ebb__offl, link);
+      bool room;
+      ebb_status st = copy_out(fn, o, &room);
+      if (st) return st;
+      if (!room) { /* it stays: out of the candidates */
+        ebb_list_remove(&o->link);
+        o->in_list = false;
+        continue;
+      }
+      w = o;
+    }
+    if (!w) return EBB_OK;
+    dev_t_drop(w);
   }
+  return EBB_OK;
+}
+
+/* Whether a save of `bytes` on dev under budget scope sc is copied out now: it will have to leave
+ * when the forward saves about what the last budgeted forward on the device did (the oldest
+ * leave; the newest stay), with EBB__OFFL_HOLD tensors of slack; and always when nothing is
+ * known yet. Lock held. */
+static bool copy_now(const struct ebb__offl_scope *sc, int dev, int64_t bytes) {
+  const int64_t expect = M.dev[dev].expect, budget = sc->pol.device_budget_bytes;
+  if (!budget || !expect) return true;
+  return sc->saved_bytes[dev] + bytes <= expect - budget + EBB__OFFL_HOLD * bytes;
 }
 
 ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, int k, const ebb_tensor_t *t,
@@ -764,13 +808,25 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
   ebb__inplace_watch_add(1);
   scope_insert(sc, o);
   sc->resident[o->dev] += (int64_t)o->bytes;
-  /* Every save is copied out at once, so the copy engine works from the first one; the
-   * originals go after EBB__OFFL_HOLD more saves, or under a device budget when it needs their
+  /* Copied out at once (the copy engine works from the first save), unless a device budget will
+   * keep it: the originals go after EBB__OFFL_HOLD more saves, or when the budget needs their
    * room. */
-  bool room;
-  st = copy_out(fn, o, &room);
+  bool now = copy_now(sc, o->dev, (int64_t)o->bytes), room;
+  sc->saved_bytes[o->dev] += (int64_t)o->bytes;
+  if (now) {
+    st = copy_out(fn, o, &room);
+  } else {
+    ebb_stream_t *cur = NULL;
+    st = ebb_stream_current(o->dev, &cur);
+    if (!st) st = own_event(o->dev, EBB_EVENT_DEFAULT, &o->made_ev);
+    if (!st) st = ebb_event_record(o->made_ev, cur);
+    if (!st) {
+      ebb_list_insert_tail(&sc->kept[o->dev], &o->link);
+      o->in_list = true;
+    }
+  }
   if (!st && !budget) retire_held(o->dev, EBB__OFFL_HOLD);
-  if (!st && budget) keep_budget(sc, o->dev);
+  if (!st && budget) st = keep_budget(fn, sc, o->dev);
   if (st) {
     char why[EBB__ERRMSG_MAX];
     snprintf(why, sizeof why, "%s", ebb_last_error());

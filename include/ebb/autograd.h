@@ -503,12 +503,14 @@ EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
  *
  * Device budget (device_budget_bytes > 0): at most that many bytes of the scope's saved device
  * tensors stay resident per device, counting the ones being copied out and, in backward, the ones
- * brought back. Every saved tensor is still copied out at its save (the copy engine works from
- * the first one), but the device storage stays as long as the budget holds it; while the total
- * is over, the oldest are let go (their streams wait for their copies on the device, long done
- * when the link keeps up: counted in forward_waits when that stalls). So only what must leave
- * the device leaves (device_bytes_saved), the newest stay (the backward needs them first and reads
- * them there), and the forward is bound by copying out what leaves, not by the copies' start.
+ * brought back. The device storage of a saved tensor stays as long as the budget holds it; while
+ * the total is over, the oldest are let go (the backward needs the newest first, and reads them
+ * in place), each after its copy to pinned memory (their streams wait for the copies on the
+ * device: counted in forward_waits when that stalls). So that those copies run from the start of
+ * the forward, the first budgeted forward on a device copies out every saved tensor at its save;
+ * later ones copy at its save each tensor that will have to leave if the forward saves what the
+ * last budgeted forward there saved (two tensors of slack), and the rest only if the budget
+ * needs their room after all. Only what must leave the device leaves (device_bytes_saved).
  *
  * Backward: the engine knows, when a backward starts, every node it will run on each device and
  * their order (by sequence number). It brings back the offloaded tensors of those nodes in that

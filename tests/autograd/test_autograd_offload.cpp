@@ -361,7 +361,14 @@ TEST_CASE("offload: under a device budget only what must leave leaves, newest ke
     CHECK(peak_none >= params + 16 * (uint64_t)act);
     CHECK(peak_budget <= params + (uint64_t)p.device_budget_bytes + 4 * (uint64_t)act);  // + one layer's temporaries
     INFO("forward peak without offload " << peak_none << ", with a budget of 4 activations " << peak_budget);
+    // From the second budgeted forward on, ebb knows what a forward saves here: it copies out
+    // only the oldest 12 that will have to leave, and two more of slack.
+    ebb_offload_reset_stats();
     CHECK(net.step(&p) == want);
+    st = stats();
+    CHECK(st.tensors_offloaded >= 12);
+    CHECK(st.tensors_offloaded <= 14);
+    CHECK(st.bytes_prefetched == 12 * (uint64_t)act);
   }
   live.check();
 }
