@@ -47,7 +47,8 @@ struct ebb_node {
   struct ebb__kv *kv;        /* user metadata, under node_api.c's lock */
   _Atomic bool has_node_hooks; /* a pre- or post-hook was registered (the engine's fast check) */
   ebb__view_geom *geom;      /* AS_STRIDED, COPY_SLICES: where the view lies (owned; args.geom) */
-  uint64_t saved_owned;      /* bit k: saved[k]'s block is counted as saved by a node (owners.c) */
+  _Atomic uint64_t saved_owned; /* bit k: saved[k]'s block is counted as saved by a node (owners.c; bits of
+                                   different slots may change on different threads at once) */
   /* engine.c: the stream its backward runs on (stream_id's handle; NULL with id 0: none
    * recorded). An AccumulateGrad's may move to its producer's (follow-producer policy): read
    * and written through ebb__node_stream / ebb__node_stream_move. */
@@ -250,6 +251,9 @@ EBB_HIDDEN void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t 
 /* Releases n->saved[k].t (non-NULL; set to NULL), giving its block its owner back when n was the
  * last node holding it. */
 EBB_HIDDEN void ebb__owners_saved_drop(struct ebb_node *n, int k);
+/* The same for handle t, which n->saved[k] held and no longer does (the caller releases it
+ * after, and has set the slot): for a slot whose tensor is replaced or dropped under the saved lock. */
+EBB_HIDDEN void ebb__owners_saved_forget(struct ebb_node *n, int k, const ebb_tensor_t *t);
 /* The engine runs n between these: its allocations are (EBB_OWNER_BACKWARD, n's name). Pass
  * enter's result to leave. */
 EBB_HIDDEN bool ebb__owners_enter(const struct ebb_node *n);
