@@ -317,7 +317,8 @@ ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   if (ebb__tensor_share(t, &s->t)) return ebb__fail(EBB_ENOMEM, "no host memory to record %s", ebb__node_name_of(n));
   copy_name(t, s->t);
   ebb__owners_saved(n, k, t);
-  return ebb_tensor_version(t, &s->version);
+  ebb_tensor_version(t, &s->version);
+  return ebb__mutation_saved(n, k); /* (mutation.c: into this thread's allow-mutation scope, if open) */
 }
 
 ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t) {
@@ -330,11 +331,13 @@ ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t) {
   }
   n->saved[k].t = t;
   ebb__owners_saved(n, k, t);
-  return ebb_tensor_version(t, &n->saved[k].version);
+  ebb_tensor_version(t, &n->saved[k].version);
+  return ebb__mutation_saved(n, k); /* (mutation.c) */
 }
 
 void ebb__saved_drop(struct ebb_node *n, int k) {
   struct ebb__saved *s = &n->saved[k];
+  if (EBB_UNLIKELY(s->mut != NULL)) ebb__mutation_release(n); /* (mutation.c: before the tensors go) */
   if (s->t) ebb__owners_saved_drop(n, k); /* (owners.c: its block's owner back; releases it) */
   if (s->packed) {
     struct ebb__packed *p = s->packed;
