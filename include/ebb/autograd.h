@@ -465,6 +465,22 @@ EBB_API ebb_status ebb_saved_tensors_hooks_push(const ebb_saved_hooks *h);
 /* Pops the pair on top (saved tensors it packed keep it). EBB_ESTATE when this thread has none
  * to pop (none pushed, or, inside a backward's hook, only those there before the backward began). */
 EBB_API ebb_status ebb_saved_tensors_hooks_pop(void);
+/* Packs node's saved tensor `index` through h now, as if h had been on top of the stack when the
+ * node saved it (PyTorch's grad_fn._raw_saved_x.register_hooks): pack runs at once on the calling
+ * thread, the node lets go of the tensor's data (it keeps what pack made), and every later
+ * backward through the node unpacks it through h; free_packed runs as for any packed value. A
+ * node's saved tensors are numbered as its forward's tensors: inputs 0..nin-1 (nin:
+ * ebb_node_num_next), then outputs nin, nin+1, ... (ExpBackward saves its output as index 1,
+ * MulBackward its inputs as 0 and 1). Thread-safe against backward calls through the node and
+ * other calls on it (the node's saved tensors are changed under the engine's lock of the node;
+ * pack runs without it: of two calls racing on one index, one fails as below).
+ * Errors (nothing changes): EBB_EINVAL for NULL node or h, NULL h->pack or h->unpack, an index out
+ * of range or one the node does not save (the message lists those it does); EBB_EFREED for a node
+ * that is not live; EBB_ESTATE for a tensor already packed (hooks on the stack when it was saved,
+ * or an earlier call: one pair per saved tensor), one saved inside an allow-mutation scope (the
+ * scope manages it), or one freed by a backward without retain_graph; a failure of pack as when
+ * saving (its status; a pack that changes its input in place: EBB_EINVAL); EBB_ENOMEM. */
+EBB_API ebb_status ebb_node_saved_register_hooks(const ebb_node_t *node, int index, const ebb_saved_hooks *h);
 /* Starts a disable scope with `message` (copied; the message of a later push's failure).
  * EBB_EINVAL for NULL message; EBB_ESTATE, with the message, when hooks are on this thread's
  * stack (nothing changes); EBB_ENOMEM. */
