@@ -47,7 +47,8 @@ struct ebb_node {
   struct ebb__kv *kv;        /* user metadata, under node_api.c's lock */
   _Atomic bool has_node_hooks; /* a pre- or post-hook was registered (the engine's fast check) */
   ebb__view_geom *geom;      /* AS_STRIDED, COPY_SLICES: where the view lies (owned; args.geom) */
-  uint64_t saved_owned;      /* bit k: saved[k]'s block is counted as saved by a node (owners.c) */
+  _Atomic uint64_t saved_owned; /* bit k: saved[k]'s block is counted as saved by a node (owners.c; bits of
+                                   different slots may change on different threads at once) */
   /* engine.c: the stream its backward runs on (stream_id's handle; NULL with id 0: none
    * recorded). An AccumulateGrad's may move to its producer's (follow-producer policy): read
    * and written through ebb__node_stream / ebb__node_stream_move. */
@@ -63,6 +64,7 @@ struct ebb__saved {
   struct ebb__packed *packed;  /* what a pack hook made of it (reference counted: a backward
                                 * unpacking it holds one while the unpack hook runs) */
   uint64_t version;            /* t's storage's version when saved (checked at unpack; t only) */
+  struct ebb__mut *mut;        /* saved inside an allow-mutation scope: its record there (mutation.c), else NULL */
 };
 
 struct ebb__meta {
@@ -250,6 +252,9 @@ EBB_HIDDEN void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t 
 /* Releases n->saved[k].t (non-NULL; set to NULL), giving its block its owner back when n was the
  * last node holding it. */
 EBB_HIDDEN void ebb__owners_saved_drop(struct ebb_node *n, int k);
+/* The same for handle t, which n->saved[k] held and no longer does (the caller releases it
+ * after, and has set the slot): for a slot whose tensor is replaced or dropped under the saved lock. */
+EBB_HIDDEN void ebb__owners_saved_forget(struct ebb_node *n, int k, const ebb_tensor_t *t);
 /* The engine runs n between these: its allocations are (EBB_OWNER_BACKWARD, n's name). Pass
  * enter's result to leave. */
 EBB_HIDDEN bool ebb__owners_enter(const struct ebb_node *n);
@@ -294,6 +299,23 @@ EBB_HIDDEN struct ebb_node *ebb__grad_acc_get(const struct ebb__meta *m);
 EBB_HIDDEN ebb_status ebb__consumers_get(struct ebb_node *p, struct ebb_node ***out, size_t *n, size_t *cap);
 /* The AccumulateGrad of leaf t (meta m), made if needed; a new reference. */
 EBB_HIDDEN ebb_status ebb__grad_acc(ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **out);
+
+/* mutation.c: allow-mutation scopes (ebb_allow_mutation_on_saved_enter). */
+struct ebb__mut;
+/* n just saved an ordinary (unpacked) tensor as saved[k] (t, version set): registered in this
+ * thread's scope when one is open, so an in-place write to its storage clones it first. Failures
+ * (no memory) name n and k; nothing is registered then. */
+EBB_HIDDEN ebb_status ebb__mutation_saved(struct ebb_node *n, int k);
+/* n's saved tensors are going (n->saved[k].mut non-NULL for some k): every one of n's records
+ * is freed and nothing of n is cloned or dropped by a scope any more. Before the tensors
+ * themselves are released; by the thread that releases them. */
+EBB_HIDDEN void ebb__mutation_release(struct ebb_node *n);
+/* A backward reads n's saved tensor k (record m = n->saved[k].mut; saved lock held): EBB_ESTATE
+ * when the scope it was saved in has exited (fn names the call), else EBB_OK. */
+EBB_HIDDEN ebb_status ebb__mutation_unpack(const char *fn, const struct ebb_node *n, int k);
+/* An in-place op is about to write dst's storage: the saved tensors registered on that storage
+ * are cloned first (the slots then hold the clone). Called by the inplace hook, no lock held. */
+EBB_HIDDEN ebb_status ebb__mutation_write(const ebb_tensor_t *dst);
 
 /* saved.c: saved tensors and the saved-tensor hooks stack. */
 /* Saves t as n's saved tensor k (n->saved allocated): through the hooks on top of this thread's

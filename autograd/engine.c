@@ -323,6 +323,8 @@ ebb_mutex *ebb__saved_lock(const struct ebb_node *n) { return saved_lock(n); }
 static ebb_status unpack(const struct ebb__task *t, const struct ebb_node *n, int k, const ebb_tensor_t **out,
                          struct ebb__packed ***pk) {
   const struct ebb__saved *s = &n->saved[k];
+  ebb_status st = EBB_UNLIKELY(s->mut != NULL) ? ebb__mutation_unpack(t->fn, n, k) : EBB_OK; /* (mutation.c: its scope open) */
+  if (st) return st;
   *out = s->t;
   if (!*out) {
     if (EBB_LIKELY(!s->packed)) return EBB_OK;

@@ -179,6 +179,13 @@ static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src,
 
 ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
   ebb_status st = ag_inplace(op, dst, src, token);
+  /* mutation.c: saved tensors on dst's storage are cloned last, after this op's own node saved
+   * its inputs (src may be dst: x.mul_(x) keeps x as it was), right before the write; a failure
+   * refuses the op. */
+  if (!st && (st = ebb__mutation_write(dst)) && *token) {
+    tok_free(*token);
+    *token = NULL;
+  }
   /* offload.c: a write to an offloaded storage, once the op is allowed (a refused one changes
    * nothing) */
   if (EBB_UNLIKELY(ebb__offl_watching()) && !st) ebb__offl_inplace(dst);

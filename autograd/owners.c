@@ -20,9 +20,12 @@
  *
  * Threading: the table of re-tagged blocks is under ebb__saved_mu (rank EBB_RANK_AG_SAVED, held
  * across the allocator calls so a block's tag and its count change together); scopes are the
- * calling thread's. A node's `saved_owned` bits are written by the thread that saves (recording)
- * or releases (the backward that frees the saved tensors, or the last unref) its tensors.
+ * calling thread's. A node's `saved_owned` bit k is written by whoever changes its slot k: the
+ * thread that saves (recording) or releases (the backward that frees the saved tensors, or the
+ * last unref) its tensors, an allow-mutation scope's clone or exit (mutation.c), a per-tensor pair
+ * of hooks (saved.c); different slots may change at once, so the word is changed atomically.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +100,7 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   struct ebb__sv *e = ebb__sv.cap ? sv_slot(p) : NULL;
   if (e && e->block) {
     e->count++;
-    n->saved_owned |= 1ull << k;
+    atomic_fetch_or_explicit(&n->saved_owned, 1ull << k, memory_order_relaxed);
     ebb__mutex_unlock(&ebb__saved_mu);
     return;
   }
@@ -111,7 +114,7 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
       ebb_alloc_block_set_owner(p, EBB_OWNER_SAVED, ebb__node_name_of(n), NULL, NULL) == EBB_OK) {
     *sv_slot(p) = (struct ebb__sv){p, 1, cat, name};
     ebb__sv.count++;
-    n->saved_owned |= 1ull << k;
+    atomic_fetch_or_explicit(&n->saved_owned, 1ull << k, memory_order_relaxed);
   }
   ebb__fail_mute(false);
   ebb__mutex_unlock(&ebb__saved_mu);
@@ -120,8 +123,12 @@ void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t) {
 void ebb__owners_saved_drop(struct ebb_node *n, int k) {
   ebb_tensor_t *t = n->saved[k].t;
   n->saved[k].t = NULL;
-  if (k < 64 && (n->saved_owned >> k & 1)) {
-    n->saved_owned &= ~(1ull << k);
+  ebb__owners_saved_forget(n, k, t);
+  ebb_tensor_release(t);
+}
+
+void ebb__owners_saved_forget(struct ebb_node *n, int k, const ebb_tensor_t *t) {
+  if (k < 64 && (atomic_fetch_and_explicit(&n->saved_owned, ~(1ull << k), memory_order_relaxed) >> k & 1)) {
     void *p = ebb__tensor_block(t);
     ebb__mutex_lock(&ebb__saved_mu);
     struct ebb__sv *e = ebb__sv.cap ? sv_slot(p) : NULL;
@@ -138,7 +145,6 @@ void ebb__owners_saved_drop(struct ebb_node *n, int k) {
     }
     ebb__mutex_unlock(&ebb__saved_mu);
   }
-  ebb_tensor_release(t);
 }
 
 /* The owner of block p as its allocator sees it, except that a block a node saved has the owner

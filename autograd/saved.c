@@ -214,8 +214,9 @@ void ebb__packed_put(struct ebb__packed *p) {
   packed_free(p);
 }
 
-/* Packs t through h as n's saved tensor k. */
-static ebb_status save_packed(struct ebb_node *n, int k, const ebb_tensor_t *t, const ebb_saved_hooks *h) {
+/* Packs t through h as n's saved tensor k: *out the packed value (one reference). */
+static ebb_status pack_value(const struct ebb_node *n, int k, const ebb_tensor_t *t, const ebb_saved_hooks *h,
+                             struct ebb__packed **out) {
   char td[EBB__DESC_MAX], why[128];
   struct ebb__packed *p = calloc(1, sizeof *p);
   ebb_tensor_t *v = NULL; /* what pack sees: t's data without its graph (no cycle through a kept handle) */
@@ -258,8 +259,13 @@ static ebb_status save_packed(struct ebb_node *n, int k, const ebb_tensor_t *t, 
     else free(p);
     return st;
   }
-  n->saved[k].packed = p;
+  *out = p;
   return EBB_OK;
+}
+
+/* Packs t through h as n's saved tensor k. */
+static ebb_status save_packed(struct ebb_node *n, int k, const ebb_tensor_t *t, const ebb_saved_hooks *h) {
+  return pack_value(n, k, t, h, &n->saved[k].packed);
 }
 
 /* An inference tensor cannot be saved (its storage may change in place under inference mode,
@@ -317,7 +323,8 @@ ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t) {
   if (ebb__tensor_share(t, &s->t)) return ebb__fail(EBB_ENOMEM, "no host memory to record %s", ebb__node_name_of(n));
   copy_name(t, s->t);
   ebb__owners_saved(n, k, t);
-  return ebb_tensor_version(t, &s->version);
+  ebb_tensor_version(t, &s->version);
+  return ebb__mutation_saved(n, k); /* (mutation.c: into this thread's allow-mutation scope, if open) */
 }
 
 ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t) {
@@ -330,11 +337,13 @@ ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t) {
   }
   n->saved[k].t = t;
   ebb__owners_saved(n, k, t);
-  return ebb_tensor_version(t, &n->saved[k].version);
+  ebb_tensor_version(t, &n->saved[k].version);
+  return ebb__mutation_saved(n, k); /* (mutation.c) */
 }
 
 void ebb__saved_drop(struct ebb_node *n, int k) {
   struct ebb__saved *s = &n->saved[k];
+  if (EBB_UNLIKELY(s->mut != NULL)) ebb__mutation_release(n); /* (mutation.c: before the tensors go) */
   if (s->t) ebb__owners_saved_drop(n, k); /* (owners.c: its block's owner back; releases it) */
   if (s->packed) {
     struct ebb__packed *p = s->packed;
@@ -411,4 +420,130 @@ ebb_status ebb__saved_modified(const char *fn, const struct ebb_node *n, int k, 
                    "now %llu; expected it unchanged until backward (clone it before changing it)",
                    fn, ebb__node_name_of(n), (unsigned long long)n->seq, saved_desc(n, k, sv, d, sizeof d),
                    (unsigned long long)n->saved[k].version, (unsigned long long)v);
+}
+
+/* ---- per-tensor hooks ------------------------------------------------------------------------- */
+
+/* Whether n saves a tensor at index k (its forward's input k, or output k - nin), as the
+ * derivative table says (a CopySlices node saves what its in-place op saves). */
+static bool saves_at(const struct ebb_node *n, int k) {
+  if (n->op < 0 || !n->saved || k < 0 || k >= n->nin + n->nout) return false;
+  int op = n->op == EBB__OP_COPY_SLICES && n->geom ? n->geom->inner_op : n->op;
+  unsigned bit = k < n->nin ? (unsigned)k : 8u + (unsigned)(k - n->nin);
+  return bit < 16 && (ebb__deriv_of((ebb__op_id)op)->save >> bit & 1);
+}
+
+/* "0 (input 0) and 1 (input 1)", or "no tensor", into buf. */
+static const char *saved_list(const struct ebb_node *n, char *buf, size_t cap) {
+  int count = 0, total = 0;
+  for (int k = 0; k < n->nin + n->nout; k++) total += saves_at(n, k);
+  size_t len = 0;
+  buf[0] = 0;
+  for (int k = 0; k < n->nin + n->nout && len < cap; k++) {
+    if (!saves_at(n, k)) continue;
+    count++;
+    const char *sep = count == 1 ? "" : count == total ? " and " : ", ";
+    int w = snprintf(buf + len, cap - len, "%s%d (%s %d)", sep, k, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+    if (w < 0) break;
+    len += (size_t)w;
+  }
+  if (!count) snprintf(buf, cap, "no tensor");
+  return buf;
+}
+
+/* n's saved tensor k in a message, as far as the slot still knows it (its tensor, its packed
+ * value's record, else its role only). Saved lock held; not for a slot a backward has claimed
+ * (freed_saved), which that backward empties without the lock. */
+static const char *slot_desc(const struct ebb_node *n, int k, char *buf, size_t cap) {
+  const struct ebb__saved *s = &n->saved[k];
+  char role[40];
+  snprintf(role, sizeof role, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+  if (atomic_load_explicit(&n->freed_saved, memory_order_acquire)) {
+    snprintf(buf, cap, "%s", role);
+    return buf;
+  }
+  if (s->t) return saved_desc(n, k, s->t, buf, cap);
+  if (s->packed) return ebb__meta_desc(&s->packed->meta, role, -1, s->packed->name[0] ? s->packed->name : NULL, buf, cap);
+  snprintf(buf, cap, "%s", role);
+  return buf;
+}
+
+/* Whether slot k of n can take a pair of hooks now (its saved lock held): EBB_OK with its tensor
+ * in *t (borrowed), else the failure. */
+static ebb_status slot_open(const char *fn, const struct ebb_node *n, int k, ebb_tensor_t **t) {
+  const struct ebb__saved *s = &n->saved[k];
+  char d[EBB__DESC_MAX];
+  const char *name = ebb__node_name_of(n);
+  unsigned long long seq = (unsigned long long)n->seq;
+  if (atomic_load_explicit(&n->freed_saved, memory_order_acquire))
+    return ebb__fail(EBB_ESTATE, "%s: the %s of %s (node %llu) was freed by a backward through the node; expected retain_graph on "
+                     "that backward to keep the node's saved tensors (for hooks or another backward)", fn,
+                     slot_desc(n, k, d, sizeof d), name, seq);
+  if (s->packed)
+    return ebb__fail(EBB_ESTATE, "%s: the %s of %s (node %llu) has its hooks already set (packed when it was saved, or by an "
+                     "earlier call); only one pair per saved tensor", fn, slot_desc(n, k, d, sizeof d), name, seq);
+  if (s->mut)
+    return ebb__fail(EBB_ESTATE, "%s: the %s of %s (node %llu) was saved inside an allow-mutation scope, which manages its value "
+                     "as a pair of hooks would; only one pair per saved tensor", fn, slot_desc(n, k, d, sizeof d), name, seq);
+  if (!s->t)
+    return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) holds no tensor as its %s (an optional input not given); expected the "
+                     "index of a tensor it saved", fn, name, seq, slot_desc(n, k, d, sizeof d));
+  uint64_t v = 0;
+  ebb_tensor_version(s->t, &v);
+  if (v != s->version) return ebb__saved_modified(fn, n, k, s->t, v); /* (packing it would hide the change) */
+  *t = s->t;
+  return EBB_OK;
+}
+
+ebb_status ebb_node_saved_register_hooks(const ebb_node_t *node, int index, const ebb_saved_hooks *h) {
+  static const char fn[] = "ebb_node_saved_register_hooks";
+  if (!node) return ebb__fail(EBB_EINVAL, "%s: node is NULL; expected a node (ebb_tensor_grad_fn)", fn);
+  if (node->magic != EBB__NODE_MAGIC) return ebb__fail(EBB_EFREED, "%s: node %p is not a live node", fn, (const void *)node);
+  if (!h) return ebb__fail(EBB_EINVAL, "%s: h is NULL; expected a pair of hooks", fn);
+  if (!h->pack || !h->unpack)
+    return ebb__fail(EBB_EINVAL, "%s: h->%s is NULL; expected a pack and an unpack hook", fn, h->pack ? "unpack" : "pack");
+  /* (a node's saved tensors are a side table of it, as its hooks are: not what const protects) */
+  struct ebb_node *n = (struct ebb_node *)node;
+  if (!saves_at(n, index)) {
+    char list[256];
+    return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) saves no tensor at index %d; it saves %s (indices: its forward's inputs "
+                     "0..%d, then its outputs)", fn, ebb__node_name_of(n), (unsigned long long)n->seq, index,
+                     saved_list(n, list, sizeof list), n->nin - 1);
+  }
+  struct ebb__saved *s = &n->saved[index];
+  ebb_tensor_t *t = NULL;
+  ebb__mutex_lock(ebb__saved_lock(n));
+  ebb_status st = slot_open(fn, n, index, &t);
+  if (!st) ebb_tensor_retain(t); /* (the slot may let go of it while pack runs) */
+  ebb__mutex_unlock(ebb__saved_lock(n));
+  if (st) return st;
+  /* pack is the user's code: it runs with no lock held (it may call any ebb function). */
+  struct ebb__packed *p = NULL;
+  st = pack_value(n, index, t, h, &p);
+  if (st) {
+    ebb_tensor_release(t);
+    return ebb__fail(st, "%s: %s", fn, ebb_last_error());
+  }
+  ebb_tensor_t *now = NULL;
+  ebb__mutex_lock(ebb__saved_lock(n));
+  st = slot_open(fn, n, index, &now);
+  if (!st && now != t) {
+    char d[EBB__DESC_MAX];
+    st = ebb__fail(EBB_ESTATE, "%s: the %s of %s (node %llu) changed while its pack hook ran (another call set its hooks); only "
+                   "one pair per saved tensor", fn, slot_desc(n, index, d, sizeof d), ebb__node_name_of(n), (unsigned long long)n->seq);
+  }
+  if (!st) {
+    s->packed = p;
+    s->t = NULL;
+  }
+  ebb__mutex_unlock(ebb__saved_lock(n));
+  if (st) {
+    ebb__packed_put(p); /* (free_packed runs: a value pack made is freed once) */
+    ebb_tensor_release(t);
+    return st;
+  }
+  ebb_tensor_release(t); /* ours: the slot's reference, taken out of it, is the last of the node's */
+  ebb__owners_saved_forget(n, index, t); /* (owners.c: its block's owner back when n was the last to save it) */
+  ebb_tensor_release(t);
+  return EBB_OK;
 }

@@ -923,6 +923,23 @@ ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb
   return EBB_OK;
 }
 
+ebb_status ebb__tensor_storage_clone(const char *fn, const ebb_tensor_t *t, ebb_tensor_t **out) {
+  /* The whole storage as a 1-D tensor of t's dtype (a storage holds whole elements of the dtype
+   * its tensors were made with, and views keep it). */
+  ebb_tensor_t *whole;
+  ebb_status st = record_get(fn, &whole);
+  if (st) return st;
+  atomic_fetch_add_explicit(&t->stor->refs, 1, memory_order_relaxed);
+  whole->stor = t->stor;
+  whole->dtype = t->dtype;
+  whole->ndim = 1;
+  whole->shape[0] = (int64_t)(t->stor->bytes / ebb__dtype_size[t->dtype]);
+  whole->strides[0] = 1;
+  st = ebb__copy_as(fn, whole, t->dtype, out);
+  ebb__tensor_put(whole);
+  return st;
+}
+
 static ebb_status tensor_contiguous_impl(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_contiguous", "t");
   if (st) return st;

@@ -465,6 +465,22 @@ EBB_API ebb_status ebb_saved_tensors_hooks_push(const ebb_saved_hooks *h);
 /* Pops the pair on top (saved tensors it packed keep it). EBB_ESTATE when this thread has none
  * to pop (none pushed, or, inside a backward's hook, only those there before the backward began). */
 EBB_API ebb_status ebb_saved_tensors_hooks_pop(void);
+/* Packs node's saved tensor `index` through h now, as if h had been on top of the stack when the
+ * node saved it (PyTorch's grad_fn._raw_saved_x.register_hooks): pack runs at once on the calling
+ * thread, the node lets go of the tensor's data (it keeps what pack made), and every later
+ * backward through the node unpacks it through h; free_packed runs as for any packed value. A
+ * node's saved tensors are numbered as its forward's tensors: inputs 0..nin-1 (nin:
+ * ebb_node_num_next), then outputs nin, nin+1, ... (ExpBackward saves its output as index 1,
+ * MulBackward its inputs as 0 and 1). Thread-safe against backward calls through the node and
+ * other calls on it (the node's saved tensors are changed under the engine's lock of the node;
+ * pack runs without it: of two calls racing on one index, one fails as below).
+ * Errors (nothing changes): EBB_EINVAL for NULL node or h, NULL h->pack or h->unpack, an index out
+ * of range or one the node does not save (the message lists those it does); EBB_EFREED for a node
+ * that is not live; EBB_ESTATE for a tensor already packed (hooks on the stack when it was saved,
+ * or an earlier call: one pair per saved tensor), one saved inside an allow-mutation scope (the
+ * scope manages it), or one freed by a backward without retain_graph; a failure of pack as when
+ * saving (its status; a pack that changes its input in place: EBB_EINVAL); EBB_ENOMEM. */
+EBB_API ebb_status ebb_node_saved_register_hooks(const ebb_node_t *node, int index, const ebb_saved_hooks *h);
 /* Starts a disable scope with `message` (copied; the message of a later push's failure).
  * EBB_EINVAL for NULL message; EBB_ESTATE, with the message, when hooks are on this thread's
  * stack (nothing changes); EBB_ENOMEM. */
@@ -573,6 +589,47 @@ typedef struct ebb_offload_stats {
 EBB_API ebb_status ebb_offload_get_stats(ebb_offload_stats *out);
 /* Zeroes the counters and sets each peak to its current value. */
 EBB_API void ebb_offload_reset_stats(void);
+
+/* ---- allow mutation on saved tensors -------------------------------------------------------------
+ * PyTorch's torch.autograd.graph.allow_mutation_on_saved_tensors: inside the scope, a tensor a
+ * node saved may be changed in place before that node's backward runs, and the backward reads it
+ * as it was when saved (without the scope, the backward fails its version check instead).
+ *
+ * ebb_allow_mutation_on_saved_enter opens the scope on the calling thread; _exit closes it. Each
+ * tensor a node saves on this thread while it is open, as an ordinary saved tensor (not one
+ * packed by saved-tensor hooks), is registered by its storage. An in-place op (ebb_op_add_,
+ * ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_), on any thread, that writes
+ * a registered storage, through the saved tensor, its base or any view of it, with or without
+ * autograd state and in any grad mode, first copies that whole storage (one copy on its device,
+ * queued on the writer's current stream, which the nodes' forward streams wait for) and gives
+ * each node that saved a part of it a handle on the copy instead: nodes that saved views of one
+ * storage share one copy, owned by them (EBB_OWNER_SAVED under the first one's name in the
+ * allocator's owners) and freed with them. Only writes after the save are protected: the copy is
+ * of the storage as the write finds it, and a saved tensor changed without such a write (e.g.
+ * ebb_tensor_bump_version) still fails its version check. A tensor saved again after a write is
+ * registered again, and the next write copies it again.
+ *
+ * The backward of such a node must run while the scope that recorded it is open (on any
+ * thread): exiting the scope frees what it kept (the saved tensors it registered, copied or
+ * not, and its records), and a later backward through one of its nodes fails with EBB_ESTATE, the
+ * message naming the node, the saved tensor and the scope. Those nodes are released as usual
+ * (their graph's tensors released), with or without a backward.
+ *
+ * Cost: while any scope is open in the process, every in-place op takes one process-wide lock
+ * and looks its storage up; each registered save takes the lock once. With no scope open, an
+ * in-place op on a tensor without autograd state pays one more load and branch.
+ *
+ * Errors: enter: EBB_ESTATE when a scope is already open on this thread (nesting is an error);
+ * EBB_ENOMEM. exit: EBB_ESTATE when none is open on this thread. A save in the scope may fail
+ * with EBB_ENOMEM (the op fails); a write whose copy cannot be made fails before it changes
+ * anything (the copy's status, EBB_ENOMEM for a full device; the message names the node and
+ * the saved tensor).
+ * Threading: the scope is per thread; a thread must exit the scope it entered before it ends
+ * (otherwise what it kept is never freed). Writes from other threads to registered storages are
+ * copied too; a write racing with the backward that reads the same tensor is the caller's race,
+ * as without the scope. */
+EBB_API ebb_status ebb_allow_mutation_on_saved_enter(void);
+EBB_API ebb_status ebb_allow_mutation_on_saved_exit(void);
 
 /* ---- the engine: devices, streams, threads -------------------------------------------------
  * Where nodes run. Each node belongs to a device: the device of its forward outputs (for an

@@ -114,6 +114,11 @@ EBB_HIDDEN void ebb__tensor_meta_of(const ebb_tensor_t *t, struct ebb__tensor_me
 EBB_HIDDEN ebb_tensor_t *ebb__tensor_base(const ebb_tensor_t *t);
 /* Whether two of t's elements share memory (a stride-0 dim of extent > 1: an expanded tensor). */
 EBB_HIDDEN bool ebb__tensor_overlaps(const ebb_tensor_t *t);
+/* A copy of t's whole storage (all its bytes, whatever part of them t covers), on its device and
+ * made on the device's current stream: a new 1-D contiguous tensor of t's dtype, without a slot,
+ * at version 0. What autograd keeps of a saved tensor's storage before an in-place write changes
+ * it (its slots then view the copy through ebb__tensor_share_as). Failures (no memory) name fn. */
+EBB_HIDDEN ebb_status ebb__tensor_storage_clone(const char *fn, const ebb_tensor_t *t, ebb_tensor_t **out);
 
 /* Inference mode (autograd's scope; the flag lives here because ops marks what it creates):
  * per thread; storage made while it is on belongs to inference tensors, and in-place ops on

@@ -26,6 +26,7 @@ enum ebb_lock_rank {
   EBB_RANK_AG_TASK = 1,     /* autograd: a shared graph task's deliveries, held across the ops that sum gradients */
   EBB_RANK_AG_GRAD,     /* autograd: a leaf's .grad, held across the ops that accumulate it */
   EBB_RANK_AG_OFFLOAD,      /* autograd: offloaded saved tensors, held across the stream, event and alloc calls that move them */
+  EBB_RANK_AG_MUTATION,     /* autograd: the allow-mutation registry, held across the clones it makes and the saved-slot changes */
   EBB_RANK_AG_SAVED,        /* autograd: its table of saved blocks, held across the alloc calls that re-tag them */
   EBB_RANK_RUNTIME,         /* init/shutdown, driver table */
   EBB_RANK_KERNELS,         /* kernel registry */
