@@ -316,6 +316,9 @@ EBB_HIDDEN ebb_status ebb__mutation_unpack(const char *fn, const struct ebb_node
 /* An in-place op is about to write dst's storage: the saved tensors registered on that storage
  * are cloned first (the slots then hold the clone). Called by the inplace hook, no lock held. */
 EBB_HIDDEN ebb_status ebb__mutation_write(const ebb_tensor_t *dst);
+/* Whether an allow-mutation scope is open on the calling thread (offload.c: its saves then
+ * survive writes through their pinned copies). */
+EBB_HIDDEN bool ebb__mutation_scope_here(void);
 
 /* saved.c: saved tensors and the saved-tensor hooks stack. */
 /* Saves t as n's saved tensor k (n->saved allocated): through the hooks on top of this thread's

@@ -115,6 +115,8 @@ static void scope_del(struct ebb__mut *e) {
 
 /* ---- scopes ---------------------------------------------------------------------------------------- */
 
+bool ebb__mutation_scope_here(void) { return mut_tls != NULL; }
+
 ebb_status ebb_allow_mutation_on_saved_enter(void) {
   static const char fn[] = "ebb_allow_mutation_on_saved_enter";
   if (mut_tls)

@@ -97,6 +97,7 @@ struct ebb__offl {
   int users;            /* plans holding dev_t until their last node reading it has run */
   void *host;           /* the pinned copy */
   ebb_event_t *out_ev;  /* the copy out's completion */
+  bool allow_mut;       /* saved inside an allow-mutation scope: a write lets the original go instead */
   bool modified;        /* the storage was changed in place after the save */
   uint64_t modified_version;
   bool in_list;         /* `link` is in its scope's kept list (RESIDENT) or the device's list of copies in flight (COPYING) */
@@ -661,13 +662,26 @@ void ebb__offl_inplace(const ebb_tensor_t *dst) {
   ebb__mutex_lock(&ebb__offl_mu);
   for (struct ebb__offl *o = G.nbucket ? G.bucket[si.serial & (G.nbucket - 1)] : NULL; o; o = o->gnext) {
     if (o->serial != si.serial || o->version != v || o->modified) continue;
+    ebb_stream_t *cur = NULL;
+    if (ebb_stream_current(o->dev, &cur)) continue;
+    if (o->allow_mut && !o->users) {
+      /* Saved in an allow-mutation scope: the pinned copy is the saved value (copied now if it
+       * was not yet, after the stream that made it), the write waits for it on the device, and
+       * the original goes, so the backward reloads the value as it was saved. */
+      bool room;
+      if (o->state == OFFL_RESIDENT) (void)copy_out(o->owner, o, &room); /* (failed or no room: marked below) */
+      if (o->state != OFFL_RESIDENT) {
+        ebb_event_wait(o->out_ev, cur);
+        if (o->orig) dev_t_drop(o);
+        continue;
+      }
+    }
     /* The saved value is gone from the device once the write runs: the backward will refuse
      * it, as it refuses any saved tensor changed in place, and the write waits for the copy
      * out still reading the storage (on the device: no host wait). */
     o->modified = true;
     o->modified_version = v; /* (the write moves it on from there) */
-    ebb_stream_t *cur = NULL;
-    if (o->state == OFFL_COPYING && !ebb_stream_current(o->dev, &cur)) ebb_event_wait(o->out_ev, cur);
+    if (o->state == OFFL_COPYING) ebb_event_wait(o->out_ev, cur);
   }
   ebb__mutex_unlock(&ebb__offl_mu);
   ebb__fail_mute(false);
@@ -804,6 +818,7 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
   o->version = version;
   snprintf(o->owner, sizeof o->owner, "%s", fn);
   o->state = OFFL_RESIDENT;
+  o->allow_mut = ebb__mutation_scope_here();
   atomic_fetch_add_explicit(&offl_live, 1, memory_order_relaxed);
   ebb__inplace_watch_add(1);
   scope_insert(sc, o);

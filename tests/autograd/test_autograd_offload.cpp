@@ -712,3 +712,48 @@ TEST_CASE("offload: under a device budget a tensor made on a stalled stream is c
     EBB_REQUIRE_OK(ebb_stream_release(s2));
   }
 }
+
+// Inside an allow-mutation scope an offloaded tensor needs no clone: its pinned copy is the saved
+// value, so a write lets its device original go (after the copy) and the backward reloads it.
+TEST_CASE("offload: under allow-mutation, an in-place write to an offloaded tensor leaves the backward the saved value",
+          "[autograd][offload][allow-mutation]") {
+  EbbSession session;
+  Live live;
+  for (bool budget : {false, true}) {
+    INFO("device budget " << budget);
+    Tensor w = make(0, EBB_F32, {kBatch, kWidth}, values(kBatch * kWidth, 41, -0.5, 0.5));
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(w, true));
+    // l = sum(exp(w) * w): ExpBackward saves e = exp(w); MulBackward saves e and w.
+    auto grad = [&](bool write, bool offload) {
+      Tensor a, e, m, l, g;
+      EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_enter());
+      ebb_offload_policy p = every_tensor();
+      if (budget) p.device_budget_bytes = 4 * kBatch * kWidth * 4;  // e stays on the device: copied at the write
+      if (offload) EBB_REQUIRE_OK(ebb_offload_scope_enter(&p));
+      EBB_REQUIRE_OK(ebb_op_mul_scalar(w, 1.0, a.out()));
+      EBB_REQUIRE_OK(ebb_op_exp(a, e.out()));
+      EBB_REQUIRE_OK(ebb_op_mul(e, w, m.out()));
+      EBB_REQUIRE_OK(ebb_op_sum(m, nullptr, 0, false, l.out()));
+      if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
+      if (write) {
+        bool was;
+        ebb_grad_set_enabled(false, &was);
+        EBB_REQUIRE_OK(ebb_tensor_fill_(e, 7.0));  // the saved e changes on the device
+        ebb_grad_set_enabled(was, nullptr);
+      }
+      const ebb_tensor_t *r[1] = {l.get()};
+      EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+      EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_exit());
+      EBB_REQUIRE_OK(ebb_tensor_grad(w, g.out()));
+      auto v = read(g);
+      EBB_REQUIRE_OK(ebb_tensor_set_grad(w, nullptr));
+      return v;
+    };
+    auto want = grad(false, false);
+    CHECK(grad(true, false) == want);  // allow-mutation's clone, without offload
+    CHECK(grad(true, true) == want);   // the pinned copy, with offload
+    CHECK(grad(false, true) == want);
+  }
+  CHECK(pinned_allocated() == 0);
+  live.check();
+}
