@@ -538,8 +538,11 @@ EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
  * reading it has run (the pinned copy stays while a node holds the saved tensor: retain_graph).
  * Versions: an in-place change to an offloaded storage after the save (through any tensor or view
  * of it) fails the backward with EBB_ESTATE as for any saved tensor, and the write is ordered
- * after the copy out (its stream waits for it on the device). While offloaded tensors live, every
- * in-place op pays a lookup for this.
+ * after the copy out (its stream waits for it on the device). A tensor saved inside an
+ * allow-mutation scope (below) instead survives such a write: the pinned copy is the saved value
+ * (made at the write if a budget had kept it uncopied), the device original goes, and the
+ * backward reloads it; it needs no clone, and its backward may run after that scope exited.
+ * While offloaded tensors live, every in-place op pays a lookup for this.
  *
  * Policy fields (all zero: the defaults):
  *   min_bytes              storages smaller than this stay; 0: 1 MiB
