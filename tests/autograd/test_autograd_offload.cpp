@@ -7,7 +7,9 @@
 // a copy lands in pieces and a reader that skips an event reads old or poisoned memory.
 #include <cmath>
 #include <ctime>
+#include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -427,6 +429,29 @@ TEST_CASE("offload: the reloaded blocks and the pinned copies are the saving nod
            std::string(e.owner_name) == "MulBackward"))
         reload_allocs++;
     CHECK(reload_allocs > 0);
+    // While a graph's tensors are offloaded, a snapshot shows their pinned copies in the pinned
+    // pool, owned by the saving nodes.
+    Tensor l;
+    {
+      Scope s(p);
+      l = net.forward();
+    }
+    char path[] = "/tmp/ebb-offload-snapshot-XXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    close(fd);
+    EBB_REQUIRE_OK(ebb_memory_snapshot_json(path));
+    std::FILE *f = std::fopen(path, "r");
+    REQUIRE(f != nullptr);
+    std::string json;
+    char buf[4096];
+    for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) json.append(buf, got);
+    std::fclose(f);
+    std::remove(path);
+    size_t pools = json.find("\"host_pools\"");
+    REQUIRE(pools != std::string::npos);
+    const std::string host = json.substr(pools);
+    CHECK(host.find("\"category\":\"saved\",\"name\":\"TanhBackward\"") != std::string::npos);
   }
   live.check();
 }
