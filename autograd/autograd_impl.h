@@ -382,9 +382,11 @@ EBB_HIDDEN ebb_status ebb__offl_unpack(const char *fn, const struct ebb_node *n,
 /* Whether in-place ops must be shown to ebb__offl_inplace (records alive, and the write is not
  * offload.c's own), and dst about to be changed in place: the records of its storage at its
  * version are marked changed (their backward fails the version check), and the write waits on
- * the device for a copy out still reading it. From the inplace hook, before the write. */
+ * the device for a copy out still reading it; records saved inside an allow-mutation scope keep
+ * their pinned copy as the saved value instead (a failure, EBB_ENOMEM when it cannot be made,
+ * refuses the write before anything changes). From the inplace hook, before the write. */
 EBB_HIDDEN bool ebb__offl_watching(void);
-EBB_HIDDEN void ebb__offl_inplace(const ebb_tensor_t *dst);
+EBB_HIDDEN ebb_status ebb__offl_inplace(const ebb_tensor_t *dst);
 /* Records alive (the engine makes a plan only when there are some). */
 EBB_HIDDEN long ebb__offl_live(void);
 /* A backward's plan: the engine adds each offloaded record of each task node it will run (ti its

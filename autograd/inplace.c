@@ -187,8 +187,11 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
     *token = NULL;
   }
   /* offload.c: a write to an offloaded storage, once the op is allowed (a refused one changes
-   * nothing) */
-  if (EBB_UNLIKELY(ebb__offl_watching()) && !st) ebb__offl_inplace(dst);
+   * nothing); its own refusal drops what was prepared */
+  if (EBB_UNLIKELY(ebb__offl_watching()) && !st && (st = ebb__offl_inplace(dst)) && *token) {
+    tok_free(*token);
+    *token = NULL;
+  }
   return st;
 }
 

@@ -340,16 +340,17 @@ void ebb__offl_scope_exit(struct ebb__offl_scope *sc) {
   for (int d = 0; M.dev && d < sc->ndev && d < M.ndev; d++) {
     poll_dev(d);
     /* What a budgeted forward saved: the next one copies out only what will have to leave. */
-    if (sc->pol.device_budget_bytes && sc->saved_bytes[d]) M.dev[d].expect = sc->saved_bytes[d];
+    /* (the largest: a small forward between two large ones must not make the next copy too late) */
+    if (sc->pol.device_budget_bytes && sc->saved_bytes[d] > M.dev[d].expect) M.dev[d].expect = sc->saved_bytes[d];
   }
   ebb__mutex_unlock(&ebb__offl_mu);
   ebb__fail_mute(false);
 }
 
 /* The scope's record of storage `serial` at `version`, or NULL. Lock held. */
-static struct ebb__offl *scope_find(const struct ebb__offl_scope *sc, uint64_t serial, uint64_t version) {
+static struct ebb__offl *scope_find(const struct ebb__offl_scope *sc, uint64_t serial, uint64_t version, bool allow_mut) {
   for (struct ebb__offl *o = sc->bucket[serial & (sc->nbucket - 1)]; o; o = o->hnext)
-    if (o->serial == serial && o->version == version) return o;
+    if (o->serial == serial && o->version == version && o->allow_mut == allow_mut) return o;
   return NULL;
 }
 
@@ -653,38 +654,48 @@ static ebb_status reload(const char *fn, struct ebb__offl *o, ebb_stream_t *on) 
 
 bool ebb__offl_watching(void) { return ebb__offl_live() > 0 && !offl_busy; }
 
-void ebb__offl_inplace(const ebb_tensor_t *dst) {
+ebb_status ebb__offl_inplace(const ebb_tensor_t *dst) {
   ebb__storage_info si;
   ebb__tensor_storage_info(dst, &si);
   uint64_t v = 0;
   ebb_tensor_version(dst, &v);
-  ebb__fail_mute(true);
+  ebb_status st = EBB_OK;
   ebb__mutex_lock(&ebb__offl_mu);
-  for (struct ebb__offl *o = G.nbucket ? G.bucket[si.serial & (G.nbucket - 1)] : NULL; o; o = o->gnext) {
+  struct ebb__offl *head = G.nbucket ? G.bucket[si.serial & (G.nbucket - 1)] : NULL;
+  /* First, before anything changes: a tensor saved inside an allow-mutation scope and not copied
+   * yet (a budget kept it) is copied now, after the stream that made it; when it cannot be, the
+   * write is refused. */
+  for (struct ebb__offl *o = head; o && !st; o = o->gnext) {
+    if (o->serial != si.serial || o->version != v || o->modified || !o->allow_mut || o->state != OFFL_RESIDENT) continue;
+    bool room;
+    st = copy_out(o->owner, o, &room);
+    if (!st && !room)
+      st = ebb__fail(EBB_ENOMEM, "%s's saved tensor (%zu bytes on device %d, saved inside an allow-mutation scope) must be copied "
+                     "to pinned memory before this write changes it, and its offload scope's pinned budget (%lld bytes, %lld "
+                     "held) cannot take it; expected a larger pinned_budget_bytes, or the write after the backward", o->owner,
+                     o->bytes, o->dev, (long long)o->sc->pol.pinned_budget_bytes, (long long)o->sc->pinned);
+  }
+  ebb__fail_mute(true);
+  for (struct ebb__offl *o = head; o && !st; o = o->gnext) {
     if (o->serial != si.serial || o->version != v || o->modified) continue;
     ebb_stream_t *cur = NULL;
-    if (ebb_stream_current(o->dev, &cur)) continue;
-    if (o->allow_mut && !o->users) {
-      /* Saved in an allow-mutation scope: the pinned copy is the saved value (copied now if it
-       * was not yet, after the stream that made it), the write waits for it on the device, and
-       * the original goes, so the backward reloads the value as it was saved. */
-      bool room;
-      if (o->state == OFFL_RESIDENT) (void)copy_out(o->owner, o, &room); /* (failed or no room: marked below) */
-      if (o->state != OFFL_RESIDENT) {
-        ebb_event_wait(o->out_ev, cur);
-        if (o->orig) dev_t_drop(o);
-        continue;
-      }
+    bool waited = !ebb_stream_current(o->dev, &cur) && (o->state == OFFL_HOST || !ebb_event_wait(o->out_ev, cur));
+    if (o->allow_mut && o->state != OFFL_RESIDENT && waited) {
+      /* Saved in an allow-mutation scope: the pinned copy is the saved value, the write waits
+       * for it on the device, and the original goes (a reload, which the write cannot touch,
+       * stays), so the backward reads the value as it was saved. */
+      if (o->orig) dev_t_drop(o);
+      continue;
     }
     /* The saved value is gone from the device once the write runs: the backward will refuse
      * it, as it refuses any saved tensor changed in place, and the write waits for the copy
      * out still reading the storage (on the device: no host wait). */
     o->modified = true;
     o->modified_version = v; /* (the write moves it on from there) */
-    if (o->state == OFFL_COPYING) ebb_event_wait(o->out_ev, cur);
   }
-  ebb__mutex_unlock(&ebb__offl_mu);
   ebb__fail_mute(false);
+  ebb__mutex_unlock(&ebb__offl_mu);
+  return st;
 }
 
 /* ---- saving ----------------------------------------------------------------------------------- */
@@ -715,8 +726,10 @@ static ebb_status keep_budget(const char *fn, struct ebb__offl_scope *sc, int de
       struct ebb__offl *o = ebb_container_of(l, struct ebb__offl, hlink);
       if (o->sc == sc && !o->users) w = o;
     }
-    if (!w && !ebb_list_empty(&sc->kept[dev])) {
-      struct ebb__offl *o = ebb_container_of(sc->kept[dev].next, struct ebb__offl, link);
+    struct ebb__offl *o = NULL; /* the oldest kept one no backward reads now */
+    for (struct ebb_list *l = sc->kept[dev].next; !w && !o && l != &sc->kept[dev]; l = l->next)
+      if (!ebb_container_of(l, struct ebb__offl, link)->users) o = ebb_container_of(l, struct ebb__offl, link);
+    if (o) {
       bool room;
       ebb_status st = copy_out(fn, o, &room);
       if (st) return st;
@@ -734,7 +747,7 @@ static ebb_status keep_budget(const char *fn, struct ebb__offl_scope *sc, int de
 }
 
 /* Whether a save of `bytes` on dev under budget scope sc is copied out now: it will have to leave
- * when the forward saves about what the last budgeted forward on the device did (the oldest
+ * when the forward saves about the most a budgeted forward on the device did (the oldest
  * leave; the newest stay), with EBB__OFFL_HOLD tensors of slack; and always when nothing is
  * known yet. Lock held. */
 static bool copy_now(const struct ebb__offl_scope *sc, int dev, int64_t bytes) {
@@ -780,7 +793,8 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
     return st;
   }
   poll_dev(si.device);
-  struct ebb__offl *o = scope_find(sc, si.serial, version);
+  const bool allow_mut = ebb__mutation_scope_here(); /* (a save inside an allow-mutation scope survives writes) */
+  struct ebb__offl *o = scope_find(sc, si.serial, version, allow_mut);
   if (o) {
     o->refs++;
     M.st.deduplicated++;
@@ -818,7 +832,7 @@ ebb_status ebb__offl_save(struct ebb__offl_scope *sc, const struct ebb_node *n, 
   o->version = version;
   snprintf(o->owner, sizeof o->owner, "%s", fn);
   o->state = OFFL_RESIDENT;
-  o->allow_mut = ebb__mutation_scope_here();
+  o->allow_mut = allow_mut;
   atomic_fetch_add_explicit(&offl_live, 1, memory_order_relaxed);
   ebb__inplace_watch_add(1);
   scope_insert(sc, o);

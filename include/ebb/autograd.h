@@ -524,8 +524,8 @@ EBB_API const char *ebb_saved_tensors_hooks_disabled_message(void);
  * in place), each after its copy to pinned memory (their streams wait for the copies on the
  * device: counted in forward_waits when that stalls). So that those copies run from the start of
  * the forward, the first budgeted forward on a device copies out every saved tensor at its save;
- * later ones copy at its save each tensor that will have to leave if the forward saves what the
- * last budgeted forward there saved (two tensors of slack), and the rest only if the budget
+ * later ones copy at its save each tensor that will have to leave if the forward saves the most
+ * a budgeted forward there saved (two tensors of slack), and the rest only if the budget
  * needs their room after all. Only what must leave the device leaves (device_bytes_saved).
  *
  * Backward: the engine knows, when a backward starts, every node it will run on each device and

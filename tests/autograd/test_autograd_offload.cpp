@@ -782,3 +782,158 @@ TEST_CASE("offload: under allow-mutation, an in-place write to an offloaded tens
   CHECK(pinned_allocated() == 0);
   live.check();
 }
+
+// ---- offloaded tensors and allow-mutation scopes together ----------------------------------------
+
+namespace mixed {
+constexpr int64_t act = kBatch * kWidth * 4;
+ebb_status try_backward(const ebb_tensor_t *l, bool retain = false) {
+  const ebb_tensor_t *r[1] = {l};
+  return ebb_backward(r, nullptr, 1, retain, nullptr, 0);
+}
+Tensor leaf(unsigned seed) {
+  Tensor t = make(0, EBB_F32, {kBatch, kWidth}, values(kBatch * kWidth, seed, -0.5, 0.5));
+  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
+  return t;
+}
+Tensor sum_of(const ebb_tensor_t *t) {
+  Tensor s;
+  EBB_REQUIRE_OK(ebb_op_sum(t, nullptr, 0, false, s.out()));
+  return s;
+}
+ebb_status fill_nograd(ebb_tensor_t *t, double v) {
+  bool was;
+  ebb_grad_set_enabled(false, &was);
+  ebb_status st = ebb_tensor_fill_(t, v);
+  ebb_grad_set_enabled(was, nullptr);
+  return st;
+}
+ebb_tensor_t *g_target;
+ebb_status write_hook(const ebb_tensor_t *, ebb_tensor_t **, void *) { return fill_nograd(g_target, 7.0); }
+}  // namespace mixed
+
+TEST_CASE("offload: a save inside an allow-mutation scope survives a write, though the same storage was saved outside it", "[autograd][offload][allow-mutation]") {
+  EbbSession session;
+  for (bool offload : {false, true}) {
+    INFO("offload " << offload);
+    Tensor w = mixed::leaf(1), c = mixed::leaf(2), d = mixed::leaf(3), x, A, B;
+    ebb_offload_policy p = every_tensor();
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_enter(&p));
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(w, 1.0, x.out()));
+    EBB_REQUIRE_OK(ebb_op_mul(x, c, A.out()));  // saves x outside the allow-mutation scope
+    EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_enter());
+    EBB_REQUIRE_OK(ebb_op_mul(x, d, B.out()));  // saves x inside it
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
+    Tensor lB = mixed::sum_of(B);
+    EBB_REQUIRE_OK(mixed::fill_nograd(x, 7.0));
+    ebb_status st = mixed::try_backward(lB);
+    INFO(ebb_last_error());
+    CHECK(st == EBB_OK);  // B was saved inside the scope: survives the write
+    CHECK(ebb_allow_mutation_on_saved_exit() == EBB_OK);
+  }
+}
+
+TEST_CASE("offload: a save outside an allow-mutation scope fails its version check, though the same storage was saved inside one", "[autograd][offload][allow-mutation]") {
+  EbbSession session;
+  for (bool offload : {false, true}) {
+    INFO("offload " << offload);
+    Tensor w = mixed::leaf(1), c = mixed::leaf(2), d = mixed::leaf(3), x, A, B;
+    ebb_offload_policy p = every_tensor();
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_enter(&p));
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(w, 1.0, x.out()));
+    EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_enter());
+    EBB_REQUIRE_OK(ebb_op_mul(x, c, A.out()));  // inside
+    EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_exit());
+    EBB_REQUIRE_OK(ebb_op_mul(x, d, B.out()));  // outside
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
+    Tensor lB = mixed::sum_of(B);
+    EBB_REQUIRE_OK(mixed::fill_nograd(x, 7.0));
+    ebb_status st = mixed::try_backward(lB);
+    CHECK(st == EBB_ESTATE);  // saved outside any allow-mutation scope: the version check
+  }
+}
+
+TEST_CASE("offload: under allow-mutation a write to a kept tensor that cannot be copied is refused before it changes anything", "[autograd][offload][allow-mutation]") {
+  EbbSession session;
+  Tensor w = mixed::leaf(5);
+  auto chain = [&](int n, std::vector<Tensor> &es) -> const ebb_tensor_t * {
+    Tensor h0;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(w, 1.0, h0.out()));
+    es.push_back(std::move(h0));
+    for (int i = 0; i < n; i++) {
+      Tensor e;
+      EBB_REQUIRE_OK(ebb_op_tanh(es.back(), e.out()));  // TanhBackward saves e
+      es.push_back(std::move(e));
+    }
+    return es.back().get();
+  };
+  ebb_offload_policy p = every_tensor();
+  p.device_budget_bytes = 4 * mixed::act;
+  {  // prime: a budgeted forward that saved 2 activations (the next ones copy what would leave then)
+    std::vector<Tensor> es;
+    EBB_REQUIRE_OK(ebb_offload_scope_enter(&p));
+    chain(2, es);
+    EBB_REQUIRE_OK(ebb_offload_scope_exit());
+  }
+  for (bool offload : {false, true}) {
+    INFO("offload " << offload);
+    std::vector<Tensor> es;
+    ebb_offload_policy q = p;
+    q.pinned_budget_bytes = mixed::act;
+    EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_enter());
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_enter(&q));
+    ebb_offload_reset_stats();
+    const ebb_tensor_t *h = chain(6, es);
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
+    ebb_offload_stats s = stats();
+    INFO("offloaded " << s.tensors_offloaded << " kept_pinned_budget " << s.kept_pinned_budget);
+    Tensor l = mixed::sum_of(h);
+    if (offload) EBB_CHECK_MSG(mixed::fill_nograd(es[3], 7.0), EBB_ENOMEM, "ebb_tensor_fill_", "pinned budget");
+    else EBB_REQUIRE_OK(mixed::fill_nograd(es[3], 7.0));  // allow-mutation's clone
+    ebb_status st = mixed::try_backward(l);
+    INFO(ebb_last_error());
+    CHECK(st == EBB_OK);
+    EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_exit());
+    EBB_REQUIRE_OK(ebb_tensor_set_grad(w, nullptr));
+  }
+}
+
+// A write from a tensor hook during the backward (same thread, before the node reading the
+// tensor runs), to a tensor saved inside an allow-mutation scope, whose record the backward holds.
+TEST_CASE("offload: under allow-mutation a write during the backward to a tensor the backward holds leaves it the saved value", "[autograd][offload][allow-mutation]") {
+  EbbSession session;
+  Tensor w = mixed::leaf(9);
+  std::vector<double> want;
+  for (bool offload : {false, true}) {
+    INFO("offload " << offload);
+    std::vector<Tensor> es;
+    ebb_offload_policy p = every_tensor();
+    EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_enter());
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_enter(&p));
+    Tensor h0;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(w, 1.0, h0.out()));
+    es.push_back(std::move(h0));
+    for (int i = 0; i < 8; i++) {
+      Tensor e;
+      EBB_REQUIRE_OK(ebb_op_tanh(es.back(), e.out()));
+      es.push_back(std::move(e));
+    }
+    const ebb_tensor_t *h = es.back().get();
+    if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
+    mixed::g_target = es[3].get();
+    ebb_hook_handle hh;
+    EBB_REQUIRE_OK(ebb_tensor_register_hook(es[7], mixed::write_hook, nullptr, &hh));
+    Tensor l = mixed::sum_of(h);
+    ebb_status st = mixed::try_backward(l);
+    INFO(ebb_last_error());
+    CHECK(st == EBB_OK);
+    EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_exit());
+    if (st == EBB_OK) {
+      Tensor g;
+      EBB_REQUIRE_OK(ebb_tensor_grad(w, g.out()));
+      if (!offload) want = read(g);
+      else CHECK(read(g) == want);
+    }
+    EBB_REQUIRE_OK(ebb_tensor_set_grad(w, nullptr));
+  }
+}
