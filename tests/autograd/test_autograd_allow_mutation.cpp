@@ -15,6 +15,7 @@
 #include "ebb/autograd.h"
 #include "ebb/ops.h"
 #include "sanitizers.hpp"
+#include "autograd_test_util.hpp"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -26,25 +27,8 @@ struct AllowMutation {
   ~AllowMutation() { CHECK(ebb_allow_mutation_on_saved_exit() == EBB_OK); }
 };
 
-Tensor leaf_on(int dev, std::vector<double> v, const char *name = nullptr) {
-  Tensor t = make(dev, EBB_F64, {static_cast<int64_t>(v.size())}, v);
-  if (name) EBB_REQUIRE_OK(ebb_tensor_set_name(t, name));
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
-  return t;
-}
 
-std::vector<double> grad_of(const ebb_tensor_t *t) {
-  Tensor g;
-  EBB_REQUIRE_OK(ebb_tensor_grad(t, g.out()));
-  REQUIRE(g.get() != nullptr);
-  return read(g);
-}
 
-Tensor sum_of(const ebb_tensor_t *t) {
-  Tensor s;
-  EBB_REQUIRE_OK(ebb_op_sum(t, nullptr, 0, false, s.out()));
-  return s;
-}
 
 Tensor add(const ebb_tensor_t *a, const ebb_tensor_t *b) {
   Tensor s;
@@ -75,13 +59,6 @@ uint64_t allocs(int dev, bool frees = false) {
   return frees ? s.free_count : s.alloc_count;
 }
 
-struct Live {
-  long tensors = ebb_tensor_live_count(), nodes = ebb_autograd_live_nodes();
-  void check() const {
-    CHECK(ebb_tensor_live_count() == tensors);
-    CHECK(ebb_autograd_live_nodes() == nodes);
-  }
-};
 
 // l = sum(x * w) + sum(a * a) + sum(a'), a = exp(w), where x (a plain input, no autograd state)
 // is filled with 5 and a is doubled in place (a' its new value) after the products saved them.

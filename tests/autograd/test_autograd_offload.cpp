@@ -17,6 +17,7 @@
 #include "ebb/autograd.h"
 #include "ebb/ops.h"
 #include "ebb/stream.h"
+#include "autograd_test_util.hpp"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -25,13 +26,6 @@ namespace {
 
 constexpr int64_t kBatch = 32, kWidth = 64; // activations of 8 KiB in f32
 
-struct Live {
-  long tensors = ebb_tensor_live_count(), nodes = ebb_autograd_live_nodes();
-  void check() const {
-    CHECK(ebb_tensor_live_count() == tensors);
-    CHECK(ebb_autograd_live_nodes() == nodes);
-  }
-};
 
 ebb_offload_policy every_tensor() {
   ebb_offload_policy p = {};
@@ -796,11 +790,6 @@ Tensor leaf(unsigned seed) {
   EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
   return t;
 }
-Tensor sum_of(const ebb_tensor_t *t) {
-  Tensor s;
-  EBB_REQUIRE_OK(ebb_op_sum(t, nullptr, 0, false, s.out()));
-  return s;
-}
 ebb_status fill_nograd(ebb_tensor_t *t, double v) {
   bool was;
   ebb_grad_set_enabled(false, &was);
@@ -824,7 +813,7 @@ TEST_CASE("offload: a save inside an allow-mutation scope survives a write, thou
     EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_enter());
     EBB_REQUIRE_OK(ebb_op_mul(x, d, B.out()));  // saves x inside it
     if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
-    Tensor lB = mixed::sum_of(B);
+    Tensor lB = sum_of(B);
     EBB_REQUIRE_OK(mixed::fill_nograd(x, 7.0));
     ebb_status st = mixed::try_backward(lB);
     INFO(ebb_last_error());
@@ -846,7 +835,7 @@ TEST_CASE("offload: a save outside an allow-mutation scope fails its version che
     EBB_REQUIRE_OK(ebb_allow_mutation_on_saved_exit());
     EBB_REQUIRE_OK(ebb_op_mul(x, d, B.out()));  // outside
     if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
-    Tensor lB = mixed::sum_of(B);
+    Tensor lB = sum_of(B);
     EBB_REQUIRE_OK(mixed::fill_nograd(x, 7.0));
     ebb_status st = mixed::try_backward(lB);
     CHECK(st == EBB_ESTATE);  // saved outside any allow-mutation scope: the version check
@@ -887,7 +876,7 @@ TEST_CASE("offload: under allow-mutation a write to a kept tensor that cannot be
     if (offload) EBB_REQUIRE_OK(ebb_offload_scope_exit());
     ebb_offload_stats s = stats();
     INFO("offloaded " << s.tensors_offloaded << " kept_pinned_budget " << s.kept_pinned_budget);
-    Tensor l = mixed::sum_of(h);
+    Tensor l = sum_of(h);
     if (offload) EBB_CHECK_MSG(mixed::fill_nograd(es[3], 7.0), EBB_ENOMEM, "ebb_tensor_fill_", "pinned budget");
     else EBB_REQUIRE_OK(mixed::fill_nograd(es[3], 7.0));  // allow-mutation's clone
     ebb_status st = mixed::try_backward(l);
@@ -923,7 +912,7 @@ TEST_CASE("offload: under allow-mutation a write during the backward to a tensor
     mixed::g_target = es[3].get();
     ebb_hook_handle hh;
     EBB_REQUIRE_OK(ebb_tensor_register_hook(es[7], mixed::write_hook, nullptr, &hh));
-    Tensor l = mixed::sum_of(h);
+    Tensor l = sum_of(h);
     ebb_status st = mixed::try_backward(l);
     INFO(ebb_last_error());
     CHECK(st == EBB_OK);

@@ -13,6 +13,7 @@
 #include "ebb/autograd.h"
 #include "ebb/ops.h"
 #include "sanitizers.hpp"
+#include "autograd_test_util.hpp"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -115,19 +116,7 @@ struct Push {
   ~Push() { CHECK(ebb_saved_tensors_hooks_pop() == EBB_OK); }
 };
 
-Tensor leaf_on(int dev, std::vector<double> v, const char *name = nullptr) {
-  Tensor t = make(dev, EBB_F64, {static_cast<int64_t>(v.size())}, v);
-  if (name) EBB_REQUIRE_OK(ebb_tensor_set_name(t, name));
-  EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(t, true));
-  return t;
-}
 
-std::vector<double> grad_of(const ebb_tensor_t *t) {
-  Tensor g;
-  EBB_REQUIRE_OK(ebb_tensor_grad(t, g.out()));
-  REQUIRE(g.get() != nullptr);
-  return read(g);
-}
 
 // l = sum(tanh(x * w) * tanh(x * w) + exp(w)), with x and w on `dx`, `dw`; the products on dw's
 // device. MulBackward saves its inputs, TanhBackward and ExpBackward their outputs.
@@ -158,13 +147,6 @@ std::pair<std::vector<double>, std::vector<double>> grads(int dx, int dw, Hooks 
   return {grad_of(x), grad_of(w)};
 }
 
-struct Live {
-  long tensors = ebb_tensor_live_count(), nodes = ebb_autograd_live_nodes();
-  void check() const {
-    CHECK(ebb_tensor_live_count() == tensors);
-    CHECK(ebb_autograd_live_nodes() == nodes);
-  }
-};
 
 }  // namespace
 
