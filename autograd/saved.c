@@ -85,7 +85,7 @@ ebb_status ebb_saved_tensors_hooks_push(const ebb_saved_hooks *h) {
 /* What each kind of entry is called in messages ("no <none> on this thread", "is a <noun>"), and
  * the call that ends it. */
 static const char *const sh_none[] = {"saved-tensor hooks pushed", "offload scope open", "disable scope open"};
-static const char *const sh_noun[] = {"pair of saved-tensor hooks", "offload scope", "disable scope"};
+static const char *const sh_noun[] = {"a pair of saved-tensor hooks", "an offload scope", "a disable scope"};
 static const char *const sh_end[] = {"ebb_saved_tensors_hooks_pop", "ebb_offload_scope_exit", "ebb_saved_tensors_hooks_enable"};
 
 /* Pops the top entry, of the kind asked; fn names the call. */
@@ -93,11 +93,11 @@ static ebb_status sh_pop(const char *fn, enum sh_kind kind) {
   if (!sh_top)
     return ebb__fail(EBB_ESTATE, "%s: no %s on this thread; expected one %s per start on this thread", fn, sh_none[kind], fn);
   if (sh_top->kind != kind)
-    return ebb__fail(EBB_ESTATE, "%s: the innermost entry of this thread's saved-tensor stack is a %s, not a %s; expected %s "
+    return ebb__fail(EBB_ESTATE, "%s: the innermost entry of this thread's saved-tensor stack is %s, not %s; expected %s "
                      "first (scopes end in the reverse order of their start)", fn, sh_noun[sh_top->kind], sh_noun[kind],
                      sh_end[sh_top->kind]);
   if (sh_top == sh_base)
-    return ebb__fail(EBB_ESTATE, "%s: the %s on top of this thread's stack belongs to the running backward's caller; expected a "
+    return ebb__fail(EBB_ESTATE, "%s: %s on top of this thread's stack belongs to the running backward's caller; expected a "
                      "hook running in a backward to end only what it began", fn, sh_noun[kind]);
   struct sh_entry *e = sh_top;
   sh_top = e->below;

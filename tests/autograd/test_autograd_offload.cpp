@@ -488,9 +488,9 @@ TEST_CASE("offload: bad policies, saves the policy cannot take, and scopes ended
   ebb_saved_hooks hk = {Id::pack, Id::unpack, Id::free_packed, nullptr};
   EBB_REQUIRE_OK(ebb_offload_scope_enter(&p));
   EBB_REQUIRE_OK(ebb_saved_tensors_hooks_push(&hk));
-  EBB_CHECK_FAILS(ebb_offload_scope_exit(), EBB_ESTATE, "is a pair of saved-tensor hooks, not a offload scope");
+  EBB_CHECK_FAILS(ebb_offload_scope_exit(), EBB_ESTATE, "is a pair of saved-tensor hooks, not an offload scope");
   EBB_REQUIRE_OK(ebb_saved_tensors_hooks_pop());
-  EBB_CHECK_FAILS(ebb_saved_tensors_hooks_pop(), EBB_ESTATE, "is a offload scope");
+  EBB_CHECK_FAILS(ebb_saved_tensors_hooks_pop(), EBB_ESTATE, "is an offload scope, not a pair of saved-tensor hooks");
   EBB_REQUIRE_OK(ebb_offload_scope_exit());
   {
     // A saved storage larger than the window, or than the device budget.
