@@ -5,12 +5,15 @@
 // left empty; the policy's and the saves' bad input. The executable runs with the emulated
 // driver's link model on (EBB_SIM_COPY_GBPS) and its kernels taking time (EBB_SIM_LAUNCH_US), so
 // a copy lands in pieces and a reader that skips an event reads old or poisoned memory.
+#include <atomic>
 #include <cmath>
 #include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <unistd.h>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ebb/alloc.h"
@@ -925,4 +928,143 @@ TEST_CASE("offload: under allow-mutation a write during the backward to a tensor
     }
     EBB_REQUIRE_OK(ebb_tensor_set_grad(w, nullptr));
   }
+}
+
+// Work for threads, without Catch2's macros (not thread-safe): a failed call sets `bad` and ends
+// the step. One step of net (forward in the scope of p, when given, from input values `in`,
+// backward, gradients read into *g and cleared).
+namespace threaded {
+#define T_OK(x)                     \
+  do {                              \
+    if ((x) != EBB_OK) {            \
+      bad++;                        \
+      return;                       \
+    }                               \
+  } while (0)
+
+void read_into(const ebb_tensor_t *t, std::vector<double> *out, std::atomic<int> &bad) {
+  int64_t n = 0;
+  T_OK(ebb_tensor_numel(t, &n));
+  std::vector<float> buf((size_t)n);
+  T_OK(ebb_tensor_to_host(t, buf.data(), buf.size() * sizeof(float)));
+  out->assign(buf.begin(), buf.end());
+}
+
+void step(const Net &net, const ebb_offload_policy *p, const std::vector<float> &in, std::vector<std::vector<double>> *g,
+          std::atomic<int> &bad) {
+  bool was;
+  ebb_grad_set_enabled(false, &was);
+  ebb_status st = EBB_OK;
+  ebb_tensor_t *v = nullptr;
+  const int64_t shape[2] = {kBatch, kWidth};
+  T_OK(ebb_tensor_from_host(net.devs[0], EBB_F32, 2, shape, in.data(), in.size() * sizeof(float), &v));
+  ebb_status cst = ebb_tensor_copy_(net.x, v);
+  ebb_tensor_release(v);
+  ebb_grad_set_enabled(was, nullptr);
+  T_OK(cst);
+  if (p) T_OK(ebb_offload_scope_enter(p));
+  ebb_tensor_t *h = nullptr;
+  T_OK(ebb_tensor_view(net.x, 2, shape, &h));
+  for (size_t i = 0; i < net.w.size(); i++) {
+    ebb_tensor_t *a = nullptr, *b = nullptr;
+    st = ebb_op_matmul(h, net.w[i], &a);
+    if (!st) st = ebb_op_tanh(a, &b);
+    ebb_tensor_release(h);
+    if (a) ebb_tensor_release(a);
+    h = b;
+    if (st) break;
+  }
+  ebb_tensor_t *l = nullptr;
+  if (!st) st = ebb_op_sum(h, nullptr, 0, false, &l);
+  if (h) ebb_tensor_release(h);
+  if (p) T_OK(ebb_offload_scope_exit());
+  T_OK(st);
+  const ebb_tensor_t *r[1] = {l};
+  st = ebb_backward(r, nullptr, 1, false, nullptr, 0);
+  ebb_tensor_release(l);
+  T_OK(st);
+  g->clear();
+  std::vector<const ebb_tensor_t *> leaves{net.x};
+  for (const Tensor &t : net.w) leaves.push_back(t);
+  for (const ebb_tensor_t *t : leaves) {
+    ebb_tensor_t *gt = nullptr;
+    T_OK(ebb_tensor_grad(t, &gt));
+    if (!gt) {
+      bad++;
+      return;
+    }
+    g->emplace_back();
+    read_into(gt, &g->back(), bad);
+    ebb_tensor_release(gt);
+    T_OK(ebb_tensor_set_grad(const_cast<ebb_tensor_t *>(t), nullptr));
+  }
+}
+#undef T_OK
+}  // namespace threaded
+
+// Threads: two threads train their own nets in their own offload scopes on one device at once
+// (one global offload state, one pending and one held list per device, shared streams), and two
+// threads run retain_graph backwards over one shared offloaded graph at once (two plans holding
+// the same records). Gradients as without offload; tsan watches the rest.
+TEST_CASE("offload: threads offload and reload at once, on their own graphs and on a shared one", "[autograd][offload][threads]") {
+  EbbSession session;
+  Live live;
+  {
+    Net a({0}, 5), b({0}, 5);
+    std::vector<std::vector<float>> ins;
+    for (unsigned s = 0; s < 6; s++) {
+      auto v = values(kBatch * kWidth, 200 + s);
+      ins.emplace_back(v.begin(), v.end());
+    }
+    ebb_offload_policy p = every_tensor();
+    std::atomic<int> bad{0};
+    // The expected gradients, one thread at a time and without offload.
+    std::vector<std::vector<std::vector<double>>> want(6), got(6);
+    for (unsigned s = 0; s < 3; s++) {
+      threaded::step(a, nullptr, ins[s], &want[s], bad);
+      threaded::step(b, nullptr, ins[3 + s], &want[3 + s], bad);
+    }
+    REQUIRE(bad == 0);
+    auto train = [&](const Net &net, unsigned base) {
+      for (unsigned s = 0; s < 3; s++) threaded::step(net, &p, ins[base + s], &got[base + s], bad);
+    };
+    std::thread ta(train, std::cref(a), 0u), tb(train, std::cref(b), 3u);
+    ta.join();
+    tb.join();
+    CHECK(bad == 0);
+    CHECK(got == want);
+
+    // One graph, offloaded, two threads' backwards at once (retain_graph), then the last one.
+    Net c({0}, 5);
+    c.set_input(7);
+    auto once = c.step(nullptr);  // one backward's gradients
+    c.set_input(7);
+    Tensor l;
+    {
+      Scope s(p);
+      l = c.forward();
+    }
+    const ebb_tensor_t *r[1] = {l.get()};
+    std::atomic<int> failed{0};
+    auto back = [&]() {
+      if (ebb_backward(r, nullptr, 1, true, nullptr, 0) != EBB_OK) failed++;
+    };
+    std::thread t1(back), t2(back);
+    t1.join();
+    t2.join();
+    CHECK(failed == 0);
+    EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));
+    // Three backwards summed into each .grad: 3x one backward's, within float rounding of the sums.
+    std::vector<const Tensor *> leaves{&c.x};
+    for (const Tensor &t : c.w) leaves.push_back(&t);
+    for (size_t i = 0; i < leaves.size(); i++) {
+      Tensor g;
+      EBB_REQUIRE_OK(ebb_tensor_grad(*leaves[i], g.out()));
+      std::vector<double> want3;
+      for (double v : once[i]) want3.push_back(3 * v);
+      EBB_CHECK_CLOSE(read(g), want3, 1e-5, 1e-4);
+    }
+  }
+  CHECK(pinned_allocated() == 0);
+  live.check();
 }
