@@ -1059,6 +1059,23 @@ ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *co
   return engine_execute("ebb_backward", roots, NULL, grad_roots, nroots, retain_graph, inputs, NULL, ninputs, true, false, NULL);
 }
 
+ebb_status ebb_backward_one(const ebb_tensor_t *loss) {
+  static const char fn[] = "ebb_backward_one";
+  ebb_status st = ebb__tensor_check(loss, fn, "loss");
+  if (st) return st;
+  char d[EBB__DESC_MAX];
+  const struct ebb__meta *m = ebb__meta_of(loss);
+  if (!m || !m->requires_grad)
+    return ebb__fail(EBB_EINVAL, "%s: %s does not require a gradient; expected a loss computed from tensors that require "
+                     "gradients", fn, ebb__tensor_desc(loss, "loss", -1, d, sizeof d));
+  int64_t n = 0;
+  ebb_tensor_numel(loss, &n);
+  if (n != 1)
+    return ebb__fail(EBB_EINVAL, "%s: %s has %lld elements; expected one (ebb_backward with grad_roots starts from a tensor of "
+                     "more)", fn, ebb__tensor_desc(loss, "loss", -1, d, sizeof d), (long long)n);
+  return engine_execute(fn, &loss, NULL, NULL, 1, false, NULL, NULL, 0, true, false, NULL);
+}
+
 ebb_status ebb_backward_edges(const ebb_gradient_edge *roots, const ebb_tensor_t *const *grad_roots, int nroots, bool retain_graph,
                               const ebb_gradient_edge *inputs, int ninputs) {
   return engine_execute("ebb_backward_edges", NULL, roots, grad_roots, nroots, retain_graph, NULL, inputs, ninputs, true, false, NULL);

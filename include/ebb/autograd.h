@@ -166,6 +166,11 @@ EBB_API ebb_status ebb_node_next(const ebb_node_t *node, int i, const ebb_node_t
  * retain_graph on all of them. */
 EBB_API ebb_status ebb_backward(const ebb_tensor_t *const *roots, const ebb_tensor_t *const *grad_roots, int nroots,
                                 bool retain_graph, const ebb_tensor_t *const *inputs, int ninputs);
+/* The common case of a training step: ebb_backward from one scalar loss (gradient 1), without
+ * retain_graph and into every leaf's .grad. Errors as ebb_backward's, with the loss named as
+ * such: EBB_EINVAL for NULL, a loss that does not require a gradient or has more than one
+ * element; EBB_EFREED for a released one; EBB_ESTATE for a second call through the same graph. */
+EBB_API ebb_status ebb_backward_one(const ebb_tensor_t *loss);
 EBB_API ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                             const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused,
                             ebb_tensor_t **grads);
