@@ -927,14 +927,9 @@ ebb_status ebb__tensor_storage_clone(const char *fn, const ebb_tensor_t *t, ebb_
   /* The whole storage as a 1-D tensor of t's dtype (a storage holds whole elements of the dtype
    * its tensors were made with, and views keep it). */
   ebb_tensor_t *whole;
-  ebb_status st = record_get(fn, &whole);
-  if (st) return st;
-  atomic_fetch_add_explicit(&t->stor->refs, 1, memory_order_relaxed);
-  whole->stor = t->stor;
-  whole->dtype = t->dtype;
-  whole->ndim = 1;
-  whole->shape[0] = (int64_t)(t->stor->bytes / ebb__dtype_size[t->dtype]);
-  whole->strides[0] = 1;
+  const int64_t n = (int64_t)(t->stor->bytes / ebb__dtype_size[t->dtype]), one = 1;
+  ebb_status st = ebb__tensor_share_as(t, 1, &n, &one, 0, &whole);
+  if (st) return ebb__fail_in(fn, st);
   st = ebb__copy_as(fn, whole, t->dtype, out);
   ebb__tensor_put(whole);
   return st;

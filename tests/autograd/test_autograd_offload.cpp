@@ -433,18 +433,16 @@ TEST_CASE("offload: the reloaded blocks and the pinned copies are the saving nod
       Scope s(p);
       l = net.forward();
     }
-    char path[] = "/tmp/ebb-offload-snapshot-XXXXXX";
-    int fd = mkstemp(path);
-    REQUIRE(fd >= 0);
-    close(fd);
-    EBB_REQUIRE_OK(ebb_memory_snapshot_json(path));
-    std::FILE *f = std::fopen(path, "r");
+    // (in the test's working directory, the build tree; one name per process)
+    const std::string path = "offload-snapshot-" + std::to_string(getpid()) + ".json";
+    EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
+    std::FILE *f = std::fopen(path.c_str(), "r");
     REQUIRE(f != nullptr);
     std::string json;
     char buf[4096];
     for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) json.append(buf, got);
     std::fclose(f);
-    std::remove(path);
+    std::remove(path.c_str());
     size_t pools = json.find("\"host_pools\"");
     REQUIRE(pools != std::string::npos);
     const std::string host = json.substr(pools);
