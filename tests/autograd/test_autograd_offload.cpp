@@ -469,6 +469,7 @@ TEST_CASE("offload: bad policies, saves the policy cannot take, and scopes ended
   p.prefetch_window_bytes = 1024;
   EBB_CHECK_FAILS(ebb_offload_scope_enter(&p), EBB_EINVAL, "prefetch_window_bytes is 1024");
   EBB_CHECK_FAILS(ebb_offload_scope_exit(), EBB_ESTATE, "no offload scope open");
+  EBB_CHECK_FAILS(ebb_offload_get_stats(nullptr), EBB_EINVAL, "ebb_offload_get_stats: out is NULL");
   // Disabled hooks refuse an offload scope too, with the disable's message.
   EBB_REQUIRE_OK(ebb_saved_tensors_hooks_disable("no offload in this region"));
   p = {};
