@@ -213,7 +213,7 @@ static void f32_row(const ebb__vec_ops *v, const ebb__ew_args *a, char *po, int6
  * transposed view made contiguous): the last two dims are copied in square tiles, so both sides
  * touch a tile's cache lines while they are in L1, instead of the input being walked with one
  * element per cache line. Returns false when the launch is not of that shape. */
-#define TILE 32
+#define TILE 64 /* of 16, 32, 64 and 128 elements, the fastest on [4096,1024] f32 (perf/RESULTS.md) */
 #define TILE_COPY(T)                                                                                             \
   for (int64_t r0 = 0; r0 < rows; r0 += TILE)                                                                    \
     for (int64_t c0 = 0; c0 < cols; c0 += TILE) {                                                                \

@@ -107,29 +107,55 @@ MAP1(map_tanh, tanh, tanhf)
  *             [1/10, 1/4]; past |x| = 10 erfc is below f32's least subnormal and exp gives 0.
  * Coefficients: Chebyshev interpolation in f64 (degrees 6, 8 and 5) turned into monomials and
  * rounded to f32. Every lane computes both forms and keeps one, so the loops vectorise. */
+static const float erf_p[7] = {1.12837917f,     -0.376126267f,    0.112835947f,   -0.026854212f,
+                               0.00518908742f, -0.000801686428f, 7.87587505e-05f};
+static const float erf_q[9] = {0.000305017749f, 0.55847992f,    0.0458379092f,  -0.485939508f,   0.529070575f,
+                               -0.286535608f,   0.0613541498f, 0.0109451333f, -0.00593402247f};
+static const float erf_r[6] = {9.41210965e-06f, 0.563829899f, 0.00559718022f,
+                               -0.327256858f,   0.195424736f, 0.0335453898f};
+
+static inline float erf_p_at(float s) {
+  float v = erf_p[6];
+  for (int k = 5; k >= 0; k--) v = v * s + erf_p[k];
+  return v;
+}
+
+/* The loop for a chunk with some |x| >= 1, e[i] = exp(-x[i]^2); `far` says whether some |x|
+ * reaches 4 (R is evaluated only then: inlined twice, once with far constant false). */
+static inline void erf1p_tail(float *o, const float *x, const float *e, int64_t n, const bool far) {
+  for (int64_t i = 0; i < n; i++) {
+    const float a = fabsf(x[i]), ps = erf_p_at(a * a);
+    const float t = 1.0f / (a > 1.0f ? a : 1.0f);
+    float qs = erf_q[8];
+    for (int k = 7; k >= 0; k--) qs = qs * t + erf_q[k];
+    if (far) {
+      float rs = erf_r[5];
+      for (int k = 4; k >= 0; k--) rs = rs * t + erf_r[k];
+      qs = t >= 0.25f ? qs : rs;
+    }
+    const float erfc = e[i] * qs;
+    const float tail = x[i] > 0 ? 2.0f - erfc : erfc;
+    const float res = a < 1.0f ? 1.0f + x[i] * ps : tail;
+    o[i] = x[i] != x[i] ? x[i] : res;
+  }
+}
+
 static void map_erf1p(float *o, const float *x, int64_t n) {
-  static const float p[7] = {1.12837917f,     -0.376126267f,    0.112835947f,   -0.026854212f,
-                             0.00518908742f, -0.000801686428f, 7.87587505e-05f};
-  static const float q[9] = {0.000305017749f, 0.55847992f,    0.0458379092f,  -0.485939508f,   0.529070575f,
-                             -0.286535608f,   0.0613541498f, 0.0109451333f, -0.00593402247f};
-  static const float r[6] = {9.41210965e-06f, 0.563829899f, 0.00559718022f,
-                             -0.327256858f,   0.195424736f, 0.0335453898f};
+  /* a chunk within |x| < 1 (no NaN) needs neither exp nor the tail polynomials */
+  int mid = 0, far = 0;
+  for (int64_t i = 0; i < n; i++) {
+    mid |= !(fabsf(x[i]) < 1.0f);
+    far |= !(fabsf(x[i]) < 4.0f);
+  }
+  if (!mid) {
+    for (int64_t i = 0; i < n; i++) o[i] = 1.0f + x[i] * erf_p_at(x[i] * x[i]);
+    return;
+  }
   float e[CH]; /* n <= CH */
   for (int64_t i = 0; i < n; i++) e[i] = -x[i] * x[i];
   map_exp(e, e, n);
-  for (int64_t i = 0; i < n; i++) {
-    const float a = fabsf(x[i]), s = a * a;
-    float ps = p[6];
-    for (int k = 5; k >= 0; k--) ps = ps * s + p[k];
-    const float t = 1.0f / (a > 1.0f ? a : 1.0f);
-    float qs = q[8], rs = r[5];
-    for (int k = 7; k >= 0; k--) qs = qs * t + q[k];
-    for (int k = 4; k >= 0; k--) rs = rs * t + r[k];
-    const float erfc = e[i] * (t >= 0.25f ? qs : rs);
-    const float far = x[i] > 0 ? 2.0f - erfc : erfc;
-    const float r = a < 1.0f ? 1.0f + x[i] * ps : far;
-    o[i] = x[i] != x[i] ? x[i] : r;
-  }
+  if (far) erf1p_tail(o, x, e, n, true);
+  else erf1p_tail(o, x, e, n, false);
 }
 #else
 static void map_erf1p(float *o, const float *x, int64_t n) {
@@ -141,6 +167,9 @@ static void map_erf1p(float *o, const float *x, int64_t n) {
 
 #define SQRT1_2F 0.70710678118654752440f  /* 1/sqrt(2) */
 #define INV_SQRT2PI_F 0.39894228040143267794f /* 1/sqrt(2 pi) */
+
+#define FOR_N(body)                                                                                        \
+  for (int64_t i = 0; i < n; i++) body
 
 static void ew(int op, float *o, const float *x, const float *y, const float *z, int64_t n, double s0, double s1) {
   float t[CH], u[CH]; /* n <= CH */
@@ -194,12 +223,28 @@ static void ew(int op, float *o, const float *x, const float *y, const float *z,
     }
     return;
   }
-  /* the scalar ops: in f64 and rounded once, as ebb__ew_f (s0 need not be an f32) */
-  case EBB__EW_ADDS: for (int64_t i = 0; i < n; i++) o[i] = (float)((double)x[i] + s0); return;
-  case EBB__EW_MULS: for (int64_t i = 0; i < n; i++) o[i] = (float)((double)x[i] * s0); return;
-  case EBB__EW_RSUBS: for (int64_t i = 0; i < n; i++) o[i] = (float)(s0 - (double)x[i]); return;
-  case EBB__EW_DIVS: for (int64_t i = 0; i < n; i++) o[i] = (float)((double)x[i] / s0); return;
-  case EBB__EW_RDIVS: for (int64_t i = 0; i < n; i++) o[i] = (float)(s0 / (double)x[i]); return;
+  /* the scalar ops: as ebb__ew_f, in f64 and rounded once; when s0 is an f32 that is the f32
+   * operation itself (+ - * / of two f32 round alike in f32 and in f64), at twice the width */
+  case EBB__EW_ADDS:
+    if ((double)(float)s0 == s0) FOR_N(o[i] = x[i] + (float)s0);
+    else FOR_N(o[i] = (float)((double)x[i] + s0));
+    return;
+  case EBB__EW_MULS:
+    if ((double)(float)s0 == s0) FOR_N(o[i] = x[i] * (float)s0);
+    else FOR_N(o[i] = (float)((double)x[i] * s0));
+    return;
+  case EBB__EW_RSUBS:
+    if ((double)(float)s0 == s0) FOR_N(o[i] = (float)s0 - x[i]);
+    else FOR_N(o[i] = (float)(s0 - (double)x[i]));
+    return;
+  case EBB__EW_DIVS:
+    if ((double)(float)s0 == s0) FOR_N(o[i] = x[i] / (float)s0);
+    else FOR_N(o[i] = (float)((double)x[i] / s0));
+    return;
+  case EBB__EW_RDIVS:
+    if ((double)(float)s0 == s0) FOR_N(o[i] = (float)s0 / x[i]);
+    else FOR_N(o[i] = (float)(s0 / (double)x[i]));
+    return;
   case EBB__EW_SIGN: for (int64_t i = 0; i < n; i++) o[i] = x[i] > 0 ? 1.0f : x[i] < 0 ? -1.0f : 0.0f; return;
   case EBB__EW_CLAMP_MASK:
     for (int64_t i = 0; i < n; i++) o[i] = (double)x[i] >= s0 && (double)x[i] <= s1 ? 1.0f : 0.0f;

@@ -9,9 +9,11 @@
  *
  * The loops work on arrays: the f32 math of every unary, scalar, binary and where op, the
  * conversions between f32 and the storage dtypes (f32, bf16, f16, bool), and the sums in f64.
- * Every table gives the same results as the others (a sum adds in one fixed order whatever the
- * vector width; a SLEEF function gives the same value in every width), so results do not depend
- * on the machine. Pure functions of their arguments: safe on any thread.
+ * The tables agree exactly on the sums (one fixed order of partial sums whatever the vector
+ * width), the conversions, + - * / sqrt, the comparisons and the scalar ops; the transcendental
+ * ops may differ in their last bits between tables (the wide builds fuse multiply-adds, and
+ * SLEEF's functions differ by width), each within its error bound. A given machine gives the
+ * same result every run. Pure functions of their arguments: safe on any thread.
  */
 #ifndef EBB_OPS_KERNELS_CPU_VEC_H
 #define EBB_OPS_KERNELS_CPU_VEC_H
