@@ -20,7 +20,15 @@
 
 #include <stdint.h>
 
-#include "ebb_internal.h"
+/* Plain C for the white-box test too (tests/ops/test_ops_kernels_vec.cpp): only the visibility
+ * macro, defined as ebb_internal.h defines it. */
+#ifndef EBB_HIDDEN
+#if defined(__GNUC__)
+#define EBB_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define EBB_HIDDEN
+#endif
+#endif
 
 /* Elements per chunk of the f32 loops: 4 KiB per operand, four operands in L1. */
 #define EBB__VEC_CHUNK 1024
