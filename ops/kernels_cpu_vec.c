@@ -360,7 +360,7 @@ static double sum_f32(const float *p, int64_t n) {
   int64_t i = 0;
   for (; i + NACC <= n; i += NACC)
     for (int k = 0; k < NACC; k++) acc[k] += p[i + k];
-  for (int k = 0; i < n; i++, k++) acc[k] += p[i];
+  for (int64_t k = 0; k < n - i; k++) acc[k] += p[i + k]; /* fewer than NACC left */
   for (int w = NACC / 2; w > 0; w /= 2)
     for (int k = 0; k < w; k++) acc[k] += acc[k + w];
   return acc[0];
@@ -371,7 +371,7 @@ static double sum_f64(const double *p, int64_t n) {
   int64_t i = 0;
   for (; i + NACC <= n; i += NACC)
     for (int k = 0; k < NACC; k++) acc[k] += p[i + k];
-  for (int k = 0; i < n; i++, k++) acc[k] += p[i];
+  for (int64_t k = 0; k < n - i; k++) acc[k] += p[i + k]; /* fewer than NACC left */
   for (int w = NACC / 2; w > 0; w /= 2)
     for (int k = 0; k < w; k++) acc[k] += acc[k + w];
   return acc[0];
