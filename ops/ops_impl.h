@@ -150,11 +150,20 @@ _Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && E
                    EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
                "kernel dtype codes are ebb_dtype's");
 
-enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_COUNT };
+enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_COUNT };
 
 EBB_HIDDEN void ebb__ew_cpu(void *args);
 EBB_HIDDEN void ebb__reduce_cpu(void *args);
 EBB_HIDDEN void ebb__matmul_cpu(void *args);
+/* kernels_rows.c: the fused row kernels (ebb__rows_args), the widest instruction set the CPU has. */
+EBB_HIDDEN void ebb__rows_cpu(void *args);
+/* Instruction sets of the CPU kernels, narrowest first: x86-64's baseline (SSE2; scalars on
+ * other machines), AVX2 with FMA, AVX-512F. ebb__cpu_isa: the widest this CPU has (probed once).
+ * ebb__rows_run_isa: the row kernel with the given set, capped at the CPU's (tests compare the
+ * sets on one machine). */
+enum { EBB__ISA_BASE = 0, EBB__ISA_AVX2, EBB__ISA_AVX512 };
+EBB_HIDDEN int ebb__cpu_isa(void);
+EBB_HIDDEN void ebb__rows_run_isa(const ebb__rows_args *a, int isa);
 
 /* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
  * is not its allocation stream. */

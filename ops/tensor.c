@@ -594,6 +594,7 @@ static const struct {
     [EBB__K_EW] = {"ebb.ops.ew", "ebb_ops_ew", sizeof(ebb__ew_args), ebb__ew_cpu},
     [EBB__K_REDUCE] = {"ebb.ops.reduce", "ebb_ops_reduce", sizeof(ebb__red_args), ebb__reduce_cpu},
     [EBB__K_MATMUL] = {"ebb.ops.matmul", "ebb_ops_matmul", sizeof(ebb__mm_args), ebb__matmul_cpu},
+    [EBB__K_ROWS] = {"ebb.ops.rows", "ebb_ops_rows", sizeof(ebb__rows_args), ebb__rows_cpu},
 };
 
 static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];
