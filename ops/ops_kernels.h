@@ -30,6 +30,9 @@ enum ebb__ew_op {
   EBB__EW_GE, EBB__EW_MAXIMUM,
   /* ternary: out = in0 ? in1 : in2 */
   EBB__EW_WHERE,
+  /* the fused in-place updates (ops/inplace.c), in0 being dst: in0 + s0 * in1; lerp of in0
+   * towards in1 by s0; in0 + s0 * in1 * in2; in0 + s0 * in1 / in2 */
+  EBB__EW_ADD_SCALED, EBB__EW_LERP, EBB__EW_ADDCMUL, EBB__EW_ADDCDIV,
   EBB__EW_COUNT
 };
 
