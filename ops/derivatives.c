@@ -498,7 +498,7 @@ static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
     [EBB__OP_COPY_] = {"CopyBackward", "ebb_tensor_copy_", 2, 1, 0, 0x2, bw_copy_},
     [EBB__OP_FILL_] = {"FillBackward", "ebb_tensor_fill_", 1, 1, 0, 0x0, NULL},
     [EBB__OP_ZERO_] = {"ZeroBackward", "ebb_tensor_zero_", 1, 1, 0, 0x0, NULL},
-    /* the in-place family: its backward lives beside it (inplace.c) */
+    /* the in-place family and linear: their backward lives beside them (inplace.c, linear.c) */
     [EBB__OP_ADD_SCALED_] = {"AddScaledInplaceBackward", "ebb_op_add_scaled_", 2, 1, 0, 0x3, ebb__bw_add_scaled_},
     [EBB__OP_ADD_SCALAR_] = {"AddScalarInplaceBackward", "ebb_op_add_scalar_", 1, 1, 0, 0x1, ebb__bw_add_scalar_},
     [EBB__OP_MUL_SCALAR_] = {"MulScalarInplaceBackward", "ebb_op_mul_scalar_", 1, 1, 0, 0x1, ebb__bw_mul_scalar_},
@@ -506,6 +506,7 @@ static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
     [EBB__OP_ADDCMUL_] = {"AddcmulInplaceBackward", "ebb_op_addcmul_", 3, 1, IN(1) | IN(2), 0x7, ebb__bw_addcmul_},
     [EBB__OP_ADDCDIV_] = {"AddcdivInplaceBackward", "ebb_op_addcdiv_", 3, 1, IN(1) | IN(2), 0x7, ebb__bw_addcdiv_},
     [EBB__OP_SQRT_] = {"SqrtInplaceBackward", "ebb_op_sqrt_", 1, 1, IN(0), 0x1, ebb__bw_sqrt_},
+    [EBB__OP_LINEAR] = {"LinearBackward", "ebb_op_linear", 3, 1, IN(0) | IN(1), 0x7, ebb__bw_linear},
     /* autograd builds these itself (no public forward); COPY_SLICES saves what its in-place op
      * saves (dst's old value and src at most) */
     [EBB__OP_AS_STRIDED] = {"AsStridedBackward", "(a view's history after an in-place change)", 1, 1, 0, 0x1, bw_as_strided},

@@ -205,6 +205,9 @@ EBB_HIDDEN ebb_status ebb__bw_addcmul_(const ebb__bw_ctx *c, const ebb_tensor_t 
 EBB_HIDDEN ebb_status ebb__bw_addcdiv_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 EBB_HIDDEN ebb_status ebb__bw_sqrt_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 
+/* ---- linear.c: LinearBackward's entry (ebb_op_linear_backward from the saved x and w) -------- */
+EBB_HIDDEN ebb_status ebb__bw_linear(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+
 /* Philox 4x32-10 of counter (c0..c3) and key (k0, k1); out receives 4 words. */
 EBB_HIDDEN void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]);
 

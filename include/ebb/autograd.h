@@ -9,8 +9,8 @@
  *   ebb_op_mul_scalar, ebb_op_div_scalar, ebb_op_pow_scalar, ebb_op_clamp, ebb_op_neg, ebb_op_abs,
  *   ebb_op_exp, ebb_op_log, ebb_op_sqrt, ebb_op_sin, ebb_op_cos, ebb_op_tanh, ebb_op_sigmoid,
  *   ebb_op_relu, ebb_op_gelu, ebb_op_where, ebb_op_sum, ebb_op_mean, ebb_op_amax, ebb_op_max_dim,
- *   ebb_op_matmul, ebb_op_softmax, ebb_op_log_softmax, ebb_op_cross_entropy, ebb_op_mse_loss,
- *   ebb_op_layer_norm, ebb_op_cat, ebb_op_stack;
+ *   ebb_op_matmul, ebb_op_linear, ebb_op_softmax, ebb_op_log_softmax, ebb_op_cross_entropy,
+ *   ebb_op_mse_loss, ebb_op_layer_norm, ebb_op_cat, ebb_op_stack;
  * - views: ebb_tensor_view, ebb_tensor_reshape (a view or a copy), ebb_tensor_transpose,
  *   ebb_tensor_permute, ebb_tensor_slice, ebb_tensor_narrow, ebb_tensor_select,
  *   ebb_tensor_expand, ebb_tensor_squeeze, ebb_tensor_unsqueeze;

@@ -225,6 +225,25 @@ EBB_API ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, e
 EBB_API ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
                                           ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
 
+/* ---- linear ----------------------------------------------------------------------------------
+ * y = x @ w^T + b, PyTorch's convention: x [..., in_features] (at least 1 dim; the leading dims
+ * are flattened into the GEMM's rows), w [out_features, in_features], b [out_features] or NULL;
+ * y [..., out_features]. x, w and b share one floating dtype and one device. One GEMM with the
+ * bias folded in (b is broadcast into y, then the GEMM adds x w^T to it), as matmul's: OpenBLAS
+ * on the CPU and the emulated driver, cuBLAS or a plain CUDA kernel on a GPU (not yet run on
+ * one); bf16 and f16 computed in f32 and rounded once. w and x are read in place when their
+ * rows lie evenly in memory (a transpose() view of w too), else through a contiguous copy.
+ * Failures: EBB_EINVAL (NULL; w not 2-D; x's last dim not in_features; b not [out_features]:
+ * the message names both tensors and the expected shape; dtypes that differ or are not
+ * floating), EBB_EDEVICE, EBB_EFREED, EBB_ENOMEM, EBB_ENOTSUP (2^31 rows or features). */
+EBB_API ebb_status ebb_op_linear(const ebb_tensor_t *x, const ebb_tensor_t *w, const ebb_tensor_t *b, ebb_tensor_t **out);
+/* grad_x = grad @ w (x's shape), grad_w = grad^T @ x over the flattened leading dims, grad_b =
+ * grad summed over its leading dims ([out_features]; b itself is not needed). grad has the
+ * forward output's shape. Each of grad_x, grad_w, grad_b may be NULL (not all three); each
+ * result has x's dtype. */
+EBB_API ebb_status ebb_op_linear_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *w,
+                                          ebb_tensor_t **grad_x, ebb_tensor_t **grad_w, ebb_tensor_t **grad_b);
+
 /* ---- activations and losses -------------------------------------------------------------------- */
 /* Along dim, computed stably (the max is subtracted first). Floating inputs only. A tensor with
  * no elements (an empty dim, along `dim` or another) gives an empty result of its shape, as in

@@ -314,6 +314,9 @@ std::vector<Case> cases(int dev) {
                inplace([](ebb_tensor_t *d, const GcInputs &x) { return ebb_op_addcdiv_(d, x[1], x[2], -0.7); })});
   c.push_back({EBB__OP_SQRT_, {inp({2, 3}, 82, 0.5, 2)}, args_none(),
                inplace([](ebb_tensor_t *d, const GcInputs &) { return ebb_op_sqrt_(d); })});
+  // linear: x with two leading dims, w [4, 3], b [4].
+  c.push_back({EBB__OP_LINEAR, {inp({2, 2, 3}, 83), inp({4, 3}, 84), inp({4}, 85)}, args_none(),
+               [](const GcInputs &x, ebb_tensor_t **o) { return ebb_op_linear(x[0], x[1], x[2], o); }});
   // autograd's nodes for views: where the view lies comes from a base of the forward's shape.
   // AsStridedBackward: a view (a slice of a transpose) and an expanded one, copied out.
   c.push_back({EBB__OP_AS_STRIDED, {inp({3, 4}, 60)}, with_geom(dev, {3, 4}, EBB__OP_COUNT, slice_of_t),

@@ -346,6 +346,7 @@ TEST_CASE("recording: each public op with state on an input reports its table en
          ebb_status st = ebb_tensor_transpose(plain, 0, 1, t.out());
          return st ? st : ebb_op_matmul(x, t, o);
        }},
+      {EBB__OP_LINEAR, [&](ebb_tensor_t **o) { return ebb_op_linear(plain, x, nullptr, o); }},
       {EBB__OP_SOFTMAX, [&](ebb_tensor_t **o) { return ebb_op_softmax(x, -1, o); }},
       {EBB__OP_LOG_SOFTMAX, [&](ebb_tensor_t **o) { return ebb_op_log_softmax(x, 0, o); }},
       {EBB__OP_CROSS_ENTROPY, [&](ebb_tensor_t **o) { return ebb_op_cross_entropy(x, tgt, o); }},

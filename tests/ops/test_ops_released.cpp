@@ -255,6 +255,19 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
          OUTS_CHECK(o);
          return st;
        }},
+      // linear: x [2, 3], w [2, 3] (y), b [2] (row); its backward from a [2, 2] grad.
+      {"ebb_op_linear", {x, y, row}, [](const TensorArgs &a) {
+         Outs o;
+         ebb_status st = ebb_op_linear(a[0], a[1], a[2], &o.o[0]);
+         OUTS_CHECK(o);
+         return st;
+       }},
+      {"ebb_op_linear_backward", {g22, x, y}, [](const TensorArgs &a) {
+         Outs o;
+         ebb_status st = ebb_op_linear_backward(a[0], a[1], a[2], &o.o[0], &o.o[1], &o.o[2]);
+         OUTS_CHECK(o);
+         return st;
+       }},
       softmax("ebb_op_softmax", ebb_op_softmax),
       softmax("ebb_op_log_softmax", ebb_op_log_softmax),
       softmax_bw("ebb_op_softmax_backward", ebb_op_softmax_backward),
