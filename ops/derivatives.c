@@ -508,7 +508,8 @@ static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
     [EBB__OP_SQRT_] = {"SqrtInplaceBackward", "ebb_op_sqrt_", 1, 1, IN(0), 0x1, ebb__bw_sqrt_},
     [EBB__OP_LINEAR] = {"LinearBackward", "ebb_op_linear", 3, 1, IN(0) | IN(1), 0x7, ebb__bw_linear},
     /* autograd builds these itself (no public forward); COPY_SLICES saves what its in-place op
-     * saves (dst's old value and src at most) */
+     * saves and has that op's inputs (2, or 3 for addcmul_ and addcdiv_: the entry's nin is the
+     * usual count, the node's its own) */
     [EBB__OP_AS_STRIDED] = {"AsStridedBackward", "(a view's history after an in-place change)", 1, 1, 0, 0x1, bw_as_strided},
     [EBB__OP_COPY_SLICES] = {"CopySlices", "(an in-place op on a view)", 2, 1, IN(0) | IN(1), 0x3, bw_copy_slices},
 };
