@@ -3,11 +3,13 @@
 // f64, on the CPU and every emulated device, in f32, f64, bf16 and f16 (and i64 where the op
 // takes integers), with broadcasting, strided dst and srcs that overlap dst; the version moves
 // once and the storage stays; bad input refused with dst unchanged.
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "ebb/stream.h"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -42,6 +44,12 @@ void *data_of(const ebb_tensor_t *t) {
   void *p = nullptr;
   EBB_REQUIRE_OK(ebb_tensor_data(t, &p));
   return p;
+}
+
+void hold_fn(void *u) {
+  auto *open = static_cast<std::atomic<int> *>(u);
+  while (!open->load(std::memory_order_acquire)) {
+  }
 }
 
 // An op under test: the in-place call on dst with srcs, and its reference from out-of-place ops
@@ -269,6 +277,56 @@ TEST_CASE("inplace ops: bad input is refused with a message naming the call and 
     // Nothing above changed dst or its version.
     CHECK(read(d) == before);
     CHECK(version_of(d) == 0);
+  }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+// The updates run on the device's current stream like any op: on a side stream, held back by a
+// host function, the srcs they read (one of them a view of dst, read through a copy) are released
+// and their blocks handed to a new tensor on the default stream, which writes them; the queued
+// updates still read the srcs' old values.
+TEST_CASE("inplace ops: queued on a side stream, they read their srcs as they were even after the srcs' release",
+          "[ops][inplace][streams]") {
+  EbbSession session;
+  int ndev = 0;
+  EBB_REQUIRE_OK(ebb_dev_count(&ndev));
+  if (ndev == 0) return;
+  {
+    const int64_t len = int64_t(1) << 20;  // 4 MiB of f32: blocks of their own, reused first-fit
+    const int64_t two[2] = {2, len / 2};
+    Tensor p, g, half;
+    EBB_REQUIRE_OK(ebb_tensor_full(0, EBB_F32, 2, two, 1.0, p.out()));
+    EBB_REQUIRE_OK(ebb_tensor_full(0, EBB_F32, 1, &len, 2.0, g.out()));
+    Tensor g2;
+    EBB_REQUIRE_OK(ebb_tensor_view(g, 2, two, g2.out()));
+    g.reset();
+    ebb_stream_t *def = nullptr, *side = nullptr;
+    EBB_REQUIRE_OK(ebb_stream_current(0, &def));
+    EBB_REQUIRE_OK(ebb_stream_synchronize(def));
+    EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &side));
+    std::atomic<int> open{0};
+    EBB_REQUIRE_OK(ebb_stream_host_func(side, hold_fn, &open));
+    EBB_REQUIRE_OK(ebb_stream_set_current(side));
+    EBB_REQUIRE_OK(ebb_op_addcmul_(p, g2, g2, 0.5));      // p = 1 + 0.5 * 4 = 3
+    EBB_REQUIRE_OK(ebb_op_lerp_(p, g2, 0.25));           // p = 3 + 0.25 (2 - 3) = 2.75
+    EBB_REQUIRE_OK(ebb_tensor_select(p, 0, 0, half.out()));
+    EBB_REQUIRE_OK(ebb_op_add_scaled_(p, half, 1.0));    // row 0 broadcast over p: 5.5 everywhere
+    EBB_REQUIRE_OK(ebb_stream_set_current(def));
+    g2.reset();
+    half.reset();
+    Tensor other;
+    EBB_REQUIRE_OK(ebb_tensor_full(0, EBB_F32, 1, &len, -7.0, other.out()));  // may take g's block: not while it is queued
+    EBB_REQUIRE_OK(ebb_stream_synchronize(def));
+    open.store(1, std::memory_order_release);
+    EBB_REQUIRE_OK(ebb_stream_synchronize(side));
+    auto v = read(p);
+    long wrong = 0;
+    for (double x : v) wrong += x != 5.5;
+    CHECK(wrong == 0);
+    CHECK(read(other)[0] == -7.0);
+    p.reset();
+    other.reset();
+    EBB_REQUIRE_OK(ebb_stream_release(side));
   }
   REQUIRE(ebb_debug_live_handles() == 0);
 }
