@@ -30,6 +30,9 @@ enum ebb__ew_op {
   EBB__EW_GE, EBB__EW_MAXIMUM,
   /* ternary: out = in0 ? in1 : in2 */
   EBB__EW_WHERE,
+  /* the fused in-place updates (ops/inplace.c), in0 being dst: in0 + s0 * in1; lerp of in0
+   * towards in1 by s0; in0 + s0 * in1 * in2; in0 + s0 * in1 / in2 */
+  EBB__EW_ADD_SCALED, EBB__EW_LERP, EBB__EW_ADDCMUL, EBB__EW_ADDCDIV,
   EBB__EW_COUNT
 };
 
@@ -68,8 +71,9 @@ typedef struct ebb__red_args {
   int64_t *idx;                         /* strided like out, or NULL */
 } ebb__red_args;
 
-/* Batched matmul ("ebb.ops.matmul"): C[b] = A[b] @ B[b], f32 or f64, each matrix with a row
- * stride (lda etc.) and unit column stride, or transposed (trans flags). */
+/* Batched matmul ("ebb.ops.matmul"): C[b] = A[b] @ B[b] + beta * C[b], f32 or f64, each matrix
+ * with a row stride (lda etc.) and unit column stride, or transposed (trans flags). With beta 0
+ * C is only written (never read: it may hold anything, NaN included). */
 typedef struct ebb__mm_args {
   int32_t dtype;
   int32_t trans_a, trans_b;
@@ -79,6 +83,7 @@ typedef struct ebb__mm_args {
   int64_t sa, sb, sc;                   /* batch strides in elements */
   const void *a, *b;
   void *c;
+  double beta;                          /* 0, or 1 to add into C (linear's bias, copied there first) */
 } ebb__mm_args;
 
 /* Row kernels ("ebb.ops.rows"): the fused softmax, log_softmax, cross_entropy and layer_norm,

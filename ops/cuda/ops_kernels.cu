@@ -97,13 +97,15 @@ extern "C" __global__ void ebb_ops_matmul(ebb__mm_args a) {
       double acc = 0;
       for (int64_t q = 0; q < a.k; q++)
         acc += (a.trans_a ? A[q * a.lda + i] : A[i * a.lda + q]) * (a.trans_b ? B[j * a.ldb + q] : B[q * a.ldb + j]);
-      ((double *)a.c)[b * a.sc + i * a.ldc + j] = acc;
+      double *C = (double *)a.c + b * a.sc + i * a.ldc + j;
+      *C = a.beta != 0 ? acc + a.beta * *C : acc; // beta 0: C is never read (it may hold NaN)
     } else {
       const float *A = (const float *)a.a + b * a.sa, *B = (const float *)a.b + b * a.sb;
       float acc = 0;
       for (int64_t q = 0; q < a.k; q++)
         acc += (a.trans_a ? A[q * a.lda + i] : A[i * a.lda + q]) * (a.trans_b ? B[j * a.ldb + q] : B[q * a.ldb + j]);
-      ((float *)a.c)[b * a.sc + i * a.ldc + j] = acc;
+      float *C = (float *)a.c + b * a.sc + i * a.ldc + j;
+      *C = a.beta != 0 ? acc + (float)a.beta * *C : acc;
     }
   }
 }
