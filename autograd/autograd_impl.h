@@ -412,7 +412,8 @@ EBB_HIDDEN ebb_mutex *ebb__saved_lock(const struct ebb_node *n);
  * Only failure: EBB_ENOMEM (message set). m is t's meta (non-NULL). */
 EBB_HIDDEN ebb_status ebb__grad_fn_now(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **fn, int *output_nr);
 /* The ops hooks for in-place ops (ops_export.h). */
-EBB_HIDDEN ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+EBB_HIDDEN ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const ebb__op_args *args,
+                                      void **token);
 EBB_HIDDEN void ebb__ag_inplace_done(void *token, bool ok);
 
 /* hooks.c (for inplace.c): moving a non-leaf's retain_grad hook to a new grad_fn. prepare

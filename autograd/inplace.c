@@ -175,10 +175,12 @@ static ebb_status edge_of(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb
   return ebb__grad_acc((ebb_tensor_t *)t, m, &e->fn);
 }
 
-static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const ebb__op_args *args,
+                             void **token);
 
-ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
-  ebb_status st = ag_inplace(op, dst, src, token);
+ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const ebb__op_args *args,
+                           void **token) {
+  ebb_status st = ag_inplace(op, dst, src, nsrc, args, token);
   /* mutation.c: saved tensors on dst's storage are cloned last, after this op's own node saved
    * its inputs (src may be dst: x.mul_(x) keeps x as it was), right before the write; a failure
    * refuses the op. */
@@ -195,17 +197,26 @@ ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, v
   return st;
 }
 
-static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
+/* src[i] is the op's input i + 1 (its entry's numbering; input 0 is dst's old value). */
+static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const ebb__op_args *args,
+                             void **token) {
   /* Grad mode off or inference mode: the change is not recorded (an optimizer's step on its
    * leaves); nodes that saved dst see its version move and refuse to run. */
   if (!ebb_grad_enabled()) return EBB_OK;
   const ebb__deriv *e = ebb__deriv_of((ebb__op_id)op);
-  struct ebb__meta *dm = ebb__meta_of(dst), *sm = src ? ebb__meta_of(src) : NULL;
+  struct ebb__meta *dm = ebb__meta_of(dst), *sm[2] = {NULL, NULL};
   ebb_tensor_t *base = ebb__tensor_base(dst);
   struct ebb__meta *bm = base ? ebb__meta_of(base) : NULL;
-  bool src_rg = sm && sm->requires_grad && (e->diff & 2);
+  bool src_rg[2] = {false, false}, any_src_rg = false;
+  if (nsrc < 0 || nsrc > 2 || (e->nin > 0 && nsrc != e->nin - 1))
+    return ebb__fail(EBB_EINTERNAL, "%s: %d inputs besides dst, for an entry of %d inputs", e->node, nsrc, e->nin);
+  for (int i = 0; i < nsrc; i++) {
+    sm[i] = ebb__meta_of(src[i]);
+    src_rg[i] = sm[i] && sm[i]->requires_grad && ((e->diff >> (i + 1)) & 1);
+    any_src_rg |= src_rg[i];
+  }
   bool dst_rg = (dm && dm->requires_grad) || (bm && bm->requires_grad);
-  if (!dst_rg && !src_rg) return EBB_OK;
+  if (!dst_rg && !any_src_rg) return EBB_OK;
   char who[EBB__DESC_MAX];
   if (dm && dm->requires_grad && !dm->is_view && !dm->grad_fn)
     return ebb__fail(EBB_EINVAL, "%s is a leaf that requires a gradient, and a leaf that requires a gradient cannot be changed "
@@ -221,12 +232,13 @@ static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src,
                      "has no single gradient; expected a view of a tensor with its own elements (ebb_tensor_contiguous or clone it "
                      "first)", ebb__tensor_desc(base, "its base", -1, who, sizeof who));
 
-  /* src's history first, if it is a view whose base moved on: the node made for it must be
-   * older than the ones made here (producers before consumers in sequence numbers). */
-  if (src_rg) {
+  /* The srcs' histories first, if they are views whose base moved on: the nodes made for them
+   * must be older than the ones made here (producers before consumers in sequence numbers). */
+  for (int i = 0; i < nsrc; i++) {
+    if (!src_rg[i]) continue;
     struct ebb_node *gf;
     int nr;
-    ebb_status st = ebb__grad_fn_now(src, sm, &gf, &nr);
+    ebb_status st = ebb__grad_fn_now(src[i], sm[i], &gf, &nr);
     if (st) return st;
   }
   const int nin = e->nin;
@@ -240,6 +252,10 @@ static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src,
     k->node = n;
     if (!n) st = EBB_ENOMEM;
   }
+  /* the op's scalars: on its own node, or on CopySlices' record of the op (whose own args
+   * point at the geometry) */
+  if (!st && args && !base) n->args = *args;
+  if (!st && args && base) n->geom->inner_args = *args;
   if (!st && !base) {
     atomic_store_explicit(&n->refs, 1, memory_order_relaxed);
     if (!(n->in_meta = calloc((size_t)nin + 1, sizeof *n->in_meta))) {
@@ -261,8 +277,10 @@ static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src,
     atomic_fetch_add_explicit(&dm->grad_fn->refs, 1, memory_order_relaxed);
     n->next[0] = (struct ebb__edge){.fn = dm->grad_fn, .input_nr = dm->output_nr};
   }
-  if (!st && src) ebb__tensor_meta_of(src, &n->in_meta[1]);
-  if (!st && src_rg) st = edge_of(src, sm, &n->next[1]);
+  for (int i = 0; !st && i < nsrc; i++) {
+    ebb__tensor_meta_of(src[i], &n->in_meta[1 + i]);
+    if (src_rg[i]) st = edge_of(src[i], sm[i], &n->next[1 + i]);
+  }
   /* dst's value before the op, when the backward reads it (mul_): a copy, since the op is about
    * to overwrite it; made with grad mode off so it records nothing. */
   if (!st && (e->save & EBB__SAVE_IN(0))) {
@@ -275,7 +293,8 @@ static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src,
     if (!st && !ebb_tensor_name(dst, name, sizeof name) && name[0]) ebb_tensor_set_name(old, name); /* (for messages) */
     if (!st) st = ebb__save_owned(n, 0, old); /* saved.c: kept as any saved tensor, or packed */
   }
-  if (!st && (e->save & EBB__SAVE_IN(1))) st = ebb__save(n, 1, src);
+  for (int i = 0; !st && i < nsrc; i++)
+    if (e->save & EBB__SAVE_IN(1 + i)) st = ebb__save(n, 1 + i, src[i]);
   if (!st && base) {
     k->vnode = geom_node(EBB__OP_AS_STRIDED, 1, base, dst);
     if (!k->vnode) {

@@ -103,13 +103,13 @@ ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb_
     /* Row-major C = A B is column-major C^T = B^T A^T: swap the operands and m, n. */
     int ta = g->trans_a ? EBB__CUBLAS_OP_T : EBB__CUBLAS_OP_N, tb = g->trans_b ? EBB__CUBLAS_OP_T : EBB__CUBLAS_OP_N;
     if (g->dtype == EBB_F64) {
-      const double one = 1.0, zero = 0.0;
+      const double one = 1.0, beta = g->beta;
       r = ebb__blas.dgemm(ebb__blas.handle[device], tb, ta, (int)g->n, (int)g->m, (int)g->k, &one, g->b, (int)g->ldb, g->sb, g->a, (int)g->lda,
-                          g->sa, &zero, g->c, (int)g->ldc, g->sc, (int)g->batch);
+                          g->sa, &beta, g->c, (int)g->ldc, g->sc, (int)g->batch);
     } else {
-      const float one = 1.0f, zero = 0.0f;
+      const float one = 1.0f, beta = (float)g->beta;
       r = ebb__blas.sgemm(ebb__blas.handle[device], tb, ta, (int)g->n, (int)g->m, (int)g->k, &one, g->b, (int)g->ldb, g->sb, g->a, (int)g->lda,
-                          g->sa, &zero, g->c, (int)g->ldc, g->sc, (int)g->batch);
+                          g->sa, &beta, g->c, (int)g->ldc, g->sc, (int)g->batch);
     }
   }
   ebb__mutex_unlock(&ebb__blas_lock);

@@ -415,13 +415,13 @@ static ebb_status bw_as_strided(const ebb__bw_ctx *c, const ebb_tensor_t *const 
 static ebb_status bw_copy_slices(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
   const ebb__view_geom *g = c->args->geom;
   const ebb__deriv *inner = ebb__deriv_of((ebb__op_id)g->inner_op);
-  ebb_tensor_t *r = NULL, *v = NULL, *gv = NULL, *ig[2] = {NULL, NULL};
+  ebb_tensor_t *r = NULL, *v = NULL, *gv = NULL, *ig[3] = {NULL, NULL, NULL};
   ebb_status st = base_like(&c->in[0], g, &r);
   if (!st) st = ebb_tensor_copy_(r, go[0]);
   if (!st) st = view_in(r, g, false, &v);
   if (!st) st = ebb_tensor_clone(v, &gv);
   if (!st && inner->backward) {
-    ebb__tensor_meta in[2] = {g->view, c->nin > 1 ? c->in[1] : g->view};
+    ebb__tensor_meta in[3] = {g->view, c->nin > 1 ? c->in[1] : g->view, c->nin > 2 ? c->in[2] : g->view};
     const ebb__bw_ctx ic = {&g->inner_args, in, c->saved_in, c->saved_out, c->nin, c->need, NULL};
     const ebb_tensor_t *igo[2] = {gv, NULL};
     st = inner->backward(&ic, igo, ig);
@@ -433,11 +433,12 @@ static ebb_status bw_copy_slices(const ebb__bw_ctx *c, const ebb_tensor_t *const
   if (st) {
     ebb__tensor_put(r);
     ebb__tensor_put(ig[1]);
+    ebb__tensor_put(ig[2]);
     return st;
   }
   if (WANT(c, 0)) gin[0] = r;
   else ebb__tensor_put(r);
-  if (c->nin > 1) gin[1] = ig[1];
+  for (int i = 1; i < c->nin && i < 3; i++) gin[i] = ig[i];
   return EBB_OK;
 }
 
@@ -497,8 +498,18 @@ static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
     [EBB__OP_COPY_] = {"CopyBackward", "ebb_tensor_copy_", 2, 1, 0, 0x2, bw_copy_},
     [EBB__OP_FILL_] = {"FillBackward", "ebb_tensor_fill_", 1, 1, 0, 0x0, NULL},
     [EBB__OP_ZERO_] = {"ZeroBackward", "ebb_tensor_zero_", 1, 1, 0, 0x0, NULL},
+    /* the in-place family and linear: their backward lives beside them (inplace.c, linear.c) */
+    [EBB__OP_ADD_SCALED_] = {"AddScaledInplaceBackward", "ebb_op_add_scaled_", 2, 1, 0, 0x3, ebb__bw_add_scaled_},
+    [EBB__OP_ADD_SCALAR_] = {"AddScalarInplaceBackward", "ebb_op_add_scalar_", 1, 1, 0, 0x1, ebb__bw_add_scalar_},
+    [EBB__OP_MUL_SCALAR_] = {"MulScalarInplaceBackward", "ebb_op_mul_scalar_", 1, 1, 0, 0x1, ebb__bw_mul_scalar_},
+    [EBB__OP_LERP_] = {"LerpInplaceBackward", "ebb_op_lerp_", 2, 1, 0, 0x3, ebb__bw_lerp_},
+    [EBB__OP_ADDCMUL_] = {"AddcmulInplaceBackward", "ebb_op_addcmul_", 3, 1, IN(1) | IN(2), 0x7, ebb__bw_addcmul_},
+    [EBB__OP_ADDCDIV_] = {"AddcdivInplaceBackward", "ebb_op_addcdiv_", 3, 1, IN(1) | IN(2), 0x7, ebb__bw_addcdiv_},
+    [EBB__OP_SQRT_] = {"SqrtInplaceBackward", "ebb_op_sqrt_", 1, 1, IN(0), 0x1, ebb__bw_sqrt_},
+    [EBB__OP_LINEAR] = {"LinearBackward", "ebb_op_linear", 3, 1, IN(0) | IN(1), 0x7, ebb__bw_linear},
     /* autograd builds these itself (no public forward); COPY_SLICES saves what its in-place op
-     * saves (dst's old value and src at most) */
+     * saves and has that op's inputs (2, or 3 for addcmul_ and addcdiv_: the entry's nin is the
+     * usual count, the node's its own) */
     [EBB__OP_AS_STRIDED] = {"AsStridedBackward", "(a view's history after an in-place change)", 1, 1, 0, 0x1, bw_as_strided},
     [EBB__OP_COPY_SLICES] = {"CopySlices", "(an in-place op on a view)", 2, 1, IN(0) | IN(1), 0x3, bw_copy_slices},
 };

@@ -604,7 +604,7 @@ static ebb_status elementwise_inplace(const char *fn, int op, ebb_tensor_t *dst,
                            EBB__DESC(dst, "dst", d));
   }
   void *token = NULL;
-  st = ebb__inplace_check(fn, op == EBB__EW_ADD ? EBB__OP_ADD_ : EBB__OP_MUL_, dst, src, &token);
+  st = ebb__inplace_check(fn, op == EBB__EW_ADD ? EBB__OP_ADD_ : EBB__OP_MUL_, dst, &src, 1, NULL, &token);
   if (st) return st;
   /* src on dst's storage in another geometry (a row of dst broadcast over it) would be read after
    * the kernel wrote some of it: it is read through a copy, made first on the same stream. The

@@ -639,11 +639,11 @@ void ebb__matmul_cpu(void *args) {
   for (int64_t b = 0; b < a->batch; b++) {
     if (a->dtype == EBB_F64)
       cblas_dgemm(CblasRowMajor, ta, tb, (int)a->m, (int)a->n, (int)a->k, 1.0, (const double *)a->a + b * a->sa,
-                  (int)a->lda, (const double *)a->b + b * a->sb, (int)a->ldb, 0.0, (double *)a->c + b * a->sc,
+                  (int)a->lda, (const double *)a->b + b * a->sb, (int)a->ldb, a->beta, (double *)a->c + b * a->sc,
                   (int)a->ldc);
     else
       cblas_sgemm(CblasRowMajor, ta, tb, (int)a->m, (int)a->n, (int)a->k, 1.0f, (const float *)a->a + b * a->sa,
-                  (int)a->lda, (const float *)a->b + b * a->sb, (int)a->ldb, 0.0f, (float *)a->c + b * a->sc,
+                  (int)a->lda, (const float *)a->b + b * a->sb, (int)a->ldb, (float)a->beta, (float *)a->c + b * a->sc,
                   (int)a->ldc);
   }
   blas_leave();

@@ -1,10 +1,13 @@
 /* nn.c: softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat and stack, each with its
  * backward math beside it.
  *
- * These are compositions of the elementwise, reduction and view ops (no kernels of their own),
- * so they run wherever those run and enqueue the same way. Each function gathers its
- * temporaries in a local array and releases them before returning, on success and on failure.
- * Threading: no state of its own.
+ * softmax, log_softmax, cross_entropy and layer_norm, forward and backward, run one fused row
+ * kernel ("ebb.ops.rows", kernels_rows.c) when their rows are contiguous f32 along the last
+ * dims: one read of each input and one write of the output. Any other case (another dtype, a
+ * dim that is not the last, strided rows) runs the composition of elementwise, reduction and
+ * view ops written beside it, which computes in f64 and runs wherever those run. Each function
+ * gathers its temporaries in a local array and releases them before returning, on success and
+ * on failure. Threading: no state of its own.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -29,6 +32,46 @@ static ebb_status need_out(const char *fn, const char *arg, ebb_tensor_t **out) 
   return EBB_OK;
 }
 
+/* ---- the fused row kernel ----------------------------------------------------------------------- */
+
+/* Whether t can feed the row kernel: f32, contiguous, with elements (0-element tensors take the
+ * composed path, which already handles them). */
+static bool rows_ok(const ebb_tensor_t *t) {
+  return t->dtype == EBB_F32 && ebb__is_contiguous(t) && ebb__numel(t->shape, t->ndim) > 0;
+}
+
+/* Runs a row kernel on `device`: reads and writes are the tensors behind a's pointers (NULL
+ * entries skipped), so a device launch declares their storages' uses on its stream. */
+static ebb_status rows_launch(const char *fn, int device, const ebb__rows_args *a, const ebb_tensor_t *const *reads, int nr,
+                              ebb_tensor_t *const *writes, int nw) {
+  ebb__operand ops[8];
+  int n = 0;
+  for (int i = 0; i < nr; i++)
+    if (reads[i]) ops[n++] = (ebb__operand){reads[i], false};
+  for (int i = 0; i < nw; i++)
+    if (writes[i]) ops[n++] = (ebb__operand){writes[i], true};
+  /* one block of 256 threads per row on a GPU */
+  return ebb__launch(fn, EBB__K_ROWS, device, a, ops, n, a->rows * 256);
+}
+
+/* A new f32 tensor of t's shape on t's device, filled by row kernel op `op` from t (and g). */
+static ebb_status rows_map(const char *fn, int op, const ebb_tensor_t *t, const ebb_tensor_t *g, ebb_tensor_t **out) {
+  ebb_tensor_t *r = NULL;
+  ebb_status st = ebb__tensor_new(fn, t->stor->device, EBB_F32, t->ndim, t->shape, &r);
+  if (st) return st;
+  const int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+  ebb__rows_args a = {.op = op, .rows = ebb__numel(t->shape, t->ndim) / cols, .cols = cols, .x = ebb__tensor_ptr(t),
+                      .g = g ? ebb__tensor_ptr(g) : NULL, .out = ebb__tensor_ptr(r)};
+  const ebb_tensor_t *rd[2] = {t, g};
+  st = rows_launch(fn, t->stor->device, &a, rd, 2, &r, 1);
+  if (st) {
+    ebb__tensor_put(r);
+    return st;
+  }
+  *out = r;
+  return EBB_OK;
+}
+
 /* ---- softmax and log_softmax ----------------------------------------------------------------------- */
 
 /* y = exp(x - m) / sum(exp(x - m)) with m = max(x) along dim: subtracting m changes nothing
@@ -44,6 +87,8 @@ static ebb_status nn_softmax(const char *fn, const ebb_tensor_t *t, int dim, boo
   /* No elements (an empty dim, along `dim` or another): an empty result of t's shape, as
    * PyTorch gives; the max along an empty dim, which amax refuses, is never needed. */
   if (ebb__numel(t->shape, t->ndim) == 0) return ebb__tensor_new(fn, t->stor->device, t->dtype, t->ndim, t->shape, out);
+  if (d == t->ndim - 1 && rows_ok(t))
+    return ebb__fail_in(fn, rows_map(fn, logarithm ? EBB__ROWS_LOG_SOFTMAX : EBB__ROWS_SOFTMAX, t, NULL, out));
   ebb_tensor_t *m = NULL, *s = NULL, *e = NULL, *z = NULL, *lz = NULL;
   st = ebb_op_amax(t, &d, 1, true, &m);
   if (!st) st = ebb_op_sub(t, m, &s);
@@ -100,6 +145,8 @@ ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t 
   int d;
   ebb_status st = softmax_bw_check(fn, grad, y, dim, gx, &d);
   if (st) return ebb__fail_in(fn, st);
+  if (d == y->ndim - 1 && rows_ok(y) && rows_ok(grad) && grad->stor->device == y->stor->device)
+    return ebb__fail_in(fn, rows_map(fn, EBB__ROWS_SOFTMAX_BWD, y, grad, gx));
   ebb_tensor_t *gy = NULL, *sg = NULL, *df = NULL;
   st = ebb_op_mul(grad, y, &gy);
   if (!st) st = ebb_op_sum(gy, &d, 1, true, &sg);
@@ -117,6 +164,8 @@ ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tenso
   int d;
   ebb_status st = softmax_bw_check(fn, grad, y, dim, gx, &d);
   if (st) return ebb__fail_in(fn, st);
+  if (d == y->ndim - 1 && rows_ok(y) && rows_ok(grad) && grad->stor->device == y->stor->device)
+    return ebb__fail_in(fn, rows_map(fn, EBB__ROWS_LOG_SOFTMAX_BWD, y, grad, gx));
   ebb_tensor_t *sg = NULL, *e = NULL, *p = NULL;
   st = ebb_op_sum(grad, &d, 1, true, &sg);
   if (!st) st = ebb_op_exp(y, &e);
@@ -146,6 +195,41 @@ static ebb_status ce_check(const char *fn, const ebb_tensor_t *logits, const ebb
   return EBB_OK;
 }
 
+/* On the CPU the targets can be read before the kernel runs: one outside [0, C) is refused
+ * with its row. (On a device they are not read back: that row's loss and gradient are NaN.) */
+static ebb_status ce_targets_in_range(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target) {
+  if (target->stor->device != EBB_DEVICE_CPU) return EBB_OK;
+  const int64_t *t = ebb__tensor_ptr(target), n = logits->shape[0], c = logits->shape[1];
+  for (int64_t i = 0; i < n; i++)
+    if (t[i] < 0 || t[i] >= c) {
+      char a[EBB__DESC_MAX];
+      return ebb__fail(EBB_EINVAL, "%s: %s holds %lld at row %lld; expected a class index in [0, %lld)", fn,
+                       EBB__DESC(target, "target", a), (long long)t[i], (long long)i, (long long)c);
+    }
+  return EBB_OK;
+}
+
+/* The fused cross entropy: per-row losses from the row kernel, then their mean. */
+static ebb_status ce_fused(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
+  ebb_status st = ce_targets_in_range(fn, logits, target);
+  if (st) return st;
+  ebb_tensor_t *per_row = NULL;
+  st = ebb__tensor_new(fn, logits->stor->device, EBB_F32, 1, logits->shape, &per_row);
+  if (st) return st;
+  ebb__rows_args a = {.op = EBB__ROWS_CE_FWD, .rows = logits->shape[0], .cols = logits->shape[1],
+                      .x = ebb__tensor_ptr(logits), .target = ebb__tensor_ptr(target), .out = ebb__tensor_ptr(per_row)};
+  const ebb_tensor_t *rd[2] = {logits, target};
+  st = rows_launch(fn, logits->stor->device, &a, rd, 2, &per_row, 1);
+  if (!st) st = ebb_op_mean(per_row, NULL, 0, false, out);
+  ebb__tensor_put(per_row);
+  return st;
+}
+
+/* Whether the fused cross entropy takes these inputs. */
+static bool ce_rows_ok(const ebb_tensor_t *logits, const ebb_tensor_t *target) {
+  return rows_ok(logits) && ebb__is_contiguous(target);
+}
+
 /* onehot[i, c] = (target[i] == c), as a bool [N, C]. */
 static ebb_status nn_onehot(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
   ebb_tensor_t *ar = NULL, *tc = NULL;
@@ -165,6 +249,7 @@ static ebb_status op_cross_entropy_impl(const ebb_tensor_t *logits, const ebb_te
   ebb_status st = ce_check(fn, logits, target);
   if (!st) st = need_out(fn, "out", out);
   if (st) return ebb__fail_in(fn, st);
+  if (ce_rows_ok(logits, target)) return ebb__fail_in(fn, ce_fused(fn, logits, target, out));
   ebb_tensor_t *ls = NULL, *oh = NULL, *zero = NULL, *picked = NULL, *total = NULL;
   st = ebb_op_log_softmax(logits, 1, &ls);
   if (!st) st = nn_onehot(logits, target, &oh);
@@ -192,6 +277,24 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
   if (grad->ndim != 0) {
     char a[EBB__DESC_MAX];
     return ebb__fail(EBB_EINVAL, "%s: %s is not a scalar; expected a scalar (the loss is one)", fn, EBB__DESC(grad, "grad", a));
+  }
+  if (ce_rows_ok(logits, target) && grad->dtype == EBB_F32 && grad->stor->device == logits->stor->device) {
+    st = ce_targets_in_range(fn, logits, target);
+    if (!st) {
+      ebb_tensor_t *r = NULL;
+      st = ebb__tensor_new(fn, logits->stor->device, EBB_F32, 2, logits->shape, &r);
+      ebb__rows_args a = {.op = EBB__ROWS_CE_BWD, .rows = logits->shape[0], .cols = logits->shape[1],
+                          .x = ebb__tensor_ptr(logits), .g = ebb__tensor_ptr(grad), .target = ebb__tensor_ptr(target),
+                          .s0 = 1.0 / (double)logits->shape[0]};
+      if (!st) {
+        a.out = ebb__tensor_ptr(r);
+        const ebb_tensor_t *rd[3] = {logits, grad, target};
+        st = rows_launch(fn, logits->stor->device, &a, rd, 3, &r, 1);
+      }
+      if (st) ebb__tensor_put(r);
+      else *gx = r;
+    }
+    return ebb__fail_in(fn, st);
   }
   ebb_tensor_t *p = NULL, *oh = NULL, *d = NULL, *g = NULL;
   st = ebb_op_softmax(logits, 1, &p);
@@ -287,6 +390,24 @@ static ebb_status ln_check(const char *fn, const ebb_tensor_t *x, int nnorm, con
   return EBB_OK;
 }
 
+/* Whether the fused layer_norm takes these inputs: f32 contiguous x (and grad), weight and bias
+ * (each may be NULL), all on x's device. */
+static bool ln_rows_ok(const ebb_tensor_t *x, const ebb_tensor_t *w, const ebb_tensor_t *b, const ebb_tensor_t *g) {
+  const ebb_tensor_t *p[3] = {w, b, g};
+  if (!rows_ok(x)) return false;
+  for (int i = 0; i < 3; i++)
+    if (p[i] && (!rows_ok(p[i]) || p[i]->stor->device != x->stor->device)) return false;
+  return true;
+}
+
+/* The row kernel's view of a layer_norm: the last nnorm dims are one row. */
+static ebb__rows_args ln_rows_args(int op, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w, const ebb_tensor_t *b, double eps) {
+  int64_t cols = 1;
+  for (int i = x->ndim - nnorm; i < x->ndim; i++) cols *= x->shape[i];
+  return (ebb__rows_args){.op = op, .rows = ebb__numel(x->shape, x->ndim) / cols, .cols = cols, .x = ebb__tensor_ptr(x),
+                          .w = w ? ebb__tensor_ptr(w) : NULL, .b = b ? ebb__tensor_ptr(b) : NULL, .s0 = eps};
+}
+
 /* xhat = (x - mean) * rstd, with rstd = (var + eps)^-1/2 (keepdim form). */
 static ebb_status ln_normalise(const ebb_tensor_t *x, const int *dims, int nnorm, double eps, ebb_tensor_t **xhat, ebb_tensor_t **rstd) {
   ebb_tensor_t *mu = NULL, *xc = NULL, *sq = NULL, *var = NULL, *ve = NULL;
@@ -311,6 +432,21 @@ static ebb_status op_layer_norm_impl(const ebb_tensor_t *x, int nnorm, const ebb
   ebb_status st = ln_check(fn, x, nnorm, w, b, dims);
   if (!st) st = need_out(fn, "out", out);
   if (st) return ebb__fail_in(fn, st);
+  if (ln_rows_ok(x, w, b, NULL)) {
+    ebb_tensor_t *r = NULL;
+    st = ebb__tensor_new(fn, x->stor->device, EBB_F32, x->ndim, x->shape, &r);
+    if (st) return ebb__fail_in(fn, st);
+    ebb__rows_args a = ln_rows_args(EBB__ROWS_LN_FWD, x, nnorm, w, b, eps);
+    a.out = ebb__tensor_ptr(r);
+    const ebb_tensor_t *rd[3] = {x, w, b};
+    st = rows_launch(fn, x->stor->device, &a, rd, 3, &r, 1);
+    if (st) {
+      ebb__tensor_put(r);
+      return ebb__fail_in(fn, st);
+    }
+    *out = r;
+    return EBB_OK;
+  }
   ebb_tensor_t *xhat = NULL, *rstd = NULL, *y = NULL;
   st = ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);
   if (st) return ebb__fail_in(fn, st);
@@ -337,6 +473,45 @@ ebb_status ebb_op_layer_norm(const ebb_tensor_t *x, int nnorm, const ebb_tensor_
   EBB__RECORDED("ebb_op_layer_norm", EBB__OP_LAYER_NORM, &args, out, op_layer_norm_impl(x, nnorm, w, b, eps, out), x, w, b);
 }
 
+/* Whether `device` runs the CPU kernels (the CPU, or an emulated device): there the fused
+ * layer_norm backward also sums the weight's and bias's gradients over rows in the same pass.
+ * A GPU's row blocks cannot share those sums, so its backward takes the composed path. */
+static bool runs_cpu_kernels(int device) {
+  if (device == EBB_DEVICE_CPU) return true;
+  ebb_dev_caps c;
+  return ebb_dev_get_caps(device, &c) == EBB_OK && c.cpu_kernels;
+}
+
+/* The fused layer_norm backward: grad_x, and grad_weight / grad_bias where asked, in one pass. */
+static ebb_status ln_bwd_fused(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int nnorm, const ebb_tensor_t *w,
+                               const ebb_tensor_t *b, double eps, ebb_tensor_t **gx, ebb_tensor_t **gw, ebb_tensor_t **gb) {
+  ebb_tensor_t *rx = NULL, *rw = NULL, *rb = NULL;
+  const int dev = x->stor->device;
+  ebb_status st = ebb__tensor_new(fn, dev, EBB_F32, x->ndim, x->shape, &rx);
+  if (!st && gw) st = ebb__tensor_new(fn, dev, EBB_F32, w->ndim, w->shape, &rw);
+  if (!st && gb) st = ebb__tensor_new(fn, dev, EBB_F32, b->ndim, b->shape, &rb);
+  if (!st) {
+    ebb__rows_args a = ln_rows_args(EBB__ROWS_LN_BWD, x, nnorm, w, NULL, eps);
+    a.g = ebb__tensor_ptr(grad);
+    a.out = ebb__tensor_ptr(rx);
+    a.gw_out = rw ? ebb__tensor_ptr(rw) : NULL;
+    a.gb_out = rb ? ebb__tensor_ptr(rb) : NULL;
+    const ebb_tensor_t *rd[3] = {x, grad, w};
+    ebb_tensor_t *wr[3] = {rx, rw, rb};
+    st = rows_launch(fn, dev, &a, rd, 3, wr, 3);
+  }
+  if (st) {
+    ebb__tensor_put(rx);
+    ebb__tensor_put(rw);
+    ebb__tensor_put(rb);
+    return st;
+  }
+  *gx = rx;
+  if (gw) *gw = rw;
+  if (gb) *gb = rb;
+  return EBB_OK;
+}
+
 /* With xhat = (x - mu) rstd over the normalised dims (n elements each), y = xhat w + b:
  *   grad_b = sum over the leading dims of grad, grad_w = the same of grad * xhat;
  *   with g = grad * w, grad_x = rstd (g - mean(g) - xhat mean(g xhat)), the usual result of
@@ -357,6 +532,8 @@ ebb_status ebb_op_layer_norm_backward(const ebb_tensor_t *grad, const ebb_tensor
     return ebb__fail(EBB_EINVAL, "%s: %s does not have the shape of %s; expected x's shape", fn, EBB__DESC(grad, "grad", s1),
                      EBB__DESC(x, "x", s2));
   }
+  if (gx && ln_rows_ok(x, w, b, grad) && runs_cpu_kernels(x->stor->device))
+    return ebb__fail_in(fn, ln_bwd_fused(fn, grad, x, nnorm, w, b, eps, gx, gw, gb));
   ebb_tensor_t *xhat = NULL, *rstd = NULL, *gxh = NULL, *m1 = NULL, *p = NULL, *m2 = NULL, *q = NULL, *r1 = NULL, *r2 = NULL, *gp = NULL;
   ebb_tensor_t *rx = NULL, *rw = NULL, *rb = NULL;
   st = ln_normalise(x, dims, nnorm, eps, &xhat, &rstd);

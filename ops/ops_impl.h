@@ -109,12 +109,13 @@ EBB_HIDDEN const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks 
 EBB_HIDDEN ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op,
                                     const ebb_tensor_t *const *in, int nin, ebb_tensor_t **out0, ebb_tensor_t **out1,
                                     const ebb__op_args *args);
-/* The inplace hook's check before an in-place op changes dst (ops_export.h): one load and a
- * branch without hooks; the hook runs when dst or src has a slot, or dst's base has one. An
- * inference tensor outside inference mode is refused here. Failures name fn. *token is set for
- * ebb__inplace_end, which every path after a successful check must call (ok: dst changed and
- * its version bumped). */
-EBB_HIDDEN ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+/* The inplace hook's check before an in-place op changes dst (ops_export.h), given the op's
+ * other inputs src[0..nsrc) and its args (NULL: none): one load and a branch without hooks; the
+ * hook runs when dst or a src has a slot, or dst's base has one. An inference tensor outside
+ * inference mode is refused here. Failures name fn. *token is set for ebb__inplace_end, which
+ * every path after a successful check must call (ok: dst changed and its version bumped). */
+EBB_HIDDEN ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc,
+                                         const ebb__op_args *args, void **token);
 EBB_HIDDEN void ebb__inplace_end(void *token, bool ok);
 static inline const ebb__tensor_hooks *ebb__rec_enter(void) {
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
@@ -150,11 +151,20 @@ _Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && E
                    EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
                "kernel dtype codes are ebb_dtype's");
 
-enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_COUNT };
+enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_COUNT };
 
 EBB_HIDDEN void ebb__ew_cpu(void *args);
 EBB_HIDDEN void ebb__reduce_cpu(void *args);
 EBB_HIDDEN void ebb__matmul_cpu(void *args);
+/* kernels_rows.c: the fused row kernels (ebb__rows_args), the widest instruction set the CPU has. */
+EBB_HIDDEN void ebb__rows_cpu(void *args);
+/* Instruction sets of the CPU kernels, narrowest first: x86-64's baseline (SSE2; scalars on
+ * other machines), AVX2 with FMA, AVX-512F. ebb__cpu_isa: the widest this CPU has (probed once).
+ * ebb__rows_run_isa: the row kernel with the given set, capped at the CPU's (tests compare the
+ * sets on one machine). */
+enum { EBB__ISA_BASE = 0, EBB__ISA_AVX2, EBB__ISA_AVX512 };
+EBB_HIDDEN int ebb__cpu_isa(void);
+EBB_HIDDEN void ebb__rows_run_isa(const ebb__rows_args *a, int isa);
 
 /* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
  * is not its allocation stream. */
@@ -194,6 +204,18 @@ EBB_HIDDEN ebb_status ebb__broadcast_strides(const char *fn, const char *arg, co
 EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const char *an, int na, const ebb_tensor_t *b,
                                            const char *bn, int nb, int *ndim,
                                            int64_t *shape);
+
+/* ---- inplace.c: the backward of the in-place family (derivative-table entries) -------------- */
+EBB_HIDDEN ebb_status ebb__bw_add_scaled_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+EBB_HIDDEN ebb_status ebb__bw_add_scalar_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+EBB_HIDDEN ebb_status ebb__bw_mul_scalar_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+EBB_HIDDEN ebb_status ebb__bw_lerp_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+EBB_HIDDEN ebb_status ebb__bw_addcmul_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+EBB_HIDDEN ebb_status ebb__bw_addcdiv_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+EBB_HIDDEN ebb_status ebb__bw_sqrt_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+
+/* ---- linear.c: LinearBackward's entry (ebb_op_linear_backward from the saved x and w) -------- */
+EBB_HIDDEN ebb_status ebb__bw_linear(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 
 /* Philox 4x32-10 of counter (c0..c3) and key (k0, k1); out receives 4 words. */
 EBB_HIDDEN void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]);

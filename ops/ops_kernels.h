@@ -30,6 +30,9 @@ enum ebb__ew_op {
   EBB__EW_GE, EBB__EW_MAXIMUM,
   /* ternary: out = in0 ? in1 : in2 */
   EBB__EW_WHERE,
+  /* the fused in-place updates (ops/inplace.c), in0 being dst: in0 + s0 * in1; lerp of in0
+   * towards in1 by s0; in0 + s0 * in1 * in2; in0 + s0 * in1 / in2 */
+  EBB__EW_ADD_SCALED, EBB__EW_LERP, EBB__EW_ADDCMUL, EBB__EW_ADDCDIV,
   EBB__EW_COUNT
 };
 
@@ -68,8 +71,9 @@ typedef struct ebb__red_args {
   int64_t *idx;                         /* strided like out, or NULL */
 } ebb__red_args;
 
-/* Batched matmul ("ebb.ops.matmul"): C[b] = A[b] @ B[b], f32 or f64, each matrix with a row
- * stride (lda etc.) and unit column stride, or transposed (trans flags). */
+/* Batched matmul ("ebb.ops.matmul"): C[b] = A[b] @ B[b] + beta * C[b], f32 or f64, each matrix
+ * with a row stride (lda etc.) and unit column stride, or transposed (trans flags). With beta 0
+ * C is only written (never read: it may hold anything, NaN included). */
 typedef struct ebb__mm_args {
   int32_t dtype;
   int32_t trans_a, trans_b;
@@ -79,6 +83,37 @@ typedef struct ebb__mm_args {
   int64_t sa, sb, sc;                   /* batch strides in elements */
   const void *a, *b;
   void *c;
+  double beta;                          /* 0, or 1 to add into C (linear's bias, copied there first) */
 } ebb__mm_args;
+
+/* Row kernels ("ebb.ops.rows"): the fused softmax, log_softmax, cross_entropy and layer_norm,
+ * forward and backward, over `rows` contiguous rows of `cols` f32 elements (the last dim, or
+ * the last dims flattened for layer_norm). Each row is read from memory once and kept in cache
+ * for the passes its op makes, so an op costs one read of its inputs and one write of its
+ * output. Every pointer is element 0 of a contiguous tensor (f32 unless noted).
+ *   SOFTMAX, LOG_SOFTMAX:         out = f(x)
+ *   SOFTMAX_BWD:                  out = y (g - sum(g y))                 (x: y, g: grad)
+ *   LOG_SOFTMAX_BWD:              out = g - exp(y) sum(g)                (x: y, g: grad)
+ *   CE_FWD:                       out[r] = logsumexp(x[r]) - x[r, target[r]]  (out: [rows])
+ *   CE_BWD:                       out = (softmax(x) - onehot(target)) * g[0] * s0
+ *   LN_FWD:                       out = (x - mean) rstd w + b, rstd = (var + s0)^-1/2 (w, b may be NULL)
+ *   LN_BWD:                       out = rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g w; and
+ *                                 gw_out = sum over rows of g xhat, gb_out = sum of g (each may be NULL)
+ * A target outside [0, cols) gives that row a NaN loss and NaN gradients. */
+enum ebb__rows_op {
+  EBB__ROWS_SOFTMAX = 0, EBB__ROWS_LOG_SOFTMAX, EBB__ROWS_SOFTMAX_BWD, EBB__ROWS_LOG_SOFTMAX_BWD,
+  EBB__ROWS_CE_FWD, EBB__ROWS_CE_BWD, EBB__ROWS_LN_FWD, EBB__ROWS_LN_BWD, EBB__ROWS_COUNT
+};
+
+typedef struct ebb__rows_args {
+  int32_t op;
+  int32_t pad_;
+  int64_t rows, cols;
+  const float *x, *g, *w, *b;
+  const int64_t *target;
+  float *out;
+  float *gw_out, *gb_out;
+  double s0;
+} ebb__rows_args;
 
 #endif /* EBB_OPS_KERNELS_H */

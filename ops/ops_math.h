@@ -236,6 +236,11 @@ static inline EBB__HD double ebb__ew_f(int op, double x, double y, double z, dou
   case EBB__EW_GE: return x >= y;
   case EBB__EW_MAXIMUM: return x != x || x > y ? x : y;
   case EBB__EW_WHERE: return x != 0 ? y : z;
+  case EBB__EW_ADD_SCALED: return x + s0 * y;
+  /* from the nearer end, so w = 1 gives y exactly */
+  case EBB__EW_LERP: return s0 < 0.5 ? x + s0 * (y - x) : y - (y - x) * (1.0 - s0);
+  case EBB__EW_ADDCMUL: return x + s0 * y * z;
+  case EBB__EW_ADDCDIV: return x + s0 * y / z;
   default: return 0.0;
   }
 }
@@ -271,6 +276,7 @@ static inline EBB__HD bool ebb__ew_i(int op, int64_t x, int64_t y, int64_t z, in
   case EBB__EW_GE: r = x >= y; break;
   case EBB__EW_MAXIMUM: r = x > y ? x : y; break;
   case EBB__EW_WHERE: r = x ? y : z; break;
+  case EBB__EW_ADD_SCALED: r = (int64_t)((uint64_t)x + (uint64_t)s0 * (uint64_t)y); break;
   default: return false;
   }
   *out = r;

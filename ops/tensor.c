@@ -435,7 +435,8 @@ const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h) {
 static _Atomic long ebb__inplace_watch;
 void ebb__inplace_watch_add(long delta) { atomic_fetch_add_explicit(&ebb__inplace_watch, delta, memory_order_relaxed); }
 
-ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
+ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc,
+                              const ebb__op_args *args, void **token) {
   *token = NULL;
   if (EBB_UNLIKELY(dst->stor->inference) && !ebb__inference) {
     return ebb__fail_about(EBB_EINVAL, fn, dst, "dst", "is an inference tensor (made in inference mode), which cannot be changed in "
@@ -443,11 +444,11 @@ ebb_status ebb__inplace_check(const char *fn, int op, ebb_tensor_t *dst, const e
   }
   /* acquire: pairs with the release store in ebb__tensor_hooks_set. */
   const ebb__tensor_hooks *h = atomic_load_explicit(&ebb__hooks, memory_order_acquire);
-  if (EBB_LIKELY(!h || !h->inplace ||
-                 (!dst->autograd && !(src && src->autograd) && !(dst->base && dst->base->autograd) &&
-                  !atomic_load_explicit(&ebb__inplace_watch, memory_order_relaxed))))
-    return EBB_OK;
-  ebb_status st = h->inplace(op, dst, src, token);
+  if (EBB_LIKELY(!h || !h->inplace)) return EBB_OK;
+  bool slots = dst->autograd || (dst->base && dst->base->autograd);
+  for (int i = 0; i < nsrc && !slots; i++) slots = src[i]->autograd != NULL;
+  if (EBB_LIKELY(!slots && !atomic_load_explicit(&ebb__inplace_watch, memory_order_relaxed))) return EBB_OK;
+  ebb_status st = h->inplace(op, dst, src, nsrc, args, token);
   return st ? ebb__fail_in(fn, st) : EBB_OK;
 }
 
@@ -594,6 +595,7 @@ static const struct {
     [EBB__K_EW] = {"ebb.ops.ew", "ebb_ops_ew", sizeof(ebb__ew_args), ebb__ew_cpu},
     [EBB__K_REDUCE] = {"ebb.ops.reduce", "ebb_ops_reduce", sizeof(ebb__red_args), ebb__reduce_cpu},
     [EBB__K_MATMUL] = {"ebb.ops.matmul", "ebb_ops_matmul", sizeof(ebb__mm_args), ebb__matmul_cpu},
+    [EBB__K_ROWS] = {"ebb.ops.rows", "ebb_ops_rows", sizeof(ebb__rows_args), ebb__rows_cpu},
 };
 
 static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];
@@ -1638,7 +1640,7 @@ static ebb_status tensor_fill(const char *fn, int op, ebb_tensor_t *t, double va
   void *token = NULL;
   ebb_status st = ebb__tensor_check(t, fn, "dst");
   if (!st) st = check_writable(fn, t);
-  if (!st) st = ebb__inplace_check(fn, op, t, NULL, &token);
+  if (!st) st = ebb__inplace_check(fn, op, t, NULL, 0, NULL, &token);
   if (st) return st;
   st = ebb__ew_run(fn, EBB__EW_FILL, t, 0, NULL, value, 0);
   if (!st) atomic_fetch_add_explicit(&t->stor->version, 1, memory_order_relaxed);
@@ -1660,7 +1662,7 @@ ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
   int64_t bst[EBB_TENSOR_MAX_DIMS];
   st = ebb__broadcast_strides(fn, "src", src, dst->ndim, dst->shape, bst);
   void *token = NULL;
-  if (!st) st = ebb__inplace_check(fn, EBB__OP_COPY_, dst, src, &token);
+  if (!st) st = ebb__inplace_check(fn, EBB__OP_COPY_, dst, &src, 1, NULL, &token);
   if (st) return st;
   ebb_tensor_t *moved = NULL;
   if (src->stor->device != dst->stor->device) st = to_device(fn, src, dst->stor->device, &moved);

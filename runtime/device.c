@@ -164,6 +164,12 @@ static ebb_status dev_read_caps(int i) {
   c->emulated = c->cc_major == 0;
   if (d->DeviceGetPCIBusId && d->DeviceGetPCIBusId(c->pci_bus_id, (int)sizeof c->pci_bus_id, dv->cu) != CUDA_SUCCESS)
     c->pci_bus_id[0] = '\0';
+  /* Optional: a driver without these attributes leaves the peak unknown (0), nothing fails. */
+  if (d->DeviceGetAttribute(&c->mem_clock_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dv->cu) != CUDA_SUCCESS || c->mem_clock_khz < 0)
+    c->mem_clock_khz = 0;
+  if (d->DeviceGetAttribute(&c->mem_bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dv->cu) != CUDA_SUCCESS || c->mem_bus_bits < 0)
+    c->mem_bus_bits = 0;
+  if (!c->emulated) c->peak_mem_gbps = 2.0 * c->mem_clock_khz * 1e3 * (c->mem_bus_bits / 8.0) / 1e9;
   c->prio_least = c->prio_greatest = 0;
   if (d->CtxGetStreamPriorityRange && v[A_PRIORITIES]) {
     ebb_status st = ebb__dev_activate("ebb_init", i);

@@ -214,6 +214,9 @@ static void print_text(const info *in) {
       printf("  compute:           %d.%d\n", c->cc_major, c->cc_minor);
     printf("  multiprocessors:   %d\n", c->multiprocessors);
     printf("  copy engines:      %d\n", c->async_engines);
+    if (c->peak_mem_gbps > 0)
+      printf("  memory bandwidth:  %.0f GB/s peak (%d-bit bus, %d MHz)\n", c->peak_mem_gbps, c->mem_bus_bits,
+             c->mem_clock_khz / 1000);
     printf("  stream priorities: %d (least) .. %d (greatest)\n", c->prio_least, c->prio_greatest);
     printf("  capabilities:      %s\n", caps[0] ? caps : "(none)");
     printf("  pci bus id:        %s\n", c->pci_bus_id[0] ? c->pci_bus_id : "(unknown)");
@@ -307,6 +310,11 @@ static void j_uint(const char *key, unsigned long long v) {
   printf("%llu", v);
 }
 
+static void j_double(const char *key, double v) {
+  j_member(key);
+  printf("%.1f", v);
+}
+
 static void j_bool(const char *key, bool v) {
   j_member(key);
   fputs(v ? "true" : "false", stdout);
@@ -340,6 +348,9 @@ static void print_json(const info *in) {
     j_string("compute_capability", c->emulated ? "emulated" : buf);
     j_int("multiprocessors", c->multiprocessors);
     j_int("copy_engines", c->async_engines);
+    j_int("mem_clock_khz", c->mem_clock_khz);
+    j_int("mem_bus_bits", c->mem_bus_bits);
+    j_double("peak_mem_gbps", c->peak_mem_gbps);
     j_int("priority_least", c->prio_least);
     j_int("priority_greatest", c->prio_greatest);
     /* The capability list as an array: split the comma list built for the text view. */

@@ -9,8 +9,8 @@
  *   ebb_op_mul_scalar, ebb_op_div_scalar, ebb_op_pow_scalar, ebb_op_clamp, ebb_op_neg, ebb_op_abs,
  *   ebb_op_exp, ebb_op_log, ebb_op_sqrt, ebb_op_sin, ebb_op_cos, ebb_op_tanh, ebb_op_sigmoid,
  *   ebb_op_relu, ebb_op_gelu, ebb_op_where, ebb_op_sum, ebb_op_mean, ebb_op_amax, ebb_op_max_dim,
- *   ebb_op_matmul, ebb_op_softmax, ebb_op_log_softmax, ebb_op_cross_entropy, ebb_op_mse_loss,
- *   ebb_op_layer_norm, ebb_op_cat, ebb_op_stack;
+ *   ebb_op_matmul, ebb_op_linear, ebb_op_softmax, ebb_op_log_softmax, ebb_op_cross_entropy,
+ *   ebb_op_mse_loss, ebb_op_layer_norm, ebb_op_cat, ebb_op_stack;
  * - views: ebb_tensor_view, ebb_tensor_reshape (a view or a copy), ebb_tensor_transpose,
  *   ebb_tensor_permute, ebb_tensor_slice, ebb_tensor_narrow, ebb_tensor_select,
  *   ebb_tensor_expand, ebb_tensor_squeeze, ebb_tensor_unsqueeze;
@@ -18,7 +18,9 @@
  *   ebb_tensor_to_device ("ToDeviceBackward", which runs on the copy's device and sends the
  *   gradient back to the source's device);
  * - in place (below): ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_,
- *   ebb_tensor_zero_.
+ *   ebb_tensor_zero_, and the family of ops.h: ebb_op_add_scaled_, ebb_op_add_scalar_,
+ *   ebb_op_mul_scalar_, ebb_op_lerp_, ebb_op_addcmul_, ebb_op_addcdiv_, ebb_op_sqrt_,
+ *   ebb_op_zero_.
  * Not recorded: comparisons (bool results), creation calls, ebb_tensor_detach, and the gradient
  * helpers of ops.h (the ebb_op_*_backward functions, ebb_op_sum_to_shape).
  * A leaf (a tensor the user created and marked with ebb_tensor_set_requires_grad) gets an
@@ -26,8 +28,9 @@
  * the leaf (never by the leaf), so it goes with the graph. With no input requiring a gradient,
  * an op records nothing and costs a branch.
  *
- * In-place ops (ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_)
- * are recorded too, with grad mode on, when dst requires a gradient or src does:
+ * In-place ops (ebb_op_add_, ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_
+ * and the rest of the list above) are recorded too, with grad mode on, when dst requires a
+ * gradient or one of its other inputs (src, end, t1, t2) does:
  * - on a tensor that is not a view, the op's node becomes dst's grad_fn (output 0), its input 0
  *   being dst's old value (its old grad_fn): dst's history is rebased. The version counter of
  *   dst's storage moves on, so a node that saved dst (or any view of its storage) before fails
@@ -606,7 +609,8 @@ EBB_API void ebb_offload_reset_stats(void);
  * ebb_allow_mutation_on_saved_enter opens the scope on the calling thread; _exit closes it. Each
  * tensor a node saves on this thread while it is open, as an ordinary saved tensor (not one
  * packed by saved-tensor hooks), is registered by its storage. An in-place op (ebb_op_add_,
- * ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_), on any thread, that writes
+ * ebb_op_mul_, ebb_tensor_copy_, ebb_tensor_fill_, ebb_tensor_zero_, the family of ops.h's
+ * ebb_op_add_scaled_), on any thread, that writes
  * a registered storage, through the saved tensor, its base or any view of it, with or without
  * autograd state and in any grad mode, first copies that whole storage (one copy on its device,
  * queued on the writer's current stream, which the nodes' forward streams wait for) and gives

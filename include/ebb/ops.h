@@ -140,6 +140,43 @@ EBB_API ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_ten
 EBB_API ebb_status ebb_op_add_(ebb_tensor_t *dst, const ebb_tensor_t *src);
 EBB_API ebb_status ebb_op_mul_(ebb_tensor_t *dst, const ebb_tensor_t *src);
 
+/* The in-place updates of a training step (an optimizer's, above all), each one pass over dst
+ * that allocates nothing (except a copy of a src that lies on dst's storage in another
+ * geometry, made first on the same stream), computed like the out-of-place ops (f64 arithmetic
+ * rounded once to dst's dtype) and bumping dst's version once:
+ *  - add_scaled_: dst += alpha * src (PyTorch's add_(src, alpha=)); add_ is alpha 1;
+ *  - add_scalar_: dst += s; mul_scalar_: dst *= s;
+ *  - lerp_: dst += weight * (end - dst), computed from the nearer end so weight 1 gives end;
+ *  - addcmul_: dst += value * t1 * t2; addcdiv_: dst += value * t1 / t2 (IEEE: x/0 is inf);
+ *  - sqrt_: dst = sqrt(dst) (a negative element gives NaN); zero_: dst = 0 (as ebb_tensor_zero_).
+ * Each tensor argument broadcasts to dst's shape, lives on dst's device, and has a dtype that
+ * promotes with dst's to dst's (ops.h's rule: f32 dst with an f64 src is refused; bf16 or i64
+ * into f32 is allowed). dst: numeric (not bool) for add_scaled_, add_scalar_ and mul_scalar_,
+ * which stay exact on an i64 dst and need an integer scalar there; floating for lerp_,
+ * addcmul_, addcdiv_ and sqrt_; any dtype for zero_.
+ * Streams: as any op: on a device, enqueued on its current stream (a CPU dst finishes first).
+ * Autograd (ebb/autograd.h): like add_ and mul_, each is recorded as dst's new grad_fn when
+ * grad mode is on and dst or a src requires a gradient ("AddScaledInplaceBackward",
+ * "AddScalarInplaceBackward", "MulScalarInplaceBackward", "LerpInplaceBackward",
+ * "AddcmulInplaceBackward" and "AddcdivInplaceBackward", which save t1 and t2,
+ * "SqrtInplaceBackward", which saves a copy of dst's old value, "ZeroBackward"), on a view
+ * through its base; a leaf that requires a gradient (or a view of one) is refused while grad
+ * mode is on, so an optimizer turns grad mode off for its step. With grad mode off nothing is
+ * recorded, and a node that saved dst before fails its version check at backward.
+ * Failures: EBB_EINVAL (NULL, a src that does not broadcast to dst's shape, a dtype dst cannot
+ * hold, a non-integer scalar for an integer dst, dst expanded (stride 0), a leaf requiring a
+ * gradient with grad mode on), EBB_EDEVICE (a src on another device), EBB_EFREED (a released
+ * tensor), EBB_ENOMEM; the message names the call, the argument and the shapes. On failure
+ * dst is unchanged. Threading: as any write, the caller orders it with dst's other users. */
+EBB_API ebb_status ebb_op_add_scaled_(ebb_tensor_t *dst, const ebb_tensor_t *src, double alpha);
+EBB_API ebb_status ebb_op_add_scalar_(ebb_tensor_t *dst, double s);
+EBB_API ebb_status ebb_op_mul_scalar_(ebb_tensor_t *dst, double s);
+EBB_API ebb_status ebb_op_lerp_(ebb_tensor_t *dst, const ebb_tensor_t *end, double weight);
+EBB_API ebb_status ebb_op_addcmul_(ebb_tensor_t *dst, const ebb_tensor_t *t1, const ebb_tensor_t *t2, double value);
+EBB_API ebb_status ebb_op_addcdiv_(ebb_tensor_t *dst, const ebb_tensor_t *t1, const ebb_tensor_t *t2, double value);
+EBB_API ebb_status ebb_op_sqrt_(ebb_tensor_t *dst);
+EBB_API ebb_status ebb_op_zero_(ebb_tensor_t *dst);
+
 /* ---- shape helpers for gradients ---------------------------------------------------------------- */
 /* Sums t down to `shape` (to which t's shape must broadcast): leading dims and dims where shape
  * has 1 are summed. Returns a contiguous tensor of t's dtype. */
@@ -187,6 +224,25 @@ EBB_API ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, e
 /* grad_a = grad @ b^T, grad_b = a^T @ grad, each summed to its input's shape. */
 EBB_API ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *a, const ebb_tensor_t *b,
                                           ebb_tensor_t **grad_a, ebb_tensor_t **grad_b);
+
+/* ---- linear ----------------------------------------------------------------------------------
+ * y = x @ w^T + b, PyTorch's convention: x [..., in_features] (at least 1 dim; the leading dims
+ * are flattened into the GEMM's rows), w [out_features, in_features], b [out_features] or NULL;
+ * y [..., out_features]. x, w and b share one floating dtype and one device. One GEMM with the
+ * bias folded in (b is broadcast into y, then the GEMM adds x w^T to it), as matmul's: OpenBLAS
+ * on the CPU and the emulated driver, cuBLAS or a plain CUDA kernel on a GPU (not yet run on
+ * one); bf16 and f16 computed in f32 and rounded once. w and x are read in place when their
+ * rows lie evenly in memory (a transpose() view of w too), else through a contiguous copy.
+ * Failures: EBB_EINVAL (NULL; w not 2-D; x's last dim not in_features; b not [out_features]:
+ * the message names both tensors and the expected shape; dtypes that differ or are not
+ * floating), EBB_EDEVICE, EBB_EFREED, EBB_ENOMEM, EBB_ENOTSUP (2^31 rows or features). */
+EBB_API ebb_status ebb_op_linear(const ebb_tensor_t *x, const ebb_tensor_t *w, const ebb_tensor_t *b, ebb_tensor_t **out);
+/* grad_x = grad @ w (x's shape), grad_w = grad^T @ x over the flattened leading dims, grad_b =
+ * grad summed over its leading dims ([out_features]; b itself is not needed). grad has the
+ * forward output's shape. Each of grad_x, grad_w, grad_b may be NULL (not all three); each
+ * result has x's dtype. */
+EBB_API ebb_status ebb_op_linear_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *w,
+                                          ebb_tensor_t **grad_x, ebb_tensor_t **grad_w, ebb_tensor_t **grad_b);
 
 /* ---- activations and losses -------------------------------------------------------------------- */
 /* Along dim, computed stably (the max is subtracted first). Floating inputs only. A tensor with

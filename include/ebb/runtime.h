@@ -92,6 +92,13 @@ typedef struct ebb_dev_caps {
   bool peer;                    /* can access at least one other device's memory */
   bool cpu_kernels;             /* kernels may be CPU functions (emulated driver) */
   char pci_bus_id[32];          /* "" when unknown */
+  /* Memory interface, for judging achieved bandwidth: the peak memory clock (kHz) and bus width
+   * (bits) the driver reports, and the peak they give, 2 x clock x width / 8 (double data rate),
+   * in GB/s (10^9 bytes/s). 0 where the driver does not say; peak_mem_gbps is 0 on an emulated
+   * device, whose memory is the host's (its driver's figures are nominal). */
+  int mem_clock_khz;
+  int mem_bus_bits;
+  double peak_mem_gbps;
 } ebb_dev_caps;
 
 EBB_API ebb_status ebb_dev_count(int *count);

@@ -97,13 +97,140 @@ extern "C" __global__ void ebb_ops_matmul(ebb__mm_args a) {
       double acc = 0;
       for (int64_t q = 0; q < a.k; q++)
         acc += (a.trans_a ? A[q * a.lda + i] : A[i * a.lda + q]) * (a.trans_b ? B[j * a.ldb + q] : B[q * a.ldb + j]);
-      ((double *)a.c)[b * a.sc + i * a.ldc + j] = acc;
+      double *C = (double *)a.c + b * a.sc + i * a.ldc + j;
+      *C = a.beta != 0 ? acc + a.beta * *C : acc; // beta 0: C is never read (it may hold NaN)
     } else {
       const float *A = (const float *)a.a + b * a.sa, *B = (const float *)a.b + b * a.sb;
       float acc = 0;
       for (int64_t q = 0; q < a.k; q++)
         acc += (a.trans_a ? A[q * a.lda + i] : A[i * a.lda + q]) * (a.trans_b ? B[j * a.ldb + q] : B[q * a.ldb + j]);
-      ((float *)a.c)[b * a.sc + i * a.ldc + j] = acc;
+      float *C = (float *)a.c + b * a.sc + i * a.ldc + j;
+      *C = a.beta != 0 ? acc + (float)a.beta * *C : acc;
+    }
+  }
+}
+
+// ---- the fused row kernels (ebb__rows_args; kernels_rows_body.h is the CPU text) ------------
+// One block per row (grid-stride over rows when the grid is smaller): the block's threads walk
+// the row in strides of blockDim, with block-wide sums and maxima through warp shuffles and one
+// shared word per warp. f32 math, as on the CPU. LN_BWD computes the input's gradient only:
+// ops/nn.c sends the weight's and bias's row sums (gw_out, gb_out) to the CPU kernels alone.
+
+__device__ static float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ static float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The block's total of v (every thread receives it). sh: 32 shared words.
+__device__ static float block_sum(float v, float *sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads(); // the previous call's readers of sh[0] are done
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nwarps ? sh[lane] : 0.f;
+    v = warp_sum(v);
+    if (lane == 0) sh[0] = v;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+__device__ static float block_max(float v, float *sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nwarps ? sh[lane] : -INFINITY;
+    v = warp_max(v);
+    if (lane == 0) sh[0] = v;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+extern "C" __global__ void ebb_ops_rows(ebb__rows_args a) {
+  __shared__ float sh[32];
+  const int64_t n = a.cols, t0 = threadIdx.x, step = blockDim.x;
+  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const float *x = a.x + r * n, *g = a.g ? a.g + r * n : nullptr;
+    float *y = a.out + r * n;
+    switch (a.op) {
+    case EBB__ROWS_SOFTMAX:
+    case EBB__ROWS_LOG_SOFTMAX:
+    case EBB__ROWS_CE_FWD:
+    case EBB__ROWS_CE_BWD: {
+      float m = -INFINITY, s = 0.f;
+      for (int64_t j = t0; j < n; j += step) m = fmaxf(m, x[j]);
+      m = block_max(m, sh);
+      for (int64_t j = t0; j < n; j += step) s += expf(x[j] - m);
+      s = block_sum(s, sh);
+      if (a.op == EBB__ROWS_SOFTMAX) {
+        const float inv = 1.f / s;
+        for (int64_t j = t0; j < n; j += step) y[j] = expf(x[j] - m) * inv;
+      } else if (a.op == EBB__ROWS_LOG_SOFTMAX) {
+        const float l = m + logf(s);
+        for (int64_t j = t0; j < n; j += step) y[j] = x[j] - l;
+      } else {
+        const int64_t t = a.target[r];
+        const bool ok = t >= 0 && t < n;
+        if (a.op == EBB__ROWS_CE_FWD) {
+          if (t0 == 0) a.out[r] = ok ? m + logf(s) - x[t] : NAN;
+        } else {
+          const float k = (float)((double)a.g[0] * a.s0), ks = k / s;
+          for (int64_t j = t0; j < n; j += step) y[j] = ok ? expf(x[j] - m) * ks - (j == t ? k : 0.f) : NAN;
+        }
+      }
+      break;
+    }
+    case EBB__ROWS_SOFTMAX_BWD: {
+      float d = 0.f;
+      for (int64_t j = t0; j < n; j += step) d += g[j] * x[j];
+      d = block_sum(d, sh);
+      for (int64_t j = t0; j < n; j += step) y[j] = x[j] * (g[j] - d);
+      break;
+    }
+    case EBB__ROWS_LOG_SOFTMAX_BWD: {
+      float sg = 0.f;
+      for (int64_t j = t0; j < n; j += step) sg += g[j];
+      sg = block_sum(sg, sh);
+      for (int64_t j = t0; j < n; j += step) y[j] = g[j] - expf(x[j]) * sg;
+      break;
+    }
+    case EBB__ROWS_LN_FWD:
+    case EBB__ROWS_LN_BWD: {
+      float s = 0.f, v = 0.f;
+      for (int64_t j = t0; j < n; j += step) s += x[j];
+      const float mu = block_sum(s, sh) / (float)n;
+      for (int64_t j = t0; j < n; j += step) v += (x[j] - mu) * (x[j] - mu);
+      const float rs = (float)rsqrt((double)block_sum(v, sh) / (double)n + a.s0);
+      if (a.op == EBB__ROWS_LN_FWD) {
+        for (int64_t j = t0; j < n; j += step)
+          y[j] = (x[j] - mu) * rs * (a.w ? a.w[j] : 1.f) + (a.b ? a.b[j] : 0.f);
+      } else {
+        float s1 = 0.f, s2 = 0.f;
+        for (int64_t j = t0; j < n; j += step) {
+          const float gx = g[j] * (a.w ? a.w[j] : 1.f);
+          s1 += gx;
+          s2 += gx * (x[j] - mu) * rs;
+        }
+        const float m1 = block_sum(s1, sh) / (float)n, m2 = block_sum(s2, sh) / (float)n;
+        for (int64_t j = t0; j < n; j += step) {
+          const float xh = (x[j] - mu) * rs, gx = g[j] * (a.w ? a.w[j] : 1.f);
+          y[j] = rs * (gx - m1 - xh * m2);
+        }
+      }
+      break;
+    }
+    default: break;
     }
   }
 }

@@ -47,14 +47,18 @@ typedef struct ebb__tensor_hooks {
    * `inplace` instead. */
   ebb_status (*recorded)(int op, const ebb_tensor_t *const *in, int nin, ebb_tensor_t *const *out, int nout,
                          const struct ebb__op_args *args);
-  /* An in-place op `op` (EBB__OP_ADD_, _MUL_, _COPY_, _FILL_, _ZERO_) is about to change dst
-   * (src: its other input, NULL for fill and zero); dst or src has a slot, or dst is a view
-   * whose base has one, or a module watches every in-place op (ebb__inplace_watch_add). A failure refuses the op before anything changes, with the hook's
-   * status (its message prefixed by the call's name). The hook may set *token (NULL before the
-   * call): ops then calls `inplace_done(token, ok)` once, after the op changed dst and bumped
-   * its version (ok true) or failed (ok false), so what the hook prepared is committed or
-   * dropped. Same thread as the call. */
-  ebb_status (*inplace)(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token);
+  /* An in-place op `op` (an EBB__OP_*_ entry: add_, mul_, copy_, fill_, zero_ and the family
+   * of ops/inplace.c) is about to change dst; src[0..nsrc) are its other inputs, the entry's
+   * inputs 1.. in order (nsrc 0 for fill and zero; at most 2), and args its scalars as the
+   * table documents them (NULL: none). dst or a src has a slot, or dst is a view whose base has
+   * one, or a module watches every in-place op (ebb__inplace_watch_add). A failure refuses the
+   * op before anything changes, with the hook's status (its message prefixed by the call's
+   * name). The hook may set *token (NULL before the call): ops then calls
+   * `inplace_done(token, ok)` once, after the op changed dst and bumped its version (ok true)
+   * or failed (ok false), so what the hook prepared is committed or dropped. Same thread as the
+   * call. */
+  ebb_status (*inplace)(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const struct ebb__op_args *args,
+                        void **token);
   void (*inplace_done)(void *token, bool ok);
 } ebb__tensor_hooks;
 
@@ -168,7 +172,7 @@ typedef enum ebb__op_id {
   EBB__OP_NEG, EBB__OP_ABS, EBB__OP_EXP, EBB__OP_LOG, EBB__OP_SQRT, EBB__OP_SIN, EBB__OP_COS, EBB__OP_TANH,
   EBB__OP_SIGMOID, EBB__OP_RELU, EBB__OP_GELU, EBB__OP_WHERE,
   /* reductions, matmul, nn */
-  EBB__OP_SUM, EBB__OP_MEAN, EBB__OP_AMAX, EBB__OP_MAX_DIM, EBB__OP_MATMUL,
+  EBB__OP_SUM, EBB__OP_MEAN, EBB__OP_AMAX, EBB__OP_MAX_DIM, EBB__OP_MATMUL, EBB__OP_LINEAR,
   EBB__OP_SOFTMAX, EBB__OP_LOG_SOFTMAX, EBB__OP_CROSS_ENTROPY, EBB__OP_MSE_LOSS, EBB__OP_LAYER_NORM,
   EBB__OP_CAT, EBB__OP_STACK,
   /* views */
@@ -178,6 +182,10 @@ typedef enum ebb__op_id {
   EBB__OP_CONTIGUOUS, EBB__OP_CLONE, EBB__OP_TO_DEVICE, EBB__OP_TO_DTYPE,
   /* in place: input 0 is dst's value before the op, the output dst's value after it */
   EBB__OP_ADD_, EBB__OP_MUL_, EBB__OP_COPY_, EBB__OP_FILL_, EBB__OP_ZERO_,
+  /* the in-place family of ops/inplace.c; s[0] is alpha, the scalar, lerp's weight or the
+   * value of addcmul_/addcdiv_ (sqrt_ has none) */
+  EBB__OP_ADD_SCALED_, EBB__OP_ADD_SCALAR_, EBB__OP_MUL_SCALAR_, EBB__OP_LERP_, EBB__OP_ADDCMUL_, EBB__OP_ADDCDIV_,
+  EBB__OP_SQRT_,
   /* autograd's own nodes for in-place ops on views (args->geom says where the view lies):
    * a view's history taken again from its base's after an in-place change, and the base's
    * history after an in-place op on one of its views (PyTorch's CopySlices) */

@@ -132,6 +132,20 @@ LossFn ln_softmax_ce() {
   };
 }
 
+// The same MLP with ebb_op_linear (w [out, in]); with `bias` false the second layer has none.
+// x has two leading dims, so linear flattens them.
+LossFn mlp_linear(bool bias) {
+  return [bias](int dev, const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
+    Tensor x = make(dev, EBB_F64, {2, 2, 3}, values(12, 103)), a, h, o;
+    Tensor target = make(dev, EBB_F64, {2, 2, 2}, values(8, 104));
+    ebb_status st = ebb_op_linear(x, p[0], p[1], a.out());
+    if (!st) st = ebb_op_gelu(a, h.out());
+    if (!st) st = ebb_op_linear(h, p[2], bias ? p[3] : nullptr, o.out());
+    if (!st) st = ebb_op_mse_loss(o, target, out);
+    return st;
+  };
+}
+
 std::vector<Leaf> ln_leaves() { return {rnd({3, 4}, 5), rnd({4}, 6, 0.5, 1.5), rnd({4}, 7), rnd({4, 3}, 8)}; }
 
 }  // namespace
@@ -145,6 +159,31 @@ TEST_CASE("composite: a 2-layer MLP with bias, relu or gelu and a loss matches f
       INFO(dev_name(dev) << (gelu ? " gelu" : " relu") << (ce ? " cross_entropy" : " mse_loss"));
       check_against_fd(dev, mlp_leaves(), mlp(gelu, ce));
     }
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("composite: an MLP of ebb_op_linear layers, with and without a bias, matches finite differences on every device",
+          "[autograd][composite][linear]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    const std::vector<Leaf> ls = {rnd({5, 3}, 11), rnd({5}, 12), rnd({2, 5}, 13), rnd({2}, 14)};
+    check_against_fd(dev, ls, mlp_linear(true));
+    check_against_fd(dev, {ls[0], ls[1], ls[2]}, mlp_linear(false));
+    // The node: LinearBackward, whose edges go to x's producer (none: x is a constant), w and b.
+    auto ts = leaves(dev, ls, true);
+    Tensor x = make(dev, EBB_F64, {4, 3}, values(12, 15)), y, y2;
+    EBB_REQUIRE_OK(ebb_op_linear(x, ts[0], ts[1], y.out()));
+    const ebb_node_t *n = nullptr;
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(y, &n, nullptr));
+    REQUIRE(n != nullptr);
+    CHECK(std::string(ebb_node_name(n)) == "LinearBackward");
+    EBB_REQUIRE_OK(ebb_op_linear(x, ts[0], nullptr, y2.out()));  // no bias: still recorded
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(y2, &n, nullptr));
+    REQUIRE(n != nullptr);
+    CHECK(std::string(ebb_node_name(n)) == "LinearBackward");
+  }
   CHECK(ebb_autograd_live_nodes() == 0);
   REQUIRE(ebb_debug_live_handles() == 0);
 }

@@ -956,3 +956,166 @@ TEST_CASE("inplace: logging hooks from a stale view cover the nodes its backward
   CHECK(ebb_autograd_live_nodes() == 0);
   CHECK(ebb_debug_live_handles() == 0);
 }
+
+// ---- the in-place family of ops.h (add_scaled_, add_scalar_, mul_scalar_, lerp_, addcmul_,
+// addcdiv_, sqrt_, zero_): recorded like add_ and mul_ ----------------------------------------------
+
+TEST_CASE("inplace family: each update on a non-leaf and on a view rebases the history, and gradients match",
+          "[autograd][inplace][family]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    // h = 2x (a non-leaf), then every update in turn, srcs broadcast; the loss reads h.
+    LossFn f = [](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
+      Tensor h, q, pos;
+      ebb_status st = ebb_op_mul_scalar(p[0], 2.0, h.out());      // h [2,3]
+      if (!st) st = ebb_op_add_scaled_(h, p[1], -0.5);           // h += -0.5 y [3]
+      if (!st) st = ebb_op_lerp_(h, p[2], 0.3);                  // towards z [2,3]
+      if (!st) st = ebb_op_lerp_(h, p[1], 0.8);                  // the other formula
+      if (!st) st = ebb_op_addcmul_(h, p[1], p[2], 0.5);         // += 0.5 y z
+      if (!st) st = ebb_op_mul(p[3], p[3], pos.out());           // w^2 + 1 > 0
+      if (!st) st = ebb_op_add_scalar_(pos, 1.0);
+      if (!st) st = ebb_op_addcdiv_(h, p[2], pos, -0.25);        // += -0.25 z / (w^2 + 1)
+      if (!st) st = ebb_op_mul_scalar_(h, 1.5);
+      if (!st) st = ebb_op_add_scalar_(h, 3.0);                  // h > 0 for sqrt_ (values in [-1, 1])
+      if (!st) st = ebb_op_mul(h, h, q.out());
+      if (!st) st = ebb_op_add_scalar_(q, 0.5);
+      if (!st) st = ebb_op_sqrt_(q);                             // sqrt(h^2 + 0.5)
+      if (!st) st = sum_sq(q, out);
+      return st;
+    };
+    check_gradients(dev, {rnd({2, 3}, 40), rnd({3}, 41), rnd({2, 3}, 42), rnd({2, 3}, 43)}, f);
+    // The same through views of a non-leaf: addcmul_ on a row (three inputs: CopySlices of
+    // three), lerp_ on a transposed slice, zero_ on a column.
+    LossFn g = [](const std::vector<ebb_tensor_t *> &p, ebb_tensor_t **out) {
+      Tensor h, r, t, c, col;
+      ebb_status st = ebb_op_mul_scalar(p[0], 2.0, h.out());      // h [3,4]
+      if (!st) st = ebb_tensor_select(h, 0, 1, r.out());          // r = h[1] [4]
+      if (!st) st = ebb_op_addcmul_(r, p[1], p[2], 0.75);         // r += 0.75 y [4] z [1]
+      if (!st) st = ebb_tensor_transpose(h, 0, 1, t.out());       // [4,3]
+      if (!st) st = ebb_tensor_slice(t, 0, 1, 3, 1, c.out());     // [2,3]
+      if (!st) st = ebb_op_lerp_(c, p[3], 0.4);                   // towards w [3]
+      if (!st) st = ebb_tensor_select(h, 1, 3, col.out());        // h[:, 3]
+      if (!st) st = ebb_op_zero_(col);
+      if (!st) st = sum_sq(h, out);
+      return st;
+    };
+    check_gradients(dev, {rnd({3, 4}, 44), rnd({4}, 45), rnd({1}, 46), rnd({3}, 47)}, g);
+  }
+  // The nodes' names, and what their edges reach.
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({3}, 48), rnd({3}, 49)}, true);
+  Tensor h;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 1.0, h.out()));
+  struct Step {
+    std::function<ebb_status()> f;
+    const char *node;
+  };
+  const std::vector<Step> steps = {
+      {[&] { return ebb_op_add_scaled_(h, ts[1], 2.0); }, "AddScaledInplaceBackward"},
+      {[&] { return ebb_op_add_scalar_(h, 2.0); }, "AddScalarInplaceBackward"},
+      {[&] { return ebb_op_mul_scalar_(h, 2.0); }, "MulScalarInplaceBackward"},
+      {[&] { return ebb_op_lerp_(h, ts[1], 0.5); }, "LerpInplaceBackward"},
+      {[&] { return ebb_op_addcmul_(h, ts[1], ts[0], 0.5); }, "AddcmulInplaceBackward"},
+      {[&] { return ebb_op_addcdiv_(h, ts[1], ts[1], 0.5); }, "AddcdivInplaceBackward"},
+      {[&] { return ebb_op_sqrt_(h); }, "SqrtInplaceBackward"},
+      {[&] { return ebb_op_zero_(h); }, "ZeroBackward"},
+  };
+  uint64_t v = version_of(h);
+  for (const auto &s : steps) {
+    INFO(s.node);
+    EBB_REQUIRE_OK(s.f());
+    CHECK(grad_fn_name(h) == s.node);
+    CHECK(version_of(h) == ++v);
+  }
+  const ebb_node_t *n = nullptr, *e = nullptr;
+  EBB_REQUIRE_OK(ebb_op_addcmul_(h, ts[1], ts[0], 0.5));
+  EBB_REQUIRE_OK(ebb_tensor_grad_fn(h, &n, nullptr));
+  EBB_REQUIRE_OK(ebb_node_next(n, 0, &e, nullptr));
+  CHECK(std::string(ebb_node_name(e)) == "ZeroBackward");  // h's old history
+  EBB_REQUIRE_OK(ebb_node_next(n, 2, &e, nullptr));
+  CHECK(std::string(ebb_node_name(e)) == "AccumulateGrad");  // t2, the leaf x
+  h.reset();
+  ts.clear();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("inplace family: a leaf that requires a gradient is refused with grad mode on, an optimizer step with it off is not",
+          "[autograd][inplace][family][errors]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    auto ts = make_leaves(dev, {rnd({2, 3}, 50), rnd({2, 3}, 51)}, true);
+    EBB_REQUIRE_OK(ebb_tensor_set_name(ts[0], "weight"));
+    Tensor m = make(dev, EBB_F64, {2, 3}, std::vector<double>(6, 0.0)), vv = make(dev, EBB_F64, {2, 3}, std::vector<double>(6, 0.0));
+    Tensor g = make(dev, EBB_F64, {2, 3}, values(6, 52)), col;
+    const auto before = read(ts[0]);
+    const std::string leaf = "dst 'weight' (f64[2, 3] on " + std::string(dev == EBB_DEVICE_CPU ? "the CPU" : "device " + std::to_string(dev)) + ") is a leaf";
+    EBB_CHECK_FAILS(ebb_op_add_scaled_(ts[0], g, -0.1), EBB_EINVAL, "ebb_op_add_scaled_: " + leaf);
+    EBB_CHECK_FAILS(ebb_op_add_scalar_(ts[0], 1.0), EBB_EINVAL, "ebb_op_add_scalar_: " + leaf);
+    EBB_CHECK_FAILS(ebb_op_mul_scalar_(ts[0], 0.9), EBB_EINVAL, "ebb_op_mul_scalar_: " + leaf);
+    EBB_CHECK_FAILS(ebb_op_lerp_(ts[0], g, 0.5), EBB_EINVAL, "ebb_op_lerp_: " + leaf);
+    EBB_CHECK_FAILS(ebb_op_addcmul_(ts[0], g, g, 0.5), EBB_EINVAL, "ebb_op_addcmul_: " + leaf);
+    EBB_CHECK_FAILS(ebb_op_addcdiv_(ts[0], g, g, 0.5), EBB_EINVAL, "ebb_op_addcdiv_: " + leaf);
+    EBB_CHECK_FAILS(ebb_op_sqrt_(ts[0]), EBB_EINVAL, "ebb_op_sqrt_: " + leaf);
+    EBB_CHECK_FAILS(ebb_op_zero_(ts[0]), EBB_EINVAL, "ebb_op_zero_: " + leaf);
+    EBB_REQUIRE_OK(ebb_tensor_select(ts[0], 1, 0, col.out()));
+    EBB_CHECK_FAILS(ebb_op_mul_scalar_(col, 0.9), EBB_EINVAL, "ebb_op_mul_scalar_: dst is a view of a leaf");
+    CHECK(read(ts[0]) == before);
+    CHECK(version_of(ts[0]) == 0);
+    // An Adam-like step with grad mode off: moments from the gradient, then the update; the
+    // leaf stays a leaf (no history), its version moves once per update.
+    bool was;
+    ebb_grad_set_enabled(false, &was);
+    EBB_REQUIRE_OK(ebb_op_lerp_(m, g, 0.1));              // m = 0.9 m + 0.1 g
+    EBB_REQUIRE_OK(ebb_op_mul_scalar_(vv, 0.999));
+    EBB_REQUIRE_OK(ebb_op_addcmul_(vv, g, g, 0.001));     // v = 0.999 v + 0.001 g^2
+    Tensor den;
+    EBB_REQUIRE_OK(ebb_tensor_clone(vv, den.out()));
+    EBB_REQUIRE_OK(ebb_op_sqrt_(den));
+    EBB_REQUIRE_OK(ebb_op_add_scalar_(den, 1e-8));
+    EBB_REQUIRE_OK(ebb_op_mul_scalar_(ts[0], 1.0 - 1e-3 * 0.01));  // decoupled weight decay
+    EBB_REQUIRE_OK(ebb_op_addcdiv_(ts[0], m, den, -1e-3));
+    ebb_grad_set_enabled(was, nullptr);
+    CHECK(grad_fn_name(ts[0]) == "(leaf)");
+    CHECK(version_of(ts[0]) == 2);
+    // the step itself, against its formula on the host
+    auto w = read(ts[0]), gv = read(g);
+    for (size_t j = 0; j < w.size(); j++) {
+      const double mj = 0.1 * gv[j], vj = 0.001 * gv[j] * gv[j];
+      const double want = before[j] * (1.0 - 1e-5) - 1e-3 * mj / (std::sqrt(vj) + 1e-8);
+      CHECK(std::fabs(w[j] - want) < 1e-12);
+    }
+    // A leaf as a src is fine with grad mode on (the leaf gets a gradient).
+    Tensor h;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[1], 1.0, h.out()));
+    EBB_REQUIRE_OK(ebb_op_addcmul_(h, ts[0], ts[1], 1.0));
+    col.reset();
+    h.reset();
+    ts.clear();
+  }
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("inplace family: addcmul_ saves t1 and t2, and a later change to one fails backward naming it",
+          "[autograd][inplace][family][errors]") {
+  EbbSession session;
+  auto ts = make_leaves(EBB_DEVICE_CPU, {rnd({3}, 53), rnd({3}, 54)}, true);
+  Tensor h, t2 = make(EBB_DEVICE_CPU, EBB_F64, {3}, {1, 2, 3}), l;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(ts[0], 1.0, h.out()));
+  EBB_REQUIRE_OK(ebb_op_addcmul_(h, ts[1], t2, 2.0));
+  EBB_REQUIRE_OK(ebb_op_sum(h, nullptr, 0, false, l.out()));
+  EBB_REQUIRE_OK(ebb_op_add_scalar_(t2, 1.0));  // t2 requires no gradient: allowed, its version moves
+  const ebb_tensor_t *roots[1] = {l.get()};
+  EBB_CHECK_FAILS(ebb_backward(roots, nullptr, 1, false, nullptr, 0), EBB_ESTATE, "AddcmulInplaceBackward");
+  std::string msg = ebb_last_error();
+  CHECK(msg.find("saved input 2") != std::string::npos);
+  CHECK(msg.find("saved at version 0, now 1") != std::string::npos);
+  h.reset();
+  l.reset();
+  t2.reset();
+  ts.clear();
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
+}

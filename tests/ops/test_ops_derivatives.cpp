@@ -43,6 +43,8 @@ GcBackward through_table(const Case &c, bool give_grad = false) {
   return [c, give_grad](const ebb_tensor_t *grad, const GcInputs &in, const ebb_tensor_t *out, std::vector<ebb_tensor_t *> &grads) {
     const ebb__deriv *e = ebb__deriv_of(c.op);
     const int n = static_cast<int>(in.size());
+    // CopySlices saves what its in-place op saves (as autograd's inplace hook does)
+    const unsigned save = c.op == EBB__OP_COPY_SLICES ? ebb__deriv_of(static_cast<ebb__op_id>(c.args.geom->inner_op))->save : e->save;
     std::vector<ebb__tensor_meta> meta(n);
     std::vector<const ebb_tensor_t *> saved_in(n, nullptr);
     for (int i = 0; i < n; i++) {
@@ -53,7 +55,7 @@ GcBackward through_table(const Case &c, bool give_grad = false) {
       meta[i].dtype = info.dtype;
       meta[i].ndim = info.ndim;
       for (int d = 0; d < info.ndim; d++) meta[i].shape[d] = info.shape[d];
-      if (i < 8 && (e->save & EBB__SAVE_IN(i))) saved_in[i] = in[i];
+      if (i < 8 && (save & EBB__SAVE_IN(i))) saved_in[i] = in[i];
     }
     Tensor values, indices;
     const ebb_tensor_t *saved_out[2] = {nullptr, nullptr};
@@ -296,6 +298,25 @@ std::vector<Case> cases(int dev) {
     c.push_back({EBB__OP_COPY_, {dst, inp({3}, 57)}, args_none(),
                  inplace([](ebb_tensor_t *d, const GcInputs &x) { return ebb_tensor_copy_(d, x[1]); })});
   }
+  // The in-place family (ops/inplace.c): src broadcast to dst where it has one.
+  c.push_back({EBB__OP_ADD_SCALED_, {inp({2, 3}, 70), inp({3}, 71)}, with_s(-1.5),
+               inplace([](ebb_tensor_t *d, const GcInputs &x) { return ebb_op_add_scaled_(d, x[1], -1.5); })});
+  c.push_back({EBB__OP_ADD_SCALAR_, {inp({2, 3}, 72)}, with_s(0.5),
+               inplace([](ebb_tensor_t *d, const GcInputs &) { return ebb_op_add_scalar_(d, 0.5); })});
+  c.push_back({EBB__OP_MUL_SCALAR_, {inp({2, 3}, 73)}, with_s(-2.0),
+               inplace([](ebb_tensor_t *d, const GcInputs &) { return ebb_op_mul_scalar_(d, -2.0); })});
+  for (double w : {0.3, 0.8})  // both of lerp's formulas (from dst below 0.5, from end above)
+    c.push_back({EBB__OP_LERP_, {inp({2, 3}, 74), inp({3}, 75)}, with_s(w),
+                 inplace([w](ebb_tensor_t *d, const GcInputs &x) { return ebb_op_lerp_(d, x[1], w); })});
+  c.push_back({EBB__OP_ADDCMUL_, {inp({2, 3}, 76), inp({3}, 77), inp({2, 1}, 78)}, with_s(0.5),
+               inplace([](ebb_tensor_t *d, const GcInputs &x) { return ebb_op_addcmul_(d, x[1], x[2], 0.5); })});
+  c.push_back({EBB__OP_ADDCDIV_, {inp({2, 3}, 79), inp({2, 3}, 80), inp({3}, 81, 0.5, 2)}, with_s(-0.7),
+               inplace([](ebb_tensor_t *d, const GcInputs &x) { return ebb_op_addcdiv_(d, x[1], x[2], -0.7); })});
+  c.push_back({EBB__OP_SQRT_, {inp({2, 3}, 82, 0.5, 2)}, args_none(),
+               inplace([](ebb_tensor_t *d, const GcInputs &) { return ebb_op_sqrt_(d); })});
+  // linear: x with two leading dims, w [4, 3], b [4].
+  c.push_back({EBB__OP_LINEAR, {inp({2, 2, 3}, 83), inp({4, 3}, 84), inp({4}, 85)}, args_none(),
+               [](const GcInputs &x, ebb_tensor_t **o) { return ebb_op_linear(x[0], x[1], x[2], o); }});
   // autograd's nodes for views: where the view lies comes from a base of the forward's shape.
   // AsStridedBackward: a view (a slice of a transpose) and an expanded one, copied out.
   c.push_back({EBB__OP_AS_STRIDED, {inp({3, 4}, 60)}, with_geom(dev, {3, 4}, EBB__OP_COUNT, slice_of_t),
@@ -307,6 +328,16 @@ std::vector<Case> cases(int dev) {
                inplace([](ebb_tensor_t *d, const GcInputs &x) { return on_view(d, row_part, [&](ebb_tensor_t *v) { return ebb_op_add_(v, x[1]); }); })});
   c.push_back({EBB__OP_COPY_SLICES, {inp({3, 4}, 64), inp({2}, 65)}, with_geom(dev, {3, 4}, EBB__OP_COPY_, slice_of_t),
                inplace([](ebb_tensor_t *d, const GcInputs &x) { return on_view(d, slice_of_t, [&](ebb_tensor_t *v) { return ebb_tensor_copy_(v, x[1]); }); })});
+  // ... and after dst += 0.5 * t1 * t2 through a view: three inputs, the op's scalar in the
+  // geometry's record of it.
+  {
+    ebb__op_args a = with_geom(dev, {3, 4}, EBB__OP_ADDCMUL_, row_part);
+    const_cast<ebb__view_geom *>(a.geom)->inner_args = with_s(0.5);
+    c.push_back({EBB__OP_COPY_SLICES, {inp({3, 4}, 66), inp({2}, 67), inp({1}, 68)}, a,
+                 inplace([](ebb_tensor_t *d, const GcInputs &x) {
+                   return on_view(d, row_part, [&](ebb_tensor_t *v) { return ebb_op_addcmul_(v, x[1], x[2], 0.5); });
+                 })});
+  }
   return c;
 }
 

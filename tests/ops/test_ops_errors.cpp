@@ -113,6 +113,7 @@ TEST_CASE("errors: out of memory inside a composite op names the op the user cal
       {"ebb_op_softmax_backward", [&](ebb_tensor_t **o) { return ebb_op_softmax_backward(x, x, 1, o); }},
       {"ebb_op_mse_loss", [&](ebb_tensor_t **o) { return ebb_op_mse_loss(x, x, o); }},
       {"ebb_op_layer_norm", [&](ebb_tensor_t **o) { return ebb_op_layer_norm(x, 1, nullptr, nullptr, 1e-5, o); }},
+      {"ebb_op_linear", [&](ebb_tensor_t **o) { return ebb_op_linear(x, x, nullptr, o); }},  // [10240, 10240]: 400 MiB
       {"ebb_op_sum_backward", [&](ebb_tensor_t **o) { return ebb_op_sum_backward(g, x, &one, 1, false, o); }},
       {"ebb_op_mul_backward", [&](ebb_tensor_t **o) { return ebb_op_mul_backward(x, x, x, o, nullptr); }},
       {"ebb_tensor_clone", [&](ebb_tensor_t **o) { return ebb_tensor_clone(x, o); }},

@@ -195,3 +195,62 @@ TEST_CASE("internal: ops_math.h compiled as C++ agrees bit for bit with the libr
     }
   }
 }
+
+extern "C" {
+int ebb__cpu_isa(void);
+void ebb__rows_run_isa(const ebb__rows_args *a, int isa);
+}
+
+TEST_CASE("internal: every instruction set's row kernel gives the baseline's results", "[ops][internal][fused]") {
+  // The library runs the widest set the CPU has; the narrower ones must agree with it, or a
+  // machine without AVX-512 would compute something else. Sets the CPU lacks are skipped
+  // (ebb__rows_run_isa caps at the CPU's).
+  const int64_t rows = 6;
+  for (int64_t cols : {1, 5, 8, 15, 16, 31, 64, 129}) {
+    std::vector<float> x((size_t)(rows * cols)), g(x.size()), w((size_t)cols), b((size_t)cols);
+    for (size_t i = 0; i < x.size(); i++) {
+      x[i] = (float)std::sin((double)i * 1.7) * 20.f;
+      g[i] = (float)std::cos((double)i * 0.3);
+    }
+    for (size_t j = 0; j < w.size(); j++) {
+      w[j] = 1.f + 0.01f * (float)j;
+      b[j] = 0.5f - 0.02f * (float)j;
+    }
+    std::vector<int64_t> tgt((size_t)rows);
+    for (int64_t r = 0; r < rows; r++) tgt[(size_t)r] = (r * 5) % cols;
+    for (int op = 0; op < EBB__ROWS_COUNT; op++) {
+      std::vector<float> base, gw0, gb0;
+      for (int isa = 0; isa <= ebb__cpu_isa(); isa++) {
+        INFO("cols " << cols << " op " << op << " isa " << isa);
+        std::vector<float> out(x.size(), -7.f), gw((size_t)cols, -7.f), gb((size_t)cols, -7.f);
+        ebb__rows_args a{};
+        a.op = op;
+        a.rows = rows;
+        a.cols = cols;
+        a.x = x.data();
+        a.g = op == EBB__ROWS_CE_BWD ? g.data() + 3 : g.data();
+        a.w = w.data();
+        a.b = b.data();
+        a.target = tgt.data();
+        a.out = out.data();
+        a.s0 = op == EBB__ROWS_CE_BWD ? 1.0 / rows : 1e-5;
+        if (op == EBB__ROWS_LN_BWD) {
+          a.gw_out = gw.data();
+          a.gb_out = gb.data();
+        }
+        ebb__rows_run_isa(&a, isa);
+        if (isa == 0) {
+          base = out;
+          gw0 = gw;
+          gb0 = gb;
+          continue;
+        }
+        for (size_t i = 0; i < out.size(); i++) CHECK(out[i] == Approx(base[i]).margin(1e-3).epsilon(1e-4));  // sums in other orders; a wrong lane or tail is far off
+        for (size_t j = 0; j < gw.size(); j++) {
+          CHECK(gw[j] == Approx(gw0[j]).margin(1e-4).epsilon(1e-5));
+          CHECK(gb[j] == Approx(gb0[j]).margin(1e-5).epsilon(1e-5));
+        }
+      }
+    }
+  }
+}

@@ -2,6 +2,7 @@
 // the lifecycle hooks of ops_export.h (white-box: a fake "autograd" installs them), which free a
 // slot's state when its handle dies and let a view take its base's history.
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -262,11 +263,18 @@ ebb_status fake_recorded(int op, const ebb_tensor_t *const *in, int nin, ebb_ten
 }
 
 int g_inplace_calls = 0;
-ebb_status fake_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *src, void **token) {
+struct InplaceRec {
+  int op;
+  int nsrc;
+  double s0;  // args->s[0], NaN without args
+};
+std::vector<InplaceRec> g_inplace;
+ebb_status fake_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const ebb__op_args *args, void **token) {
   (void)dst;
   (void)src;
   (void)token;
   g_inplace_calls++;
+  g_inplace.push_back({op, nsrc, args ? args->s[0] : NAN});
   return op == EBB__OP_MUL_ ? ebb__fail(EBB_ENOTSUP, "refused by the test") : EBB_OK;
 }
 
@@ -338,6 +346,7 @@ TEST_CASE("recording: each public op with state on an input reports its table en
          ebb_status st = ebb_tensor_transpose(plain, 0, 1, t.out());
          return st ? st : ebb_op_matmul(x, t, o);
        }},
+      {EBB__OP_LINEAR, [&](ebb_tensor_t **o) { return ebb_op_linear(plain, x, nullptr, o); }},
       {EBB__OP_SOFTMAX, [&](ebb_tensor_t **o) { return ebb_op_softmax(x, -1, o); }},
       {EBB__OP_LOG_SOFTMAX, [&](ebb_tensor_t **o) { return ebb_op_log_softmax(x, 0, o); }},
       {EBB__OP_CROSS_ENTROPY, [&](ebb_tensor_t **o) { return ebb_op_cross_entropy(x, tgt, o); }},
@@ -432,6 +441,42 @@ TEST_CASE("recording: each public op with state on an input reports its table en
     EBB_REQUIRE_OK(ebb_tensor_copy_(d, x));
     EBB_REQUIRE_OK(ebb_tensor_fill_(x, 1.0));
     CHECK(g_inplace_calls == 4);
+    // The in-place family: the hook gets the op's table entry, its other inputs and its scalar.
+    struct InplaceCall {
+      ebb__op_id op;
+      int nsrc;
+      double s0;
+      std::function<ebb_status()> f;
+    };
+    const std::vector<InplaceCall> family = {
+        {EBB__OP_ADD_SCALED_, 1, -0.5, [&] { return ebb_op_add_scaled_(d, x, -0.5); }},
+        {EBB__OP_ADD_SCALAR_, 0, 2.0, [&] { return ebb_op_add_scalar_(x, 2.0); }},
+        {EBB__OP_MUL_SCALAR_, 0, 3.0, [&] { return ebb_op_mul_scalar_(x, 3.0); }},
+        {EBB__OP_LERP_, 1, 0.25, [&] { return ebb_op_lerp_(d, x, 0.25); }},
+        {EBB__OP_ADDCMUL_, 2, 0.5, [&] { return ebb_op_addcmul_(d, plain, x, 0.5); }},
+        {EBB__OP_ADDCDIV_, 2, 0.75, [&] { return ebb_op_addcdiv_(d, x, plain, 0.75); }},
+        {EBB__OP_SQRT_, 0, NAN, [&] { return ebb_op_sqrt_(x); }},
+        {EBB__OP_ZERO_, 0, NAN, [&] { return ebb_op_zero_(x); }},
+    };
+    for (const auto &c : family) {
+      INFO(ebb__deriv_of(c.op)->forward);
+      g_inplace.clear();
+      EBB_REQUIRE_OK(c.f());
+      REQUIRE(g_inplace.size() == 1);
+      CHECK(g_inplace[0].op == c.op);
+      CHECK(g_inplace[0].nsrc == c.nsrc);
+      CHECK(g_inplace[0].nsrc == ebb__deriv_of(c.op)->nin - 1);
+      if (std::isnan(c.s0)) CHECK(std::isnan(g_inplace[0].s0));
+      else CHECK(g_inplace[0].s0 == c.s0);
+    }
+    // A src with state on a dst without any: asked too (addcmul_'s t2 is x).
+    g_inplace.clear();
+    Tensor e;
+    EBB_REQUIRE_OK(ebb_tensor_clone(plain, e.out()));
+    EBB_REQUIRE_OK(ebb_op_addcmul_(e, plain, x, 1.0));
+    CHECK(g_inplace.size() == 1);
+    EBB_REQUIRE_OK(ebb_op_addcmul_(e, plain, plain, 1.0));  // no state anywhere: not asked
+    CHECK(g_inplace.size() == 1);
   }
   ebb__tensor_set_slot(x, nullptr);
   x.reset();

@@ -1,6 +1,7 @@
 // softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat and stack against f64
 // references on the CPU and both emulated devices, gradcheck of each backward, refused inputs.
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -245,4 +246,121 @@ TEST_CASE("nn: softmax and log_softmax of empty tensors give empty results, forw
     }
   }
   REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+namespace {
+
+// One op of the fused row kernel, run on an f32 input (the fused path) and on the same values
+// in f64 (the composed path, exact to ~1e-15): the two must agree to f32's precision.
+struct RowCase {
+  const char *name;
+  std::function<ebb_status(const ebb_tensor_t *x, const ebb_tensor_t *g, ebb_tensor_t **out)> run;
+};
+
+}  // namespace
+
+TEST_CASE("nn: the fused f32 row kernels agree with the composed f64 path at every row width", "[ops][nn][fused]") {
+  EbbSession session;
+  const std::vector<RowCase> cases = {
+      {"softmax", [](const ebb_tensor_t *x, const ebb_tensor_t *, ebb_tensor_t **o) { return ebb_op_softmax(x, -1, o); }},
+      {"log_softmax", [](const ebb_tensor_t *x, const ebb_tensor_t *, ebb_tensor_t **o) { return ebb_op_log_softmax(x, 1, o); }},
+      {"softmax_backward",
+       [](const ebb_tensor_t *x, const ebb_tensor_t *g, ebb_tensor_t **o) {
+         Tensor y;
+         ebb_status st = ebb_op_softmax(x, 1, y.out());
+         return st ? st : ebb_op_softmax_backward(g, y, 1, o);
+       }},
+      {"log_softmax_backward",
+       [](const ebb_tensor_t *x, const ebb_tensor_t *g, ebb_tensor_t **o) {
+         Tensor y;
+         ebb_status st = ebb_op_log_softmax(x, 1, y.out());
+         return st ? st : ebb_op_log_softmax_backward(g, y, 1, o);
+       }},
+      {"layer_norm", [](const ebb_tensor_t *x, const ebb_tensor_t *g, ebb_tensor_t **o) {
+         // weight and bias from the rows of g (the second input)
+         Tensor w, b;
+         ebb_status st = ebb_tensor_select(g, 0, 0, w.out());
+         if (!st) st = ebb_tensor_select(g, 0, 1, b.out());
+         return st ? st : ebb_op_layer_norm(x, 1, w, b, 1e-5, o);
+       }},
+  };
+  for (int dev : devices())
+    for (int64_t cols : {1, 3, 7, 8, 16, 17, 33, 100, 1000}) {
+      const int64_t rows = 5;
+      auto xv = values(rows * cols, 11 + (unsigned)cols, -30, 30);  // large: the max must be subtracted
+      auto gv = values(rows * cols, 97 + (unsigned)cols, -2, 2);
+      Tensor x32 = make(dev, EBB_F32, {rows, cols}, xv), g32 = make(dev, EBB_F32, {rows, cols}, gv);
+      // the f64 references start from the f32-rounded values, so only the math differs
+      Tensor x64, g64;
+      EBB_REQUIRE_OK(ebb_tensor_to_dtype(x32, EBB_F64, x64.out()));
+      EBB_REQUIRE_OK(ebb_tensor_to_dtype(g32, EBB_F64, g64.out()));
+      for (const auto &c : cases) {
+        INFO(dev_name(dev) << " cols " << cols << " " << c.name);
+        Tensor f, r;
+        EBB_REQUIRE_OK(c.run(x32, g32, f.out()));
+        EBB_REQUIRE_OK(c.run(x64, g64, r.out()));
+        EBB_CHECK_CLOSE(read(f), read(r), 2e-5, 2e-5);
+      }
+      // cross entropy, forward and backward, against the f64 path
+      std::vector<double> tv;
+      for (int64_t i = 0; i < rows; i++) tv.push_back((double)((i * 7 + 3) % cols));
+      Tensor tgt = make(dev, EBB_I64, {rows}, tv), ce32, ce64, one32, one64, gce32, gce64;
+      EBB_REQUIRE_OK(ebb_op_cross_entropy(x32, tgt, ce32.out()));
+      EBB_REQUIRE_OK(ebb_op_cross_entropy(x64, tgt, ce64.out()));
+      INFO(dev_name(dev) << " cols " << cols << " cross_entropy");
+      EBB_CHECK_CLOSE(read(ce32), read(ce64), 2e-5, 2e-5);
+      one32 = make(dev, EBB_F32, {}, {0.75});
+      one64 = make(dev, EBB_F64, {}, {0.75});
+      EBB_REQUIRE_OK(ebb_op_cross_entropy_backward(one32, x32, tgt, gce32.out()));
+      EBB_REQUIRE_OK(ebb_op_cross_entropy_backward(one64, x64, tgt, gce64.out()));
+      EBB_CHECK_CLOSE(read(gce32), read(gce64), 2e-6, 2e-5);
+      // layer_norm backward over the last two dims, every gradient
+      Tensor x3, g3, w, b, w64, b64, x3d, g3d;
+      EBB_REQUIRE_OK(ebb_tensor_view(x32, 3, std::vector<int64_t>{rows, 1, cols}.data(), x3.out()));
+      EBB_REQUIRE_OK(ebb_tensor_view(g32, 3, std::vector<int64_t>{rows, 1, cols}.data(), g3.out()));
+      w = make(dev, EBB_F32, {1, cols}, values(cols, 5, 0.5, 1.5));
+      b = make(dev, EBB_F32, {1, cols}, values(cols, 6, -1, 1));
+      EBB_REQUIRE_OK(ebb_tensor_to_dtype(w, EBB_F64, w64.out()));
+      EBB_REQUIRE_OK(ebb_tensor_to_dtype(b, EBB_F64, b64.out()));
+      EBB_REQUIRE_OK(ebb_tensor_to_dtype(x3, EBB_F64, x3d.out()));
+      EBB_REQUIRE_OK(ebb_tensor_to_dtype(g3, EBB_F64, g3d.out()));
+      Tensor y32, y64, gx32, gw32, gb32, gx64, gw64, gb64;
+      EBB_REQUIRE_OK(ebb_op_layer_norm(x3, 2, w, b, 1e-5, y32.out()));
+      EBB_REQUIRE_OK(ebb_op_layer_norm(x3d, 2, w64, b64, 1e-5, y64.out()));
+      INFO("layer_norm over two dims, forward and backward");
+      EBB_CHECK_CLOSE(read(y32), read(y64), 2e-5, 2e-5);
+      EBB_REQUIRE_OK(ebb_op_layer_norm_backward(g3, x3, 2, w, b, 1e-5, gx32.out(), gw32.out(), gb32.out()));
+      EBB_REQUIRE_OK(ebb_op_layer_norm_backward(g3d, x3d, 2, w64, b64, 1e-5, gx64.out(), gw64.out(), gb64.out()));
+      // a row of one element has xhat 0 and a gradient of 0: absolute tolerance
+      EBB_CHECK_CLOSE(read(gx32), read(gx64), 1e-4, 1e-4);
+      EBB_CHECK_CLOSE(read(gw32), read(gw64), 1e-4, 1e-4);
+      EBB_CHECK_CLOSE(read(gb32), read(gb64), 1e-5, 1e-5);
+    }
+}
+
+TEST_CASE("nn: fused softmax keeps NaN and infinities as the composed path does", "[ops][nn][fused]") {
+  EbbSession session;
+  for (int dev : devices()) {
+    INFO(dev_name(dev));
+    // a NaN poisons its own row only; -inf entries get probability 0; an all -inf row is NaN
+    const double inf = INFINITY;
+    std::vector<double> v = {1, NAN, 2, 3, -inf, 0, -inf, 1, -inf, -inf, -inf, -inf};
+    Tensor x = make(dev, EBB_F32, {3, 4}, v), y;
+    EBB_REQUIRE_OK(ebb_op_softmax(x, 1, y.out()));
+    auto r = read(y);
+    for (int j = 0; j < 4; j++) CHECK(std::isnan(r[(size_t)j]));
+    CHECK(r[4] == 0.0);
+    CHECK(r[6] == 0.0);
+    CHECK(std::fabs(r[5] - 1 / (1 + std::exp(1.0))) < 1e-6);
+    for (int j = 8; j < 12; j++) CHECK(std::isnan(r[(size_t)j]));
+  }
+}
+
+TEST_CASE("nn: cross_entropy refuses a CPU target that is not a class index, naming the row", "[ops][nn][fused]") {
+  EbbSession session;
+  Tensor x = make(EBB_DEVICE_CPU, EBB_F32, {3, 4}, values(12, 3)), bad = make(EBB_DEVICE_CPU, EBB_I64, {3}, {0, 4, 1}), o;
+  Tensor neg = make(EBB_DEVICE_CPU, EBB_I64, {3}, {0, 1, -1}), one = make(EBB_DEVICE_CPU, EBB_F32, {}, {1.0});
+  EBB_CHECK_FAILS(ebb_op_cross_entropy(x, bad, o.out()), EBB_EINVAL, "holds 4 at row 1; expected a class index in [0, 4)");
+  EBB_CHECK_FAILS(ebb_op_cross_entropy_backward(one, x, neg, o.out()), EBB_EINVAL, "holds -1 at row 2");
+  CHECK(o.get() == nullptr);
 }

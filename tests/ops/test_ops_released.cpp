@@ -206,6 +206,14 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
        }},
       inplace("ebb_op_add_", ebb_op_add_),
       inplace("ebb_op_mul_", ebb_op_mul_),
+      {"ebb_op_add_scaled_", {dst, x}, [](const TensorArgs &a) { return ebb_op_add_scaled_(const_cast<ebb_tensor_t *>(a[0]), a[1], 0.5); }},
+      {"ebb_op_add_scalar_", {dst}, [](const TensorArgs &a) { return ebb_op_add_scalar_(const_cast<ebb_tensor_t *>(a[0]), 0.5); }},
+      {"ebb_op_mul_scalar_", {dst}, [](const TensorArgs &a) { return ebb_op_mul_scalar_(const_cast<ebb_tensor_t *>(a[0]), 0.5); }},
+      {"ebb_op_lerp_", {dst, x}, [](const TensorArgs &a) { return ebb_op_lerp_(const_cast<ebb_tensor_t *>(a[0]), a[1], 0.5); }},
+      {"ebb_op_addcmul_", {dst, x, y}, [](const TensorArgs &a) { return ebb_op_addcmul_(const_cast<ebb_tensor_t *>(a[0]), a[1], a[2], 0.5); }},
+      {"ebb_op_addcdiv_", {dst, x, y}, [](const TensorArgs &a) { return ebb_op_addcdiv_(const_cast<ebb_tensor_t *>(a[0]), a[1], a[2], 0.5); }},
+      {"ebb_op_sqrt_", {dst}, [](const TensorArgs &a) { return ebb_op_sqrt_(const_cast<ebb_tensor_t *>(a[0])); }},
+      {"ebb_op_zero_", {dst}, [](const TensorArgs &a) { return ebb_op_zero_(const_cast<ebb_tensor_t *>(a[0])); }},
       {"ebb_op_sum_to_shape", {x}, [&](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_sum_to_shape(a[0], 2, shape23, &o.o[0]);
@@ -244,6 +252,19 @@ TEST_CASE("released tensors: every op refuses one in any tensor argument or arra
       {"ebb_op_matmul_backward", {g22, x, xt}, [](const TensorArgs &a) {
          Outs o;
          ebb_status st = ebb_op_matmul_backward(a[0], a[1], a[2], &o.o[0], &o.o[1]);
+         OUTS_CHECK(o);
+         return st;
+       }},
+      // linear: x [2, 3], w [2, 3] (y), b [2] (row); its backward from a [2, 2] grad.
+      {"ebb_op_linear", {x, y, row}, [](const TensorArgs &a) {
+         Outs o;
+         ebb_status st = ebb_op_linear(a[0], a[1], a[2], &o.o[0]);
+         OUTS_CHECK(o);
+         return st;
+       }},
+      {"ebb_op_linear_backward", {g22, x, y}, [](const TensorArgs &a) {
+         Outs o;
+         ebb_status st = ebb_op_linear_backward(a[0], a[1], a[2], &o.o[0], &o.o[1], &o.o[2]);
          OUTS_CHECK(o);
          return st;
        }},

@@ -145,9 +145,14 @@ TEST_CASE("devices: count, capabilities, bad ordinals", "[runtime][device]") {
     CHECK(c.total_mem > 0);
     CHECK(c.prio_greatest <= c.prio_least);
     CHECK(c.unified_addressing);
+    CHECK(c.mem_clock_khz >= 0);
+    CHECK(c.mem_bus_bits >= 0);
     if (c.emulated) {
       CHECK(c.cpu_kernels);
       CHECK(c.async_engines >= 2);
+      CHECK(c.peak_mem_gbps == 0.0);  // the host's memory: no device peak to judge against
+    } else if (c.mem_clock_khz > 0 && c.mem_bus_bits > 0) {
+      CHECK(c.peak_mem_gbps == Approx(2.0 * c.mem_clock_khz * 1e3 * c.mem_bus_bits / 8 / 1e9));
     }
   }
   ebb_dev_caps c;

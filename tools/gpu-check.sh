@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# tools/gpu-check.sh [builddir]: ebb on a real GPU, in one command, within 8 minutes.
+#
+# 1. builds ebb (RelWithDebInfo, all cores, CUDA kernels when nvcc is there) into builddir
+#    (default build/gpu), unless builddir already holds a build (then it only rebuilds what
+#    changed, or uses it as it is when cmake is not installed);
+# 2. asks ebb-info, with EBB_DRIVER=cuda, whether libcuda answers: exits 2 when no GPU does;
+# 3. runs the whole test suite against libcuda (EBB_DRIVER=cuda; tests of the emulated driver's
+#    own behaviour, such as fault injection, select it themselves): a failure is either ebb
+#    meeting a real GPU or a test that assumes the emulated driver, both worth a look;
+# 4. runs the op benchmarks on device 0: ebb-bench-ops_device (bandwidth of elementwise ops and
+#    reductions against the device's peak, matmul TFLOP/s), ebb-bench-ops_elementwise and
+#    ebb-bench-ops_matmul on the device;
+# 5. prints one summary: the GPU, the driver, the tests passed and failed (with the failures'
+#    names and the first lines of their output), the benchmark lines.
+# Everything goes to builddir/gpu-check/ (ctest.log, bench.log, summary.txt) as well.
+# Exit status: 0 when every test passed, 1 when some failed or a step broke, 2 without a GPU.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+B=${1:-build/gpu}
+OUT=$B/gpu-check
+start=$SECONDS
+jobs=$(nproc 2>/dev/null || echo 4)
+step() { printf '\n== gpu-check: %s  [%ds]\n' "$1" $((SECONDS - start)); }
+
+mkdir -p "$OUT" || exit 1
+status=0
+
+step "build ($B, $jobs jobs)"
+if command -v cmake >/dev/null; then
+  if [[ ! -f $B/CMakeCache.txt ]]; then
+    cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$OUT/configure.log" 2>&1 ||
+      { tail -30 "$OUT/configure.log"; echo "gpu-check: configure failed ($OUT/configure.log)"; exit 1; }
+  fi
+  grep -E "ebb: (CUDA kernels|nvcc or cuda.h|CUDA headers|no CUDA headers)" "$OUT/configure.log" 2>/dev/null
+  timeout 240 cmake --build "$B" -j "$jobs" >"$OUT/build.log" 2>&1 ||
+    { tail -30 "$OUT/build.log"; echo "gpu-check: build failed or took over 240 s ($OUT/build.log)"; exit 1; }
+elif [[ ! -x $B/bin/ebb-info ]]; then
+  echo "gpu-check: no cmake here and no build in $B: build elsewhere and bring $B along"
+  exit 1
+fi
+bin=$B/bin
+
+step "ebb-info (EBB_DRIVER=cuda)"
+if ! EBB_DRIVER=cuda "$bin/ebb-info" >"$OUT/ebb-info.txt" 2>&1; then
+  cat "$OUT/ebb-info.txt"
+  echo "gpu-check: no GPU answers (ebb-info with EBB_DRIVER=cuda failed): nothing to check"
+  exit 2
+fi
+cat "$OUT/ebb-info.txt"
+
+step "test suite against libcuda"
+# each test gets 120 s; the whole suite at most 300 s (a hang on a GPU is a finding, not a stall)
+EBB_DRIVER=cuda timeout 300 ctest --test-dir "$B" -j "$jobs" --timeout 120 --output-on-failure \
+  >"$OUT/ctest.log" 2>&1
+ctest_rc=$?
+[[ $ctest_rc -eq 0 ]] || status=1
+[[ $ctest_rc -eq 124 ]] && echo "gpu-check: the suite ran past 300 s and was stopped" | tee -a "$OUT/ctest.log"
+grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1
+
+step "op benchmarks on device 0"
+{
+  EBB_DRIVER=cuda timeout 90 "$bin/ebb-bench-ops_device" 0 7 10 4096 || echo "ebb-bench-ops_device: exit $?"
+  EBB_DRIVER=cuda timeout 30 "$bin/ebb-bench-ops_elementwise" 5 20 || echo "ebb-bench-ops_elementwise: exit $?"
+  EBB_DRIVER=cuda timeout 30 "$bin/ebb-bench-ops_matmul" 3 3 2048 || echo "ebb-bench-ops_matmul: exit $?"
+} >"$OUT/bench.log" 2>&1
+cat "$OUT/bench.log"
+
+step "summary"
+{
+  echo "gpu-check $(date -u +%Y-%m-%dT%H:%MZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  grep -E "^device 0:|^  (kind|memory|compute|multiprocessors|memory bandwidth):|^  chosen:" "$OUT/ebb-info.txt"
+  grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1
+  if grep -q "The following tests FAILED" "$OUT/ctest.log"; then
+    sed -n '/The following tests FAILED/,$p' "$OUT/ctest.log" | head -60
+    echo "first failure output:"
+    grep -m1 -B2 -A25 -E "\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout" "$OUT/ctest.log" | head -40
+  fi
+  grep -E "^bench=" "$OUT/bench.log"
+  grep -vE "^bench=" "$OUT/bench.log" | head -10
+  echo "elapsed ${SECONDS}s; logs in $OUT"
+} | tee "$OUT/summary.txt"
+exit $status
