@@ -113,21 +113,27 @@ TEST_CASE("vec: each table's f32 ops match ops_math.h's f64 formula", "[ops][int
   }
 }
 
-TEST_CASE("vec: binary ops and where are exact, in place too", "[ops][internal][vec]") {
-  const int ops[] = {EBB__EW_ADD, EBB__EW_SUB, EBB__EW_MUL, EBB__EW_DIV, EBB__EW_EQ, EBB__EW_NE, EBB__EW_LT,
-                     EBB__EW_LE,  EBB__EW_GT,  EBB__EW_GE,  EBB__EW_MAXIMUM, EBB__EW_WHERE};
+TEST_CASE("vec: binary ops, where and the fused updates are exact, in place too", "[ops][internal][vec]") {
+  struct {
+    int op;
+    double s0;
+  } const ops[] = {{EBB__EW_ADD, 0},     {EBB__EW_SUB, 0},     {EBB__EW_MUL, 0},        {EBB__EW_DIV, 0},
+                   {EBB__EW_EQ, 0},      {EBB__EW_NE, 0},      {EBB__EW_LT, 0},         {EBB__EW_LE, 0},
+                   {EBB__EW_GT, 0},      {EBB__EW_GE, 0},      {EBB__EW_MAXIMUM, 0},    {EBB__EW_WHERE, 0},
+                   {EBB__EW_ADD_SCALED, -0.1}, {EBB__EW_ADDCMUL, 0.3}, {EBB__EW_ADDCDIV, 0.3},
+                   {EBB__EW_LERP, 0.3},  {EBB__EW_LERP, 0.7}};
   for (const ebb__vec_ops *t : tables()) {
-    for (int op : ops) {
-      INFO(t->name << " op " << op);
+    for (auto [op, s0] : ops) {
+      INFO(t->name << " op " << op << " s0 " << s0);
       std::vector<float> x = inputs(-3, 3, 11), y = inputs(-3, 3, 12), z = inputs(-3, 3, 13), o(kN);
       for (int64_t i = 0; i < kN; i += 5) y[i] = x[i]; // ties for the comparisons
       x[7] = NAN;
-      t->ew(op, o.data(), x.data(), y.data(), z.data(), kN, 0, 0);
+      t->ew(op, o.data(), x.data(), y.data(), z.data(), kN, s0, 0);
       std::vector<float> inplace = x;
-      t->ew(op, inplace.data(), inplace.data(), y.data(), z.data(), kN, 0, 0);
+      t->ew(op, inplace.data(), inplace.data(), y.data(), z.data(), kN, s0, 0);
       bool ok = true;
       for (int64_t i = 0; i < kN; i++) {
-        float w = (float)ebb__ew_f(op, x[i], y[i], z[i], 0, 0);
+        float w = (float)ebb__ew_f(op, x[i], y[i], z[i], s0, 0);
         ok = ok && (std::memcmp(&o[i], &w, 4) == 0 || (std::isnan(o[i]) && std::isnan(w)));
         ok = ok && (std::memcmp(&inplace[i], &o[i], 4) == 0 || (std::isnan(o[i]) && std::isnan(inplace[i])));
       }
