@@ -13,14 +13,15 @@
 // time. Two training steps, MLP 784-1024-1024-10 batch 256 and 32-32-32-10 batch 8 (ReLU,
 // cross-entropy), are timed as forward + backward + an SGD update written from today's ops on both
 // sides (matmul, broadcast add, relu, cross_entropy, then p += grad * -lr with mul_scalar and
-// add_, grads cleared to none); libtorch also runs at::linear with torch::optim::SGD (grads
-// cleared to none too, its fastest setting), for the comparison ebb's own linear and optimizer
-// will have. That line's ratio is libtorch linear_sgd's step over ebb's ops step.
+// add_, grads cleared to none); libtorch also runs torch::nn::Linear (at::linear) with
+// torch::optim::SGD (grads cleared to none too, its fastest setting), for the comparison ebb's
+// own linear and optimizer will have. That line's ratio is libtorch linear_sgd's step over ebb's
+// ops step.
 //
 // How. In each round every selected case runs ebb then libtorch: one warm-up sample, then 9
 // samples, each of k calls (k = 1 unless a call takes under 1 ms: then as many as fill 1 ms, so a
 // 1-element add is not timed at the clock's resolution); the round's figure per side is the
-// median sample over k. Over the rounds (default 9, at least 7 for the figures in RESULTS.md)
+// median sample's time divided by k. Over the rounds (default 9, at least 7 for the figures in RESULTS.md)
 // each side's figure is the median of its round medians and the ratio is the median of the
 // per-round ratios, libtorch's time / ebb's: above 1, ebb is faster.
 //
@@ -35,11 +36,11 @@
 //
 // The process allocator. Like every ebb program this links jemalloc (ebb_program), which
 // libtorch's CPU allocator (posix_memalign/free) then uses too. That is the fair setting: ebb's
-// CPU tensors come from its own caching host pool, never from malloc, so neither side pays for
-// fresh pages in a warm loop. Under glibc's malloc libtorch's 16 MiB results would be mmap'ed and
-// unmapped or trimmed on many calls (page faults and zeroing on every call), a cost of the
-// allocator rather than of the kernels that would flatter ebb. PyTorch itself recommends jemalloc
-// or tcmalloc for CPU work for the same reason.
+// CPU tensors come from its own caching host pool, never from malloc, so with jemalloc neither
+// side pays for fresh pages in a warm loop (the page-fault count does not grow with the rounds).
+// Under glibc's malloc, libtorch's 16 MiB results are returned to the system (trimmed or
+// unmapped) and faulted in again on some calls: a cost of that allocator, not of libtorch's
+// kernels, which would flatter ebb (perf/JOURNAL.md has the counts).
 //
 // Output:
 //   bench=ops_peer op=<name> pass=<fwd|fwdbwd> shape=<AxB> ebb_ms=X libtorch_ms=Y ratio=R max_abs_diff=D
