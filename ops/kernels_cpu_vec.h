@@ -11,8 +11,8 @@
  * conversions between f32 and the storage dtypes (f32, bf16, f16, bool), and the sums in f64.
  * The tables agree exactly on the sums (one fixed order of partial sums whatever the vector
  * width), the conversions, + - * / sqrt, the comparisons, the scalar ops and the fused updates;
- * the transcendental ops may differ in their last bits between tables (erf's polynomials fuse
- * multiply-adds where FMA exists, and SLEEF's functions differ by width), each within its
+ * the transcendental ops may differ in their last bits between tables (SLEEF's functions
+ * differ by width), each within its
  * error bound. A given machine gives the
  * same result every run. Pure functions of their arguments: safe on any thread.
  */
