@@ -4,9 +4,15 @@
  * calling thread by ebb__launch) and the emulated driver (registered through ebb_kernel_declare
  * and run by a device's compute engine thread, with the argument struct copied at launch). They
  * read only their argument struct and the memory it points to, so they are reentrant.
- * Arithmetic: elementwise results are computed in f64 and rounded once to the result dtype
- * (integers: exact in i64 where the op allows it); reductions accumulate in f64; matmul is
- * OpenBLAS's sgemm/dgemm. bf16 and f16 are converted by bit manipulation, rounding to nearest
+ * Arithmetic: launches whose operands are all f32, bf16 or f16 run in f32 chunks through the
+ * vector loops of kernels_cpu_vec.c (a table per instruction set, chosen at load), as libtorch
+ * computes f32 tensors: + - * / sqrt and the comparisons give the same results as f64 would,
+ * the scalar ops stay in f64 (their scalar need not be an f32), and the transcendental ops
+ * (exp, log, sin, cos, tanh, sigmoid, gelu and its gradient, pow) are f32 functions within a
+ * few ulp (SLEEF's, and kernels_cpu_vec.c's erf for gelu) instead of f64 ones rounded once.
+ * Other launches compute in f64 and round once to the result dtype (integers: exact in i64
+ * where the op allows it). Reductions accumulate in f64, sums in a fixed order of partial sums
+ * (the same result every run and on every processor); matmul is OpenBLAS's sgemm/dgemm. bf16 and f16 are converted by bit manipulation, rounding to nearest
  * even. The random kernels are Philox 4x32-10 keyed by the seed and counted by element index,
  * so every device and the CPU produce the same numbers. That element math (conversions, loads
  * and stores, Philox, the op switches, the reduction combiners) is ops_math.h's, the one text
@@ -19,10 +25,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels_cpu_vec.h"
 #include "ops_impl.h"
 
 /* ---- the public conversions and the Philox entry the tests call: the math is ops_math.h's -- */
@@ -33,6 +41,29 @@ uint16_t ebb_f32_to_f16(float x) { return ebb__f32_to_f16(x); }
 float ebb_f16_to_f32(uint16_t h) { return ebb__f16_to_f32(h); }
 
 void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]) { ebb__philox4x32(c, k0, k1, out); }
+
+/* ---- the vector loops' table for this processor ------------------------------------------------ */
+
+static const ebb__vec_ops *vec_table;
+
+/* The widest table the processor and the operating system support (GCC's cpu model checks the
+ * saved-state bits too), capped by EBB_CPU_VEC. Chosen in a constructor, before any kernel can
+ * run, so the kernels read a plain pointer. */
+__attribute__((constructor)) static void vec_choose(void) {
+  const ebb__vec_ops *t = &ebb__vec_baseline;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const char *cap = getenv("EBB_CPU_VEC");
+  const bool cap_base = cap && strcmp(cap, "baseline") == 0, cap_avx2 = cap && strcmp(cap, "avx2") == 0;
+  if (!cap_base && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) t = &ebb__vec_avx2;
+  if (!cap_base && !cap_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    t = &ebb__vec_avx512;
+#endif
+  vec_table = t;
+}
+
+const ebb__vec_ops *ebb__vec_pick(void) { return vec_table ? vec_table : &ebb__vec_baseline; }
 
 /* ---- the elementwise kernel ----------------------------------------------------------------- */
 
@@ -128,6 +159,104 @@ static void op_row(int op, double *restrict x, const double *restrict y, const d
   }
 }
 
+/* Whether a launch takes the f32 rows (f32_row): every operand f32, bf16 or f16 (bool allowed
+ * for where's condition and a comparison's result), and an op of ebb__vec_ops.ew. */
+static bool ew_in_f32(const ebb__ew_args *a) {
+  const int op = a->op, dto = a->dt_out;
+  if (op < EBB__EW_COPY || op >= EBB__EW_COUNT) return false;
+  const bool cmp = (op >= EBB__EW_EQ && op <= EBB__EW_GE) || op == EBB__EW_LT_S || op == EBB__EW_GT_S ||
+                   op == EBB__EW_CLAMP_MASK;
+  if (!(dto == EBB_F32 || dto == EBB_BF16 || dto == EBB_F16 || (dto == EBB_BOOL && (cmp || op == EBB__EW_COPY))))
+    return false;
+  for (int k = 0; k < a->nin; k++) {
+    const int d = a->dt_in[k];
+    if (!(d == EBB_F32 || d == EBB_BF16 || d == EBB_F16 || (d == EBB_BOOL && op == EBB__EW_WHERE && k == 0)))
+      return false;
+  }
+  return true;
+}
+
+/* One row of `inner` elements in f32, in chunks of EBB__VEC_CHUNK: an f32 operand with unit
+ * stride is read (or written) where it lies, any other is converted through a chunk buffer
+ * (stride 0, a broadcast, repeats one element). A chunk's loads all precede its stores, and an
+ * operand read in place is read at the index written, so out may alias an input. */
+static void f32_row(const ebb__vec_ops *v, const ebb__ew_args *a, char *po, int64_t so, const char *const *pin,
+                    const int64_t *si, int64_t inner) {
+  float buf[4][EBB__VEC_CHUNK];
+  const int nin = a->nin, dto = a->dt_out;
+  const char *pi[3] = {pin[0], pin[1], pin[2]};
+  const bool out_direct = dto == EBB_F32 && so == 4;
+  for (int64_t i0 = 0; i0 < inner; i0 += EBB__VEC_CHUNK) {
+    const int64_t m = inner - i0 < EBB__VEC_CHUNK ? inner - i0 : EBB__VEC_CHUNK;
+    const float *px[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < nin; k++) {
+      if (a->dt_in[k] == EBB_F32 && si[k] == 4) {
+        px[k] = (const float *)(const void *)pi[k];
+      } else {
+        v->load(buf[k + 1], pi[k], si[k], m, a->dt_in[k]);
+        px[k] = buf[k + 1];
+      }
+      pi[k] += si[k] * m;
+    }
+    if (a->op == EBB__EW_COPY && !out_direct) {
+      v->store(po, so, px[0], m, dto); /* a cast: straight from the loaded input */
+    } else {
+      float *o = out_direct ? (float *)(void *)po : buf[0];
+      v->ew(a->op, o, px[0], px[1], px[2], m, a->s0, a->s1);
+      if (!out_direct) v->store(po, so, buf[0], m, dto);
+    }
+    po += so * m;
+  }
+}
+
+/* A copy between same-size elements whose input runs fastest along the next-to-last dim (a
+ * transposed view made contiguous): the last two dims are copied in square tiles, so both sides
+ * touch a tile's cache lines while they are in L1, instead of the input being walked with one
+ * element per cache line. Returns false when the launch is not of that shape. */
+#define TILE 64 /* of 16, 32, 64 and 128 elements, the fastest on [4096,1024] f32 (perf/RESULTS.md) */
+#define TILE_COPY(T)                                                                                             \
+  for (int64_t r0 = 0; r0 < rows; r0 += TILE)                                                                    \
+    for (int64_t c0 = 0; c0 < cols; c0 += TILE) {                                                                \
+      const int64_t r1 = r0 + TILE < rows ? r0 + TILE : rows, c1 = c0 + TILE < cols ? c0 + TILE : cols;          \
+      for (int64_t r = r0; r < r1; r++) {                                                                        \
+        T *restrict d = (T *)(void *)po + r * osr;                                                               \
+        const T *restrict s = (const T *)(const void *)pi + r * isr;                                             \
+        for (int64_t c = c0; c < c1; c++) d[c] = s[c * isc];                                                     \
+      }                                                                                                          \
+    }
+
+static bool copy_tiled(const ebb__ew_args *a) {
+  const int nd = a->ndim;
+  if (a->op != EBB__EW_COPY || nd < 2 || a->dt_in[0] != a->dt_out || a->st_out[nd - 1] != 1) return false;
+  const int64_t rows = a->shape[nd - 2], cols = a->shape[nd - 1];
+  const int64_t osr = a->st_out[nd - 2], isr = a->st_in[0][nd - 2], isc = a->st_in[0][nd - 1];
+  if (rows < TILE / 4 || cols < TILE / 4 || isr < 1 || isr >= isc) return false;
+  const size_t e = ebb__dtype_size[a->dt_out];
+  int64_t planes = 1;
+  for (int d = 0; d + 2 < nd; d++) planes *= a->shape[d];
+  int64_t idx[EBB_TENSOR_MAX_DIMS] = {0};
+  for (int64_t p = 0; p < planes; p++) {
+    int64_t oo = 0, io = 0;
+    for (int d = 0; d + 2 < nd; d++) {
+      oo += idx[d] * a->st_out[d];
+      io += idx[d] * a->st_in[0][d];
+    }
+    char *po = (char *)a->out + oo * (int64_t)e;
+    const char *pi = (const char *)a->in[0] + io * (int64_t)e;
+    switch (e) {
+    case 1: TILE_COPY(uint8_t) break;
+    case 2: TILE_COPY(uint16_t) break;
+    case 4: TILE_COPY(uint32_t) break;
+    default: TILE_COPY(uint64_t) break;
+    }
+    for (int d = nd - 3; d >= 0; d--) {
+      if (++idx[d] < a->shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return true;
+}
+
 /* The generic loop: rows of the innermost dim, each row's base found from the outer index
  * (recomputed per row, not per element), then pointers stepped by byte strides along the row.
  * Floating results go through f64 chunks (load, op, store, each with its switch outside the
@@ -135,7 +264,7 @@ static void op_row(int op, double *restrict x, const double *restrict y, const d
  * ops take the fast path above. */
 void ebb__ew_cpu(void *args) {
   const ebb__ew_args *a = args;
-  if (ew_fast(a)) return;
+  if (ew_fast(a) || copy_tiled(a)) return;
   const int nd = a->ndim, nin = a->nin, op = a->op, dto = a->dt_out;
   const int64_t inner = nd ? a->shape[nd - 1] : 1;
   int64_t outer = 1;
@@ -144,10 +273,12 @@ void ebb__ew_cpu(void *args) {
   size_t ei[3] = {0, 0, 0};
   for (int k = 0; k < nin; k++) ei[k] = ebb__dtype_size[a->dt_in[k]];
   const bool ints = ebb__ew_exact_int(a);
+  const ebb__vec_ops *vec = !ints && ew_in_f32(a) ? ebb__vec_pick() : NULL;
   const int64_t is0 = ebb__d2i(a->s0), is1 = ebb__d2i(a->s1);
-  const int64_t so = nd ? a->st_out[nd - 1] * (int64_t)eo : 0;
+  /* no dims: one element, strided as if contiguous */
+  const int64_t so = (nd ? a->st_out[nd - 1] : 1) * (int64_t)eo;
   int64_t si[3] = {0, 0, 0};
-  for (int k = 0; k < nin; k++) si[k] = nd ? a->st_in[k][nd - 1] * (int64_t)ei[k] : 0;
+  for (int k = 0; k < nin; k++) si[k] = (nd ? a->st_in[k][nd - 1] : 1) * (int64_t)ei[k];
 
   int64_t idx[EBB_TENSOR_MAX_DIMS] = {0};
   uint64_t lin = 0; /* row-major index of the output element: the counter of rand/arange */
@@ -176,7 +307,9 @@ void ebb__ew_cpu(void *args) {
         ebb__store_dt(po, dto, ebb__random_at(op, dto, a->seed, a->offset + lin + (uint64_t)i));
       break;
     default:
-      if (ints) {
+      if (vec) {
+        f32_row(vec, a, po, so, pi, si, inner);
+      } else if (ints) {
         for (int64_t i = 0; i < inner; i++, po += so) {
           int64_t x = nin > 0 ? ebb__ldi(pi[0], a->dt_in[0]) : 0, y = nin > 1 ? ebb__ldi(pi[1], a->dt_in[1]) : 0;
           int64_t z = nin > 2 ? ebb__ldi(pi[2], a->dt_in[2]) : 0;
@@ -219,14 +352,35 @@ void ebb__ew_cpu(void *args) {
  * rows of a row-major matrix, say): a chunk of neighbouring outputs is accumulated at once,
  * each inner element j loading one contiguous-ish piece for all of them. Every output still
  * sees its inner elements in row-major order j = 0, 1, ..., so results match the other loop. */
+#define COLS 512 /* outputs accumulated at once by reduce_columns */
+
+/* acc[k] += element k of a row of m, `stride` bytes apart: the vector loops for floating
+ * inputs (direct for a unit stride, else through an f32 chunk), f64 otherwise. */
+static void add_cols(const ebb__vec_ops *v, double *acc, const char *p, int64_t stride, int64_t m, int dt) {
+  if (dt == EBB_F32 && stride == 4) {
+    v->add_cols_f32(acc, (const float *)(const void *)p, m);
+  } else if (dt == EBB_F64 && stride == 8) {
+    v->add_cols_f64(acc, (const double *)(const void *)p, m);
+  } else if (dt == EBB_F32 || dt == EBB_BF16 || dt == EBB_F16) {
+    float buf[COLS];
+    v->load(buf, p, stride, m, dt);
+    v->add_cols_f32(acc, buf, m);
+  } else {
+    double buf[COLS];
+    load_row(buf, p, stride, m, dt);
+    v->add_cols_f64(acc, buf, m);
+  }
+}
+
 static void reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner) {
+  const ebb__vec_ops *v = ebb__vec_pick();
   const size_t ei = ebb__dtype_size[a->dt_in], eo = ebb__dtype_size[a->dt_out];
   const int no = a->nouter, ni = a->ninner;
   const int64_t olast = a->oshape[no - 1], ostride = a->ost_in[no - 1] * (int64_t)ei;
   const int64_t orows = olast ? outer / olast : 0;
-  double buf[EBB__CHUNK], acc[EBB__CHUNK];
-  int64_t best[EBB__CHUNK];
-  bool nan[EBB__CHUNK];
+  double buf[COLS], acc[COLS];
+  int64_t best[COLS];
+  bool nan[COLS];
   int64_t oidx[EBB_TENSOR_MAX_DIMS] = {0};
   for (int64_t orow = 0; orow < orows; orow++) {
     int64_t ibase = 0, obase = 0;
@@ -234,8 +388,8 @@ static void reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner)
       ibase += oidx[d] * a->ost_in[d];
       obase += oidx[d] * a->ost_out[d];
     }
-    for (int64_t k0 = 0; k0 < olast; k0 += EBB__CHUNK) {
-      const int64_t m = olast - k0 < EBB__CHUNK ? olast - k0 : EBB__CHUNK;
+    for (int64_t k0 = 0; k0 < olast; k0 += COLS) {
+      const int64_t m = olast - k0 < COLS ? olast - k0 : COLS;
       for (int64_t k = 0; k < m; k++) {
         acc[k] = ebb__red_init(a->op);
         best[k] = 0;
@@ -245,11 +399,12 @@ static void reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner)
       for (int64_t j = 0; j < inner; j++) {
         int64_t off = ibase + k0 * a->ost_in[no - 1];
         for (int d = 0; d < ni; d++) off += iidx[d] * a->ist_in[d];
-        load_row(buf, (const char *)a->in + off * (int64_t)ei, ostride, m, a->dt_in);
+        const char *p = (const char *)a->in + off * (int64_t)ei;
         if (a->op == EBB__RED_MAX) {
+          load_row(buf, p, ostride, m, a->dt_in);
           for (int64_t k = 0; k < m; k++) ebb__red_max_step(&acc[k], &best[k], &nan[k], buf[k], j);
         } else {
-          for (int64_t k = 0; k < m; k++) acc[k] += buf[k];
+          add_cols(v, acc, p, ostride, m, a->dt_in);
         }
         for (int d = ni - 1; d >= 0; d--) {
           if (++iidx[d] < a->ishape[d]) break;
@@ -272,8 +427,51 @@ static void reduce_columns(const ebb__red_args *a, int64_t outer, int64_t inner)
 
 static int64_t abs64(int64_t x) { return x < 0 ? -x : x; }
 
+/* The sum of a run of n elements, `stride` bytes apart, in f64: the vector loops' fixed order
+ * of partial sums, over the run itself (unit stride) or over f32/f64 chunks of it. */
+static double run_sum(const ebb__vec_ops *v, const char *p, int64_t stride, int64_t n, int dt) {
+  if (dt == EBB_F32 && stride == 4) return v->sum_f32((const float *)(const void *)p, n);
+  if (dt == EBB_F64 && stride == 8) return v->sum_f64((const double *)(const void *)p, n);
+  double acc = 0;
+  if (dt == EBB_F32 || dt == EBB_BF16 || dt == EBB_F16) {
+    float buf[EBB__VEC_CHUNK];
+    for (int64_t k0 = 0; k0 < n; k0 += EBB__VEC_CHUNK) {
+      const int64_t m = n - k0 < EBB__VEC_CHUNK ? n - k0 : EBB__VEC_CHUNK;
+      v->load(buf, p + k0 * stride, stride, m, dt);
+      acc += v->sum_f32(buf, m);
+    }
+  } else {
+    double buf[EBB__CHUNK];
+    for (int64_t k0 = 0; k0 < n; k0 += EBB__CHUNK) {
+      const int64_t m = n - k0 < EBB__CHUNK ? n - k0 : EBB__CHUNK;
+      load_row(buf, p + k0 * stride, stride, m, dt);
+      acc += v->sum_f64(buf, m);
+    }
+  }
+  return acc;
+}
+
+/* Merges neighbouring reduced dims whose strides chain (a contiguous block becomes one run):
+ * the row-major order of the inner elements, and so the max's index, is unchanged. */
+static void merge_inner(ebb__red_args *a) {
+  int n = 0;
+  for (int d = 0; d < a->ninner; d++) {
+    if (n > 0 && a->ist_in[n - 1] == a->ist_in[d] * a->ishape[d]) {
+      a->ishape[n - 1] *= a->ishape[d];
+      a->ist_in[n - 1] = a->ist_in[d];
+      continue;
+    }
+    a->ishape[n] = a->ishape[d];
+    a->ist_in[n++] = a->ist_in[d];
+  }
+  a->ninner = n;
+}
+
 void ebb__reduce_cpu(void *args) {
-  const ebb__red_args *a = args;
+  ebb__red_args merged = *(const ebb__red_args *)args;
+  merge_inner(&merged);
+  const ebb__red_args *a = &merged;
+  const ebb__vec_ops *v = ebb__vec_pick();
   if (a->nouter > 0 && a->ninner > 0 && a->oshape[a->nouter - 1] > 1 &&
       abs64(a->ost_in[a->nouter - 1]) < abs64(a->ist_in[a->ninner - 1])) {
     int64_t outer = 1, inner = 1;
@@ -307,13 +505,13 @@ void ebb__reduce_cpu(void *args) {
       int64_t off = ibase;
       for (int d = 0; d + 1 < ni; d++) off += iidx[d] * a->ist_in[d];
       const char *p = (const char *)a->in + off * (int64_t)ei;
-      for (int64_t k0 = 0; k0 < last; k0 += EBB__CHUNK) {
-        const int64_t m = last - k0 < EBB__CHUNK ? last - k0 : EBB__CHUNK;
-        load_row(buf, p + k0 * lstride, lstride, m, a->dt_in);
-        if (a->op == EBB__RED_MAX) {
+      if (a->op != EBB__RED_MAX) {
+        acc += run_sum(v, p, lstride, last, a->dt_in); /* a fixed order: the same sum every time */
+      } else {
+        for (int64_t k0 = 0; k0 < last; k0 += EBB__CHUNK) {
+          const int64_t m = last - k0 < EBB__CHUNK ? last - k0 : EBB__CHUNK;
+          load_row(buf, p + k0 * lstride, lstride, m, a->dt_in);
           for (int64_t k = 0; k < m; k++) ebb__red_max_step(&acc, &best, &nan, buf[k], run * last + k0 + k);
-        } else {
-          for (int64_t k = 0; k < m; k++) acc += buf[k]; /* row-major order: the same sum every time */
         }
       }
       for (int d = ni - 2; d >= 0; d--) {

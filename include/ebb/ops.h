@@ -18,9 +18,11 @@
  *  - scalar ops (add/sub/mul_scalar): a floating tensor keeps its dtype; an i64 or bool tensor
  *    gives i64 when the scalar is an integer value and f32 otherwise; div_scalar as div;
  *  - comparisons give bool; where(cond, a, b) needs a bool cond and gives promote(a, b).
- * Arithmetic: values are computed in f64 on the CPU and emulated devices and rounded once to
- * the result dtype (bf16 and f16 therefore accumulate in at least f32); i64 add, sub, mul, neg,
- * abs, clamp and comparisons are exact (overflow wraps).
+ * Arithmetic: values are as if computed in f64 on the CPU and emulated devices and rounded once
+ * to the result dtype (bf16 and f16 therefore accumulate in at least f32), except that exp,
+ * log, sin, cos, tanh, sigmoid, pow, gelu and gelu's backward on f32, bf16 and f16 tensors are
+ * computed in f32, as libtorch computes them, within a few f32 ulps of that value; i64 add,
+ * sub, mul, neg, abs, clamp and comparisons are exact (overflow wraps).
  *
  * Backward: each differentiable op has ebb_op_<name>_backward beside it. Given the gradient of
  * the loss with respect to the op's output (`grad`, the output's shape), it returns the gradient
