@@ -20,6 +20,14 @@
 #include "optim_kernels.h"
 
 #define EBB_ALWAYS_INLINE static inline __attribute__((always_inline))
+/* The f32 loops are built twice, for the x86-64 baseline (SSE2) and for AVX2, and the loader picks
+ * one by the processor it runs on (GCC's target_clones, an ifunc). Both give the same bits: the
+ * arithmetic is the same IEEE operations (no FMA contraction in either), only wider. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define EBB_WIDE __attribute__((target_clones("avx2", "default")))
+#else
+#define EBB_WIDE
+#endif
 
 /* ---- the per-tensor loops (CPU tensors, and the emulated driver's kernel) --------------------
  * One loop per dtype; the f32 loops are instantiated for each combination of the flags that
@@ -39,7 +47,7 @@ EBB_ALWAYS_INLINE void sgd_f32_run(const ebb__optim_args *a, const ebb__optim_te
   }
 }
 
-static void sgd_f32(const ebb__optim_args *a, const ebb__optim_tensor *t) {
+EBB_WIDE static void sgd_f32(const ebb__optim_args *a, const ebb__optim_tensor *t) {
   const uint32_t f = a->flags & (EBB__OPTIM_NESTEROV | EBB__OPTIM_MAXIMIZE);
   const int first = t->first != 0;
 #define RUN(fi, fl) sgd_f32_run(a, t, fi, fl)
@@ -76,7 +84,7 @@ EBB_ALWAYS_INLINE void adamw_f32_run(const ebb__optim_args *a, const ebb__optim_
   }
 }
 
-static void adamw_f32(const ebb__optim_args *a, const ebb__optim_tensor *t) {
+EBB_WIDE static void adamw_f32(const ebb__optim_args *a, const ebb__optim_tensor *t) {
   const uint32_t f = a->flags & (EBB__OPTIM_AMSGRAD | EBB__OPTIM_MAXIMIZE);
   const int first = t->first != 0;
 #define RUN(fi, fl) adamw_f32_run(a, t, fi, fl)

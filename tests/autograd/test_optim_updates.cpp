@@ -5,12 +5,14 @@
 // gradient are skipped; state, step counts, learning rates and zero_grad behave as documented;
 // a step bumps each updated parameter's version once and records nothing.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "autograd_test_util.hpp"
 #include "ebb/autograd.h"
 #include "ebb/ops.h"
 #include "ebb/optim.h"
+#include "ebb/trace.h"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -431,6 +433,48 @@ TEST_CASE("optim: on a device the step runs on the current stream, after the wor
     }
     EBB_REQUIRE_OK(ebb_stream_set_current(prev));
     EBB_REQUIRE_OK(ebb_stream_release(s));
+  }
+  live.check();
+}
+
+TEST_CASE("optim: a step launches one kernel per device and dtype, whatever the number of parameters", "[optim][launches]") {
+  EbbSession session;
+  Live live;
+  {
+    // Device 0: three f32 parameters and one bf16; device 1: two f32; the CPU: one (no launch).
+    Params pl;
+    std::vector<Tensor> ps;
+    struct Spec {
+      int dev;
+      ebb_dtype dt;
+    };
+    const Spec specs[] = {{0, EBB_F32}, {0, EBB_F32}, {1, EBB_F32}, {0, EBB_BF16}, {0, EBB_F32}, {1, EBB_F32}, {EBB_DEVICE_CPU, EBB_F32}};
+    for (const auto &s : specs) {
+      ps.push_back(param_on(s.dev, s.dt, values(100, (unsigned)ps.size())));
+      set_grad(ps.back(), s.dt, values(100, 77));
+      EBB_REQUIRE_OK(ebb_params_add(pl, ps.back()));
+    }
+    Optim o;
+    Cfg a;
+    a.adam = true;
+    make_optim(a, pl, o);
+    EBB_REQUIRE_OK(ebb_trace_enable(4096));
+    EBB_REQUIRE_OK(ebb_optim_step(o));
+    std::vector<ebb_trace_span> spans(4096);
+    size_t n = 0;
+    EBB_REQUIRE_OK(ebb_trace_snapshot(spans.data(), spans.size(), &n));
+    ebb_trace_disable();
+    int on0 = 0, on1 = 0, other = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (std::string(spans[i].name) != "ebb.ops.optim") continue;
+      if (spans[i].device == 0) on0++;
+      else if (spans[i].device == 1) on1++;
+      else other++;
+    }
+    CHECK(on0 == 2);  // f32 and bf16
+    CHECK(on1 == 1);
+    CHECK(other == 0);
+    for (auto &p : ps) EBB_REQUIRE_OK(ebb_tensor_set_grad(p, nullptr));
   }
   live.check();
 }
