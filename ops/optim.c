@@ -318,7 +318,7 @@ ebb_status ebb__optim_fused(const char *fn, const ebb__optim_hyper *h, const ebb
       grads[i] = copies[i];
   }
   int checked = 0;
-  for (; !st && checked < n; checked++) st = ebb__inplace_check(fn, EBB__OP_COPY_, items[checked].param, NULL, &tok[checked]);
+  for (; !st && checked < n; checked++) st = ebb__inplace_check(fn, EBB__OP_COPY_, items[checked].param, NULL, 0, NULL, &tok[checked]);
   if (!st) {
     /* one pass per tensor on the CPU; one launch per (device, dtype) group elsewhere */
     for (int i = 0; !st && i < n; i++) {
