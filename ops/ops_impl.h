@@ -151,7 +151,7 @@ _Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && E
                    EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
                "kernel dtype codes are ebb_dtype's");
 
-enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_COUNT };
+enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_OPTIM, EBB__K_COUNT };
 
 EBB_HIDDEN void ebb__ew_cpu(void *args);
 EBB_HIDDEN void ebb__reduce_cpu(void *args);
@@ -165,6 +165,7 @@ EBB_HIDDEN void ebb__rows_cpu(void *args);
 enum { EBB__ISA_BASE = 0, EBB__ISA_AVX2, EBB__ISA_AVX512 };
 EBB_HIDDEN int ebb__cpu_isa(void);
 EBB_HIDDEN void ebb__rows_run_isa(const ebb__rows_args *a, int isa);
+EBB_HIDDEN void ebb__optim_cpu(void *args); /* optim.c */
 
 /* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
  * is not its allocation stream. */

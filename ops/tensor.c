@@ -18,6 +18,7 @@
 #include "ebb_sync.h"
 #include "ops_impl.h"
 #include "ops_export.h"
+#include "optim_kernels.h" /* the optimizer kernel's argument struct, for its registration */
 #include "streams_export.h"
 
 #define EBB__TENSOR_CHUNK 256
@@ -596,6 +597,7 @@ static const struct {
     [EBB__K_REDUCE] = {"ebb.ops.reduce", "ebb_ops_reduce", sizeof(ebb__red_args), ebb__reduce_cpu},
     [EBB__K_MATMUL] = {"ebb.ops.matmul", "ebb_ops_matmul", sizeof(ebb__mm_args), ebb__matmul_cpu},
     [EBB__K_ROWS] = {"ebb.ops.rows", "ebb_ops_rows", sizeof(ebb__rows_args), ebb__rows_cpu},
+    [EBB__K_OPTIM] = {"ebb.ops.optim", "ebb_ops_optim", sizeof(ebb__optim_args), ebb__optim_cpu},
 };
 
 static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];

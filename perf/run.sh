@@ -28,6 +28,17 @@ for b in launch event copy arena_fastpath pinned host stream_churn ops_elementwi
     status=1
   fi
 done
+# Benchmarks against libtorch, built only where libtorch-dev is installed.
+for b in optim; do
+  if [[ -x "$bin/ebb-bench-$b" ]]; then
+    if ! OPENBLAS_NUM_THREADS=1 "$bin/ebb-bench-$b" | grep '^bench='; then
+      echo "run.sh: ebb-bench-$b failed" >&2
+      status=1
+    fi
+  else
+    echo "run.sh: ebb-bench-$b not built (libtorch not found): skipped" >&2
+  fi
+done
 if ! "$here/syscalls.sh" "$bin"; then
   echo "run.sh: syscalls.sh failed" >&2
   status=1

@@ -10,5 +10,6 @@
 #include "ebb/tensor.h"
 #include "ebb/ops.h"
 #include "ebb/autograd.h"
+#include "ebb/optim.h"
 
 #endif /* EBB_EBB_H */

@@ -234,3 +234,6 @@ extern "C" __global__ void ebb_ops_rows(ebb__rows_args a) {
     }
   }
 }
+
+// The fused optimizer kernel, the CUDA twin of ops/optim.c.
+#include "optim_kernels.cuh"
