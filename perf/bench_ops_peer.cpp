@@ -13,10 +13,10 @@
 // time. Two training steps, MLP 784-1024-1024-10 batch 256 and 32-32-32-10 batch 8 (ReLU,
 // cross-entropy), are timed as forward + backward + an SGD update written from today's ops on both
 // sides (matmul, broadcast add, relu, cross_entropy, then p += grad * -lr with mul_scalar and
-// add_, grads cleared to none); libtorch also runs torch::nn::Linear (at::linear) with
-// torch::optim::SGD (grads cleared to none too, its fastest setting), for the comparison ebb's
-// own linear and optimizer will have. That line's ratio is libtorch linear_sgd's step over ebb's
-// ops step.
+// add_, grads cleared to none); and as each library's own layer and optimizer (variant
+// linear_sgd): libtorch's torch::nn::Linear (at::linear) with torch::optim::SGD against ebb's
+// ebb_op_linear with its fused SGD step (ebb_optim_sgd), grads cleared to none on both sides (the
+// fastest setting). That line's ratio is libtorch linear_sgd's step over ebb's.
 //
 // How. In each round every selected case runs ebb then libtorch: one warm-up sample, then 9
 // samples, each of k calls (k = 1 unless a call takes under 1 ms: then as many as fill 1 ms, so a
@@ -185,7 +185,7 @@ struct Case {
   std::string op, pass, shape, model;
   double diff = 0;
   std::function<double()> check;  // one untimed call per side; the largest difference
-  std::vector<Impl> impls;        // ebb, libtorch[, libtorch linear_sgd]
+  std::vector<Impl> impls;        // ebb, libtorch[, libtorch linear_sgd, ebb linear_sgd]
 };
 
 using EbbFwd = std::function<ebb_tensor_t *(const std::vector<ebb_tensor_t *> &)>;
@@ -311,6 +311,14 @@ struct Mlp {
   std::vector<torch::nn::Linear> lin;
   std::vector<torch::Tensor> lin_params;
   std::shared_ptr<torch::optim::SGD> opt;
+  // ebb's linear_sgd variant: ebb_op_linear's layout (lw [out, in]) and the fused SGD step
+  std::vector<ebb_tensor_t *> lw, lb;
+  ebb_params_t *params = nullptr;
+  ebb_optim_t *sgd = nullptr;
+  ~Mlp() {  // with the cases, before the kept tensors go and ebb_shutdown
+    if (sgd) BENCH_CHECK(ebb_optim_destroy(sgd));
+    if (params) BENCH_CHECK(ebb_params_destroy(params));
+  }
 };
 
 void ebb_mlp_step(Mlp &m) {
@@ -348,6 +356,29 @@ void ebb_mlp_step(Mlp &m) {
     }
   }
   ebb_grad_set_enabled(was, nullptr);
+}
+
+void ebb_mlp_step_linear(Mlp &m) {
+  BENCH_CHECK(ebb_optim_zero_grad(m.sgd, true));
+  ebb_tensor_t *h = m.x;
+  BENCH_CHECK(ebb_tensor_retain(h));
+  for (size_t l = 0; l < m.lw.size(); l++) {
+    ebb_tensor_t *z;
+    BENCH_CHECK(ebb_op_linear(h, m.lw[l], m.lb[l], &z));
+    BENCH_CHECK(ebb_tensor_release(h));
+    if (l + 1 < m.lw.size()) {
+      BENCH_CHECK(ebb_op_relu(z, &h));
+      BENCH_CHECK(ebb_tensor_release(z));
+    } else {
+      h = z;
+    }
+  }
+  ebb_tensor_t *loss;
+  BENCH_CHECK(ebb_op_cross_entropy(h, m.y, &loss));
+  BENCH_CHECK(ebb_tensor_release(h));
+  BENCH_CHECK(ebb_backward_one(loss));
+  BENCH_CHECK(ebb_tensor_release(loss));
+  BENCH_CHECK(ebb_optim_step(m.sgd));
 }
 
 void torch_mlp_step_ops(Mlp &m) {
@@ -406,18 +437,40 @@ Case mlp_case(const std::string &model, std::vector<int64_t> sizes, int64_t batc
       lin->bias.copy_(to_torch(b));
     }
     m->lin.push_back(lin);
+    ebb_tensor_t *wt, *lw, *lb;
+    bool was;
+    ebb_grad_set_enabled(false, &was);  // copies of the parameters, not part of a graph
+    BENCH_CHECK(ebb_tensor_transpose(w, 0, 1, &wt));
+    BENCH_CHECK(ebb_tensor_contiguous(wt, &lw));
+    BENCH_CHECK(ebb_tensor_release(wt));
+    BENCH_CHECK(ebb_tensor_clone(b, &lb));
+    ebb_grad_set_enabled(was, nullptr);
+    BENCH_CHECK(ebb_tensor_set_requires_grad(lw, true));
+    BENCH_CHECK(ebb_tensor_set_requires_grad(lb, true));
+    m->lw.push_back(keep(lw));
+    m->lb.push_back(keep(lb));
   }
+  BENCH_CHECK(ebb_params_create(&m->params));
+  for (size_t l = 0; l < m->lw.size(); l++) {
+    BENCH_CHECK(ebb_params_add(m->params, m->lw[l]));
+    BENCH_CHECK(ebb_params_add(m->params, m->lb[l]));
+  }
+  ebb_sgd_options so = {};
+  so.lr = m->lr;
+  BENCH_CHECK(ebb_optim_sgd(m->params, &so, &m->sgd));
   for (auto &l : m->lin)
     for (auto &p : l->parameters()) m->lin_params.push_back(p);
   m->opt = std::make_shared<torch::optim::SGD>(m->lin_params, torch::optim::SGDOptions(m->lr));
 
   Case c{MLP, "mlp_" + model, "", "", "", model, 0, nullptr, {}};
   // One step of each from the same parameters; the parameters after it are compared (ebb's
-  // against the ops variant's, and the ops variant's against linear_sgd's, transposed).
+  // against the ops variant's, the ops variant's against linear_sgd's, transposed, and ebb's
+  // linear_sgd against libtorch's).
   c.check = [m] {
     ebb_mlp_step(*m);
     torch_mlp_step_ops(*m);
     torch_mlp_step_linear(*m);
+    ebb_mlp_step_linear(*m);
     double d = 0;
     for (size_t l = 0; l < m->w.size(); l++) {
       d = std::max(d, max_abs_diff(m->tw[l], m->w[l]));
@@ -425,13 +478,16 @@ Case mlp_case(const std::string &model, std::vector<int64_t> sizes, int64_t batc
       torch::NoGradGuard ng;
       d = std::max(d, (m->lin[l]->weight.t() - m->tw[l]).abs().max().item<double>());
       d = std::max(d, (m->lin[l]->bias - m->tb[l]).abs().max().item<double>());
+      d = std::max(d, max_abs_diff(m->lin[l]->weight, m->lw[l]));
+      d = std::max(d, max_abs_diff(m->lin[l]->bias, m->lb[l]));
     }
     return d;
   };
-  c.impls.resize(3);
+  c.impls.resize(4);
   c.impls[0].call = [m] { ebb_mlp_step(*m); };
   c.impls[1].call = [m] { torch_mlp_step_ops(*m); };
   c.impls[2].call = [m] { torch_mlp_step_linear(*m); };
+  c.impls[3].call = [m] { ebb_mlp_step_linear(*m); };
   return c;
 }
 
@@ -600,10 +656,11 @@ int main(int argc, char **argv) {
                     c.op.c_str(), c.pass.c_str(), c.shape.c_str(), e, t, median(ratios), c.diff);
       } else {
         std::vector<double> lratios;
-        for (int r = 0; r < rounds; r++) lratios.push_back(c.impls[2].round_ms[r] / c.impls[0].round_ms[r]);
+        for (int r = 0; r < rounds; r++) lratios.push_back(c.impls[2].round_ms[r] / c.impls[3].round_ms[r]);
         const char *m = c.model.c_str();
         std::printf("bench=mlp_step model=%s variant=ops impl=ebb step_ms=%.4g\n", m, e);
         std::printf("bench=mlp_step model=%s variant=ops impl=libtorch step_ms=%.4g\n", m, t);
+        std::printf("bench=mlp_step model=%s variant=linear_sgd impl=ebb step_ms=%.4g\n", m, median(c.impls[3].round_ms));
         std::printf("bench=mlp_step model=%s variant=linear_sgd impl=libtorch step_ms=%.4g\n", m, median(c.impls[2].round_ms));
         std::printf("bench=mlp_step model=%s variant=ops ratio=%.3f max_abs_diff=%.3g\n", m, median(ratios), c.diff);
         std::printf("bench=mlp_step model=%s variant=linear_sgd ratio=%.3f max_abs_diff=%.3g\n", m, median(lratios), c.diff);
@@ -611,8 +668,9 @@ int main(int argc, char **argv) {
       std::string name = c.key + (c.kind == OP ? "/" + c.pass : "");
       for (size_t i = 0; i < c.impls.size(); i++) {
         double cpw = c.impls[i].process_cpu / c.impls[i].thread_cpu;
-        if (i == 0 && cpw > ebb_cpw) ebb_cpw = cpw, ebb_worst = name;
-        if (i > 0 && cpw > torch_cpw) torch_cpw = cpw, torch_worst = name;
+        const bool ebb_impl = i == 0 || i == 3;  // impls: ebb, libtorch, libtorch linear_sgd, ebb linear_sgd
+        if (ebb_impl && cpw > ebb_cpw) ebb_cpw = cpw, ebb_worst = name;
+        if (!ebb_impl && cpw > torch_cpw) torch_cpw = cpw, torch_worst = name;
       }
       std::fflush(stdout);
     }
