@@ -92,6 +92,12 @@ EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, 
 EBB_HIDDEN ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
                                         int64_t offset, ebb_tensor_t **out);
 EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
+/* Row-major strides of shape, with extents of 0 or 1 taken as 1. */
+EBB_HIDDEN void ebb__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* The id of the live stream s (ids are never reused, handles are); a failure names fn. */
+EBB_HIDDEN ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id);
+/* Declares stream (whose id is sid) to the arena as a user of s's block, once per stream. */
+EBB_HIDDEN ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64_t sid);
 /* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its
  * out-pointer is non-NULL; ra and rb are NULL where it is NULL) and returns EBB_OK; on failure
  * releases both (NULL allowed) and returns st. */
