@@ -97,3 +97,186 @@ ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const
   for (int k = 0; k < nin; k++) ops[k + 1] = (ebb__operand){in[k], false};
   return ebb__launch(fn, EBB__K_EW, out->stor->device, &a, ops, nin + 1, ebb__numel(out->shape, out->ndim));
 }
+
+/* The rule of ops.h: a lattice bool < i64 < floating, and among floating dtypes the wider
+ * one, with bf16 + f16 going to f32 since neither holds the other (bf16 has the range, f16
+ * the precision). */
+ebb_status ebb_op_promote(ebb_dtype a, ebb_dtype b, ebb_dtype *out) {
+  if ((unsigned)a >= EBB_DTYPE_COUNT || (unsigned)b >= EBB_DTYPE_COUNT || !out)
+    return ebb__fail(EBB_EINVAL, "ebb_op_promote: dtypes %d and %d (or a NULL out); expected two ebb_dtype values", (int)a, (int)b);
+  ebb_dtype r;
+  if (a == b) r = a;
+  else if (a == EBB_BOOL) r = b;
+  else if (b == EBB_BOOL) r = a;
+  else if (a == EBB_I64) r = b;
+  else if (b == EBB_I64) r = a;
+  else if (a == EBB_F64 || b == EBB_F64) r = EBB_F64;
+  else r = EBB_F32; /* f32 with bf16/f16, or bf16 with f16 */
+  *out = r;
+  return EBB_OK;
+}
+
+ebb_dtype ebb__float_of(ebb_dtype dt) { return ebb_dtype_is_float(dt) ? dt : EBB_F32; }
+
+/* ---- forward plumbing -------------------------------------------------------------------------- */
+
+ebb_status ebb__check_out(const char *fn, ebb_tensor_t **out) {
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
+  return EBB_OK;
+}
+
+/* The public names of an elementwise op's inputs: where's are (cond, a, b). */
+static const char *const *ew_names(int nin) {
+  static const char *const names2[2] = {"a", "b"}, *const names3[3] = {"cond", "a", "b"};
+  return nin == 3 ? names3 : names2;
+}
+
+static EBB_COLD ebb_status ew_devices_differ(const char *fn, int nin, const ebb_tensor_t *const *in, int k) {
+  char x[EBB__DESC_MAX], y[EBB__DESC_MAX];
+  return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected one device (copy with ebb_tensor_to_device)", fn,
+                   EBB__DESC(in[k], ew_names(nin)[k], x), EBB__DESC(in[0], ew_names(nin)[0], y));
+}
+
+/* where's three shapes broadcast together. They do exactly when every pair of them does, so
+ * each pair is checked (a failure names two real arguments), then b is folded into the shape of
+ * cond and a. */
+static ebb_status ew_shape3(const char *fn, const ebb_tensor_t *const *in, int *ndim, int64_t *shape) {
+  const char *const *names = ew_names(3);
+  ebb_status st = ebb__broadcast_shape(fn, in[0], names[0], in[0]->ndim, in[1], names[1], in[1]->ndim, ndim, shape);
+  for (int j = 0; j < 2 && !st; j++) {
+    int nd;
+    int64_t s[EBB_TENSOR_MAX_DIMS];
+    st = ebb__broadcast_shape(fn, in[j], names[j], in[j]->ndim, in[2], names[2], in[2]->ndim, &nd, s);
+  }
+  if (st) return st;
+  int n = *ndim > in[2]->ndim ? *ndim : in[2]->ndim;
+  int64_t folded[EBB_TENSOR_MAX_DIMS];
+  for (int d = n - 1, i = *ndim - 1, j = in[2]->ndim - 1; d >= 0; d--, i--, j--) {
+    int64_t x = i >= 0 ? shape[i] : 1, y = j >= 0 ? in[2]->shape[j] : 1;
+    folded[d] = x == 1 ? y : x;
+  }
+  memcpy(shape, folded, sizeof(int64_t) * (size_t)n);
+  *ndim = n;
+  return EBB_OK;
+}
+
+/* out = op(in...) with the shape of in broadcast together and dtype dt. */
+/* Every forward op ends here: broadcast the input shapes (where's three pairwise, so it gets the
+ * same rule and message as a binary op), allocate the result, run one kernel. The kernel
+ * converts each input's dtype as it loads, so mixed dtypes never need cast copies. */
+ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_t *const *in, ebb_dtype dt, double s0, double s1,
+                              ebb_tensor_t **out) {
+  int ndim = in[0]->ndim;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  memcpy(shape, in[0]->shape, sizeof shape);
+  for (int k = 1; k < nin; k++)
+    if (in[k]->stor->device != in[0]->stor->device) return ew_devices_differ(fn, nin, in, k);
+  if (nin > 1) {
+    ebb_status st = nin == 2 ? ebb__broadcast_shape(fn, in[0], "a", in[0]->ndim, in[1], "b", in[1]->ndim, &ndim, shape)
+                             : ew_shape3(fn, in, &ndim, shape);
+    if (st) return ebb__fail_in(fn, st);
+  }
+  ebb_tensor_t *r;
+  ebb_status st = ebb__tensor_new(fn, in[0]->stor->device, dt, ndim, shape, &r);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb__ew_run(fn, op, r, nin, in, s0, s1);
+  if (st) {
+    ebb__tensor_put(r);
+    return ebb__fail_in(fn, st);
+  }
+  *out = r;
+  return EBB_OK;
+}
+
+ebb_status ebb__ew_binary(const char *fn, int op, int kind, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (!st) st = ebb__check_out(fn, out);
+  if (st) return ebb__fail_in(fn, st);
+  ebb_dtype dt;
+  ebb_op_promote(a->dtype, b->dtype, &dt);
+  if (kind == EBB__ARITH && dt == EBB_BOOL)
+    return ebb__fail_about2(EBB_EINVAL, fn, a, "a", b, "b",
+                            "are both bool; arithmetic needs a numeric operand (convert with ebb_tensor_to_dtype)");
+  if (kind == EBB__DIVIDE) dt = ebb__float_of(dt);
+  if (kind == EBB__COMPARE) dt = EBB_BOOL;
+  const ebb_tensor_t *in[2] = {a, b};
+  return ebb__ew_new(fn, op, 2, in, dt, 0, 0, out);
+}
+
+ebb_status ebb__ew_unary(const char *fn, int op, int kind, const ebb_tensor_t *a, double s0, double s1, ebb_tensor_t **out) {
+  ebb_status st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__check_out(fn, out);
+  if (st) return ebb__fail_in(fn, st);
+  ebb_dtype dt = kind == EBB__FLOAT ? ebb__float_of(a->dtype) : a->dtype;
+  return ebb__ew_new(fn, op, 1, &a, dt, s0, s1, out);
+}
+
+/* ---- backward plumbing ---------------------------------------------------------------------- */
+
+/* Checks grad against the output shape the forward would have produced from `x` (for unary
+ * ops: x's shape) and that x is floating. */
+ebb_status ebb__ew_bw_check(const char *fn, const ebb_tensor_t *grad, const char *xname, const ebb_tensor_t *x) {
+  ebb_status st = ebb__tensor_check(grad, fn, "grad");
+  if (!st) st = ebb__tensor_check(x, fn, xname);
+  if (st) return ebb__fail_in(fn, st);
+  if (!ebb_dtype_is_float(x->dtype))
+    return ebb__fail_about(EBB_EINVAL, fn, x, xname, "has dtype %s, which has no gradient; expected a floating input",
+                           ebb_dtype_name(x->dtype));
+  if (grad->stor->device != x->stor->device)
+    return ebb__fail_about2(EBB_EDEVICE, fn, grad, "grad", x, xname, "are on different devices; expected one device");
+  return EBB_OK;
+}
+
+/* g summed to x's shape and converted to x's dtype (a new reference). */
+ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb_tensor_t *x, ebb_tensor_t **out) {
+  ebb_tensor_t *s;
+  ebb_status st = ebb_op_sum_to_shape(g, x->ndim, x->shape, &s);
+  if (st) {
+    char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    return ebb__fail(st, "%s: the gradient cannot be reduced to the input's shape: %s", fn, why);
+  }
+  if (s->dtype == x->dtype) {
+    *out = s;
+    return EBB_OK;
+  }
+  st = ebb_tensor_to_dtype(s, x->dtype, out);
+  ebb__tensor_put(s);
+  return ebb__fail_in(fn, st);
+}
+
+
+/* grad_x = f(grad, x) for ops whose local derivative is one elementwise kernel of x (mode
+ * `op`, scalars s0, s1) multiplied by grad; op < 0: grad * s0 without reading x. */
+/* Most unary backward formulas are grad * f'(x) with f' one more elementwise kernel (e.g.
+ * cos for sin, 1/x for log, the mask x > 0 for relu), hence this one helper. */
+ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int op, double s0, double s1,
+                                      ebb_tensor_t **gx) {
+  ebb_status st = ebb__ew_bw_check(fn, grad, "x", x);
+  if (!st && !gx) st = ebb__fail(EBB_EINVAL, "%s: grad_x is NULL; expected a tensor handle to fill", fn);
+  if (st) return ebb__fail_in(fn, st);
+  if (grad->ndim != x->ndim || memcmp(grad->shape, x->shape, sizeof(int64_t) * (size_t)x->ndim) != 0) {
+    char a[EBB__DESC_MAX], b[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s: %s does not have the shape of %s; expected the input's shape", fn, EBB__DESC(grad, "grad", a),
+                     EBB__DESC(x, "x", b));
+  }
+  ebb_tensor_t *d = NULL, *p = NULL;
+  if (op < 0) {
+    st = ebb_op_mul_scalar(grad, s0, &p);
+  } else {
+    st = ebb__ew_new(fn, op, 1, &x, x->dtype, s0, s1, &d);
+    if (!st) st = ebb_op_mul(grad, d, &p);
+  }
+  ebb__tensor_put(d);
+  if (st) return ebb__fail_in(fn, st);
+  if (p->dtype != x->dtype) {
+    ebb_tensor_t *c;
+    st = ebb_tensor_to_dtype(p, x->dtype, &c);
+    ebb__tensor_put(p);
+    if (st) return ebb__fail_in(fn, st);
+    p = c;
+  }
+  *gx = p;
+  return EBB_OK;
+}

@@ -212,6 +212,34 @@ EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a
                                            const char *bn, int nb, int *ndim,
                                            int64_t *shape);
 
+/* The elementwise families' shared steps (ew.c). */
+/* dt when floating, else f32: the result dtype of an op that needs a floating result. */
+EBB_HIDDEN ebb_dtype ebb__float_of(ebb_dtype dt);
+/* EBB_EINVAL naming fn when out is NULL. */
+EBB_HIDDEN ebb_status ebb__check_out(const char *fn, ebb_tensor_t **out);
+/* out = op(in...) with the shape of in broadcast together and dtype dt: checks one device,
+ * allocates the result, runs one kernel. */
+EBB_HIDDEN ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_t *const *in, ebb_dtype dt, double s0,
+                                  double s1, ebb_tensor_t **out);
+/* What a binary op's result dtype is: the promoted one (arithmetic, refused for two bools), a
+ * floating one (division) or bool (comparisons). */
+enum ebb__bin_kind { EBB__ARITH, EBB__DIVIDE, EBB__COMPARE };
+/* A public binary op: checks a, b and out, then one kernel (ebb__ew_new). */
+EBB_HIDDEN ebb_status ebb__ew_binary(const char *fn, int op, int kind, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                     ebb_tensor_t **out);
+/* What a unary op's result dtype is: the input's, or a floating one. */
+enum ebb__un_kind { EBB__KEEP, EBB__FLOAT };
+/* A public unary op with scalars s0, s1: checks a and out, then one kernel (ebb__ew_new). */
+EBB_HIDDEN ebb_status ebb__ew_unary(const char *fn, int op, int kind, const ebb_tensor_t *a, double s0, double s1, ebb_tensor_t **out);
+/* A backward's checks of grad and the input x (named xname): live, x floating, one device. */
+EBB_HIDDEN ebb_status ebb__ew_bw_check(const char *fn, const ebb_tensor_t *grad, const char *xname, const ebb_tensor_t *x);
+/* g summed to x's shape and converted to x's dtype (a new reference). */
+EBB_HIDDEN ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb_tensor_t *x, ebb_tensor_t **out);
+/* grad_x = grad * k(x) with k the elementwise kernel `op` (scalars s0, s1); op < 0: grad * s0
+ * without reading x. */
+EBB_HIDDEN ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int op, double s0,
+                                          double s1, ebb_tensor_t **gx);
+
 /* ---- inplace.c: the backward of the in-place family (derivative-table entries) -------------- */
 EBB_HIDDEN ebb_status ebb__bw_add_scaled_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 EBB_HIDDEN ebb_status ebb__bw_add_scalar_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);

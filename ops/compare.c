@@ -1,0 +1,63 @@
+/* compare.c: the comparisons eq, ne, lt, le, gt, ge (bool results, no gradient) and where,
+ * which selects by a bool condition, with where's backward math.
+ *
+ * Threading: no state of its own.
+ */
+#include <stdio.h>
+
+#include "ops_impl.h"
+
+/* ---- comparisons and where --------------------------------------------------------------------------- */
+
+#define EBB__CMP(name, op) \
+  ebb_status ebb_op_##name(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) { \
+    return ebb__ew_binary("ebb_op_" #name, op, EBB__COMPARE, a, b, out);                           \
+  }
+EBB__CMP(eq, EBB__EW_EQ)
+EBB__CMP(ne, EBB__EW_NE)
+EBB__CMP(lt, EBB__EW_LT)
+EBB__CMP(le, EBB__EW_LE)
+EBB__CMP(gt, EBB__EW_GT)
+EBB__CMP(ge, EBB__EW_GE)
+#undef EBB__CMP
+
+static ebb_status op_where_impl(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  const char *fn = "ebb_op_where";
+  ebb_status st = ebb__tensor_check(cond, fn, "cond");
+  if (!st) st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (!st) st = ebb__check_out(fn, out);
+  if (st) return ebb__fail_in(fn, st);
+  if (cond->dtype != EBB_BOOL)
+    return ebb__fail_about(EBB_EINVAL, fn, cond, "cond", "has dtype %s; expected bool (from a comparison)", ebb_dtype_name(cond->dtype));
+  ebb_dtype dt;
+  ebb_op_promote(a->dtype, b->dtype, &dt);
+  const ebb_tensor_t *in[3] = {cond, a, b};
+  return ebb__ew_new(fn, EBB__EW_WHERE, 3, in, dt, 0, 0, out);
+}
+
+ebb_status ebb_op_where(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_where", EBB__OP_WHERE, NULL, out, op_where_impl(cond, a, b, out), cond, a, b);
+}
+
+ebb_status ebb_op_where_backward(const ebb_tensor_t *grad, const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b,
+                                 ebb_tensor_t **ga, ebb_tensor_t **gb) {
+  const char *fn = "ebb_op_where_backward";
+  ebb_status st = ebb__tensor_check(cond, fn, "cond");
+  if (!st) st = ebb__tensor_check(a, fn, "a");
+  if (!st) st = ebb__tensor_check(b, fn, "b");
+  if (!st && ga) st = ebb__ew_bw_check(fn, grad, "a", a);
+  if (!st && gb) st = ebb__ew_bw_check(fn, grad, "b", b);
+  if (!st && !ga && !gb) st = ebb__fail(EBB_EINVAL, "%s: grad_a and grad_b are both NULL; expected at least one to fill", fn);
+  if (st) return ebb__fail_in(fn, st);
+  ebb_tensor_t *zero = NULL, *ta = NULL, *tb = NULL, *ra = NULL, *rb = NULL;
+  st = ebb_tensor_zeros(grad->stor->device, grad->dtype, 0, NULL, &zero);
+  if (!st && ga) st = ebb_op_where(cond, grad, zero, &ta);
+  if (!st && ga) st = ebb__grad_for(fn, ta, a, &ra);
+  if (!st && gb) st = ebb_op_where(cond, zero, grad, &tb);
+  if (!st && gb) st = ebb__grad_for(fn, tb, b, &rb);
+  ebb__tensor_put(zero);
+  ebb__tensor_put(ta);
+  ebb__tensor_put(tb);
+  return ebb__fail_in(fn, ebb__grads_out(st, ra, ga, rb, gb));
+}
