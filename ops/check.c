@@ -11,8 +11,6 @@
 #include "ops_impl.h"
 #include "ops_export.h"
 
-/* ---- checks and formatting ---------------------------------------------------------------- */
-
 /* Reading the magic of a released record is defined (records are never freed); a pointer that
  * never was a tensor is the caller's undefined behaviour, as for any C handle. */
 static EBB_COLD ebb_status bad_tensor(const ebb_tensor_t *t, const char *fn, const char *arg, int index) {

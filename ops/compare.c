@@ -7,19 +7,30 @@
 
 #include "ops_impl.h"
 
-/* ---- comparisons and where --------------------------------------------------------------------------- */
+/* Comparisons are not recorded: a bool result has no gradient. */
+ebb_status ebb_op_eq(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__ew_binary("ebb_op_eq", EBB__EW_EQ, EBB__COMPARE, a, b, out);
+}
 
-#define EBB__CMP(name, op) \
-  ebb_status ebb_op_##name(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) { \
-    return ebb__ew_binary("ebb_op_" #name, op, EBB__COMPARE, a, b, out);                           \
-  }
-EBB__CMP(eq, EBB__EW_EQ)
-EBB__CMP(ne, EBB__EW_NE)
-EBB__CMP(lt, EBB__EW_LT)
-EBB__CMP(le, EBB__EW_LE)
-EBB__CMP(gt, EBB__EW_GT)
-EBB__CMP(ge, EBB__EW_GE)
-#undef EBB__CMP
+ebb_status ebb_op_ne(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__ew_binary("ebb_op_ne", EBB__EW_NE, EBB__COMPARE, a, b, out);
+}
+
+ebb_status ebb_op_lt(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__ew_binary("ebb_op_lt", EBB__EW_LT, EBB__COMPARE, a, b, out);
+}
+
+ebb_status ebb_op_le(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__ew_binary("ebb_op_le", EBB__EW_LE, EBB__COMPARE, a, b, out);
+}
+
+ebb_status ebb_op_gt(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__ew_binary("ebb_op_gt", EBB__EW_GT, EBB__COMPARE, a, b, out);
+}
+
+ebb_status ebb_op_ge(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+  return ebb__ew_binary("ebb_op_ge", EBB__EW_GE, EBB__COMPARE, a, b, out);
+}
 
 static ebb_status op_where_impl(const ebb_tensor_t *cond, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   const char *fn = "ebb_op_where";

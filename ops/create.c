@@ -9,8 +9,6 @@
 
 #include "ops_impl.h"
 
-/* ---- creation ------------------------------------------------------------------------------- */
-
 static ebb_status create_fill(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape, int op, double s0,
                                    double s1, uint64_t seed, uint64_t offset, ebb_tensor_t **out) {
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);

@@ -1,13 +1,21 @@
-/* ew.c: the elementwise plumbing: broadcasting, the geometry of an elementwise launch, and
- * ebb__ew_run, the one call every elementwise kernel goes through.
+/* ew.c: the elementwise plumbing: broadcasting, the geometry of an elementwise launch and
+ * ebb__ew_run, the one call every elementwise kernel goes through; then the steps the elementwise
+ * families (binary.c, scalar.c, unary.c, compare.c) share: dtype promotion (ebb_op_promote), the
+ * argument checks, the result's allocation and kernel (ebb__ew_new), and on the backward side
+ * the checks, a gradient summed to its input's shape (ebb__grad_for) and grad times one kernel
+ * of x (ebb__local_backward).
  *
+ * Every forward op checks its arguments, settles the result dtype by the promotion rules of
+ * ops.h, allocates the result on the inputs' device and runs the "ebb.ops.ew" kernel once.
+ * Backward functions are compositions of forward ops; their temporaries are released before
+ * they return, and gradients are summed back to each input's shape.
  * Threading: no state of its own.
  */
 #include <stdio.h>
 
 #include "ops_impl.h"
 
-/* ---- elementwise plumbing (shared with ops.c) ------------------------------------------------ */
+/* ---- broadcasting and the elementwise launch ------------------------------------------------- */
 
 ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_tensor_t *t, int ndim, const int64_t *shape,
                                   int64_t *strides) {
@@ -118,7 +126,7 @@ ebb_status ebb_op_promote(ebb_dtype a, ebb_dtype b, ebb_dtype *out) {
 
 ebb_dtype ebb__float_of(ebb_dtype dt) { return ebb_dtype_is_float(dt) ? dt : EBB_F32; }
 
-/* ---- forward plumbing -------------------------------------------------------------------------- */
+/* ---- the families' forward steps ------------------------------------------------------------- */
 
 ebb_status ebb__check_out(const char *fn, ebb_tensor_t **out) {
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a tensor handle to fill", fn);
@@ -212,7 +220,7 @@ ebb_status ebb__ew_unary(const char *fn, int op, int kind, const ebb_tensor_t *a
   return ebb__ew_new(fn, op, 1, &a, dt, s0, s1, out);
 }
 
-/* ---- backward plumbing ---------------------------------------------------------------------- */
+/* ---- the families' backward steps ------------------------------------------------------------ */
 
 /* Checks grad against the output shape the forward would have produced from `x` (for unary
  * ops: x's shape) and that x is floating. */

@@ -14,8 +14,6 @@
 #include "ops_export.h"
 #include "optim_kernels.h" /* the optimizer kernel's argument struct, for its registration */
 
-/* ---- kernels and the launch path -------------------------------------------------------------- */
-
 /* The kernels of ops, by id: one name for the registry and the emulated driver, the CUDA
  * function in the fatbin, the argument struct, and the CPU function (CPU tensors call it
  * directly; the emulated driver runs it on a device engine thread). */

@@ -10,8 +10,6 @@
 
 #include "ops_impl.h"
 
-/* ---- matmul ---------------------------------------------------------------------------------------- */
-
 /* A matrix operand for gemm: row-major (unit column stride) or transposed row-major, with one
  * batch stride. Sets *use to t itself (retained) or a contiguous copy expanded to the batch. */
 /* gemm reads a matrix as row-major with a leading dimension, or as the transpose of one: a
@@ -74,7 +72,7 @@ static ebb_status mm_gpu(const char *fn, int device, const ebb__mm_args *g, cons
   return ebb__fail_in(fn, st);
 }
 
-static ebb_status reduce_matmul(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
+static ebb_status matmul_run(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
   if (st) return ebb__fail_in(fn, st);
@@ -148,7 +146,7 @@ done:
 }
 
 ebb_status ebb_op_matmul(const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
-  EBB__RECORDED("ebb_op_matmul", EBB__OP_MATMUL, NULL, out, reduce_matmul("ebb_op_matmul", a, b, out), a, b);
+  EBB__RECORDED("ebb_op_matmul", EBB__OP_MATMUL, NULL, out, matmul_run("ebb_op_matmul", a, b, out), a, b);
 }
 
 /* C = A B gives dA = dC B^T and dB = A^T dC per batch entry; an operand broadcast over the
@@ -171,7 +169,7 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   ebb_tensor_t *bt = NULL, *at = NULL, *pa = NULL, *pb = NULL, *ra = NULL, *rb = NULL;
   if (ga) {
     st = ebb_tensor_transpose(b, -1, -2, &bt);
-    if (!st) st = reduce_matmul(fn, grad, bt, &pa);
+    if (!st) st = matmul_run(fn, grad, bt, &pa);
     if (!st) st = ebb_op_sum_to_shape(pa, a->ndim, a->shape, &ra);
     if (!st && ra->dtype != a->dtype) {
       ebb_tensor_t *c;
@@ -182,7 +180,7 @@ ebb_status ebb_op_matmul_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
   }
   if (!st && gb) {
     st = ebb_tensor_transpose(a, -1, -2, &at);
-    if (!st) st = reduce_matmul(fn, at, grad, &pb);
+    if (!st) st = matmul_run(fn, at, grad, &pb);
     if (!st) st = ebb_op_sum_to_shape(pb, b->ndim, b->shape, &rb);
     if (!st && rb->dtype != b->dtype) {
       ebb_tensor_t *c;

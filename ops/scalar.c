@@ -11,8 +11,6 @@
 
 #include "ops_impl.h"
 
-/* ---- scalar ops -------------------------------------------------------------------------------------- */
-
 static ebb_dtype scalar_dtype(ebb_dtype dt, double s) {
   if (ebb_dtype_is_float(dt)) return dt;
   return s == floor(s) && fabs(s) < 9.2e18 ? EBB_I64 : EBB_F32;

@@ -84,11 +84,7 @@ static void record_put(ebb_tensor_t *t) {
 
 long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed); }
 
-static const char *dev_str(int device, char *buf, size_t cap) {
-  if (device == EBB_DEVICE_CPU) snprintf(buf, cap, "the CPU");
-  else snprintf(buf, cap, "device %d", device);
-  return buf;
-}
+/* ---- geometry ------------------------------------------------------------------------------- */
 
 int64_t ebb__numel(const int64_t *shape, int ndim) {
   int64_t n = 1;
@@ -231,6 +227,13 @@ ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64
 }
 
 /* ---- handles -------------------------------------------------------------------------------- */
+
+/* "the CPU", "device 1". */
+static const char *dev_str(int device, char *buf, size_t cap) {
+  if (device == EBB_DEVICE_CPU) snprintf(buf, cap, "the CPU");
+  else snprintf(buf, cap, "device %d", device);
+  return buf;
+}
 
 /* "64 MiB", "1.5 GiB", "12 bytes". */
 static const char *bytes_str(size_t n, char *buf, size_t cap) {
@@ -417,21 +420,53 @@ ebb_status ebb_tensor_get_info(const ebb_tensor_t *t, ebb_tensor_info *out) {
   return EBB_OK;
 }
 
-#define EBB__GETTER(fname, type, expr)                                               \
-  ebb_status fname(const ebb_tensor_t *t, type *out) {                               \
-    ebb_status st = ebb__tensor_check(t, #fname, "t");                               \
-    if (st) return st;                                                               \
-    if (!out) return ebb__fail(EBB_EINVAL, #fname ": out is NULL; expected a place for the result"); \
-    *out = (expr);                                                                   \
-    return EBB_OK;                                                                   \
-  }
-EBB__GETTER(ebb_tensor_dtype, ebb_dtype, t->dtype)
-EBB__GETTER(ebb_tensor_device, int, t->stor->device)
-EBB__GETTER(ebb_tensor_numel, int64_t, ebb__numel(t->shape, t->ndim))
-EBB__GETTER(ebb_tensor_is_contiguous, bool, ebb__is_contiguous(t))
-EBB__GETTER(ebb_tensor_version, uint64_t, atomic_load_explicit(&t->stor->version, memory_order_relaxed))
-EBB__GETTER(ebb_tensor_data, void *, ebb__tensor_ptr(t))
-#undef EBB__GETTER
+ebb_status ebb_tensor_dtype(const ebb_tensor_t *t, ebb_dtype *out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_dtype", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_dtype: out is NULL; expected a place for the result");
+  *out = t->dtype;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_device(const ebb_tensor_t *t, int *out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_device", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_device: out is NULL; expected a place for the result");
+  *out = t->stor->device;
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_numel(const ebb_tensor_t *t, int64_t *out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_numel", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_numel: out is NULL; expected a place for the result");
+  *out = ebb__numel(t->shape, t->ndim);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_is_contiguous(const ebb_tensor_t *t, bool *out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_is_contiguous", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_is_contiguous: out is NULL; expected a place for the result");
+  *out = ebb__is_contiguous(t);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_version(const ebb_tensor_t *t, uint64_t *out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_version", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_version: out is NULL; expected a place for the result");
+  *out = atomic_load_explicit(&t->stor->version, memory_order_relaxed);
+  return EBB_OK;
+}
+
+ebb_status ebb_tensor_data(const ebb_tensor_t *t, void **out) {
+  ebb_status st = ebb__tensor_check(t, "ebb_tensor_data", "t");
+  if (st) return st;
+  if (!out) return ebb__fail(EBB_EINVAL, "ebb_tensor_data: out is NULL; expected a place for the result");
+  *out = ebb__tensor_ptr(t);
+  return EBB_OK;
+}
 
 ebb_status ebb_tensor_shape(const ebb_tensor_t *t, int *ndim, int64_t shape[EBB_TENSOR_MAX_DIMS]) {
   ebb_status st = ebb__tensor_check(t, "ebb_tensor_shape", "t");

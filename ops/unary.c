@@ -10,8 +10,6 @@
 
 #include "ops_impl.h"
 
-/* ---- unary ----------------------------------------------------------------------------------------- */
-
 static ebb_status op_neg_impl(const ebb_tensor_t *a, ebb_tensor_t **out) {
   if (a && a->dtype == EBB_BOOL && ebb__tensor_check(a, "ebb_op_neg", "a") == EBB_OK)
     return ebb__fail_about(EBB_EINVAL, "ebb_op_neg", a, "a", "has dtype bool; expected a numeric dtype");
@@ -32,20 +30,41 @@ ebb_status ebb_op_abs(const ebb_tensor_t *a, ebb_tensor_t **out) {
   EBB__RECORDED("ebb_op_abs", EBB__OP_ABS, NULL, out, op_abs_impl(a, out), a);
 }
 
-#define EBB__UNARY(name, rec, op, kind)                                                                     \
-  ebb_status ebb_op_##name(const ebb_tensor_t *a, ebb_tensor_t **out) {                                     \
-    EBB__RECORDED("ebb_op_" #name, rec, NULL, out, ebb__ew_unary("ebb_op_" #name, op, kind, a, 0, 0, out), a); \
-  }
-EBB__UNARY(exp, EBB__OP_EXP, EBB__EW_EXP, EBB__FLOAT)
-EBB__UNARY(log, EBB__OP_LOG, EBB__EW_LOG, EBB__FLOAT)
-EBB__UNARY(sqrt, EBB__OP_SQRT, EBB__EW_SQRT, EBB__FLOAT)
-EBB__UNARY(sin, EBB__OP_SIN, EBB__EW_SIN, EBB__FLOAT)
-EBB__UNARY(cos, EBB__OP_COS, EBB__EW_COS, EBB__FLOAT)
-EBB__UNARY(tanh, EBB__OP_TANH, EBB__EW_TANH, EBB__FLOAT)
-EBB__UNARY(sigmoid, EBB__OP_SIGMOID, EBB__EW_SIGMOID, EBB__FLOAT)
-EBB__UNARY(relu, EBB__OP_RELU, EBB__EW_RELU, EBB__KEEP)
-EBB__UNARY(gelu, EBB__OP_GELU, EBB__EW_GELU, EBB__FLOAT)
-#undef EBB__UNARY
+ebb_status ebb_op_exp(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_exp", EBB__OP_EXP, NULL, out, ebb__ew_unary("ebb_op_exp", EBB__EW_EXP, EBB__FLOAT, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_log(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_log", EBB__OP_LOG, NULL, out, ebb__ew_unary("ebb_op_log", EBB__EW_LOG, EBB__FLOAT, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_sqrt(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_sqrt", EBB__OP_SQRT, NULL, out, ebb__ew_unary("ebb_op_sqrt", EBB__EW_SQRT, EBB__FLOAT, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_sin(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_sin", EBB__OP_SIN, NULL, out, ebb__ew_unary("ebb_op_sin", EBB__EW_SIN, EBB__FLOAT, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_cos(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_cos", EBB__OP_COS, NULL, out, ebb__ew_unary("ebb_op_cos", EBB__EW_COS, EBB__FLOAT, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_tanh(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_tanh", EBB__OP_TANH, NULL, out, ebb__ew_unary("ebb_op_tanh", EBB__EW_TANH, EBB__FLOAT, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_sigmoid(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_sigmoid", EBB__OP_SIGMOID, NULL, out, ebb__ew_unary("ebb_op_sigmoid", EBB__EW_SIGMOID, EBB__FLOAT, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_relu(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_relu", EBB__OP_RELU, NULL, out, ebb__ew_unary("ebb_op_relu", EBB__EW_RELU, EBB__KEEP, a, 0, 0, out), a);
+}
+
+ebb_status ebb_op_gelu(const ebb_tensor_t *a, ebb_tensor_t **out) {
+  EBB__RECORDED("ebb_op_gelu", EBB__OP_GELU, NULL, out, ebb__ew_unary("ebb_op_gelu", EBB__EW_GELU, EBB__FLOAT, a, 0, 0, out), a);
+}
 
 /* The tensor a unary backward does not read (y, for the formulas of x) may be NULL; one that is
  * given must still be live, since a released handle is EBB_EFREED wherever it is passed. */

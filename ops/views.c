@@ -10,8 +10,6 @@
 #include "ops_impl.h"
 #include "ops_export.h"
 
-/* ---- views ----------------------------------------------------------------------------------- */
-
 #define EBB__VIEW_PROLOGUE(fn)                                         \
   ebb_status st = ebb__tensor_check(t, fn, "t");                       \
   if (st) return st;                                                   \
