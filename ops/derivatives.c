@@ -14,8 +14,6 @@
 #include "ops_export.h"
 #include "ops_impl.h"
 
-#define IN(i) EBB__SAVE_IN(i)
-#define OUT(i) EBB__SAVE_OUT(i)
 #define WANT(c, i) ((c)->need[i])
 
 /* ---- shared steps ------------------------------------------------------------------------------ */
@@ -167,22 +165,36 @@ static ebb_status bw_clamp(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, 
 
 /* ---- unary: f(grad, x, y, gx) reading the saved x or y ------------------------------------------ */
 
-#define EBB__UNARY_BW(name)                                                                          \
-  static ebb_status bw_##name(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) { \
-    if (!WANT(c, 0)) return EBB_OK;                                                                  \
-    return ebb_op_##name##_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]);                \
-  }
-EBB__UNARY_BW(abs)
-EBB__UNARY_BW(exp)
-EBB__UNARY_BW(log)
-EBB__UNARY_BW(sqrt)
-EBB__UNARY_BW(sin)
-EBB__UNARY_BW(cos)
-EBB__UNARY_BW(tanh)
-EBB__UNARY_BW(sigmoid)
-EBB__UNARY_BW(relu)
-EBB__UNARY_BW(gelu)
-#undef EBB__UNARY_BW
+static ebb_status bw_abs(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_abs_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_exp(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_exp_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_log(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_log_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_sqrt(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_sqrt_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_sin(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_sin_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_cos(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_cos_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_tanh(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_tanh_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_sigmoid(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_sigmoid_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_relu(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_relu_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
+static ebb_status bw_gelu(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
+  return WANT(c, 0) ? ebb_op_gelu_backward(go[0], c->saved_in[0], c->saved_out[0], &gin[0]) : EBB_OK;
+}
 
 static ebb_status bw_where(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
   if (!WANT(c, 1) && !WANT(c, 2)) return EBB_OK;
@@ -445,73 +457,136 @@ static ebb_status bw_copy_slices(const ebb__bw_ctx *c, const ebb_tensor_t *const
 /* ---- the table ------------------------------------------------------------------------------- */
 
 static const ebb__deriv ebb__derivs[EBB__OP_COUNT] = {
-    [EBB__OP_ADD] = {"AddBackward", "ebb_op_add", 2, 1, 0, 0x3, bw_add},
-    [EBB__OP_SUB] = {"SubBackward", "ebb_op_sub", 2, 1, 0, 0x3, bw_sub},
-    [EBB__OP_MUL] = {"MulBackward", "ebb_op_mul", 2, 1, IN(0) | IN(1), 0x3, bw_mul},
-    [EBB__OP_DIV] = {"DivBackward", "ebb_op_div", 2, 1, IN(0) | IN(1), 0x3, bw_div},
-    [EBB__OP_ADD_SCALAR] = {"AddScalarBackward", "ebb_op_add_scalar", 1, 1, 0, 0x1, bw_add_scalar},
-    [EBB__OP_SUB_SCALAR] = {"SubScalarBackward", "ebb_op_sub_scalar", 1, 1, 0, 0x1, bw_add_scalar},
-    [EBB__OP_MUL_SCALAR] = {"MulScalarBackward", "ebb_op_mul_scalar", 1, 1, 0, 0x1, bw_mul_scalar},
-    [EBB__OP_DIV_SCALAR] = {"DivScalarBackward", "ebb_op_div_scalar", 1, 1, 0, 0x1, bw_div_scalar},
-    [EBB__OP_POW_SCALAR] = {"PowScalarBackward", "ebb_op_pow_scalar", 1, 1, IN(0), 0x1, bw_pow_scalar},
-    [EBB__OP_CLAMP] = {"ClampBackward", "ebb_op_clamp", 1, 1, IN(0), 0x1, bw_clamp},
-    [EBB__OP_NEG] = {"NegBackward", "ebb_op_neg", 1, 1, 0, 0x1, bw_neg},
-    [EBB__OP_ABS] = {"AbsBackward", "ebb_op_abs", 1, 1, IN(0), 0x1, bw_abs},
-    [EBB__OP_EXP] = {"ExpBackward", "ebb_op_exp", 1, 1, OUT(0), 0x1, bw_exp},
-    [EBB__OP_LOG] = {"LogBackward", "ebb_op_log", 1, 1, IN(0), 0x1, bw_log},
-    [EBB__OP_SQRT] = {"SqrtBackward", "ebb_op_sqrt", 1, 1, OUT(0), 0x1, bw_sqrt},
-    [EBB__OP_SIN] = {"SinBackward", "ebb_op_sin", 1, 1, IN(0), 0x1, bw_sin},
-    [EBB__OP_COS] = {"CosBackward", "ebb_op_cos", 1, 1, IN(0), 0x1, bw_cos},
-    [EBB__OP_TANH] = {"TanhBackward", "ebb_op_tanh", 1, 1, OUT(0), 0x1, bw_tanh},
-    [EBB__OP_SIGMOID] = {"SigmoidBackward", "ebb_op_sigmoid", 1, 1, OUT(0), 0x1, bw_sigmoid},
-    [EBB__OP_RELU] = {"ReluBackward", "ebb_op_relu", 1, 1, IN(0), 0x1, bw_relu},
-    [EBB__OP_GELU] = {"GeluBackward", "ebb_op_gelu", 1, 1, IN(0), 0x1, bw_gelu},
-    [EBB__OP_WHERE] = {"WhereBackward", "ebb_op_where", 3, 1, IN(0) | IN(1) | IN(2), 0x6, bw_where},
-    [EBB__OP_SUM] = {"SumBackward", "ebb_op_sum", 1, 1, 0, 0x1, bw_sum},
-    [EBB__OP_MEAN] = {"MeanBackward", "ebb_op_mean", 1, 1, 0, 0x1, bw_mean},
-    [EBB__OP_AMAX] = {"AmaxBackward", "ebb_op_amax", 1, 1, IN(0) | OUT(0), 0x1, bw_amax},
-    [EBB__OP_MAX_DIM] = {"MaxBackward", "ebb_op_max_dim", 1, 2, IN(0) | OUT(1), 0x1, bw_max_dim},
-    [EBB__OP_MATMUL] = {"MatmulBackward", "ebb_op_matmul", 2, 1, IN(0) | IN(1), 0x3, bw_matmul},
-    [EBB__OP_SOFTMAX] = {"SoftmaxBackward", "ebb_op_softmax", 1, 1, OUT(0), 0x1, bw_softmax},
-    [EBB__OP_LOG_SOFTMAX] = {"LogSoftmaxBackward", "ebb_op_log_softmax", 1, 1, OUT(0), 0x1, bw_log_softmax},
-    [EBB__OP_CROSS_ENTROPY] = {"CrossEntropyBackward", "ebb_op_cross_entropy", 2, 1, IN(0) | IN(1), 0x1, bw_cross_entropy},
-    [EBB__OP_MSE_LOSS] = {"MseLossBackward", "ebb_op_mse_loss", 2, 1, IN(0) | IN(1), 0x3, bw_mse_loss},
-    [EBB__OP_LAYER_NORM] = {"LayerNormBackward", "ebb_op_layer_norm", 3, 1, IN(0) | IN(1) | IN(2), 0x7, bw_layer_norm},
-    [EBB__OP_CAT] = {"CatBackward", "ebb_op_cat", -1, 1, 0, 0x1, bw_cat},
-    [EBB__OP_STACK] = {"StackBackward", "ebb_op_stack", -1, 1, 0, 0x1, bw_stack},
-    [EBB__OP_VIEW] = {"ViewBackward", "ebb_tensor_view", 1, 1, 0, 0x1, bw_reshape},
-    [EBB__OP_RESHAPE] = {"ReshapeBackward", "ebb_tensor_reshape", 1, 1, 0, 0x1, bw_reshape},
-    [EBB__OP_TRANSPOSE] = {"TransposeBackward", "ebb_tensor_transpose", 1, 1, 0, 0x1, bw_transpose},
-    [EBB__OP_PERMUTE] = {"PermuteBackward", "ebb_tensor_permute", 1, 1, 0, 0x1, bw_permute},
-    [EBB__OP_SLICE] = {"SliceBackward", "ebb_tensor_slice", 1, 1, 0, 0x1, bw_slice},
-    [EBB__OP_NARROW] = {"NarrowBackward", "ebb_tensor_narrow", 1, 1, 0, 0x1, bw_slice},
-    [EBB__OP_SELECT] = {"SelectBackward", "ebb_tensor_select", 1, 1, 0, 0x1, bw_select},
-    [EBB__OP_EXPAND] = {"ExpandBackward", "ebb_tensor_expand", 1, 1, 0, 0x1, bw_fit},
-    [EBB__OP_SQUEEZE] = {"SqueezeBackward", "ebb_tensor_squeeze", 1, 1, 0, 0x1, bw_reshape},
-    [EBB__OP_UNSQUEEZE] = {"UnsqueezeBackward", "ebb_tensor_unsqueeze", 1, 1, 0, 0x1, bw_reshape},
-    [EBB__OP_CONTIGUOUS] = {"ContiguousBackward", "ebb_tensor_contiguous", 1, 1, 0, 0x1, bw_fit},
-    [EBB__OP_CLONE] = {"CloneBackward", "ebb_tensor_clone", 1, 1, 0, 0x1, bw_fit},
-    [EBB__OP_TO_DEVICE] = {"ToDeviceBackward", "ebb_tensor_to_device", 1, 1, 0, 0x1, bw_fit},
-    [EBB__OP_TO_DTYPE] = {"ToDtypeBackward", "ebb_tensor_to_dtype", 1, 1, 0, 0x1, bw_fit},
-    [EBB__OP_ADD_] = {"AddInplaceBackward", "ebb_op_add_", 2, 1, 0, 0x3, bw_add_},
-    [EBB__OP_MUL_] = {"MulInplaceBackward", "ebb_op_mul_", 2, 1, IN(0) | IN(1), 0x3, bw_mul_},
-    [EBB__OP_COPY_] = {"CopyBackward", "ebb_tensor_copy_", 2, 1, 0, 0x2, bw_copy_},
-    [EBB__OP_FILL_] = {"FillBackward", "ebb_tensor_fill_", 1, 1, 0, 0x0, NULL},
-    [EBB__OP_ZERO_] = {"ZeroBackward", "ebb_tensor_zero_", 1, 1, 0, 0x0, NULL},
+    [EBB__OP_ADD] = {.node = "AddBackward", .forward = "ebb_op_add", .nin = 2, .nout = 1,
+                     .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_add},
+    [EBB__OP_SUB] = {.node = "SubBackward", .forward = "ebb_op_sub", .nin = 2, .nout = 1,
+                     .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_sub},
+    [EBB__OP_MUL] = {.node = "MulBackward", .forward = "ebb_op_mul", .nin = 2, .nout = 1,
+                     .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_mul},
+    [EBB__OP_DIV] = {.node = "DivBackward", .forward = "ebb_op_div", .nin = 2, .nout = 1,
+                     .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_div},
+    [EBB__OP_ADD_SCALAR] = {.node = "AddScalarBackward", .forward = "ebb_op_add_scalar", .nin = 1, .nout = 1,
+                            .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_add_scalar},
+    [EBB__OP_SUB_SCALAR] = {.node = "SubScalarBackward", .forward = "ebb_op_sub_scalar", .nin = 1, .nout = 1,
+                            .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_add_scalar},
+    [EBB__OP_MUL_SCALAR] = {.node = "MulScalarBackward", .forward = "ebb_op_mul_scalar", .nin = 1, .nout = 1,
+                            .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_mul_scalar},
+    [EBB__OP_DIV_SCALAR] = {.node = "DivScalarBackward", .forward = "ebb_op_div_scalar", .nin = 1, .nout = 1,
+                            .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_div_scalar},
+    [EBB__OP_POW_SCALAR] = {.node = "PowScalarBackward", .forward = "ebb_op_pow_scalar", .nin = 1, .nout = 1,
+                            .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_pow_scalar},
+    [EBB__OP_CLAMP] = {.node = "ClampBackward", .forward = "ebb_op_clamp", .nin = 1, .nout = 1,
+                       .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_clamp},
+    [EBB__OP_NEG] = {.node = "NegBackward", .forward = "ebb_op_neg", .nin = 1, .nout = 1,
+                     .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_neg},
+    [EBB__OP_ABS] = {.node = "AbsBackward", .forward = "ebb_op_abs", .nin = 1, .nout = 1,
+                     .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_abs},
+    [EBB__OP_EXP] = {.node = "ExpBackward", .forward = "ebb_op_exp", .nin = 1, .nout = 1,
+                     .save = EBB__SAVE_OUT(0), .diff = EBB__DIFF_IN(0), .backward = bw_exp},
+    [EBB__OP_LOG] = {.node = "LogBackward", .forward = "ebb_op_log", .nin = 1, .nout = 1,
+                     .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_log},
+    [EBB__OP_SQRT] = {.node = "SqrtBackward", .forward = "ebb_op_sqrt", .nin = 1, .nout = 1,
+                      .save = EBB__SAVE_OUT(0), .diff = EBB__DIFF_IN(0), .backward = bw_sqrt},
+    [EBB__OP_SIN] = {.node = "SinBackward", .forward = "ebb_op_sin", .nin = 1, .nout = 1,
+                     .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_sin},
+    [EBB__OP_COS] = {.node = "CosBackward", .forward = "ebb_op_cos", .nin = 1, .nout = 1,
+                     .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_cos},
+    [EBB__OP_TANH] = {.node = "TanhBackward", .forward = "ebb_op_tanh", .nin = 1, .nout = 1,
+                      .save = EBB__SAVE_OUT(0), .diff = EBB__DIFF_IN(0), .backward = bw_tanh},
+    [EBB__OP_SIGMOID] = {.node = "SigmoidBackward", .forward = "ebb_op_sigmoid", .nin = 1, .nout = 1,
+                         .save = EBB__SAVE_OUT(0), .diff = EBB__DIFF_IN(0), .backward = bw_sigmoid},
+    [EBB__OP_RELU] = {.node = "ReluBackward", .forward = "ebb_op_relu", .nin = 1, .nout = 1,
+                      .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_relu},
+    [EBB__OP_GELU] = {.node = "GeluBackward", .forward = "ebb_op_gelu", .nin = 1, .nout = 1,
+                      .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = bw_gelu},
+    [EBB__OP_WHERE] = {.node = "WhereBackward", .forward = "ebb_op_where", .nin = 3, .nout = 1,
+                       .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1) | EBB__SAVE_IN(2), .diff = EBB__DIFF_IN(1) | EBB__DIFF_IN(2), .backward = bw_where},
+    [EBB__OP_SUM] = {.node = "SumBackward", .forward = "ebb_op_sum", .nin = 1, .nout = 1,
+                     .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_sum},
+    [EBB__OP_MEAN] = {.node = "MeanBackward", .forward = "ebb_op_mean", .nin = 1, .nout = 1,
+                      .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_mean},
+    [EBB__OP_AMAX] = {.node = "AmaxBackward", .forward = "ebb_op_amax", .nin = 1, .nout = 1,
+                      .save = EBB__SAVE_IN(0) | EBB__SAVE_OUT(0), .diff = EBB__DIFF_IN(0), .backward = bw_amax},
+    [EBB__OP_MAX_DIM] = {.node = "MaxBackward", .forward = "ebb_op_max_dim", .nin = 1, .nout = 2,
+                         .save = EBB__SAVE_IN(0) | EBB__SAVE_OUT(1), .diff = EBB__DIFF_IN(0), .backward = bw_max_dim},
+    [EBB__OP_MATMUL] = {.node = "MatmulBackward", .forward = "ebb_op_matmul", .nin = 2, .nout = 1,
+                        .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_matmul},
+    [EBB__OP_SOFTMAX] = {.node = "SoftmaxBackward", .forward = "ebb_op_softmax", .nin = 1, .nout = 1,
+                         .save = EBB__SAVE_OUT(0), .diff = EBB__DIFF_IN(0), .backward = bw_softmax},
+    [EBB__OP_LOG_SOFTMAX] = {.node = "LogSoftmaxBackward", .forward = "ebb_op_log_softmax", .nin = 1, .nout = 1,
+                             .save = EBB__SAVE_OUT(0), .diff = EBB__DIFF_IN(0), .backward = bw_log_softmax},
+    [EBB__OP_CROSS_ENTROPY] = {.node = "CrossEntropyBackward", .forward = "ebb_op_cross_entropy", .nin = 2, .nout = 1,
+                               .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0), .backward = bw_cross_entropy},
+    [EBB__OP_MSE_LOSS] = {.node = "MseLossBackward", .forward = "ebb_op_mse_loss", .nin = 2, .nout = 1,
+                          .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_mse_loss},
+    [EBB__OP_LAYER_NORM] = {.node = "LayerNormBackward", .forward = "ebb_op_layer_norm", .nin = 3, .nout = 1,
+                            .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1) | EBB__SAVE_IN(2), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1) | EBB__DIFF_IN(2), .backward = bw_layer_norm},
+    [EBB__OP_CAT] = {.node = "CatBackward", .forward = "ebb_op_cat", .nin = -1, .nout = 1,
+                     .save = EBB__SAVE_NONE, .diff = EBB__DIFF_EACH, .backward = bw_cat},
+    [EBB__OP_STACK] = {.node = "StackBackward", .forward = "ebb_op_stack", .nin = -1, .nout = 1,
+                       .save = EBB__SAVE_NONE, .diff = EBB__DIFF_EACH, .backward = bw_stack},
+    [EBB__OP_VIEW] = {.node = "ViewBackward", .forward = "ebb_tensor_view", .nin = 1, .nout = 1,
+                      .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_reshape},
+    [EBB__OP_RESHAPE] = {.node = "ReshapeBackward", .forward = "ebb_tensor_reshape", .nin = 1, .nout = 1,
+                         .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_reshape},
+    [EBB__OP_TRANSPOSE] = {.node = "TransposeBackward", .forward = "ebb_tensor_transpose", .nin = 1, .nout = 1,
+                           .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_transpose},
+    [EBB__OP_PERMUTE] = {.node = "PermuteBackward", .forward = "ebb_tensor_permute", .nin = 1, .nout = 1,
+                         .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_permute},
+    [EBB__OP_SLICE] = {.node = "SliceBackward", .forward = "ebb_tensor_slice", .nin = 1, .nout = 1,
+                       .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_slice},
+    [EBB__OP_NARROW] = {.node = "NarrowBackward", .forward = "ebb_tensor_narrow", .nin = 1, .nout = 1,
+                        .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_slice},
+    [EBB__OP_SELECT] = {.node = "SelectBackward", .forward = "ebb_tensor_select", .nin = 1, .nout = 1,
+                        .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_select},
+    [EBB__OP_EXPAND] = {.node = "ExpandBackward", .forward = "ebb_tensor_expand", .nin = 1, .nout = 1,
+                        .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_fit},
+    [EBB__OP_SQUEEZE] = {.node = "SqueezeBackward", .forward = "ebb_tensor_squeeze", .nin = 1, .nout = 1,
+                         .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_reshape},
+    [EBB__OP_UNSQUEEZE] = {.node = "UnsqueezeBackward", .forward = "ebb_tensor_unsqueeze", .nin = 1, .nout = 1,
+                           .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_reshape},
+    [EBB__OP_CONTIGUOUS] = {.node = "ContiguousBackward", .forward = "ebb_tensor_contiguous", .nin = 1, .nout = 1,
+                            .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_fit},
+    [EBB__OP_CLONE] = {.node = "CloneBackward", .forward = "ebb_tensor_clone", .nin = 1, .nout = 1,
+                       .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_fit},
+    [EBB__OP_TO_DEVICE] = {.node = "ToDeviceBackward", .forward = "ebb_tensor_to_device", .nin = 1, .nout = 1,
+                           .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_fit},
+    [EBB__OP_TO_DTYPE] = {.node = "ToDtypeBackward", .forward = "ebb_tensor_to_dtype", .nin = 1, .nout = 1,
+                          .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_fit},
+    [EBB__OP_ADD_] = {.node = "AddInplaceBackward", .forward = "ebb_op_add_", .nin = 2, .nout = 1,
+                      .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_add_},
+    [EBB__OP_MUL_] = {.node = "MulInplaceBackward", .forward = "ebb_op_mul_", .nin = 2, .nout = 1,
+                      .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_mul_},
+    [EBB__OP_COPY_] = {.node = "CopyBackward", .forward = "ebb_tensor_copy_", .nin = 2, .nout = 1,
+                       .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(1), .backward = bw_copy_},
+    [EBB__OP_FILL_] = {.node = "FillBackward", .forward = "ebb_tensor_fill_", .nin = 1, .nout = 1,
+                       .save = EBB__SAVE_NONE, .diff = EBB__DIFF_NONE, .backward = NULL},
+    [EBB__OP_ZERO_] = {.node = "ZeroBackward", .forward = "ebb_tensor_zero_", .nin = 1, .nout = 1,
+                       .save = EBB__SAVE_NONE, .diff = EBB__DIFF_NONE, .backward = NULL},
     /* the in-place family and linear: their backward lives beside them (inplace.c, linear.c) */
-    [EBB__OP_ADD_SCALED_] = {"AddScaledInplaceBackward", "ebb_op_add_scaled_", 2, 1, 0, 0x3, ebb__bw_add_scaled_},
-    [EBB__OP_ADD_SCALAR_] = {"AddScalarInplaceBackward", "ebb_op_add_scalar_", 1, 1, 0, 0x1, ebb__bw_add_scalar_},
-    [EBB__OP_MUL_SCALAR_] = {"MulScalarInplaceBackward", "ebb_op_mul_scalar_", 1, 1, 0, 0x1, ebb__bw_mul_scalar_},
-    [EBB__OP_LERP_] = {"LerpInplaceBackward", "ebb_op_lerp_", 2, 1, 0, 0x3, ebb__bw_lerp_},
-    [EBB__OP_ADDCMUL_] = {"AddcmulInplaceBackward", "ebb_op_addcmul_", 3, 1, IN(1) | IN(2), 0x7, ebb__bw_addcmul_},
-    [EBB__OP_ADDCDIV_] = {"AddcdivInplaceBackward", "ebb_op_addcdiv_", 3, 1, IN(1) | IN(2), 0x7, ebb__bw_addcdiv_},
-    [EBB__OP_SQRT_] = {"SqrtInplaceBackward", "ebb_op_sqrt_", 1, 1, IN(0), 0x1, ebb__bw_sqrt_},
-    [EBB__OP_LINEAR] = {"LinearBackward", "ebb_op_linear", 3, 1, IN(0) | IN(1), 0x7, ebb__bw_linear},
+    [EBB__OP_ADD_SCALED_] = {.node = "AddScaledInplaceBackward", .forward = "ebb_op_add_scaled_", .nin = 2, .nout = 1,
+                             .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = ebb__bw_add_scaled_},
+    [EBB__OP_ADD_SCALAR_] = {.node = "AddScalarInplaceBackward", .forward = "ebb_op_add_scalar_", .nin = 1, .nout = 1,
+                             .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = ebb__bw_add_scalar_},
+    [EBB__OP_MUL_SCALAR_] = {.node = "MulScalarInplaceBackward", .forward = "ebb_op_mul_scalar_", .nin = 1, .nout = 1,
+                             .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = ebb__bw_mul_scalar_},
+    [EBB__OP_LERP_] = {.node = "LerpInplaceBackward", .forward = "ebb_op_lerp_", .nin = 2, .nout = 1,
+                       .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = ebb__bw_lerp_},
+    [EBB__OP_ADDCMUL_] = {.node = "AddcmulInplaceBackward", .forward = "ebb_op_addcmul_", .nin = 3, .nout = 1,
+                          .save = EBB__SAVE_IN(1) | EBB__SAVE_IN(2), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1) | EBB__DIFF_IN(2), .backward = ebb__bw_addcmul_},
+    [EBB__OP_ADDCDIV_] = {.node = "AddcdivInplaceBackward", .forward = "ebb_op_addcdiv_", .nin = 3, .nout = 1,
+                          .save = EBB__SAVE_IN(1) | EBB__SAVE_IN(2), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1) | EBB__DIFF_IN(2), .backward = ebb__bw_addcdiv_},
+    [EBB__OP_SQRT_] = {.node = "SqrtInplaceBackward", .forward = "ebb_op_sqrt_", .nin = 1, .nout = 1,
+                       .save = EBB__SAVE_IN(0), .diff = EBB__DIFF_IN(0), .backward = ebb__bw_sqrt_},
+    [EBB__OP_LINEAR] = {.node = "LinearBackward", .forward = "ebb_op_linear", .nin = 3, .nout = 1,
+                        .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1) | EBB__DIFF_IN(2), .backward = ebb__bw_linear},
     /* autograd builds these itself (no public forward); COPY_SLICES saves what its in-place op
      * saves and has that op's inputs (2, or 3 for addcmul_ and addcdiv_: the entry's nin is the
      * usual count, the node's its own) */
-    [EBB__OP_AS_STRIDED] = {"AsStridedBackward", "(a view's history after an in-place change)", 1, 1, 0, 0x1, bw_as_strided},
-    [EBB__OP_COPY_SLICES] = {"CopySlices", "(an in-place op on a view)", 2, 1, IN(0) | IN(1), 0x3, bw_copy_slices},
+    [EBB__OP_AS_STRIDED] = {.node = "AsStridedBackward", .forward = "(a view's history after an in-place change)", .nin = 1, .nout = 1,
+                            .save = EBB__SAVE_NONE, .diff = EBB__DIFF_IN(0), .backward = bw_as_strided},
+    [EBB__OP_COPY_SLICES] = {.node = "CopySlices", .forward = "(an in-place op on a view)", .nin = 2, .nout = 1,
+                             .save = EBB__SAVE_IN(0) | EBB__SAVE_IN(1), .diff = EBB__DIFF_IN(0) | EBB__DIFF_IN(1), .backward = bw_copy_slices},
 };
 
 const ebb__deriv *ebb__deriv_of(ebb__op_id op) { return (unsigned)op < EBB__OP_COUNT ? &ebb__derivs[op] : NULL; }

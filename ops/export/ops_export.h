@@ -231,8 +231,16 @@ typedef struct ebb__view_geom {
 /* g's view geometry of `view` in `base` (a view of base's storage). */
 EBB_HIDDEN void ebb__view_geom_of(const ebb_tensor_t *base, const ebb_tensor_t *view, ebb__view_geom *g);
 
+/* What an entry's backward reads (ebb__deriv.save): forward inputs and outputs by position. */
+#define EBB__SAVE_NONE 0u
 #define EBB__SAVE_IN(i) (1u << (i))
 #define EBB__SAVE_OUT(i) (1u << (8 + (i)))
+
+/* Which inputs can get a gradient (ebb__deriv.diff), by position; EBB__DIFF_EACH for an entry
+ * taking any number of inputs (nin -1: cat, stack), where every input can. */
+#define EBB__DIFF_NONE 0u
+#define EBB__DIFF_IN(i) (1u << (i))
+#define EBB__DIFF_EACH EBB__DIFF_IN(0)
 
 /* A backward call: the forward's arguments, each input's metadata, the tensors the entry saves
  * (the others NULL; a layer_norm without weight or bias has NULL there too), and which inputs'
@@ -260,8 +268,9 @@ typedef struct ebb__deriv {
   const char *forward;  /* the call: "ebb_op_mul" */
   int8_t nin;           /* inputs; -1: any number (cat, stack) */
   int8_t nout;
-  uint16_t save;        /* EBB__SAVE_IN / EBB__SAVE_OUT bits: what backward reads */
-  uint8_t diff;         /* inputs that can get a gradient (bit i; with nin -1, bit 0 stands for all) */
+  uint16_t save;        /* what backward reads: EBB__SAVE_NONE, or EBB__SAVE_IN(i) | EBB__SAVE_OUT(k) ... */
+  uint8_t diff;         /* inputs that can get a gradient: EBB__DIFF_NONE, EBB__DIFF_IN(i) | ..., or
+                           EBB__DIFF_EACH (nin -1: bit 0 stands for every input) */
   ebb__backward_fn backward; /* NULL when diff is 0: the outputs do not depend on the inputs */
 } ebb__deriv;
 
