@@ -1,7 +1,51 @@
-/* ops_impl.h: what the files of ops/ share and nothing outside them: the tensor and storage
- * records, the kernel argument structs (the same layout serves the CPU kernels and the CUDA
- * kernels of the same names), element loads and stores, and the launch helper that runs a
- * kernel on the CPU or enqueues it on a device's current stream.
+/* ops_impl.h: what the files of ops/ share; nothing outside ops/ includes it (autograd gets
+ * ops_export.h).
+ *
+ * ops holds tensors (a handle over a refcounted storage shared by its views) and the ops on
+ * them. Every op checks its arguments, allocates its result and runs one of ops' kernel families
+ * (elementwise, reduction, matmul) through one launch path: on the calling thread for CPU
+ * tensors, on the device's current stream otherwise. The kernels' argument structs and element
+ * math are written once for the CPU and CUDA (ops_kernels.h, ops_math.h).
+ *
+ * The files, each with one job; the second half of this header declares what each provides to
+ * the others, a section per file in this order (a file with no section shares nothing but its
+ * public functions, include/ebb/tensor.h and include/ebb/ops.h):
+ *   tensor.c       the dtype table, the record pool, storage and the streams it has declared,
+ *                  making, aliasing, sharing and releasing handles, getters, accessors
+ *   check.c        argument checks (handles, dims) and the tensor descriptions in messages
+ *   hooks.c        autograd's hooks: the recording bracket, the in-place check, inference mode
+ *   launch.c       the module's start and stop, the kernel table, ebb__launch, operand use
+ *   ew.c           broadcasting, the elementwise launch (ebb__ew_run), and the steps the
+ *                  elementwise families share: promotion, checks, result, backward helpers
+ *   create.c       factories: empty, full, zeros, ones, arange, rand, randn, from_host
+ *   copy.c         copies, casts, moves between devices; copy_, fill_, zero_
+ *   views.c        views (view, reshape, permute, transpose, slice, ..., unsqueeze)
+ *   binary.c       add, sub, mul, div, add_, mul_, the engine's lean kernels
+ *   scalar.c       the ops of a tensor and a scalar, and clamp
+ *   unary.c        neg, abs, exp, log, sqrt, sin, cos, tanh, sigmoid, relu, gelu
+ *   compare.c      eq, ne, lt, le, gt, ge and where
+ *   reduce.c       sum, mean, amax, max_dim, sum_to_shape
+ *   matmul.c       matmul
+ *   nn.c           softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat, stack
+ *   inplace.c      the in-place updates of a training step (add_scaled_, add_scalar_,
+ *                  mul_scalar_, lerp_, addcmul_, addcdiv_, sqrt_) and their derivative entries
+ *   linear.c       linear (one GEMM with the bias folded in) and its derivative entry
+ *   derivatives.c  the derivative table autograd builds its nodes from (ops_export.h)
+ *   kernels_cpu.c  the CPU kernels (CPU tensors and the emulated driver's engine threads)
+ *   kernels_rows.c the fused row kernels (softmax, log_softmax, cross_entropy, layer_norm),
+ *                  one text (kernels_rows_body.h) per instruction set, chosen at run time
+ *   blas_gpu.c     GPU matmul through a dlopen'ed cuBLAS
+ *   optim.c        the fused optimizer update (SGD, AdamW) for autograd's optimizers, through
+ *                  export/optim_export.h; its kernel's argument struct is optim_kernels.h's
+ * Each public op's backward (ebb_op_<name>_backward) lives beside its forward.
+ * The first half holds the records they share.
+ *
+ * Ownership: a tensor handle holds one reference to its storage, and a view one to its base
+ * handle; a storage owns its arena block (device) or host-pool block (CPU), freed
+ * stream-ordered when its last handle goes.
+ * Threading: handle and storage refcounts are atomic; the record pool's lock is a leaf lock; the
+ * rest of ops keeps no shared mutable state beyond the kernel cache and the hook table, both
+ * published with release stores and read with acquire loads.
  */
 #ifndef EBB_OPS_IMPL_H
 #define EBB_OPS_IMPL_H
@@ -16,6 +60,10 @@
 #include "runtime_export.h"
 #include "ebb/ops.h"
 #include "ops_export.h"
+
+/* ==============================================================================================
+ * The records the files share (tensor.c owns them).
+ * ============================================================================================== */
 
 #define EBB__TENSOR_MAGIC 0x65627473u /* "ebts" */
 #define EBB__STORAGE_USED 4           /* streams remembered per storage before record_stream */
@@ -52,11 +100,67 @@ struct ebb_tensor {
   char name[EBB_TENSOR_NAME_MAX + 1];
 };
 
-/* ---- checking handles and formatting shapes ------------------------------------------------ */
+/* ---- elements and kernels --------------------------------------------------------------------- */
+
+/* Element loads and stores by dtype, bf16/f16 conversions and the rest of the element math:
+ * one text for the CPU kernels and the CUDA ones. It includes ops_kernels.h, the kernels'
+ * argument structs and their op codes (EBB__EW_*, EBB__RED_*). */
+#include "ops_math.h"
+
+_Static_assert(EBB__KMAX_DIMS == EBB_TENSOR_MAX_DIMS, "kernel structs hold EBB_TENSOR_MAX_DIMS dims");
+_Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && EBB__KDT_BF16 == (int)EBB_BF16 &&
+                   EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
+               "kernel dtype codes are ebb_dtype's");
+
+/* ops' kernel families, by id (launch.c's kernel table gives each its names and CPU function). */
+enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_OPTIM, EBB__K_COUNT };
+
+/* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
+ * is not its allocation stream. */
+typedef struct ebb__operand {
+  const ebb_tensor_t *t;
+  bool write;
+} ebb__operand;
+
+/* ==============================================================================================
+ * What each file provides to the others.
+ * ============================================================================================== */
+
+/* ---- tensor.c: handles and storage ---------------------------------------------------------------
+ * (Its accessors for autograd, ebb__tensor_share, _exclusive, _storage_info and the rest, are
+ * declared in ops_export.h.) */
+
+EBB_HIDDEN extern const size_t ebb__dtype_size[EBB_DTYPE_COUNT];
+
+EBB_HIDDEN int64_t ebb__numel(const int64_t *shape, int ndim);
+EBB_HIDDEN bool ebb__is_contiguous(const ebb_tensor_t *t);
+EBB_HIDDEN void *ebb__tensor_ptr(const ebb_tensor_t *t);
+/* Row-major strides of shape, with extents of 0 or 1 taken as 1. */
+EBB_HIDDEN void ebb__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
+
+/* Creating handles (no reference checks; internal callers hold valid tensors). */
+/* A new contiguous tensor with fresh storage (values undefined). */
+EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape,
+                                      ebb_tensor_t **out);
+/* A new handle on t's storage (one more storage reference) with the given geometry; a failure
+ * (no host memory for the handle) names fn. */
+EBB_HIDDEN ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
+                                        int64_t offset, ebb_tensor_t **out);
+EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
+/* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its
+ * out-pointer is non-NULL; ra and rb are NULL where it is NULL) and returns EBB_OK; on failure
+ * releases both (NULL allowed) and returns st. */
+EBB_HIDDEN ebb_status ebb__grads_out(ebb_status st, ebb_tensor_t *ra, ebb_tensor_t **ga, ebb_tensor_t *rb, ebb_tensor_t **gb);
+
+/* The id of the live stream s (ids are never reused, handles are); a failure names fn. */
+EBB_HIDDEN ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id);
+/* Declares stream (whose id is sid) to the arena as a user of s's block, once per stream. */
+EBB_HIDDEN ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64_t sid);
+
+/* ---- check.c: argument checks and messages -------------------------------------------------------
+ * (ebb__tensor_check_at, ebb__tensor_desc and ebb__meta_desc are in ops_export.h.) */
 
 /* EBB_EINVAL for NULL, EBB_EFREED for a released tensor, naming `fn` and `arg`. */
-/* blas_gpu.c: destroys the cuBLAS handles (the ops module's stop, at the last ebb_shutdown). */
-EBB_HIDDEN void ebb__blas_stop(void);
 EBB_HIDDEN ebb_status ebb__tensor_check(const ebb_tensor_t *t, const char *fn, const char *arg);
 /* For a failure of a call made on the user's behalf (another module's, or a public op that a
  * composite op calls): rewrites the thread's last error as "fn: <it>" so the message starts with
@@ -76,40 +180,15 @@ EBB_HIDDEN EBB_COLD ebb_status ebb__fail_about2(ebb_status st, const char *fn, c
                                                 const ebb_tensor_t *b, const char *bn, const char *fmt, ...) EBB_PRINTF(7, 8);
 /* Normalises a possibly negative dim against ndim (range [-ndim, ndim)); EBB_EINVAL otherwise. */
 EBB_HIDDEN ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out);
-EBB_HIDDEN int64_t ebb__numel(const int64_t *shape, int ndim);
-EBB_HIDDEN bool ebb__is_contiguous(const ebb_tensor_t *t);
-/* A contiguous copy of t in dtype dt on t's device (one kernel), recording nothing. */
-EBB_HIDDEN ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out);
-EBB_HIDDEN void *ebb__tensor_ptr(const ebb_tensor_t *t);
 
-/* ---- creating handles (no reference checks; internal callers hold valid tensors) ------------ */
-
-/* A new contiguous tensor with fresh storage (values undefined). */
-EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, const int64_t *shape,
-                                      ebb_tensor_t **out);
-/* A new handle on t's storage (one more storage reference) with the given geometry; a failure
- * (no host memory for the handle) names fn. */
-EBB_HIDDEN ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
-                                        int64_t offset, ebb_tensor_t **out);
-EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
-/* Row-major strides of shape, with extents of 0 or 1 taken as 1. */
-EBB_HIDDEN void ebb__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
-/* The id of the live stream s (ids are never reused, handles are); a failure names fn. */
-EBB_HIDDEN ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id);
-/* Declares stream (whose id is sid) to the arena as a user of s's block, once per stream. */
-EBB_HIDDEN ebb_status ebb__storage_use(struct ebb__storage *s, ebb_stream_t *stream, uint64_t sid);
-/* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its
- * out-pointer is non-NULL; ra and rb are NULL where it is NULL) and returns EBB_OK; on failure
- * releases both (NULL allowed) and returns st. */
-EBB_HIDDEN ebb_status ebb__grads_out(ebb_status st, ebb_tensor_t *ra, ebb_tensor_t **ga, ebb_tensor_t *rb, ebb_tensor_t **gb);
-
-/* ---- recording for autograd (ops_export.h, the `recorded` hook) ------------------------------
+/* ---- hooks.c: recording for autograd (ops_export.h, the `recorded` hook) ---------------------------
  * Every public op that has a derivative-table entry brackets its work:
  *   const ebb__tensor_hooks *h = ebb__rec_enter();
  *   st = <the op>;
  *   return ebb__rec_done(fn, h, st, EBB__OP_X, in, nin, &out, NULL, &args);
  * With no hooks installed (no autograd) that is one load and a branch. With hooks, a
- * thread-local depth tells the outermost call (which records) from the ones it makes itself. */
+ * thread-local depth tells the outermost call (which records) from the ones it makes itself.
+ * (ebb__tensor_hooks_set, ebb__inference_set/_on and ebb__inplace_watch_add are in ops_export.h.) */
 EBB_HIDDEN extern _Atomic(const ebb__tensor_hooks *) ebb__hooks;
 EBB_HIDDEN const ebb__tensor_hooks *ebb__rec_enter_slow(const ebb__tensor_hooks *h);
 EBB_HIDDEN ebb_status ebb__rec_exit(const char *fn, const ebb__tensor_hooks *h, ebb_status st, ebb__op_id op,
@@ -144,41 +223,7 @@ static inline ebb_status ebb__rec_done(const char *fn, const ebb__tensor_hooks *
     return ebb__rec_done((fn), rec_h_, rec_st_, (op), rec_in_, (int)EBB_ARRAY_LEN(rec_in_), (out), NULL, (args)); \
   } while (0)
 
-/* ---- elements ------------------------------------------------------------------------------ */
-
-EBB_HIDDEN extern const size_t ebb__dtype_size[EBB_DTYPE_COUNT];
-
-/* Element loads and stores by dtype, bf16/f16 conversions and the rest of the element math:
- * one text for the CPU kernels and the CUDA ones. */
-#include "ops_math.h"
-
-_Static_assert(EBB__KMAX_DIMS == EBB_TENSOR_MAX_DIMS, "kernel structs hold EBB_TENSOR_MAX_DIMS dims");
-_Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && EBB__KDT_BF16 == (int)EBB_BF16 &&
-                   EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
-               "kernel dtype codes are ebb_dtype's");
-
-enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_OPTIM, EBB__K_COUNT };
-
-EBB_HIDDEN void ebb__ew_cpu(void *args);
-EBB_HIDDEN void ebb__reduce_cpu(void *args);
-EBB_HIDDEN void ebb__matmul_cpu(void *args);
-/* kernels_rows.c: the fused row kernels (ebb__rows_args), the widest instruction set the CPU has. */
-EBB_HIDDEN void ebb__rows_cpu(void *args);
-/* Instruction sets of the CPU kernels, narrowest first: x86-64's baseline (SSE2; scalars on
- * other machines), AVX2 with FMA, AVX-512F. ebb__cpu_isa: the widest this CPU has (probed once).
- * ebb__rows_run_isa: the row kernel with the given set, capped at the CPU's (tests compare the
- * sets on one machine). */
-enum { EBB__ISA_BASE = 0, EBB__ISA_AVX2, EBB__ISA_AVX512 };
-EBB_HIDDEN int ebb__cpu_isa(void);
-EBB_HIDDEN void ebb__rows_run_isa(const ebb__rows_args *a, int isa);
-EBB_HIDDEN void ebb__optim_cpu(void *args); /* optim.c */
-
-/* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
- * is not its allocation stream. */
-typedef struct ebb__operand {
-  const ebb_tensor_t *t;
-  bool write;
-} ebb__operand;
+/* ---- launch.c: the launch path ------------------------------------------------------------------- */
 
 /* Runs kernel `kid` on `device`: the CPU function on the calling thread for EBB_DEVICE_CPU,
  * else enqueued on the device's current stream with the operands' storages declared as reads
@@ -186,22 +231,12 @@ typedef struct ebb__operand {
  * the CUDA kernels loop over whatever the grid does not cover. */
 EBB_HIDDEN ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops,
                                   int nops, int64_t work);
-
 /* Declares to the arena the operands' use on `stream` (ebb_arena_record_stream where the stream
  * is not their allocation stream), for work enqueued without ebb__launch; failures name fn. */
 EBB_HIDDEN ebb_status ebb__operands_use(const char *fn, const ebb__operand *ops, int nops, ebb_stream_t *stream);
-/* GPU matmul through cuBLAS (blas_gpu.c) on stream `s` of `device`: EBB_ENOTSUP when cuBLAS is
- * not available (the caller then launches the plain CUDA kernel). */
-EBB_HIDDEN ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb__mm_args *g);
 
-/* Fills the geometry of an elementwise launch from `out` and up to 3 inputs already broadcast to
- * out's shape (strides given per input), coalescing dims. */
-EBB_HIDDEN void ebb__ew_geometry(ebb__ew_args *a, const ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
-                                 const int64_t (*in_strides)[EBB_TENSOR_MAX_DIMS]);
-/* Runs one elementwise op writing `out` (already allocated) from inputs broadcast to out's
- * shape. Checks the devices: every input must be on out's device. */
-EBB_HIDDEN ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
-                                  double s0, double s1);
+/* ---- ew.c: broadcasting, the elementwise launch, the elementwise families' shared steps ---------- */
+
 /* Strides of `t` broadcast to (ndim, shape) (0 along broadcast dims); EBB_EINVAL when it does
  * not broadcast, naming fn and arg. */
 EBB_HIDDEN ebb_status ebb__broadcast_strides(const char *fn, const char *arg, const ebb_tensor_t *t, int ndim,
@@ -211,8 +246,15 @@ EBB_HIDDEN ebb_status ebb__broadcast_strides(const char *fn, const char *arg, co
 EBB_HIDDEN ebb_status ebb__broadcast_shape(const char *fn, const ebb_tensor_t *a, const char *an, int na, const ebb_tensor_t *b,
                                            const char *bn, int nb, int *ndim,
                                            int64_t *shape);
+/* Fills the geometry of an elementwise launch from `out` and up to 3 inputs already broadcast to
+ * out's shape (strides given per input), coalescing dims. */
+EBB_HIDDEN void ebb__ew_geometry(ebb__ew_args *a, const ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
+                                 const int64_t (*in_strides)[EBB_TENSOR_MAX_DIMS]);
+/* Runs one elementwise op writing `out` (already allocated) from inputs broadcast to out's
+ * shape. Checks the devices: every input must be on out's device. */
+EBB_HIDDEN ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const ebb_tensor_t *const *in,
+                                  double s0, double s1);
 
-/* The elementwise families' shared steps (ew.c). */
 /* dt when floating, else f32: the result dtype of an op that needs a floating result. */
 EBB_HIDDEN ebb_dtype ebb__float_of(ebb_dtype dt);
 /* EBB_EINVAL naming fn when out is NULL. */
@@ -240,7 +282,14 @@ EBB_HIDDEN ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const
 EBB_HIDDEN ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int op, double s0,
                                           double s1, ebb_tensor_t **gx);
 
+/* ---- copy.c: copies ------------------------------------------------------------------------------
+ * (ebb__tensor_storage_clone is in ops_export.h.) */
+
+/* A contiguous copy of t in dtype dt on t's device (one kernel), recording nothing. */
+EBB_HIDDEN ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out);
+
 /* ---- inplace.c: the backward of the in-place family (derivative-table entries) -------------- */
+
 EBB_HIDDEN ebb_status ebb__bw_add_scaled_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 EBB_HIDDEN ebb_status ebb__bw_add_scalar_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 EBB_HIDDEN ebb_status ebb__bw_mul_scalar_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
@@ -250,9 +299,41 @@ EBB_HIDDEN ebb_status ebb__bw_addcdiv_(const ebb__bw_ctx *c, const ebb_tensor_t 
 EBB_HIDDEN ebb_status ebb__bw_sqrt_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 
 /* ---- linear.c: LinearBackward's entry (ebb_op_linear_backward from the saved x and w) -------- */
+
 EBB_HIDDEN ebb_status ebb__bw_linear(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
 
+/* ---- kernels_cpu.c: the CPU kernels -------------------------------------------------------------- */
+
+/* The CPU function of each kernel family (launch.c's table), on the argument struct. */
+EBB_HIDDEN void ebb__ew_cpu(void *args);
+EBB_HIDDEN void ebb__reduce_cpu(void *args);
+EBB_HIDDEN void ebb__matmul_cpu(void *args);
 /* Philox 4x32-10 of counter (c0..c3) and key (k0, k1); out receives 4 words. */
 EBB_HIDDEN void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]);
+
+/* ---- kernels_rows.c: the fused row kernels ------------------------------------------------------- */
+
+/* The fused row kernels (ebb__rows_args), the widest instruction set the CPU has. */
+EBB_HIDDEN void ebb__rows_cpu(void *args);
+/* Instruction sets of the CPU kernels, narrowest first: x86-64's baseline (SSE2; scalars on
+ * other machines), AVX2 with FMA, AVX-512F. ebb__cpu_isa: the widest this CPU has (probed once).
+ * ebb__rows_run_isa: the row kernel with the given set, capped at the CPU's (tests compare the
+ * sets on one machine). */
+enum { EBB__ISA_BASE = 0, EBB__ISA_AVX2, EBB__ISA_AVX512 };
+EBB_HIDDEN int ebb__cpu_isa(void);
+EBB_HIDDEN void ebb__rows_run_isa(const ebb__rows_args *a, int isa);
+
+/* ---- blas_gpu.c: GPU matmul through cuBLAS ------------------------------------------------------- */
+
+/* GPU matmul through cuBLAS on stream `s` of `device`: EBB_ENOTSUP when cuBLAS is not available
+ * (the caller then launches the plain CUDA kernel). */
+EBB_HIDDEN ebb_status ebb__gpu_gemm(const char *fn, int device, ebb_stream_t *s, const ebb__mm_args *g);
+/* Destroys the cuBLAS handles (the ops module's stop, at the last ebb_shutdown). */
+EBB_HIDDEN void ebb__blas_stop(void);
+
+/* ---- optim.c: the fused optimizer update -------------------------------------------------------- */
+
+/* The optimizer kernel's CPU function (launch.c's table; its arguments: optim_kernels.h). */
+EBB_HIDDEN void ebb__optim_cpu(void *args);
 
 #endif /* EBB_OPS_IMPL_H */
