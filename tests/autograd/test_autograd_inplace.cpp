@@ -826,7 +826,7 @@ TEST_CASE("inplace: two views changed in turn, the base released, a stale view a
   CHECK(ebb_debug_live_handles() == 0);
 }
 
-// ops/elementwise.c elementwise_inplace: were add_ and mul_ to run the kernel straight from src into
+// ops/binary.c elementwise_inplace: were add_ and mul_ to run the kernel straight from src into
 // dst, a src view that partly overlaps dst (a row of dst broadcast over it) would be read after
 // some of its elements were written, so the result would depend on the order of the writes, and
 // autograd's node (which takes src's value before the op) would describe a value dst does not
