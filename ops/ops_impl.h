@@ -32,6 +32,8 @@
  *   linear.c       linear (one GEMM with the bias folded in) and its derivative entry
  *   derivatives.c  the derivative table autograd builds its nodes from (ops_export.h)
  *   kernels_cpu.c  the CPU kernels (CPU tensors and the emulated driver's engine threads)
+ *   kernels_cpu_vec.c  their vector loops, one table per instruction set chosen at run time
+ *                  (declared in kernels_cpu_vec.h, the one header they share with kernels_cpu.c)
  *   kernels_rows.c the fused row kernels (softmax, log_softmax, cross_entropy, layer_norm),
  *                  one text (kernels_rows_body.h) per instruction set, chosen at run time
  *   blas_gpu.c     GPU matmul through a dlopen'ed cuBLAS
