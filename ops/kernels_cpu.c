@@ -45,23 +45,30 @@ void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]) { ebb
 /* ---- the vector loops' table for this processor ------------------------------------------------ */
 
 static const ebb__vec_ops *vec_table;
+static int cpu_isa = EBB__ISA_BASE;
 
-/* The widest table the processor and the operating system support (GCC's cpu model checks the
- * saved-state bits too), capped by EBB_CPU_VEC. Chosen in a constructor, before any kernel can
- * run, so the kernels read a plain pointer. */
+/* The widest instruction set the processor and the operating system support (GCC's cpu model
+ * checks the saved-state bits too), capped by EBB_CPU_VEC (baseline, avx2 or avx512; ebb_init
+ * refuses any other value, launch.c). One choice for every CPU kernel that has per-set builds
+ * (the vector loops and the row kernels), made in a constructor, before any kernel can run, so
+ * the kernels read plain variables. */
 __attribute__((constructor)) static void vec_choose(void) {
-  const ebb__vec_ops *t = &ebb__vec_baseline;
+  int isa = EBB__ISA_BASE;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  const char *cap = getenv("EBB_CPU_VEC");
-  const bool cap_base = cap && strcmp(cap, "baseline") == 0, cap_avx2 = cap && strcmp(cap, "avx2") == 0;
-  if (!cap_base && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) t = &ebb__vec_avx2;
-  if (!cap_base && !cap_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = EBB__ISA_AVX2;
+  if (isa == EBB__ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    t = &ebb__vec_avx512;
+    isa = EBB__ISA_AVX512;
+  const char *cap = getenv("EBB_CPU_VEC");
+  if (cap && strcmp(cap, "baseline") == 0) isa = EBB__ISA_BASE;
+  else if (cap && strcmp(cap, "avx2") == 0 && isa > EBB__ISA_AVX2) isa = EBB__ISA_AVX2;
 #endif
-  vec_table = t;
+  cpu_isa = isa;
+  vec_table = isa == EBB__ISA_AVX512 ? &ebb__vec_avx512 : isa == EBB__ISA_AVX2 ? &ebb__vec_avx2 : &ebb__vec_baseline;
 }
+
+int ebb__cpu_isa(void) { return cpu_isa; }
 
 const ebb__vec_ops *ebb__vec_pick(void) { return vec_table ? vec_table : &ebb__vec_baseline; }
 

@@ -2,13 +2,11 @@
  * cross_entropy and layer_norm, forward and backward; ops_kernels.h says what each computes).
  * One loop text (kernels_rows_body.h) is compiled for the baseline x86-64 set (SSE2), for AVX2
  * with FMA and for AVX-512F (kernels_rows_avx2.c, kernels_rows_avx512.c, each with its own
- * flags); the first call picks the widest set the CPU has, never more than it has, so the
- * library runs on any x86-64 and uses what the machine offers. Elsewhere the text is compiled
+ * flags); the set is the one every CPU kernel uses (ebb__cpu_isa, kernels_cpu.c): the widest
+ * the CPU has, never more, so the library runs on any x86-64 and uses what the machine offers. Elsewhere the text is compiled
  * once, for scalars. Like every CPU kernel: reentrant, reads only its argument struct and what
  * it points to.
  */
-#include <stdatomic.h>
-
 #if defined(__x86_64__)
 #define ROWS_ISA_SSE2
 #else
@@ -37,21 +35,6 @@ static rows_run_fn rows_variant(int isa) {
   return ebb__rows_run_scalar;
 }
 #endif
-
-int ebb__cpu_isa(void) {
-  /* The probe is idempotent, so racing first calls agree: relaxed is enough. */
-  static _Atomic int isa = -1;
-  int v = atomic_load_explicit(&isa, memory_order_relaxed);
-  if (v >= 0) return v;
-  v = EBB__ISA_BASE;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) v = EBB__ISA_AVX512;
-  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) v = EBB__ISA_AVX2;
-#endif
-  atomic_store_explicit(&isa, v, memory_order_relaxed);
-  return v;
-}
 
 void ebb__rows_run_isa(const ebb__rows_args *a, int isa) {
   if (a->op == EBB__ROWS_LN_BWD) {

@@ -58,12 +58,26 @@ static int ops_count(ebb__live_count *out, int max) {
   return 1;
 }
 
+/* EBB_CPU_VEC caps the instruction set of the CPU kernels (read by kernels_cpu.c when the
+ * library loads); checked here with every variable of ebb at the first ebb_init. */
+static bool check_cpu_vec(const char *v, char *expected, size_t len) {
+  if (!v || !strcmp(v, "baseline") || !strcmp(v, "avx2") || !strcmp(v, "avx512")) return true;
+  snprintf(expected, len, "baseline, avx2 or avx512 (the widest instruction set the CPU kernels may use; unset: the widest the processor has)");
+  return false;
+}
+
+static const ebb__config_var ops_vars[] = {
+  {"EBB_CPU_VEC", check_cpu_vec},
+};
+
 const ebb__module_desc ebb__module_ops = {
   .name = "ops",
   .layer = EBB__LAYER_OPS,
   .start = ops_start,
   .stop = ops_stop,
   .count = ops_count,
+  .vars = ops_vars,
+  .nvars = (int)EBB_ARRAY_LEN(ops_vars),
 };
 
 static ebb_status tensor_kernel(int kid, const ebb_kernel_t **out) {

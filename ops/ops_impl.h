@@ -318,7 +318,8 @@ EBB_HIDDEN void ebb__philox(uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t ou
 /* The fused row kernels (ebb__rows_args), the widest instruction set the CPU has. */
 EBB_HIDDEN void ebb__rows_cpu(void *args);
 /* Instruction sets of the CPU kernels, narrowest first: x86-64's baseline (SSE2; scalars on
- * other machines), AVX2 with FMA, AVX-512F. ebb__cpu_isa: the widest this CPU has (probed once).
+ * other machines), AVX2 with FMA, AVX-512 (F, BW, DQ and VL). ebb__cpu_isa (kernels_cpu.c): the
+ * widest this CPU has, capped by EBB_CPU_VEC, chosen when the library loads.
  * ebb__rows_run_isa: the row kernel with the given set, capped at the CPU's (tests compare the
  * sets on one machine). */
 enum { EBB__ISA_BASE = 0, EBB__ISA_AVX2, EBB__ISA_AVX512 };

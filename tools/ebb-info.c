@@ -58,6 +58,7 @@ static const config_var k_config[] = {
     {"EBB_TRACE", "(off)", "trace ring capacity in spans"},
     {"EBB_TRACE_FILE", "(none)", "trace JSON written at the last ebb_shutdown"},
     {"EBB_CHECK_LAUNCH", "0", "check the buffers declared at each kernel launch"},
+    {"EBB_CPU_VEC", "(the widest the processor has)", "baseline|avx2|avx512: caps the CPU kernels' instruction set"},
     {"EBB_LOG", "warn", "warn|info: info also reports the driver choice at each first ebb_init, through the warning handler"},
     {"EBB_ALLOC_CONF", "(unset: expandable segments where the driver has VMM, slabs to 64K, history 65536)",
      "allocator settings, comma-separated key:value (README)"},

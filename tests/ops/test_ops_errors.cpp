@@ -131,3 +131,17 @@ TEST_CASE("errors: out of memory inside a composite op names the op the user cal
   x.reset(), g.reset(), t.reset();
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+TEST_CASE("errors: ebb_init refuses an EBB_CPU_VEC it does not know and accepts the three sets", "[ops][errors][config]") {
+  {
+    ScopedEnv env("EBB_CPU_VEC", "sse4");
+    EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL, "EBB_CPU_VEC='sse4' is not valid; expected baseline, avx2 or avx512");
+    CHECK_FALSE(ebb_is_initialized());
+  }
+  for (const char *v : {"baseline", "avx2", "avx512"}) {
+    ScopedEnv env("EBB_CPU_VEC", v);
+    INFO(v);
+    EBB_REQUIRE_OK(ebb_init());
+    EBB_REQUIRE_OK(ebb_shutdown());
+  }
+}
