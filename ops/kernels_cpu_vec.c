@@ -92,91 +92,148 @@ MAP1(map_sin, sin, sinf)
 MAP1(map_cos, cos, cosf)
 MAP1(map_tanh, tanh, tanhf)
 
-/* The scratch arrays below (e, t, u) are written for i < n before a map reads them; GCC, not
- * relating the two loops, would call them uninitialised (a map's input is a pointer to const). */
+/* The scratch array of sigmoid below (t) is written for i < n before a map reads it; GCC, not
+ * relating the two loops, would call it uninitialised (a map's input is a pointer to const). */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-#ifdef VW
-/* 1 + erf(x) in f32 (GELU's 2 Phi(x sqrt 2)), from SLEEF's exp and two polynomials; 2.5x faster
- * than 1 + SLEEF's erff (which keeps a 1-ulp bound with extended-precision steps; figures in
- * perf/RESULTS.md), within 3 ulp of erf, and exact where erf nears -1 (1 + erf cancels there):
- *   |x| < 1:  1 + x P(x^2), P interpolating erf(sqrt(s))/sqrt(s) on s in [0, 1];
- *   |x| >= 1: erfc(|x|) = exp(-x^2) Q(1/|x|), then 2 - erfc for x > 0, erfc itself for x < 0;
- *             Q interpolates erfc(1/t) exp(1/t^2) on t in [1/4, 1], and a second one (R) on
- *             [1/10, 1/4]; past |x| = 10 erfc is below f32's least subnormal and exp gives 0.
- * Coefficients: Chebyshev interpolation in f64 (degrees 6, 8 and 5) turned into monomials and
- * rounded to f32. Every lane computes both forms and keeps one, so the loops vectorise. */
+/* GELU's two functions of x, 1 + erf(x/sqrt 2) (= 2 Phi(x)) and exp(-x^2/2) (= sqrt(2 pi) phi(x)),
+ * in f32, one element at a time in plain C without a branch or a call, so that the loops over
+ * them vectorise at every width (every lane computes every piece and selects):
+ *   z = x/sqrt 2, |z| < 1:  1 + z P(z^2), P interpolating erf(sqrt(s))/sqrt(s) on s in [0, 1];
+ *   1 <= |z| < 4:           erfc(|z|) = exp(-x^2/2) Q(1/|z|), then 2 - erfc for x > 0, erfc
+ *                           itself for x < 0 (exact where erf nears -1, where 1 + erf cancels);
+ *                           Q interpolates erfc(1/t) exp(1/t^2) on t in [1/4, 1];
+ *   |z| >= 4:               erfc < 1.6e-8 is taken as 0: 1 + erf is 2 (the f32 nearest), or 0
+ *                           for x < 0, where |gelu| = |x| erfc/2 and |gelu_grad| stay below 1e-7.
+ * exp(-x^2/2) is computed here too, from x^2 split exactly in two (with FMA, x*x and its
+ * rounding error; without, the square of x's upper 12 bits and the rest; a rounded x*x would
+ * cost up to 8 ulp at |x| ~ 3), 2^k (k = round(-x^2/2 / ln 2)) times a degree-7
+ * polynomial on the reduced argument (ln 2 in two parts); |x| is capped at 13, past which the
+ * exponential is 0 (below f32's least normal times x).
+ * Errors (tests/ops/test_ops_kernels_vec.cpp): gelu within 4 ulp or 1e-7, its gradient within
+ * 4 ulp or 2e-7; over every 97th f32 in [-20, 20], 1.2 ulp (baseline) and 1.7 ulp (AVX2,
+ * AVX-512) for gelu beyond 1e-7. Coefficients: Chebyshev interpolation in f64 (degrees 6 and 8)
+ * turned into monomials and rounded to f32. The wide builds fuse the multiply-adds (fmaf,
+ * vectorised with FMA); the baseline rounds twice, and computes 1 + z P in f64 (in f32 it
+ * cancels to 14 ulp toward z = -1); the tables' results differ in the last bits. */
 static const float erf_p[7] = {1.12837917f,     -0.376126267f,    0.112835947f,   -0.026854212f,
                                0.00518908742f, -0.000801686428f, 7.87587505e-05f};
 static const float erf_q[9] = {0.000305017749f, 0.55847992f,    0.0458379092f,  -0.485939508f,   0.529070575f,
                                -0.286535608f,   0.0613541498f, 0.0109451333f, -0.00593402247f};
-static const float erf_r[6] = {9.41210965e-06f, 0.563829899f, 0.00559718022f,
-                               -0.327256858f,   0.195424736f, 0.0335453898f};
 
-/* a*b + c, rounded twice: fmaf here (to fuse only the polynomials, as the exact ops must not
- * be) kept gcc 12 from vectorising the loop (scalar vfmadd213ss, gelu 4x slower) */
-#define MADD(a, b, c) ((a) * (b) + (c))
-
-static inline float erf_p_at(float s) {
-  float v = erf_p[6];
-  for (int k = 5; k >= 0; k--) v = MADD(v, s, erf_p[k]);
-  return v;
-}
-
-/* The loop for a chunk with some |x| >= 1, e[i] = exp(-x[i]^2); `far` says whether some |x|
- * reaches 4 (R is evaluated only then: inlined twice, once with far constant false). */
-static inline void erf1p_tail(float *o, const float *x, const float *e, int64_t n, const bool far) {
-  for (int64_t i = 0; i < n; i++) {
-    const float a = fabsf(x[i]), ps = erf_p_at(a * a);
-    const float t = 1.0f / (a > 1.0f ? a : 1.0f);
-    float qs = erf_q[8];
-    for (int k = 7; k >= 0; k--) qs = MADD(qs, t, erf_q[k]);
-    if (far) {
-      float rs = erf_r[5];
-      for (int k = 4; k >= 0; k--) rs = MADD(rs, t, erf_r[k]);
-      qs = t >= 0.25f ? qs : rs;
-    }
-    const float erfc = e[i] * qs;
-    const float tail = x[i] > 0 ? 2.0f - erfc : erfc;
-    const float res = a < 1.0f ? 1.0f + x[i] * ps : tail;
-    o[i] = x[i] != x[i] ? x[i] : res;
-  }
-}
-
-static void map_erf1p(float *o, const float *x, int64_t n) {
-  /* a chunk within |x| < 1 (no NaN) needs neither exp nor the tail polynomials */
-  int mid = 0, far = 0;
-  for (int64_t i = 0; i < n; i++) {
-    mid |= !(fabsf(x[i]) < 1.0f);
-    far |= !(fabsf(x[i]) < 4.0f);
-  }
-  if (!mid) {
-    for (int64_t i = 0; i < n; i++) o[i] = 1.0f + x[i] * erf_p_at(x[i] * x[i]);
-    return;
-  }
-  float e[CH]; /* n <= CH */
-  for (int64_t i = 0; i < n; i++) e[i] = -x[i] * x[i];
-  map_exp(e, e, n);
-  if (far) erf1p_tail(o, x, e, n, true);
-  else erf1p_tail(o, x, e, n, false);
-}
+#if defined(__FMA__)
+#define PMADD(a, b, c) fmaf(a, b, c)
 #else
-static void map_erf1p(float *o, const float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) o[i] = erfcf(-x[i]);
-}
+#define PMADD(a, b, c) ((a) * (b) + (c))
 #endif
+
+typedef union {
+  float f;
+  uint32_t u;
+} f32_bits;
+
+/* Without trapping math gcc may compute both sides of a select (a multiply or add it would
+ * otherwise keep behind the condition), which the loops need to vectorise without AVX-512's
+ * masks; the kernels never read the floating-point exception flags. */
+#define GELU_FN __attribute__((optimize("no-trapping-math")))
+
+static inline GELU_FN void gelu_parts(float x, float *erf1p, float *ex2) {
+  /* exp(-x^2/2) */
+  const float ax = fabsf(x), xc = ax < 13.0f ? ax : 13.0f; /* NaN: 13 */
+#if defined(__FMA__)
+  const float sq = xc * xc, sh = 0.5f * sq, sl = 0.5f * fmaf(xc, xc, -sq); /* x^2/2 = sh + sl */
+#else
+  f32_bits hb = {xc};
+  hb.u &= 0xfffff000u;
+  const float xh = hb.f, xl = xc - xh;
+  const float sh = 0.5f * (xh * xh), sl = 0.5f * (xl * (xh + xc)); /* x^2/2 = sh + sl, sh exact */
+#endif
+  const float shift = 12582912.0f;                                 /* 1.5 * 2^23: rounds to an integer */
+  const float kb = PMADD(sh, -1.44269504f, shift);                     /* k = round(-sh / ln 2), in [-122, 0] */
+  const float k = kb - shift;
+  /* ln 2 = 0x1.62e4p-1 + rest: k times the first part is exact, and so is -sh less it */
+  const float r = PMADD(k, -1.42860682e-06f, PMADD(k, -0x1.62e4p-1f, -sh)) - sl;
+  float p = 1.98412701e-04f;                                               /* 1/7!, ..., 1/0! */
+  p = PMADD(p, r, 1.38888889e-03f);
+  p = PMADD(p, r, 8.33333333e-03f);
+  p = PMADD(p, r, 4.16666667e-02f);
+  p = PMADD(p, r, 0.166666667f);
+  p = PMADD(p, r, 0.5f);
+  p = PMADD(p, r, 1.0f);
+  p = PMADD(p, r, 1.0f);
+  f32_bits kb_bits = {kb}, scale;
+  scale.u = (kb_bits.u - 0x4b400000u + 127u) << 23; /* 2^k */
+  const float e = p * scale.f;
+  *ex2 = ax < 13.0f ? e : 0.0f; /* NaN and infinities: 0, so x * exp(-x^2/2) stays NaN */
+
+  /* 1 + erf(z) */
+  const float z = x * 0.70710678f, az = ax * 0.70710678f; /* |z|, as fabsf(z) */
+#if defined(__FMA__)
+  const float s = z * z;
+  float ps = fmaf(erf_p[6], s, erf_p[5]); /* Horner, written out: gcc 12 vectorises no loop around
+                                           * inner loops of fmaf */
+  ps = fmaf(ps, s, erf_p[4]);
+  ps = fmaf(ps, s, erf_p[3]);
+  ps = fmaf(ps, s, erf_p[2]);
+  ps = fmaf(ps, s, erf_p[1]);
+  ps = fmaf(ps, s, erf_p[0]);
+  const float near = fmaf(z, ps, 1.0f);
+#else
+  /* in f64 without FMA: rounded twice per step in f32, 1 + z P cancels toward z = -1 to 14 ulp */
+  const double zd = z, s = zd * zd;
+  double ps = erf_p[6] * s + erf_p[5];
+  ps = ps * s + erf_p[4];
+  ps = ps * s + erf_p[3];
+  ps = ps * s + erf_p[2];
+  ps = ps * s + erf_p[1];
+  ps = ps * s + erf_p[0];
+  const float near = (float)(1.0 + zd * ps);
+#endif
+  const float ac = az > 1.0f ? az : 1.0f;
+  const float t = 1.0f / ac; /* a division: Newton's iteration from a bit-trick guess (3 steps of
+                               * two fmaf) was slower with AVX-512 and AVX2 */
+  float qs = PMADD(erf_q[8], t, erf_q[7]);
+  qs = PMADD(qs, t, erf_q[6]);
+  qs = PMADD(qs, t, erf_q[5]);
+  qs = PMADD(qs, t, erf_q[4]);
+  qs = PMADD(qs, t, erf_q[3]);
+  qs = PMADD(qs, t, erf_q[2]);
+  qs = PMADD(qs, t, erf_q[1]);
+  qs = PMADD(qs, t, erf_q[0]);
+  const float erfc = az < 4.0f ? e * qs : 0.0f;
+  const float tail = x > 0 ? 2.0f - erfc : erfc;
+  *erf1p = az < 1.0f ? near : tail;
+}
+
+#define INV_SQRT2PI_F 0.39894228040143267794f /* 1/sqrt(2 pi) */
+
+/* the exact GELU, x Phi(x), as ebb__gelu */
+static GELU_FN void gelu_f32(float *o, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float e1, ex2;
+    gelu_parts(x[i], &e1, &ex2);
+    o[i] = 0.5f * x[i] * e1;
+  }
+}
+
+/* its derivative Phi(x) + x phi(x), as ebb__gelu_grad */
+static GELU_FN void gelu_grad_f32(float *o, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float e1, ex2;
+    gelu_parts(x[i], &e1, &ex2);
+    o[i] = 0.5f * e1 + x[i] * ex2 * INV_SQRT2PI_F;
+  }
+}
 
 /* ---- the elementwise ops in f32 ---------------------------------------------------------------- */
 
-#define SQRT1_2F 0.70710678118654752440f  /* 1/sqrt(2) */
-#define INV_SQRT2PI_F 0.39894228040143267794f /* 1/sqrt(2 pi) */
 
 #define FOR_N(body)                                                                                        \
   for (int64_t i = 0; i < n; i++) body
 
 static void ew(int op, float *o, const float *x, const float *y, const float *z, int64_t n, double s0, double s1) {
-  float t[CH], u[CH]; /* n <= CH */
+  float t[CH]; /* n <= CH */
   switch (op) {
   case EBB__EW_COPY:
     if (o != x) memmove(o, x, (size_t)n * 4);
@@ -196,16 +253,10 @@ static void ew(int op, float *o, const float *x, const float *y, const float *z,
     return;
   case EBB__EW_RELU: for (int64_t i = 0; i < n; i++) o[i] = x[i] > 0 ? x[i] : 0.0f; return;
   case EBB__EW_GELU: /* the exact GELU, x Phi(x), as ebb__gelu */
-    for (int64_t i = 0; i < n; i++) t[i] = x[i] * SQRT1_2F;
-    map_erf1p(t, t, n);
-    for (int64_t i = 0; i < n; i++) o[i] = 0.5f * x[i] * t[i];
+    gelu_f32(o, x, n);
     return;
   case EBB__EW_GELU_GRAD: /* Phi(x) + x phi(x), as ebb__gelu_grad */
-    for (int64_t i = 0; i < n; i++) t[i] = x[i] * SQRT1_2F;
-    for (int64_t i = 0; i < n; i++) u[i] = -0.5f * x[i] * x[i];
-    map_erf1p(t, t, n);
-    map_exp(u, u, n);
-    for (int64_t i = 0; i < n; i++) o[i] = 0.5f * t[i] + x[i] * u[i] * INV_SQRT2PI_F;
+    gelu_grad_f32(o, x, n);
     return;
   case EBB__EW_POWS:
     if (s0 == 2.0) { /* x*x rounds once, as pow in f64 then to f32 does */

@@ -41,8 +41,9 @@ typedef struct ebb__vec_ops {
    * where that would change a result the f64 formula gives: the scalar ops (x op s0) and the
    * comparisons with a scalar run in f64 (s0 need not be an f32), and + - * / sqrt, computed in
    * f32, round to the same f32 as in f64. The transcendental ops (exp, log, sin, cos, tanh,
-   * sigmoid, gelu, its gradient, pow) use SLEEF's f32 functions (error below 1 ulp) when ebb
-   * is built with SLEEF, libm's f32 functions otherwise. o may be x, y or z (in place); inputs
+   * sigmoid, pow) use SLEEF's f32 functions (error below 1 ulp) when ebb is built with SLEEF,
+   * libm's f32 functions otherwise; gelu and its gradient have their own f32 loop (within 4 ulp
+   * or 1e-7, and 4 ulp or 2e-7; kernels_cpu_vec.c), with or without SLEEF. o may be x, y or z (in place); inputs
    * an op does not use may be NULL. */
   void (*ew)(int op, float *o, const float *x, const float *y, const float *z, int64_t n, double s0, double s1);
   /* dst[i] = element i of src as f32 (exact), elements `stride` bytes apart (0: one element

@@ -90,6 +90,8 @@ TEST_CASE("vec: each table's f32 ops match ops_math.h's f64 formula", "[ops][int
       {EBB__EW_SIGMOID, "sigmoid", -30, 30, 3, 0, 0, 0},
       {EBB__EW_GELU, "gelu (|x| < 1.4)", -1.4, 1.4, 4, 1e-7, 0, 0},
       {EBB__EW_GELU, "gelu", -12, 12, 4, 1e-7, 0, 0},
+      {EBB__EW_GELU, "gelu (x/sqrt 2 near -1, 1 + erf cancelling)", -1.41, -1.40, 4, 1e-7, 0, 0},
+      {EBB__EW_GELU, "gelu (erf's tail, |x/sqrt 2| near 4)", -5.8, -5.5, 4, 1e-7, 0, 0},
       {EBB__EW_GELU_GRAD, "gelu_grad", -12, 12, 4, 2e-7, 0, 0},
   };
   for (const ebb__vec_ops *t : tables()) {
@@ -109,6 +111,25 @@ TEST_CASE("vec: each table's f32 ops match ops_math.h's f64 formula", "[ops][int
         }
       }
       CHECK(worst <= c.max_ulp);
+    }
+  }
+}
+
+TEST_CASE("vec: gelu and its gradient at NaN, infinities, zeros, subnormals and huge inputs", "[ops][internal][vec]") {
+  // as the f64 formula: NaN stays NaN; gelu(+inf) = +inf; gelu(-inf) and gelu_grad(+-inf) are
+  // NaN there too (inf times a zero); the rest within the ulp or absolute bounds of above
+  const float x[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 1e30f, -1e30f, 13.0f, -13.0f, 40.0f, -40.0f};
+  const int n = (int)(sizeof x / sizeof x[0]);
+  for (const ebb__vec_ops *t : tables()) {
+    for (int op : {EBB__EW_GELU, EBB__EW_GELU_GRAD}) {
+      float o[sizeof x / sizeof x[0]];
+      t->ew(op, o, x, nullptr, nullptr, n, 0, 0);
+      for (int i = 0; i < n; i++) {
+        INFO(t->name << " op " << op << " x " << x[i] << " got " << o[i]);
+        double want = ebb__ew_f(op, x[i], 0, 0, 0, 0);
+        if (std::isnan(want)) CHECK(std::isnan(o[i]));
+        else CHECK((std::fabs(o[i] - want) <= 2e-7 || ulps(o[i], want) <= 4));
+      }
     }
   }
 }
