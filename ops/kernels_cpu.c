@@ -63,9 +63,12 @@ __attribute__((constructor)) static void vec_choose(void) {
   const char *cap = getenv("EBB_CPU_VEC");
   if (cap && strcmp(cap, "baseline") == 0) isa = EBB__ISA_BASE;
   else if (cap && strcmp(cap, "avx2") == 0 && isa > EBB__ISA_AVX2) isa = EBB__ISA_AVX2;
-#endif
   cpu_isa = isa;
   vec_table = isa == EBB__ISA_AVX512 ? &ebb__vec_avx512 : isa == EBB__ISA_AVX2 ? &ebb__vec_avx2 : &ebb__vec_baseline;
+#else
+  cpu_isa = isa;
+  vec_table = &ebb__vec_baseline; /* the wide tables are built on x86-64 only */
+#endif
 }
 
 int ebb__cpu_isa(void) { return cpu_isa; }

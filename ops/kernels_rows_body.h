@@ -158,13 +158,15 @@ static void softmax_row(float *y, const float *x, int64_t n) {
   row_scale(y, 1.0f / row_expsum(y, x, m, n), n);
 }
 
+/* (x - m) - log(sum): the small log(sum) is not added to a large max first, where f32 would round
+ * it away (a confident row's values would lose their digits). */
 static void log_softmax_row(float *y, const float *x, int64_t n) {
   const float m = row_max(x, n);
-  const float l = m + logf(row_expsum(NULL, x, m, n));
-  const V vl = V_SET(l);
+  const float l = logf(row_expsum(NULL, x, m, n));
+  const V vm = V_SET(m), vl = V_SET(l);
   int64_t i = 0;
-  for (; i + VW <= n; i += VW) V_STORE(y + i, V_SUB(V_LOAD(x + i), vl));
-  for (; i < n; i++) y[i] = x[i] - l;
+  for (; i + VW <= n; i += VW) V_STORE(y + i, V_SUB(V_SUB(V_LOAD(x + i), vm), vl));
+  for (; i < n; i++) y[i] = (x[i] - m) - l;
 }
 
 /* out = y (g - sum(g y)) */
@@ -271,7 +273,7 @@ void ROWS_FN(ebb__rows_run)(const ebb__rows_args *a, int64_t r0, int64_t r1) {
         break;
       }
       const float m = row_max(x, n);
-      a->out[r] = m + logf(row_expsum(NULL, x, m, n)) - x[t];
+      a->out[r] = (m - x[t]) + logf(row_expsum(NULL, x, m, n)); /* small terms kept apart from m */
       break;
     }
     case EBB__ROWS_CE_BWD: {

@@ -195,26 +195,24 @@ static ebb_status ce_check(const char *fn, const ebb_tensor_t *logits, const ebb
   return EBB_OK;
 }
 
-/* On the CPU the targets can be read before the kernel runs: one outside [0, C) is refused
- * with its row. (On a device they are not read back: that row's loss and gradient are NaN.) */
+/* On the CPU the targets can be read before any kernel runs: one outside [0, C) is refused with
+ * its row, on every path. (On a device they are not read back: ops.h says what such a row gives.) */
 static ebb_status ce_targets_in_range(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target) {
   if (target->stor->device != EBB_DEVICE_CPU) return EBB_OK;
-  const int64_t *t = ebb__tensor_ptr(target), n = logits->shape[0], c = logits->shape[1];
+  const int64_t *t = ebb__tensor_ptr(target), n = logits->shape[0], c = logits->shape[1], st = target->strides[0];
   for (int64_t i = 0; i < n; i++)
-    if (t[i] < 0 || t[i] >= c) {
+    if (t[i * st] < 0 || t[i * st] >= c) {
       char a[EBB__DESC_MAX];
       return ebb__fail(EBB_EINVAL, "%s: %s holds %lld at row %lld; expected a class index in [0, %lld)", fn,
-                       EBB__DESC(target, "target", a), (long long)t[i], (long long)i, (long long)c);
+                       EBB__DESC(target, "target", a), (long long)t[i * st], (long long)i, (long long)c);
     }
   return EBB_OK;
 }
 
 /* The fused cross entropy: per-row losses from the row kernel, then their mean. */
 static ebb_status ce_fused(const char *fn, const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out) {
-  ebb_status st = ce_targets_in_range(fn, logits, target);
-  if (st) return st;
   ebb_tensor_t *per_row = NULL;
-  st = ebb__tensor_new(fn, logits->stor->device, EBB_F32, 1, logits->shape, &per_row);
+  ebb_status st = ebb__tensor_new(fn, logits->stor->device, EBB_F32, 1, logits->shape, &per_row);
   if (st) return st;
   ebb__rows_args a = {.op = EBB__ROWS_CE_FWD, .rows = logits->shape[0], .cols = logits->shape[1],
                       .x = ebb__tensor_ptr(logits), .target = ebb__tensor_ptr(target), .out = ebb__tensor_ptr(per_row)};
@@ -248,6 +246,7 @@ static ebb_status op_cross_entropy_impl(const ebb_tensor_t *logits, const ebb_te
   const char *fn = "ebb_op_cross_entropy";
   ebb_status st = ce_check(fn, logits, target);
   if (!st) st = need_out(fn, "out", out);
+  if (!st) st = ce_targets_in_range(fn, logits, target);
   if (st) return ebb__fail_in(fn, st);
   if (ce_rows_ok(logits, target)) return ebb__fail_in(fn, ce_fused(fn, logits, target, out));
   ebb_tensor_t *ls = NULL, *oh = NULL, *zero = NULL, *picked = NULL, *total = NULL;
@@ -278,22 +277,20 @@ ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_ten
     char a[EBB__DESC_MAX];
     return ebb__fail(EBB_EINVAL, "%s: %s is not a scalar; expected a scalar (the loss is one)", fn, EBB__DESC(grad, "grad", a));
   }
+  st = ce_targets_in_range(fn, logits, target);
+  if (st) return ebb__fail_in(fn, st);
   if (ce_rows_ok(logits, target) && grad->dtype == EBB_F32 && grad->stor->device == logits->stor->device) {
-    st = ce_targets_in_range(fn, logits, target);
+    ebb_tensor_t *r = NULL;
+    st = ebb__tensor_new(fn, logits->stor->device, EBB_F32, 2, logits->shape, &r);
     if (!st) {
-      ebb_tensor_t *r = NULL;
-      st = ebb__tensor_new(fn, logits->stor->device, EBB_F32, 2, logits->shape, &r);
       ebb__rows_args a = {.op = EBB__ROWS_CE_BWD, .rows = logits->shape[0], .cols = logits->shape[1],
                           .x = ebb__tensor_ptr(logits), .g = ebb__tensor_ptr(grad), .target = ebb__tensor_ptr(target),
-                          .s0 = 1.0 / (double)logits->shape[0]};
-      if (!st) {
-        a.out = ebb__tensor_ptr(r);
-        const ebb_tensor_t *rd[3] = {logits, grad, target};
-        st = rows_launch(fn, logits->stor->device, &a, rd, 3, &r, 1);
-      }
-      if (st) ebb__tensor_put(r);
-      else *gx = r;
+                          .out = ebb__tensor_ptr(r), .s0 = 1.0 / (double)logits->shape[0]};
+      const ebb_tensor_t *rd[3] = {logits, grad, target};
+      st = rows_launch(fn, logits->stor->device, &a, rd, 3, &r, 1);
     }
+    if (st) ebb__tensor_put(r);
+    else *gx = r;
     return ebb__fail_in(fn, st);
   }
   ebb_tensor_t *p = NULL, *oh = NULL, *d = NULL, *g = NULL;

@@ -9,16 +9,18 @@
 #    own behaviour, such as fault injection, select it themselves): a failure is either ebb
 #    meeting a real GPU or a test that assumes the emulated driver, both worth a look;
 # 4. runs the op benchmarks on device 0: ebb-bench-ops_device (bandwidth of elementwise ops and
-#    reductions against the device's peak, matmul TFLOP/s), ebb-bench-ops_elementwise and
-#    ebb-bench-ops_matmul on the device;
+#    reductions against the device's peak, matmul TFLOP/s) and ebb-bench-ops_elementwise (the
+#    add on the device against host memcpy);
 # 5. prints one summary: the GPU, the driver, the tests passed and failed (with the failures'
 #    names and the first lines of their output), the benchmark lines.
 # Everything goes to builddir/gpu-check/ (ctest.log, bench.log, summary.txt) as well.
 # Exit status: 0 when every test passed, 1 when some failed or a step broke, 2 without a GPU.
 set -uo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
 B=${1:-build/gpu}
+[[ $B == /* ]] || B=$PWD/$B # a relative builddir is the caller's, not the repository's
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+[[ $# -ge 1 ]] || B=$PWD/build/gpu
 OUT=$B/gpu-check
 start=$SECONDS
 jobs=$(nproc 2>/dev/null || echo 4)
@@ -51,10 +53,14 @@ fi
 cat "$OUT/ebb-info.txt"
 
 step "test suite against libcuda"
+if ! command -v ctest >/dev/null; then
+  echo "gpu-check: no ctest here (it comes with cmake): the suite was not run" | tee "$OUT/ctest.log"
+  status=1
+fi
 # each test gets 120 s; the whole suite at most 300 s (a hang on a GPU is a finding, not a stall)
-EBB_DRIVER=cuda timeout 300 ctest --test-dir "$B" -j "$jobs" --timeout 120 --output-on-failure \
-  >"$OUT/ctest.log" 2>&1
-ctest_rc=$?
+ctest_rc=1
+command -v ctest >/dev/null && { EBB_DRIVER=cuda timeout 300 ctest --test-dir "$B" -j "$jobs" --timeout 120 \
+  --output-on-failure >"$OUT/ctest.log" 2>&1; ctest_rc=$?; }
 [[ $ctest_rc -eq 0 ]] || status=1
 [[ $ctest_rc -eq 124 ]] && echo "gpu-check: the suite ran past 300 s and was stopped" | tee -a "$OUT/ctest.log"
 grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1
@@ -63,7 +69,6 @@ step "op benchmarks on device 0"
 {
   EBB_DRIVER=cuda timeout 90 "$bin/ebb-bench-ops_device" 0 7 10 4096 || echo "ebb-bench-ops_device: exit $?"
   EBB_DRIVER=cuda timeout 30 "$bin/ebb-bench-ops_elementwise" 5 20 || echo "ebb-bench-ops_elementwise: exit $?"
-  EBB_DRIVER=cuda timeout 30 "$bin/ebb-bench-ops_matmul" 3 3 2048 || echo "ebb-bench-ops_matmul: exit $?"
 } >"$OUT/bench.log" 2>&1
 cat "$OUT/bench.log"
 

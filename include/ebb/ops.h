@@ -257,10 +257,14 @@ EBB_API ebb_status ebb_op_log_softmax(const ebb_tensor_t *t, int dim, ebb_tensor
 EBB_API ebb_status ebb_op_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **grad_x);
 EBB_API ebb_status ebb_op_log_softmax_backward(const ebb_tensor_t *grad, const ebb_tensor_t *y, int dim, ebb_tensor_t **grad_x);
 /* Mean over the batch of -log_softmax(logits)[i, target[i]]: logits [N, C] floating, target
- * [N] i64 with values in [0, C) (a value out of range contributes 0: checking it would need a
- * copy back from the device). Result: a scalar of logits' dtype. */
+ * [N] i64 with values in [0, C). Result: a scalar of logits' dtype. A target outside [0, C):
+ * on the CPU both calls refuse it (EBB_EINVAL naming the row and the value); on a device the
+ * targets are not read back (that would wait for the device), so nothing is refused: with f32
+ * logits whose rows are contiguous (the fused kernel) the row's loss and gradient are NaN, which
+ * shows in the loss; otherwise the row contributes 0 to the loss and its gradient lacks the -1.
+ * Check targets where they are made when they may be wrong. */
 EBB_API ebb_status ebb_op_cross_entropy(const ebb_tensor_t *logits, const ebb_tensor_t *target, ebb_tensor_t **out);
-/* grad (a scalar) * (softmax(logits) - onehot(target)) / N. */
+/* grad (a scalar) * (softmax(logits) - onehot(target)) / N; targets as for the forward. */
 EBB_API ebb_status ebb_op_cross_entropy_backward(const ebb_tensor_t *grad, const ebb_tensor_t *logits, const ebb_tensor_t *target,
                                                  ebb_tensor_t **grad_logits);
 /* mean((a - b)^2) over all elements, a and b of one shape; a scalar. */

@@ -177,13 +177,13 @@ extern "C" __global__ void ebb_ops_rows(ebb__rows_args a) {
         const float inv = 1.f / s;
         for (int64_t j = t0; j < n; j += step) y[j] = expf(x[j] - m) * inv;
       } else if (a.op == EBB__ROWS_LOG_SOFTMAX) {
-        const float l = m + logf(s);
-        for (int64_t j = t0; j < n; j += step) y[j] = x[j] - l;
+        const float l = logf(s); // (x - m) - l: l is not added to a large m first
+        for (int64_t j = t0; j < n; j += step) y[j] = (x[j] - m) - l;
       } else {
         const int64_t t = a.target[r];
         const bool ok = t >= 0 && t < n;
         if (a.op == EBB__ROWS_CE_FWD) {
-          if (t0 == 0) a.out[r] = ok ? m + logf(s) - x[t] : NAN;
+          if (t0 == 0) a.out[r] = ok ? (m - x[t]) + logf(s) : NAN;
         } else {
           const float k = (float)((double)a.g[0] * a.s0), ks = k / s;
           for (int64_t j = t0; j < n; j += step) y[j] = ok ? expf(x[j] - m) * ks - (j == t ? k : 0.f) : NAN;

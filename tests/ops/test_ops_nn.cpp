@@ -364,3 +364,33 @@ TEST_CASE("nn: cross_entropy refuses a CPU target that is not a class index, nam
   EBB_CHECK_FAILS(ebb_op_cross_entropy_backward(one, x, neg, o.out()), EBB_EINVAL, "holds -1 at row 2");
   CHECK(o.get() == nullptr);
 }
+
+TEST_CASE("nn: fused log_softmax and cross_entropy keep a confident row's digits at large logits", "[ops][nn][fused]") {
+  // [a, a - 10]: log_softmax = [-log(1 + e^-10), -10 - log(1 + e^-10)] whatever a is; adding
+  // log(sum) to the max before subtracting would round the small term away in f32.
+  EbbSession session;
+  for (int dev : devices())
+    for (double a : {100.0, 1000.0, 1e4}) {
+      INFO(dev_name(dev) << " a " << a);
+      const double l = std::log1p(std::exp(-10.0));
+      Tensor x = make(dev, EBB_F32, {1, 2}, {a, a - 10}), ls, ce, tgt = make(dev, EBB_I64, {1}, {0});
+      EBB_REQUIRE_OK(ebb_op_log_softmax(x, 1, ls.out()));
+      auto r = read(ls);
+      CHECK(r[0] == Approx(-l).epsilon(1e-3));
+      CHECK(r[1] == Approx(-10 - l).epsilon(1e-5));
+      EBB_REQUIRE_OK(ebb_op_cross_entropy(x, tgt, ce.out()));
+      CHECK(read(ce)[0] == Approx(l).epsilon(1e-3));
+    }
+}
+
+TEST_CASE("nn: cross_entropy refuses a bad CPU target on every path: f64 logits, a strided target", "[ops][nn]") {
+  EbbSession session;
+  Tensor x64 = make(EBB_DEVICE_CPU, EBB_F64, {2, 3}, values(6, 4)), x32 = make(EBB_DEVICE_CPU, EBB_F32, {2, 3}, values(6, 5));
+  Tensor wide = make(EBB_DEVICE_CPU, EBB_I64, {2, 2}, {0, 7, 9, 1}), col, bad = make(EBB_DEVICE_CPU, EBB_I64, {2}, {1, 3}), o;
+  Tensor one = make(EBB_DEVICE_CPU, EBB_F64, {}, {1.0});
+  EBB_REQUIRE_OK(ebb_tensor_select(wide, 1, 0, col.out()));  // [0, 9], stride 2
+  EBB_CHECK_FAILS(ebb_op_cross_entropy(x64, bad, o.out()), EBB_EINVAL, "holds 3 at row 1");
+  EBB_CHECK_FAILS(ebb_op_cross_entropy(x32, col, o.out()), EBB_EINVAL, "holds 9 at row 1");
+  EBB_CHECK_FAILS(ebb_op_cross_entropy_backward(one, x64, bad, o.out()), EBB_EINVAL, "holds 3 at row 1");
+  CHECK(o.get() == nullptr);
+}
