@@ -18,8 +18,7 @@
 
 /* ---- shared steps ------------------------------------------------------------------------------ */
 
-/* g brought to input m's shape (summing broadcast dims), dtype and device; a new reference. */
-static ebb_status derivatives_fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb_tensor_t **out) {
+ebb_status ebb__grad_fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb_tensor_t **out) {
   ebb_tensor_t *r = NULL, *t = NULL;
   ebb_status st;
   if (g->ndim == m->ndim && memcmp(g->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) == 0) {
@@ -58,7 +57,7 @@ static ebb_tensor_t *derivatives_keep(const ebb_tensor_t *g) {
 /* grad * s, fitted to input 0 (in grad itself when the engine gives it up). */
 static ebb_status scaled(const ebb__bw_ctx *c, const ebb_tensor_t *g, double s, ebb_tensor_t **gin) {
   if (!WANT(c, 0)) return EBB_OK;
-  if (s == 1.0) return derivatives_fit(&c->in[0], g, &gin[0]);
+  if (s == 1.0) return ebb__grad_fit(&c->in[0], g, &gin[0]);
   if (derivatives_reusable(c, 0, g, &c->in[0])) {
     ebb_status st = ebb__lean_scale_((ebb_tensor_t *)g, s);
     if (!st) gin[0] = derivatives_keep(g);
@@ -67,7 +66,7 @@ static ebb_status scaled(const ebb__bw_ctx *c, const ebb_tensor_t *g, double s, 
   ebb_tensor_t *t = NULL;
   ebb_status st = ebb_op_mul_scalar(g, s, &t);
   if (st) return st;
-  st = derivatives_fit(&c->in[0], t, &gin[0]);
+  st = ebb__grad_fit(&c->in[0], t, &gin[0]);
   ebb__tensor_put(t);
   return st;
 }
@@ -92,7 +91,7 @@ static ebb_status fit_all(const ebb__bw_ctx *c, ebb_tensor_t **gin, int n) {
   for (int i = 0; i < n; i++) {
     if (!gin[i] || st) continue;
     ebb_tensor_t *f = NULL;
-    st = derivatives_fit(&c->in[i], gin[i], &f);
+    st = ebb__grad_fit(&c->in[i], gin[i], &f);
     ebb__tensor_put(gin[i]);
     gin[i] = st ? NULL : f;
   }
@@ -108,17 +107,17 @@ static ebb_status derivatives_two(ebb__bw2 f, const ebb__bw_ctx *c, const ebb_te
 /* ---- binary and scalar ----------------------------------------------------------------------- */
 
 static ebb_status bw_add(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  ebb_status st = WANT(c, 0) ? derivatives_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
-  if (!st && WANT(c, 1)) st = derivatives_fit(&c->in[1], go[0], &gin[1]);
+  ebb_status st = WANT(c, 0) ? ebb__grad_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  if (!st && WANT(c, 1)) st = ebb__grad_fit(&c->in[1], go[0], &gin[1]);
   return derivatives_drop(st, gin, 2);
 }
 
 static ebb_status bw_sub(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  ebb_status st = WANT(c, 0) ? derivatives_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  ebb_status st = WANT(c, 0) ? ebb__grad_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
   if (!st && WANT(c, 1)) {
     ebb_tensor_t *n = NULL;
     st = ebb_op_neg(go[0], &n);
-    if (!st) st = derivatives_fit(&c->in[1], n, &gin[1]);
+    if (!st) st = ebb__grad_fit(&c->in[1], n, &gin[1]);
     ebb__tensor_put(n);
   }
   return derivatives_drop(st, gin, 2);
@@ -234,7 +233,7 @@ static ebb_status unreduce(const ebb__bw_ctx *c, const ebb_tensor_t *g, double s
     t = st ? NULL : u;
   }
   if (!st) {
-    st = derivatives_fit(m, t, gin);
+    st = ebb__grad_fit(m, t, gin);
     ebb__tensor_put(t);
   }
   return st;
@@ -354,7 +353,7 @@ static ebb_status bw_select(const ebb__bw_ctx *c, const ebb_tensor_t *const *go,
 /* expand, contiguous, clone, to_device, to_dtype: grad fitted back (summed over expanded dims,
  * to the input's dtype and device). */
 static ebb_status bw_fit(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return WANT(c, 0) ? derivatives_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  return WANT(c, 0) ? ebb__grad_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
 }
 
 /* ---- in place ------------------------------------------------------------------------------ */
@@ -368,7 +367,7 @@ static ebb_status bw_mul_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, e
 /* dst = src: dst's old value gets nothing (it is gone), src gets grad in its shape, dtype and
  * device. */
 static ebb_status bw_copy_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return WANT(c, 1) ? derivatives_fit(&c->in[1], go[0], &gin[1]) : EBB_OK;
+  return WANT(c, 1) ? ebb__grad_fit(&c->in[1], go[0], &gin[1]) : EBB_OK;
 }
 
 /* ---- autograd's nodes for in-place ops on views ------------------------------------------------ */

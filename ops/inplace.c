@@ -161,32 +161,12 @@ ebb_status ebb_op_zero_(ebb_tensor_t *dst) {
  * Input 0 is dst's old value, inputs 1.. the srcs; go[0] the gradient of dst's new value, with
  * dst's shape, dtype and device. */
 
-/* g brought to input m's shape (summing broadcast dims) and dtype: a new reference. */
-static ebb_status fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb_tensor_t **out) {
-  ebb_tensor_t *r = NULL, *t = NULL;
-  ebb_status st;
-  if (g->ndim == m->ndim && memcmp(g->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) == 0) {
-    st = ebb_tensor_retain((ebb_tensor_t *)g);
-    r = (ebb_tensor_t *)g;
-  } else {
-    st = ebb_op_sum_to_shape(g, m->ndim, m->shape, &r);
-  }
-  if (!st && r->dtype != m->dtype) {
-    st = ebb_tensor_to_dtype(r, m->dtype, &t);
-    ebb__tensor_put(r);
-    r = st ? NULL : t;
-  }
-  if (st) return st;
-  *out = r;
-  return EBB_OK;
-}
-
 /* g * s fitted to input i (g itself when s is 1). */
 static ebb_status scaled_to(const ebb__bw_ctx *c, int i, const ebb_tensor_t *g, double s, ebb_tensor_t **out) {
-  if (s == 1.0) return fit(&c->in[i], g, out);
+  if (s == 1.0) return ebb__grad_fit(&c->in[i], g, out);
   ebb_tensor_t *t = NULL;
   ebb_status st = ebb_op_mul_scalar(g, s, &t);
-  if (!st) st = fit(&c->in[i], t, out);
+  if (!st) st = ebb__grad_fit(&c->in[i], t, out);
   ebb__tensor_put(t);
   return st;
 }
@@ -203,14 +183,14 @@ static ebb_status drop_on_failure(ebb_status st, ebb_tensor_t **gin, int n) {
 
 /* dst += alpha * src: dst's old value gets g, src alpha * g summed to its shape. */
 ebb_status ebb__bw_add_scaled_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  ebb_status st = c->need[0] ? fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  ebb_status st = c->need[0] ? ebb__grad_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
   if (!st && c->need[1]) st = scaled_to(c, 1, go[0], c->args->s[0], &gin[1]);
   return drop_on_failure(st, gin, 2);
 }
 
 /* dst += s: g. */
 ebb_status ebb__bw_add_scalar_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin) {
-  return c->need[0] ? fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  return c->need[0] ? ebb__grad_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
 }
 
 /* dst *= s: s * g. */
@@ -232,7 +212,7 @@ static ebb_status addc_backward(const ebb__bw_ctx *c, const ebb_tensor_t *const 
   const double v = c->args->s[0];
   const ebb_tensor_t *t1 = c->saved_in[1], *t2 = c->saved_in[2];
   ebb_tensor_t *p = NULL, *q = NULL, *r = NULL;
-  ebb_status st = c->need[0] ? fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
+  ebb_status st = c->need[0] ? ebb__grad_fit(&c->in[0], go[0], &gin[0]) : EBB_OK;
   if (!st && c->need[1]) {
     st = divide ? ebb_op_div(go[0], t2, &p) : ebb_op_mul(go[0], t2, &p);
     if (!st) st = scaled_to(c, 1, p, v, &gin[1]);

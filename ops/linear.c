@@ -113,22 +113,6 @@ static ebb_status operand_w(const char *fn, const ebb_tensor_t *w, ebb_dtype ct,
   return ebb__copy_as(fn, w, ct, use);
 }
 
-/* On a GPU (a device without CPU kernels), cuBLAS on the current stream; EBB_ENOTSUP on the
- * CPU, on the emulated driver, and where cuBLAS cannot be loaded (the caller then launches
- * the matmul kernel). */
-static ebb_status gemm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops) {
-  if (device == EBB_DEVICE_CPU) return EBB_ENOTSUP;
-  ebb_dev_caps caps;
-  ebb_status st = ebb_dev_get_caps(device, &caps);
-  if (st) return ebb__fail_in(fn, st);
-  if (caps.cpu_kernels) return EBB_ENOTSUP;
-  ebb_stream_t *s;
-  st = ebb_stream_current(device, &s);
-  if (!st) st = ebb__operands_use(fn, ops, 3, s);
-  if (!st) st = ebb__gpu_gemm(fn, device, s, g);
-  return st == EBB_ENOTSUP ? st : ebb__fail_in(fn, st);
-}
-
 static ebb_status linear_forward(const ebb_tensor_t *x, const ebb_tensor_t *w, const ebb_tensor_t *b, ebb_tensor_t **out) {
   const char *fn = "ebb_op_linear";
   ebb_status st = linear_check(fn, x, w, b);
@@ -162,7 +146,7 @@ static ebb_status linear_forward(const ebb_tensor_t *x, const ebb_tensor_t *w, c
       g.c = ebb__tensor_ptr(r);
       g.beta = b ? 1.0 : 0.0;
       ebb__operand ops[3] = {{r, true}, {ux, false}, {uw, false}};
-      st = gemm_gpu(fn, device, &g, ops);
+      st = ebb__mm_gpu(fn, device, &g, ops);
       if (st == EBB_ENOTSUP) st = ebb__launch(fn, EBB__K_MATMUL, device, &g, ops, 3, m * n);
     }
   }

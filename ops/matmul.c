@@ -56,9 +56,7 @@ copy:;
   return EBB_OK;
 }
 
-/* On a GPU (a device without CPU kernels), cuBLAS on the current stream; EBB_ENOTSUP on the
- * CPU, on the emulated driver, and where cuBLAS cannot be loaded. */
-static ebb_status mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops) {
+ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops) {
   if (device == EBB_DEVICE_CPU) return EBB_ENOTSUP;
   ebb_dev_caps caps;
   ebb_status st = ebb_dev_get_caps(device, &caps);
@@ -66,10 +64,9 @@ static ebb_status mm_gpu(const char *fn, int device, const ebb__mm_args *g, cons
   if (caps.cpu_kernels) return EBB_ENOTSUP;
   ebb_stream_t *s;
   st = ebb_stream_current(device, &s);
-  if (st) return ebb__fail_in(fn, st);
-  st = ebb__operands_use(fn, ops, 3, s);
+  if (!st) st = ebb__operands_use(fn, ops, 3, s);
   if (!st) st = ebb__gpu_gemm(fn, device, s, g);
-  return ebb__fail_in(fn, st);
+  return st == EBB_ENOTSUP ? st : ebb__fail_in(fn, st);
 }
 
 static ebb_status matmul_run(const char *fn, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
@@ -123,7 +120,7 @@ static ebb_status matmul_run(const char *fn, const ebb_tensor_t *a, const ebb_te
       g.b = ebb__tensor_ptr(ub);
       g.c = ebb__tensor_ptr(r);
       ebb__operand ops[3] = {{r, true}, {ua, false}, {ub, false}};
-      st = mm_gpu(fn, a->stor->device, &g, ops);
+      st = ebb__mm_gpu(fn, a->stor->device, &g, ops);
       if (st == EBB_ENOTSUP) st = ebb__launch(fn, EBB__K_MATMUL, a->stor->device, &g, ops, 3, batch * m * n);
       if (st) goto done;
     }

@@ -290,6 +290,12 @@ EBB_HIDDEN ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *gr
 /* A contiguous copy of t in dtype dt on t's device (one kernel), recording nothing. */
 EBB_HIDDEN ebb_status ebb__copy_as(const char *fn, const ebb_tensor_t *t, ebb_dtype dt, ebb_tensor_t **out);
 
+/* ---- derivatives.c: the derivative table's shared steps ------------------------------------------ */
+
+/* g brought to input m's shape (summing broadcast dims), dtype and device: a new reference in
+ * *out. The first step of most table entries' backward (and the in-place family's). */
+EBB_HIDDEN ebb_status ebb__grad_fit(const ebb__tensor_meta *m, const ebb_tensor_t *g, ebb_tensor_t **out);
+
 /* ---- inplace.c: the backward of the in-place family (derivative-table entries) -------------- */
 
 EBB_HIDDEN ebb_status ebb__bw_add_scaled_(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
@@ -303,6 +309,13 @@ EBB_HIDDEN ebb_status ebb__bw_sqrt_(const ebb__bw_ctx *c, const ebb_tensor_t *co
 /* ---- linear.c: LinearBackward's entry (ebb_op_linear_backward from the saved x and w) -------- */
 
 EBB_HIDDEN ebb_status ebb__bw_linear(const ebb__bw_ctx *c, const ebb_tensor_t *const *go, ebb_tensor_t **gin);
+
+/* ---- matmul.c: the GEMM launch shared with linear.c ------------------------------------------- */
+
+/* On a GPU (a device without CPU kernels), cuBLAS on the current stream with ops' operands
+ * declared there; EBB_ENOTSUP, with no message, on the CPU, on the emulated driver and where
+ * cuBLAS cannot be loaded (the caller then launches the matmul kernel, ebb__launch). */
+EBB_HIDDEN ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops);
 
 /* ---- kernels_cpu.c: the CPU kernels -------------------------------------------------------------- */
 
