@@ -21,13 +21,22 @@ extern "C" __global__ void ebb_ops_ew(ebb__ew_args a) {
   const int op = a.op, nin = a.nin, dto = a.dt_out;
   const bool ints = ebb__ew_exact_int(&a);
   const int64_t is0 = ebb__d2i(a.s0), is1 = ebb__d2i(a.s1);
+  // Contiguous operands (the launch coalesces dims, so most elementwise ops arrive as one dim of
+  // unit strides): element i is at offset i everywhere, no per-element division by the shape.
+  bool flat = a.ndim == 1 && a.st_out[0] == 1;
+  for (int k = 0; k < nin; k++) flat = flat && a.st_in[k][0] == 1;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t rem = i, oo = 0, io[3] = {0, 0, 0};
-    for (int d = a.ndim - 1; d >= 0; d--) {
-      int64_t c = rem % a.shape[d];
-      rem /= a.shape[d];
-      oo += c * a.st_out[d];
-      for (int k = 0; k < nin; k++) io[k] += c * a.st_in[k][d];
+    if (flat) {
+      oo = i;
+      for (int k = 0; k < nin; k++) io[k] = i;
+    } else {
+      for (int d = a.ndim - 1; d >= 0; d--) {
+        int64_t c = rem % a.shape[d];
+        rem /= a.shape[d];
+        oo += c * a.st_out[d];
+        for (int k = 0; k < nin; k++) io[k] += c * a.st_in[k][d];
+      }
     }
     char *po = (char *)a.out + oo * dt_size[dto];
     const char *pi[3];
