@@ -20,13 +20,22 @@
 #include "optim_kernels.h"
 
 #define EBB_ALWAYS_INLINE static inline __attribute__((always_inline))
-/* The f32 loops are built twice, for the x86-64 baseline (SSE2) and for AVX2, and the loader picks
- * one by the processor it runs on (GCC's target_clones, an ifunc). Both give the same bits: the
- * arithmetic is the same IEEE operations (no FMA contraction in either), only wider. */
+/* The f32 loops are built twice, for the x86-64 baseline (SSE2) and for AVX2 (a target
+ * attribute), and each call takes the one the CPU kernels' instruction-set choice allows
+ * (ebb__cpu_isa: the processor's, capped by EBB_CPU_VEC). Both give the same bits: the arithmetic
+ * is the same IEEE operations (no FMA contraction in either), only wider. Not GCC's
+ * target_clones: its ifunc resolver runs while the loader relocates libebb, before a sanitizer's
+ * runtime is ready, and ThreadSanitizer's instrumentation of it crashes the process at start. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define EBB_WIDE __attribute__((target_clones("avx2", "default")))
+#define EBB_OPTIM_AVX2 1
+#define EBB_WIDE_BODY(name)                                                                                   \
+  static void name(const ebb__optim_args *a, const ebb__optim_tensor *t) { name##_body(a, t); }               \
+  __attribute__((target("avx2"))) static void name##_avx2(const ebb__optim_args *a, const ebb__optim_tensor *t) { \
+    name##_body(a, t);                                                                                       \
+  }
 #else
-#define EBB_WIDE
+#define EBB_WIDE_BODY(name) \
+  static void name(const ebb__optim_args *a, const ebb__optim_tensor *t) { name##_body(a, t); }
 #endif
 
 /* ---- the per-tensor loops (CPU tensors, and the emulated driver's kernel) --------------------
@@ -47,7 +56,7 @@ EBB_ALWAYS_INLINE void sgd_f32_run(const ebb__optim_args *a, const ebb__optim_te
   }
 }
 
-EBB_WIDE static void sgd_f32(const ebb__optim_args *a, const ebb__optim_tensor *t) {
+EBB_ALWAYS_INLINE void sgd_f32_body(const ebb__optim_args *a, const ebb__optim_tensor *t) {
   const uint32_t f = a->flags & (EBB__OPTIM_NESTEROV | EBB__OPTIM_MAXIMIZE);
   const int first = t->first != 0;
 #define RUN(fi, fl) sgd_f32_run(a, t, fi, fl)
@@ -84,7 +93,7 @@ EBB_ALWAYS_INLINE void adamw_f32_run(const ebb__optim_args *a, const ebb__optim_
   }
 }
 
-EBB_WIDE static void adamw_f32(const ebb__optim_args *a, const ebb__optim_tensor *t) {
+EBB_ALWAYS_INLINE void adamw_f32_body(const ebb__optim_args *a, const ebb__optim_tensor *t) {
   const uint32_t f = a->flags & (EBB__OPTIM_AMSGRAD | EBB__OPTIM_MAXIMIZE);
   const int first = t->first != 0;
 #define RUN(fi, fl) adamw_f32_run(a, t, fi, fl)
@@ -101,6 +110,9 @@ EBB_WIDE static void adamw_f32(const ebb__optim_args *a, const ebb__optim_tensor
   }
 #undef RUN
 }
+
+EBB_WIDE_BODY(sgd_f32)
+EBB_WIDE_BODY(adamw_f32)
 
 /* bf16 and f16: 16-bit storage, f32 arithmetic, each value rounded back to nearest even once
  * per op's result, as PyTorch's ops on such tensors round each intermediate tensor. */
@@ -170,7 +182,15 @@ static void optim_tensor(const ebb__optim_args *a, const ebb__optim_tensor *t) {
   if (t->n == 0) return;
   const bool sgd = a->kind == EBB__OPTIM_SGD;
   switch (a->dtype) {
-  case EBB__KDT_F32: sgd ? sgd_f32(a, t) : adamw_f32(a, t); break;
+  case EBB__KDT_F32:
+#ifdef EBB_OPTIM_AVX2
+    if (ebb__cpu_isa() >= EBB__ISA_AVX2) {
+      sgd ? sgd_f32_avx2(a, t) : adamw_f32_avx2(a, t);
+      break;
+    }
+#endif
+    sgd ? sgd_f32(a, t) : adamw_f32(a, t);
+    break;
   case EBB__KDT_F64: sgd ? sgd_f64(a, t) : adamw_f64(a, t); break;
   case EBB__KDT_BF16: sgd ? sgd_16(a, t, 1) : adamw_16(a, t, 1); break;
   case EBB__KDT_F16: sgd ? sgd_16(a, t, 0) : adamw_16(a, t, 0); break;
