@@ -256,7 +256,9 @@ ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb_tensor
 
 
 /* grad_x = f(grad, x) for ops whose local derivative is one elementwise kernel of x (mode
- * `op`, scalars s0, s1) multiplied by grad; op < 0: grad * s0 without reading x. */
+ * `op`, scalars s0, s1) multiplied by grad; op < 0: grad * s0 without reading x; a binary op
+ * that does the multiply itself (EBB__EW_GELU_BWD: grad * gelu'(x)): that one kernel of (grad, x),
+ * in one pass without a temporary. */
 /* Most unary backward formulas are grad * f'(x) with f' one more elementwise kernel (e.g.
  * cos for sin, 1/x for log, the mask x > 0 for relu), hence this one helper. */
 ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int op, double s0, double s1,
@@ -272,6 +274,11 @@ ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const e
   ebb_tensor_t *d = NULL, *p = NULL;
   if (op < 0) {
     st = ebb_op_mul_scalar(grad, s0, &p);
+  } else if (op == EBB__EW_GELU_BWD) { /* a binary kernel that multiplies by grad itself */
+    const ebb_tensor_t *in[2] = {grad, x};
+    ebb_dtype dt;
+    ebb_op_promote(grad->dtype, x->dtype, &dt);
+    st = ebb__ew_new(fn, op, 2, in, dt, s0, s1, &p);
   } else {
     st = ebb__ew_new(fn, op, 1, &x, x->dtype, s0, s1, &d);
     if (!st) st = ebb_op_mul(grad, d, &p);

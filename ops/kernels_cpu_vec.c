@@ -218,12 +218,20 @@ static GELU_FN void gelu_f32(float *o, const float *x, int64_t n) {
 }
 
 /* its derivative Phi(x) + x phi(x), as ebb__gelu_grad */
+static inline GELU_FN float gelu_grad_one(float x) {
+  float e1, ex2;
+  gelu_parts(x, &e1, &ex2);
+  return 0.5f * e1 + x * ex2 * INV_SQRT2PI_F;
+}
+
 static GELU_FN void gelu_grad_f32(float *o, const float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    float e1, ex2;
-    gelu_parts(x[i], &e1, &ex2);
-    o[i] = 0.5f * e1 + x[i] * ex2 * INV_SQRT2PI_F;
-  }
+  for (int64_t i = 0; i < n; i++) o[i] = gelu_grad_one(x[i]);
+}
+
+/* gelu's backward, g * gelu'(x), in one pass: the product of the gradient above rounded to f32
+ * and g, as the two passes (gradient, then multiply) gave; o may be g or x */
+static GELU_FN void gelu_bwd_f32(float *o, const float *g, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) o[i] = g[i] * gelu_grad_one(x[i]);
 }
 
 /* ---- the elementwise ops in f32 ---------------------------------------------------------------- */
@@ -257,6 +265,9 @@ static void ew(int op, float *o, const float *x, const float *y, const float *z,
     return;
   case EBB__EW_GELU_GRAD: /* Phi(x) + x phi(x), as ebb__gelu_grad */
     gelu_grad_f32(o, x, n);
+    return;
+  case EBB__EW_GELU_BWD: /* x is the incoming gradient, y gelu's input */
+    gelu_bwd_f32(o, x, y, n);
     return;
   case EBB__EW_POWS:
     if (s0 == 2.0) { /* x*x rounds once, as pow in f64 then to f32 does */

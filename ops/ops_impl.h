@@ -280,7 +280,7 @@ EBB_HIDDEN ebb_status ebb__ew_bw_check(const char *fn, const ebb_tensor_t *grad,
 /* g summed to x's shape and converted to x's dtype (a new reference). */
 EBB_HIDDEN ebb_status ebb__grad_for(const char *fn, const ebb_tensor_t *g, const ebb_tensor_t *x, ebb_tensor_t **out);
 /* grad_x = grad * k(x) with k the elementwise kernel `op` (scalars s0, s1); op < 0: grad * s0
- * without reading x. */
+ * without reading x; op EBB__EW_GELU_BWD: that binary kernel of (grad, x), one pass. */
 EBB_HIDDEN ebb_status ebb__local_backward(const char *fn, const ebb_tensor_t *grad, const ebb_tensor_t *x, int op, double s0,
                                           double s1, ebb_tensor_t **gx);
 

@@ -33,6 +33,8 @@ enum ebb__ew_op {
   /* the fused in-place updates (ops/inplace.c), in0 being dst: in0 + s0 * in1; lerp of in0
    * towards in1 by s0; in0 + s0 * in1 * in2; in0 + s0 * in1 / in2 */
   EBB__EW_ADD_SCALED, EBB__EW_LERP, EBB__EW_ADDCMUL, EBB__EW_ADDCDIV,
+  /* binary, gelu's backward in one pass: in0 (grad) times gelu'(in1) */
+  EBB__EW_GELU_BWD,
   EBB__EW_COUNT
 };
 

@@ -241,6 +241,7 @@ static inline EBB__HD double ebb__ew_f(int op, double x, double y, double z, dou
   case EBB__EW_LERP: return s0 < 0.5 ? x + s0 * (y - x) : y - (y - x) * (1.0 - s0);
   case EBB__EW_ADDCMUL: return x + s0 * y * z;
   case EBB__EW_ADDCDIV: return x + s0 * y / z;
+  case EBB__EW_GELU_BWD: return x * ebb__gelu_grad(y);
   default: return 0.0;
   }
 }

@@ -105,7 +105,8 @@ ebb_status ebb_op_relu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x,
 ebb_status ebb_op_gelu_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {
   ebb_status st = unread_check("ebb_op_gelu_backward", "y", y);
   if (st) return st;
-  return ebb__local_backward("ebb_op_gelu_backward", grad, x, EBB__EW_GELU_GRAD, 0, 0, gx);
+  /* one kernel, grad * gelu'(x), rather than gelu'(x) into a temporary and a multiply */
+  return ebb__local_backward("ebb_op_gelu_backward", grad, x, EBB__EW_GELU_BWD, 0, 0, gx);
 }
 
 ebb_status ebb_op_cos_backward(const ebb_tensor_t *grad, const ebb_tensor_t *x, const ebb_tensor_t *y, ebb_tensor_t **gx) {

@@ -166,7 +166,7 @@ TEST_CASE("internal: ops_math.h compiled as C++ agrees bit for bit with the libr
       ebb__ew_args g;
       std::memset(&g, 0, sizeof g);
       g.op = op;
-      g.nin = op >= EBB__EW_WHERE ? 3 : op >= EBB__EW_ADD ? 2 : 1;
+      g.nin = op == EBB__EW_GELU_BWD ? 2 : op >= EBB__EW_WHERE ? 3 : op >= EBB__EW_ADD ? 2 : 1;
       g.dt_out = EBB__KDT_F64;
       for (int k = 0; k < 3; k++) g.dt_in[k] = EBB__KDT_F64, g.in[k] = &in[k];
       g.out = &out;
@@ -183,7 +183,7 @@ TEST_CASE("internal: ops_math.h compiled as C++ agrees bit for bit with the libr
       ebb__ew_args g;
       std::memset(&g, 0, sizeof g);
       g.op = op;
-      g.nin = op >= EBB__EW_WHERE ? 3 : op >= EBB__EW_ADD ? 2 : 1;
+      g.nin = op == EBB__EW_GELU_BWD ? 2 : op >= EBB__EW_WHERE ? 3 : op >= EBB__EW_ADD ? 2 : 1;
       g.dt_out = EBB__KDT_I64;
       for (int k = 0; k < 3; k++) g.dt_in[k] = EBB__KDT_I64, g.in[k] = &in[k];
       g.out = &out;

@@ -115,6 +115,34 @@ TEST_CASE("vec: each table's f32 ops match ops_math.h's f64 formula", "[ops][int
   }
 }
 
+TEST_CASE("vec: gelu's one-pass backward is the gradient's f32 loop times grad, bit for bit, in place too",
+          "[ops][internal][vec]") {
+  // grad * gelu'(x): within the gradient's bounds of the f64 formula (4 ulp, or 2e-7 times
+  // |grad|, plus the product's rounding) and, with the multiply rounded once, exactly the two
+  // passes it replaces (GELU_GRAD, then MUL)
+  for (const ebb__vec_ops *t : tables()) {
+    INFO(t->name);
+    std::vector<float> g = inputs(-3, 3, 21), x = inputs(-12, 12, 22), o(kN), d(kN), two(kN);
+    g[5] = 0.0f, x[9] = NAN, x[10] = INFINITY, x[11] = -INFINITY, x[12] = 0.0f;
+    t->ew(EBB__EW_GELU_BWD, o.data(), g.data(), x.data(), nullptr, kN, 0, 0);
+    t->ew(EBB__EW_GELU_GRAD, d.data(), x.data(), nullptr, nullptr, kN, 0, 0);
+    t->ew(EBB__EW_MUL, two.data(), g.data(), d.data(), nullptr, kN, 0, 0);
+    std::vector<float> in_g = g, in_x = x;
+    t->ew(EBB__EW_GELU_BWD, in_g.data(), in_g.data(), x.data(), nullptr, kN, 0, 0);
+    t->ew(EBB__EW_GELU_BWD, in_x.data(), g.data(), in_x.data(), nullptr, kN, 0, 0);
+    bool same = true, close = true;
+    for (int64_t i = 0; i < kN; i++) {
+      auto eq = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b)); };
+      same = same && eq(o[i], two[i]) && eq(in_g[i], o[i]) && eq(in_x[i], o[i]);
+      double want = ebb__ew_f(EBB__EW_GELU_BWD, g[i], x[i], 0, 0, 0);
+      if (std::isnan(want)) close = close && std::isnan(o[i]);
+      else close = close && (std::fabs(o[i] - want) <= 2e-7 * std::fabs(g[i]) + 1e-45 || ulps(o[i], want) <= 5);
+    }
+    CHECK(same);
+    CHECK(close);
+  }
+}
+
 TEST_CASE("vec: gelu and its gradient at NaN, infinities, zeros, subnormals and huge inputs", "[ops][internal][vec]") {
   // as the f64 formula: NaN stays NaN; gelu(+inf) = +inf; gelu(-inf) and gelu_grad(+-inf) are
   // NaN there too (inf times a zero); the rest within the ulp or absolute bounds of above
