@@ -321,16 +321,15 @@ struct Mlp {
   }
 };
 
-void ebb_mlp_step(Mlp &m) {
+// Forward through the layers (layer(l, h) gives layer l's pre-activation), ReLU between them,
+// cross-entropy, backward: the part both of ebb's steps share.
+void ebb_mlp_forward_backward(Mlp &m, size_t layers, const std::function<ebb_tensor_t *(size_t, ebb_tensor_t *)> &layer) {
   ebb_tensor_t *h = m.x;
   BENCH_CHECK(ebb_tensor_retain(h));
-  for (size_t l = 0; l < m.w.size(); l++) {
-    ebb_tensor_t *mm, *z;
-    BENCH_CHECK(ebb_op_matmul(h, m.w[l], &mm));
-    BENCH_CHECK(ebb_op_add(mm, m.b[l], &z));
-    BENCH_CHECK(ebb_tensor_release(mm));
+  for (size_t l = 0; l < layers; l++) {
+    ebb_tensor_t *z = layer(l, h);
     BENCH_CHECK(ebb_tensor_release(h));
-    if (l + 1 < m.w.size()) {
+    if (l + 1 < layers) {
       BENCH_CHECK(ebb_op_relu(z, &h));
       BENCH_CHECK(ebb_tensor_release(z));
     } else {
@@ -342,6 +341,16 @@ void ebb_mlp_step(Mlp &m) {
   BENCH_CHECK(ebb_tensor_release(h));
   BENCH_CHECK(ebb_backward_one(loss));
   BENCH_CHECK(ebb_tensor_release(loss));
+}
+
+void ebb_mlp_step(Mlp &m) {
+  ebb_mlp_forward_backward(m, m.w.size(), [&m](size_t l, ebb_tensor_t *h) {
+    ebb_tensor_t *mm, *z;
+    BENCH_CHECK(ebb_op_matmul(h, m.w[l], &mm));
+    BENCH_CHECK(ebb_op_add(mm, m.b[l], &z));
+    BENCH_CHECK(ebb_tensor_release(mm));
+    return z;
+  });
   bool was;
   ebb_grad_set_enabled(false, &was);
   for (size_t l = 0; l < m.w.size(); l++) {
@@ -360,24 +369,11 @@ void ebb_mlp_step(Mlp &m) {
 
 void ebb_mlp_step_linear(Mlp &m) {
   BENCH_CHECK(ebb_optim_zero_grad(m.sgd, true));
-  ebb_tensor_t *h = m.x;
-  BENCH_CHECK(ebb_tensor_retain(h));
-  for (size_t l = 0; l < m.lw.size(); l++) {
+  ebb_mlp_forward_backward(m, m.lw.size(), [&m](size_t l, ebb_tensor_t *h) {
     ebb_tensor_t *z;
     BENCH_CHECK(ebb_op_linear(h, m.lw[l], m.lb[l], &z));
-    BENCH_CHECK(ebb_tensor_release(h));
-    if (l + 1 < m.lw.size()) {
-      BENCH_CHECK(ebb_op_relu(z, &h));
-      BENCH_CHECK(ebb_tensor_release(z));
-    } else {
-      h = z;
-    }
-  }
-  ebb_tensor_t *loss;
-  BENCH_CHECK(ebb_op_cross_entropy(h, m.y, &loss));
-  BENCH_CHECK(ebb_tensor_release(h));
-  BENCH_CHECK(ebb_backward_one(loss));
-  BENCH_CHECK(ebb_tensor_release(loss));
+    return z;
+  });
   BENCH_CHECK(ebb_optim_step(m.sgd));
 }
 
