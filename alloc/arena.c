@@ -486,7 +486,7 @@ static void carve(struct ebb__arena *a, struct ebb__block *b, bool indexed, stru
 static ebb_status arena_oom(struct ebb__arena *a, size_t bytes, size_t r, const struct ebb__stream_ref *s,
                            const struct ebb__tried *tried) {
   a->c.s.num_ooms++;
-  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[256], tr[96] = "";
+  char rq[24], rr[24], cap[24], fr[24], res[24], al[24], lg[24], lim[48] = "", top[600], tr[96] = "";
   size_t dfree = 0, dtotal = 0;
   if (a->up->mem_info(a, &dfree, &dtotal) != EBB_OK) dfree = 0;
   uint8_t ocat;

@@ -58,15 +58,30 @@ void ebb__top_owners(struct ebb__arena *a, char *buf, size_t cap) {
     for (struct ebb__piece_iter it = ebb__pieces(g); ebb__piece_next(&it, &p);)
       if (p.state == EBB__B_ALLOC) oagg_add(t, tcap, p.owner, p.owner_cat, p.size);
   }
-  size_t at = (size_t)snprintf(buf, cap, ", top owners:");
+  /* Live bytes by owner category, largest first: what filled the device, at a glance. */
+  uint64_t by_cat[EBB_OWNER_CAT_COUNT] = {0};
+  for (size_t j = 0; j < tcap; j++)
+    if (t[j].used && t[j].cat < EBB_OWNER_CAT_COUNT) by_cat[t[j].cat] += t[j].bytes;
+  size_t at = (size_t)snprintf(buf, cap, "; live by owner category:");
+  for (int k = 0; k < EBB_OWNER_CAT_COUNT && at < cap; k++) {
+    int best = -1;
+    for (int c = 0; c < EBB_OWNER_CAT_COUNT; c++)
+      if (by_cat[c] && (best < 0 || by_cat[c] > by_cat[best])) best = c;
+    if (best < 0) break;
+    char sz[24];
+    at += (size_t)snprintf(buf + at, cap - at, "%s %s %s", k ? "," : "", ebb_owner_cat_name((ebb_owner_cat)best),
+                           ebb__fmt_bytes(sz, sizeof sz, by_cat[best]));
+    by_cat[best] = 0;
+  }
+  if (at < cap) at += (size_t)snprintf(buf + at, cap - at, "; top owners:");
   for (int k = 0; k < 5 && at < cap; k++) {
     struct ebb__oagg *best = NULL;
     for (size_t j = 0; j < tcap; j++)
       if (t[j].used && t[j].bytes && (!best || t[j].bytes > best->bytes)) best = &t[j];
     if (!best) break;
     char sz[24];
-    /* Names are clipped: the whole report must fit the 512-byte error message. */
-    at += (size_t)snprintf(buf + at, cap - at, "%s %s/%.24s %s", k ? "," : "", ebb_owner_cat_name(best->cat),
+    /* Names are clipped: the whole report must fit the error message (EBB__ERRMSG_MAX). */
+    at += (size_t)snprintf(buf + at, cap - at, "%s %s/%.40s %s", k ? "," : "", ebb_owner_cat_name(best->cat),
                            *best->name ? best->name : "(none)", ebb__fmt_bytes(sz, sizeof sz, best->bytes));
     best->bytes = 0;
   }

@@ -73,7 +73,8 @@ extern "C" {
  * EBB_OK (freeing NULL is a no-op). EBB_EDEVICE for a missing device, EBB_EDEVICE when `stream`
  * belongs to another device, EBB_ENOMEM with a report in ebb_last_error() when the device (or
  * the arena's limit) cannot hold the request after releasing cached memory; the report ends
- * with the five owners holding the most allocated bytes on the device. With expandable
+ * with the device's live bytes by owner category (largest first) and the five owners holding
+ * the most allocated bytes. With expandable
  * segments, a failure of the device wait before unmapping cached granules (on the way to an
  * OOM) is returned as is, with the driver's message. The block is recorded as owned by the
  * calling thread's innermost owner scope (ebb_alloc_owner_push). */

@@ -46,8 +46,9 @@ EBB_API const char *ebb_status_name(ebb_status s);
 /* "invalid argument" for EBB_EINVAL; "unknown status" outside the table. Static strings. */
 EBB_API const char *ebb_status_str(ebb_status s);
 
-/* The message of the last failing ebb call on this thread ("" if none failed yet). Owned by ebb;
- * valid until the next failing ebb call on this thread. Successful calls leave it unchanged. */
+/* The message of the last failing ebb call on this thread ("" if none failed yet; at most 2047
+ * bytes, a longer one is cut). Owned by ebb; valid until the next failing ebb call on this
+ * thread. Successful calls leave it unchanged. */
 EBB_API const char *ebb_last_error(void);
 /* Forget this thread's last error message (for tests and long-running loops). */
 EBB_API void ebb_clear_error(void);

@@ -71,7 +71,7 @@ EBB_HIDDEN const char *ebb__muted_error(void);
  * last error is left alone. Sets buf (NULL: none) and returns the one it replaces, to set back
  * after (so diverts nest, and a user's callback runs with NULL: its failed calls are its own).
  * The caller initialises buf. */
-#define EBB__ERRMSG_MAX 512
+#define EBB__ERRMSG_MAX 2048
 EBB_HIDDEN char *ebb__fail_divert(char *buf);
 /* How many failures this thread stored as its last error (muted and diverted ones not counted):
  * whether a callback's calls failed. */

@@ -809,7 +809,7 @@ TEST_CASE("history:0 records nothing and the snapshot still has the segments", "
 
 static const bool kEnvSet = setenv("EBB_SIM_MEM", "128M", 0) == 0;
 
-TEST_CASE("an allocation failing with EBB_ENOMEM writes oom_snapshot and names the top owners", "[alloc][history][oom]") {
+TEST_CASE("an allocation failing with EBB_ENOMEM writes oom_snapshot and names live bytes by category and the top owners", "[alloc][history][oom]") {
   std::remove(EBB_HIST_OOM_PATH);
   EbbSession session;
   ebb_stream_t *s = default_stream(0);
@@ -830,8 +830,8 @@ TEST_CASE("an allocation failing with EBB_ENOMEM writes oom_snapshot and names t
   INFO(msg);
   REQUIRE(st == EBB_ENOMEM);
   CHECK(msg.find("device 0 out of memory: requested 50.00 MiB") != std::string::npos);
-  CHECK(msg.find(", top owners: parameter/w1 60.00 MiB, activation/x 40.00 MiB, other/(none) 12.00 MiB") !=
-        std::string::npos);
+  CHECK(msg.find("; live by owner category: parameter 60.00 MiB, activation 40.00 MiB, other 12.00 MiB; top owners: "
+                 "parameter/w1 60.00 MiB, activation/x 40.00 MiB, other/(none) 12.00 MiB") != std::string::npos);
 
   Json snap = parse_file(EBB_HIST_OOM_PATH);
   CHECK(snap["allocator_settings"]["oom_snapshot"].s == EBB_HIST_OOM_PATH);
