@@ -7,6 +7,7 @@
  * Threading: no state of its own.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "ops_impl.h"
 #include "ops_export.h"
@@ -269,7 +270,14 @@ ebb_status ebb_tensor_copy_(ebb_tensor_t *dst, const ebb_tensor_t *src) {
   if (!st) st = ebb__inplace_check(fn, EBB__OP_COPY_, dst, &src, 1, NULL, &token);
   if (st) return st;
   ebb_tensor_t *moved = NULL;
+  /* src on dst's storage in another geometry (copy_(x, x.t())) would be read after the kernel
+   * wrote some of it: it is read through a copy made first, as the in-place ops do. The
+   * identical view reads each element before writing it. */
+  bool same = src->offset == dst->offset && src->ndim == dst->ndim && src->dtype == dst->dtype &&
+              memcmp(src->shape, dst->shape, sizeof(int64_t) * (size_t)dst->ndim) == 0 &&
+              memcmp(src->strides, dst->strides, sizeof(int64_t) * (size_t)dst->ndim) == 0;
   if (src->stor->device != dst->stor->device) st = to_device(fn, src, dst->stor->device, &moved);
+  else if (src->stor == dst->stor && !same) st = ebb__copy_as(fn, src, src->dtype, &moved);
   if (!st) st = ebb__ew_run(fn, EBB__EW_COPY, dst, 1, moved ? (const ebb_tensor_t *const *)&moved : &src, 0, 0);
   ebb__tensor_put(moved);
   if (!st) atomic_fetch_add_explicit(&dst->stor->version, 1, memory_order_relaxed);

@@ -295,6 +295,33 @@ TEST_CASE("tensor: views alias their base and share its version counter", "[ops]
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("tensor: copy_ from another view of its own storage reads the values from before the copy", "[ops][tensor][copy]") {
+  EbbSession session;
+  for (int dev : devices())
+    for (int64_t n : {4, 64}) {
+      INFO(dev_name(dev) << " " << n << "x" << n);
+      auto v = values(n * n, 11, -5, 5);
+      Tensor x = make(dev, EBB_F32, {n, n}, v), xt, row;
+      EBB_REQUIRE_OK(ebb_tensor_transpose(x, 0, 1, xt.out()));
+      EBB_REQUIRE_OK(ebb_tensor_copy_(x, xt));  // x = x^T, in place
+      auto got = read(x);
+      long bad = 0;
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) bad += got[(size_t)(i * n + j)] != (double)(float)v[(size_t)(j * n + i)];
+      CHECK(bad == 0);
+      // a row of x broadcast over all of x: every row becomes the old row 1
+      auto before = read(x);
+      EBB_REQUIRE_OK(ebb_tensor_select(x, 0, 1, row.out()));
+      EBB_REQUIRE_OK(ebb_tensor_copy_(x, row));
+      got = read(x);
+      bad = 0;
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < n; j++) bad += got[(size_t)(i * n + j)] != before[(size_t)(n + j)];
+      CHECK(bad == 0);
+    }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("tensor: copies across devices, dtype conversion and copy_", "[ops][tensor][copy]") {
   EbbSession session;
   auto v = values(60, 6, -3, 3);
