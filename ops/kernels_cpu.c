@@ -56,7 +56,10 @@ __attribute__((constructor)) static void vec_choose(void) {
   int isa = EBB__ISA_BASE;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = EBB__ISA_AVX2;
+  /* The AVX2 table converts f16 with F16C instructions: a processor (or a virtual machine's
+   * CPU model) may offer AVX2 and FMA without them. */
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    isa = EBB__ISA_AVX2;
   if (isa == EBB__ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
     isa = EBB__ISA_AVX512;
