@@ -74,6 +74,9 @@ EBB_API ebb_status ebb_driver_get_info(ebb_driver_info *out);
 
 /* ---- devices -------------------------------------------------------------------------------- */
 
+/* What a device offers. ebb is at ABI version 0 (the library's SOVERSION): fields are appended
+ * as ebb learns more about devices, so a program must be rebuilt against the header of the libebb
+ * it runs with (ebb_dev_get_caps writes the whole struct of its own header). */
 typedef struct ebb_dev_caps {
   int ordinal;
   char name[128];
