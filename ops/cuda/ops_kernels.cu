@@ -123,7 +123,7 @@ extern "C" __global__ void ebb_ops_matmul(ebb__mm_args a) {
 // One block per row (grid-stride over rows when the grid is smaller): the block's threads walk
 // the row in strides of blockDim, with block-wide sums and maxima through warp shuffles and one
 // shared word per warp. f32 math, as on the CPU. LN_BWD computes the input's gradient only:
-// ops/nn.c sends the weight's and bias's row sums (gw_out, gb_out) to the CPU kernels alone.
+// ops/norm.c sends the weight's and bias's row sums (gw_out, gb_out) to the CPU kernels alone.
 
 __device__ static float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
