@@ -118,8 +118,10 @@ _Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && E
                    EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
                "kernel dtype codes are ebb_dtype's");
 
-/* ops' kernel families, by id (launch.c's kernel table gives each its names and CPU function). */
-enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_OPTIM, EBB__K_COUNT };
+/* ops' kernel families, by id (launch.c's kernel table gives each its names and CPU function).
+ * EBB__K_EW_F32 is the elementwise family's GPU kernel for contiguous f32/bf16/f16 operands
+ * (ebb__ew_flat_f32, ops_math.h); its CPU function is EBB__K_EW's. */
+enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_OPTIM, EBB__K_EW_F32, EBB__K_COUNT };
 
 /* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
  * is not its allocation stream. */
