@@ -363,6 +363,22 @@ static inline EBB__HD bool ebb__red_run(const ebb__red_args *a) {
   return run >= 128; /* shorter runs leave most of a block idle: a thread per output */
 }
 
+/* Whether a reduction over one dim reads its outputs' elements side by side (the kept last dim
+ * is the unit-stride one: a sum over the first dim of a row-major matrix) with at least 32
+ * elements per output and no contiguous run: the GPU then gives each 8 adjacent outputs a block
+ * whose 32 thread rows split the reduced dim (cuda/ops_kernels.cu). */
+static inline EBB__HD bool ebb__red_cols(const ebb__red_args *a) {
+  return a->ninner == 1 && a->nouter >= 1 && a->ost_in[a->nouter - 1] == 1 && a->ishape[0] >= 32 && !ebb__red_run(a);
+}
+
+/* The GPU threads a reduction with nout outputs asks for (reduce.c): 256 per output for a
+ * contiguous run, 256 per 8 outputs side by side, else one per output. */
+static inline EBB__HD int64_t ebb__red_threads(const ebb__red_args *a, int64_t nout) {
+  if (ebb__red_run(a)) return nout * 256;
+  if (ebb__red_cols(a)) return (nout + 7) / 8 * 256;
+  return nout;
+}
+
 /* The result from the accumulator: the mean divides by the count (NaN for none). */
 static inline EBB__HD double ebb__red_finish(int op, double acc, int64_t inner) {
   if (op != EBB__RED_MEAN) return acc;

@@ -85,10 +85,8 @@ static ebb_status reduce_reduce(const char *fn, int op, const ebb_tensor_t *t, c
   a.idx = ix ? ebb__tensor_ptr(ix) : NULL;
   if (ebb__numel(shape, nd) > 0) {
     ebb__operand ops[3] = {{r, true}, {t, false}, {ix, true}};
-    /* a GPU block of 256 threads per output when each output's elements are one contiguous run
-     * (ops_math.h, ebb__red_run), else a thread per output */
-    const int64_t nout = ebb__numel(shape, nd);
-    st = ebb__launch(fn, EBB__K_REDUCE, t->stor->device, &a, ops, ix ? 3 : 2, ebb__red_run(&a) ? nout * 256 : nout);
+    /* the GPU threads the layout wants (ops_math.h, ebb__red_threads) */
+    st = ebb__launch(fn, EBB__K_REDUCE, t->stor->device, &a, ops, ix ? 3 : 2, ebb__red_threads(&a, ebb__numel(shape, nd)));
     if (st) {
       ebb__tensor_put(r);
       ebb__tensor_put(ix);

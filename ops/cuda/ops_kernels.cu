@@ -252,9 +252,12 @@ extern "C" __global__ void ebb_ops_ew_f32(ebb__ew_args a) {
 // partial sums then meet in a fixed tree (warp shuffles, then one word per warp). The max
 // keeps the first maximum and the first NaN, as the CPU does, whatever the tree. The order of
 // the f64 additions differs from the CPU's (32 partial sums), so a sum may differ from the CPU's
-// in the last bits of its f64 total, which the rounding to f32 hides all but rarely. Other
-// layouts (a sum over the first dim, a strided input) take one thread per output, walking its
-// elements in order; a reduction with few outputs then leaves most of the GPU idle.
+// in the last bits of its f64 total, which the rounding to f32 hides all but rarely. A
+// reduction over one dim whose outputs lie side by side in the input (ebb__red_cols: a sum over
+// the first dim) gives each 8 adjacent outputs a block: 32 thread rows take every 32nd element
+// of the reduced dim (each row of 8 threads reads 32 adjacent bytes of f32), and row 0 adds the
+// 32 partials in order. Other layouts take one thread per output, walking its elements in
+// order. Few outputs still leave most of the GPU idle: a whole-tensor mean is one block.
 
 struct max_part {
   double v;
@@ -366,6 +369,47 @@ extern "C" __global__ void ebb_ops_reduce(ebb__red_args a) {
         obase += c * a.ost_out[d];
       }
       reduce_run(a, (const char *)a.in + ibase * dt_size[a.dt_in], inner, obase, sh, shm);
+    }
+    return;
+  }
+  if (ebb__red_cols(&a)) { // 8 adjacent outputs per block, its 32 thread rows splitting the reduced dim
+    __shared__ double shc[32][8];
+    __shared__ max_part shcm[32][8];
+    const int col = threadIdx.x & 7, row = threadIdx.x >> 3, rows = (blockDim.x >> 3) < 32 ? (blockDim.x >> 3) : 32;
+    const int64_t tiles = (outer + 7) / 8;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const int64_t r = t * 8 + col;
+      int64_t rem = r, ibase = 0, obase = 0;
+      for (int d = a.nouter - 1; d >= 0; d--) {
+        int64_t c = rem % a.oshape[d];
+        rem /= a.oshape[d];
+        ibase += c * a.ost_in[d];
+        obase += c * a.ost_out[d];
+      }
+      double acc = 0.0;
+      max_part m = {-INFINITY, INT64_MAX, false};
+      if (r < outer && row < rows)
+        for (int64_t j = row; j < inner; j += rows) {
+          const double v = ebb__load_dt((const char *)a.in + (ibase + j * a.ist_in[0]) * dt_size[a.dt_in], a.dt_in);
+          if (a.op == EBB__RED_MAX) max_take(&m, v, j);
+          else acc += v;
+        }
+      __syncthreads(); // the previous tile's readers are done
+      if (row < rows) {
+        shc[row][col] = acc;
+        shcm[row][col] = m;
+      }
+      __syncthreads();
+      if (row == 0 && r < outer) { // the thread rows' partials in a fixed order
+        if (a.op == EBB__RED_MAX) {
+          for (int k = 1; k < rows; k++) m = max_join(m, shcm[k][col]);
+          ebb__store_dt((char *)a.out + obase * dt_size[a.dt_out], a.dt_out, m.v);
+          if (a.idx) a.idx[obase] = m.j;
+        } else {
+          for (int k = 1; k < rows; k++) acc += shc[k][col];
+          ebb__store_dt((char *)a.out + obase * dt_size[a.dt_out], a.dt_out, ebb__red_finish(a.op, acc, inner));
+        }
+      }
     }
     return;
   }

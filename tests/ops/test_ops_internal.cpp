@@ -176,7 +176,8 @@ TEST_CASE("internal: the GPU's kernel choices take exactly the layouts and dtype
   CHECK_FALSE(ebb__ew_flat_f32(&g));
 
   // ebb__red_run gives an output a block of threads when its elements are one dense run of at
-  // least 128.
+  // least 128; ebb__red_cols gives 8 outputs side by side a block; ebb__red_threads is what
+  // reduce.c asks the launch for.
   auto red = [](std::vector<int64_t> shape, std::vector<int64_t> strides) {
     ebb__red_args r;
     std::memset(&r, 0, sizeof r);
@@ -199,6 +200,23 @@ TEST_CASE("internal: the GPU's kernel choices take exactly the layouts and dtype
   CHECK_FALSE(ebb__red_run(&r));
   r = red({}, {});
   CHECK_FALSE(ebb__red_run(&r));
+  // ebb__red_cols: one reduced dim, the outputs side by side (a sum over the first dim)
+  r = red({4096}, {1024});
+  r.nouter = 1;
+  r.oshape[0] = 1024;
+  r.ost_in[0] = 1;
+  CHECK(ebb__red_cols(&r));
+  CHECK(ebb__red_threads(&r, 1024) == 128 * 256);
+  r.ost_in[0] = 4096;  // outputs apart: a thread each
+  CHECK_FALSE(ebb__red_cols(&r));
+  CHECK(ebb__red_threads(&r, 1024) == 1024);
+  r = red({16}, {1024});  // too few elements to share
+  r.nouter = 1;
+  r.oshape[0] = 1024;
+  r.ost_in[0] = 1;
+  CHECK_FALSE(ebb__red_cols(&r));
+  r = red({1024}, {1});
+  CHECK(ebb__red_threads(&r, 3) == 3 * 256);
 }
 
 TEST_CASE("internal: argument structs fit the driver's launch limit", "[ops][internal]") {
