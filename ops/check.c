@@ -3,6 +3,7 @@
  * Owns: the handle check every public call makes (NULL, released), dim normalisation, and the
  * one format of a tensor in a message ("grad 'g' (f32[3, 2] on the CPU)"), with the helpers that
  * write a failure about one or two tensors or prefix another call's failure with the user's.
+ * The nn families' shared checks: a floating input, a named out-argument.
  * Threading: no state; messages go to the calling thread's last error.
  */
 #include <stdarg.h>
@@ -110,5 +111,18 @@ ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out
   if (dim < lo || dim > hi)
     return ebb__fail(EBB_EINVAL, "%s: %s %d is out of range for a tensor of %d dims; expected [%d, %d]", fn, arg, dim, ndim, lo, hi);
   *out = dim < 0 ? dim + (ndim ? ndim : 1) : dim;
+  return EBB_OK;
+}
+
+ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_tensor_t *t) {
+  ebb_status st = ebb__tensor_check(t, fn, arg);
+  if (st) return ebb__fail_in(fn, st);
+  if (!ebb_dtype_is_float(t->dtype))
+    return ebb__fail_about(EBB_EINVAL, fn, t, arg, "has dtype %s; expected a floating dtype", ebb_dtype_name(t->dtype));
+  return EBB_OK;
+}
+
+ebb_status ebb__need_out(const char *fn, const char *arg, ebb_tensor_t **out) {
+  if (!out) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected a tensor handle to fill", fn, arg);
   return EBB_OK;
 }

@@ -103,7 +103,12 @@ ebb_status ebb__ew_run(const char *fn, int op, ebb_tensor_t *out, int nin, const
   ebb__ew_geometry(&a, out, nin, in, (const int64_t(*)[EBB_TENSOR_MAX_DIMS])bst);
   ebb__operand ops[4] = {{out, true}};
   for (int k = 0; k < nin; k++) ops[k + 1] = (ebb__operand){in[k], false};
-  return ebb__launch(fn, EBB__K_EW, out->stor->device, &a, ops, nin + 1, ebb__numel(out->shape, out->ndim));
+  const int64_t n = ebb__numel(out->shape, out->ndim);
+  /* On a device, contiguous f32/bf16/f16 operands take the f32 kernel, a GPU thread per 4
+   * elements (ops_math.h, ebb__ew_flat_f32); the CPU kernels serve both ids alike. */
+  if (out->stor->device != EBB_DEVICE_CPU && ebb__ew_flat_f32(&a))
+    return ebb__launch(fn, EBB__K_EW_F32, out->stor->device, &a, ops, nin + 1, (n + 3) / 4);
+  return ebb__launch(fn, EBB__K_EW, out->stor->device, &a, ops, nin + 1, n);
 }
 
 /* The rule of ops.h: a lattice bool < i64 < floating, and among floating dtypes the wider

@@ -27,6 +27,8 @@ static const struct {
     [EBB__K_MATMUL] = {"ebb.ops.matmul", "ebb_ops_matmul", sizeof(ebb__mm_args), ebb__matmul_cpu},
     [EBB__K_ROWS] = {"ebb.ops.rows", "ebb_ops_rows", sizeof(ebb__rows_args), ebb__rows_cpu},
     [EBB__K_OPTIM] = {"ebb.ops.optim", "ebb_ops_optim", sizeof(ebb__optim_args), ebb__optim_cpu},
+    /* the GPU's f32 elementwise kernel; the CPU kernels serve it as they serve "ebb.ops.ew" */
+    [EBB__K_EW_F32] = {"ebb.ops.ew_f32", "ebb_ops_ew_f32", sizeof(ebb__ew_args), ebb__ew_cpu},
 };
 
 static _Atomic(const ebb_kernel_t *) ebb__kernels[EBB__K_COUNT];

@@ -26,7 +26,11 @@
  *   compare.c      eq, ne, lt, le, gt, ge and where
  *   reduce.c       sum, mean, amax, max_dim, sum_to_shape
  *   matmul.c       matmul
- *   nn.c           softmax, log_softmax, cross_entropy, mse_loss, layer_norm, cat, stack
+ *   softmax.c      softmax, log_softmax
+ *   loss.c         cross_entropy, mse_loss
+ *   norm.c         layer_norm
+ *   cat.c          cat, stack
+ *   rows.c         the launch of the fused row kernels that softmax.c, loss.c and norm.c run
  *   inplace.c      the in-place updates of a training step (add_scaled_, add_scalar_,
  *                  mul_scalar_, lerp_, addcmul_, addcdiv_, sqrt_) and their derivative entries
  *   linear.c       linear (one GEMM with the bias folded in) and its derivative entry
@@ -114,8 +118,10 @@ _Static_assert(EBB__KDT_F32 == (int)EBB_F32 && EBB__KDT_F64 == (int)EBB_F64 && E
                    EBB__KDT_F16 == (int)EBB_F16 && EBB__KDT_I64 == (int)EBB_I64 && EBB__KDT_BOOL == (int)EBB_BOOL,
                "kernel dtype codes are ebb_dtype's");
 
-/* ops' kernel families, by id (launch.c's kernel table gives each its names and CPU function). */
-enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_OPTIM, EBB__K_COUNT };
+/* ops' kernel families, by id (launch.c's kernel table gives each its names and CPU function).
+ * EBB__K_EW_F32 is the elementwise family's GPU kernel for contiguous f32/bf16/f16 operands
+ * (ebb__ew_flat_f32, ops_math.h); its CPU function is EBB__K_EW's. */
+enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, EBB__K_OPTIM, EBB__K_EW_F32, EBB__K_COUNT };
 
 /* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
  * is not its allocation stream. */
@@ -149,6 +155,12 @@ EBB_HIDDEN ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, 
 EBB_HIDDEN ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides,
                                         int64_t offset, ebb_tensor_t **out);
 EBB_HIDDEN void ebb__tensor_put(ebb_tensor_t *t);
+/* Releases every handle of a local array of tensors (NULL entries allowed): how a composed op
+ * drops its temporaries, on success and on failure. */
+#define EBB__PUT_ALL(arr)                                                        \
+  do {                                                                           \
+    for (size_t i_ = 0; i_ < EBB_ARRAY_LEN(arr); i_++) ebb__tensor_put(arr[i_]); \
+  } while (0)
 /* The end of a two-input backward: on success hands ra to *ga and rb to *gb (each where its
  * out-pointer is non-NULL; ra and rb are NULL where it is NULL) and returns EBB_OK; on failure
  * releases both (NULL allowed) and returns st. */
@@ -182,6 +194,11 @@ EBB_HIDDEN EBB_COLD ebb_status ebb__fail_about2(ebb_status st, const char *fn, c
                                                 const ebb_tensor_t *b, const char *bn, const char *fmt, ...) EBB_PRINTF(7, 8);
 /* Normalises a possibly negative dim against ndim (range [-ndim, ndim)); EBB_EINVAL otherwise. */
 EBB_HIDDEN ebb_status ebb__dim(const char *fn, const char *arg, int dim, int ndim, int *out);
+/* A live tensor argument of a floating dtype (the nn families' inputs); EBB_EINVAL or
+ * EBB_EFREED naming fn and arg otherwise. */
+EBB_HIDDEN ebb_status ebb__float_input(const char *fn, const char *arg, const ebb_tensor_t *t);
+/* EBB_EINVAL naming fn and the out-argument arg ("out", "grad_x", ...) when out is NULL. */
+EBB_HIDDEN ebb_status ebb__need_out(const char *fn, const char *arg, ebb_tensor_t **out);
 
 /* ---- hooks.c: recording for autograd (ops_export.h, the `recorded` hook) ---------------------------
  * Every public op that has a derivative-table entry brackets its work:
@@ -316,6 +333,17 @@ EBB_HIDDEN ebb_status ebb__bw_linear(const ebb__bw_ctx *c, const ebb_tensor_t *c
  * declared there; EBB_ENOTSUP, with no message, on the CPU, on the emulated driver and where
  * cuBLAS cannot be loaded (the caller then launches the matmul kernel, ebb__launch). */
 EBB_HIDDEN ebb_status ebb__mm_gpu(const char *fn, int device, const ebb__mm_args *g, const ebb__operand *ops);
+
+/* ---- rows.c: the launch of the fused row kernels (softmax.c, loss.c, norm.c) ------------------ */
+
+/* Whether t can feed a row kernel: f32, contiguous, with elements (0-element tensors take the
+ * composed path, which already handles them). */
+EBB_HIDDEN bool ebb__rows_ok(const ebb_tensor_t *t);
+/* Runs a row kernel on `device`: reads and writes are the tensors behind a's pointers (NULL
+ * entries skipped, 8 at most in all), so a device launch declares their storages' uses on its
+ * stream. One block of 256 threads per row on a GPU. */
+EBB_HIDDEN ebb_status ebb__rows_launch(const char *fn, int device, const ebb__rows_args *a, const ebb_tensor_t *const *reads,
+                                       int nr, ebb_tensor_t *const *writes, int nw);
 
 /* ---- kernels_cpu.c: the CPU kernels -------------------------------------------------------------- */
 

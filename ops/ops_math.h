@@ -306,6 +306,30 @@ static inline EBB__HD bool ebb__ew_exact_int(const ebb__ew_args *a) {
   return ints;
 }
 
+/* Whether an elementwise launch takes the GPU's f32 kernel (ebb_ops_ew_f32, cuda/ops_kernels.cu)
+ * rather than the generic one: one dim (contiguous operands coalesce to one) with a unit-stride
+ * output and each input of unit stride or a broadcast element (stride 0); every operand f32,
+ * bf16 or f16, except a bool condition of where and a bool result of a comparison or a copy;
+ * an op other than fill, arange and the random ones. The same ops and dtypes the CPU kernels
+ * compute in f32 (kernels_cpu.c), so a device gives what the CPU gives, to the transcendental
+ * functions' last bits. ew.c asks it to choose the kernel; the CPU kernels serve both ids. */
+static inline EBB__HD bool ebb__ew_flat_f32(const ebb__ew_args *a) {
+  const int op = a->op, dto = a->dt_out;
+  if (op < EBB__EW_COPY || op >= EBB__EW_COUNT || a->ndim != 1 || a->st_out[0] != 1) return false;
+  const bool cmp = (op >= EBB__EW_EQ && op <= EBB__EW_GE) || op == EBB__EW_LT_S || op == EBB__EW_GT_S ||
+                   op == EBB__EW_CLAMP_MASK;
+  if (!(dto == EBB__KDT_F32 || dto == EBB__KDT_BF16 || dto == EBB__KDT_F16 ||
+        (dto == EBB__KDT_BOOL && (cmp || op == EBB__EW_COPY))))
+    return false;
+  for (int k = 0; k < a->nin; k++) {
+    const int d = a->dt_in[k];
+    if (a->st_in[k][0] != 0 && a->st_in[k][0] != 1) return false;
+    if (!(d == EBB__KDT_F32 || d == EBB__KDT_BF16 || d == EBB__KDT_F16 || (d == EBB__KDT_BOOL && op == EBB__EW_WHERE && k == 0)))
+      return false;
+  }
+  return true;
+}
+
 /* Element i (row-major output index) of arange. */
 static inline EBB__HD double ebb__arange_at(double start, double step, uint64_t i) { return start + (double)i * step; }
 
@@ -322,6 +346,37 @@ static inline EBB__HD void ebb__red_max_step(double *acc, int64_t *best, bool *n
     *best = j;
     *nan = v != v;
   }
+}
+
+/* Whether each output of a reduction combines one contiguous run of the input (the reduced dims
+ * are the innermost and dense, as for a sum over the last dim or of a whole contiguous
+ * tensor) of at least 128 elements: the GPU then gives each output a block of threads
+ * (cuda/ops_kernels.cu) and reduce.c launches 256 threads per output; otherwise one thread per
+ * output. */
+static inline EBB__HD bool ebb__red_run(const ebb__red_args *a) {
+  if (a->ninner < 1 || a->ist_in[a->ninner - 1] != 1) return false;
+  int64_t run = a->ishape[a->ninner - 1];
+  for (int d = a->ninner - 2; d >= 0; d--) {
+    if (a->ist_in[d] != a->ist_in[d + 1] * a->ishape[d + 1]) return false;
+    run *= a->ishape[d];
+  }
+  return run >= 128; /* shorter runs leave most of a block idle: a thread per output */
+}
+
+/* Whether a reduction over one dim reads its outputs' elements side by side (the kept last dim
+ * is the unit-stride one: a sum over the first dim of a row-major matrix) with at least 32
+ * elements per output and no contiguous run: the GPU then gives each 8 adjacent outputs a block
+ * whose 32 thread rows split the reduced dim (cuda/ops_kernels.cu). */
+static inline EBB__HD bool ebb__red_cols(const ebb__red_args *a) {
+  return a->ninner == 1 && a->nouter >= 1 && a->ost_in[a->nouter - 1] == 1 && a->ishape[0] >= 32 && !ebb__red_run(a);
+}
+
+/* The GPU threads a reduction with nout outputs asks for (reduce.c): 256 per output for a
+ * contiguous run, 256 per 8 outputs side by side, else one per output. */
+static inline EBB__HD int64_t ebb__red_threads(const ebb__red_args *a, int64_t nout) {
+  if (ebb__red_run(a)) return nout * 256;
+  if (ebb__red_cols(a)) return (nout + 7) / 8 * 256;
+  return nout;
 }
 
 /* The result from the accumulator: the mean divides by the count (NaN for none). */

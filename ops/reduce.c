@@ -85,7 +85,8 @@ static ebb_status reduce_reduce(const char *fn, int op, const ebb_tensor_t *t, c
   a.idx = ix ? ebb__tensor_ptr(ix) : NULL;
   if (ebb__numel(shape, nd) > 0) {
     ebb__operand ops[3] = {{r, true}, {t, false}, {ix, true}};
-    st = ebb__launch(fn, EBB__K_REDUCE, t->stor->device, &a, ops, ix ? 3 : 2, ebb__numel(shape, nd));
+    /* the GPU threads the layout wants (ops_math.h, ebb__red_threads) */
+    st = ebb__launch(fn, EBB__K_REDUCE, t->stor->device, &a, ops, ix ? 3 : 2, ebb__red_threads(&a, ebb__numel(shape, nd)));
     if (st) {
       ebb__tensor_put(r);
       ebb__tensor_put(ix);

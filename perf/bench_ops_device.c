@@ -4,7 +4,7 @@
  * timing events around them (the device's own clock, so the host's enqueueing is not counted
  * unless it is slower than the device), median of `reps` runs after one warm-up run. Bandwidth
  * counts the bytes an op must move at least (each input read once, the output written once:
- * add 3 x 16 MiB, a unary op 2 x 16 MiB, a sum 16 MiB), so `fraction` is how close the op
+ * add 3 x 16 MiB, a unary op 2 x 16 MiB, a sum 16 MiB; half that in bf16), so `fraction` is how close the op
  * comes to the device's peak memory bandwidth (ebb_dev_caps.peak_mem_gbps). matmul reports
  * TFLOP/s (2 n^3 per call). On an emulated device the ops run on the host's cores and the
  * peak is unknown (fraction=n/a): the figures then track the CPU kernels.
@@ -28,6 +28,7 @@
 
 typedef struct ctx {
   ebb_tensor_t *a, *b;   /* [4096,1024] f32 */
+  ebb_tensor_t *ah, *bh; /* the same in bf16 (2-byte loads and stores, f32 math) */
   ebb_tensor_t *m0, *m1; /* [n,n] f32 for matmul */
 } ctx;
 
@@ -38,6 +39,12 @@ static ebb_status op_mul_scalar(const ctx *c, ebb_tensor_t **o) { return ebb_op_
 static ebb_status op_relu(const ctx *c, ebb_tensor_t **o) { return ebb_op_relu(c->a, o); }
 static ebb_status op_exp(const ctx *c, ebb_tensor_t **o) { return ebb_op_exp(c->a, o); }
 static ebb_status op_gelu(const ctx *c, ebb_tensor_t **o) { return ebb_op_gelu(c->a, o); }
+static ebb_status op_add_bf16(const ctx *c, ebb_tensor_t **o) { return ebb_op_add(c->ah, c->bh, o); }
+static ebb_status op_gelu_bf16(const ctx *c, ebb_tensor_t **o) { return ebb_op_gelu(c->ah, o); }
+static ebb_status op_amax_last(const ctx *c, ebb_tensor_t **o) {
+  const int d = 1;
+  return ebb_op_amax(c->a, &d, 1, false, o);
+}
 static ebb_status op_sum_last(const ctx *c, ebb_tensor_t **o) {
   const int d = 1;
   return ebb_op_sum(c->a, &d, 1, false, o);
@@ -68,8 +75,11 @@ static const struct {
     {"relu", op_relu, 2 * MIB16},
     {"exp", op_exp, 2 * MIB16},
     {"gelu", op_gelu, 2 * MIB16},
+    {"add_bf16", op_add_bf16, 3 * MIB16 / 2},
+    {"gelu_bf16", op_gelu_bf16, 2 * MIB16 / 2},
     {"sum_last", op_sum_last, MIB16},
     {"sum_first", op_sum_first, MIB16},
+    {"amax_last", op_amax_last, MIB16},
     {"mean_all", op_mean_all, MIB16},
     {"softmax", op_softmax, 2 * MIB16},
     {"transpose_copy", op_transpose_copy, 2 * MIB16},
@@ -120,6 +130,8 @@ int main(int argc, char **argv) {
   const int64_t shape[2] = {ROWS, COLS}, mshape[2] = {n, n};
   BENCH_CHECK(ebb_tensor_randn(device, EBB_F32, 2, shape, 1, 0, &c.a));
   BENCH_CHECK(ebb_tensor_randn(device, EBB_F32, 2, shape, 2, 0, &c.b));
+  BENCH_CHECK(ebb_tensor_to_dtype(c.a, EBB_BF16, &c.ah));
+  BENCH_CHECK(ebb_tensor_to_dtype(c.b, EBB_BF16, &c.bh));
   BENCH_CHECK(ebb_tensor_randn(device, EBB_F32, 2, mshape, 3, 0, &c.m0));
   BENCH_CHECK(ebb_tensor_randn(device, EBB_F32, 2, mshape, 4, 0, &c.m1));
   printf("bench=ops_device device=%d name=\"%s\" emulated=%d peak_gbps=%.0f\n", device, caps.name, caps.emulated ? 1 : 0,
@@ -139,6 +151,8 @@ int main(int argc, char **argv) {
          2.0 * (double)n * (double)n * (double)n / (ms * 1e-3) / 1e12);
   BENCH_CHECK(ebb_tensor_release(c.a));
   BENCH_CHECK(ebb_tensor_release(c.b));
+  BENCH_CHECK(ebb_tensor_release(c.ah));
+  BENCH_CHECK(ebb_tensor_release(c.bh));
   BENCH_CHECK(ebb_tensor_release(c.m0));
   BENCH_CHECK(ebb_tensor_release(c.m1));
   BENCH_CHECK(ebb_shutdown());

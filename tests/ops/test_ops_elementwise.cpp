@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ebb/runtime.h"
+#include "ebb/trace.h"
 #include "gradcheck.hpp"
 
 using namespace ebb_test;
@@ -206,6 +208,45 @@ TEST_CASE("elementwise: strided and broadcast views as inputs and the large cont
     for (int64_t i = 0; i < n; i++) REQUIRE(z[(size_t)i] == (double)((float)x[(size_t)i] - (float)y[(size_t)i]));
   }
   REQUIRE(ebb_debug_live_handles() == 0);
+}
+
+TEST_CASE("elementwise: on a device, contiguous f32, bf16 and f16 operands launch the f32 kernel and other layouts the generic one",
+          "[ops][elementwise][kernels]") {
+  EbbSession session;
+  const int dev = 0;
+  auto launches = [&](std::function<void()> f) {
+    EBB_REQUIRE_OK(ebb_trace_enable(1024));
+    f();
+    EBB_REQUIRE_OK(ebb_dev_synchronize(dev));
+    std::vector<ebb_trace_span> spans(1024);
+    size_t n = 0;
+    EBB_REQUIRE_OK(ebb_trace_snapshot(spans.data(), spans.size(), &n));
+    ebb_trace_disable();
+    std::vector<std::string> names;
+    for (size_t i = 0; i < n; i++)
+      if (spans[i].device == dev && std::string(spans[i].name).rfind("ebb.ops.", 0) == 0) names.emplace_back(spans[i].name);
+    return names;
+  };
+  const int64_t n = 1001;  // not a multiple of 4: the GPU kernel's tail too
+  auto x = values(n, 7), y = values(n, 8);
+  for (ebb_dtype dt : {EBB_F32, EBB_BF16, EBB_F16}) {
+    INFO(ebb_dtype_name(dt));
+    Tensor a = make(dev, dt, {n}, x), b = make(dev, dt, {n}, y), ca = make(EBB_DEVICE_CPU, dt, {n}, x),
+           cb = make(EBB_DEVICE_CPU, dt, {n}, y), r, cr;
+    auto names = launches([&] { EBB_REQUIRE_OK(ebb_op_mul(a, b, r.out())); });
+    REQUIRE(names.size() == 1);
+    CHECK(names[0] == "ebb.ops.ew_f32");
+    EBB_REQUIRE_OK(ebb_op_mul(ca, cb, cr.out()));
+    CHECK(read(r) == read(cr));  // the CPU kernels serve both ids: the same values
+  }
+  Tensor a = make(dev, EBB_F32, {4, 6}, values(24, 9)), at, d = make(dev, EBB_F64, {n}, x), r1, r2, r3;
+  EBB_REQUIRE_OK(ebb_tensor_transpose(a, 0, 1, at.out()));
+  auto names = launches([&] {
+    EBB_REQUIRE_OK(ebb_op_exp(at, r1.out()));  // strided
+    EBB_REQUIRE_OK(ebb_op_exp(d, r2.out()));   // f64
+    EBB_REQUIRE_OK(ebb_tensor_full(dev, EBB_F32, 1, &n, 2.0, r3.out()));  // fill
+  });
+  CHECK(names == std::vector<std::string>{"ebb.ops.ew", "ebb.ops.ew", "ebb.ops.ew"});
 }
 
 TEST_CASE("elementwise: unary and scalar ops match the f64 reference", "[ops][elementwise]") {

@@ -125,6 +125,100 @@ TEST_CASE("internal: the column-wise reduction loop keeps the same tie, NaN and 
   CHECK(sums[1] == (1e16 + 1.0) + -1e16);
 }
 
+TEST_CASE("internal: the GPU's kernel choices take exactly the layouts and dtypes their CUDA kernels handle", "[ops][internal]") {
+  // ebb__ew_flat_f32 picks ebb_ops_ew_f32: one unit-stride dim (an input may be a broadcast
+  // element), f32/bf16/f16 operands, a bool where-condition or comparison result, no fill/random.
+  auto ew = [](int op, int dto, std::vector<int> dts, std::vector<int64_t> strides) {
+    ebb__ew_args g;
+    std::memset(&g, 0, sizeof g);
+    g.op = op;
+    g.ndim = 1;
+    g.shape[0] = 100;
+    g.st_out[0] = 1;
+    g.dt_out = dto;
+    g.nin = (int)dts.size();
+    for (size_t k = 0; k < dts.size(); k++) {
+      g.dt_in[k] = dts[k];
+      g.st_in[k][0] = strides[k];
+    }
+    return g;
+  };
+  const int F32 = EBB__KDT_F32, F64 = EBB__KDT_F64, BF16 = EBB__KDT_BF16, F16 = EBB__KDT_F16, I64 = EBB__KDT_I64, B = EBB__KDT_BOOL;
+  ebb__ew_args g = ew(EBB__EW_ADD, F32, {F32, F32}, {1, 1});
+  CHECK(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, BF16, {BF16, F16}, {1, 0});  // mixed 16-bit, a broadcast element
+  CHECK(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_LT, B, {F32, F32}, {1, 1});
+  CHECK(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_WHERE, F32, {B, F32, F32}, {1, 1, 1});
+  CHECK(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_GELU, F16, {F16}, {1});
+  CHECK(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, F32, {F32, F32}, {1, 2});  // a strided input
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, F64, {F64, F64}, {1, 1});
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, F32, {F32, I64}, {1, 1});
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, B, {F32, F32}, {1, 1});  // a bool result of arithmetic
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, F32, {B, F32}, {1, 1});  // bool is where's condition only
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_RAND, F32, {}, {});
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, F32, {F32, F32}, {1, 1});
+  g.ndim = 2;  // two dims left after coalescing: a strided layout
+  g.shape[1] = 3;
+  g.st_out[1] = 1;
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+  g = ew(EBB__EW_ADD, F32, {F32, F32}, {1, 1});
+  g.st_out[0] = 2;
+  CHECK_FALSE(ebb__ew_flat_f32(&g));
+
+  // ebb__red_run gives an output a block of threads when its elements are one dense run of at
+  // least 128; ebb__red_cols gives 8 outputs side by side a block; ebb__red_threads is what
+  // reduce.c asks the launch for.
+  auto red = [](std::vector<int64_t> shape, std::vector<int64_t> strides) {
+    ebb__red_args r;
+    std::memset(&r, 0, sizeof r);
+    r.ninner = (int)shape.size();
+    for (size_t d = 0; d < shape.size(); d++) {
+      r.ishape[d] = shape[d];
+      r.ist_in[d] = strides[d];
+    }
+    return r;
+  };
+  ebb__red_args r = red({1024}, {1});
+  CHECK(ebb__red_run(&r));
+  r = red({2, 64}, {64, 1});
+  CHECK(ebb__red_run(&r));
+  r = red({64}, {1});  // short: a thread per output
+  CHECK_FALSE(ebb__red_run(&r));
+  r = red({1024}, {2});
+  CHECK_FALSE(ebb__red_run(&r));
+  r = red({4, 64}, {128, 1});  // not dense
+  CHECK_FALSE(ebb__red_run(&r));
+  r = red({}, {});
+  CHECK_FALSE(ebb__red_run(&r));
+  // ebb__red_cols: one reduced dim, the outputs side by side (a sum over the first dim)
+  r = red({4096}, {1024});
+  r.nouter = 1;
+  r.oshape[0] = 1024;
+  r.ost_in[0] = 1;
+  CHECK(ebb__red_cols(&r));
+  CHECK(ebb__red_threads(&r, 1024) == 128 * 256);
+  r.ost_in[0] = 4096;  // outputs apart: a thread each
+  CHECK_FALSE(ebb__red_cols(&r));
+  CHECK(ebb__red_threads(&r, 1024) == 1024);
+  r = red({16}, {1024});  // too few elements to share
+  r.nouter = 1;
+  r.oshape[0] = 1024;
+  r.ost_in[0] = 1;
+  CHECK_FALSE(ebb__red_cols(&r));
+  r = red({1024}, {1});
+  CHECK(ebb__red_threads(&r, 3) == 3 * 256);
+}
+
 TEST_CASE("internal: argument structs fit the driver's launch limit", "[ops][internal]") {
   CHECK(sizeof(ebb__ew_args) <= 4096);
   CHECK(sizeof(ebb__red_args) <= 4096);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -304,6 +305,16 @@ TEST_CASE("recording: each public op with state on an input reports its table en
   const int64_t two = 2;
   EBB_REQUIRE_OK(ebb_tensor_zeros(EBB_DEVICE_CPU, EBB_I64, 1, &two, tgt.out()));
   ebb__tensor_set_slot(x, &marker);
+  // Views with state of their own: a strided one for contiguous (which copies only such a
+  // tensor), one with a dim of extent 1 for squeeze.
+  Tensor xt, xu;
+  EBB_REQUIRE_OK(ebb_tensor_transpose(x, 0, 1, xt.out()));
+  EBB_REQUIRE_OK(ebb_tensor_unsqueeze(x, 0, xu.out()));
+  ebb__tensor_set_slot(xt, &marker);
+  ebb__tensor_set_slot(xu, &marker);
+  // Every op the test saw reported (to the recorded or the inplace hook), for the check at the
+  // end that the table leaves no op of the derivative table out.
+  std::set<int> seen;
   struct Call {
     ebb__op_id op;
     std::function<ebb_status(ebb_tensor_t **)> f;
@@ -341,6 +352,10 @@ TEST_CASE("recording: each public op with state on an input reports its table en
       {EBB__OP_SUM, [&](ebb_tensor_t **o) { return ebb_op_sum(x, d1, 1, false, o); }},
       {EBB__OP_MEAN, [&](ebb_tensor_t **o) { return ebb_op_mean(x, nullptr, 0, false, o); }},
       {EBB__OP_AMAX, [&](ebb_tensor_t **o) { return ebb_op_amax(x, d1, 1, true, o); }},
+      {EBB__OP_MAX_DIM, [&](ebb_tensor_t **o) {
+         Tensor idx;
+         return ebb_op_max_dim(x, -1, false, o, idx.out());
+       }},
       {EBB__OP_MATMUL, [&](ebb_tensor_t **o) {
          Tensor t;
          ebb_status st = ebb_tensor_transpose(plain, 0, 1, t.out());
@@ -362,7 +377,9 @@ TEST_CASE("recording: each public op with state on an input reports its table en
       {EBB__OP_NARROW, [&](ebb_tensor_t **o) { return ebb_tensor_narrow(x, 1, 1, 2, o); }},
       {EBB__OP_SELECT, [&](ebb_tensor_t **o) { return ebb_tensor_select(x, 0, -1, o); }},
       {EBB__OP_EXPAND, [&](ebb_tensor_t **o) { return ebb_tensor_expand(x, 3, big, o); }},
+      {EBB__OP_SQUEEZE, [&](ebb_tensor_t **o) { return ebb_tensor_squeeze(xu, 0, o); }},
       {EBB__OP_UNSQUEEZE, [&](ebb_tensor_t **o) { return ebb_tensor_unsqueeze(x, 0, o); }},
+      {EBB__OP_CONTIGUOUS, [&](ebb_tensor_t **o) { return ebb_tensor_contiguous(xt, o); }},
       {EBB__OP_CLONE, [&](ebb_tensor_t **o) { return ebb_tensor_clone(x, o); }},
       {EBB__OP_TO_DEVICE, [&](ebb_tensor_t **o) { return ebb_tensor_to_device(x, 0, o); }},
       {EBB__OP_TO_DTYPE, [&](ebb_tensor_t **o) { return ebb_tensor_to_dtype(x, EBB_F32, o); }},
@@ -379,6 +396,7 @@ TEST_CASE("recording: each public op with state on an input reports its table en
     CHECK(g_recs[0].op == c.op);
     CHECK(g_recs[0].nout == e->nout);
     if (e->nin > 0) CHECK(g_recs[0].nin == e->nin);
+    seen.insert(g_recs[0].op);
   }
   auto args_of = [&](std::function<ebb_status(ebb_tensor_t **)> f) {
     g_recs.clear();
@@ -434,6 +452,7 @@ TEST_CASE("recording: each public op with state on an input reports its table en
     EBB_REQUIRE_OK(ebb_tensor_clone(plain, d.out()));
     auto before = read(d);
     g_inplace_calls = 0;
+    g_inplace.clear();
     EBB_CHECK_FAILS(ebb_op_mul_(d, x), EBB_ENOTSUP, "ebb_op_mul_: refused by the test");
     CHECK(read(d) == before);
     EBB_REQUIRE_OK(ebb_op_add_(d, x));      // asked, allowed
@@ -441,6 +460,12 @@ TEST_CASE("recording: each public op with state on an input reports its table en
     EBB_REQUIRE_OK(ebb_tensor_copy_(d, x));
     EBB_REQUIRE_OK(ebb_tensor_fill_(x, 1.0));
     CHECK(g_inplace_calls == 4);
+    REQUIRE(g_inplace.size() == 4);
+    const int asked[4] = {EBB__OP_MUL_, EBB__OP_ADD_, EBB__OP_COPY_, EBB__OP_FILL_};
+    for (int i = 0; i < 4; i++) {
+      CHECK(g_inplace[i].op == asked[i]);
+      seen.insert(g_inplace[i].op);
+    }
     // The in-place family: the hook gets the op's table entry, its other inputs and its scalar.
     struct InplaceCall {
       ebb__op_id op;
@@ -468,6 +493,7 @@ TEST_CASE("recording: each public op with state on an input reports its table en
       CHECK(g_inplace[0].nsrc == ebb__deriv_of(c.op)->nin - 1);
       if (std::isnan(c.s0)) CHECK(std::isnan(g_inplace[0].s0));
       else CHECK(g_inplace[0].s0 == c.s0);
+      seen.insert(g_inplace[0].op);
     }
     // A src with state on a dst without any: asked too (addcmul_'s t2 is x).
     g_inplace.clear();
@@ -478,7 +504,21 @@ TEST_CASE("recording: each public op with state on an input reports its table en
     EBB_REQUIRE_OK(ebb_op_addcmul_(e, plain, plain, 1.0));  // no state anywhere: not asked
     CHECK(g_inplace.size() == 1);
   }
+  // Every entry of the derivative table has a row above (calls, the in-place checks), so an op
+  // added without one fails here (docs/architecture.md, "Where to add an op", step 6). Only
+  // autograd's own nodes for in-place ops on views are never reported by an ops call.
+  const std::set<int> autograd_own = {EBB__OP_AS_STRIDED, EBB__OP_COPY_SLICES};
+  for (int op = 0; op < EBB__OP_COUNT; op++) {
+    if (autograd_own.count(op)) continue;
+    INFO("op " << op << " (" << ebb__deriv_of((ebb__op_id)op)->forward
+               << ") has no row in this test's recording table: add its call to `calls` (or, in place, to the inplace checks)");
+    CHECK(seen.count(op) == 1);
+  }
   ebb__tensor_set_slot(x, nullptr);
+  ebb__tensor_set_slot(xt, nullptr);
+  ebb__tensor_set_slot(xu, nullptr);
+  xt.reset();
+  xu.reset();
   x.reset();
   y.reset();
   plain.reset();
