@@ -15,8 +15,10 @@
  * Rounds: every round times every op once for each library, the two taking turns at going
  * first, after one untimed warm-up round (which also takes the largest difference of the two
  * results); the figure is the median over the rounds.
- * Prints, per op: bench=dnnl op=<op> ebb_us=<x> dnnl_us=<y> ratio=<dnnl/ebb> max_abs_diff=<d>
- * (ratio above 1: ebb faster; max_abs_diff: the largest difference of the two results).
+ * Prints, per op: bench=dnnl op=<op> ebb_us=<x> dnnl_us=<y> ratio=<dnnl/ebb> ebb_cpu_us=..
+ * dnnl_cpu_us=.. cpu_ratio=.. max_abs_diff=<d> (ratio above 1: ebb faster; the cpu_ figures are
+ * the calling thread's CPU time, which on a shared, loaded machine leaves out the waits for a
+ * core; max_abs_diff: the largest difference of the two results).
  * usage: ebb-bench-dnnl [--rounds N (>= 1, default 7)] [--op NAME]
  */
 #include <math.h>
@@ -106,7 +108,7 @@ typedef struct op {
   prim dn;
   dnnl_memory_t dn_out; /* the result compared with ebb's first output */
   int count;            /* calls per timed run */
-  double *ebb_ns, *dn_ns;
+  double *ebb_ns, *dn_ns, *ebb_cpu, *dn_cpu;
   double diff;
 } op;
 
@@ -130,7 +132,16 @@ static ebb_status e_relu(ebb_tensor_t **o, int *n) { *n = 1; return ebb_op_relu(
 static ebb_status e_sum(ebb_tensor_t **o, int *n) { *n = 1; return ebb_op_sum(x_t, &kLast, 1, false, &o[0]); }
 static ebb_status e_matmul(ebb_tensor_t **o, int *n) { *n = 1; return ebb_op_matmul(ma_t, mb_t, &o[0]); }
 
-static double time_ebb(op *o, int keep_diff) {
+/* this thread's CPU time: on a loaded machine it leaves out the time the thread waited for a
+ * core, which wall time counts for whichever library was descheduled */
+static double cpu_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static double time_ebb(op *o, int keep_diff, double *cpu) {
+  double c0 = cpu_now_ns();
   uint64_t t0 = bench_now_ns();
   for (int i = 0; i < o->count; i++) {
     ebb_tensor_t *outs[3];
@@ -146,12 +157,15 @@ static double time_ebb(op *o, int keep_diff) {
     }
     for (int k = 0; k < n; k++) BENCH_CHECK(ebb_tensor_release(outs[k]));
   }
+  *cpu = (cpu_now_ns() - c0) / o->count;
   return (double)(bench_now_ns() - t0) / o->count;
 }
 
-static double time_dnnl(const op *o) {
+static double time_dnnl(const op *o, double *cpu) {
+  double c0 = cpu_now_ns();
   uint64_t t0 = bench_now_ns();
   for (int i = 0; i < o->count; i++) run_prim(&o->dn);
+  *cpu = (cpu_now_ns() - c0) / o->count;
   return (double)(bench_now_ns() - t0) / o->count;
 }
 
@@ -281,6 +295,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nops; i++) {
     ops[i].ebb_ns = calloc((size_t)rounds, sizeof(double));
     ops[i].dn_ns = calloc((size_t)rounds, sizeof(double));
+    ops[i].ebb_cpu = calloc((size_t)rounds, sizeof(double));
+    ops[i].dn_cpu = calloc((size_t)rounds, sizeof(double));
   }
   for (int r = -1; r < rounds; r++) {
     for (int i = 0; i < nops; i++) {
@@ -288,18 +304,21 @@ int main(int argc, char **argv) {
       if (only && strcmp(only, o->name) != 0) continue;
       /* oneDNN first in the warm-up round (ebb's diff there reads its result), then the two
        * take turns at going first */
-      double dn, e;
-      if (r % 2 != 0) dn = time_dnnl(o), e = time_ebb(o, r == -1);
-      else e = time_ebb(o, 0), dn = time_dnnl(o);
-      if (r >= 0) o->ebb_ns[r] = e, o->dn_ns[r] = dn;
+      double dn, e, dn_cpu, e_cpu;
+      if (r % 2 != 0) dn = time_dnnl(o, &dn_cpu), e = time_ebb(o, r == -1, &e_cpu);
+      else e = time_ebb(o, 0, &e_cpu), dn = time_dnnl(o, &dn_cpu);
+      if (r >= 0) o->ebb_ns[r] = e, o->dn_ns[r] = dn, o->ebb_cpu[r] = e_cpu, o->dn_cpu[r] = dn_cpu;
     }
   }
   for (int i = 0; i < nops; i++) {
     op *o = &ops[i];
     if (only && strcmp(only, o->name) != 0) continue;
     double e = bench_median(o->ebb_ns, (size_t)rounds) / 1e3, dn = bench_median(o->dn_ns, (size_t)rounds) / 1e3;
-    printf("bench=dnnl op=%s ebb_us=%.1f dnnl_us=%.1f ratio=%.3f max_abs_diff=%.3g\n", o->name, e, dn, dn / e, o->diff);
-    free(o->ebb_ns), free(o->dn_ns);
+    double ec = bench_median(o->ebb_cpu, (size_t)rounds) / 1e3, dc = bench_median(o->dn_cpu, (size_t)rounds) / 1e3;
+    printf("bench=dnnl op=%s ebb_us=%.1f dnnl_us=%.1f ratio=%.3f ebb_cpu_us=%.1f dnnl_cpu_us=%.1f cpu_ratio=%.3f "
+           "max_abs_diff=%.3g\n",
+           o->name, e, dn, dn / e, ec, dc, dc / ec, o->diff);
+    free(o->ebb_ns), free(o->dn_ns), free(o->ebb_cpu), free(o->dn_cpu);
   }
   printf("bench=dnnl check=threads omp_max_threads=%d dnnl_version=%d.%d.%d\n", omp_get_max_threads(),
          dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch);
