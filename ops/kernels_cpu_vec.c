@@ -99,28 +99,31 @@ MAP1(map_tanh, tanh, tanhf)
 
 /* GELU's two functions of x, 1 + erf(x/sqrt 2) (= 2 Phi(x)) and exp(-x^2/2) (= sqrt(2 pi) phi(x)),
  * in f32, one element at a time in plain C without a branch or a call, so that the loops over
- * them vectorise at every width (every lane computes every piece and selects):
- *   z = x/sqrt 2, |z| < 1:  1 + z P(z^2), P interpolating erf(sqrt(s))/sqrt(s) on s in [0, 1];
- *   1 <= |z| < 4:           erfc(|z|) = exp(-x^2/2) Q(1/|z|), then 2 - erfc for x > 0, erfc
- *                           itself for x < 0 (exact where erf nears -1, where 1 + erf cancels);
- *                           Q interpolates erfc(1/t) exp(1/t^2) on t in [1/4, 1];
- *   |z| >= 4:               erfc < 1.6e-8 is taken as 0: 1 + erf is 2 (the f32 nearest), or 0
- *                           for x < 0, where |gelu| = |x| erfc/2 and |gelu_grad| stay below 1e-7.
- * exp(-x^2/2) is computed here too, from x^2 split exactly in two (with FMA, x*x and its
- * rounding error; without, the square of x's upper 12 bits and the rest; a rounded x*x would
- * cost up to 8 ulp at |x| ~ 3), 2^k (k = round(-x^2/2 / ln 2)) times a degree-7
- * polynomial on the reduced argument (ln 2 in two parts); |x| is capped at 13, past which the
- * exponential is 0 (below f32's least normal times x).
+ * them vectorise at every width (every lane computes every piece and selects). With
+ * a = |x|/sqrt 2, one formula for every a:
+ *   erfc(a) = exp(-a^2) Q(t),  t = 1/(1 + a p),  p = 0.47,
+ *   1 + erf(x/sqrt 2) = 2 - erfc(a) for x > 0, erfc(a) itself for x <= 0 (exact where erf nears
+ *   -1, where 1 + erf would cancel),
+ * Q a degree-7 polynomial fitted to erfc(a) exp(a^2) on a in [0, 4] (t in [0.347, 1]): a
+ * smooth function of t, within 6e-8 relative there with its coefficients rounded to f32, and
+ * still within 1e-4 out to |x| = 13 (a = 9.2), where exp(-a^2) < 1e-36 makes it not matter.
+ * t is computed to within about its last bit (below): Q moves 2.4 times t's relative error.
+ * exp(-x^2/2), which the gradient needs as well, is computed from x^2 split exactly in two
+ * (with FMA, x*x and its rounding error; without, the square of x's upper 12 bits and the rest;
+ * a rounded x*x would cost up to 8 ulp at |x| ~ 3), 2^k (k = round(-x^2/2 / ln 2)) times a
+ * degree-7 polynomial on the reduced argument (ln 2 in two parts); |x| is capped at 13, past
+ * which the exponential is 0 (below f32's least normal times x).
  * Errors (tests/ops/test_ops_kernels_vec.cpp): gelu within 4 ulp or 1e-7, its gradient within
- * 4 ulp or 2e-7; over every 97th f32 in [-20, 20], 1.2 ulp (baseline) and 1.7 ulp (AVX2,
- * AVX-512) for gelu beyond 1e-7. Coefficients: Chebyshev interpolation in f64 (degrees 6 and 8)
- * turned into monomials and rounded to f32. The wide builds fuse the multiply-adds (fmaf,
- * vectorised with FMA); the baseline rounds twice, and computes 1 + z P in f64 (in f32 it
- * cancels to 14 ulp toward z = -1); the tables' results differ in the last bits. */
-static const float erf_p[7] = {1.12837917f,     -0.376126267f,    0.112835947f,   -0.026854212f,
-                               0.00518908742f, -0.000801686428f, 7.87587505e-05f};
-static const float erf_q[9] = {0.000305017749f, 0.55847992f,    0.0458379092f,  -0.485939508f,   0.529070575f,
-                               -0.286535608f,   0.0613541498f, 0.0109451333f, -0.00593402247f};
+ * 4 ulp or 2e-7; over every 7th f32 in [-20, 20], gelu 1.7 ulp at most where it is off by more
+ * than 1e-7 (every table), its gradient 3.4 ulp where off by more than 2e-7 (baseline; AVX2 and
+ * AVX-512 never off by more than 2e-7). Coefficients of Q: least squares on Chebyshev nodes in
+ * t, weighted by 1/Q (relative error), in 40-digit arithmetic, rounded to f32. One formula for
+ * every a, instead of a polynomial in a near 0 and one in 1/a beyond, costs 8 multiply-adds and
+ * two selects less per element. The baseline (no FMA) rounds twice per step of Horner's rule,
+ * within the same bounds; its t comes from f64. */
+static const float erfc_q[8] = {-0.000349715468f, 0.271067858f,  0.222526312f,  0.407794297f,
+                                -0.241512462f,    0.715349257f, -0.474745005f, 0.0998695195f};
+#define ERFC_P 0.47f
 
 #if defined(__FMA__)
 #define PMADD(a, b, c) fmaf(a, b, c)
@@ -167,43 +170,27 @@ static inline GELU_FN void gelu_parts(float x, float *erf1p, float *ex2) {
   const float e = p * scale.f;
   *ex2 = ax < 13.0f ? e : 0.0f; /* NaN and infinities: 0, so x * exp(-x^2/2) stays NaN */
 
-  /* 1 + erf(z) */
-  const float z = x * 0.70710678f, az = ax * 0.70710678f; /* |z|, as fabsf(z) */
+  /* 1 + erf(x/sqrt 2), from erfc(a) = exp(-a^2) Q(t) */
+  const float a = xc * 0.70710678f;
+  /* t to within about its last bit: Q moves 2.4 times t's relative error at a = 0 (where its
+   * denominator, just above 1, rounds to 6e-8), and gelu's gradient, 0.5 there, allows 2e-7 */
 #if defined(__FMA__)
-  const float s = z * z;
-  float ps = fmaf(erf_p[6], s, erf_p[5]); /* Horner, written out: gcc 12 vectorises no loop around
-                                           * inner loops of fmaf */
-  ps = fmaf(ps, s, erf_p[4]);
-  ps = fmaf(ps, s, erf_p[3]);
-  ps = fmaf(ps, s, erf_p[2]);
-  ps = fmaf(ps, s, erf_p[1]);
-  ps = fmaf(ps, s, erf_p[0]);
-  const float near = fmaf(z, ps, 1.0f);
+  const float den = fmaf(a, ERFC_P, 1.0f), den_lo = fmaf(a, ERFC_P, 1.0f - den); /* 1 + a p = den + den_lo */
+  const float t0 = 1.0f / den;
+  const float t = fmaf(t0, fmaf(-t0, den_lo, fmaf(-t0, den, 1.0f)), t0); /* one Newton step on 1/(den + den_lo) */
 #else
-  /* in f64 without FMA: rounded twice per step in f32, 1 + z P cancels toward z = -1 to 14 ulp */
-  const double zd = z, s = zd * zd;
-  double ps = erf_p[6] * s + erf_p[5];
-  ps = ps * s + erf_p[4];
-  ps = ps * s + erf_p[3];
-  ps = ps * s + erf_p[2];
-  ps = ps * s + erf_p[1];
-  ps = ps * s + erf_p[0];
-  const float near = (float)(1.0 + zd * ps);
+  const float t = (float)(1.0 / ((double)a * ERFC_P + 1.0)); /* exact product and sum, rounded once */
 #endif
-  const float ac = az > 1.0f ? az : 1.0f;
-  const float t = 1.0f / ac; /* a division: Newton's iteration from a bit-trick guess (3 steps of
-                               * two fmaf) was slower with AVX-512 and AVX2 */
-  float qs = PMADD(erf_q[8], t, erf_q[7]);
-  qs = PMADD(qs, t, erf_q[6]);
-  qs = PMADD(qs, t, erf_q[5]);
-  qs = PMADD(qs, t, erf_q[4]);
-  qs = PMADD(qs, t, erf_q[3]);
-  qs = PMADD(qs, t, erf_q[2]);
-  qs = PMADD(qs, t, erf_q[1]);
-  qs = PMADD(qs, t, erf_q[0]);
-  const float erfc = az < 4.0f ? e * qs : 0.0f;
-  const float tail = x > 0 ? 2.0f - erfc : erfc;
-  *erf1p = az < 1.0f ? near : tail;
+  float q = PMADD(erfc_q[7], t, erfc_q[6]); /* Horner, written out: gcc 12 vectorises no loop
+                                             * around inner loops of fmaf */
+  q = PMADD(q, t, erfc_q[5]);
+  q = PMADD(q, t, erfc_q[4]);
+  q = PMADD(q, t, erfc_q[3]);
+  q = PMADD(q, t, erfc_q[2]);
+  q = PMADD(q, t, erfc_q[1]);
+  q = PMADD(q, t, erfc_q[0]);
+  const float erfc = *ex2 * q;
+  *erf1p = x > 0 ? 2.0f - erfc : erfc;
 }
 
 #define INV_SQRT2PI_F 0.39894228040143267794f /* 1/sqrt(2 pi) */
