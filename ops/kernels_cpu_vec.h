@@ -10,7 +10,9 @@
  * The loops work on arrays: the f32 math of every unary, scalar, binary and where op, the
  * conversions between f32 and the storage dtypes (f32, bf16, f16, bool), and the sums in f64.
  * The tables agree exactly on the sums (one fixed order of partial sums whatever the vector
- * width), the conversions, + - * / sqrt, the comparisons, the scalar ops and the fused updates;
+ * width), the conversions (of NaN, on its being NaN: the bits of an f16 NaN may differ between a
+ * table's hardware conversion and its scalar tail), + - * / sqrt, the comparisons, the scalar
+ * ops and the fused updates;
  * the transcendental ops may differ in their last bits between tables (SLEEF's functions
  * differ by width), each within its
  * error bound. A given machine gives the

@@ -28,6 +28,9 @@ static ebb_status ln_check(const char *fn, const ebb_tensor_t *x, int nnorm, con
     if (p[i]->ndim != nnorm || memcmp(p[i]->shape, x->shape + x->ndim - nnorm, sizeof(int64_t) * (size_t)nnorm) != 0)
       return ebb__fail(EBB_EINVAL, "%s: %s does not match %s; expected the shape of x's last %d dims", fn, EBB__DESC(p[i], names[i], s1),
                        EBB__DESC(x, "x", s2), nnorm);
+    if (p[i]->stor->device != x->stor->device)
+      return ebb__fail(EBB_EDEVICE, "%s: %s and %s are on different devices; expected the %s on x's device", fn,
+                       EBB__DESC(p[i], names[i], s1), EBB__DESC(x, "x", s2), names[i]);
   }
   for (int i = 0; i < nnorm; i++) dims[i] = x->ndim - nnorm + i;
   return EBB_OK;

@@ -205,6 +205,10 @@ TEST_CASE("nn: bad inputs name the op, the argument and the shapes", "[ops][nn][
     Tensor w = make(0, EBB_F32, {3}, values(3, 3));
     EBB_CHECK_FAILS(ebb_op_layer_norm(x, 1, w, nullptr, 1e-5, o.out()), EBB_EINVAL, "weight (f32[3] on device 0) does not match x (f32[3, 4] on device 0)");
     EBB_CHECK_FAILS(ebb_op_layer_norm(x, 3, nullptr, nullptr, 1e-5, o.out()), EBB_EINVAL, "nnorm 3");
+    Tensor w4 = make(0, EBB_F32, {4}, values(4, 3)), x_cpu = make(EBB_DEVICE_CPU, EBB_F32, {3, 4}, values(12, 1));
+    EBB_CHECK_FAILS(ebb_op_layer_norm(x_cpu, 1, w4, nullptr, 1e-5, o.out()), EBB_EDEVICE,
+                    "ebb_op_layer_norm: weight (f32[4] on device 0) and x (f32[3, 4] on the CPU) are on different devices");
+    EBB_CHECK_FAILS(ebb_op_layer_norm(x_cpu, 1, nullptr, w4, 1e-5, o.out()), EBB_EDEVICE, "expected the bias on x's device");
     const ebb_tensor_t *bad[2] = {x, y};
     EBB_CHECK_FAILS(ebb_op_cat(bad, 2, 0, o.out()), EBB_EINVAL, "ts[1] (f32[4, 3] on device 0) and ts[0] (f32[3, 4] on device 0) differ in shape");
     EBB_CHECK_FAILS(ebb_op_stack(bad, 2, 0, o.out()), EBB_EINVAL, "expected one shape");
