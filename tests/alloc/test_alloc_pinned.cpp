@@ -288,6 +288,23 @@ TEST_CASE("host: the tiny-tensor pattern is served from cached segments", "[allo
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("host: a large block starts a segment on a 2 MiB boundary, where huge pages can back it", "[alloc][host]") {
+  EbbSession session;
+  // The first block of a fresh segment sits at its start: 2 MiB-aligned for segments of whole
+  // 2 MiB pages (a 3 MiB request gets a 20 MiB one, a 12 MiB request exactly 12 MiB).
+  for (size_t bytes : {size_t(3) << 20, size_t(12) << 20}) {
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_pageable_alloc(bytes, &p));
+    CHECK(reinterpret_cast<uintptr_t>(p) % (uintptr_t(2) << 20) == 0);
+    std::memset(p, 0x5a, bytes);  // every page of it is mapped and writable
+    CHECK(static_cast<unsigned char *>(p)[bytes - 1] == 0x5a);
+    EBB_REQUIRE_OK(ebb_pageable_free(p));
+    EBB_REQUIRE_OK(ebb_pageable_empty_cache());  // the trimmed mapping is unmapped whole
+    CHECK(hstats().reserved_bytes.current == 0);
+  }
+  EBB_REQUIRE_OK(ebb_pageable_debug_check());
+}
+
 TEST_CASE("host: blocks are owner-tagged like device blocks", "[alloc][host]") {
   EbbSession session;
   void *p = nullptr;
