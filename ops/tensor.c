@@ -7,7 +7,8 @@
  * the streams each has declared to the arena; making, aliasing, sharing and releasing handles;
  * the getters and the accessors other modules use (ops_export.h).
  * Threading: handle refcounts are atomic; the pool lock is a leaf lock that guards only the free
- * FIFO and chunk growth. Storage release is stream-ordered by the arena: freeing a block right
+ * FIFO and chunk growth; each thread keeps a small cache of records, freed storage records and
+ * storage serials of its own (thread-local, given back at thread exit). Storage release is stream-ordered by the arena: freeing a block right
  * after enqueuing its last use is safe on its allocation stream, and other streams are declared
  * with ebb_arena_record_stream when an op first uses them (ebb__storage_use).
  */
@@ -68,6 +69,7 @@ struct rec_cache {
   ebb_tensor_t *take[EBB__TENSOR_BATCH]; /* past quarantine, for this thread's next makes */
   ebb_tensor_t *put[EBB__TENSOR_BATCH];  /* released, magic 0, not yet in the FIFO */
   struct ebb__storage *stor[EBB__TENSOR_BATCH]; /* storage records freed here, for the next makes */
+  uint64_t serial_next, serial_end; /* storage serials reserved by this thread, [next, end) */
 };
 static _Thread_local struct rec_cache rec_tls;
 static pthread_key_t rec_key;
@@ -262,8 +264,18 @@ ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id) {
   return EBB_OK;
 }
 
-/* Storage serials: never reused (a record's address is, once it is freed). */
+/* Storage serials: never reused (a record's address is, once it is freed). A thread with a
+ * cache reserves them EBB__TENSOR_BATCH at a time. */
 static _Atomic uint64_t storage_serials = 1;
+
+static uint64_t serial_new(struct rec_cache *c) {
+  if (!c) return atomic_fetch_add_explicit(&storage_serials, 1, memory_order_relaxed);
+  if (EBB_UNLIKELY(c->serial_next == c->serial_end)) {
+    c->serial_next = atomic_fetch_add_explicit(&storage_serials, EBB__TENSOR_BATCH, memory_order_relaxed);
+    c->serial_end = c->serial_next + EBB__TENSOR_BATCH;
+  }
+  return c->serial_next++;
+}
 
 /* Device storage is allocated on the calling thread's current stream of the device and
  * remembers it (handle and id): that is the stream the arena orders its reuse on. */
@@ -291,7 +303,7 @@ static ebb_status storage_new(const char *fn, int device, size_t bytes, struct r
     return st;
   }
   atomic_store_explicit(&s->refs, 1, memory_order_relaxed);
-  s->serial = atomic_fetch_add_explicit(&storage_serials, 1, memory_order_relaxed);
+  s->serial = serial_new(c);
   s->device = device;
   s->data = p;
   s->bytes = bytes;
