@@ -201,6 +201,68 @@ ebb_status ebb__ew_new(const char *fn, int op, int nin, const ebb_tensor_t *cons
   return EBB_OK;
 }
 
+/* ---- the small-operand fast path --------------------------------------------------------------
+ * An op on a few elements spends ten times its arithmetic on the general path's broadcast, launch
+ * geometry and kernel dispatch. Two CPU operands of one floating dtype, one shape and contiguous
+ * layout with at most EBB__EW_TINY elements get their result computed here instead: the same
+ * one IEEE operation per element as the kernel (ops_math.h), so the values are the kernel's bit
+ * for bit. The result is made by ebb__tensor_new as on the general path (the host pool, the
+ * owner scope). */
+#define EBB__EW_TINY 16
+_Static_assert(EBB__EW_SUB == EBB__EW_ADD + 1 && EBB__EW_MUL == EBB__EW_ADD + 2 && EBB__EW_DIV == EBB__EW_ADD + 3,
+               "the fast path's ops are one run of codes");
+
+static bool tiny_contiguous(const ebb_tensor_t *t) {
+  int64_t expect = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->strides[d] != expect) return false;
+    expect *= t->shape[d];
+  }
+  return true;
+}
+
+/* The element count when a op b takes the fast path, else 0. */
+static int64_t tiny_numel(int op, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_dtype dt) {
+  if (op < EBB__EW_ADD || op > EBB__EW_DIV || (dt != EBB_F32 && dt != EBB_F64) || a->dtype != dt || b->dtype != dt ||
+      a->ndim != b->ndim || a->stor->device != EBB_DEVICE_CPU || b->stor->device != EBB_DEVICE_CPU)
+    return 0;
+  int64_t n = 1;
+  for (int d = 0; d < a->ndim; d++) {
+    if (a->shape[d] != b->shape[d]) return 0;
+    n *= a->shape[d];
+  }
+  if (n < 1 || n > EBB__EW_TINY || !tiny_contiguous(a) || !tiny_contiguous(b)) return 0;
+  return n;
+}
+
+#define EBB__TINY_LOOP(T)                                            \
+  do {                                                               \
+    T *o_ = po;                                                      \
+    const T *x_ = px, *y_ = py;                                      \
+    switch (op) {                                                    \
+    case EBB__EW_ADD: for (int64_t i = 0; i < n; i++) o_[i] = x_[i] + y_[i]; break; \
+    case EBB__EW_SUB: for (int64_t i = 0; i < n; i++) o_[i] = x_[i] - y_[i]; break; \
+    case EBB__EW_MUL: for (int64_t i = 0; i < n; i++) o_[i] = x_[i] * y_[i]; break; \
+    default: for (int64_t i = 0; i < n; i++) o_[i] = x_[i] / y_[i]; break;          \
+    }                                                                \
+  } while (0)
+
+static ebb_status tiny_binary(const char *fn, int op, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_dtype dt, int64_t n,
+                              ebb_tensor_t **out) {
+  ebb_tensor_t *r;
+  ebb_status st = ebb__tensor_new(fn, EBB_DEVICE_CPU, dt, a->ndim, a->shape, &r);
+  if (st) return ebb__fail_in(fn, st);
+  /* (n >= 1: every storage has its block; the offsets are a's and b's, the result's is 0) */
+  size_t es = ebb__dtype_size[dt];
+  void *po = r->stor->data;
+  const void *px = (const char *)a->stor->data + a->offset * (int64_t)es, *py = (const char *)b->stor->data + b->offset * (int64_t)es;
+  if (dt == EBB_F32) EBB__TINY_LOOP(float);
+  else EBB__TINY_LOOP(double);
+  *out = r;
+  return EBB_OK;
+}
+#undef EBB__TINY_LOOP
+
 ebb_status ebb__ew_binary(const char *fn, int op, int kind, const ebb_tensor_t *a, const ebb_tensor_t *b, ebb_tensor_t **out) {
   ebb_status st = ebb__tensor_check(a, fn, "a");
   if (!st) st = ebb__tensor_check(b, fn, "b");
@@ -213,6 +275,8 @@ ebb_status ebb__ew_binary(const char *fn, int op, int kind, const ebb_tensor_t *
                             "are both bool; arithmetic needs a numeric operand (convert with ebb_tensor_to_dtype)");
   if (kind == EBB__DIVIDE) dt = ebb__float_of(dt);
   if (kind == EBB__COMPARE) dt = EBB_BOOL;
+  int64_t tiny = tiny_numel(op, a, b, dt);
+  if (tiny) return tiny_binary(fn, op, a, b, dt, tiny, out);
   const ebb_tensor_t *in[2] = {a, b};
   return ebb__ew_new(fn, op, 2, in, dt, 0, 0, out);
 }

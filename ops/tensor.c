@@ -7,10 +7,12 @@
  * the streams each has declared to the arena; making, aliasing, sharing and releasing handles;
  * the getters and the accessors other modules use (ops_export.h).
  * Threading: handle refcounts are atomic; the pool lock is a leaf lock that guards only the free
- * FIFO and chunk growth. Storage release is stream-ordered by the arena: freeing a block right
+ * FIFO and chunk growth; each thread keeps a small cache of records, freed storage records and
+ * storage serials of its own (thread-local, given back at thread exit). Storage release is stream-ordered by the arena: freeing a block right
  * after enqueuing its last use is safe on its allocation stream, and other streams are declared
  * with ebb_arena_record_stream when an op first uses them (ebb__storage_use).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -40,24 +42,70 @@ static _Atomic long ebb__live_tensors;
 /* Records come from the FIFO only once more than EBB__TENSOR_QUARANTINE are waiting, so a
  * released record is reused at the earliest 4096 releases later: until then a stale handle
  * still points at a record whose magic is 0, and every call reports EBB_EFREED instead of
- * acting on someone else's tensor. The cost is at most that many idle records (~0.6 MiB). */
-static ebb_status record_get(const char *fn, ebb_tensor_t **out) {
+ * acting on someone else's tensor. The cost is at most that many idle records (~0.6 MiB).
+ * Lock held. */
+static ebb_status pool_grow(void) {
+  /* Chunks are never freed: a released record stays readable (magic 0) for stale handles.
+   * They stay reachable through the free list, so leak checkers do not report them. */
+  ebb_tensor_t *chunk = calloc(EBB__TENSOR_CHUNK, sizeof *chunk);
+  if (!chunk) return EBB_ENOMEM;
+  for (int i = 0; i < EBB__TENSOR_CHUNK; i++) ebb_list_insert_tail(&ebb__pool_free, &chunk[i].free_link);
+  ebb__pool_nfree += EBB__TENSOR_CHUNK;
+  return EBB_OK;
+}
+
+/* ---- the per-thread record cache --------------------------------------------------------------
+ * Each thread takes records from the FIFO EBB__TENSOR_BATCH at a time and gives released ones
+ * back in batches: one pool lock per batch instead of one per make and one per release, which
+ * is most of what making and releasing a small tensor costs. Quarantine only grows: a record
+ * waiting in a thread's release batch is not yet in the FIFO. The batches go back to the FIFO
+ * when the thread exits (a pthread key's destructor), so no record is lost. Where the key cannot
+ * be made, every thread takes the pool lock per record as before. */
+#define EBB__TENSOR_BATCH 16
+
+struct rec_cache {
+  bool keyed; /* this thread's destructor is registered */
+  int ntake, nput, nstor;
+  ebb_tensor_t *take[EBB__TENSOR_BATCH]; /* past quarantine, for this thread's next makes */
+  ebb_tensor_t *put[EBB__TENSOR_BATCH];  /* released, magic 0, not yet in the FIFO */
+  struct ebb__storage *stor[EBB__TENSOR_BATCH]; /* storage records freed here, for the next makes */
+  uint64_t serial_next, serial_end; /* storage serials reserved by this thread, [next, end) */
+};
+static _Thread_local struct rec_cache rec_tls;
+static pthread_key_t rec_key;
+static pthread_once_t rec_once = PTHREAD_ONCE_INIT;
+static bool rec_key_ok;
+
+/* Lock held. */
+static void cache_flush_locked(struct rec_cache *c) {
+  for (int i = 0; i < c->ntake; i++) ebb_list_insert_tail(&ebb__pool_free, &c->take[i]->free_link);
+  for (int i = 0; i < c->nput; i++) ebb_list_insert_tail(&ebb__pool_free, &c->put[i]->free_link);
+  ebb__pool_nfree += (size_t)(c->ntake + c->nput);
+  c->ntake = c->nput = 0;
+}
+
+static void cache_thread_exit(void *arg) {
+  struct rec_cache *c = arg;
   ebb__mutex_lock(&ebb__pool_lock);
-  if (ebb__pool_nfree <= EBB__TENSOR_QUARANTINE) {
-    /* Chunks are never freed: a released record stays readable (magic 0) for stale handles.
-     * They stay reachable through the free list, so leak checkers do not report them. */
-    ebb_tensor_t *chunk = calloc(EBB__TENSOR_CHUNK, sizeof *chunk);
-    if (!chunk) {
-      ebb__mutex_unlock(&ebb__pool_lock);
-      return ebb__fail(EBB_ENOMEM, "%s: no host memory for tensor handles", fn);
-    }
-    for (int i = 0; i < EBB__TENSOR_CHUNK; i++) ebb_list_insert_tail(&ebb__pool_free, &chunk[i].free_link);
-    ebb__pool_nfree += EBB__TENSOR_CHUNK;
-  }
-  struct ebb_list *n = ebb_list_pop_head(&ebb__pool_free);
-  ebb__pool_nfree--;
+  cache_flush_locked(c);
   ebb__mutex_unlock(&ebb__pool_lock);
-  ebb_tensor_t *t = ebb_container_of(n, ebb_tensor_t, free_link);
+  for (int i = 0; i < c->nstor; i++) free(c->stor[i]);
+  c->nstor = 0;
+}
+
+static void cache_key_make(void) { rec_key_ok = pthread_key_create(&rec_key, cache_thread_exit) == 0; }
+
+/* This thread's cache, or NULL where it has none (no key). */
+static struct rec_cache *cache_get(void) {
+  struct rec_cache *c = &rec_tls;
+  if (EBB_LIKELY(c->keyed)) return c;
+  pthread_once(&rec_once, cache_key_make);
+  if (!rec_key_ok || pthread_setspecific(rec_key, c) != 0) return NULL;
+  c->keyed = true;
+  return c;
+}
+
+static void record_init(ebb_tensor_t *t) {
   t->stor = NULL;
   t->offset = 0;
   t->ndim = 0;
@@ -68,18 +116,59 @@ static ebb_status record_get(const char *fn, ebb_tensor_t **out) {
   atomic_store_explicit(&t->magic, EBB__TENSOR_MAGIC, memory_order_relaxed);
   atomic_fetch_add_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
   ebb__debug_live_add(1);
+}
+
+/* c: this thread's cache (cache_get), or NULL. */
+static ebb_status record_get(const char *fn, struct rec_cache *c, ebb_tensor_t **out) {
+  if (EBB_LIKELY(c && c->ntake)) {
+    ebb_tensor_t *t = c->take[--c->ntake];
+    record_init(t);
+    *out = t;
+    return EBB_OK;
+  }
+  ebb__mutex_lock(&ebb__pool_lock);
+  if (ebb__pool_nfree <= EBB__TENSOR_QUARANTINE && pool_grow()) {
+    ebb__mutex_unlock(&ebb__pool_lock);
+    return ebb__fail(EBB_ENOMEM, "%s: no host memory for tensor handles", fn);
+  }
+  /* one for now, and up to a batch more for this thread while the FIFO has them past quarantine */
+  struct ebb_list *n = ebb_list_pop_head(&ebb__pool_free);
+  ebb__pool_nfree--;
+  if (c) {
+    /* the batch goes into take[] last first, so records leave the FIFO in its order */
+    int k = 0;
+    ebb_tensor_t *batch[EBB__TENSOR_BATCH];
+    while (k < EBB__TENSOR_BATCH && ebb__pool_nfree > EBB__TENSOR_QUARANTINE) {
+      batch[k++] = ebb_container_of(ebb_list_pop_head(&ebb__pool_free), ebb_tensor_t, free_link);
+      ebb__pool_nfree--;
+    }
+    for (int i = 0; i < k; i++) c->take[i] = batch[k - 1 - i];
+    c->ntake = k;
+  }
+  ebb__mutex_unlock(&ebb__pool_lock);
+  ebb_tensor_t *t = ebb_container_of(n, ebb_tensor_t, free_link);
+  record_init(t);
   *out = t;
   return EBB_OK;
 }
 
-static void record_put(ebb_tensor_t *t) {
+static void record_put(ebb_tensor_t *t, struct rec_cache *c) {
   atomic_store_explicit(&t->magic, 0, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
+  ebb__debug_live_add(-1);
+  if (EBB_LIKELY(c && c->nput < EBB__TENSOR_BATCH)) {
+    c->put[c->nput++] = t;
+    return;
+  }
   ebb__mutex_lock(&ebb__pool_lock);
+  if (c) {
+    for (int i = 0; i < c->nput; i++) ebb_list_insert_tail(&ebb__pool_free, &c->put[i]->free_link);
+    ebb__pool_nfree += (size_t)c->nput;
+    c->nput = 0;
+  }
   ebb_list_insert_tail(&ebb__pool_free, &t->free_link);
   ebb__pool_nfree++;
   ebb__mutex_unlock(&ebb__pool_lock);
-  atomic_fetch_sub_explicit(&ebb__live_tensors, 1, memory_order_relaxed);
-  ebb__debug_live_add(-1);
 }
 
 long ebb_tensor_live_count(void) { return atomic_load_explicit(&ebb__live_tensors, memory_order_relaxed); }
@@ -138,7 +227,7 @@ static ebb_status check_shape(const char *fn, int ndim, const int64_t *shape) {
 
 /* ---- storage -------------------------------------------------------------------------------- */
 
-static void storage_put(struct ebb__storage *s) {
+static void storage_put(struct ebb__storage *s, struct rec_cache *c) {
   /* acq_rel: the release half publishes this owner's writes; the acquire half lets the last
    * owner see every other owner's before it frees (an acquire fence would do, but TSan does not
    * model fences) */
@@ -149,7 +238,18 @@ static void storage_put(struct ebb__storage *s) {
     if (s->device == EBB_DEVICE_CPU) ebb_pageable_free(s->data);
     else ebb_arena_free(s->data);
   }
-  free(s);
+  if (EBB_LIKELY(c && c->nstor < EBB__TENSOR_BATCH)) c->stor[c->nstor++] = s;
+  else free(s);
+}
+
+/* A zeroed storage record: this thread's last freed one, else a new one. */
+static struct ebb__storage *storage_record(struct rec_cache *c) {
+  if (EBB_LIKELY(c && c->nstor)) {
+    struct ebb__storage *s = c->stor[--c->nstor];
+    memset(s, 0, sizeof *s);
+    return s;
+  }
+  return calloc(1, sizeof(struct ebb__storage));
 }
 
 /* The id of the live stream `s`: one lock-free check (streams_export.h); anything else takes the
@@ -164,12 +264,22 @@ ebb_status ebb__stream_id_of(const char *fn, ebb_stream_t *s, uint64_t *id) {
   return EBB_OK;
 }
 
-/* Storage serials: never reused (a record's address is, once it is freed). */
+/* Storage serials: never reused (a record's address is, once it is freed). A thread with a
+ * cache reserves them EBB__TENSOR_BATCH at a time. */
 static _Atomic uint64_t storage_serials = 1;
+
+static uint64_t serial_new(struct rec_cache *c) {
+  if (!c) return atomic_fetch_add_explicit(&storage_serials, 1, memory_order_relaxed);
+  if (EBB_UNLIKELY(c->serial_next == c->serial_end)) {
+    c->serial_next = atomic_fetch_add_explicit(&storage_serials, EBB__TENSOR_BATCH, memory_order_relaxed);
+    c->serial_end = c->serial_next + EBB__TENSOR_BATCH;
+  }
+  return c->serial_next++;
+}
 
 /* Device storage is allocated on the calling thread's current stream of the device and
  * remembers it (handle and id): that is the stream the arena orders its reuse on. */
-static ebb_status storage_new(const char *fn, int device, size_t bytes, struct ebb__storage **out) {
+static ebb_status storage_new(const char *fn, int device, size_t bytes, struct rec_cache *c, struct ebb__storage **out) {
   ebb_stream_t *stream = NULL;
   uint64_t sid = 0;
   if (device != EBB_DEVICE_CPU) {
@@ -183,17 +293,17 @@ static ebb_status storage_new(const char *fn, int device, size_t bytes, struct e
     st = ebb__stream_id_of(fn, stream, &sid);
     if (st) return st;
   }
-  struct ebb__storage *s = calloc(1, sizeof *s);
+  struct ebb__storage *s = storage_record(c);
   if (!s) return ebb__fail(EBB_ENOMEM, "%s: no host memory for a storage record", fn);
   void *p = NULL;
   /* (the caller rewrites a failure's message: it knows the tensor's shape and dtype) */
   ebb_status st = device == EBB_DEVICE_CPU ? ebb_pageable_alloc(bytes, &p) : ebb_arena_alloc(device, bytes, stream, &p);
   if (st) {
-    free(s);
+    free(s); /* (a failure: the cache is not worth a branch here) */
     return st;
   }
   atomic_store_explicit(&s->refs, 1, memory_order_relaxed);
-  s->serial = atomic_fetch_add_explicit(&storage_serials, 1, memory_order_relaxed);
+  s->serial = serial_new(c);
   s->device = device;
   s->data = p;
   s->bytes = bytes;
@@ -278,12 +388,13 @@ ebb_status ebb__tensor_new(const char *fn, int device, ebb_dtype dt, int ndim, c
   if (st) return st;
   size_t bytes = (size_t)ebb__numel(shape, ndim) * ebb__dtype_size[dt];
   struct ebb__storage *s = NULL;
-  st = storage_new(fn, device, bytes, &s);
+  struct rec_cache *c = cache_get();
+  st = storage_new(fn, device, bytes, c, &s);
   if (st) return storage_failed(fn, st, device, dt, ndim, shape, bytes);
   ebb_tensor_t *t;
-  st = record_get(fn, &t);
+  st = record_get(fn, c, &t);
   if (st) {
-    storage_put(s);
+    storage_put(s, c);
     return st;
   }
   t->stor = s;
@@ -307,7 +418,7 @@ bool ebb__tensor_overlaps(const ebb_tensor_t *t) {
 ebb_status ebb__tensor_alias(const char *fn, const ebb_tensor_t *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
                              ebb_tensor_t **out) {
   ebb_tensor_t *v;
-  ebb_status st = record_get(fn, &v);
+  ebb_status st = record_get(fn, cache_get(), &v);
   if (st) return st;
   atomic_fetch_add_explicit(&t->stor->refs, 1, memory_order_relaxed);
   v->stor = t->stor;
@@ -347,8 +458,9 @@ void ebb__tensor_put(ebb_tensor_t *t) {
   }
   struct ebb__storage *s = t->stor;
   ebb_tensor_t *base = t->base; /* (a base is never a view: this recurses once at most) */
-  record_put(t);
-  storage_put(s);
+  struct rec_cache *c = cache_get();
+  record_put(t, c);
+  storage_put(s, c);
   ebb__tensor_put(base);
 }
 
@@ -517,7 +629,7 @@ ebb_status ebb_tensor_set_name(ebb_tensor_t *t, const char *name) {
 
 ebb_status ebb__tensor_share(const ebb_tensor_t *t, ebb_tensor_t **out) {
   ebb_tensor_t *v;
-  ebb_status st = record_get("ebb__tensor_share", &v);
+  ebb_status st = record_get("ebb__tensor_share", cache_get(), &v);
   if (st) return st;
   atomic_fetch_add_explicit(&t->stor->refs, 1, memory_order_relaxed);
   v->stor = t->stor;

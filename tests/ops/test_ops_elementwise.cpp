@@ -97,6 +97,29 @@ TEST_CASE("elementwise: binary ops with broadcasting match the f64 reference", "
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
+TEST_CASE("elementwise: small same-shape CPU operands give the kernel's results exactly", "[ops][elementwise]") {
+  // Up to 16 elements of one floating dtype and shape, contiguous, are computed without a
+  // launch on the CPU; the same values as the head of a 33-element tensor go through the kernel.
+  EbbSession session;
+  for (ebb_dtype dt : {EBB_F32, EBB_F64})
+    for (const std::vector<int64_t> &shape : std::vector<std::vector<int64_t>>{{}, {1}, {2, 3}, {16}, {17}})
+      for (const Bin &op : kBinary) {
+        INFO(ebb_dtype_name(dt) << " " << op.name << " numel " << numel_of(shape));
+        int64_t n = numel_of(shape), big = 33;
+        auto av = values(big, 3, -2, 2), bv = values(big, 4, 0.5, 2);
+        Tensor a = make(EBB_DEVICE_CPU, dt, shape, std::vector<double>(av.begin(), av.begin() + n));
+        Tensor b = make(EBB_DEVICE_CPU, dt, shape, std::vector<double>(bv.begin(), bv.begin() + n));
+        Tensor ab = make(EBB_DEVICE_CPU, dt, {big}, av), bb = make(EBB_DEVICE_CPU, dt, {big}, bv), r, rb;
+        EBB_REQUIRE_OK(op.fn(a, b, r.out()));
+        EBB_REQUIRE_OK(op.fn(ab, bb, rb.out()));
+        REQUIRE(shape_of(r) == shape);
+        CHECK(dtype_of(r) == dt);
+        auto got = read(r), want = read(rb);
+        for (int64_t i = 0; i < n; i++) CHECK(got[(size_t)i] == want[(size_t)i]);
+      }
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 TEST_CASE("elementwise: random shapes, broadcasts, transposes and slices match the reference", "[ops][elementwise][random]") {
   EbbSession session;
   uint64_t rng = 12345;
