@@ -385,19 +385,24 @@ static ebb_status step_with(const char *fn, ebb_optim_t *o, const ebb_tensor_t *
     it->first = o->fresh[i];
     it->index = i;
   }
+  bool *updated = NULL;
+  if (!st && m > 0 && !(updated = calloc((size_t)m, sizeof *updated)))
+    st = ebb__fail(EBB_ENOMEM, "%s: no host memory for %d parameters", fn, m);
   if (!st) {
     bool was;
     ebb_grad_set_enabled(false, &was); /* nothing to record; leaves that require gradients may change */
-    st = ebb__optim_fused(fn, &o->h, items, m);
+    st = ebb__optim_fused(fn, &o->h, items, m, updated);
     ebb_grad_set_enabled(was, NULL);
   }
-  if (!st) {
-    for (int k = 0; k < m; k++) {
+  /* A parameter the update reached took its step, even when a later launch failed: its count
+   * and state say so, and a retry does not apply the step again as its first. */
+  for (int k = 0; updated && k < m; k++)
+    if (updated[k]) {
       o->steps[items[k].index]++;
       o->fresh[items[k].index] = false;
     }
-    o->nsteps++;
-  }
+  if (!st) o->nsteps++;
+  free(updated);
   free(items);
   return st;
 }

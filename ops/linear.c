@@ -180,6 +180,8 @@ ebb_status ebb_op_linear_backward(const ebb_tensor_t *grad, const ebb_tensor_t *
     return ebb__fail(EBB_EINVAL, "%s: grad_x, grad_w and grad_b are all NULL; expected at least one to fill", fn);
   if (grad->stor->device != x->stor->device)
     return ebb__fail_about2(EBB_EDEVICE, fn, grad, "grad", x, "x", "are on different devices; expected one device");
+  if (!ebb_dtype_is_float(grad->dtype))
+    return ebb__fail_about(EBB_EINVAL, fn, grad, "grad", "has dtype %s; expected a floating dtype", ebb_dtype_name(grad->dtype));
   const int64_t m = rows_of(x), n = w->shape[0], k = w->shape[1];
   bool fits = grad->ndim == x->ndim && grad->shape[grad->ndim - 1] == n;
   for (int d = 0; fits && d + 1 < x->ndim; d++) fits = grad->shape[d] == x->shape[d];

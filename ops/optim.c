@@ -319,7 +319,10 @@ static ebb_status launch_group(const char *fn, const ebb__optim_hyper *h, const 
   return ebb__fail_in(fn, st);
 }
 
-ebb_status ebb__optim_fused(const char *fn, const ebb__optim_hyper *h, const ebb__optim_item *items, int n) {
+ebb_status ebb__optim_fused(const char *fn, const ebb__optim_hyper *h, const ebb__optim_item *items, int n,
+                            bool *updated) {
+  if (updated)
+    for (int i = 0; i < n; i++) updated[i] = false;
   if (n <= 0) return EBB_OK;
   for (int i = 0; i < n; i++) {
     ebb_status st = check_item(fn, &items[i]);
@@ -370,6 +373,7 @@ ebb_status ebb__optim_fused(const char *fn, const ebb__optim_hyper *h, const ebb
   for (int i = 0; i < checked; i++) {
     bool changed = done && done[i];
     if (changed) atomic_fetch_add_explicit(&items[i].param->stor->version, 1, memory_order_relaxed);
+    if (updated) updated[i] = changed;
     ebb__inplace_end(tok[i], changed);
   }
   for (int i = 0; copies && i < n; i++) ebb__tensor_put(copies[i]);

@@ -119,7 +119,11 @@ EBB_API ebb_status ebb_optim_destroy(ebb_optim_t *opt);
  * skipped, its state and step count unchanged, as in PyTorch. Errors: EBB_EFREED for a destroyed
  * optimizer or a parameter released since (naming params[i]: the optimizer's reference keeps it
  * alive, so only a caller's over-release can do that); EBB_ENOMEM for state that cannot be
- * allocated; a launch's error on a device. Nothing is updated when a check fails. */
+ * allocated; a launch's error on a device. Nothing is updated when a check fails. A launch that
+ * fails after other parameters were updated (CPU parameters first, then one launch per device
+ * and dtype) leaves those updated, and counted: their step counts (ebb_optim_step_count) and
+ * state move with them, so a count always says how many updates its parameter took (AdamW's
+ * bias correction stays right after a retry). */
 EBB_API ebb_status ebb_optim_step(ebb_optim_t *opt);
 /* The same with the gradients given: grads[i] for parameter i (in list order), NULL to skip it;
  * n must be the number of parameters. .grad is not read. Errors, besides ebb_optim_step's:

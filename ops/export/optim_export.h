@@ -54,9 +54,13 @@ typedef struct ebb__optim_item {
  * each parameter (ops_export.h, ebb__inplace_check: the caller turns grad mode off first, as an
  * optimizer's step has nothing to record), each parameter's version is bumped once. A gradient
  * that is not contiguous is read through a contiguous copy. Failures name fn and the parameter
- * (params[index]); nothing is updated when a check fails. Not thread-safe for one list of
- * parameters (the caller orders its steps). */
-EBB_HIDDEN ebb_status ebb__optim_fused(const char *fn, const ebb__optim_hyper *h, const ebb__optim_item *items, int n);
+ * (params[index]); nothing is updated when a check fails. A launch that fails on a device after
+ * other parameters were updated (CPU ones at once, other groups enqueued) leaves those updated:
+ * updated[i] (may be NULL; n entries) says which items were, on success and on failure, so the
+ * caller counts their steps. Not thread-safe for one list of parameters (the caller orders its
+ * steps). */
+EBB_HIDDEN ebb_status ebb__optim_fused(const char *fn, const ebb__optim_hyper *h, const ebb__optim_item *items, int n,
+                                       bool *updated);
 
 #ifdef __cplusplus
 }

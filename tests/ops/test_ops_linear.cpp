@@ -215,6 +215,9 @@ TEST_CASE("linear: bad input names the call, the tensors and the expected shape"
     EBB_CHECK_FAILS(ebb_op_linear_backward(g45, x, w, gx.out(), nullptr, nullptr), EBB_EINVAL,
                     "ebb_op_linear_backward: grad (f32[4, 4] on the CPU) does not have the forward output's shape; expected [4, 5]");
     EBB_CHECK_FAILS(ebb_op_linear_backward(nullptr, x, w, gx.out(), nullptr, nullptr), EBB_EINVAL, "ebb_op_linear_backward: grad is NULL");
+    Tensor gi = make(EBB_DEVICE_CPU, EBB_I64, {4, 5}, std::vector<double>(20, 1));
+    EBB_CHECK_FAILS(ebb_op_linear_backward(gi, x, w, gx.out(), nullptr, nullptr), EBB_EINVAL,
+                    "ebb_op_linear_backward: grad (i64[4, 5] on the CPU) has dtype i64; expected a floating dtype");
     EBB_CHECK_FAILS(ebb_op_linear_backward(g, x, w4, gx.out(), nullptr, nullptr), EBB_EINVAL, "ebb_op_linear_backward: x (f32[4, 3]");
     CHECK(gx.get() == nullptr);
   }
