@@ -585,8 +585,10 @@ static EBB_COLD uint64_t trace_node_start(struct ebb__task *t, struct ebb__tnode
       i++;
       continue;
     }
-    ebb_trace_span r = {.name = "gradient", .start_ns = t0, .end_ns = t0, .device = x->dev, .kind = EBB_TRACE_FLOW_END,
-                        .id = t->flows[i].id};
+    /* One nanosecond into the span: a viewer reading events in time order has the span open by
+     * then (at the same time the end could come first and bind to nothing). */
+    ebb_trace_span r = {.name = "gradient", .start_ns = t0 + 1, .end_ns = t0 + 1, .device = x->dev,
+                        .kind = EBB_TRACE_FLOW_END, .id = t->flows[i].id};
     (void)ebb_trace_record(&r);
     t->flows[i] = t->flows[--t->nflows];
   }
@@ -594,9 +596,8 @@ static EBB_COLD uint64_t trace_node_start(struct ebb__task *t, struct ebb__tnode
   return t0 ? t0 : 1;
 }
 
-/* The node's span, when it ran (a node only captured or skipped has none). */
+/* The node's span: also of a node only captured (ebb_grad's input, not run), where flows may end. */
 static EBB_COLD void trace_node_end(const struct ebb__task *t, const struct ebb__tnode *x, uint64_t t0) {
-  if (!x->run) return;
   ebb_trace_span r = {.name = ebb__node_name_of(x->n), .start_ns = t0, .end_ns = ebb__now_ns(), .device = x->dev,
                       .kind = EBB_TRACE_SPAN, .args = EBB_TRACE_ARG_TASK | EBB_TRACE_ARG_SEQ,
                       .task = (uint64_t)t->scope->id, .seq = x->n->seq};
@@ -1000,6 +1001,8 @@ static ebb_status finish_results(const struct ebb__call *c, const struct ebb__wo
 static ebb_status execute_here(const struct ebb__call *c) {
   ebb_status st = check_call(c);
   if (st) return st;
+  /* The thread that calls backward names its trace track, whether or not its nodes run here. */
+  if (EBB_TRACE_ON() && !ebb__home_queue()) ebb__trace_thread_name_default("engine caller thread");
   struct ebb__task t = {.fn = c->fn, .results = c->results, .inputs = c->inputs, .retain = c->retain, .hooks = c->hooks};
   struct ebb__saved_hooks_scope hs; /* saved.c: the caller's hooks, whatever thread this runs on */
   ebb__saved_hooks_enter(&hs, c->hooks);

@@ -39,6 +39,7 @@ static _Atomic uint64_t ebb__head;
 static atomic_uint ebb__next_tid;
 static _Atomic uint64_t ebb__next_flow;
 static _Thread_local uint32_t ebb__tid;
+static _Thread_local bool ebb__named; /* this thread's track has a name: the default is a no-op */
 
 /* Interned names: a simple list, written under the lock, never freed (names are few). */
 typedef struct ebb__name {
@@ -173,6 +174,7 @@ static ebb_status track_name(const char *fn, int device, uint64_t key, const cha
   if (t && !(keep && t->name[0])) snprintf(t->name, sizeof t->name, "%s", name);
   ebb__mutex_unlock(&ebb__trace_lock);
   if (!t) return ebb__fail(EBB_ENOMEM, "%s: no room to name '%s' (no host memory, or %u tracks named already)", fn, name, EBB__TRACKS_MAX);
+  if (device < 0) ebb__named = true;
   return EBB_OK;
 }
 
@@ -182,6 +184,7 @@ ebb_status ebb_trace_thread_name(const char *name) {
 }
 
 void ebb__trace_thread_name_default(const char *name) {
+  if (ebb__named) return; /* (no lock per node of a backward on a named thread) */
   ebb__fail_mute(true);
   (void)track_name("ebb_trace_thread_name", -1, my_tid(), name, true);
   ebb__fail_mute(false);
@@ -276,7 +279,9 @@ typedef struct ebb__ev {
   uint64_t end; /* spans: the end written (cut to the enclosing span's) */
 } ebb__ev;
 
-#define EBB__HOST_PID 0u
+/* The host's process after the devices' (pid d + 1); none is 0, which trace viewers keep for the
+ * idle process of system traces. */
+#define EBB__HOST_PID ((uint32_t)EBB_MAX_DEVICES + 1)
 #define EBB__STREAM_TID0 1000000u /* stream tracks' tids: above any thread's */
 
 static uint32_t pid_of(int device) { return device >= 0 && device < EBB_MAX_DEVICES ? (uint32_t)device + 1 : EBB__HOST_PID; }
@@ -428,7 +433,9 @@ static void nest(ebb__ev *ev, size_t n) {
 ebb_status ebb_trace_export_json(const char *path) {
   if (!path || !*path) return ebb__fail(EBB_EINVAL, "ebb_trace_export_json: path is %s; expected a file name", path ? "empty" : "NULL");
   ebb__mutex_lock(&ebb__trace_lock);
-  size_t cap = ebb__ring ? ebb__mask + 1 : 0;
+  /* Room for what the ring holds now (writers may add more meanwhile: trace_copy stops at cap). */
+  uint64_t head = atomic_load_explicit(&ebb__head, memory_order_relaxed);
+  size_t cap = ebb__ring ? (size_t)(head < ebb__mask + 1 ? head : ebb__mask + 1) : 0;
   ebb_trace_span *recs = malloc((cap ? cap : 1) * sizeof *recs);
   ebb__ev *ev = malloc((cap ? cap : 1) * sizeof *ev);
   ebb_trace_span *streams = malloc((cap ? cap : 1) * sizeof *streams);

@@ -6,10 +6,11 @@
  * EBB_TRACE=<capacity> at ebb_init; export at any time (EBB_TRACE_FILE: at the last ebb_shutdown).
  *
  * What ebb records when on:
- *   - the autograd engine: a span per node that runs, on the thread that ran it (a device's
- *     worker, the calling thread, a reentrant-pool thread), named after the node, with its device,
- *     graph task and sequence number; a flow from the node that produced a gradient on one device
- *     to the node that consumes it on another;
+ *   - the autograd engine: a span per node it runs (or captures for ebb_grad), on the thread
+ *     that ran it (a device's worker, the calling thread, a reentrant-pool thread), named after
+ *     the node, with its device, graph task and sequence number; a flow from the node that
+ *     produced a gradient on one device to the node that consumes it on another (a backward that
+ *     fails may leave flows that never end: their consumers never ran);
  *   - streams: kernel launches, copies, event waits and autograd's offload copies (out and
  *     reload), each a span on the track of its stream. The times are the host's: when the call
  *     enqueued the work (from entry to return of the enqueue), not when the device ran it; the
@@ -19,7 +20,7 @@
  *     allocated bytes after it.
  *
  * The export: one process per device ("device <d>", pid d + 1) holding one track per stream
- * ("stream <id> (device <d>)") and the counters, one process "host" (pid 0) holding one track per
+ * ("stream <id> (device <d>)") and the counters, one process "host" (pid EBB_MAX_DEVICES + 1) holding one track per
  * thread (named by ebb_trace_thread_name: "engine device 0 worker", ...). Complete events
  * ("ph":"X") are sorted by track, then start ascending and duration descending, and a span that
  * would end after the span enclosing its start on the same track (two threads enqueueing to one

@@ -24,6 +24,8 @@
 
 using namespace ebb_test;
 
+static constexpr int64_t kHostPid = EBB_MAX_DEVICES + 1; // (ebb/trace.h: devices are pid d + 1)
+
 namespace {
 
 std::string slurp(const std::string &path) {
@@ -102,7 +104,7 @@ TEST_CASE("trace engine: a backward over two devices traces its nodes, streams, 
   trace_check::check(slurp(f.path), &r);
   require_valid(r);
   CHECK(r.display_unit == "ns");
-  CHECK(r.process_names[0] == "host");
+  CHECK(r.process_names[kHostPid] == "host");
   CHECK(r.process_names[1] == "device 0");
   CHECK(r.process_names[2] == "device 1");
 
@@ -115,7 +117,7 @@ TEST_CASE("trace engine: a backward over two devices traces its nodes, streams, 
     for (const auto &s : r.slices) {
       if (s.name != nd.first || arg_num(s.args, "seq") != (double)nd.second) continue;
       found++;
-      CHECK(s.pid == 0);
+      CHECK(s.pid == kHostPid);
       std::string track = r.thread_names[{s.pid, s.tid}];
       CHECK(track.find("engine device ") == 0);
       double dev = arg_num(s.args, "device");
@@ -132,7 +134,7 @@ TEST_CASE("trace engine: a backward over two devices traces its nodes, streams, 
   // Stream tracks in the devices' processes, named after the stream, holding kernel spans.
   int stream_slices = 0;
   for (const auto &s : r.slices)
-    if (s.pid >= 1) {
+    if (s.pid != kHostPid) {
       stream_slices++;
       CHECK(r.thread_names[{s.pid, s.tid}].find("stream ") == 0);
     }

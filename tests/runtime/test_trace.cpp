@@ -172,7 +172,7 @@ TEST_CASE("trace: records of every kind export as events a viewer accepts, and o
   CHECK(r.counters.count("allocated bytes") == 1);
   bool main_named = false, stream_named = false;
   for (const auto &kv : r.thread_names) {
-    main_named |= kv.first.first == 0 && kv.second == "test main";
+    main_named |= kv.first.first == EBB_MAX_DEVICES + 1 && kv.second == "test main";
     stream_named |= kv.first.first == 2 && kv.second == "stream 7 (device 1, user)";
   }
   CHECK(main_named);
