@@ -1019,6 +1019,11 @@ static inline uint64_t ebb__hist_now(struct ebb__hclock *c) {
 #endif
 }
 
+/* history.c: the action as a trace instant, and the arena's allocated bytes after it as a trace
+ * counter (ebb/trace.h); act is an ebb_alloc_action or EBB__HIST_FREE_PAIR. For the history's
+ * recorders, when tracing is on. Lock held. */
+EBB_HIDDEN EBB_COLD void ebb__alloc_trace(const struct ebb__arena *a, unsigned act, uint64_t size, const char *owner);
+
 /* Records one action at time t. Lock held. */
 static inline void ebb__hist_rec_at(struct ebb__hist *h, uint64_t t, ebb_alloc_action act, uint64_t addr, uint64_t size,
                                     uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
@@ -1035,6 +1040,7 @@ static inline void ebb__hist_rec_at(struct ebb__hist *h, uint64_t t, ebb_alloc_a
 static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uint64_t addr, uint64_t size,
                                  uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
   struct ebb__hist *h = &a->hist;
+  if (EBB_TRACE_ON()) ebb__alloc_trace(a, (unsigned)act, size, owner);
   if (!h->cap) return;
   ebb__hist_rec_at(h, ebb__hist_now(&h->clk), act, addr, size, requested, stream, owner_cat, owner);
 }
@@ -1045,6 +1051,7 @@ static inline void ebb__hist_rec(struct ebb__arena *a, ebb_alloc_action act, uin
 static inline void ebb__hist_rec_free_pair(struct ebb__arena *a, uint64_t addr, uint64_t size, uint64_t requested,
                                            uint64_t stream, uint8_t owner_cat, const char *owner) {
   struct ebb__hist *h = &a->hist;
+  if (EBB_TRACE_ON()) ebb__alloc_trace(a, EBB__HIST_FREE_PAIR, size, owner);
   if (!h->cap) return;
   ebb__hist_rec_at(h, ebb__hist_now(&h->clk), (ebb_alloc_action)EBB__HIST_FREE_PAIR, addr, size, requested, stream,
                    owner_cat, owner);

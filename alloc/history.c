@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "arena_impl.h"
+#include "ebb/trace.h"
 
 /* ---- history ring -------------------------------------------------------------------------- */
 
@@ -19,6 +20,23 @@ static const char *const ebb__act_names[] = {
 
 const char *ebb_alloc_action_name(ebb_alloc_action action) {
   return (unsigned)action < EBB_ARRAY_LEN(ebb__act_names) ? ebb__act_names[action] : "unknown";
+}
+
+/* ---- the trace (ebb/trace.h) ------------------------------------------------------------------ */
+
+void ebb__alloc_trace(const struct ebb__arena *a, unsigned act, uint64_t size, const char *owner) {
+  uint64_t now = ebb__now_ns();
+  bool dev = a->up->kind == EBB__MEM_DEVICE_ARENA;
+  const char *name = act == EBB__HIST_FREE_PAIR ? "free" : ebb_alloc_action_name((ebb_alloc_action)act);
+  ebb_trace_span r = {.name = name, .start_ns = now, .end_ns = now, .device = a->device, .kind = EBB_TRACE_INSTANT,
+                      .args = EBB_TRACE_ARG_BYTES, .bytes = size, .owner = owner && *owner ? owner : NULL};
+  (void)ebb_trace_record(&r);
+  /* The counter of the arena's bytes in use after the action: a device's in its process, the
+   * pinned and host pools' on the host (their `device` is a NUMA neighbour, not a place). */
+  ebb_trace_span c = {.name = dev ? "allocated bytes" : a->up->kind == EBB__MEM_PINNED_POOL ? "pinned allocated bytes" : "host pool allocated bytes",
+                      .start_ns = now, .end_ns = now, .device = dev ? a->device : -1, .kind = EBB_TRACE_COUNTER,
+                      .args = EBB_TRACE_ARG_BYTES, .bytes = a->c.s.allocated_bytes.current};
+  (void)ebb_trace_record(&c);
 }
 
 void ebb__hist_init(struct ebb__arena *a) {

@@ -29,6 +29,7 @@
 #include "engine_impl.h"
 #include "ebb/ops.h"
 #include "ebb/runtime.h"
+#include "ebb/trace.h"
 #include "ebb_internal.h"
 #include "streams_export.h"
 
@@ -116,6 +117,7 @@ static void task_free(struct ebb__task *t) {
   }
   ebb__task_unhold(t); /* inbuf.c: a release asked meanwhile is carried out now */
   free(t->wrote);
+  free(t->flows);
   free(t->caller);
   free(t->leaves);
   free(t->nodes);
@@ -395,6 +397,23 @@ static EBB_COLD ebb_status grad_mismatch(const struct ebb__task *t, const struct
                    ebb__meta_desc(&n->in_meta[i], "input", i, NULL, md, sizeof md));
 }
 
+/* A gradient leaves the running node for node `to` on another device: the tail of a flow, inside
+ * the running node's span, whose head trace_node_start records when `to` runs. Under the task's
+ * lock when shared. Without memory for the list the flow is left out (whole). */
+static EBB_COLD void trace_flow(struct ebb__task *t, int to) {
+  if (t->nflows == t->capflows) {
+    size_t nc = t->capflows ? t->capflows * 2 : 16;
+    struct ebb__tflow *nf = realloc(t->flows, nc * sizeof *nf);
+    if (!nf) return;
+    t->flows = nf;
+    t->capflows = nc;
+  }
+  uint64_t id = ebb_trace_flow_id(), now = ebb__now_ns();
+  t->flows[t->nflows++] = (struct ebb__tflow){id, to};
+  ebb_trace_span r = {.name = "gradient", .start_ns = now, .end_ns = now, .device = t->nodes[to].dev, .kind = EBB_TRACE_FLOW_START, .id = id};
+  (void)ebb_trace_record(&r);
+}
+
 static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
   struct ebb_node *n = x->n;
   struct ebb__retain_ctx rc = {t, x};
@@ -508,6 +527,7 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
       if (gin[i]) ebb_tensor_release(gin[i]);
       continue;
     }
+    if (EBB_UNLIKELY(cx->dev != x->dev) && EBB_TRACE_ON() && !st && !cancelled && gin[i]) trace_flow(t, edges[i]);
     if (!st && !cancelled && gin[i]) st = ebb__buf_add(t, cx, n->next[i].input_nr, gin[i], &x->sr, n, handed_apart(t, x, gin, i));
     else if (gin[i]) ebb_tensor_release(gin[i]);
     if (--cx->deps == 0 && cx->needed && !st && !cancelled) st = ready_push(t, edges[i]);
@@ -550,11 +570,46 @@ static ebb_status ready_push(struct ebb__task *t, int i) {
   return ebb__fail(EBB_ENOMEM, "%s: no host memory for the ready queue of device %d", t->fn, x->dev);
 }
 
+/* ---- the trace (ebb/trace.h): a span per node that runs, the heads of its incoming flows ----- */
+
+/* The node's span starts: the flows of gradients that crossed devices to reach it end here
+ * (inside its span, which begins at the returned time). Under the task's lock when shared:
+ * producers append to x's flows under it. Never 0, so the caller can tell "traced" apart. */
+static EBB_COLD uint64_t trace_node_start(struct ebb__task *t, struct ebb__tnode *x) {
+  if (!ebb__home_queue()) ebb__trace_thread_name_default("engine caller thread");
+  uint64_t t0 = ebb__now_ns();
+  int xi = (int)(x - t->nodes);
+  if (t->shared) ebb__mutex_lock(&t->mu);
+  for (size_t i = 0; i < t->nflows;) {
+    if (t->flows[i].to != xi) {
+      i++;
+      continue;
+    }
+    /* One nanosecond into the span: a viewer reading events in time order has the span open by
+     * then (at the same time the end could come first and bind to nothing). */
+    ebb_trace_span r = {.name = "gradient", .start_ns = t0 + 1, .end_ns = t0 + 1, .device = x->dev,
+                        .kind = EBB_TRACE_FLOW_END, .id = t->flows[i].id};
+    (void)ebb_trace_record(&r);
+    t->flows[i] = t->flows[--t->nflows];
+  }
+  if (t->shared) ebb__mutex_unlock(&t->mu);
+  return t0 ? t0 : 1;
+}
+
+/* The node's span: also of a node only captured (ebb_grad's input, not run), where flows may end. */
+static EBB_COLD void trace_node_end(const struct ebb__task *t, const struct ebb__tnode *x, uint64_t t0) {
+  ebb_trace_span r = {.name = ebb__node_name_of(x->n), .start_ns = t0, .end_ns = ebb__now_ns(), .device = x->dev,
+                      .kind = EBB_TRACE_SPAN, .args = EBB_TRACE_ARG_TASK | EBB_TRACE_ARG_SEQ,
+                      .task = (uint64_t)t->scope->id, .seq = x->n->seq};
+  (void)ebb_trace_record(&r);
+}
+
 /* Runs node x: current node, owner scope and stream set around it; its buffers freed after.
  * The thread's grad and inference modes come back as they were, whatever its hooks left: a
  * worker runs nodes of every backward after this one, which must not inherit them (PyTorch
  * restores a thread's state around each node too). */
 static ebb_status run_one(struct ebb__task *t, struct ebb__tnode *x) {
+  uint64_t t0 = EBB_TRACE_ON() ? trace_node_start(t, x) : 0;
   struct ebb_node *prev = ebb__node_enter(x->n); /* node_api.c: ebb_autograd_current_node */
   bool owned = ebb__owners_enter(x->n);        /* owners.c: what the node allocates is its own */
   bool grad_was = ebb__grad_mode_on(), inference_was = ebb_inference_mode_enabled();
@@ -568,6 +623,7 @@ static ebb_status run_one(struct ebb__task *t, struct ebb__tnode *x) {
   ebb__node_enter(prev);
   if (st && x->dev >= 0) st = ebb__fail(st, "%s (the node ran on device %d)", ebb_last_error(), x->dev);
   if (x->run) atomic_fetch_add_explicit(&t->n_nodes, 1, memory_order_relaxed);
+  if (EBB_UNLIKELY(t0 != 0)) trace_node_end(t, x, t0);
   /* What is left of its buffer (a node that only accumulated or was captured) goes now. */
   ebb_tensor_t **b = ebb__bufs(x);
   for (int k = 0; b && k < ebb__nbufs(x); k++)
@@ -945,6 +1001,8 @@ static ebb_status finish_results(const struct ebb__call *c, const struct ebb__wo
 static ebb_status execute_here(const struct ebb__call *c) {
   ebb_status st = check_call(c);
   if (st) return st;
+  /* The thread that calls backward names its trace track, whether or not its nodes run here. */
+  if (EBB_TRACE_ON() && !ebb__home_queue()) ebb__trace_thread_name_default("engine caller thread");
   struct ebb__task t = {.fn = c->fn, .results = c->results, .inputs = c->inputs, .retain = c->retain, .hooks = c->hooks};
   struct ebb__saved_hooks_scope hs; /* saved.c: the caller's hooks, whatever thread this runs on */
   ebb__saved_hooks_enter(&hs, c->hooks);

@@ -97,6 +97,13 @@ struct ebb__task {
   const void *hooks;         /* the caller's saved-tensor hook stack, for the threads running its nodes (saved.c) */
   struct ebb__heap *ready;   /* a task on the calling thread: its ready nodes */
   struct ebb__offl_plan *offl; /* the reloads of its offloaded saved tensors (offload.c), NULL: none */
+  /* The trace's flows not yet ended: a gradient that crossed devices to node `to` (a task index);
+   * its consumer's span ends them. Under mu when shared; only while tracing. */
+  struct ebb__tflow {
+    uint64_t id;
+    int to;
+  } *flows;
+  size_t nflows, capflows;
   _Atomic uint64_t n_nodes, n_nodes_w, n_xedges, n_events, n_waits, n_mism; /* counters, added to the totals at the end */
 };
 

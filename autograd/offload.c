@@ -53,6 +53,7 @@
 #include "ebb/alloc.h"
 #include "ebb/autograd.h"
 #include "ebb/stream.h"
+#include "ebb/trace.h"
 #include "ebb_internal.h"
 #include "ebb_list.h"
 #include "ebb_sync.h"
@@ -563,6 +564,19 @@ static void poll_dev(int dev) {
   }
 }
 
+/* Tracing: an offload copy (its waits, the copy, the event after it) as a span on the stream
+ * that carries it, enclosing the copy's own span there; its bytes and the saving node as owner. */
+static EBB_COLD void trace_copy(const char *what, const ebb_stream_t *s, const struct ebb__offl *o, uint64_t t0) {
+  struct CUstream_st *cu = NULL;
+  ebb__fail_mute(true);
+  bool ok = ebb_stream_cu(s, &cu) == EBB_OK && cu;
+  ebb__fail_mute(false);
+  if (!ok) return;
+  ebb_trace_span r = {.name = what, .start_ns = t0, .end_ns = ebb__now_ns(), .device = o->dev, .stream = (uint64_t)(uintptr_t)cu,
+                      .kind = EBB_TRACE_SPAN, .args = EBB_TRACE_ARG_BYTES, .bytes = o->bytes, .owner = ebb_trace_intern(o->owner)};
+  (void)ebb_trace_record(&r);
+}
+
 /* Copies RESIDENT record o to pinned memory on the device's offload stream; its original is held
  * (retired later, retire_held). *room false (EBB_OK): the pinned budget cannot take it, nothing
  * done. Lock held. */
@@ -586,10 +600,12 @@ static ebb_status copy_out(const char *fn, struct ebb__offl *o, bool *room) {
   }
   /* The offload stream starts after the stream that made the tensor: the work issued so far on
    * the current stream at its save (now, or the event recorded then). */
+  uint64_t t0 = EBB_TRACE_ON() ? ebb__now_ns() : 0;
   if (!st) st = o->made_ev ? ebb_event_wait(o->made_ev, out) : ebb_stream_wait_stream(out, cur);
   if (!st) st = ebb_copy_async(host, ebb__tensor_block(o->dev_t), o->bytes, out);
   if (!st && !o->out_ev) st = own_event(o->dev, EBB_EVENT_DEFAULT, &o->out_ev);
   if (!st) st = ebb_event_record(o->out_ev, out);
+  if (EBB_UNLIKELY(t0 != 0) && !st) trace_copy("offload out", out, o, t0);
   if (st) {
     if (host) ebb_pinned_free(host);
     return ebb__fail(st, "%s: could not copy %s's saved tensor (%zu bytes on device %d) to pinned memory: %s", fn, o->owner,
@@ -632,11 +648,13 @@ static ebb_status reload(const char *fn, struct ebb__offl *o, ebb_stream_t *on) 
     ebb_alloc_owner_pop();
   }
   /* The block may be one that stream's queued work still uses (reuse in its order). */
+  uint64_t t0 = EBB_TRACE_ON() ? ebb__now_ns() : 0;
   if (!st) st = ebb_stream_wait_stream(in, cur);
   if (!st && o->state == OFFL_COPYING) st = ebb_event_wait(o->out_ev, in);
   if (!st) st = ebb_copy_async(ebb__tensor_block(t), o->host, o->bytes, in);
   if (!st && !o->in_ev) st = own_event(o->dev, EBB_EVENT_DEFAULT, &o->in_ev);
   if (!st) st = ebb_event_record(o->in_ev, in);
+  if (EBB_UNLIKELY(t0 != 0) && !st) trace_copy("offload reload", in, o, t0);
   if (st) {
     if (t) ebb_tensor_release(t);
     return ebb__fail(st, "%s: could not bring %s's saved tensor (%zu bytes) back to device %d: %s", fn, o->owner, o->bytes, o->dev,

@@ -18,11 +18,13 @@
  * pool are under ebb__threads_mu, never held while running anything.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd_impl.h"
 #include "ebb/runtime.h"
+#include "ebb/trace.h"
 
 #define EBB__SPIN_NS 5000 /* waits spin this long before parking (kept short: the machines are small) */
 
@@ -167,6 +169,11 @@ static void *worker_main(void *arg) {
   (void)ebb_thread_bind_device(w->dev);
   ebb__fail_mute(false);
   ebb_grad_set_enabled(false, NULL);
+  char name[48]; /* the track of its node spans in a trace (ebb/trace.h); named whether tracing is on or not */
+  snprintf(name, sizeof name, "engine device %d worker", w->dev);
+  ebb__fail_mute(true);
+  (void)ebb_trace_thread_name(name);
+  ebb__fail_mute(false);
   ebb__home = &w->q;
   uint64_t parks = 0;
   struct ebb__qitem it;
@@ -240,6 +247,9 @@ static struct {
 static void *pool_main(void *arg) {
   (void)arg;
   ebb_grad_set_enabled(false, NULL);
+  ebb__fail_mute(true);
+  (void)ebb_trace_thread_name("engine reentrant pool");
+  ebb__fail_mute(false);
   ebb__mutex_lock(&ebb__threads_mu);
   for (;;) {
     while (!ebb__pool.jobs && !ebb__pool.stop) {

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "streams_export.h"
+#include "ebb/trace.h"
 #include "streams_impl.h"
 
 /* The copy hook of a module above (streams_export.h): NULL until alloc starts. */
@@ -228,7 +229,8 @@ static ebb_status copy_peer(void *dst, const void *src, size_t bytes, int dd, in
   return st;
 }
 
-ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s) {
+/* ebb_copy_async; *what names the copy for the trace (set when it is enqueued). */
+static ebb_status copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s, const char **what) {
   static const char fn[] = "ebb_copy_async";
   ebb_status st = ebb__check_stream(fn, s);
   if (st) return st;
@@ -252,8 +254,10 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
   if (di.type != EBB_MEMTYPE_DEVICE && si.type != EBB_MEMTYPE_DEVICE)
     return ebb__fail(EBB_EINVAL, "%s: %zu bytes from %s memory %p to %s memory %p is a host to host copy; use memcpy", fn, bytes,
                      memtype_name(si.type), src, memtype_name(di.type), dst);
-  if (di.type == EBB_MEMTYPE_DEVICE && si.type == EBB_MEMTYPE_DEVICE && di.device != si.device)
+  if (di.type == EBB_MEMTYPE_DEVICE && si.type == EBB_MEMTYPE_DEVICE && di.device != si.device) {
+    *what = "copy peer";
     return copy_peer(dst, src, bytes, di.device, si.device, s);
+  }
   /* One device is involved; the copy runs on its stream so it orders with the device's work. */
   int dev = di.type == EBB_MEMTYPE_DEVICE ? di.device : si.device;
   if (s->device != dev)
@@ -261,11 +265,34 @@ ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t
                      fn, memtype_name(si.type), src, memtype_name(di.type), dst, dev, (unsigned long long)s->id, s->device, dev);
   if ((st = copy_hooks(dst, src, bytes, s))) return st;
   struct ebb__dev *d = &ebb__streams_state.dev[dev];
-  if (si.type == EBB_MEMTYPE_PAGEABLE || di.type == EBB_MEMTYPE_PAGEABLE)
+  if (si.type == EBB_MEMTYPE_PAGEABLE || di.type == EBB_MEMTYPE_PAGEABLE) {
+    *what = si.type == EBB_MEMTYPE_PAGEABLE ? "copy H2D (staged)" : "copy D2H (staged)";
     return stage(d, dst, src, bytes, si.type == EBB_MEMTYPE_PAGEABLE, s);
+  }
+  *what = si.type != EBB_MEMTYPE_DEVICE ? "copy H2D" : di.type != EBB_MEMTYPE_DEVICE ? "copy D2H" : "copy D2D";
   st = ebb__stream_pin(fn, s);
   if (st) return st;
   st = ebb__drv_memcpy_async(s->device, dst, src, bytes, s->cu);
   ebb__stream_unpin(s);
   return st;
+}
+
+/* Tracing: the copy as a span of its bytes on the stream's track, from the call's entry to its
+ * return (the host's enqueue, staging included; not the device's transfer). */
+static EBB_COLD ebb_status copy_traced(void *dst, const void *src, size_t bytes, ebb_stream_t *s) {
+  uint64_t key = ebb__stream_trace_key(s), t0 = ebb__now_ns();
+  const char *what = NULL;
+  ebb_status st = copy_async(dst, src, bytes, s, &what);
+  if (!st && key && what) {
+    ebb_trace_span r = {.name = what, .start_ns = t0, .end_ns = ebb__now_ns(), .device = s->device, .stream = key,
+                        .kind = EBB_TRACE_SPAN, .args = EBB_TRACE_ARG_BYTES, .bytes = bytes};
+    (void)ebb_trace_record(&r);
+  }
+  return st;
+}
+
+ebb_status ebb_copy_async(void *dst, const void *src, size_t bytes, ebb_stream_t *s) {
+  if (EBB_UNLIKELY(EBB_TRACE_ON())) return copy_traced(dst, src, bytes, s);
+  const char *what;
+  return copy_async(dst, src, bytes, s, &what);
 }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "streams_export.h"
+#include "ebb/trace.h"
 #include "streams_impl.h"
 
 void ebb__events_start(struct ebb__dev *d) {
@@ -211,7 +212,7 @@ ebb_status ebb_event_record(ebb_event_t *e, ebb_stream_t *s) {
 }
 
 /* Cross-device waits go straight to the driver: a stream may wait on any context's event. */
-ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s) {
+static ebb_status event_wait(ebb_event_t *e, ebb_stream_t *s) {
   static const char fn[] = "ebb_event_wait";
   ebb_status st = ebb__check_event(fn, e);
   if (!st) st = ebb__stream_pin(fn, s);
@@ -220,6 +221,25 @@ ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s) {
   if (atomic_load_explicit(&e->recorded, memory_order_relaxed)) st = ebb__drv_stream_wait_event(s->device, s->cu, e->device, e->cu);
   ebb__stream_unpin(s);
   return st;
+}
+
+/* Tracing: the wait as a span on the waiting stream's track, named after the event's device
+ * when it is another's. Host time of the enqueue: how long the stream then waits on the device
+ * is not known to the host. */
+static EBB_COLD ebb_status event_wait_traced(ebb_event_t *e, ebb_stream_t *s) {
+  uint64_t key = ebb__stream_trace_key(s), t0 = ebb__now_ns();
+  ebb_status st = event_wait(e, s);
+  if (!st && key) {
+    ebb_trace_span r = {.name = e->device != s->device ? "wait event (other device)" : "wait event", .start_ns = t0,
+                        .end_ns = ebb__now_ns(), .device = s->device, .stream = key, .kind = EBB_TRACE_SPAN};
+    (void)ebb_trace_record(&r);
+  }
+  return st;
+}
+
+ebb_status ebb_event_wait(ebb_event_t *e, ebb_stream_t *s) {
+  if (EBB_UNLIKELY(EBB_TRACE_ON())) return event_wait_traced(e, s);
+  return event_wait(e, s);
 }
 
 ebb_status ebb_event_query(ebb_event_t *e, bool *done) {

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "streams_export.h"
+#include "ebb/trace.h"
 #include "streams_impl.h"
 
 struct ebb__streams ebb__streams_state;
@@ -336,6 +337,29 @@ static ebb_status enter_dev(const char *fn, int device, const void *out) {
 
 /* ---- creation ------------------------------------------------------------------------------ */
 
+/* Names the stream's trace track after its id, whether tracing is on or not (a stream made before
+ * ebb_trace_enable is traced later under its name). Quiet: a name that cannot be stored leaves
+ * the track named by its handle. */
+static void trace_name(const ebb_stream_t *s) {
+  static const char *const kinds[] = {"default", "pool", "user"};
+  char name[64];
+  snprintf(name, sizeof name, "stream %llu (device %d, %s)", (unsigned long long)s->id, s->device, kinds[s->kind]);
+  ebb__fail_mute(true);
+  (void)ebb_trace_stream_name(s->device, (uint64_t)(uintptr_t)s->cu, name);
+  ebb__fail_mute(false);
+}
+
+uint64_t ebb__stream_trace_key(ebb_stream_t *s) {
+  ebb__fail_mute(true);
+  uint64_t key = 0;
+  if (!ebb__stream_pin("ebb__stream_trace_key", s)) {
+    key = (uint64_t)(uintptr_t)s->cu;
+    ebb__stream_unpin(s);
+  }
+  ebb__fail_mute(false);
+  return key;
+}
+
 /* Creates the driver stream first, with no lock held, then takes a slot for it. */
 static ebb_status stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio prio, enum ebb__stream_kind kind,
                                   ebb_stream_t **out) {
@@ -355,6 +379,7 @@ static ebb_status stream_new(const char *fn, struct ebb__dev *d, ebb_stream_prio
   s->prio = prio;
   s->kind = kind;
   s->cu = cu;
+  trace_name(s);
   atomic_fetch_and_explicit(&s->hold, EBB__HOLD_COUNT, memory_order_relaxed); /* (published by the magic's release store) */
   /* release: pairs with the acquire in ebb__check_stream (fields before the live magic). */
   atomic_store_explicit(&s->slot.magic, EBB__STREAM_LIVE, memory_order_release);
@@ -965,7 +990,7 @@ ebb_status ebb_stream_host_func(ebb_stream_t *s, ebb_host_fn fn, void *user) {
   return st;
 }
 
-ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {
+static ebb_status wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {
   static const char fn[] = "ebb_stream_wait_stream";
   ebb_status st = ebb__check_stream(fn, waiter);
   if (!st) st = ebb__check_stream(fn, s);
@@ -980,6 +1005,23 @@ ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {
   }
   ebb__stream_unpin(waiter);
   return st;
+}
+
+/* Tracing: the wait as a span on the waiter's track (the host's enqueue, as ebb_event_wait's). */
+static EBB_COLD ebb_status wait_stream_traced(ebb_stream_t *waiter, ebb_stream_t *s) {
+  uint64_t key = waiter != s ? ebb__stream_trace_key(waiter) : 0, t0 = ebb__now_ns();
+  ebb_status st = wait_stream(waiter, s);
+  if (!st && key) {
+    ebb_trace_span r = {.name = "wait stream", .start_ns = t0, .end_ns = ebb__now_ns(), .device = waiter->device, .stream = key,
+                        .kind = EBB_TRACE_SPAN};
+    (void)ebb_trace_record(&r);
+  }
+  return st;
+}
+
+ebb_status ebb_stream_wait_stream(ebb_stream_t *waiter, ebb_stream_t *s) {
+  if (EBB_UNLIKELY(EBB_TRACE_ON())) return wait_stream_traced(waiter, s);
+  return wait_stream(waiter, s);
 }
 
 /* ---- statistics ---------------------------------------------------------------------------- */

@@ -120,6 +120,10 @@ struct ebb_stream {
 #define EBB__HOLD_ASKED (1ull << 32)
 #define EBB__HOLD_DONE (1ull << 33)
 
+/* The driver handle of live stream s as its trace track's key (ebb/trace.h), 0 when s is not
+ * live. Pins s for the read; quiet (a failure is the traced call's own to report). */
+EBB_HIDDEN uint64_t ebb__stream_trace_key(ebb_stream_t *s);
+
 struct ebb_event {
   struct ebb__slot slot;
   uint64_t id;

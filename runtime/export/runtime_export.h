@@ -162,6 +162,9 @@ EBB_HIDDEN void ebb__debug_live_add(long delta);
 /* One flag read on every instrumentation point; written only by ebb_trace_enable/disable. */
 EBB_HIDDEN extern int ebb__trace_on;
 #define EBB_TRACE_ON() (__builtin_expect(__atomic_load_n(&ebb__trace_on, __ATOMIC_RELAXED) != 0, 0))
+/* Names the calling thread's trace track unless it has a name already (the engine's calling
+ * thread: a caller's own ebb_trace_thread_name wins). Quiet: a failure leaves it unnamed. */
+EBB_HIDDEN void ebb__trace_thread_name_default(const char *name);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 #include "ebb/trace.h"
 #include "runtime_export.h"  // the driver seam (ebb__drv_*), internal
 #include "ebb_test_util.hpp"
+#include "trace_check.hpp"
 
 TEST_CASE("trace: off by default records nothing", "[runtime][trace]") {
   CHECK_FALSE(ebb_trace_enabled());
@@ -100,4 +101,119 @@ TEST_CASE("trace: kernel launches are traced when on (EBB_TRACE)", "[runtime][tr
   CHECK(found == 5);
   EBB_REQUIRE_OK(ebb__drv_stream_destroy(0, st));
   ebb_trace_disable();
+}
+
+TEST_CASE("trace: records of every kind export as events a viewer accepts, and overlapping spans on one track are cut to nest",
+          "[runtime][trace]") {
+  EBB_REQUIRE_OK(ebb_trace_enable(256));
+  EBB_REQUIRE_OK(ebb_trace_thread_name("test main"));
+  const uint64_t fake = 0xabc0; // a made-up driver stream handle of device 1
+  EBB_REQUIRE_OK(ebb_trace_stream_name(1, fake, "stream 7 (device 1, user)"));
+  const uint64_t t = ebb_trace_now_ns();
+  uint64_t flow = ebb_trace_flow_id();
+  CHECK(flow != 0);
+  CHECK(ebb_trace_flow_id() != flow);
+  auto rec = [](ebb_trace_kind k, const char *name, uint64_t a, uint64_t b) {
+    ebb_trace_span r{};
+    r.name = name;
+    r.kind = k;
+    r.start_ns = a;
+    r.end_ns = b;
+    r.device = 0;
+    return r;
+  };
+  // The thread's track: a parent span, a child, an instant and a flow start inside; a second span
+  // with the flow's end (one thread may end its own flow).
+  ebb_trace_span parent = rec(EBB_TRACE_SPAN, "parent", t, t + 10000), child = rec(EBB_TRACE_SPAN, "child", t + 1000, t + 2000);
+  child.args = EBB_TRACE_ARG_TASK | EBB_TRACE_ARG_SEQ | EBB_TRACE_ARG_BYTES;
+  child.task = 3;
+  child.seq = 42;
+  child.bytes = 4096;
+  child.owner = "owner \"q\"";
+  ebb_trace_span inst = rec(EBB_TRACE_INSTANT, "alloc", t + 1500, t + 1500), fs = rec(EBB_TRACE_FLOW_START, "gradient", t + 1800, t + 1800);
+  fs.id = flow;
+  ebb_trace_span later = rec(EBB_TRACE_SPAN, "later", t + 20000, t + 21000), fe = rec(EBB_TRACE_FLOW_END, "gradient", t + 20000, t + 20000);
+  fe.id = flow;
+  ebb_trace_span ctr = rec(EBB_TRACE_COUNTER, "allocated bytes", t + 1500, t + 1500);
+  ctr.bytes = 1 << 20;
+  // Recorded out of order: the export sorts.
+  for (const ebb_trace_span *r : {&fe, &child, &later, &inst, &parent, &fs, &ctr}) EBB_REQUIRE_OK(ebb_trace_record(r));
+  // The stream's track: two enqueues from two threads overlapping without nesting.
+  std::thread th([&] {
+    ebb_trace_span a = rec(EBB_TRACE_SPAN, "copy H2D", t + 100, t + 600);
+    a.device = 1;
+    a.stream = fake;
+    (void)ebb_trace_record(&a);
+  });
+  th.join();
+  ebb_trace_span b = rec(EBB_TRACE_SPAN, "kernel", t + 300, t + 900);
+  b.device = 1;
+  b.stream = fake;
+  EBB_REQUIRE_OK(ebb_trace_record(&b));
+  char path[] = "/tmp/ebb_trace_kinds_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  EBB_REQUIRE_OK(ebb_trace_export_json(path));
+  ebb_trace_disable();
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string js = ss.str();
+  std::remove(path);
+  trace_check::Report r;
+  trace_check::check(js, &r);
+  for (const auto &e : r.errors) UNSCOPED_INFO(e);
+  CHECK(r.errors.empty());
+  CHECK(r.by_phase["X"] == 5);
+  CHECK(r.by_phase["i"] == 1);
+  CHECK(r.by_phase["C"] == 1);
+  CHECK(r.flows_paired == 1);
+  CHECK(r.counters.count("allocated bytes") == 1);
+  bool main_named = false, stream_named = false;
+  for (const auto &kv : r.thread_names) {
+    main_named |= kv.first.first == EBB_MAX_DEVICES + 1 && kv.second == "test main";
+    stream_named |= kv.first.first == 2 && kv.second == "stream 7 (device 1, user)";
+  }
+  CHECK(main_named);
+  CHECK(stream_named);
+  for (const auto &s : r.slices) {
+    if (s.name == "child") {
+      CHECK(s.args.get("graph_task")->num == 3);
+      CHECK(s.args.get("seq")->num == 42);
+      CHECK(s.args.get("bytes")->num == 4096);
+      CHECK(s.args.get("owner")->str == "owner \"q\"");
+      CHECK(s.ts == Approx(1.0).margin(1e-9)); // µs from the earliest record, ns digits kept
+      CHECK(s.dur == Approx(1.0).margin(1e-9));
+    }
+    if (s.name == "kernel") CHECK(s.dur == Approx(0.3).margin(1e-9)); // cut at copy H2D's end
+  }
+}
+
+TEST_CASE("trace: ebb_trace_record, ebb_trace_thread_name and ebb_trace_stream_name refuse bad input", "[runtime][trace]") {
+  ebb_trace_span r{};
+  r.name = "x";
+  EBB_CHECK_FAILS(ebb_trace_record(nullptr), EBB_EINVAL, "rec is NULL");
+  r.kind = EBB_TRACE_KIND_COUNT;
+  EBB_CHECK_FAILS(ebb_trace_record(&r), EBB_EINVAL, "kind 5");
+  r.kind = EBB_TRACE_SPAN;
+  r.start_ns = 10;
+  r.end_ns = 5;
+  EBB_CHECK_FAILS(ebb_trace_record(&r), EBB_EINVAL, "ends (5 ns) before it starts (10 ns)");
+  r.kind = EBB_TRACE_FLOW_END;
+  r.id = 0;
+  EBB_CHECK_FAILS(ebb_trace_record(&r), EBB_EINVAL, "id 0");
+  r.kind = EBB_TRACE_INSTANT;
+  EBB_REQUIRE_OK(ebb_trace_record(&r)); // valid, tracing off: nothing recorded
+  size_t held = 1;
+  uint64_t dropped = 1;
+  EBB_REQUIRE_OK(ebb_trace_counts(&held, &dropped));
+  CHECK(held == 0);
+  EBB_CHECK_FAILS(ebb_trace_thread_name(nullptr), EBB_EINVAL, "NULL");
+  EBB_CHECK_FAILS(ebb_trace_thread_name(""), EBB_EINVAL, "empty");
+  EBB_CHECK_FAILS(ebb_trace_stream_name(-1, 0x10, "s"), EBB_EINVAL, "device -1");
+  EBB_CHECK_FAILS(ebb_trace_stream_name(EBB_MAX_DEVICES, 0x10, "s"), EBB_EINVAL, "device 16");
+  EBB_CHECK_FAILS(ebb_trace_stream_name(0, 0, "s"), EBB_EINVAL, "stream 0");
+  EBB_CHECK_FAILS(ebb_trace_stream_name(0, 0x10, nullptr), EBB_EINVAL, "NULL");
+  EBB_CHECK_FAILS(ebb_trace_export_json(""), EBB_EINVAL, "empty");
 }
