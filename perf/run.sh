@@ -122,7 +122,7 @@ q 7 -- 9;                             run optim ebb-bench-optim "${args[@]}"
 # the backward engine, ebb and libtorch taken in turn (as perf/engine_ratio.sh)
 q 1 -- 7
 for i in $([[ $quick -eq 1 ]] && echo 1 || echo 1 2 3); do
-  EBB_BENCH_ENGINE_GRAPHS=chain,wide,tree,reuse,tree_grad_1,tree_grad_64,tree_grad_512 run engine ebb-bench-engine "${args[@]}"
+  run engine ebb-bench-engine "${args[@]}"
   if [[ -x $bin/ebb-bench-engine-torch ]]; then
     run engine ebb-bench-engine-torch "${args[@]}"
   elif [[ $i -eq 1 ]]; then
