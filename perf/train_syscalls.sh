@@ -19,7 +19,8 @@
 # emulated driver's cuMemMap and cuMemSetAccess: an mmap and an madvise each), hence 5 by default.
 # usage: perf/train_syscalls.sh [bin_dir] [steady_steps (default 10)] [warmup_steps (default 5)]
 #        (bin_dir: where ebb-train is; default: this script's directory if it holds it, else
-#        build/default/bin). EBB_SIM_DEVICES (default 2) sets the emulated devices.
+#        build/default/bin). EBB_SIM_DEVICES (default 2) sets the emulated devices; EBB_TORCH_PYTHON
+#        (default /usr/bin/python3, Debian's, whose python3-torch is the peer) the python that runs it.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
