@@ -683,6 +683,25 @@ static void progress(const model *m, long step, float loss, double ms, bool tty)
 
 /* ---- main ----------------------------------------------------------------------------------- */
 
+/* EBB_TRAIN_SYSCALL_MARKERS=N (N >= 1) brackets the steady-state steps for perf/train_syscalls.sh,
+ * which counts their system calls under strace: an access() of a path that cannot exist fails
+ * harmlessly and shows the path in strace's log, "steady-begin" after the first N steps (the
+ * warm-up) and "steady-end" after the last. Unset, empty or 0: no markers. -1: a bad value. */
+static long syscall_markers_warmup(void) {
+  const char *v = getenv("EBB_TRAIN_SYSCALL_MARKERS");
+  if (!v || !*v) return 0;
+  char *end;
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  return errno || *end || n < 0 ? -1 : n;
+}
+
+static void syscall_marker(const char *what) {
+  char path[64];
+  snprintf(path, sizeof path, "/nonexistent/ebb-train:%s", what);
+  (void)access(path, F_OK);
+}
+
 static int fail(const char *what) {
   fprintf(stderr, "ebb-train: %s: %s\n", what, ebb_last_error());
   return 1;
@@ -692,6 +711,12 @@ int main(int argc, char **argv) {
   options o;
   int rc = parse_args(argc, argv, &o);
   if (rc) return rc;
+  long marker_warmup = syscall_markers_warmup();
+  if (marker_warmup < 0) {
+    fprintf(stderr, "ebb-train: EBB_TRAIN_SYSCALL_MARKERS='%s': expected a count of warm-up steps (0: off)\n",
+            getenv("EBB_TRAIN_SYSCALL_MARKERS"));
+    return 2;
+  }
   out_file files[3] = {{.path = o.snapshot}, {.path = o.timeline}, {.path = o.trace}};
   for (int i = 0; i < 3; i++)
     if (!out_file_check(&files[i])) return 2;
@@ -737,7 +762,12 @@ int main(int argc, char **argv) {
   float first_loss = NAN, loss = NAN;
   if (build_model(m) != EBB_OK) failed = "building the model";
   bool tty = isatty(fileno(stdout)) && !o.quiet;
+  bool in_steady = false;
   for (long s = 0; !failed && s < o.steps; s++) {
+    if (marker_warmup && s == marker_warmup) {
+      syscall_marker("steady-begin");
+      in_steady = true;
+    }
     double t0 = now_ms();
     if (train_step(m, &dt, &tp, &loss) != EBB_OK) {
       failed = "training step";
@@ -753,6 +783,7 @@ int main(int argc, char **argv) {
     }
     if (!o.quiet) progress(m, s, loss, ms[s], tty);
   }
+  if (in_steady) syscall_marker("steady-end");
   if (tty) printf("\n");
   if (failed) {
     fprintf(stderr, "ebb-train: %s failed: %s\n", failed, ebb_last_error());

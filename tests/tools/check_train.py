@@ -128,7 +128,12 @@ def case_bad_input(exe):
                 fail(f"{args}: stderr lacks {msg!r}:\n{p.stderr}")
             if os.listdir(d):
                 fail(f"{args}: files left behind: {os.listdir(d)}")
-    print(f"{len(bad)} bad command lines refused with exit code 2")
+    for value in ["x", "-1", "2steps"]:
+        with tempfile.TemporaryDirectory() as d:
+            p = run([exe, "--steps", "2"], d, expect_rc=2, env={"EBB_TRAIN_SYSCALL_MARKERS": value})
+            if f"EBB_TRAIN_SYSCALL_MARKERS='{value}'" not in p.stderr or os.listdir(d):
+                fail(f"EBB_TRAIN_SYSCALL_MARKERS={value!r}: no message or files left behind:\n{p.stderr}")
+    print(f"{len(bad)} bad command lines and 3 bad EBB_TRAIN_SYSCALL_MARKERS refused with exit code 2")
 
 
 def make_snapshot(d, exe):
