@@ -171,7 +171,17 @@ static ebb__track *track_get(int device, uint64_t key, bool add) {
 static ebb_status track_name(const char *fn, int device, uint64_t key, const char *name, bool keep) {
   ebb__mutex_lock(&ebb__trace_lock);
   ebb__track *t = track_get(device, key, true);
-  if (t && !(keep && t->name[0])) snprintf(t->name, sizeof t->name, "%s", name);
+  if (t && !(keep && t->name[0])) {
+    /* A long name is cut on a character boundary: never inside a UTF-8 sequence, which would
+     * leave a stray lead byte at the end. */
+    size_t n = strnlen(name, sizeof t->name);
+    if (n == sizeof t->name) {
+      n--;
+      while (n && ((unsigned char)name[n] & 0xC0) == 0x80) n--;
+    }
+    memcpy(t->name, name, n);
+    t->name[n] = '\0';
+  }
   ebb__mutex_unlock(&ebb__trace_lock);
   if (!t) return ebb__fail(EBB_ENOMEM, "%s: no room to name '%s' (no host memory, or %u tracks named already)", fn, name, EBB__TRACKS_MAX);
   if (device < 0) ebb__named = true;
@@ -299,13 +309,32 @@ static int ev_cmp(const void *pa, const void *pb) {
   return a->r < b->r ? -1 : a->r > b->r; /* ring order: a stable result */
 }
 
+/* A JSON string of caller text: quotes, backslashes and controls escaped, well-formed UTF-8
+ * copied, and any other byte at or above 0x80 (Latin-1 text, a cut character) written as
+ * \u00XX, so the file always parses. */
 static void json_str(FILE *f, const char *s) {
+  const unsigned char *c = (const unsigned char *)s;
+  size_t n = strlen(s);
   fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
+  while (n) {
+    size_t k;
+    if (*c == '"' || *c == '\\') {
+      fprintf(f, "\\%c", *c);
+      k = 1;
+    } else if (*c < 0x20) {
+      fprintf(f, "\\u%04x", *c);
+      k = 1;
+    } else if (*c < 0x80) {
+      fputc(*c, f);
+      k = 1;
+    } else if ((k = ebb__utf8_seq(c, n)) != 0) {
+      fwrite(c, 1, k, f);
+    } else {
+      fprintf(f, "\\u%04x", *c);
+      k = 1;
+    }
+    c += k;
+    n -= k;
   }
   fputc('"', f);
 }

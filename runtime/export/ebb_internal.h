@@ -86,4 +86,31 @@ EBB_HIDDEN uint64_t ebb__now_ns(void);
 
 #define EBB_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* The length (2 to 4) of the well-formed UTF-8 sequence of a character at or above U+0080 that
+ * starts at s, which holds n > 0 bytes; 0 when s[0] starts none (an ASCII byte, a stray
+ * continuation byte, an overlong form, a surrogate, past U+10FFFF, or a sequence cut short).
+ * The JSON writers (snapshots, traces) copy such a sequence and write any other byte at or above
+ * 0x80 as \u00XX, so caller text in Latin-1 or cut mid-character still makes a valid file. */
+static inline size_t ebb__utf8_seq(const unsigned char *s, size_t n) {
+  unsigned c = s[0];
+  size_t len;
+  unsigned lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
+  if (c >= 0xC2 && c <= 0xDF) len = 2;
+  else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;      /* overlong below U+0800 */
+    else if (c == 0xED) hi = 0x9F; /* surrogates U+D800..U+DFFF */
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;      /* overlong below U+10000 */
+    else if (c == 0xF4) hi = 0x8F; /* past U+10FFFF */
+  } else {
+    return 0;
+  }
+  if (n < len || s[1] < lo || s[1] > hi) return 0;
+  for (size_t k = 2; k < len; k++)
+    if ((s[k] & 0xC0) != 0x80) return 0;
+  return len;
+}
+
 #endif /* EBB_INTERNAL_H */

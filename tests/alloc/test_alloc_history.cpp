@@ -657,6 +657,42 @@ TEST_CASE("snapshot and history calls need ebb_init", "[alloc][history]") {
   EBB_CHECK_FAILS(ebb_alloc_history_get(0, nullptr, 0, &n, nullptr), EBB_ENOTINIT, "ebb_init");
 }
 
+TEST_CASE("owner names that are not UTF-8 make a snapshot every JSON reader accepts", "[alloc][history]") {
+  EbbSession session;
+  // Latin-1 (0xE9: é there, a stray lead byte in UTF-8), well-formed UTF-8 (ï), a sequence
+  // cut short, a surrogate and an overlong form, a quote and a control.
+  const std::vector<std::string> names = {"caf\xe9", "na\xc3\xafve", "cut\xe2\x82", "\xed\xa0\x80\xc0\xaf", "q\"\x01"};
+  // What a reader gets back: UTF-8 kept, any other byte as the code point of its value; the
+  // test's reader turns \u00XX back into that byte, so it sees the bytes given.
+  std::vector<void *> blocks;
+  for (const std::string &n : names) {
+    void *p = nullptr;
+    EBB_REQUIRE_OK(ebb_arena_alloc(0, 4096, nullptr, &p));
+    EBB_REQUIRE_OK(ebb_alloc_block_set_owner(p, EBB_OWNER_ACTIVATION, n.c_str(), nullptr, nullptr));
+    blocks.push_back(p);
+  }
+  // The first two are freed: the free's history entries carry the names too.
+  EBB_REQUIRE_OK(ebb_arena_free(blocks[0]));
+  EBB_REQUIRE_OK(ebb_arena_free(blocks[1]));
+  std::string path = tmp_path("ebb-snapshot-utf8");
+  EBB_REQUIRE_OK(ebb_memory_snapshot_json(path.c_str()));
+  std::string text = slurp(path);
+  CHECK(ebb_first_bad_utf8(text) == std::string::npos);
+  Json snap = parse_file(path);  // and Python's json, where it is installed
+  std::remove(path.c_str());
+  std::map<std::string, int> in_blocks, in_trace;
+  for (const Json &g : snap["segments"].arr)
+    for (const Json &b : g["blocks"].arr)
+      if (b["state"].s == "active_allocated") in_blocks[b["owner"]["name"].s]++;
+  for (const Json &e : snap["device_traces"].arr[0].arr) in_trace[e["owner"]["name"].s]++;
+  for (size_t k = 2; k < names.size(); k++) CHECK(in_blocks[names[k]] == 1);
+  CHECK(in_trace[names[0]] == 2);  // free_requested, free_completed
+  CHECK(in_trace[names[1]] == 2);
+  for (size_t k = 2; k < names.size(); k++) EBB_REQUIRE_OK(ebb_arena_free(blocks[k]));
+  ARENA_CHECK();
+  REQUIRE(ebb_debug_live_handles() == 0);
+}
+
 #elif EBB_HIST_MODE == EBB_HIST_WRAP
 
 TEST_CASE("the ring keeps the newest N actions, oldest first", "[alloc][history]") {

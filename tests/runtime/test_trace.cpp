@@ -217,3 +217,69 @@ TEST_CASE("trace: ebb_trace_record, ebb_trace_thread_name and ebb_trace_stream_n
   EBB_CHECK_FAILS(ebb_trace_stream_name(0, 0x10, nullptr), EBB_EINVAL, "NULL");
   EBB_CHECK_FAILS(ebb_trace_export_json(""), EBB_EINVAL, "empty");
 }
+
+TEST_CASE("trace: names that are not UTF-8, or cut inside a character, export as valid UTF-8", "[runtime][trace]") {
+  EBB_REQUIRE_OK(ebb_trace_enable(64));
+  // Latin-1 text (0xE9 is é there, a stray lead byte in UTF-8).
+  EBB_REQUIRE_OK(ebb_trace_thread_name("caf\xe9 thread"));
+  // 62 ASCII bytes then é (2 bytes, 62-63): a name keeps 63 bytes, so the cut falls inside é
+  // and must drop it whole.
+  const std::string longname = std::string(62, 'a') + "\xc3\xa9" + "tail";
+  const uint64_t fake = 0xbee0;
+  EBB_REQUIRE_OK(ebb_trace_stream_name(0, fake, longname.c_str()));
+  const uint64_t t = ebb_trace_now_ns();
+  ebb_trace_span r{};
+  r.name = "na\xc3\xafve \xe2\x82 span"; // well-formed ï, then a 3-byte sequence cut short
+  r.kind = EBB_TRACE_SPAN;
+  r.start_ns = t;
+  r.end_ns = t + 1000;
+  r.device = 0;
+  r.owner = "\xed\xa0\x80\xc0\xaf"; // a surrogate and an overlong '/': neither is UTF-8
+  EBB_REQUIRE_OK(ebb_trace_record(&r));
+  ebb_trace_span k = r;
+  k.name = "kernel";
+  k.owner = nullptr;
+  k.stream = fake;
+  EBB_REQUIRE_OK(ebb_trace_record(&k));
+  char path[] = "/tmp/ebb_trace_utf8_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  EBB_REQUIRE_OK(ebb_trace_export_json(path));
+  ebb_trace_disable();
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string js = ss.str();
+  std::remove(path);
+  CHECK(ebb_first_bad_utf8(js) == std::string::npos);
+  trace_check::Report rep;
+  trace_check::check(js, &rep);
+  for (const auto &e : rep.errors) UNSCOPED_INFO(e);
+  CHECK(rep.errors.empty());
+  // Bytes that are not UTF-8 read back as the code points of their values (\u00XX).
+  bool thread_named = false, stream_named = false;
+  for (const auto &kv : rep.thread_names) {
+    thread_named |= kv.second == "caf\xc3\xa9 thread";
+    stream_named |= kv.second == std::string(62, 'a');
+  }
+  CHECK(thread_named);
+  CHECK(stream_named);
+  bool seen = false;
+  for (const auto &s : rep.slices) {
+    if (s.name != "na\xc3\xafve \xc3\xa2\xc2\x82 span") continue;
+    seen = true;
+    CHECK(s.args.get("owner")->str == "\xc3\xad\xc2\xa0\xc2\x80\xc3\x80\xc2\xaf");
+  }
+  CHECK(seen);
+  // Where Python is around, its json module (strict UTF-8) reads the file too.
+  if (std::system("python3 -c 'pass' >/dev/null 2>&1") == 0) {
+    char p2[] = "/tmp/ebb_trace_utf8_py_XXXXXX";
+    int fd2 = mkstemp(p2);
+    REQUIRE(fd2 >= 0);
+    REQUIRE(write(fd2, js.data(), js.size()) == (ssize_t)js.size());
+    close(fd2);
+    CHECK(std::system(("python3 -c 'import json,sys; json.load(open(sys.argv[1], encoding=\"utf-8\"))' " + std::string(p2)).c_str()) == 0);
+    std::remove(p2);
+  }
+}

@@ -90,3 +90,28 @@ struct EbbSession {
     WARN("skipped: " << (why));  \
     return;                      \
   } while (0)
+
+// The offset of the first byte of `s` that is not part of well-formed UTF-8 (by code point
+// value: no overlong form, no surrogate, nothing past U+10FFFF), or npos when all of it is.
+// Files that must load in strict readers (Python's json) are held against it.
+inline size_t ebb_first_bad_utf8(const std::string &s) {
+  for (size_t i = 0; i < s.size();) {
+    unsigned c = (unsigned char)s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (!len || i + len > s.size()) return i;
+    unsigned cp = c & (0x7F >> len);
+    for (size_t k = 1; k < len; k++) {
+      unsigned d = (unsigned char)s[i + k];
+      if ((d & 0xC0) != 0x80) return i;
+      cp = cp << 6 | (d & 0x3F);
+    }
+    unsigned min = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string::npos;
+}

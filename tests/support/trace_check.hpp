@@ -88,8 +88,18 @@ class Reader {
         if (p_ + 4 > s_.size()) return fail("truncated \\u escape");
         unsigned v = (unsigned)std::strtoul(s_.substr(p_, 4).c_str(), nullptr, 16);
         p_ += 4;
-        if (v < 0x80) out->push_back((char)v);
-        else out->push_back('?'); // (ebb escapes only control characters)
+        // The code point as UTF-8 (ebb escapes controls, and bytes that are not UTF-8 as
+        // \u0080..\u00ff; surrogate pairs are never written).
+        if (v < 0x80) {
+          out->push_back((char)v);
+        } else if (v < 0x800) {
+          out->push_back((char)(0xC0 | v >> 6));
+          out->push_back((char)(0x80 | (v & 0x3F)));
+        } else {
+          out->push_back((char)(0xE0 | v >> 12));
+          out->push_back((char)(0x80 | (v >> 6 & 0x3F)));
+          out->push_back((char)(0x80 | (v & 0x3F)));
+        }
         break;
       }
       default: return fail("bad escape");
