@@ -1024,6 +1024,9 @@ static inline uint64_t ebb__hist_now(struct ebb__hclock *c) {
  * recorders, when tracing is on. Lock held. */
 EBB_HIDDEN EBB_COLD void ebb__alloc_trace(const struct ebb__arena *a, unsigned act, uint64_t size, const char *owner);
 
+/* Entries ahead of the one written whose line is prefetched for writing (ebb__hist_rec_at). */
+#define EBB__HIST_PREFETCH_AHEAD 8
+
 /* Records one action at time t. Lock held. */
 static inline void ebb__hist_rec_at(struct ebb__hist *h, uint64_t t, ebb_alloc_action act, uint64_t addr, uint64_t size,
                                     uint64_t requested, uint64_t stream, uint8_t owner_cat, const char *owner) {
@@ -1031,6 +1034,11 @@ static inline void ebb__hist_rec_at(struct ebb__hist *h, uint64_t t, ebb_alloc_a
   if (++h->head == h->cap) h->head = 0;
   h->total++;
   EBB_ASSERT(stream >> 56 == 0);
+  /* A ring larger than the caches makes each new line a read for ownership from memory; asked
+   * for a few entries ahead, it overlaps the allocator's own work instead of stalling this
+   * store. Past the ring's end it touches nothing: a prefetch never faults (the address is
+   * made as an integer, never as an out-of-bounds pointer). */
+  __builtin_prefetch((const void *)((uintptr_t)e + EBB__HIST_PREFETCH_AHEAD * sizeof *e), 1, 0);
   *e = (struct ebb__hist_entry){t, addr, size, requested, owner, ebb__he_sac(stream, (unsigned)act, owner_cat)};
 }
 
