@@ -3,7 +3,8 @@
  * blocks, slots and history, and the top-owners line of the OOM report. Both walk the live
  * blocks and slots through the slabs' piece iterator (slab.c), never a slab's records.
  *
- * Owns nothing past a call: the text is built in growing buffers and written at the end.
+ * Owns nothing past a call: the segments' text is built in growing buffers, each arena's
+ * history copied, and the file written through a fixed window as the history is formatted.
  *
  * Threading: the snapshot holds one arena's lock at a time (its segments are walked and its
  * ring copied under it) and formats and writes the file with no lock held; the top-owners line
