@@ -91,9 +91,18 @@ static void cache_thread_exit(void *arg) {
   ebb__mutex_unlock(&ebb__pool_lock);
   for (int i = 0; i < c->nstor; i++) free(c->stor[i]);
   c->nstor = 0;
+  /* A tensor released later in this thread's exit (another key's destructor) registers the
+   * cache again, and the next round of destructors flushes it. */
+  c->keyed = false;
 }
 
 static void cache_key_make(void) { rec_key_ok = pthread_key_create(&rec_key, cache_thread_exit) == 0; }
+
+/* A program may dlclose libebb while threads that made tensors live on: their exit must not
+ * call a destructor that was unmapped with the library. */
+__attribute__((destructor)) static void cache_key_delete(void) {
+  if (rec_key_ok) pthread_key_delete(rec_key);
+}
 
 /* This thread's cache, or NULL where it has none (no key). */
 static struct rec_cache *cache_get(void) {

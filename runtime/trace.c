@@ -1,9 +1,11 @@
 /* trace.c: the trace ring, the track names, and the Chrome/Perfetto JSON export.
  *
- * Off: EBB_TRACE_ON() reads one int and branches (predicted not taken). On: a writer claims a
- * slot with one relaxed fetch_add on the head counter and fills it; each slot carries a sequence
- * number written last with release, so the exporter (acquire) copies only slots whose content
- * is complete and skips the ones being overwritten. The ring is replaced only by
+ * Off: EBB_TRACE_ON() reads one int and branches (predicted not taken). On: a writer takes a
+ * ticket with one relaxed fetch_add on the head counter and claims its slot with one
+ * compare-and-swap of the slot's sequence word (odd while written, even once complete), which
+ * fails only where another writer is mid-write in that slot a lap away (the record is then
+ * dropped); the exporter copies a slot only if it reads the same complete sequence before and
+ * after, so it never keeps a torn record. The ring is replaced only by
  * enable/disable, which callers must not race with writers on other threads (documented in
  * trace.h: enable before the work, export after).
  *
@@ -27,7 +29,7 @@
 #include "runtime_impl.h"
 
 typedef struct ebb__tslot {
-  _Atomic uint64_t seq; /* claim ticket + 1 once written; 0 = never written */
+  _Atomic uint64_t seq; /* 2t+1 while ticket t writes, 2t+2 once written; 0 = never written */
   ebb_trace_span rec;
 } ebb__tslot;
 
@@ -102,11 +104,18 @@ static void trace_put(const ebb_trace_span *r) {
   uint32_t tid = my_tid();
   uint64_t t = atomic_fetch_add_explicit(&ebb__head, 1, memory_order_relaxed);
   ebb__tslot *sl = &ebb__ring[t & ebb__mask];
-  /* Invalidate first so an exporter never takes a half-written slot as complete. */
-  atomic_store_explicit(&sl->seq, 0, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
-  /* Fields are stored atomically (relaxed): after a wrap-around two writers may fill the same
-   * slot at once; the seq check below and in the exporter discards such a slot. */
+  /* A slot's seq is 2t+1 while ticket t writes it and 2t+2 once that record is complete. A
+   * writer claims the slot only from a complete older record (or an empty slot): one found
+   * mid-write (a writer preempted there, perhaps a lap behind) or already newer is left alone
+   * and this record is dropped, so no two writers ever fill one slot and an exporter that sees
+   * the same complete seq before and after copying has an untorn record. */
+  const uint64_t writing = 2 * t + 1;
+  uint64_t v = atomic_load_explicit(&sl->seq, memory_order_relaxed);
+  do {
+    if ((v & 1) || v >= writing) return;
+  } while (!atomic_compare_exchange_weak_explicit(&sl->seq, &v, writing, memory_order_acquire, memory_order_relaxed));
+  /* Fields are stored atomically (relaxed): an exporter may read them while they change, and
+   * discards the slot by its seq. */
   ebb_trace_span *d = &sl->rec;
   __atomic_store_n(&d->name, r->name ? r->name : "?", __ATOMIC_RELAXED);
   __atomic_store_n(&d->start_ns, r->start_ns, __ATOMIC_RELAXED);
@@ -122,7 +131,7 @@ static void trace_put(const ebb_trace_span *r) {
   __atomic_store_n(&d->bytes, r->bytes, __ATOMIC_RELAXED);
   __atomic_store_n(&d->owner, r->owner, __ATOMIC_RELAXED);
   /* release: the exporter's acquire load of seq sees the fields written above. */
-  atomic_store_explicit(&sl->seq, t + 1, memory_order_release);
+  atomic_store_explicit(&sl->seq, writing + 1, memory_order_release);
 }
 
 void ebb_trace_span_add(const char *name, int device, uint64_t stream, uint64_t start_ns, uint64_t end_ns) {
@@ -237,7 +246,7 @@ static size_t trace_copy(ebb_trace_span *out, size_t max) {
   for (uint64_t t = first; t < head && n < max; t++) {
     ebb__tslot *sl = &ebb__ring[t & ebb__mask];
     /* acquire: pairs with the writer's release store of seq. */
-    if (atomic_load_explicit(&sl->seq, memory_order_acquire) != t + 1) continue;
+    if (atomic_load_explicit(&sl->seq, memory_order_acquire) != 2 * t + 2) continue;
     const ebb_trace_span *s = &sl->rec;
     ebb_trace_span r;
     r.name = __atomic_load_n(&s->name, __ATOMIC_RELAXED);
@@ -254,7 +263,7 @@ static size_t trace_copy(ebb_trace_span *out, size_t max) {
     r.bytes = __atomic_load_n(&s->bytes, __ATOMIC_RELAXED);
     r.owner = __atomic_load_n(&s->owner, __ATOMIC_RELAXED);
     atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&sl->seq, memory_order_relaxed) != t + 1) continue; /* overwritten meanwhile */
+    if (atomic_load_explicit(&sl->seq, memory_order_relaxed) != 2 * t + 2) continue; /* claimed meanwhile */
     out[n++] = r;
   }
   return n;

@@ -7,9 +7,11 @@
  * that cannot be read (the message says where it stopped), 1 an output that cannot be written.
  * Nothing partial is left behind.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "memviz.h"
 
@@ -53,6 +55,23 @@ int main(int argc, char **argv) {
   }
   /* Reading problems (a missing or malformed snapshot) are the caller's: 2; the only other way
    * to fail is an output that cannot be written. */
+  /* The page (or the SVG) written over the snapshot would lose the snapshot. */
+  const char *outs[2] = {html, svg};
+  struct stat si, so;
+  bool have_in = stat(in, &si) == 0;
+  for (int k = 0; k < 2; k++) {
+    if (!outs[k]) continue;
+    if (!strcmp(outs[k], in) || (have_in && stat(outs[k], &so) == 0 && so.st_dev == si.st_dev && so.st_ino == si.st_ino)) {
+      fprintf(stderr, "ebb-memviz: '%s' is the snapshot itself; give the %s another name\n", outs[k], k ? "SVG" : "page");
+      free(def);
+      return 2;
+    }
+  }
+  if (svg && !strcmp(svg, html)) {
+    fprintf(stderr, "ebb-memviz: the page and the SVG would both be '%s'; give them different names\n", svg);
+    free(def);
+    return 2;
+  }
   FILE *probe = fopen(in, "rb");
   if (!probe) {
     fprintf(stderr, "ebb-memviz: cannot read '%s'\n", in);

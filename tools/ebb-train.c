@@ -31,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -222,6 +224,11 @@ static bool out_file_check(out_file *f) {
     fprintf(stderr, "ebb-train: output path '%s' is too long\n", f->path);
     return false;
   }
+  struct stat st;
+  if (stat(f->path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    fprintf(stderr, "ebb-train: cannot write '%s': it exists and is not a regular file\n", f->path);
+    return false;
+  }
   FILE *t = fopen(f->tmp, "w");
   if (!t) {
     fprintf(stderr, "ebb-train: cannot write '%s': %s\n", f->path, strerror(errno));
@@ -230,6 +237,15 @@ static bool out_file_check(out_file *f) {
   fclose(t);
   remove(f->tmp);
   return true;
+}
+
+/* Two outputs with one name: the second would replace the first. */
+static bool out_files_distinct(const out_file *a, const out_file *b, const char *an, const char *bn) {
+  struct stat sa, sb;
+  bool same = !strcmp(a->path, b->path) ||
+              (stat(a->path, &sa) == 0 && stat(b->path, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
+  if (same) fprintf(stderr, "ebb-train: %s and %s are both '%s'; give them different files\n", an, bn, a->path);
+  return !same;
 }
 
 static bool out_file_commit(out_file *f) {
@@ -359,7 +375,10 @@ static ebb_status make_param(model *m, int device, int ndim, const int64_t *shap
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     *seed_offset += (uint64_t)n;
-    if (st == EBB_OK && (st = ebb_op_mul_scalar_(*out, scale)) != EBB_OK) ebb_tensor_release(*out);
+    if (st == EBB_OK && (st = ebb_op_mul_scalar_(*out, scale)) != EBB_OK) {
+      ebb_tensor_release(*out);
+      *out = NULL;
+    }
   }
   ebb_alloc_owner_pop();
   if (st != EBB_OK) return st;
@@ -676,6 +695,10 @@ static void progress(const model *m, long step, float loss, double ms, bool tty)
     human(off, sizeof off, os.bytes_offloaded);
     snprintf(line + n, sizeof line - (size_t)n, "  pinned peak %s  offloaded %s  stalls %" PRIu64, p, off, os.stalls);
   }
+  /* A line longer than the terminal wraps, and \r would redraw only its last row: cut it. */
+  struct winsize ws;
+  if (tty && ioctl(fileno(stdout), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && strlen(line) >= ws.ws_col)
+    line[ws.ws_col - 1] = 0;
   if (tty) printf("\r\033[2K%s", line);
   else printf("%s\n", line);
   fflush(stdout);
@@ -718,8 +741,12 @@ int main(int argc, char **argv) {
     return 2;
   }
   out_file files[3] = {{.path = o.snapshot}, {.path = o.timeline}, {.path = o.trace}};
+  static const char *const opt_names[3] = {"--snapshot", "--timeline", "--trace"};
   for (int i = 0; i < 3; i++)
     if (!out_file_check(&files[i])) return 2;
+  for (int i = 0; i < 3; i++)
+    for (int k = i + 1; k < 3; k++)
+      if (!out_files_distinct(&files[i], &files[k], opt_names[i], opt_names[k])) return 2;
 
   if (ebb_init() != EBB_OK) return fail("ebb_init");
   int have;

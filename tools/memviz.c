@@ -24,6 +24,7 @@ extern const unsigned char ebb__memviz_page[];
 extern const unsigned long ebb__memviz_page_size;
 
 #define NCAT 8
+#define MAX_DEVICE 1024 /* device numbers a snapshot may name: each becomes a chart */
 static const char *const cat_names[NCAT] = {"other",     "parameter", "gradient", "saved",
                                             "activation", "optimizer", "staging",  "backward"};
 static int cat_index(const char *s) {
@@ -499,6 +500,8 @@ static bool read_segment(jp *j, model *m, const char *host_title, vec *blocks) {
     if (!strcmp(j->str, "device")) {
       double d;
       if (!jp_number(j, &d)) return false;
+      /* -1: a host pool's segment */
+      if (!(d >= -1 && d < MAX_DEVICE && d == (int)d)) return jp_fail(j, "a segment's \"device\" is not a device number (0..1023)");
       device = (int)d;
     } else if (!strcmp(j->str, "address")) {
       if (!jp_u64(j, &sg.addr)) return false;
@@ -736,7 +739,7 @@ static bool finish_pool(model *m, pool *p) {
    * microsecond as its own allocation sorts after it since its block index is the same and the
    * alloc event was pushed first (qsort is not stable, so order by sign as well). */
   event *ev = p->events.p;
-  qsort(ev, p->events.n, sizeof *ev, cmp_event);
+  if (p->events.n) qsort(ev, p->events.n, sizeof *ev, cmp_event);
   for (size_t i = 1; i < p->events.n; i++)
     if (ev[i].t == ev[i - 1].t && ev[i].block == ev[i - 1].block && ev[i].sign > ev[i - 1].sign) {
       event t = ev[i];
@@ -816,7 +819,7 @@ static size_t top_owners(const model *m, const pool *p, const peak_info *pk, own
     s->bytes += (double)b->size;
     s->blocks++;
   }
-  qsort(sum, nown, sizeof *sum, cmp_owner_sum);
+  if (nown) qsort(sum, nown, sizeof *sum, cmp_owner_sum);
   size_t n = 0;
   while (n < cap && n < nown && sum[n].bytes > 0) {
     out[n] = sum[n];
@@ -1019,35 +1022,26 @@ static void write_svg(out *o, const model *m) {
   for (int pi = 0; pi < np; pi++) {
     const pool *p = &VEC_AT(m->pools, pool, pi);
     int y0 = top + pi * (H + gap);
-    double cur[NCAT] = {0}, total = 0, peak = 1;
+    /* state: the bytes per category (and their total) after the newest event so far; a column
+     * shows its events' highest total, an empty column the state carried into it */
+    double state[NCAT + 1] = {0}, peak = 1;
     memset(col, 0, (size_t)W * (NCAT + 1) * sizeof *col);
-    bool *set = calloc((size_t)W, 1);
     const event *ev = p->events.p;
-    int last_c = 0;
+    int last_c = -1;
     for (size_t i = 0; i < p->events.n; i++) {
       const block *b = &VEC_AT(p->blocks, block, ev[i].block);
       double d = ev[i].sign * (double)b->size;
-      cur[b->cat] += d;
-      total += d;
-      if (total > peak) peak = total;
       int c = (int)((ev[i].t - m->t_min) / span * (W - 1));
       if (c < 0) c = 0;
       if (c >= W) c = W - 1;
-      /* columns with no event carry the previous state */
-      for (int k = last_c + 1; set && k < c; k++)
-        if (!set[k]) {
-          memcpy(&col[k * (NCAT + 1)], &col[last_c * (NCAT + 1)], (NCAT + 1) * sizeof *col);
-          set[k] = true;
-        }
-      if (set && (!set[c] || total >= col[c * (NCAT + 1) + NCAT])) {
-        memcpy(&col[c * (NCAT + 1)], cur, sizeof cur);
-        col[c * (NCAT + 1) + NCAT] = total;
-        set[c] = true;
-      }
-      last_c = c;
+      for (int k = last_c + 1; k <= c; k++) memcpy(&col[k * (NCAT + 1)], state, sizeof state);
+      state[b->cat] += d;
+      state[NCAT] += d;
+      if (state[NCAT] > peak) peak = state[NCAT];
+      if (state[NCAT] >= col[c * (NCAT + 1) + NCAT]) memcpy(&col[c * (NCAT + 1)], state, sizeof state);
+      if (c > last_c) last_c = c;
     }
-    for (int k = last_c + 1; set && k < W; k++) memcpy(&col[k * (NCAT + 1)], &col[last_c * (NCAT + 1)], (NCAT + 1) * sizeof *col);
-    free(set);
+    for (int k = last_c + 1; k < W; k++) memcpy(&col[k * (NCAT + 1)], state, sizeof state);
     o_printf(o, "<text x=\"%d\" y=\"%d\" font-weight=\"bold\">", left, y0 - 8);
     o_xml(o, p->title);
     o_printf(o, ": live bytes by owner (peak %.1f MiB)</text>\n", peak / 1048576.0);
@@ -1173,7 +1167,11 @@ bool ebb_memviz_write_html(const char *snapshot_path, const char *html_path, con
   input_fault = false;
   model m = {.pools = {.elem = sizeof(pool)}, .owners = {.elem = sizeof(char *)}, .t_min = INFINITY, .t_max = -INFINITY};
   jp j = {.start = text, .p = text, .end = text + len, .path = snapshot_path};
-  bool ok = read_snapshot(&j, &m);
+  /* Owner 0 is "": an owner object without a name, or none at all, is nobody's. */
+  uint32_t none;
+  bool ok = intern_owner(&m, "", 0, &none);
+  if (!ok) fprintf(stderr, "ebb-memviz: out of host memory\n");
+  if (ok) ok = read_snapshot(&j, &m);
   free(j.str);
   free(text);
   if (ok) {
@@ -1194,7 +1192,7 @@ bool ebb_memviz_write_html(const char *snapshot_path, const char *html_path, con
       VEC_AT(m.pools, pool, keep++) = *p;
     }
     if (ok) m.pools.n = keep;
-    qsort(m.pools.p, m.pools.n, sizeof(pool), cmp_pool);
+    if (m.pools.n) qsort(m.pools.p, m.pools.n, sizeof(pool), cmp_pool);
   }
   if (ok) ok = write_one(html_path, &m, false);
   if (ok && svg_path && !write_one(svg_path, &m, true)) {

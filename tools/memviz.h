@@ -9,6 +9,11 @@
  * each pool's peak. No network, no external script: the data travels in the page as base64 typed
  * arrays, decoded once at load.
  *
+ * A block counts from its alloc until its free completes (the streams that used it have passed
+ * the free): the arena's active bytes, which include frees still waiting for a stream, where
+ * ebb_arena_get_stats' allocated_bytes (and ebb-train's peak_device_bytes) drop a block at the
+ * free call. So a page's peak can be above the program's reported peak.
+ *
  * Blocks allocated before the history's first entry (the ring keeps the newest actions) are
  * shown as live from its start: those freed in the history, and those the snapshot's segments
  * still hold that the history never saw allocated.

@@ -111,7 +111,9 @@ EBB_API const char *ebb_trace_intern(const char *s);
 /* Records currently held (at most the capacity) and records dropped by wrap-around since enable. */
 EBB_API ebb_status ebb_trace_counts(size_t *held, uint64_t *dropped);
 /* Copies up to `max` records, oldest first, into `out`; `*n` gets how many. Records being
- * overwritten while it copies are skipped. */
+ * written or overwritten while it copies are skipped, never copied half-written. (A writer that
+ * finds its slot still being written by another a whole lap behind drops its record: only a
+ * ring far too small for the rate of records, or a writer stalled for a lap, does that.) */
 EBB_API ebb_status ebb_trace_snapshot(ebb_trace_span *out, size_t max, size_t *n);
 
 /* Writes the records the ring holds as {"displayTimeUnit":"ns","traceEvents":[...]} (the layout

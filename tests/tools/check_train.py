@@ -120,6 +120,8 @@ def case_bad_input(exe):
         (["--model", "transformer", "--hidden", "30"], "give a multiple of 4"),
         (["--snapshot", "/nonexistent-dir/mem.json"], "cannot write '/nonexistent-dir/mem.json'"),
         (["--trace", ""], "--trace: expected a file name"),
+        (["--snapshot", "same.out", "--trace", "same.out"], "--snapshot and --trace are both 'same.out'"),
+        (["--timeline", "."], "cannot write '.': it exists and is not a regular file"),
     ]
     for args, msg in bad:
         with tempfile.TemporaryDirectory() as d:
@@ -171,6 +173,22 @@ def case_memviz(train_exe, viz):
             if os.path.exists(outp) or os.path.exists(outp + ".svg"):
                 fail(f"{name}: a partial output was left behind")
         run([viz, os.path.join(d, "missing.json")], d, expect_rc=2)
+        # an owner object without a name is nobody's, not a crash
+        noname = os.path.join(d, "noname.json")
+        with open(noname, "w") as fh:
+            fh.write('{"segments":[],"device_traces":[[{"action":"alloc","addr":4096,"size":512,"stream":0,'
+                     '"time_us":1,"owner":{"category":"saved"}}]]}')
+        run([viz, noname, "-o", os.path.join(d, "noname.html"), "--svg", os.path.join(d, "noname.svg")], d)
+        p = run([viz, snap, "-o", snap], d, expect_rc=2)
+        if "is the snapshot itself" not in p.stderr or json.load(open(snap)) is None:
+            fail("ebb-memviz -o over its own input was not refused")
+        p = run([viz, snap, "-o", "a.x", "--svg", "a.x"], d, expect_rc=2)
+        big_dev = os.path.join(d, "bigdev.json")
+        with open(big_dev, "w") as fh:
+            fh.write('{"segments":[{"device":1e12,"address":1,"total_size":1,"blocks":[]}],"device_traces":[]}')
+        p = run([viz, big_dev, "-o", os.path.join(d, "bigdev.html")], d, expect_rc=2)
+        if "not a device number" not in p.stderr:
+            fail("a segment's absurd device number was not refused: " + p.stderr)
         run([viz, snap, "-o", "/nonexistent-dir/x.html"], d, expect_rc=1)
         run([viz, "--frobnicate"], d, expect_rc=2)
     print("ebb-memviz: page, SVG and", len(cases), "malformed snapshots refused")
@@ -237,6 +255,20 @@ def case_browser(train_exe, viz, chromium, shots):
         pinned = [p for p in res["pools"] if p["title"].startswith("pinned")]
         if not pinned or "saved" not in pinned[0]["drawn"]:
             fail(f"the pinned pool's offloaded saved tensors were not drawn: {res['pools']}")
+        # owner names and pool titles are the program's strings: shown, never run as markup
+        evil = os.path.join(d, "evil.json")
+        tag = "<img src=x onerror=document.body.dataset.xss=1>"
+        with open(evil, "w") as fh:
+            fh.write('{"segments":[],"device_traces":[[{"action":"alloc","addr":4096,"size":512,"stream":0,"time_us":1,'
+                     '"owner":{"category":"parameter","name":"%s"}}]],"host_pools":[{"pool":"pinned","label":"%s",'
+                     '"segments":[],"trace":[{"action":"alloc","addr":8192,"size":512,"stream":0,"time_us":2,'
+                     '"owner":{"category":"saved","name":"%s"}}]}]}' % (tag, tag, tag))
+        run([viz, evil, "-o", os.path.join(d, "evil.html")], d)
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                              "file://" + os.path.join(d, "evil.html") + "#selftest"],
+                             capture_output=True, text=True, timeout=300).stdout
+        if "data-xss" in dom or 'selftest">' not in dom:
+            fail("an owner name or pool title ran as markup in the page")
         n = 100000 if SANITIZED else 1000000
         big = os.path.join(d, "big.json")
         big_snapshot(big, n)
