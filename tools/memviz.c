@@ -737,9 +737,10 @@ static bool finish_pool(model *m, pool *p) {
   }
   /* Stable enough: ties in time keep allocations of earlier blocks first; a free at the same
    * microsecond as its own allocation sorts after it since its block index is the same and the
-   * alloc event was pushed first (qsort is not stable, so order by sign as well). */
+   * alloc event was pushed first (qsort is not stable, so order by sign as well). A pool with
+   * no events has no array (NULL), which qsort must not be given even for zero elements. */
   event *ev = p->events.p;
-  if (p->events.n) qsort(ev, p->events.n, sizeof *ev, cmp_event);
+  if (p->events.n > 1) qsort(ev, p->events.n, sizeof *ev, cmp_event);
   for (size_t i = 1; i < p->events.n; i++)
     if (ev[i].t == ev[i - 1].t && ev[i].block == ev[i - 1].block && ev[i].sign > ev[i - 1].sign) {
       event t = ev[i];
@@ -1192,7 +1193,7 @@ bool ebb_memviz_write_html(const char *snapshot_path, const char *html_path, con
       VEC_AT(m.pools, pool, keep++) = *p;
     }
     if (ok) m.pools.n = keep;
-    if (m.pools.n) qsort(m.pools.p, m.pools.n, sizeof(pool), cmp_pool);
+    if (m.pools.n > 1) qsort(m.pools.p, m.pools.n, sizeof(pool), cmp_pool); /* none: p is NULL */
   }
   if (ok) ok = write_one(html_path, &m, false);
   if (ok && svg_path && !write_one(svg_path, &m, true)) {

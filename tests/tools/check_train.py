@@ -172,6 +172,21 @@ def case_memviz(train_exe, viz):
                 fail(f"{name}: stderr lacks {msg!r} and the file name:\n{p.stderr}")
             if os.path.exists(outp) or os.path.exists(outp + ".svg"):
                 fail(f"{name}: a partial output was left behind")
+        # Well-formed snapshots with nothing to sort: a device whose one segment holds no block and
+        # whose history is empty (a pool without events), and no device at all (no pools).
+        quiet = {
+            "idle.json": '{"segments":[{"device":0,"address":4096,"total_size":2097152,"blocks":[]}],'
+                         '"device_traces":[[]]}',
+            "nodevice.json": '{"segments":[],"device_traces":[]}',
+        }
+        for name, body in quiet.items():
+            path = os.path.join(d, name)
+            with open(path, "w") as fh:
+                fh.write(body)
+            outp = os.path.join(d, name + ".html")
+            run([viz, path, "-o", outp, "--svg", outp + ".svg"], d)
+            if not os.path.exists(outp) or not open(outp + ".svg").read().startswith("<svg"):
+                fail(f"{name}: no page or SVG written")
         run([viz, os.path.join(d, "missing.json")], d, expect_rc=2)
         # an owner object without a name is nobody's, not a crash
         noname = os.path.join(d, "noname.json")
