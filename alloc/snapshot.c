@@ -138,6 +138,7 @@ static bool sb_reserve(struct ebb__sbuf *b, size_t more) {
 }
 
 static void sb_put(struct ebb__sbuf *b, const char *s, size_t n) {
+  if (!n) return; /* an empty part may have no buffer at all (NULL), which memcpy must not see */
   if (b->f && n > b->cap) { /* a long run (a pool's segments) goes out as it is */
     sb_flush(b);
     if (!b->bad && fwrite(s, 1, n, b->f) != n) {
