@@ -45,15 +45,20 @@ struct map_call {
   bool checkpoint;
 };
 
-/* The node's user data: the call, slice 0's output layout (what every slice must give), and, in
- * save mode, the slices' graphs. */
+/* The node's user data: the call, the layouts of the xs and of slice 0's outputs (what every
+ * slice must give), and, in save mode, the slices' graphs. Those are kept as gradient edges, not
+ * tensors: an edge holds the node (and the graph below it) but not the tensor's memory, so the
+ * slices' results need not stay beside their copies in the stacked outputs, and a slice's leaf
+ * lives on in its AccumulateGrad node. */
 struct map_state {
   struct map_call c;
-  ebb_tensor_info *ometa;  /* [noutputs]: device, dtype, shape of slice 0's outputs */
-  ebb_tensor_t **xleaf;    /* save: [n * nxs] the slices fn saw, kept where the x needs a gradient */
-  ebb_tensor_t **argleaf;  /* save: [nargs] the args fn saw, kept where the arg needs a gradient */
-  ebb_tensor_t **outs;     /* save: [noutputs * n] each slice's results, output-major */
-  _Atomic bool released;   /* save: a backward without retain_graph freed the slices' graphs */
+  ebb_tensor_info *xmeta;     /* [nxs]: device, dtype, shape of each x */
+  ebb_tensor_info *ometa;     /* [noutputs]: device, dtype, shape of slice 0's outputs */
+  ebb_gradient_edge *oedge;   /* save: [noutputs * n], output-major: where result k of slice s enters its graph
+                                 (node NULL: it requires no gradient) */
+  ebb_gradient_edge *xedge;   /* save: [n * nxs]: slice s of x i as fn saw it, a leaf (node NULL: x i needs no gradient) */
+  ebb_gradient_edge *argedge; /* save: [nargs]: arg j as fn saw it, a leaf (node NULL: it needs no gradient) */
+  _Atomic bool released;      /* save: a backward without retain_graph freed the slices' graphs */
 };
 
 /* ---- messages ---------------------------------------------------------------------------------- */
@@ -88,8 +93,8 @@ static bool same_layout(const ebb_tensor_info *a, const ebb_tensor_info *b) {
 static ebb_status check_output(const struct map_call *c, int64_t s, int k, const ebb_tensor_t *o, const ebb_tensor_info *ref,
                                ebb_tensor_info *got, const char *when) {
   if (!o)
-    return ebb__fail(EBB_EINVAL, "%s: fn left outputs[%d] NULL at slice %lld%s; expected %d new tensors from each call", FN, k,
-                     (long long)s, when, c->noutputs);
+    return ebb__fail(EBB_EINVAL, "%s: fn left outputs[%d] NULL at slice %lld%s; expected noutputs (%d) new tensors from each call",
+                     FN, k, (long long)s, when, c->noutputs);
   ebb_status st = ebb__tensor_check_at(o, FN, "fn's outputs", k);
   if (!st) st = ebb_tensor_get_info(o, got);
   if (st) return fail_in(st, "");
@@ -130,20 +135,28 @@ static void release_all(ebb_tensor_t **ts, size_t n) {
 
 /* ---- the state -------------------------------------------------------------------------------- */
 
+static void release_edges(ebb_gradient_edge *es, size_t n) {
+  if (!es) return;
+  for (size_t i = 0; i < n; i++) {
+    if (es[i].node) ebb_gradient_edge_release(&es[i]);
+  }
+}
+
 static void state_free_graphs(struct map_state *m) {
-  release_all(m->outs, m->outs ? (size_t)m->c.noutputs * (size_t)m->c.n : 0);
-  release_all(m->xleaf, m->xleaf ? (size_t)m->c.nxs * (size_t)m->c.n : 0);
-  release_all(m->argleaf, m->argleaf ? (size_t)m->c.nargs : 0);
+  release_edges(m->oedge, (size_t)m->c.noutputs * (size_t)m->c.n);
+  release_edges(m->xedge, (size_t)m->c.nxs * (size_t)m->c.n);
+  release_edges(m->argedge, (size_t)m->c.nargs);
 }
 
 static void state_free(void *p) {
   struct map_state *m = p;
   if (!m) return;
   state_free_graphs(m);
-  free(m->outs);
-  free(m->xleaf);
-  free(m->argleaf);
+  free(m->oedge);
+  free(m->xedge);
+  free(m->argedge);
   free(m->ometa);
+  free(m->xmeta);
   free(m);
 }
 
@@ -152,12 +165,13 @@ static ebb_status state_new(const struct map_call *c, bool save, struct map_stat
   if (!m) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the map's state", FN);
   m->c = *c;
   m->ometa = calloc((size_t)c->noutputs, sizeof *m->ometa);
-  bool ok = m->ometa != NULL;
+  m->xmeta = calloc((size_t)c->nxs, sizeof *m->xmeta);
+  bool ok = m->ometa && m->xmeta;
   if (ok && save) {
-    m->outs = calloc((size_t)c->noutputs * (size_t)c->n, sizeof *m->outs);
-    m->xleaf = calloc((size_t)c->nxs * (size_t)c->n, sizeof *m->xleaf);
-    m->argleaf = calloc((size_t)(c->nargs > 0 ? c->nargs : 1), sizeof *m->argleaf);
-    ok = m->outs && m->xleaf && m->argleaf;
+    m->oedge = calloc((size_t)c->noutputs * (size_t)c->n, sizeof *m->oedge);
+    m->xedge = calloc((size_t)c->nxs * (size_t)c->n, sizeof *m->xedge);
+    m->argedge = calloc((size_t)(c->nargs > 0 ? c->nargs : 1), sizeof *m->argedge);
+    ok = m->oedge && m->xedge && m->argedge;
   }
   if (!ok) {
     state_free(m);
@@ -221,7 +235,7 @@ static ebb_status run_forward(const struct map_call *c, const ebb_tensor_t *cons
                               const bool *need, bool grad, struct map_state *m, ebb_tensor_t **outputs) {
   ebb_tensor_t *xsl[EBB_MAP_MAX_INPUTS], *outs[EBB_MAP_MAX_OUTPUTS];
   ebb_tensor_info first[EBB_MAP_MAX_OUTPUTS], got;
-  bool save = m && m->outs;
+  bool save = m && m->oedge;
   ebb_status st = EBB_OK;
   for (int k = 0; k < c->noutputs; k++) outputs[k] = NULL;
   for (int64_t s = 0; s < c->n && !st; s++) {
@@ -234,14 +248,18 @@ static ebb_status run_forward(const struct map_call *c, const ebb_tensor_t *cons
     for (int k = 0; k < c->noutputs && !st; k++) st = check_output(c, s, k, outs[k], s ? &first[k] : NULL, s ? &got : &first[k], "");
     for (int k = 0; k < c->noutputs && !st && s == 0; k++) st = stacked_new(&first[k], c->n, &outputs[k]);
     for (int k = 0; k < c->noutputs && !st; k++) st = copy_into(outputs[k], s, outs[k]);
-    for (int i = 0; i < c->nxs; i++) {
-      if (!st && save && need[i]) m->xleaf[(size_t)s * (size_t)c->nxs + (size_t)i] = xsl[i]; /* kept: an input of the backward */
-      else if (xsl[i]) ebb_tensor_release(xsl[i]);
+    /* save: the backward's inputs (the leaves) and roots (the results that require a gradient) */
+    for (int i = 0; i < c->nxs && !st && save; i++) {
+      if (need[i]) st = ebb_tensor_gradient_edge(xsl[i], &m->xedge[(size_t)s * (size_t)c->nxs + (size_t)i]);
     }
-    for (int k = 0; k < c->noutputs; k++) {
-      if (!st && save) m->outs[(size_t)k * (size_t)c->n + (size_t)s] = outs[k];
-      else if (outs[k]) ebb_tensor_release(outs[k]);
+    for (int k = 0; k < c->noutputs && !st && save; k++) {
+      bool rg = false;
+      st = ebb_tensor_requires_grad(outs[k], &rg);
+      if (!st && rg) st = ebb_tensor_gradient_edge(outs[k], &m->oedge[(size_t)k * (size_t)c->n + (size_t)s]);
+      if (st) st = fail_in(st, "");
     }
+    release_all(xsl, (size_t)c->nxs);
+    release_all(outs, (size_t)c->noutputs);
   }
   if (st) {
     release_all(outputs, (size_t)c->noutputs);
@@ -264,6 +282,7 @@ static ebb_status map_forward(ebb_function_ctx *ctx, const ebb_tensor_t *const *
   struct map_state *m = NULL;
   st = state_new(c, !c->checkpoint, &m);
   if (st) return st;
+  for (int i = 0; i < c->nxs; i++) ebb_tensor_get_info(inputs[i], &m->xmeta[i]); /* (checked by ebb_map) */
   if (c->checkpoint) {
     st = run_forward(c, inputs, inputs + c->nxs, need, false, m, outputs);
     if (!st) st = ebb_ctx_save_for_backward(ctx, inputs, ninputs);
@@ -278,10 +297,7 @@ static ebb_status map_forward(ebb_function_ctx *ctx, const ebb_tensor_t *const *
     if (st) st = fail_in(st, "");
     if (!st) st = run_forward(c, (const ebb_tensor_t *const *)det, (const ebb_tensor_t *const *)det + c->nxs, need, true, m, outputs);
     for (int j = 0; j < c->nargs && !st; j++) {
-      if (need[c->nxs + j]) {
-        m->argleaf[j] = det[c->nxs + j];
-        det[c->nxs + j] = NULL;
-      }
+      if (need[c->nxs + j] && (st = ebb_tensor_gradient_edge(det[c->nxs + j], &m->argedge[j]))) st = fail_in(st, "");
     }
     release_all(det, (size_t)ninputs);
   }
@@ -294,9 +310,9 @@ static ebb_status map_forward(ebb_function_ctx *ctx, const ebb_tensor_t *const *
   return EBB_OK;
 }
 
-/* Gradient sums of one backward: gx[i] the stacked gradient of x i (zeros where no slice
- * reached), garg[j] the running sum of arg j's (owned: whether we made it, so it may be added
- * into in place; otherwise it is one slice's result, which may alias a gradient we were given). */
+/* Gradient sums of one checkpointed backward: garg[j] the running sum of arg j's gradients;
+ * owned[j]: nothing else holds it, so it may be added into in place (a slice's result may alias a
+ * gradient we were given, e.g. when fn returns an arg, until the first sum replaces it). */
 struct map_sums {
   ebb_tensor_t *gx[EBB_MAP_MAX_INPUTS];
   ebb_tensor_t *garg[EBB_MAP_MAX_INPUTS];
@@ -307,6 +323,7 @@ static ebb_status add_arg_grad(struct map_sums *u, int j, ebb_tensor_t *g) {
   ebb_status st = EBB_OK;
   if (!u->garg[j]) {
     u->garg[j] = g;
+    u->owned[j] = ebb__tensor_exclusive(g);
     return EBB_OK;
   }
   if (u->owned[j]) {
@@ -324,91 +341,175 @@ static ebb_status add_arg_grad(struct map_sums *u, int j, ebb_tensor_t *g) {
   return st ? fail_in(st, "") : EBB_OK;
 }
 
-/* One slice's vector-Jacobian product: the gradients from outs[k] (fn's results for the slice,
- * NULL where none) back to xleaf[i] / argleaf[j] (NULL where not wanted), added to u. */
-static ebb_status slice_vjp(const struct map_state *m, int64_t s, ebb_tensor_t *const *outs, const ebb_tensor_t *const *grad_outputs,
-                            ebb_tensor_t *const *xleaf, ebb_tensor_t *const *argleaf, bool retain, struct map_sums *u) {
-  const struct map_call *c = &m->c;
-  const ebb_tensor_t *roots[EBB_MAP_MAX_OUTPUTS], *inputs[EBB_MAP_MAX_INPUTS];
-  ebb_tensor_t *groots[EBB_MAP_MAX_OUTPUTS], *grads[EBB_MAP_MAX_INPUTS];
-  int nroots = 0, nin = 0, where[EBB_MAP_MAX_INPUTS];
-  ebb_status st = EBB_OK;
-  for (int k = 0; k < c->noutputs && !st; k++) {
-    bool rg = false;
-    if (!grad_outputs[k] || !outs[k]) continue;
-    st = ebb_tensor_requires_grad(outs[k], &rg);
-    if (st || !rg) continue;
-    st = ebb_tensor_select(grad_outputs[k], 0, s, &groots[nroots]);
-    if (!st) roots[nroots++] = outs[k];
-  }
-  for (int i = 0; i < c->nxs; i++) {
-    if (xleaf[i]) {
-      where[nin] = i;
-      inputs[nin++] = xleaf[i];
-    }
-  }
-  for (int j = 0; j < c->nargs; j++) {
-    if (argleaf[j]) {
-      where[nin] = c->nxs + j;
-      inputs[nin++] = argleaf[j];
-    }
-  }
-  if (!st && nroots > 0 && nin > 0) {
-    ebb_autograd_grad_options o = {.version = EBB_AUTOGRAD_OPTIONS_VERSION,
-                                   .retain_graph = retain,
-                                   .allow_unused = true,
-                                   .grad_outputs = (const ebb_tensor_t *const *)groots};
-    st = ebb_autograd_grad(roots, nroots, inputs, nin, grads, &o);
-    for (int q = 0; q < nin && !st; q++) {
-      int i = where[q];
-      if (!grads[q]) continue;
-      if (i < c->nxs) {
-        st = copy_into(u->gx[i], s, grads[q]);
-        ebb_tensor_release(grads[q]);
-      } else {
-        st = add_arg_grad(u, i - c->nxs, grads[q]);
-      }
-      grads[q] = NULL;
-    }
-    if (st) {
-      for (int q = 0; q < nin; q++) {
-        if (grads[q]) ebb_tensor_release(grads[q]);
-      }
-    }
-  }
-  release_all(groots, (size_t)nroots);
-  return st;
+/* The zeros the gradient of x i starts as (its slices written as they come). */
+static ebb_status gx_new(const struct map_state *m, int i, ebb_tensor_t **out) {
+  const ebb_tensor_info *ti = &m->xmeta[i];
+  ebb_status st = ebb_tensor_zeros(ti->device, ti->dtype, ti->ndim, ti->shape, out);
+  return st ? fail_in(st, "") : EBB_OK;
 }
 
-/* Checkpoint mode: slice s run again from the saved inputs, its vjp, its graph freed. */
+/* Checkpoint mode: slice s run again from the saved inputs with grad mode on, its vector-Jacobian
+ * product from its results to its leaves (xleaf where need[i], the args' leaves argleaf where not
+ * NULL), added to u; its graph freed before the next slice. */
 static ebb_status recompute_vjp(const struct map_state *m, int64_t s, const ebb_tensor_t *const *saved, const bool *need,
                                 ebb_tensor_t *const *argleaf, const ebb_tensor_t *const *argin, const ebb_tensor_t *const *grad_outputs,
                                 struct map_sums *u) {
   const struct map_call *c = &m->c;
-  ebb_tensor_t *xsl[EBB_MAP_MAX_INPUTS] = {0}, *xleaf[EBB_MAP_MAX_INPUTS] = {0}, *outs[EBB_MAP_MAX_OUTPUTS] = {0};
+  ebb_tensor_t *xsl[EBB_MAP_MAX_INPUTS] = {0}, *outs[EBB_MAP_MAX_OUTPUTS] = {0}, *groots[EBB_MAP_MAX_OUTPUTS] = {0};
+  ebb_tensor_t *grads[EBB_MAP_MAX_INPUTS] = {0};
+  const ebb_tensor_t *roots[EBB_MAP_MAX_OUTPUTS], *inputs[EBB_MAP_MAX_INPUTS];
+  int nroots = 0, nin = 0, where[EBB_MAP_MAX_INPUTS];
   ebb_status st = EBB_OK;
   bool was;
   ebb_grad_set_enabled(true, &was);
   for (int i = 0; i < c->nxs && !st; i++) {
     ebb_tensor_t *det = NULL;
-    st = ebb_tensor_detach(saved[i], &det);
-    if (st) {
+    if ((st = ebb_tensor_detach(saved[i], &det))) {
       st = fail_in(st, "");
       break;
     }
     st = slice_of(det, s, need[i], &xsl[i]);
     ebb_tensor_release(det);
-    if (need[i]) xleaf[i] = xsl[i];
   }
   if (!st) st = call_fn(c, s, (const ebb_tensor_t *const *)xsl, argin, outs, " (run again in the backward)");
   ebb_grad_set_enabled(was, NULL);
   ebb_tensor_info got;
-  for (int k = 0; k < c->noutputs && !st; k++)
+  for (int k = 0; k < c->noutputs && !st; k++) {
     st = check_output(c, s, k, outs[k], &m->ometa[k], &got, " (run again in the backward)");
-  if (!st) st = slice_vjp(m, s, outs, grad_outputs, xleaf, argleaf, false, u);
+    bool rg = false;
+    if (!st && grad_outputs[k] && !(st = ebb_tensor_requires_grad(outs[k], &rg)) && rg) {
+      if ((st = ebb_tensor_select(grad_outputs[k], 0, s, &groots[nroots]))) st = fail_in(st, "");
+      else roots[nroots++] = outs[k];
+    }
+  }
+  for (int i = 0; i < c->nxs; i++) {
+    if (need[i]) where[nin] = i, inputs[nin++] = xsl[i];
+  }
+  for (int j = 0; j < c->nargs; j++) {
+    if (argleaf[j]) where[nin] = c->nxs + j, inputs[nin++] = argleaf[j];
+  }
+  if (!st && nroots > 0 && nin > 0) {
+    ebb_autograd_grad_options o = {.version = EBB_AUTOGRAD_OPTIONS_VERSION,
+                                   .allow_unused = true,
+                                   .grad_outputs = (const ebb_tensor_t *const *)groots};
+    st = ebb_autograd_grad(roots, nroots, inputs, nin, grads, &o);
+    for (int q = 0; q < nin && !st; q++) {
+      int i = where[q];
+      ebb_tensor_t *g = grads[q];
+      grads[q] = NULL;
+      if (!g) continue;
+      if (i < c->nxs) {
+        st = copy_into(u->gx[i], s, g);
+        ebb_tensor_release(g);
+      } else {
+        st = add_arg_grad(u, i - c->nxs, g);
+      }
+    }
+    release_all(grads, (size_t)nin);
+  }
+  release_all(groots, (size_t)nroots);
   release_all(outs, (size_t)c->noutputs);
   release_all(xsl, (size_t)c->nxs);
   return st;
+}
+
+static ebb_status backward_checkpoint(ebb_function_ctx *ctx, const struct map_state *m, const bool *need,
+                                      const ebb_tensor_t *const *grad_outputs, ebb_tensor_t **grad_inputs) {
+  const struct map_call *c = &m->c;
+  const ebb_tensor_t *const *saved = NULL;
+  int nsaved = 0;
+  ebb_status st = ebb_ctx_saved_tensors(ctx, &saved, &nsaved);
+  if (st) return fail_in(st, "");
+  /* The args fn gets again: detached, and leaves requiring a gradient where one is wanted (then
+   * inputs of each slice's vjp too). */
+  ebb_tensor_t *argdet[EBB_MAP_MAX_INPUTS] = {0}, *argleaf[EBB_MAP_MAX_INPUTS] = {0};
+  for (int j = 0; j < c->nargs && !st; j++) {
+    st = ebb_tensor_detach(saved[c->nxs + j], &argdet[j]);
+    if (!st && need[c->nxs + j]) st = ebb_tensor_set_requires_grad(argdet[j], true);
+    if (st) st = fail_in(st, "");
+    else if (need[c->nxs + j]) argleaf[j] = argdet[j];
+  }
+  struct map_sums u;
+  memset(&u, 0, sizeof u);
+  for (int i = 0; i < c->nxs && !st; i++) {
+    if (need[i]) st = gx_new(m, i, &u.gx[i]);
+  }
+  /* Last slice first, as the loop's backward would run them. */
+  for (int64_t s = c->n - 1; s >= 0 && !st; s--)
+    st = recompute_vjp(m, s, saved, need, argleaf, (const ebb_tensor_t *const *)argdet, grad_outputs, &u);
+  release_all(argdet, (size_t)c->nargs);
+  if (st) {
+    release_all(u.gx, (size_t)c->nxs);
+    release_all(u.garg, (size_t)c->nargs);
+    return st;
+  }
+  for (int i = 0; i < c->nxs; i++) grad_inputs[i] = u.gx[i];
+  for (int j = 0; j < c->nargs; j++) grad_inputs[c->nxs + j] = u.garg[j];
+  return EBB_OK;
+}
+
+/* Save mode: one backward over every slice's graph at once (roots: each result that requires a
+ * gradient and got one; inputs: the leaves wanted), so the engine sums the args' gradients as it
+ * sums any leaf's over its uses, in the order the loop's backward would run. */
+static ebb_status backward_saved(struct map_state *m, const bool *need, const ebb_tensor_t *const *grad_outputs,
+                                 ebb_tensor_t **grad_inputs, bool retain) {
+  const struct map_call *c = &m->c;
+  size_t nr = 0, ni = 0, maxr = (size_t)c->noutputs * (size_t)c->n, maxi = (size_t)c->nxs * (size_t)c->n + (size_t)c->nargs;
+  ebb_gradient_edge *roots = malloc(maxr * sizeof *roots), *inputs = malloc(maxi * sizeof *inputs);
+  ebb_tensor_t **groots = calloc(maxr, sizeof *groots), **grads = calloc(maxi, sizeof *grads);
+  int *where = malloc(maxi * sizeof *where);
+  ebb_tensor_t *gx[EBB_MAP_MAX_INPUTS] = {0};
+  ebb_status st = EBB_OK;
+  if (!roots || !inputs || !groots || !grads || !where)
+    st = ebb__fail(EBB_ENOMEM, "%s: no host memory for the backward of %lld slices", FN, (long long)c->n);
+  for (int k = 0; k < c->noutputs && !st; k++) {
+    for (int64_t s = 0; s < c->n && !st && grad_outputs[k]; s++) {
+      const ebb_gradient_edge *e = &m->oedge[(size_t)k * (size_t)c->n + (size_t)s];
+      if (!e->node) continue;
+      if ((st = ebb_tensor_select(grad_outputs[k], 0, s, &groots[nr]))) st = fail_in(st, "");
+      else roots[nr++] = *e;
+    }
+  }
+  for (int64_t s = 0; s < c->n && !st; s++) {
+    for (int i = 0; i < c->nxs; i++) {
+      if (need[i]) where[ni] = i, inputs[ni++] = m->xedge[(size_t)s * (size_t)c->nxs + (size_t)i];
+    }
+  }
+  for (int j = 0; j < c->nargs && !st; j++) {
+    if (need[c->nxs + j]) where[ni] = c->nxs + j, inputs[ni++] = m->argedge[j];
+  }
+  if (!st && nr > 0 && ni > 0)
+    st = ebb_grad_edges(roots, (const ebb_tensor_t *const *)groots, (int)nr, inputs, (int)ni, retain, true, grads);
+  for (int i = 0; i < c->nxs && !st; i++) {
+    if (need[i]) st = gx_new(m, i, &gx[i]);
+  }
+  /* x i's gradients come one slice after another (inputs in slice order); each is written into
+   * its place in the stacked gradient. The args' come whole. */
+  int64_t slice[EBB_MAP_MAX_INPUTS] = {0};
+  for (size_t q = 0; q < ni && !st; q++) {
+    int i = where[q];
+    if (i < c->nxs) {
+      if (grads[q]) st = copy_into(gx[i], slice[i], grads[q]);
+      slice[i]++;
+    } else {
+      grad_inputs[i] = grads[q];
+      grads[q] = NULL;
+    }
+  }
+  if (grads) release_all(grads, ni);
+  if (groots) release_all(groots, nr);
+  free(roots);
+  free(inputs);
+  free(groots);
+  free(grads);
+  free(where);
+  if (st) {
+    release_all(gx, (size_t)c->nxs);
+    release_all(grad_inputs + c->nxs, (size_t)c->nargs);
+    return st;
+  }
+  for (int i = 0; i < c->nxs; i++) grad_inputs[i] = gx[i];
+  return EBB_OK;
 }
 
 static ebb_status map_backward(ebb_function_ctx *ctx, const ebb_tensor_t *const *grad_outputs, int noutputs, ebb_tensor_t **grad_inputs,
@@ -425,81 +526,24 @@ static ebb_status map_backward(ebb_function_ctx *ctx, const ebb_tensor_t *const 
     any |= need[i];
   }
   if (!any) return EBB_OK;
-  if (!c->checkpoint && atomic_load_explicit(&m->released, memory_order_acquire))
+  if (c->checkpoint) return backward_checkpoint(ctx, m, need, grad_outputs, grad_inputs);
+  if (atomic_load_explicit(&m->released, memory_order_acquire)) /* pairs with the release store below */
     return ebb__fail(EBB_ESTATE, "%s: the graphs of the map's %lld slices were freed by an earlier backward; expected "
-                                 "retain_graph on the first backward to run through them again", FN, (long long)c->n);
-  /* save mode: an input whose gradient the forward did not prepare for (it did not require one
-   * then) has no leaves to take one from */
-  for (int i = 0; i < nin && !c->checkpoint; i++) {
-    if (need[i] && (i < c->nxs ? m->xleaf[i] == NULL : m->argleaf[i - c->nxs] == NULL)) need[i] = false;
+                                 "retain_graph on that backward to run through them again", FN, (long long)c->n);
+  /* an input whose gradient the forward did not prepare for (it required none then) has no
+   * leaves to take one from */
+  for (int i = 0; i < nin; i++) {
+    if (need[i] && (i < c->nxs ? m->xedge[i].node == NULL : m->argedge[i - c->nxs].node == NULL)) need[i] = false;
   }
+  /* The slices' graphs go as the engine frees saved tensors: after a backward that does not
+   * retain the graph (theirs were freed by it), with the edges that hold them. */
   bool retain = ebb__current_task_retains();
-  const ebb_tensor_t *const *saved = NULL;
-  ebb_tensor_t *argleaf[EBB_MAP_MAX_INPUTS] = {0};
-  const ebb_tensor_t *argin[EBB_MAP_MAX_INPUTS] = {0};
-  ebb_status st = EBB_OK;
-  if (c->checkpoint) {
-    int nsaved = 0;
-    st = ebb_ctx_saved_tensors(ctx, &saved, &nsaved);
-    if (st) return fail_in(st, "");
-    /* The args fn gets again: detached, leaves requiring a gradient where one is wanted. */
-    for (int j = 0; j < c->nargs && !st; j++) {
-      st = ebb_tensor_detach(saved[c->nxs + j], &argleaf[j]);
-      if (!st && need[c->nxs + j]) st = ebb_tensor_set_requires_grad(argleaf[j], true);
-      if (st) st = fail_in(st, "");
-      argin[j] = argleaf[j]; /* fn's input; the vjp's too where wanted (vjp_args below) */
-    }
+  ebb_status st = backward_saved(m, need, grad_outputs, grad_inputs, retain);
+  if (!retain) {
+    atomic_store_explicit(&m->released, true, memory_order_release);
+    state_free_graphs(m);
   }
-  struct map_sums u;
-  memset(&u, 0, sizeof u);
-  for (int i = 0; i < c->nxs && !st; i++) {
-    if (!need[i]) continue;
-    ebb_tensor_info ti;
-    st = ebb_tensor_get_info(c->checkpoint ? saved[i] : m->xleaf[i], &ti);
-    if (st) {
-      st = fail_in(st, "");
-      break;
-    }
-    int64_t shape[EBB_TENSOR_MAX_DIMS];
-    shape[0] = c->n;
-    /* save mode reads slice 0's leaf: the x's shape without dim 0 */
-    int off = c->checkpoint ? 1 : 0;
-    memcpy(shape + 1, ti.shape + off, sizeof(int64_t) * (size_t)(ti.ndim - off));
-    st = ebb_tensor_zeros(ti.device, ti.dtype, ti.ndim - off + 1, shape, &u.gx[i]);
-    if (st) st = fail_in(st, "");
-  }
-  /* Last slice first, as the loop's backward would run them. */
-  ebb_tensor_t *vjp_args[EBB_MAP_MAX_INPUTS] = {0};
-  for (int j = 0; j < c->nargs; j++) vjp_args[j] = need[c->nxs + j] ? (c->checkpoint ? argleaf[j] : m->argleaf[j]) : NULL;
-  for (int64_t s = c->n - 1; s >= 0 && !st; s--) {
-    if (c->checkpoint) {
-      st = recompute_vjp(m, s, saved, need, vjp_args, argin, grad_outputs, &u);
-    } else {
-      ebb_tensor_t *outs[EBB_MAP_MAX_OUTPUTS], *xleaf[EBB_MAP_MAX_INPUTS];
-      for (int k = 0; k < c->noutputs; k++) outs[k] = m->outs[(size_t)k * (size_t)c->n + (size_t)s];
-      for (int i = 0; i < c->nxs; i++) xleaf[i] = need[i] ? m->xleaf[(size_t)s * (size_t)c->nxs + (size_t)i] : NULL;
-      st = slice_vjp(m, s, outs, grad_outputs, xleaf, vjp_args, retain, &u);
-      if (!st && !retain) {
-        /* this slice's graph has given its gradient and its saved tensors are gone: free it now,
-         * so the backward's peak does not hold every slice's results to its end */
-        for (int k = 0; k < c->noutputs; k++) release_all(&m->outs[(size_t)k * (size_t)c->n + (size_t)s], 1);
-        release_all(&m->xleaf[(size_t)s * (size_t)c->nxs], (size_t)c->nxs);
-      }
-    }
-  }
-  if (!c->checkpoint && !retain) {
-    atomic_store_explicit(&m->released, true, memory_order_release); /* pairs with the acquire load above */
-    if (!st) state_free_graphs(m);
-  }
-  release_all(argleaf, (size_t)c->nargs);
-  if (st) {
-    release_all(u.gx, (size_t)c->nxs);
-    release_all(u.garg, (size_t)c->nargs);
-    return st;
-  }
-  for (int i = 0; i < c->nxs; i++) grad_inputs[i] = u.gx[i];
-  for (int j = 0; j < c->nargs; j++) grad_inputs[c->nxs + j] = u.garg[j];
-  return EBB_OK;
+  return st;
 }
 
 /* One definition per output count (a definition fixes it), made once, static: the nodes
@@ -591,5 +635,13 @@ ebb_status ebb_map(ebb_map_fn fn, void *user, const ebb_tensor_t *const *xs, int
   for (int j = 0; j < nargs; j++) inputs[nxs + j] = args[j];
   pthread_once(&map_defs_once, map_defs_init);
   st = ebb_function_apply(&map_defs[noutputs - 1], inputs, nxs + nargs, &c, outputs);
-  return st;
+  if (st) {
+    /* The message starts with the call the caller made: the forward's own ("ebb_map: ...", after
+     * apply's account of it) as it is, apply's other refusals after "ebb_map: ". */
+    char why[EBB__ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", ebb_last_error());
+    const char *own = strstr(why, "ebb_map: ");
+    return own ? ebb__fail(st, "%s", own) : ebb__fail(st, "%s: %s", FN, why);
+  }
+  return EBB_OK;
 }

@@ -110,11 +110,20 @@ static ebb_tensor_t *forward(const struct model *m, int mode) {
   return y;
 }
 
-/* One step; its time in ms, its peak allocated bytes in *peak. */
-static double step(const struct model *m, int mode, uint64_t *peak) {
+static uint64_t cpu_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One step; its time in ms, its process CPU time in *cpu_ms, its peak allocated bytes in *peak
+ * and that peak less the bytes allocated when it started in *step_peak. */
+static double step(const struct model *m, int mode, double *cpu_ms, uint64_t *peak, uint64_t *step_peak) {
   BENCH_CHECK(ebb_dev_synchronize(0));
   BENCH_CHECK(ebb_arena_reset_peak(0));
-  uint64_t t0 = bench_now_ns();
+  ebb_arena_stats st0;
+  BENCH_CHECK(ebb_arena_get_stats(0, &st0));
+  uint64_t c0 = cpu_now_ns(), t0 = bench_now_ns();
   ebb_tensor_t *y = forward(m, mode), *loss = NULL;
   BENCH_CHECK(ebb_op_sum(y, NULL, 0, false, &loss));
   BENCH_CHECK(ebb_backward_one(loss));
@@ -122,9 +131,11 @@ static double step(const struct model *m, int mode, uint64_t *peak) {
   ebb_tensor_release(y);
   BENCH_CHECK(ebb_dev_synchronize(0));
   double ms = (double)(bench_now_ns() - t0) / 1e6;
+  *cpu_ms = (double)(cpu_now_ns() - c0) / 1e6;
   ebb_arena_stats st;
   BENCH_CHECK(ebb_arena_get_stats(0, &st));
   *peak = st.allocated_bytes.peak;
+  *step_peak = st.allocated_bytes.peak - st0.allocated_bytes.current;
   ebb_tensor_t *ps[4] = {m->w1, m->b1, m->w2, m->b2};
   for (int i = 0; i < 4; i++) BENCH_CHECK(ebb_tensor_set_grad(ps[i], NULL));
   return ms;
@@ -158,37 +169,46 @@ int main(int argc, char **argv) {
   BENCH_CHECK(ebb_init());
   struct model m;
   model_init(&m);
-  static double times[NMODES][MAX_ROUNDS * MAX_STEPS], round_med[NMODES][MAX_ROUNDS];
-  uint64_t peak[NMODES] = {0};
+  static double times[NMODES][MAX_ROUNDS * MAX_STEPS], cpus[NMODES][MAX_ROUNDS * MAX_STEPS], round_med[NMODES][MAX_ROUNDS];
+  uint64_t peak[NMODES] = {0}, step_peak[NMODES] = {0};
   for (int r = 0; r < rounds; r++) {
     for (int j = 0; j < NMODES; j++) {
       int mode = (r + j) % NMODES;
-      uint64_t p = 0;
-      step(&m, mode, &p); /* warm-up: the arena's blocks for this mode */
+      uint64_t p = 0, sp = 0;
+      double cpu;
+      step(&m, mode, &cpu, &p, &sp); /* warm-up: the arena's blocks for this mode */
       double t[MAX_STEPS];
       for (int s = 0; s < steps; s++) {
-        t[s] = step(&m, mode, &p);
+        t[s] = step(&m, mode, &cpu, &p, &sp);
         times[mode][r * steps + s] = t[s];
+        cpus[mode][r * steps + s] = cpu;
         if (p > peak[mode]) peak[mode] = p;
+        if (sp > step_peak[mode]) step_peak[mode] = sp;
       }
       round_med[mode][r] = bench_median(t, (size_t)steps);
-      fprintf(stderr, "map: round %d %s: %.2f ms, peak %llu bytes\n", r, mode_names[mode], round_med[mode][r],
-              (unsigned long long)p);
+      fprintf(stderr, "map: round %d %s: %.2f ms (cpu %.2f ms), peak %llu bytes, %llu above the step's start\n", r, mode_names[mode],
+              round_med[mode][r], cpu, (unsigned long long)p, (unsigned long long)sp);
     }
   }
-  double med[NMODES], ratio_loop[NMODES][MAX_ROUNDS], ratio_save[MAX_ROUNDS];
+  double med[NMODES], cpu_med[NMODES], ratio_loop[NMODES][MAX_ROUNDS], ratio_save[MAX_ROUNDS];
   for (int r = 0; r < rounds; r++) {
     for (int mode = 0; mode < NMODES; mode++) ratio_loop[mode][r] = round_med[mode][r] / round_med[LOOP][r];
     ratio_save[r] = round_med[CHECKPOINT][r] / round_med[SAVE][r];
   }
-  for (int mode = 0; mode < NMODES; mode++) med[mode] = bench_median(times[mode], (size_t)(rounds * steps));
+  for (int mode = 0; mode < NMODES; mode++) {
+    med[mode] = bench_median(times[mode], (size_t)(rounds * steps));
+    cpu_med[mode] = bench_median(cpus[mode], (size_t)(rounds * steps));
+  }
   for (int mode = SAVE; mode < NMODES; mode++) {
-    printf("bench=map slices=%d mode=%s step_ms=%.3f peak_bytes=%llu loop_step_ms=%.3f loop_peak_bytes=%llu ratio_to_loop=%.3f",
+    printf("bench=map slices=%d mode=%s step_ms=%.3f peak_bytes=%llu loop_step_ms=%.3f loop_peak_bytes=%llu ratio_to_loop=%.3f"
+           " step_peak_bytes=%llu loop_step_peak_bytes=%llu cpu_ms=%.3f loop_cpu_ms=%.3f",
            SLICES, mode_names[mode], med[mode], (unsigned long long)peak[mode], med[LOOP], (unsigned long long)peak[LOOP],
-           bench_median(ratio_loop[mode], (size_t)rounds));
+           bench_median(ratio_loop[mode], (size_t)rounds), (unsigned long long)step_peak[mode], (unsigned long long)step_peak[LOOP],
+           cpu_med[mode], cpu_med[LOOP]);
     if (mode == CHECKPOINT)
-      printf(" peak_ratio_to_save=%.3f time_ratio_to_save=%.3f", (double)peak[CHECKPOINT] / (double)peak[SAVE],
-             bench_median(ratio_save, (size_t)rounds));
+      printf(" peak_ratio_to_save=%.3f step_peak_ratio_to_save=%.3f time_ratio_to_save=%.3f cpu_ratio_to_save=%.3f",
+             (double)peak[CHECKPOINT] / (double)peak[SAVE], (double)step_peak[CHECKPOINT] / (double)step_peak[SAVE],
+             bench_median(ratio_save, (size_t)rounds), cpu_med[CHECKPOINT] / cpu_med[SAVE]);
     printf(" rounds=%d\n", rounds);
   }
   model_free(&m);

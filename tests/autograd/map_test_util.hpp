@@ -9,6 +9,7 @@
 #include "ebb/autograd.h"
 #include "ebb/map.h"
 #include "ebb/ops.h"
+#include "autograd_test_util.hpp"
 #include "tensor_test_util.hpp"
 
 namespace ebb_test {
