@@ -310,37 +310,6 @@ static ebb_status map_forward(ebb_function_ctx *ctx, const ebb_tensor_t *const *
   return EBB_OK;
 }
 
-/* Gradient sums of one checkpointed backward: garg[j] the running sum of arg j's gradients;
- * owned[j]: nothing else holds it, so it may be added into in place (a slice's result may alias a
- * gradient we were given, e.g. when fn returns an arg, until the first sum replaces it). */
-struct map_sums {
-  ebb_tensor_t *gx[EBB_MAP_MAX_INPUTS];
-  ebb_tensor_t *garg[EBB_MAP_MAX_INPUTS];
-  bool owned[EBB_MAP_MAX_INPUTS];
-};
-
-static ebb_status add_arg_grad(struct map_sums *u, int j, ebb_tensor_t *g) {
-  ebb_status st = EBB_OK;
-  if (!u->garg[j]) {
-    u->garg[j] = g;
-    u->owned[j] = ebb__tensor_exclusive(g);
-    return EBB_OK;
-  }
-  if (u->owned[j]) {
-    st = ebb_op_add_(u->garg[j], g);
-  } else {
-    ebb_tensor_t *sum = NULL;
-    st = ebb_op_add(u->garg[j], g, &sum);
-    if (!st) {
-      ebb_tensor_release(u->garg[j]);
-      u->garg[j] = sum;
-      u->owned[j] = true;
-    }
-  }
-  ebb_tensor_release(g);
-  return st ? fail_in(st, "") : EBB_OK;
-}
-
 /* The zeros the gradient of x i starts as (its slices written as they come). */
 static ebb_status gx_new(const struct map_state *m, int i, ebb_tensor_t **out) {
   const ebb_tensor_info *ti = &m->xmeta[i];
@@ -348,17 +317,18 @@ static ebb_status gx_new(const struct map_state *m, int i, ebb_tensor_t **out) {
   return st ? fail_in(st, "") : EBB_OK;
 }
 
-/* Checkpoint mode: slice s run again from the saved inputs with grad mode on, its vector-Jacobian
- * product from its results to its leaves (xleaf where need[i], the args' leaves argleaf where not
- * NULL), added to u; its graph freed before the next slice. */
+/* Checkpoint mode: slice s run again from the saved inputs with grad mode on, and a backward from
+ * its results to its leaves (the slices' where need[i], the args' argleaf where not NULL), which
+ * adds into their .grad: a slice's x gradient is copied into gx, the args' sum up in their leaves'
+ * .grad over the slices (in place, each slice's weight gradient freed as soon as it is added, as
+ * the engine does for any leaf). The slice's graph is freed before the next one. */
 static ebb_status recompute_vjp(const struct map_state *m, int64_t s, const ebb_tensor_t *const *saved, const bool *need,
                                 ebb_tensor_t *const *argleaf, const ebb_tensor_t *const *argin, const ebb_tensor_t *const *grad_outputs,
-                                struct map_sums *u) {
+                                ebb_tensor_t *const *gx) {
   const struct map_call *c = &m->c;
   ebb_tensor_t *xsl[EBB_MAP_MAX_INPUTS] = {0}, *outs[EBB_MAP_MAX_OUTPUTS] = {0}, *groots[EBB_MAP_MAX_OUTPUTS] = {0};
-  ebb_tensor_t *grads[EBB_MAP_MAX_INPUTS] = {0};
   const ebb_tensor_t *roots[EBB_MAP_MAX_OUTPUTS], *inputs[EBB_MAP_MAX_INPUTS];
-  int nroots = 0, nin = 0, where[EBB_MAP_MAX_INPUTS];
+  int nroots = 0, nin = 0;
   ebb_status st = EBB_OK;
   bool was;
   ebb_grad_set_enabled(true, &was);
@@ -383,29 +353,24 @@ static ebb_status recompute_vjp(const struct map_state *m, int64_t s, const ebb_
     }
   }
   for (int i = 0; i < c->nxs; i++) {
-    if (need[i]) where[nin] = i, inputs[nin++] = xsl[i];
+    if (need[i]) inputs[nin++] = xsl[i];
   }
   for (int j = 0; j < c->nargs; j++) {
-    if (argleaf[j]) where[nin] = c->nxs + j, inputs[nin++] = argleaf[j];
+    if (argleaf[j]) inputs[nin++] = argleaf[j];
   }
   if (!st && nroots > 0 && nin > 0) {
-    ebb_autograd_grad_options o = {.version = EBB_AUTOGRAD_OPTIONS_VERSION,
-                                   .allow_unused = true,
-                                   .grad_outputs = (const ebb_tensor_t *const *)groots};
-    st = ebb_autograd_grad(roots, nroots, inputs, nin, grads, &o);
-    for (int q = 0; q < nin && !st; q++) {
-      int i = where[q];
-      ebb_tensor_t *g = grads[q];
-      grads[q] = NULL;
-      if (!g) continue;
-      if (i < c->nxs) {
-        st = copy_into(u->gx[i], s, g);
+    ebb_autograd_backward_options o = {.version = EBB_AUTOGRAD_OPTIONS_VERSION,
+                                       .grad_roots = (const ebb_tensor_t *const *)groots,
+                                       .inputs = inputs,
+                                       .ninputs = nin};
+    st = ebb_autograd_backward(roots, nroots, &o);
+    for (int i = 0; i < c->nxs && !st; i++) {
+      ebb_tensor_t *g = NULL;
+      if (need[i] && !(st = ebb_tensor_grad(xsl[i], &g)) && g) {
+        st = copy_into(gx[i], s, g);
         ebb_tensor_release(g);
-      } else {
-        st = add_arg_grad(u, i - c->nxs, g);
       }
     }
-    release_all(grads, (size_t)nin);
   }
   release_all(groots, (size_t)nroots);
   release_all(outs, (size_t)c->noutputs);
@@ -421,7 +386,7 @@ static ebb_status backward_checkpoint(ebb_function_ctx *ctx, const struct map_st
   ebb_status st = ebb_ctx_saved_tensors(ctx, &saved, &nsaved);
   if (st) return fail_in(st, "");
   /* The args fn gets again: detached, and leaves requiring a gradient where one is wanted (then
-   * inputs of each slice's vjp too). */
+   * inputs of each slice's backward too, their .grad the sum over the slices). */
   ebb_tensor_t *argdet[EBB_MAP_MAX_INPUTS] = {0}, *argleaf[EBB_MAP_MAX_INPUTS] = {0};
   for (int j = 0; j < c->nargs && !st; j++) {
     st = ebb_tensor_detach(saved[c->nxs + j], &argdet[j]);
@@ -429,22 +394,23 @@ static ebb_status backward_checkpoint(ebb_function_ctx *ctx, const struct map_st
     if (st) st = fail_in(st, "");
     else if (need[c->nxs + j]) argleaf[j] = argdet[j];
   }
-  struct map_sums u;
-  memset(&u, 0, sizeof u);
+  ebb_tensor_t *gx[EBB_MAP_MAX_INPUTS] = {0};
   for (int i = 0; i < c->nxs && !st; i++) {
-    if (need[i]) st = gx_new(m, i, &u.gx[i]);
+    if (need[i]) st = gx_new(m, i, &gx[i]);
   }
   /* Last slice first, as the loop's backward would run them. */
   for (int64_t s = c->n - 1; s >= 0 && !st; s--)
-    st = recompute_vjp(m, s, saved, need, argleaf, (const ebb_tensor_t *const *)argdet, grad_outputs, &u);
+    st = recompute_vjp(m, s, saved, need, argleaf, (const ebb_tensor_t *const *)argdet, grad_outputs, gx);
+  for (int j = 0; j < c->nargs && !st; j++) {
+    if (argleaf[j] && (st = ebb_tensor_grad(argleaf[j], &grad_inputs[c->nxs + j]))) st = fail_in(st, "");
+  }
   release_all(argdet, (size_t)c->nargs);
   if (st) {
-    release_all(u.gx, (size_t)c->nxs);
-    release_all(u.garg, (size_t)c->nargs);
+    release_all(gx, (size_t)c->nxs);
+    release_all(grad_inputs + c->nxs, (size_t)c->nargs);
     return st;
   }
-  for (int i = 0; i < c->nxs; i++) grad_inputs[i] = u.gx[i];
-  for (int j = 0; j < c->nargs; j++) grad_inputs[c->nxs + j] = u.garg[j];
+  for (int i = 0; i < c->nxs; i++) grad_inputs[i] = gx[i];
   return EBB_OK;
 }
 
