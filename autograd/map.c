@@ -4,12 +4,15 @@
  * The node's inputs are xs then args; its outputs the stacked results. Two ways to differentiate:
  * - save: the forward turns grad mode on again inside the function (whose forward runs with it
  *   off), gives fn detached leaves (a slice of each x, each arg) that require a gradient where the
- *   node's input needs one, and keeps each slice's results, the roots of the slice's graph, in the
- *   ctx's user data. The backward runs ebb_autograd_grad from those roots to those leaves, one
- *   slice at a time (a backward started inside a node: the engine's reentrant backward), writes
- *   each slice's gradient into its place in the gradient of x and sums the gradients of the args.
+ *   node's input needs one, and keeps, in the ctx's user data, gradient edges to each slice's
+ *   results (the roots of the slice's graph) and to those leaves. The backward is one
+ *   ebb_grad_edges from every root to every leaf (a backward started inside a node: the engine's
+ *   reentrant backward), so the engine sums the args' gradients over the slices as it sums a
+ *   leaf's over its uses; each slice's x gradient is copied into its place in the stacked one.
  * - checkpoint: the forward runs fn with grad mode off and saves the node's inputs; the backward
- *   runs each slice again with grad mode on and frees its graph before the next one.
+ *   runs each slice again with grad mode on, last first, then a backward from its results into
+ *   its leaves' .grad (the args' leaves live through all slices, so theirs is the sum), and frees
+ *   the slice's graph before the next one.
  * With nothing to record, ebb_map is the loop and the copies into the stacked outputs, no node.
  * The user data (struct map_state) is freed with the node (its destructor), or, in save mode, its
  * slices' graphs as soon as a backward that does not retain the graph has used them.
@@ -217,7 +220,7 @@ static ebb_status stacked_new(const ebb_tensor_info *ti, int64_t n, ebb_tensor_t
   return st ? fail_in(st, "") : EBB_OK;
 }
 
-/* dst[s] = src (grad mode off: nothing recorded). */
+/* dst[s] = src (the callers turn grad mode off: nothing is recorded). */
 static ebb_status copy_into(ebb_tensor_t *dst, int64_t s, const ebb_tensor_t *src) {
   ebb_tensor_t *v = NULL;
   ebb_status st = ebb_tensor_select(dst, 0, s, &v);
@@ -247,7 +250,9 @@ static ebb_status run_forward(const struct map_call *c, const ebb_tensor_t *cons
     ebb_grad_set_enabled(was, NULL);
     for (int k = 0; k < c->noutputs && !st; k++) st = check_output(c, s, k, outs[k], s ? &first[k] : NULL, s ? &got : &first[k], "");
     for (int k = 0; k < c->noutputs && !st && s == 0; k++) st = stacked_new(&first[k], c->n, &outputs[k]);
+    ebb_grad_set_enabled(false, &was); /* (the copies record nothing, whatever fn's outputs hold) */
     for (int k = 0; k < c->noutputs && !st; k++) st = copy_into(outputs[k], s, outs[k]);
+    ebb_grad_set_enabled(was, NULL);
     /* save: the backward's inputs (the leaves) and roots (the results that require a gradient) */
     for (int i = 0; i < c->nxs && !st && save; i++) {
       if (need[i]) st = ebb_tensor_gradient_edge(xsl[i], &m->xedge[(size_t)s * (size_t)c->nxs + (size_t)i]);

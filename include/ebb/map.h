@@ -9,8 +9,9 @@
  * function of ebb/function.h) whose backward runs each slice's vector-Jacobian product and sums
  * the gradients of the args over the slices. Two ways to differentiate (ebb_map_options):
  * - save (the default): the forward records each slice's graph as the loop would (its saved
- *   tensors, hooks and offload scopes included) and the backward runs those graphs one slice at a
- *   time, last slice first; memory as the loop's.
+ *   tensors, hooks and offload scopes included) and the backward runs all of them as one backward
+ *   (the args' gradients summed over the slices as the engine sums any leaf's); the loop's memory
+ *   (each slice's results are not kept beside their copies in the stacked outputs).
  * - checkpoint: the forward records nothing inside fn and keeps only the inputs (xs and args, as
  *   saved tensors of the node); the backward runs fn again on each slice with grad mode on, takes
  *   that slice's gradients and frees its graph before the next slice. Peak memory holds one
@@ -29,7 +30,10 @@
  * (checkpoint mode); the slices and args fn gets are then detached handles, the ones whose
  * gradient is needed requiring one: fn sees leaves, never the caller's history.
  *
- * Gradients: an output of fn that does not require a gradient (it does not depend on an input
+ * Gradients flow to xs and args only: a tensor fn reaches otherwise (through `user`) gets none
+ * from a map that records a node (pass it among the args), and fn's outputs are copied into the
+ * stacked outputs with grad mode off, so they carry no history of their own to the caller.
+ * An output of fn that does not require a gradient (it does not depend on an input
  * that needs one, or is not floating) contributes none; an input that no output depends on gets
  * none (a zero gradient, nothing is computed for it); an output whose gradient does not reach
  * the map's node (NULL) counts as zero. xs and args that do not require a gradient get none and
