@@ -300,3 +300,66 @@ TEST_CASE("map: a map inside fn gives the loop's gradients too", "[autograd][map
   }
   live.check();
 }
+
+namespace {
+
+// Two xs sliced together, one of them integer: y = x * to_dtype(k) + a.
+ebb_status two_xs_fn(const ebb_tensor_t *const *xs, int, const ebb_tensor_t *const *args, int, ebb_tensor_t **outs, int, void *) {
+  ebb_tensor_t *kf = nullptr, *p = nullptr;
+  ebb_status st = ebb_tensor_to_dtype(xs[1], EBB_F64, &kf);
+  if (!st) st = ebb_op_mul(xs[0], kf, &p);
+  if (!st) st = ebb_op_add(p, args[0], &outs[0]);
+  if (kf) ebb_tensor_release(kf);
+  if (p) ebb_tensor_release(p);
+  return st;
+}
+
+}  // namespace
+
+TEST_CASE("map: several xs are sliced together, an integer one among them, and a partial backward computes what it asks for",
+          "[autograd][map][xs]") {
+  EbbSession session;
+  Live live;
+  for (const Mode &mode : kModes) {
+    INFO(mode.name);
+    {
+      Tensor x = input_on(EBB_DEVICE_CPU, {3, 2}, 71, true), a = input_on(EBB_DEVICE_CPU, {2}, 72, true);
+      Tensor k = make(EBB_DEVICE_CPU, EBB_I64, {3, 2}, {1, 2, 3, 4, 5, 6});
+      const ebb_tensor_t *xs[2] = {x.get(), k.get()}, *args[1] = {a.get()};
+      ebb_map_options o = {};
+      o.checkpoint = mode.checkpoint;
+      ebb_tensor_t *out[1] = {nullptr};
+      EBB_REQUIRE_OK(ebb_map(two_xs_fn, nullptr, xs, 2, args, 1, &o, out, 1));
+      Tensor y(out[0]);
+      auto xv = read(x), av = read(a), yv = read(y);
+      for (int i = 0; i < 6; i++) CHECK(yv[(size_t)i] == xv[(size_t)i] * (i + 1) + av[(size_t)(i % 2)]);
+      Tensor l = weighted_loss({y.get()});
+      auto w = values(6, 100);
+      // partial: only a's gradient is asked for; x's .grad stays empty
+      const ebb_tensor_t *roots[1] = {l.get()}, *only_a[1] = {a.get()};
+      EBB_REQUIRE_OK(ebb_backward(roots, nullptr, 1, false, only_a, 1));
+      EBB_CHECK_CLOSE(grad_of(a), (std::vector<double>{w[0] + w[2] + w[4], w[1] + w[3] + w[5]}), 1e-14, 1e-14);
+      Tensor gx;
+      EBB_REQUIRE_OK(ebb_tensor_grad(x, gx.out()));
+      CHECK(gx.get() == nullptr);
+    }
+    {
+      // and the gradient of x: each weight times its k
+      Tensor x = input_on(EBB_DEVICE_CPU, {3, 2}, 73, true), a = input_on(EBB_DEVICE_CPU, {2}, 74, false);
+      Tensor k = make(EBB_DEVICE_CPU, EBB_I64, {3, 2}, {1, 2, 3, 4, 5, 6});
+      const ebb_tensor_t *xs[2] = {x.get(), k.get()}, *args[1] = {a.get()};
+      ebb_map_options o = {};
+      o.checkpoint = mode.checkpoint;
+      ebb_tensor_t *out[1] = {nullptr};
+      EBB_REQUIRE_OK(ebb_map(two_xs_fn, nullptr, xs, 2, args, 1, &o, out, 1));
+      Tensor y(out[0]);
+      Tensor l = weighted_loss({y.get()});
+      auto g = grads_of(l, {x});
+      auto w = values(6, 100);
+      std::vector<double> want(6);
+      for (int i = 0; i < 6; i++) want[(size_t)i] = w[(size_t)i] * (i + 1);
+      EBB_CHECK_CLOSE(g[0], want, 1e-14, 1e-14);
+    }
+  }
+  live.check();
+}
