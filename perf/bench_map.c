@@ -17,7 +17,8 @@
  * EBB_SIM_PERTURB=0, EBB_SIM_LAUNCH_US=0 (a kernel takes the time of its host work, no more) and
  * OPENBLAS_NUM_THREADS=1 (read when OpenBLAS loads, before main): one compute thread.
  *
- * usage: ebb-bench-map [rounds=7] [steps=3]
+ * usage: ebb-bench-map [rounds=7] [steps=3] [only=loop|save|checkpoint]
+ * (only: run that mode alone and print its stderr lines, no bench= line: for profiles)
  * Each round runs the three modes in a rotated order (each comes first, second and third in
  * turn), each one warm-up step then `steps` timed steps; a mode's step_ms is the median of its
  * timed steps over every round, its peak_bytes the largest over them. Prints
@@ -149,7 +150,9 @@ static void set_env(const char *name, const char *value) {
 }
 
 int main(int argc, char **argv) {
-  int rounds = argc > 1 ? atoi(argv[1]) : 7, steps = argc > 2 ? atoi(argv[2]) : 3;
+  int rounds = argc > 1 ? atoi(argv[1]) : 7, steps = argc > 2 ? atoi(argv[2]) : 3, only = -1;
+  for (int mode = 0; argc > 3 && mode < NMODES; mode++)
+    if (strcmp(argv[3], mode_names[mode]) == 0) only = mode;
   if (rounds < 1 || rounds > MAX_ROUNDS || steps < 1 || steps > MAX_STEPS) {
     fprintf(stderr, "usage: ebb-bench-map [rounds 1..%d] [steps 1..%d]\n", MAX_ROUNDS, MAX_STEPS);
     return 2;
@@ -174,6 +177,7 @@ int main(int argc, char **argv) {
   for (int r = 0; r < rounds; r++) {
     for (int j = 0; j < NMODES; j++) {
       int mode = (r + j) % NMODES;
+      if (only >= 0 && mode != only) continue;
       uint64_t p = 0, sp = 0;
       double cpu;
       step(&m, mode, &cpu, &p, &sp); /* warm-up: the arena's blocks for this mode */
@@ -189,6 +193,11 @@ int main(int argc, char **argv) {
       fprintf(stderr, "map: round %d %s: %.2f ms (cpu %.2f ms), peak %llu bytes, %llu above the step's start\n", r, mode_names[mode],
               round_med[mode][r], cpu, (unsigned long long)p, (unsigned long long)sp);
     }
+  }
+  if (only >= 0) {
+    model_free(&m);
+    BENCH_CHECK(ebb_shutdown());
+    return 0;
   }
   double med[NMODES], cpu_med[NMODES], ratio_loop[NMODES][MAX_ROUNDS], ratio_save[MAX_ROUNDS];
   for (int r = 0; r < rounds; r++) {
