@@ -243,6 +243,7 @@ static ebb_status run_forward(const struct map_call *c, const ebb_tensor_t *cons
   for (int k = 0; k < c->noutputs; k++) outputs[k] = NULL;
   for (int64_t s = 0; s < c->n && !st; s++) {
     for (int i = 0; i < c->nxs; i++) xsl[i] = NULL;
+    for (int k = 0; k < c->noutputs; k++) outs[k] = NULL; /* (released below, whether fn ran or not) */
     bool was;
     ebb_grad_set_enabled(grad, &was);
     for (int i = 0; i < c->nxs && !st; i++) st = slice_of(xs[i], s, save && need[i], &xsl[i]);
@@ -255,7 +256,8 @@ static ebb_status run_forward(const struct map_call *c, const ebb_tensor_t *cons
     ebb_grad_set_enabled(was, NULL);
     /* save: the backward's inputs (the leaves) and roots (the results that require a gradient) */
     for (int i = 0; i < c->nxs && !st && save; i++) {
-      if (need[i]) st = ebb_tensor_gradient_edge(xsl[i], &m->xedge[(size_t)s * (size_t)c->nxs + (size_t)i]);
+      if (need[i] && (st = ebb_tensor_gradient_edge(xsl[i], &m->xedge[(size_t)s * (size_t)c->nxs + (size_t)i])))
+        st = fail_in(st, "");
     }
     for (int k = 0; k < c->noutputs && !st && save; k++) {
       bool rg = false;
@@ -290,7 +292,7 @@ static ebb_status map_forward(ebb_function_ctx *ctx, const ebb_tensor_t *const *
   for (int i = 0; i < c->nxs; i++) ebb_tensor_get_info(inputs[i], &m->xmeta[i]); /* (checked by ebb_map) */
   if (c->checkpoint) {
     st = run_forward(c, inputs, inputs + c->nxs, need, false, m, outputs);
-    if (!st) st = ebb_ctx_save_for_backward(ctx, inputs, ninputs);
+    if (!st && (st = ebb_ctx_save_for_backward(ctx, inputs, ninputs))) st = fail_in(st, "");
   } else {
     /* fn sees detached handles, so its graph ends at leaves of the map's own and never reaches
      * the caller's history (the node is what connects to it). */

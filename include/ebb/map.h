@@ -21,9 +21,9 @@
  * fn: called on the calling thread (and, in checkpoint mode, again in the backward on the thread
  * that runs the node: the caller's, or a device worker of a backward over several devices) with
  * the slices of xs and the args, borrowed for the call, and `user` (which, in checkpoint mode,
- * must stay valid while the node lives). It sets outputs[0..noutputs)
- * (NULL on entry) to new references (new tensors, or views of its inputs) and returns EBB_OK, or a
- * failure that fails ebb_map (its status, its message kept after "ebb_map: fn failed at slice s").
+ * must stay valid while the node lives). It sets outputs[0..noutputs) (NULL on entry) to new
+ * references (new tensors, or views of its inputs) and returns EBB_OK, or a failure that fails
+ * ebb_map (its status, its message kept after "ebb_map: fn failed at slice s").
  * Every slice must give outputs of the same shapes, dtypes and devices as slice 0's. fn may call
  * any op, ebb_map included; it must not change its inputs in place (the slices are views of xs).
  * In the forward of a map that records a node, grad mode is on while fn runs (save mode) or off
@@ -33,13 +33,13 @@
  * Gradients flow to xs and args only: a tensor fn reaches otherwise (through `user`) gets none
  * from a map that records a node (pass it among the args), and fn's outputs are copied into the
  * stacked outputs with grad mode off, so they carry no history of their own to the caller.
- * An output of fn that does not require a gradient (it does not depend on an input
- * that needs one, or is not floating) contributes none; an input that no output depends on gets
+ * An output of fn that does not require a gradient (it does not depend on an input that needs
+ * one, or is not floating) contributes none; an input that no output depends on gets
  * none (a zero gradient, nothing is computed for it); an output whose gradient does not reach
  * the map's node (NULL) counts as zero. xs and args that do not require a gradient get none and
- * cost nothing in the backward. The backward of a node recorded with save mode may run again
- * with retain_graph (its slices' graphs are kept); without it, it frees each slice's graph as it
- * goes, and a second backward through the node fails with EBB_ESTATE naming it. Double backward
+ * cost nothing in the backward. The backward of a node may run again when the first one had
+ * retain_graph (the slices' graphs, or the saved inputs, are kept); without it they are freed by
+ * that backward, and a second one through the node fails with EBB_ESTATE naming it. Double backward
  * (create_graph) is not supported (ebb/function.h).
  *
  * Nothing recorded (grad mode off, inference mode, or no input requires a gradient): ebb_map is

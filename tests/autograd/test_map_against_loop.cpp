@@ -363,3 +363,52 @@ TEST_CASE("map: several xs are sliced together, an integer one among them, and a
   }
   live.check();
 }
+
+namespace {
+
+// outputs: x * a (requires a gradient), a constant (requires none) and an integer tensor.
+ebb_status mixed_fn(const ebb_tensor_t *const *xs, int, const ebb_tensor_t *const *args, int, ebb_tensor_t **outs, int, void *) {
+  int nd = 0;
+  int64_t shape[EBB_TENSOR_MAX_DIMS];
+  ebb_status st = ebb_tensor_shape(xs[0], &nd, shape);
+  if (!st) st = ebb_op_mul(xs[0], args[0], &outs[0]);
+  if (!st) st = ebb_tensor_full(EBB_DEVICE_CPU, EBB_F64, nd, shape, 7.0, &outs[1]);
+  if (!st) st = ebb_tensor_full(EBB_DEVICE_CPU, EBB_I64, nd, shape, 3.0, &outs[2]);
+  return st;
+}
+
+}  // namespace
+
+TEST_CASE("map: outputs that require no gradient (a constant, an integer tensor) are stacked and send none back",
+          "[autograd][map][outputs]") {
+  EbbSession session;
+  Live live;
+  for (const Mode &mode : kModes) {
+    INFO(mode.name);
+    Tensor x = input_on(EBB_DEVICE_CPU, {3, 2}, 81, true), a = input_on(EBB_DEVICE_CPU, {2}, 82, true);
+    const ebb_tensor_t *xs[1] = {x.get()}, *args[1] = {a.get()};
+    ebb_map_options o = {};
+    o.checkpoint = mode.checkpoint;
+    ebb_tensor_t *out[3] = {nullptr, nullptr, nullptr};
+    EBB_REQUIRE_OK(ebb_map(mixed_fn, nullptr, xs, 1, args, 1, &o, out, 3));
+    Tensor y(out[0]), c(out[1]), k(out[2]);
+    CHECK(read(c) == std::vector<double>(6, 7.0));
+    CHECK(read(k) == std::vector<double>(6, 3.0));
+    CHECK(dtype_of(k) == EBB_I64);
+    bool rg = true;
+    EBB_REQUIRE_OK(ebb_tensor_requires_grad(k, &rg));
+    CHECK_FALSE(rg);
+    // the constant is a floating output of the node: it requires a gradient, which goes nowhere
+    Tensor l = weighted_loss({y.get(), c.get()});
+    auto g = grads_of(l, {x, a});
+    auto w = values(6, 100), xv = read(x), av = read(a);
+    std::vector<double> gx(6), ga{0, 0};
+    for (int i = 0; i < 6; i++) {
+      gx[(size_t)i] = w[(size_t)i] * av[(size_t)(i % 2)];
+      ga[(size_t)(i % 2)] += w[(size_t)i] * xv[(size_t)i];
+    }
+    EBB_CHECK_CLOSE(g[0], gx, 1e-14, 1e-14);
+    EBB_CHECK_CLOSE(g[1], ga, 1e-14, 1e-14);
+  }
+  live.check();
+}
