@@ -15,6 +15,9 @@
 
 #define EBB__NODE_MAGIC 0x65626e64u /* "ebnd" */
 #define EBB__ACC_SEQ UINT64_MAX
+/* The op of a custom function's node (ebb/function.h): past the derivative table, whose entries
+ * it has none of; n->fnrec says what it is. */
+#define EBB__OP_FUNCTION ((int)EBB__OP_COUNT)
 
 /* Edge i of a node (its owner, the consumer): where input i's gradient goes. Linked, while the
  * owner lives, into the consumer list of the node it points at, so a partial backward can walk
@@ -54,6 +57,8 @@ struct ebb_node {
    * and written through ebb__node_stream / ebb__node_stream_move. */
   ebb_stream_t *stream;
   _Atomic long edge_handles; /* ebb_gradient_edge handles on it (for the stream-mismatch warning) */
+  int nsaved;                /* saved's entries: nin + nout for an op's node, what the ctx saved for a function's */
+  struct ebb__fnrec *fnrec;  /* a custom function's node (op EBB__OP_FUNCTION): its definition and ctx (function.c) */
 };
 
 /* One tensor a node saved for its backward (saved.c). While the node holds it, exactly one of
@@ -246,6 +251,19 @@ EBB_HIDDEN void ebb__engine_stop(void);
 /* Whether task t will execute n (or reach it for a capture). */
 EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
 
+/* function.c: custom functions (ebb/function.h). */
+struct ebb__fnrec;
+/* The node's name ("<name>Backward") and its allocator-interned owner name. */
+EBB_HIDDEN const char *ebb__function_node_name(const struct ebb__fnrec *r);
+/* Runs the custom backward of n (op EBB__OP_FUNCTION) on the gradients of its outputs go[0..nout)
+ * (NULL: none reached), with its saved tensors unpacked in saved[0..nsaved) and need[i] whether
+ * input i's gradient is wanted; gin[0..nin) get the checked gradients (new references, or NULL).
+ * Failures name fn (the backward call) and the node. */
+EBB_HIDDEN ebb_status ebb__function_backward(const char *fn, struct ebb_node *n, ebb_tensor_t *const *go,
+                                             const ebb_tensor_t *const *saved, const bool *need, ebb_tensor_t **gin);
+/* Frees a function node's record (its user data's destructor runs): the node is going. */
+EBB_HIDDEN void ebb__function_free(struct ebb__fnrec *r);
+
 /* owners.c: what autograd's memory is tagged with in the allocator's owners. */
 /* n saved t as saved[k].t (just shared): an activation's block becomes saved by n. */
 EBB_HIDDEN void ebb__owners_saved(struct ebb_node *n, int k, const ebb_tensor_t *t);
@@ -327,6 +345,10 @@ EBB_HIDDEN bool ebb__mutation_scope_here(void);
  * otherwise), not a tensor to share. Failures name n and the saved input or output k. */
 EBB_HIDDEN ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t);
 EBB_HIDDEN ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t);
+/* n's saved tensor k in messages: "saved input 0", "saved output 1" (an op's node, whose slots
+ * are its forward's inputs then outputs), "saved tensor 2" (a custom function's, in the order its
+ * ctx saved them). Returns buf. */
+EBB_HIDDEN const char *ebb__saved_role(const struct ebb_node *n, int k, char *buf, size_t cap);
 /* Releases what n->saved[k] holds (its tensor, or its packed value's reference), leaving it empty. */
 EBB_HIDDEN void ebb__saved_drop(struct ebb_node *n, int k);
 /* A new reference on a packed value, and dropping one (the last frees it through free_packed). */

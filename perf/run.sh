@@ -119,6 +119,7 @@ run ops_peer ebb-bench-ops_peer "${args[@]}"
 q --rounds 1 --op softmax_fwd -- --rounds 7; run dnnl ebb-bench-dnnl "${args[@]}"
 # training building blocks
 q 7 -- 9;                             run optim ebb-bench-optim "${args[@]}"
+q 3 -- 15;                            run custom_function ebb-bench-custom_function "${args[@]}"
 # the backward engine, ebb and libtorch taken in turn (as perf/engine_ratio.sh)
 q 1 -- 7
 for i in $([[ $quick -eq 1 ]] && echo 1 || echo 1 2 3); do

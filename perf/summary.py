@@ -242,6 +242,11 @@ ROWS = [
         target=Target("below sync (ratio > 1)", lambda e, p, r: r > 1)),
     Row("`offload_budget` `copy_ratio`", Sel("offload_budget", "copy_ratio"),
         target=ebb_between(1.9, 2.1, "1.9-2.1 (the calibration)")),
+
+    section("autograd: custom functions"),
+    Row("`custom_function inputs={inputs}` `custom_ns`", Sel("custom_function", "custom_ns", inputs="*"),
+        Sel("custom_function", "direct_ns", inputs="*"), "the same adds called directly", "ns",
+        target=Target("<= direct + 1 us (issue 34)", lambda e, p, r: e <= p + 1000)),
 ]
 
 

@@ -11,6 +11,7 @@
 #include "ebb/ops.h"
 #include "ebb/autograd.h"
 #include "ebb/optim.h"
+#include "ebb/function.h"
 #include "ebb/custom_op.h"
 
 #endif /* EBB_EBB_H */
