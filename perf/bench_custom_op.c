@@ -1,14 +1,16 @@
 /* bench_custom_op.c: what a custom op (ebb/custom_op.h) costs against the built-in op it
  * copies: ebb_op_mul's own CPU kernel (ops' strided elementwise kernel, ebb__ew_cpu, with its
  * multiply) registered as the custom op "bench.mul", whose forward launches it through
- * ebb_op_launch_kernel and saves both inputs, and whose backward is ebb_op_mul's
- * (ebb_op_mul_backward, the gradients the node needs only), against ebb_op_mul itself.
+ * ebb_op_launch_kernel and saves both inputs, and whose backward is ebb_op_mul's derivative
+ * entry (grad * b and grad * a, the gradients the node needs only), against ebb_op_mul itself.
  * One step: y = mul(a, b) on f32 CPU tensors of `size` elements that require gradients, then
  * ebb_backward from y with a gradient of ones (accumulating into a's and b's .grad), then y
  * released. The two are timed in interleaved runs of `count` steps each; the line gives the
  * median over `reps` runs of ns per step:
  *   bench=custom_op size=<n> custom_ns=<x> builtin_ns=<y>
  * usage: ebb-bench-custom_op [reps] [sizes...]   (default 11 runs; sizes 1 and 1048576)
+ * EBB_BENCH_CUSTOM_OP_IMPL=custom or builtin runs only that one (its figure printed, the other 0),
+ * for a callgrind count of one side.
  * The program links the static libebb: the kernel's CPU function and argument struct are ops'
  * own (ops/ops_kernels.h), not part of the public API.
  */
@@ -75,7 +77,12 @@ static ebb_status mul_backward(ebb_function_ctx *ctx, const ebb_tensor_t *const 
   if (!st) st = ebb_ctx_needs_input_grad(ctx, 0, &need_a);
   if (!st) st = ebb_ctx_needs_input_grad(ctx, 1, &need_b);
   if (st) return st;
-  return ebb_op_mul_backward(grad_outputs[0], saved[0], saved[1], need_a ? &grad_inputs[0] : NULL, need_b ? &grad_inputs[1] : NULL);
+  /* ebb_op_mul's derivative entry for operands of one shape: grad * b and grad * a, each an
+   * ebb_op_mul (ebb_op_mul_backward gives the same values through its broadcasting checks and
+   * sum-to-shape, about 900 instructions a step more: perf/JOURNAL.md) */
+  if (need_a) st = ebb_op_mul(grad_outputs[0], saved[1], &grad_inputs[0]);
+  if (!st && need_b) st = ebb_op_mul(grad_outputs[0], saved[0], &grad_inputs[1]);
+  return st;
 }
 
 static const ebb_custom_op_kernel mul_kernel = {
@@ -123,16 +130,18 @@ static void bench_size(const ebb_custom_op_t *op, int64_t size, int reps) {
   /* about 20 ms a run at either size */
   int count = size <= 1024 ? 20000 : (int)(2e7 / (double)size) + 1;
   double *vc = calloc((size_t)reps, sizeof *vc), *vb = calloc((size_t)reps, sizeof *vb);
-  run(op, a, b, g, count / 4 + 1); /* warm: .grad buffers, the allocator's caches */
-  run(NULL, a, b, g, count / 4 + 1);
+  const char *only = getenv("EBB_BENCH_CUSTOM_OP_IMPL");
+  bool do_c = !only || !strcmp(only, "custom"), do_b = !only || !strcmp(only, "builtin");
+  if (do_c) run(op, a, b, g, count / 4 + 1); /* warm: .grad buffers, the allocator's caches */
+  if (do_b) run(NULL, a, b, g, count / 4 + 1);
   for (int r = 0; r < reps; r++) {
     /* alternate which goes first, so neither always runs on the other's warm caches */
     if (r % 2 == 0) {
-      vc[r] = run(op, a, b, g, count);
-      vb[r] = run(NULL, a, b, g, count);
+      if (do_c) vc[r] = run(op, a, b, g, count);
+      if (do_b) vb[r] = run(NULL, a, b, g, count);
     } else {
-      vb[r] = run(NULL, a, b, g, count);
-      vc[r] = run(op, a, b, g, count);
+      if (do_b) vb[r] = run(NULL, a, b, g, count);
+      if (do_c) vc[r] = run(op, a, b, g, count);
     }
   }
   printf("bench=custom_op size=%lld custom_ns=%.1f builtin_ns=%.1f\n", (long long)size, bench_median(vc, (size_t)reps),
