@@ -2,8 +2,10 @@
 // (ebb_op_launch_kernel, ebb/ops.h): a name registered twice, bad definitions and calls, an op
 // called without a backward when a gradient is needed, a kernel image that fails to load, the
 // registry's life across ebb_shutdown and ebb_init, and the launch's refusals.
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ebb/autograd.h"
@@ -273,4 +275,64 @@ TEST_CASE("op launch kernel: bad arguments are refused with the kernel and the o
   EBB_CHECK_MSG(ebb_op_launch_kernel(gpu_only, &a, ops, 1, 1), EBB_ENOTSUP, "'ebbtest.gpu_only'", "no CPU function");
   // On the emulated driver, a kernel without a CPU function cannot run either.
   EBB_CHECK_MSG(ebb_op_launch_kernel(gpu_only, &a, &ops[1], 1, 1), EBB_ENOTSUP, "'ebbtest.gpu_only'", "device 0");
+}
+
+TEST_CASE("custom op registry: threads racing to register one name leave one op, and threads calling it get their own results",
+          "[custom_op][registry][threads]") {
+  EbbSession session;
+  const int nthreads = 4;
+  std::vector<ebb_status> reg(nthreads, EBB_OK);
+  std::vector<ebb_custom_op_t *> ops(nthreads, nullptr);
+  {
+    std::vector<std::thread> ts;
+    std::atomic<bool> go{false};
+    for (int i = 0; i < nthreads; i++)
+      ts.emplace_back([&, i] {
+        while (!go.load()) {
+        }
+        ebb_custom_op_def def = smul_def();
+        reg[i] = ebb_custom_op_register(&def, &ops[i]);
+      });
+    go = true;
+    for (auto &t : ts) t.join();
+  }
+  int won = 0;
+  ebb_custom_op_t *op = nullptr;
+  for (int i = 0; i < nthreads; i++) {
+    CHECK((reg[i] == EBB_OK || reg[i] == EBB_EINVAL));
+    if (reg[i] == EBB_OK) won++, op = ops[i];
+  }
+  CHECK(won == 1);
+  CHECK(ebb_custom_op_count() == 1);
+  REQUIRE(op != nullptr);
+  // Calls and backwards on every thread at once (CPU tensors: each thread's own leaves).
+  std::vector<int> bad(nthreads, 0);
+  {
+    std::vector<std::thread> ts;
+    for (int i = 0; i < nthreads; i++)
+      ts.emplace_back([&, i] {
+        int64_t n = 16;
+        for (int step = 0; step < 50; step++) {
+          ebb_tensor_t *x = nullptr, *w = nullptr, *s = nullptr, *gx = nullptr;
+          ebb_tensor_t *out[2] = {nullptr, nullptr};
+          bool ok = ebb_tensor_full(EBB_DEVICE_CPU, EBB_F64, 1, &n, 1.0 + i, &x) == EBB_OK &&
+                    ebb_tensor_full(EBB_DEVICE_CPU, EBB_F64, 1, &n, 2.0, &w) == EBB_OK &&
+                    ebb_tensor_set_requires_grad(x, true) == EBB_OK;
+          const ebb_tensor_t *in[2] = {x, w};
+          ebbtest_smul_params p = {0.5};
+          ok = ok && ebb_custom_op_call(op, in, &p, out) == EBB_OK && ebb_op_sum(out[0], nullptr, 0, false, &s) == EBB_OK &&
+               ebb_backward_one(s) == EBB_OK && ebb_tensor_grad(x, &gx) == EBB_OK && gx;
+          double y[16] = {0}, g[16] = {0};
+          if (ok) ok = ebb_tensor_to_host(out[0], y, sizeof y) == EBB_OK && ebb_tensor_to_host(gx, g, sizeof g) == EBB_OK;
+          for (int k = 0; ok && k < 16; k++) ok = y[k] == 0.5 * (1.0 + i) * 2.0 && g[k] == 1.0;  // dy/dx = alpha * w
+          if (!ok) bad[i]++;
+          for (ebb_tensor_t *t : {x, w, s, gx, out[0], out[1]})
+            if (t) ebb_tensor_release(t);
+        }
+      });
+    for (auto &t : ts) t.join();
+  }
+  for (int i = 0; i < nthreads; i++) CHECK(bad[i] == 0);
+  CHECK(ebb_autograd_live_nodes() == 0);
+  REQUIRE(ebb_debug_live_handles() == 0);
 }
