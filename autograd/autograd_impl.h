@@ -86,6 +86,10 @@ struct ebb__meta {
    * its views makes it stale, and the next read takes it again from the base (inplace.c).
    * Release store after grad_fn is replaced, acquire load before it is read without the lock. */
   bool is_view;
+  /* A view a custom function returned (an input returned as-is, or a view of one): the
+   * function's name. Its history must not be rebuilt from its base (that would drop the
+   * function's backward): an in-place op on it, or a use after its base changed, is refused. */
+  const char *fn_view;
   _Atomic uint64_t view_version;
   const char *grad_owner;    /* a leaf's gradient's owner name, interned (owners.c), under grad_mu */
   uint64_t uid;              /* never reused: names the leaf in the stream-mismatch warning's once-set */
@@ -261,6 +265,8 @@ EBB_HIDDEN const char *ebb__function_node_name(const struct ebb__fnrec *r);
  * Failures name fn (the backward call) and the node. */
 EBB_HIDDEN ebb_status ebb__function_backward(const char *fn, struct ebb_node *n, ebb_tensor_t *const *go,
                                              const ebb_tensor_t *const *saved, const bool *need, ebb_tensor_t **gin);
+/* Whether n (a function's node) saved a tensor (not NULL) at slot k. */
+EBB_HIDDEN bool ebb__function_saved_at(const struct ebb__fnrec *r, int k);
 /* Frees a function node's record (its user data's destructor runs): the node is going. */
 EBB_HIDDEN void ebb__function_free(struct ebb__fnrec *r);
 
@@ -431,7 +437,8 @@ EBB_HIDDEN ebb_mutex *ebb__saved_lock(const struct ebb_node *n);
 /* t's grad_fn and output_nr as they are now (*fn NULL for a leaf): a stale view's history is
  * taken again from its base first (thread-safe: a read may do it). Borrowed: valid while t
  * lives and is not changed in place (through itself, its base or another view of the base).
- * Only failure: EBB_ENOMEM (message set). m is t's meta (non-NULL). */
+ * Failures: EBB_ENOMEM; EBB_EINVAL for a view a custom function returned whose base changed since (meta
+ * fn_view). Message set. m is t's meta (non-NULL). */
 EBB_HIDDEN ebb_status ebb__grad_fn_now(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **fn, int *output_nr);
 /* The ops hooks for in-place ops (ops_export.h). */
 EBB_HIDDEN ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const ebb__op_args *args,

@@ -473,7 +473,7 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
    * (which says itself when there is none) and saves what its ctx saved. */
   bool custom = n->fnrec != NULL;
   const ebb__deriv *e = custom ? NULL : ebb__deriv_of((ebb__op_id)n->op);
-  bool runs = custom || e->backward, saves = custom ? n->nsaved > 0 : e->save;
+  bool runs = custom || e->backward, saves = custom ? ebb__function_saved_at(n->fnrec, -1) : e->save;
   const int *edges = t->edges + x->edge0;
   bool any = false;
   for (int k = 0; buf && k < n->nout; k++) any |= buf[k] != NULL;

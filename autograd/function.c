@@ -33,6 +33,7 @@ struct ebb__fnrec {
   const ebb_function *fn;
   const char *node_name; /* "<name>Backward", interned (lives for the process) */
   _Atomic bool materialize;
+  uint64_t saved_mask; /* bit k: the ctx saved a tensor (not NULL) at slot k */
   void *user;
   void (*destroy)(void *);
 };
@@ -51,6 +52,10 @@ struct ebb_function_ctx {
   int nsave, nnondiff;
   ebb_tensor_t *save[EBB_FUNCTION_MAX_SAVED];               /* new references (NULL: a NULL saved) */
   const ebb_tensor_t *nondiff[EBB_FUNCTION_MAX_OUTPUTS];
+  /* A ctx call refused while a callback ran: the callback's call then fails whatever the
+   * callback returned (a refusal ignored would lose a save or a mark). The first message. */
+  bool refused;
+  char why[320];
   /* backward */
   const ebb_tensor_t *const *saved;
   int nsaved;
@@ -112,6 +117,10 @@ static ebb_status node_name(const ebb_function *f, size_t len, const char **out)
 
 const char *ebb__function_node_name(const struct ebb__fnrec *r) { return r->node_name; }
 
+bool ebb__function_saved_at(const struct ebb__fnrec *r, int k) {
+  return k < 0 ? r->saved_mask != 0 : k < 64 && (r->saved_mask >> k & 1);
+}
+
 void ebb__function_free(struct ebb__fnrec *r) {
   if (r->destroy) r->destroy(r->user);
   free(r);
@@ -141,6 +150,16 @@ static ebb_status check_forward(const char *fn, const ebb_function_ctx *ctx) {
   return EBB_OK;
 }
 
+/* A ctx call refused (st, message set) while its callback runs: remembered, so the apply (or the
+ * backward) fails even when the callback goes on. Returns st. */
+static ebb_status refuse(ebb_function_ctx *ctx, ebb_status st) {
+  if (st && ctx && ctx->magic == CTX_MAGIC && ctx->phase != PH_DONE && !ctx->refused) {
+    ctx->refused = true;
+    snprintf(ctx->why, sizeof ctx->why, "%s", ebb_last_error());
+  }
+  return st;
+}
+
 static ebb_status check_list(const char *fn, const ebb_function_ctx *ctx, const char *arg, const void *list, int n) {
   if (n < 0) return ebb__fail(EBB_EINVAL, "%s: %s of '%s': n is %d; expected 0 or more", fn, arg, ctx->rec->fn->name, n);
   if (n > 0 && !list) return ebb__fail(EBB_EINVAL, "%s: %s of '%s' is NULL with n %d; expected %d tensors", fn, arg, ctx->rec->fn->name, n, n);
@@ -151,12 +170,12 @@ ebb_status ebb_ctx_save_for_backward(ebb_function_ctx *ctx, const ebb_tensor_t *
   static const char fn[] = "ebb_ctx_save_for_backward";
   ebb_status st = check_forward(fn, ctx);
   if (!st) st = check_list(fn, ctx, "tensors", tensors, n);
-  if (st) return st;
+  if (st) return refuse(ctx, st);
   if (ctx->nsave + n > EBB_FUNCTION_MAX_SAVED)
-    return ebb__fail(EBB_ELIMIT, "%s: '%s' would save %d tensors (%d before this call); at most %d per call of a function", fn,
-                     ctx->rec->fn->name, ctx->nsave + n, ctx->nsave, EBB_FUNCTION_MAX_SAVED);
+    return refuse(ctx, ebb__fail(EBB_ELIMIT, "%s: '%s' would save %d tensors (%d before this call); at most %d per call of a function", fn,
+                     ctx->rec->fn->name, ctx->nsave + n, ctx->nsave, EBB_FUNCTION_MAX_SAVED));
   for (int i = 0; i < n; i++)
-    if (tensors[i] && (st = ebb__tensor_check_at(tensors[i], fn, "tensors", i))) return st;
+    if (tensors[i] && (st = ebb__tensor_check_at(tensors[i], fn, "tensors", i))) return refuse(ctx, st);
   for (int i = 0; i < n; i++) {
     ebb_tensor_t *t = (ebb_tensor_t *)tensors[i];
     if (t) ebb_tensor_retain(t);
@@ -169,18 +188,18 @@ ebb_status ebb_ctx_mark_dirty(ebb_function_ctx *ctx, const ebb_tensor_t *const *
   static const char fn[] = "ebb_ctx_mark_dirty";
   ebb_status st = check_forward(fn, ctx);
   if (!st) st = check_list(fn, ctx, "tensors", tensors, n);
-  if (st) return st;
+  if (st) return refuse(ctx, st);
   uint64_t bits = 0;
   for (int i = 0; i < n; i++) {
-    if ((st = ebb__tensor_check_at(tensors[i], fn, "tensors", i))) return st;
+    if ((st = ebb__tensor_check_at(tensors[i], fn, "tensors", i))) return refuse(ctx, st);
     uint64_t b = 0;
     for (int j = 0; j < ctx->nin; j++)
       if (ctx->inputs[j] == tensors[i]) b |= 1ull << j;
     if (!b) {
       char d[EBB__DESC_MAX];
-      return ebb__fail(EBB_EINVAL, "%s: %s is not an input of '%s'; expected one of the %d tensors apply gave the forward (only "
-                       "an input can be changed in place and marked dirty)", fn, ebb__tensor_desc(tensors[i], "tensors", i, d, sizeof d),
-                       ctx->rec->fn->name, ctx->nin);
+      return refuse(ctx, ebb__fail(EBB_EINVAL, "%s: %s is not an input of '%s'; expected one of the %d tensors apply gave the "
+                                   "forward (only an input can be changed in place and marked dirty)", fn,
+                                   ebb__tensor_desc(tensors[i], "tensors", i, d, sizeof d), ctx->rec->fn->name, ctx->nin));
     }
     bits |= b;
   }
@@ -192,11 +211,12 @@ ebb_status ebb_ctx_mark_non_differentiable(ebb_function_ctx *ctx, const ebb_tens
   static const char fn[] = "ebb_ctx_mark_non_differentiable";
   ebb_status st = check_forward(fn, ctx);
   if (!st) st = check_list(fn, ctx, "outputs", outputs, n);
-  if (st) return st;
+  if (st) return refuse(ctx, st);
   if (ctx->nnondiff + n > EBB_FUNCTION_MAX_OUTPUTS)
-    return ebb__fail(EBB_ELIMIT, "%s: '%s' marks %d outputs in all; it has %d", fn, ctx->rec->fn->name, ctx->nnondiff + n, ctx->nout);
+    return refuse(ctx, ebb__fail(EBB_ELIMIT, "%s: '%s' would have marked %d tensors non-differentiable in all; at most %d per call",
+                                 fn, ctx->rec->fn->name, ctx->nnondiff + n, EBB_FUNCTION_MAX_OUTPUTS));
   for (int i = 0; i < n; i++)
-    if ((st = ebb__tensor_check_at(outputs[i], fn, "outputs", i))) return st;
+    if ((st = ebb__tensor_check_at(outputs[i], fn, "outputs", i))) return refuse(ctx, st);
   for (int i = 0; i < n; i++) ctx->nondiff[ctx->nnondiff++] = outputs[i];
   return EBB_OK;
 }
@@ -214,8 +234,8 @@ ebb_status ebb_ctx_needs_input_grad(const ebb_function_ctx *ctx, int i, bool *ou
   if (st) return st;
   if (!out) return ebb__fail(EBB_EINVAL, "%s: out is NULL; expected a bool to write", fn);
   if (i < 0 || i >= ctx->nin)
-    return ebb__fail(EBB_EINVAL, "%s: input %d of '%s', which has %d inputs; expected an index in [0, %d)", fn, i, ctx->rec->fn->name,
-                     ctx->nin, ctx->nin);
+    return ebb__fail(EBB_EINVAL, "%s: input %d of '%s', which has %d inputs; expected an index in [0, %d)", fn, i,
+                     ctx->rec->fn->name, ctx->nin, ctx->nin); /* (a question, not a request: nothing lost when ignored) */
   *out = ctx->phase == PH_BACKWARD ? ctx->need[i] : (ctx->req >> i & 1);
   return EBB_OK;
 }
@@ -256,10 +276,12 @@ ebb_status ebb_ctx_saved_tensors(ebb_function_ctx *ctx, const ebb_tensor_t *cons
   static const char fn[] = "ebb_ctx_saved_tensors";
   ebb_status st = check_ctx(fn, ctx);
   if (st) return st;
-  if (!out || !n) return ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected where to write the saved tensors and their count", fn, out ? "n" : "out");
+  if (!out || !n)
+    return refuse(ctx, ebb__fail(EBB_EINVAL, "%s: %s is NULL; expected where to write the saved tensors and their count", fn,
+                                 out ? "n" : "out"));
   if (ctx->phase != PH_BACKWARD)
-    return ebb__fail(EBB_ESTATE, "%s: called from the %s of '%s'; saved tensors are read in backward (the forward has them "
-                     "itself)", fn, phase_name(ctx->phase), ctx->rec->fn->name);
+    return refuse(ctx, ebb__fail(EBB_ESTATE, "%s: called from the %s of '%s'; saved tensors are read in backward (the forward "
+                                 "has them itself)", fn, phase_name(ctx->phase), ctx->rec->fn->name));
   *out = ctx->saved;
   *n = ctx->nsaved;
   return EBB_OK;
@@ -300,9 +322,8 @@ static void release_all(ebb_tensor_t **ts, int n) {
     }
 }
 
-/* The outputs as the forward left them: each set and live, none twice; an input returned
- * unchanged (not dirty) becomes a view of it, so the caller's handle has its own history. */
-static ebb_status check_outputs(const char *fn, ebb_function_ctx *ctx, ebb_tensor_t **out) {
+/* The outputs as the forward left them: each set and live, none twice. */
+static ebb_status check_outputs(const char *fn, const ebb_function_ctx *ctx, ebb_tensor_t **out) {
   const char *name = ctx->rec->fn->name;
   for (int k = 0; k < ctx->nout; k++) {
     if (!out[k])
@@ -315,39 +336,12 @@ static ebb_status check_outputs(const char *fn, ebb_function_ctx *ctx, ebb_tenso
         return ebb__fail(EBB_EINVAL, "%s: the forward of '%s' returned the same tensor as outputs %d and %d; expected a distinct "
                          "tensor for each output", fn, name, j, k);
   }
-  for (int k = 0; k < ctx->nout; k++) {
-    int in = -1;
-    for (int j = 0; j < ctx->nin && in < 0; j++)
-      if (ctx->inputs[j] == out[k]) in = j;
-    if (in < 0 || (ctx->dirty >> in & 1)) continue;
-    ebb_tensor_info ti;
-    ebb_tensor_t *v = NULL;
-    ebb_status st = ebb_tensor_get_info(out[k], &ti);
-    if (!st) st = ebb_tensor_view(out[k], ti.ndim, ti.shape, &v); /* (grad mode is off: records nothing) */
-    if (st) return ebb__fail(st, "%s: output %d of '%s' is its input %d returned unchanged, and its view failed: %s", fn, k, name, in,
-                             ebb_last_error());
-    for (int i = 0; i < ctx->nnondiff; i++)
-      if (ctx->nondiff[i] == out[k]) ctx->nondiff[i] = v; /* (a mark on the input returned means its view) */
-    ebb_tensor_release(out[k]);
-    out[k] = v;
-  }
   return EBB_OK;
 }
 
-/* The marks checked against the outputs: dirty inputs among them, non-differentiable outputs
- * found; *nondiff gets the outputs' bits. */
-static ebb_status check_marks(const char *fn, ebb_function_ctx *ctx, ebb_tensor_t **out, uint64_t *nondiff) {
+/* The dirty inputs: each returned, and one whose change can be recorded. */
+static ebb_status check_dirty(const char *fn, const ebb_function_ctx *ctx, ebb_tensor_t *const *out) {
   const char *name = ctx->rec->fn->name;
-  *nondiff = 0;
-  for (int i = 0; i < ctx->nnondiff; i++) {
-    int k = -1;
-    for (int j = 0; j < ctx->nout && k < 0; j++)
-      if (out[j] == ctx->nondiff[i]) k = j;
-    if (k < 0)
-      return ebb__fail(EBB_EINVAL, "%s: tensor %p marked non-differentiable by '%s' is none of its %d outputs; expected "
-                       "ebb_ctx_mark_non_differentiable on outputs only", fn, (const void *)ctx->nondiff[i], name, ctx->nout);
-    *nondiff |= 1ull << k;
-  }
   for (int i = 0; i < ctx->nin; i++) {
     if (!(ctx->dirty >> i & 1)) continue;
     bool returned = false;
@@ -371,13 +365,93 @@ static ebb_status check_marks(const char *fn, ebb_function_ctx *ctx, ebb_tensor_
   return EBB_OK;
 }
 
-/* Records the node of a forward that ran: edges to the inputs' histories, metadata, outputs'
- * histories (dirty inputs rebased onto it), saved tensors. On failure nothing points at it. */
-static ebb_status record(const char *fn, ebb_function_ctx *ctx, ebb_tensor_t **out, uint64_t nondiff) {
+/* An input returned unchanged (not dirty) becomes a view of it, so the caller's handle has a
+ * history of its own; marks on the input's handle follow it to the view. */
+static ebb_status alias_views(const char *fn, ebb_function_ctx *ctx, ebb_tensor_t **out) {
+  for (int k = 0; k < ctx->nout; k++) {
+    int in = -1;
+    for (int j = 0; j < ctx->nin && in < 0; j++)
+      if (ctx->inputs[j] == out[k]) in = j;
+    if (in < 0 || (ctx->dirty >> in & 1)) continue;
+    ebb_tensor_info ti;
+    ebb_tensor_t *v = NULL;
+    bool was;
+    ebb_grad_set_enabled(false, &was);
+    ebb_status st = ebb_tensor_get_info(out[k], &ti);
+    if (!st) st = ebb_tensor_view(out[k], ti.ndim, ti.shape, &v);
+    ebb_grad_set_enabled(was, NULL);
+    if (st)
+      return ebb__fail(st, "%s: output %d of '%s' is its input %d returned unchanged, and its view failed: %s", fn, k,
+                       ctx->rec->fn->name, in, ebb_last_error());
+    for (int i = 0; i < ctx->nnondiff; i++)
+      if (ctx->nondiff[i] == out[k]) ctx->nondiff[i] = v;
+    ebb_tensor_release(out[k]);
+    out[k] = v;
+  }
+  return EBB_OK;
+}
+
+/* The outputs marked non-differentiable, as bits of their indices. */
+static ebb_status nondiff_bits(const char *fn, const ebb_function_ctx *ctx, ebb_tensor_t *const *out, uint64_t *bits) {
+  *bits = 0;
+  for (int i = 0; i < ctx->nnondiff; i++) {
+    int k = -1;
+    for (int j = 0; j < ctx->nout && k < 0; j++)
+      if (out[j] == ctx->nondiff[i]) k = j;
+    if (k < 0) {
+      char d[EBB__DESC_MAX];
+      return ebb__fail(EBB_EINVAL, "%s: '%s' marked %s non-differentiable, which is none of its %d outputs; expected "
+                       "ebb_ctx_mark_non_differentiable on outputs only", fn, ctx->rec->fn->name,
+                       ebb__tensor_desc(ctx->nondiff[i], "a tensor", -1, d, sizeof d), ctx->nout);
+    }
+    *bits |= 1ull << k;
+  }
+  return EBB_OK;
+}
+
+/* The node's edges, taken before the forward runs (as an op takes them before its kernel): a view
+ * input whose base the forward changes gets the history it had when it was passed in, made
+ * before the node (producers have smaller sequence numbers than their consumers). New references
+ * in e[i] for the inputs that require a gradient. */
+static ebb_status take_edges(const ebb_function_ctx *ctx, struct ebb__edge *e) {
+  ebb_status st = EBB_OK;
+  for (int i = 0; i < ctx->nin && !st; i++) {
+    e[i] = (struct ebb__edge){0};
+    if (!(ctx->req >> i & 1)) continue;
+    const ebb_tensor_t *t = ctx->inputs[i];
+    struct ebb__meta *m = ebb__meta_of(t);
+    struct ebb_node *gf = NULL;
+    int nr = 0;
+    st = ebb__grad_fn_now(t, m, &gf, &nr);
+    if (st) break;
+    if (gf) {
+      atomic_fetch_add_explicit(&gf->refs, 1, memory_order_relaxed);
+      e[i] = (struct ebb__edge){.fn = gf, .input_nr = nr};
+    } else {
+      struct ebb_node *a = NULL;
+      st = ebb__grad_acc((ebb_tensor_t *)t, m, &a);
+      if (!st) e[i] = (struct ebb__edge){.fn = a};
+    }
+  }
+  return st;
+}
+
+static void drop_edges(struct ebb__edge *e, int n) {
+  for (int i = 0; i < n; i++)
+    if (e[i].fn) {
+      ebb__node_unref(e[i].fn);
+      e[i].fn = NULL;
+    }
+}
+
+/* Records the node of a forward that ran: its edges (taken before the forward, consumed here
+ * whatever happens), metadata, saved tensors, then the outputs' histories (dirty inputs rebased
+ * onto it). On failure nothing points at it. */
+static ebb_status record(const char *fn, ebb_function_ctx *ctx, struct ebb__edge *edges, ebb_tensor_t **out, uint64_t nondiff) {
   const int nin = ctx->nin, nout = ctx->nout;
   const char *name = ctx->rec->fn->name;
   struct ebb_node *n = ebb__node_new(EBB__OP_FUNCTION, nin, nout);
-  struct ebb__fnrec *r = malloc(sizeof *r);
+  struct ebb__fnrec *r = n ? malloc(sizeof *r) : NULL;
   /* Only entries [0, nin) and [0, nout) are used: zeroing those alone keeps 1 KiB of stores off
    * every recorded apply (a tenth of a custom op's cost over its built-in twin, perf/JOURNAL.md). */
   struct ebb__hook *retain[EBB_FUNCTION_MAX_INPUTS];
@@ -394,37 +468,27 @@ static ebb_status record(const char *fn, ebb_function_ctx *ctx, ebb_tensor_t **o
   if (st) {
     free(r);
     if (n) ebb__node_drop(n);
+    drop_edges(edges, nin);
     return ebb__fail(EBB_ENOMEM, "%s: no host memory to record %sBackward", fn, name);
   }
+  for (int i = 0; i < nin; i++) { /* (the node owns them from here: freed with it) */
+    n->next[i] = edges[i];
+    edges[i].fn = NULL;
+  }
   *r = *ctx->rec;
+  r->saved_mask = 0;
+  for (int k = 0; k < ctx->nsave; k++)
+    if (ctx->save[k]) r->saved_mask |= 1ull << k;
   n->fnrec = r;
   atomic_fetch_add_explicit(&ebb__live_ctx, 1, memory_order_relaxed);
   /* The user data is the node's from here: freed with it (ebb__function_free). */
   ctx->rec->user = NULL;
   ctx->rec->destroy = NULL;
-  for (int i = 0; !st && i < nin; i++) {
-    const ebb_tensor_t *t = ctx->inputs[i];
-    if (!t) {
-      n->in_meta[i].ndim = -1; /* an optional input not given */
-      continue;
-    }
-    ebb__tensor_meta_of(t, &n->in_meta[i]);
-    if (!(ctx->req >> i & 1)) continue;
-    struct ebb__meta *m = ebb__meta_of(t);
-    struct ebb_node *gf = NULL;
-    int nr = 0;
-    st = ebb__grad_fn_now(t, m, &gf, &nr);
-    if (st) break;
-    if (gf) {
-      atomic_fetch_add_explicit(&gf->refs, 1, memory_order_relaxed);
-      n->next[i] = (struct ebb__edge){.fn = gf, .input_nr = nr};
-    } else {
-      struct ebb_node *a = NULL;
-      st = ebb__grad_acc((ebb_tensor_t *)t, m, &a);
-      if (!st) n->next[i] = (struct ebb__edge){.fn = a};
-    }
+  for (int i = 0; i < nin; i++) {
+    if (ctx->inputs[i]) ebb__tensor_meta_of(ctx->inputs[i], &n->in_meta[i]);
+    else n->in_meta[i].ndim = -1; /* an optional input not given */
   }
-  for (int k = 0; !st && k < nout; k++) ebb__tensor_meta_of(out[k], &n->in_meta[nin + k]);
+  for (int k = 0; k < nout; k++) ebb__tensor_meta_of(out[k], &n->in_meta[nin + k]);
   /* Autograd state for each output with a gradient, made before any is changed so a failure
    * undoes nothing: new metas for fresh outputs, the retain_grad hooks of dirty inputs moved. */
   for (int k = 0; !st && k < nout; k++) {
@@ -454,7 +518,7 @@ static ebb_status record(const char *fn, ebb_function_ctx *ctx, ebb_tensor_t **o
     if (ctx->save[k]) st = ebb__save(n, k, ctx->save[k]);
   if (st) {
     for (int k = 0; k < nout; k++) ebb__meta_free(fresh[k]);
-    ebb__node_drop(n);
+    ebb__node_drop(n); /* (its edges, saved tensors, record and uncommitted retain hooks with it) */
     return st;
   }
   /* Commit: every output with a gradient points at the node. */
@@ -475,10 +539,13 @@ static ebb_status record(const char *fn, ebb_function_ctx *ctx, ebb_tensor_t **o
       ebb__retain_commit(m, retain[in]); /* before the old node, which holds the old hook, may go */
       retain[in] = NULL;
       old = m->grad_fn;
-    } else if (ebb__tensor_base(out[k])) { /* a view: its history follows its base's from now on */
+    } else if (ebb__tensor_base(out[k])) {
+      /* A view (of an input, or of its own): its history is the function's, and must never be
+       * rebuilt from its base (inplace.c refuses that, naming the function). */
       uint64_t v = 0;
       ebb_tensor_version(out[k], &v);
       m->is_view = true;
+      m->fn_view = r->node_name;
       atomic_store_explicit(&m->view_version, v, memory_order_relaxed);
     }
     m->requires_grad = true;
@@ -510,11 +577,6 @@ ebb_status ebb_function_apply(const ebb_function *f, const ebb_tensor_t *const *
     if (!inputs[i]) continue;
     if ((st = ebb__tensor_check_at(inputs[i], fn, "inputs", i))) return st;
     struct ebb__meta *m = grad ? ebb__meta_of(inputs[i]) : NULL;
-    if (m && m->is_view) { /* (a view's history taken again first, as an op's recording does) */
-      struct ebb_node *gf;
-      int nr;
-      if ((st = ebb__grad_fn_now(inputs[i], m, &gf, &nr))) return st;
-    }
     if (m && m->requires_grad) req |= 1ull << i;
   }
   struct ebb__fnrec rec = {.fn = f, .materialize = true};
@@ -531,7 +593,13 @@ ebb_status ebb_function_apply(const ebb_function *f, const ebb_tensor_t *const *
   ctx.req = req;
   ctx.dirty = 0;
   ctx.nsave = ctx.nnondiff = 0;
+  ctx.refused = false;
   for (int k = 0; k < f->noutputs; k++) outputs[k] = NULL;
+  struct ebb__edge edges[EBB_FUNCTION_MAX_INPUTS];
+  if (req && (st = take_edges(&ctx, edges))) {
+    drop_edges(edges, ninputs);
+    return st;
+  }
 
   bool was;
   ebb_grad_set_enabled(false, &was);
@@ -539,18 +607,24 @@ ebb_status ebb_function_apply(const ebb_function *f, const ebb_tensor_t *const *
   st = f->forward(&ctx, inputs, ninputs, args, outputs, f->noutputs);
   char why[96];
   if (st) st = ebb__fail(st, "%s: the forward of '%s' failed: %s", fn, f->name, callback_why(serial, st, why, sizeof why));
+  else if (ctx.refused) st = ebb__fail(EBB_EINVAL, "%s: the forward of '%s' went on after a ctx call was refused: %s", fn, f->name, ctx.why);
   if (!st) st = check_outputs(fn, &ctx, outputs);
   if (!st && f->setup_context) {
     ctx.phase = PH_SETUP;
     serial = ebb__fail_serial();
     st = f->setup_context(&ctx, inputs, ninputs, args, outputs, f->noutputs);
     if (st) st = ebb__fail(st, "%s: the setup_context of '%s' failed: %s", fn, f->name, callback_why(serial, st, why, sizeof why));
+    else if (ctx.refused)
+      st = ebb__fail(EBB_EINVAL, "%s: the setup_context of '%s' went on after a ctx call was refused: %s", fn, f->name, ctx.why);
   }
   ebb_grad_set_enabled(was, NULL);
   ctx.phase = PH_DONE;
   uint64_t nondiff = 0;
-  if (!st) st = check_marks(fn, &ctx, outputs, &nondiff);
-  if (!st && ctx.recording) st = record(fn, &ctx, outputs, nondiff);
+  if (!st) st = check_dirty(fn, &ctx, outputs);
+  if (!st) st = alias_views(fn, &ctx, outputs);
+  if (!st) st = nondiff_bits(fn, &ctx, outputs, &nondiff);
+  if (!st && ctx.recording) st = record(fn, &ctx, edges, outputs, nondiff);
+  else if (req) drop_edges(edges, ninputs);
   release_all(ctx.save, ctx.nsave);
   if (rec.destroy) rec.destroy(rec.user); /* (not recorded, or the node took it: then NULL) */
   if (st) release_all(outputs, f->noutputs);
@@ -649,10 +723,14 @@ ebb_status ebb__function_backward(const char *fn, struct ebb_node *n, ebb_tensor
     ctx.need = need;
     struct ebb__user_call uc;
     ebb__user_enter(&uc);
+    ctx.refused = false;
     st = f->backward(&ctx, g, nout, gin, &ng);
     ebb__user_leave(&uc, st);
     ctx.phase = PH_DONE;
     if (st) st = ebb__fail(st, "%s: %s (node %llu): the backward of '%s' failed: %s", fn, r->node_name, seq, f->name, ebb_last_error());
+    else if (ctx.refused)
+      st = ebb__fail(EBB_EINVAL, "%s: %s (node %llu): the backward of '%s' went on after a ctx call was refused: %s", fn,
+                     r->node_name, seq, f->name, ctx.why);
   }
   for (int k = 0; k < nout && zeros; k++)
     if (zeros[k]) ebb_tensor_release(zeros[k]);

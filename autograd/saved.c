@@ -441,7 +441,7 @@ ebb_status ebb__saved_modified(const char *fn, const struct ebb_node *n, int k, 
  * derivative table says (a CopySlices node saves what its in-place op saves). */
 static bool saves_at(const struct ebb_node *n, int k) {
   if (n->op < 0 || !n->saved || k < 0 || k >= n->nsaved) return false;
-  if (n->fnrec) return true; /* (a custom function's slots are what its ctx saved) */
+  if (n->fnrec) return ebb__function_saved_at(n->fnrec, k); /* (a custom function's slots are what its ctx saved) */
   int op = n->op == EBB__OP_COPY_SLICES && n->geom ? n->geom->inner_op : n->op;
   unsigned bit = k < n->nin ? (unsigned)k : 8u + (unsigned)(k - n->nin);
   return bit < 16 && (ebb__deriv_of((ebb__op_id)op)->save >> bit & 1);
@@ -502,8 +502,8 @@ static ebb_status slot_open(const char *fn, const struct ebb_node *n, int k, ebb
     return ebb__fail(EBB_ESTATE, "%s: the %s of %s (node %llu) was saved inside an allow-mutation scope, which manages its value "
                      "as a pair of hooks would; only one pair per saved tensor", fn, slot_desc(n, k, d, sizeof d), name, seq);
   if (!s->t)
-    return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) holds no tensor as its %s (an optional input not given); expected the "
-                     "index of a tensor it saved", fn, name, seq, slot_desc(n, k, d, sizeof d));
+    return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) holds no tensor as its %s (%s); expected the index of a tensor it saved", fn,
+                     name, seq, slot_desc(n, k, d, sizeof d), n->fnrec ? "its ctx saved NULL there" : "an optional input not given");
   uint64_t v = 0;
   ebb_tensor_version(s->t, &v);
   if (v != s->version) return ebb__saved_modified(fn, n, k, s->t, v); /* (packing it would hide the change) */
@@ -522,6 +522,10 @@ ebb_status ebb_node_saved_register_hooks(const ebb_node_t *node, int index, cons
   struct ebb_node *n = (struct ebb_node *)node;
   if (!saves_at(n, index)) {
     char list[256];
+    if (n->fnrec)
+      return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) saves no tensor at index %d; it saves %s (indices: the order its ctx "
+                       "saved them in, 0..%d)", fn, ebb__node_name_of(n), (unsigned long long)n->seq, index,
+                       saved_list(n, list, sizeof list), n->nsaved - 1);
     return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) saves no tensor at index %d; it saves %s (indices: its forward's inputs "
                      "0..%d, then its outputs)", fn, ebb__node_name_of(n), (unsigned long long)n->seq, index,
                      saved_list(n, list, sizeof list), n->nin - 1);

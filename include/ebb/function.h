@@ -20,14 +20,17 @@
  *   function's node alone. It sets outputs[0..noutputs) (NULL on entry) to new references: new
  *   tensors, an input changed in place and marked dirty (a new reference on the input's handle),
  *   or an input returned unchanged (the caller then gets a new handle on it, a view, whose
- *   history is the node's). `args` is apply's, passed through (the function's non-tensor
+ *   history is the node's). A view a function returns (such a handle, or a view of an input the
+ *   forward made) keeps the function's history: an in-place change of it, or its use after its
+ *   base was changed in place, is refused (EBB_EINVAL naming the node), since rebuilding its
+ *   history from the base would bypass the function's backward. `args` is apply's, passed through (the function's non-tensor
  *   arguments; may be NULL). Returning a failure fails the apply: outputs it set are released.
  * - setup_context(ctx, inputs, ninputs, args, outputs, noutputs), optional: called after forward
  *   with the outputs, for what the forward left out (PyTorch's setup_context): saving outputs,
  *   marking outputs non-differentiable, user data. Either callback may use the ctx calls marked
  *   "forward" below.
  * - backward(ctx, grad_outputs, noutputs, grad_inputs, ngrad_inputs): runs inside ebb_backward
- *   (or ebb_grad) on the thread that runs the node: the caller's or, for a device node in a
+ *   (or ebb_grad), when a gradient reached at least one output, on the thread that runs the node: the caller's or, for a device node in a
  *   backward over several devices, that device's worker, with grad mode off and the node's
  *   forward stream current on its device (ebb/autograd.h, "the engine"). grad_outputs[k] is the
  *   gradient of output k, borrowed for the call: NULL where no gradient reached output k (or k is
@@ -36,17 +39,21 @@
  *   reference, the gradient of input i, or leaves it NULL (zero); *ngrad_inputs is ninputs on
  *   entry and must be ninputs when it returns (the count of gradients it returns). A gradient
  *   for an input that requires none is dropped. Each returned gradient is checked against its
- *   input: same device and floating dtype as the input (a gradient for a non-floating input, or
- *   for no input (NULL), is refused); shape equal to the input's, or one that sum-reduces to it
- *   along broadcast dims (it is then reduced, as a broadcasting op's gradient is). Failures name
- *   the function, the input index, what came and what was expected.
+ *   input: same device and dtype as the input (not cast, as PyTorch would); shape equal to the
+ *   input's, or one that sum-reduces to it along broadcast dims (it is then reduced, as a
+ *   broadcasting op's gradient is); a gradient for a non-floating input, or for an input not
+ *   given (NULL), is refused (PyTorch drops the first silently). Failures name the function,
+ *   the input index, what came and what was expected.
  *
  * Errors: a status and ebb_last_error naming the call, the function and the argument. apply:
  * EBB_EINVAL for NULL fn or outputs, a definition without name or forward, noutputs outside
  * 1..EBB_FUNCTION_MAX_OUTPUTS, ninputs outside 0..EBB_FUNCTION_MAX_INPUTS, a version this library
  * does not know; EBB_EFREED for a released input; a forward that fails (its status, its message
- * kept after the function's name), leaves an output NULL, returns an input unchanged twice, or
- * whose ctx calls were refused. ctx calls: EBB_EINVAL for NULL arguments or tensors, EBB_ESTATE for a
+ * kept after the function's name), leaves an output NULL or returns one tensor as two outputs;
+ * a forward or setup_context that goes on after one of its ctx calls was refused (EBB_EINVAL
+ * with the refusal's message: a lost save or mark is never silent), and likewise a backward.
+ * The calls the callbacks make are the caller's own: one that fails sets the thread's last error
+ * even when the callback recovers and apply succeeds. ctx calls: EBB_EINVAL for NULL arguments or tensors, EBB_ESTATE for a
  * call in the wrong phase (a forward call from backward, saved tensors read in forward), and the
  * specific refusals listed with each call. Backward: a backward that returns a failure (its status,
  * its message kept), a wrong count, or a gradient that does not fit fails the ebb_backward call,
@@ -54,8 +61,12 @@
  * Threading: apply is thread-safe; a definition may be applied on many threads at once. A ctx
  * is used by one callback at a time: forward and setup_context on the applying thread, backward
  * on the engine's. Concurrent backward calls through one node (retain_graph) run its backward
- * on their own threads with the same ctx: the ctx calls are thread-safe, the user data is the
- * caller's to guard.
+ * on their own threads, each with a ctx of its own over the node's shared state (user data,
+ * materialize flag): the ctx calls are thread-safe, the user data is the caller's to guard, and
+ * replacing it from backward (which destroys the old data at once) must not race with another
+ * backward reading it.
+ * Names: each definition's node name is interned once and lives for the process (a program that
+ * makes definitions with ever new names grows that table).
  */
 #ifndef EBB_FUNCTION_H
 #define EBB_FUNCTION_H
@@ -123,13 +134,15 @@ EBB_API ebb_status ebb_function_apply(const ebb_function *fn, const ebb_tensor_t
 EBB_API ebb_status ebb_ctx_save_for_backward(ebb_function_ctx *ctx, const ebb_tensor_t *const *tensors, int n);
 /* Declares that the forward changed inputs tensors[0..n) in place. Each must be one of apply's
  * inputs (EBB_EINVAL otherwise, naming the position) and be returned as an output (EBB_EINVAL
- * at the end of forward otherwise): its history becomes the node's. An input that is a leaf
- * requiring a gradient, or a view of a tensor that requires one, is refused (EBB_EINVAL, as an
- * in-place op on it would be). */
+ * when the forward ends otherwise): its history becomes the node's. Refused when the apply
+ * records a node (the forward's change is then made, and the apply fails): an input that is a
+ * leaf requiring a gradient (EBB_EINVAL, as an in-place op on it would be), and any view
+ * (EBB_ENOTSUP: its base's history would have to follow; pass the base). */
 EBB_API ebb_status ebb_ctx_mark_dirty(ebb_function_ctx *ctx, const ebb_tensor_t *const *tensors, int n);
 /* Declares outputs[0..n) without a gradient (indices, masks): they do not require one, and their
  * grad_outputs in backward are zeros (materialized) or NULL. Each must be one of the outputs when
- * the forward ends (EBB_EINVAL then, naming it). */
+ * the forward ends (EBB_EINVAL then, naming it). EBB_ELIMIT past EBB_FUNCTION_MAX_OUTPUTS marks
+ * in all. */
 EBB_API ebb_status ebb_ctx_mark_non_differentiable(ebb_function_ctx *ctx, const ebb_tensor_t *const *outputs, int n);
 /* Whether backward sees zeros (on, the default) or NULL for outputs no gradient reached. May be
  * called from backward too (PyTorch's rule is forward-time; here it takes effect for the next
@@ -143,9 +156,9 @@ EBB_API ebb_status ebb_ctx_set_materialize_grads(ebb_function_ctx *ctx, bool on)
  * does not reach reads false, so its gradient need not be computed). EBB_EINVAL for i outside
  * [0, ninputs) or NULL out. */
 EBB_API ebb_status ebb_ctx_needs_input_grad(const ebb_function_ctx *ctx, int i, bool *out);
-/* User data for backward, with the destructor run when the ctx is freed (with the node), on the
- * thread that drops the node's last reference; replacing earlier data runs its destructor now.
- * destroy may be NULL. */
+/* User data for backward, with the destructor run when the ctx is freed (with the node, or at
+ * the end of an apply that recorded none), on the thread that drops the node's last reference;
+ * replacing earlier data runs its destructor now. destroy may be NULL. */
 EBB_API ebb_status ebb_ctx_set_user(ebb_function_ctx *ctx, void *data, void (*destroy)(void *data));
 EBB_API void *ebb_ctx_user(const ebb_function_ctx *ctx);
 /* The definition's user pointer (ebb_function.user). */

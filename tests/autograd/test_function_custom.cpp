@@ -231,6 +231,9 @@ ebb_status pass_bwd(ebb_function_ctx *, const ebb_tensor_t *const *go, int, ebb_
   return ebb_tensor_clone(go[0], &gin[0]);
 }
 const ebb_function kAddOne = {0, "AddOne_", 1, add_one_fwd, nullptr, pass_bwd, nullptr};
+ebb_status clone_fwd_for_tests(ebb_function_ctx *, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
+  return ebb_tensor_clone(in[0], &out[0]);
+}
 
 // Dirty without returning it.
 ebb_status dirty_lost_fwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
@@ -514,18 +517,17 @@ ebb_status twice_fwd(ebb_function_ctx *, const ebb_tensor_t *const *in, int, con
 ebb_status ctx_misuse_fwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
   const ebb_tensor_t *const *sv = nullptr;
   int n = 0;
-  ebb_status st = ebb_ctx_saved_tensors(ctx, &sv, &n);  // forward: refused
-  if (st != EBB_ESTATE) return EBB_EINTERNAL;
-  std::vector<const ebb_tensor_t *> many(EBB_FUNCTION_MAX_SAVED + 1, in[0]);
-  st = ebb_ctx_save_for_backward(ctx, many.data(), (int)many.size());
-  if (st != EBB_ELIMIT) return EBB_EINTERNAL;
+  (void)ebb_ctx_saved_tensors(ctx, &sv, &n);  // refused in forward; the forward goes on regardless
   return ebb_tensor_clone(in[0], &out[0]);
 }
-std::atomic<int> g_bwd_misuse{0};
+ebb_status ctx_limit_fwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
+  std::vector<const ebb_tensor_t *> many(EBB_FUNCTION_MAX_SAVED + 1, in[0]);
+  ebb_status st = ebb_ctx_save_for_backward(ctx, many.data(), (int)many.size());
+  if (st) return st;
+  return ebb_tensor_clone(in[0], &out[0]);
+}
 ebb_status ctx_misuse_bwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *go, int, ebb_tensor_t **gin, int *) {
-  ebb_status st = ebb_ctx_save_for_backward(ctx, go, 1);
-  std::string m = ebb_last_error();
-  g_bwd_misuse = st == EBB_ESTATE && m.find("called from the backward of 'Misuse'") != std::string::npos;
+  (void)ebb_ctx_save_for_backward(ctx, go, 1);  // refused in backward; the backward goes on regardless
   return ebb_tensor_clone(go[0], &gin[0]);
 }
 }  // namespace
@@ -573,11 +575,20 @@ TEST_CASE("function: bad input to apply and the ctx calls: a status and a messag
   f.forward = silent_fwd;
   f.noutputs = 1;
   EBB_CHECK_FAILS(ebb_function_apply(&f, gin, 1, nullptr, o), EBB_EFREED, "inputs[0]");
-  // The ctx's phase rules, from inside the callbacks.
-  ebb_function mis = {0, "Misuse", 1, ctx_misuse_fwd, nullptr, ctx_misuse_bwd, nullptr};
+  // The ctx's phase rules, from inside the callbacks: a refused call fails the apply (or the
+  // backward) even when the callback goes on, so a lost save or mark is never silent.
+  ebb_function mis = {0, "Misuse", 1, ctx_misuse_fwd, nullptr, pass_bwd, nullptr};
+  EBB_CHECK_MSG(ebb_function_apply(&mis, in, 1, nullptr, o), EBB_EINVAL, "the forward of 'Misuse' went on after a ctx call was refused",
+                "saved tensors are read in backward");
+  mis.forward = ctx_limit_fwd;
+  EBB_CHECK_MSG(ebb_function_apply(&mis, in, 1, nullptr, o), EBB_ELIMIT, "the forward of 'Misuse' failed", "at most 64");
+  mis.forward = clone_fwd_for_tests;
+  mis.backward = ctx_misuse_bwd;
   Tensor y = apply1(mis, {x});
-  backward_sum(y);
-  CHECK(g_bwd_misuse == 1);
+  Tensor l = sum_of(y);
+  const ebb_tensor_t *r[1] = {l.get()};
+  EBB_CHECK_MSG(ebb_backward(r, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "the backward of 'Misuse' went on after a ctx call was refused",
+                "called from the backward of 'Misuse'");
   // ctx calls outside any callback.
   EBB_CHECK_FAILS(ebb_ctx_save_for_backward(nullptr, in, 1), EBB_EINVAL, "ctx is NULL");
   EBB_CHECK_FAILS(ebb_ctx_mark_dirty(nullptr, in, 1), EBB_EINVAL, "ctx is NULL");
@@ -730,4 +741,315 @@ TEST_CASE("function: a custom backward failing on a device worker fails the call
   EBB_CHECK_MSG(ebb_backward(r, nullptr, 1, false, nullptr, 0), EBB_EINVAL, "FailsOnDeviceBackward", "the backward of 'FailsOnDevice' failed");
   EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s1));
   CHECK(s1.nodes_run_on_workers > s0.nodes_run_on_workers);
+}
+
+namespace {
+// Changes x in place and returns it; marks it dirty only in setup_context.
+ebb_status inplace_fwd(ebb_function_ctx *, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
+  ebb_tensor_t *x = const_cast<ebb_tensor_t *>(in[0]);
+  ebb_status st = ebb_op_add_scalar_(x, 1.0);
+  if (!st) st = ebb_tensor_retain(x);
+  if (!st) out[0] = x;
+  return st;
+}
+ebb_status dirty_setup(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t *const *, int) {
+  return ebb_ctx_mark_dirty(ctx, in, 1);
+}
+const ebb_function kDirtySetup = {0, "DirtyInSetup", 1, inplace_fwd, dirty_setup, pass_bwd, nullptr};
+
+// Returns its input itself; the backward doubles (a gradient the identity's would not give).
+ebb_status id_fwd(ebb_function_ctx *, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
+  ebb_tensor_t *x = const_cast<ebb_tensor_t *>(in[0]);
+  ebb_status st = ebb_tensor_retain(x);
+  if (!st) out[0] = x;
+  return st;
+}
+ebb_status double_bwd(ebb_function_ctx *, const ebb_tensor_t *const *go, int, ebb_tensor_t **gin, int *) {
+  return ebb_op_mul_scalar(go[0], 2.0, &gin[0]);
+}
+const ebb_function kIdDouble = {0, "IdDouble", 1, id_fwd, nullptr, double_bwd, nullptr};
+
+// A refused ctx call whose status the forward ignores.
+ebb_status ignore_fwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
+  ebb_status st = ebb_tensor_clone(in[0], &out[0]);
+  const ebb_tensor_t *o[1] = {out[0]};
+  (void)ebb_ctx_mark_dirty(ctx, o, 1);  // refused: not an input
+  return st;
+}
+const ebb_function kIgnore = {0, "IgnoresRefusal", 1, ignore_fwd, nullptr, pass_bwd, nullptr};
+
+// Saves NULL then x.
+ebb_status save_null_fwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
+  ebb_status st = ebb_tensor_clone(in[0], &out[0]);
+  const ebb_tensor_t *sv[2] = {nullptr, in[0]};
+  if (!st) st = ebb_ctx_save_for_backward(ctx, sv, 2);
+  return st;
+}
+ebb_status save_null_bwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *go, int, ebb_tensor_t **gin, int *) {
+  const ebb_tensor_t *const *sv = nullptr;
+  int n = 0;
+  ebb_status st = ebb_ctx_saved_tensors(ctx, &sv, &n);
+  if (st) return st;
+  if (n != 2 || sv[0] != nullptr || sv[1] == nullptr) return EBB_EINTERNAL;
+  return ebb_op_mul(go[0], sv[1], &gin[0]);  // d/dx of x * stop(x), as a check that slot 1 is x
+}
+const ebb_function kSaveNull = {0, "SavesNull", 1, save_null_fwd, nullptr, save_null_bwd, nullptr};
+std::atomic<int> g_packs{0}, g_unpacks{0}, g_frees{0};
+ebb_status count_pack(void *, const ebb_tensor_t *t, void **p) {
+  g_packs++;
+  ebb_tensor_retain(const_cast<ebb_tensor_t *>(t));
+  *p = const_cast<ebb_tensor_t *>(t);
+  return EBB_OK;
+}
+ebb_status count_unpack(void *, void *p, ebb_tensor_t **o) {
+  g_unpacks++;
+  ebb_tensor_retain(static_cast<ebb_tensor_t *>(p));
+  *o = static_cast<ebb_tensor_t *>(p);
+  return EBB_OK;
+}
+void count_free(void *, void *p) {
+  g_frees++;
+  ebb_tensor_release(static_cast<ebb_tensor_t *>(p));
+}
+
+// inputs (b, v): v a view of b; the forward changes b in place (dirty, returned); the backward
+// passes the gradient to both.
+ebb_status bv_fwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int) {
+  ebb_tensor_t *b = const_cast<ebb_tensor_t *>(in[0]);
+  ebb_status st = ebb_op_add_scalar_(b, 1.0);
+  if (!st) st = ebb_ctx_mark_dirty(ctx, in, 1);
+  if (!st) st = ebb_tensor_retain(b);
+  if (!st) out[0] = b;
+  return st;
+}
+ebb_status bv_bwd(ebb_function_ctx *, const ebb_tensor_t *const *go, int, ebb_tensor_t **gin, int *) {
+  ebb_status st = ebb_tensor_clone(go[0], &gin[0]);
+  if (!st) st = ebb_tensor_clone(go[0], &gin[1]);
+  return st;
+}
+const ebb_function kBaseAndView = {0, "BaseAndView", 1, bv_fwd, nullptr, bv_bwd, nullptr};
+
+// The ctx's user data replaced, materialize switched off from backward, the definition's user pointer.
+std::atomic<int> g_destroyed{0}, g_null_seen{0};
+int g_def_user = 42;
+ebb_status user_fwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *in, int, const void *, ebb_tensor_t **out, int nout) {
+  if (ebb_ctx_function_user(ctx) != &g_def_user) return EBB_EINTERNAL;
+  if (std::string(ebb_ctx_function_name(ctx)) != "UserData") return EBB_EINTERNAL;
+  auto destroy = [](void *d) {
+    g_destroyed++;
+    delete static_cast<int *>(d);
+  };
+  ebb_status st = ebb_ctx_set_user(ctx, new int(1), destroy);
+  int before = g_destroyed;
+  if (!st) st = ebb_ctx_set_user(ctx, new int(2), destroy);  // the first one's destructor runs now
+  if (!st && g_destroyed != before + 1) return EBB_EINTERNAL;
+  for (int k = 0; k < nout && !st; k++) st = ebb_op_mul_scalar(in[0], 1.0, &out[k]);
+  return st;
+}
+ebb_status user_bwd(ebb_function_ctx *ctx, const ebb_tensor_t *const *go, int, ebb_tensor_t **gin, int *) {
+  if (*static_cast<int *>(ebb_ctx_user(ctx)) != 2) return EBB_EINTERNAL;
+  if (!go[1]) g_null_seen++;
+  ebb_status st = ebb_ctx_set_materialize_grads(ctx, false);  // from the next backward on
+  if (!st) st = ebb_tensor_clone(go[0], &gin[0]);
+  return st;
+}
+const ebb_function kUserData = {0, "UserData", 2, user_fwd, nullptr, user_bwd, &g_def_user};
+}  // namespace
+
+TEST_CASE("function: mark_dirty from setup_context rebases the input as from forward", "[autograd][function][dirty]") {
+  EbbSession session;
+  Live live;
+  Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+  Tensor b;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 2.0, b.out()));
+  ebb_tensor_t *o[1] = {nullptr};
+  const ebb_tensor_t *in[1] = {b.get()};
+  EBB_REQUIRE_OK(ebb_function_apply(&kDirtySetup, in, 1, nullptr, o));
+  Tensor y(o[0]);
+  CHECK(y.get() == b.get());
+  const ebb_node_t *gf = nullptr;
+  EBB_REQUIRE_OK(ebb_tensor_grad_fn(b, &gf, nullptr));
+  CHECK(std::string(ebb_node_name(gf)) == "DirtyInSetupBackward");
+  y = Tensor();
+  backward_sum(b);
+  CHECK(grad_of(a) == std::vector<double>{2, 2, 2});
+}
+
+TEST_CASE("function: an input returned as-is is a view whose history cannot be rebuilt past the function",
+          "[autograd][function][views]") {
+  EbbSession session;
+  Live live;
+  {  // unchanged: the custom backward's gradient
+    Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+    Tensor x;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 1.0, x.out()));
+    Tensor y = apply1(kIdDouble, {x.get()});
+    CHECK(y.get() != x.get());
+    backward_sum(y);
+    CHECK(grad_of(a) == std::vector<double>{2, 2, 2});
+  }
+  {  // the output changed in place: refused
+    Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+    Tensor x;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 1.0, x.out()));
+    Tensor y = apply1(kIdDouble, {x.get()});
+    EBB_CHECK_MSG(ebb_op_add_scalar_(y, 1.0), EBB_EINVAL, "a view a custom function returned", "IdDoubleBackward");
+    const ebb_node_t *gf = nullptr;
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(y, &gf, nullptr));
+    CHECK(std::string(ebb_node_name(gf)) == "IdDoubleBackward");
+  }
+  {  // its base changed in place: the output's next use is refused
+    Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+    Tensor x;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 1.0, x.out()));
+    Tensor y = apply1(kIdDouble, {x.get()});
+    EBB_REQUIRE_OK(ebb_op_mul_scalar_(x, 3.0));
+    Tensor l;
+    EBB_CHECK_MSG(ebb_op_sum(y, nullptr, 0, false, l.out()), EBB_EINVAL, "its base was changed in place since", "IdDoubleBackward");
+  }
+  {  // a non-contiguous input returned unchanged
+    Tensor a = make(EBB_DEVICE_CPU, EBB_F64, {2, 3}, {1, 2, 3, 4, 5, 6});
+    EBB_REQUIRE_OK(ebb_tensor_set_requires_grad(a, true));
+    Tensor t;
+    EBB_REQUIRE_OK(ebb_tensor_transpose(a, 0, 1, t.out()));
+    Tensor y = apply1(kIdDouble, {t.get()});
+    CHECK(shape_of(y) == std::vector<int64_t>{3, 2});
+    backward_sum(y);
+    CHECK(grad_of(a) == std::vector<double>(6, 2.0));
+  }
+}
+
+TEST_CASE("function: a refused ctx call the forward ignores fails the apply", "[autograd][function][errors]") {
+  EbbSession session;
+  Live live;
+  Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+  ebb_tensor_t *o[1] = {nullptr};
+  const ebb_tensor_t *in[1] = {a.get()};
+  EBB_CHECK_MSG(ebb_function_apply(&kIgnore, in, 1, nullptr, o), EBB_EINVAL, "went on after a ctx call was refused", "is not an input");
+  CHECK(o[0] == nullptr);
+}
+
+TEST_CASE("function: a view input whose base the forward changes keeps the history it was passed with", "[autograd][function][views]") {
+  EbbSession session;
+  Live live;
+  for (int mode = 0; mode < 2; mode++) {
+    INFO((mode ? "ebb_grad" : "ebb_backward"));
+    Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+    Tensor b, v;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(a, 2.0, b.out()));
+    int64_t s[1] = {3};
+    EBB_REQUIRE_OK(ebb_tensor_view(b, 1, s, v.out()));
+    ebb_tensor_t *o[1] = {nullptr};
+    const ebb_tensor_t *in[2] = {b.get(), v.get()};
+    EBB_REQUIRE_OK(ebb_function_apply(&kBaseAndView, in, 2, nullptr, o));
+    Tensor y(o[0]);
+    const ebb_node_t *gf = nullptr, *n1 = nullptr;
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(y, &gf, nullptr));
+    EBB_REQUIRE_OK(ebb_node_next(gf, 1, &n1, nullptr));
+    uint64_t s0 = 0, s1 = 0;
+    EBB_REQUIRE_OK(ebb_node_sequence_nr(gf, &s0));
+    EBB_REQUIRE_OK(ebb_node_sequence_nr(n1, &s1));
+    CHECK(s1 < s0);  // producers before consumers
+    Tensor ones = make(EBB_DEVICE_CPU, EBB_F64, {3}, {1, 1, 1});
+    const ebb_tensor_t *r[1] = {y.get()}, *gr[1] = {ones.get()}, *ins[1] = {a.get()};
+    if (mode == 0) {
+      EBB_REQUIRE_OK(ebb_backward(r, gr, 1, false, nullptr, 0));
+      CHECK(grad_of(a) == std::vector<double>{4, 4, 4});
+    } else {
+      ebb_tensor_t *g[1] = {nullptr};
+      EBB_REQUIRE_OK(ebb_grad(r, gr, 1, ins, 1, false, false, g));
+      Tensor G(g[0]);
+      CHECK(read(G) == std::vector<double>{4, 4, 4});
+    }
+  }
+}
+
+TEST_CASE("function: saved-tensor hooks see a function's saved tensors: pushed around apply, and per slot", "[autograd][function][saved]") {
+  EbbSession session;
+  Live live;
+  ebb_saved_hooks h = {count_pack, count_unpack, count_free, nullptr};
+  {  // the stack: pack at apply (NULL saves skipped), unpack in backward, free with the node
+    g_packs = g_unpacks = g_frees = 0;
+    Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+    EBB_REQUIRE_OK(ebb_saved_tensors_hooks_push(&h));
+    Tensor y = apply1(kSaveNull, {a.get()});
+    EBB_REQUIRE_OK(ebb_saved_tensors_hooks_pop());
+    CHECK(g_packs == 1);
+    backward_sum(y);
+    CHECK(g_unpacks == 1);
+    CHECK(g_frees == 1);
+    CHECK(grad_of(a) == std::vector<double>{1, 2, 3});
+  }
+  {  // per slot, numbered in save order; a slot where NULL was saved holds nothing
+    g_packs = g_unpacks = g_frees = 0;
+    Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2, 3});
+    Tensor y = apply1(kSaveNull, {a.get()});
+    const ebb_node_t *gf = nullptr;
+    EBB_REQUIRE_OK(ebb_tensor_grad_fn(y, &gf, nullptr));
+    EBB_CHECK_MSG(ebb_node_saved_register_hooks(gf, 5, &h), EBB_EINVAL, "saves no tensor at index 5", "1 (tensor 1)",
+                  "the order its ctx saved them in, 0..1");
+    EBB_CHECK_MSG(ebb_node_saved_register_hooks(gf, 0, &h), EBB_EINVAL, "saves no tensor at index 0");
+    EBB_REQUIRE_OK(ebb_node_saved_register_hooks(gf, 1, &h));
+    CHECK(g_packs == 1);
+    backward_sum(y);
+    CHECK(g_unpacks == 1);
+    CHECK(grad_of(a) == std::vector<double>{1, 2, 3});
+  }
+}
+
+TEST_CASE("function: user data replaced, the definition's user pointer, materialize switched off from backward",
+          "[autograd][function]") {
+  EbbSession session;
+  Live live;
+  g_destroyed = 0;
+  g_null_seen = 0;
+  {
+    Tensor a = leaf_on(EBB_DEVICE_CPU, {1, 2});
+    ebb_tensor_t *o[2] = {nullptr, nullptr};
+    const ebb_tensor_t *in[1] = {a.get()};
+    EBB_REQUIRE_OK(ebb_function_apply(&kUserData, in, 1, nullptr, o));
+    Tensor y0(o[0]), y1(o[1]);
+    CHECK(g_destroyed == 1);
+    Tensor l = sum_of(y0);
+    const ebb_tensor_t *r[1] = {l.get()};
+    EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, true, nullptr, 0));  // materialized: zeros for output 1
+    CHECK(g_null_seen == 0);
+    EBB_REQUIRE_OK(ebb_backward(r, nullptr, 1, false, nullptr, 0));  // materialize off since the first
+    CHECK(g_null_seen == 1);
+  }
+  CHECK(g_destroyed == 2);  // the second data went with the node
+}
+
+TEST_CASE("function: concurrent backward calls through one function node (retain_graph)", "[autograd][function][threads]") {
+  EbbSession session;
+  Live live;
+  for (int dev : {EBB_DEVICE_CPU, 0}) {
+    INFO(dev_name(dev));
+    Tensor x = leaf_on(dev, {1, 2, 3}), w = leaf_on(dev, {4, 5, 6});
+    double s = 2;
+    Tensor y = apply1(kScaledMul, {x, w}, &s);
+    Tensor l = sum_of(y);
+    const int kThreads = 4, kIters = 25;
+    std::atomic<int> bad{0};
+    std::vector<std::thread> th;
+    for (int t = 0; t < kThreads; t++)
+      th.emplace_back([&] {
+        for (int i = 0; i < kIters; i++) {
+          const ebb_tensor_t *r[1] = {l.get()}, *ins[2] = {x.get(), w.get()};
+          ebb_tensor_t *g[2] = {nullptr, nullptr};
+          if (ebb_grad(r, nullptr, 1, ins, 2, true, false, g) != EBB_OK) {
+            bad++;
+            continue;
+          }
+          double hx[3], hw[3];
+          if (ebb_tensor_to_host(g[0], hx, sizeof hx) || ebb_tensor_to_host(g[1], hw, sizeof hw) || hx[0] != 8 || hx[2] != 12 ||
+              hw[0] != 2 || hw[2] != 6)
+            bad++;
+          ebb_tensor_release(g[0]);
+          ebb_tensor_release(g[1]);
+        }
+      });
+    for (auto &t : th) t.join();
+    CHECK(bad == 0);
+  }
 }
