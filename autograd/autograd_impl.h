@@ -182,6 +182,12 @@ EBB_HIDDEN ebb_status ebb__task_end(struct ebb__task_scope *s, bool ok);
 /* Makes s the calling thread's current task (a worker about to run one of its nodes); returns
  * the previous one, to restore. */
 EBB_HIDDEN struct ebb__task_scope *ebb__task_switch(struct ebb__task_scope *s);
+/* Whether the graph task running on this thread keeps its saved tensors (retain_graph); false
+ * outside a backward. For a node that keeps graphs of its own (map.c): it frees them as the
+ * engine frees saved tensors. */
+EBB_HIDDEN bool ebb__current_task_retains(void);
+/* engine.c, for it: whether task t keeps the saved tensors of the nodes it runs. */
+EBB_HIDDEN bool ebb__task_retains(const struct ebb__task *t);
 /* The node being evaluated on this thread; returns the previous one, to restore. */
 EBB_HIDDEN struct ebb_node *ebb__node_enter(struct ebb_node *n);
 /* Node n's pre-hooks on its input gradients grads[0..ngrads) (replaced in place). */

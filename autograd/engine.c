@@ -1158,6 +1158,8 @@ bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n)
   return i >= 0 && t->nodes[i].needed;
 }
 
+bool ebb__task_retains(const struct ebb__task *t) { return t->retain; }
+
 ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                     const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {
   if (!grads) return ebb__fail(EBB_EINVAL, "ebb_grad: grads is NULL; expected an array of ninputs handles to fill");

@@ -137,6 +137,8 @@ unset OPENBLAS_NUM_THREADS
 # autograd: offloaded saved tensors (the programs set their own environment)
 q 2 1 --;                             run offload ebb-bench-offload "${args[@]}"
 q 2 1 --;                             run offload_budget ebb-bench-offload_budget "${args[@]}"
+# autograd: map against the explicit loop (the program sets its own environment)
+q 1 1 --;                             run map ebb-bench-map "${args[@]}"
 rm -f "$out/.run.out"
 
 if ! python3 "$summary" "$log" >"$out/summary.md"; then

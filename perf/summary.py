@@ -247,6 +247,21 @@ ROWS = [
     Row("`custom_function inputs={inputs}` `custom_ns`", Sel("custom_function", "custom_ns", inputs="*"),
         Sel("custom_function", "direct_ns", inputs="*"), "the same adds called directly", "ns",
         target=Target("<= direct + 1 us (issue 34)", lambda e, p, r: e <= p + 1000)),
+
+    section("autograd: map over 64 slices"),
+    Row("`map mode=save` `step_ms` against the loop", Sel("map", "step_ms", mode="save"),
+        Sel("map", "loop_step_ms", mode="save"), "the explicit loop", "ms",
+        target=ratio_at_least(1 / 1.05, "<= 1.05 of the loop's (ratio >= 0.952) (issue 34)")),
+    Row("`map mode=save` `peak_bytes` against the loop", Sel("map", "peak_bytes", mode="save"),
+        Sel("map", "loop_peak_bytes", mode="save"), "the explicit loop", "MiB", fmt=lambda v: "%.1f" % (v / MIB)),
+    Row("`map mode=checkpoint` `peak_bytes`", Sel("map", "peak_bytes", mode="checkpoint"),
+        Sel("map", "peak_bytes", mode="save"), "mode=save", "MiB",
+        target=ratio_at_least(4.0, "<= 0.25 of save's (ratio >= 4) (issue 34)"), fmt=lambda v: "%.1f" % (v / MIB)),
+    Row("`map mode=checkpoint` `step_peak_bytes` (above the step's start)", Sel("map", "step_peak_bytes", mode="checkpoint"),
+        Sel("map", "step_peak_bytes", mode="save"), "mode=save", "MiB", fmt=lambda v: "%.1f" % (v / MIB)),
+    Row("`map mode=checkpoint` `step_ms` against save", Sel("map", "step_ms", mode="checkpoint"),
+        Sel("map", "step_ms", mode="save"), "mode=save", "ms",
+        target=ratio_at_least(1 / 1.4, "<= 1.4 of save's (ratio >= 0.714) (issue 34)")),
 ]
 
 

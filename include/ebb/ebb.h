@@ -12,6 +12,7 @@
 #include "ebb/autograd.h"
 #include "ebb/optim.h"
 #include "ebb/function.h"
+#include "ebb/map.h"
 #include "ebb/custom_op.h"
 
 #endif /* EBB_EBB_H */
