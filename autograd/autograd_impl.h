@@ -457,4 +457,7 @@ EBB_HIDDEN void ebb__ag_inplace_done(void *token, bool ok);
 EBB_HIDDEN ebb_status ebb__retain_prepare(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
 EBB_HIDDEN void ebb__retain_commit(struct ebb__meta *m, struct ebb__hook *h);
 
+/* custom_op.c, for graph.c: the module stops (this session's custom ops forgotten). */
+EBB_HIDDEN void ebb__custom_ops_stop(void);
+
 #endif /* EBB_AUTOGRAD_IMPL_H */

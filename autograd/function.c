@@ -452,8 +452,12 @@ static ebb_status record(const char *fn, ebb_function_ctx *ctx, struct ebb__edge
   const char *name = ctx->rec->fn->name;
   struct ebb_node *n = ebb__node_new(EBB__OP_FUNCTION, nin, nout);
   struct ebb__fnrec *r = n ? malloc(sizeof *r) : NULL;
-  struct ebb__hook *retain[EBB_FUNCTION_MAX_INPUTS] = {NULL};
-  struct ebb__meta *fresh[EBB_FUNCTION_MAX_OUTPUTS] = {NULL};
+  /* Only entries [0, nin) and [0, nout) are used: zeroing those alone keeps 1 KiB of stores off
+   * every recorded apply (a tenth of a custom op's cost over its built-in twin, perf/JOURNAL.md). */
+  struct ebb__hook *retain[EBB_FUNCTION_MAX_INPUTS];
+  struct ebb__meta *fresh[EBB_FUNCTION_MAX_OUTPUTS];
+  memset(retain, 0, sizeof retain[0] * (size_t)nin);
+  memset(fresh, 0, sizeof fresh[0] * (size_t)nout);
   ebb_status st = n && r ? EBB_OK : EBB_ENOMEM;
   if (!st) {
     n->in_meta = calloc((size_t)(nin + nout), sizeof *n->in_meta);

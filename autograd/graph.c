@@ -528,6 +528,7 @@ static ebb_status autograd_start(void) {
 static void autograd_stop(void) {
   ebb__engine_stop(); /* workers joined first: none may run a node once the hooks are gone */
   ebb__tensor_hooks_set(NULL);
+  ebb__custom_ops_stop(); /* (no node is live: none can reach an op's function) */
 }
 
 static int autograd_count(ebb__live_count *out, int max) {

@@ -131,6 +131,8 @@ for i in $([[ $quick -eq 1 ]] && echo 1 || echo 1 2 3); do
   fi
 done
 q 3 --;                               run engine_devices ebb-bench-engine_devices "${args[@]}"
+# autograd: a custom op against the built-in op whose kernel and backward it reuses
+q 3 1 1048576 --;                     run custom_op ebb-bench-custom_op "${args[@]}"
 unset OPENBLAS_NUM_THREADS
 # autograd: offloaded saved tensors (the programs set their own environment)
 q 2 1 --;                             run offload ebb-bench-offload "${args[@]}"

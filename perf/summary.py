@@ -210,6 +210,10 @@ ROWS = [
     Row("`engine_devices` `events_per_cross_stream_edge`", Sel("engine_devices", "events_per_cross_stream_edge"),
         target=ebb_at_most(1, "<= 1 (issue 21)")),
 
+    section("autograd: custom ops"),
+    Row("`custom_op size={size}` `custom_ns`", Sel("custom_op", "custom_ns", size="*"), Sel("custom_op", "builtin_ns", size="*"),
+        "ebb_op_mul (built-in)", "ns", target=ratio_at_least(1 / 1.1, "<= 1.1 of the built-in's (ratio >= 0.909; issue 34)")),
+
     section("autograd: offloaded saved tensors"),
     Row("`offload mode=prefetch` `peak_device_bytes`", Sel("offload", "peak_device_bytes", mode="prefetch"),
         Sel("offload", "peak_device_bytes", mode="none"), "mode=none", "MiB",

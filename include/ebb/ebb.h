@@ -13,5 +13,6 @@
 #include "ebb/optim.h"
 #include "ebb/function.h"
 #include "ebb/map.h"
+#include "ebb/custom_op.h"
 
 #endif /* EBB_EBB_H */
