@@ -237,6 +237,8 @@ struct ebb__pend {
   ebb_event_t *ev;
   int ev_device;
   uint32_t slot;          /* slab != NULL: the slot of that slab waiting for the event */
+  uint64_t age;           /* the arena's free_count at the free that queued it: across queues,
+                             the lower the older (ebb__wait_pending waits for the oldest first) */
   struct ebb__block *b;   /* NULL for a slot */
   struct ebb__slab *slab;
 };
@@ -349,6 +351,8 @@ struct ebb__conf {
                         asked, when expandable_set */
   bool expandable_set; /* EBB_ALLOC_CONF named expandable_segments; else each device arena has
                           them where its driver does VMM (module.c) */
+  bool wait_pending;   /* device arenas: before growing, wait on the host for pending frees that
+                          could hold the request (await_pending, arena.c); wait_pending_frees:0|1 */
   size_t history;            /* history ring entries per arena (0: off) */
   const char *oom_snapshot;  /* snapshot path on EBB_ENOMEM (NULL: none); module-owned text */
   size_t pinned_max;         /* cap on pinned bytes held from the driver (0: none) */
@@ -741,6 +745,18 @@ EBB_HIDDEN void ebb__poll_pending(struct ebb__arena *a);
  * dropped for the waits: the entries stay queued, so a concurrent poll may complete some first;
  * waiting on an event that was recycled meanwhile only waits for newer work. */
 EBB_HIDDEN void ebb__sync_pending(struct ebb__arena *a);
+/* Before growth (arena.c's miss paths): whether waiting for pending frees may serve a rounded
+ * request of r bytes instead. Device arenas with wait_pending on, whose frees still waiting for
+ * other streams (active - allocated bytes: blocks and slots freed, not yet reusable) add up to
+ * r or more. Lock held. */
+static inline bool ebb__wait_pending_worth(const struct ebb__arena *a, size_t r) {
+  return a->npending && a->conf.wait_pending && a->c.s.active_bytes.current - a->c.s.allocated_bytes.current >= r;
+}
+/* Host-waits for the oldest pending free (its event), then polls every queue in; the caller
+ * searches again. false when nothing could be waited for or the wait made no progress (an
+ * event that never completes: its device failed). Lock held on entry and exit, dropped for the
+ * wait (as ebb__sync_pending). Counted in num_syncs. */
+EBB_HIDDEN bool ebb__wait_oldest_pending(struct ebb__arena *a);
 /* One more slot in a use array (*uses of capacity *ucap, doubled): EBB_ELIMIT past
  * EBB__USES_MAX streams on one pointer, EBB_ENOMEM without host memory; fn, sid and ptr for the
  * message. */

@@ -170,6 +170,34 @@ void ebb__sync_pending(struct ebb__arena *a) {
   }
 }
 
+bool ebb__wait_oldest_pending(struct ebb__arena *a) {
+  /* The oldest entry is at the head of its stream's queue: each queue is in free order. Waiting
+   * for it alone, not for the newest (as ebb__sync_pending), waits for the least work that
+   * makes memory reusable; the caller searches after each one and stops once the request fits. */
+  struct ebb__pend *oldest = NULL;
+  for (size_t i = 0; i < a->nevqs; i++) {
+    struct ebb_list *h = &a->evqs[i].q;
+    if (ebb_list_empty(h)) continue;
+    struct ebb__pend *p = ebb_container_of(h->next, struct ebb__pend, node);
+    if (!oldest || p->age < oldest->age) oldest = p;
+  }
+  if (!oldest) return false;
+  ebb_event_t *ev = oldest->ev;
+  size_t before = a->npending;
+  ebb__unlock(&a->mu);
+  /* Muted: a wait that fails leaves its memory pending (no progress below), and the allocation
+   * that waits here goes on to grow. The entry stays queued meanwhile: a concurrent poll may
+   * complete it and recycle its event, and waiting on a recycled event only waits for newer
+   * work. */
+  ebb__fail_mute(true);
+  ebb_status st = ebb_event_synchronize(ev);
+  ebb__fail_mute(false);
+  ebb__lock(&a->mu);
+  a->c.s.num_syncs++;
+  ebb__poll_pending(a);
+  return st == EBB_OK || a->npending < before;
+}
+
 /* ---- recorded uses and deferred frees ------------------------------------------------------ */
 
 /* Records ev after the work issued so far to the stream that used a block: on the stream while
@@ -318,6 +346,7 @@ void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, u
     p->b = b;
     p->slab = sl;
     p->slot = slot;
+    p->age = a->c.s.free_count;
     ebb_list_insert_tail(&q->q, &p->node);
     a->npending++;
     (*count)++;
