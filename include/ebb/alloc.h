@@ -88,7 +88,10 @@ extern "C" {
  * the most allocated bytes. With expandable
  * segments, a failure of the device wait before unmapping cached granules (on the way to an
  * OOM) is returned as is, with the driver's message. The block is recorded as owned by the
- * calling thread's innermost owner scope (ebb_alloc_owner_push). */
+ * calling thread's innermost owner scope (ebb_alloc_owner_push). May wait on the host, before
+ * growing the arena, for work already queued on the streams that used blocks freed earlier
+ * (wait_pending_frees, above), never with the arena's lock held: frees and allocations of other
+ * threads go on meanwhile. */
 EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr);
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
  * once the uses declared with ebb_arena_record_stream have completed. NULL is a no-op.
