@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "arena_impl.h"
 
@@ -589,12 +590,16 @@ static ebb_status arena_grow(struct ebb__arena *a, struct ebb__spool *sp, int po
  * repeats each step would otherwise grow whenever those streams run late (a loaded host, a slow
  * copy), as PyTorch's allocator does: it only queries the events on each malloc, and waits for
  * them once the driver refuses memory. Bounded by the entries pending on entry, so a queue
- * refilled by other threads meanwhile cannot keep it waiting. Lock held (dropped for each
- * wait); NULL: grow. */
+ * refilled by other threads meanwhile cannot keep it waiting, and by pending_wait_us in all
+ * (a stream held up by this very thread, through a host function waiting for it, would
+ * otherwise never let it go on). Lock held (dropped for each wait); NULL: grow. */
 static struct ebb__block *await_pending(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r,
                                         struct ebb__order *o) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  uint64_t deadline = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + (uint64_t)a->conf.wait_pending_us * 1000u;
   for (size_t n = a->npending; n && ebb__wait_pending_worth(a, r); n--) {
-    if (!ebb__wait_oldest_pending(a)) break;
+    if (!ebb__wait_oldest_pending(a, deadline)) break;
     struct ebb__block *b = ebb__fidx_take(a, &sp->pools[pool], r);
     if (!b) b = arena_steal(a, sp, pool, r, o);
     if (!b) b = take_run(a, sp, pool, r, o);
@@ -1102,7 +1107,7 @@ void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int d
   else snprintf(a->label, sizeof a->label, "%s pool", up->name);
   a->conf = *conf;
   /* The pinned and host pools never wait on the allocation path (include/ebb/alloc.h). */
-  if (up->kind != EBB__MEM_DEVICE_ARENA) a->conf.wait_pending = false;
+  if (up->kind != EBB__MEM_DEVICE_ARENA) a->conf.wait_pending_us = 0;
   a->total_mem = total_mem;
   ebb_list_init(&a->segments);
   ebb_list_init(&a->unpin_due);

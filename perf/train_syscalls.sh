@@ -17,7 +17,7 @@
 # Warm-up: ebb's device arenas reach their size within the first two steps. A step's demand
 # repeats, and an allocation that only frees still pending on other streams (the offload copies,
 # the gradients' cross-device copies) could hold waits for them instead of growing the arena
-# (include/ebb/alloc.h, wait_pending_frees). Without that wait (EBB_ALLOC_CONF=wait_pending_frees:0)
+# (include/ebb/alloc.h, pending_wait_us). Without that wait (EBB_ALLOC_CONF=pending_wait_us:0)
 # a copy running late, as on a loaded host, grew an arena by a granule in any step now and then
 # (the emulated driver's cuMemMap and cuMemSetAccess: an mmap and an madvise each). 5 warm-up
 # steps by default, a margin over the two.

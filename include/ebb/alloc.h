@@ -12,8 +12,9 @@
  * empty_cache), an allocation that no free block holds waits instead, on the host, for such
  * pending frees when their bytes add up to the request: the oldest first, one event at a time,
  * searching again after each, growing only if what is left pending could not hold it
- * (num_pending_waits counts the allocations served so; wait_pending_frees:0 turns it off, as
- * PyTorch's allocator, which grows and waits only once the driver refuses). So a training step
+ * (num_pending_waits counts the allocations served so), for at most pending_wait_us in all, so
+ * that a stream held up by the allocating thread itself cannot hold it for ever (0 turns it
+ * off, as PyTorch's allocator, which grows and waits only once the driver refuses). So a training step
  * whose demand repeats does not grow the arena when the streams its frees wait for (offload
  * copies, cross-device copies) run late. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) does not
  * fit, one just large enough for the request (large requests rounded to 2 MiB) is tried before
@@ -56,9 +57,10 @@
  *                            0 turns the history off)
  *   slab_max_bytes:N         largest rounded request served by a slab slot, at most 64K
  *                            (default 64K; 0 turns slabs off), for every arena and pool
- *   wait_pending_frees:0|1   before growing a device arena, wait on the host for frees pending
- *                            on other streams that could hold the request (default 1; 0: grow
- *                            at once, never a host wait on the allocation path short of the OOM
+ *   pending_wait_us:N        before growing a device arena, wait on the host up to N
+ *                            microseconds for frees pending on other streams that could hold
+ *                            the request, then grow (default 20000; at most 10^7; 0: grow at
+ *                            once, never a host wait on the allocation path short of the OOM
  *                            retry). The pinned and host pools never wait
  *
  * Threading: every function is thread-safe. Pointers may be freed from any thread.
@@ -90,7 +92,7 @@ extern "C" {
  * OOM) is returned as is, with the driver's message. The block is recorded as owned by the
  * calling thread's innermost owner scope (ebb_alloc_owner_push). May wait on the host, before
  * growing the arena, for work already queued on the streams that used blocks freed earlier
- * (wait_pending_frees, above), never with the arena's lock held: frees and allocations of other
+ * (pending_wait_us, above; at most that long), never with the arena's lock held: frees and allocations of other
  * threads go on meanwhile. */
 EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr);
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
@@ -144,7 +146,7 @@ typedef struct ebb_arena_stats {
                                    after that stream's work by an event (no host wait) */
   uint64_t num_pending_waits;   /* allocations served by waiting on the host for frees pending
                                    on other streams instead of growing the arena (device arenas,
-                                   wait_pending_frees:1; 0 for the pinned and host pools) */
+                                   pending_wait_us; 0 for the pinned and host pools) */
   uint64_t num_device_alloc, num_device_free; /* driver allocations / frees (or map / unmap) */
   size_t limit;                 /* 0: none */
 } ebb_arena_stats;

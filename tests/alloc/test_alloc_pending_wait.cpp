@@ -1,7 +1,8 @@
 // Before growing, a device arena waits on the host for frees pending on other streams when their
-// bytes could hold the request (include/ebb/alloc.h, wait_pending_frees), under the emulated
+// bytes could hold the request (include/ebb/alloc.h, pending_wait_us), under the emulated
 // driver's timing model (EBB_SIM_LAUNCH_US=20000: each kernel takes 20 ms), so the pending work
 // is still queued when the allocation asks. Run with classic and with expandable segments.
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ void fill_async(void *dst, size_t words, uint32_t value, ebb_stream_t *s, void *
 
 TEST_CASE("an allocation that only a pending free could hold waits for it instead of growing", "[alloc][pending_wait]") {
   (void)kEnvSet;
+  ScopedEnv env("EBB_ALLOC_CONF", conf_with("pending_wait_us:10000000").c_str());  // B's ~60 ms fit
   EbbSession session;
   ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   const size_t bytes = 12 * MiB, words = bytes / sizeof(uint32_t);
@@ -102,8 +104,8 @@ TEST_CASE("pending frees too small for the request are not waited for: the arena
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("wait_pending_frees:0 grows instead of waiting, and the pending block stays untouched", "[alloc][pending_wait][config]") {
-  ScopedEnv env("EBB_ALLOC_CONF", conf_with("wait_pending_frees:0").c_str());
+TEST_CASE("pending_wait_us:0 grows instead of waiting, and the pending block stays untouched", "[alloc][pending_wait][config]") {
+  ScopedEnv env("EBB_ALLOC_CONF", conf_with("pending_wait_us:0").c_str());
   EbbSession session;
   ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   void *p = nullptr, *q = nullptr;
@@ -148,9 +150,38 @@ TEST_CASE("the pinned pool never waits for pending frees on the allocation path"
   REQUIRE(ebb_debug_live_handles() == 0);
 }
 
-TEST_CASE("wait_pending_frees takes 0 or 1 and refuses anything else", "[alloc][pending_wait][config]") {
-  ScopedEnv env("EBB_ALLOC_CONF", "wait_pending_frees:2");
-  EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL,
-                  "ebb_init: EBB_ALLOC_CONF='wait_pending_frees:2' is not valid; expected wait_pending_frees:0 or wait_pending_frees:1, not '2'");
-  CHECK_FALSE(ebb_is_initialized());
+TEST_CASE("pending_wait_us takes microseconds up to 10 s and refuses anything else", "[alloc][pending_wait][config]") {
+  for (const char *bad : {"pending_wait_us:-1", "pending_wait_us:10000001", "pending_wait_us:1ms"}) {
+    ScopedEnv env("EBB_ALLOC_CONF", bad);
+    EBB_CHECK_FAILS(ebb_init(), EBB_EINVAL, "expected pending_wait_us:N with N microseconds in [0, 10000000] (0: never wait)");
+    CHECK_FALSE(ebb_is_initialized());
+  }
+}
+
+TEST_CASE("a wait for a stream the allocating thread itself holds up ends after pending_wait_us, and the arena grows",
+          "[alloc][pending_wait]") {
+  ScopedEnv env("EBB_ALLOC_CONF", conf_with("pending_wait_us:50000").c_str());
+  EbbSession session;
+  ebb_stream_t *a = new_stream(0), *b = new_stream(0);
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &p));
+  ebb_arena_stats before = stats(0);
+  // B waits for this thread to open it, after the allocation: an unbounded wait would hang.
+  std::atomic<int> open{0};
+  EBB_REQUIRE_OK(ebb_stream_host_func(b, hold_until_open, &open));
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &q));
+  CHECK(q != p);
+  ebb_arena_stats st = stats(0);
+  CHECK(st.reserved_bytes.current > before.reserved_bytes.current);
+  CHECK(st.num_pending_waits == 0);
+  CHECK(open.load() == 0);  // B still held: the allocation did not wait for it to finish
+  open.store(1, std::memory_order_release);
+  EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  ARENA_CHECK();
+  EBB_REQUIRE_OK(ebb_stream_release(a));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+  REQUIRE(ebb_debug_live_handles() == 0);
 }
