@@ -50,7 +50,8 @@ struct ebb_function_ctx {
   uint64_t req;   /* bit i: input i requires a gradient (and grad mode is on) */
   uint64_t dirty; /* bit i: input i was changed in place */
   int nsave, nnondiff;
-  ebb_tensor_t *save[EBB_FUNCTION_MAX_SAVED];               /* new references (NULL: a NULL saved) */
+  ebb_tensor_t *save[EBB_FUNCTION_MAX_SAVED];               /* NULL: a NULL saved */
+  uint64_t save_owned;                                      /* bit k: save[k] is a reference of the ctx's */
   const ebb_tensor_t *nondiff[EBB_FUNCTION_MAX_OUTPUTS];
   /* A ctx call refused while a callback ran: the callback's call then fails whatever the
    * callback returned (a refusal ignored would lose a save or a mark). The first message. */
@@ -178,7 +179,14 @@ ebb_status ebb_ctx_save_for_backward(ebb_function_ctx *ctx, const ebb_tensor_t *
     if (tensors[i] && (st = ebb__tensor_check_at(tensors[i], fn, "tensors", i))) return refuse(ctx, st);
   for (int i = 0; i < n; i++) {
     ebb_tensor_t *t = (ebb_tensor_t *)tensors[i];
-    if (t) ebb_tensor_retain(t);
+    /* An input is borrowed (the caller holds it through apply); anything else, which the
+     * forward may release before it returns, is retained until the node has saved it. */
+    bool input = false;
+    for (int j = 0; t && j < ctx->nin && !input; j++) input = ctx->inputs[j] == t;
+    if (t && !input) {
+      ebb_tensor_retain(t);
+      ctx->save_owned |= 1ull << ctx->nsave;
+    }
     ctx->save[ctx->nsave++] = t;
   }
   return EBB_OK;
@@ -593,6 +601,7 @@ ebb_status ebb_function_apply(const ebb_function *f, const ebb_tensor_t *const *
   ctx.req = req;
   ctx.dirty = 0;
   ctx.nsave = ctx.nnondiff = 0;
+  ctx.save_owned = 0;
   ctx.refused = false;
   for (int k = 0; k < f->noutputs; k++) outputs[k] = NULL;
   struct ebb__edge edges[EBB_FUNCTION_MAX_INPUTS];
@@ -625,7 +634,8 @@ ebb_status ebb_function_apply(const ebb_function *f, const ebb_tensor_t *const *
   if (!st) st = nondiff_bits(fn, &ctx, outputs, &nondiff);
   if (!st && ctx.recording) st = record(fn, &ctx, edges, outputs, nondiff);
   else if (req) drop_edges(edges, ninputs);
-  release_all(ctx.save, ctx.nsave);
+  for (int k = 0; k < ctx.nsave; k++)
+    if (ctx.save_owned >> k & 1) ebb_tensor_release(ctx.save[k]);
   if (rec.destroy) rec.destroy(rec.user); /* (not recorded, or the node took it: then NULL) */
   if (st) release_all(outputs, f->noutputs);
   return st;
