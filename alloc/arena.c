@@ -598,8 +598,9 @@ static struct ebb__block *await_pending(struct ebb__arena *a, struct ebb__spool 
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   uint64_t deadline = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + (uint64_t)a->conf.wait_pending_us * 1000u;
-  for (size_t n = a->npending; n && ebb__wait_pending_worth(a, r); n--) {
-    if (!ebb__wait_oldest_pending(a, deadline)) break;
+  uint64_t own = sp->stream.id;
+  for (size_t n = a->npending; n && ebb__pending_block_bytes_elsewhere(a, own) >= r; n--) {
+    if (!ebb__wait_oldest_pending(a, own, deadline)) break;
     struct ebb__block *b = ebb__fidx_take(a, &sp->pools[pool], r);
     if (!b) b = arena_steal(a, sp, pool, r, o);
     if (!b) b = take_run(a, sp, pool, r, o);

@@ -755,12 +755,16 @@ EBB_HIDDEN void ebb__sync_pending(struct ebb__arena *a);
 static inline bool ebb__wait_pending_worth(const struct ebb__arena *a, size_t r) {
   return a->npending && a->conf.wait_pending_us && a->c.s.active_bytes.current - a->c.s.allocated_bytes.current >= r;
 }
-/* Host-waits for the oldest pending free (its event) until CLOCK_MONOTONIC time deadline_ns,
+/* Host-waits for the oldest pending free of a block on a stream other than own_sid (its event)
+ * until CLOCK_MONOTONIC time deadline_ns,
  * then polls every queue in; the caller searches again. false when nothing could be waited for,
  * the deadline passed first, or the wait made no progress (an event that never completes: its
  * device failed). Lock held on entry and exit, dropped for the wait (as ebb__sync_pending).
  * Counted in num_syncs. */
-EBB_HIDDEN bool ebb__wait_oldest_pending(struct ebb__arena *a, uint64_t deadline_ns);
+EBB_HIDDEN bool ebb__wait_oldest_pending(struct ebb__arena *a, uint64_t own_sid, uint64_t deadline_ns);
+/* Bytes of the blocks (not slab slots) whose frees wait for streams other than own_sid: what a
+ * wait could make reusable for a request of that stream. Lock held; O(pending entries). */
+EBB_HIDDEN size_t ebb__pending_block_bytes_elsewhere(const struct ebb__arena *a, uint64_t own_sid);
 /* One more slot in a use array (*uses of capacity *ucap, doubled): EBB_ELIMIT past
  * EBB__USES_MAX streams on one pointer, EBB_ENOMEM without host memory; fn, sid and ptr for the
  * message. */

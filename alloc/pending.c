@@ -177,16 +177,40 @@ static uint64_t mono_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-bool ebb__wait_oldest_pending(struct ebb__arena *a, uint64_t deadline_ns) {
-  /* The oldest entry is at the head of its stream's queue: each queue is in free order. Waiting
-   * for it alone, not for the newest (as ebb__sync_pending), waits for the least work that
-   * makes memory reusable; the caller searches after each one and stops once the request fits. */
+/* Entries of one queue looked at for a block (slots before it are skipped: a slot's completion
+ * frees no block a large request could take). */
+#define PEND_SCAN 64
+
+size_t ebb__pending_block_bytes_elsewhere(const struct ebb__arena *a, uint64_t own_sid) {
+  size_t sum = 0;
+  for (size_t i = 0; i < a->nevqs; i++) {
+    if (a->evqs[i].stream_id == own_sid) continue;
+    const struct ebb_list *h = &a->evqs[i].q;
+    for (const struct ebb_list *n = h->next; n != h; n = n->next) {
+      const struct ebb__pend *p = ebb_container_of(n, const struct ebb__pend, node);
+      if (p->b) sum += p->b->size;
+    }
+  }
+  return sum;
+}
+
+bool ebb__wait_oldest_pending(struct ebb__arena *a, uint64_t own_sid, uint64_t deadline_ns) {
+  /* Each queue is in free order, so the first block of a queue is its oldest: waiting for it
+   * alone, not for the newest (as ebb__sync_pending), waits for the least work that makes a block
+   * reusable; the caller searches after each one and stops once the request fits. The allocating
+   * stream's own queue is left alone: a host wait for it would only put the host in step with the
+   * stream it is about to issue to. */
   struct ebb__pend *oldest = NULL;
   for (size_t i = 0; i < a->nevqs; i++) {
+    if (a->evqs[i].stream_id == own_sid) continue;
     struct ebb_list *h = &a->evqs[i].q;
-    if (ebb_list_empty(h)) continue;
-    struct ebb__pend *p = ebb_container_of(h->next, struct ebb__pend, node);
-    if (!oldest || p->age < oldest->age) oldest = p;
+    int seen = 0;
+    for (struct ebb_list *n = h->next; n != h && seen < PEND_SCAN; n = n->next, seen++) {
+      struct ebb__pend *p = ebb_container_of(n, struct ebb__pend, node);
+      if (!p->b) continue;
+      if (!oldest || p->age < oldest->age) oldest = p;
+      break;
+    }
   }
   if (!oldest) return false;
   ebb_event_t *ev = oldest->ev;

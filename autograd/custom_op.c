@@ -128,10 +128,14 @@ static ebb_status check_def(const char *fn, const ebb_custom_op_def *def) {
  * the same kernel, so a failed registration leaves nothing that blocks a corrected one. */
 static ebb_status declare_kernels(const char *fn, const ebb_custom_op_def *def, const ebb_kernel_t **out) {
   if (def->nkernels == 0) return EBB_OK;
-  const char *iname = def->image_name ? def->image_name : def->name;
-  const ebb_kernel_image_t *img;
+  /* CPU-only kernels with no image named go with the runtime's own image: the runtime's image
+   * table is small (32 entries), and an op without GPU code needs no entry of its own. */
+  bool cpu_only = !def->image && !def->image_name;
+  for (int i = 0; cpu_only && i < def->nkernels; i++) cpu_only = def->kernels[i].cuda_name == NULL;
+  const char *iname = cpu_only ? "ebb.runtime" : def->image_name ? def->image_name : def->name;
+  const ebb_kernel_image_t *img = NULL;
   char why[512]; /* copied first: ebb__fail writes the buffer ebb_last_error reads */
-  ebb_status st = ebb_kernel_add_image(iname, def->image, &img);
+  ebb_status st = cpu_only ? EBB_OK : ebb_kernel_add_image(iname, def->image, &img);
   if (st) {
     snprintf(why, sizeof why, "%s", ebb_last_error());
     return ebb__fail(st, "%s: op '%s': its image '%s' was refused: %s", fn, def->name, iname, why);
@@ -152,6 +156,16 @@ ebb_status ebb_custom_op_register(const ebb_custom_op_def *def, ebb_custom_op_t 
   ebb_status st = check_def(fn, def);
   if (st) return st;
   if (!ebb_is_initialized()) return ebb__fail(EBB_ENOTINIT, "%s: op '%s': ebb is not initialised; call ebb_init first", fn, def->name);
+  /* A name in use or a full registry is refused before any kernel is declared (the runtime keeps
+   * declared kernels until the last ebb_shutdown); checked again below, under the lock. */
+  ebb__mutex_lock(&ebb__cop_mu);
+  int seen = atomic_load_explicit(&ebb__cop_count, memory_order_relaxed);
+  bool taken = seen == EBB_CUSTOM_OP_MAX;
+  for (int i = 0; i < seen && !taken; i++) taken = strcmp(EBB__COP(i)->name, def->name) == 0;
+  ebb__mutex_unlock(&ebb__cop_mu);
+  if (taken && seen == EBB_CUSTOM_OP_MAX)
+    return ebb__fail(EBB_ELIMIT, "%s: %d ops registered already (the maximum); '%s' not added", fn, EBB_CUSTOM_OP_MAX, def->name);
+  if (taken) return ebb__fail(EBB_EINVAL, "%s: an op named '%s' is registered already; expected a name not in use", fn, def->name);
   const ebb_kernel_t *kernels[EBB_CUSTOM_OP_MAX_KERNELS];
   st = declare_kernels(fn, def, kernels);
   if (st) return st;

@@ -61,8 +61,15 @@ struct map_state {
                                  (node NULL: it requires no gradient) */
   ebb_gradient_edge *xedge;   /* save: [n * nxs]: slice s of x i as fn saw it, a leaf (node NULL: x i needs no gradient) */
   ebb_gradient_edge *argedge; /* save: [nargs]: arg j as fn saw it, a leaf (node NULL: it needs no gradient) */
-  _Atomic bool released;      /* save: a backward without retain_graph freed the slices' graphs */
+  /* save, under ebb__map_mu: a backward without retain_graph claimed the slices' graphs
+   * (released: they are freed, by the last of the backward calls running through them). */
+  bool release_due, released;
+  int running;                /* backward calls running through the slices' graphs */
 };
+
+/* The slices' graphs are freed by the last backward running through them, never under another
+ * (the engine holds no reference of its own on the nodes behind a caller's gradient edges). */
+static ebb_mutex ebb__map_mu = {PTHREAD_MUTEX_INITIALIZER, "autograd.map_state", EBB_RANK_LEAF};
 
 /* ---- messages ---------------------------------------------------------------------------------- */
 
@@ -500,9 +507,14 @@ static ebb_status map_backward(ebb_function_ctx *ctx, const ebb_tensor_t *const 
   }
   if (!any) return EBB_OK;
   if (c->checkpoint) return backward_checkpoint(ctx, m, need, grad_outputs, grad_inputs);
-  if (atomic_load_explicit(&m->released, memory_order_acquire)) /* pairs with the release store below */
+  ebb__mutex_lock(&ebb__map_mu);
+  bool gone = m->release_due || m->released;
+  if (!gone) m->running++;
+  ebb__mutex_unlock(&ebb__map_mu);
+  if (gone)
     return ebb__fail(EBB_ESTATE, "%s: the graphs of the map's %lld slices were freed by an earlier backward; expected "
-                                 "retain_graph on that backward to run through them again", FN, (long long)c->n);
+                                 "retain_graph on that backward (on every backward but the last, when several threads "
+                                 "share the graph) to run through them again", FN, (long long)c->n);
   /* an input whose gradient the forward did not prepare for (it required none then) has no
    * leaves to take one from */
   for (int i = 0; i < nin; i++) {
@@ -512,10 +524,13 @@ static ebb_status map_backward(ebb_function_ctx *ctx, const ebb_tensor_t *const 
    * retain the graph (theirs were freed by it), with the edges that hold them. */
   bool retain = ebb__current_task_retains();
   ebb_status st = backward_saved(m, need, grad_outputs, grad_inputs, retain);
-  if (!retain) {
-    atomic_store_explicit(&m->released, true, memory_order_release);
-    state_free_graphs(m);
-  }
+  ebb__mutex_lock(&ebb__map_mu);
+  m->running--;
+  if (!retain) m->release_due = true;
+  bool free_now = m->release_due && !m->released && m->running == 0;
+  if (free_now) m->released = true;
+  ebb__mutex_unlock(&ebb__map_mu);
+  if (free_now) state_free_graphs(m);
   return st;
 }
 

@@ -139,7 +139,7 @@ static ebb_status launch_on_device(const char *fn, const ebb_kernel_t *k, int de
   cfg.writes = writes;
   cfg.nwrites = nw;
   /* 256 threads per block, at most 65535 blocks: grid-stride loops cover the rest */
-  int64_t blocks = (work + 255) / 256;
+  int64_t blocks = work / 256 + (work % 256 > 0); /* (not work + 255: a work near INT64_MAX would overflow) */
   cfg.block[0] = 256;
   cfg.grid[0] = (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
   st = ebb_stream_launch(s, k, args, &cfg);

@@ -82,7 +82,10 @@ typedef struct ebb_custom_op_def {
   /* The op's kernels and the image they live in. image_name NULL: the op's name. image: the
    * library's fatbin or cubin, readable until the last ebb_shutdown; NULL: no GPU code (the
    * kernels run on CPU tensors and the emulated driver only). Several ops may share one image:
-   * the same name with the same image is the same image. */
+   * the same name with the same image is the same image. Each image takes one entry of the
+   * runtime's image table, which holds 32 in all (the runtime's and ebb's modules take some):
+   * a library ships one image for all its ops. CPU-only kernels (no image, no image name, no
+   * cuda_name) take no entry: they are declared with the runtime's own image. */
   const char *image_name;
   const void *image;
   const ebb_custom_op_kernel *kernels; /* nkernels entries; may be NULL when nkernels is 0 */

@@ -185,3 +185,26 @@ TEST_CASE("a wait for a stream the allocating thread itself holds up ends after 
   EBB_REQUIRE_OK(ebb_stream_release(b));
   REQUIRE(ebb_debug_live_handles() == 0);
 }
+
+// A free pending only on the allocating stream itself needs no host wait: that stream's new work
+// runs after its queued work anyway, and a wait would only put the host in step with it.
+TEST_CASE("pending wait: a free pending on the allocating stream itself is not waited for", "[alloc][pending_wait]") {
+  ScopedEnv env("EBB_ALLOC_CONF", conf_with("pending_wait_us:10000000").c_str());
+  EbbSession session;
+  ebb_stream_t *a = new_stream(0), *b = new_stream(0);
+  void *p = nullptr, *q = nullptr;
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, a, &p));
+  busy(b, 3);
+  EBB_REQUIRE_OK(ebb_arena_record_stream(p, b));
+  EBB_REQUIRE_OK(ebb_arena_free(p));
+  EBB_REQUIRE_OK(ebb_arena_alloc(0, 12 * MiB, b, &q));  // on b: only b's own queued work is pending
+  bool idle = true;
+  EBB_REQUIRE_OK(ebb_stream_query(b, &idle));
+  ebb_arena_stats st = stats(0);
+  CHECK(st.num_pending_waits == 0);
+  CHECK_FALSE(idle);  // the host did not wait for b to drain
+  EBB_REQUIRE_OK(ebb_arena_free(q));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(b));
+  EBB_REQUIRE_OK(ebb_stream_release(a));
+  EBB_REQUIRE_OK(ebb_stream_release(b));
+}

@@ -1,6 +1,8 @@
 // What a map keeps alive: after many training steps through ebb_map (saved or checkpointed, on
 // the CPU and device 0, with the graph dropped after a backward, without one, and after a
 // failing fn), live nodes, function ctx objects and handles are back where they started.
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "ebb/function.h"
@@ -90,4 +92,39 @@ TEST_CASE("map lifetimes: a map whose fn fails part way, or whose backward fails
   CHECK(ebb_function_live_ctx() == ctx0);
   CHECK(ebb_tensor_live_count() == tensors0);
   CHECK(ebb_debug_live_handles() == handles0);
+}
+
+TEST_CASE("map lifetimes: backward calls through one map node on several threads, the last without retain_graph",
+          "[autograd][map][lifetimes][threads]") {
+  EbbSession session;
+  long nodes0 = ebb_autograd_live_nodes();
+  for (int round = 0; round < 10; round++) {
+    Tensor w = input_on(EBB_DEVICE_CPU, {4, 4}, 2, true), b = input_on(EBB_DEVICE_CPU, {4}, 3, true);
+    Tensor x = input_on(EBB_DEVICE_CPU, {6, 2, 4}, 7, false);
+    const ebb_tensor_t *xs[1] = {x.get()}, *args[2] = {w.get(), b.get()};
+    BlockCfg cfg;
+    ebb_tensor_t *out[2] = {nullptr, nullptr};
+    EBB_REQUIRE_OK(ebb_map(block_fn, &cfg, xs, 1, args, 2, nullptr, out, 2));
+    Tensor y(out[0]), z(out[1]);
+    Tensor l = weighted_loss({y.get(), z.get()});
+    // Threads 0-2 keep the graph; thread 3 does not: whichever order they run in, each either
+    // finishes with the gradient or is told the graph was freed, and nothing runs freed nodes.
+    std::atomic<int> ok{0}, freed{0}, other{0};
+    std::vector<std::thread> th;
+    for (int t = 0; t < 4; t++)
+      th.emplace_back([&, t] {
+        const ebb_tensor_t *r[1] = {l.get()}, *in[1] = {w.get()};
+        ebb_tensor_t *g[1] = {nullptr};
+        ebb_status st = ebb_grad(r, nullptr, 1, in, 1, t < 3, false, g);
+        if (g[0]) ebb_tensor_release(g[0]);
+        if (st == EBB_OK) ok++;
+        else if (st == EBB_ESTATE) freed++;
+        else other++;
+      });
+    for (auto &t : th) t.join();
+    CHECK(other == 0);
+    CHECK(ok >= 1);
+    CHECK(ok + freed == 4);
+  }
+  CHECK(ebb_autograd_live_nodes() == nodes0);
 }
