@@ -132,6 +132,7 @@ static ebb_status issue_device(struct ebb_pg *pg, const char *fn, const dist_cal
   size_t bytes = call->count * call->elem_bytes;                       /* one rank's part */
   size_t out_bytes = call->kind == DIST_ALL_GATHER ? bytes * (size_t)pg->size : bytes;
   bool nccl = pg->backend == EBB_DIST_NCCL;
+  ebb__pg_free_spent(pg);
   ebb_dev_guard guard;
   if ((st = ebb_dev_guard_enter(&guard, pg->device))) return st;
   ebb__mutex_lock(&pg->issue_mu);
@@ -155,14 +156,18 @@ static ebb_status issue_device(struct ebb_pg *pg, const char *fn, const dist_cal
   /* MPI's host copy: the input part first (all-gather: apart from the output, which MPI fills). */
   size_t pinned_bytes = nccl ? 0 : (call->kind == DIST_ALL_GATHER ? bytes + out_bytes : out_bytes);
   if (pinned_bytes && (st = ebb_pinned_alloc(pinned_bytes, pg->device, &pinned))) goto fail;
+  /* References: the caller's handle (when asked for), the queue's (MPI: dropped by the
+   * communication thread; NCCL, which queues nothing: dropped below), the gate's (MPI). */
   if ((st = ebb__work_new(pg, work != NULL, &w))) goto fail;
+  bool gate_enqueued = false;
   w->call = *call;
   w->device = true;
   w->end = end;
   if (!nccl) {
     w->call.buf = call->kind == DIST_ALL_GATHER ? (char *)pinned + bytes : pinned;
     w->call.src = call->kind == DIST_ALL_GATHER ? pinned : NULL;
-    w->refs++; /* the gate's */
+    w->pinned = pinned; /* handed back by the communication thread once MPI is done with it */
+    w->refs++;          /* the gate's */
   } else {
     w->state = WORK_DONE; /* NCCL: the stream is the whole story; the end event says when */
   }
@@ -188,45 +193,40 @@ static ebb_status issue_device(struct ebb_pg *pg, const char *fn, const dist_cal
     const void *src = call->kind == DIST_ALL_GATHER ? in_ptr : out_ptr;
     bool send = call->kind != DIST_BROADCAST || call->root == pg->rank;
     if (bytes && send && (st = ebb_copy_async(pinned, src, bytes, pg->stream))) goto fail_enqueued;
-    if ((st = ebb_stream_host_func(pg->stream, ebb__work_gate, w))) {
-      ebb__mutex_lock(&ebb__dist_mu);
-      ebb__work_unref_locked(w); /* the gate will not run */
-      ebb__mutex_unlock(&ebb__dist_mu);
-      goto fail_enqueued;
-    }
+    if ((st = ebb_stream_host_func(pg->stream, ebb__work_gate, w))) goto fail_enqueued;
+    gate_enqueued = true;
     if (out_bytes && (st = ebb_copy_async(out_ptr, w->call.buf, out_bytes, pg->stream))) goto fail_enqueued;
   }
   if (end && (st = ebb_event_record(end, pg->stream))) goto fail_enqueued;
   if ((st = ebb_stream_wait_stream(cur, pg->stream))) goto fail_enqueued;
-  if (pinned) {
-    /* The gate's reads and the communication thread's writes happen between the two copies,
-     * which recorded the stream on the block: freed now, reused after the stream passes them. */
-    ebb_pinned_free(pinned);
-  }
   ebb__mutex_unlock(&pg->issue_mu);
   ebb_dev_guard_exit(&guard);
-  if (work) *work = w;
-  else {
+  if (nccl) {
     ebb__mutex_lock(&ebb__dist_mu);
-    ebb__work_unref_locked(w); /* no handle: the record lives on for the queue and the gate */
+    ebb__work_unref_locked(w); /* the queue's, unused */
     ebb__mutex_unlock(&ebb__dist_mu);
   }
+  if (work) *work = w;
   return EBB_OK;
 
 fail_enqueued:
   st = fail_enqueued(w, st, fn);
-  if (pinned) {
-    /* The stream may still run what was enqueued: the block goes back after it. */
-    ebb_pinned_record_stream(pinned, pg->stream);
-    ebb_pinned_free(pinned);
-  }
+  /* The stream may still run what was enqueued: the block, handed back by the communication
+   * thread, is reused after it. */
+  if (pinned) ebb_pinned_record_stream(pinned, pg->stream);
   ebb__mutex_unlock(&pg->issue_mu);
   ebb_dev_guard_exit(&guard);
-  if (work) *work = w; /* the record carries the failure; the caller releases it */
-  else {
-    ebb__mutex_lock(&ebb__dist_mu);
-    ebb__work_unref_locked(w);
-    ebb__mutex_unlock(&ebb__dist_mu);
+  ebb__mutex_lock(&ebb__dist_mu);
+  if (!nccl && !gate_enqueued) ebb__work_unref_locked(w); /* the gate will not run */
+  if (nccl) ebb__work_unref_locked(w);                    /* the queue's, unused */
+  ebb__mutex_unlock(&ebb__dist_mu);
+  if (work) {
+    /* Nothing is handed out on failure: the handle made for the caller goes, the record stays
+     * on the queue (failed) until the communication thread drops it. */
+    char msg[EBB__ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", ebb_last_error());
+    ebb_work_release(w);
+    st = ebb__fail(st, "%s", msg);
   }
   return st;
 

@@ -66,6 +66,7 @@ struct ebb_work {
   bool abort_on_timeout;
   dist_call call;
   ebb_tensor_t *hold[2]; /* CPU tensors retained until the call has run (released off the lock) */
+  void *pinned;          /* MPI on a device: the staging block, handed back once MPI is done with it */
   ebb_event_t *end;      /* device: recorded on the communication stream after the collective */
   ebb_status st;
   char msg[EBB__DIST_MSG_MAX];
@@ -91,6 +92,11 @@ struct ebb_pg {
   bool thread_started;
   bool thread_stuck;        /* a destroy gave up on a call blocked past the timeout */
   char fail_msg[EBB__DIST_MSG_MAX];
+  /* Staging blocks MPI is done with, freed by the next issue or the destroy: the thread makes no
+   * driver call (freeing records an event on the stream, whose queue may be full of work waiting
+   * for the thread). */
+  void **spent;
+  int nspent, spent_cap;
   pthread_t thread;
   struct ebb_list all;      /* on the module's list of every group record */
 };
@@ -116,6 +122,11 @@ EBB_HIDDEN void ebb__work_time_out_locked(struct ebb_work *w, const char *who);
 EBB_HIDDEN void ebb__dist_wait_locked(uint64_t deadline_ns);
 /* The checked group of a public call: EBB_EINVAL for NULL, EBB_EFREED for a destroyed one. */
 EBB_HIDDEN ebb_status ebb__pg_check(const struct ebb_pg *pg, const char *fn);
+/* Frees the staging blocks the thread handed back. Under no lock (the issue lock allowed). */
+EBB_HIDDEN void ebb__pg_free_spent(struct ebb_pg *pg);
+/* Settles a record that can no longer run as asked: READY in a failed group (refused), or
+ * running past its timeout (abandoned, `who` naming the waiter). Under dist_mu. */
+EBB_HIDDEN void ebb__work_settle_locked(struct ebb_work *w, const char *who);
 /* The host function a device record's communication stream runs (the gate). */
 EBB_HIDDEN void ebb__work_gate(void *user);
 EBB_HIDDEN const char *ebb__dist_kind_name(dist_kind k);

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "dist_impl.h"
+#include "ebb/alloc.h"
 #include "runtime_export.h"
 #include "streams_export.h"
 
@@ -132,6 +133,18 @@ void ebb__work_time_out_locked(struct ebb_work *w, const char *who) {
   w->abandoned = true;
 }
 
+void ebb__work_settle_locked(struct ebb_work *w, const char *who) {
+  if (w->state == WORK_READY && w->pg->failed) {
+    /* Under dist_mu a failed group's thread runs no READY record: it may be finished here. */
+    char msg[EBB__DIST_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s #%llu not run: the group had failed before it: %.400s",
+             ebb__dist_kind_name(w->call.kind), (unsigned long long)w->seq, w->pg->fail_msg);
+    ebb__work_finish_locked(w, EBB_ESTATE, msg);
+  } else if (ebb__work_timed_out_locked(w, ebb__now_ns())) {
+    ebb__work_time_out_locked(w, who);
+  }
+}
+
 /* ---- work records ---------------------------------------------------------------------------- */
 
 ebb_status ebb__work_new(struct ebb_pg *pg, bool caller, struct ebb_work **out) {
@@ -236,6 +249,17 @@ static void *comm_main(void *arg) {
     ebb_list_init(&w->qnode);
     ebb_tensor_t *hold[2] = {w->hold[0], w->hold[1]};
     w->hold[0] = w->hold[1] = NULL;
+    if (w->pinned) {
+      /* Handed back only now, not at issue: a gate that gave up on its timeout lets the stream
+       * go on while MPI may still write the block. */
+      if (pg->nspent == pg->spent_cap) {
+        int cap = pg->spent_cap ? 2 * pg->spent_cap : 16;
+        void **p = realloc(pg->spent, (size_t)cap * sizeof *p);
+        if (p) pg->spent = p, pg->spent_cap = cap;
+      }
+      if (pg->nspent < pg->spent_cap) pg->spent[pg->nspent++] = w->pinned; /* else kept: no memory to list it */
+      w->pinned = NULL;
+    }
     ebb__work_unref_locked(w); /* the queue's reference */
     pthread_cond_broadcast(&ebb__dist_cv);
     if (hold[0] || hold[1]) {
@@ -250,6 +274,17 @@ static void *comm_main(void *arg) {
   return NULL;
 }
 
+void ebb__pg_free_spent(struct ebb_pg *pg) {
+  for (;;) {
+    ebb__mutex_lock(&ebb__dist_mu);
+    void *p = pg->nspent ? pg->spent[--pg->nspent] : NULL;
+    ebb__mutex_unlock(&ebb__dist_mu);
+    if (!p) return;
+    /* Its copies recorded the communication stream on it: reused only after they ran. */
+    ebb_pinned_free(p);
+  }
+}
+
 /* The gate: a host function on a device group's communication stream, after the input was
  * copied into pinned memory. It hands the record to the communication thread and holds the
  * stream until the MPI call has finished (or its timeout passed), so what the stream runs next
@@ -259,12 +294,9 @@ void ebb__work_gate(void *user) {
   ebb__mutex_lock(&ebb__dist_mu);
   if (w->state == WORK_QUEUED) w->state = WORK_READY;
   pthread_cond_broadcast(&ebb__dist_cv);
-  while (w->state != WORK_DONE) {
-    uint64_t now = ebb__now_ns();
-    if (ebb__work_timed_out_locked(w, now)) {
-      ebb__work_time_out_locked(w, "the communication stream's gate");
-      break;
-    }
+  for (;;) {
+    ebb__work_settle_locked(w, "the communication stream's gate");
+    if (w->state == WORK_DONE) break;
     uint64_t deadline = 0;
     if (w->state == WORK_RUNNING && w->timeout_ms >= 0) deadline = w->start_ns + (uint64_t)w->timeout_ms * 1000000u + 1;
     ebb__dist_wait_locked(deadline);
@@ -419,7 +451,13 @@ ebb_status ebb_pg_destroy(ebb_pg_t *pg) {
   ebb__mutex_unlock(&ebb__dist_mu);
   ebb__mutex_unlock(&pg->issue_mu);
   if (pg->thread_started) pthread_join(pg->thread, NULL);
+  ebb__pg_free_spent(pg);
+  free(pg->spent);
+  pg->spent = NULL;
+  pg->spent_cap = 0;
   if (pg->nccl_comm) {
+    /* The communicator is destroyed with nothing of it left on the stream. */
+    if (healthy && ebb_stream_synchronize(pg->stream)) healthy = false;
     char msg[EBB__DIST_MSG_MAX];
     if (ebb__nccl_async_error(pg->nccl_comm, msg, sizeof msg)) healthy = false;
     ebb__nccl_comm_free(pg->nccl_comm, healthy);
@@ -513,12 +551,9 @@ ebb_status ebb_work_wait(ebb_work_t *w) {
     return ebb__fail(EBB_ESTATE, "%s: called from a host function (ebb_stream_host_func), which must not wait; expected "
                      "the call from a host thread", fn);
   ebb__mutex_lock(&ebb__dist_mu);
-  while (w->state != WORK_DONE) {
-    uint64_t now = ebb__now_ns();
-    if (ebb__work_timed_out_locked(w, now)) {
-      ebb__work_time_out_locked(w, fn);
-      break;
-    }
+  for (;;) {
+    ebb__work_settle_locked(w, fn);
+    if (w->state == WORK_DONE) break;
     uint64_t deadline = 0;
     if (w->state == WORK_RUNNING && w->timeout_ms >= 0) deadline = w->start_ns + (uint64_t)w->timeout_ms * 1000000u + 1;
     ebb__dist_wait_locked(deadline);

@@ -11,5 +11,6 @@
 #include "ebb/ops.h"
 #include "ebb/autograd.h"
 #include "ebb/optim.h"
+#include "ebb/dist.h"
 
 #endif /* EBB_EBB_H */
