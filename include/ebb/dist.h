@@ -61,7 +61,8 @@
  * and device), what was wrong and what was expected. A collective that fails once enqueued (the
  * backend returns an error, the timeout passes) fails its work handle with the backend's
  * message, and the group with it: every later collective on the group is EBB_ESTATE with that
- * message. A rank that dies: under mpirun, Open MPI ends the whole job and names the rank; ebb
+ * message. So does a driver failure on a device group after the collective took its place in
+ * the group's sequence (the call then returns that error and hands out no work handle). A rank that dies: under mpirun, Open MPI ends the whole job and names the rank; ebb
  * never waits for it longer than the group's timeout.
  */
 #ifndef EBB_DIST_H
