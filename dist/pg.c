@@ -238,6 +238,7 @@ static void *comm_main(void *arg) {
       } else {
         w->state = WORK_RUNNING;
         w->start_ns = ebb__now_ns();
+        pthread_cond_broadcast(&ebb__dist_cv); /* waiters now have a deadline */
         ebb__mutex_unlock(&ebb__dist_mu);
         st = ebb__mpi_run(pg->mpi_comm, &w->call, pg->rank, pg->size, msg, sizeof msg);
         ebb__mutex_lock(&ebb__dist_mu);

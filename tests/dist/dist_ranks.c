@@ -12,6 +12,9 @@
  *                missing wait reads stale data.
  *   caller-init  the program initialises MPI itself (MPI_THREAD_MULTIPLE) before ebb; ebb leaves
  *                it initialised at shutdown, and the program finalises it.
+ *   timeout      rank 1 issues its all-reduce 4 s late; rank 0's group has a 1 s timeout, so its
+ *                wait fails with EBB_EIO, later collectives are refused (EBB_ESTATE), and its
+ *                destroy answers EBB_EBUSY until the late call lets MPI return, then succeeds.
  *   kill         rank 1 aborts before the first collective; the others issue it and wait. The
  *                test expects mpirun to end the job (non-zero) well before its timeout.
  */
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ebb/dist.h"
 #include "ebb/ebb.h"
@@ -236,6 +240,49 @@ static void check_streams(int device) {
   OK(ebb_pg_destroy(pg));
 }
 
+static void check_timeout(void) {
+  ebb_pg_options o = {0};
+  o.timeout_ms = 1000;
+  ebb_pg_t *pg = NULL;
+  OK(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, &o, &pg));
+  int64_t n = 4;
+  double v[4] = {1, 2, 3, 4}, got[4];
+  ebb_tensor_t *t = make(EBB_DEVICE_CPU, EBB_F64, 1, &n, v, n);
+  if (!t) return;
+  if (rank_ == 1) {
+    struct timespec late = {4, 0}; /* well past rank 0's timeout */
+    nanosleep(&late, NULL);
+    OK(ebb_all_reduce(pg, t, EBB_REDUCE_SUM, NULL));
+    read_back(t, EBB_F64, got, n);
+    double want[4] = {2, 4, 6, 8};
+    expect("the late all_reduce", EBB_DEVICE_CPU, got, want, n);
+  } else {
+    ebb_work_t *w = NULL;
+    OK(ebb_all_reduce(pg, t, EBB_REDUCE_SUM, &w));
+    ebb_status st = ebb_work_wait(w);
+    if (st != EBB_EIO || !strstr(ebb_last_error(), "did not finish within the group's timeout of 1000 ms"))
+      FAIL("a wait past the timeout returned %s (%s); expected EBB_EIO naming the timeout", ebb_status_name(st),
+           ebb_last_error());
+    OK(ebb_work_release(w));
+    st = ebb_barrier(pg, NULL);
+    if (st != EBB_ESTATE || !strstr(ebb_last_error(), "failed earlier"))
+      FAIL("a collective on the failed group returned %s (%s); expected EBB_ESTATE", ebb_status_name(st), ebb_last_error());
+    bool busy_seen = false;
+    for (int i = 0; i < 600; i++) { /* until rank 1's late call lets MPI return */
+      st = ebb_pg_destroy(pg);
+      if (st != EBB_EBUSY) break;
+      busy_seen = true;
+      struct timespec tick = {0, 50000000};
+      nanosleep(&tick, NULL);
+    }
+    if (st != EBB_OK) FAIL("ebb_pg_destroy of the failed group: %s (%s)", ebb_status_name(st), ebb_last_error());
+    if (!busy_seen) FAIL("ebb_pg_destroy did not report the communication thread still blocked (EBB_EBUSY)");
+    pg = NULL;
+  }
+  ebb_tensor_release(t);
+  if (pg) OK(ebb_pg_destroy(pg));
+}
+
 static void check_kill(void) {
   ebb_pg_t *pg = NULL;
   OK(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, NULL, &pg));
@@ -284,6 +331,8 @@ int main(int argc, char **argv) {
     else FAIL("no device for the stream test");
   } else if (!strcmp(mode, "caller-init")) {
     check_collectives(EBB_DEVICE_CPU);
+  } else if (!strcmp(mode, "timeout")) {
+    check_timeout();
   } else if (!strcmp(mode, "kill")) {
     check_kill();
   } else {
