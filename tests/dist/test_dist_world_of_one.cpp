@@ -239,3 +239,16 @@ TEST_CASE("before ebb_init, dist calls answer EBB_ENOTINIT and leave MPI alone",
   EBB_CHECK_MSG(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, nullptr, &pg), EBB_ENOTINIT, "ebb_init");
   EBB_CHECK_MSG(ebb_dist_available(EBB_DIST_MPI), EBB_ENOTINIT, "ebb_init");
 }
+
+TEST_CASE("a build without MPI reports both backends unavailable, saying so", "[dist][nompi]") {
+  EbbSession session;
+#if EBB_TEST_HAVE_MPI
+  EBB_REQUIRE_OK(ebb_dist_available(EBB_DIST_MPI));
+#else
+  EBB_CHECK_MSG(ebb_dist_available(EBB_DIST_MPI), EBB_ENOTSUP, "ebb_dist_available", "no MPI", "libopenmpi-dev");
+  EBB_CHECK_MSG(ebb_dist_available(EBB_DIST_NCCL), EBB_ENOTSUP, "no MPI");
+  ebb_pg_t *pg = nullptr;
+  EBB_CHECK_MSG(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, nullptr, &pg), EBB_ENOTSUP, "ebb_pg_create", "no MPI");
+  CHECK(pg == nullptr);
+#endif
+}
