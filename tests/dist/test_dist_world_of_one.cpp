@@ -5,6 +5,7 @@
 // MPI can be initialised once per process and ebb finalises it at the last ebb_shutdown, so each
 // case creates its groups inside one session; every case is its own process (ctest).
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ebb/dist.h"
@@ -251,4 +252,45 @@ TEST_CASE("a build without MPI reports both backends unavailable, saying so", "[
   EBB_CHECK_MSG(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, nullptr, &pg), EBB_ENOTSUP, "ebb_pg_create", "no MPI");
   CHECK(pg == nullptr);
 #endif
+}
+
+TEST_CASE("collectives issued from several threads at once all run, each with its own result", "[dist][threads]") {
+  EbbSession session;
+  for (int dev : group_devices()) {
+    INFO(dev_name(dev));
+    Group g;
+    EBB_REQUIRE_OK(ebb_pg_create(EBB_DIST_MPI, dev, nullptr, &g.pg));
+    constexpr int kThreads = 4, kEach = 25;
+    std::vector<ebb_tensor_t *> ts((size_t)(kThreads * kEach), nullptr);
+    std::vector<ebb_status> sts((size_t)(kThreads * kEach), EBB_EINTERNAL);
+    std::vector<std::thread> th;
+    for (int k = 0; k < kThreads; k++)
+      th.emplace_back([&, k] {
+        for (int i = 0; i < kEach; i++) {
+          size_t j = (size_t)(k * kEach + i);
+          double v[2] = {double(j), double(-(int)j)};
+          int64_t n = 2;
+          ebb_status st = ebb_tensor_from_host(dev, EBB_F64, 1, &n, v, sizeof v, &ts[j]);
+          ebb_work_t *w = nullptr;
+          if (!st) st = ebb_all_reduce(g.pg, ts[j], EBB_REDUCE_AVG, i % 2 ? &w : nullptr);
+          if (!st && w) {
+            st = ebb_work_wait(w);
+            ebb_status rs = ebb_work_release(w);
+            if (!st) st = rs;
+          }
+          sts[j] = st;
+        }
+      });
+    for (auto &t : th) t.join();
+    EBB_REQUIRE_OK(ebb_barrier(g.pg, nullptr));
+    for (size_t j = 0; j < ts.size(); j++) {
+      INFO("collective " << j);
+      CHECK(sts[j] == EBB_OK);
+      if (ts[j]) {
+        CHECK(read(ts[j]) == std::vector<double>{double(j), -double(j)});
+        ebb_tensor_release(ts[j]);
+      }
+    }
+  }
+  CHECK(ebb_debug_live_handles() == 0);
 }
