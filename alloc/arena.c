@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "arena_impl.h"
 
@@ -580,8 +581,39 @@ static ebb_status arena_grow(struct ebb__arena *a, struct ebb__spool *sp, int po
   return EBB_OK;
 }
 
-/* The miss path: another stream's block, a run of free blocks of several streams, then the
- * upstream, then once the release-and-retry chain: the completed pending frees, then waiting for
+/* Before growth: frees pending on other streams whose bytes could hold r, waited for on the
+ * host, oldest first, one event at a time, searching again after each (this stream's index,
+ * another stream's block, a run), until the request fits or what is still pending could not hold
+ * it. Growth is a driver call and memory reserved until empty_cache; a wait costs the time until
+ * work already queued on another stream (an offload copy, a gradient's cross-device copy)
+ * reaches the event, work that runs whether the host waits or not. A program whose demand
+ * repeats each step would otherwise grow whenever those streams run late (a loaded host, a slow
+ * copy), as PyTorch's allocator does: it only queries the events on each malloc, and waits for
+ * them once the driver refuses memory. Bounded by the entries pending on entry, so a queue
+ * refilled by other threads meanwhile cannot keep it waiting, and by pending_wait_us in all
+ * (a stream held up by this very thread, through a host function waiting for it, would
+ * otherwise never let it go on). Lock held (dropped for each wait); NULL: grow. */
+static struct ebb__block *await_pending(struct ebb__arena *a, struct ebb__spool *sp, int pool, size_t r,
+                                        struct ebb__order *o) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  uint64_t deadline = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + (uint64_t)a->conf.wait_pending_us * 1000u;
+  for (size_t n = a->npending; n && ebb__wait_pending_worth(a, r); n--) {
+    if (!ebb__wait_oldest_pending(a, deadline)) break;
+    struct ebb__block *b = ebb__fidx_take(a, &sp->pools[pool], r);
+    if (!b) b = arena_steal(a, sp, pool, r, o);
+    if (!b) b = take_run(a, sp, pool, r, o);
+    if (b) {
+      a->c.s.num_pending_waits++;
+      return b;
+    }
+  }
+  return NULL;
+}
+
+/* The miss path: another stream's block, a run of free blocks of several streams, pending frees
+ * that could hold the request waited for (await_pending), then the upstream, then once the
+ * release-and-retry chain: the completed pending frees, then waiting for
  * the rest, each followed by a new search (a step PyTorch's chain skips: the blocks they free may
  * fit), empty slabs, every fully free segment and granule given back, and the upstream again.
  * The streams the block must be ordered after go into o. */
@@ -592,6 +624,7 @@ static ebb_status alloc_slow(struct ebb__arena *a, struct ebb__spool *sp, int po
   for (int attempt = 0;; attempt++) {
     struct ebb__block *b = arena_steal(a, sp, pool, r, o);
     if (!b) b = take_run(a, sp, pool, r, o);
+    if (!b && !attempt && EBB_UNLIKELY(ebb__wait_pending_worth(a, r))) b = await_pending(a, sp, pool, r, o);
     if (b) {
       *out = b;
       return EBB_OK;
@@ -674,6 +707,7 @@ static ebb_status alloc_slab_slow(struct ebb__arena *a, struct ebb__spool *sp, s
   int pool = ebb__pool_of(a, r); /* the small pool, or an expandable segment's one */
   struct ebb__block *b = arena_steal(a, sp, pool, r, o);
   if (!b) b = take_run(a, sp, pool, r, o);
+  if (!b && EBB_UNLIKELY(ebb__wait_pending_worth(a, r))) b = await_pending(a, sp, pool, r, o);
   if (b) {
     *out = b;
     return EBB_OK;
@@ -1072,6 +1106,8 @@ void ebb__arena_init(struct ebb__arena *a, const struct ebb__upstream *up, int d
   if (up->kind == EBB__MEM_DEVICE_ARENA) snprintf(a->label, sizeof a->label, "device %d", device);
   else snprintf(a->label, sizeof a->label, "%s pool", up->name);
   a->conf = *conf;
+  /* The pinned and host pools never wait on the allocation path (include/ebb/alloc.h). */
+  if (up->kind != EBB__MEM_DEVICE_ARENA) a->conf.wait_pending_us = 0;
   a->total_mem = total_mem;
   ebb_list_init(&a->segments);
   ebb_list_init(&a->unpin_due);

@@ -237,6 +237,8 @@ struct ebb__pend {
   ebb_event_t *ev;
   int ev_device;
   uint32_t slot;          /* slab != NULL: the slot of that slab waiting for the event */
+  uint64_t age;           /* the arena's free_count at the free that queued it: across queues,
+                             the lower the older (ebb__wait_oldest_pending waits for the oldest first) */
   struct ebb__block *b;   /* NULL for a slot */
   struct ebb__slab *slab;
 };
@@ -343,12 +345,17 @@ struct ebb__upstream {
   ebb_status (*unmap)(struct ebb__arena *a, uint64_t va, size_t bytes, uint64_t handle);
 };
 
+#define EBB__WAIT_PENDING_US_DEFAULT 20000u /* pending_wait_us: 20 ms an allocation */
+#define EBB__WAIT_PENDING_US_MAX 10000000u   /* 10 s */
 struct ebb__conf {
   size_t max_split;  /* blocks of this size or more are never split (SIZE_MAX: no limit) */
   bool expandable;   /* an arena's: expandable segments on; the module's: what EBB_ALLOC_CONF
                         asked, when expandable_set */
   bool expandable_set; /* EBB_ALLOC_CONF named expandable_segments; else each device arena has
                           them where its driver does VMM (module.c) */
+  uint32_t wait_pending_us; /* device arenas: before growing, wait on the host up to this many
+                               microseconds for pending frees that could hold the request
+                               (await_pending, arena.c; 0: never); pending_wait_us:N */
   size_t history;            /* history ring entries per arena (0: off) */
   const char *oom_snapshot;  /* snapshot path on EBB_ENOMEM (NULL: none); module-owned text */
   size_t pinned_max;         /* cap on pinned bytes held from the driver (0: none) */
@@ -741,6 +748,19 @@ EBB_HIDDEN void ebb__poll_pending(struct ebb__arena *a);
  * dropped for the waits: the entries stay queued, so a concurrent poll may complete some first;
  * waiting on an event that was recycled meanwhile only waits for newer work. */
 EBB_HIDDEN void ebb__sync_pending(struct ebb__arena *a);
+/* Before growth (arena.c's miss paths): whether waiting for pending frees may serve a rounded
+ * request of r bytes instead. Device arenas with a wait budget (pending_wait_us), whose frees still waiting for
+ * other streams (active - allocated bytes: blocks and slots freed, not yet reusable) add up to
+ * r or more. Lock held. */
+static inline bool ebb__wait_pending_worth(const struct ebb__arena *a, size_t r) {
+  return a->npending && a->conf.wait_pending_us && a->c.s.active_bytes.current - a->c.s.allocated_bytes.current >= r;
+}
+/* Host-waits for the oldest pending free (its event) until CLOCK_MONOTONIC time deadline_ns,
+ * then polls every queue in; the caller searches again. false when nothing could be waited for,
+ * the deadline passed first, or the wait made no progress (an event that never completes: its
+ * device failed). Lock held on entry and exit, dropped for the wait (as ebb__sync_pending).
+ * Counted in num_syncs. */
+EBB_HIDDEN bool ebb__wait_oldest_pending(struct ebb__arena *a, uint64_t deadline_ns);
 /* One more slot in a use array (*uses of capacity *ucap, doubled): EBB_ELIMIT past
  * EBB__USES_MAX streams on one pointer, EBB_ENOMEM without host memory; fn, sid and ptr for the
  * message. */

@@ -256,6 +256,7 @@ static void stats_sum(struct ebb__arena *arenas, int n, ebb_arena_stats *out) {
     out->num_ooms += s.num_ooms;
     out->num_syncs += s.num_syncs;
     out->num_steals += s.num_steals;
+    out->num_pending_waits += s.num_pending_waits;
     out->num_device_alloc += s.num_device_alloc;
     out->num_device_free += s.num_device_free;
   }

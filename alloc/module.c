@@ -92,6 +92,7 @@ static bool conf_check(const char *env, char *expected, size_t len) {
   c->oom_snapshot = NULL;
   c->pinned_max = 0;
   c->slab_max = EBB__SLAB_MAX_DEFAULT;
+  c->wait_pending_us = EBB__WAIT_PENDING_US_DEFAULT;
   ebb__alloc_module.env[0] = '\0';
   c->env = ebb__alloc_module.env;
   if (!env) return true;
@@ -136,9 +137,13 @@ static bool conf_check(const char *env, char *expected, size_t len) {
       if (!parse_bytes(val, &v2) || v2 > EBB__SLAB_MAX_LIMIT)
         EBB__CONF_BAD("slab_max_bytes:N with N bytes in [0, 64K] and an optional K suffix (0: no slabs), not '%s'", val);
       c->slab_max = v2 / EBB__MIN_BLOCK * EBB__MIN_BLOCK;
+    } else if (!strcmp(key, "pending_wait_us")) {
+      if (!num_ok || v > EBB__WAIT_PENDING_US_MAX)
+        EBB__CONF_BAD("pending_wait_us:N with N microseconds in [0, %u] (0: never wait), not '%s'", (unsigned)EBB__WAIT_PENDING_US_MAX, val);
+      c->wait_pending_us = (uint32_t)v;
     } else {
-      EBB__CONF_BAD("keys max_split_size_mb, expandable_segments, pinned_max_bytes, slab_max_bytes, oom_snapshot or history; "
-                    "'%s' is unknown", key);
+      EBB__CONF_BAD("keys max_split_size_mb, expandable_segments, pinned_max_bytes, slab_max_bytes, oom_snapshot, history "
+                    "or pending_wait_us; '%s' is unknown", key);
     }
   }
   return true;

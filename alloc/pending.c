@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "arena_impl.h"
 
@@ -170,6 +171,50 @@ void ebb__sync_pending(struct ebb__arena *a) {
   }
 }
 
+static uint64_t mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+bool ebb__wait_oldest_pending(struct ebb__arena *a, uint64_t deadline_ns) {
+  /* The oldest entry is at the head of its stream's queue: each queue is in free order. Waiting
+   * for it alone, not for the newest (as ebb__sync_pending), waits for the least work that
+   * makes memory reusable; the caller searches after each one and stops once the request fits. */
+  struct ebb__pend *oldest = NULL;
+  for (size_t i = 0; i < a->nevqs; i++) {
+    struct ebb_list *h = &a->evqs[i].q;
+    if (ebb_list_empty(h)) continue;
+    struct ebb__pend *p = ebb_container_of(h->next, struct ebb__pend, node);
+    if (!oldest || p->age < oldest->age) oldest = p;
+  }
+  if (!oldest) return false;
+  ebb_event_t *ev = oldest->ev;
+  size_t before = a->npending;
+  ebb__unlock(&a->mu);
+  /* Polled, not synchronised, so the wait has a bound: the event's stream may be held up by the
+   * very thread that waits (a host function waiting for it to go on, as a program may queue), and
+   * an unbounded wait would never return. Sleeps from 2 us doubling to 128 us between queries:
+   * a completion is seen within about an eighth of a millisecond. Muted: a query that fails
+   * leaves the memory pending (no progress below), and the allocation goes on to grow. The entry
+   * stays queued meanwhile: a concurrent poll may complete it and recycle its event, and waiting
+   * on a recycled event only waits for newer work. */
+  bool done = false;
+  ebb_status st = EBB_OK;
+  ebb__fail_mute(true);
+  for (long sleep_ns = 2000;; sleep_ns = sleep_ns < 128000 ? sleep_ns * 2 : sleep_ns) {
+    st = ebb_event_query(ev, &done);
+    if (st || done || mono_ns() >= deadline_ns) break;
+    struct timespec t = {0, sleep_ns};
+    nanosleep(&t, NULL);
+  }
+  ebb__fail_mute(false);
+  ebb__lock(&a->mu);
+  a->c.s.num_syncs++;
+  ebb__poll_pending(a);
+  return (st == EBB_OK && done) || a->npending < before;
+}
+
 /* ---- recorded uses and deferred frees ------------------------------------------------------ */
 
 /* Records ev after the work issued so far to the stream that used a block: on the stream while
@@ -318,6 +363,7 @@ void ebb__uses_queue(struct ebb__arena *a, const struct ebb__stream_ref *uses, u
     p->b = b;
     p->slab = sl;
     p->slot = slot;
+    p->age = a->c.s.free_count;
     ebb_list_insert_tail(&q->q, &p->node);
     a->npending++;
     (*count)++;

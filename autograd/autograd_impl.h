@@ -15,6 +15,9 @@
 
 #define EBB__NODE_MAGIC 0x65626e64u /* "ebnd" */
 #define EBB__ACC_SEQ UINT64_MAX
+/* The op of a custom function's node (ebb/function.h): past the derivative table, whose entries
+ * it has none of; n->fnrec says what it is. */
+#define EBB__OP_FUNCTION ((int)EBB__OP_COUNT)
 
 /* Edge i of a node (its owner, the consumer): where input i's gradient goes. Linked, while the
  * owner lives, into the consumer list of the node it points at, so a partial backward can walk
@@ -54,6 +57,8 @@ struct ebb_node {
    * and written through ebb__node_stream / ebb__node_stream_move. */
   ebb_stream_t *stream;
   _Atomic long edge_handles; /* ebb_gradient_edge handles on it (for the stream-mismatch warning) */
+  int nsaved;                /* saved's entries: nin + nout for an op's node, what the ctx saved for a function's */
+  struct ebb__fnrec *fnrec;  /* a custom function's node (op EBB__OP_FUNCTION): its definition and ctx (function.c) */
 };
 
 /* One tensor a node saved for its backward (saved.c). While the node holds it, exactly one of
@@ -81,6 +86,10 @@ struct ebb__meta {
    * its views makes it stale, and the next read takes it again from the base (inplace.c).
    * Release store after grad_fn is replaced, acquire load before it is read without the lock. */
   bool is_view;
+  /* A view a custom function returned (an input returned as-is, or a view of one): the
+   * function's name. Its history must not be rebuilt from its base (that would drop the
+   * function's backward): an in-place op on it, or a use after its base changed, is refused. */
+  const char *fn_view;
   _Atomic uint64_t view_version;
   const char *grad_owner;    /* a leaf's gradient's owner name, interned (owners.c), under grad_mu */
   uint64_t uid;              /* never reused: names the leaf in the stream-mismatch warning's once-set */
@@ -173,6 +182,12 @@ EBB_HIDDEN ebb_status ebb__task_end(struct ebb__task_scope *s, bool ok);
 /* Makes s the calling thread's current task (a worker about to run one of its nodes); returns
  * the previous one, to restore. */
 EBB_HIDDEN struct ebb__task_scope *ebb__task_switch(struct ebb__task_scope *s);
+/* Whether the graph task running on this thread keeps its saved tensors (retain_graph); false
+ * outside a backward. For a node that keeps graphs of its own (map.c): it frees them as the
+ * engine frees saved tensors. */
+EBB_HIDDEN bool ebb__current_task_retains(void);
+/* engine.c, for it: whether task t keeps the saved tensors of the nodes it runs. */
+EBB_HIDDEN bool ebb__task_retains(const struct ebb__task *t);
 /* The node being evaluated on this thread; returns the previous one, to restore. */
 EBB_HIDDEN struct ebb_node *ebb__node_enter(struct ebb_node *n);
 /* Node n's pre-hooks on its input gradients grads[0..ngrads) (replaced in place). */
@@ -245,6 +260,21 @@ EBB_HIDDEN void ebb__engine_stop(void);
 /* engine.c */
 /* Whether task t will execute n (or reach it for a capture). */
 EBB_HIDDEN bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n);
+
+/* function.c: custom functions (ebb/function.h). */
+struct ebb__fnrec;
+/* The node's name ("<name>Backward") and its allocator-interned owner name. */
+EBB_HIDDEN const char *ebb__function_node_name(const struct ebb__fnrec *r);
+/* Runs the custom backward of n (op EBB__OP_FUNCTION) on the gradients of its outputs go[0..nout)
+ * (NULL: none reached), with its saved tensors unpacked in saved[0..nsaved) and need[i] whether
+ * input i's gradient is wanted; gin[0..nin) get the checked gradients (new references, or NULL).
+ * Failures name fn (the backward call) and the node. */
+EBB_HIDDEN ebb_status ebb__function_backward(const char *fn, struct ebb_node *n, ebb_tensor_t *const *go,
+                                             const ebb_tensor_t *const *saved, const bool *need, ebb_tensor_t **gin);
+/* Whether n (a function's node) saved a tensor (not NULL) at slot k. */
+EBB_HIDDEN bool ebb__function_saved_at(const struct ebb__fnrec *r, int k);
+/* Frees a function node's record (its user data's destructor runs): the node is going. */
+EBB_HIDDEN void ebb__function_free(struct ebb__fnrec *r);
 
 /* owners.c: what autograd's memory is tagged with in the allocator's owners. */
 /* n saved t as saved[k].t (just shared): an activation's block becomes saved by n. */
@@ -327,6 +357,10 @@ EBB_HIDDEN bool ebb__mutation_scope_here(void);
  * otherwise), not a tensor to share. Failures name n and the saved input or output k. */
 EBB_HIDDEN ebb_status ebb__save(struct ebb_node *n, int k, const ebb_tensor_t *t);
 EBB_HIDDEN ebb_status ebb__save_owned(struct ebb_node *n, int k, ebb_tensor_t *t);
+/* n's saved tensor k in messages: "saved input 0", "saved output 1" (an op's node, whose slots
+ * are its forward's inputs then outputs), "saved tensor 2" (a custom function's, in the order its
+ * ctx saved them). Returns buf. */
+EBB_HIDDEN const char *ebb__saved_role(const struct ebb_node *n, int k, char *buf, size_t cap);
 /* Releases what n->saved[k] holds (its tensor, or its packed value's reference), leaving it empty. */
 EBB_HIDDEN void ebb__saved_drop(struct ebb_node *n, int k);
 /* A new reference on a packed value, and dropping one (the last frees it through free_packed). */
@@ -409,7 +443,8 @@ EBB_HIDDEN ebb_mutex *ebb__saved_lock(const struct ebb_node *n);
 /* t's grad_fn and output_nr as they are now (*fn NULL for a leaf): a stale view's history is
  * taken again from its base first (thread-safe: a read may do it). Borrowed: valid while t
  * lives and is not changed in place (through itself, its base or another view of the base).
- * Only failure: EBB_ENOMEM (message set). m is t's meta (non-NULL). */
+ * Failures: EBB_ENOMEM; EBB_EINVAL for a view a custom function returned whose base changed since (meta
+ * fn_view). Message set. m is t's meta (non-NULL). */
 EBB_HIDDEN ebb_status ebb__grad_fn_now(const ebb_tensor_t *t, struct ebb__meta *m, struct ebb_node **fn, int *output_nr);
 /* The ops hooks for in-place ops (ops_export.h). */
 EBB_HIDDEN ebb_status ebb__ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *const *src, int nsrc, const ebb__op_args *args,
@@ -421,5 +456,8 @@ EBB_HIDDEN void ebb__ag_inplace_done(void *token, bool ok);
  * with the node if never committed. commit ends m's current retain hook and makes `h` it. */
 EBB_HIDDEN ebb_status ebb__retain_prepare(struct ebb__meta *m, struct ebb_node *node, int nr, struct ebb__hook **out);
 EBB_HIDDEN void ebb__retain_commit(struct ebb__meta *m, struct ebb__hook *h);
+
+/* custom_op.c, for graph.c: the module stops (this session's custom ops forgotten). */
+EBB_HIDDEN void ebb__custom_ops_stop(void);
 
 #endif /* EBB_AUTOGRAD_IMPL_H */

@@ -330,7 +330,7 @@ static ebb_status unpack(const struct ebb__task *t, const struct ebb_node *n, in
   *out = s->t;
   if (!*out) {
     if (EBB_LIKELY(!s->packed)) return EBB_OK;
-    if (!*pk && !(*pk = calloc((size_t)(n->nin + n->nout), sizeof **pk)))
+    if (!*pk && !(*pk = calloc((size_t)n->nsaved, sizeof **pk)))
       return ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
     ebb__packed_get(s->packed);
     (*pk)[k] = s->packed;
@@ -469,29 +469,35 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
   if (st) return st;
   bool nh = atomic_load_explicit(&n->has_node_hooks, memory_order_acquire); /* node_api.c */
   if (nh && (st = ebb__node_pre_hooks(t->fn, n, buf, n->nout))) return st;
-  const ebb__deriv *e = ebb__deriv_of((ebb__op_id)n->op);
+  /* A custom function's node (function.c) has no table entry: it runs its definition's backward
+   * (which says itself when there is none) and saves what its ctx saved. */
+  bool custom = n->fnrec != NULL;
+  const ebb__deriv *e = custom ? NULL : ebb__deriv_of((ebb__op_id)n->op);
+  bool runs = custom || e->backward, saves = custom ? ebb__function_saved_at(n->fnrec, -1) : e->save;
   const int *edges = t->edges + x->edge0;
   bool any = false;
   for (int k = 0; buf && k < n->nout; k++) any |= buf[k] != NULL;
   bool need_small[8] = {false}, *need = n->nin <= 8 ? need_small : calloc((size_t)n->nin, sizeof *need);
   ebb_tensor_t *gin_small[8] = {NULL}, **gin = n->nin <= 8 ? gin_small : calloc((size_t)n->nin, sizeof *gin);
-  const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nin + n->nout <= 10 ? saved_small : calloc((size_t)(n->nin + n->nout), sizeof *saved);
+  const ebb_tensor_t *saved_small[10] = {NULL}, **saved = n->nsaved <= 10 ? saved_small : calloc((size_t)n->nsaved, sizeof *saved);
   if (!gin || !saved || !need) st = ebb__fail(EBB_ENOMEM, "%s: no host memory to run %s", t->fn, ebb__node_name_of(n));
   int ti = (int)(x - t->nodes);
-  if (EBB_UNLIKELY(t->offl != NULL) && !st && any && e->backward) st = ebb__offl_plan_enter(t->fn, t->offl, ti); /* (offload.c) */
-  if (!st && any && e->backward) {
+  if (EBB_UNLIKELY(t->offl != NULL) && !st && any && runs) st = ebb__offl_plan_enter(t->fn, t->offl, ti); /* (offload.c) */
+  if (!st && any && runs) {
     if (n->saved) ebb__mutex_lock(saved_lock(n)); /* (a node that saves nothing has nothing to guard) */
-    if (atomic_load_explicit(&n->freed_saved, memory_order_acquire) && e->save)
+    if (atomic_load_explicit(&n->freed_saved, memory_order_acquire) && saves)
       st = ebb__fail(EBB_ESTATE, "%s: %s (node %llu) needs its saved tensors, freed by an earlier backward through this graph; "
                      "expected retain_graph on that backward (or on every backward but the last, when several threads share "
                      "the graph) to go through the graph again",
                      t->fn, ebb__node_name_of(n), (unsigned long long)n->seq);
     struct ebb__packed **pk = NULL; /* (saved.c: packed tensors, unpacked by their hooks below) */
-    for (int k = 0; n->saved && !st && k < n->nin + n->nout; k++) st = unpack(t, n, k, &saved[k], &pk);
+    for (int k = 0; n->saved && !st && k < n->nsaved; k++) st = unpack(t, n, k, &saved[k], &pk);
     if (n->saved) ebb__mutex_unlock(saved_lock(n));
     if (EBB_UNLIKELY(pk != NULL)) st = ebb__packed_unpack_all(t->fn, n, pk, saved, st); /* (saved.c) */
     for (int i = 0; !st && i < n->nin; i++) need[i] = edges[i] >= 0 && t->nodes[edges[i]].needed;
-    if (!st) {
+    if (!st && custom) {
+      st = ebb__function_backward(t->fn, n, buf, saved, need, gin);
+    } else if (!st) {
       /* The buffers the engine holds alone: the backward may compute a gradient in them (not when
        * post-hooks will read them as the node's grad_outputs). */
       bool mine[2] = {!nh && buf[0] && ebb__tensor_exclusive(buf[0]) && !(x->sync && x->sync[0].shared),
@@ -536,7 +542,7 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
   /* Without retain_graph the node's saved tensors go. The first backward to get here claims
    * them under the lock (the others see them freed and never read them); its own references are
    * dropped first, so the release of the node's sees whether it is a storage's last. */
-  int nsaved = saved ? n->nin + n->nout : 0;
+  int nsaved = saved ? n->nsaved : 0;
   bool took = false;
   if (!st && !retain && n->saved) {
     ebb__mutex_lock(saved_lock(n));
@@ -545,7 +551,7 @@ static ebb_status run_node(struct ebb__task *t, struct ebb__tnode *x) {
   }
   for (int k = 0; k < nsaved; k++)
     if (saved[k]) ebb_tensor_release((ebb_tensor_t *)saved[k]);
-  for (int k = 0; took && k < n->nin + n->nout; k++)
+  for (int k = 0; took && k < n->nsaved; k++)
     if (n->saved[k].t || n->saved[k].packed) ebb__saved_drop(n, k); /* (saved.c: owners and packed values) */
   if (EBB_UNLIKELY(t->offl != NULL)) ebb__offl_plan_leave(t->fn, t->offl, ti); /* (its reloads read for the last time go) */
   if (gin != gin_small) free(gin);
@@ -892,11 +898,11 @@ static ebb_status offload_plan(struct ebb__task *t) {
     struct ebb_node *n = x->n;
     if (!x->run || !n->saved) continue;
     /* The packed values are taken under the saved lock (a leaf lock), the plan's lock after it. */
-    struct ebb__packed *small[8], **pk = n->nin + n->nout <= 8 ? small : malloc((size_t)(n->nin + n->nout) * sizeof *pk);
+    struct ebb__packed *small[8], **pk = n->nsaved <= 8 ? small : malloc((size_t)n->nsaved * sizeof *pk);
     if (!pk) return ebb__fail(EBB_ENOMEM, "%s: no host memory for the backward's offload plan", t->fn);
     int np = 0;
     ebb__mutex_lock(saved_lock(n));
-    for (int k = 0; !atomic_load_explicit(&n->freed_saved, memory_order_acquire) && k < n->nin + n->nout; k++) {
+    for (int k = 0; !atomic_load_explicit(&n->freed_saved, memory_order_acquire) && k < n->nsaved; k++) {
       struct ebb__packed *p = n->saved[k].packed;
       if (p && ebb__packed_offl(p)) {
         ebb__packed_get(p);
@@ -1151,6 +1157,8 @@ bool ebb__task_will_execute(const struct ebb__task *t, const struct ebb_node *n)
   int i = ebb__tfind(t, n);
   return i >= 0 && t->nodes[i].needed;
 }
+
+bool ebb__task_retains(const struct ebb__task *t) { return t->retain; }
 
 ebb_status ebb_grad(const ebb_tensor_t *const *outputs, const ebb_tensor_t *const *grad_outputs, int noutputs,
                     const ebb_tensor_t *const *inputs, int ninputs, bool retain_graph, bool allow_unused, ebb_tensor_t **grads) {

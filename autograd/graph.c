@@ -140,7 +140,8 @@ void ebb__meta_free(struct ebb__meta *m) {
 }
 
 const char *ebb__node_name_of(const struct ebb_node *n) {
-  return n->op < 0 ? "AccumulateGrad" : ebb__deriv_of((ebb__op_id)n->op)->node;
+  if (n->op < 0) return "AccumulateGrad";
+  return EBB_UNLIKELY(n->fnrec != NULL) ? ebb__function_node_name(n->fnrec) : ebb__deriv_of((ebb__op_id)n->op)->node;
 }
 
 /* Frees a node whose last reference went, and every node that loses its last one with it, with
@@ -168,7 +169,7 @@ void ebb__node_unref(struct ebb_node *n) {
       }
       stack[depth++] = c;
     }
-    for (int i = 0; x->saved && i < x->nin + x->nout; i++) ebb__saved_drop(x, i); /* (saved.c) */
+    for (int i = 0; x->saved && i < x->nsaved; i++) ebb__saved_drop(x, i); /* (saved.c) */
     if (x->leaf) {
       ebb__mutex_lock(&ebb__acc_mu);
       struct ebb__meta *m = ebb__meta_of(x->leaf);
@@ -178,6 +179,7 @@ void ebb__node_unref(struct ebb_node *n) {
     }
     ebb__node_kv_free(x);
     ebb__hooks_free(x->hooks);
+    if (x->fnrec) ebb__function_free(x->fnrec); /* (function.c: its ctx's user data goes with it) */
     free(x->geom);
     free(x->in_meta);
     free(x->saved);
@@ -202,6 +204,7 @@ struct ebb_node *ebb__node_new(int op, int nin, int nout) {
   n->op = op;
   n->nin = nin;
   n->nout = nout;
+  n->nsaved = nin + nout;
   n->seq = op < 0 ? EBB__ACC_SEQ : atomic_fetch_add_explicit(&ebb__next_seq, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&ebb__live_nodes, 1, memory_order_relaxed);
   if (nin > 0 && !(n->next = calloc((size_t)nin, sizeof *n->next))) {
@@ -525,6 +528,7 @@ static ebb_status autograd_start(void) {
 static void autograd_stop(void) {
   ebb__engine_stop(); /* workers joined first: none may run a node once the hooks are gone */
   ebb__tensor_hooks_set(NULL);
+  ebb__custom_ops_stop(); /* (no node is live: none can reach an op's function) */
 }
 
 static int autograd_count(ebb__live_count *out, int max) {

@@ -88,6 +88,13 @@ static ebb_status view_rebuild_locked(const ebb_tensor_t *t, struct ebb__meta *m
   ebb_tensor_t *base = ebb__tensor_base(t);
   struct ebb__meta *bm = ebb__meta_of(base);
   *old = NULL;
+  if (bm && bm->requires_grad && m->fn_view) {
+    char who[EBB__DESC_MAX];
+    return ebb__fail(EBB_EINVAL, "%s is a view a custom function returned (its node %s: an input returned as-is, or a view of "
+                     "one), and its base was changed in place since: its history would have to bypass the function's backward (wrong "
+                     "gradients); expected no in-place change of the base while the function's output is used, or a function "
+                     "that returns a new tensor (a clone)", ebb__tensor_desc(t, "a tensor", -1, who, sizeof who), m->fn_view);
+  }
   if (bm && bm->requires_grad) {
     struct ebb__edge e;
     ebb_status st = base_edge(base, bm, &e);
@@ -218,6 +225,11 @@ static ebb_status ag_inplace(int op, ebb_tensor_t *dst, const ebb_tensor_t *cons
   bool dst_rg = (dm && dm->requires_grad) || (bm && bm->requires_grad);
   if (!dst_rg && !any_src_rg) return EBB_OK;
   char who[EBB__DESC_MAX];
+  if (dm && dm->fn_view)
+    return ebb__fail(EBB_EINVAL, "%s is a view a custom function returned (its node %s: an input returned as-is, or a view of "
+                     "one), and a change of it in place would give it a history that bypasses the function's backward (wrong "
+                     "gradients); expected an out-of-place op, or a function that returns a new tensor (a clone)",
+                     ebb__tensor_desc(dst, "dst", -1, who, sizeof who), dm->fn_view);
   if (dm && dm->requires_grad && !dm->is_view && !dm->grad_fn)
     return ebb__fail(EBB_EINVAL, "%s is a leaf that requires a gradient, and a leaf that requires a gradient cannot be changed "
                      "in place while grad mode is on (its gradient would be for a value it no longer holds); expected the change "

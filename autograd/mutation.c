@@ -185,7 +185,7 @@ ebb_status ebb_allow_mutation_on_saved_exit(void) {
 /* n's saved tensor k in a message, from the record: "saved input 0 'x' (f64[3] on the CPU)". */
 static const char *record_desc(const struct ebb_node *n, const struct ebb__mut *e, char *buf, size_t cap) {
   char role[40];
-  snprintf(role, sizeof role, "saved %s %d", e->k < n->nin ? "input" : "output", e->k < n->nin ? e->k : e->k - n->nin);
+  ebb__saved_role(n, e->k, role, sizeof role);
   return ebb__meta_desc(&e->meta, role, -1, e->name[0] ? e->name : NULL, buf, cap);
 }
 
@@ -197,9 +197,11 @@ ebb_status ebb__mutation_saved(struct ebb_node *n, int k) {
   if (!block) return EBB_OK; /* (no bytes: nothing a write could change) */
   struct ebb__mut *e = calloc(1, sizeof *e);
   if (!e)
-    return ebb__fail(EBB_ENOMEM, "%s (node %llu) could not save its saved %s %d: no host memory for its record in the "
-                     "allow-mutation scope", ebb__node_name_of(n), (unsigned long long)n->seq, k < n->nin ? "input" : "output",
-                     k < n->nin ? k : k - n->nin);
+  {
+    char role[40];
+    return ebb__fail(EBB_ENOMEM, "%s (node %llu) could not save its %s: no host memory for its record in the allow-mutation "
+                     "scope", ebb__node_name_of(n), (unsigned long long)n->seq, ebb__saved_role(n, k, role, sizeof role));
+  }
   e->n = n;
   e->k = k;
   e->block = block;
@@ -221,7 +223,7 @@ ebb_status ebb__mutation_saved(struct ebb_node *n, int k) {
 
 void ebb__mutation_release(struct ebb_node *n) {
   ebb__mutex_lock(&mut_mu);
-  for (int k = 0; k < n->nin + n->nout; k++) {
+  for (int k = 0; k < n->nsaved; k++) {
     struct ebb__mut *e = n->saved[k].mut;
     if (!e) continue;
     n->saved[k].mut = NULL;

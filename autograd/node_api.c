@@ -102,6 +102,8 @@ ebb_status ebb_autograd_current_node(const ebb_node_t **out) {
 
 int64_t ebb_autograd_current_task_id(void) { return ebb__cur_task ? ebb__cur_task->id : -1; }
 
+bool ebb__current_task_retains(void) { return ebb__cur_task && ebb__task_retains(ebb__cur_task->task); }
+
 ebb_status ebb_autograd_will_execute(const ebb_node_t *node, bool *out) {
   static const char fn[] = "ebb_autograd_will_execute";
   ebb_status st = node_check(fn, node);

@@ -727,8 +727,7 @@ static bool is_param(const ebb_tensor_t *t) {
 
 /* n's saved tensor k in a message. */
 static const char *saved_role(const struct ebb_node *n, int k, char *buf, size_t cap) {
-  snprintf(buf, cap, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
-  return buf;
+  return ebb__saved_role(n, k, buf, cap);
 }
 
 /* Keeps the scope's resident bytes on dev within its device budget: its copied-out originals are

@@ -168,6 +168,8 @@ static ebb_status owner_proper(void *p, ebb_owner_cat *cat, const char **name) {
 static _Atomic(const char *) ebb__node_owner[EBB__OP_COUNT + 1];
 
 bool ebb__owners_enter(const struct ebb_node *n) {
+  if (EBB_UNLIKELY(n->fnrec != NULL)) /* a custom function's: its name, interned when the function was first applied */
+    return ebb__alloc_owner_push_interned(EBB_OWNER_BACKWARD, ebb__function_node_name(n->fnrec));
   size_t k = n->op < 0 ? 0 : (size_t)n->op + 1;
   const char *in = atomic_load_explicit(&ebb__node_owner[k], memory_order_acquire);
   if (!in) {

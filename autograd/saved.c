@@ -171,6 +171,19 @@ void ebb__saved_hooks_leave(const struct ebb__saved_hooks_scope *s) {
 
 /* ---- saving ----------------------------------------------------------------------------------- */
 
+const char *ebb__saved_role(const struct ebb_node *n, int k, char *buf, size_t cap) {
+  if (n->fnrec) snprintf(buf, cap, "saved tensor %d", k);
+  else snprintf(buf, cap, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+  return buf;
+}
+
+/* The tensor n saves at k in a message, before it is saved: "input[0] ...", "output[1] ...", or a
+ * custom function's "saved tensor[2] ...". */
+static const char *check_desc(const struct ebb_node *n, int k, const ebb_tensor_t *t, char *buf, size_t cap) {
+  if (n->fnrec) return ebb__tensor_desc(t, "saved tensor", k, buf, cap);
+  return ebb__tensor_desc(t, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin, buf, cap);
+}
+
 /* A saved handle carries the tensor's name, for the messages that describe it later. */
 static void copy_name(const ebb_tensor_t *from, ebb_tensor_t *to) {
   char name[EBB_TENSOR_NAME_MAX + 1];
@@ -180,7 +193,7 @@ static void copy_name(const ebb_tensor_t *from, ebb_tensor_t *to) {
 /* n's saved tensor k in a message: "saved input 0 'a' (f32[3] on the CPU)". */
 static const char *saved_desc(const struct ebb_node *n, int k, const ebb_tensor_t *t, char *buf, size_t cap) {
   char role[40];
-  snprintf(role, sizeof role, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+  ebb__saved_role(n, k, role, sizeof role);
   return ebb__tensor_desc(t, role, -1, buf, cap);
 }
 
@@ -276,7 +289,7 @@ static ebb_status check_savable(const struct ebb_node *n, int k, const ebb_tenso
   return ebb__fail(EBB_EINVAL, "%s must save its %s for backward, which is an inference tensor (made in inference mode) and "
                    "cannot be saved; expected a tensor made outside inference mode (ebb_tensor_clone it there), or grad mode off "
                    "(ebb_grad_set_enabled) instead of inference mode where no gradient is wanted", ebb__node_name_of(n),
-                   ebb__tensor_desc(t, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin, td, sizeof td));
+                   check_desc(n, k, t, td, sizeof td));
 }
 
 /* Saves t as n's saved tensor k through the top of this thread's stack (hooks or an offload
@@ -371,7 +384,7 @@ static ebb_status offl_unpack(const char *fn, const struct ebb_node *n, int k, s
 ebb_status ebb__packed_unpack(const char *fn, const struct ebb_node *n, int k, struct ebb__packed *p, const ebb_tensor_t **out) {
   if (p->off) return offl_unpack(fn, n, k, p, out);
   char want[EBB__DESC_MAX], got[EBB__DESC_MAX], why[128], role[40];
-  snprintf(role, sizeof role, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+  ebb__saved_role(n, k, role, sizeof role);
   ebb_tensor_t *u = NULL;
   struct ebb__user_call uc;
   ebb__user_enter(&uc);
@@ -404,7 +417,7 @@ ebb_status ebb__packed_unpack(const char *fn, const struct ebb_node *n, int k, s
 
 ebb_status ebb__packed_unpack_all(const char *fn, const struct ebb_node *n, struct ebb__packed **pk, const ebb_tensor_t **saved,
                                   ebb_status st) {
-  for (int k = 0; k < n->nin + n->nout; k++) {
+  for (int k = 0; k < n->nsaved; k++) {
     if (!pk[k]) continue;
     if (!st) st = ebb__packed_unpack(fn, n, k, pk[k], &saved[k]);
     ebb__packed_put(pk[k]);
@@ -427,7 +440,8 @@ ebb_status ebb__saved_modified(const char *fn, const struct ebb_node *n, int k, 
 /* Whether n saves a tensor at index k (its forward's input k, or output k - nin), as the
  * derivative table says (a CopySlices node saves what its in-place op saves). */
 static bool saves_at(const struct ebb_node *n, int k) {
-  if (n->op < 0 || !n->saved || k < 0 || k >= n->nin + n->nout) return false;
+  if (n->op < 0 || !n->saved || k < 0 || k >= n->nsaved) return false;
+  if (n->fnrec) return ebb__function_saved_at(n->fnrec, k); /* (a custom function's slots are what its ctx saved) */
   int op = n->op == EBB__OP_COPY_SLICES && n->geom ? n->geom->inner_op : n->op;
   unsigned bit = k < n->nin ? (unsigned)k : 8u + (unsigned)(k - n->nin);
   return bit < 16 && (ebb__deriv_of((ebb__op_id)op)->save >> bit & 1);
@@ -436,14 +450,16 @@ static bool saves_at(const struct ebb_node *n, int k) {
 /* "0 (input 0) and 1 (input 1)", or "no tensor", into buf. */
 static const char *saved_list(const struct ebb_node *n, char *buf, size_t cap) {
   int count = 0, total = 0;
-  for (int k = 0; k < n->nin + n->nout; k++) total += saves_at(n, k);
+  for (int k = 0; k < n->nsaved; k++) total += saves_at(n, k);
   size_t len = 0;
   buf[0] = 0;
-  for (int k = 0; k < n->nin + n->nout && len < cap; k++) {
+  for (int k = 0; k < n->nsaved && len < cap; k++) {
     if (!saves_at(n, k)) continue;
     count++;
     const char *sep = count == 1 ? "" : count == total ? " and " : ", ";
-    int w = snprintf(buf + len, cap - len, "%s%d (%s %d)", sep, k, k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+    char role[40];
+    ebb__saved_role(n, k, role, sizeof role);
+    int w = snprintf(buf + len, cap - len, "%s%d (%s)", sep, k, role + 6 /* after "saved " */);
     if (w < 0) break;
     len += (size_t)w;
   }
@@ -457,7 +473,7 @@ static const char *saved_list(const struct ebb_node *n, char *buf, size_t cap) {
 static const char *slot_desc(const struct ebb_node *n, int k, char *buf, size_t cap) {
   const struct ebb__saved *s = &n->saved[k];
   char role[40];
-  snprintf(role, sizeof role, "saved %s %d", k < n->nin ? "input" : "output", k < n->nin ? k : k - n->nin);
+  ebb__saved_role(n, k, role, sizeof role);
   if (atomic_load_explicit(&n->freed_saved, memory_order_acquire)) {
     snprintf(buf, cap, "%s", role);
     return buf;
@@ -486,8 +502,8 @@ static ebb_status slot_open(const char *fn, const struct ebb_node *n, int k, ebb
     return ebb__fail(EBB_ESTATE, "%s: the %s of %s (node %llu) was saved inside an allow-mutation scope, which manages its value "
                      "as a pair of hooks would; only one pair per saved tensor", fn, slot_desc(n, k, d, sizeof d), name, seq);
   if (!s->t)
-    return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) holds no tensor as its %s (an optional input not given); expected the "
-                     "index of a tensor it saved", fn, name, seq, slot_desc(n, k, d, sizeof d));
+    return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) holds no tensor as its %s (%s); expected the index of a tensor it saved", fn,
+                     name, seq, slot_desc(n, k, d, sizeof d), n->fnrec ? "its ctx saved NULL there" : "an optional input not given");
   uint64_t v = 0;
   ebb_tensor_version(s->t, &v);
   if (v != s->version) return ebb__saved_modified(fn, n, k, s->t, v); /* (packing it would hide the change) */
@@ -506,6 +522,10 @@ ebb_status ebb_node_saved_register_hooks(const ebb_node_t *node, int index, cons
   struct ebb_node *n = (struct ebb_node *)node;
   if (!saves_at(n, index)) {
     char list[256];
+    if (n->fnrec)
+      return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) saves no tensor at index %d; it saves %s (indices: the order its ctx "
+                       "saved them in, 0..%d)", fn, ebb__node_name_of(n), (unsigned long long)n->seq, index,
+                       saved_list(n, list, sizeof list), n->nsaved - 1);
     return ebb__fail(EBB_EINVAL, "%s: %s (node %llu) saves no tensor at index %d; it saves %s (indices: its forward's inputs "
                      "0..%d, then its outputs)", fn, ebb__node_name_of(n), (unsigned long long)n->seq, index,
                      saved_list(n, list, sizeof list), n->nin - 1);

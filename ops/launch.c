@@ -110,24 +110,18 @@ ebb_status ebb__operands_use(const char *fn, const ebb__operand *ops, int nops, 
   return EBB_OK;
 }
 
-/* CPU tensors run the kernel here and now: there is no stream to order against, and the
- * contract is that CPU results are ready on return. Device launches declare whole storages as
- * read or written (ebb_launch_cfg, checked with EBB_CHECK_LAUNCH=1): a view's bytes lie inside
- * them, and the declaration is about reachability, not exact extents. */
-ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops, int nops, int64_t work) {
-  if (device == EBB_DEVICE_CPU) {
-    ebb__kernel_defs[kid].fn((void *)(uintptr_t)args);
-    return EBB_OK;
-  }
-  const ebb_kernel_t *k;
-  ebb_status st = tensor_kernel(kid, &k);
+/* Enqueues k on `device`'s current stream over ops[0..nops): declares each storage as used on
+ * the stream and, for EBB_CHECK_LAUNCH, as read or written (whole storages: a view's bytes lie
+ * inside them, and the declaration is about reachability, not exact extents). */
+static ebb_status launch_on_device(const char *fn, const ebb_kernel_t *k, int device, const void *args, const ebb__operand *ops,
+                                   int nops, int64_t work) {
   ebb_stream_t *s;
   uint64_t sid;
-  if (!st) st = ebb_stream_current(device, &s);
+  ebb_status st = ebb_stream_current(device, &s);
   if (st) return ebb__fail_in(fn, st);
   st = ebb__stream_id_of(fn, s, &sid);
   if (st) return st;
-  ebb_buf reads[8], writes[4];
+  ebb_buf reads[EBB_OP_LAUNCH_MAX_OPERANDS], writes[EBB_OP_LAUNCH_MAX_OPERANDS];
   int nr = 0, nw = 0;
   for (int i = 0; i < nops; i++) {
     struct ebb__storage *sg = ops[i].t->stor;
@@ -135,8 +129,8 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
     st = ebb__storage_use(sg, s, sid);
     if (st) return ebb__fail_in(fn, st);
     ebb_buf b = {sg->data, sg->bytes};
-    if (ops[i].write && nw < 4) writes[nw++] = b;
-    else if (!ops[i].write && nr < 8) reads[nr++] = b;
+    if (ops[i].write && nw < EBB_OP_LAUNCH_MAX_OPERANDS) writes[nw++] = b;
+    else if (!ops[i].write && nr < EBB_OP_LAUNCH_MAX_OPERANDS) reads[nr++] = b;
   }
   ebb_launch_cfg cfg;
   memset(&cfg, 0, sizeof cfg);
@@ -155,4 +149,51 @@ ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, co
     return ebb__fail(st, "%s: launching kernel '%s' on device %d failed: %s", fn, ebb_kernel_name(k), device, why);
   }
   return EBB_OK;
+}
+
+/* CPU tensors run the kernel here and now: there is no stream to order against, and the
+ * contract is that CPU results are ready on return. */
+ebb_status ebb__launch(const char *fn, int kid, int device, const void *args, const ebb__operand *ops, int nops, int64_t work) {
+  if (device == EBB_DEVICE_CPU) {
+    ebb__kernel_defs[kid].fn((void *)(uintptr_t)args);
+    return EBB_OK;
+  }
+  const ebb_kernel_t *k;
+  ebb_status st = tensor_kernel(kid, &k);
+  if (st) return ebb__fail_in(fn, st);
+  return launch_on_device(fn, k, device, args, ops, nops, work);
+}
+
+/* The public launch of a library's own kernel: the checks a built-in op makes before its
+ * launch, then the same path. */
+ebb_status ebb_op_launch_kernel(const ebb_kernel_t *k, const void *args, const ebb_op_operand *operands, int n, int64_t work) {
+  static const char fn[] = "ebb_op_launch_kernel";
+  ebb_kernel_cpu_fn cpu;
+  ebb_status st = ebb__kernel_cpu_fn(fn, k, &cpu);
+  if (st) return st;
+  if (EBB_UNLIKELY(!args)) return ebb__fail(EBB_EINVAL, "%s: kernel '%s': args is NULL; expected its argument struct", fn, ebb_kernel_name(k));
+  if (EBB_UNLIKELY(!operands || n < 1 || n > EBB_OP_LAUNCH_MAX_OPERANDS))
+    return ebb__fail(EBB_EINVAL, "%s: kernel '%s': %s (n = %d); expected 1..%d tensors it reads or writes", fn, ebb_kernel_name(k),
+                     operands ? "operand count out of range" : "operands is NULL", n, EBB_OP_LAUNCH_MAX_OPERANDS);
+  int device = 0;
+  for (int i = 0; i < n; i++) {
+    st = ebb__tensor_check_at(operands[i].t, fn, "operands", i);
+    if (st) return st;
+    int d = operands[i].t->stor->device;
+    if (i == 0) device = d;
+    else if (EBB_UNLIKELY(d != device)) {
+      char a[160], b[160];
+      return ebb__fail(EBB_EDEVICE, "%s: kernel '%s': %s and %s are on different devices; expected one device for all operands", fn,
+                       ebb_kernel_name(k), ebb__tensor_desc(operands[0].t, "operands", 0, a, sizeof a),
+                       ebb__tensor_desc(operands[i].t, "operands", i, b, sizeof b));
+    }
+  }
+  if (device == EBB_DEVICE_CPU) {
+    if (EBB_UNLIKELY(!cpu))
+      return ebb__fail(EBB_ENOTSUP, "%s: kernel '%s' has no CPU function; expected one to run on CPU tensors (operands[0] is on the CPU)", fn,
+                       ebb_kernel_name(k));
+    cpu((void *)(uintptr_t)args);
+    return EBB_OK;
+  }
+  return launch_on_device(fn, k, device, args, operands, n, work);
 }

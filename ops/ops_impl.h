@@ -125,10 +125,7 @@ enum ebb__kernel_id { EBB__K_EW = 0, EBB__K_REDUCE, EBB__K_MATMUL, EBB__K_ROWS, 
 
 /* A tensor an op touches, for the launch: its storage gets record_stream when the launch stream
  * is not its allocation stream. */
-typedef struct ebb__operand {
-  const ebb_tensor_t *t;
-  bool write;
-} ebb__operand;
+typedef ebb_op_operand ebb__operand; /* ebb/ops.h's, which a library's own kernels use too */
 
 /* ==============================================================================================
  * What each file provides to the others.

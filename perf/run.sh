@@ -119,6 +119,7 @@ run ops_peer ebb-bench-ops_peer "${args[@]}"
 q --rounds 1 --op softmax_fwd -- --rounds 7; run dnnl ebb-bench-dnnl "${args[@]}"
 # training building blocks
 q 7 -- 9;                             run optim ebb-bench-optim "${args[@]}"
+q 3 -- 15;                            run custom_function ebb-bench-custom_function "${args[@]}"
 # the backward engine, ebb and libtorch taken in turn (as perf/engine_ratio.sh)
 q 1 -- 7
 for i in $([[ $quick -eq 1 ]] && echo 1 || echo 1 2 3); do
@@ -130,10 +131,14 @@ for i in $([[ $quick -eq 1 ]] && echo 1 || echo 1 2 3); do
   fi
 done
 q 3 --;                               run engine_devices ebb-bench-engine_devices "${args[@]}"
+# autograd: a custom op against the built-in op whose kernel and backward it reuses
+q 3 1 1048576 --;                     run custom_op ebb-bench-custom_op "${args[@]}"
 unset OPENBLAS_NUM_THREADS
 # autograd: offloaded saved tensors (the programs set their own environment)
 q 2 1 --;                             run offload ebb-bench-offload "${args[@]}"
 q 2 1 --;                             run offload_budget ebb-bench-offload_budget "${args[@]}"
+# autograd: map against the explicit loop (the program sets its own environment)
+q 1 1 --;                             run map ebb-bench-map "${args[@]}"
 rm -f "$out/.run.out"
 
 if ! python3 "$summary" "$log" >"$out/summary.md"; then

@@ -210,6 +210,10 @@ ROWS = [
     Row("`engine_devices` `events_per_cross_stream_edge`", Sel("engine_devices", "events_per_cross_stream_edge"),
         target=ebb_at_most(1, "<= 1 (issue 21)")),
 
+    section("autograd: custom ops"),
+    Row("`custom_op size={size}` `custom_ns`", Sel("custom_op", "custom_ns", size="*"), Sel("custom_op", "builtin_ns", size="*"),
+        "ebb_op_mul (built-in)", "ns", target=ratio_at_least(1 / 1.1, "<= 1.1 of the built-in's (ratio >= 0.909; issue 34)")),
+
     section("autograd: offloaded saved tensors"),
     Row("`offload mode=prefetch` `peak_device_bytes`", Sel("offload", "peak_device_bytes", mode="prefetch"),
         Sel("offload", "peak_device_bytes", mode="none"), "mode=none", "MiB",
@@ -238,6 +242,26 @@ ROWS = [
         target=Target("below sync (ratio > 1)", lambda e, p, r: r > 1)),
     Row("`offload_budget` `copy_ratio`", Sel("offload_budget", "copy_ratio"),
         target=ebb_between(1.9, 2.1, "1.9-2.1 (the calibration)")),
+
+    section("autograd: custom functions"),
+    Row("`custom_function inputs={inputs}` `custom_ns`", Sel("custom_function", "custom_ns", inputs="*"),
+        Sel("custom_function", "direct_ns", inputs="*"), "the same adds called directly", "ns",
+        target=Target("<= direct + 1 us (issue 34)", lambda e, p, r: e <= p + 1000)),
+
+    section("autograd: map over 64 slices"),
+    Row("`map mode=save` `step_ms` against the loop", Sel("map", "step_ms", mode="save"),
+        Sel("map", "loop_step_ms", mode="save"), "the explicit loop", "ms",
+        target=ratio_at_least(1 / 1.05, "<= 1.05 of the loop's (ratio >= 0.952) (issue 34)")),
+    Row("`map mode=save` `peak_bytes` against the loop", Sel("map", "peak_bytes", mode="save"),
+        Sel("map", "loop_peak_bytes", mode="save"), "the explicit loop", "MiB", fmt=lambda v: "%.1f" % (v / MIB)),
+    Row("`map mode=checkpoint` `peak_bytes`", Sel("map", "peak_bytes", mode="checkpoint"),
+        Sel("map", "peak_bytes", mode="save"), "mode=save", "MiB",
+        target=ratio_at_least(4.0, "<= 0.25 of save's (ratio >= 4) (issue 34)"), fmt=lambda v: "%.1f" % (v / MIB)),
+    Row("`map mode=checkpoint` `step_peak_bytes` (above the step's start)", Sel("map", "step_peak_bytes", mode="checkpoint"),
+        Sel("map", "step_peak_bytes", mode="save"), "mode=save", "MiB", fmt=lambda v: "%.1f" % (v / MIB)),
+    Row("`map mode=checkpoint` `step_ms` against save", Sel("map", "step_ms", mode="checkpoint"),
+        Sel("map", "step_ms", mode="save"), "mode=save", "ms",
+        target=ratio_at_least(1 / 1.4, "<= 1.4 of save's (ratio >= 0.714) (issue 34)")),
 ]
 
 

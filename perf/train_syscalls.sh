@@ -14,9 +14,13 @@
 # process allocator).
 # Both run their BLAS on one thread (OPENBLAS_NUM_THREADS=1, OMP_NUM_THREADS=1): with more, idle
 # OpenBLAS threads spin on sched_yield (thousands of calls a step in PyTorch's run).
-# Warm-up: ebb's device arenas reach the steps' demand peak within the first few steps; with two
-# warm-up steps, steps 3-4 (and now and then a later one) still grew an arena by a granule (the
-# emulated driver's cuMemMap and cuMemSetAccess: an mmap and an madvise each), hence 5 by default.
+# Warm-up: ebb's device arenas reach their size within the first two steps. A step's demand
+# repeats, and an allocation that only frees still pending on other streams (the offload copies,
+# the gradients' cross-device copies) could hold waits for them instead of growing the arena
+# (include/ebb/alloc.h, pending_wait_us). Without that wait (EBB_ALLOC_CONF=pending_wait_us:0)
+# a copy running late, as on a loaded host, grew an arena by a granule in any step now and then
+# (the emulated driver's cuMemMap and cuMemSetAccess: an mmap and an madvise each). 5 warm-up
+# steps by default, a margin over the two.
 # usage: perf/train_syscalls.sh [bin_dir] [steady_steps (default 10)] [warmup_steps (default 5)]
 #        (bin_dir: where ebb-train is; default: this script's directory if it holds it, else
 #        build/default/bin). EBB_SIM_DEVICES (default 2) sets the emulated devices; EBB_TORCH_PYTHON

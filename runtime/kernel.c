@@ -198,6 +198,14 @@ const char *ebb_kernel_name(const ebb_kernel_t *k) {
   return k && k->magic == EBB_KERNEL_MAGIC ? k->name : "(invalid kernel)";
 }
 
+ebb_status ebb__kernel_cpu_fn(const char *fn, const ebb_kernel_t *k, ebb_kernel_cpu_fn *out) {
+  if (EBB_UNLIKELY(!k || k->magic != EBB_KERNEL_MAGIC))
+    return ebb__fail(EBB_EINVAL, "%s: kernel handle %p is %s; expected one from ebb_kernel_declare_in of this ebb_init", fn, (const void *)k,
+                     k ? "not a kernel (or from before the last ebb_shutdown)" : "NULL");
+  *out = k->cpu_fn;
+  return EBB_OK;
+}
+
 /* Slow path of the first launch of `k` on `device`: load the device's module and find the
  * function. Runs under the registry lock. */
 static ebb_status kernel_resolve(struct ebb_kernel *k, int device, CUfunction *out) {

@@ -6,9 +6,17 @@
  * the driver has VMM, see below) or from driver segments with size classes (small requests
  * <= 1 MiB from 2 MiB segments, medium from 20 MiB segments, large rounded to 2 MiB),
  * split and merge, stream-ordered reuse: a block freed on stream S is reusable on S at once; a
- * block also used on other streams (declared with ebb_arena_record_stream) becomes reusable when
- * events recorded on those streams at free time complete, checked at allocation time without a
- * host sync. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) does not
+ * block also used on other streams (declared with ebb_arena_record_stream, or by a copy) becomes
+ * reusable when events recorded on those streams at free time complete, checked at allocation
+ * time without a host sync. Before the arena grows (a driver call, and memory reserved until
+ * empty_cache), an allocation that no free block holds waits instead, on the host, for such
+ * pending frees when their bytes add up to the request: the oldest first, one event at a time,
+ * searching again after each, growing only if what is left pending could not hold it
+ * (num_pending_waits counts the allocations served so), for at most pending_wait_us in all, so
+ * that a stream held up by the allocating thread itself cannot hold it for ever (0 turns it
+ * off, as PyTorch's allocator, which grows and waits only once the driver refuses). So a training step
+ * whose demand repeats does not grow the arena when the streams its frees wait for (offload
+ * copies, cross-device copies) run late. Near capacity, when the size policy's segment (20 MiB for a 3 MiB request) does not
  * fit, one just large enough for the request (large requests rounded to 2 MiB) is tried before
  * anything else. With expandable segments the arena is one VMM reservation per device, one pool
  * for every size, grown at its end by the granules a request needs beyond the free tail. On
@@ -49,6 +57,11 @@
  *                            0 turns the history off)
  *   slab_max_bytes:N         largest rounded request served by a slab slot, at most 64K
  *                            (default 64K; 0 turns slabs off), for every arena and pool
+ *   pending_wait_us:N        before growing a device arena, wait on the host up to N
+ *                            microseconds for frees pending on other streams that could hold
+ *                            the request, then grow (default 20000; at most 10^7; 0: grow at
+ *                            once, never a host wait on the allocation path short of the OOM
+ *                            retry). The pinned and host pools never wait
  *
  * Threading: every function is thread-safe. Pointers may be freed from any thread.
  */
@@ -77,7 +90,10 @@ extern "C" {
  * the most allocated bytes. With expandable
  * segments, a failure of the device wait before unmapping cached granules (on the way to an
  * OOM) is returned as is, with the driver's message. The block is recorded as owned by the
- * calling thread's innermost owner scope (ebb_alloc_owner_push). */
+ * calling thread's innermost owner scope (ebb_alloc_owner_push). May wait on the host, before
+ * growing the arena, for work already queued on the streams that used blocks freed earlier
+ * (pending_wait_us, above; at most that long), never with the arena's lock held: frees and allocations of other
+ * threads go on meanwhile. */
 EBB_API ebb_status ebb_arena_alloc(int device, size_t bytes, ebb_stream_t *stream, void **ptr);
 /* Returns the block to its arena. Reusable on its allocation stream at once; on other streams
  * once the uses declared with ebb_arena_record_stream have completed. NULL is a no-op.
@@ -124,9 +140,13 @@ typedef struct ebb_arena_stats {
   uint64_t cache_hits;          /* allocations served without a driver call */
   uint64_t num_alloc_retries;   /* allocations that needed to release the cache and retry */
   uint64_t num_ooms;
-  uint64_t num_syncs;           /* host waits on events (release paths only) */
+  uint64_t num_syncs;           /* host waits on events: the release paths, and the waits for
+                                   pending frees before growth (num_pending_waits) */
   uint64_t num_steals;          /* allocations served from another stream's free block, ordered
                                    after that stream's work by an event (no host wait) */
+  uint64_t num_pending_waits;   /* allocations served by waiting on the host for frees pending
+                                   on other streams instead of growing the arena (device arenas,
+                                   pending_wait_us; 0 for the pinned and host pools) */
   uint64_t num_device_alloc, num_device_free; /* driver allocations / frees (or map / unmap) */
   size_t limit;                 /* 0: none */
 } ebb_arena_stats;

@@ -11,6 +11,9 @@
 #include "ebb/ops.h"
 #include "ebb/autograd.h"
 #include "ebb/optim.h"
+#include "ebb/function.h"
+#include "ebb/map.h"
+#include "ebb/custom_op.h"
 #include "ebb/dist.h"
 
 #endif /* EBB_EBB_H */

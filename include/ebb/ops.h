@@ -290,6 +290,40 @@ EBB_API ebb_status ebb_op_cat_backward(const ebb_tensor_t *grad, const ebb_tenso
                                        ebb_tensor_t **grad_i);
 EBB_API ebb_status ebb_op_stack_backward(const ebb_tensor_t *grad, int n, int dim, int i, ebb_tensor_t **grad_i);
 
+/* ---- a library's own kernels ------------------------------------------------------------------
+ * A kernel declared by the caller (ebb_kernel_declare_in of ebb/runtime.h, in the caller's own
+ * image: a CPU function and a CUDA function name) launched on tensors as ops launch theirs: the
+ * building block of a custom op's forward and backward (ebb/custom_op.h). */
+
+/* A tensor a kernel touches: `write` when the kernel writes its storage, else it only reads it. */
+typedef struct ebb_op_operand {
+  const ebb_tensor_t *t;
+  bool write;
+} ebb_op_operand;
+
+#define EBB_OP_LAUNCH_MAX_OPERANDS 16
+
+/* Runs kernel `k` with the argument struct `args` (k's arg_bytes, copied at launch: the caller
+ * may reuse it at once) over operands[0..n), 1 <= n <= EBB_OP_LAUNCH_MAX_OPERANDS, all on one
+ * device. `args` carries what the kernel needs of the tensors (their data pointers from
+ * ebb_tensor_data, shapes, strides); the operands say which storages it reads and writes:
+ *  - CPU tensors: k's CPU function runs on the calling thread and is done when the call returns.
+ *  - Device tensors: k is enqueued on the device's current stream (ebb_stream_current) and the
+ *    call returns at once. Each operand's storage is declared as used on that stream (its memory
+ *    is not reused until the kernel is done, as with ebb_tensor_record_stream) and as read or
+ *    written by the launch (the buffers EBB_CHECK_LAUNCH=1 checks); the trace shows the launch
+ *    under k's name. The grid is ceil(work / 256) blocks of 256 threads, at most 65535 blocks
+ *    (the kernel loops grid-stride over the rest); work < 1 launches one block.
+ * A kernel must write only operands declared as written, and read only operands given.
+ * Failures (nothing launched): EBB_EINVAL for NULL k, args or operands, n out of range, a NULL
+ * tensor in operands or a handle that is not a kernel of this ebb_init (the message names the
+ * operand's index); EBB_EFREED for a released tensor; EBB_EDEVICE for operands on different
+ * devices or a device in its error state; EBB_ENOTSUP when k has no function for the device (no
+ * CPU function for CPU tensors, no CUDA function or an image without CUDA code on a GPU); a
+ * failure to load k's image or launch it on the device, naming the kernel and the device.
+ * Thread-safe. */
+EBB_API ebb_status ebb_op_launch_kernel(const ebb_kernel_t *k, const void *args, const ebb_op_operand *operands, int n, int64_t work);
+
 #ifdef __cplusplus
 }
 #endif

@@ -156,6 +156,13 @@ EBB_HIDDEN ebb_status ebb__drv_vmm_release(uint64_t handle);
 EBB_HIDDEN ebb_status ebb__drv_vmm_map(uint64_t va, size_t bytes, uint64_t handle, int device);
 EBB_HIDDEN ebb_status ebb__drv_vmm_unmap(uint64_t va, size_t bytes);
 
+/* ---- kernels ------------------------------------------------------------------------------- */
+/* Checks that `k` is a kernel of this ebb_init and gives its CPU function (NULL when it was
+ * declared without one), for a module that runs kernels on CPU tensors on the calling thread
+ * (ops' ebb_op_launch_kernel). EBB_EINVAL naming `fn` for a handle that is not such a kernel.
+ * Takes no lock: a declared kernel's record does not change until the last ebb_shutdown. */
+EBB_HIDDEN ebb_status ebb__kernel_cpu_fn(const char *fn, const ebb_kernel_t *k, ebb_kernel_cpu_fn *out);
+
 /* ---- counters and trace -------------------------------------------------------------------- */
 /* Modules count the caller-owned handles they hand out (ebb_debug_live_handles). */
 EBB_HIDDEN void ebb__debug_live_add(long delta);

@@ -14,6 +14,9 @@ using namespace alloc_test;
 static const bool kEnvSet = setenv("EBB_SIM_LAUNCH_US", "20000", 0) == 0;
 
 TEST_CASE("a block used on stream B is not reused before B's work completes", "[alloc][timing]") {
+  // Without the wait before growth: the allocation grows rather than waiting for B (the wait
+  // itself: test_alloc_pending_wait.cpp).
+  ScopedEnv env("EBB_ALLOC_CONF", "expandable_segments:0,pending_wait_us:0");
   EbbSession session;
   ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   void *p = nullptr, *q = nullptr, *r = nullptr;
@@ -236,6 +239,7 @@ TEST_CASE("blocks of many released streams, all still busy, are reused after the
 // use comes after the event the release recorded (on an internal stream), so the block stays
 // pending until the released stream's work is done, with no host wait at the free.
 TEST_CASE("a block used on a stream released before its free waits for that stream's work", "[alloc][timing]") {
+  ScopedEnv env("EBB_ALLOC_CONF", "expandable_segments:0,pending_wait_us:0");  // grow, not wait
   EbbSession session;
   ebb_stream_t *a = new_stream(0), *b = new_stream(0);
   void *p = nullptr, *q = nullptr, *r = nullptr;
