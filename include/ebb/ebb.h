@@ -14,5 +14,6 @@
 #include "ebb/function.h"
 #include "ebb/map.h"
 #include "ebb/custom_op.h"
+#include "ebb/dist.h"
 
 #endif /* EBB_EBB_H */

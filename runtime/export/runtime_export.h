@@ -40,6 +40,7 @@ enum {
   EBB__LAYER_ALLOC = 2,
   EBB__LAYER_OPS = 3,
   EBB__LAYER_AUTOGRAD = 4,
+  EBB__LAYER_DIST = 5, /* beside autograd (it uses ops and below only), started after it */
 };
 
 /* One configuration variable. `check` gets the variable's value (NULL when unset or empty) at the
