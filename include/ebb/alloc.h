@@ -10,7 +10,9 @@
  * reusable when events recorded on those streams at free time complete, checked at allocation
  * time without a host sync. Before the arena grows (a driver call, and memory reserved until
  * empty_cache), an allocation that no free block holds waits instead, on the host, for such
- * pending frees when their bytes add up to the request: the oldest first, one event at a time,
+ * pending frees when their blocks (not slab slots) add up to the request, except those waiting
+ * only for the allocating stream itself (its new work follows its queued work anyway; a host
+ * wait would only put the host in step with it): the oldest first, one event at a time,
  * searching again after each, growing only if what is left pending could not hold it
  * (num_pending_waits counts the allocations served so), for at most pending_wait_us in all, so
  * that a stream held up by the allocating thread itself cannot hold it for ever (0 turns it
