@@ -149,3 +149,76 @@ TEST_CASE("reducer, bad input: NULLs, counts, caps, devices, non-parameters, opt
   ebb_tensor_release(p);
 }
 #endif
+
+#if EBB_TEST_HAVE_MPI
+namespace {
+struct Order {
+  std::vector<int> seen;
+};
+struct OrderHook {
+  Order *o;
+  int index;
+};
+ebb_status record_order(const ebb_tensor_t *, void *user) {
+  auto *h = static_cast<OrderHook *>(user);
+  h->o->seen.push_back(h->index);
+  return EBB_OK;
+}
+}  // namespace
+
+TEST_CASE("reducer, world of one: after the first step the buckets follow the order the gradients came in", "[ddp][world1]") {
+  EbbSession session;
+  Group g;
+  EBB_REQUIRE_OK(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, nullptr, &g.pg));
+  // Four parameters of 16 bytes and caps of 16: a bucket each. The loss uses them as
+  // sum(((p3 * p2) * p1) * p0): the engine reaches p0 first, against the reverse order's guess.
+  ebb_tensor_t *p[4] = {param(EBB_DEVICE_CPU, {4}, 1), param(EBB_DEVICE_CPU, {4}, 2), param(EBB_DEVICE_CPU, {4}, 3),
+                        param(EBB_DEVICE_CPU, {4}, 4)};
+  ebb_reducer_options o = {};
+  o.first_bucket_bytes = 16;
+  o.bucket_bytes = 16;
+  ebb_reducer_t *r = nullptr;
+  EBB_REQUIRE_OK(ebb_reducer_create(g.pg, p, 4, &o, &r));
+  auto bucket_order = [&] {
+    std::vector<int> v;
+    int nb = 0;
+    EBB_REQUIRE_OK(ebb_reducer_num_buckets(r, &nb));
+    for (int b = 0; b < nb; b++) {
+      int ids[4], cnt = 0;
+      EBB_REQUIRE_OK(ebb_reducer_bucket_info(r, b, nullptr, nullptr, &cnt, ids, 4));
+      for (int k = 0; k < cnt; k++) v.push_back(ids[k]);
+    }
+    return v;
+  };
+  CHECK(bucket_order() == std::vector<int>({3, 2, 1, 0}));  // reverse parameter order at first
+  Order order;
+  OrderHook hooks[4];
+  ebb_hook_handle hh[4];
+  for (int i = 0; i < 4; i++) {
+    hooks[i] = {&order, i};
+    EBB_REQUIRE_OK(ebb_tensor_register_post_accumulate_hook(p[i], record_order, &hooks[i], &hh[i]));
+  }
+  for (int step = 0; step < 2; step++) {
+    order.seen.clear();
+    EBB_REQUIRE_OK(ebb_reducer_zero_grad(r));
+    ebb_tensor_t *a = nullptr, *b = nullptr, *c = nullptr, *loss = nullptr;
+    EBB_REQUIRE_OK(ebb_op_mul(p[3], p[2], &a));
+    EBB_REQUIRE_OK(ebb_op_mul(a, p[1], &b));
+    EBB_REQUIRE_OK(ebb_op_mul(b, p[0], &c));
+    EBB_REQUIRE_OK(ebb_op_sum(c, nullptr, 0, false, &loss));
+    EBB_REQUIRE_OK(ebb_backward_one(loss));
+    EBB_REQUIRE_OK(ebb_reducer_finish(r));
+    REQUIRE(order.seen.size() == 4);
+    CHECK(order.seen[0] == 0);
+    CHECK(bucket_order() == order.seen);  // rebuilt once, in the order of the first step
+    ebb_tensor_t *gr = nullptr;
+    EBB_REQUIRE_OK(ebb_tensor_grad(p[0], &gr));
+    CHECK(read(gr)[0] == 2.0 * 3.0 * 4.0);  // p0's gradient: p1 * p2 * p3  // the gradient survived the move to the new bucket
+    ebb_tensor_release(gr);
+    for (ebb_tensor_t *t : {a, b, c, loss}) ebb_tensor_release(t);
+  }
+  for (auto h : hh) EBB_REQUIRE_OK(ebb_hook_remove(h));
+  EBB_REQUIRE_OK(ebb_reducer_destroy(r));
+  for (ebb_tensor_t *t : p) ebb_tensor_release(t);
+}
+#endif
