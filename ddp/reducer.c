@@ -73,6 +73,7 @@ struct ebb_reducer {
   int64_t task;             /* that backward's id */
   int next;                 /* the next bucket to issue */
   ebb_status err;           /* the first failure of a hook or an issue, for finish */
+  bool halted;              /* debug mode: a fingerprint differed, nothing more is reduced this step */
   char msg[EBB__ERRMSG_MAX];
   int steps;                /* finished steps */
   int *order;               /* the first step's ready order */
@@ -306,10 +307,60 @@ static ebb_status build_buckets(struct ebb_reducer *r, const int *order, bool fr
 
 /* ---- the step --------------------------------------------------------------------------------- */
 
+/* Debug mode: bucket k's fingerprint against every rank's (under r->mu; blocking). A difference
+ * is seen by every rank in the same exchange, so all of them stop reducing this step. */
+enum { FP_COLS = 6 };
+static ebb_status fingerprint(struct ebb_reducer *r, int k) {
+  const struct rbucket *b = &r->b[k];
+  int64_t mine[FP_COLS] = {r->steps, k, b->numel, b->dt, b->n, r->nb}, n = FP_COLS, gshape[2] = {r->size, FP_COLS};
+  int64_t *all = calloc((size_t)r->size * FP_COLS, sizeof *all);
+  if (!all) return ebb__fail(EBB_ENOMEM, "ebb_reducer: no host memory for the fingerprint of bucket %d", k);
+  ebb_tensor_t *in = NULL, *out = NULL;
+  ebb_status st = ebb_tensor_from_host(r->device, EBB_I64, 1, &n, mine, sizeof mine, &in);
+  if (!st) st = ebb_tensor_empty(r->device, EBB_I64, 2, gshape, &out);
+  if (!st) st = ebb_all_gather(r->pg, out, in, NULL);
+  if (!st) st = ebb_tensor_to_host(out, all, (size_t)r->size * FP_COLS * sizeof *all);
+  if (in) ebb_tensor_release(in);
+  if (out) ebb_tensor_release(out);
+  if (st) {
+    free(all);
+    return ebb__fail(st, "ebb_reducer: the fingerprint exchange of bucket %d failed: %s", k, ebb_last_error());
+  }
+  for (int q = 0; q < r->size && !st; q++) {
+    const int64_t *f = all + q * FP_COLS;
+    if (!memcmp(f, mine, sizeof mine)) continue;
+    char ps[256] = "";
+    size_t l = 0;
+    for (int j = 0; j < b->n && l + 40 < sizeof ps; j++) {
+      char d[EBB__DESC_MAX];
+      l += (size_t)snprintf(ps + l, sizeof ps - l, "%s%s", j ? ", " : "", pdesc(r, b->idx[j], d, sizeof d));
+    }
+    const char *dn = f[3] >= 0 && f[3] < 16 ? ebb_dtype_name((ebb_dtype)f[3]) : "?";
+    st = ebb__fail(EBB_ESTATE, "ebb_reducer: bucket %d of step %d differs between ranks: rank %d has %" PRId64 " %s elements in %d "
+                   "parameters (%s), rank %d is at step %" PRId64 ", bucket %" PRId64 " with %" PRId64 " %s elements in %" PRId64
+                   " parameters (of %" PRId64 " buckets, here %d); expected the same buckets in the same order on every rank (the same parameters, options and "
+                   "collectives on the group); no further bucket of this step is reduced", k, r->steps, r->rank, b->numel,
+                   ebb_dtype_name(b->dt), b->n, ps, q, f[0], f[1], f[2], dn, f[4], f[5], r->nb);
+  }
+  free(all);
+  return st;
+}
+
 /* Issues every bucket from r->next on whose parameters are all ready (under r->mu). */
 static void issue_ready(struct ebb_reducer *r) {
   while (r->next < r->nb && r->b[r->next].pending == 0) {
     struct rbucket *b = &r->b[r->next];
+    if (r->o.debug_fingerprint && !r->halted) {
+      ebb_status fs = fingerprint(r, r->next);
+      if (fs) {
+        r->halted = true;
+        step_fail(r, fs);
+      }
+    }
+    if (r->halted) {
+      r->next++;
+      continue;
+    }
     ebb_status st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
     if (st) {
       char m[EBB__ERRMSG_MAX];
@@ -328,6 +379,7 @@ static void begin_step(struct ebb_reducer *r, int64_t task, const bool *will) {
   r->task = task;
   r->next = 0;
   r->err = EBB_OK;
+  r->halted = false;
   r->msg[0] = '\0';
   for (int k = 0; k < r->nb; k++) {
     r->b[k].pending = 0;

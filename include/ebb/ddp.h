@@ -78,6 +78,14 @@ typedef struct ebb_reducer_options {
   int64_t bucket_bytes;       /* 0: EBB_REDUCER_DEFAULT_BUCKET_BYTES; < 0: EBB_EINVAL */
   bool copy_grads;            /* false (default): .grad is a view of its bucket; true: copied in and out */
   bool no_rebuild;            /* true: keep the reverse-order buckets (no first-step rebuild) */
+  /* Debug: before each bucket's all-reduce the ranks all-gather its fingerprint (step, bucket,
+   * element count, dtype, parameter count; a blocking exchange, so this costs a round trip per
+   * bucket) and compare. A difference (ranks whose buckets differ, or whose collectives on the
+   * group went out of step) fails the step on every rank at once, naming the bucket, its
+   * parameters and what each rank has, and no further bucket of that step is reduced, instead of
+   * a mismatched all-reduce that hangs or mixes unrelated data. A rank that issues nothing at
+   * all is only seen by the group's timeout (ebb_pg_options.timeout_ms: give 10000 for 10 s). */
+  bool debug_fingerprint;
 } ebb_reducer_options;
 
 /* Creates a reducer over `pg` for params[0..n): leaf tensors that require gradients, floating,

@@ -14,6 +14,10 @@
  *   mismatch  parameter lists that differ between ranks (a shape on rank 1; one parameter more on
  *             the last rank): every rank's ebb_reducer_create fails with EBB_EINVAL naming the
  *             first differing parameter; nothing is left live.
+ *   fingerprint  debug mode with buckets that differ between ranks (rank 1 uses other caps): the
+ *             first bucket's fingerprint exchange fails the step on every rank, naming the
+ *             bucket, instead of a mismatched all-reduce; the group has a 10 s timeout, and
+ *             ctest's timeout bounds the whole job.
  */
 #include <math.h>
 #include <stdio.h>
@@ -268,6 +272,31 @@ static void check_mismatch(int device) {
   OK(ebb_pg_destroy(pg));
 }
 
+static void check_fingerprint(int device) {
+  ebb_pg_options po = {0};
+  po.timeout_ms = 10000;
+  ebb_pg_t *pg = NULL;
+  OK(ebb_pg_create(EBB_DIST_MPI, device, &po, &pg));
+  ebb_tensor_t *p[NP];
+  for (int i = 0; i < NP; i++) p[i] = make_param(device, EBB_F64, i);
+  ebb_reducer_options o = {.first_bucket_bytes = 64, .bucket_bytes = 600, .debug_fingerprint = true};
+  if (rank_ == 1) o.bucket_bytes = 2000;
+  ebb_reducer_t *red = NULL;
+  OK(ebb_reducer_create(pg, p, NP, &o, &red));
+  ebb_tensor_t *x = make_batch(device, EBB_F64, rank_, 0);
+  forward_backward(p, x, rank_, 0);
+  ebb_tensor_release(x);
+  ebb_status st = ebb_reducer_finish(red);
+  if (st != EBB_ESTATE || !strstr(ebb_last_error(), "differs between ranks") || !strstr(ebb_last_error(), "bucket"))
+    FAIL("fingerprint: ebb_reducer_finish returned %s (%s); expected EBB_ESTATE naming the bucket", ebb_status_name(st),
+         ebb_last_error());
+  else if (rank_ == 0)
+    printf("rank 0: as expected: %s\n", ebb_last_error());
+  OK(ebb_reducer_destroy(red));
+  for (int i = 0; i < NP; i++) ebb_tensor_release(p[i]);
+  OK(ebb_pg_destroy(pg));
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "grads";
   if (ebb_init()) {
@@ -298,6 +327,9 @@ int main(int argc, char **argv) {
       check_grads(dev, EBB_F32, &small, "f32, small buckets");
       check_grads(dev, EBB_F64, &copies, "f64, copies");
     }
+  } else if (!strcmp(mode, "fingerprint")) {
+    check_fingerprint(EBB_DEVICE_CPU);
+    check_fingerprint(device);
   } else if (!strcmp(mode, "mismatch")) {
     check_mismatch(EBB_DEVICE_CPU);
     check_mismatch(device);
