@@ -21,6 +21,7 @@
 #include "ebb/autograd.h"
 #include "ebb/ddp.h"
 #include "ebb/dist.h"
+#include "ebb/stream.h"
 #include "ebb/tensor.h"
 #include "ebb_internal.h"
 #include "ebb_sync.h"
@@ -63,6 +64,12 @@ struct ebb_reducer {
   ebb_mutex mu;
   ebb_pg_t *pg;
   int device, rank, size;
+  /* Device groups: the stream the all-reduces are issued from. A collective makes the stream
+   * current at its issue wait for its end; issued from the backward's stream, that would hold
+   * backward's next kernels until the bucket is reduced. This stream takes that wait instead
+   * (after waiting itself for the backward's stream), and ebb_reducer_finish makes the caller's
+   * current stream wait for it once. */
+  ebb_stream_t *side;
   ebb_reducer_options o;
   int np;
   struct rparam *p;
@@ -361,7 +368,21 @@ static void issue_ready(struct ebb_reducer *r) {
       r->next++;
       continue;
     }
-    ebb_status st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+    ebb_status st = EBB_OK;
+    if (r->side) { /* on a device: from the side stream, ordered after the accumulation */
+      ebb_stream_t *cur = NULL;
+      ebb_stream_guard g;
+      st = ebb_stream_current(r->device, &cur);
+      if (!st) st = ebb_stream_wait_stream(r->side, cur);
+      if (!st) st = ebb_stream_guard_enter(&g, r->side);
+      if (!st) {
+        st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+        ebb_status gs = ebb_stream_guard_exit(&g);
+        if (!st) st = gs;
+      }
+    } else {
+      st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+    }
     if (st) {
       char m[EBB__ERRMSG_MAX];
       snprintf(m, sizeof m, "%s", ebb_last_error());
@@ -567,6 +588,8 @@ static void teardown(struct ebb_reducer *r) {
   free(r->p);
   free_buckets(r->b, r->nb);
   free(r->order);
+  if (r->side) ebb_stream_release(r->side);
+  r->side = NULL;
   r->p = NULL;
   r->b = NULL;
 }
@@ -616,6 +639,7 @@ ebb_status ebb_reducer_create(ebb_pg_t *pg, ebb_tensor_t *const *params, int n, 
     ebb_tensor_dtype(p->t, &p->dt);
     ebb_tensor_numel(p->t, &p->numel);
   }
+  if (!st && device != EBB_DEVICE_CPU) st = ebb_stream_create(device, EBB_PRIO_HIGH, &r->side);
   if (!st) st = exchange_lists(r, fn);
   /* Every rank starts from rank 0's values. */
   for (int i = 0; !st && i < n && size > 1; i++) st = ebb_broadcast(pg, r->p[i].t, 0, NULL);
@@ -719,7 +743,17 @@ ebb_status ebb_reducer_finish(ebb_reducer_t *r) {
   snprintf(msg, sizeof msg, "%s", r->msg);
   r->active = false;
   ebb__mutex_unlock(&r->mu);
-  /* Wait: a host wait on the CPU; on a device the streams are ordered already. */
+  /* Wait: a host wait on the CPU; on a device the caller's current stream waits for the side
+   * stream, which waited for every all-reduce issued from it. */
+  if (r->side) {
+    ebb_stream_t *cur = NULL;
+    ebb_status ws = ebb_stream_current(r->device, &cur);
+    if (!ws) ws = ebb_stream_wait_stream(cur, r->side);
+    if (ws && !err) {
+      err = ws;
+      snprintf(msg, sizeof msg, "ordering the caller's stream after the reductions: %s", ebb_last_error());
+    }
+  }
   for (int k = 0; k < r->nb; k++) {
     struct rbucket *b = &r->b[k];
     if (!b->work) continue;

@@ -32,15 +32,16 @@
  * broadcast and every rank rebuilds its buckets in it (once), copying the reduced gradients
  * into the new buckets. Later steps keep those buckets.
  *
- * Streams: on a device group, each all-reduce is ordered on the device after the accumulation
- * (the hook runs with the AccumulateGrad node's stream current: the all-reduce waits for that
- * stream), and that stream waits for the all-reduce's end, so the caller's current streams,
- * ordered after backward's gradient writes when ebb_backward returns, see the reduced gradients
- * without a host wait; ebb_reducer_finish does not block the host there. On the CPU, the
- * all-reduces run on the group's communication thread while backward continues, and
- * ebb_reducer_finish waits for them. The AccumulateGrad nodes of one bucket's parameters are
- * expected to run on one stream (the forward's, as usual).
- *
+ * Streams: on a device group, each bucket's all-reduce is issued from a stream of the reducer's
+ * own (a side stream), which first waits for the stream current when the bucket filled (in a
+ * hook: the AccumulateGrad node's, which wrote the bucket); the collective's end is waited for by
+ * the side stream only, so backward's next kernels never wait for a reduction. Each
+ * ebb_reducer_finish makes the caller's current stream wait for the side stream (on the device,
+ * no host wait): work issued after it on that stream sees the reduced gradients, and other
+ * streams must wait for that one. On the CPU, the all-reduces run on the group's communication
+ * thread while backward continues, and ebb_reducer_finish waits for them on the host. The
+ * AccumulateGrad nodes of one bucket's parameters are expected to run on one stream (the
+ * forward's, as usual): the all-reduce is ordered after the stream of the bucket's last hook.
  * Handles: a reducer is owned by the caller (ebb_reducer_destroy), holds references on its
  * parameters, their AccumulateGrad nodes and its buckets, and must be destroyed before its
  * group and before the last ebb_shutdown (EBB_EBUSY while one is live). A destroyed handle is
