@@ -451,11 +451,12 @@ static ebb_status on_accumulated(const ebb_tensor_t *t, void *user) {
   ebb__mutex_lock(&r->mu);
   bool fresh = !r->active;
   bool other = r->active && r->task != task;
+  int64_t open_task = r->task;
   ebb__mutex_unlock(&r->mu);
   if (other)
     return ebb__fail(EBB_ESTATE, "ebb_reducer: a second backward (%" PRId64 ") reached the parameters before "
                      "ebb_reducer_finish ended the step of backward %" PRId64 "; expected one backward per "
-                     "ebb_reducer_finish", task, r->task);
+                     "ebb_reducer_finish", task, open_task);
   ebb_status st = EBB_OK;
   if (fresh) {
     bool *will = calloc((size_t)r->np, sizeof *will);

@@ -222,3 +222,34 @@ TEST_CASE("reducer, world of one: after the first step the buckets follow the or
   for (ebb_tensor_t *t : p) ebb_tensor_release(t);
 }
 #endif
+
+#if EBB_TEST_HAVE_MPI
+TEST_CASE("reducer, world of one: a second backward before ebb_reducer_finish fails, naming finish", "[ddp][world1]") {
+  EbbSession session;
+  Group g;
+  EBB_REQUIRE_OK(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, nullptr, &g.pg));
+  ebb_tensor_t *p = param(EBB_DEVICE_CPU, {4}, 1);
+  ebb_reducer_t *r = nullptr;
+  EBB_REQUIRE_OK(ebb_reducer_create(g.pg, &p, 1, nullptr, &r));
+  ebb_tensor_t *a = nullptr, *l1 = nullptr, *l2 = nullptr;
+  EBB_REQUIRE_OK(ebb_op_mul_scalar(p, 2, &a));
+  EBB_REQUIRE_OK(ebb_op_sum(a, nullptr, 0, false, &l1));
+  EBB_REQUIRE_OK(ebb_op_sum(a, nullptr, 0, false, &l2));
+  const ebb_tensor_t *roots1[1] = {l1};
+  EBB_REQUIRE_OK(ebb_backward(roots1, nullptr, 1, true, nullptr, 0));
+  CHECK(ebb_backward_one(l2) == EBB_ESTATE);
+  CHECK_THAT(ebb_last_error(), Catch::Contains("before ebb_reducer_finish"));
+  EBB_REQUIRE_OK(ebb_reducer_finish(r));  // the first backward's step completes
+  // The next step works as usual.
+  EBB_REQUIRE_OK(ebb_reducer_zero_grad(r));
+  EBB_REQUIRE_OK(ebb_backward_one(l1));
+  EBB_REQUIRE_OK(ebb_reducer_finish(r));
+  ebb_tensor_t *gr = nullptr;
+  EBB_REQUIRE_OK(ebb_tensor_grad(p, &gr));
+  CHECK(read(gr)[0] == 2.0);
+  ebb_tensor_release(gr);
+  for (ebb_tensor_t *t : {a, l1, l2}) ebb_tensor_release(t);
+  EBB_REQUIRE_OK(ebb_reducer_destroy(r));
+  ebb_tensor_release(p);
+}
+#endif
