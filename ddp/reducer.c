@@ -12,6 +12,7 @@
  * the reducer's mutex. The module's mutex (a leaf) guards the table of records only.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,9 +60,9 @@ struct rbucket {
 };
 
 struct ebb_reducer {
+  ebb_mutex mu;             /* first: kept (initialised once) when the record is reused */
   uint32_t magic;
   struct ebb_reducer *next_free;
-  ebb_mutex mu;
   ebb_pg_t *pg;
   int device, rank, size;
   /* Device groups: the stream the all-reduces are issued from. A collective makes the stream
@@ -133,9 +134,7 @@ static struct ebb_reducer *record_new(void) {
     if (!r) return NULL;
     ebb__mutex_init(&r->mu, "ddp reducer", EBB_RANK_DDP_REDUCER);
   } else {
-    ebb_mutex mu = r->mu;
-    memset(r, 0, sizeof *r);
-    r->mu = mu;
+    memset((char *)r + sizeof r->mu, 0, sizeof *r - sizeof r->mu);
   }
   return r;
 }
@@ -206,6 +205,7 @@ static ebb_status plan_buckets(struct ebb_reducer *r, const int *order, struct r
                                int64_t *offs, int *bk, const char *fn) {
   struct rbucket *b = calloc((size_t)r->np, sizeof *b);
   if (!b) return ebb__fail(EBB_ENOMEM, "%s: no host memory for %d buckets", fn, r->np);
+  /* First the assignment (bucket numbers, offsets, sizes), then each bucket's index list. */
   int nb = 0;
   int64_t bytes = 0;
   for (int k = 0; k < r->np; k++) {
@@ -216,18 +216,25 @@ static ebb_status plan_buckets(struct ebb_reducer *r, const int *order, struct r
     if (!cur || cur->dt != p->dt || (cur->n > 0 && bytes + pb > cap)) {
       cur = &b[nb++];
       cur->dt = p->dt;
-      cur->idx = calloc((size_t)r->np, sizeof *cur->idx);
-      if (!cur->idx) {
-        free_buckets(b, nb);
-        return ebb__fail(EBB_ENOMEM, "%s: no host memory for a bucket", fn);
-      }
       bytes = 0;
     }
     offs[order[k]] = cur->numel;
     bk[order[k]] = nb - 1;
-    cur->idx[cur->n++] = order[k];
+    cur->n++;
     cur->numel += p->numel;
     bytes += pb;
+  }
+  for (int k = 0; k < nb; k++) {
+    b[k].idx = malloc((size_t)b[k].n * sizeof *b[k].idx);
+    if (!b[k].idx) {
+      free_buckets(b, nb);
+      return ebb__fail(EBB_ENOMEM, "%s: no host memory for a bucket", fn);
+    }
+    b[k].n = 0;
+  }
+  for (int k = 0; k < r->np; k++) {
+    struct rbucket *cur = &b[bk[order[k]]];
+    cur->idx[cur->n++] = order[k];
   }
   ebb_status st = EBB_OK;
   for (int k = 0; k < nb && !st; k++) {
