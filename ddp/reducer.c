@@ -38,7 +38,8 @@ struct rparam {
   int index;
   ebb_tensor_t *t;          /* retained */
   ebb_gradient_edge edge;   /* holds the AccumulateGrad node */
-  ebb_hook_handle hook;
+  ebb_hook_handle hook;      /* post-accumulate: ready */
+  ebb_hook_handle pre_hook;  /* tensor hook: refuses a second backward before it writes the bucket */
   ebb_dtype dt;
   int64_t numel;
   int bucket;
@@ -450,6 +451,25 @@ static ebb_status grad_into_bucket(struct ebb_reducer *r, struct rparam *p) {
   return st;
 }
 
+/* Before the gradient is added into .grad (the bucket): a backward other than the step's open
+ * one must not write into buckets whose reduction may be running. */
+static ebb_status on_grad(const ebb_tensor_t *grad, ebb_tensor_t **replace, void *user) {
+  (void)grad;
+  (void)replace;
+  struct rparam *p = user;
+  struct ebb_reducer *r = p->r;
+  int64_t task = ebb_autograd_current_task_id();
+  ebb__mutex_lock(&r->mu);
+  bool other = r->active && r->task != task;
+  int64_t open_task = r->task;
+  ebb__mutex_unlock(&r->mu);
+  if (other)
+    return ebb__fail(EBB_ESTATE, "ebb_reducer: a second backward (%" PRId64 ") reached parameter %d before "
+                     "ebb_reducer_finish ended the step of backward %" PRId64 " (its reductions may still be writing the "
+                     "buckets); expected one backward per ebb_reducer_finish", task, p->index, open_task);
+  return EBB_OK;
+}
+
 static ebb_status on_accumulated(const ebb_tensor_t *t, void *user) {
   (void)t;
   struct rparam *p = user;
@@ -589,6 +609,7 @@ static void teardown(struct ebb_reducer *r) {
   for (int i = 0; r->p && i < r->np; i++) {
     struct rparam *p = &r->p[i];
     if (p->hook.id) ebb_hook_remove(p->hook);
+    if (p->pre_hook.id) ebb_hook_remove(p->pre_hook);
     if (p->edge.node) ebb_gradient_edge_release(&p->edge);
     if (p->view) ebb_tensor_release(p->view);
     if (p->t) ebb_tensor_release(p->t);
@@ -661,6 +682,7 @@ ebb_status ebb_reducer_create(ebb_pg_t *pg, ebb_tensor_t *const *params, int n, 
   for (int i = 0; !st && i < n; i++) {
     st = ebb_tensor_gradient_edge(r->p[i].t, &r->p[i].edge);
     if (!st) st = ebb_tensor_register_post_accumulate_hook(r->p[i].t, on_accumulated, &r->p[i], &r->p[i].hook);
+    if (!st) st = ebb_tensor_register_hook(r->p[i].t, on_grad, &r->p[i], &r->p[i].pre_hook);
   }
   if (st) {
     char m[EBB__ERRMSG_MAX];

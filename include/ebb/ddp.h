@@ -48,7 +48,9 @@
  * EBB_EFREED until its record is reused (records are reused first in, first out after 256 more
  * destructions).
  * Threading: calls on one reducer must not overlap each other or a backward through its
- * parameters other than the one the hooks serve; one backward per ebb_reducer_finish.
+ * parameters other than the one the hooks serve; one backward per ebb_reducer_finish: a second
+ * backward that reaches a parameter before finish fails with EBB_ESTATE naming finish, before it
+ * writes into a bucket (a tensor hook per parameter checks it).
  * Errors: a status and ebb_last_error naming the call, the parameter (index, name when it has
  * one, dtype, shape, device) or the bucket, and what was expected.
  */
