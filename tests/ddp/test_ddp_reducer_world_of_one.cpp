@@ -31,6 +31,25 @@ ebb_tensor_t *param(int dev, std::vector<int64_t> shape, double v) {
 
 }  // namespace
 
+TEST_CASE("reducer, bad input that needs no group: NULL group, handle or output, no parameters", "[ddp]") {
+  // Runs in a build without MPI too: nothing here creates a group.
+  EbbSession session;
+  ebb_tensor_t *p = param(EBB_DEVICE_CPU, {4}, 1);
+  ebb_reducer_t *r = nullptr;
+  CHECK(ebb_reducer_create(nullptr, &p, 1, nullptr, &r) == EBB_EINVAL);
+  CHECK_THAT(ebb_last_error(), Catch::Contains("pg is NULL"));
+  CHECK(r == nullptr);
+  CHECK(ebb_reducer_create(nullptr, &p, 1, nullptr, nullptr) == EBB_EINVAL);
+  CHECK_THAT(ebb_last_error(), Catch::Contains("out is NULL"));
+  CHECK(ebb_reducer_finish(nullptr) == EBB_EINVAL);
+  CHECK(ebb_reducer_zero_grad(nullptr) == EBB_EINVAL);
+  CHECK(ebb_reducer_destroy(nullptr) == EBB_EINVAL);
+  int nb = 0;
+  CHECK(ebb_reducer_num_buckets(nullptr, &nb) == EBB_EINVAL);
+  CHECK(ebb_reducer_bucket_info(nullptr, 0, nullptr, nullptr, nullptr, nullptr, 0) == EBB_EINVAL);
+  ebb_tensor_release(p);
+}
+
 #if EBB_TEST_HAVE_MPI
 TEST_CASE("reducer, world of one: .grad after finish is the rank's own gradient, and buckets follow the caps", "[ddp][world1]") {
   EbbSession session;
