@@ -209,8 +209,29 @@ void ebb__work_finish_locked(struct ebb_work *w, ebb_status st, const char *msg)
 
 /* ---- the communication thread ---------------------------------------------------------------- */
 
+/* The link model (EBB_DIST_LINK_GBPS, for benchmarks on one machine): the Gbit/s of a modelled
+ * link, 0 or unset for none. An all-reduce then lasts at least what a ring all-reduce of its
+ * bytes takes on that link (2 (n - 1) / n of them each way), the thread sleeping for the rest,
+ * so its duration is set and takes no core (as the emulated driver's EBB_SIM_COPY_GBPS does for
+ * copies). Read when a group's thread starts. */
+static double link_gbps(void) {
+  const char *v = getenv("EBB_DIST_LINK_GBPS");
+  double g = v ? strtod(v, NULL) : 0;
+  return g > 0 ? g : 0;
+}
+
+static void link_sleep(const struct ebb_pg *pg, const struct ebb_work *w, double gbps, uint64_t start_ns) {
+  if (gbps <= 0 || w->call.kind != DIST_ALL_REDUCE || pg->size < 2) return;
+  double bytes = (double)w->call.count * (double)w->call.elem_bytes * 2.0 * (pg->size - 1) / pg->size;
+  uint64_t want = start_ns + (uint64_t)(bytes * 8.0 / gbps), now = ebb__now_ns(); /* Gbit/s = bits per ns */
+  if (now >= want) return;
+  struct timespec ts = {(time_t)((want - now) / 1000000000u), (long)((want - now) % 1000000000u)};
+  nanosleep(&ts, NULL);
+}
+
 static void *comm_main(void *arg) {
   struct ebb_pg *pg = arg;
+  double gbps = link_gbps();
   char name[32];
   snprintf(name, sizeof name, "dist %s comm", ebb_dist_backend_name(pg->backend));
   ebb__trace_thread_name_default(name);
@@ -241,6 +262,7 @@ static void *comm_main(void *arg) {
         pthread_cond_broadcast(&ebb__dist_cv); /* waiters now have a deadline */
         ebb__mutex_unlock(&ebb__dist_mu);
         st = ebb__mpi_run(pg->mpi_comm, &w->call, pg->rank, pg->size, msg, sizeof msg);
+        if (!st) link_sleep(pg, w, gbps, w->start_ns);
         ebb__mutex_lock(&ebb__dist_mu);
       }
     }

@@ -15,5 +15,6 @@
 #include "ebb/map.h"
 #include "ebb/custom_op.h"
 #include "ebb/dist.h"
+#include "ebb/ddp.h"
 
 #endif /* EBB_EBB_H */

@@ -28,6 +28,7 @@ enum ebb_lock_rank {
   EBB_RANK_AG_OFFLOAD,      /* autograd: offloaded saved tensors, held across the stream, event and alloc calls that move them */
   EBB_RANK_AG_MUTATION,     /* autograd: the allow-mutation registry, held across the clones it makes and the saved-slot changes */
   EBB_RANK_AG_SAVED,        /* autograd: its table of saved blocks, held across the alloc calls that re-tag them */
+  EBB_RANK_DDP_REDUCER,     /* ddp: a reducer's state, held across the collectives it issues in bucket order */
   EBB_RANK_DIST_ISSUE,      /* dist: a group's issue order, held across the stream, event and alloc calls of a collective */
   EBB_RANK_RUNTIME,         /* init/shutdown, driver table */
   EBB_RANK_KERNELS,         /* kernel registry */

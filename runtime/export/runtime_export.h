@@ -41,6 +41,7 @@ enum {
   EBB__LAYER_OPS = 3,
   EBB__LAYER_AUTOGRAD = 4,
   EBB__LAYER_DIST = 5, /* beside autograd (it uses ops and below only), started after it */
+  EBB__LAYER_DDP = 6,  /* the data-parallel reducer, over autograd and dist */
 };
 
 /* One configuration variable. `check` gets the variable's value (NULL when unset or empty) at the
