@@ -137,6 +137,10 @@ unset OPENBLAS_NUM_THREADS
 # autograd: offloaded saved tensors (the programs set their own environment)
 q 2 1 --;                             run offload ebb-bench-offload "${args[@]}"
 q 2 1 --;                             run offload_budget ebb-bench-offload_budget "${args[@]}"
+# distributed: the data-parallel reducer on 2 ranks under Open MPI, one emulated device each
+mpirun_bin="$(command -v mpirun || echo /nonexistent/mpirun)"
+q 2 512 16 3 -- 7 2048 16 10
+EBB_SIM_DEVICES=1 run ddp "$mpirun_bin" --allow-run-as-root --oversubscribe -np 2 "$bin/ebb-bench-ddp" "${args[@]}"
 # autograd: map against the explicit loop (the program sets its own environment)
 q 1 1 --;                             run map ebb-bench-map "${args[@]}"
 rm -f "$out/.run.out"
