@@ -133,7 +133,7 @@ EBB_HIDDEN const char *ebb__dist_kind_name(dist_kind k);
 
 /* ---- collectives.c: argument checks and the issue paths ------------------------------------ */
 
-/* ---- dist_mpi.c: the MPI backend (stubs answering EBB_ENOTSUP in a build without MPI) ------ */
+/* ---- dist_mpi.c: the MPI backend (a build without MPI reports it unavailable: EBB_ENOTSUP naming what to install) */
 /* EBB_OK, or EBB_ENOTSUP with why in the message (naming fn). */
 EBB_HIDDEN ebb_status ebb__mpi_available(const char *fn);
 /* Initialises MPI unless someone did (MPI_THREAD_MULTIPLE required), then duplicates
