@@ -3,7 +3,8 @@
 #
 # 1. builds ebb (RelWithDebInfo, all cores, CUDA kernels when nvcc is there) into builddir
 #    (default build/gpu), unless builddir already holds a build (then it only rebuilds what
-#    changed, or uses it as it is when cmake is not installed);
+#    changed, or uses it as it is when cmake is not installed) or was unpacked from
+#    tools/gpu-pack.sh (a PACKED file: used as it is, with its own libraries);
 # 2. asks ebb-info, with EBB_DRIVER=cuda, whether libcuda answers: exits 2 when no GPU does;
 # 3. runs the whole test suite against libcuda (EBB_DRIVER=cuda; tests of the emulated driver's
 #    own behaviour, such as fault injection, select it themselves): a failure is either ebb
@@ -32,7 +33,27 @@ mkdir -p "$OUT" || exit 1
 status=0
 
 step "build ($B, $jobs jobs)"
-if command -v cmake >/dev/null; then
+if [[ -f $B/PACKED ]]; then
+  # A build from tools/gpu-pack.sh: used as it is (this machine may lack ebb's dependencies).
+  # Its CTest files and run paths name the directory it was built in: link that to this one.
+  cat "$B/PACKED"
+  src=$(sed -n 's/^source=//p' "$B/PACKED")
+  if [[ $src != "$PWD" ]]; then
+    if [[ -e $src && ! $src -ef $PWD ]]; then
+      echo "gpu-check: the packed build names $src, which exists here and is not this repository"; exit 1
+    fi
+    [[ -e $src ]] || { mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; } || exit 1
+  fi
+  # The tests run some programs (cmake, python3) by the absolute path of the packing machine:
+  # where that path is missing here, the CTest files get this machine's program of that name.
+  for p in $(sed -n 's/^programs=//p' "$B/PACKED"); do
+    [[ -x $p ]] && continue
+    here=$(command -v "${p##*/}") || { echo "gpu-check: no ${p##*/} here; tests that run $p will not run"; continue; }
+    find "$B" -name "*.cmake" -exec sed -i "s|$p|$here|g" {} +
+    echo "gpu-check: tests run $here for $p"
+  done
+  export LD_LIBRARY_PATH=$B/deplib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+elif command -v cmake >/dev/null; then
   if [[ ! -f $B/CMakeCache.txt ]]; then
     cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$OUT/configure.log" 2>&1 ||
       { tail -30 "$OUT/configure.log"; echo "gpu-check: configure failed ($OUT/configure.log)"; exit 1; }
