@@ -158,7 +158,9 @@ int main(int argc, char **argv) {
   snprintf(env, sizeof env, "%.6g", gb[0]);
   setenv("EBB_DIST_LINK_GBPS", env, 1);
   ebb_pg_t *pg = NULL;
-  BENCH_CHECK(ebb_pg_create(EBB_DIST_MPI, device, NULL, &pg));
+  /* BENCH_DDP_BACKEND=nccl: the device group over NCCL (CUDA GPUs, one per rank). */
+  const char *be = getenv("BENCH_DDP_BACKEND");
+  BENCH_CHECK(ebb_pg_create(be && !strcmp(be, "nccl") ? EBB_DIST_NCCL : EBB_DIST_MPI, device, NULL, &pg));
   ebb_reducer_t *red = NULL;
   BENCH_CHECK(ebb_reducer_create(pg, w, L, NULL, &red));
   int nb = 0;

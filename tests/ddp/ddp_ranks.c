@@ -16,13 +16,15 @@
  *             first differing parameter; nothing is left live.
  *   fingerprint  debug mode with buckets that differ between ranks (rank 1 uses other caps): the
  *             first bucket's fingerprint exchange fails the step on every rank, naming the
- *             bucket, instead of a mismatched all-reduce; the group has a 10 s timeout, and
- *             ctest's timeout bounds the whole job.
+ *             bucket, instead of a mismatched all-reduce, and within 10 s of the step's start
+ *             (checked); the group has a 10 s timeout, and ctest's timeout bounds the whole job.
+ * Device groups are MPI's, or NCCL's with EBB_TEST_DIST_BACKEND=nccl (a machine with CUDA GPUs).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ebb/ebb.h"
 
@@ -48,6 +50,13 @@ static int rank_ = -1, size_ = 1, failures;
 enum { D = 8, H = 16, O = 4, B = 3, NP = 6, STEPS = 3 };
 static const int64_t shapes[NP][2] = {{H, D}, {H, 0}, {O, H}, {O, 0}, {O, D}, {O, D}};
 static const char *names[NP] = {"w1", "b1", "w2", "b2", "w3", "w4"};
+
+/* The backend of device groups: MPI, or NCCL when EBB_TEST_DIST_BACKEND=nccl (for a machine with
+ * CUDA GPUs and libnccl.so.2; CPU groups are always MPI's). */
+static ebb_dist_backend device_backend(int device) {
+  const char *b = getenv("EBB_TEST_DIST_BACKEND");
+  return device >= 0 && b && !strcmp(b, "nccl") ? EBB_DIST_NCCL : EBB_DIST_MPI;
+}
 
 static int64_t numel_of(int i) { return shapes[i][0] * (shapes[i][1] ? shapes[i][1] : 1); }
 
@@ -155,7 +164,7 @@ static void reference(ebb_dtype dt, int s, double ref[NP][H * D]) {
 
 static void check_grads(int device, ebb_dtype dt, const ebb_reducer_options *opts, const char *what) {
   ebb_pg_t *pg = NULL;
-  OK(ebb_pg_create(EBB_DIST_MPI, device, NULL, &pg));
+  OK(ebb_pg_create(device_backend(device), device, NULL, &pg));
   ebb_tensor_t *p[NP];
   for (int i = 0; i < NP; i++) p[i] = make_param(device, dt, i);
   ebb_reducer_t *red = NULL;
@@ -240,7 +249,7 @@ static void check_grads(int device, ebb_dtype dt, const ebb_reducer_options *opt
 
 static void check_mismatch(int device) {
   ebb_pg_t *pg = NULL;
-  OK(ebb_pg_create(EBB_DIST_MPI, device, NULL, &pg));
+  OK(ebb_pg_create(device_backend(device), device, NULL, &pg));
   for (int variant = 0; variant < 2; variant++) {
     ebb_tensor_t *p[NP + 1];
     int n = 4;
@@ -276,17 +285,24 @@ static void check_fingerprint(int device) {
   ebb_pg_options po = {0};
   po.timeout_ms = 10000;
   ebb_pg_t *pg = NULL;
-  OK(ebb_pg_create(EBB_DIST_MPI, device, &po, &pg));
+  OK(ebb_pg_create(device_backend(device), device, &po, &pg));
   ebb_tensor_t *p[NP];
   for (int i = 0; i < NP; i++) p[i] = make_param(device, EBB_F64, i);
   ebb_reducer_options o = {.first_bucket_bytes = 64, .bucket_bytes = 600, .debug_fingerprint = true};
   if (rank_ == 1) o.bucket_bytes = 2000;
   ebb_reducer_t *red = NULL;
   OK(ebb_reducer_create(pg, p, NP, &o, &red));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   ebb_tensor_t *x = make_batch(device, EBB_F64, rank_, 0);
   forward_backward(p, x, rank_, 0);
   ebb_tensor_release(x);
   ebb_status st = ebb_reducer_finish(red);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  /* The promise is a failure within 10 s, not a hang that a timeout ends: a bound on a failure
+   * path, far above the step's own time. */
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  if (s >= 10.0) FAIL("fingerprint: the mismatch took %.1f s to fail the step; expected under 10 s", s);
   if (st != EBB_ESTATE || !strstr(ebb_last_error(), "differs between ranks") || !strstr(ebb_last_error(), "bucket"))
     FAIL("fingerprint: ebb_reducer_finish returned %s (%s); expected EBB_ESTATE naming the bucket", ebb_status_name(st),
          ebb_last_error());

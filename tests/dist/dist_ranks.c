@@ -17,6 +17,7 @@
  *                destroy answers EBB_EBUSY until the late call lets MPI return, then succeeds.
  *   kill         rank 1 aborts before the first collective; the others issue it and wait. The
  *                test expects mpirun to end the job (non-zero) well before its timeout.
+ * Device groups are MPI's, or NCCL's with EBB_TEST_DIST_BACKEND=nccl (a machine with CUDA GPUs).
  */
 #include <math.h>
 #include <stdio.h>
@@ -100,11 +101,18 @@ static void expect(const char *what, int device, const double *got, const double
     }
 }
 
+/* The backend of device groups: MPI, or NCCL when EBB_TEST_DIST_BACKEND=nccl (for a machine with
+ * CUDA GPUs and libnccl.so.2; CPU groups are always MPI's). */
+static ebb_dist_backend device_backend(int device) {
+  const char *b = getenv("EBB_TEST_DIST_BACKEND");
+  return device >= 0 && b && !strcmp(b, "nccl") ? EBB_DIST_NCCL : EBB_DIST_MPI;
+}
+
 #define N 1000
 
 static void check_collectives(int device) {
   ebb_pg_t *pg = NULL;
-  OK(ebb_pg_create(EBB_DIST_MPI, device, NULL, &pg));
+  OK(ebb_pg_create(device_backend(device), device, NULL, &pg));
   int rank, size;
   OK(ebb_pg_rank(pg, &rank));
   OK(ebb_pg_size(pg, &size));
@@ -203,7 +211,7 @@ static void check_collectives(int device) {
  * stream just before the collective, and the result is read by the caller's next kernel. */
 static void check_streams(int device) {
   ebb_pg_t *pg = NULL;
-  OK(ebb_pg_create(EBB_DIST_MPI, device, NULL, &pg));
+  OK(ebb_pg_create(device_backend(device), device, NULL, &pg));
   int size;
   OK(ebb_pg_size(pg, &size));
   int64_t n = 4096;
