@@ -536,7 +536,10 @@ SIM_API CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, C
   struct sim_range rg = {.base = (uintptr_t)ptr, .size = size, .kind = SIM_MEM_VMM, .ordinal = a->dev->ordinal,
                          .map_len = size, .alloc = a};
   pthread_rwlock_wrlock(&reg.lock);
-  r = reg_insert_locked(&rg); /* ALREADY_MAPPED over an existing mapping */
+  /* Over an existing mapping the real driver answers CUDA_ERROR_INVALID_VALUE (CUDA 13 on an H100;
+   * cuda.h lists no ALREADY_MAPPED among cuMemMap's results), so the emulated one does too. */
+  r = reg_insert_locked(&rg);
+  if (r == CUDA_ERROR_ALREADY_MAPPED) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
     /* PROT_NONE until cuMemSetAccess, as a fresh CUDA mapping is inaccessible. */
     void *p = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)offset);
