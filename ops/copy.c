@@ -195,6 +195,18 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   }
   char td[EBB__DESC_MAX];
   if (!bytes) return ebb__fail(EBB_EINVAL, "%s: %s is empty; nothing to copy (use ebb_tensor_to_host)", fn, EBB__DESC(t, "t", td));
+  ebb_stream_t *s;
+  uint64_t sid;
+  st = ebb_stream_current(t->stor->device, &s);
+  if (st) return ebb__fail_in(fn, st);
+  st = ebb__stream_id_of(fn, s, &sid);
+  if (st) return st;
+  /* From a host function libcuda refuses every call (CUDA_ERROR_NOT_PERMITTED): the pools'
+   * refusal of a dst in their memory must come before the pointer query below asks the driver. */
+  if (EBB_UNLIKELY(ebb__in_host_fn())) {
+    st = ebb__copy_side_check(dst, bytes, true, s);
+    if (st) return ebb__fail_in(fn, st);
+  }
   ebb_ptr_info pi;
   st = ebb__drv_ptr_info(t->stor->device, dst, &pi);
   if (st) return ebb__fail_in(fn, st);
@@ -204,12 +216,6 @@ ebb_status ebb_tensor_to_host_async(const ebb_tensor_t *t, void *dst, size_t byt
   if (edev != t->stor->device)
     return ebb__fail(EBB_EDEVICE, "%s: event done belongs to device %d but %s does not; expected an event of its device", fn, edev,
                      EBB__DESC(t, "t", td));
-  ebb_stream_t *s;
-  uint64_t sid;
-  st = ebb_stream_current(t->stor->device, &s);
-  if (st) return ebb__fail_in(fn, st);
-  st = ebb__stream_id_of(fn, s, &sid);
-  if (st) return st;
   /* dst is checked against its pinned block (the copy's own check) before the contiguous copy
    * below is enqueued: a refusal leaves nothing behind. */
   st = ebb__copy_side_check(dst, bytes, true, s);
