@@ -12,7 +12,7 @@
 #    libebb and the emulated driver, every CTestTestfile.cmake, and strips the programs;
 # 3. adds deplib/: the shared libraries those programs need that are not the C and C++ runtime
 #    (hwloc, OpenBLAS and its Fortran runtime, SLEEF, jemalloc...);
-# 4. writes PACKED (the source and build paths, the commit) and packs it all into
+# 4. writes PACKED (the source and build paths, the commit, whether it has MPI) and packs it all into
 #    outdir/ebb-gpu.tar.xz (default outdir gpu-pack/, which git ignores), printing its size.
 # On the GPU machine: tar xJf gpu-pack/ebb-gpu.tar.xz && tools/gpu-check.sh <builddir> (the
 # builddir recorded in PACKED, relative to the repository; gpu-check.sh sees PACKED, skips the
@@ -67,8 +67,10 @@ done
   echo "builddir=$B"
   echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +changes)"
   echo "packed=$(date -u +%Y-%m-%dT%H:%MZ)"
+  # configured here the build has no MPI (above); without it the suite defines dist.mpi_missing
+  echo "mpi=$(grep -qs 'dist\.mpi_missing' "$B/tests/dist/CTestTestfile.cmake" && echo off || echo on)"
   # programs the tests run by absolute path, which the GPU machine may have elsewhere
-  echo "programs=$(grep -hE '^(CMAKE_COMMAND|EBB_PYTHON3[A-Z_]*):' "$B/CMakeCache.txt" | cut -d= -f2- | sort -u | tr '\n' ' ')"
+  echo "programs=$(grep -hE '^(CMAKE_COMMAND|EBB_PYTHON3[A-Z_]*|EBB_CHROMIUM):' "$B/CMakeCache.txt" | cut -d= -f2- | sort -u | tr '\n' ' ')"
 } >"$S/PACKED"
 mkdir -p "$O"
 tar -C "$stage" -cf - "$B" | xz -T0 -9e --lzma2=dict=192MiB >"$O/ebb-gpu.tar.xz"
