@@ -313,6 +313,7 @@ TEST_CASE("record_stream past the most streams one block keeps is EBB_ELIMIT", "
 
 TEST_CASE("record_stream from several streams: the block waits for all of them", "[alloc]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *a = default_stream(0), *b = nullptr, *c = nullptr, *other = default_stream(1);
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &b));
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &c));
@@ -525,6 +526,7 @@ TEST_CASE("a host function copying arena blocks gets EBB_ESTATE, not a deadlock"
 // freed destination block of device 0 waits for the copy writing it.
 TEST_CASE("a peer copy records its use on the destination block of the other device", "[alloc][copy]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *a = default_stream(0), *b = new_stream(1);
   const size_t bytes = 48 * KiB, words = bytes / 4;
   std::vector<uint32_t> pattern(words, 0xa5a5a5a5u), mine(words), out(words, 0);
@@ -819,6 +821,7 @@ TEST_CASE("limits: a cap on reserved bytes, as bytes or a fraction", "[alloc]") 
 
 TEST_CASE("empty_cache gives cached segments back to the driver", "[alloc]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *s = default_stream(1);
   size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
   EBB_REQUIRE_OK(ebb_dev_mem_info(1, &free0, &total));
@@ -849,6 +852,7 @@ TEST_CASE("misuse: unknown, interior and double frees, bad devices and streams",
     EBB_CHECK_FAILS(ebb_arena_alloc(0, 16, nullptr, &p), EBB_ENOTINIT, "ebb_init");
   }
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *s0 = default_stream(0), *s1 = default_stream(1);
   void *p = nullptr, *z = reinterpret_cast<void *>(1);
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 0, s0, &z));  // zero bytes: NULL and OK
@@ -1024,6 +1028,7 @@ TEST_CASE("a slab's slots and a large block in one 64 KiB granule are each found
 
 TEST_CASE("8 threads allocate, record and free across streams and devices", "[alloc][threads]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   constexpr int kThreads = 8;
   std::vector<ebb_stream_t *> streams(kThreads);
   for (int t = 0; t < kThreads; t++) EBB_REQUIRE_OK(ebb_stream_create(t % 2, EBB_PRIO_LOW, &streams[t]));
@@ -1202,7 +1207,10 @@ TEST_CASE("shutdown refuses while a block is live, then releases the cache and a
   CHECK(st.alloc_count == 0);
   size_t fr = 0;
   EBB_REQUIRE_OK(ebb_dev_mem_info(0, &fr, &total));
-  CHECK(fr == free_before);
+  if (ebb_test_emulated())
+    CHECK(fr == free_before); // the emulated device is this process's alone
+  else
+    WARN("free memory before and after not compared: a real GPU's is shared with other processes (the suite's other tests)");
   // A pointer whose segment empty_cache gave back: freed, said so (not "never allocated").
   void *q = nullptr;
   EBB_REQUIRE_OK(ebb_arena_alloc(0, 64 * MiB, nullptr, &q));

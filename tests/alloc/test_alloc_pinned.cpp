@@ -122,6 +122,7 @@ TEST_CASE("pinned: the runtime's NUMA host pages, and their bad input", "[alloc]
 
 TEST_CASE("pinned: misuse is reported, never a corrupted pool", "[alloc][pinned]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   void *p = nullptr, *d = nullptr, *h = nullptr;
   EBB_CHECK_FAILS(ebb_pinned_alloc(10, 0, nullptr), EBB_EINVAL, "ptr is NULL");
   EBB_CHECK_FAILS(ebb_pinned_alloc(10, 7, &p), EBB_EDEVICE, "device_hint 7");
@@ -328,6 +329,7 @@ TEST_CASE("host: blocks are owner-tagged like device blocks", "[alloc][host]") {
 
 TEST_CASE("8 threads allocate and free pinned and host blocks across streams", "[alloc][pinned][threads]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   std::vector<std::thread> th;
   for (int t = 0; t < 8; t++)
     th.emplace_back([t] {
@@ -401,6 +403,7 @@ TEST_CASE("pinned: a freed block waits for the streams that used it, without a h
 
 TEST_CASE("pinned: the pinned_max_bytes cap refuses with ELIMIT and a clear message", "[alloc][pinned][cap]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   CHECK(pstats().limit == 8 * MiB);
   void *a = nullptr, *b = nullptr, *c = nullptr;
   EBB_REQUIRE_OK(ebb_pinned_alloc(6 * MiB, 0, &a));
@@ -423,6 +426,7 @@ TEST_CASE("pinned: the pinned_max_bytes cap refuses with ELIMIT and a clear mess
 TEST_CASE("pinned: free segments cached by one pinned arena make room under the cap for another",
           "[alloc][pinned][cap]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   void *a = nullptr, *b = nullptr;
   EBB_REQUIRE_OK(ebb_pinned_alloc(6 * MiB, 0, &a)); // device 0's NUMA node
   EBB_REQUIRE_OK(ebb_pinned_free(a));               // cached there, still counted

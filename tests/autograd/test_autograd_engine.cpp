@@ -548,6 +548,7 @@ TEST_CASE("engine: backward with a non-leaf input adds the gradient that reached
 
 TEST_CASE("engine: device workers give the calling thread's gradients, for one device forced and for two", "[autograd][engine][workers]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   LossFn mlp = mlp_loss(0);
   ebb_autograd_engine_stats s0, s1;
   EBB_REQUIRE_OK(ebb_autograd_get_engine_stats(&s0));

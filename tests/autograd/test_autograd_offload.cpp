@@ -648,6 +648,7 @@ TEST_CASE("offload: a scope left open across ebb_shutdown ends without harm", "[
 
 TEST_CASE("offload: under a device budget a tensor made on a stalled stream is copied out after it, whatever stream saves next", "[autograd][offload][streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   {
     const int64_t act = kBatch * kWidth * 4;
     ebb_stream_t *s1 = nullptr, *s2 = nullptr, *def = nullptr;

@@ -240,6 +240,7 @@ TEST_CASE("saved hooks: the innermost pair wins and stays bound to what it saved
 TEST_CASE("saved hooks: host-copy hooks give gradients bitwise equal to none, on the CPU, a device and across devices",
           "[autograd][saved-hooks][devices]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   Live live;
   std::vector<std::pair<int, int>> cases{{EBB_DEVICE_CPU, EBB_DEVICE_CPU}, {0, 0}, {EBB_DEVICE_CPU, 0}, {0, 1}};
   for (auto [dx, dw] : cases) {

@@ -93,6 +93,7 @@ TEST_CASE("threads running backward on graphs of a stream another thread release
 TEST_CASE("device workers, two devices and CPU-made gradients, with both streams released by another thread mid-run",
           "[autograd][streams][release][threads]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   EngineSettings keep;
   EBB_REQUIRE_OK(ebb_autograd_set_engine_mode(EBB_ENGINE_WORKERS));
   constexpr int kThreads = 3;

@@ -723,9 +723,7 @@ TEST_CASE("function: a backward started inside a custom backward (reentrant) giv
 TEST_CASE("function: a custom backward failing on a device worker fails the caller's backward, naming it", "[autograd][function][errors]") {
   EbbSession session;
   Live live;
-  int n = 0;
-  EBB_REQUIRE_OK(ebb_dev_count(&n));
-  REQUIRE(n >= 2);
+  EBB_NEED_DEVICES(2);
   // x on device 0 -> to device 1 -> the failing function there -> back to device 0: a backward over
   // two devices, the function's node on device 1's worker.
   Tensor x = leaf_on(0, {1, 2});

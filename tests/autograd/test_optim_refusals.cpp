@@ -135,6 +135,7 @@ TEST_CASE("optim refusals: options out of range, NULL arguments and an empty lis
 
 TEST_CASE("optim refusals: steps refuse bad gradients naming the parameter, and change nothing", "[optim][errors]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   Live live;
   {
     Tensor a = param(0, {1, 2, 3}, "a"), b = param(0, {4, 5}, "b");

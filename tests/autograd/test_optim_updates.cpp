@@ -439,6 +439,7 @@ TEST_CASE("optim: on a device the step runs on the current stream, after the wor
 
 TEST_CASE("optim: a step launches one kernel per device and dtype, whatever the number of parameters", "[optim][launches]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   Live live;
   {
     // Device 0: three f32 parameters and one bf16; device 1: two f32; the CPU: one (no launch).

@@ -80,9 +80,7 @@ TEST_CASE("trace engine: a backward over two devices traces its nodes, streams, 
           "[autograd][trace]") {
   EbbSession session;
   EngineSettings keep;
-  int ndev = 0;
-  EBB_REQUIRE_OK(ebb_dev_count(&ndev));
-  REQUIRE(ndev >= 2); // the presets and CMakeLists.txt set EBB_SIM_DEVICES=2
+  EBB_NEED_DEVICES(2); // the presets and CMakeLists.txt set EBB_SIM_DEVICES=2
   EBB_REQUIRE_OK(ebb_trace_enable(1 << 16));
   std::set<std::pair<std::string, uint64_t>> nodes;
   {
@@ -208,10 +206,18 @@ TEST_CASE("trace engine: ebb-train's trace of three steps is valid and holds eve
   CHECK(r.by_phase["X"] > 0);
   CHECK(r.by_phase["i"] > 0);
   CHECK(r.by_phase["C"] > 0);
-  CHECK(r.flows_paired > 0);
   CHECK(r.slices_by_name.count("offload out") == 1);
   CHECK(r.slices_by_name.count("offload reload") == 1);
-  bool workers = false;
-  for (const auto &kv : r.thread_names) workers |= kv.second.find("engine device") == 0;
-  CHECK(workers);
+  // Gradients crossing threads (flows) and the device workers come with a second device.
+  bool two = false;
+  {
+    EbbSession session;
+    two = ebb_test_have_devices(2, "flows and device workers in ebb-train's trace");
+  }
+  if (two) {
+    CHECK(r.flows_paired > 0);
+    bool workers = false;
+    for (const auto &kv : r.thread_names) workers |= kv.second.find("engine device") == 0;
+    CHECK(workers);
+  }
 }

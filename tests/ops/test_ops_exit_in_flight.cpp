@@ -123,6 +123,10 @@ constexpr int kRuns = 80 / kSanitizerScale;
 }  // namespace
 
 TEST_CASE("exit in flight: a program exits with matmuls queued on two devices", "[exit-in-flight][devices]") {
+  {
+    EbbSession session; // the children (own processes, spawned after this shutdown) need two devices
+    EBB_NEED_DEVICES(2);
+  }
   check_exits("devices", nullptr, kRuns);
   check_exits("devices", "4", kRuns);
   check_exits("devices", "1", kRuns);

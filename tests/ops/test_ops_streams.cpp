@@ -124,8 +124,9 @@ TEST_CASE("tensor streams: a new stream with the released allocation stream's ha
 // device, pageable dst; dst keeps its bytes and the message names the call.
 TEST_CASE("tensor streams: ebb_tensor_to_host_async copies nothing when it fails", "[ops][tensor][streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   const std::string fn = "ebb_tensor_to_host_async:";
-  for (int dev : {EBB_DEVICE_CPU, 0, 1}) {
+  for (int dev : ebb_test_existing({EBB_DEVICE_CPU, 0, 1})) {
     INFO(dev_name(dev));
     auto v = values(35, 7);
     Tensor t = make(dev, EBB_F64, {5, 7}, v), tt;

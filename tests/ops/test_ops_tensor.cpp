@@ -159,6 +159,7 @@ TEST_CASE("tensor: rand and randn give the same numbers on every device", "[ops]
 
 TEST_CASE("tensor: host round trips in every dtype, synchronous and into pinned memory", "[ops][tensor]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   std::vector<int64_t> shape{5, 7};
   for (int dev : devices()) {
     INFO(dev_name(dev));
@@ -398,6 +399,7 @@ TEST_CASE("tensor: ops follow the current stream, and a storage used on another 
 
 TEST_CASE("tensor: a named tensor is the owner of its storage in the allocation history", "[ops][tensor][owner]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   int64_t shape[2] = {128, 128};
   Tensor t;
   EBB_REQUIRE_OK(ebb_tensor_empty_named(1, EBB_F32, 2, shape, EBB_OWNER_PARAMETER, "layer0.weight", t.out()));

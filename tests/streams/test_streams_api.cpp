@@ -13,6 +13,7 @@ using namespace streams_test;
 
 TEST_CASE("default stream: one per device, stable, never the NULL stream", "[streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *d0 = nullptr, *d0b = nullptr, *d1 = nullptr;
   EBB_REQUIRE_OK(ebb_stream_default(0, &d0));
   EBB_REQUIRE_OK(ebb_stream_default(0, &d0b));
@@ -42,6 +43,7 @@ TEST_CASE("default stream: one per device, stable, never the NULL stream", "[str
 
 TEST_CASE("pool streams: round-robin per device and priority, created lazily", "[streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_stats st0, st1;
   EBB_REQUIRE_OK(ebb_stream_get_stats(&st0));
   std::vector<ebb_stream_t *> low;
@@ -77,6 +79,7 @@ TEST_CASE("pool size comes from EBB_STREAM_POOL_SIZE and a bad value is an error
   {
     ScopedEnv env("EBB_STREAM_POOL_SIZE", "3");
     EbbSession session;
+    EBB_NEED_DEVICES(2);
     ebb_stream_t *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
     EBB_REQUIRE_OK(ebb_stream_from_pool(1, EBB_PRIO_HIGH, &a));
     EBB_REQUIRE_OK(ebb_stream_from_pool(1, EBB_PRIO_HIGH, &b));
@@ -106,6 +109,7 @@ TEST_CASE("pool size comes from EBB_STREAM_POOL_SIZE and a bad value is an error
 
 TEST_CASE("current stream: default until set, per device and per thread", "[streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *def0 = nullptr, *def1 = nullptr, *cur = nullptr, *p = nullptr;
   EBB_REQUIRE_OK(ebb_stream_default(0, &def0));
   EBB_REQUIRE_OK(ebb_stream_default(1, &def1));
@@ -136,6 +140,7 @@ TEST_CASE("current stream: default until set, per device and per thread", "[stre
 
 TEST_CASE("guards nest, switch the device, and restore both on exit", "[streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *def0 = nullptr, *def1 = nullptr, *a = nullptr, *b = nullptr, *c = nullptr, *cur = nullptr;
   EBB_REQUIRE_OK(ebb_stream_default(0, &def0));
   EBB_REQUIRE_OK(ebb_stream_default(1, &def1));
@@ -209,6 +214,7 @@ TEST_CASE("guards: exit restores the previous stream only while it is the same s
 // nothing: the message names the guard that is innermost, which must be exited first.
 TEST_CASE("guards: exiting a guard that is not the innermost is EBB_EINVAL and changes nothing", "[streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *a = nullptr, *b = nullptr, *def0 = nullptr, *def1 = nullptr, *cur = nullptr;
   EBB_REQUIRE_OK(ebb_stream_default(0, &def0));
   EBB_REQUIRE_OK(ebb_stream_default(1, &def1));
@@ -281,6 +287,7 @@ TEST_CASE("created streams: a release racing another release of the same stream"
 
 TEST_CASE("created streams: release, double release, use after release", "[streams]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *s = nullptr;
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_HIGH, &s));
   CHECK(ebb_debug_live_handles() == 1);
@@ -383,12 +390,13 @@ TEST_CASE("calls before ebb_init fail with EBB_ENOTINIT, and init/shutdown cycle
 
   for (int round = 0; round < 3; round++) {
     EBB_REQUIRE_OK(ebb_init());
+    const int d1 = ebb_test_device_count() - 1; // device 1 where it exists
     ebb_stream_t *cur = nullptr, *p = nullptr, *mine = nullptr;
-    EBB_REQUIRE_OK(ebb_stream_from_pool(1, EBB_PRIO_HIGH, &p));
+    EBB_REQUIRE_OK(ebb_stream_from_pool(d1, EBB_PRIO_HIGH, &p));
     // The current stream set in an earlier round is forgotten, never dereferenced.
-    EBB_REQUIRE_OK(ebb_stream_current(1, &cur));
+    EBB_REQUIRE_OK(ebb_stream_current(d1, &cur));
     ebb_stream_t *def = nullptr;
-    EBB_REQUIRE_OK(ebb_stream_default(1, &def));
+    EBB_REQUIRE_OK(ebb_stream_default(d1, &def));
     CHECK(cur == def);
     EBB_REQUIRE_OK(ebb_stream_set_current(p));
     EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &mine));
@@ -574,6 +582,7 @@ TEST_CASE("ebb_stream_wait_stream and host functions order across streams", "[st
 
 TEST_CASE("elapsed: timing events only, one device, recorded and complete", "[streams][event]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *s = nullptr, *s1 = nullptr;
   EBB_REQUIRE_OK(ebb_stream_from_pool(0, EBB_PRIO_LOW, &s));
   EBB_REQUIRE_OK(ebb_stream_from_pool(1, EBB_PRIO_LOW, &s1));
@@ -633,7 +642,7 @@ TEST_CASE("the last shutdown refuses while a stream or event is live - handles f
   EBB_REQUIRE_OK(ebb_stream_create(0, EBB_PRIO_LOW, &s));
   EBB_REQUIRE_OK(ebb_event_create(0, EBB_EVENT_DEFAULT, &e));
   EBB_REQUIRE_OK(ebb_stream_default(0, &def));
-  EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_HIGH, &released));
+  EBB_REQUIRE_OK(ebb_stream_create(ebb_test_device_count() - 1, EBB_PRIO_HIGH, &released)); // device 1 where it exists
   EBB_REQUIRE_OK(ebb_stream_release(released));
   EBB_CHECK_FAILS(ebb_shutdown(), EBB_EBUSY, "streams (ebb_stream_create): 1, events (ebb_event_create): 1");
   // Nothing was torn down: the handles still work.

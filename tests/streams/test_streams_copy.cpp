@@ -43,6 +43,7 @@ TEST_CASE("copy: pageable and pinned host to device and back", "[streams][copy]"
 
 TEST_CASE("copy: pageable copies larger than the staging ring go chunk by chunk", "[streams][copy]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   const size_t n = (size_t(16) << 20) + 12345; // 5 uses of a ring of 4 chunks of 4 MiB: it wraps
   ebb_stream_t *s = nullptr;
   EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_HIGH, &s));
@@ -96,6 +97,7 @@ TEST_CASE("copy: a busy staging chunk is waited for, never overwritten", "[strea
 
 TEST_CASE("copy: peer copies both ways, on a stream of either device", "[streams][copy][peer]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   const size_t n = 300000;
   DevBuf a(0, n), b(1, n), c(0, n);
   PinnedBuf pin(n), out(n);
@@ -158,6 +160,7 @@ TEST_CASE("copy: peer copy orders against the other device's current stream", "[
 
 TEST_CASE("copy: zero bytes, NULL, overlap, host to host, wrong device, released stream", "[streams][copy]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *s0 = nullptr, *s1 = nullptr;
   EBB_REQUIRE_OK(ebb_stream_default(0, &s0));
   EBB_REQUIRE_OK(ebb_stream_default(1, &s1));

@@ -102,6 +102,7 @@ TEST_CASE("races: calls on a stream racing its release succeed or get EBB_EFREED
 // which such a read also gets right whenever the threads do not overlap.
 TEST_CASE("races: a stale handle's EFREED message never reads a slot a new stream is taking", "[streams][threads]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_stream_t *s = nullptr;
   EBB_REQUIRE_OK(ebb_stream_create(1, EBB_PRIO_LOW, &s));
   uint64_t id = 0;
@@ -135,6 +136,7 @@ TEST_CASE("races: a stale handle's EFREED message never reads a slot a new strea
 // The same for events.
 TEST_CASE("races: a stale event handle's EFREED message never reads a slot a new event is taking", "[streams][threads]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   ebb_event_t *e = nullptr;
   EBB_REQUIRE_OK(ebb_event_create(1, EBB_EVENT_DEFAULT, &e));
   // Events have no id getter: the message of the released handle names it.

@@ -13,6 +13,7 @@ using namespace streams_test;
 
 TEST_CASE("threads: 8 threads create, use and release streams and events concurrently", "[streams][threads]") {
   EbbSession session;
+  EBB_NEED_DEVICES(2);
   const bool kernels = cpu_kernels();
   Kernels k;
   constexpr int kThreads = 8, kIters = 150;

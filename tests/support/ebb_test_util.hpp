@@ -91,6 +91,57 @@ struct EbbSession {
     return;                      \
   } while (0)
 
+// How many devices the driver offers (after ebb_init).
+inline int ebb_test_device_count() {
+  int n = 0;
+  EBB_REQUIRE_OK(ebb_dev_count(&n));
+  return n;
+}
+
+// Whether the driver ebb loaded is the emulated one (after ebb_init). The suite's environment
+// gives it two devices (EBB_SIM_DEVICES=2, tests/CMakeLists.txt); a real machine may have one.
+inline bool ebb_test_emulated() {
+  ebb_dev_caps c;
+  EBB_REQUIRE_OK(ebb_dev_get_caps(0, &c));
+  return c.emulated != 0;
+}
+
+// Whether `n` devices exist for a test about several of them. On the emulated driver they must
+// (a shortfall fails the test: the suite asks for two); on a real driver with fewer, the test
+// says so in its output (a Catch2 WARN) and the caller leaves or leaves that part out.
+inline bool ebb_test_have_devices(int n, const char *what) {
+  int have = ebb_test_device_count();
+  if (have >= n) return true;
+  if (ebb_test_emulated()) {
+    INFO(what << " needs " << n << " devices; the emulated driver has " << have << " (EBB_SIM_DEVICES)");
+    REQUIRE(have >= n);
+  }
+  WARN("skipped: " << what << " needs " << n << " devices; this driver has " << have);
+  return false;
+}
+
+// Leaves the test case, loudly, when fewer than `n` devices exist on a real driver.
+#define EBB_NEED_DEVICES(n)                                                      \
+  do {                                                                           \
+    if (!ebb_test_have_devices((n), Catch::getResultCapture().getCurrentTestName().c_str())) return; \
+  } while (0)
+
+// The devices of `wanted` that exist (EBB_DEVICE_CPU always does). A device the real driver
+// lacks is left out with a WARN naming it; on the emulated driver every one must exist.
+inline std::vector<int> ebb_test_existing(std::initializer_list<int> wanted) {
+  std::vector<int> out;
+  int have = ebb_test_device_count();
+  for (int d : wanted) {
+    if (d < have) {
+      out.push_back(d);
+      continue;
+    }
+    std::string what = "device " + std::to_string(d) + "'s part of this test";
+    (void)ebb_test_have_devices(d + 1, what.c_str());
+  }
+  return out;
+}
+
 // The offset of the first byte of `s` that is not part of well-formed UTF-8 (by code point
 // value: no overlong form, no surrogate, nothing past U+10FFFF), or npos when all of it is.
 // Files that must load in strict readers (Python's json) are held against it.
