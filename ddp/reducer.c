@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc_export.h"
 #include "ebb/alloc.h"
 #include "ebb/autograd.h"
 #include "ebb/ddp.h"
@@ -58,6 +59,7 @@ struct rbucket {
   int n;
   int pending;              /* this step: parameters not ready yet */
   ebb_work_t *work;         /* this step's all-reduce, once issued */
+  const char *owner;        /* "ddp bucket <k>", interned: the owner of its memory and its all-reduce */
 };
 
 struct ebb_reducer {
@@ -242,7 +244,8 @@ static ebb_status plan_buckets(struct ebb_reducer *r, const int *order, struct r
     char name[64];
     snprintf(name, sizeof name, "ddp bucket %d", k);
     int64_t shape[1] = {b[k].numel};
-    st = ebb_tensor_empty_named(r->device, b[k].dt, 1, shape, EBB_OWNER_GRADIENT, name, &b[k].flat);
+    st = ebb__alloc_intern("ebb_reducer", name, &b[k].owner);
+    if (!st) st = ebb_tensor_empty_named(r->device, b[k].dt, 1, shape, EBB_OWNER_GRADIENT, name, &b[k].flat);
     if (!st) st = ebb_tensor_zero_(b[k].flat);
   }
   for (int i = 0; i < r->np && !st; i++) {
@@ -361,6 +364,14 @@ static ebb_status fingerprint(struct ebb_reducer *r, int k) {
   return st;
 }
 
+/* Bucket b's all-reduce (average) under its owner scope, so the trace names the bucket. */
+static ebb_status bucket_all_reduce(struct ebb_reducer *r, struct rbucket *b) {
+  bool pushed = ebb__alloc_owner_push_interned(EBB_OWNER_GRADIENT, b->owner);
+  ebb_status st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+  if (pushed) ebb_alloc_owner_pop();
+  return st;
+}
+
 /* Issues every bucket from r->next on whose parameters are all ready (under r->mu). */
 static void issue_ready(struct ebb_reducer *r) {
   while (r->next < r->nb && r->b[r->next].pending == 0) {
@@ -384,12 +395,12 @@ static void issue_ready(struct ebb_reducer *r) {
       if (!st) st = ebb_stream_wait_stream(r->side, cur);
       if (!st) st = ebb_stream_guard_enter(&g, r->side);
       if (!st) {
-        st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+        st = bucket_all_reduce(r, b);
         ebb_status gs = ebb_stream_guard_exit(&g);
         if (!st) st = gs;
       }
     } else {
-      st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+      st = bucket_all_reduce(r, b);
     }
     if (st) {
       char m[EBB__ERRMSG_MAX];

@@ -27,6 +27,10 @@
  * sequence whatever the timing. ebb_reducer_finish issues what remains (all of it when no hook
  * ran: no parameter reached the loss on this rank) and waits for the reductions.
  *
+ * Profiling: bucket k's memory is owned by "ddp bucket <k>" (EBB_OWNER_GRADIENT) in snapshots,
+ * and its all-reduce is issued under that owner scope, so the engine trace's span of it
+ * (ebb/trace.h: on the group's communication stream, or its thread on the CPU) names the bucket.
+ *
  * Bucket rebuild: the reverse order is a guess. During the first step the reducer records the
  * order in which gradients became ready; at that step's ebb_reducer_finish rank 0's order is
  * broadcast and every rank rebuilds its buckets in it (once), copying the reduced gradients
