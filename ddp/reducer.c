@@ -81,6 +81,7 @@ struct ebb_reducer {
   struct rbucket *b;
   /* the step */
   bool active;              /* a backward's first hook ran, finish not yet */
+  bool no_sync;             /* ebb_reducer_set_sync(false): backwards only accumulate */
   int64_t task;             /* that backward's id */
   int next;                 /* the next bucket to issue */
   ebb_status err;           /* the first failure of a hook or an issue, for finish */
@@ -489,12 +490,16 @@ static ebb_status on_accumulated(const ebb_tensor_t *t, void *user) {
   ebb__mutex_lock(&r->mu);
   bool fresh = !r->active;
   bool other = r->active && r->task != task;
+  bool local = !r->active && r->no_sync;
   int64_t open_task = r->task;
   ebb__mutex_unlock(&r->mu);
   if (other)
     return ebb__fail(EBB_ESTATE, "ebb_reducer: a second backward (%" PRId64 ") reached the parameters before "
                      "ebb_reducer_finish ended the step of backward %" PRId64 "; expected one backward per "
                      "ebb_reducer_finish", task, open_task);
+  /* Accumulating: the gradient was added into .grad (the bucket, or a .grad of its own that the
+   * next synchronised step copies in); nothing is reduced. */
+  if (local) return EBB_OK;
   ebb_status st = EBB_OK;
   if (fresh) {
     bool *will = calloc((size_t)r->np, sizeof *will);
@@ -753,7 +758,9 @@ ebb_status ebb_reducer_finish(ebb_reducer_t *r) {
   if (st) return st;
   ebb__mutex_lock(&r->mu);
   bool fresh = !r->active;
+  bool local = fresh && r->no_sync;
   ebb__mutex_unlock(&r->mu);
+  if (local) return EBB_OK; /* accumulating (ebb_reducer_set_sync): nothing was issued */
   if (fresh) { /* no parameter reached this rank's loss: every one is unused */
     bool *will = calloc((size_t)r->np, sizeof *will);
     if (!will) return ebb__fail(EBB_ENOMEM, "%s: no host memory", fn);
@@ -837,6 +844,21 @@ ebb_status ebb_reducer_finish(ebb_reducer_t *r) {
     r->order = NULL;
     if (st) return st;
   }
+  return EBB_OK;
+}
+
+ebb_status ebb_reducer_set_sync(ebb_reducer_t *r, bool sync) {
+  const char *fn = "ebb_reducer_set_sync";
+  ebb_status st = check_handle(r, fn);
+  if (st) return st;
+  ebb__mutex_lock(&r->mu);
+  bool open = r->active;
+  int64_t task = r->task;
+  if (!open) r->no_sync = !sync;
+  ebb__mutex_unlock(&r->mu);
+  if (open)
+    return ebb__fail(EBB_ESTATE, "%s(%s): the step of backward %" PRId64 " is open (its gradients are being reduced); "
+                     "expected ebb_reducer_finish first", fn, sync ? "true" : "false", task);
   return EBB_OK;
 }
 
