@@ -44,6 +44,8 @@ TEST_CASE("reducer, bad input that needs no group: NULL group, handle or output,
   CHECK_THAT(ebb_last_error(), Catch::Contains("out is NULL"));
   CHECK(ebb_reducer_finish(nullptr) == EBB_EINVAL);
   CHECK(ebb_reducer_zero_grad(nullptr) == EBB_EINVAL);
+  CHECK(ebb_reducer_set_sync(nullptr, false) == EBB_EINVAL);
+  CHECK_THAT(ebb_last_error(), Catch::Contains("ebb_reducer_set_sync"));
   CHECK(ebb_reducer_destroy(nullptr) == EBB_EINVAL);
   int nb = 0;
   CHECK(ebb_reducer_num_buckets(nullptr, &nb) == EBB_EINVAL);
@@ -103,6 +105,7 @@ TEST_CASE("reducer, world of one: .grad after finish is the rank's own gradient,
     EBB_REQUIRE_OK(ebb_reducer_destroy(r));
     CHECK(ebb_reducer_destroy(r) == EBB_EFREED);
     CHECK(ebb_reducer_finish(r) == EBB_EFREED);
+    CHECK(ebb_reducer_set_sync(r, true) == EBB_EFREED);
     // The gradients stay readable after the reducer is gone.
     ebb_tensor_t *gr = nullptr;
     EBB_REQUIRE_OK(ebb_tensor_grad(p[1], &gr));
