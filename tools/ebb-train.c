@@ -796,6 +796,16 @@ static int local_rank(int rank) {
   return rank;
 }
 
+/* --dist, a rank that failed: the others may wait in a collective for it, and a shutdown would
+ * wait for them (MPI's finalisation is collective), so the process ends here and mpirun ends the
+ * job, naming this rank. _exit, not exit: MPI's threads still run, and exit-time work (a leak
+ * checker's walk of the threads, MPI's own handlers) could hang or fail in them. */
+static _Noreturn void dist_abandon(int rc) {
+  fflush(stdout);
+  fflush(stderr);
+  _exit(rc);
+}
+
 /* --dist: the groups and this rank's device (m->dev0). An unavailable backend is a setting the
  * machine cannot honour (exit 2); other failures are ebb's (exit 1). */
 static int dist_start(model *m, int have) {
@@ -899,11 +909,7 @@ int main(int argc, char **argv) {
   m->opt = o;
   m->ndev = o.devices ? (int)o.devices : have;
   m->size = 1;
-  if (o.dist && (rc = dist_start(m, have)) != 0) {
-    /* The other ranks wait in a collective for this one: end the job rather than shut down. */
-    fflush(stderr);
-    exit(rc);
-  }
+  if (o.dist && (rc = dist_start(m, have)) != 0) dist_abandon(rc);
   bool lead = m->rank == 0; /* the rank that prints and writes the files */
   bool mlp = o.model == MODEL_MLP;
   dt.rows_per_example = mlp ? 1 : SEQ;
@@ -955,12 +961,7 @@ int main(int argc, char **argv) {
     else fprintf(stderr, "ebb-train: %s failed: %s\n", failed, ebb_last_error());
     rc = 1;
   }
-  if (o.dist && rc) {
-    /* The other ranks wait in a collective for this one: end the job (mpirun ends the others). */
-    fflush(stdout);
-    fflush(stderr);
-    exit(rc);
-  }
+  if (o.dist && rc) dist_abandon(rc);
   bool in_sync = true;
   if (o.dist && params_in_sync(m, &in_sync) != EBB_OK) return fail("comparing the ranks' parameters");
   if (!in_sync) rc = 1;
