@@ -229,6 +229,11 @@ ebb_status ebb_alloc_block_set_owner(void *ptr, ebb_owner_cat cat, const char *n
   return ebb__arena_owner(fn, ptr, true, (uint8_t)cat, in, old_cat, old_name);
 }
 
+const char *ebb__alloc_owner_current(ebb_owner_cat *cat) {
+  if (cat) *cat = (ebb_owner_cat)ebb__owner_stack.top.cat;
+  return ebb__owner_stack.top.name;
+}
+
 ebb_status ebb_alloc_owner_pop(void) {
   if (ebb__owner_stack.depth == 0)
     return ebb__fail(EBB_ESTATE, "ebb_alloc_owner_pop: this thread has no owner scope open; expected a matching "

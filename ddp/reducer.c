@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc_export.h"
 #include "ebb/alloc.h"
 #include "ebb/autograd.h"
 #include "ebb/ddp.h"
@@ -58,6 +59,7 @@ struct rbucket {
   int n;
   int pending;              /* this step: parameters not ready yet */
   ebb_work_t *work;         /* this step's all-reduce, once issued */
+  const char *owner;        /* "ddp bucket <k>", interned: the owner of its memory and its all-reduce */
 };
 
 struct ebb_reducer {
@@ -79,6 +81,7 @@ struct ebb_reducer {
   struct rbucket *b;
   /* the step */
   bool active;              /* a backward's first hook ran, finish not yet */
+  bool no_sync;             /* ebb_reducer_set_sync(false): backwards only accumulate */
   int64_t task;             /* that backward's id */
   int next;                 /* the next bucket to issue */
   ebb_status err;           /* the first failure of a hook or an issue, for finish */
@@ -242,7 +245,8 @@ static ebb_status plan_buckets(struct ebb_reducer *r, const int *order, struct r
     char name[64];
     snprintf(name, sizeof name, "ddp bucket %d", k);
     int64_t shape[1] = {b[k].numel};
-    st = ebb_tensor_empty_named(r->device, b[k].dt, 1, shape, EBB_OWNER_GRADIENT, name, &b[k].flat);
+    st = ebb__alloc_intern("ebb_reducer", name, &b[k].owner);
+    if (!st) st = ebb_tensor_empty_named(r->device, b[k].dt, 1, shape, EBB_OWNER_GRADIENT, name, &b[k].flat);
     if (!st) st = ebb_tensor_zero_(b[k].flat);
   }
   for (int i = 0; i < r->np && !st; i++) {
@@ -361,6 +365,14 @@ static ebb_status fingerprint(struct ebb_reducer *r, int k) {
   return st;
 }
 
+/* Bucket b's all-reduce (average) under its owner scope, so the trace names the bucket. */
+static ebb_status bucket_all_reduce(struct ebb_reducer *r, struct rbucket *b) {
+  bool pushed = ebb__alloc_owner_push_interned(EBB_OWNER_GRADIENT, b->owner);
+  ebb_status st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+  if (pushed) ebb_alloc_owner_pop();
+  return st;
+}
+
 /* Issues every bucket from r->next on whose parameters are all ready (under r->mu). */
 static void issue_ready(struct ebb_reducer *r) {
   while (r->next < r->nb && r->b[r->next].pending == 0) {
@@ -384,12 +396,12 @@ static void issue_ready(struct ebb_reducer *r) {
       if (!st) st = ebb_stream_wait_stream(r->side, cur);
       if (!st) st = ebb_stream_guard_enter(&g, r->side);
       if (!st) {
-        st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+        st = bucket_all_reduce(r, b);
         ebb_status gs = ebb_stream_guard_exit(&g);
         if (!st) st = gs;
       }
     } else {
-      st = ebb_all_reduce(r->pg, b->flat, EBB_REDUCE_AVG, &b->work);
+      st = bucket_all_reduce(r, b);
     }
     if (st) {
       char m[EBB__ERRMSG_MAX];
@@ -478,12 +490,16 @@ static ebb_status on_accumulated(const ebb_tensor_t *t, void *user) {
   ebb__mutex_lock(&r->mu);
   bool fresh = !r->active;
   bool other = r->active && r->task != task;
+  bool local = !r->active && r->no_sync;
   int64_t open_task = r->task;
   ebb__mutex_unlock(&r->mu);
   if (other)
     return ebb__fail(EBB_ESTATE, "ebb_reducer: a second backward (%" PRId64 ") reached the parameters before "
                      "ebb_reducer_finish ended the step of backward %" PRId64 "; expected one backward per "
                      "ebb_reducer_finish", task, open_task);
+  /* Accumulating: the gradient was added into .grad (the bucket, or a .grad of its own that the
+   * next synchronised step copies in); nothing is reduced. */
+  if (local) return EBB_OK;
   ebb_status st = EBB_OK;
   if (fresh) {
     bool *will = calloc((size_t)r->np, sizeof *will);
@@ -742,7 +758,9 @@ ebb_status ebb_reducer_finish(ebb_reducer_t *r) {
   if (st) return st;
   ebb__mutex_lock(&r->mu);
   bool fresh = !r->active;
+  bool local = fresh && r->no_sync;
   ebb__mutex_unlock(&r->mu);
+  if (local) return EBB_OK; /* accumulating (ebb_reducer_set_sync): nothing was issued */
   if (fresh) { /* no parameter reached this rank's loss: every one is unused */
     bool *will = calloc((size_t)r->np, sizeof *will);
     if (!will) return ebb__fail(EBB_ENOMEM, "%s: no host memory", fn);
@@ -826,6 +844,21 @@ ebb_status ebb_reducer_finish(ebb_reducer_t *r) {
     r->order = NULL;
     if (st) return st;
   }
+  return EBB_OK;
+}
+
+ebb_status ebb_reducer_set_sync(ebb_reducer_t *r, bool sync) {
+  const char *fn = "ebb_reducer_set_sync";
+  ebb_status st = check_handle(r, fn);
+  if (st) return st;
+  ebb__mutex_lock(&r->mu);
+  bool open = r->active;
+  int64_t task = r->task;
+  if (!open) r->no_sync = !sync;
+  ebb__mutex_unlock(&r->mu);
+  if (open)
+    return ebb__fail(EBB_ESTATE, "%s(%s): the step of backward %" PRId64 " is open (its gradients are being reduced); "
+                     "expected ebb_reducer_finish first", fn, sync ? "true" : "false", task);
   return EBB_OK;
 }
 

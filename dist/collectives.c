@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc_export.h"
 #include "dist_impl.h"
+#include "ebb/trace.h"
 #include "ops_export.h"
 #include "runtime_export.h"
 #include "streams_export.h"
@@ -155,7 +157,13 @@ static ebb_status issue_device(struct ebb_pg *pg, const char *fn, const dist_cal
   }
   /* MPI's host copy: the input part first (all-gather: apart from the output, which MPI fills). */
   size_t pinned_bytes = nccl ? 0 : (call->kind == DIST_ALL_GATHER ? bytes + out_bytes : out_bytes);
-  if (pinned_bytes && (st = ebb_pinned_alloc(pinned_bytes, pg->device, &pinned))) goto fail;
+  if (pinned_bytes) {
+    /* Tagged as the group's staging, whatever scope the caller has open (a backward node's). */
+    bool pushed = ebb__alloc_owner_push_interned(EBB_OWNER_STAGING, pg->staging_owner);
+    st = ebb_pinned_alloc(pinned_bytes, pg->device, &pinned);
+    if (pushed) ebb_alloc_owner_pop();
+    if (st) goto fail;
+  }
   /* References: the caller's handle (when asked for), the queue's (MPI: dropped by the
    * communication thread; NCCL, which queues nothing: dropped below), the gate's (MPI). */
   if ((st = ebb__work_new(pg, work != NULL, &w))) goto fail;
@@ -184,10 +192,18 @@ static ebb_status issue_device(struct ebb_pg *pg, const char *fn, const dist_cal
     if ((st = ebb_stream_cu(pg->stream, &cu))) goto fail_enqueued;
     dist_call c = *call;
     c.buf = out_ptr;
+    uint64_t t0 = ebb_trace_now_ns();
     if ((st = ebb__nccl_enqueue(pg->nccl_comm, &c, call->kind == DIST_ALL_GATHER ? in_ptr : out_ptr, cu, pg->size, msg,
                                 sizeof msg))) {
       ebb__fail(st, "%s", msg);
       goto fail_enqueued;
+    }
+    if (ebb_trace_enabled()) { /* like a kernel's: the host's enqueue time, on the stream's track */
+      ebb_trace_span r = {.name = ebb__dist_kind_name(call->kind), .start_ns = t0, .end_ns = ebb_trace_now_ns(),
+                          .device = pg->device, .stream = pg->trace_stream, .kind = EBB_TRACE_SPAN,
+                          .args = EBB_TRACE_ARG_SEQ | EBB_TRACE_ARG_BYTES, .seq = w->seq, .bytes = (uint64_t)bytes,
+                          .owner = w->owner && *w->owner ? w->owner : NULL};
+      (void)ebb_trace_record(&r);
     }
   } else {
     const void *src = call->kind == DIST_ALL_GATHER ? in_ptr : out_ptr;

@@ -65,6 +65,7 @@ struct ebb_work {
   int timeout_ms;       /* the group's, copied: -1 none */
   bool abort_on_timeout;
   dist_call call;
+  const char *owner;     /* the issuer's innermost owner scope (interned; "" none): the trace's */
   ebb_tensor_t *hold[2]; /* CPU tensors retained until the call has run (released off the lock) */
   void *pinned;          /* MPI on a device: the staging block, handed back once MPI is done with it */
   ebb_event_t *end;      /* device: recorded on the communication stream after the collective */
@@ -83,6 +84,8 @@ struct ebb_pg {
   void *mpi_comm;           /* the backend's communicator (dist_mpi.c owns its type) */
   void *nccl_comm;          /* NCCL backend (dist_nccl.c) */
   ebb_stream_t *stream;     /* device groups: the communication stream */
+  uint64_t trace_stream;    /* its trace track's key (0: CPU group, on the thread's track) */
+  const char *staging_owner; /* interned "dist <backend> staging": MPI's pinned copies on a device */
   ebb_mutex issue_mu;       /* serialises issuing, so the stream's order is the queue's */
   /* Under dist_mu: */
   uint64_t next_seq;

@@ -20,7 +20,9 @@
 #include <time.h>
 
 #include "dist_impl.h"
+#include "alloc_export.h"
 #include "ebb/alloc.h"
+#include "ebb/trace.h"
 #include "runtime_export.h"
 #include "streams_export.h"
 
@@ -165,6 +167,7 @@ ebb_status ebb__work_new(struct ebb_pg *pg, bool caller, struct ebb_work **out) 
       .pg = pg,
       .timeout_ms = pg->timeout_ms,
       .abort_on_timeout = pg->abort_on_timeout,
+      .owner = ebb__alloc_owner_current(NULL), /* the issuing thread's */
   };
   ebb_list_init(&w->qnode);
   if (caller) {
@@ -229,6 +232,26 @@ static void link_sleep(const struct ebb_pg *pg, const struct ebb_work *w, double
   nanosleep(&ts, NULL);
 }
 
+/* One collective the communication thread ran, as a span from the start of its backend call to
+ * its end (the link model's wait included): on the communication stream's track for a device
+ * group (the stream waits at the gate meanwhile, so it is the collective's time on the stream),
+ * on the thread's track for a CPU group. Its bytes are one rank's part, its seq the collective's
+ * number on the group, its owner the scope its issuer had open (a bucket's, for the reducer). */
+static void trace_collective(const struct ebb_pg *pg, const struct ebb_work *w, uint64_t start, uint64_t end) {
+  if (!ebb_trace_enabled()) return;
+  ebb_trace_span r = {.name = ebb__dist_kind_name(w->call.kind),
+                      .start_ns = start,
+                      .end_ns = end,
+                      .device = pg->device,
+                      .stream = pg->trace_stream,
+                      .kind = EBB_TRACE_SPAN,
+                      .args = EBB_TRACE_ARG_SEQ | EBB_TRACE_ARG_BYTES,
+                      .seq = w->seq,
+                      .bytes = (uint64_t)(w->call.count * w->call.elem_bytes),
+                      .owner = w->owner && *w->owner ? w->owner : NULL};
+  (void)ebb_trace_record(&r);
+}
+
 static void *comm_main(void *arg) {
   struct ebb_pg *pg = arg;
   double gbps = link_gbps();
@@ -263,6 +286,7 @@ static void *comm_main(void *arg) {
         ebb__mutex_unlock(&ebb__dist_mu);
         st = ebb__mpi_run(pg->mpi_comm, &w->call, pg->rank, pg->size, msg, sizeof msg);
         if (!st) link_sleep(pg, w, gbps, w->start_ns);
+        trace_collective(pg, w, w->start_ns, ebb__now_ns());
         ebb__mutex_lock(&ebb__dist_mu);
       }
     }
@@ -403,6 +427,20 @@ ebb_status ebb_pg_create(ebb_dist_backend backend, int device, const ebb_pg_opti
   if (device != EBB_DEVICE_CPU) {
     if ((st = ebb_stream_create(device, EBB_PRIO_HIGH, &pg->stream))) goto fail_comm;
     ebb__streams_live_add(-1); /* the group's own: counted as the group */
+    /* Its track says what it carries; a name that cannot be stored leaves the stream's own. */
+    struct CUstream_st *cu = NULL; /* a track is keyed by its driver stream's handle (ebb/trace.h) */
+    if (ebb_stream_cu(pg->stream, &cu) == EBB_OK) pg->trace_stream = (uint64_t)(uintptr_t)cu;
+    uint64_t sid = 0;
+    (void)ebb_stream_id(pg->stream, &sid);
+    char tn[64];
+    snprintf(tn, sizeof tn, "comm %s stream %llu (device %d, rank %d of %d)", ebb_dist_backend_name(backend),
+             (unsigned long long)sid, device, pg->rank, pg->size);
+    ebb__fail_mute(true);
+    (void)ebb_trace_stream_name(device, pg->trace_stream, tn);
+    ebb__fail_mute(false);
+    char on[48];
+    snprintf(on, sizeof on, "dist %s staging", ebb_dist_backend_name(backend));
+    if ((st = ebb__alloc_intern(fn, on, &pg->staging_owner))) goto fail_stream;
   }
   if (backend == EBB_DIST_NCCL) {
     if ((st = ebb__nccl_comm_create(fn, pg->mpi_comm, device, pg->rank, pg->size, &pg->nccl_comm))) goto fail_stream;

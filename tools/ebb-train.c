@@ -48,11 +48,13 @@
 #define HEADS 4
 
 typedef enum model_kind { MODEL_MLP, MODEL_TRANSFORMER } model_kind;
+enum { DIST_NONE, DIST_MPI, DIST_NCCL };
 
 typedef struct options {
   model_kind model;
   long steps, layers, hidden, batch, devices; /* devices 0: all */
   bool offload, quiet;
+  int dist; /* DIST_NONE, DIST_MPI, DIST_NCCL */
   int64_t device_budget;
   uint64_t seed;
   const char *snapshot, *timeline, *trace;
@@ -90,12 +92,18 @@ static void usage(FILE *f) {
           "  --offload on|off         offload saved tensors to pinned memory (default on)\n"
           "  --device-budget BYTES    offload: saved bytes kept per device (K/M/G suffix; default 0, no cap)\n"
           "  --seed N                 seed of the data and the initial weights (default 1)\n"
+          "  --dist none|mpi|nccl     data-parallel over the ranks of an mpirun job: each rank trains\n"
+          "                           on its own batches on one device (its local rank modulo the\n"
+          "                           device count) and gradients are averaged over the ranks during\n"
+          "                           backward (include/ebb/ddp.h); mpi: Open MPI on any device, nccl:\n"
+          "                           NCCL on CUDA GPUs. Rank 0 prints and writes the files (default none)\n"
           "  --snapshot FILE          memory snapshot JSON (default mem.json)\n"
           "  --timeline FILE          memory timeline page (default mem.html)\n"
           "  --trace FILE             Chrome/Perfetto trace (default trace.json)\n"
           "  --quiet                  print only the last line\n"
           "The last line: loss=<first>-><last> ms_per_step=<median> peak_device_bytes=<d0,...>\n"
-          "offloaded_bytes=<n> stalls=<n>. Exit codes: 0 ok, 1 ebb failed, 2 bad options.\n",
+          "offloaded_bytes=<n> stalls=<n>, with --dist also ranks=<n> params_in_sync=yes (the loss is\n"
+          "the mean over the ranks, the rest rank 0's). Exit codes: 0 ok, 1 ebb failed, 2 bad options.\n",
           HEADS);
 }
 
@@ -150,7 +158,7 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     static const char *const with_value[] = {"--model", "--steps", "--devices", "--layers", "--hidden", "--batch",
                                              "--offload", "--device-budget", "--seed", "--snapshot", "--timeline",
-                                             "--trace"};
+                                             "--trace", "--dist"};
     bool known = false;
     for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= !strcmp(a, with_value[k]);
     if (!known) return bad_option("unknown option '%s'%s", a, "");
@@ -174,6 +182,11 @@ static int parse_args(int argc, char **argv, options *o) {
       if (!strcmp(v, "on")) o->offload = true;
       else if (!strcmp(v, "off")) o->offload = false;
       else return bad_option("--offload '%s': expected on or off%s", v, "");
+    } else if (!strcmp(a, "--dist")) {
+      if (!strcmp(v, "none")) o->dist = DIST_NONE;
+      else if (!strcmp(v, "mpi")) o->dist = DIST_MPI;
+      else if (!strcmp(v, "nccl")) o->dist = DIST_NCCL;
+      else return bad_option("--dist '%s': expected none, mpi or nccl%s", v, "");
     } else if (!strcmp(a, "--device-budget")) {
       if (!parse_bytes(v, &o->device_budget))
         return bad_option("--device-budget '%s': expected bytes, with an optional K, M, G or T suffix%s", v, "");
@@ -190,6 +203,9 @@ static int parse_args(int argc, char **argv, options *o) {
       else o->trace = v;
     }
   }
+  if (o->dist && o->devices)
+    return bad_option("--devices with --dist: each rank trains on one device, its local rank modulo the device "
+                      "count%s%s", "", "");
   bool mlp = o->model == MODEL_MLP;
   if (!o->layers) o->layers = mlp ? 8 : 4;
   if (!o->hidden) o->hidden = mlp ? 512 : 128;
@@ -311,7 +327,12 @@ typedef struct block { /* transformer block */
 
 typedef struct model {
   options opt;
-  int ndev;
+  int dev0, ndev;         /* the devices dev0 .. dev0 + ndev - 1 */
+  ebb_tensor_t **plist;   /* every parameter, in creation order (the reducer's list) */
+  int np, pcap;
+  int rank, size;         /* --dist: this process's rank and the job's size; else 0 and 1 */
+  ebb_pg_t *cpu_pg, *pg;  /* --dist: a CPU group (the loss, the final check) and the device's */
+  ebb_reducer_t *red;     /* --dist: averages the gradients during backward */
   long nlin;               /* MLP: its linear layers */
   linear lin[MAX_LAYERS];  /* MLP layers; transformer: [0] the input projection, [1] the head */
   int lin_dev[MAX_LAYERS];
@@ -386,8 +407,20 @@ static ebb_status make_param(model *m, int device, int ndim, const int64_t *shap
       (st = ebb_params_add(m->params, *out))) {
     ebb_tensor_release(*out);
     *out = NULL;
+    return st;
   }
-  return st;
+  if (m->np == m->pcap) {
+    int cap = m->pcap ? 2 * m->pcap : 64;
+    ebb_tensor_t **p = realloc(m->plist, (size_t)cap * sizeof *p);
+    if (!p) {
+      fprintf(stderr, "ebb-train: out of host memory\n");
+      return EBB_ENOMEM; /* *out stays the caller's: the model frees it */
+    }
+    m->plist = p;
+    m->pcap = cap;
+  }
+  m->plist[m->np++] = *out;
+  return EBB_OK;
 }
 
 static ebb_status make_linear(model *m, int device, int64_t in, int64_t out, const char *name, uint64_t *off,
@@ -419,16 +452,16 @@ static ebb_status build_model(model *m) {
     m->nlin = o->layers;
     for (long i = 0; i < m->nlin; i++) {
       int64_t in = i == 0 ? MLP_IN : o->hidden, out = i == m->nlin - 1 ? CLASSES : o->hidden;
-      m->lin_dev[i] = (int)(i % m->ndev);
+      m->lin_dev[i] = m->dev0 + (int)(i % m->ndev);
       snprintf(name, sizeof name, "layer%ld", i);
       CK(make_linear(m, m->lin_dev[i], in, out, name, &off, &m->lin[i]));
     }
   } else {
     int64_t d = o->hidden;
-    CK(make_linear(m, 0, TOKEN_IN, d, "embed", &off, &m->lin[0]));
+    CK(make_linear(m, m->dev0, TOKEN_IN, d, "embed", &off, &m->lin[0]));
     for (long k = 0; k < o->layers; k++) {
       block *b = &m->blk[k];
-      b->device = (int)(k % m->ndev);
+      b->device = m->dev0 + (int)(k % m->ndev);
       snprintf(name, sizeof name, "block%ld.ln1", k);
       CK(make_norm(m, b->device, d, name, &off, &b->ln1));
       snprintf(name, sizeof name, "block%ld.attn.qkv", k);
@@ -457,6 +490,8 @@ static ebb_status build_model(model *m) {
 }
 
 static void free_model(model *m) {
+  if (m->red) ebb_reducer_destroy(m->red); /* before the parameters: it holds them */
+  free(m->plist);
   if (m->opt_state) ebb_optim_destroy(m->opt_state);
   if (m->params) ebb_params_destroy(m->params);
   ebb_tensor_t *all[] = {m->ln_f.w, m->ln_f.b};
@@ -615,7 +650,7 @@ static ebb_status train_step(model *m, data *dt, temps *tp, float *loss_out) {
   const options *o = &m->opt;
   make_batch(&dt->rng, m->teacher, o->batch, dt->rows_per_example, dt->feat, dt->x, dt->labels);
   bool mlp = o->model == MODEL_MLP;
-  int first = mlp ? m->lin_dev[0] : 0;
+  int first = mlp ? m->lin_dev[0] : m->dev0;
   int last = mlp ? m->lin_dev[m->nlin - 1] : m->blk[o->layers - 1].device;
   int64_t xs[3] = {o->batch, mlp ? MLP_IN : SEQ, TOKEN_IN}, ys[1] = {o->batch};
   size_t xbytes = (size_t)o->batch * (size_t)dt->rows_per_example * (size_t)dt->feat * sizeof(float);
@@ -652,10 +687,28 @@ static ebb_status train_step(model *m, data *dt, temps *tp, float *loss_out) {
     if (st == EBB_OK) st = ex;
   }
   if (st != EBB_OK) return st;
-  CK(ebb_optim_zero_grad(m->opt_state, true));
-  CK(ebb_backward_one(loss));
+  if (m->red) {
+    /* Data-parallel: the buckets are the gradients; finish waits for the last all-reduce (on the
+     * device, stream to stream), so the step reads averaged gradients. */
+    CK(ebb_reducer_zero_grad(m->red));
+    CK(ebb_backward_one(loss));
+    CK(ebb_reducer_finish(m->red));
+  } else {
+    CK(ebb_optim_zero_grad(m->opt_state, true));
+    CK(ebb_backward_one(loss));
+  }
   CK(ebb_optim_step(m->opt_state));
-  return ebb_tensor_to_host(loss, loss_out, sizeof *loss_out);
+  CK(ebb_tensor_to_host(loss, loss_out, sizeof *loss_out));
+  if (m->cpu_pg) { /* the loss reported is the mean over the ranks */
+    int64_t one = 1;
+    ebb_tensor_t *l;
+    CK(ebb_tensor_from_host(EBB_DEVICE_CPU, EBB_F32, 1, &one, loss_out, sizeof *loss_out, &l));
+    ebb_status st2 = ebb_all_reduce(m->cpu_pg, l, EBB_REDUCE_AVG, NULL);
+    if (st2 == EBB_OK) st2 = ebb_tensor_to_host(l, loss_out, sizeof *loss_out);
+    ebb_tensor_release(l);
+    return st2;
+  }
+  return EBB_OK;
 }
 
 /* ---- reporting ------------------------------------------------------------------------------ */
@@ -681,7 +734,7 @@ static void progress(const model *m, long step, float loss, double ms, bool tty)
   char line[512], b[32];
   int n = snprintf(line, sizeof line, "step %ld/%ld  loss %.4f  %.1f ms/step  peak", step + 1, m->opt.steps,
                    (double)loss, ms);
-  for (int d = 0; d < m->ndev && n < (int)sizeof line; d++) {
+  for (int d = m->dev0; d < m->dev0 + m->ndev && n < (int)sizeof line; d++) {
     ebb_arena_stats s;
     if (ebb_arena_get_stats(d, &s) != EBB_OK) continue;
     human(b, sizeof b, s.allocated_bytes.peak);
@@ -730,6 +783,89 @@ static int fail(const char *what) {
   return 1;
 }
 
+/* This process's rank among those of its machine, from the launcher (Open MPI, MPICH, Slurm), so
+ * that ranks on one machine take different devices; the global rank where none says. */
+static int local_rank(int rank) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    char *end;
+    long r = v && *v ? strtol(v, &end, 10) : -1;
+    if (r >= 0 && r < INT_MAX && v && *end == '\0') return (int)r;
+  }
+  return rank;
+}
+
+/* --dist, a rank that failed: the others may wait in a collective for it, and a shutdown would
+ * wait for them (MPI's finalisation is collective), so the process ends here and mpirun ends the
+ * job, naming this rank. _exit, not exit: MPI's threads still run, and exit-time work (a leak
+ * checker's walk of the threads, MPI's own handlers) could hang or fail in them. */
+static _Noreturn void dist_abandon(int rc) {
+  fflush(stdout);
+  fflush(stderr);
+  _exit(rc);
+}
+
+/* --dist: the groups and this rank's device (m->dev0). An unavailable backend is a setting the
+ * machine cannot honour (exit 2); other failures are ebb's (exit 1). */
+static int dist_start(model *m, int have) {
+  /* A rank that fails ends its process and mpirun ends the job; a rank that waits on one that
+   * hangs ends the job at the group's timeout instead of waiting for ever. */
+  ebb_pg_options po = {0};
+  po.abort_on_timeout = true;
+  ebb_status st = ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, &po, &m->cpu_pg);
+  if (st == EBB_OK) st = ebb_pg_rank(m->cpu_pg, &m->rank);
+  if (st == EBB_OK) st = ebb_pg_size(m->cpu_pg, &m->size);
+  if (st != EBB_OK) {
+    fprintf(stderr, "ebb-train: --dist: the CPU process group: %s\n", ebb_last_error());
+    return st == EBB_ENOTSUP ? 2 : 1;
+  }
+  m->dev0 = local_rank(m->rank) % have;
+  m->ndev = 1;
+  st = ebb_pg_create(m->opt.dist == DIST_NCCL ? EBB_DIST_NCCL : EBB_DIST_MPI, m->dev0, &po, &m->pg);
+  if (st != EBB_OK) {
+    fprintf(stderr, "ebb-train: --dist: rank %d, the group of device %d: %s\n", m->rank, m->dev0, ebb_last_error());
+    return st == EBB_ENOTSUP ? 2 : 1;
+  }
+  return 0;
+}
+
+/* --dist, after training: every rank must hold the same parameters, bit for bit (the same start,
+ * broadcast from rank 0, and the same averaged gradients). A hash of their bytes is gathered. */
+static ebb_status params_in_sync(model *m, bool *same) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over every parameter's bytes, in order */
+  for (int i = 0; i < m->np; i++) {
+    int64_t n;
+    CK(ebb_tensor_numel(m->plist[i], &n));
+    float *v = malloc((size_t)n * sizeof *v + 1);
+    if (!v) return EBB_ENOMEM;
+    ebb_status st = ebb_tensor_to_host(m->plist[i], v, (size_t)n * sizeof *v);
+    for (int64_t k = 0; st == EBB_OK && k < n * (int64_t)sizeof *v; k++) h = (h ^ ((const unsigned char *)v)[k]) * 1099511628211ull;
+    free(v);
+    CK(st);
+  }
+  int64_t mine = (int64_t)h, one = 1, shape[2] = {m->size, 1};
+  int64_t *all = calloc((size_t)m->size, sizeof *all);
+  if (!all) return EBB_ENOMEM;
+  ebb_tensor_t *in = NULL, *out = NULL;
+  ebb_status st = ebb_tensor_from_host(EBB_DEVICE_CPU, EBB_I64, 1, &one, &mine, sizeof mine, &in);
+  if (st == EBB_OK) st = ebb_tensor_empty(EBB_DEVICE_CPU, EBB_I64, 2, shape, &out);
+  if (st == EBB_OK) st = ebb_all_gather(m->cpu_pg, out, in, NULL);
+  if (st == EBB_OK) st = ebb_tensor_to_host(out, all, (size_t)m->size * sizeof *all);
+  *same = true;
+  for (int r = 0; st == EBB_OK && r < m->size; r++)
+    if (all[r] != mine) {
+      *same = false;
+      if (m->rank == 0)
+        fprintf(stderr, "ebb-train: rank %d's parameters differ from rank 0's after training (hash %016" PRIx64
+                        " against %016" PRIx64 ")\n", r, (uint64_t)all[r], (uint64_t)mine);
+    }
+  if (in) ebb_tensor_release(in);
+  if (out) ebb_tensor_release(out);
+  free(all);
+  return st;
+}
+
 int main(int argc, char **argv) {
   options o;
   int rc = parse_args(argc, argv, &o);
@@ -772,10 +908,13 @@ int main(int argc, char **argv) {
   }
   m->opt = o;
   m->ndev = o.devices ? (int)o.devices : have;
+  m->size = 1;
+  if (o.dist && (rc = dist_start(m, have)) != 0) dist_abandon(rc);
+  bool lead = m->rank == 0; /* the rank that prints and writes the files */
   bool mlp = o.model == MODEL_MLP;
   dt.rows_per_example = mlp ? 1 : SEQ;
   dt.feat = mlp ? MLP_IN : TOKEN_IN;
-  dt.rng = o.seed;
+  dt.rng = o.seed ^ ((uint64_t)m->rank * 0xD1B54A32D192ED03ull); /* each rank its own batches */
   dt.x = malloc((size_t)o.batch * (size_t)dt.rows_per_example * (size_t)dt.feat * sizeof(float));
   dt.labels = malloc((size_t)o.batch * sizeof(int64_t));
   if (!dt.x || !dt.labels) {
@@ -788,7 +927,12 @@ int main(int argc, char **argv) {
   const char *failed = NULL;
   float first_loss = NAN, loss = NAN;
   if (build_model(m) != EBB_OK) failed = "building the model";
-  bool tty = isatty(fileno(stdout)) && !o.quiet;
+  else if (m->pg) {
+    /* Collective: every rank passes the same list; rank 0's values are broadcast to the others. */
+    ebb_reducer_options ro = {.version = EBB_REDUCER_OPTIONS_VERSION};
+    if (ebb_reducer_create(m->pg, m->plist, m->np, &ro, &m->red) != EBB_OK) failed = "attaching the reducer";
+  }
+  bool tty = isatty(fileno(stdout)) && !o.quiet && lead;
   bool in_steady = false;
   for (long s = 0; !failed && s < o.steps; s++) {
     if (marker_warmup && s == marker_warmup) {
@@ -808,14 +952,19 @@ int main(int argc, char **argv) {
       rc = 1;
       break;
     }
-    if (!o.quiet) progress(m, s, loss, ms[s], tty);
+    if (!o.quiet && lead) progress(m, s, loss, ms[s], tty);
   }
   if (in_steady) syscall_marker("steady-end");
   if (tty) printf("\n");
   if (failed) {
-    fprintf(stderr, "ebb-train: %s failed: %s\n", failed, ebb_last_error());
+    if (o.dist) fprintf(stderr, "ebb-train: rank %d: %s failed: %s\n", m->rank, failed, ebb_last_error());
+    else fprintf(stderr, "ebb-train: %s failed: %s\n", failed, ebb_last_error());
     rc = 1;
   }
+  if (o.dist && rc) dist_abandon(rc);
+  bool in_sync = true;
+  if (o.dist && params_in_sync(m, &in_sync) != EBB_OK) return fail("comparing the ranks' parameters");
+  if (!in_sync) rc = 1;
   release_all(&tp);
   free(tp.t);
 
@@ -830,7 +979,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "ebb-train: the memory at the failure: %s (its timeline: %s), the trace: %s\n", o.snapshot,
               o.timeline, o.trace);
   }
-  if (rc == 0) {
+  if (rc == 0 && lead) {
     /* The step times after the first (which pays for the first allocations). */
     long skip = o.steps > 1 ? 1 : 0;
     qsort(ms + skip, (size_t)(o.steps - skip), sizeof *ms, cmp_double);
@@ -839,10 +988,10 @@ int main(int argc, char **argv) {
     ebb_offload_get_stats(&os);
     char peaks[MAX_DEVICES * 24] = "";
     size_t n = 0;
-    for (int d = 0; d < m->ndev; d++) {
+    for (int d = m->dev0; d < m->dev0 + m->ndev; d++) {
       ebb_arena_stats st;
       if (ebb_arena_get_stats(d, &st) != EBB_OK) return fail("ebb_arena_get_stats");
-      n += (size_t)snprintf(peaks + n, sizeof peaks - n, "%s%" PRIu64, d ? "," : "", st.allocated_bytes.peak);
+      n += (size_t)snprintf(peaks + n, sizeof peaks - n, "%s%" PRIu64, d > m->dev0 ? "," : "", st.allocated_bytes.peak);
     }
     if (ebb_memory_snapshot_json(files[0].tmp) != EBB_OK) {
       fprintf(stderr, "ebb-train: writing the snapshot '%s': %s\n", o.snapshot, ebb_last_error());
@@ -855,12 +1004,17 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < 3 && rc == 0; i++)
       if (!out_file_commit(&files[i])) rc = 1;
-    if (rc == 0)
-      printf("loss=%.4f->%.4f ms_per_step=%.2f peak_device_bytes=%s offloaded_bytes=%" PRIu64 " stalls=%" PRIu64 "\n",
+    if (rc == 0) {
+      printf("loss=%.4f->%.4f ms_per_step=%.2f peak_device_bytes=%s offloaded_bytes=%" PRIu64 " stalls=%" PRIu64,
              (double)first_loss, (double)loss, median, peaks, os.bytes_offloaded, os.stalls);
+      if (o.dist) printf(" ranks=%d params_in_sync=yes", m->size);
+      printf("\n");
+    }
   }
   for (int i = 0; i < 3; i++) remove(files[i].tmp);
   free_model(m);
+  if (m->pg) ebb_pg_destroy(m->pg);
+  if (m->cpu_pg) ebb_pg_destroy(m->cpu_pg);
   free(m);
   free(ms);
   free(dt.x);

@@ -25,6 +25,11 @@ EBB_HIDDEN ebb_status ebb__alloc_intern(const char *fn, const char *name, const 
  * (nothing pushed, no message) when the thread holds EBB_OWNER_MAX_DEPTH scopes already. Popped
  * with ebb_alloc_owner_pop. */
 EBB_HIDDEN bool ebb__alloc_owner_push_interned(ebb_owner_cat cat, const char *interned);
+/* The calling thread's innermost owner scope: its name (interned, for the process; "" when none
+ * is open) and, when cat is not NULL, its category. For a module that carries an owner to work
+ * another thread does (a collective the communication thread runs, traced under the owner its
+ * issuer had open). */
+EBB_HIDDEN const char *ebb__alloc_owner_current(ebb_owner_cat *cat);
 
 /* The live block (or slot) starting at ptr, of any arena, no longer needs its free to wait for
  * stream `sid`: the caller has ordered the block's allocation stream after sid's use of it (an

@@ -16,7 +16,8 @@
  * One step, on every rank, in the same order:
  *   zero the gradients (ebb_reducer_zero_grad, or an optimizer's zero_grad: in place or to NULL),
  *   forward, ebb_backward (or any backward through the parameters), ebb_reducer_finish,
- *   the optimizer's step.
+ *   the optimizer's step. With gradient accumulation, backwards with sync off
+ *   (ebb_reducer_set_sync) come between the zeroing and the last, synchronised backward.
  * During backward, a post-accumulate hook per parameter marks it ready. At the first hook of a
  * backward the reducer asks the engine which parameters' AccumulateGrad nodes that backward will
  * run (ebb_autograd_will_execute): the others are unused this step, and count as ready at once
@@ -26,6 +27,10 @@
  * in index order (a full bucket waits for the ones before it), so every rank issues the same
  * sequence whatever the timing. ebb_reducer_finish issues what remains (all of it when no hook
  * ran: no parameter reached the loss on this rank) and waits for the reductions.
+ *
+ * Profiling: bucket k's memory is owned by "ddp bucket <k>" (EBB_OWNER_GRADIENT) in snapshots,
+ * and its all-reduce is issued under that owner scope, so the engine trace's span of it
+ * (ebb/trace.h: on the group's communication stream, or its thread on the CPU) names the bucket.
  *
  * Bucket rebuild: the reverse order is a guess. During the first step the reducer records the
  * order in which gradients became ready; at that step's ebb_reducer_finish rank 0's order is
@@ -123,6 +128,16 @@ EBB_API ebb_status ebb_reducer_destroy(ebb_reducer_t *r);
  * step, and the message names the parameters; the group's errors otherwise (EBB_EIO, naming the
  * bucket). EBB_EINVAL for NULL, EBB_EFREED for a destroyed reducer. */
 EBB_API ebb_status ebb_reducer_finish(ebb_reducer_t *r);
+
+/* Gradient accumulation (DDP's no_sync): with sync false, backwards through the parameters only
+ * add into each rank's own .grad (the buckets): no collective is issued, and
+ * ebb_reducer_finish, which may be called or not, returns at once. The first backward after
+ * ebb_reducer_set_sync(r, true) (the default) reduces what was accumulated, unused parameters'
+ * gradients included, and its ebb_reducer_finish waits as usual. Every rank must follow the
+ * same pattern (debug_fingerprint catches steps that went out of step). Zero the gradients
+ * before the first accumulating backward, not between them. EBB_ESTATE while a step is open (a synchronised
+ * backward ran and its finish has not); EBB_EINVAL for NULL, EBB_EFREED for a destroyed reducer. */
+EBB_API ebb_status ebb_reducer_set_sync(ebb_reducer_t *r, bool sync);
 
 /* Zeroes every bucket (the gradients of all parameters) on the group's device, on the caller's
  * current stream, and sets back as .grad the bucket view of a parameter whose .grad was replaced

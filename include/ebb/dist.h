@@ -22,6 +22,10 @@
  * device ordinal (MPI on any driver, through pinned host staging; NCCL on CUDA devices only).
  * Every tensor of its collectives must be on that device (EBB_EDEVICE otherwise).
  *
+ * Profiling: MPI's pinned staging blocks of a device group are owned by "dist <backend> staging"
+ * (EBB_OWNER_STAGING), whatever scope the caller has open; each collective is a span of the
+ * engine trace (ebb/trace.h), carrying the owner scope open on the thread that issued it.
+ *
  * Order: collectives are matched between ranks by their order of issue, as in MPI. Every rank
  * must create its groups in the same order and issue the same collectives, with the same
  * shapes, dtypes, operations and roots, in the same order on each group. ebb checks what it can

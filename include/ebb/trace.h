@@ -15,6 +15,13 @@
  *     reload), each a span on the track of its stream. The times are the host's: when the call
  *     enqueued the work (from entry to return of the enqueue), not when the device ran it; the
  *     Driver API reports device times only through events, which would cost a record per launch;
+ *   - collectives (ebb/dist.h): a span per collective ("all_reduce", "broadcast", "all_gather",
+ *     "barrier") with one rank's bytes, its number on the group (seq) and the owner scope its
+ *     issuer had open (ebb/ddp.h's reducer issues each bucket under "ddp bucket <k>"). On a
+ *     device group it lies on the communication stream's track, named "comm <backend> stream <id>
+ *     (device <d>, rank <r> of <n>)"; over MPI it runs from the start to the end of the MPI call
+ *     (the stream waits for it meanwhile), over NCCL it is the host's enqueue time like a
+ *     kernel's. On a CPU group it lies on the communication thread's track ("dist mpi comm");
  *   - the arenas: an instant per action (alloc, free requested, free completed, segment
  *     alloc/free/map/unmap, oom) with its bytes and owner, and a counter of each device's
  *     allocated bytes after it.

@@ -11,6 +11,10 @@
  *             and bitwise equal across ranks. Runs with small bucket caps (several buckets, the
  *             first-step rebuild) and with the defaults, with gradient views and with copies,
  *             and clears .grad to NULL before one step (the reducer copies and re-attaches).
+ *   accumulate  gradient accumulation (ebb_reducer_set_sync): two backwards without sync leave
+ *             each rank's own summed gradient, the next with sync the mean over ranks of all
+ *             three; set_sync is refused while a step is open; twice (before and after the
+ *             first-step rebuild), on the CPU and the device.
  *   mismatch  parameter lists that differ between ranks (a shape on rank 1; one parameter more on
  *             the last rank): every rank's ebb_reducer_create fails with EBB_EINVAL naming the
  *             first differing parameter; nothing is left live.
@@ -139,15 +143,17 @@ static void forward_backward(ebb_tensor_t *const *p, ebb_tensor_t *x, int r, int
   ebb_tensor_release(loss);
 }
 
-/* The reference: one process, every rank's batch, mean of the gradients; on the CPU. */
-static void reference(ebb_dtype dt, int s, double ref[NP][H * D]) {
+/* The reference, on the CPU in one process: the gradients of the batches of ranks [r0, r1) at
+ * steps [s0, s1) accumulated, divided by `div`. */
+static void reference_range(ebb_dtype dt, int s0, int s1, int r0, int r1, int div, double ref[NP][H * D]) {
   ebb_tensor_t *p[NP];
   for (int i = 0; i < NP; i++) p[i] = make_param(EBB_DEVICE_CPU, dt, i);
-  for (int r = 0; r < size_; r++) {
-    ebb_tensor_t *x = make_batch(EBB_DEVICE_CPU, dt, r, s);
-    forward_backward(p, x, r, s);
-    ebb_tensor_release(x);
-  }
+  for (int s = s0; s < s1; s++)
+    for (int r = r0; r < r1; r++) {
+      ebb_tensor_t *x = make_batch(EBB_DEVICE_CPU, dt, r, s);
+      forward_backward(p, x, r, s);
+      ebb_tensor_release(x);
+    }
   for (int i = 0; i < NP; i++) {
     ebb_tensor_t *g = NULL;
     if (ebb_tensor_grad(p[i], &g)) FAIL("reference grad: %s", ebb_last_error());
@@ -157,9 +163,76 @@ static void reference(ebb_dtype dt, int s, double ref[NP][H * D]) {
     } else {
       memset(ref[i], 0, sizeof ref[i]);
     }
-    for (int64_t k = 0; k < numel_of(i); k++) ref[i][k] /= size_;
+    for (int64_t k = 0; k < numel_of(i); k++) ref[i][k] /= div;
     ebb_tensor_release(p[i]);
   }
+}
+
+/* One step's reference: every rank's batch, the mean of their gradients. */
+static void reference(ebb_dtype dt, int s, double ref[NP][H * D]) { reference_range(dt, s, s + 1, 0, size_, size_, ref); }
+
+/* Every parameter's .grad against ref (exact in f64 with integer data, 1e-6 of the largest in f32). */
+static void compare_grads(ebb_tensor_t *const *p, ebb_dtype dt, double ref[NP][H * D], const char *what) {
+  static double got[H * D];
+  for (int i = 0; i < NP; i++) {
+    ebb_tensor_t *g = NULL;
+    OK(ebb_tensor_grad(p[i], &g));
+    if (!g) {
+      FAIL("%s: %s has no .grad", what, names[i]);
+      continue;
+    }
+    read_back(g, dt, got, numel_of(i));
+    double mx = 0, diff = 0;
+    for (int64_t k = 0; k < numel_of(i); k++) {
+      mx = fmax(mx, fabs(ref[i][k]));
+      diff = fmax(diff, fabs(got[k] - ref[i][k]));
+    }
+    double tol = dt == EBB_F64 ? 0 : 1e-6 * mx;
+    if (diff > tol) FAIL("%s: %s's .grad is off by %g (max |grad| %g, tolerance %g)", what, names[i], diff, mx, tol);
+    ebb_tensor_release(g);
+  }
+}
+
+/* Gradient accumulation: two backwards with sync off keep each rank's own sum (no collective),
+ * the third with sync on reduces the sum of all three; set_sync is refused while a step is open. */
+static void check_accumulate(int device, ebb_dtype dt) {
+  ebb_pg_t *pg = NULL;
+  OK(ebb_pg_create(device_backend(device), device, NULL, &pg));
+  ebb_tensor_t *p[NP];
+  for (int i = 0; i < NP; i++) p[i] = make_param(device, dt, i);
+  ebb_reducer_options o = {.first_bucket_bytes = 64, .bucket_bytes = 600};
+  ebb_reducer_t *red = NULL;
+  OK(ebb_reducer_create(pg, p, NP, &o, &red));
+  static double ref[NP][H * D];
+  char what[96];
+  for (int round = 0; round < 2; round++) { /* the second after the first-step rebuild */
+    OK(ebb_reducer_zero_grad(red));
+    OK(ebb_reducer_set_sync(red, false));
+    for (int s = 0; s < 2; s++) {
+      ebb_tensor_t *x = make_batch(device, dt, rank_, s);
+      forward_backward(p, x, rank_, s);
+      ebb_tensor_release(x);
+      if (s == 1) OK(ebb_reducer_finish(red)); /* optional while accumulating: returns at once */
+    }
+    reference_range(dt, 0, 2, rank_, rank_ + 1, 1, ref);
+    snprintf(what, sizeof what, "accumulate on %s, round %d, after 2 backwards without sync", device < 0 ? "cpu" : "device", round);
+    compare_grads(p, dt, ref, what);
+    OK(ebb_reducer_set_sync(red, true));
+    ebb_tensor_t *x = make_batch(device, dt, rank_, 2);
+    forward_backward(p, x, rank_, 2);
+    ebb_tensor_release(x);
+    ebb_status st = ebb_reducer_set_sync(red, false);
+    if (st != EBB_ESTATE || !strstr(ebb_last_error(), "ebb_reducer_finish first"))
+      FAIL("set_sync while a step is open returned %s (%s); expected EBB_ESTATE naming finish", ebb_status_name(st),
+           ebb_last_error());
+    OK(ebb_reducer_finish(red));
+    reference_range(dt, 0, 3, 0, size_, size_, ref);
+    snprintf(what, sizeof what, "accumulate on %s, round %d, after the synchronised backward", device < 0 ? "cpu" : "device", round);
+    compare_grads(p, dt, ref, what);
+  }
+  OK(ebb_reducer_destroy(red));
+  for (int i = 0; i < NP; i++) ebb_tensor_release(p[i]);
+  OK(ebb_pg_destroy(pg));
 }
 
 static void check_grads(int device, ebb_dtype dt, const ebb_reducer_options *opts, const char *what) {
@@ -343,6 +416,10 @@ int main(int argc, char **argv) {
       check_grads(dev, EBB_F32, &small, "f32, small buckets");
       check_grads(dev, EBB_F64, &copies, "f64, copies");
     }
+  } else if (!strcmp(mode, "accumulate")) {
+    check_accumulate(EBB_DEVICE_CPU, EBB_F64);
+    check_accumulate(device, EBB_F64);
+    check_accumulate(device, EBB_F32);
   } else if (!strcmp(mode, "fingerprint")) {
     check_fingerprint(EBB_DEVICE_CPU);
     check_fingerprint(device);

@@ -9,6 +9,7 @@
 #include "ebb/autograd.h"
 #include "ebb/ddp.h"
 #include "ebb/dist.h"
+#include "ebb/trace.h"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -43,6 +44,8 @@ TEST_CASE("reducer, bad input that needs no group: NULL group, handle or output,
   CHECK_THAT(ebb_last_error(), Catch::Contains("out is NULL"));
   CHECK(ebb_reducer_finish(nullptr) == EBB_EINVAL);
   CHECK(ebb_reducer_zero_grad(nullptr) == EBB_EINVAL);
+  CHECK(ebb_reducer_set_sync(nullptr, false) == EBB_EINVAL);
+  CHECK_THAT(ebb_last_error(), Catch::Contains("ebb_reducer_set_sync"));
   CHECK(ebb_reducer_destroy(nullptr) == EBB_EINVAL);
   int nb = 0;
   CHECK(ebb_reducer_num_buckets(nullptr, &nb) == EBB_EINVAL);
@@ -102,6 +105,7 @@ TEST_CASE("reducer, world of one: .grad after finish is the rank's own gradient,
     EBB_REQUIRE_OK(ebb_reducer_destroy(r));
     CHECK(ebb_reducer_destroy(r) == EBB_EFREED);
     CHECK(ebb_reducer_finish(r) == EBB_EFREED);
+    CHECK(ebb_reducer_set_sync(r, true) == EBB_EFREED);
     // The gradients stay readable after the reducer is gone.
     ebb_tensor_t *gr = nullptr;
     EBB_REQUIRE_OK(ebb_tensor_grad(p[1], &gr));
@@ -110,6 +114,47 @@ TEST_CASE("reducer, world of one: .grad after finish is the rank's own gradient,
     ebb_tensor_release(gr);
     for (ebb_tensor_t *t : p) ebb_tensor_release(t);
   }
+}
+
+TEST_CASE("reducer, world of one: the trace names each bucket's all-reduce, issued in bucket order", "[ddp][world1][trace]") {
+  EbbSession session;
+  EBB_REQUIRE_OK(ebb_trace_enable(1 << 14));
+  Group g;
+  EBB_REQUIRE_OK(ebb_pg_create(EBB_DIST_MPI, 0, nullptr, &g.pg));
+  ebb_tensor_t *p[3] = {param(0, {16}, 1), param(0, {10, 10}, 2), param(0, {8}, 3)};
+  ebb_reducer_options o = {};
+  o.first_bucket_bytes = 40;
+  o.bucket_bytes = 100;
+  o.no_rebuild = true;
+  ebb_reducer_t *r = nullptr;
+  EBB_REQUIRE_OK(ebb_reducer_create(g.pg, p, 3, &o, &r));
+  ebb_tensor_t *s0 = nullptr, *s2 = nullptr, *loss = nullptr;
+  EBB_REQUIRE_OK(ebb_op_sum(p[0], nullptr, 0, false, &s0)); // p1 unused: its bucket is issued as ready
+  EBB_REQUIRE_OK(ebb_op_sum(p[2], nullptr, 0, false, &s2));
+  EBB_REQUIRE_OK(ebb_op_add(s0, s2, &loss));
+  EBB_REQUIRE_OK(ebb_backward_one(loss));
+  EBB_REQUIRE_OK(ebb_reducer_finish(r));
+  ebb_stream_t *cur;
+  EBB_REQUIRE_OK(ebb_stream_current(0, &cur));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(cur));
+  std::vector<ebb_trace_span> recs(1 << 14);
+  size_t n = 0;
+  EBB_REQUIRE_OK(ebb_trace_snapshot(recs.data(), recs.size(), &n));
+  std::vector<std::string> owners;
+  uint64_t last_seq = 0;
+  for (size_t i = 0; i < n; i++) {
+    const ebb_trace_span &s = recs[i];
+    if (s.kind != EBB_TRACE_SPAN || !s.name || std::string(s.name) != "all_reduce" || s.device != 0) continue;
+    CHECK(s.seq > last_seq); // recorded as the communication thread ran them: in issue order
+    last_seq = s.seq;
+    owners.push_back(s.owner ? s.owner : "(none)");
+  }
+  // The broadcast of rank 0's values at creation is not an all-reduce; the buckets' are, in order.
+  CHECK(owners == std::vector<std::string>{"ddp bucket 0", "ddp bucket 1", "ddp bucket 2"});
+  for (ebb_tensor_t *t : {s0, s2, loss}) ebb_tensor_release(t);
+  EBB_REQUIRE_OK(ebb_reducer_destroy(r));
+  for (ebb_tensor_t *t : p) ebb_tensor_release(t);
+  ebb_trace_disable();
 }
 
 TEST_CASE("reducer, bad input: NULLs, counts, caps, devices, non-parameters, options version", "[ddp][world1]") {

@@ -4,11 +4,16 @@
 // all-gather outputs, dtypes, options, an unavailable backend), each naming what was wrong.
 // MPI can be initialised once per process and ebb finalises it at the last ebb_shutdown, so each
 // case creates its groups inside one session; every case is its own process (ctest).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ebb/dist.h"
+#include "ebb/trace.h"
 #include "tensor_test_util.hpp"
 
 using namespace ebb_test;
@@ -293,4 +298,80 @@ TEST_CASE("collectives issued from several threads at once all run, each with it
     }
   }
   CHECK(ebb_debug_live_handles() == 0);
+}
+
+namespace {
+
+std::string slurp_and_remove(const std::string &path) {
+  std::string s;
+  if (FILE *f = fopen(path.c_str(), "rb")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+    fclose(f);
+  }
+  remove(path.c_str());
+  return s;
+}
+
+const ebb_trace_span *find_span(const std::vector<ebb_trace_span> &recs, const char *name, int device) {
+  for (const ebb_trace_span &r : recs)
+    if (r.kind == EBB_TRACE_SPAN && r.name && !strcmp(r.name, name) && r.device == device) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("the trace shows each collective on its group's track, with its bytes, number and the issuer's owner",
+          "[dist][trace]") {
+  EbbSession session;
+  EBB_REQUIRE_OK(ebb_trace_enable(1 << 14));
+  Group cpu, dev;
+  EBB_REQUIRE_OK(ebb_pg_create(EBB_DIST_MPI, EBB_DEVICE_CPU, nullptr, &cpu.pg));
+  EBB_REQUIRE_OK(ebb_pg_create(EBB_DIST_MPI, 0, nullptr, &dev.pg));
+  Tensor a = make(EBB_DEVICE_CPU, EBB_F32, {5}, {1, 2, 3, 4, 5});
+  Tensor b = make(0, EBB_F64, {3}, {1, 2, 3});
+  EBB_REQUIRE_OK(ebb_alloc_owner_push(EBB_OWNER_GRADIENT, "bucket under test"));
+  EBB_REQUIRE_OK(ebb_all_reduce(cpu.pg, a, EBB_REDUCE_SUM, nullptr));
+  EBB_REQUIRE_OK(ebb_all_reduce(dev.pg, b, EBB_REDUCE_SUM, nullptr));
+  EBB_REQUIRE_OK(ebb_alloc_owner_pop());
+  EBB_REQUIRE_OK(ebb_barrier(dev.pg, nullptr));
+  ebb_stream_t *cur;
+  EBB_REQUIRE_OK(ebb_stream_current(0, &cur));
+  EBB_REQUIRE_OK(ebb_stream_synchronize(cur)); // past the gates: the communication thread has recorded
+
+  std::vector<ebb_trace_span> recs(1 << 14);
+  size_t n = 0;
+  EBB_REQUIRE_OK(ebb_trace_snapshot(recs.data(), recs.size(), &n));
+  recs.resize(n);
+  const ebb_trace_span *c = find_span(recs, "all_reduce", EBB_DEVICE_CPU);
+  REQUIRE(c != nullptr);
+  CHECK(c->stream == 0); // the communication thread's track
+  CHECK(c->bytes == 5 * 4);
+  CHECK(c->seq >= 1);
+  CHECK(c->end_ns >= c->start_ns);
+  REQUIRE(c->owner != nullptr);
+  CHECK(std::string(c->owner) == "bucket under test");
+  const ebb_trace_span *d = find_span(recs, "all_reduce", 0);
+  REQUIRE(d != nullptr);
+  CHECK(d->stream != 0); // the communication stream's track
+  CHECK(d->bytes == 3 * 8);
+  REQUIRE(d->owner != nullptr);
+  CHECK(std::string(d->owner) == "bucket under test");
+  const ebb_trace_span *bar = find_span(recs, "barrier", 0);
+  REQUIRE(bar != nullptr);
+  CHECK(bar->stream == d->stream);
+  CHECK(bar->owner == nullptr); // issued outside any owner scope
+  CHECK(bar->seq == d->seq + 1);
+
+  // The stream's track is named for what it carries; MPI's pinned copies are the group's staging.
+  std::string path = "ebb_dist_trace_" + std::to_string(getpid());
+  EBB_REQUIRE_OK(ebb_trace_export_json((path + ".json").c_str()));
+  std::string json = slurp_and_remove(path + ".json");
+  CHECK(json.find("comm mpi stream") != std::string::npos);
+  CHECK(json.find("(device 0, rank 0 of 1)") != std::string::npos);
+  EBB_REQUIRE_OK(ebb_memory_snapshot_json((path + ".mem.json").c_str()));
+  std::string mem = slurp_and_remove(path + ".mem.json");
+  CHECK(mem.find("dist mpi staging") != std::string::npos);
+  ebb_trace_disable();
 }

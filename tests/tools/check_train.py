@@ -10,6 +10,10 @@ Cases:
   progress     plain progress lines off a terminal, the documented last line, --quiet
   bad_input    every bad option or setting: exit code 2, a message, no file left behind
   memviz       a recorded snapshot to a page and an SVG; malformed and truncated snapshots refused
+  dist         under mpirun (MPIEXEC and its flags follow the programs): 2 ranks train the MLP and
+               the transformer with --dist mpi, one emulated device each; the last line says
+               ranks=2 and params_in_sync=yes, the mean loss falls, only rank 0 writes the files;
+               --dist nccl on the emulated driver is refused with exit code 2
   browser      the page in headless Chromium: the series drawn, no console error, load and redraw
                times printed, a screenshot (also for a snapshot of 10^6 history entries)
 """
@@ -22,6 +26,7 @@ import tempfile
 
 LAST = re.compile(r"^loss=(\S+)->(\S+) ms_per_step=(\S+) peak_device_bytes=([0-9,]+) "
                   r"offloaded_bytes=(\d+) stalls=(\d+)$")
+DIST_LAST = re.compile(LAST.pattern[:-1] + r" ranks=(\d+) params_in_sync=yes$")
 SANITIZED = os.environ.get("EBB_TEST_SANITIZED") == "1"
 
 
@@ -122,6 +127,8 @@ def case_bad_input(exe):
         (["--trace", ""], "--trace: expected a file name"),
         (["--snapshot", "same.out", "--trace", "same.out"], "--snapshot and --trace are both 'same.out'"),
         (["--timeline", "."], "cannot write '.': it exists and is not a regular file"),
+        (["--dist", "tcp"], "--dist 'tcp': expected none, mpi or nccl"),
+        (["--dist", "mpi", "--devices", "1"], "--devices with --dist: each rank trains on one device"),
     ]
     for args, msg in bad:
         with tempfile.TemporaryDirectory() as d:
@@ -136,6 +143,34 @@ def case_bad_input(exe):
             if f"EBB_TRAIN_SYSCALL_MARKERS='{value}'" not in p.stderr or os.listdir(d):
                 fail(f"EBB_TRAIN_SYSCALL_MARKERS={value!r}: no message or files left behind:\n{p.stderr}")
     print(f"{len(bad)} bad command lines and 3 bad EBB_TRAIN_SYSCALL_MARKERS refused with exit code 2")
+
+
+def case_dist(exe, mpiexec):
+    steps = "3" if SANITIZED else "8"
+    env = {"EBB_SIM_DEVICES": "1"}
+    models = [["--layers", "4", "--hidden", "128", "--batch", "128"],
+              ["--model", "transformer", "--layers", "2", "--hidden", "32", "--batch", "16"]]
+    for margs in models:
+        with tempfile.TemporaryDirectory() as d:
+            p = run(mpiexec + ["-np", "2", exe, "--quiet", "--dist", "mpi", "--steps", steps, *margs], d, env=env)
+            lines = p.stdout.strip().splitlines()
+            if len(lines) != 1:
+                fail(f"2 ranks with --quiet printed {len(lines)} lines, expected rank 0's last line only:\n{p.stdout}")
+            m = DIST_LAST.match(lines[0])
+            if not m:
+                fail(f"the last line does not read as documented for --dist: {lines[0]!r}")
+            if int(m.group(7)) != 2:
+                fail(f"ranks={m.group(7)}, expected 2")
+            if not float(m.group(2)) < float(m.group(1)):
+                fail(f"the mean loss did not fall: {lines[0]}")
+            check_files(d)
+            if sorted(os.listdir(d)) != ["mem.html", "mem.json", "trace.json"]:
+                fail(f"expected rank 0's three files only, found {sorted(os.listdir(d))}")
+            print(" ".join(margs[:2]), lines[0])
+    with tempfile.TemporaryDirectory() as d:
+        p = run([exe, "--dist", "nccl", "--steps", "2"], d, expect_rc=2, env=env)
+        if "NCCL" not in p.stderr or os.listdir(d):
+            fail(f"--dist nccl on the emulated driver: no message naming NCCL, or files left:\n{p.stderr}")
 
 
 def make_snapshot(d, exe):
@@ -309,6 +344,8 @@ def main():
         case_bad_input(exe)
     elif case == "memviz":
         case_memviz(exe, viz)
+    elif case == "dist":
+        case_dist(exe, sys.argv[4:])
     elif case == "browser":
         case_browser(exe, viz, sys.argv[4], sys.argv[5])
     else:
