@@ -1017,6 +1017,19 @@ int main(int argc, char **argv) {
     else fprintf(stderr, "ebb-train: %s failed: %s\n", failed, ebb_last_error());
     rc = 1;
   }
+  release_all(&tp);
+  free(tp.t);
+  /* A failed step (an out-of-memory above all) still leaves the snapshot, its page and the
+   * trace: they show what filled the device (with --dist, rank 0's, when rank 0 failed). */
+  if (failed && lead) {
+    bool wrote = ebb_memory_snapshot_json(files[0].tmp) == EBB_OK &&
+                 ebb_memviz_write_html(files[0].tmp, files[1].tmp, NULL) &&
+                 ebb_trace_export_json(files[2].tmp) == EBB_OK;
+    for (int i = 0; i < 3 && wrote; i++) wrote = out_file_commit(&files[i]);
+    if (wrote)
+      fprintf(stderr, "ebb-train: the memory at the failure: %s (its timeline: %s), the trace: %s\n", o.snapshot,
+              o.timeline, o.trace);
+  }
   if (o.dist && rc) {
     /* The other ranks wait in a collective for this one: end the job (mpirun ends the others). */
     fflush(stdout);
@@ -1026,20 +1039,6 @@ int main(int argc, char **argv) {
   bool in_sync = true;
   if (o.dist && params_in_sync(m, &in_sync) != EBB_OK) return fail("comparing the ranks' parameters");
   if (!in_sync) rc = 1;
-  release_all(&tp);
-  free(tp.t);
-
-  /* A failed step (an out-of-memory above all) still leaves the snapshot, its page and the
-   * trace: they show what filled the device. */
-  if (failed) {
-    bool wrote = ebb_memory_snapshot_json(files[0].tmp) == EBB_OK &&
-                 ebb_memviz_write_html(files[0].tmp, files[1].tmp, NULL) &&
-                 ebb_trace_export_json(files[2].tmp) == EBB_OK;
-    for (int i = 0; i < 3 && wrote; i++) wrote = out_file_commit(&files[i]);
-    if (wrote)
-      fprintf(stderr, "ebb-train: the memory at the failure: %s (its timeline: %s), the trace: %s\n", o.snapshot,
-              o.timeline, o.trace);
-  }
   if (rc == 0 && lead) {
     /* The step times after the first (which pays for the first allocations). */
     long skip = o.steps > 1 ? 1 : 0;

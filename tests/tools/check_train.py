@@ -15,7 +15,8 @@ Cases:
                ranks=2 and params_in_sync=yes, the mean loss falls, only rank 0 writes the files;
                --dist nccl on the emulated driver is refused with exit code 2; ranks given
                different options (mpirun's colon syntax) are refused at the start with exit code
-               2 naming the option, instead of training apart until a timeout
+               2 naming the option, instead of training apart until a timeout; rank 0 out of
+               device memory leaves its snapshot, page and trace, as one process does
   browser      the page in headless Chromium: the series drawn, no console error, load and redraw
                times printed, a screenshot (also for a snapshot of 10^6 history entries)
 """
@@ -176,6 +177,16 @@ def case_dist(exe, mpiexec):
         p = run([exe, "--dist", "nccl", "--steps", "2"], d, expect_rc=2, env=env)
         if "NCCL" not in p.stderr or os.listdir(d):
             fail(f"--dist nccl on the emulated driver: no message naming NCCL, or files left:\n{p.stderr}")
+    # Rank 0 runs out of device memory in its first step: like a single process, it leaves the
+    # memory at the failure (the other rank, waiting in a collective, is ended by mpirun).
+    with tempfile.TemporaryDirectory() as d:
+        big = ["--quiet", "--dist", "mpi", "--steps", "2", "--layers", "4", "--hidden", "512", "--batch", "1024"]
+        p = run(mpiexec + ["-np", "1", "-x", "EBB_SIM_MEM=12M", exe, *big, ":", "-np", "1", exe, *big], d, expect_rc=1,
+                env=env, timeout=120)
+        if "rank 0: training step failed" not in p.stderr or "the memory at the failure" not in p.stderr:
+            fail(f"rank 0 out of memory: no message naming the failure and its files:\n{p.stderr}")
+        check_files(d)
+        print("rank 0 out of memory: its snapshot, page and trace written")
     # Ranks that disagree on an option that must match (here --steps: one rank would wait in a
     # collective the other never issues, until the groups' 5-minute timeout).
     small = ["--quiet", "--dist", "mpi", "--layers", "2", "--hidden", "32", "--batch", "16"]
