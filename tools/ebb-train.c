@@ -96,7 +96,9 @@ static void usage(FILE *f) {
           "                           on its own batches on one device (its local rank modulo the\n"
           "                           device count) and gradients are averaged over the ranks during\n"
           "                           backward (include/ebb/ddp.h); mpi: Open MPI on any device, nccl:\n"
-          "                           NCCL on CUDA GPUs. Rank 0 prints and writes the files (default none)\n"
+          "                           NCCL on CUDA GPUs. Rank 0 prints and writes the files; every rank\n"
+          "                           needs the same options but --offload, --device-budget, --quiet\n"
+          "                           and the files (default none)\n"
           "  --snapshot FILE          memory snapshot JSON (default mem.json)\n"
           "  --timeline FILE          memory timeline page (default mem.html)\n"
           "  --trace FILE             Chrome/Perfetto trace (default trace.json)\n"
@@ -806,6 +808,64 @@ static _Noreturn void dist_abandon(int rc) {
   _exit(rc);
 }
 
+/* --dist: the options every rank must share, checked against rank 0's over the CPU group before
+ * anything else is collective. Ranks that differ would build different models (the reducer would
+ * refuse them, naming a parameter rather than the option), draw from another task (--seed), or
+ * run another number of steps: one rank waiting in a collective the others never issue until the
+ * groups' timeout. Memory settings (--offload, --device-budget) may differ. 0, or the exit code. */
+static int options_agree(const model *m) {
+  enum { NOPT = 7 };
+  static const char *const names[NOPT] = {"--dist", "--model", "--steps", "--layers", "--hidden", "--batch", "--seed"};
+  const options *o = &m->opt;
+  int64_t mine[NOPT] = {o->dist, o->model, o->steps, o->layers, o->hidden, o->batch, (int64_t)o->seed};
+  int64_t n = NOPT, shape[2] = {m->size, NOPT};
+  int64_t *all = calloc((size_t)m->size * NOPT, sizeof *all);
+  ebb_tensor_t *in = NULL, *out = NULL;
+  ebb_status st = all ? EBB_OK : EBB_ENOMEM;
+  if (st == EBB_OK) st = ebb_tensor_from_host(EBB_DEVICE_CPU, EBB_I64, 1, &n, mine, sizeof mine, &in);
+  if (st == EBB_OK) st = ebb_tensor_empty(EBB_DEVICE_CPU, EBB_I64, 2, shape, &out);
+  if (st == EBB_OK) st = ebb_all_gather(m->cpu_pg, out, in, NULL);
+  if (st == EBB_OK) st = ebb_tensor_to_host(out, all, (size_t)m->size * NOPT * sizeof *all);
+  if (in) ebb_tensor_release(in);
+  if (out) ebb_tensor_release(out);
+  if (st != EBB_OK) {
+    fprintf(stderr, "ebb-train: --dist: rank %d, comparing the ranks' options: %s\n", m->rank,
+            all ? ebb_last_error() : "out of host memory");
+    free(all);
+    return 1;
+  }
+  /* The first difference from rank 0's, reported by rank 0 and by each rank that differs (a rank
+   * that exits first may end the job before another has printed). */
+  int rc = 0;
+  for (int r = 1; r < m->size && !rc; r++)
+    for (int k = 0; k < NOPT && !rc; k++) {
+      int64_t a = all[k], b = all[(size_t)r * NOPT + k];
+      if (a == b) continue;
+      rc = 2;
+      if (m->rank != 0 && m->rank != r) break;
+      char va[32], vb[32];
+      if (k == 0) {
+        static const char *const dn[] = {"none", "mpi", "nccl"};
+        snprintf(va, sizeof va, "%s", a >= 0 && a < 3 ? dn[a] : "?");
+        snprintf(vb, sizeof vb, "%s", b >= 0 && b < 3 ? dn[b] : "?");
+      } else if (k == 1) {
+        snprintf(va, sizeof va, "%s", a == MODEL_MLP ? "mlp" : "transformer");
+        snprintf(vb, sizeof vb, "%s", b == MODEL_MLP ? "mlp" : "transformer");
+      } else if (k == 6) {
+        snprintf(va, sizeof va, "%" PRIu64, (uint64_t)a);
+        snprintf(vb, sizeof vb, "%" PRIu64, (uint64_t)b);
+      } else {
+        snprintf(va, sizeof va, "%" PRId64, a);
+        snprintf(vb, sizeof vb, "%" PRId64, b);
+      }
+      fprintf(stderr, "ebb-train: --dist: rank %d has %s %s, rank 0 has %s %s; expected the same %s on every rank "
+                      "(every option but --offload, --device-budget, --quiet and the output files)\n", r, names[k], vb, names[k], va,
+              names[k]);
+    }
+  free(all);
+  return rc;
+}
+
 /* --dist: the groups and this rank's device (m->dev0). An unavailable backend is a setting the
  * machine cannot honour (exit 2); other failures are ebb's (exit 1). */
 static int dist_start(model *m, int have) {
@@ -820,6 +880,8 @@ static int dist_start(model *m, int have) {
     fprintf(stderr, "ebb-train: --dist: the CPU process group: %s\n", ebb_last_error());
     return st == EBB_ENOTSUP ? 2 : 1;
   }
+  int rc = options_agree(m);
+  if (rc) return rc;
   m->dev0 = local_rank(m->rank) % have;
   m->ndev = 1;
   st = ebb_pg_create(m->opt.dist == DIST_NCCL ? EBB_DIST_NCCL : EBB_DIST_MPI, m->dev0, &po, &m->pg);
@@ -961,16 +1023,11 @@ int main(int argc, char **argv) {
     else fprintf(stderr, "ebb-train: %s failed: %s\n", failed, ebb_last_error());
     rc = 1;
   }
-  if (o.dist && rc) dist_abandon(rc);
-  bool in_sync = true;
-  if (o.dist && params_in_sync(m, &in_sync) != EBB_OK) return fail("comparing the ranks' parameters");
-  if (!in_sync) rc = 1;
   release_all(&tp);
   free(tp.t);
-
   /* A failed step (an out-of-memory above all) still leaves the snapshot, its page and the
-   * trace: they show what filled the device. */
-  if (failed) {
+   * trace: they show what filled the device (with --dist, rank 0's, when rank 0 failed). */
+  if (failed && lead) {
     bool wrote = ebb_memory_snapshot_json(files[0].tmp) == EBB_OK &&
                  ebb_memviz_write_html(files[0].tmp, files[1].tmp, NULL) &&
                  ebb_trace_export_json(files[2].tmp) == EBB_OK;
@@ -979,6 +1036,10 @@ int main(int argc, char **argv) {
       fprintf(stderr, "ebb-train: the memory at the failure: %s (its timeline: %s), the trace: %s\n", o.snapshot,
               o.timeline, o.trace);
   }
+  if (o.dist && rc) dist_abandon(rc);
+  bool in_sync = true;
+  if (o.dist && params_in_sync(m, &in_sync) != EBB_OK) return fail("comparing the ranks' parameters");
+  if (!in_sync) rc = 1;
   if (rc == 0 && lead) {
     /* The step times after the first (which pays for the first allocations). */
     long skip = o.steps > 1 ? 1 : 0;

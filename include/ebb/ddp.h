@@ -135,7 +135,9 @@ EBB_API ebb_status ebb_reducer_finish(ebb_reducer_t *r);
  * ebb_reducer_set_sync(r, true) (the default) reduces what was accumulated, unused parameters'
  * gradients included, and its ebb_reducer_finish waits as usual. Every rank must follow the
  * same pattern (debug_fingerprint catches steps that went out of step). Zero the gradients
- * before the first accumulating backward, not between them. EBB_ESTATE while a step is open (a synchronised
+ * before the first accumulating backward, not between them. Call it between backwards: a call
+ * while a backward through the parameters runs on another thread is not detected (part of that
+ * backward would be reduced and part not). EBB_ESTATE while a step is open (a synchronised
  * backward ran and its finish has not); EBB_EINVAL for NULL, EBB_EFREED for a destroyed reducer. */
 EBB_API ebb_status ebb_reducer_set_sync(ebb_reducer_t *r, bool sync);
 

@@ -317,3 +317,77 @@ TEST_CASE("reducer, world of one: a second backward before ebb_reducer_finish fa
   ebb_tensor_release(p);
 }
 #endif
+
+namespace {
+
+// loss = sum over i of sum(p[i] * k[i]) for the k[i] not 0; backward through it.
+void backward_scaled(ebb_tensor_t *const *p, const double *k, int n) {
+  ebb_tensor_t *loss = nullptr;
+  for (int i = 0; i < n; i++) {
+    if (k[i] == 0) continue;
+    ebb_tensor_t *a = nullptr, *s = nullptr;
+    EBB_REQUIRE_OK(ebb_op_mul_scalar(p[i], k[i], &a));
+    EBB_REQUIRE_OK(ebb_op_sum(a, nullptr, 0, false, &s));
+    ebb_tensor_release(a);
+    if (!loss) {
+      loss = s;
+    } else {
+      ebb_tensor_t *l2 = nullptr;
+      EBB_REQUIRE_OK(ebb_op_add(loss, s, &l2));
+      ebb_tensor_release(loss);
+      ebb_tensor_release(s);
+      loss = l2;
+    }
+  }
+  EBB_REQUIRE_OK(ebb_backward_one(loss));
+  ebb_tensor_release(loss);
+}
+
+}  // namespace
+
+TEST_CASE("reducer, world of one: accumulation after .grad was cleared to NULL keeps what each backward added, "
+          "parameters unused in the synchronised backward included", "[ddp][world1]") {
+  EbbSession session;
+  std::vector<int> devs{EBB_DEVICE_CPU};
+  int ndev = 0;
+  if (ebb_dev_count(&ndev) == EBB_OK && ndev > 0) devs.push_back(0);
+  for (int dev : devs)
+    for (bool copies : {false, true}) {
+      INFO(dev_name(dev) << (copies ? ", copy_grads" : ", views"));
+      Group g;
+      EBB_REQUIRE_OK(ebb_pg_create(EBB_DIST_MPI, dev, nullptr, &g.pg));
+      ebb_tensor_t *p[3] = {param(dev, {16}, 1), param(dev, {10, 10}, 2), param(dev, {8}, 3)};
+      ebb_reducer_options o = {};
+      o.first_bucket_bytes = 40;
+      o.bucket_bytes = 100;
+      o.copy_grads = copies;
+      ebb_reducer_t *r = nullptr;
+      EBB_REQUIRE_OK(ebb_reducer_create(g.pg, p, 3, &o, &r));
+      for (int step = 0; step < 2; step++) { // the second after the first-step rebuild
+        INFO("step " << step);
+        if (step == 0) {
+          for (ebb_tensor_t *t : p) EBB_REQUIRE_OK(ebb_tensor_set_grad(t, nullptr)); // an optimizer's zero_grad
+        } else {
+          EBB_REQUIRE_OK(ebb_reducer_zero_grad(r));
+        }
+        EBB_REQUIRE_OK(ebb_reducer_set_sync(r, false));
+        const double k1[3] = {1, 2, 0}, k2[3] = {0, 0, 4}, k3[3] = {8, 0, 0};
+        backward_scaled(p, k1, 3);
+        backward_scaled(p, k2, 3);
+        EBB_REQUIRE_OK(ebb_reducer_set_sync(r, true));
+        backward_scaled(p, k3, 3); // p1 and p2 unused in the synchronised backward
+        EBB_REQUIRE_OK(ebb_reducer_finish(r));
+        const double want[3] = {9, 2, 4};
+        for (int i = 0; i < 3; i++) {
+          ebb_tensor_t *gr = nullptr;
+          EBB_REQUIRE_OK(ebb_tensor_grad(p[i], &gr));
+          REQUIRE(gr != nullptr);
+          std::vector<double> v = read(gr);
+          for (double x : v) CHECK(x == want[i]);
+          ebb_tensor_release(gr);
+        }
+      }
+      EBB_REQUIRE_OK(ebb_reducer_destroy(r));
+      for (ebb_tensor_t *t : p) ebb_tensor_release(t);
+    }
+}

@@ -13,7 +13,10 @@ Cases:
   dist         under mpirun (MPIEXEC and its flags follow the programs): 2 ranks train the MLP and
                the transformer with --dist mpi, one emulated device each; the last line says
                ranks=2 and params_in_sync=yes, the mean loss falls, only rank 0 writes the files;
-               --dist nccl on the emulated driver is refused with exit code 2
+               --dist nccl on the emulated driver is refused with exit code 2; ranks given
+               different options (mpirun's colon syntax) are refused at the start with exit code
+               2 naming the option, instead of training apart until a timeout; rank 0 out of
+               device memory leaves its snapshot, page and trace, as one process does
   browser      the page in headless Chromium: the series drawn, no console error, load and redraw
                times printed, a screenshot (also for a snapshot of 10^6 history entries)
 """
@@ -35,11 +38,14 @@ def fail(msg):
     sys.exit(1)
 
 
-def run(cmd, cwd, expect_rc=0, env=None):
+def run(cmd, cwd, expect_rc=0, env=None, timeout=600):
     e = dict(os.environ)
     if env:
         e.update(env)
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=e, timeout=600)
+    try:
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=e, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        fail(f"{' '.join(cmd)}: still running after {timeout} s, expected it to end")
     if p.returncode != expect_rc:
         fail(f"{' '.join(cmd)}: exit {p.returncode}, expected {expect_rc}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
     return p
@@ -171,6 +177,26 @@ def case_dist(exe, mpiexec):
         p = run([exe, "--dist", "nccl", "--steps", "2"], d, expect_rc=2, env=env)
         if "NCCL" not in p.stderr or os.listdir(d):
             fail(f"--dist nccl on the emulated driver: no message naming NCCL, or files left:\n{p.stderr}")
+    # Rank 0 runs out of device memory in its first step: like a single process, it leaves the
+    # memory at the failure (the other rank, waiting in a collective, is ended by mpirun).
+    with tempfile.TemporaryDirectory() as d:
+        big = ["--quiet", "--dist", "mpi", "--steps", "2", "--layers", "4", "--hidden", "512", "--batch", "1024"]
+        p = run(mpiexec + ["-np", "1", "-x", "EBB_SIM_MEM=12M", exe, *big, ":", "-np", "1", exe, *big], d, expect_rc=1,
+                env=env, timeout=120)
+        if "rank 0: training step failed" not in p.stderr or "the memory at the failure" not in p.stderr:
+            fail(f"rank 0 out of memory: no message naming the failure and its files:\n{p.stderr}")
+        check_files(d)
+        print("rank 0 out of memory: its snapshot, page and trace written")
+    # Ranks that disagree on an option that must match (here --steps: one rank would wait in a
+    # collective the other never issues, until the groups' 5-minute timeout).
+    small = ["--quiet", "--dist", "mpi", "--layers", "2", "--hidden", "32", "--batch", "16"]
+    for opt, a, b in (("--steps", "3", "4"), ("--seed", "1", "2")):
+        with tempfile.TemporaryDirectory() as d:
+            p = run(mpiexec + ["-np", "1", exe, *small, opt, a, ":", "-np", "1", exe, *small, opt, b], d,
+                    expect_rc=2, env=env, timeout=120)
+            if f"{opt} {b}" not in p.stderr or f"{opt} {a}" not in p.stderr or os.listdir(d):
+                fail(f"ranks with {opt} {a} and {opt} {b}: no message naming both, or files left:\n{p.stderr}")
+            print(f"ranks with {opt} {a} and {b} refused:", p.stderr.strip().splitlines()[0])
 
 
 def make_snapshot(d, exe):
