@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/gpu-check.sh [builddir]: ebb on a real GPU, in one command, within 8 minutes.
+# tools/gpu-check.sh [builddir]: ebb on a real GPU, in one command, within 10 minutes.
 #
 # 1. builds ebb (RelWithDebInfo, all cores, CUDA kernels when nvcc is there) into builddir
 #    (default build/gpu), unless builddir already holds a build (then it only rebuilds what
@@ -13,9 +13,11 @@
 # 4. runs the op benchmarks on device 0: ebb-bench-ops_device (bandwidth of elementwise ops and
 #    reductions against the device's peak, matmul TFLOP/s) and ebb-bench-ops_elementwise (the
 #    add on the device against host memcpy);
-# 5. prints one summary: the GPU, the driver, the tests passed and failed (with the failures'
-#    names and the first lines of their output), the benchmark lines.
-# Everything goes to builddir/gpu-check/ (ctest.log, bench.log, summary.txt) as well.
+# 5. with an MPI build and mpirun: ebb-bench-ddp on 2 ranks sharing device 0 over MPI, then NCCL
+#    on one rank (dist_ranks, ddp_ranks, ebb-bench-ddp);
+# 6. prints one summary: the GPU, the driver, the tests passed and failed (with the failures'
+#    names and the first lines of their output), the benchmark and distributed lines.
+# Everything goes to builddir/gpu-check/ (ctest.log, bench.log, dist.log, summary.txt) as well.
 # Exit status: 0 when every test passed, 1 when some failed or a step broke, 2 without a GPU.
 set -uo pipefail
 
@@ -118,6 +120,27 @@ step "op benchmarks on device 0"
 } >"$OUT/bench.log" 2>&1
 cat "$OUT/bench.log"
 
+# The distributed paths on the GPU, where ebb was built with MPI and mpirun is here: the reducer's
+# benchmark on 2 ranks sharing device 0 over MPI (staged through pinned memory; the real GPU's
+# compute against the collectives), then NCCL on one rank: collectives, stream order, the
+# reducer's gradients and its benchmark. A machine with several GPUs gives each rank its own.
+step "distributed on device 0 (MPI: 2 ranks; NCCL: 1 rank)"
+: >"$OUT/dist.log"
+if [[ -x $bin/ddp_ranks ]] && command -v mpirun >/dev/null; then
+  M="mpirun --allow-run-as-root --oversubscribe"
+  {
+    EBB_DRIVER=cuda timeout 120 $M -np 2 "$bin/ebb-bench-ddp" || echo "ebb-bench-ddp (mpi, 2 ranks): exit $?"
+    for m in collectives streams; do
+      EBB_DRIVER=cuda EBB_TEST_DIST_BACKEND=nccl timeout 60 $M -np 1 "$bin/dist_ranks" $m || echo "dist_ranks $m (nccl): exit $?"
+    done
+    EBB_DRIVER=cuda EBB_TEST_DIST_BACKEND=nccl timeout 60 $M -np 1 "$bin/ddp_ranks" grads || echo "ddp_ranks grads (nccl): exit $?"
+    EBB_DRIVER=cuda BENCH_DDP_BACKEND=nccl timeout 120 $M -np 1 "$bin/ebb-bench-ddp" || echo "ebb-bench-ddp (nccl, 1 rank): exit $?"
+  } >"$OUT/dist.log" 2>&1
+  grep -E "^bench=|passed|FAIL|exit [0-9]" "$OUT/dist.log"
+else
+  echo "gpu-check: no MPI build or no mpirun here: the distributed paths were not run" | tee "$OUT/dist.log"
+fi
+
 step "summary"
 {
   echo "gpu-check $(date -u +%Y-%m-%dT%H:%MZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -130,6 +153,7 @@ step "summary"
   fi
   grep -E "^bench=" "$OUT/bench.log"
   grep -vE "^bench=" "$OUT/bench.log" | head -10
+  grep -E "^bench=|passed|FAIL|exit [0-9]|not run" "$OUT/dist.log" | head -20
   echo "elapsed ${SECONDS}s; logs in $OUT"
 } | tee "$OUT/summary.txt"
 exit $status

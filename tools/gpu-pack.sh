@@ -5,8 +5,8 @@
 # Why: a lent GPU machine has the CUDA toolkit and CMake but not hwloc, OpenBLAS, SLEEF or
 # Catch2, and cannot fetch them; a full build directory (debug info, ~1.5 GB) is too large to
 # send. This script
-# 1. configures builddir (default build/gpu: RelWithDebInfo like the default preset, without MPI,
-#    whose launcher and plug-ins a GPU machine would lack) unless it is configured, and builds it;
+# 1. configures builddir (default build/gpu: RelWithDebInfo like the default preset, with MPI
+#    unless GPU_PACK_MPI=0) and builds it;
 # 2. copies into a staging tree of the same layout the test programs, ebb-info, ebb-train, the
 #    benchmarks that link only libebb and its dependencies (not the libtorch or oneDNN peers),
 #    libebb and the emulated driver, every CTestTestfile.cmake, and strips the programs;
@@ -25,8 +25,14 @@ B=${1:-build/gpu}
 O=${2:-gpu-pack}
 [[ $B == /* ]] && { echo "gpu-pack: give builddir relative to the repository ($B)"; exit 1; }
 [[ $O == /* ]] || O=$root/$O
+# MPI: on unless GPU_PACK_MPI=0. The lent GPU machines have Open MPI 4.1 (libmpi.so.40, the ABI of
+# Debian's 4.1), so the build's MPI libraries are not packed: the machine's run them.
+mpi=${GPU_PACK_MPI:-1}
+no_mpi=$([[ $mpi == 0 ]] && echo ON || echo OFF)
 if [[ ! -f $B/CMakeCache.txt ]]; then
-  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_DISABLE_FIND_PACKAGE_MPI=$no_mpi
+else
+  cmake -S . -B "$B" -DCMAKE_DISABLE_FIND_PACKAGE_MPI=$no_mpi >/dev/null
 fi
 cmake --build "$B" -j "$(nproc)"
 
@@ -52,12 +58,16 @@ while read -r t; do
 done
 cp "$B/CMakeCache.txt" "$S/CMakeCache.txt.packed" # for reading only: not a build tree there
 
-# The libraries every ELF needs, less the C and C++ runtime the GPU machine has (newer).
+# The libraries every ELF needs, less the C and C++ runtime the GPU machine has (newer) and, in a
+# build with MPI, Open MPI and what it loads (hwloc among them: one copy in the process, the
+# machine's, which keeps its soname).
 for f in "$S"/bin/* "$S"/lib/*.so*; do
   file -b "$f" | grep -q ELF && ldd "$f" 2>/dev/null | awk '$3 ~ /^\// {print $3}'
 done | sort -u | while read -r l; do
   case ${l##*/} in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libebb*) ;;
+    libmpi*|libopen-rte*|libopen-pal*|libevent*|libpmix*|libhwloc*|libudev*|libz.so*|libfabric*|libuc[pst]*|libibverbs*|librdmacm*|libpsm*|libnl-*|libltdl*|libmunge*)
+      [[ $mpi == 0 ]] && cp -L "$l" "$S/deplib/" ;;
     *) cp -L "$l" "$S/deplib/" ;;
   esac
 done
@@ -67,10 +77,10 @@ done
   echo "builddir=$B"
   echo "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +changes)"
   echo "packed=$(date -u +%Y-%m-%dT%H:%MZ)"
-  # configured here the build has no MPI (above); without it the suite defines dist.mpi_missing
+  # a build without MPI (GPU_PACK_MPI=0) defines dist.mpi_missing in its suite
   echo "mpi=$(grep -qs 'dist\.mpi_missing' "$B/tests/dist/CTestTestfile.cmake" && echo off || echo on)"
   # programs the tests run by absolute path, which the GPU machine may have elsewhere
-  echo "programs=$(grep -hE '^(CMAKE_COMMAND|EBB_PYTHON3[A-Z_]*|EBB_CHROMIUM):' "$B/CMakeCache.txt" | cut -d= -f2- | sort -u | tr '\n' ' ')"
+  echo "programs=$(grep -hE '^(CMAKE_COMMAND|EBB_PYTHON3[A-Z_]*|EBB_CHROMIUM|MPIEXEC_EXECUTABLE):' "$B/CMakeCache.txt" | cut -d= -f2- | sort -u | tr '\n' ' ')"
 } >"$S/PACKED"
 mkdir -p "$O"
 tar -C "$stage" -cf - "$B" | xz -T0 -9e --lzma2=dict=192MiB >"$O/ebb-gpu.tar.xz"
