@@ -356,7 +356,11 @@ static void cmd_run(struct sim_cmd *c) {
         memmove(c->u.copy.dst, c->u.copy.src, c->u.copy.n);
       break;
     case SIM_CMD_HOSTFN:
+      atomic_fetch_add_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
+      sim_tls_in_hostfn = true;
       c->u.host.fn(c->u.host.user);
+      sim_tls_in_hostfn = false;
+      atomic_fetch_sub_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
       break;
     default:
       break;

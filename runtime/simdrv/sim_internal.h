@@ -142,6 +142,12 @@ struct sim_globals {
 extern struct sim_globals sim;
 #define SIM_SLOW_FAULT 1u  /* EBB_SIM_FAULT has faults left to fire */
 #define SIM_SLOW_STICKY 2u /* some context holds a sticky error */
+/* Added once per host function running (the bits above SIM_SLOW_STICKY count them): while one
+ * runs, every entry takes the slow path, which refuses a call from a host function's thread with
+ * CUDA_ERROR_NOT_PERMITTED, as libcuda does (CUDA forbids API calls in host functions). */
+#define SIM_SLOW_HOSTFN_ONE 256u
+/* True on a thread while it runs a host function (sim_exec.c). */
+extern _Thread_local bool sim_tls_in_hostfn;
 
 /* ---- entry points, fault injection and sticky errors (sim_core.c) ----
  * X(name, flags) for every Driver API entry point that counts for EBB_SIM_FAULT, by its cuda.h

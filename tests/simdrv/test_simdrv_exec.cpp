@@ -89,6 +89,43 @@ TEST_CASE("host functions run in stream order with kernels and copies", "[simdrv
   CU_OK(d.StreamDestroy(s));
 }
 
+namespace {
+
+struct HostFnCalls {
+  CUresult query = CUDA_SUCCESS, alloc = CUDA_SUCCESS;
+  CUstream s = nullptr;
+};
+
+void host_calls_driver(void *user) {
+  auto *h = static_cast<HostFnCalls *>(user);
+  h->query = drv().StreamQuery(h->s);
+  CUdeviceptr p = 0;
+  h->alloc = drv().MemAlloc(&p, 256);
+}
+
+}  // namespace
+
+TEST_CASE("a host function's driver calls are refused with NOT_PERMITTED, as libcuda refuses them",
+          "[simdrv][stream][hostfn]") {
+  // CUDA forbids API calls from a host function and libcuda answers them with
+  // CUDA_ERROR_NOT_PERMITTED: a caller that makes one must be caught without a GPU.
+  const SimDrv &d = drv();
+  sim_setup();
+  CUstream s = make_stream();
+  HostFnCalls h;
+  h.s = s;
+  CU_OK(d.LaunchHostFunc(s, host_calls_driver, &h));
+  CU_OK(d.StreamSynchronize(s));
+  CU_EQ(h.query, CUDA_ERROR_NOT_PERMITTED);
+  CU_EQ(h.alloc, CUDA_ERROR_NOT_PERMITTED);
+  // Other threads are untouched while it runs and after: the refusal is the host function's.
+  CU_OK(d.StreamQuery(s));
+  CUdeviceptr p = 0;
+  CU_OK(d.MemAlloc(&p, 256));
+  CU_OK(d.MemFree(p));
+  CU_OK(d.StreamDestroy(s));
+}
+
 TEST_CASE("the NULL stream is the current context's default stream", "[simdrv][stream]") {
   const SimDrv &d = drv();
   sim_setup();
