@@ -30,7 +30,6 @@ static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 static char init_error[512];
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local struct sim_device *tls_current;
-_Thread_local bool sim_tls_in_hostfn;
 
 /* ---------------------------------------------------------------- handle tables */
 
@@ -403,7 +402,6 @@ static CUresult fault_hit(enum sim_entry e, struct sim_device *target) {
 }
 
 CUresult sim_enter_slow(enum sim_entry e, struct sim_device *target) {
-  if (sim_tls_in_hostfn) return CUDA_ERROR_NOT_PERMITTED;
   unsigned slow = atomic_load_explicit(&sim.slow, memory_order_relaxed);
   if (slow & SIM_SLOW_FAULT) {
     CUresult r = fault_hit(e, target);

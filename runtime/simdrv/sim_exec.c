@@ -336,6 +336,38 @@ static void copy_modelled(struct sim_cmd *c, uint64_t start) {
   }
 }
 
+/* The threads running a host function: a slot each, claimed for the call (at most one host-function
+ * engine per device runs one at a time; twice that many slots leave room for any other). */
+#define SIM_HOSTFN_SLOTS (2 * SIM_MAX_DEVICES)
+static pthread_t hostfn_thread[SIM_HOSTFN_SLOTS];
+static _Atomic int hostfn_state[SIM_HOSTFN_SLOTS]; /* 0 free, 1 being claimed, 2 running */
+
+bool sim_in_hostfn(void) {
+  pthread_t self = pthread_self();
+  for (int i = 0; i < SIM_HOSTFN_SLOTS; i++)
+    if (atomic_load_explicit(&hostfn_state[i], memory_order_acquire) == 2 && pthread_equal(hostfn_thread[i], self))
+      return true;
+  return false;
+}
+
+/* A host function, its thread in a slot while it runs so that its driver calls are refused. */
+static void hostfn_run(struct sim_cmd *c) {
+  int slot = -1;
+  for (int i = 0; i < SIM_HOSTFN_SLOTS && slot < 0; i++) {
+    int expect = 0;
+    if (atomic_compare_exchange_strong_explicit(&hostfn_state[i], &expect, 1, memory_order_acquire, memory_order_relaxed))
+      slot = i;
+  }
+  if (slot >= 0) {
+    hostfn_thread[slot] = pthread_self();
+    atomic_store_explicit(&hostfn_state[slot], 2, memory_order_release);
+  }
+  atomic_fetch_add_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
+  c->u.host.fn(c->u.host.user);
+  atomic_fetch_sub_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
+  if (slot >= 0) atomic_store_explicit(&hostfn_state[slot], 0, memory_order_release);
+}
+
 /* Runs one command with no lock held. The timing model makes a copy last bytes / rate on its
  * engine and a kernel at least EBB_SIM_LAUNCH_US on the compute engine (launch latency plus a
  * short kernel: the floor of a kernel's execution time). */
@@ -356,11 +388,7 @@ static void cmd_run(struct sim_cmd *c) {
         memmove(c->u.copy.dst, c->u.copy.src, c->u.copy.n);
       break;
     case SIM_CMD_HOSTFN:
-      atomic_fetch_add_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
-      sim_tls_in_hostfn = true;
-      c->u.host.fn(c->u.host.user);
-      sim_tls_in_hostfn = false;
-      atomic_fetch_sub_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
+      hostfn_run(c);
       break;
     default:
       break;

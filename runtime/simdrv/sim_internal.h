@@ -146,8 +146,10 @@ extern struct sim_globals sim;
  * runs, every entry takes the slow path, which refuses a call from a host function's thread with
  * CUDA_ERROR_NOT_PERMITTED, as libcuda does (CUDA forbids API calls in host functions). */
 #define SIM_SLOW_HOSTFN_ONE 256u
-/* True on a thread while it runs a host function (sim_exec.c). */
-extern _Thread_local bool sim_tls_in_hostfn;
+/* Whether the calling thread is running a host function (sim_exec.c; on the slow path only). The
+ * threads are kept in a table rather than a thread-local flag: LeakSanitizer's walk of the
+ * threads at exit faults on the thread-local block of a dlopen'ed library in an engine thread. */
+bool sim_in_hostfn(void);
 
 /* ---- entry points, fault injection and sticky errors (sim_core.c) ----
  * X(name, flags) for every Driver API entry point that counts for EBB_SIM_FAULT, by its cuda.h
@@ -223,7 +225,8 @@ enum sim_entry {
   SIM_NENTRIES
 };
 
-/* The slow path of an entry point: counts the call against EBB_SIM_FAULT and returns the
+/* The slow path of an entry point (after the host-function check, which the macros below make
+ * before anything reads the thread-local current context): counts the call against EBB_SIM_FAULT and returns the
  * injected error when it is the call to fail (a sticky one poisons `target`'s context); else the sticky error of the calling thread's
  * current context, for entries without SIM_EF_AFTER_STICKY; else CUDA_SUCCESS. */
 CUresult sim_enter_slow(enum sim_entry e, struct sim_device *target);
@@ -233,6 +236,7 @@ CUresult sim_enter_slow(enum sim_entry e, struct sim_device *target);
   do {                                                                                      \
     if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED;                              \
     if (__builtin_expect(atomic_load_explicit(&sim.slow, memory_order_relaxed) != 0, 0)) { \
+      if (sim_in_hostfn()) return CUDA_ERROR_NOT_PERMITTED;                                 \
       CUresult sim_enter_r_ = sim_enter_slow(SIM_E_##name, sim_current_device());          \
       if (sim_enter_r_ != CUDA_SUCCESS) return sim_enter_r_;                                \
     }                                                                                       \
@@ -244,6 +248,7 @@ CUresult sim_enter_slow(enum sim_entry e, struct sim_device *target);
   do {                                                                                      \
     if (!sim_initialized()) return CUDA_ERROR_NOT_INITIALIZED;                              \
     if (__builtin_expect(atomic_load_explicit(&sim.slow, memory_order_relaxed) != 0, 0)) { \
+      if (sim_in_hostfn()) return CUDA_ERROR_NOT_PERMITTED;                                 \
       CUresult sim_enter_r_ = sim_enter_slow(SIM_E_##name, (target));                       \
       if (sim_enter_r_ != CUDA_SUCCESS) return sim_enter_r_;                                \
     }                                                                                       \
