@@ -336,36 +336,36 @@ static void copy_modelled(struct sim_cmd *c, uint64_t start) {
   }
 }
 
-/* The threads running a host function: a slot each, claimed for the call (at most one host-function
- * engine per device runs one at a time; twice that many slots leave room for any other). */
+/* The threads running a host function: a slot each, holding the thread's id while it runs one
+ * (0: free), claimed with one compare-and-swap (at most one host-function engine per device runs
+ * one at a time; twice that many slots leave room). pthread_t is an integer on Linux, never 0 for
+ * a live thread. */
 #define SIM_HOSTFN_SLOTS (2 * SIM_MAX_DEVICES)
-static pthread_t hostfn_thread[SIM_HOSTFN_SLOTS];
-static _Atomic int hostfn_state[SIM_HOSTFN_SLOTS]; /* 0 free, 1 being claimed, 2 running */
+_Static_assert(sizeof(pthread_t) <= sizeof(uintptr_t), "a thread id fits a slot");
+static _Atomic uintptr_t hostfn_slot[SIM_HOSTFN_SLOTS];
+
+static uintptr_t thread_key(void) { return (uintptr_t)pthread_self(); }
 
 bool sim_in_hostfn(void) {
-  pthread_t self = pthread_self();
+  uintptr_t self = thread_key();
   for (int i = 0; i < SIM_HOSTFN_SLOTS; i++)
-    if (atomic_load_explicit(&hostfn_state[i], memory_order_acquire) == 2 && pthread_equal(hostfn_thread[i], self))
-      return true;
+    if (atomic_load_explicit(&hostfn_slot[i], memory_order_acquire) == self) return true;
   return false;
 }
 
 /* A host function, its thread in a slot while it runs so that its driver calls are refused. */
 static void hostfn_run(struct sim_cmd *c) {
+  uintptr_t self = thread_key();
   int slot = -1;
   for (int i = 0; i < SIM_HOSTFN_SLOTS && slot < 0; i++) {
-    int expect = 0;
-    if (atomic_compare_exchange_strong_explicit(&hostfn_state[i], &expect, 1, memory_order_acquire, memory_order_relaxed))
+    uintptr_t expect = 0;
+    if (atomic_compare_exchange_strong_explicit(&hostfn_slot[i], &expect, self, memory_order_acq_rel, memory_order_relaxed))
       slot = i;
-  }
-  if (slot >= 0) {
-    hostfn_thread[slot] = pthread_self();
-    atomic_store_explicit(&hostfn_state[slot], 2, memory_order_release);
   }
   atomic_fetch_add_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
   c->u.host.fn(c->u.host.user);
   atomic_fetch_sub_explicit(&sim.slow, SIM_SLOW_HOSTFN_ONE, memory_order_relaxed);
-  if (slot >= 0) atomic_store_explicit(&hostfn_state[slot], 0, memory_order_release);
+  if (slot >= 0) atomic_store_explicit(&hostfn_slot[slot], 0, memory_order_release);
 }
 
 /* Runs one command with no lock held. The timing model makes a copy last bytes / rate on its
